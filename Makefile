@@ -1,0 +1,38 @@
+# One-command setup: `make test` and `make demo` bootstrap everything into .venv.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+STAMP  := $(VENV)/.setup-stamp
+
+# speculators==0.9.0 declares torchvision/torchaudio and more it does not need for
+# its DFlash model (multi-GB CUDA wheels), so it is installed with --no-deps and
+# what `speculators.models.dflash` / `speculators.convert.dflash` really import is
+# listed here explicitly.
+SPECULATORS_DEPS := "pydantic>=2" "pydantic-settings>=2" "loguru>=0.7.2,<=0.7.3" \
+	"openai>=2" "datasets>=4,<=5.1.0" "hs-connectors==0.9.0" "huggingface-hub" \
+	"tqdm>=4.66.3,<=4.70.1" "numpy>=2,<=2.5.4"
+
+.PHONY: setup test demo quick clean
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e ".[test]"
+	$(PIP) install dflash==0.1.0 $(SPECULATORS_DEPS)
+	$(PIP) install --no-deps speculators==0.9.0
+	$(PY) -c "import speculators.models.dflash, speculators.convert.dflash, dflash.model; print('setup: references import OK')"
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q tests conformance
+
+quick: setup
+	$(PY) -m pytest -q tests conformance -m quick
+
+demo: setup
+	$(VENV)/bin/dflash-audit demo
+
+clean:
+	rm -rf $(VENV) reports/demo reports/conformance

@@ -1,0 +1,3 @@
+from dflash_audit.cli import entry_point
+
+entry_point()

@@ -1,0 +1,269 @@
+"""Checkpoint I/O: our `ckpt.pt` and z-lab-format directories.
+
+Every write is atomic (temp file or directory, then rename), so a crash never leaves a
+half-written checkpoint. `ckpt.pt` is only ever read with `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from impl.layers import build_target_layer_ids
+from impl.model import DFlashDrafter
+from impl.spec import DraftSpec, Recipe, SpecError
+
+CKPT_FORMAT = "dflash-audit/ckpt-1"
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read as what it claims to be; one line, naming the culprit."""
+
+
+@dataclass
+class Checkpoint:
+    spec: DraftSpec
+    state_dict: dict[str, torch.Tensor]
+    recipe: Recipe | None = None
+    step: int = 0
+    optimizer: dict[str, Any] | None = None
+
+
+# -- helpers -----------------------------------------------------------------------------
+def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    cleaned = {}
+    for key, value in state_dict.items():
+        changed = True
+        while changed:
+            changed = False
+            for prefix in WRAPPER_PREFIXES:
+                if key.startswith(prefix):
+                    key, changed = key[len(prefix):], True
+        cleaned[key] = value
+    return cleaned
+
+
+def atomic_write_bytes(path: Path, write) -> None:
+    """Call `write(tmp_path)` then rename the temp file onto `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_directory(path: Path, fill) -> None:
+    """Call `fill(tmp_dir)` then move the directory into place (replacing an old one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        fill(tmp)
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def build_drafter(spec: DraftSpec, state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
+                  source: str = "checkpoint") -> DFlashDrafter:
+    """A drafter with exactly these weights; one-line error naming the first bad tensor."""
+    model = DFlashDrafter(spec)
+    expected = model.state_dict()
+    state_dict = strip_wrapper_prefixes(state_dict)
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    if missing:
+        raise CheckpointError(f"{source}: missing tensor {missing[0]!r} ({len(missing)} missing in all)")
+    if unexpected:
+        raise CheckpointError(f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in all)")
+    for key, tensor in expected.items():
+        if tuple(state_dict[key].shape) != tuple(tensor.shape):
+            raise CheckpointError(f"{source}: tensor {key!r} has shape {tuple(state_dict[key].shape)}, "
+                                  f"the spec implies {tuple(tensor.shape)}")
+    model.load_state_dict(state_dict)
+    return model.to(dtype) if dtype is not None else model
+
+
+# -- ours: ckpt.pt -----------------------------------------------------------------------
+def save_checkpoint(path: str | Path, model: DFlashDrafter, recipe: Recipe | None = None, step: int = 0,
+                    optimizer: dict[str, Any] | None = None) -> None:
+    payload = {
+        "format": CKPT_FORMAT,
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "spec": model.spec.to_dict(),
+        "recipe": recipe.to_dict() if recipe is not None else None,
+        "step": int(step),
+    }
+    if optimizer is not None:
+        payload["optimizer"] = optimizer
+    atomic_write_bytes(Path(path), lambda tmp: torch.save(payload, tmp))
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # corrupt, truncated, or a pickle that is not plain data
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: not a readable ckpt.pt ({first_line[:200]})") from exc
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"{path}: expected a dict checkpoint, got {type(payload).__name__}")
+    for key in ("model", "spec"):
+        if key not in payload:
+            raise CheckpointError(f"{path}: checkpoint has no {key!r} entry")
+    try:
+        spec = DraftSpec.from_dict(payload["spec"])
+        recipe = Recipe.from_dict(payload["recipe"]) if payload.get("recipe") else None
+    except (SpecError, TypeError) as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    state = strip_wrapper_prefixes(payload["model"])
+    return Checkpoint(spec=spec, state_dict=state, recipe=recipe, step=int(payload.get("step", 0)),
+                      optimizer=payload.get("optimizer"))
+
+
+# -- z-lab directory ---------------------------------------------------------------------
+def zlab_config(spec: DraftSpec) -> dict[str, Any]:
+    """config.json of a z-lab drafter: Qwen3 fields plus `dflash_config`."""
+    config = spec.qwen3_config().to_dict()
+    config.update({
+        "architectures": ["DFlashDraftModel"],
+        "num_target_layers": spec.num_target_layers,
+        "block_size": spec.block_size,
+        "dflash_config": {
+            "target_layer_ids": list(spec.target_layer_ids),
+            "mask_token_id": spec.mask_token_id,
+            "block_size": spec.block_size,
+        },
+    })
+    extras = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
+    for name, default in extras.items():
+        if getattr(spec, name) != default:
+            config["dflash_config"][name] = getattr(spec, name)
+    return config
+
+
+def save_zlab_dir(path: str | Path, spec: DraftSpec, state_dict: dict[str, torch.Tensor]) -> None:
+    tensors = {k: v.detach().cpu().contiguous() for k, v in strip_wrapper_prefixes(state_dict).items()}
+
+    def fill(tmp: Path) -> None:
+        (tmp / "config.json").write_text(json.dumps(zlab_config(spec), indent=2, sort_keys=True))
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+    atomic_directory(Path(path), fill)
+
+
+def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -> DraftSpec:
+    """Normalize a z-lab config.json the way `dflash.model.DFlashDraftModel` reads it."""
+    dflash = config.get("dflash_config") or {}
+
+    def value(name, default=None):
+        return dflash.get(name, config.get(name, default))
+
+    try:
+        layers = int(config["num_hidden_layers"])
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        num_target_layers = config.get("num_target_layers")
+        ids = value("target_layer_ids")
+        if ids is None:
+            if num_target_layers is None:
+                raise SpecError("target_layer_ids", "absent, and no num_target_layers to derive z-lab's default")
+            ids = build_target_layer_ids(int(num_target_layers), layers)
+        if num_target_layers is None:
+            raise SpecError("num_target_layers", "missing from config.json")
+        mask_token_id = value("mask_token_id")
+        if mask_token_id is None:
+            raise SpecError("mask_token_id", "missing from dflash_config")
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        use_sliding = bool(config.get("use_sliding_window", False))
+        window = config.get("sliding_window") if use_sliding else None
+        layer_types = config.get("layer_types") or ["full_attention"] * layers
+        if "sliding_attention" in layer_types and window is None:
+            # z-lab keeps such layers causal but unwindowed; an unreachable window says the same.
+            window = int(config.get("max_position_embeddings", 40960))
+        return DraftSpec(
+            hidden_size=hidden,
+            intermediate_size=int(config["intermediate_size"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            num_hidden_layers=layers,
+            vocab_size=int(config["vocab_size"]),
+            target_layer_ids=tuple(ids),
+            num_target_layers=int(num_target_layers),
+            mask_token_id=int(mask_token_id),
+            block_size=int(value("block_size", 16)),
+            layer_types=tuple(layer_types),
+            sliding_window=window,
+            rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 1_000_000.0))),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(config.get("max_position_embeddings", 40960)),
+            attention_bias=bool(config.get("attention_bias", False)),
+            hidden_act=str(config.get("hidden_act", "silu")),
+            input_embedding_scale=float(value("input_embedding_scale", 1.0)),
+            output_multiplier=float(value("output_multiplier", 1.0)),
+            final_logit_softcapping=value("final_logit_softcapping"),
+        )
+    except KeyError as exc:
+        raise CheckpointError(f"{source}: missing field {exc.args[0]!r}") from exc
+    except SpecError as exc:
+        raise CheckpointError(f"{source}: {exc}") from exc
+
+
+def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of `model.safetensors` or of the shards named by its index."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise CheckpointError(f"{path}: no model.safetensors (or index) in the directory")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        try:
+            with safe_open(str(path / name), framework="pt") as handle:
+                for key in handle.keys():
+                    tensors[key] = handle.get_tensor(key)
+        except Exception as exc:
+            raise CheckpointError(f"{path / name}: unreadable safetensors file ({str(exc)[:200]})") from exc
+    return tensors
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{path}: no config.json")
+    try:
+        return json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{config_path}: invalid JSON ({exc})") from exc
+
+
+def load_zlab_dir(path: str | Path) -> Checkpoint:
+    path = Path(path)
+    spec = spec_from_zlab_config(read_config(path), source=str(path / "config.json"))
+    return Checkpoint(spec=spec, state_dict=read_safetensors_dir(path))

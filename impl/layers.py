@@ -1,0 +1,37 @@
+"""Which target layers feed the drafter, and the two conventions for naming them.
+
+z-lab: id = 0-based decoder layer whose output is used, read as `hidden_states[id + 1]`
+(`hidden_states[0]` is the embedding output). This is our canonical convention.
+speculators: `aux_hidden_state_layer_ids` are already shifted by one (id + 1), and its
+converter drops the id that would name the final layer (the final layer's output is
+captured separately as `verifier_last_hidden_states`).
+"""
+
+from __future__ import annotations
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's default: evenly spaced from layer 1 to layer N-3 (N=64, n=5 -> [1, 16, 31, 46, 61])."""
+    if num_target_layers <= 0 or num_draft_layers <= 0:
+        raise ValueError(f"need positive layer counts, got N={num_target_layers}, n={num_draft_layers}")
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def speculators_default_layer_ids(num_target_layers: int) -> list[int]:
+    """speculators' ids when none are given (already in its shifted convention)."""
+    return [2, num_target_layers // 2, num_target_layers - 3]
+
+
+def zlab_to_speculators(layer_ids: list[int], num_target_layers: int) -> list[int]:
+    """z-lab id i -> speculators aux id i + 1; an id naming the final layer is dropped, as speculators does."""
+    return [i + 1 for i in layer_ids if i + 1 != num_target_layers]
+
+
+def speculators_to_zlab(aux_layer_ids: list[int]) -> list[int]:
+    """speculators aux id j -> z-lab id j - 1."""
+    if any(j < 1 for j in aux_layer_ids):
+        raise ValueError(f"speculators aux ids start at 1 (0 is the embedding output), got {aux_layer_ids}")
+    return [j - 1 for j in aux_layer_ids]

@@ -1,0 +1,57 @@
+"""Attention masks of the drafter, as dense boolean tensors (True = may attend).
+
+Training (speculators' anchor-block layout): queries are `A` blocks of `B` slots, one
+block per anchor; keys are `[packed base sequence (T) | all blocks (A*B)]`.
+Inference (z-lab's loop): queries are one block; keys are `[context | block]`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def training_mask(document_ids: torch.Tensor, anchors: torch.Tensor, block_size: int,
+                  sliding_window: int | None = None, causal_block: bool = False) -> torch.Tensor:
+    """[A*B, T + A*B] mask for the anchor blocks.
+
+    A query of block j (anchor a_j) sees base tokens of its own document (id != -1) at
+    positions strictly before a_j (and >= a_j - window on sliding layers), plus its own
+    block: all of it, or only earlier-or-equal slots when `causal_block`. Never another block.
+    """
+    document_ids = document_ids.reshape(-1)
+    anchors = anchors.reshape(-1).long()
+    total = document_ids.numel()
+    slots = anchors.numel() * block_size
+    query_anchor = anchors.repeat_interleave(block_size)[:, None]  # [Q, 1]
+    base_pos = torch.arange(total, device=anchors.device)[None, :]  # [1, T]
+
+    query_doc = document_ids[query_anchor]
+    sees_base = (query_doc == document_ids[None, :]) & (query_doc != -1) & (base_pos < query_anchor)
+    if sliding_window is not None:
+        sees_base &= base_pos >= query_anchor - sliding_window
+
+    q_idx = torch.arange(slots, device=anchors.device)
+    same_block = (q_idx[:, None] // block_size) == (q_idx[None, :] // block_size)
+    if causal_block:
+        same_block &= q_idx[None, :] <= q_idx[:, None]
+    return torch.cat([sees_base, same_block], dim=1)
+
+
+def inference_mask(context_len: int, block_len: int, sliding_window: int | None = None,
+                   causal: bool = False, device: torch.device | None = None) -> torch.Tensor:
+    """[block_len, context_len + block_len] mask for one decoding block.
+
+    Full layers see all context and the whole block. Sliding layers (z-lab 0.1.0) are
+    causal within the block and windowed: key k is visible to query q when q - k < window.
+    """
+    kv_len = context_len + block_len
+    q_pos = (context_len + torch.arange(block_len, device=device))[:, None]
+    k_pos = torch.arange(kv_len, device=device)[None, :]
+    visible = torch.ones(block_len, kv_len, dtype=torch.bool, device=device)
+    if causal:
+        visible &= k_pos <= q_pos
+    if sliding_window is not None:
+        visible &= q_pos - k_pos < sliding_window
+        if not causal:
+            visible &= k_pos - q_pos < sliding_window
+    return visible

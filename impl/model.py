@@ -1,0 +1,184 @@
+"""Our DFlash drafter, top to bottom.
+
+A DFlash drafter is a few Qwen3-style decoder layers that denoise one block of B tokens
+(`[known token, mask, mask, ...]`) in a single pass. It owns no embeddings or LM head:
+both are borrowed from the target. What it sees of the target is the concatenation of
+several target layers' hidden states ("context features"), projected by
+`fc = Linear(len(target_layer_ids) * H, H)` and normalised by `hidden_norm`; every layer
+attends over `K/V = concat(proj(context), proj(block))`.
+
+The same `forward` serves training (all anchor blocks of a packed sequence at once, with
+`masks.training_mask`) and inference (one block after the accepted context, with
+`masks.inference_mask` and a KV cache). State-dict keys equal z-lab's `DFlashDraftModel`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+
+from impl.masks import inference_mask, training_mask
+from impl.spec import DraftSpec
+
+
+class DraftCache:
+    """Per-layer K/V of everything the drafter has already seen (rotary applied)."""
+
+    def __init__(self, num_layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+
+    def __len__(self) -> int:
+        return 0 if self.keys[0] is None else self.keys[0].shape[-2]
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys[layer] is not None:
+            k = torch.cat([self.keys[layer], k], dim=-2)
+            v = torch.cat([self.values[layer], v], dim=-2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` positions (drops the block after a round)."""
+        for i, (k, v) in enumerate(zip(self.keys, self.values)):
+            if k is not None:
+                self.keys[i], self.values[i] = k[..., :length, :], v[..., :length, :]
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotary over all key positions; queries are the last `q_len` of them."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q_len = q.shape[-2]
+    q = q * cos[..., -q_len:, :] + rotate_half(q) * sin[..., -q_len:, :]
+    k = k * cos + rotate_half(k) * sin
+    return q, k
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, spec: DraftSpec, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.heads, self.kv_heads, self.head_dim = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+        bias = spec.attention_bias
+        self.q_proj = nn.Linear(spec.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(spec.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(spec.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, spec.hidden_size, bias=bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=spec.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=spec.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor, cache: DraftCache | None = None) -> torch.Tensor:
+        b, q_len, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2)
+        # The block's K/V follow the context's: the drafter reads the target through them.
+        k = torch.cat([self.k_proj(context), self.k_proj(x)], dim=1)
+        v = torch.cat([self.v_proj(context), self.v_proj(x)], dim=1)
+        k = self.k_norm(k.view(b, -1, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = v.view(b, -1, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, k, cos, sin)
+        if cache is not None:
+            k, v = cache.extend(self.layer_idx, k, v)
+        groups = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, spec: DraftSpec, layer_idx: int):
+        super().__init__()
+        self.self_attn = DraftAttention(spec, layer_idx)
+        self.mlp = Qwen3MLP(spec.qwen3_config())
+        self.input_layernorm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+
+    def forward(self, x, context, cos, sin, mask, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), context, cos, sin, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, spec: DraftSpec):
+        super().__init__()
+        self.spec = spec
+        self.layers = nn.ModuleList(DraftLayer(spec, i) for i in range(spec.num_hidden_layers))
+        self.norm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(spec.qwen3_config())
+        self.fc = nn.Linear(spec.fc_in_features, spec.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.reset_parameters()
+
+    @property
+    def block_size(self) -> int:
+        return self.spec.block_size
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.spec.mask_token_id
+
+    @property
+    def target_layer_ids(self) -> list[int]:
+        return list(self.spec.target_layer_ids)
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    # -- masks ---------------------------------------------------------------------------
+    def layer_masks(self, make) -> list[torch.Tensor]:
+        """One mask per layer from `make(window, causal)`; sliding layers are causal in the block."""
+        cache: dict[tuple, torch.Tensor] = {}
+        masks = []
+        for i in range(self.spec.num_hidden_layers):
+            window = self.spec.window_of(i)
+            key = (window, window is not None)
+            if key not in cache:
+                cache[key] = make(*key)
+            masks.append(cache[key])
+        return masks
+
+    def training_masks(self, document_ids: torch.Tensor, anchors: torch.Tensor) -> list[torch.Tensor]:
+        return self.layer_masks(lambda window, causal: training_mask(
+            document_ids, anchors, self.block_size, sliding_window=window, causal_block=causal))
+
+    def inference_masks(self, context_len: int, block_len: int, device=None) -> list[torch.Tensor]:
+        return self.layer_masks(lambda window, causal: inference_mask(
+            context_len, block_len, sliding_window=window, causal=causal, device=device))
+
+    # -- forward -------------------------------------------------------------------------
+    def forward(self, noise_embedding: torch.Tensor, target_hidden: torch.Tensor, position_ids: torch.Tensor,
+                masks: list[torch.Tensor] | None = None, cache: DraftCache | None = None) -> torch.Tensor:
+        """Draft hidden states [b, q, H] (after the final norm).
+
+        noise_embedding: [b, q, H] embedded block tokens; target_hidden: [b, c, F] raw
+        context features; position_ids: [b, c + q] positions of the new keys (context, then
+        block); masks: per-layer boolean masks, or None for inference masks over
+        `[cache | context | block]`.
+        """
+        context = self.hidden_norm(self.fc(target_hidden))
+        if masks is None:
+            cached = len(cache) if cache is not None else 0
+            masks = self.inference_masks(cached + context.shape[1], noise_embedding.shape[1],
+                                         device=noise_embedding.device)
+        cos, sin = self.rotary_emb(noise_embedding, position_ids)
+        x = noise_embedding
+        for layer, mask in zip(self.layers, masks):
+            x = layer(x, context, cos, sin, mask, cache)
+        return self.norm(x)
+
+    # -- borrowed embeddings and head ----------------------------------------------------
+    def embed(self, target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(token_ids, target.get_input_embeddings().weight) * self.spec.input_embedding_scale
+
+    def compute_logits(self, hidden: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        logits = head(hidden) * self.spec.output_multiplier
+        cap = self.spec.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

@@ -1,0 +1,168 @@
+"""The normalized description of a DFlash drafter (`DraftSpec`) and of how it was trained (`Recipe`).
+
+Every format (ours, z-lab, speculators) is translated into a `DraftSpec` by its loader.
+Target layer ids are always in the z-lab convention: the 0-based decoder layer whose
+*output* is used, read from a Hugging Face `hidden_states` tuple as `hs[id + 1]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+LOSS_KINDS = ("kl_div", "ce")
+
+
+class SpecError(ValueError):
+    """An inconsistent or invalid drafter description; the message names the field."""
+
+    def __init__(self, field_name: str, message: str):
+        self.field = field_name
+        super().__init__(f"{field_name}: {message}")
+
+
+def _require(condition: bool, field_name: str, message: str) -> None:
+    if not condition:
+        raise SpecError(field_name, message)
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_hidden_layers: int  # draft layers
+    vocab_size: int
+    target_layer_ids: tuple[int, ...]  # z-lab convention; every one feeds fc
+    num_target_layers: int  # decoder layers of the target (verifier)
+    mask_token_id: int
+    block_size: int = 16
+    layer_types: tuple[str, ...] = ()  # empty means all full attention
+    sliding_window: int | None = None
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 40960
+    attention_bias: bool = False
+    hidden_act: str = "silu"
+    # z-lab dflash_config extras: embedding scale, logit multiplier and soft-capping.
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+
+    def __post_init__(self) -> None:
+        # Normalize list-valued fields so specs compare and hash by value.
+        object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        types = tuple(self.layer_types) or ("full_attention",) * self.num_hidden_layers
+        object.__setattr__(self, "layer_types", types)
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                     "head_dim", "num_hidden_layers", "vocab_size", "num_target_layers", "block_size",
+                     "max_position_embeddings"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value > 0, name, f"must be a positive integer, got {value!r}")
+        _require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
+                 f"{self.num_attention_heads} attention heads are not divisible by "
+                 f"{self.num_key_value_heads} key/value heads")
+        _require(self.head_dim % 2 == 0, "head_dim", f"rotary embeddings need an even head_dim, got {self.head_dim}")
+        _require(len(self.target_layer_ids) > 0, "target_layer_ids", "is empty: fc needs at least one target layer")
+        _require(len(set(self.target_layer_ids)) == len(self.target_layer_ids), "target_layer_ids",
+                 f"has duplicates: {list(self.target_layer_ids)}")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        _require(not bad, "target_layer_ids",
+                 f"{bad} outside the target's decoder layers 0..{self.num_target_layers - 1}")
+        _require(0 <= self.mask_token_id < self.vocab_size, "mask_token_id",
+                 f"{self.mask_token_id} is not a token id of a vocabulary of {self.vocab_size}")
+        _require(len(self.layer_types) == self.num_hidden_layers, "layer_types",
+                 f"has {len(self.layer_types)} entries for {self.num_hidden_layers} draft layers")
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        _require(not unknown, "layer_types", f"unknown layer types {unknown}; expected {list(LAYER_TYPES)}")
+        if "sliding_attention" in self.layer_types:
+            _require(isinstance(self.sliding_window, int) and self.sliding_window > 0, "sliding_window",
+                     f"sliding_attention layers need a positive sliding_window, got {self.sliding_window!r}")
+        _require(self.rope_theta > 0, "rope_theta", f"must be positive, got {self.rope_theta}")
+        _require(self.rms_norm_eps > 0, "rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
+
+    @property
+    def fc_in_features(self) -> int:
+        return len(self.target_layer_ids) * self.hidden_size
+
+    def window_of(self, layer_idx: int) -> int | None:
+        """The sliding window of a draft layer, None for full attention."""
+        return self.sliding_window if self.layer_types[layer_idx] == "sliding_attention" else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["target_layer_ids"] = list(self.target_layer_ids)
+        data["layer_types"] = list(self.layer_types)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DraftSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        _require(not unknown, "spec", f"unknown fields {unknown}")
+        missing = sorted(f.name for f in fields(cls) if f.name not in data and f.default is MISSING)
+        _require(not missing, "spec", f"missing fields {missing}")
+        return cls(**data)
+
+    def qwen3_config(self):
+        """The equivalent transformers `Qwen3Config` (used for rotary embeddings and norms)."""
+        from transformers import Qwen3Config
+
+        has_sliding = "sliding_attention" in self.layer_types
+        return Qwen3Config(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            hidden_act=self.hidden_act,
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            attention_bias=self.attention_bias,
+            # Qwen3Config drops sliding_window unless use_sliding_window is set.
+            use_sliding_window=has_sliding,
+            sliding_window=self.sliding_window if has_sliding else None,
+            layer_types=list(self.layer_types),
+            tie_word_embeddings=False,
+        )
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a drafter was trained. Defaults are speculators' trainer defaults."""
+
+    gamma: float = 4.0  # loss decay: w(k) = exp(-(k-1)/gamma), w(0) = 0
+    loss_kind: str = "kl_div"
+    # 0-based target decoder layer whose raw output gives the target logits;
+    # None means the final decoder layer (the reference recipe).
+    verifier_source_layer: int | None = None
+    noise_std: float = 0.0  # gaussian noise on the drafter's context features only
+    max_anchors: int = 512
+    sample_from_anchor: bool = False
+    data_hash: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require(self.gamma > 0, "gamma", f"must be positive, got {self.gamma}")
+        _require(self.loss_kind in LOSS_KINDS, "loss_kind", f"{self.loss_kind!r} not in {list(LOSS_KINDS)}")
+        _require(self.noise_std >= 0, "noise_std", f"must be non-negative, got {self.noise_std}")
+        _require(self.max_anchors > 0, "max_anchors", f"must be positive, got {self.max_anchors}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Recipe:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        _require(not unknown, "recipe", f"unknown fields {unknown}")
+        return cls(**data)

@@ -1,0 +1,115 @@
+import json
+
+import pytest
+import torch
+from dflash.model import DFlashDraftModel, _crop_to, _make_cache
+
+from impl.checkpoint import (CheckpointError, build_drafter, load_checkpoint, load_zlab_dir, save_checkpoint,
+                             save_zlab_dir)
+from impl.model import DFlashDrafter, DraftCache
+from impl.spec import Recipe
+from tests.helpers import tiny_spec, zlab_model_for
+
+
+def test_zlab_saved_directory_loads_into_ours_and_forward_matches(tmp_path):
+    """Done-when of the foundation: sliding + full layers, fp32, within 1e-5 of z-lab's forward."""
+    spec = tiny_spec()
+    torch.manual_seed(0)
+    zlab = zlab_model_for(spec)
+    zlab.save_pretrained(tmp_path / "z")
+    loaded = load_zlab_dir(tmp_path / "z")
+    assert loaded.spec == spec
+    ours = build_drafter(loaded.spec, loaded.state_dict).eval()
+    zlab = DFlashDraftModel.from_pretrained(tmp_path / "z").eval()  # reload through the package itself
+
+    context, block = torch.randn(1, 13, spec.fc_in_features), torch.randn(1, 8, 64)
+    positions = torch.arange(21)[None]
+    with torch.no_grad():
+        ref = zlab(position_ids=positions, noise_embedding=block, target_hidden=context)
+        got = ours(block, context, positions)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+
+    # two decoding rounds through both KV caches (the sliding window of 6 is exceeded)
+    zcache, ocache = _make_cache(zlab.config), DraftCache(spec.num_hidden_layers)
+    with torch.no_grad():
+        zlab(position_ids=positions, noise_embedding=block, target_hidden=context, past_key_values=zcache,
+             use_cache=True)
+        ours(block, context, positions, cache=ocache)
+        _crop_to(zcache, 13)
+        ocache.crop(13)
+        context2, block2, positions2 = torch.randn(1, 3, spec.fc_in_features), torch.randn(1, 8, 64), \
+            torch.arange(13, 24)[None]
+        ref2 = zlab(position_ids=positions2, noise_embedding=block2, target_hidden=context2,
+                    past_key_values=zcache, use_cache=True)
+        got2 = ours(block2, context2, positions2, cache=ocache)
+    torch.testing.assert_close(got2, ref2, rtol=0, atol=1e-5)
+
+
+def test_our_zlab_directory_loads_in_zlab_package(tmp_path):
+    spec = tiny_spec()
+    ours = DFlashDrafter(spec)
+    save_zlab_dir(tmp_path / "z", spec, ours.state_dict())
+    zlab = DFlashDraftModel.from_pretrained(tmp_path / "z")
+    assert zlab.target_layer_ids == list(spec.target_layer_ids)
+    assert zlab.block_size == spec.block_size and zlab.mask_token_id == spec.mask_token_id
+    for key, value in ours.state_dict().items():
+        assert torch.equal(zlab.state_dict()[key], value), key
+
+
+def test_ckpt_round_trip_with_wrapper_prefixes(tmp_path):
+    spec = tiny_spec()
+    model = DFlashDrafter(spec)
+    recipe = Recipe(gamma=7.0, verifier_source_layer=3)
+    save_checkpoint(tmp_path / "ckpt.pt", model, recipe, step=12, optimizer={"lr": torch.tensor(0.1)})
+    ckpt = load_checkpoint(tmp_path / "ckpt.pt")
+    assert ckpt.spec == spec and ckpt.recipe == recipe and ckpt.step == 12
+    assert torch.equal(ckpt.optimizer["lr"], torch.tensor(0.1))
+    wrapped = {f"module._orig_mod.{k}": v for k, v in model.state_dict().items()}
+    rebuilt = build_drafter(spec, wrapped)
+    for key, value in model.state_dict().items():
+        assert torch.equal(rebuilt.state_dict()[key], value)
+    assert not list(tmp_path.glob(".ckpt.pt.*")), "temp file left behind"
+
+
+def test_corrupt_and_malicious_checkpoints_give_one_line_errors(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(bad)
+    assert "\n" not in str(info.value) and "bad.pt" in str(info.value)
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": {}, "spec": Evil()}, evil)
+    with pytest.raises(CheckpointError, match="not a readable ckpt.pt"):
+        load_checkpoint(evil)
+
+
+def test_missing_or_misshapen_tensor_is_named(tmp_path):
+    spec = tiny_spec()
+    state = DFlashDrafter(spec).state_dict()
+    del state["layers.1.mlp.up_proj.weight"]
+    with pytest.raises(CheckpointError, match=r"missing tensor 'layers.1.mlp.up_proj.weight'"):
+        build_drafter(spec, state)
+    state = DFlashDrafter(spec).state_dict()
+    state["fc.weight"] = torch.zeros(64, 4 * 64)
+    with pytest.raises(CheckpointError, match=r"tensor 'fc.weight' has shape \(64, 256\)"):
+        build_drafter(spec, state)
+
+
+def test_zlab_config_errors_name_the_field(tmp_path):
+    spec = tiny_spec()
+    save_zlab_dir(tmp_path / "z", spec, DFlashDrafter(spec).state_dict())
+    config = json.loads((tmp_path / "z" / "config.json").read_text())
+    config["dflash_config"]["mask_token_id"] = 500
+    (tmp_path / "z" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="mask_token_id: 500 is not a token id"):
+        load_zlab_dir(tmp_path / "z")
+    (tmp_path / "z" / "model.safetensors").write_bytes(b"\0" * 10)
+    config["dflash_config"]["mask_token_id"] = 5
+    (tmp_path / "z" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="unreadable safetensors"):
+        load_zlab_dir(tmp_path / "z")

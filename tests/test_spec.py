@@ -1,0 +1,58 @@
+import pytest
+
+from impl.spec import DraftSpec, Recipe, SpecError
+from tests.helpers import tiny_spec
+
+
+def test_valid_spec_normalizes_lists_and_round_trips():
+    spec = tiny_spec(target_layer_ids=[1, 3, 4])
+    assert spec.target_layer_ids == (1, 3, 4)
+    assert spec.fc_in_features == 3 * 64
+    assert DraftSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_layer_types_default_to_full_attention():
+    spec = tiny_spec(layer_types=(), sliding_window=None)
+    assert spec.layer_types == ("full_attention",) * 3
+    assert spec.window_of(0) is None
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (dict(mask_token_id=128), "mask_token_id"),
+    (dict(mask_token_id=-1), "mask_token_id"),
+    (dict(num_key_value_heads=3), "num_key_value_heads"),
+    (dict(target_layer_ids=()), "target_layer_ids"),
+    (dict(target_layer_ids=(1, 1)), "target_layer_ids"),
+    (dict(target_layer_ids=(6,)), "target_layer_ids"),
+    (dict(layer_types=("full_attention",)), "layer_types"),
+    (dict(layer_types=("full_attention", "banana", "full_attention")), "layer_types"),
+    (dict(sliding_window=None), "sliding_window"),
+    (dict(block_size=0), "block_size"),
+    (dict(head_dim=15), "head_dim"),
+    (dict(hidden_size=-4), "hidden_size"),
+])
+def test_inconsistent_spec_names_the_field(overrides, field):
+    with pytest.raises(SpecError) as info:
+        tiny_spec(**overrides)
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}:")
+    assert "\n" not in str(info.value)
+
+
+def test_from_dict_rejects_unknown_and_missing_fields():
+    data = tiny_spec().to_dict()
+    with pytest.raises(SpecError, match="unknown fields"):
+        DraftSpec.from_dict({**data, "wat": 1})
+    del data["vocab_size"]
+    with pytest.raises(SpecError, match="missing fields.*vocab_size"):
+        DraftSpec.from_dict(data)
+
+
+def test_recipe_defaults_are_speculators_defaults_and_validated():
+    recipe = Recipe()
+    assert recipe.gamma == 4.0 and recipe.loss_kind == "kl_div" and recipe.max_anchors == 512
+    assert recipe.verifier_source_layer is None and not recipe.sample_from_anchor
+    with pytest.raises(SpecError, match="^loss_kind"):
+        Recipe(loss_kind="mse")
+    with pytest.raises(SpecError, match="^gamma"):
+        Recipe(gamma=0)
