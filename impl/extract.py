@@ -33,6 +33,15 @@ def output_head(target: nn.Module) -> nn.Module:
     return head if head is not None else target.get_output_embeddings()
 
 
+# hs[id + 1]: hs[0] is the embedding output, so decoder layer id's output is one further.
+HIDDEN_STATES_OFFSET = 1
+
+
+def context_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
+    """Concatenate the outputs of the selected decoder layers (z-lab indexing)."""
+    return torch.cat([hidden_states[i + HIDDEN_STATES_OFFSET] for i in layer_ids], dim=-1)
+
+
 @dataclass
 class TargetStates:
     context: torch.Tensor  # [b, t, len(layer_ids) * H]
@@ -44,8 +53,6 @@ class TargetStates:
 class HiddenStateExtractor:
     """Runs the target once and returns everything a drafter needs from it."""
 
-    index_offset = 1  # hs[id + 1]; hs[0] is the embedding output
-
     def __init__(self, target: nn.Module, layer_ids: list[int], source_layer: int | None = None):
         self.target = target
         self.layer_ids = list(layer_ids)
@@ -55,9 +62,6 @@ class HiddenStateExtractor:
         bad = [i for i in [*self.layer_ids, self.source_layer] if not 0 <= i < self.num_layers]
         if bad:
             raise ValueError(f"layer ids {bad} outside the target's decoder layers 0..{self.num_layers - 1}")
-
-    def select(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        return torch.cat([hidden_states[i + self.index_offset] for i in self.layer_ids], dim=-1)
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, with_logits: bool = False, **forward_kwargs) -> TargetStates:
@@ -75,6 +79,6 @@ class HiddenStateExtractor:
         hs = out.hidden_states
         final_raw = captured["final_raw"]
         # Intermediate layer outputs are raw in hs; the final one only via the hook.
-        source = final_raw if self.source_layer == self.num_layers - 1 else hs[self.source_layer + 1]
-        return TargetStates(context=self.select(hs), final_raw=final_raw, source=source,
+        source = final_raw if self.source_layer == self.num_layers - 1 else hs[self.source_layer + HIDDEN_STATES_OFFSET]
+        return TargetStates(context=context_features(hs, self.layer_ids), final_raw=final_raw, source=source,
                             logits=out.logits if with_logits else None)

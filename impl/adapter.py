@@ -1,0 +1,77 @@
+"""`impl/` behind the shared `DFlashImplementation` interface (the conformance suite's `ours`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from impl import anchors as anchor_rules
+from impl import layers, losses, masks
+from impl.checkpoint import build_drafter
+from impl.extract import HiddenStateExtractor, context_features, final_norm, output_head
+from impl.model import DFlashDrafter
+from impl.spec import DraftSpec, Recipe
+from impl.targets import TargetAligner
+from reference_adapters.interface import GenerationResult, TrainingOutputs, Unsupported
+
+
+class OursImplementation:
+    name = "ours"
+    unsupported: frozenset[str] = frozenset({"generate"})  # until impl's live evaluator lands
+
+    def __init__(self, recipe: Recipe | None = None):
+        self.recipe = recipe or Recipe()
+
+    def default_target_layer_ids(self, num_target_layers, num_draft_layers):
+        return layers.build_target_layer_ids(num_target_layers, num_draft_layers)
+
+    def context_features(self, hidden_states, layer_ids):
+        return context_features(hidden_states, layer_ids)
+
+    def select_anchors(self, loss_mask, max_anchors, block_size, seed):
+        torch.manual_seed(seed)
+        return anchor_rules.select_anchors(loss_mask, max_anchors, block_size)
+
+    def training_mask(self, document_ids, anchors, block_size, sliding_window, causal_block):
+        return masks.training_mask(document_ids, anchors, block_size, sliding_window, causal_block)
+
+    def inference_mask(self, context_len, block_len, sliding_window, causal):
+        return masks.inference_mask(context_len, block_len, sliding_window, causal)
+
+    def build_drafter(self, spec: DraftSpec, state_dict, target: nn.Module | None = None) -> DFlashDrafter:
+        return build_drafter(spec, state_dict).float().eval()
+
+    def project_context(self, drafter: DFlashDrafter, context_features):
+        return drafter.hidden_norm(drafter.fc(context_features))
+
+    def draft_forward(self, drafter: DFlashDrafter, noise_embedding, target_hidden, position_ids):
+        return drafter(noise_embedding, target_hidden, position_ids)
+
+    def training_outputs(self, drafter: DFlashDrafter, target, input_ids, loss_mask, document_ids, max_anchors, seed):
+        recipe = self.recipe
+        states = HiddenStateExtractor(target, drafter.target_layer_ids, recipe.verifier_source_layer)(input_ids)
+        anchors, valid = self.select_anchors(loss_mask, max_anchors, drafter.block_size, seed)
+        aligner = TargetAligner(drafter.block_size, recipe.sample_from_anchor)
+        targets = aligner.target_logits(states.source, final_norm(target), output_head(target), anchors)
+        block = anchor_rules.block_indices(anchors, drafter.block_size)
+        slot_ids = torch.full((1, block.numel()), drafter.mask_token_id, dtype=torch.long)
+        slot_ids[:, :: drafter.block_size] = input_ids[:, anchors]
+        positions = torch.cat([torch.arange(input_ids.shape[1]), block])[None]
+        hidden = drafter(drafter.embed(target, slot_ids), states.context, positions,
+                         masks=drafter.training_masks(document_ids, anchors))
+        logits = drafter.compute_logits(hidden, output_head(target))
+        return TrainingOutputs(anchors=anchors, anchor_valid=valid, logits=logits, targets=targets,
+                               loss_mask=aligner.loss_mask(loss_mask, anchors, valid), hidden=hidden)
+
+    def loss_weights(self, block_size, gamma, sample_from_anchor):
+        return losses.decay_weights(block_size, gamma, sample_from_anchor)
+
+    def loss(self, logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor):
+        return losses.dflash_loss(logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor)
+
+    def block_metrics(self, logits, targets, loss_mask, block_size):
+        metrics = losses.block_metrics(logits, targets, loss_mask, block_size)
+        return {"position_acc": metrics["position_acc"], "eal": metrics["eal"]}
+
+    def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids) -> GenerationResult:
+        raise Unsupported("ours: live decoding lands with impl's evaluator")

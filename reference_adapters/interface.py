@@ -1,0 +1,117 @@
+"""The one interface that `impl/` and both reference adapters implement.
+
+A conformance test is written once against `DFlashImplementation` and parametrized over
+`ours`, `speculators` and `zlab`. An implementation that lacks an operation raises
+`Unsupported` (speculators has no inference loop; z-lab has no training loss), and the
+test compares what exists.
+
+Conventions shared by every operation:
+- target layer ids are in the z-lab convention (0-based decoder layer whose output is
+  used, read as `hidden_states[id + 1]`); adapters translate internally;
+- masks are dense boolean tensors, True = may attend;
+- training layout (speculators'): queries are `A` anchor blocks of `B` slots, keys are
+  `[packed base sequence (T) | all blocks (A*B)]`;
+- inference layout (z-lab's): queries are one block, keys are `[context | block]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from impl.spec import DraftSpec
+
+OPERATIONS = (
+    "default_target_layer_ids", "context_features", "select_anchors", "training_mask", "inference_mask",
+    "build_drafter", "project_context", "draft_forward", "training_outputs", "loss_weights", "loss",
+    "block_metrics", "generate",
+)
+
+
+class Unsupported(NotImplementedError):
+    """This implementation has no such operation; tests skip the comparison for it, by name."""
+
+
+@dataclass
+class TrainingOutputs:
+    """What one training forward produces, in the training layout."""
+
+    anchors: torch.Tensor  # [A] long, sorted; padded slots are 0
+    anchor_valid: torch.Tensor  # [A] bool
+    logits: torch.Tensor  # [1, A*B, V] drafter logits
+    targets: torch.Tensor  # [1, A*B, V] verifier logits aligned to the slots
+    loss_mask: torch.Tensor  # [1, A*B] aligned loss mask (slot 0 and padded anchors zeroed)
+    hidden: torch.Tensor | None = None  # [1, A*B, H] drafter hidden states after the final norm
+
+
+@dataclass
+class GenerationResult:
+    output_ids: torch.Tensor  # [1, prompt + generated]
+    acceptance_lengths: list[int]  # per round, bonus token included
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class DFlashImplementation(Protocol):
+    name: str
+
+    def default_target_layer_ids(self, num_target_layers: int, num_draft_layers: int) -> list[int]:
+        """Layer ids (z-lab convention) used when a drafter names none."""
+
+    def context_features(self, hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
+        """Concatenated context features from a Hugging Face `hidden_states` tuple."""
+
+    def select_anchors(self, loss_mask: torch.Tensor, max_anchors: int, block_size: int,
+                       seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(anchors [max_anchors], valid [max_anchors])` for a [1, T] loss mask, drawn after `torch.manual_seed(seed)`."""
+
+    def training_mask(self, document_ids: torch.Tensor, anchors: torch.Tensor, block_size: int,
+                      sliding_window: int | None, causal_block: bool) -> torch.Tensor:
+        """bool [A*B, T + A*B]."""
+
+    def inference_mask(self, context_len: int, block_len: int, sliding_window: int | None,
+                       causal: bool) -> torch.Tensor:
+        """bool [block_len, context_len + block_len]."""
+
+    def build_drafter(self, spec: DraftSpec, state_dict: dict[str, torch.Tensor],
+                      target: nn.Module | None = None) -> Any:
+        """An opaque drafter handle with exactly these draft-body weights (fp32, eval mode).
+
+        `target` supplies verifier-owned tensors (embeddings, LM head, final norm) when the
+        implementation stores them.
+        """
+
+    def project_context(self, drafter: Any, context_features: torch.Tensor) -> torch.Tensor:
+        """`hidden_norm(fc(context_features))`."""
+
+    def draft_forward(self, drafter: Any, noise_embedding: torch.Tensor, target_hidden: torch.Tensor,
+                      position_ids: torch.Tensor) -> torch.Tensor:
+        """Draft hidden states [1, q, H] for one block after a context (inference layout, no cache)."""
+
+    def training_outputs(self, drafter: Any, target: nn.Module, input_ids: torch.Tensor, loss_mask: torch.Tensor,
+                         document_ids: torch.Tensor, max_anchors: int, seed: int) -> TrainingOutputs:
+        """One training forward on a packed [1, T] sequence: the target is run for its states, anchors drawn after
+        `torch.manual_seed(seed)`."""
+
+    def loss_weights(self, block_size: int, gamma: float, sample_from_anchor: bool) -> torch.Tensor:
+        """Per-slot weights [B]."""
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
+             gamma: float, kind: str, sample_from_anchor: bool) -> torch.Tensor:
+        """The scalar training loss with the implementation's reduction."""
+
+    def block_metrics(self, logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor,
+                      block_size: int) -> dict[str, torch.Tensor]:
+        """`{"position_acc": [B-1] accuracy of slots 1..B-1, "eal": scalar}`."""
+
+    def generate(self, drafter: Any, target: nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
+                 stop_token_ids: list[int] | None) -> GenerationResult:
+        """Greedy live DFlash decoding with per-round acceptance lengths."""
+
+
+def supports(implementation: Any, operation: str) -> bool:
+    """Whether `operation` is implemented (declared in `implementation.unsupported` otherwise)."""
+    return operation not in getattr(implementation, "unsupported", frozenset())
