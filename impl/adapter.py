@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
 from impl import anchors as anchor_rules
 from impl import layers, losses, masks
 from impl.checkpoint import build_drafter
-from impl.extract import HiddenStateExtractor, context_features, final_norm, output_head
+from impl.extract import context_features
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, Recipe
-from impl.targets import TargetAligner
+from impl.train_step import training_step
 from reference_adapters.interface import GenerationResult, TrainingOutputs, Unsupported
 
 
@@ -48,20 +50,13 @@ class OursImplementation:
         return drafter(noise_embedding, target_hidden, position_ids)
 
     def training_outputs(self, drafter: DFlashDrafter, target, input_ids, loss_mask, document_ids, max_anchors, seed):
-        recipe = self.recipe
-        states = HiddenStateExtractor(target, drafter.target_layer_ids, recipe.verifier_source_layer)(input_ids)
-        anchors, valid = self.select_anchors(loss_mask, max_anchors, drafter.block_size, seed)
-        aligner = TargetAligner(drafter.block_size, recipe.sample_from_anchor)
-        targets = aligner.target_logits(states.source, final_norm(target), output_head(target), anchors)
-        block = anchor_rules.block_indices(anchors, drafter.block_size)
-        slot_ids = torch.full((1, block.numel()), drafter.mask_token_id, dtype=torch.long)
-        slot_ids[:, :: drafter.block_size] = input_ids[:, anchors]
-        positions = torch.cat([torch.arange(input_ids.shape[1]), block])[None]
-        hidden = drafter(drafter.embed(target, slot_ids), states.context, positions,
-                         masks=drafter.training_masks(document_ids, anchors))
-        logits = drafter.compute_logits(hidden, output_head(target))
-        return TrainingOutputs(anchors=anchors, anchor_valid=valid, logits=logits, targets=targets,
-                               loss_mask=aligner.loss_mask(loss_mask, anchors, valid), hidden=hidden)
+        # The trainer's own step, so the conformance suite checks the code that trains.
+        torch.manual_seed(seed)
+        recipe = dataclasses.replace(self.recipe, max_anchors=max_anchors)
+        step = training_step(drafter, target, input_ids, loss_mask, document_ids, recipe, with_loss=False)
+        out = step.outputs
+        return TrainingOutputs(anchors=out.anchors[0], anchor_valid=out.anchor_valid[0], logits=out.logits,
+                               targets=out.targets, loss_mask=out.loss_mask, hidden=out.hidden)
 
     def loss_weights(self, block_size, gamma, sample_from_anchor):
         return losses.decay_weights(block_size, gamma, sample_from_anchor)

@@ -1,0 +1,95 @@
+"""One DFlash training forward: target states -> anchors -> targets -> drafter -> loss.
+
+The single code path shared by the trainer and the conformance suite (through
+`OursImplementation.training_outputs`). Every piece is impl's building block:
+`HiddenStateExtractor` (one no-grad target forward), `anchors.select_anchors`,
+`TargetAligner` (targets from the verifier source layer's raw output through the final
+norm and LM head once), `DFlashDrafter` with `training_masks`, `losses.dflash_loss` and
+`losses.block_metrics`. Rows of a batch are independent packed sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from impl import anchors as anchor_rules
+from impl import losses
+from impl.extract import HiddenStateExtractor, final_norm, output_head
+from impl.model import DFlashDrafter
+from impl.spec import Recipe
+from impl.targets import TargetAligner
+from reference_adapters.interface import TrainingOutputs
+
+
+@dataclass
+class StepOutputs:
+    outputs: TrainingOutputs  # all rows: logits/targets/loss_mask [b, A*B, ...], anchors [b, A]
+    loss: torch.Tensor | None
+    metrics: dict[str, torch.Tensor] | None
+    clean_context: torch.Tensor  # [b, T, F] the target's context features
+    drafter_context: torch.Tensor  # [b, T, F] what fed fc (clean + noise)
+
+
+def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Tensor, loss_mask: torch.Tensor,
+                  document_ids: torch.Tensor, recipe: Recipe, *, position_ids: torch.Tensor | None = None,
+                  generators: Sequence[torch.Generator] | None = None,
+                  forward: Callable[..., torch.Tensor] | None = None, with_loss: bool = True) -> StepOutputs:
+    """Loss and outputs of one step on packed rows [b, T].
+
+    `generators`: one per row for anchors and noise (reproducible under resume and across
+    ranks); None draws from torch's global RNG. `forward`: the drafter's forward as called
+    (a DDP wrapper), defaults to `drafter` itself.
+    """
+    forward = forward or drafter
+    rows, length = input_ids.shape
+    block = drafter.block_size
+    if position_ids is None:
+        position_ids = torch.arange(length, device=input_ids.device).expand(rows, -1)
+    generators = list(generators) if generators is not None else [None] * rows
+
+    # Restarting position ids also make transformers mask attention per packed document.
+    states = HiddenStateExtractor(target, drafter.target_layer_ids, recipe.verifier_source_layer)(
+        input_ids, position_ids=position_ids)
+    aligner = TargetAligner(block, recipe.sample_from_anchor)
+    norm, head = final_norm(target), output_head(target)
+
+    anchors, valid, targets, slot_mask, slot_ids, slot_pos, contexts, attn = [], [], [], [], [], [], [], []
+    for row in range(rows):
+        row_anchors, row_valid = anchor_rules.select_anchors(loss_mask[row: row + 1], recipe.max_anchors, block,
+                                                             generator=generators[row])
+        anchors.append(row_anchors)
+        valid.append(row_valid)
+        # Targets from clean verifier states only: noise below never reaches them.
+        targets.append(aligner.target_logits(states.source[row: row + 1], norm, head, row_anchors))
+        slot_mask.append(aligner.loss_mask(loss_mask[row: row + 1], row_anchors, row_valid))
+        ids = torch.full((block * row_anchors.numel(),), drafter.mask_token_id, dtype=torch.long,
+                         device=input_ids.device)
+        ids[::block] = input_ids[row, row_anchors]
+        slot_ids.append(ids)
+        slot_pos.append(anchor_rules.block_indices(position_ids[row, row_anchors], block))
+        context = states.context[row]
+        if recipe.noise_std > 0:
+            noise = torch.randn(context.shape, generator=generators[row], dtype=context.dtype, device=context.device)
+            context = context + recipe.noise_std * noise
+        contexts.append(context)
+        attn.append(drafter.training_masks(document_ids[row: row + 1], row_anchors))
+
+    masks = [torch.stack([row_masks[layer] for row_masks in attn])[:, None] for layer in range(len(attn[0]))]
+    drafter_context = torch.stack(contexts)
+    positions = torch.cat([position_ids, torch.stack(slot_pos)], dim=1)
+    hidden = forward(drafter.embed(target, torch.stack(slot_ids)), drafter_context, positions, masks=masks)
+    logits = drafter.compute_logits(hidden, head)
+    outputs = TrainingOutputs(anchors=torch.stack(anchors), anchor_valid=torch.stack(valid), logits=logits,
+                              targets=torch.cat(targets), loss_mask=torch.cat(slot_mask), hidden=hidden)
+    loss = metrics = None
+    if with_loss:
+        loss = losses.dflash_loss(logits, outputs.targets, outputs.loss_mask, block, recipe.gamma, recipe.loss_kind,
+                                  recipe.sample_from_anchor)
+        with torch.no_grad():
+            metrics = losses.block_metrics(logits, outputs.targets, outputs.loss_mask, block,
+                                           recipe.sample_from_anchor)
+    return StepOutputs(outputs, loss, metrics, states.context, drafter_context)
