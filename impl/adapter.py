@@ -10,16 +10,17 @@ from torch import nn
 from impl import anchors as anchor_rules
 from impl import layers, losses, masks
 from impl.checkpoint import build_drafter
+from impl.decoding import dflash_decode
 from impl.extract import context_features
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, Recipe
 from impl.train_step import training_step
-from reference_adapters.interface import GenerationResult, TrainingOutputs, Unsupported
+from reference_adapters.interface import GenerationResult, TrainingOutputs
 
 
 class OursImplementation:
     name = "ours"
-    unsupported: frozenset[str] = frozenset({"generate"})  # until impl's live evaluator lands
+    unsupported: frozenset[str] = frozenset()
 
     def __init__(self, recipe: Recipe | None = None):
         self.recipe = recipe or Recipe()
@@ -69,4 +70,5 @@ class OursImplementation:
         return {"position_acc": metrics["position_acc"], "eal": metrics["eal"]}
 
     def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids) -> GenerationResult:
-        raise Unsupported("ours: live decoding lands with impl's evaluator")
+        result = dflash_decode(drafter, target, input_ids, max_new_tokens, stop_token_ids)
+        return GenerationResult(output_ids=result.output_ids, acceptance_lengths=result.acceptance_lengths)

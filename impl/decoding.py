@@ -1,0 +1,240 @@
+"""Live DFlash: speculative decoding with a Hugging Face target and our `DFlashDrafter`.
+
+One round, starting from `start` = position of the last known token (the previous bonus,
+not yet in the target's KV cache):
+1. the drafter sees the target's context features of the tokens accepted since its last
+   call (its own `DraftCache` holds the older ones) and denoises the block
+   `[last token, mask x (B-1)]`, which proposes B-1 tokens;
+2. the target verifies `[last token, proposals]` in one KV-cached forward;
+3. the longest prefix of proposals the target agrees with is accepted, plus one bonus
+   token from the target; both caches are cut back to the accepted length.
+The acceptance length of a round is accepted proposals + 1 (the bonus), capped by
+`max_new_tokens` and by the first stop token — the same bookkeeping as z-lab's
+`dflash_generate`, so per-round lengths compare one to one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from impl.extract import context_features, output_head
+from impl.model import DFlashDrafter, DraftCache
+
+
+@dataclass
+class DecodeResult:
+    output_ids: torch.Tensor  # [1, prompt + generated]
+    num_prompt_tokens: int
+    acceptance_lengths: list[int]  # per round, bonus included
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.output_ids[0, self.num_prompt_tokens:].tolist()
+
+    @property
+    def tau(self) -> float:
+        return mean_acceptance(self.acceptance_lengths)
+
+
+def mean_acceptance(lengths: list[int]) -> float:
+    """Per-prompt τ: the mean acceptance length over rounds (0 when no round ran)."""
+    return sum(lengths) / len(lengths) if lengths else 0.0
+
+
+def acceptance_histogram(lengths: list[int], block_size: int) -> list[int]:
+    """Counts of acceptance lengths 0..B, as z-lab's benchmark prints them."""
+    counts = [0] * (block_size + 1)
+    for length in lengths:
+        counts[length] += 1
+    return counts
+
+
+class StopTokens:
+    def __init__(self, stop_token_ids: list[int] | None):
+        self.ids = set(stop_token_ids or [])
+
+    def cut(self, tokens: list[int]) -> tuple[list[int], bool]:
+        """`tokens` up to and including the first stop token, and whether one was met."""
+        for i, token in enumerate(tokens):
+            if token in self.ids:
+                return tokens[: i + 1], True
+        return tokens, False
+
+
+def make_target_cache(target: nn.Module) -> DynamicCache:
+    cache = DynamicCache(config=target.config)
+    # Sliding-window targets must keep past states to be cropped back after a rejection.
+    cache.activate_past_recording()
+    return cache
+
+
+def crop_target_cache(cache: DynamicCache, length: int) -> None:
+    cache.crop(-(cache.get_seq_length() - length))
+
+
+class Sampler:
+    """Greedy (temperature 0) or seeded sampling at a temperature."""
+
+    def __init__(self, temperature: float = 0.0, seed: int = 0):
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        self.temperature = temperature
+        self.generator = torch.Generator().manual_seed(seed) if temperature > 0 else None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(logits.float() / self.temperature, dim=-1)
+
+    def draw(self, probs: torch.Tensor) -> torch.Tensor:
+        """One token per row of `probs` [..., V]."""
+        flat = probs.reshape(-1, probs.shape[-1])
+        return torch.multinomial(flat, 1, generator=self.generator).view(probs.shape[:-1])
+
+    def pick(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(-1) if self.greedy else self.draw(self.probs(logits))
+
+    def uniform(self, n: int) -> torch.Tensor:
+        return torch.rand(n, generator=self.generator)
+
+
+def verify_greedy(proposals: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
+    """(accepted proposals, bonus token): proposals [k], target logits [k + 1, V]."""
+    posterior = target_logits.argmax(-1)
+    matches = (proposals == posterior[:-1]).long()
+    accepted = int(matches.cumprod(0).sum())
+    return accepted, int(posterior[accepted])
+
+
+def verify_sampled(sampler: Sampler, proposals: torch.Tensor, draft_probs: torch.Tensor,
+                   target_logits: torch.Tensor) -> tuple[int, int]:
+    """Speculative rejection sampling (Leviathan et al.): the output follows the target's distribution.
+
+    Proposal i is kept with probability min(1, p_i(x) / q_i(x)); at the first rejection the
+    replacement is drawn from the residual max(0, p - q) (normalised); if all are kept the
+    bonus is drawn from the target's next distribution.
+    """
+    target_probs = sampler.probs(target_logits)
+    k = proposals.numel()
+    p = target_probs[:k].gather(-1, proposals[:, None])[:, 0]
+    q = draft_probs.gather(-1, proposals[:, None])[:, 0]
+    kept = (sampler.uniform(k) * q < p).long()
+    accepted = int(kept.cumprod(0).sum())
+    if accepted == k:
+        return accepted, int(sampler.draw(target_probs[k]))
+    residual = (target_probs[accepted] - draft_probs[accepted]).clamp_min(0)
+    total = residual.sum()
+    # p == q everywhere leaves no residual mass; the target's own distribution is then exact.
+    residual = residual / total if total > 0 else target_probs[accepted]
+    return accepted, int(sampler.draw(residual))
+
+
+class TargetSession:
+    """The target behind a KV cache: prefill, then verify blocks and roll back rejections."""
+
+    def __init__(self, target: nn.Module, layer_ids: list[int]):
+        self.target = target
+        self.layer_ids = layer_ids
+        self.cache = make_target_cache(target)
+
+    def forward(self, token_ids: torch.Tensor, start: int, logits_to_keep: int = 0,
+                positions: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None):
+        """Logits [q, V] and context features [1, q, F] of `token_ids` placed after the cache."""
+        if positions is None:
+            positions = torch.arange(start, start + token_ids.shape[1], device=token_ids.device)
+        out = self.target(token_ids, position_ids=positions[None], past_key_values=self.cache, use_cache=True,
+                          attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=logits_to_keep)
+        return out.logits[0], context_features(out.hidden_states, self.layer_ids)
+
+    def keep(self, length: int) -> None:
+        crop_target_cache(self.cache, length)
+
+    def keep_positions(self, prefix: int, rows: torch.Tensor) -> None:
+        """Keep the first `prefix` cache entries plus entries `prefix + rows` (a tree's accepted path)."""
+        index = torch.cat([torch.arange(prefix), prefix + rows]).to(rows.device)
+        for layer in self.cache.layers:
+            if type(layer).__name__ != "DynamicLayer":
+                raise ValueError(f"tree verification needs full-attention cache layers, got {type(layer).__name__}")
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+
+
+def draft_block(drafter: DFlashDrafter, target: nn.Module, head: nn.Module, draft_cache: DraftCache,
+                new_features: torch.Tensor, last_token: int, start: int, size: int):
+    """One drafter pass over `[last token, mask x (size-1)]` at positions start..start+size-1.
+
+    Returns the block [1, size] (proposals still masked) and the logits of its slots 1.. [size-1, V].
+    """
+    device = new_features.device
+    block = torch.full((1, size), drafter.mask_token_id, dtype=torch.long, device=device)
+    block[0, 0] = last_token
+    # The drafter's new keys are the context features it has not seen yet, then the block.
+    positions = torch.arange(start - new_features.shape[1], start + size, device=device)[None]
+    hidden = drafter(drafter.embed(target, block), new_features, positions, cache=draft_cache)
+    draft_cache.crop(start)  # keep context only: the block is redrawn next round
+    return block, drafter.compute_logits(hidden[0, 1:], head)
+
+
+@torch.inference_mode()
+def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
+                  stop_token_ids: list[int] | None = None, temperature: float = 0.0, seed: int = 0) -> DecodeResult:
+    """Speculative decoding of one prompt (`input_ids` [1, T]); greedy unless `temperature` > 0."""
+    sampler, stops = Sampler(temperature, seed), StopTokens(stop_token_ids)
+    head, block_size = output_head(target), drafter.block_size
+    prompt_len = input_ids.shape[1]
+    max_length = prompt_len + max_new_tokens
+    session = TargetSession(target, drafter.target_layer_ids)
+    draft_cache = DraftCache(drafter.spec.num_hidden_layers)
+
+    logits, new_features = session.forward(input_ids, 0, logits_to_keep=1)
+    tokens = input_ids[0].tolist() + [int(sampler.pick(logits[-1]))]
+    start = prompt_len  # position of the last known token, which the target has not seen yet
+    stopped = tokens[start] in stops.ids
+    rounds: list[int] = []
+    while not stopped and start + 1 < max_length:
+        size = min(block_size, max_length - start)
+        block, draft_logits = draft_block(drafter, target, head, draft_cache, new_features, tokens[start], start, size)
+        draft_probs = None if sampler.greedy else sampler.probs(draft_logits)
+        block[0, 1:] = draft_logits.argmax(-1) if sampler.greedy else sampler.draw(draft_probs)
+
+        target_logits, block_features = session.forward(block, start)
+        if sampler.greedy:
+            accepted, bonus = verify_greedy(block[0, 1:], target_logits)
+        else:
+            accepted, bonus = verify_sampled(sampler, block[0, 1:], draft_probs, target_logits)
+        produced = block[0, 1:accepted + 1].tolist() + [bonus]
+        produced, stopped = stops.cut(produced[: max_length - start - 1])
+        tokens.extend(produced)
+        rounds.append(len(produced))
+        # Accepted = the block's first token plus all produced but the last (the new bonus).
+        new_features = block_features[:, : len(produced)]
+        start += len(produced)
+        session.keep(start)
+
+    output_ids = torch.tensor([tokens[:max_length]], device=input_ids.device)
+    return DecodeResult(output_ids=output_ids, num_prompt_tokens=prompt_len, acceptance_lengths=rounds)
+
+
+@torch.inference_mode()
+def greedy_decode(target: nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
+                  stop_token_ids: list[int] | None = None) -> torch.Tensor:
+    """Plain greedy decoding, one token per target forward: the reference for losslessness."""
+    stops = StopTokens(stop_token_ids)
+    cache = make_target_cache(target)
+    tokens = input_ids[0].tolist()
+    step_ids = input_ids
+    for _ in range(max_new_tokens):
+        logits = target(step_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        token = int(logits[0, -1].argmax())
+        tokens.append(token)
+        if token in stops.ids:
+            break
+        step_ids = torch.tensor([[token]], device=input_ids.device)
+    return torch.tensor([tokens], device=input_ids.device)
