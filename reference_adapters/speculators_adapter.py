@@ -1,0 +1,256 @@
+"""vllm-project `speculators` behind the shared interface: its DFlash model, masks, anchors and losses.
+
+Every operation calls `speculators` 0.9.0 (private helpers included). Two things are
+set up for CPU: eager attention (speculators defaults to flex attention, whose eager
+path materializes the mask with its own `create_float_mask`) and eager losses (the
+fused ones need Triton). speculators has no inference loop and no inference mask.
+
+Layer ids: the interface speaks z-lab ids; speculators' `aux_hidden_state_layer_ids`
+are the same layers shifted by one (`hidden_states[j]`, j = id + 1).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import torch
+from torch import nn
+
+from impl.checkpoint import CheckpointError, atomic_directory, strip_wrapper_prefixes
+from impl.extract import HiddenStateExtractor, final_norm, output_head
+from impl.layers import speculators_to_zlab
+from impl.spec import DraftSpec
+from reference_adapters.interface import TrainingOutputs, Unsupported
+from reference_adapters.versions import check_reference
+
+check_reference("speculators")
+
+# After the version guard on purpose: the names below are 0.9.0's.
+import speculators.models.utils as spec_utils  # noqa: E402
+from speculators.config import SpeculatorsConfig, VerifierConfig  # noqa: E402
+from speculators.losses import dflash_loss_decay, resolve_loss_config  # noqa: E402
+from speculators.models.attention import create_float_mask  # noqa: E402
+from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig  # noqa: E402
+from speculators.models.dflash.attention import create_anchor_block_mask_mod  # noqa: E402
+from speculators.models.dflash.metrics import compute_metrics  # noqa: E402
+from speculators.models.dflash.utils import select_anchors  # noqa: E402
+from speculators.proposals.greedy import GreedyTokenProposalConfig  # noqa: E402
+
+CPU_ATTENTION = "eager"
+VERIFIER_OWNED = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight")
+
+
+def native_layer_ids(zlab_ids) -> list[int]:
+    """z-lab id i -> speculators aux id i + 1 (the same layer)."""
+    return [int(i) + 1 for i in zlab_ids]
+
+
+def verifier_config(verifier_dir: str | Path | None) -> VerifierConfig:
+    """speculators' record of the verifier; its path is where `load_verifier_weights` reads from."""
+    if verifier_dir is None:
+        return VerifierConfig(name_or_path=None, architectures=[])
+    return VerifierConfig.from_pretrained(str(verifier_dir))
+
+
+def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None, aux_layer_ids=None,
+                       sample_from_anchor: bool = False,
+                       sliding_window_non_causal: bool = False) -> DFlashSpeculatorConfig:
+    """The `DFlashSpeculatorConfig` of a spec, laid out as speculators' own converter lays it out."""
+    return DFlashSpeculatorConfig(
+        transformer_layer_config=spec.qwen3_config(),
+        draft_vocab_size=spec.vocab_size,
+        block_size=spec.block_size,
+        aux_hidden_state_layer_ids=list(aux_layer_ids) if aux_layer_ids is not None
+        else native_layer_ids(spec.target_layer_ids),
+        mask_token_id=spec.mask_token_id,
+        sample_from_anchor=sample_from_anchor,
+        sliding_window_non_causal=sliding_window_non_causal,
+        speculators_config=SpeculatorsConfig(
+            algorithm="dflash",
+            proposal_methods=[GreedyTokenProposalConfig(
+                speculative_tokens=spec.block_size if sample_from_anchor else spec.block_size - 1)],
+            default_proposal_method="greedy",
+            verifier=verifier_config(verifier_dir),
+        ),
+    )
+
+
+def on_cpu_attention(config: DFlashSpeculatorConfig) -> DFlashSpeculatorConfig:
+    config.transformer_layer_config._attn_implementation = CPU_ATTENTION
+    return config
+
+
+def fill_verifier_tensors(model: DFlashDraftModel, target: nn.Module | None) -> None:
+    """Verifier-owned tensors: speculators' own loader when it knows a verifier dir, else copied from `target`."""
+    if model.config.speculators_config.verifier.name_or_path:
+        model.load_verifier_weights()
+        return
+    if target is None:
+        return  # left NaN, as speculators leaves them: any use shows up at once
+    head = output_head(target).weight.detach()
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(target.get_input_embeddings().weight.detach())
+        model.lm_head.weight.copy_(head)
+        model.verifier_lm_head.weight.copy_(head)
+        model.verifier_norm.weight.copy_(final_norm(target).weight.detach())
+
+
+def load_speculators_model(path: str | Path, verifier_dir: str | Path | None = None) -> DFlashDraftModel:
+    """A speculators directory through its own `from_pretrained` (eager attention, fp32, eval).
+
+    `verifier_dir` replaces the verifier path recorded in the config (it is where the
+    verifier-owned tensors are read from).
+    """
+    try:
+        config = on_cpu_attention(DFlashSpeculatorConfig.from_pretrained(str(path)))
+        if verifier_dir is not None:
+            config.speculators_config.verifier = verifier_config(verifier_dir)
+        elif not _is_local_dir(config.speculators_config.verifier.name_or_path):
+            config.speculators_config.verifier = verifier_config(None)  # never reach for the network
+        model = DFlashDraftModel.from_pretrained(str(path), config=config, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{path}: speculators' DFlashDraftModel cannot load it "
+                              f"({' '.join(str(exc).split())[:200]})") from exc
+    return model.eval()
+
+
+def save_speculators_model(model: DFlashDraftModel, path: str | Path) -> None:
+    """speculators' own `save_pretrained`, into a temp dir renamed into place."""
+    atomic_directory(Path(path), lambda tmp: model.save_pretrained(str(tmp)))
+
+
+def _is_local_dir(name_or_path: str | None) -> bool:
+    return bool(name_or_path) and (Path(name_or_path) / "config.json").is_file()
+
+
+def _materialize(mask_mod, q_len: int, kv_len: int, device=None) -> torch.Tensor:
+    """speculators' eager mask creation (0 / -inf floats) read back as booleans [q_len, kv_len]."""
+    floats = create_float_mask(mask_mod, B=None, H=None, Q_LEN=q_len, KV_LEN=kv_len, device=device,
+                               dtype=torch.float32)
+    return torch.isfinite(floats)[0, 0]
+
+
+class SpeculatorsImplementation:
+    name = "speculators"
+    unsupported: frozenset[str] = frozenset({"inference_mask", "generate"})
+
+    def __init__(self, verifier_dir: str | Path | None = None):
+        self.verifier_dir = verifier_dir
+
+    def default_target_layer_ids(self, num_target_layers, num_draft_layers):
+        """speculators' default (`[2, N//2, N-3]`, whatever the draft depth) in z-lab ids."""
+        # `resolve_target_layer_ids` reads only num_hidden_layers from the verifier config.
+        verifier = SimpleNamespace(num_hidden_layers=num_target_layers)
+        with mock.patch.object(spec_utils, "get_verifier_config", lambda *_a, **_k: verifier), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            aux_ids = spec_utils.resolve_target_layer_ids(None, "<verifier>")
+        return speculators_to_zlab(aux_ids)
+
+    def context_features(self, hidden_states, layer_ids):
+        return torch.cat([hidden_states[j] for j in native_layer_ids(layer_ids)], dim=-1)
+
+    def select_anchors(self, loss_mask, max_anchors, block_size, seed):
+        torch.manual_seed(seed)
+        return select_anchors(loss_mask, max_anchors, block_size)
+
+    def training_mask(self, document_ids, anchors, block_size, sliding_window, causal_block):
+        if sliding_window is None and causal_block:
+            raise Unsupported("speculators: full-attention blocks are always bidirectional")
+        document_ids = document_ids.reshape(-1)
+        mask_mod, q_len, kv_len = create_anchor_block_mask_mod(
+            document_ids=document_ids, total_seq_len=document_ids.numel(), anchor_positions=anchors.reshape(-1),
+            block_size=block_size, sliding_window=sliding_window, sliding_window_non_causal=not causal_block)
+        return _materialize(mask_mod, q_len, kv_len, device=document_ids.device)
+
+    def inference_mask(self, context_len, block_len, sliding_window, causal):
+        raise Unsupported("speculators: no inference loop, hence no inference mask")
+
+    def build_drafter(self, spec: DraftSpec, state_dict, target: nn.Module | None = None) -> DFlashDraftModel:
+        verifier_dir = self.verifier_dir
+        if verifier_dir is None and target is not None and _is_local_dir(getattr(target, "name_or_path", None)):
+            verifier_dir = target.name_or_path
+        model = DFlashDraftModel(on_cpu_attention(speculators_config(spec, verifier_dir)))
+        body = strip_wrapper_prefixes(state_dict)
+        missing, unexpected = model.load_state_dict(body, strict=False)
+        missing = [k for k in missing if k not in VERIFIER_OWNED]
+        if missing or unexpected:
+            raise CheckpointError(f"speculators drafter: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        fill_verifier_tensors(model, target)
+        return model.float().eval()
+
+    def project_context(self, drafter, context_features):
+        return drafter.hidden_norm(drafter.fc(context_features))
+
+    def _block_masks(self, drafter: DFlashDraftModel, context_len: int, block_len: int, device) -> dict:
+        """Per-window masks of one anchor block after the context: speculators' training masks, one anchor."""
+        # The anchor (the block's first token) sits at position `context_len`, one past the
+        # context, so its document id is one entry past the context's.
+        masks = {}
+        for window in {drafter.sliding_window if i in drafter.sliding_window_indices else None
+                       for i in range(len(drafter.layers))}:
+            mask_mod, q_len, kv_len = create_anchor_block_mask_mod(
+                document_ids=torch.zeros(context_len + 1, dtype=torch.long, device=device), total_seq_len=context_len,
+                anchor_positions=torch.tensor([context_len], device=device), block_size=block_len,
+                sliding_window=window, sliding_window_non_causal=drafter.sliding_window_non_causal)
+            masks[window] = drafter._create_mask_fn(mask_mod, B=None, H=None, Q_LEN=q_len, KV_LEN=kv_len,
+                                                    device=device)
+        return masks
+
+    @torch.no_grad()
+    def draft_forward(self, drafter: DFlashDraftModel, noise_embedding, target_hidden, position_ids):
+        """speculators' decoder layers, fed as `_backbone_forward` feeds them, on one block after a context."""
+        context = drafter.hidden_norm(drafter.fc(target_hidden))
+        masks = self._block_masks(drafter, context.shape[1], noise_embedding.shape[1], noise_embedding.device)
+        position_embeddings = drafter.rotary_emb(noise_embedding, position_ids)
+        hidden = noise_embedding
+        for index, layer in enumerate(drafter.layers):
+            window = drafter.sliding_window if index in drafter.sliding_window_indices else None
+            hidden = layer(hidden_states=hidden, target_hidden=context, attention_mask=masks[window],
+                           position_ids=position_ids, use_cache=False, position_embeddings=position_embeddings)
+        return drafter.norm(hidden)
+
+    def training_outputs(self, drafter: DFlashDraftModel, target, input_ids, loss_mask, document_ids,
+                         max_anchors, seed):
+        """speculators' `_backbone_forward` on the target's states, anchors drawn after `manual_seed(seed)`."""
+        # Its aux ids index `hidden_states` directly; the extractor reads the same entries
+        # through the z-lab ids, and captures the raw final-layer output speculators trains on.
+        states = HiddenStateExtractor(target, speculators_to_zlab(drafter.target_layer_ids))(input_ids)
+        captured = {}
+        build_masks = drafter._build_attention_mask
+
+        def keep_anchors(*args, **kwargs):
+            result = build_masks(*args, **kwargs)
+            captured["anchors"], captured["valid"] = result[2], result[3]
+            return result
+
+        torch.manual_seed(seed)
+        with torch.no_grad(), mock.patch.object(drafter, "_build_attention_mask", keep_anchors):
+            hidden, logits, targets, aligned_mask, _ = drafter._backbone_forward(
+                states.context, input_ids, loss_mask, states.final_raw, document_ids, max_anchors=max_anchors)
+        return TrainingOutputs(anchors=captured["anchors"], anchor_valid=captured["valid"], logits=logits,
+                               targets=targets, loss_mask=aligned_mask.float(), hidden=hidden)
+
+    def loss_weights(self, block_size, gamma, sample_from_anchor):
+        return dflash_loss_decay(torch.arange(block_size), gamma=gamma, sample_from_anchor=sample_from_anchor)
+
+    def _metrics(self, logits, targets, loss_mask, block_size, gamma=4.0, kind="kl_div", sample_from_anchor=False):
+        return compute_metrics(logits, targets, loss_mask, block_size, gamma=gamma,
+                               loss_config=resolve_loss_config(kind, "eager"), sample_from_anchor=sample_from_anchor)
+
+    def loss(self, logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor):
+        return self._metrics(logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor)[0]
+
+    def block_metrics(self, logits, targets, loss_mask, block_size):
+        _, metrics = self._metrics(logits, targets, loss_mask, block_size)
+        position_acc = torch.stack([
+            metrics[f"position_{k}_acc_sum"].float() / metrics[f"position_{k}_acc_total"].float().clamp(min=1)
+            for k in range(1, block_size)])
+        eal = metrics["eal_sum"].float() / metrics["eal_total"].float().clamp(min=1)
+        return {"position_acc": position_acc, "eal": eal}
+
+    def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids):
+        raise Unsupported("speculators: no inference loop (it trains drafters; vLLM serves them)")
