@@ -1,0 +1,1 @@
+"""The audit engine: static (specs, recipes, tensors) and dynamic (offline τ) comparisons, and their reports."""

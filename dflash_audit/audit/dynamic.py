@@ -1,0 +1,204 @@
+"""Dynamic audit: both drafters decode the same prompts against the same target; τ compared per prompt.
+
+Each drafter is run with DFlash (one block per round) and DDTree (a tree of at most
+`budget` nodes per round). A drafter that cannot run against this target (missing or
+non-finite tensors, a hidden size or depth the target does not have) keeps its static
+findings and gets a `warning` that τ was not measured; the audit still completes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_audit.audit import tau_stats
+from dflash_audit.audit.findings import Finding
+from dflash_audit.audit.sides import Side
+from dflash_audit.errors import AuditError
+from impl.checkpoint import CheckpointError, build_drafter
+from impl.extract import decoder_layers
+
+METHODS = {"dflash": "DFlash", "ddtree": "DDTree"}
+LARGEST_GAPS = 3
+
+
+@dataclass
+class PromptTau:
+    id: str
+    ours: float | None
+    ref: float | None
+    ours_rounds: list[int]
+    ref_rounds: list[int]
+    first_divergent_round: int | None
+
+
+@dataclass
+class MethodResult:
+    method: str
+    budget: int | None
+    block_size: dict[str, int]
+    prompts: list[PromptTau] = field(default_factory=list)
+    measured: bool = True  # both drafters ran
+
+    @property
+    def label(self) -> str:
+        return METHODS[self.method] + (f" (budget {self.budget})" if self.budget else "")
+
+    @property
+    def mean(self) -> dict[str, float | None]:
+        return {side: (sum(getattr(p, side) for p in self.prompts) / len(self.prompts)
+                       if self.prompts and all(getattr(p, side) is not None for p in self.prompts) else None)
+                for side in ("ours", "ref")}
+
+    def histogram(self, side: str) -> list[int]:
+        return tau_stats.acceptance_histogram([getattr(p, f"{side}_rounds") for p in self.prompts],
+                                              self.block_size[side])
+
+    def position_acceptance(self, side: str) -> list[float]:
+        return tau_stats.position_acceptance([getattr(p, f"{side}_rounds") for p in self.prompts],
+                                             self.block_size[side])
+
+    def interval(self) -> tau_stats.PairedInterval | None:
+        if not self.measured or not self.prompts:
+            return None
+        return tau_stats.paired_bootstrap([p.ref - p.ours for p in self.prompts])
+
+    def largest_gaps(self) -> list[PromptTau]:
+        if not self.measured:
+            return []
+        return sorted(self.prompts, key=lambda p: abs(p.ref - p.ours), reverse=True)[:LARGEST_GAPS]
+
+    def to_dict(self) -> dict[str, Any]:
+        interval = self.interval()
+        return {
+            "method": self.method, "budget": self.budget, "measured": self.measured,
+            "prompts": [vars(p) for p in self.prompts], "mean": self.mean,
+            "histogram": {s: self.histogram(s) for s in ("ours", "ref")} if self.measured else None,
+            "position_acceptance": ({s: self.position_acceptance(s) for s in ("ours", "ref")}
+                                    if self.measured else None),
+            "largest_gaps": [p.id for p in self.largest_gaps()],
+            "interval": vars(interval) | {"beyond_noise": interval.beyond_noise} if interval else None,
+        }
+
+
+@dataclass
+class DynamicAudit:
+    methods: dict[str, MethodResult]
+    findings: list[Finding]
+    max_new_tokens: int
+    prompts_source: str
+    not_measured: dict[str, str] = field(default_factory=dict)  # side -> why
+
+    def tau_dict(self) -> dict[str, Any]:
+        """`tau` of report.json: the DFlash result in the schema's shape, DDTree as an extra key."""
+        main = self.methods["dflash"].to_dict()
+        data = {"method": "dflash", "prompts": main["prompts"], "mean": main["mean"],
+                "max_new_tokens": self.max_new_tokens, "prompts_source": self.prompts_source,
+                "noise": tau_stats.NOISE_METHOD, "not_measured": self.not_measured}
+        data.update({k: v for k, v in main.items() if k not in data and k != "method"})
+        data["methods"] = {name: result.to_dict() for name, result in self.methods.items()}
+        return data
+
+
+# -- running ---------------------------------------------------------------------------------
+def load_target(target_dir: str | Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target_dir = Path(target_dir)
+    if not (target_dir / "config.json").is_file():
+        raise AuditError(f"{target_dir}: not a Hugging Face model directory (no config.json)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target_dir)
+        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    except (OSError, ValueError) as exc:
+        raise AuditError(f"{target_dir}: cannot load the target ({' '.join(str(exc).split())[:200]})") from exc
+    return target, tokenizer
+
+
+def why_not_runnable(side: Side, target) -> str | None:
+    """A reason this drafter cannot run against `target`, or None."""
+    config = target.config
+    spec = side.spec
+    if spec.hidden_size != config.hidden_size:
+        return f"hidden size {spec.hidden_size} but the target's is {config.hidden_size}"
+    depth = len(decoder_layers(target))
+    if spec.num_target_layers != depth:
+        return f"built for a target of {spec.num_target_layers} layers, this one has {depth}"
+    if spec.vocab_size != config.vocab_size:
+        return f"vocabulary of {spec.vocab_size} but the target's is {config.vocab_size}"
+    bad = [k for k, t in side.state_dict.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        return f"non-finite values in {bad[0]}"
+    try:
+        build_drafter(spec, side.state_dict, source=side.path)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
+def decode_rounds(method: str, drafter, target, input_ids: torch.Tensor, max_new_tokens: int, stop_ids: list[int],
+                  budget: int) -> list[int]:
+    """Per-round acceptance lengths (bonus included) of one prompt."""
+    if method == "dflash":
+        from impl.decoding import dflash_decode
+
+        return dflash_decode(drafter, target, input_ids, max_new_tokens, stop_ids).acceptance_lengths
+    from impl.ddtree import ddtree_decode
+
+    return ddtree_decode(drafter, target, input_ids, max_new_tokens, stop_ids, budget=budget).acceptance_lengths
+
+
+@torch.inference_mode()
+def dynamic_audit(ours: Side, ref: Side, target, tokenizer, prompts: list[dict], prompts_source: str,
+                  max_new_tokens: int = 64, budget: int = 32, progress=None) -> DynamicAudit:
+    """τ of both drafters on `prompts` ([{"id", "input_ids"}]); `progress(advance)` per decoded prompt."""
+    sides = {"ours": ours, "ref": ref}
+    not_measured = {name: why for name, side in sides.items() if (why := why_not_runnable(side, target))}
+    drafters = {name: build_drafter(side.spec, side.state_dict).float().eval()
+                for name, side in sides.items() if name not in not_measured}
+    stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    methods = {}
+    for method, method_budget in (("dflash", None), ("ddtree", budget)):
+        result = MethodResult(method, method_budget, {n: s.spec.block_size for n, s in sides.items()},
+                              measured=not not_measured)
+        for prompt in prompts:
+            rounds = {name: decode_rounds(method, drafter, target, prompt["input_ids"], max_new_tokens, stop_ids,
+                                          budget)
+                      for name, drafter in drafters.items()}
+            for _ in drafters:
+                progress and progress()
+            o, r = rounds.get("ours", []), rounds.get("ref", [])
+            result.prompts.append(PromptTau(
+                str(prompt["id"]), tau_stats.tau(o) if "ours" in rounds else None,
+                tau_stats.tau(r) if "ref" in rounds else None, o, r,
+                tau_stats.first_divergent_round(o, r) if len(rounds) == 2 else None))
+        methods[method] = result
+    findings = [Finding("tau", "warning", f"τ of {name} was not measured: {why}. Its static findings stand.",
+                        why if name == "ours" else None, why if name == "ref" else None, pitfall=17,
+                        key=f"not measured ({name})")
+                for name, why in not_measured.items()]
+    findings += [f for result in methods.values() if (f := tau_finding(result))]
+    return DynamicAudit(methods, findings, max_new_tokens, prompts_source, not_measured)
+
+
+def tau_finding(result: MethodResult) -> Finding | None:
+    interval = result.interval()
+    if interval is None:
+        return None
+    mean = result.mean
+    span = f"{interval.mean:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]"
+    if interval.beyond_noise:
+        better = "ref" if interval.mean > 0 else "ours"
+        return Finding(
+            "tau", "divergence",
+            f"{result.label}: mean τ {mean['ours']:.3f} for ours vs {mean['ref']:.3f} for ref over "
+            f"{interval.n} prompts; τ_ref − τ_ours = {span} (95%, paired bootstrap) excludes 0, so {better} "
+            "accepts more tokens per round beyond noise.", mean["ours"], mean["ref"], pitfall=17,
+            key=result.method)
+    return Finding(
+        "tau", "info",
+        f"{result.label}: mean τ {mean['ours']:.3f} for ours vs {mean['ref']:.3f} for ref; τ_ref − τ_ours = {span} "
+        "(95%, paired bootstrap) is within noise.", mean["ours"], mean["ref"], pitfall=17, key=result.method)

@@ -1,0 +1,53 @@
+"""A finding: one root cause of a difference between two drafters, in the DESIGN vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+COMPONENTS = ("fc_dims", "target_layers", "layer_types", "block_size", "mask_token", "architecture",
+              "weights", "recipe", "tau")
+SEVERITIES = ("divergence", "warning", "info")
+
+# What each PITFALLS.md entry is about, for the report's "see entry #n" links.
+PITFALLS = {
+    1: "target_layers (selection)", 2: "target_layers (index convention)", 3: "targets (which hidden state)",
+    4: "fc_dims", 5: "targets (alignment)", 6: "loss_weights", 7: "loss (kind)", 8: "anchors",
+    9: "mask (training)", 10: "mask (inference)", 11: "layer_types", 12: "positions", 13: "embeddings / head",
+    14: "mask_token", 15: "recipe (noise)", 16: "block_size", 17: "tau",
+}
+
+
+@dataclass
+class Finding:
+    component: str
+    severity: str
+    message: str  # one plain-language sentence: what differs and what it does
+    ours: Any  # normalized values (z-lab layer-id convention)
+    ref: Any
+    pitfall: int | None = None  # PITFALLS.md entry number
+    key: str = ""  # which field / tensor group, so findings of one component stay distinct
+    raw: dict[str, Any] = field(default_factory=dict)  # {"ours": ..., "ref": ...} as stored on disk
+    explanation: str = ""  # why it matters, for the HTML report
+
+    def __post_init__(self) -> None:
+        if self.component not in COMPONENTS:
+            raise ValueError(f"unknown finding component {self.component!r}")
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"unknown severity {self.severity!r}")
+
+    @property
+    def pitfall_title(self) -> str:
+        return PITFALLS.get(self.pitfall, "") if self.pitfall else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def divergences(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == "divergence"]
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    """Divergences first, then warnings, then info; stable within a severity."""
+    return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))

@@ -1,0 +1,33 @@
+"""Everything one comparison produced, in one object the three report writers read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflash_audit.audit.findings import Finding, divergences, sort_findings
+from dflash_audit.audit.sides import Side
+from dflash_audit.audit.static import StaticAudit
+
+
+@dataclass
+class AuditReport:
+    ours: Side
+    ref: Side
+    static: StaticAudit
+    dynamic: Any = None  # dflash_audit.audit.dynamic.DynamicAudit when a target was given
+    notes: list[str] = field(default_factory=list)  # e.g. why the dynamic audit was skipped
+
+    @property
+    def findings(self) -> list[Finding]:
+        extra = self.dynamic.findings if self.dynamic is not None else []
+        return sort_findings(self.static.findings + extra)
+
+    @property
+    def divergences(self) -> list[Finding]:
+        return divergences(self.findings)
+
+    @property
+    def exit_status(self) -> int:
+        """Like diff(1): 0 no divergence, 1 divergences."""
+        return 1 if self.divergences else 0

@@ -1,0 +1,107 @@
+"""`index.html`: one self-contained page (inline CSS, inline SVG, no network), rendered with jinja2.
+
+Autoescape is on for everything: paths, prompt ids and messages are user-controlled.
+Chart geometry is computed here; the template only draws rectangles and labels.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from itertools import groupby
+from pathlib import Path
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from dflash_audit.audit.report import AuditReport
+from dflash_audit.audit.report_json import report_dict
+from impl.checkpoint import atomic_write_bytes
+
+COLORS = {"ours": "#d9534f", "ref": "#2b7bb9"}
+
+
+@dataclass
+class Bar:
+    x: float
+    y: float
+    width: float
+    height: float
+    color: str
+    title: str
+
+
+@dataclass
+class Chart:
+    title: str
+    width: int
+    height: int
+    bars: list[Bar]
+    labels: list[tuple[float, str]]  # x, text under the axis
+    y_max: float
+    y_label: str
+    kind: str  # css class, lets the browser test find each chart
+
+
+def grouped_bars(title: str, kind: str, categories: list[str], series: dict[str, list[float]], y_label: str,
+                 y_max: float | None = None, width: int = 900, height: int = 260) -> Chart:
+    """Side-by-side bars (ours, ref) per category, scaled to the tallest value."""
+    pad_left, pad_bottom, pad_top = 48, 48, 16
+    plot_w, plot_h = width - pad_left - 8, height - pad_bottom - pad_top
+    values = [v for vs in series.values() for v in vs if v is not None]
+    top = y_max or max(values + [1e-9])
+    slot = plot_w / max(1, len(categories))
+    bar_w = slot * 0.8 / max(1, len(series))
+    bars, labels = [], []
+    for i, category in enumerate(categories):
+        x0 = pad_left + i * slot + slot * 0.1
+        for j, (name, vs) in enumerate(series.items()):
+            value = vs[i] if vs[i] is not None else 0.0
+            h = plot_h * value / top
+            bars.append(Bar(x0 + j * bar_w, pad_top + plot_h - h, bar_w, h, COLORS[name],
+                            f"{category} — {name}: {value:.3g}"))
+        labels.append((pad_left + i * slot + slot / 2, category))
+    return Chart(title, width, height, bars, labels, top, y_label, kind)
+
+
+def tau_charts(report: AuditReport) -> list[Chart]:
+    if report.dynamic is None:
+        return []
+    charts = []
+    for result in report.dynamic.methods.values():
+        if not result.measured:
+            continue
+        ids = [p.id for p in result.prompts]
+        charts.append(grouped_bars(f"Per-prompt τ — {result.label}", "tau-chart", ids,
+                                   {s: [getattr(p, s) for p in result.prompts] for s in ("ours", "ref")},
+                                   "τ (tokens per round)"))
+        block = max(result.block_size.values())
+        hist = {s: result.histogram(s) + [0] * (block + 1 - len(result.histogram(s))) for s in ("ours", "ref")}
+        charts.append(grouped_bars(f"Acceptance-length histogram — {result.label}", "histogram",
+                                   [str(k) for k in range(block + 1)], hist, "rounds"))
+        rates = {s: result.position_acceptance(s) + [0.0] * (block - 1 - len(result.position_acceptance(s)))
+                 for s in ("ours", "ref")}
+        charts.append(grouped_bars(f"Per-position acceptance rate — {result.label}", "position-chart",
+                                   [str(k) for k in range(1, block)], rates, "accepted fraction", y_max=1.0))
+    return charts
+
+
+def environment() -> Environment:
+    env = Environment(loader=PackageLoader("dflash_audit", "templates"),
+                      autoescape=select_autoescape(["html", "j2"], default=True),
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters["compact"] = lambda value: json.dumps(value, default=str) if not isinstance(value, str) else value
+    return env
+
+
+def render_html(report: AuditReport) -> str:
+    data = report_dict(report)
+    rows = report.static.tensor_rows
+    tensor_groups = [(group, list(items)) for group, items in groupby(rows, key=lambda r: r.group)]
+    return environment().get_template("report.html.j2").render(
+        report=report, data=data, findings=report.findings, charts=tau_charts(report), colors=COLORS,
+        tensor_groups=tensor_groups, dynamic=report.dynamic)
+
+
+def write_report_html(report: AuditReport, path: str | Path) -> None:
+    html = render_html(report)
+    atomic_write_bytes(Path(path), lambda tmp: Path(tmp).write_text(html, encoding="utf-8"))

@@ -1,0 +1,57 @@
+"""`report.json`, schema `dflash-audit/1` (DESIGN.md), plus extra keys the HTML report also shows."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from dflash_audit.audit.report import AuditReport
+from dflash_audit.audit.sides import Side
+from dflash_audit.audit.versions import report_versions
+from impl.checkpoint import atomic_write_bytes
+
+SCHEMA = "dflash-audit/1"
+
+
+def side_dict(side: Side) -> dict[str, Any]:
+    return {"path": side.path, "format": side.format, "spec": side.spec.to_dict(),
+            "raw_target_layer_ids": side.raw_layer_ids, "layer_id_convention": side.layer_id_convention}
+
+
+def report_dict(report: AuditReport) -> dict[str, Any]:
+    data = {
+        "schema": SCHEMA,
+        "ours": side_dict(report.ours),
+        "ref": side_dict(report.ref),
+        "findings": [f.to_dict() for f in report.findings],
+        "tau": report.dynamic.tau_dict() if report.dynamic is not None else None,
+        "versions": report_versions(),
+        # Extra keys (allowed by the schema):
+        "exit_status": report.exit_status,
+        "recipes": report.static.recipes,
+        "spec_diff": [dict(asdict(row), same=row.same) for row in report.static.spec_rows],
+        "tensors": [asdict(row) for row in report.static.tensor_rows],
+        "notes": report.notes,
+    }
+    return _finite(data)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN/inf: write them as null so every JSON parser reads the file."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_report_json(report: AuditReport, path: str | Path) -> dict[str, Any]:
+    data = report_dict(report)
+    text = json.dumps(data, indent=2, default=str) + "\n"
+    atomic_write_bytes(Path(path), lambda tmp: Path(tmp).write_text(text))
+    return data

@@ -1,0 +1,24 @@
+"""The summary table `compare` prints."""
+
+from __future__ import annotations
+
+import textwrap
+
+from tabulate import tabulate
+
+from dflash_audit.audit.report import AuditReport
+
+
+def terminal_summary(report: AuditReport, width: int = 60) -> str:
+    rows = [[f.severity, f.component + (f":{f.key}" if f.key else ""), f"#{f.pitfall}" if f.pitfall else "",
+             textwrap.fill(f.message, width)] for f in report.findings]
+    lines = [tabulate(rows, headers=["severity", "finding", "pitfall", "message"], tablefmt="simple_grid")
+             if rows else "no findings"]
+    if report.dynamic is not None:
+        for method in report.dynamic.methods.values():
+            lines.append(f"{method.label}: mean τ ours {method.mean['ours']:.3f}  ref {method.mean['ref']:.3f}"
+                         if method.measured else f"{method.label}: τ not measured")
+    lines += report.notes
+    count = len(report.divergences)
+    lines.append(f"{count} divergence{'s' if count != 1 else ''}")
+    return "\n".join(lines)
