@@ -19,6 +19,7 @@ from unittest import mock
 import torch
 from torch import nn
 
+from dflash_audit.formats import VERIFIER_OWNED_KEYS
 from impl.checkpoint import CheckpointError, atomic_directory, strip_wrapper_prefixes
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.layers import speculators_to_zlab
@@ -40,7 +41,6 @@ from speculators.models.dflash.utils import select_anchors  # noqa: E402
 from speculators.proposals.greedy import GreedyTokenProposalConfig  # noqa: E402
 
 CPU_ATTENTION = "eager"
-VERIFIER_OWNED = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight")
 
 
 def native_layer_ids(zlab_ids) -> list[int]:
@@ -176,7 +176,7 @@ class SpeculatorsImplementation:
         model = DFlashDraftModel(on_cpu_attention(speculators_config(spec, verifier_dir)))
         body = strip_wrapper_prefixes(state_dict)
         missing, unexpected = model.load_state_dict(body, strict=False)
-        missing = [k for k in missing if k not in VERIFIER_OWNED]
+        missing = [k for k in missing if k not in VERIFIER_OWNED_KEYS]
         if missing or unexpected:
             raise CheckpointError(f"speculators drafter: missing {missing[:3]}, unexpected {unexpected[:3]}")
         fill_verifier_tensors(model, target)

@@ -1,0 +1,38 @@
+"""`dflash-audit convert --from PATH --to PATH --format ours|zlab|speculators [--target DIR] [--allow-lossy]`."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+from dflash_audit.convert import convert
+
+
+class Format(str, Enum):
+    ours = "ours"
+    zlab = "zlab"
+    speculators = "speculators"
+
+
+def convert_command(
+    source: Path = typer.Option(..., "--from", help="Drafter to read (ours *.pt, z-lab or speculators directory)."),
+    destination: Path = typer.Option(..., "--to", help="Where to write (a *.pt file for ours, a directory otherwise)."),
+    fmt: Format = typer.Option(..., "--format", help="Destination format."),
+    target: Path = typer.Option(None, "--target", help="Target (verifier) directory; required for speculators."),
+    allow_lossy: bool = typer.Option(False, "--allow-lossy", help="Convert even if the drafter would change."),
+) -> int:
+    """Convert a drafter between ours, z-lab and speculators formats (layer ids translated)."""
+    from loguru import logger
+
+    logger.disable("speculators")  # its per-tensor INFO lines would bury the one-line result
+    result = convert(source, destination, fmt.value, target=target, allow_lossy=allow_lossy)
+    typer.echo(f"converted {result.source} ({result.source_format}) -> {result.destination} ({result.format})")
+    for note in result.notes:
+        typer.echo(f"note: {note}")
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    app.command("convert")(convert_command)
