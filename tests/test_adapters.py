@@ -1,0 +1,217 @@
+"""The reference adapters: each operation runs through the real package and agrees with ours."""
+
+from __future__ import annotations
+
+import inspect
+from unittest import mock
+
+import pytest
+import torch
+
+import reference_adapters.speculators_adapter as spec_adapter
+import reference_adapters.zlab_adapter as zlab_adapter
+from dflash_audit.errors import AuditError
+from impl.model import DFlashDrafter
+from reference_adapters import IMPLEMENTATIONS, get_implementation
+from reference_adapters import versions as version_guard
+from reference_adapters.interface import DFlashImplementation, Unsupported, supports
+from tests.helpers import tiny_spec, tiny_target
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny matmuls on 2 shared cores run far faster single-threaded.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def impls():
+    return {name: get_implementation(name) for name in IMPLEMENTATIONS}
+
+
+@pytest.fixture(scope="module")
+def spec():
+    # Sliding + full layers; a window wider than the test contexts, where the two
+    # references' sliding rules (training vs inference) coincide.
+    return tiny_spec(sliding_window=32)
+
+
+@pytest.fixture(scope="module")
+def weights(spec):
+    torch.manual_seed(0)
+    model = DFlashDrafter(spec)
+    with torch.no_grad():  # non-trivial norms, so a mixed-up norm shows
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.add_(torch.randn_like(param) * 0.1)
+    return model.state_dict()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def test_registry_gives_each_implementation_behind_the_protocol(impls):
+    assert sorted(impls) == ["ours", "speculators", "zlab"]
+    for name, impl in impls.items():
+        assert isinstance(impl, DFlashImplementation) and impl.name == name
+    assert not supports(impls["speculators"], "generate") and not supports(impls["speculators"], "inference_mask")
+    assert not supports(impls["zlab"], "loss") and supports(impls["zlab"], "generate")
+    with pytest.raises(AuditError, match="unknown implementation"):
+        get_implementation("eagle")
+
+
+def test_same_weights_same_draft_hidden_states_in_all_three(impls, spec, weights, target):
+    drafters = {name: impl.build_drafter(spec, weights, target) for name, impl in impls.items()}
+    torch.manual_seed(1)
+    context_len, block = 6, spec.block_size
+    noise = torch.randn(1, block, spec.hidden_size)
+    features = torch.randn(1, context_len, spec.fc_in_features)
+    positions = torch.arange(context_len + block)[None]
+    with torch.no_grad():
+        projected = {n: impls[n].project_context(d, features) for n, d in drafters.items()}
+        hidden = {n: impls[n].draft_forward(d, noise, features, positions) for n, d in drafters.items()}
+    assert hidden["ours"].shape == (1, block, spec.hidden_size)
+    for name in ("speculators", "zlab"):
+        torch.testing.assert_close(projected[name], projected["ours"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(hidden[name], hidden["ours"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("window, causal", [(None, False), (4, True), (4, False), (100, True)])
+def test_speculators_training_mask_equals_ours(impls, window, causal):
+    document_ids = torch.tensor([0] * 9 + [1] * 11 + [-1] * 4)
+    anchors = torch.tensor([0, 3, 8, 12, 15])
+    ours = impls["ours"].training_mask(document_ids, anchors, 4, window, causal)
+    theirs = impls["speculators"].training_mask(document_ids, anchors, 4, window, causal)
+    assert theirs.dtype == torch.bool and theirs.shape == (20, 24 + 20)
+    assert torch.equal(theirs, ours)
+
+
+def test_speculators_cannot_make_full_attention_blocks_causal(impls):
+    with pytest.raises(Unsupported, match="bidirectional"):
+        impls["speculators"].training_mask(torch.zeros(10, dtype=torch.long), torch.tensor([2]), 4, None, True)
+
+
+@pytest.mark.parametrize("context_len, block_len, window, causal", [(5, 4, None, False), (5, 4, 3, True), (2, 6, None, True)])
+def test_zlab_inference_mask_equals_ours(impls, context_len, block_len, window, causal):
+    theirs = impls["zlab"].inference_mask(context_len, block_len, window, causal)
+    assert torch.equal(theirs, impls["ours"].inference_mask(context_len, block_len, window, causal))
+
+
+def test_layer_selection_and_indexing(impls):
+    assert impls["zlab"].default_target_layer_ids(64, 5) == impls["ours"].default_target_layer_ids(64, 5) == [
+        1, 16, 31, 46, 61]
+    # speculators' documented default [2, N//2, N-3], in z-lab ids.
+    assert impls["speculators"].default_target_layer_ids(64, 5) == [1, 31, 60]
+    hidden_states = tuple(torch.full((1, 2, 3), float(i)) for i in range(7))
+    for name in ("speculators", "zlab"):
+        features = impls[name].context_features(hidden_states, [0, 4])
+        assert torch.equal(features, impls["ours"].context_features(hidden_states, [0, 4]))
+        assert features[0, 0].tolist() == [1.0] * 3 + [5.0] * 3  # hs[id + 1]
+
+
+def test_speculators_training_forward_matches_ours(impls, spec, weights, target):
+    torch.manual_seed(2)
+    input_ids = torch.randint(0, spec.vocab_size - 1, (1, 40))
+    loss_mask = torch.ones(1, 40)
+    loss_mask[0, :5] = 0
+    document_ids = torch.tensor([[0] * 22 + [1] * 18])
+    outputs = {}
+    for name in ("ours", "speculators"):
+        drafter = impls[name].build_drafter(spec, weights, target)
+        with torch.no_grad():
+            outputs[name] = impls[name].training_outputs(drafter, target, input_ids, loss_mask, document_ids,
+                                                         max_anchors=6, seed=3)
+    ours, theirs = outputs["ours"], outputs["speculators"]
+    assert torch.equal(theirs.anchors, ours.anchors) and torch.equal(theirs.anchor_valid, ours.anchor_valid)
+    assert torch.equal(theirs.loss_mask, ours.loss_mask)
+    torch.testing.assert_close(theirs.targets, ours.targets, atol=1e-5, rtol=0)
+    torch.testing.assert_close(theirs.logits, ours.logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(theirs.hidden, ours.hidden, atol=1e-5, rtol=0)
+    for kind in ("kl_div", "ce"):
+        torch.testing.assert_close(
+            impls["speculators"].loss(ours.logits, ours.targets, ours.loss_mask, spec.block_size, 4.0, kind, False),
+            impls["ours"].loss(ours.logits, ours.targets, ours.loss_mask, spec.block_size, 4.0, kind, False))
+    got = impls["speculators"].block_metrics(ours.logits, ours.targets, ours.loss_mask, spec.block_size)
+    want = impls["ours"].block_metrics(ours.logits, ours.targets, ours.loss_mask, spec.block_size)
+    assert got["position_acc"].shape == (spec.block_size - 1,)
+    torch.testing.assert_close(got["position_acc"], want["position_acc"])
+    torch.testing.assert_close(got["eal"], want["eal"])
+
+
+def test_speculators_anchors_and_decay(impls):
+    loss_mask = torch.ones(1, 30)
+    anchors, valid = impls["speculators"].select_anchors(loss_mask, 40, 8, seed=5)
+    assert valid.sum() == 22 and anchors[valid].max() < 22  # the last block is never an anchor
+    assert torch.equal(anchors, impls["ours"].select_anchors(loss_mask, 40, 8, seed=5)[0])
+    for sample_from_anchor in (False, True):
+        torch.testing.assert_close(impls["speculators"].loss_weights(8, 7.0, sample_from_anchor),
+                                   impls["ours"].loss_weights(8, 7.0, sample_from_anchor))
+
+
+def test_zlab_generate_runs_on_cpu_and_is_lossless(impls, spec, weights, target):
+    drafter = impls["zlab"].build_drafter(spec, weights)
+    torch.manual_seed(4)
+    prompt = torch.randint(0, spec.vocab_size - 1, (1, 7))
+    result = impls["zlab"].generate(drafter, target, prompt, max_new_tokens=20, stop_token_ids=None)
+    generated = result.output_ids.shape[1] - prompt.shape[1]
+    # The prefill emits the first token; every round then adds accepted drafts + the bonus token.
+    assert sum(result.acceptance_lengths) + result.extra["prefill_tokens"] == generated == 20
+    assert all(1 <= n <= spec.block_size for n in result.acceptance_lengths)
+    greedy = target.generate(prompt, max_new_tokens=20, do_sample=False)
+    assert torch.equal(result.output_ids, greedy)  # speculative decoding never changes greedy output
+
+
+def test_zlab_declares_training_unsupported(impls):
+    for operation in zlab_adapter.TRAINING_OPERATIONS:
+        assert not supports(impls["zlab"], operation)
+        with pytest.raises(Unsupported, match="no training code"):
+            getattr(impls["zlab"], operation)()
+
+
+def test_adapters_call_the_packages(impls, spec, weights):
+    """No adapter carries a copy of reference logic: every rule is the package's, called live."""
+    spec_impl, zlab_impl = impls["speculators"], impls["zlab"]
+    loss_mask = torch.ones(1, 20)
+    calls = [
+        (zlab_adapter.zlab, "build_target_layer_ids", lambda: zlab_impl.default_target_layer_ids(12, 3)),
+        (zlab_adapter.zlab, "extract_context_feature", lambda: zlab_impl.context_features((torch.ones(1, 1, 2),) * 3, [0])),
+        (zlab_adapter.zlab, "_attention_mask", lambda: zlab_impl.inference_mask(3, 4, 2, True)),
+        (zlab_adapter.zlab, "dflash_generate", lambda: zlab_impl.generate(None, None, None, 1, None)),
+        (spec_adapter.spec_utils, "resolve_target_layer_ids", lambda: spec_impl.default_target_layer_ids(12, 3)),
+        (spec_adapter, "select_anchors", lambda: spec_impl.select_anchors(loss_mask, 4, 4, 0)),
+        (spec_adapter, "create_anchor_block_mask_mod",
+         lambda: spec_impl.training_mask(torch.zeros(20, dtype=torch.long), torch.tensor([3]), 4, None, False)),
+        (spec_adapter, "dflash_loss_decay", lambda: spec_impl.loss_weights(4, 4.0, False)),
+        (spec_adapter, "compute_metrics", lambda: spec_impl.loss(None, None, None, 4, 4.0, "kl_div", False)),
+    ]
+    for module, name, call in calls:
+        with mock.patch.object(module, name, side_effect=LookupError(name)) as package_function:
+            with pytest.raises(LookupError, match=name):
+                call()
+        assert package_function.called, name
+    for module in (spec_adapter, zlab_adapter):
+        source = inspect.getsource(module)
+        for reference_rule in ("randperm", "torch.exp", "cumprod", "start + i *", "repeat_interleave"):
+            assert reference_rule not in source, f"{module.__name__} re-implements {reference_rule!r}"
+
+
+@pytest.mark.parametrize("package, found, hint", [
+    ("dflash", None, "pip install dflash==0.1.0"),
+    ("speculators", "0.8.1", "pip install --no-deps speculators==0.9.0"),
+])
+def test_version_guard_says_how_to_install_the_pinned_release(package, found, hint):
+    with mock.patch.object(version_guard, "installed_version", return_value=found):
+        with pytest.raises(AuditError) as error:
+            version_guard.check_reference(package)
+    message = str(error.value)
+    assert hint in message and "\n" not in message
+    assert ("not installed" if found is None else found) in message
+    if package == "speculators":
+        assert "make setup" in message
+    assert version_guard.check_references() == {"dflash": "0.1.0", "speculators": "0.9.0"}
+    assert set(version_guard.versions()) == {"dflash_audit", "torch", "transformers", "speculators", "dflash"}
