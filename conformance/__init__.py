@@ -1,0 +1,1 @@
+"""Conformance suite: an implementation of `DFlashImplementation` held to the references, component by component."""

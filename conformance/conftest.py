@@ -1,0 +1,141 @@
+"""Session plumbing of the conformance suite.
+
+- `--impl package.module:object` picks the implementation under test (default: ours);
+- tests marked `@pytest.mark.compare(operation, references=..., cross=...)` get a `pair`
+  fixture parametrized over (impl, reference) and, with `cross`, (speculators, zlab);
+  a pair where either side declares the operation unsupported is recorded "n/a", not run;
+- `conform` is the `Comparator` of the running test; every outcome lands in the session
+  recorder, which writes reports/conformance/{results.json,index.html} at session end.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+from pathlib import Path
+
+import pytest
+
+from conformance.compare import Comparator
+from conformance.recorder import Recorder
+from reference_adapters.interface import supports
+
+DEFAULT_IMPL = "impl.adapter:OursImplementation"
+REFERENCES = {
+    "speculators": "reference_adapters.speculators_adapter:SpeculatorsImplementation",
+    "zlab": "reference_adapters.zlab_adapter:ZlabImplementation",
+}
+# Outputs two references may disagree on (a finding), as opposed to a failure of the impl.
+REFERENCE_NAMES = frozenset({*REFERENCES, "transformers"})
+REPORT_DIR = Path(__file__).resolve().parent.parent / "reports" / "conformance"
+RECORDER = pytest.StashKey[Recorder]()
+IMPLEMENTATIONS = pytest.StashKey[dict]()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--impl", default=DEFAULT_IMPL, metavar="package.module:object",
+                     help="DFlashImplementation under test (a class is instantiated without arguments)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "quick: fast subset of the conformance suite (under 2 minutes)")
+    config.addinivalue_line("markers", "slow: trains or decodes real models; part of the full suite")
+    config.addinivalue_line("markers", "pitfall(n): the PITFALLS.md entry a test checks")
+    config.addinivalue_line("markers", "compare(operation, references, cross): pairs of implementations compared")
+    config.stash[IMPLEMENTATIONS] = {}
+    config.stash[RECORDER] = Recorder(implementation=config.getoption("--impl"))
+
+
+def load_object(path: str):
+    """`package.module:object` -> an implementation instance (classes are instantiated)."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise pytest.UsageError(f"--impl {path!r}: expected package.module:object")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as error:
+        raise pytest.UsageError(f"--impl {path!r}: {error}") from None
+    return obj() if inspect.isclass(obj) else obj
+
+
+def implementation(config, role: str):
+    """`role` is "impl" (the one under test) or a reference name; loaded once per session."""
+    cache = config.stash[IMPLEMENTATIONS]
+    if role not in cache:
+        cache[role] = load_object(config.getoption("--impl") if role == "impl" else REFERENCES[role])
+    return cache[role]
+
+
+def pytest_generate_tests(metafunc):
+    marker = metafunc.definition.get_closest_marker("compare")
+    if marker is None or "pair" not in metafunc.fixturenames:
+        return
+    operation = marker.args[0]
+    references = marker.kwargs.get("references", tuple(REFERENCES))
+    roles = [("impl", ref) for ref in references]
+    if marker.kwargs.get("cross", False):
+        roles.append(("speculators", "zlab"))
+    pitfall = metafunc.definition.get_closest_marker("pitfall").args[0]
+    component = marker.kwargs["component"]
+    config = metafunc.config
+    runnable = []
+    for a_role, b_role in roles:
+        a, b = implementation(config, a_role), implementation(config, b_role)
+        names = (a.name, b.name)
+        test = f"{metafunc.definition.nodeid}[{names[0]}-vs-{names[1]}]"
+        missing = [impl.name for impl in (a, b) if not supports(impl, operation)]
+        if missing:
+            config.stash[RECORDER].not_applicable(component, pitfall, names, test,
+                                                  f"{', '.join(missing)} has no {operation}")
+        else:
+            runnable.append(pytest.param((a_role, b_role), id=f"{names[0]}-vs-{names[1]}"))
+    metafunc.parametrize("pair_roles", runnable)
+
+
+@pytest.fixture
+def pair(request, pair_roles):
+    return tuple(implementation(request.config, role) for role in pair_roles)
+
+
+@pytest.fixture
+def under_test(request):
+    return implementation(request.config, "impl")
+
+
+@pytest.fixture(scope="session")
+def speculators(request):
+    return implementation(request.config, "speculators")
+
+
+@pytest.fixture(scope="session")
+def zlab(request):
+    return implementation(request.config, "zlab")
+
+
+@pytest.fixture(scope="session")
+def recorder(request) -> Recorder:
+    return request.config.stash[RECORDER]
+
+
+@pytest.fixture
+def conform(request, recorder) -> Comparator:
+    return Comparator(recorder.sink, request.node.nodeid, REFERENCE_NAMES)
+
+
+def versions() -> dict[str, str]:
+    names = {"dflash_audit": "dflash-audit", "torch": "torch", "transformers": "transformers",
+             "speculators": "speculators", "dflash": "dflash", "hypothesis": "hypothesis"}
+    found = {}
+    for key, dist in names.items():
+        try:
+            found[key] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            found[key] = "not installed"
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    recorder = session.config.stash.get(RECORDER, None)
+    if recorder is not None and not hasattr(session.config, "workerinput"):
+        recorder.write(REPORT_DIR, versions())

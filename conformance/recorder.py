@@ -1,0 +1,107 @@
+"""Collects every comparison of a session and writes `results.json` + `index.html` (atomically)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.compare import DiffEntry
+from impl.checkpoint import atomic_write_bytes
+
+SCHEMA = "dflash-audit-conformance/1"
+# When one comparison key sees several outcomes (hypothesis runs many examples), the worst wins.
+SEVERITY = {"n/a": 0, "pass": 1, "reference-divergence": 2, "fail": 3}
+# Every PITFALLS.md entry with the component name the suite reports it under.
+PITFALLS = {
+    1: "target_layers", 2: "target_layers", 3: "targets", 4: "fc_dims", 5: "target_alignment",
+    6: "loss_weights", 7: "loss", 8: "anchors", 9: "training_mask", 10: "inference_mask", 11: "layer_types",
+    12: "positions", 13: "embeddings", 14: "mask_token", 15: "noise", 16: "block_size", 17: "tau",
+}
+
+
+@dataclass
+class Record:
+    component: str
+    pitfall: int
+    implementations: list[str]
+    test: str
+    status: str = "n/a"
+    comparisons: int = 0
+    reason: str = ""
+    diff: DiffEntry | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"component": self.component, "pitfall": self.pitfall, "implementations": self.implementations,
+                "test": self.test, "status": self.status, "comparisons": self.comparisons, "reason": self.reason,
+                "diff": self.diff.to_dict() if self.diff else None}
+
+
+@dataclass
+class Recorder:
+    implementation: str = "ours"
+    records: dict[tuple, Record] = field(default_factory=dict)
+    planted: list[dict[str, Any]] = field(default_factory=list)
+
+    def _record(self, key: dict[str, Any]) -> Record:
+        ident = (key["component"], key["pitfall"], tuple(key["implementations"]), key["test"])
+        if ident not in self.records:
+            self.records[ident] = Record(key["component"], key["pitfall"], list(key["implementations"]), key["test"])
+        return self.records[ident]
+
+    def sink(self, status: str, entry: DiffEntry | None, key: dict[str, Any]) -> None:
+        record = self._record(key)
+        record.comparisons += 1
+        # The latest failure replaces earlier ones: hypothesis replays its minimal example last.
+        if SEVERITY[status] >= SEVERITY[record.status]:
+            record.status = status
+            if entry is not None:
+                record.diff = entry
+
+    def not_applicable(self, component: str, pitfall: int, names: tuple[str, str], test: str, reason: str) -> None:
+        record = self._record({"component": component, "pitfall": pitfall, "implementations": list(names),
+                               "test": test})
+        record.reason = reason
+
+    def add_planted(self, bug: str, component: str, pitfall: int, caught: bool, diff: DiffEntry | None) -> None:
+        self.planted = [p for p in self.planted if p["bug"] != bug]
+        self.planted.append({"bug": bug, "component": component, "pitfall": pitfall, "caught": caught,
+                             "diff_component": diff.component if diff else None,
+                             "diff": diff.to_dict() if diff else None})
+
+    # -- output --------------------------------------------------------------------------
+    def results(self, versions: dict[str, str]) -> dict[str, Any]:
+        components = sorted((r.to_dict() for r in self.records.values()),
+                            key=lambda r: (r["pitfall"], r["component"], r["test"], r["implementations"]))
+        counts = {status: sum(r["status"] == status for r in components) for status in SEVERITY}
+        covered = {r["pitfall"] for r in components}
+        return {
+            "schema": SCHEMA,
+            "implementation": self.implementation,
+            "summary": {**counts, "pitfalls_covered": sorted(covered),
+                        "pitfalls_missing": sorted(set(PITFALLS) - covered),
+                        "planted_caught": sum(p["caught"] for p in self.planted), "planted_total": len(self.planted)},
+            "pitfalls": {str(n): {"component": name, "status": _worst(r["status"] for r in components
+                                                                       if r["pitfall"] == n)}
+                         for n, name in PITFALLS.items()},
+            "components": components,
+            "reference_divergences": [r for r in components if r["status"] == "reference-divergence"],
+            "planted": sorted(self.planted, key=lambda p: p["bug"]),
+            "versions": versions,
+        }
+
+    def write(self, out_dir: Path, versions: dict[str, str]) -> dict[str, Any]:
+        from conformance.report_html import render
+
+        results = self.results(versions)
+        payload = json.dumps(results, indent=2, default=str).encode()
+        html = render(results).encode()
+        atomic_write_bytes(out_dir / "results.json", lambda tmp: Path(tmp).write_bytes(payload))
+        atomic_write_bytes(out_dir / "index.html", lambda tmp: Path(tmp).write_bytes(html))
+        return results
+
+
+def _worst(statuses) -> str:
+    statuses = list(statuses)
+    return max(statuses, key=SEVERITY.__getitem__) if statuses else "missing"

@@ -1,0 +1,178 @@
+"""Hypothesis strategies: every configuration the suite generates comes from here.
+
+Ranges follow the issue: block sizes 1-16, 1-6 draft layers, heads / kv heads / head
+dims, sequence lengths, anchor counts, document boundaries, sliding windows smaller and
+larger than the context, fp32 and bf16. Sizes stay tiny so a CPU runs hundreds of cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from impl.spec import DraftSpec
+from conformance.world import VOCAB
+
+# Modest example counts: the full suite must run on 2 CPU cores in < 10 minutes.
+settings.register_profile("conformance", max_examples=25, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                                 HealthCheck.data_too_large])
+settings.load_profile("conformance")
+FAST = settings(max_examples=40)  # pure index/mask operations
+MODEL = settings(max_examples=12)  # anything that runs a drafter
+
+dtypes = st.sampled_from([torch.float32, torch.bfloat16])
+block_sizes = st.integers(1, 16)
+
+
+@st.composite
+def draft_specs(draw, max_layers: int = 6, sliding: bool | None = None, min_block: int = 2) -> DraftSpec:
+    """A tiny drafter for a tiny target: hidden 32 or 64, 1-6 layers, GQA heads, mixed layer types.
+
+    Block size starts at 2: speculators rejects a drafter with no speculative token (B = 1).
+    """
+    hidden = draw(st.sampled_from([32, 64]))
+    num_target_layers = draw(st.integers(3, 7))
+    layers = draw(st.integers(1, max_layers))
+    kv_heads = draw(st.sampled_from([1, 2]))
+    heads = kv_heads * draw(st.sampled_from([1, 2]))
+    ids = draw(st.lists(st.integers(0, num_target_layers - 1), min_size=1, max_size=min(6, num_target_layers),
+                        unique=True))
+    use_sliding = draw(st.booleans()) if sliding is None else sliding
+    types = tuple(draw(st.sampled_from(["sliding_attention", "full_attention"])) if use_sliding
+                  else "full_attention" for _ in range(layers))
+    if use_sliding and "sliding_attention" not in types:
+        types = ("sliding_attention",) + types[1:]
+    return DraftSpec(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=heads,
+                     num_key_value_heads=kv_heads, head_dim=draw(st.sampled_from([8, 16])), num_hidden_layers=layers,
+                     vocab_size=VOCAB, target_layer_ids=tuple(sorted(ids)), num_target_layers=num_target_layers,
+                     mask_token_id=draw(st.integers(0, VOCAB - 1)), block_size=draw(st.integers(min_block, 16)),
+                     layer_types=types, sliding_window=draw(st.integers(1, 24)) if use_sliding else None)
+
+
+@dataclass(frozen=True)
+class MaskCase:
+    document_ids: torch.Tensor  # [1, T], -1 = padding
+    anchors: torch.Tensor  # [A]
+    block_size: int
+    sliding_window: int | None
+    causal_block: bool
+
+    def __repr__(self) -> str:
+        return (f"MaskCase(document_ids={self.document_ids.tolist()}, anchors={self.anchors.tolist()}, "
+                f"block_size={self.block_size}, sliding_window={self.sliding_window}, "
+                f"causal_block={self.causal_block})")
+
+
+@st.composite
+def document_layouts(draw, min_len: int = 1, max_len: int = 40) -> tuple[list[int], int]:
+    """Document lengths of a packed sequence (1-4 documents) and trailing padding."""
+    lengths = draw(st.lists(st.integers(1, 14), min_size=1, max_size=4))
+    padding = draw(st.integers(0, 4))
+    total = sum(lengths) + padding
+    if total < min_len:
+        lengths[-1] += min_len - total
+    return lengths, padding
+
+
+@st.composite
+def training_mask_cases(draw, sliding: bool | None = None) -> MaskCase:
+    lengths, padding = draw(document_layouts())
+    document_ids = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)] + [torch.full((padding,), -1)])
+    total = document_ids.numel()
+    # Anchors anywhere, the two edges included; sorted and distinct as select_anchors makes them.
+    anchors = draw(st.lists(st.sampled_from([0, total - 1, *range(total)]), min_size=1, max_size=6, unique=True))
+    use_sliding = draw(st.booleans()) if sliding is None else sliding
+    # Windows both smaller and larger than the context.
+    window = draw(st.integers(1, total + 8)) if use_sliding else None
+    return MaskCase(document_ids[None].long(), torch.tensor(sorted(anchors)), draw(block_sizes), window,
+                    causal_block=use_sliding and draw(st.booleans()))
+
+
+@dataclass(frozen=True)
+class InferenceMaskCase:
+    context_len: int
+    block_len: int
+    sliding_window: int | None
+    causal: bool
+
+
+@st.composite
+def inference_mask_cases(draw) -> InferenceMaskCase:
+    context = draw(st.integers(0, 40))
+    block = draw(block_sizes)
+    window = draw(st.one_of(st.none(), st.integers(1, context + block + 8)))
+    return InferenceMaskCase(context, block, window, causal=window is not None and draw(st.booleans()))
+
+
+@dataclass(frozen=True)
+class LossCase:
+    num_anchors: int
+    block_size: int
+    vocab: int
+    gamma: float
+    kind: str
+    sample_from_anchor: bool
+    dtype: torch.dtype
+    seed: int
+
+    def tensors(self):
+        gen = torch.Generator().manual_seed(self.seed)
+        n = self.num_anchors * self.block_size
+        logits = (torch.randn(1, n, self.vocab, generator=gen) * 3).to(self.dtype)
+        targets = (torch.randn(1, n, self.vocab, generator=gen) * 3).to(self.dtype)
+        # Targets partly agree with the drafter so accuracies and accepted runs are not all zero.
+        agree = torch.rand(1, n, generator=gen) < 0.6
+        targets = torch.where(agree[..., None], logits * 2, targets)
+        loss_mask = (torch.rand(1, n, generator=gen) < 0.8).float()
+        if not self.sample_from_anchor:
+            loss_mask[:, :: self.block_size] = 0
+        return logits, targets, loss_mask
+
+
+@st.composite
+def loss_cases(draw, kinds=("kl_div", "ce")) -> LossCase:
+    return LossCase(num_anchors=draw(st.integers(1, 6)), block_size=draw(block_sizes), vocab=draw(st.integers(4, 40)),
+                    gamma=draw(st.sampled_from([1.0, 2.5, 4.0, 7.0])), kind=draw(st.sampled_from(kinds)),
+                    sample_from_anchor=draw(st.booleans()), dtype=draw(dtypes), seed=draw(st.integers(0, 2**16)))
+
+
+@dataclass(frozen=True)
+class AnchorCase:
+    loss_mask: torch.Tensor  # [1, T]
+    max_anchors: int
+    block_size: int
+    seed: int
+
+    def __repr__(self) -> str:
+        return (f"AnchorCase(loss_mask={self.loss_mask.tolist()}, max_anchors={self.max_anchors}, "
+                f"block_size={self.block_size}, seed={self.seed})")
+
+
+@st.composite
+def anchor_cases(draw) -> AnchorCase:
+    total = draw(st.integers(1, 48))
+    mask = draw(st.lists(st.sampled_from([0, 1, 1, 1]), min_size=total, max_size=total))
+    return AnchorCase(torch.tensor([mask]), draw(st.integers(1, 24)), draw(block_sizes), draw(st.integers(0, 2**16)))
+
+
+@dataclass(frozen=True)
+class TrainingCase:
+    spec: DraftSpec
+    lengths: tuple[int, ...]
+    padding: int
+    max_anchors: int
+    seed: int
+
+
+@st.composite
+def training_cases(draw, sliding: bool | None = None) -> TrainingCase:
+    spec = draw(draft_specs(max_layers=3, sliding=sliding, min_block=2))
+    lengths = tuple(draw(st.lists(st.integers(2, 16), min_size=1, max_size=3)))
+    padding = draw(st.integers(0, 3))
+    if sum(lengths) + padding <= spec.block_size:  # at least one anchor must fit before the last block
+        lengths = lengths[:-1] + (lengths[-1] + spec.block_size + 1,)
+    return TrainingCase(spec, lengths, padding, draw(st.integers(1, 8)), draw(st.integers(0, 2**16)))

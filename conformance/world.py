@@ -1,0 +1,59 @@
+"""Tiny real models and packed sequences the checks run on (CPU, milliseconds).
+
+Targets are real `transformers` Qwen3 models with random weights (cached per shape);
+draft-body weights come from z-lab's own `DFlashDraftModel`, so every implementation
+is built from the reference's state dict.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from impl.checkpoint import zlab_config
+from impl.spec import DraftSpec
+
+VOCAB = 96
+TARGET_HEADS, TARGET_KV_HEADS, TARGET_HEAD_DIM = 4, 2, 8
+
+
+@lru_cache(maxsize=8)
+def tiny_target(num_layers: int, hidden: int, seed: int = 0) -> Qwen3ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=num_layers, num_attention_heads=TARGET_HEADS,
+                         num_key_value_heads=TARGET_KV_HEADS, head_dim=TARGET_HEAD_DIM,
+                         tie_word_embeddings=False, max_position_embeddings=512)
+    config._attn_implementation = "sdpa"
+    model = Qwen3ForCausalLM(config).eval()
+    # Random init leaves the norms at 1; perturb them so "normalised once" vs twice differs visibly.
+    with torch.no_grad():
+        model.model.norm.weight.uniform_(0.5, 1.5)
+    return model
+
+
+def target_for(spec: DraftSpec) -> Qwen3ForCausalLM:
+    return tiny_target(spec.num_target_layers, spec.hidden_size)
+
+
+def reference_state_dict(spec: DraftSpec, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Draft-body weights made by z-lab's own model class for `spec` (norm weights perturbed too)."""
+    from dflash.model import DFlashDraftModel
+
+    torch.manual_seed(seed)
+    model = DFlashDraftModel(Qwen3Config(**zlab_config(spec)))
+    # Keys and shapes are z-lab's; values are redrawn so norms are not all ones.
+    return {name: (1 + 0.1 * torch.randn_like(t)) if name.endswith("norm.weight") else 0.05 * torch.randn_like(t)
+            for name, t in model.state_dict().items()}
+
+
+def packed_sequence(lengths: list[int], padding: int, seed: int = 0):
+    """`(input_ids, loss_mask, document_ids)` [1, T] for documents of `lengths` plus `padding` pad slots."""
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(lengths) + padding
+    input_ids = torch.randint(0, VOCAB - 1, (1, total), generator=gen)
+    document_ids = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)] + [torch.full((padding,), -1)])
+    loss_mask = (document_ids != -1).long()[None]
+    return input_ids, loss_mask, document_ids[None].long()
