@@ -1,13 +1,16 @@
-"""Dynamic audit: both drafters decode the same prompts against the same target; τ compared per prompt.
+"""Dynamic audit: both drafters on the same cached target hidden states; τ compared per prompt.
 
-Each drafter is run with DFlash (one block per round) and DDTree (a tree of at most
-`budget` nodes per round). A drafter that cannot run against this target (missing or
+The target runs once per (target, prompts, settings) through `impl.offline`'s cache
+(greedy continuation + one forward); each drafter's DFlash walk (one block per round)
+and DDTree walk (a tree of at most `budget` nodes per round) are replayed from it, so
+both drafters are judged on exactly the same target states. A drafter that cannot run against this target (missing or
 non-finite tensors, a hidden size or depth the target does not have) keeps its static
 findings and gets a `warning` that τ was not measured; the audit still completes.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from dflash_audit.audit import tau_stats
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.errors import AuditError
+from impl import offline
 from impl.checkpoint import CheckpointError, build_drafter
 from impl.extract import decoder_layers
 
@@ -139,40 +143,39 @@ def why_not_runnable(side: Side, target) -> str | None:
     return None
 
 
-def decode_rounds(method: str, drafter, target, input_ids: torch.Tensor, max_new_tokens: int, stop_ids: list[int],
-                  budget: int) -> list[int]:
-    """Per-round acceptance lengths (bonus included) of one prompt."""
-    if method == "dflash":
-        from impl.decoding import dflash_decode
-
-        return dflash_decode(drafter, target, input_ids, max_new_tokens, stop_ids).acceptance_lengths
-    from impl.ddtree import ddtree_decode
-
-    return ddtree_decode(drafter, target, input_ids, max_new_tokens, stop_ids, budget=budget).acceptance_lengths
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "dflash-audit" / "offline"
 
 
 @torch.inference_mode()
-def dynamic_audit(ours: Side, ref: Side, target, tokenizer, prompts: list[dict], prompts_source: str,
-                  max_new_tokens: int = 64, budget: int = 32, progress=None) -> DynamicAudit:
-    """τ of both drafters on `prompts` ([{"id", "input_ids"}]); `progress(advance)` per decoded prompt."""
+def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokenizer,
+                  prompts: list[tuple[str, torch.Tensor]], prompts_source: str, max_new_tokens: int = 64,
+                  budget: int = 32, cache_dir: str | Path | None = None, progress=None) -> DynamicAudit:
+    """τ of both drafters on `prompts` ([(id, input_ids [1, T])]), replayed offline on one hidden-state cache.
+
+    `progress(total=None)` is called once per cached prompt and per evaluated (drafter, method, prompt).
+    """
+    advance = progress or (lambda: None)
     sides = {"ours": ours, "ref": ref}
     not_measured = {name: why for name, side in sides.items() if (why := why_not_runnable(side, target))}
     drafters = {name: build_drafter(side.spec, side.state_dict).float().eval()
                 for name, side in sides.items() if name not in not_measured}
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    cache = offline.load_or_build_cache(cache_dir or default_cache_dir(), target_dir, target, prompts,
+                                        max_new_tokens, stop_ids, on_prompt=advance)
     methods = {}
     for method, method_budget in (("dflash", None), ("ddtree", budget)):
         result = MethodResult(method, method_budget, {n: s.spec.block_size for n, s in sides.items()},
                               measured=not not_measured)
-        for prompt in prompts:
-            rounds = {name: decode_rounds(method, drafter, target, prompt["input_ids"], max_new_tokens, stop_ids,
-                                          budget)
-                      for name, drafter in drafters.items()}
-            for _ in drafters:
-                progress and progress()
+        for entry in cache.prompts:
+            rounds = {}
+            for name, drafter in drafters.items():
+                rounds[name] = offline.offline_rounds(drafter, target, cache, entry, method, method_budget)
+                advance()
             o, r = rounds.get("ours", []), rounds.get("ref", [])
             result.prompts.append(PromptTau(
-                str(prompt["id"]), tau_stats.tau(o) if "ours" in rounds else None,
+                entry.id, tau_stats.tau(o) if "ours" in rounds else None,
                 tau_stats.tau(r) if "ref" in rounds else None, o, r,
                 tau_stats.first_divergent_round(o, r) if len(rounds) == 2 else None))
         methods[method] = result

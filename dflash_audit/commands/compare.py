@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -18,6 +17,8 @@ from dflash_audit.audit.report_terminal import terminal_summary
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.errors import AuditError
+from dflash_audit.prompts import load_prompts, tokenize_prompts
+from dflash_audit.world import BUILTIN_PROMPTS
 
 
 def progress_bar(console: Console) -> Progress:
@@ -32,48 +33,24 @@ def default_out_dir(ours: Path, ref: Path) -> Path:
     return Path("reports") / f"{name(ours)}-vs-{name(ref)}"
 
 
-def load_prompts(prompts_file: Path | None, tokenizer) -> tuple[list[dict], str]:
-    """[{"id", "input_ids"}] from a prompts file (JSON lines) or the built-in coding prompts."""
-    try:
-        from dflash_audit.prompts import load_prompts as load_file, tokenize_prompt
-    except ImportError:  # the evaluator's loader has not landed: plain JSON lines, plain tokenization
-        load_file, tokenize_prompt = read_prompt_lines, None
+def load_prompt_ids(prompts_file: Path | None, tokenizer) -> tuple[list[tuple[str, "torch.Tensor"]], str]:
+    """[(id, input_ids)] from a prompts file (JSON lines) or the built-in coding prompts."""
     if prompts_file is None:
-        from dflash_audit.world import BUILTIN_PROMPTS
-
         prompts, source = BUILTIN_PROMPTS, "built-in"
     else:
-        prompts, source = load_file(prompts_file), str(prompts_file)
-    if tokenize_prompt is not None:
-        return [{"id": p["id"], "input_ids": tokenize_prompt(tokenizer, p)} for p in prompts], source
-    return [{"id": p["id"], "input_ids": tokenizer(p["prompt"], return_tensors="pt").input_ids} for p in prompts], source
-
-
-def read_prompt_lines(path: Path) -> list[dict]:
-    prompts = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-            text = item["prompt"] if "prompt" in item else item["turns"][0]
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-            raise AuditError(f"{path}:{number}: expected {{\"id\", \"prompt\"}} or {{\"turns\": [...]}}") from exc
-        prompts.append({"id": str(item.get("id", f"line-{number}")), "prompt": text})
-    if not prompts:
-        raise AuditError(f"{path}: no prompts")
-    return prompts
+        prompts, source = load_prompts(prompts_file), str(prompts_file)
+    return tokenize_prompts(tokenizer, prompts), source
 
 
 def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path | None = None,
                 static_only: bool = False, out: Path | None = None, json_path: Path | None = None,
                 expect_identical: bool = False, max_new_tokens: int = 64, budget: int = 32,
-                console: Console | None = None) -> AuditReport:
+                cache_dir: Path | None = None, console: Console | None = None) -> AuditReport:
     """Load, audit, write `out/index.html` + `out/report.json` (+ `json_path`), print the summary."""
     console = console or Console(stderr=True)
     if max_new_tokens < 1 or budget < 1:
         raise AuditError("--max-new-tokens and --budget must be positive")
-    ours_side, ref_side = load_side(ours), load_side(ref)
+    ours_side, ref_side = load_side(ours, target), load_side(ref, target)
     with progress_bar(console) as bar:
         total = len(set(ours_side.state_dict) | set(ref_side.state_dict))
         task = bar.add_task("static audit: tensors", total=total)
@@ -81,11 +58,13 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
     report = AuditReport(ours_side, ref_side, static)
     if target is not None and not static_only:
         target_model, tokenizer = load_target(target)
-        prompt_list, source = load_prompts(prompts, tokenizer)
+        prompt_list, source = load_prompt_ids(prompts, tokenizer)
         with progress_bar(console) as bar:
-            task = bar.add_task("dynamic audit: decoding prompts", total=2 * 2 * len(prompt_list))
-            report.dynamic = dynamic_audit(ours_side, ref_side, target_model, tokenizer, prompt_list, source,
-                                           max_new_tokens, budget, progress=lambda: bar.advance(task))
+            # Upper bound: the target's pass over each prompt (skipped when cached) + 2 drafters x 2 methods.
+            task = bar.add_task("dynamic audit: τ per prompt", total=5 * len(prompt_list))
+            report.dynamic = dynamic_audit(ours_side, ref_side, target, target_model, tokenizer, prompt_list,
+                                           source, max_new_tokens, budget, cache_dir,
+                                           progress=lambda: bar.advance(task))
     elif target is None:
         report.notes.append("No --target given: static audit only (τ not measured).")
     else:

@@ -1,0 +1,20 @@
+"""`dflash-audit demo`: build the embedded world once, then audit its planted-bug drafter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from dflash_audit.demo import run_demo
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("demo")
+    def demo(
+        cache: Path | None = typer.Option(None, "--cache", help="world cache (default ~/.cache/dflash-audit/demo)"),
+        rebuild: bool = typer.Option(False, "--rebuild", help="retrain everything in the cache"),
+        out: Path = typer.Option(Path("reports/demo"), "--out", help="report directory"),
+    ) -> int:
+        """Build (once) the demo world and compare its buggy drafter with the reference; report in reports/demo/."""
+        return run_demo(cache, rebuild, out).exit_status

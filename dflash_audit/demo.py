@@ -1,0 +1,101 @@
+"""The embedded demo: a world with a planted-bug drafter, audited against a correctly trained reference.
+
+Built once into a cache directory, each artefact written atomically and skipped when
+present, so a rerun (or a resumed, interrupted build) never retrains what exists:
+- `target/`       small Qwen3 trained on the standard library's source (dflash_audit.world)
+- `prompts.jsonl` held-out prompts
+- `ref/`          drafter trained with the reference recipe, saved in z-lab format
+- `ours.pt`       drafter trained with the seed's three bugs: fc fed all but the deepest
+                  selected layer, targets from an intermediate layer, gamma 7
+Then `compare --ours ours.pt --ref ref/ --target target/ --prompts prompts.jsonl`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_audit.audit.report import AuditReport
+from dflash_audit.world import DEMO_TARGET, build_world, stdlib_corpus
+from impl.checkpoint import load_checkpoint, save_zlab_dir
+from impl.layers import build_target_layer_ids
+
+
+@dataclass
+class DemoConfig:
+    target_preset: dict = field(default_factory=lambda: dict(DEMO_TARGET))
+    draft_layers: int = 2
+    block_size: int = 8
+    seq_len: int = 256
+    batch_size: int = 4
+    drafter_steps: int = 2000
+    drafter_seconds: float = 150.0  # per drafter; the schedule shrinks to fit
+    corpus_bytes: int = 1_500_000
+    n_prompts: int = 8
+    max_new_tokens: int = 64
+    budget: int = 16
+    lr: float = 1e-3
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "dflash-audit" / "demo"
+
+
+def planted_bugs(num_target_layers: int, draft_layers: int) -> dict:
+    """The seed's three bugs, as trainer knobs."""
+    reference_ids = build_target_layer_ids(num_target_layers, draft_layers)
+    return {
+        "fc_layers": reference_ids[:-1],  # the deepest selected layer never reaches fc
+        "target_source_layer": reference_ids[-1],  # targets from an intermediate layer, not the final one
+        "gamma": 7.0,
+    }
+
+
+def build_demo(cache: Path, config: DemoConfig, rebuild: bool = False) -> dict[str, Path]:
+    """Build (or reuse) the demo world under `cache`; returns its paths."""
+    from impl.train import train_drafter
+
+    cache = Path(cache)
+    if rebuild:
+        for name in ("target", "prompts.jsonl", "ref", "ours.pt", "offline"):
+            _remove(cache / name)
+    world = build_world(cache, config.target_preset, n_prompts=config.n_prompts, max_bytes=config.corpus_bytes)
+    paths = {"target": world.target, "prompts": world.prompts, "ref": cache / "ref", "ours": cache / "ours.pt",
+             "offline": cache / "offline"}
+    if (paths["ref"] / "config.json").is_file() and paths["ours"].is_file():
+        return paths
+    texts = stdlib_corpus("train", max_bytes=config.corpus_bytes)
+    common = dict(steps=config.drafter_steps, max_seconds=config.drafter_seconds, block_size=config.block_size,
+                  draft_layers=config.draft_layers, seq_len=config.seq_len, batch_size=config.batch_size,
+                  lr=config.lr, seed=0)
+    if not (paths["ref"] / "config.json").is_file():
+        staging = cache / ".ref-train.pt"
+        train_drafter(world.target, texts, staging, **common)
+        trained = load_checkpoint(staging)
+        save_zlab_dir(paths["ref"], trained.spec, trained.state_dict)  # z-lab format keeps no recipe
+        staging.unlink()
+    if not paths["ours"].is_file():
+        num_layers = config.target_preset["num_layers"]
+        train_drafter(world.target, texts, paths["ours"], **common, **planted_bugs(num_layers, config.draft_layers))
+    return paths
+
+
+def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path = Path("reports/demo"),
+             config: DemoConfig | None = None) -> AuditReport:
+    from dflash_audit.commands.compare import run_compare
+
+    config = config or DemoConfig()
+    paths = build_demo(cache or default_cache_dir(), config, rebuild)
+    return run_compare(paths["ours"], paths["ref"], target=paths["target"], prompts=paths["prompts"], out=out,
+                       max_new_tokens=config.max_new_tokens, budget=config.budget, cache_dir=paths["offline"])
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
