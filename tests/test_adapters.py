@@ -215,3 +215,25 @@ def test_version_guard_says_how_to_install_the_pinned_release(package, found, hi
         assert "make setup" in message
     assert version_guard.check_references() == {"dflash": "0.1.0", "speculators": "0.9.0"}
     assert set(version_guard.versions()) == {"dflash_audit", "torch", "transformers", "speculators", "dflash"}
+
+
+def test_saved_directories_load_through_the_packages(tmp_path, impls, spec, weights, target):
+    from impl.checkpoint import save_zlab_dir
+    from transformers import Qwen3ForCausalLM
+
+    target.save_pretrained(tmp_path / "target")
+    local_target = Qwen3ForCausalLM.from_pretrained(tmp_path / "target").eval()
+    # A target loaded from a directory: speculators' own `load_verifier_weights` fills its tensors.
+    built = impls["speculators"].build_drafter(spec, weights, local_target)
+    assert built.config.speculators_config.verifier.name_or_path == str(tmp_path / "target")
+    assert torch.equal(built.embed_tokens.weight, target.get_input_embeddings().weight)
+    assert torch.equal(built.verifier_norm.weight, target.model.norm.weight)
+    spec_adapter.save_speculators_model(built, tmp_path / "spec")
+    loaded = spec_adapter.load_speculators_model(tmp_path / "spec")
+    assert loaded.config.transformer_layer_config._attn_implementation == "eager"
+    assert torch.equal(loaded.lm_head.weight, target.lm_head.weight)  # reloaded from the recorded verifier
+    save_zlab_dir(tmp_path / "zlab", spec, weights)
+    zlab_model = zlab_adapter.load_zlab_model(tmp_path / "zlab")
+    assert zlab_model.target_layer_ids == list(spec.target_layer_ids) and zlab_model.block_size == spec.block_size
+    for key, value in weights.items():
+        assert torch.equal(loaded.state_dict()[key], value) and torch.equal(zlab_model.state_dict()[key], value)
