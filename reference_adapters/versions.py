@@ -14,7 +14,8 @@ PINNED = {"dflash": "0.1.0", "speculators": "0.9.0"}
 INSTALL_HINT = {
     "dflash": "pip install dflash==0.1.0",
     # speculators declares heavy CUDA-only dependencies it does not need here.
-    "speculators": "pip install --no-deps speculators==0.9.0 (then `make setup` for the dependencies it really imports)",
+    "speculators": "pip install --no-deps speculators==0.9.0 "
+                   "(then `make setup` for the dependencies it really imports)",
 }
 
 

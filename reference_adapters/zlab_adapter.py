@@ -38,7 +38,8 @@ def load_zlab_model(path: str | Path) -> zlab.DFlashDraftModel:
     try:
         model = zlab.DFlashDraftModel.from_pretrained(str(path), dtype=torch.float32)
     except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{path}: z-lab's DFlashDraftModel cannot load it ({' '.join(str(exc).split())[:200]})") from exc
+        reason = " ".join(str(exc).split())[:200]
+        raise CheckpointError(f"{path}: z-lab's DFlashDraftModel cannot load it ({reason})") from exc
     return model.eval()
 
 

@@ -96,7 +96,8 @@ def test_speculators_cannot_make_full_attention_blocks_causal(impls):
         impls["speculators"].training_mask(torch.zeros(10, dtype=torch.long), torch.tensor([2]), 4, None, True)
 
 
-@pytest.mark.parametrize("context_len, block_len, window, causal", [(5, 4, None, False), (5, 4, 3, True), (2, 6, None, True)])
+@pytest.mark.parametrize("context_len, block_len, window, causal",
+                         [(5, 4, None, False), (5, 4, 3, True), (2, 6, None, True)])
 def test_zlab_inference_mask_equals_ours(impls, context_len, block_len, window, causal):
     theirs = impls["zlab"].inference_mask(context_len, block_len, window, causal)
     assert torch.equal(theirs, impls["ours"].inference_mask(context_len, block_len, window, causal))
@@ -179,7 +180,8 @@ def test_adapters_call_the_packages(impls, spec, weights):
     loss_mask = torch.ones(1, 20)
     calls = [
         (zlab_adapter.zlab, "build_target_layer_ids", lambda: zlab_impl.default_target_layer_ids(12, 3)),
-        (zlab_adapter.zlab, "extract_context_feature", lambda: zlab_impl.context_features((torch.ones(1, 1, 2),) * 3, [0])),
+        (zlab_adapter.zlab, "extract_context_feature",
+         lambda: zlab_impl.context_features((torch.ones(1, 1, 2),) * 3, [0])),
         (zlab_adapter.zlab, "_attention_mask", lambda: zlab_impl.inference_mask(3, 4, 2, True)),
         (zlab_adapter.zlab, "dflash_generate", lambda: zlab_impl.generate(None, None, None, 1, None)),
         (spec_adapter.spec_utils, "resolve_target_layer_ids", lambda: spec_impl.default_target_layer_ids(12, 3)),
