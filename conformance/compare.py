@@ -118,6 +118,10 @@ class Comparator:
         except Exception:  # noqa: BLE001 - `note` outside a hypothesis test is a no-op concern only
             pass
 
+    def not_applicable(self, component: str, pitfall: int, names: tuple[str, str], reason: str) -> None:
+        self.sink("n/a", None, {"component": component, "pitfall": pitfall, "implementations": list(names),
+                                "test": self.test, "reason": reason})
+
     def compare(self, component: str, pitfall: int, names: tuple[str, str], actual: Any, expected: Any,
                 tolerance: Tolerance = EXACT, what: str = "") -> DiffEntry | None:
         """Compare `actual` (names[0]) with `expected` (names[1]); callables are evaluated here, and one

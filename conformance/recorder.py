@@ -52,6 +52,9 @@ class Recorder:
 
     def sink(self, status: str, entry: DiffEntry | None, key: dict[str, Any]) -> None:
         record = self._record(key)
+        if status == "n/a":
+            record.reason = key.get("reason", "")
+            return
         record.comparisons += 1
         # The latest failure replaces earlier ones: hypothesis replays its minimal example last.
         if SEVERITY[status] >= SEVERITY[record.status]:

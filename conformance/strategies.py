@@ -22,7 +22,7 @@ settings.register_profile("conformance", max_examples=25, deadline=None, derando
                                                  HealthCheck.data_too_large])
 settings.load_profile("conformance")
 FAST = settings(max_examples=40)  # pure index/mask operations
-MODEL = settings(max_examples=12)  # anything that runs a drafter
+MODEL = settings(max_examples=6)  # anything that runs a drafter
 
 dtypes = st.sampled_from([torch.float32, torch.bfloat16])
 block_sizes = st.integers(1, 16)

@@ -10,10 +10,11 @@ summation order (SDPA vs eager attention, fused vs split projections):
   few hundred ulps through normed O(1) activations, so 1e-5 absolute + 1e-5 relative sits
   two orders of magnitude above rounding noise and three below any real bug (a wrong
   roll, mask or position moves values by O(0.1..1)).
-- bf16: 8-bit mantissa, eps 7.8e-3. Every matmul output is rounded to bf16, so two
-  orderings differ by ~1 ulp per op at values up to ~4 (0.03); over <= 6 layers that is
-  bounded by 6e-2 absolute, 2e-2 relative, still well under the O(0.3+) shifts that the
-  planted bugs cause in bf16.
+- bf16: 8-bit mantissa, eps 7.8e-3. Every op output is rounded to bf16, so two kernel
+  orderings (SDPA vs eager attention) differ by up to 1 ulp per op at values up to ~4
+  (0.0156); ~10 rounded ops per layer over <= 6 layers random-walk to sqrt(60) * 0.0156
+  ~ 0.12. Hence 1e-1 absolute + 5e-2 relative (measured: 0.07 at 6 layers). Planted bugs
+  are judged in fp32, where they move values by orders of magnitude more.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ EXACT = Tolerance(atol=0.0, rtol=0.0)
 
 BY_DTYPE = {
     torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
-    torch.bfloat16: Tolerance(atol=6e-2, rtol=2e-2),
+    torch.bfloat16: Tolerance(atol=1e-1, rtol=5e-2),
 }
 
 

@@ -1,0 +1,56 @@
+"""#8 anchors: speculators' draw under the same seed, and its distributional rules."""
+
+import pytest
+import torch
+from hypothesis import given
+
+from conformance.checks import training
+from conformance.strategies import FAST, MODEL, anchor_cases, training_cases
+from conformance.tolerances import EXACT
+
+
+@pytest.mark.quick
+@pytest.mark.pitfall(8)
+@pytest.mark.compare("select_anchors", component="anchors", references=("speculators",))
+@FAST
+@given(anchor_cases())
+def test_anchor_draw_equals_speculators_p8(conform, pair, case):
+    conform.describe(case)
+    a, b = pair
+    args = (case.loss_mask, case.max_anchors, case.block_size, case.seed)
+    conform.compare("anchors", 8, (a.name, b.name), lambda: a.select_anchors(*args)[0],
+                    lambda: b.select_anchors(*args)[0], EXACT, what="anchors under the same seed")
+    conform.compare("anchors", 8, (a.name, b.name), lambda: a.select_anchors(*args)[1],
+                    lambda: b.select_anchors(*args)[1], EXACT, what="anchor validity under the same seed")
+
+
+@pytest.mark.quick
+@pytest.mark.pitfall(8)
+@FAST
+@given(anchor_cases())
+def test_anchor_distribution_rules_p8(conform, under_test, case):
+    """Range, sortedness, the last block excluded, invalid slots zero; all anchors drawn where the mask allows."""
+    conform.describe(case)
+    anchors, valid = under_test.select_anchors(case.loss_mask, case.max_anchors, case.block_size, case.seed)
+    eligible = case.loss_mask[0].bool().clone()
+    eligible[-case.block_size:] = False
+    count = min(case.max_anchors, int(eligible.sum()))
+    names = (under_test.name, "rule")
+    conform.compare("anchors", 8, names, list(anchors.shape), [case.max_anchors], what="one slot per max_anchors")
+    conform.compare("anchors", 8, names, int(valid.sum()), count, what="valid anchors = min(max_anchors, eligible)")
+    conform.compare("anchors", 8, names, valid, torch.arange(case.max_anchors) < count, what="valid slots come first")
+    drawn = anchors[valid]
+    conform.compare("anchors", 8, names, eligible[drawn], torch.ones_like(drawn, dtype=torch.bool),
+                    what="anchors on loss-masked positions outside the last block")
+    conform.compare("anchors", 8, names, drawn, drawn.sort().values, what="anchors sorted")
+    conform.compare("anchors", 8, names, drawn.unique().numel(), drawn.numel(), what="drawn without replacement")
+    conform.compare("anchors", 8, names, anchors[~valid], torch.zeros_like(anchors[~valid]), what="invalid slots zero")
+
+
+@pytest.mark.pitfall(8)
+@pytest.mark.compare("training_outputs", component="anchors", references=("speculators",))
+@MODEL
+@given(training_cases())
+def test_training_anchors_and_padded_blocks_p8(conform, pair, case):
+    conform.describe(case)
+    training.training_anchors(conform, *pair, case)

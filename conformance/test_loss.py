@@ -1,0 +1,26 @@
+"""#7 loss kinds: KL to the target distribution (speculators' default) and CE on the target's argmax."""
+
+import pytest
+from hypothesis import given
+
+from conformance.checks import losses
+from conformance.strategies import MODEL, loss_cases
+
+pytestmark = pytest.mark.quick
+
+
+@pytest.mark.pitfall(7)
+@pytest.mark.compare("loss", component="loss", references=("speculators",))
+@MODEL
+@given(loss_cases())
+def test_loss_kinds_p7(conform, pair, case):
+    conform.describe(case)
+    losses.loss_value(conform, *pair, case, "loss", 7)
+
+
+@pytest.mark.pitfall(7)
+def test_default_loss_kind_p7(conform, under_test):
+    if not hasattr(under_test, "recipe"):
+        conform.not_applicable("loss", 7, (under_test.name, "speculators"), "no training recipe to compare")
+        return
+    losses.recipe_defaults(conform, under_test, "loss", 7, ("loss_kind",))

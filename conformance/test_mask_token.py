@@ -1,0 +1,20 @@
+"""#14 mask token: the spec's id fills the block in training (compared through the training forward)."""
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.checks import training
+from conformance.strategies import MODEL, training_cases
+
+
+@pytest.mark.pitfall(14)
+@pytest.mark.compare("training_outputs", component="mask_token", references=("speculators",))
+@MODEL
+@given(training_cases(), st.integers(0, 95))
+def test_mask_token_in_training_p14(conform, pair, case, mask_token_id):
+    case = dataclasses.replace(case, spec=dataclasses.replace(case.spec, mask_token_id=mask_token_id))
+    conform.describe(case)
+    training.training_forward(conform, *pair, case, "mask_token", 14)
