@@ -1,0 +1,172 @@
+"""Planted bugs: each known DFlash bug class reproduced in `impl/` at run time (monkeypatch or a
+recipe switch, never a file edit), with the component check that must catch it.
+
+`PlantedBug.plant(monkeypatch, ours)` applies the mutation and returns the implementation
+to run the check with; `check(cmp, ours, references)` runs the bug's component check on a
+fixed, small case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+import impl.extract
+import impl.losses
+import impl.masks
+import impl.model
+from conformance.checks import layers, losses, masks, training
+from conformance.strategies import MaskCase, TrainingCase
+from impl.extract import HiddenStateExtractor, final_norm
+from impl.model import DFlashDrafter
+from impl.spec import DraftSpec
+from impl.targets import TargetAligner
+
+SPEC = DraftSpec(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                 num_hidden_layers=2, vocab_size=96, target_layer_ids=(0, 1, 2), num_target_layers=4,
+                 mask_token_id=95, block_size=4, layer_types=("sliding_attention", "full_attention"),
+                 sliding_window=5)
+TRAINING = TrainingCase(spec=SPEC, lengths=(12, 9), padding=2, max_anchors=6, seed=3)
+MASK = MaskCase(document_ids=torch.tensor([[0] * 8 + [1] * 8 + [-1] * 2]), anchors=torch.tensor([0, 5, 9, 15]),
+                block_size=4, sliding_window=None, causal_block=False)
+
+
+@dataclass(frozen=True)
+class PlantedBug:
+    name: str
+    component: str
+    pitfall: int
+    plant: Callable[[Any, Any], Any]  # (monkeypatch, ours) -> implementation to check
+    check: Callable[[Any, Any, dict], None]  # (comparator, implementation, references)
+
+
+def _with_recipe(**changes):
+    def plant(_monkeypatch, ours):
+        return type(ours)(recipe=dataclasses.replace(ours.recipe, **changes))
+    return plant
+
+
+def _patch(target, name, make):
+    """Replace `target.name` with `make(original)`."""
+    def plant(monkeypatch, ours):
+        monkeypatch.setattr(target, name, make(getattr(target, name)))
+        return ours
+    return plant
+
+
+def _patch_training_mask(make):
+    """Our training mask lives in impl.masks and is imported by name into impl.model: mutate both."""
+    def plant(monkeypatch, ours):
+        mutated = make(impl.masks.training_mask)
+        monkeypatch.setattr(impl.masks, "training_mask", mutated)
+        monkeypatch.setattr(impl.model, "training_mask", mutated)
+        return ours
+    return plant
+
+
+def _fc_misses_last_layer(_original):
+    return property(lambda spec: (len(spec.target_layer_ids) - 1) * spec.hidden_size)
+
+
+def _double_norm(original):
+    def call(self, *args, **kwargs):
+        states = original(self, *args, **kwargs)
+        states.source = final_norm(self.target)(states.source)  # = verifier_norm(hs[-1])
+        return states
+    return call
+
+
+def _noisy_targets(original):
+    def call(self, *args, **kwargs):
+        states = original(self, *args, **kwargs)
+        states.source = states.source + 0.5 * torch.randn_like(states.source)
+        return states
+    return call
+
+
+def _slot0_weighted(original):
+    def weights(block_size, gamma=4.0, sample_from_anchor=False, device=None):
+        w = original(block_size, gamma, sample_from_anchor, device=device).clone()
+        w[0] = 1.0
+        return w
+    return weights
+
+
+def _sees_anchor(original):
+    def mask(document_ids, anchors, block_size, sliding_window=None, causal_block=False):
+        m = original(document_ids, anchors, block_size, sliding_window, causal_block)
+        docs = document_ids.reshape(-1)
+        rows = torch.arange(anchors.numel() * block_size)
+        cols = anchors.reshape(-1).long().repeat_interleave(block_size)
+        m[rows, cols] |= docs[cols] != -1  # `<=` instead of `<`: the anchor's own base token
+        return m
+    return mask
+
+
+def _one_document(original):
+    def mask(document_ids, anchors, block_size, sliding_window=None, causal_block=False):
+        merged = torch.where(document_ids != -1, 0, -1)  # document boundaries ignored
+        return original(merged, anchors, block_size, sliding_window, causal_block)
+    return mask
+
+
+def _causal_everywhere(original):
+    def layer_masks(self, make):
+        return original(self, lambda window, _causal: make(window, True))
+    return layer_masks
+
+
+def _positions_restart(original):
+    def forward(self, noise_embedding, target_hidden, position_ids, masks=None, cache=None):
+        context = target_hidden.shape[1]
+        restarted = position_ids.clone()
+        restarted[:, context:] = torch.arange(noise_embedding.shape[1]) % self.block_size
+        return original(self, noise_embedding, target_hidden, restarted, masks=masks, cache=cache)
+    return forward
+
+
+def _other_mask_token(_original):
+    return property(lambda drafter: (drafter.spec.mask_token_id + 1) % drafter.spec.vocab_size)
+
+
+def _set(value):
+    return lambda _original: value
+
+
+BUGS = [
+    PlantedBug("fc fed n-1 layers", "fc_dims", 4, _patch(DraftSpec, "fc_in_features", _fc_misses_last_layer),
+               lambda cmp, ours, refs: layers.fc_dims(cmp, ours, refs["zlab"], (SPEC, torch.float32))),
+    PlantedBug("hs[id] instead of hs[id+1]", "target_layers", 2,
+               _patch(impl.extract, "HIDDEN_STATES_OFFSET", _set(0)),
+               lambda cmp, ours, refs: layers.context_feature_indexing(cmp, ours, refs["zlab"], (4, 32, [0, 2]))),
+    PlantedBug("targets from an intermediate layer", "targets", 3,
+               _with_recipe(verifier_source_layer=SPEC.num_target_layers - 2),
+               lambda cmp, ours, refs: training.targets_source(cmp, ours, refs["speculators"], TRAINING)),
+    PlantedBug("double-normalised targets", "targets", 3, _patch(HiddenStateExtractor, "__call__", _double_norm),
+               lambda cmp, ours, refs: training.targets_source(cmp, ours, refs["speculators"], TRAINING)),
+    PlantedBug("gamma 7", "loss_weights", 6, _with_recipe(gamma=7.0),
+               lambda cmp, ours, refs: losses.recipe_defaults(cmp, ours, "loss_weights", 6, ("gamma",))),
+    PlantedBug("weight on slot 0", "loss_weights", 6, _patch(impl.losses, "decay_weights", _slot0_weighted),
+               lambda cmp, ours, refs: losses.loss_weights(cmp, ours, refs["speculators"], (8, 4.0, False))),
+    PlantedBug("wrong roll", "target_alignment", 5, _patch(TargetAligner, "shift", _set(0)),
+               lambda cmp, ours, refs: training.target_alignment(cmp, ours, refs["speculators"], TRAINING)),
+    PlantedBug("<= in the mask", "training_mask", 9, _patch_training_mask(_sees_anchor),
+               lambda cmp, ours, refs: masks.training_mask(cmp, ours, refs["speculators"], MASK)),
+    PlantedBug("cross-document attention", "training_mask", 9, _patch_training_mask(_one_document),
+               lambda cmp, ours, refs: masks.training_mask(cmp, ours, refs["speculators"], MASK)),
+    PlantedBug("causal full-attention blocks", "training_mask", 9,
+               _patch(DFlashDrafter, "layer_masks", _causal_everywhere),
+               lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING,
+                                                                 "training_mask", 9)),
+    PlantedBug("positions restarting per block", "positions", 12, _patch(DFlashDrafter, "forward", _positions_restart),
+               lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING,
+                                                                 "positions", 12)),
+    PlantedBug("noise leaking into targets", "noise", 15, _patch(HiddenStateExtractor, "__call__", _noisy_targets),
+               lambda cmp, ours, refs: training.noise_stays_out_of_targets(cmp, ours, refs["speculators"], TRAINING)),
+    PlantedBug("mask token mismatch", "mask_token", 14, _patch(DFlashDrafter, "mask_token_id", _other_mask_token),
+               lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING,
+                                                                 "mask_token", 14)),
+]
