@@ -1,0 +1,91 @@
+"""`dflash-audit train`: our online DFlash trainer (also under `torchrun --nproc_per_node=N`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from dflash_audit.errors import AuditError
+
+
+def _int_list(value: str | None, flag: str) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise AuditError(f"{flag}: expected comma-separated integers, got {value!r}") from None
+
+
+def train(
+    target: Path = typer.Option(..., help="Hugging Face target directory (model + tokenizer)."),
+    data: Path = typer.Option(..., help="JSON lines: {'text'}, {'input_ids'[, 'loss_mask']} or {'messages'}."),
+    out: Path = typer.Option(..., help="Checkpoint to write (ckpt.pt)."),
+    steps: int = typer.Option(1000, help="Optimizer steps."),
+    lr: float = typer.Option(6e-4, help="Peak learning rate."),
+    warmup: int = typer.Option(50, help="Linear warmup steps before the cosine decay."),
+    batch_size: int = typer.Option(4, help="Packed rows per micro-batch, across all ranks."),
+    grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
+    seq_len: int = typer.Option(1024, help="Packed row length."),
+    block_size: int = typer.Option(16, help="Draft block size B."),
+    draft_layers: int = typer.Option(1, help="Drafter decoder layers."),
+    max_anchors: int = typer.Option(512, help="Anchors per row."),
+    gamma: float = typer.Option(4.0, help="Loss decay: w(k) = exp(-(k-1)/gamma)."),
+    loss: str = typer.Option("kl_div", help="kl_div or ce."),
+    noise_std: float = typer.Option(0.0, help="Gaussian noise on the drafter's context features only."),
+    fc_layers: str = typer.Option(None, help="Target layers feeding fc, e.g. '1,2' (default: z-lab's rule)."),
+    target_source_layer: int = typer.Option(None, help="Decoder layer whose raw output gives targets "
+                                                       "(default: the final one)."),
+    layer_types: str = typer.Option(None, help="Per draft layer: full_attention or sliding_attention, comma-separated."),
+    sliding_window: int = typer.Option(None, help="Window of the sliding_attention layers."),
+    mask_token_id: int = typer.Option(None, help="Default: the tokenizer's <|mask|> token."),
+    dtype: str = typer.Option("fp32", help="fp32, or bf16 (autocast, fp32 master weights)."),
+    eval_data: Path = typer.Option(None, help="Held-out JSON lines (default: the last --eval-sequences rows)."),
+    eval_sequences: int = typer.Option(2, help="Rows held out when no --eval-data is given."),
+    eval_every: int = typer.Option(0, help="Evaluate every N steps (0: at the end only)."),
+    save_every: int = typer.Option(0, help="Checkpoint every N steps (0: at the end only)."),
+    resume: bool = typer.Option(False, help="Continue the run saved at --out."),
+    seed: int = typer.Option(0),
+    json_out: Path = typer.Option(None, "--json", help="Write the run's stats as JSON."),
+) -> None:
+    """Train a DFlash drafter online against a Hugging Face target."""
+    from impl.data import DataError
+    from impl.train import TrainConfig, TrainError
+    from impl.train import train as run_training
+
+    if not target.is_dir():
+        raise AuditError(f"--target {target}: no such directory")
+    if not data.is_file():
+        raise AuditError(f"--data {data}: no such file")
+    if loss not in ("kl_div", "ce"):
+        raise AuditError(f"--loss must be kl_div or ce, got {loss!r}")
+    if dtype not in ("fp32", "bf16"):
+        raise AuditError(f"--dtype must be fp32 or bf16, got {dtype!r}")
+    types = [t.strip() for t in layer_types.split(",")] if layer_types else None
+    cfg = TrainConfig(
+        target=str(target), out=str(out), data=str(data), eval_data=str(eval_data) if eval_data else None,
+        eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
+        grad_accum=grad_accum, seq_len=seq_len, block_size=block_size, draft_layers=draft_layers,
+        fc_layers=_int_list(fc_layers, "--fc-layers"), target_source_layer=target_source_layer, layer_types=types,
+        sliding_window=sliding_window, mask_token_id=mask_token_id, max_anchors=max_anchors, gamma=gamma,
+        loss=loss, noise_std=noise_std, dtype=dtype, eval_every=eval_every, save_every=save_every, resume=resume,
+        seed=seed)
+    try:
+        stats = run_training(cfg)
+    except (DataError, TrainError) as exc:
+        raise AuditError(str(exc)) from exc
+    if stats["rank"] != 0:  # under torchrun only rank 0 reports
+        return
+    if json_out is not None:
+        from impl.checkpoint import atomic_write_bytes
+
+        atomic_write_bytes(json_out, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
+    final = stats["eval"] or stats["final"]
+    typer.echo(f"trained {stats['steps']} steps in {stats['seconds']} s -> {stats['out']}  "
+               f"loss {final['loss']:.4f}  EAL {final['eal']:.2f}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)

@@ -1,0 +1,383 @@
+"""Our online DFlash trainer: the target runs in-process (no grad) and feeds the drafter.
+
+AdamW, linear warmup then cosine decay, gradient clipping, gradient accumulation, fp32 or
+bf16 (autocast: fp32 master weights and optimizer state, bf16 matmuls), periodic
+evaluation on held-out rows, atomic `ckpt.pt` checkpoints that resume the same run.
+
+Under `torchrun` the same call runs DDP (gloo on CPU, nccl on GPU): each micro-batch of
+`batch_size` rows is split across ranks, and only rank 0 writes checkpoints or progress.
+Every random draw that shapes a step (which rows, which anchors, which noise) comes from
+a generator seeded by (seed, step, global row), so a resumed run and a sharded run see
+exactly what the uninterrupted single-process run saw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from impl.checkpoint import load_checkpoint, save_checkpoint
+from impl.data import PackedData, load_packed, pack_records
+from impl.extract import decoder_layers
+from impl.layers import build_target_layer_ids
+from impl.model import DFlashDrafter
+from impl.spec import DraftSpec, Recipe
+from impl.train_step import training_step
+
+MASK_TOKEN = "<|mask|>"
+MIN_LR_RATIO = 0.1  # cosine decays to this fraction of the peak learning rate
+
+
+class TrainError(ValueError):
+    """A training run that cannot start as asked; one line."""
+
+
+@dataclass
+class TrainConfig:
+    target: str
+    out: str
+    data: str | None = None  # JSON-lines file ...
+    records: list[dict] | None = None  # ... or the same records in memory
+    eval_data: str | None = None  # held-out file; else the last `eval_sequences` packed rows
+    eval_sequences: int = 2
+    steps: int = 1000
+    lr: float = 6e-4
+    warmup: int = 50
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    batch_size: int = 4  # packed rows per micro-batch, across all ranks
+    grad_accum: int = 1
+    seq_len: int = 1024
+    block_size: int = 16
+    draft_layers: int = 1
+    fc_layers: list[int] | None = None  # default: z-lab's build_target_layer_ids
+    target_source_layer: int | None = None  # default: the final decoder layer
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    mask_token_id: int | None = None  # default: the tokenizer's <|mask|>
+    max_anchors: int = 512
+    gamma: float = 4.0
+    loss: str = "kl_div"
+    noise_std: float = 0.0
+    dtype: str = "fp32"
+    eval_every: int = 0  # 0: only at the end
+    save_every: int = 0  # 0: only at the end
+    resume: bool = False
+    seed: int = 0
+    max_seconds: float | None = None  # shrink the schedule to fit this wall-clock budget
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+# -- setup ---------------------------------------------------------------------------------
+def load_target(target_dir: str | Path, dtype: torch.dtype = torch.float32):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(target_dir)
+    if not (path / "config.json").is_file():
+        raise TrainError(f"{path}: not a Hugging Face model directory (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval().requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
+
+
+def resolve_mask_token(tokenizer, override: int | None) -> int:
+    if override is not None:
+        return override
+    token_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    if token_id is None or token_id == tokenizer.unk_token_id:
+        raise TrainError(f"the tokenizer has no {MASK_TOKEN} token; pass --mask-token-id")
+    return int(token_id)
+
+
+def draft_spec(target, tokenizer, cfg: TrainConfig) -> DraftSpec:
+    """The drafter's spec: sizes from the target (hidden sizes must match), the rest from cfg."""
+    config = target.config
+    num_layers = len(decoder_layers(target))
+    ids = cfg.fc_layers if cfg.fc_layers is not None else build_target_layer_ids(num_layers, cfg.draft_layers)
+    if len(set(ids)) != len(ids) and cfg.fc_layers is None:
+        raise TrainError(f"z-lab's default target layers for {num_layers} target layers and {cfg.draft_layers} "
+                         f"draft layers repeat ({ids}); pass --fc-layers")
+    rope = getattr(config, "rope_parameters", None) or {}
+    return DraftSpec(
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+        num_hidden_layers=cfg.draft_layers,
+        vocab_size=config.vocab_size,
+        target_layer_ids=tuple(ids),
+        num_target_layers=num_layers,
+        mask_token_id=resolve_mask_token(tokenizer, cfg.mask_token_id),
+        block_size=cfg.block_size,
+        layer_types=tuple(cfg.layer_types or ()),
+        sliding_window=cfg.sliding_window,
+        rope_theta=float(rope.get("rope_theta", 1_000_000.0)),
+        rms_norm_eps=config.rms_norm_eps,
+        max_position_embeddings=config.max_position_embeddings,
+    )
+
+
+def make_recipe(cfg: TrainConfig, num_target_layers: int, digest: str) -> Recipe:
+    source = cfg.target_source_layer
+    if source is not None and not 0 <= source < num_target_layers:
+        raise TrainError(f"target source layer {source} outside the target's decoder layers 0..{num_target_layers - 1}")
+    # None is the reference recipe (the final layer); any other layer is recorded as given.
+    source = None if source == num_target_layers - 1 else source
+    schedule = {k: getattr(cfg, k) for k in ("steps", "lr", "warmup", "weight_decay", "grad_clip", "batch_size",
+                                             "grad_accum", "seq_len", "dtype", "seed")}
+    return Recipe(gamma=cfg.gamma, loss_kind=cfg.loss, verifier_source_layer=source, noise_std=cfg.noise_std,
+                  max_anchors=cfg.max_anchors, data_hash=digest, extra={**schedule, **cfg.extra})
+
+
+def load_data(cfg: TrainConfig, tokenizer, vocab_size: int) -> tuple[PackedData, PackedData | None]:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    if cfg.records is not None:
+        data = pack_records(cfg.records, tokenizer, vocab_size, cfg.seq_len, pad)
+    elif cfg.data is not None:
+        data = load_packed(cfg.data, tokenizer, vocab_size, cfg.seq_len, pad)
+    else:
+        raise TrainError("no training data given")
+    if cfg.eval_data is not None:
+        return data, load_packed(cfg.eval_data, tokenizer, vocab_size, cfg.seq_len, pad)
+    if cfg.eval_sequences > 0 and len(data) > cfg.eval_sequences:
+        split = len(data) - cfg.eval_sequences
+        return data.rows(slice(0, split)), data.rows(slice(split, None))
+    return data, None
+
+
+# -- determinism ---------------------------------------------------------------------------
+def row_generator(seed: int, *stream: int, device="cpu") -> torch.Generator:
+    """A generator for one (step, row): independent of ranks, batch order or resumption."""
+    mixed = seed
+    for value in stream:
+        mixed = (mixed * 1_000_003 + value + 1) % (2**63 - 1)
+    return torch.Generator(device=device).manual_seed(mixed)
+
+
+class RowSampler:
+    """Global sample k -> a packed row: a fresh permutation of the rows every epoch."""
+
+    def __init__(self, num_rows: int, seed: int):
+        self.num_rows, self.seed, self._perms = num_rows, seed, {}
+
+    def __call__(self, sample: int) -> int:
+        epoch, offset = divmod(sample, self.num_rows)
+        if epoch not in self._perms:
+            self._perms = {epoch: torch.randperm(self.num_rows, generator=row_generator(self.seed, -1, epoch))}
+        return int(self._perms[epoch][offset])
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warmup to the peak, then cosine decay to MIN_LR_RATIO of it at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# -- distributed ---------------------------------------------------------------------------
+def init_distributed() -> tuple[int, int, bool]:
+    """(rank, world size, whether we started the process group) from torchrun's environment."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        return dist.get_rank(), world, True
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), False
+    return 0, 1, False
+
+
+def device_for_rank() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def mean_over_ranks(values: torch.Tensor, world: int) -> torch.Tensor:
+    if world > 1:
+        dist.all_reduce(values)
+        values = values / world
+    return values
+
+
+# -- evaluation ----------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate(drafter: DFlashDrafter, target, data: PackedData, recipe: Recipe, batch_size: int, seed: int,
+             autocast) -> dict:
+    """Loss, per-position accuracy and EAL over held-out rows (fixed anchors across evals)."""
+    device = next(drafter.parameters()).device
+    block = drafter.block_size
+    loss_sum = run_sum = blocks = 0.0
+    hits = torch.zeros(block - 1, device=device)
+    counts = torch.zeros(block - 1, device=device)
+    for start in range(0, len(data), batch_size):
+        rows = data.rows(slice(start, start + batch_size))
+        generators = [row_generator(seed, -2, start + i, device=device) for i in range(len(rows))]
+        with autocast():
+            out = training_step(drafter, target, rows.input_ids.to(device), rows.loss_mask.to(device),
+                                rows.document_ids.to(device), recipe, position_ids=rows.position_ids.to(device),
+                                generators=generators)
+        loss_sum += out.loss.item() * len(rows)
+        hits += out.metrics["position_acc"] * out.metrics["position_count"]
+        counts += out.metrics["position_count"]
+        trained_blocks = out.outputs.loss_mask.reshape(-1, block)[:, 1:].bool().any(1).sum().item()
+        run_sum += out.metrics["eal"].item() * trained_blocks
+        blocks += trained_blocks
+    return {"loss": loss_sum / len(data), "position_acc": (hits / counts.clamp(min=1)).tolist(),
+            "eal": run_sum / max(blocks, 1)}
+
+
+# -- the run -------------------------------------------------------------------------------
+def _checkpoint_extras(optimizer, scheduler, history, evals) -> dict:
+    return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "rng": torch.get_rng_state(), "history": list(history), "evals": list(evals)}
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run (or resume) training; returns stats. Every rank calls it; rank 0 writes."""
+    rank, world, owns_group = init_distributed()
+    try:
+        return _train(cfg, rank, world)
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, rank: int, world: int) -> dict:
+    if cfg.dtype not in ("fp32", "bf16"):
+        raise TrainError(f"dtype must be fp32 or bf16, got {cfg.dtype!r}")
+    for name in ("steps", "batch_size", "grad_accum", "seq_len", "block_size", "draft_layers"):
+        if getattr(cfg, name) <= 0:
+            raise TrainError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.batch_size % world:
+        raise TrainError(f"batch size {cfg.batch_size} does not split across {world} ranks")
+    if cfg.seq_len <= cfg.block_size:
+        raise TrainError(f"seq_len {cfg.seq_len} leaves no room for a block of {cfg.block_size}")
+    started = time.monotonic()
+    device = device_for_rank()
+    target, tokenizer = load_target(cfg.target)
+    target.to(device)
+    spec = draft_spec(target, tokenizer, cfg)
+    train_data, eval_data = load_data(cfg, tokenizer, spec.vocab_size)
+    recipe = make_recipe(cfg, spec.num_target_layers, train_data.data_hash)
+
+    torch.manual_seed(cfg.seed)
+    drafter = DFlashDrafter(spec).to(device)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    schedule = {"total": cfg.steps}
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, cfg.warmup, schedule["total"]))
+    step, history, evals = 0, [], []
+    out_path = Path(cfg.out)
+    if cfg.resume and out_path.exists():
+        step, history, evals = _resume(out_path, drafter, optimizer, scheduler, spec, recipe)
+    model = drafter
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(drafter, device_ids=[device.index] if device.type == "cuda" else None)
+
+    def autocast():
+        if cfg.dtype == "bf16":
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    sampler = RowSampler(len(train_data), cfg.seed)
+    per_rank = cfg.batch_size // world
+    first_step, loop_started = step, time.monotonic()
+    bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+                   TextColumn("acc {task.fields[acc]}"), TextColumn("EAL {task.fields[eal]}"), TimeElapsedColumn(),
+                   disable=not (cfg.progress and rank == 0))
+    last = {}
+    with bar:
+        task = bar.add_task("train", total=schedule["total"], completed=step, loss="-", acc="-", eal="-")
+        while step < schedule["total"]:
+            drafter.train()
+            logged = torch.zeros(2 + spec.block_size - 1, device=device)
+            for micro in range(cfg.grad_accum):
+                base = (step * cfg.grad_accum + micro) * cfg.batch_size + rank * per_rank
+                samples = list(range(base, base + per_rank))
+                rows = train_data.rows([sampler(s) for s in samples])
+                generators = [row_generator(cfg.seed, step, s, device=device) for s in samples]
+                sync = model.no_sync() if world > 1 and micro < cfg.grad_accum - 1 else contextlib.nullcontext()
+                with sync, autocast():
+                    out = training_step(drafter, target, rows.input_ids.to(device), rows.loss_mask.to(device),
+                                        rows.document_ids.to(device), recipe,
+                                        position_ids=rows.position_ids.to(device), generators=generators, forward=model)
+                    (out.loss / cfg.grad_accum).backward()
+                logged += torch.cat([out.loss.detach().float()[None], out.metrics["eal"].float()[None],
+                                     out.metrics["position_acc"].float()]) / cfg.grad_accum
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            logged = mean_over_ranks(logged, world)
+            last = {"loss": logged[0].item(), "eal": logged[1].item(), "position_acc": logged[2:].tolist()}
+            history.append(last["loss"])
+            if cfg.max_seconds and step - first_step == 3:
+                schedule["total"] = _fit_budget(cfg, step, first_step, loop_started, started, world)
+                recipe.extra["steps"] = schedule["total"]
+                bar.update(task, total=schedule["total"])
+            bar.update(task, completed=step, loss=f"{last['loss']:.3f}", eal=f"{last['eal']:.2f}",
+                       acc=" ".join(f"{a:.2f}" for a in last["position_acc"][:4]))
+            done = step >= schedule["total"]
+            if rank == 0 and eval_data is not None and (done or (cfg.eval_every and step % cfg.eval_every == 0)):
+                evals.append({"step": step, **evaluate(drafter, target, eval_data, recipe, cfg.batch_size,
+                                                       cfg.seed, autocast)})
+                if cfg.progress:
+                    bar.console.print(f"eval @ {step}: loss {evals[-1]['loss']:.3f}  EAL {evals[-1]['eal']:.2f}  "
+                                      f"acc {' '.join(f'{a:.2f}' for a in evals[-1]['position_acc'][:4])}")
+            if rank == 0 and (done or (cfg.save_every and step % cfg.save_every == 0)):
+                save_checkpoint(out_path, drafter, recipe, step,
+                                optimizer=_checkpoint_extras(optimizer, scheduler, history, evals))
+    if world > 1:
+        dist.barrier()
+    return {"out": str(out_path), "steps": step, "seconds": round(time.monotonic() - started, 1),
+            "losses": history, "final": last, "eval": evals[-1] if evals else None, "evals": evals,
+            "spec": spec.to_dict(), "recipe": recipe.to_dict(), "rows": len(train_data), "world_size": world, "rank": rank}
+
+
+def _fit_budget(cfg: TrainConfig, step: int, first_step: int, loop_started: float, started: float, world: int) -> int:
+    """Total steps that fit the time budget, from the first steps' pace (rank 0 decides)."""
+    per_step = (time.monotonic() - loop_started) / (step - first_step)
+    remaining = cfg.max_seconds - (time.monotonic() - started)
+    total = torch.tensor([max(step, min(cfg.steps, step + int(remaining / per_step)))])
+    if world > 1:
+        dist.broadcast(total, src=0)
+    return int(total)
+
+
+def _resume(path: Path, drafter, optimizer, scheduler, spec: DraftSpec, recipe: Recipe):
+    ckpt = load_checkpoint(path)
+    if ckpt.spec != spec:
+        raise TrainError(f"{path}: cannot resume, its drafter spec differs from this run's")
+    if ckpt.recipe is None or ckpt.recipe.data_hash != recipe.data_hash:
+        raise TrainError(f"{path}: cannot resume, it was trained on different data (data hash differs)")
+    if ckpt.optimizer is None:
+        raise TrainError(f"{path}: cannot resume, the checkpoint has no optimizer state")
+    drafter.load_state_dict(ckpt.state_dict)
+    optimizer.load_state_dict(ckpt.optimizer["optimizer"])
+    scheduler.load_state_dict(ckpt.optimizer["scheduler"])
+    torch.set_rng_state(ckpt.optimizer["rng"])
+    return ckpt.step, list(ckpt.optimizer.get("history", [])), list(ckpt.optimizer.get("evals", []))
+
+
+def train_drafter(target_dir: str | Path, texts_or_data, out_path: str | Path, **config) -> dict:
+    """Train a drafter without a subprocess: `texts_or_data` is a list of texts, a list of
+    records (`{"text"}`, `{"input_ids"}`, `{"messages"}`) or a JSON-lines path. `config`
+    takes any `TrainConfig` field, e.g. `max_seconds=120`."""
+    if isinstance(texts_or_data, (str, Path)):
+        cfg = TrainConfig(target=str(target_dir), out=str(out_path), data=str(texts_or_data), **config)
+    else:
+        records = [{"text": item} if isinstance(item, str) else item for item in texts_or_data]
+        cfg = TrainConfig(target=str(target_dir), out=str(out_path), records=records, **config)
+    return train(cfg)
