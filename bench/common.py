@@ -1,0 +1,105 @@
+"""Shared setup of the benchmarks: the world, the checkpoints, z-lab's loop, the report file.
+
+Run from the repository root (`python bench/<name>.py`); defaults use the test world and
+drafters trained briefly on its corpus by our trainer, cached next to the world.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import time
+import unittest.mock
+from pathlib import Path
+
+import torch
+from transformers import Qwen3Config
+
+import dflash.model as zlab
+from dflash_audit.audit.dynamic import load_target
+from dflash_audit.prompts import load_prompts, tokenize_prompts
+from impl.checkpoint import atomic_write_bytes, build_drafter, zlab_config
+from impl.model import DFlashDrafter
+
+REPORT_DIR = Path("reports") / "bench"
+# Two checkpoints of the "compare many checkpoints" scenario: a sound recipe and a planted
+# bug (fc fed fewer layers, shorter training). Both train within ~2 minutes on 2 CPU cores.
+BENCH_DRAFTERS = {
+    "sound": dict(steps=400, max_seconds=75, block_size=8, draft_layers=2, fc_layers=[1, 2, 3],
+                  layer_types=["sliding_attention", "full_attention"], sliding_window=48),
+    "planted": dict(steps=200, max_seconds=40, block_size=8, draft_layers=2, fc_layers=[1, 2],
+                    layer_types=["sliding_attention", "full_attention"], sliding_window=48),
+}
+COMMON_TRAINING = dict(seq_len=256, batch_size=4, lr=1e-3, warmup=20, progress=False)
+
+
+def trained_drafter(world, name: str) -> Path:
+    from dflash_audit.world import stdlib_corpus
+    from impl.train import train_drafter
+
+    path = world.root / f"bench-drafter-{name}.pt"
+    with open(world.root / f".bench-drafter-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.is_file():
+            train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path,
+                          **BENCH_DRAFTERS[name], **COMMON_TRAINING)
+    return path
+
+
+def parse_args(description: str, default_out: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--target", type=Path, help="HF target dir (default: the test world's)")
+    parser.add_argument("--prompts", type=Path, help="prompts JSON lines (default: the test world's)")
+    parser.add_argument("--drafters", type=Path, nargs="+", help="checkpoints (default: two trained on the world)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--out", type=Path, default=REPORT_DIR / default_out)
+    return parser.parse_args()
+
+
+def setup(args: argparse.Namespace):
+    """(target_dir, target, prompts [(id, ids)], stop ids, {name: drafter})."""
+    from dflash_audit.formats import load_any
+
+    target_dir, prompts_path, drafter_paths = args.target, args.prompts, args.drafters
+    if target_dir is None or prompts_path is None or not drafter_paths:
+        from dflash_audit.world import cached_test_world
+
+        world = cached_test_world()
+        target_dir = target_dir or world.target
+        prompts_path = prompts_path or world.prompts
+        drafter_paths = drafter_paths or [trained_drafter(world, name) for name in BENCH_DRAFTERS]
+    target, tokenizer = load_target(target_dir)
+    prompts = tokenize_prompts(tokenizer, load_prompts(prompts_path))
+    drafters = {}
+    for path in drafter_paths:
+        loaded = load_any(path, target_dir)
+        drafters[Path(path).stem] = build_drafter(loaded.spec, loaded.state_dict).float().eval()
+    return Path(target_dir), target, prompts, [tokenizer.eos_token_id], drafters
+
+
+def zlab_twin(drafter: DFlashDrafter):
+    config = Qwen3Config(**zlab_config(drafter.spec))
+    config._attn_implementation = "sdpa"
+    model = zlab.DFlashDraftModel(config).eval()
+    model.load_state_dict(drafter.state_dict())
+    return model
+
+
+def zlab_generate(model, target, input_ids, max_new_tokens, stop_ids):
+    # z-lab's timer synchronizes CUDA; on CPU a plain clock stands in, in-process only.
+    with unittest.mock.patch.object(zlab, "_cuda_time", time.perf_counter):
+        return zlab.dflash_generate(model, target, input_ids, max_new_tokens, stop_ids, return_stats=True)
+
+
+def timed(fn):
+    started = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - started
+
+
+def write_report(path: Path, payload: dict) -> None:
+    payload = {**payload, "torch_threads": torch.get_num_threads()}
+    text = json.dumps(payload, indent=2)
+    atomic_write_bytes(Path(path), lambda tmp: Path(tmp).write_text(text))
+    print(f"wrote {path}")

@@ -1,0 +1,163 @@
+"""`dflash-audit eval`: per-prompt τ and per-round acceptance lengths of one drafter.
+
+`--mode live` runs speculative decoding (DFlash or DDTree) against the target;
+`--mode offline` replays the same walks from a hidden-state cache built once per
+(target, prompts, settings) under `--cache`. Under `torchrun` the prompts are sharded
+across ranks (gloo) and rank 0 gathers, prints and writes the results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from tabulate import tabulate
+
+from dflash_audit.errors import AuditError
+from dflash_audit.prompts import CHAT_TEMPLATE_MODES, load_prompts, tokenize_prompts
+from impl.checkpoint import atomic_write_bytes, build_drafter
+from impl.ddtree import ddtree_decode
+from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
+from impl.extract import decoder_layers
+from impl.offline import load_or_build_cache, offline_rounds
+
+METHODS = ("dflash", "ddtree")
+MODES = ("live", "offline")
+DEFAULT_CACHE = Path(".cache") / "offline-tau"
+
+
+def load_drafter(path: Path, target_dir: Path, target):
+    from dflash_audit.formats import load_any
+
+    loaded = load_any(path, target_dir)
+    spec, config = loaded.spec, target.config
+    if spec.hidden_size != config.hidden_size:
+        raise AuditError(f"{path}: drafter hidden size {spec.hidden_size}, the target's is {config.hidden_size}")
+    depth = len(decoder_layers(target))
+    if spec.num_target_layers != depth:
+        raise AuditError(f"{path}: drafter built for a target of {spec.num_target_layers} layers, "
+                         f"{target_dir} has {depth}")
+    if spec.vocab_size != config.vocab_size:
+        raise AuditError(f"{path}: drafter vocabulary {spec.vocab_size}, the target's is {config.vocab_size}")
+    return build_drafter(spec, loaded.state_dict, source=str(path)).float().eval()
+
+
+def check_options(method: str, mode: str, budget: int, max_new_tokens: int, temperature: float) -> None:
+    if method not in METHODS:
+        raise AuditError(f"--method must be one of {list(METHODS)}, got {method!r}")
+    if mode not in MODES:
+        raise AuditError(f"--mode must be one of {list(MODES)}, got {mode!r}")
+    if budget < 1 or max_new_tokens < 1:
+        raise AuditError("--budget and --max-new-tokens must be positive")
+    if temperature < 0:
+        raise AuditError(f"--temperature must be >= 0, got {temperature}")
+    if temperature > 0 and (method == "ddtree" or mode == "offline"):
+        raise AuditError("--temperature > 0 needs --method dflash --mode live (DDTree and offline replay are greedy)")
+
+
+class Ranks:
+    """This process's share of the prompts under torchrun (gloo), or everything otherwise."""
+
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        if self.world > 1 and not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("gloo")
+
+    def shard(self, items: list) -> list:
+        return items[self.rank::self.world]
+
+    def gather(self, results: list[dict]) -> list[dict]:
+        if self.world == 1:
+            return results
+        parts: list = [None] * self.world
+        torch.distributed.all_gather_object(parts, results)
+        return [item for part in parts for item in part]
+
+
+def evaluate_prompts(drafter, target, target_dir: Path, prompts, method: str, mode: str, budget: int,
+                     max_new_tokens: int, temperature: float, seed: int, stop_ids: list[int], cache_dir: Path,
+                     advance) -> list[dict]:
+    results = []
+    if mode == "offline":
+        cache = load_or_build_cache(cache_dir, target_dir, target, prompts, max_new_tokens, stop_ids)
+        for entry in cache.prompts:
+            rounds = offline_rounds(drafter, target, cache, entry, method, budget)
+            results.append({"id": entry.id, "tau": mean_acceptance(rounds), "rounds": rounds})
+            advance()
+        return results
+    for prompt_id, ids in prompts:
+        if method == "dflash":
+            run = dflash_decode(drafter, target, ids, max_new_tokens, stop_ids, temperature, seed)
+        else:
+            run = ddtree_decode(drafter, target, ids, max_new_tokens, stop_ids, budget)
+        results.append({"id": prompt_id, "tau": run.tau, "rounds": run.acceptance_lengths})
+        advance()
+    return results
+
+
+def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: str = "dflash", budget: int = 32,
+             mode: str = "live", max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0,
+             json_path: Path | None = None, cache_dir: Path = DEFAULT_CACHE, chat_template: str = "auto",
+             console: Console | None = None) -> dict | None:
+    """Evaluate, print the table and write `json_path` (rank 0); returns the JSON payload there."""
+    from dflash_audit.audit.dynamic import load_target
+
+    check_options(method, mode, budget, max_new_tokens, temperature)
+    console = console or Console(stderr=True)
+    target, tokenizer = load_target(target_dir)
+    drafter = load_drafter(drafter_path, target_dir, target)
+    prompts = tokenize_prompts(tokenizer, load_prompts(prompts_path), chat_template)
+    stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ranks = Ranks()
+    order = {prompt_id: i for i, (prompt_id, _) in enumerate(prompts)}
+    mine = ranks.shard(prompts)
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True, disable=ranks.rank != 0) as bar:
+        task = bar.add_task(f"eval {method} ({mode})", total=len(mine))
+        results = evaluate_prompts(drafter, target, target_dir, mine, method, mode, budget, max_new_tokens,
+                                   temperature, seed, stop_ids, cache_dir, advance=lambda: bar.advance(task))
+    results = sorted(ranks.gather(results), key=lambda r: order[r["id"]])
+    if ranks.rank != 0:
+        return None
+
+    all_rounds = [length for r in results for length in r["rounds"]]
+    payload = {"method": method, "mode": mode, "budget": budget if method == "ddtree" else None,
+               "max_new_tokens": max_new_tokens, "prompts": results,
+               "mean_tau": mean_acceptance([r["tau"] for r in results]),
+               "histogram": acceptance_histogram(all_rounds, drafter.block_size)}
+    rows = [[r["id"], len(r["rounds"]), sum(r["rounds"]) + 1, f"{r['tau']:.2f}"] for r in results]
+    print(tabulate(rows, headers=["prompt", "rounds", "new tokens", "τ"], tablefmt="github"))
+    print(f"mean τ ({method}, {mode}): {payload['mean_tau']:.3f}   acceptance histogram 0..{drafter.block_size}: "
+          f"{payload['histogram']}")
+    if json_path is not None:
+        text = json.dumps(payload, indent=2)
+        atomic_write_bytes(Path(json_path), lambda tmp: Path(tmp).write_text(text))
+    return payload
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("eval")
+    def eval_command(
+        drafter: Path = typer.Option(..., "--drafter", help="ours ckpt.pt, z-lab dir or speculators dir"),
+        target: Path = typer.Option(..., "--target", help="Hugging Face target model directory"),
+        prompts: Path = typer.Option(..., "--prompts", help='JSON lines: {"id", "prompt"} or {"turns": [...]}'),
+        method: str = typer.Option("dflash", "--method", help="dflash | ddtree"),
+        budget: int = typer.Option(32, "--budget", help="DDTree node budget"),
+        mode: str = typer.Option("live", "--mode", help="live | offline (replay from cached hidden states)"),
+        max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+        temperature: float = typer.Option(0.0, "--temperature", help="> 0: rejection sampling (dflash, live)"),
+        seed: int = typer.Option(0, "--seed", help="sampling seed when --temperature > 0"),
+        json_path: Path | None = typer.Option(None, "--json", help="write the results as JSON here"),
+        cache: Path = typer.Option(DEFAULT_CACHE, "--cache", help="hidden-state cache directory (offline mode)"),
+        chat_template: str = typer.Option("auto", "--chat-template", help=" | ".join(CHAT_TEMPLATE_MODES)),
+    ) -> None:
+        """Per-prompt τ and per-round acceptance lengths of one drafter."""
+        run_eval(drafter, target, prompts, method, budget, mode, max_new_tokens, temperature, seed, json_path,
+                 cache, chat_template)

@@ -1,0 +1,89 @@
+"""Prompts files (JSON lines) and how a prompt becomes token ids.
+
+A line is `{"id": ..., "prompt": "..."}` or z-lab's `{"turns": [...]}` (first turn used;
+the id defaults to the line number). Tokenization uses the target tokenizer's chat
+template when it has one (`auto`), or always/never (`on`/`off`), so every drafter and
+every reference loop sees the same ids.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dflash_audit.errors import AuditError
+
+CHAT_TEMPLATE_MODES = ("auto", "on", "off")
+
+
+def _prompt_from_record(record, where: str, line_no: int) -> dict[str, str]:
+    if not isinstance(record, dict):
+        raise AuditError(f"{where}: expected a JSON object, found {type(record).__name__}")
+    if "prompt" in record:
+        text = record["prompt"]
+    elif "turns" in record:
+        turns = record["turns"]
+        if not isinstance(turns, list) or not turns:
+            raise AuditError(f"{where}: 'turns' must be a non-empty list")
+        text = turns[0]
+    else:
+        raise AuditError(f"{where}: needs a 'prompt' or a 'turns' field")
+    if not isinstance(text, str) or not text:
+        raise AuditError(f"{where}: the prompt must be a non-empty string")
+    return {"id": str(record.get("id", line_no)), "prompt": text}
+
+
+def load_prompts(path: str | Path) -> list[dict[str, str]]:
+    """`[{"id", "prompt"}]`, one per non-empty line; a bad line is a one-line error naming file:line."""
+    path = Path(path)
+    if not path.is_file():
+        raise AuditError(f"{path}: no such prompts file")
+    prompts: list[dict[str, str]] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise AuditError(f"{where}: not valid JSON ({exc.msg})") from exc
+            prompts.append(_prompt_from_record(record, where, line_no))
+    if not prompts:
+        raise AuditError(f"{path}: no prompts in the file")
+    ids = [p["id"] for p in prompts]
+    duplicate = next((i for i in ids if ids.count(i) > 1), None)
+    if duplicate is not None:
+        raise AuditError(f"{path}: prompt id {duplicate!r} appears more than once")
+    return prompts
+
+
+def uses_chat_template(tokenizer, mode: str = "auto") -> bool:
+    if mode not in CHAT_TEMPLATE_MODES:
+        raise AuditError(f"--chat-template must be one of {list(CHAT_TEMPLATE_MODES)}, got {mode!r}")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if mode == "on" and not has_template:
+        raise AuditError("--chat-template on: the target tokenizer has no chat template")
+    return has_template if mode == "auto" else mode == "on"
+
+
+def tokenize_prompt(tokenizer, prompt: dict[str, str] | str, mode: str = "auto") -> torch.Tensor:
+    """Token ids [1, T] of one prompt (a `{"id", "prompt"}` record or its text)."""
+    text = prompt["prompt"] if isinstance(prompt, dict) else prompt
+    if uses_chat_template(tokenizer, mode):
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True)
+        # The template already holds any BOS; adding special tokens again would double it.
+        ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer(text)["input_ids"]
+    if not ids:
+        raise AuditError(f"prompt {text[:40]!r} tokenizes to nothing")
+    return torch.tensor([ids], dtype=torch.long)
+
+
+def tokenize_prompts(tokenizer, prompts: list[dict[str, str]], mode: str = "auto") -> list[tuple[str, torch.Tensor]]:
+    """`[(id, ids [1, T])]` for every prompt."""
+    return [(p["id"], tokenize_prompt(tokenizer, p, mode)) for p in prompts]

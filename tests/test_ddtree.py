@@ -1,0 +1,90 @@
+"""Live DDTree: the best-first tree, its ancestor-only mask, losslessness and τ against DFlash."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from impl.ddtree import build_tree, ddtree_decode, tree_attention_mask
+from impl.decoding import dflash_decode, greedy_decode, mean_acceptance
+from impl.model import DFlashDrafter
+from tests.helpers import tiny_spec, tiny_target
+from tests.test_decoding import trained_pair  # noqa: F401  (module-scoped fixture)
+
+
+def path_scores(logprobs: torch.Tensor) -> list[float]:
+    """Scores of every non-empty path of every depth, by brute force."""
+    depth, vocab = logprobs.shape
+    scores = []
+    for d in range(1, depth + 1):
+        for tokens in itertools.product(range(vocab), repeat=d):
+            scores.append(sum(float(logprobs[i, t]) for i, t in enumerate(tokens)))
+    return scores
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), depth=st.integers(1, 4), vocab=st.integers(2, 4), budget=st.integers(1, 30))
+def test_tree_holds_the_budget_best_paths(seed, depth, vocab, budget):
+    logprobs = torch.log_softmax(torch.randn(depth, vocab, generator=torch.Generator().manual_seed(seed)), -1)
+    tree = build_tree(7, logprobs, budget)
+    expected = sorted(path_scores(logprobs), reverse=True)[:budget]
+    got = []
+    for node in range(1, len(tree)):
+        score, walk = 0.0, node
+        while walk > 0:
+            score += float(logprobs[tree.depths[walk] - 1, tree.tokens[walk]])
+            walk = tree.parents[walk]
+        got.append(score)
+    assert len(tree) - 1 == min(budget, len(expected))
+    assert sorted(got, reverse=True) == expected
+    assert all(tree.depths[n] == tree.depths[tree.parents[n]] + 1 for n in range(1, len(tree)))
+
+
+def test_mask_sees_cache_and_ancestors_only():
+    logprobs = torch.log_softmax(torch.randn(3, 5, generator=torch.Generator().manual_seed(0)), -1)
+    tree = build_tree(1, logprobs, 9)
+    mask = tree_attention_mask(tree, cache_len=4, dtype=torch.float32)[0, 0]
+    assert mask.shape == (len(tree), 4 + len(tree))
+    assert (mask[:, :4] == 0).all()
+    for node in range(len(tree)):
+        ancestors, walk = set(), node
+        while walk >= 0:
+            ancestors.add(walk)
+            walk = tree.parents[walk]
+        visible = {j for j in range(len(tree)) if mask[node, 4 + j] == 0}
+        assert visible == ancestors
+
+
+def test_walk_follows_the_targets_token_while_a_child_matches():
+    logprobs = torch.log_softmax(torch.tensor([[3.0, 2.0, 0.0], [3.0, 0.0, 2.0]]), -1)
+    tree = build_tree(9, logprobs, 4)  # root 9 -> {0 -> {0, 2}, 1}
+    choice = {0: 0, 1: 2}  # the target follows token 0, then token 2
+    target_tokens = [choice.get(tree.depths[n], -1) for n in range(len(tree))]
+    path = tree.walk(target_tokens)
+    assert [tree.tokens[n] for n in path] == [9, 0, 2]
+
+
+def test_ddtree_is_lossless_on_random_models():
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(tiny_spec(layer_types=(), sliding_window=None)).eval()
+    target = tiny_target()
+    for seed in range(3):
+        ids = torch.randint(0, 120, (1, 12), generator=torch.Generator().manual_seed(seed))
+        for budget in (1, 5, 40):
+            run = ddtree_decode(drafter, target, ids, 30, [5], budget=budget)
+            assert torch.equal(run.output_ids, greedy_decode(target, ids, 30, [5]))
+
+
+def test_ddtree_is_lossless_and_beats_dflash_on_a_trained_pair(trained_pair):  # noqa: F811
+    drafter, target, prompts, stop_ids = trained_pair
+    tau_tree, tau_chain = [], []
+    for prompt_id, ids in prompts:
+        tree = ddtree_decode(drafter, target, ids, 96, stop_ids, budget=32)
+        chain = dflash_decode(drafter, target, ids, 96, stop_ids)
+        assert torch.equal(tree.output_ids, chain.output_ids), prompt_id  # both lossless: same greedy text
+        tau_tree.append(tree.tau)
+        tau_chain.append(chain.tau)
+    assert mean_acceptance(tau_tree) >= mean_acceptance(tau_chain) > 1.5, (tau_tree, tau_chain)

@@ -1,0 +1,123 @@
+"""`dflash-audit eval`: table + JSON shape, live and offline agreement, prompts files, errors, torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from dflash_audit.cli import main
+from dflash_audit.errors import AuditError
+from dflash_audit.prompts import load_prompts, tokenize_prompt, uses_chat_template
+from tests.test_decoding import trained_drafter_path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def eval_inputs(test_world, tmp_path_factory):
+    prompts = tmp_path_factory.mktemp("prompts") / "three.jsonl"
+    lines = Path(test_world.prompts).read_text().splitlines()[:3]
+    prompts.write_text("\n".join(lines) + "\n")
+    return trained_drafter_path(test_world), test_world.target, prompts
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_cli(args: list[str]) -> int:
+    return main([str(a) for a in args])
+
+
+def test_eval_live_and_offline_agree_and_write_the_json_shape(eval_inputs, tmp_path, capsys):
+    drafter, target, prompts = eval_inputs
+    results = {}
+    for method in ("dflash", "ddtree"):
+        for mode in ("live", "offline"):
+            out = tmp_path / f"{method}-{mode}.json"
+            code = run_cli(["eval", "--drafter", drafter, "--target", target, "--prompts", prompts, "--method", method,
+                            "--budget", 16, "--mode", mode, "--max-new-tokens", 48, "--json", out,
+                            "--cache", tmp_path / "cache"])
+            assert code == 0
+            results[method, mode] = json.loads(out.read_text())
+    table = capsys.readouterr().out
+    assert "mean τ" in table and "| prompt" in table
+    live = results["dflash", "live"]
+    assert set(live) >= {"method", "mode", "budget", "max_new_tokens", "prompts", "mean_tau"}
+    assert (live["method"], live["mode"], live["max_new_tokens"]) == ("dflash", "live", 48)
+    assert results["ddtree", "offline"]["budget"] == 16
+    ids = [p["id"] for p in load_prompts(prompts)]
+    for (method, mode), payload in results.items():
+        assert [p["id"] for p in payload["prompts"]] == ids
+        for prompt in payload["prompts"]:
+            assert set(prompt) == {"id", "tau", "rounds"}
+            assert prompt["tau"] == pytest.approx(sum(prompt["rounds"]) / len(prompt["rounds"]))
+        assert payload["mean_tau"] == pytest.approx(sum(p["tau"] for p in payload["prompts"]) / len(ids))
+    for method in ("dflash", "ddtree"):
+        assert results[method, "live"]["prompts"] == results[method, "offline"]["prompts"]
+
+
+def test_bad_prompt_line_is_one_line_error_with_file_and_line(eval_inputs, tmp_path, capsys):
+    drafter, target, _ = eval_inputs
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "prompt": "def f():"}\n{"id": "b", "text": "oops"}\n')
+    code = run_cli(["eval", "--drafter", drafter, "--target", target, "--prompts", bad])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"{bad}:2" in err and "'prompt' or a 'turns'" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--method", "beam"], "--method"),
+    (["--mode", "online"], "--mode"),
+    (["--temperature", "0.5", "--method", "ddtree"], "--temperature"),
+    (["--budget", "0"], "--budget"),
+])
+def test_bad_options_exit_2(eval_inputs, capsys, args, message):
+    drafter, target, prompts = eval_inputs
+    assert run_cli(["eval", "--drafter", drafter, "--target", target, "--prompts", prompts, *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_prompt_formats_and_chat_template(test_world, tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "x", "prompt": "def f():"}\n\n{"turns": ["import os", "ignored"]}\n')
+    assert load_prompts(path) == [{"id": "x", "prompt": "def f():"}, {"id": "3", "prompt": "import os"}]
+    path.write_text('{"id": "x", "prompt": "a"}\nnot json\n')
+    with pytest.raises(AuditError, match=f"{path}:2"):
+        load_prompts(path)
+
+    tokenizer = AutoTokenizer.from_pretrained(test_world.target)
+    plain = tokenize_prompt(tokenizer, "def f():", "off")
+    assert plain[0].tolist() == tokenizer("def f():")["input_ids"]
+    tokenizer.chat_template = "{% for m in messages %}<user>{{ m['content'] }}</user>{% endfor %}<bot>"
+    assert uses_chat_template(tokenizer, "auto") and not uses_chat_template(tokenizer, "off")
+    templated = tokenize_prompt(tokenizer, "def f():", "auto")
+    expected = tokenizer("<user>def f():</user><bot>", add_special_tokens=False)["input_ids"]
+    assert templated[0].tolist() == expected
+    tokenizer.chat_template = None
+    with pytest.raises(AuditError, match="no chat template"):
+        uses_chat_template(tokenizer, "on")
+
+
+@pytest.mark.slow
+def test_torchrun_shards_prompts_and_gathers(eval_inputs, tmp_path):
+    drafter, target, prompts = eval_inputs
+    single, sharded = tmp_path / "single.json", tmp_path / "sharded.json"
+    common = ["eval", "--drafter", drafter, "--target", target, "--prompts", prompts, "--max-new-tokens", 24]
+    assert run_cli([*common, "--json", single]) == 0
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+                "-m", "dflash_audit", *map(str, common), "--json", str(sharded)]
+    done = subprocess.run(torchrun, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(sharded.read_text()) == json.loads(single.read_text())

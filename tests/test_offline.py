@@ -1,0 +1,113 @@
+"""Offline τ (`impl.offline`): the cache, the batched replay masks, and equality with the live loops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from impl.ddtree import ddtree_decode
+from impl.decoding import dflash_decode
+from impl.masks import inference_mask
+from impl.model import DFlashDrafter
+from impl.offline import (HiddenStateCache, cache_key, find_mismatch, load_or_build_cache, offline_rounds,
+                          replay_mask)
+from tests.helpers import tiny_spec
+from tests.test_decoding import trained_pair  # noqa: F401  (module-scoped fixture)
+
+MAX_NEW_TOKENS = 96
+
+
+def test_replay_mask_is_the_inference_mask_of_each_block():
+    anchors, context_len, block_len = torch.tensor([3, 4, 9]), 12, 4
+    for window, causal in ((None, False), (5, True), (2, True)):
+        mask = replay_mask(anchors, context_len, block_len, window, causal)
+        for j, a in enumerate(anchors.tolist()):
+            rows = mask[j * block_len:(j + 1) * block_len]
+            expected = inference_mask(a, block_len, sliding_window=window, causal=causal)
+            assert torch.equal(rows[:, :a], expected[:, :a])
+            assert not rows[:, a:context_len].any()  # nothing at or after the anchor
+            blocks = rows[:, context_len:].view(block_len, len(anchors), block_len)
+            assert torch.equal(blocks[:, j], expected[:, a:])
+            assert not torch.cat([blocks[:, :j], blocks[:, j + 1:]], dim=1).any()  # never another block
+
+
+def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, tmp_path):  # noqa: F811
+    drafter, target, prompts, stop_ids = trained_pair
+    cache = load_or_build_cache(tmp_path, test_world.target, target, prompts, MAX_NEW_TOKENS, stop_ids)
+    # A second drafter reading other target layers replays from the same cache.
+    other = DFlashDrafter(tiny_spec(hidden_size=drafter.spec.hidden_size, intermediate_size=64,
+                                    vocab_size=drafter.spec.vocab_size, num_target_layers=4,
+                                    target_layer_ids=(0, 3), mask_token_id=drafter.mask_token_id,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32)).eval()
+    mismatches, taus = [], []
+    for entry, (prompt_id, ids) in zip(cache.prompts, prompts):
+        assert entry.id == prompt_id
+        for model in (drafter, other):
+            live = dflash_decode(model, target, ids, MAX_NEW_TOKENS, stop_ids)
+            offline = offline_rounds(model, target, cache, entry, "dflash")
+            mismatch = find_mismatch(entry, offline, live.acceptance_lengths, live.output_ids)
+            mismatches += [mismatch.describe()] if mismatch else []
+        tree = ddtree_decode(drafter, target, ids, MAX_NEW_TOKENS, stop_ids, budget=24)
+        offline_tree = offline_rounds(drafter, target, cache, entry, "ddtree", budget=24)
+        mismatch = find_mismatch(entry, offline_tree, tree.acceptance_lengths, tree.output_ids)
+        mismatches += [mismatch.describe()] if mismatch else []
+        taus.append(sum(offline) / len(offline))
+    assert mismatches == []
+    assert max(taus) > 1.5  # the trained drafter's walks are not trivial
+
+
+def test_cache_is_reused_and_keyed_by_settings(trained_pair, test_world, tmp_path, monkeypatch):  # noqa: F811
+    _, target, prompts, stop_ids = trained_pair
+    prompts = prompts[:2]
+    first = load_or_build_cache(tmp_path, test_world.target, target, prompts, 16, stop_ids)
+    files = list(tmp_path.glob("*.safetensors"))
+    assert [f.stem for f in files] == [first.key]
+
+    def no_target_forward(*args, **kwargs):
+        raise AssertionError("the target ran although the cache exists")
+
+    monkeypatch.setattr(target, "forward", no_target_forward)
+    again = load_or_build_cache(tmp_path, test_world.target, target, prompts, 16, stop_ids)
+    for a, b in zip(first.prompts, again.prompts):
+        assert a.id == b.id and a.prompt_len == b.prompt_len
+        assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.hidden_states, b.hidden_states)
+        assert torch.equal(a.final_raw, b.final_raw) and torch.equal(a.margin, b.margin)
+    ids = [p[0].tolist() for _, p in prompts]
+    assert cache_key(test_world.target, ids, 16, stop_ids) == first.key
+    assert cache_key(test_world.target, ids, 17, stop_ids) != first.key
+    assert cache_key(test_world.target, ids[:1], 16, stop_ids) != first.key
+
+
+def test_cache_holds_every_layer_and_the_raw_final_state(trained_pair, test_world, tmp_path):  # noqa: F811
+    _, target, prompts, stop_ids = trained_pair
+    cache = load_or_build_cache(tmp_path, test_world.target, target, prompts[:1], 8, stop_ids)
+    entry = cache.prompts[0]
+    with torch.no_grad():
+        out = target(entry.token_ids[None], output_hidden_states=True)
+        raw = out.hidden_states[-1]  # post-norm in transformers 5: the raw state must differ from it
+    layers = target.config.num_hidden_layers
+    assert entry.hidden_states.shape[0] == layers
+    assert torch.allclose(entry.features([0, layers - 1])[0],
+                          torch.cat([out.hidden_states[1][0], out.hidden_states[layers][0]], -1), atol=1e-5)
+    assert torch.allclose(target.model.norm(entry.final_raw), raw[0], atol=1e-5)
+    top2 = out.logits[0].topk(2, -1).values
+    assert torch.allclose(entry.margin, top2[:, 0] - top2[:, 1], atol=1e-4)
+    HiddenStateCache.load(tmp_path / f"{cache.key}.safetensors")
+
+
+def test_mismatch_names_the_position_and_margin():
+    entry = type("Entry", (), {})()
+    entry.id, entry.prompt_len, entry.margin = "p", 10, torch.arange(40, dtype=torch.float32) / 100
+    mismatch = find_mismatch(entry, [3, 2, 4], [3, 1, 5])
+    assert (mismatch.round, mismatch.position) == (1, 10 + 3 + 0)
+    assert abs(mismatch.margin - 0.13) < 1e-6 and "margin" in mismatch.describe()
+    assert find_mismatch(entry, [3, 2], [3, 2]) is None
+
+
+def test_offline_rounds_reject_unknown_methods(trained_pair, test_world, tmp_path):  # noqa: F811
+    drafter, target, prompts, stop_ids = trained_pair
+    cache = load_or_build_cache(tmp_path, test_world.target, target, prompts[:1], 8, stop_ids)
+    with pytest.raises(ValueError, match="unknown method"):
+        offline_rounds(drafter, target, cache, cache.prompts[0], "beam")
+    with pytest.raises(ValueError, match="budget"):
+        offline_rounds(drafter, target, cache, cache.prompts[0], "ddtree")
