@@ -13,7 +13,7 @@ SPECULATORS_DEPS := "pydantic>=2" "pydantic-settings>=2" "loguru>=0.7.2,<=0.7.3"
 	"openai>=2" "datasets>=4,<=5.1.0" "hs-connectors==0.9.0" "huggingface-hub" \
 	"tqdm>=4.66.3,<=4.70.1" "numpy>=2,<=2.5.4"
 
-.PHONY: setup test demo quick clean
+.PHONY: setup test demo quick clean browser
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -25,7 +25,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import speculators.models.dflash, speculators.convert.dflash, dflash.model; print('setup: references import OK')"
 	touch $(STAMP)
 
-test: setup
+# Headless Chromium for tests/test_report_browser.py; installed only when absent.
+browser:
+	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium) \
+		|| (sudo apt-get update -qq && sudo apt-get install -y -qq chromium)
+
+test: setup browser
 	$(PY) -m pytest -q tests conformance
 
 quick: setup

@@ -26,6 +26,7 @@ from impl.layers import build_target_layer_ids
 class DemoConfig:
     target_preset: dict = field(default_factory=lambda: dict(DEMO_TARGET))
     draft_layers: int = 2
+    fc_layers: list[int] | None = None  # the reference's target layers; default z-lab's selection
     block_size: int = 8
     seq_len: int = 256
     batch_size: int = 4
@@ -43,9 +44,12 @@ def default_cache_dir() -> Path:
     return Path(base) / "dflash-audit" / "demo"
 
 
-def planted_bugs(num_target_layers: int, draft_layers: int) -> dict:
+def reference_layer_ids(config: DemoConfig) -> list[int]:
+    return config.fc_layers or build_target_layer_ids(config.target_preset["num_layers"], config.draft_layers)
+
+
+def planted_bugs(reference_ids: list[int]) -> dict:
     """The seed's three bugs, as trainer knobs."""
-    reference_ids = build_target_layer_ids(num_target_layers, draft_layers)
     return {
         "fc_layers": reference_ids[:-1],  # the deepest selected layer never reaches fc
         "target_source_layer": reference_ids[-1],  # targets from an intermediate layer, not the final one
@@ -70,15 +74,15 @@ def build_demo(cache: Path, config: DemoConfig, rebuild: bool = False) -> dict[s
     common = dict(steps=config.drafter_steps, max_seconds=config.drafter_seconds, block_size=config.block_size,
                   draft_layers=config.draft_layers, seq_len=config.seq_len, batch_size=config.batch_size,
                   lr=config.lr, seed=0)
+    reference_ids = reference_layer_ids(config)
     if not (paths["ref"] / "config.json").is_file():
         staging = cache / ".ref-train.pt"
-        train_drafter(world.target, texts, staging, **common)
+        train_drafter(world.target, texts, staging, fc_layers=reference_ids, **common)
         trained = load_checkpoint(staging)
         save_zlab_dir(paths["ref"], trained.spec, trained.state_dict)  # z-lab format keeps no recipe
         staging.unlink()
     if not paths["ours"].is_file():
-        num_layers = config.target_preset["num_layers"]
-        train_drafter(world.target, texts, paths["ours"], **common, **planted_bugs(num_layers, config.draft_layers))
+        train_drafter(world.target, texts, paths["ours"], **common, **planted_bugs(reference_ids))
     return paths
 
 
