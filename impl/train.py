@@ -26,7 +26,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from impl.checkpoint import load_checkpoint, save_checkpoint
 from impl.data import PackedData, load_packed, pack_records
-from impl.extract import decoder_layers
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, Recipe
@@ -73,20 +72,25 @@ class TrainConfig:
     resume: bool = False
     seed: int = 0
     max_seconds: float | None = None  # shrink the schedule to fit this wall-clock budget
+    stop_at: int | None = None  # leave after this step with a checkpoint, schedule unchanged (preemption)
     progress: bool = True
     extra: dict = field(default_factory=dict)
 
 
 # -- setup ---------------------------------------------------------------------------------
-def load_target(target_dir: str | Path, dtype: torch.dtype = torch.float32):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(target_dir: str | Path):
+    from transformers import AutoConfig, AutoTokenizer
 
     path = Path(target_dir)
     if not (path / "config.json").is_file():
         raise TrainError(f"{path}: not a Hugging Face model directory (no config.json)")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval().requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer
+    return AutoTokenizer.from_pretrained(path), AutoConfig.from_pretrained(path)
+
+
+def load_target(target_dir: str | Path, dtype: torch.dtype = torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(Path(target_dir), dtype=dtype).eval().requires_grad_(False)
 
 
 def resolve_mask_token(tokenizer, override: int | None) -> int:
@@ -98,10 +102,9 @@ def resolve_mask_token(tokenizer, override: int | None) -> int:
     return int(token_id)
 
 
-def draft_spec(target, tokenizer, cfg: TrainConfig) -> DraftSpec:
-    """The drafter's spec: sizes from the target (hidden sizes must match), the rest from cfg."""
-    config = target.config
-    num_layers = len(decoder_layers(target))
+def draft_spec(config, tokenizer, cfg: TrainConfig) -> DraftSpec:
+    """The drafter's spec: sizes from the target's config (hidden sizes must match), the rest from cfg."""
+    num_layers = config.num_hidden_layers
     ids = cfg.fc_layers if cfg.fc_layers is not None else build_target_layer_ids(num_layers, cfg.draft_layers)
     if len(set(ids)) != len(ids) and cfg.fc_layers is None:
         raise TrainError(f"z-lab's default target layers for {num_layers} target layers and {cfg.draft_layers} "
@@ -265,11 +268,12 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> dict:
         raise TrainError(f"seq_len {cfg.seq_len} leaves no room for a block of {cfg.block_size}")
     started = time.monotonic()
     device = device_for_rank()
-    target, tokenizer = load_target(cfg.target)
-    target.to(device)
-    spec = draft_spec(target, tokenizer, cfg)
-    train_data, eval_data = load_data(cfg, tokenizer, spec.vocab_size)
+    # Data and knobs are checked before the (possibly large) target is loaded.
+    tokenizer, target_config = load_tokenizer(cfg.target)
+    train_data, eval_data = load_data(cfg, tokenizer, target_config.vocab_size)
+    spec = draft_spec(target_config, tokenizer, cfg)
     recipe = make_recipe(cfg, spec.num_target_layers, train_data.data_hash)
+    target = load_target(cfg.target).to(device)
 
     torch.manual_seed(cfg.seed)
     drafter = DFlashDrafter(spec).to(device)
@@ -299,7 +303,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> dict:
     last = {}
     with bar:
         task = bar.add_task("train", total=schedule["total"], completed=step, loss="-", acc="-", eal="-")
-        while step < schedule["total"]:
+        while step < schedule["total"] and step != cfg.stop_at:
             drafter.train()
             logged = torch.zeros(2 + spec.block_size - 1, device=device)
             for micro in range(cfg.grad_accum):
@@ -329,7 +333,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> dict:
                 bar.update(task, total=schedule["total"])
             bar.update(task, completed=step, loss=f"{last['loss']:.3f}", eal=f"{last['eal']:.2f}",
                        acc=" ".join(f"{a:.2f}" for a in last["position_acc"][:4]))
-            done = step >= schedule["total"]
+            done = step >= schedule["total"] or step == cfg.stop_at
             if rank == 0 and eval_data is not None and (done or (cfg.eval_every and step % cfg.eval_every == 0)):
                 evals.append({"step": step, **evaluate(drafter, target, eval_data, recipe, cfg.batch_size,
                                                        cfg.seed, autocast)})

@@ -51,6 +51,8 @@ def train(
     json_out: Path = typer.Option(None, "--json", help="Write the run's stats as JSON."),
 ) -> None:
     """Train a DFlash drafter online against a Hugging Face target."""
+    from transformers.utils import logging as hf_logging
+
     from impl.data import DataError
     from impl.train import TrainConfig, TrainError
     from impl.train import train as run_training
@@ -72,6 +74,7 @@ def train(
         sliding_window=sliding_window, mask_token_id=mask_token_id, max_anchors=max_anchors, gamma=gamma,
         loss=loss, noise_std=noise_std, dtype=dtype, eval_every=eval_every, save_every=save_every, resume=resume,
         seed=seed)
+    hf_logging.disable_progress_bar()  # one progress bar: the trainer's
     try:
         stats = run_training(cfg)
     except (DataError, TrainError) as exc:
