@@ -210,3 +210,17 @@ def test_cli_bad_input_is_one_line_and_exit_2(tiny_world, tmp_path, capsys, args
     assert code == 2
     assert len(err.splitlines()) == 1 and message in err
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_packed_rows_keep_the_target_inside_each_document():
+    """Restarting position ids make transformers mask attention per document (as if run alone)."""
+    from impl.extract import HiddenStateExtractor
+
+    target = tiny_target()
+    docs = [Document(list(range(3, 13)), [1] * 10), Document(list(range(20, 34)), [1] * 14)]
+    packed = pack_documents(docs, seq_len=24, pad_id=0, digest="h")
+    extract = HiddenStateExtractor(target, [1, 3])
+    together = extract(packed.input_ids, position_ids=packed.position_ids)
+    alone = extract(torch.tensor([docs[1].input_ids]))
+    torch.testing.assert_close(together.context[:, 10:], alone.context, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(together.final_raw[:, 10:], alone.final_raw, rtol=1e-5, atol=1e-5)

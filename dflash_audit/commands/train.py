@@ -48,6 +48,7 @@ def train(
     save_every: int = typer.Option(0, help="Checkpoint every N steps (0: at the end only)."),
     resume: bool = typer.Option(False, help="Continue the run saved at --out."),
     seed: int = typer.Option(0),
+    max_seconds: float = typer.Option(None, help="Shrink the schedule to fit this wall-clock budget."),
     json_out: Path = typer.Option(None, "--json", help="Write the run's stats as JSON."),
 ) -> None:
     """Train a DFlash drafter online against a Hugging Face target."""
@@ -73,7 +74,7 @@ def train(
         fc_layers=_int_list(fc_layers, "--fc-layers"), target_source_layer=target_source_layer, layer_types=types,
         sliding_window=sliding_window, mask_token_id=mask_token_id, max_anchors=max_anchors, gamma=gamma,
         loss=loss, noise_std=noise_std, dtype=dtype, eval_every=eval_every, save_every=save_every, resume=resume,
-        seed=seed)
+        seed=seed, max_seconds=max_seconds)
     hf_logging.disable_progress_bar()  # one progress bar: the trainer's
     try:
         stats = run_training(cfg)
