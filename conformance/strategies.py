@@ -134,8 +134,8 @@ class LossCase:
 
 
 @st.composite
-def loss_cases(draw, kinds=("kl_div", "ce")) -> LossCase:
-    return LossCase(num_anchors=draw(st.integers(1, 6)), block_size=draw(block_sizes), vocab=draw(st.integers(4, 40)),
+def loss_cases(draw, kinds=("kl_div", "ce"), min_block: int = 1) -> LossCase:
+    return LossCase(num_anchors=draw(st.integers(1, 6)), block_size=draw(st.integers(min_block, 16)), vocab=draw(st.integers(4, 40)),
                     gamma=draw(st.sampled_from([1.0, 2.5, 4.0, 7.0])), kind=draw(st.sampled_from(kinds)),
                     sample_from_anchor=draw(st.booleans()), dtype=draw(dtypes), seed=draw(st.integers(0, 2**16)))
 

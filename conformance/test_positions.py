@@ -20,7 +20,6 @@ def test_inference_positions_continue_context_p12(conform, pair, spec, context_l
     forward.draft_forward(conform, *pair, case, "positions", 12)
 
 
-@pytest.mark.quick
 @pytest.mark.pitfall(12)
 @pytest.mark.compare("training_outputs", component="positions", references=("speculators",))
 @MODEL

@@ -7,7 +7,6 @@ from conformance.checks import training
 from conformance.strategies import MODEL, training_cases
 
 
-@pytest.mark.quick
 @pytest.mark.pitfall(3)
 @pytest.mark.compare("training_outputs", component="targets", references=("speculators",))
 @MODEL
