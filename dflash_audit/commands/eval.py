@@ -66,7 +66,8 @@ class Ranks:
     def __init__(self):
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
-        if self.world > 1 and not torch.distributed.is_initialized():
+        self.owns_group = self.world > 1 and not torch.distributed.is_initialized()
+        if self.owns_group:
             torch.distributed.init_process_group("gloo")
 
     def shard(self, items: list) -> list:
@@ -77,6 +78,8 @@ class Ranks:
             return results
         parts: list = [None] * self.world
         torch.distributed.all_gather_object(parts, results)
+        if self.owns_group:
+            torch.distributed.destroy_process_group()
         return [item for part in parts for item in part]
 
 
