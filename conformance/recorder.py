@@ -100,9 +100,14 @@ class Recorder:
         results = self.results(versions)
         payload = json.dumps(results, indent=2, default=str).encode()
         html = render(results).encode()
-        atomic_write_bytes(out_dir / "results.json", lambda tmp: Path(tmp).write_bytes(payload))
-        atomic_write_bytes(out_dir / "index.html", lambda tmp: Path(tmp).write_bytes(html))
+        for name, data in (("results.json", payload), ("index.html", html)):
+            atomic_write_bytes(out_dir / name, lambda tmp, data=data: _write_readable(Path(tmp), data))
         return results
+
+
+def _write_readable(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+    path.chmod(0o644)  # mkstemp makes 0600 files; a report is meant to be opened by anyone
 
 
 def _worst(statuses) -> str:
