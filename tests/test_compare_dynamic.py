@@ -1,0 +1,95 @@
+"""Dynamic audit on the test world's trained target: per-prompt τ of both drafters, τ findings, unrunnable drafters."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from transformers import AutoConfig, AutoTokenizer
+
+from dflash_audit.audit import tau_stats
+from dflash_audit.audit.dynamic import MethodResult, PromptTau, tau_finding
+from dflash_audit.commands.compare import run_compare
+from dflash_audit.world import mask_token_id
+from impl.checkpoint import save_checkpoint, save_zlab_dir
+from impl.model import DFlashDrafter
+from impl.spec import DraftSpec
+
+
+def world_drafter(world, layer_ids, seed) -> DFlashDrafter:
+    config = AutoConfig.from_pretrained(world.target)
+    torch.manual_seed(seed)
+    return DFlashDrafter(DraftSpec(
+        hidden_size=config.hidden_size, intermediate_size=2 * config.hidden_size, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, num_hidden_layers=1, vocab_size=config.vocab_size,
+        target_layer_ids=layer_ids, num_target_layers=config.num_hidden_layers,
+        mask_token_id=mask_token_id(AutoTokenizer.from_pretrained(world.target)), block_size=8))
+
+
+def method_result(ours_rounds: list[list[int]], ref_rounds: list[list[int]]) -> MethodResult:
+    prompts = [PromptTau(f"p{i}", tau_stats.tau(o), tau_stats.tau(r), o, r, tau_stats.first_divergent_round(o, r))
+               for i, (o, r) in enumerate(zip(ours_rounds, ref_rounds))]
+    return MethodResult("dflash", None, {"ours": 8, "ref": 8}, prompts)
+
+
+def test_tau_gap_beyond_noise_is_a_divergence():
+    ours = [[1, 2, 1], [2, 1, 1], [1, 1, 2], [2, 2, 1], [1, 1, 1], [1, 2, 2]]
+    ref = [[o + 2 for o in rounds] for rounds in ours]
+    finding = tau_finding(method_result(ours, ref))
+    assert finding.component == "tau" and finding.severity == "divergence" and finding.ref > finding.ours
+    interval = method_result(ours, ref).interval()
+    assert interval.low > 0 and interval.beyond_noise
+
+
+def test_tau_gap_within_noise_is_info():
+    ours = [[1, 3], [3, 1], [2, 2], [1, 2]]
+    ref = [[3, 1], [1, 3], [2, 2], [2, 1]]  # per-prompt gaps of both signs around zero
+    assert tau_finding(method_result(ours, ref)).severity == "info"
+
+
+def test_statistics():
+    rounds = [[1, 3, 8], [2]]
+    assert tau_stats.acceptance_histogram(rounds, 8) == [0, 1, 1, 1, 0, 0, 0, 0, 1]
+    assert tau_stats.position_acceptance(rounds, 4)[:2] == [3 / 4, 2 / 4]
+    assert tau_stats.first_divergent_round([1, 2, 3], [1, 2, 4]) == 2
+    assert tau_stats.first_divergent_round([1, 2], [1, 2]) is None
+
+
+def test_tau_measured_per_prompt_for_both(test_world, tmp_path):
+    ours, ref = world_drafter(test_world, (1,), 0), world_drafter(test_world, (1, 2), 1)
+    save_checkpoint(tmp_path / "ours.pt", ours)
+    save_zlab_dir(tmp_path / "ref", ref.spec, ref.state_dict())
+    report = run_compare(tmp_path / "ours.pt", tmp_path / "ref", target=test_world.target,
+                         prompts=test_world.prompts, out=tmp_path / "out", max_new_tokens=16, budget=8,
+                         cache_dir=tmp_path / "offline")
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    n_prompts = sum(1 for line in test_world.prompts.read_text().splitlines() if line.strip())
+    assert len(data["tau"]["prompts"]) == n_prompts
+    for prompt in data["tau"]["prompts"]:
+        assert set(prompt) >= {"id", "ours", "ref", "ours_rounds", "ref_rounds"}
+        for side in ("ours", "ref"):
+            rounds = prompt[f"{side}_rounds"]
+            assert rounds and all(1 <= r <= 8 for r in rounds)
+            assert abs(prompt[side] - sum(rounds) / len(rounds)) < 1e-12
+    assert set(data["tau"]["methods"]) == {"dflash", "ddtree"}
+    ddtree = report.dynamic.methods["ddtree"]
+    assert ddtree.budget == 8 and all(p.ours_rounds for p in ddtree.prompts)
+    assert any(f.component == "tau" for f in report.findings)
+
+
+def test_nan_drafter_still_gets_a_report(test_world, tmp_path):
+    ours, ref = world_drafter(test_world, (1, 2), 0), world_drafter(test_world, (1, 2), 1)
+    with torch.no_grad():
+        ours.fc.weight[0, 0] = float("nan")
+    save_checkpoint(tmp_path / "ours.pt", ours)
+    save_zlab_dir(tmp_path / "ref", ref.spec, ref.state_dict())
+    report = run_compare(tmp_path / "ours.pt", tmp_path / "ref", target=test_world.target,
+                         prompts=test_world.prompts, out=tmp_path / "out", max_new_tokens=8, budget=4,
+                         cache_dir=tmp_path / "offline")
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    components = {(f["component"], f["severity"]) for f in data["findings"]}
+    assert ("weights", "divergence") in components  # the static finding stands
+    warning = next(f for f in data["findings"] if f["component"] == "tau" and f["severity"] == "warning")
+    assert "not measured" in warning["message"] and "non-finite" in warning["message"]
+    assert data["tau"]["mean"]["ours"] is None and data["tau"]["mean"]["ref"] is not None
+    assert (tmp_path / "out" / "index.html").is_file()

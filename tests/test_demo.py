@@ -1,0 +1,37 @@
+"""A reduced-size demo world through the demo's own code path names exactly the planted divergences."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from dflash_audit.demo import DemoConfig, run_demo
+from dflash_audit.world import TEST_TARGET
+
+PLANTED = [("fc_dims", ""), ("recipe", "gamma"), ("recipe", "verifier_source_layer")]
+
+
+@pytest.mark.slow
+def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path):
+    cache = tmp_path / "demo"
+    # The test world's trained target stands in for the demo's larger one; drafters are trained here.
+    shutil.copytree(test_world.target, cache / "target")
+    shutil.copy(test_world.prompts, cache / "prompts.jsonl")
+    config = DemoConfig(target_preset=dict(TEST_TARGET), draft_layers=1, fc_layers=[1, 2], seq_len=128,
+                        drafter_steps=300, drafter_seconds=30, corpus_bytes=300_000, max_new_tokens=24, budget=8)
+    report = run_demo(cache, out=tmp_path / "report", config=config)
+
+    data = json.loads((tmp_path / "report" / "report.json").read_text())
+    divergent = sorted((f["component"], f["key"]) for f in data["findings"]
+                       if f["severity"] == "divergence" and f["component"] != "tau")
+    assert divergent == PLANTED
+    assert data["ours"]["format"] == "ours" and data["ref"]["format"] == "zlab"
+    assert report.dynamic.methods["dflash"].measured and len(data["tau"]["prompts"]) > 0
+    assert (tmp_path / "report" / "index.html").is_file()
+
+    # A second run reuses every cached artefact: nothing is retrained.
+    stamps = {p: p.stat().st_mtime_ns for p in (cache / "ours.pt", cache / "ref" / "model.safetensors")}
+    run_demo(cache, out=tmp_path / "report", config=config)
+    assert all(p.stat().st_mtime_ns == stamp for p, stamp in stamps.items())
