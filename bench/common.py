@@ -54,7 +54,11 @@ def parse_args(description: str, default_out: str) -> argparse.Namespace:
     parser.add_argument("--drafters", type=Path, nargs="+", help="checkpoints (default: two trained on the world)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--out", type=Path, default=REPORT_DIR / default_out)
-    return parser.parse_args()
+    # Tiny models are latency-bound; on a shared CPU extra threads spin-wait and only add noise.
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
 
 
 def setup(args: argparse.Namespace):
