@@ -26,9 +26,9 @@ from impl.model import DFlashDrafter
 from tests.helpers import tiny_spec, tiny_target
 
 # Two draft layers (one sliding, window below the sequence length, one full) reading three target layers.
-DRAFTER_SETTINGS = dict(steps=400, max_seconds=75, block_size=8, draft_layers=2, fc_layers=[1, 2, 3],
+DRAFTER_SETTINGS = dict(steps=600, max_seconds=90, max_anchors=48, block_size=8, draft_layers=2, fc_layers=[1, 2, 3],
                         layer_types=["sliding_attention", "full_attention"], sliding_window=48, seq_len=256,
-                        batch_size=4, lr=1e-3, warmup=20, progress=False)
+                        batch_size=4, lr=3e-3, warmup=20, progress=False)
 
 
 def trained_drafter_path(world) -> Path:
