@@ -113,9 +113,10 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
 
     check_options(method, mode, budget, max_new_tokens, temperature)
     console = console or Console(stderr=True)
+    records = load_prompts(prompts_path)  # bad input fails before any model loads
     target, tokenizer = load_target(target_dir)
     drafter = load_drafter(drafter_path, target_dir, target)
-    prompts = tokenize_prompts(tokenizer, load_prompts(prompts_path), chat_template)
+    prompts = tokenize_prompts(tokenizer, records, chat_template)
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ranks = Ranks()
     order = {prompt_id: i for i, (prompt_id, _) in enumerate(prompts)}
