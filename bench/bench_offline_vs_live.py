@@ -1,4 +1,4 @@
-"""Offline τ (cached hidden states, batched drafter passes) vs z-lab's live `dflash_generate`.
+"""Offline τ (cached hidden states, replayed walks) vs z-lab's live `dflash_generate`.
 
 Scenario: several checkpoints evaluated against one (target, prompts) pair. The cache is
 built once (its cost reported separately); per checkpoint we time z-lab's live loop and
@@ -16,7 +16,7 @@ from tabulate import tabulate
 
 from common import parse_args, setup, timed, write_report, zlab_generate, zlab_twin
 from impl.decoding import mean_acceptance
-from impl.offline import AnchorPredictions, HiddenStateCache, dflash_walk, find_mismatch, load_or_build_cache
+from impl.offline import HiddenStateCache, find_mismatch, load_or_build_cache, offline_rounds_batch
 
 
 def main() -> None:
@@ -34,11 +34,7 @@ def main() -> None:
         live_runs, live_s = timed(lambda: [zlab_generate(twin, target, ids, args.max_new_tokens, stop_ids)
                                            for _, ids in prompts])
 
-        def replay():
-            return [dflash_walk(entry, AnchorPredictions(drafter, target, entry, cache.max_new_tokens))
-                    for entry in cache.prompts]
-
-        offline_runs, offline_s = timed(replay)
+        offline_runs, offline_s = timed(lambda: offline_rounds_batch(drafter, target, cache, cache.prompts))
         mismatches = [m.describe() for entry, off, live in zip(cache.prompts, offline_runs, live_runs)
                       if (m := find_mismatch(entry, off, live.acceptance_lengths, live.output_ids))]
         live_tau = mean_acceptance([mean_acceptance(r.acceptance_lengths) for r in live_runs])

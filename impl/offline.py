@@ -5,9 +5,9 @@ continuation, and the target's verdict at every position is already known: token
 that continuation. What a round accepts then depends only on the drafter's block at the
 round's anchor, and that block depends only on the context features before the anchor.
 So the target runs once per (target, prompts) — greedy continuation plus one forward over
-prompt + continuation, cached on disk as safetensors — and each drafter is evaluated at
-*every* candidate anchor in a few batched passes (each block sees its own context
-prefix through a mask), after which the walks are pure bookkeeping.
+prompt + continuation, cached on disk as safetensors — and each drafter only replays its
+own rounds: one batched pass per round for all prompts at once, over context K/V that is
+projected once per prompt, each block attending to just the keys it may see.
 
 The cache holds every decoder layer's hidden states (`hs[1:]`, as Hugging Face returns
 them), so drafters reading different target layers share one cache.
@@ -15,15 +15,18 @@ them), so drafters reading different target layers share one cache.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
+from transformers.models.qwen3.modeling_qwen3 import rotate_half
 
 from impl.checkpoint import atomic_write_bytes
 from impl.ddtree import build_tree
@@ -33,7 +36,7 @@ from impl.masks import inference_mask
 from impl.model import DFlashDrafter
 
 CACHE_FORMAT = "dflash-audit/offline-1"
-DEFAULT_ANCHOR_CHUNK = 64  # blocks per batched drafter pass; bounds the attention matrix
+DEFAULT_PROMPT_GROUP = 64  # prompts walked in lockstep; bounds the padded context K/V
 
 
 @dataclass
@@ -133,102 +136,179 @@ def load_or_build_cache(cache_dir: str | Path, target_dir: str | Path, target: n
     return cache
 
 
-# -- batched drafter passes --------------------------------------------------------------
+# -- the drafter's blocks, batched across prompts ----------------------------------------
+def block_key_mask(anchors: torch.Tensor, key_positions: torch.Tensor, sizes: torch.Tensor, block_len: int,
+                   window: int | None, causal: bool) -> torch.Tensor:
+    """[A, S, L + S] bool: what block j (anchor a_j, `sizes[j]` real slots) sees of its keys.
+
+    Keys are the context positions `key_positions` [A, L] (visible when < a_j, and within the
+    window on sliding layers), then the block's own S slots (`inference_mask` of one block;
+    slots past the block's size are padding nobody sees). Per block this is exactly
+    `inference_mask(a_j, sizes[j], ...)`.
+    """
+    q_pos = anchors[:, None, None] + torch.arange(block_len)[None, :, None]  # [A, S, 1]
+    k_pos = key_positions[:, None, :]
+    sees_context = (k_pos >= 0) & (k_pos < anchors[:, None, None])
+    if window is not None:
+        sees_context = sees_context & (q_pos - k_pos < window)
+    real_slot = torch.arange(block_len)[None, None, :] < sizes[:, None, None]
+    sees_block = inference_mask(0, block_len, sliding_window=window, causal=causal)[None] & real_slot
+    return torch.cat([sees_context.expand(-1, block_len, -1), sees_block], dim=-1)
+
+
 def replay_mask(anchors: torch.Tensor, context_len: int, block_len: int, window: int | None,
                 causal: bool) -> torch.Tensor:
-    """[A*S, T + A*S] bool: block j (anchor a_j) sees context positions < a_j and its own block only.
+    """[A*S, T + A*S] bool: `block_key_mask` laid out over shared keys [context | all blocks].
 
-    Per block this is exactly `inference_mask(a_j, S, ...)` laid out over the shared keys.
+    The mask one `DFlashDrafter.forward` over all blocks would need; `BlockReplay` gives
+    each block only its own keys instead.
     """
-    slots = torch.arange(block_len)
-    q_pos = (anchors[:, None] + slots[None, :]).reshape(-1, 1)  # [A*S, 1]
-    anchor_of_query = anchors.repeat_interleave(block_len)[:, None]
-    k_pos = torch.arange(context_len)[None, :]
-    sees_context = k_pos < anchor_of_query
-    if window is not None:
-        sees_context &= q_pos - k_pos < window
-    in_block = inference_mask(0, block_len, sliding_window=window, causal=causal)
-    sees_blocks = torch.kron(torch.eye(anchors.numel(), dtype=torch.long), in_block.long()).bool()
-    return torch.cat([sees_context, sees_blocks], dim=1)
+    positions = torch.arange(context_len).expand(anchors.numel(), -1)
+    sizes = torch.full_like(anchors, block_len)
+    mask = block_key_mask(anchors, positions, sizes, block_len, window, causal)
+    return torch.cat([mask[..., :context_len].reshape(-1, context_len), torch.block_diag(*mask[..., context_len:])],
+                     dim=1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+class BlockReplay:
+    """`DFlashDrafter.forward` for blocks of several cached prompts at once, each at its own anchor.
+
+    Every prompt's context (fc, hidden_norm, each layer's K/V with rotary) is projected once.
+    A block then attends to exactly the keys `inference_mask` allows: its prompt's context
+    before the anchor (a gathered window on sliding layers) and its own slots.
+    """
+
+    def __init__(self, drafter: DFlashDrafter, target: nn.Module, entries: list[CachedPrompt]):
+        self.drafter, self.target = drafter, target
+        self.token_ids = [entry.token_ids for entry in entries]
+        dtype = next(drafter.parameters()).dtype
+        longest = max(ids.numel() for ids in self.token_ids)
+        positions = torch.arange(longest + drafter.block_size)[None]
+        cos, sin = drafter.rotary_emb(torch.empty(0, dtype=dtype), positions)
+        self.cos, self.sin = cos[0], sin[0]  # [T + B, d], indexed by position
+        # Per layer [P, kv, T_max, d]; the padding lies past every anchor, so no block sees it.
+        self.keys = [torch.zeros(len(entries), layer.self_attn.kv_heads, longest, layer.self_attn.head_dim,
+                                 dtype=dtype) for layer in drafter.layers]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        for p, entry in enumerate(entries):
+            context = drafter.hidden_norm(drafter.fc(entry.features(drafter.target_layer_ids).to(dtype)))[0]
+            length = context.shape[0]
+            for layer, keys, values in zip(drafter.layers, self.keys, self.values):
+                attn = layer.self_attn
+                k = attn.k_norm(attn.k_proj(context).view(length, attn.kv_heads, attn.head_dim))
+                keys[p, :, :length] = _rotate(k, self.cos[:length, None], self.sin[:length, None]).transpose(0, 1)
+                values[p, :, :length] = attn.v_proj(context).view(length, attn.kv_heads, attn.head_dim).transpose(0, 1)
+
+    def hidden(self, prompts: torch.Tensor, anchors: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+        """Final-norm hidden states [A, B, H] of the block of `prompts[j]` at `anchors[j]` with `sizes[j]` slots."""
+        drafter, block_len = self.drafter, self.drafter.block_size
+        block = torch.full((anchors.numel(), block_len), drafter.mask_token_id, dtype=torch.long)
+        block[:, 0] = torch.stack([self.token_ids[p][a] for p, a in zip(prompts.tolist(), anchors.tolist())])
+        slot_positions = anchors[:, None] + torch.arange(block_len)[None]  # [A, S]
+        cos, sin = self.cos[slot_positions][:, :, None], self.sin[slot_positions][:, :, None]
+        context_len = int(anchors.max())  # keys at or after the last anchor are never visible
+
+        def key_plan(window, causal):
+            if window is None or window - 1 >= context_len:
+                positions = torch.arange(context_len).expand(anchors.numel(), -1)
+            else:  # a block at anchor a sees at most context a - window + 1 .. a - 1
+                positions = anchors[:, None] - (window - 1) + torch.arange(window - 1)[None]
+            return positions, block_key_mask(anchors, positions, sizes, block_len, window, causal)
+
+        plans = drafter.layer_masks(key_plan)
+        x = drafter.embed(self.target, block)
+        for layer, (positions, mask), keys, values in zip(drafter.layers, plans, self.keys, self.values):
+            index = (prompts[:, None], slice(None), positions.clamp(min=0))  # -> [A, L, kv, d]
+            ctx = keys[index].transpose(1, 2), values[index].transpose(1, 2)
+            x = x + self.attend(layer.self_attn, layer.input_layernorm(x), cos, sin, ctx, mask)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return drafter.norm(x)
+
+    @staticmethod
+    def attend(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               context: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        """`DraftAttention.forward` for blocks x [A, S, H] over [their context K/V [A, kv, L, d] | themselves]."""
+        a, s, _ = x.shape
+        q = _rotate(attn.q_norm(attn.q_proj(x).view(a, s, attn.heads, attn.head_dim)), cos, sin)
+        k = _rotate(attn.k_norm(attn.k_proj(x).view(a, s, attn.kv_heads, attn.head_dim)), cos, sin)
+        v = attn.v_proj(x).view(a, s, attn.kv_heads, attn.head_dim)
+        k = torch.cat([context[0], k.transpose(1, 2)], dim=2)
+        v = torch.cat([context[1], v.transpose(1, 2)], dim=2)
+        groups = attn.heads // attn.kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None],
+                                             scale=attn.head_dim**-0.5)
+        return attn.o_proj(out.transpose(1, 2).reshape(a, s, -1))
+
+
+# -- the walks ---------------------------------------------------------------------------
+def dflash_round(tokens: list[int], start: int, last: int, logits: torch.Tensor) -> int:
+    """Tokens one greedy DFlash round from `start` produces, judged against the cached continuation."""
+    proposals = logits.argmax(-1).tolist()
+    accepted = 0
+    while accepted < min(len(proposals), last - start - 1) and proposals[accepted] == tokens[start + 1 + accepted]:
+        accepted += 1
+    return min(accepted + 1, last - start)
+
+
+def ddtree_round(tokens: list[int], start: int, last: int, logits: torch.Tensor, budget: int) -> int:
+    """Tokens one greedy DDTree round from `start` produces, judged against the cached continuation."""
+    tree = build_tree(tokens[start], torch.log_softmax(logits.float(), dim=-1), budget)
+    # On the accepted path the target's choice after depth d is the continuation's token.
+    target_choice = [tokens[start + d + 1] if start + d + 1 <= last else -1 for d in tree.depths]
+    return min(len(tree.walk(target_choice)), last - start)
 
 
 @torch.inference_mode()
-def block_logits(drafter: DFlashDrafter, target: nn.Module, entry: CachedPrompt, anchors: torch.Tensor,
-                 block_len: int, chunk: int = DEFAULT_ANCHOR_CHUNK) -> torch.Tensor:
-    """The drafter's logits for slots 1.. of the block at each anchor: [A, block_len - 1, V]."""
-    features = entry.features(drafter.target_layer_ids).to(next(drafter.parameters()).dtype)
-    context_len = entry.token_ids.numel()
-    head, out = output_head(target), []
-    for part in anchors.split(chunk):
-        block = torch.full((part.numel(), block_len), drafter.mask_token_id, dtype=torch.long)
-        block[:, 0] = entry.token_ids[part]
-        positions = torch.cat([torch.arange(context_len), (part[:, None] + torch.arange(block_len)).reshape(-1)])
-        masks = drafter.layer_masks(lambda window, causal: replay_mask(part, context_len, block_len, window, causal))
-        hidden = drafter(drafter.embed(target, block.reshape(1, -1)), features, positions[None], masks=masks)
-        hidden = hidden.view(part.numel(), block_len, -1)[:, 1:]
-        out.append(drafter.compute_logits(hidden, head))
-    return torch.cat(out)
+def replay_walks(drafter: DFlashDrafter, target: nn.Module, entries: list[CachedPrompt], max_new_tokens: int,
+                 play_round) -> list[list[int]]:
+    """Per-round acceptance lengths of each prompt, walked in lockstep.
 
-
-class AnchorPredictions:
-    """The drafter's per-depth logits at every anchor a round could start from."""
-
-    def __init__(self, drafter: DFlashDrafter, target: nn.Module, entry: CachedPrompt, max_new_tokens: int,
-                 chunk: int = DEFAULT_ANCHOR_CHUNK):
-        self.last = entry.token_ids.numel() - 1  # rounds start at anchors prompt_len .. last - 1
-        max_length = entry.prompt_len + max_new_tokens
-        anchors = torch.arange(entry.prompt_len, self.last)
-        # Near max_length the live loop shrinks the block (min(B, max_length - start)); the
-        # drafter's full-attention layers see the whole block, so those anchors get their own size.
-        sizes = torch.clamp(max_length - anchors, max=drafter.block_size)
-        self.logits: dict[int, torch.Tensor] = {}
-        for size in sizes.unique().tolist():
-            group = anchors[sizes == size]
-            for anchor, logits in zip(group.tolist(), block_logits(drafter, target, entry, group, size, chunk)):
-                self.logits[anchor] = logits
-
-
-def dflash_walk(entry: CachedPrompt, predictions: AnchorPredictions) -> list[int]:
-    """Per-round acceptance lengths of greedy DFlash, replayed from the cached continuation."""
-    tokens, last = entry.token_ids.tolist(), predictions.last
-    start, rounds = entry.prompt_len, []
-    while start < last:
-        proposals = predictions.logits[start].argmax(-1).tolist()
-        accepted = 0
-        while accepted < min(len(proposals), last - start - 1) and proposals[accepted] == tokens[start + 1 + accepted]:
-            accepted += 1
-        produced = min(accepted + 1, last - start)
-        rounds.append(produced)
-        start += produced
+    Each step runs the drafter once for the current round of every unfinished prompt (the
+    walk only ever needs the block at the anchors it reaches, about 1 in τ), then
+    `play_round(tokens, start, last, logits)` says how far each prompt advances.
+    """
+    replay, head = BlockReplay(drafter, target, entries), output_head(target)
+    tokens = [entry.token_ids.tolist() for entry in entries]
+    lasts = [len(t) - 1 for t in tokens]  # rounds start at anchors prompt_len .. last - 1
+    starts = [entry.prompt_len for entry in entries]
+    # Near max_length the live loop shrinks the block to min(B, max_length - start).
+    ends = [entry.prompt_len + max_new_tokens for entry in entries]
+    rounds: list[list[int]] = [[] for _ in entries]
+    while active := [p for p in range(len(entries)) if starts[p] < lasts[p]]:
+        anchors = torch.tensor([starts[p] for p in active])
+        sizes = torch.tensor([min(drafter.block_size, ends[p] - starts[p]) for p in active])
+        logits = drafter.compute_logits(replay.hidden(torch.tensor(active), anchors, sizes)[:, 1:], head)
+        for p, block_logits, size in zip(active, logits, sizes.tolist()):
+            produced = play_round(tokens[p], starts[p], lasts[p], block_logits[:size - 1])
+            rounds[p].append(produced)
+            starts[p] += produced
     return rounds
 
 
-def ddtree_walk(entry: CachedPrompt, predictions: AnchorPredictions, budget: int) -> list[int]:
-    """Per-round acceptance lengths of greedy DDTree, replayed from the cached continuation."""
-    tokens, last = entry.token_ids.tolist(), predictions.last
-    start, rounds = entry.prompt_len, []
-    while start < last:
-        logprobs = torch.log_softmax(predictions.logits[start].float(), dim=-1)
-        tree = build_tree(tokens[start], logprobs, budget)
-        # On the accepted path the target's choice after depth d is the continuation's token.
-        target_choice = [tokens[start + d + 1] if start + d + 1 <= last else -1 for d in tree.depths]
-        path = tree.walk(target_choice)
-        produced = min(len(path), last - start)
-        rounds.append(produced)
-        start += produced
-    return rounds
+def offline_rounds_batch(drafter: DFlashDrafter, target: nn.Module, cache: HiddenStateCache,
+                         entries: list[CachedPrompt], method: str = "dflash", budget: int | None = None,
+                         group: int = DEFAULT_PROMPT_GROUP) -> list[list[int]]:
+    """Per-round acceptance lengths of greedy DFlash or DDTree on each cached prompt."""
+    if method == "dflash":
+        play_round = dflash_round
+    elif method == "ddtree":
+        if budget is None:
+            raise ValueError("ddtree needs a node budget")
+        play_round = functools.partial(ddtree_round, budget=budget)
+    else:
+        raise ValueError(f"unknown method {method!r}; expected dflash or ddtree")
+    return [rounds for i in range(0, len(entries), group)
+            for rounds in replay_walks(drafter, target, entries[i:i + group], cache.max_new_tokens, play_round)]
 
 
 def offline_rounds(drafter: DFlashDrafter, target: nn.Module, cache: HiddenStateCache, entry: CachedPrompt,
                    method: str = "dflash", budget: int | None = None) -> list[int]:
-    predictions = AnchorPredictions(drafter, target, entry, cache.max_new_tokens)
-    if method == "dflash":
-        return dflash_walk(entry, predictions)
-    if method == "ddtree":
-        if budget is None:
-            raise ValueError("ddtree needs a node budget")
-        return ddtree_walk(entry, predictions, budget)
-    raise ValueError(f"unknown method {method!r}; expected dflash or ddtree")
+    return offline_rounds_batch(drafter, target, cache, [entry], method, budget)[0]
 
 
 # -- agreement with the live loops -------------------------------------------------------
