@@ -177,22 +177,23 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class BlockReplay:
     """`DFlashDrafter.forward` for blocks of several cached prompts at once, each at its own anchor.
 
-    Every prompt's context (fc, hidden_norm, each layer's K/V with rotary) is projected once.
-    A block then attends to exactly the keys `inference_mask` allows: its prompt's context
-    before the anchor (a gathered window on sliding layers) and its own slots.
+    Every prompt's context (fc, hidden_norm, each layer's K/V with rotary) is projected once
+    into a per-layer bank `[P, kv, T_max + B, d]` whose last B rows take the current block's
+    K/V. A block then attends to exactly the keys `inference_mask` allows: its prompt's
+    context before the anchor (a gathered window on sliding layers) and its own slots.
     """
 
     def __init__(self, drafter: DFlashDrafter, target: nn.Module, entries: list[CachedPrompt]):
         self.drafter, self.target = drafter, target
         self.token_ids = [entry.token_ids for entry in entries]
         dtype = next(drafter.parameters()).dtype
-        longest = max(ids.numel() for ids in self.token_ids)
-        positions = torch.arange(longest + drafter.block_size)[None]
+        self.context_len = max(ids.numel() for ids in self.token_ids)  # where the block rows start
+        positions = torch.arange(self.context_len + drafter.block_size)[None]
         cos, sin = drafter.rotary_emb(torch.empty(0, dtype=dtype), positions)
         self.cos, self.sin = cos[0], sin[0]  # [T + B, d], indexed by position
-        # Per layer [P, kv, T_max, d]; the padding lies past every anchor, so no block sees it.
-        self.keys = [torch.zeros(len(entries), layer.self_attn.kv_heads, longest, layer.self_attn.head_dim,
-                                 dtype=dtype) for layer in drafter.layers]
+        # The padding between a prompt's end and the block rows lies past every anchor: never seen.
+        self.keys = [torch.zeros(len(entries), layer.self_attn.kv_heads, positions.shape[1],
+                                 layer.self_attn.head_dim, dtype=dtype) for layer in drafter.layers]
         self.values = [torch.zeros_like(k) for k in self.keys]
         for p, entry in enumerate(entries):
             context = drafter.hidden_norm(drafter.fc(entry.features(drafter.target_layer_ids).to(dtype)))[0]
@@ -210,39 +211,38 @@ class BlockReplay:
         block[:, 0] = torch.stack([self.token_ids[p][a] for p, a in zip(prompts.tolist(), anchors.tolist())])
         slot_positions = anchors[:, None] + torch.arange(block_len)[None]  # [A, S]
         cos, sin = self.cos[slot_positions][:, :, None], self.sin[slot_positions][:, :, None]
-        context_len = int(anchors.max())  # keys at or after the last anchor are never visible
+        every_prompt = prompts.numel() == len(self.token_ids)  # then the banks serve as they are
+        block_rows = self.context_len + torch.arange(block_len)[None]
 
         def key_plan(window, causal):
-            if window is None or window - 1 >= context_len:
-                positions = torch.arange(context_len).expand(anchors.numel(), -1)
+            if window is None or window - 1 >= self.context_len:
+                context, rows = torch.arange(self.context_len).expand(anchors.numel(), -1), None
             else:  # a block at anchor a sees at most context a - window + 1 .. a - 1
-                positions = anchors[:, None] - (window - 1) + torch.arange(window - 1)[None]
-            return positions, block_key_mask(anchors, positions, sizes, block_len, window, causal)
+                context = anchors[:, None] - (window - 1) + torch.arange(window - 1)[None]
+                rows = torch.cat([context.clamp(min=0), block_rows.expand(anchors.numel(), -1)], dim=1)
+            return rows, block_key_mask(anchors, context, sizes, block_len, window, causal)
 
         plans = drafter.layer_masks(key_plan)
         x = drafter.embed(self.target, block)
-        for layer, (positions, mask), keys, values in zip(drafter.layers, plans, self.keys, self.values):
-            index = (prompts[:, None], slice(None), positions.clamp(min=0))  # -> [A, L, kv, d]
-            ctx = keys[index].transpose(1, 2), values[index].transpose(1, 2)
-            x = x + self.attend(layer.self_attn, layer.input_layernorm(x), cos, sin, ctx, mask)
+        for layer, (rows, mask), keys, values in zip(drafter.layers, plans, self.keys, self.values):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = _rotate(attn.q_norm(attn.q_proj(h).view(*h.shape[:2], attn.heads, attn.head_dim)), cos, sin)
+            k = _rotate(attn.k_norm(attn.k_proj(h).view(*h.shape[:2], attn.kv_heads, attn.head_dim)), cos, sin)
+            v = attn.v_proj(h).view(*h.shape[:2], attn.kv_heads, attn.head_dim)
+            keys[prompts, :, self.context_len:] = k.transpose(1, 2)
+            values[prompts, :, self.context_len:] = v.transpose(1, 2)
+            if rows is not None:
+                k, v = keys[prompts[:, None], :, rows].transpose(1, 2), values[prompts[:, None], :, rows].transpose(1, 2)
+            elif every_prompt:
+                k, v = keys, values
+            else:
+                k, v = keys[prompts], values[prompts]
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None],
+                                                 scale=attn.head_dim**-0.5, enable_gqa=True)
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(*h.shape[:2], -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return drafter.norm(x)
-
-    @staticmethod
-    def attend(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               context: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-        """`DraftAttention.forward` for blocks x [A, S, H] over [their context K/V [A, kv, L, d] | themselves]."""
-        a, s, _ = x.shape
-        q = _rotate(attn.q_norm(attn.q_proj(x).view(a, s, attn.heads, attn.head_dim)), cos, sin)
-        k = _rotate(attn.k_norm(attn.k_proj(x).view(a, s, attn.kv_heads, attn.head_dim)), cos, sin)
-        v = attn.v_proj(x).view(a, s, attn.kv_heads, attn.head_dim)
-        k = torch.cat([context[0], k.transpose(1, 2)], dim=2)
-        v = torch.cat([context[1], v.transpose(1, 2)], dim=2)
-        groups = attn.heads // attn.kv_heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None],
-                                             scale=attn.head_dim**-0.5)
-        return attn.o_proj(out.transpose(1, 2).reshape(a, s, -1))
 
 
 # -- the walks ---------------------------------------------------------------------------
