@@ -1,7 +1,7 @@
 """#17 τ and #16 block size: live greedy decoding vs z-lab's `dflash_generate` on a TRAINED target/drafter pair.
 
 Random weights accept nothing (τ = 1 everywhere) and would prove nothing, so the world's
-trained target gets a drafter trained by our trainer for a short, fixed budget; both
+trained target gets the shared drafter trained by our trainer on its corpus; both
 loops then decode the same prompts with the same weights, round by round.
 """
 
@@ -18,16 +18,14 @@ PROMPTS = 4
 
 
 @pytest.fixture(scope="module")
-def trained_pair(tmp_path_factory):
+def trained_pair():
     from dflash_audit.world import cached_test_world
-    from dflash_audit.world.corpus import stdlib_corpus
+    from dflash_audit.world.drafter import cached_test_drafter
     from impl.checkpoint import load_checkpoint
-    from impl.train import load_target, train_drafter
+    from impl.train import load_target
 
     world = cached_test_world()
-    out = tmp_path_factory.mktemp("drafter") / "ours.pt"
-    train_drafter(world.target, stdlib_corpus("train", max_bytes=200_000), out, steps=150, max_seconds=90,
-                  block_size=8, draft_layers=1, seq_len=128, batch_size=4, lr=3e-3, seed=0, progress=False)
+    out = cached_test_drafter(world)
     ckpt = load_checkpoint(out)
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(str(world.target))

@@ -8,10 +8,8 @@ drafter (which accepts ~nothing) covers the sliding-window cache paths on tiny m
 
 from __future__ import annotations
 
-import fcntl
 import time
 import unittest.mock
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,29 +18,11 @@ from transformers import Qwen3Config
 import dflash.model as zlab
 from dflash_audit.audit.dynamic import load_target
 from dflash_audit.prompts import load_prompts, tokenize_prompts
+from dflash_audit.world.drafter import cached_test_drafter
 from impl.checkpoint import build_drafter, load_checkpoint, zlab_config
 from impl.decoding import acceptance_histogram, dflash_decode, greedy_decode
 from impl.model import DFlashDrafter
 from tests.helpers import tiny_spec, tiny_target
-
-# Two draft layers (one sliding, window below the sequence length, one full) reading three target layers.
-DRAFTER_SETTINGS = dict(steps=600, max_seconds=90, max_anchors=48, block_size=8, draft_layers=2, fc_layers=[1, 2, 3],
-                        layer_types=["sliding_attention", "full_attention"], sliding_window=48, seq_len=256,
-                        batch_size=4, lr=3e-3, warmup=20, progress=False)
-
-
-def trained_drafter_path(world) -> Path:
-    """A drafter trained on the world's corpus by `impl.train`, built once per world."""
-    from dflash_audit.world import stdlib_corpus
-    from impl.train import train_drafter
-
-    path = world.root / "eval-tests-drafter.pt"
-    with open(world.root / ".eval-tests-drafter.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test processes train it once
-        if not path.is_file():
-            train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **DRAFTER_SETTINGS)
-    return path
-
 
 def zlab_twin(drafter: DFlashDrafter):
     """z-lab's own DFlashDraftModel carrying exactly our drafter's weights."""
@@ -63,7 +43,7 @@ def zlab_generate(model, target, input_ids, max_new_tokens, stop_ids, temperatur
 @pytest.fixture(scope="module")
 def trained_pair(test_world):
     target, tokenizer = load_target(test_world.target)
-    ckpt = load_checkpoint(trained_drafter_path(test_world))
+    ckpt = load_checkpoint(cached_test_drafter(test_world))
     drafter = build_drafter(ckpt.spec, ckpt.state_dict).float().eval()
     prompts = tokenize_prompts(tokenizer, load_prompts(test_world.prompts))
     return drafter, target, prompts, [tokenizer.eos_token_id]

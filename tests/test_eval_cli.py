@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from dflash_audit.cli import main
 from dflash_audit.errors import AuditError
 from dflash_audit.prompts import load_prompts, tokenize_prompt, uses_chat_template
-from tests.test_decoding import trained_drafter_path
+from dflash_audit.world.drafter import cached_test_drafter
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ def eval_inputs(test_world, tmp_path_factory):
     prompts = tmp_path_factory.mktemp("prompts") / "three.jsonl"
     lines = Path(test_world.prompts).read_text().splitlines()[:3]
     prompts.write_text("\n".join(lines) + "\n")
-    return trained_drafter_path(test_world), test_world.target, prompts
+    return cached_test_drafter(test_world), test_world.target, prompts
 
 
 def free_port() -> int:

@@ -1,0 +1,76 @@
+"""Build a world (tokenizer + trained target + prompts) once and reuse it."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .corpus import DEFAULT_MAX_BYTES, stdlib_corpus
+from .prompts import heldout_prompts, write_prompts_jsonl
+from .target import TEST_TARGET, build_target
+from .tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
+
+# Bump when the builders change what they produce, so stale caches are not reused.
+WORLD_FORMAT = 1
+DEFAULT_HELDOUT_PROMPTS = 8
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class WorldPaths:
+    root: Path
+    target: Path  # HF model directory, tokenizer included
+    prompts: Path  # held-out prompts, JSON lines
+
+    @classmethod
+    def under(cls, root: Path) -> WorldPaths:
+        return cls(root=root, target=root / "target", prompts=root / "prompts.jsonl")
+
+    def complete(self) -> bool:
+        return (self.target / "config.json").is_file() and self.prompts.is_file()
+
+
+def build_world(root: str | Path, preset: dict, *, vocab_size: int = DEFAULT_VOCAB_SIZE,
+                max_bytes: int = DEFAULT_MAX_BYTES, n_prompts: int = DEFAULT_HELDOUT_PROMPTS,
+                progress: bool = True) -> WorldPaths:
+    """Write `root/target/` and `root/prompts.jsonl`, each only if missing.
+
+    Both are written atomically, so a crash leaves each one whole or absent and a
+    second call finishes the job.
+    """
+    paths = WorldPaths.under(Path(root))
+    texts = stdlib_corpus("train", max_bytes=max_bytes)
+    if not (paths.target / "config.json").is_file():
+        tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
+        build_target(paths.target, tokenizer, texts, progress=progress, **preset)
+    if not paths.prompts.is_file():
+        heldout = stdlib_corpus("heldout", max_bytes=max_bytes)
+        prompts = heldout_prompts(heldout, n_prompts, seed=preset["seed"], avoid=texts)
+        write_prompts_jsonl(paths.prompts, prompts)
+    return paths
+
+
+def world_key(preset: dict, **builder_args) -> str:
+    """Hash of everything the world depends on; the stdlib differs per Python build."""
+    identity = {"format": WORLD_FORMAT, "python": sys.version, "preset": preset, **builder_args}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_test_world(root: str | Path | None = None) -> WorldPaths:
+    """The test-suite's world (TEST_TARGET), built on first use under
+    `root/<hash of builder params>/` (default root: `<repo>/.cache/test-world`)."""
+    builder_args = {"vocab_size": DEFAULT_VOCAB_SIZE, "max_bytes": DEFAULT_MAX_BYTES,
+                    "n_prompts": DEFAULT_HELDOUT_PROMPTS}
+    root = Path(root) if root is not None else REPO_ROOT / ".cache" / "test-world"
+    paths = WorldPaths.under(root / world_key(TEST_TARGET, **builder_args))
+    if paths.complete():
+        return paths
+    root.mkdir(parents=True, exist_ok=True)
+    # Concurrent test processes wait for one builder instead of each training a target.
+    with open(root / f"{paths.root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_world(paths.root, TEST_TARGET, progress=False, **builder_args)
