@@ -1,0 +1,7 @@
+"""Settings shared by both suites (tests/ and conformance/)."""
+
+import torch
+
+# The suites run tiny models, where intra-op threads buy nothing and, on a shared 2-core
+# machine, spin-waiting threads slow every process down by orders of magnitude.
+torch.set_num_threads(1)
