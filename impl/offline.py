@@ -37,6 +37,8 @@ from impl.model import DFlashDrafter
 
 CACHE_FORMAT = "dflash-audit/offline-1"
 DEFAULT_PROMPT_GROUP = 64  # prompts walked in lockstep; bounds the padded context K/V
+DEFAULT_BATCH_BLOCKS = 8  # blocks per drafter pass while few prompts are left
+DFLASH_EARLY_SLOTS = 2  # slots the LM head always reads; later ones only while all earlier match
 
 
 @dataclass
@@ -211,15 +213,16 @@ class BlockReplay:
         block[:, 0] = torch.stack([self.token_ids[p][a] for p, a in zip(prompts.tolist(), anchors.tolist())])
         slot_positions = anchors[:, None] + torch.arange(block_len)[None]  # [A, S]
         cos, sin = self.cos[slot_positions][:, :, None], self.sin[slot_positions][:, :, None]
-        every_prompt = prompts.numel() == len(self.token_ids)  # then the banks serve as they are
-        block_rows = self.context_len + torch.arange(block_len)[None]
+        chosen = prompts.tolist()
+        unique = len(set(chosen)) == len(chosen)  # one block per prompt: it can sit in the banks
+        every_prompt = chosen == list(range(len(self.token_ids)))
 
         def key_plan(window, causal):
             if window is None or window - 1 >= self.context_len:
                 context, rows = torch.arange(self.context_len).expand(anchors.numel(), -1), None
             else:  # a block at anchor a sees at most context a - window + 1 .. a - 1
                 context = anchors[:, None] - (window - 1) + torch.arange(window - 1)[None]
-                rows = torch.cat([context.clamp(min=0), block_rows.expand(anchors.numel(), -1)], dim=1)
+                rows = context.clamp(min=0)
             return rows, block_key_mask(anchors, context, sizes, block_len, window, causal)
 
         plans = drafter.layer_masks(key_plan)
@@ -229,15 +232,16 @@ class BlockReplay:
             h = layer.input_layernorm(x)
             q = _rotate(attn.q_norm(attn.q_proj(h).view(*h.shape[:2], attn.heads, attn.head_dim)), cos, sin)
             k = _rotate(attn.k_norm(attn.k_proj(h).view(*h.shape[:2], attn.kv_heads, attn.head_dim)), cos, sin)
-            v = attn.v_proj(h).view(*h.shape[:2], attn.kv_heads, attn.head_dim)
-            keys[prompts, :, self.context_len:] = k.transpose(1, 2)
-            values[prompts, :, self.context_len:] = v.transpose(1, 2)
-            if rows is not None:
-                k, v = keys[prompts[:, None], :, rows].transpose(1, 2), values[prompts[:, None], :, rows].transpose(1, 2)
-            elif every_prompt:
-                k, v = keys, values
-            else:
-                k, v = keys[prompts], values[prompts]
+            k, v = k.transpose(1, 2), attn.v_proj(h).view(*h.shape[:2], attn.kv_heads, attn.head_dim).transpose(1, 2)
+            if rows is not None:  # the window before each anchor, then the block
+                k = torch.cat([keys[prompts[:, None], :, rows].transpose(1, 2), k], dim=2)
+                v = torch.cat([values[prompts[:, None], :, rows].transpose(1, 2), v], dim=2)
+            elif unique:  # the block's rows go into its prompt's bank: the context is not copied
+                keys[prompts, :, self.context_len:], values[prompts, :, self.context_len:] = k, v
+                k, v = (keys, values) if every_prompt else (keys[prompts], values[prompts])
+            else:  # several blocks of one prompt (look-ahead)
+                k = torch.cat([keys[prompts, :, :self.context_len], k], dim=2)
+                v = torch.cat([values[prompts, :, :self.context_len], v], dim=2)
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None],
                                                  scale=attn.head_dim**-0.5, enable_gqa=True)
             x = x + attn.o_proj(out.transpose(1, 2).reshape(*h.shape[:2], -1))
@@ -246,9 +250,11 @@ class BlockReplay:
 
 
 # -- the walks ---------------------------------------------------------------------------
-def dflash_round(tokens: list[int], start: int, last: int, logits: torch.Tensor) -> int:
-    """Tokens one greedy DFlash round from `start` produces, judged against the cached continuation."""
-    proposals = logits.argmax(-1).tolist()
+def dflash_round(tokens: list[int], start: int, last: int, proposals: list[int]) -> int:
+    """Tokens one greedy DFlash round from `start` produces, judged against the cached continuation.
+
+    `proposals` may stop early, just after the first one the target rejects.
+    """
     accepted = 0
     while accepted < min(len(proposals), last - start - 1) and proposals[accepted] == tokens[start + 1 + accepted]:
         accepted += 1
@@ -263,16 +269,38 @@ def ddtree_round(tokens: list[int], start: int, last: int, logits: torch.Tensor,
     return min(len(tree.walk(target_choice)), last - start)
 
 
+def play_dflash(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, sizes: list[int],
+                tokens: list[list[int]], starts: list[int], lasts: list[int]) -> list[int]:
+    """DFlash rounds from blocks `rows` [n, B, H]; the LM head reads later slots only while all earlier match."""
+    early = DFLASH_EARLY_SLOTS
+    proposals = drafter.compute_logits(rows[:, 1:1 + early], head).argmax(-1).tolist()
+    more = [i for i, (t, s, last) in enumerate(zip(tokens, starts, lasts))
+            if sizes[i] - 1 > early and s + early < last and proposals[i] == t[s + 1:s + 1 + early]]
+    if more:
+        for i, rest in zip(more, drafter.compute_logits(rows[more, 1 + early:], head).argmax(-1).tolist()):
+            proposals[i] += rest
+    return [dflash_round(t, s, last, p[:size - 1]) for t, s, last, p, size in zip(tokens, starts, lasts, proposals, sizes)]
+
+
+def play_ddtree(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, sizes: list[int],
+                tokens: list[list[int]], starts: list[int], lasts: list[int], budget: int) -> list[int]:
+    logits = drafter.compute_logits(rows[:, 1:], head)
+    return [ddtree_round(t, s, last, block[:size - 1], budget)
+            for t, s, last, block, size in zip(tokens, starts, lasts, logits, sizes)]
+
+
 @torch.inference_mode()
 def replay_walks(drafter: DFlashDrafter, target: nn.Module, entries: list[CachedPrompt], max_new_tokens: int,
-                 play_round) -> list[list[int]]:
+                 play_rounds, batch_blocks: int = DEFAULT_BATCH_BLOCKS) -> list[list[int]]:
     """Per-round acceptance lengths of each prompt, walked in lockstep.
 
     Each step runs the drafter once for the current round of every unfinished prompt (the
     walk only ever needs the block at the anchors it reaches, about 1 in τ), then
-    `play_round(tokens, start, last, logits)` says how far each prompt advances.
+    `play_rounds(rows, sizes, tokens, starts, lasts)` says how far each prompt advances.
+    While fewer than `batch_blocks` prompts are left, the spare rows draft the blocks at
+    the next anchors too, so one step can play several rounds of a prompt.
     """
-    replay, head = BlockReplay(drafter, target, entries), output_head(target)
+    replay = BlockReplay(drafter, target, entries)
     tokens = [entry.token_ids.tolist() for entry in entries]
     lasts = [len(t) - 1 for t in tokens]  # rounds start at anchors prompt_len .. last - 1
     starts = [entry.prompt_len for entry in entries]
@@ -280,13 +308,21 @@ def replay_walks(drafter: DFlashDrafter, target: nn.Module, entries: list[Cached
     ends = [entry.prompt_len + max_new_tokens for entry in entries]
     rounds: list[list[int]] = [[] for _ in entries]
     while active := [p for p in range(len(entries)) if starts[p] < lasts[p]]:
-        anchors = torch.tensor([starts[p] for p in active])
-        sizes = torch.tensor([min(drafter.block_size, ends[p] - starts[p]) for p in active])
-        logits = drafter.compute_logits(replay.hidden(torch.tensor(active), anchors, sizes)[:, 1:], head)
-        for p, block_logits, size in zip(active, logits, sizes.tolist()):
-            produced = play_round(tokens[p], starts[p], lasts[p], block_logits[:size - 1])
-            rounds[p].append(produced)
-            starts[p] += produced
+        ahead = max(1, batch_blocks // len(active))
+        blocks = [(p, a) for p in active for a in range(starts[p], min(starts[p] + ahead, lasts[p]))]
+        sizes = [min(drafter.block_size, ends[p] - a) for p, a in blocks]
+        hidden = replay.hidden(torch.tensor([p for p, _ in blocks]), torch.tensor([a for _, a in blocks]),
+                               torch.tensor(sizes))
+        drafted = {block: i for i, block in enumerate(blocks)}
+        playing = active
+        while playing:  # each prompt's first block, then look-ahead blocks its round ended on
+            index = [drafted[p, starts[p]] for p in playing]
+            produced = play_rounds(hidden[index], [sizes[i] for i in index], [tokens[p] for p in playing],
+                                   [starts[p] for p in playing], [lasts[p] for p in playing])
+            for p, length in zip(playing, produced):
+                rounds[p].append(length)
+                starts[p] += length
+            playing = [p for p in playing if (p, starts[p]) in drafted]
     return rounds
 
 
@@ -295,15 +331,15 @@ def offline_rounds_batch(drafter: DFlashDrafter, target: nn.Module, cache: Hidde
                          group: int = DEFAULT_PROMPT_GROUP) -> list[list[int]]:
     """Per-round acceptance lengths of greedy DFlash or DDTree on each cached prompt."""
     if method == "dflash":
-        play_round = dflash_round
+        play_rounds = functools.partial(play_dflash, drafter, output_head(target))
     elif method == "ddtree":
         if budget is None:
             raise ValueError("ddtree needs a node budget")
-        play_round = functools.partial(ddtree_round, budget=budget)
+        play_rounds = functools.partial(play_ddtree, drafter, output_head(target), budget=budget)
     else:
         raise ValueError(f"unknown method {method!r}; expected dflash or ddtree")
     return [rounds for i in range(0, len(entries), group)
-            for rounds in replay_walks(drafter, target, entries[i:i + group], cache.max_new_tokens, play_round)]
+            for rounds in replay_walks(drafter, target, entries[i:i + group], cache.max_new_tokens, play_rounds)]
 
 
 def offline_rounds(drafter: DFlashDrafter, target: nn.Module, cache: HiddenStateCache, entry: CachedPrompt,
