@@ -187,9 +187,9 @@ class BlockReplay:
 
     def __init__(self, drafter: DFlashDrafter, target: nn.Module, entries: list[CachedPrompt]):
         self.drafter, self.target = drafter, target
-        self.token_ids = [entry.token_ids for entry in entries]
+        self.tokens = [entry.token_ids.tolist() for entry in entries]
         dtype = next(drafter.parameters()).dtype
-        self.context_len = max(ids.numel() for ids in self.token_ids)  # where the block rows start
+        self.context_len = max(len(ids) for ids in self.tokens)  # where the block rows start
         positions = torch.arange(self.context_len + drafter.block_size)[None]
         cos, sin = drafter.rotary_emb(torch.empty(0, dtype=dtype), positions)
         self.cos, self.sin = cos[0], sin[0]  # [T + B, d], indexed by position
@@ -210,12 +210,12 @@ class BlockReplay:
         """Final-norm hidden states [A, B, H] of the block of `prompts[j]` at `anchors[j]` with `sizes[j]` slots."""
         drafter, block_len = self.drafter, self.drafter.block_size
         block = torch.full((anchors.numel(), block_len), drafter.mask_token_id, dtype=torch.long)
-        block[:, 0] = torch.stack([self.token_ids[p][a] for p, a in zip(prompts.tolist(), anchors.tolist())])
+        block[:, 0] = torch.tensor([self.tokens[p][a] for p, a in zip(prompts.tolist(), anchors.tolist())])
         slot_positions = anchors[:, None] + torch.arange(block_len)[None]  # [A, S]
         cos, sin = self.cos[slot_positions][:, :, None], self.sin[slot_positions][:, :, None]
         chosen = prompts.tolist()
         unique = len(set(chosen)) == len(chosen)  # one block per prompt: it can sit in the banks
-        every_prompt = chosen == list(range(len(self.token_ids)))
+        every_prompt = chosen == list(range(len(self.tokens)))
 
         def key_plan(window, causal):
             if window is None or window - 1 >= self.context_len:
