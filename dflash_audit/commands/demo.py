@@ -17,4 +17,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("reports/demo"), "--out", help="report directory"),
     ) -> int:
         """Build (once) the demo world and compare its buggy drafter with the reference; report in reports/demo/."""
-        return run_demo(cache, rebuild, out).exit_status
+        run_demo(cache, rebuild, out)
+        # Finding the planted divergences is the demo's point: compare's exit status 1
+        # ("divergences found") is success here; trouble still raises and exits 2.
+        return 0
