@@ -10,17 +10,15 @@ import argparse
 import fcntl
 import json
 import time
-import unittest.mock
 from pathlib import Path
 
 import torch
-from transformers import Qwen3Config
 
-import dflash.model as zlab
 from dflash_audit.audit.dynamic import load_target
 from dflash_audit.prompts import load_prompts, tokenize_prompts
-from impl.checkpoint import atomic_write_bytes, build_drafter, zlab_config
+from impl.checkpoint import atomic_write_bytes, build_drafter
 from impl.model import DFlashDrafter
+from reference_adapters.zlab_adapter import ZlabImplementation, zlab_generate  # noqa: F401  (used by the bench scripts)
 
 REPORT_DIR = Path("reports") / "bench"
 # Two checkpoints of the "compare many checkpoints" scenario: a sound recipe and a planted
@@ -83,17 +81,8 @@ def setup(args: argparse.Namespace):
 
 
 def zlab_twin(drafter: DFlashDrafter):
-    config = Qwen3Config(**zlab_config(drafter.spec))
-    config._attn_implementation = "sdpa"
-    model = zlab.DFlashDraftModel(config).eval()
-    model.load_state_dict(drafter.state_dict())
-    return model
-
-
-def zlab_generate(model, target, input_ids, max_new_tokens, stop_ids):
-    # z-lab's timer synchronizes CUDA; on CPU a plain clock stands in, in-process only.
-    with unittest.mock.patch.object(zlab, "_cuda_time", time.perf_counter):
-        return zlab.dflash_generate(model, target, input_ids, max_new_tokens, stop_ids, return_stats=True)
+    """z-lab's own DFlashDraftModel carrying exactly our drafter's weights."""
+    return ZlabImplementation().build_drafter(drafter.spec, drafter.state_dict())
 
 
 def timed(fn):

@@ -33,6 +33,14 @@ def cpu_timer():
         yield
 
 
+def zlab_generate(model: zlab.DFlashDraftModel, target: nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
+                  stop_token_ids: list[int] | None, temperature: float = 0.0):
+    """z-lab's own `dflash_generate(..., return_stats=True)`, runnable on CPU."""
+    with cpu_timer():
+        return zlab.dflash_generate(model, target, input_ids, max_new_tokens, stop_token_ids,
+                                    temperature=temperature, return_stats=True)
+
+
 def load_zlab_model(path: str | Path) -> zlab.DFlashDraftModel:
     """A z-lab directory through z-lab's own `from_pretrained` (fp32, eval)."""
     try:
@@ -76,9 +84,7 @@ class ZlabImplementation:
 
     def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids) -> GenerationResult:
         """z-lab's `dflash_generate` (greedy). Rounds exclude the first token, which the target's prefill emits."""
-        with cpu_timer():
-            stats = zlab.dflash_generate(drafter, target, input_ids, max_new_tokens, stop_token_ids,
-                                         temperature=0.0, return_stats=True)
+        stats = zlab_generate(drafter, target, input_ids, max_new_tokens, stop_token_ids)
         return GenerationResult(
             output_ids=stats.output_ids, acceptance_lengths=[int(n) for n in stats.acceptance_lengths],
             extra={"num_input_tokens": stats.num_input_tokens, "num_output_tokens": stats.num_output_tokens,

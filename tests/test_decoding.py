@@ -8,36 +8,22 @@ drafter (which accepts ~nothing) covers the sliding-window cache paths on tiny m
 
 from __future__ import annotations
 
-import time
-import unittest.mock
-
 import pytest
 import torch
-from transformers import Qwen3Config
 
-import dflash.model as zlab
 from dflash_audit.audit.dynamic import load_target
 from dflash_audit.prompts import load_prompts, tokenize_prompts
 from dflash_audit.world.drafter import cached_test_drafter
-from impl.checkpoint import build_drafter, load_checkpoint, zlab_config
+from impl.checkpoint import build_drafter, load_checkpoint
 from impl.decoding import acceptance_histogram, dflash_decode, greedy_decode
 from impl.model import DFlashDrafter
+from reference_adapters.zlab_adapter import ZlabImplementation, zlab_generate
 from tests.helpers import tiny_spec, tiny_target
+
 
 def zlab_twin(drafter: DFlashDrafter):
     """z-lab's own DFlashDraftModel carrying exactly our drafter's weights."""
-    config = Qwen3Config(**zlab_config(drafter.spec))
-    config._attn_implementation = "sdpa"
-    model = zlab.DFlashDraftModel(config).eval()
-    model.load_state_dict(drafter.state_dict())
-    return model
-
-
-def zlab_generate(model, target, input_ids, max_new_tokens, stop_ids, temperature=0.0):
-    # z-lab's timer calls torch.cuda.synchronize; on CPU a plain clock stands in, in-process only.
-    with unittest.mock.patch.object(zlab, "_cuda_time", time.perf_counter):
-        return zlab.dflash_generate(model, target, input_ids, max_new_tokens, stop_ids, temperature=temperature,
-                                    return_stats=True)
+    return ZlabImplementation().build_drafter(drafter.spec, drafter.state_dict())
 
 
 @pytest.fixture(scope="module")
