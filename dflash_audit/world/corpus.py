@@ -47,24 +47,21 @@ def stdlib_corpus(
 ) -> list[str]:
     """Texts of one split, in path order, up to `max_bytes` of UTF-8 in total.
 
-    The budget is filled in an order fixed by a hash of each path rather than
-    alphabetically, so a small budget still samples the whole library instead of
-    `asyncio/` and the modules before it. Files that would overflow the budget are
-    skipped (later, smaller ones may still fit); undecodable or empty files too.
+    Files that would overflow the budget are skipped (later, smaller ones may still
+    fit); undecodable or empty files are skipped too.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
     root = root or stdlib_dir()
-    relative = {path: path.relative_to(root).as_posix() for path in stdlib_files(root)}
-    chosen: dict[str, str] = {}
+    texts: list[str] = []
     used = 0
-    for path in sorted(relative, key=lambda p: hashlib.sha256(relative[p].encode()).digest()):
+    for path in stdlib_files(root):
         raw = path.read_bytes()
         if split_of(raw) != split or not raw.strip() or used + len(raw) > max_bytes:
             continue
         try:
-            chosen[relative[path]] = raw.decode("utf-8")
+            texts.append(raw.decode("utf-8"))
         except UnicodeDecodeError:
             continue
         used += len(raw)
-    return [chosen[name] for name in sorted(chosen)]
+    return texts
