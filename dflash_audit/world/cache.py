@@ -15,7 +15,7 @@ from .target import TEST_TARGET, build_target
 from .tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 
 # Bump when the builders change what they produce, so stale caches are not reused.
-WORLD_FORMAT = 1
+WORLD_FORMAT = 2
 DEFAULT_HELDOUT_PROMPTS = 8
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,6 +43,8 @@ def build_world(root: str | Path, preset: dict, *, vocab_size: int = DEFAULT_VOC
     second call finishes the job.
     """
     paths = WorldPaths.under(Path(root))
+    if paths.complete():
+        return paths
     texts = stdlib_corpus("train", max_bytes=max_bytes)
     if not (paths.target / "config.json").is_file():
         tokenizer = train_tokenizer(texts, vocab_size=vocab_size)

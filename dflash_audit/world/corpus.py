@@ -47,21 +47,24 @@ def stdlib_corpus(
 ) -> list[str]:
     """Texts of one split, in path order, up to `max_bytes` of UTF-8 in total.
 
-    Files that would overflow the budget are skipped (later, smaller ones may still
-    fit); undecodable or empty files are skipped too.
+    The budget is filled in an order fixed by a hash of each path rather than
+    alphabetically, so a small budget still samples the whole library instead of
+    `asyncio/` and the modules before it. Files that would overflow the budget are
+    skipped (later, smaller ones may still fit); undecodable or empty files too.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
     root = root or stdlib_dir()
-    texts: list[str] = []
+    relative = {path: path.relative_to(root).as_posix() for path in stdlib_files(root)}
+    chosen: dict[str, str] = {}
     used = 0
-    for path in stdlib_files(root):
+    for path in sorted(relative, key=lambda p: hashlib.sha256(relative[p].encode()).digest()):
         raw = path.read_bytes()
         if split_of(raw) != split or not raw.strip() or used + len(raw) > max_bytes:
             continue
         try:
-            texts.append(raw.decode("utf-8"))
+            chosen[relative[path]] = raw.decode("utf-8")
         except UnicodeDecodeError:
             continue
         used += len(raw)
-    return texts
+    return [chosen[name] for name in sorted(chosen)]

@@ -78,6 +78,7 @@ def write_prompts_jsonl(path: str | os.PathLike, prompts: Iterable[dict]) -> Non
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for prompt in prompts:
                 f.write(json.dumps(prompt, ensure_ascii=False) + "\n")
+        os.chmod(temp, 0o644)  # mkstemp makes it private
         os.replace(temp, path)
     except BaseException:
         os.unlink(temp)

@@ -15,12 +15,13 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
-# The embedded demo: about 4 minutes on 2 CPU cores.
+# The embedded demo: about 3 minutes on 2 idle CPU cores (0.29 s a step), final loss 4.3.
+# lr 3e-3 beat 2e-3 and 5e-3; at equal tokens, batch 4 beat batch 8 (steps count most here).
 DEMO_TARGET = dict(
     hidden_size=256, num_layers=6, heads=4, kv_heads=2, head_dim=64, intermediate_size=768,
-    seq_len=256, steps=650, batch_size=4, lr=3e-3, seed=0,
+    seq_len=256, steps=600, batch_size=4, lr=3e-3, seed=0,
 )
-# The test-suite's target: under a minute on 2 CPU cores.
+# The test-suite's target: about 40 s on 2 idle CPU cores (0.08 s a step), final loss 4.7.
 TEST_TARGET = dict(
     hidden_size=128, num_layers=4, heads=4, kv_heads=2, head_dim=32, intermediate_size=384,
     seq_len=256, steps=400, batch_size=4, lr=3e-3, seed=0,
@@ -93,9 +94,9 @@ def build_target(
 ) -> dict:
     """Train the target and save it (model, generation config, tokenizer) as an HF directory.
 
-    The directory is written next to `out_dir` and moved into place only when complete,
-    so `out_dir` either holds a whole model or is left as it was. Returns build stats,
-    also saved as `build_stats.json` in the directory.
+    The directory is written next to `out_dir` and moved into place only when complete
+    (replacing any previous one), so `out_dir` never holds a half-written model.
+    Returns build stats, also saved as `build_stats.json` in the directory.
     """
     out_dir = Path(out_dir)
     started = time.monotonic()
@@ -126,6 +127,7 @@ def build_target(
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         (staging / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
+        staging.chmod(0o755)  # mkdtemp makes it private; a model directory is not
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(staging, out_dir)
