@@ -74,16 +74,17 @@ class DraftAttention(nn.Module):
         b, q_len, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2)
         # The block's K/V follow the context's: the drafter reads the target through them.
-        k = torch.cat([self.k_proj(context), self.k_proj(x)], dim=1)
-        v = torch.cat([self.v_proj(context), self.v_proj(x)], dim=1)
+        # One projection over both (rows are independent) costs one matmul call, not two.
+        keys_in = torch.cat([context, x], dim=1)
+        k, v = self.k_proj(keys_in), self.v_proj(keys_in)
         k = self.k_norm(k.view(b, -1, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = v.view(b, -1, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, k, cos, sin)
         if cache is not None:
             k, v = cache.extend(self.layer_idx, k, v)
-        groups = self.heads // self.kv_heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
+        # enable_gqa: each K/V head serves its query-head group without copying it.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5,
+                                             enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 
@@ -147,9 +148,10 @@ class DFlashDrafter(nn.Module):
         return self.layer_masks(lambda window, causal: training_mask(
             document_ids, anchors, self.block_size, sliding_window=window, causal_block=causal))
 
-    def inference_masks(self, context_len: int, block_len: int, device=None) -> list[torch.Tensor]:
-        return self.layer_masks(lambda window, causal: inference_mask(
-            context_len, block_len, sliding_window=window, causal=causal, device=device))
+    def inference_masks(self, context_len: int, block_len: int, device=None) -> list[torch.Tensor | None]:
+        """None where a layer may see every key (full attention): SDPA then skips the mask."""
+        return [None if mask.all() else mask for mask in self.layer_masks(lambda window, causal: inference_mask(
+            context_len, block_len, sliding_window=window, causal=causal, device=device))]
 
     # -- forward -------------------------------------------------------------------------
     def forward(self, noise_embedding: torch.Tensor, target_hidden: torch.Tensor, position_ids: torch.Tensor,
