@@ -45,7 +45,8 @@ def trained_drafter(world, name: str) -> Path:
     return path
 
 
-def parse_args(description: str, default_out: str) -> argparse.Namespace:
+def parse_args(description: str, default_out: str, extra=None) -> argparse.Namespace:
+    """The shared flags; `extra(parser)` adds a script's own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--target", type=Path, help="HF target dir (default: the test world's)")
     parser.add_argument("--prompts", type=Path, help="prompts JSON lines (default: the test world's)")
@@ -54,13 +55,19 @@ def parse_args(description: str, default_out: str) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=REPORT_DIR / default_out)
     # Tiny models are latency-bound; on a shared CPU extra threads spin-wait and only add noise.
     parser.add_argument("--threads", type=int, default=1)
+    if extra:
+        extra(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     return args
 
 
-def setup(args: argparse.Namespace):
-    """(target_dir, target, prompts [(id, ids)], stop ids, {name: drafter})."""
+def setup(args: argparse.Namespace, default_drafters=None):
+    """(target_dir, target, prompts [(id, ids)], stop ids, {name: drafter}).
+
+    `default_drafters(world)` gives the checkpoints used without `--drafters`
+    (default: the two `BENCH_DRAFTERS`).
+    """
     from dflash_audit.formats import load_any
 
     target_dir, prompts_path, drafter_paths = args.target, args.prompts, args.drafters
@@ -70,7 +77,8 @@ def setup(args: argparse.Namespace):
         world = cached_test_world()
         target_dir = target_dir or world.target
         prompts_path = prompts_path or world.prompts
-        drafter_paths = drafter_paths or [trained_drafter(world, name) for name in BENCH_DRAFTERS]
+        drafter_paths = drafter_paths or (default_drafters(world) if default_drafters else
+                                          [trained_drafter(world, name) for name in BENCH_DRAFTERS])
     target, tokenizer = load_target(target_dir)
     prompts = tokenize_prompts(tokenizer, load_prompts(prompts_path))
     drafters = {}

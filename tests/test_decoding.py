@@ -26,13 +26,18 @@ def zlab_twin(drafter: DFlashDrafter):
     return ZlabImplementation().build_drafter(drafter.spec, drafter.state_dict())
 
 
+def load_trained_pair(world, loss: str = "kl_div"):
+    """(drafter, target, prompts [(id, ids)], stop ids) of the world and its cached drafter."""
+    target, tokenizer = load_target(world.target)
+    ckpt = load_checkpoint(cached_test_drafter(world, loss))
+    drafter = build_drafter(ckpt.spec, ckpt.state_dict).float().eval()
+    prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))
+    return drafter, target, prompts, [tokenizer.eos_token_id]
+
+
 @pytest.fixture(scope="module")
 def trained_pair(test_world):
-    target, tokenizer = load_target(test_world.target)
-    ckpt = load_checkpoint(cached_test_drafter(test_world))
-    drafter = build_drafter(ckpt.spec, ckpt.state_dict).float().eval()
-    prompts = tokenize_prompts(tokenizer, load_prompts(test_world.prompts))
-    return drafter, target, prompts, [tokenizer.eos_token_id]
+    return load_trained_pair(test_world)
 
 
 def test_live_dflash_equals_zlab_per_round_on_a_trained_pair(trained_pair):

@@ -1,7 +1,13 @@
-"""A drafter trained briefly on a world's corpus, built once per world and shared by the test suites.
+"""Drafters trained briefly on a world's corpus, built once per world and shared by the test suites.
 
 Random drafters accept nothing (τ = 1 everywhere) and prove nothing about decoding, so
-every test that compares acceptance lengths uses this one trained pair.
+every test that compares acceptance lengths uses these trained drafters.
+
+Two losses, two kinds of drafter. The KL-trained one (speculators' default) copies the
+weak target's flat distributions: its argmax chain is often right, but its per-depth
+probabilities are low (top-1 ~0.03), so a best-first tree spends its budget on depth-1
+siblings. The CE-trained one (hard labels: the target's argmax) is confident, the regime
+DDTree is built for and the one the published drafters are in.
 """
 
 from __future__ import annotations
@@ -17,15 +23,19 @@ from .corpus import stdlib_corpus
 TEST_DRAFTER = dict(steps=400, max_anchors=48, block_size=8, draft_layers=2, fc_layers=[1, 2, 3],
                     layer_types=["sliding_attention", "full_attention"], sliding_window=48, seq_len=256,
                     batch_size=4, lr=3e-3, warmup=20, progress=False)
+DRAFTER_FILES = {"kl_div": "test-drafter.pt", "ce": "test-drafter-ce.pt"}
 
 
-def cached_test_drafter(world: WorldPaths) -> Path:
-    """`<world>/test-drafter.pt`, trained by `impl.train` on first use."""
+def cached_test_drafter(world: WorldPaths, loss: str = "kl_div") -> Path:
+    """`<world>/test-drafter.pt` (or `test-drafter-ce.pt`), trained by `impl.train` on first use."""
     from impl.train import train_drafter
 
-    path = world.root / "test-drafter.pt"
-    with open(world.root / ".test-drafter.lock", "w") as lock:
+    if loss not in DRAFTER_FILES:
+        raise ValueError(f"loss must be one of {sorted(DRAFTER_FILES)}, not {loss!r}")
+    path = world.root / DRAFTER_FILES[loss]
+    with open(world.root / f".{path.stem}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test processes train it once
         if not path.is_file():
-            train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **TEST_DRAFTER)
+            train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path,
+                          **TEST_DRAFTER, loss=loss)
     return path
