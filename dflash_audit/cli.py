@@ -65,3 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry_point() -> None:
     sys.exit(main())
+
+
+if __name__ == "__main__":  # `python -m dflash_audit.cli`, e.g. under `torchrun -m dflash_audit.cli`
+    entry_point()
