@@ -45,11 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as exc:
         return exc.exit_code
     except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.exceptions.Abort):
+        # typer >= 0.29 raises its own vendored click's exceptions: match by name, not class.
+        names = {cls.__name__ for cls in type(exc).__mro__}
+        if "Abort" in names:
             return 130
-        if isinstance(exc, click.ClickException):
+        if "ClickException" in names:
             if debug:
                 raise
             print(f"dflash-audit: error: {' '.join(exc.format_message().split())}", file=sys.stderr)

@@ -121,3 +121,15 @@ def test_torchrun_shards_prompts_and_gathers(eval_inputs, tmp_path):
     done = subprocess.run(torchrun, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(sharded.read_text()) == json.loads(single.read_text())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["eval"], "Missing option '--drafter'"),
+    (["eval", "--drafter", "d", "--target", "t", "--prompts", "p", "--budget", "abc"], "Invalid value for '--budget'"),
+    (["evaluate"], "No such command 'evaluate'"),
+])
+def test_usage_errors_are_clicks_own_one_line_message(capsys, args, message):
+    assert run_cli(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and err.startswith("dflash-audit: error: ") and message in err
+    assert "rerun with --debug" not in err  # a usage error, not an unexpected exception
