@@ -89,6 +89,18 @@ def test_ddtree_is_lossless_on_a_trained_pair(trained_pair):  # noqa: F811
         assert torch.equal(tree.output_ids, chain.output_ids), prompt_id  # both lossless: same greedy text
 
 
+def assert_tree_beats_chain(drafter, target, prompts, stop_ids, budget: int = 32) -> None:
+    """Mean τ of live DDTree >= live DFlash (> 1.5), with the same greedy output on every prompt."""
+    tau_tree, tau_chain = [], []
+    for prompt_id, ids in prompts:
+        tree = ddtree_decode(drafter, target, ids, 96, stop_ids, budget=budget)
+        chain = dflash_decode(drafter, target, ids, 96, stop_ids)
+        assert torch.equal(tree.output_ids, chain.output_ids), prompt_id
+        tau_tree.append(tree.tau)
+        tau_chain.append(chain.tau)
+    assert mean_acceptance(tau_tree) >= mean_acceptance(tau_chain) > 1.5, (tau_tree, tau_chain)
+
+
 def test_ddtree_beats_dflash_on_average_with_a_ce_trained_drafter(test_world):
     """τ_DDTree >= τ_DFlash on average, both live, with a drafter trained by our trainer.
 
@@ -97,14 +109,7 @@ def test_ddtree_beats_dflash_on_average_with_a_ce_trained_drafter(test_world):
     more per round than the single chain, with the same greedy output.
     """
     drafter, target, prompts, stop_ids = load_trained_pair(test_world, "ce")
-    tau_tree, tau_chain = [], []
-    for prompt_id, ids in prompts:
-        tree = ddtree_decode(drafter, target, ids, 96, stop_ids, budget=32)
-        chain = dflash_decode(drafter, target, ids, 96, stop_ids)
-        assert torch.equal(tree.output_ids, chain.output_ids), prompt_id
-        tau_tree.append(tree.tau)
-        tau_chain.append(chain.tau)
-    assert mean_acceptance(tau_tree) >= mean_acceptance(tau_chain) > 1.5, (tau_tree, tau_chain)
+    assert_tree_beats_chain(drafter, target, prompts, stop_ids)
 
 
 def test_ddtree_beats_dflash_with_sharpened_kl_trained_weights(trained_pair):  # noqa: F811
@@ -117,11 +122,4 @@ def test_ddtree_beats_dflash_with_sharpened_kl_trained_weights(trained_pair):  #
     """
     drafter, target, prompts, stop_ids = trained_pair
     sharp = build_drafter(dataclasses.replace(drafter.spec, output_multiplier=8.0), drafter.state_dict()).eval()
-    tau_tree, tau_chain = [], []
-    for prompt_id, ids in prompts:
-        tree = ddtree_decode(sharp, target, ids, 96, stop_ids, budget=32)
-        chain = dflash_decode(sharp, target, ids, 96, stop_ids)
-        assert torch.equal(tree.output_ids, chain.output_ids), prompt_id
-        tau_tree.append(tree.tau)
-        tau_chain.append(chain.tau)
-    assert mean_acceptance(tau_tree) >= mean_acceptance(tau_chain) > 1.5, (tau_tree, tau_chain)
+    assert_tree_beats_chain(sharp, target, prompts, stop_ids)
