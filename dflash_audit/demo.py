@@ -35,8 +35,8 @@ class DemoConfig:
     max_anchors: int = 48  # blocks per packed row: ~10x cheaper steps than speculators' 512, same recipe otherwise
     warmup: int = 20
     corpus_bytes: int = 1_500_000
-    n_prompts: int = 8
-    max_new_tokens: int = 64
+    n_prompts: int = 16  # 16 x 128 tokens: the τ gap of the planted bugs clears the bootstrap noise
+    max_new_tokens: int = 128
     budget: int = 16
     lr: float = 3e-3
 
