@@ -141,12 +141,12 @@ def load_or_build_cache(cache_dir: str | Path, target_dir: str | Path, target: n
 # -- the drafter's blocks, batched across prompts ----------------------------------------
 def block_key_mask(anchors: torch.Tensor, key_positions: torch.Tensor, sizes: torch.Tensor, block_len: int,
                    window: int | None, causal: bool) -> torch.Tensor:
-    """[A, S, L + S] bool: what block j (anchor a_j, `sizes[j]` real slots) sees of its keys.
+    """[A, S, S + L] bool: what block j (anchor a_j, `sizes[j]` real slots) sees of its keys.
 
-    Keys are the context positions `key_positions` [A, L] (visible when < a_j, and within the
-    window on sliding layers), then the block's own S slots (`inference_mask` of one block;
-    slots past the block's size are padding nobody sees). Per block this is exactly
-    `inference_mask(a_j, sizes[j], ...)`.
+    Keys are the block's own S slots (`inference_mask` of one block; slots past the block's
+    size are padding nobody sees), then the context positions `key_positions` [A, L]
+    (visible when < a_j, and within the window on sliding layers). Per block this is exactly
+    `inference_mask(a_j, sizes[j], ...)`, block and context swapped.
     """
     q_pos = anchors[:, None, None] + torch.arange(block_len)[None, :, None]  # [A, S, 1]
     k_pos = key_positions[:, None, :]
@@ -155,7 +155,7 @@ def block_key_mask(anchors: torch.Tensor, key_positions: torch.Tensor, sizes: to
         sees_context = sees_context & (q_pos - k_pos < window)
     real_slot = torch.arange(block_len)[None, None, :] < sizes[:, None, None]
     sees_block = inference_mask(0, block_len, sliding_window=window, causal=causal)[None] & real_slot
-    return torch.cat([sees_context.expand(-1, block_len, -1), sees_block], dim=-1)
+    return torch.cat([sees_block.expand(len(anchors), -1, -1), sees_context.expand(-1, block_len, -1)], dim=-1)
 
 
 def replay_mask(anchors: torch.Tensor, context_len: int, block_len: int, window: int | None,
@@ -168,7 +168,7 @@ def replay_mask(anchors: torch.Tensor, context_len: int, block_len: int, window:
     positions = torch.arange(context_len).expand(anchors.numel(), -1)
     sizes = torch.full_like(anchors, block_len)
     mask = block_key_mask(anchors, positions, sizes, block_len, window, causal)
-    return torch.cat([mask[..., :context_len].reshape(-1, context_len), torch.block_diag(*mask[..., context_len:])],
+    return torch.cat([mask[..., block_len:].reshape(-1, context_len), torch.block_diag(*mask[..., :block_len])],
                      dim=1)
 
 
@@ -176,77 +176,105 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotate_half(x) * sin
 
 
+def _rms(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A Qwen3 RMSNorm as one fused op where that is bit-identical (fp32); the module itself otherwise."""
+    if x.dtype != torch.float32:
+        return norm(x)
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+
+
 class BlockReplay:
     """`DFlashDrafter.forward` for blocks of several cached prompts at once, each at its own anchor.
 
     Every prompt's context (fc, hidden_norm, each layer's K/V with rotary) is projected once
-    into a per-layer bank `[P, kv, T_max + B, d]` whose last B rows take the current block's
-    K/V. A block then attends to exactly the keys `inference_mask` allows: its prompt's
-    context before the anchor (a gathered window on sliding layers) and its own slots.
+    into a per-layer bank `[P, kv, B + T_max, d]`: the first B rows take the current block's
+    K/V, then context position t sits at row B + t. A block attends to exactly the keys
+    `inference_mask` allows: its own slots and its prompt's context before the anchor (a
+    gathered window on sliding layers). Keys past the furthest anchor are cut off, not just
+    masked, and banks of finished prompts are dropped (`keep`), so nothing is copied per
+    step while every prompt drafts one block.
     """
 
     def __init__(self, drafter: DFlashDrafter, target: nn.Module, entries: list[CachedPrompt]):
         self.drafter, self.target = drafter, target
         self.tokens = [entry.token_ids.tolist() for entry in entries]
+        self.bank_row = {p: p for p in range(len(entries))}  # prompt -> row of the banks
         dtype = next(drafter.parameters()).dtype
-        self.context_len = max(len(ids) for ids in self.tokens)  # where the block rows start
-        positions = torch.arange(self.context_len + drafter.block_size)[None]
-        cos, sin = drafter.rotary_emb(torch.empty(0, dtype=dtype), positions)
+        block_len = drafter.block_size
+        context_len = max(len(ids) for ids in self.tokens)
+        cos, sin = drafter.rotary_emb(torch.empty(0, dtype=dtype), torch.arange(context_len + block_len)[None])
         self.cos, self.sin = cos[0], sin[0]  # [T + B, d], indexed by position
-        # The padding between a prompt's end and the block rows lies past every anchor: never seen.
-        self.keys = [torch.zeros(len(entries), layer.self_attn.kv_heads, positions.shape[1],
+        # Rows past a prompt's end lie past every anchor of that prompt: never seen.
+        self.keys = [torch.zeros(len(entries), layer.self_attn.kv_heads, block_len + context_len,
                                  layer.self_attn.head_dim, dtype=dtype) for layer in drafter.layers]
         self.values = [torch.zeros_like(k) for k in self.keys]
         for p, entry in enumerate(entries):
             context = drafter.hidden_norm(drafter.fc(entry.features(drafter.target_layer_ids).to(dtype)))[0]
             length = context.shape[0]
+            rows = slice(block_len, block_len + length)
             for layer, keys, values in zip(drafter.layers, self.keys, self.values):
                 attn = layer.self_attn
                 k = attn.k_norm(attn.k_proj(context).view(length, attn.kv_heads, attn.head_dim))
-                keys[p, :, :length] = _rotate(k, self.cos[:length, None], self.sin[:length, None]).transpose(0, 1)
-                values[p, :, :length] = attn.v_proj(context).view(length, attn.kv_heads, attn.head_dim).transpose(0, 1)
+                keys[p, :, rows] = _rotate(k, self.cos[:length, None], self.sin[:length, None]).transpose(0, 1)
+                values[p, :, rows] = attn.v_proj(context).view(length, attn.kv_heads, attn.head_dim).transpose(0, 1)
+
+    def keep(self, prompts: list[int]) -> None:
+        """Drop the banks of every prompt not in `prompts` (finished walks)."""
+        if len(prompts) == len(self.bank_row):
+            return
+        rows = torch.tensor([self.bank_row[p] for p in prompts])
+        self.keys = [k[rows] for k in self.keys]
+        self.values = [v[rows] for v in self.values]
+        self.bank_row = {p: i for i, p in enumerate(prompts)}
 
     def hidden(self, prompts: torch.Tensor, anchors: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
-        """Final-norm hidden states [A, B, H] of the block of `prompts[j]` at `anchors[j]` with `sizes[j]` slots."""
+        """Final-norm hidden states [A, B - 1, H] of slots 1.. of the block of `prompts[j]` at
+        `anchors[j]` with `sizes[j]` slots (slot 0 holds the known token: no one reads its output)."""
         drafter, block_len = self.drafter, self.drafter.block_size
         block = torch.full((anchors.numel(), block_len), drafter.mask_token_id, dtype=torch.long)
         block[:, 0] = torch.tensor([self.tokens[p][a] for p, a in zip(prompts.tolist(), anchors.tolist())])
         slot_positions = anchors[:, None] + torch.arange(block_len)[None]  # [A, S]
         cos, sin = self.cos[slot_positions][:, :, None], self.sin[slot_positions][:, :, None]
-        chosen = prompts.tolist()
-        unique = len(set(chosen)) == len(chosen)  # one block per prompt: it can sit in the banks
-        every_prompt = chosen == list(range(len(self.tokens)))
+        bank_rows = [self.bank_row[p] for p in prompts.tolist()]
+        one_per_bank = bank_rows == list(range(len(self.bank_row)))  # block j writes bank row j
+        index = torch.tensor(bank_rows)
+        context_len = int(anchors.max())  # no block sees context at or past its anchor
 
         def key_plan(window, causal):
-            if window is None or window - 1 >= self.context_len:
-                context, rows = torch.arange(self.context_len).expand(anchors.numel(), -1), None
+            if window is None or window - 1 >= context_len:
+                context, rows = torch.arange(context_len).expand(anchors.numel(), -1), None
             else:  # a block at anchor a sees at most context a - window + 1 .. a - 1
                 context = anchors[:, None] - (window - 1) + torch.arange(window - 1)[None]
-                rows = context.clamp(min=0)
+                rows = block_len + context.clamp(min=0)
             return rows, block_key_mask(anchors, context, sizes, block_len, window, causal)
 
         plans = drafter.layer_masks(key_plan)
         x = drafter.embed(self.target, block)
-        for layer, (rows, mask), keys, values in zip(drafter.layers, plans, self.keys, self.values):
+        last = len(drafter.layers) - 1
+        for i, (layer, (rows, mask), keys, values) in enumerate(zip(drafter.layers, plans, self.keys, self.values)):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = _rotate(attn.q_norm(attn.q_proj(h).view(*h.shape[:2], attn.heads, attn.head_dim)), cos, sin)
-            k = _rotate(attn.k_norm(attn.k_proj(h).view(*h.shape[:2], attn.kv_heads, attn.head_dim)), cos, sin)
+            h = _rms(layer.input_layernorm, x)
+            k = _rotate(_rms(attn.k_norm, attn.k_proj(h).view(*h.shape[:2], attn.kv_heads, attn.head_dim)), cos, sin)
             k, v = k.transpose(1, 2), attn.v_proj(h).view(*h.shape[:2], attn.kv_heads, attn.head_dim).transpose(1, 2)
-            if rows is not None:  # the window before each anchor, then the block
-                k = torch.cat([keys[prompts[:, None], :, rows].transpose(1, 2), k], dim=2)
-                v = torch.cat([values[prompts[:, None], :, rows].transpose(1, 2), v], dim=2)
-            elif unique:  # the block's rows go into its prompt's bank: the context is not copied
-                keys[prompts, :, self.context_len:], values[prompts, :, self.context_len:] = k, v
-                k, v = (keys, values) if every_prompt else (keys[prompts], values[prompts])
+            if i == last:  # every slot's K/V, but queries (and all after them) of slots 1.. only
+                h, x, mask, q_cos, q_sin = h[:, 1:], x[:, 1:], mask[:, 1:], cos[:, 1:], sin[:, 1:]
+            else:
+                q_cos, q_sin = cos, sin
+            q = _rotate(_rms(attn.q_norm, attn.q_proj(h).view(*h.shape[:2], attn.heads, attn.head_dim)), q_cos, q_sin)
+            if rows is not None:  # the block, then the window before each anchor
+                k = torch.cat([k, keys[index[:, None], :, rows].transpose(1, 2)], dim=2)
+                v = torch.cat([v, values[index[:, None], :, rows].transpose(1, 2)], dim=2)
+            elif one_per_bank:  # the block's K/V go into its bank: the context is not copied
+                keys[:, :, :block_len], values[:, :, :block_len] = k, v
+                k, v = keys[:, :, :block_len + context_len], values[:, :, :block_len + context_len]
             else:  # several blocks of one prompt (look-ahead)
-                k = torch.cat([keys[prompts, :, :self.context_len], k], dim=2)
-                v = torch.cat([values[prompts, :, :self.context_len], v], dim=2)
+                k = torch.cat([k, keys[index, :, block_len:block_len + context_len]], dim=2)
+                v = torch.cat([v, values[index, :, block_len:block_len + context_len]], dim=2)
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None],
                                                  scale=attn.head_dim**-0.5, enable_gqa=True)
-            x = x + attn.o_proj(out.transpose(1, 2).reshape(*h.shape[:2], -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return drafter.norm(x)
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+            x = x + layer.mlp(_rms(layer.post_attention_layernorm, x))
+        return _rms(drafter.norm, x)
 
 
 # -- the walks ---------------------------------------------------------------------------
@@ -271,20 +299,21 @@ def ddtree_round(tokens: list[int], start: int, last: int, logits: torch.Tensor,
 
 def play_dflash(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, sizes: list[int],
                 tokens: list[list[int]], starts: list[int], lasts: list[int]) -> list[int]:
-    """DFlash rounds from blocks `rows` [n, B, H]; the LM head reads later slots only while all earlier match."""
+    """DFlash rounds from slots 1.. of blocks, `rows` [n, B - 1, H]; the LM head reads later
+    slots only while all earlier match."""
     early = DFLASH_EARLY_SLOTS
-    proposals = drafter.compute_logits(rows[:, 1:1 + early], head).argmax(-1).tolist()
+    proposals = drafter.compute_logits(rows[:, :early], head).argmax(-1).tolist()
     more = [i for i, (t, s, last) in enumerate(zip(tokens, starts, lasts))
             if sizes[i] - 1 > early and s + early < last and proposals[i] == t[s + 1:s + 1 + early]]
     if more:
-        for i, rest in zip(more, drafter.compute_logits(rows[more, 1 + early:], head).argmax(-1).tolist()):
+        for i, rest in zip(more, drafter.compute_logits(rows[more, early:], head).argmax(-1).tolist()):
             proposals[i] += rest
     return [dflash_round(t, s, last, p[:size - 1]) for t, s, last, p, size in zip(tokens, starts, lasts, proposals, sizes)]
 
 
 def play_ddtree(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, sizes: list[int],
                 tokens: list[list[int]], starts: list[int], lasts: list[int], budget: int) -> list[int]:
-    logits = drafter.compute_logits(rows[:, 1:], head)
+    logits = drafter.compute_logits(rows, head)
     return [ddtree_round(t, s, last, block[:size - 1], budget)
             for t, s, last, block, size in zip(tokens, starts, lasts, logits, sizes)]
 
@@ -308,6 +337,7 @@ def replay_walks(drafter: DFlashDrafter, target: nn.Module, entries: list[Cached
     ends = [entry.prompt_len + max_new_tokens for entry in entries]
     rounds: list[list[int]] = [[] for _ in entries]
     while active := [p for p in range(len(entries)) if starts[p] < lasts[p]]:
+        replay.keep(active)
         ahead = max(1, batch_blocks // len(active))
         blocks = [(p, a) for p in active for a in range(starts[p], min(starts[p] + ahead, lasts[p]))]
         sizes = [min(drafter.block_size, ends[p] - a) for p, a in blocks]

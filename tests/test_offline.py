@@ -112,3 +112,15 @@ def test_offline_rounds_reject_unknown_methods(trained_pair, test_world, tmp_pat
         offline_rounds(drafter, target, cache, cache.prompts[0], "beam")
     with pytest.raises(ValueError, match="budget"):
         offline_rounds(drafter, target, cache, cache.prompts[0], "ddtree")
+
+
+def test_fused_rms_norm_is_bit_identical_to_the_qwen3_module():
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from impl.offline import _rms
+
+    norm = Qwen3RMSNorm(32, eps=1e-6)
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(3, 5, 32, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(_rms(norm, x), norm(x))
+    assert torch.equal(_rms(norm.bfloat16(), x.bfloat16()), norm(x.bfloat16()))  # other dtypes: the module itself
