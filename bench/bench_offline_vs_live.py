@@ -3,8 +3,8 @@
 Scenario: several checkpoints evaluated against one (target, prompts) pair. The cache is
 built once (its cost reported separately); per checkpoint we time z-lab's live loop and
 the offline replay over the same prompts and check that the per-prompt τ are identical.
-The offline replay walks all prompts at once (`offline_rounds_batch`); the prompt-by-prompt
-path (`offline_rounds`, as `eval` calls it) is timed too. Runs alternate and repeat so that
+The offline replay walks all prompts at once (`offline_rounds_batch`, as `eval` and `compare`
+call it, 16 prompts at a time); the prompt-by-prompt path (`offline_rounds`) is timed too. Runs alternate and repeat so that
 machine load hits both alike; the fastest repeat of each counts.
 
     python bench/bench_offline_vs_live.py [--drafters A.pt B ...] [--max-new-tokens 256]

@@ -372,6 +372,16 @@ def offline_rounds_batch(drafter: DFlashDrafter, target: nn.Module, cache: Hidde
             for rounds in replay_walks(drafter, target, entries[i:i + group], cache.max_new_tokens, play_rounds)]
 
 
+def offline_rounds_each(drafter: DFlashDrafter, target: nn.Module, cache: HiddenStateCache,
+                        entries: list[CachedPrompt], method: str = "dflash", budget: int | None = None,
+                        chunk: int = 16):
+    """(entry, rounds) for each prompt, replayed `chunk` prompts at a time: batched, yet a
+    progress bar can follow."""
+    for i in range(0, len(entries), chunk):
+        part = entries[i:i + chunk]
+        yield from zip(part, offline_rounds_batch(drafter, target, cache, part, method, budget))
+
+
 def offline_rounds(drafter: DFlashDrafter, target: nn.Module, cache: HiddenStateCache, entry: CachedPrompt,
                    method: str = "dflash", budget: int | None = None) -> list[int]:
     return offline_rounds_batch(drafter, target, cache, [entry], method, budget)[0]

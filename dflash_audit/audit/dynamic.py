@@ -168,11 +168,14 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     for method, method_budget in (("dflash", None), ("ddtree", budget)):
         result = MethodResult(method, method_budget, {n: s.spec.block_size for n, s in sides.items()},
                               measured=not not_measured)
-        for entry in cache.prompts:
-            rounds = {}
-            for name, drafter in drafters.items():
-                rounds[name] = offline.offline_rounds(drafter, target, cache, entry, method, method_budget)
+        replayed = {name: [] for name in drafters}  # batched over prompts: one drafter pass per round of all
+        for name, drafter in drafters.items():
+            for _, entry_rounds in offline.offline_rounds_each(drafter, target, cache, cache.prompts, method,
+                                                               method_budget):
+                replayed[name].append(entry_rounds)
                 advance()
+        for i, entry in enumerate(cache.prompts):
+            rounds = {name: per_prompt[i] for name, per_prompt in replayed.items()}
             o, r = rounds.get("ours", []), rounds.get("ref", [])
             result.prompts.append(PromptTau(
                 entry.id, tau_stats.tau(o) if "ours" in rounds else None,

@@ -24,7 +24,7 @@ from impl.checkpoint import atomic_write_bytes, build_drafter
 from impl.ddtree import ddtree_decode
 from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
 from impl.extract import decoder_layers
-from impl.offline import load_or_build_cache, offline_rounds
+from impl.offline import load_or_build_cache, offline_rounds_each
 
 METHODS = ("dflash", "ddtree")
 MODES = ("live", "offline")
@@ -89,8 +89,7 @@ def evaluate_prompts(drafter, target, target_dir: Path, prompts, method: str, mo
     results = []
     if mode == "offline":
         cache = load_or_build_cache(cache_dir, target_dir, target, prompts, max_new_tokens, stop_ids)
-        for entry in cache.prompts:
-            rounds = offline_rounds(drafter, target, cache, entry, method, budget)
+        for entry, rounds in offline_rounds_each(drafter, target, cache, cache.prompts, method, budget):
             results.append({"id": entry.id, "tau": mean_acceptance(rounds), "rounds": rounds})
             advance()
         return results
