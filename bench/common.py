@@ -50,6 +50,8 @@ def parse_args(description: str, default_out: str, extra=None) -> argparse.Names
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--target", type=Path, help="HF target dir (default: the test world's)")
     parser.add_argument("--prompts", type=Path, help="prompts JSON lines (default: the test world's)")
+    parser.add_argument("--heldout-prompts", type=int, metavar="N",
+                        help="instead of --prompts: N prompts cut from the world's held-out source files")
     parser.add_argument("--drafters", type=Path, nargs="+", help="checkpoints (default: two trained on the world)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--out", type=Path, default=REPORT_DIR / default_out)
@@ -80,12 +82,23 @@ def setup(args: argparse.Namespace, default_drafters=None):
         drafter_paths = drafter_paths or (default_drafters(world) if default_drafters else
                                           [trained_drafter(world, name) for name in BENCH_DRAFTERS])
     target, tokenizer = load_target(target_dir)
-    prompts = tokenize_prompts(tokenizer, load_prompts(prompts_path))
+    prompts = tokenize_prompts(tokenizer, heldout(args.heldout_prompts) if args.heldout_prompts
+                               else load_prompts(prompts_path))
     drafters = {}
     for path in drafter_paths:
         loaded = load_any(path, target_dir)
         drafters[Path(path).stem] = build_drafter(loaded.spec, loaded.state_dict).float().eval()
     return Path(target_dir), target, prompts, [tokenizer.eos_token_id], drafters
+
+
+def heldout(n: int) -> list[dict]:
+    """`n` prompts drawn exactly as the worlds draw theirs (same seed, corpus and exclusions)."""
+    from dflash_audit.world import stdlib_corpus
+    from dflash_audit.world.cache import DEFAULT_MAX_BYTES
+    from dflash_audit.world.prompts import heldout_prompts
+
+    train = stdlib_corpus("train", max_bytes=DEFAULT_MAX_BYTES)
+    return heldout_prompts(stdlib_corpus("heldout", max_bytes=DEFAULT_MAX_BYTES), n, seed=0, avoid=train)
 
 
 def zlab_twin(drafter: DFlashDrafter):
