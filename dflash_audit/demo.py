@@ -1,7 +1,8 @@
 """The embedded demo: a world with a planted-bug drafter, audited against a correctly trained reference.
 
 Built once into a cache directory, each artefact written atomically and skipped when
-present, so a rerun (or a resumed, interrupted build) never retrains what exists:
+present, so a rerun (or a resumed, interrupted build) never retrains what exists; a cache
+built by another config or world format (`demo-key.txt`) is emptied first:
 - `target/`       small Qwen3 trained on the standard library's source (dflash_audit.world)
 - `prompts.jsonl` held-out prompts
 - `ref/`          drafter trained with the reference recipe, saved in z-lab format
@@ -12,13 +13,16 @@ Then `compare --ours ours.pt --ref ref/ --target target/ --prompts prompts.jsonl
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.world import DEMO_TARGET, build_world, stdlib_corpus
-from impl.checkpoint import load_checkpoint, save_zlab_dir
+from dflash_audit.world.cache import WORLD_FORMAT
+from impl.checkpoint import atomic_write_bytes, load_checkpoint, save_zlab_dir
 from impl.layers import build_target_layer_ids
 
 
@@ -59,14 +63,35 @@ def planted_bugs(reference_ids: list[int]) -> dict:
     }
 
 
+ARTEFACTS = ("target", "prompts.jsonl", "ref", "ours.pt", "offline")
+KEY_FILE = "demo-key.txt"
+
+
+def demo_key(config: DemoConfig) -> str:
+    """Hash of everything the cached artefacts depend on (the time cap aside)."""
+    identity = {k: v for k, v in asdict(config).items() if k != "drafter_seconds"}
+    identity["world_format"] = WORLD_FORMAT
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def prepare_cache(cache: Path, config: DemoConfig, rebuild: bool = False) -> None:
+    """Empty the cache of artefacts built by another config or code version (or all, on `rebuild`)."""
+    key, key_file = demo_key(config), cache / KEY_FILE
+    built_for = key_file.read_text().strip() if key_file.is_file() else None
+    if rebuild or (built_for != key and any((cache / name).exists() for name in ARTEFACTS)):
+        for name in ARTEFACTS:
+            _remove(cache / name)
+    cache.mkdir(parents=True, exist_ok=True)
+    if built_for != key:
+        atomic_write_bytes(key_file, lambda tmp: Path(tmp).write_text(key + "\n"))
+
+
 def build_demo(cache: Path, config: DemoConfig, rebuild: bool = False) -> dict[str, Path]:
     """Build (or reuse) the demo world under `cache`; returns its paths."""
     from impl.train import train_drafter
 
     cache = Path(cache)
-    if rebuild:
-        for name in ("target", "prompts.jsonl", "ref", "ours.pt", "offline"):
-            _remove(cache / name)
+    prepare_cache(cache, config, rebuild)
     world = build_world(cache, config.target_preset, n_prompts=config.n_prompts, max_bytes=config.corpus_bytes)
     paths = {"target": world.target, "prompts": world.prompts, "ref": cache / "ref", "ours": cache / "ours.pt",
              "offline": cache / "offline"}

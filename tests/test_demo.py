@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from dflash_audit.demo import DemoConfig, run_demo
+from dflash_audit.demo import KEY_FILE, DemoConfig, demo_key, prepare_cache, run_demo
 from dflash_audit.world import TEST_TARGET
 
 PLANTED = [("fc_dims", ""), ("recipe", "gamma"), ("recipe", "verifier_source_layer")]
@@ -21,6 +21,7 @@ def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path
     shutil.copy(test_world.prompts, cache / "prompts.jsonl")
     config = DemoConfig(target_preset=dict(TEST_TARGET), draft_layers=1, fc_layers=[1, 2], seq_len=128,
                         drafter_steps=300, drafter_seconds=30, corpus_bytes=300_000, max_new_tokens=24, budget=8)
+    (cache / KEY_FILE).write_text(demo_key(config))  # the copied world counts as built for this config
     report = run_demo(cache, out=tmp_path / "report", config=config)
 
     data = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -35,3 +36,21 @@ def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path
     stamps = {p: p.stat().st_mtime_ns for p in (cache / "ours.pt", cache / "ref" / "model.safetensors")}
     run_demo(cache, out=tmp_path / "report", config=config)
     assert all(p.stat().st_mtime_ns == stamp for p, stamp in stamps.items())
+
+
+def test_a_cache_built_for_another_config_is_emptied_first(tmp_path):
+    cache = tmp_path / "demo"
+    cache.mkdir()
+    (cache / "ours.pt").write_bytes(b"stale")  # a pre-versioning cache: artefacts, no key
+    (cache / "notes.txt").write_text("mine")
+    config = DemoConfig()
+    prepare_cache(cache, config)
+    assert not (cache / "ours.pt").exists() and (cache / "notes.txt").exists()
+    assert (cache / KEY_FILE).read_text().strip() == demo_key(config)
+
+    (cache / "ours.pt").write_bytes(b"built for this config")
+    prepare_cache(cache, DemoConfig(drafter_seconds=1.0))  # the time cap is not part of the key
+    assert (cache / "ours.pt").exists()
+    prepare_cache(cache, DemoConfig(drafter_steps=401))
+    assert not (cache / "ours.pt").exists()
+    assert (cache / KEY_FILE).read_text().strip() == demo_key(DemoConfig(drafter_steps=401))
