@@ -145,3 +145,24 @@ def test_eval_under_torchrun_shards_and_gathers(test_world, tmp_path):
     assert two == one
     # A trained drafter: acceptance is not trivially zero, so equal rounds mean something.
     assert max(p["tau"] for p in two["prompts"]) > 1.5
+
+
+def test_offline_eval_under_torchrun_shares_one_cache_with_a_single_process(test_world, tmp_path):
+    cache = tmp_path / "cache"
+    common = ["eval", "--drafter", cached_test_drafter(test_world), "--target", test_world.target,
+              "--prompts", test_world.prompts, "--mode", "offline", "--max-new-tokens", 24, "--cache", cache]
+    single, sharded = tmp_path / "single.json", tmp_path / "sharded.json"
+    assert main([str(a) for a in [*common, "--json", single]]) == 0
+    files = sorted(cache.iterdir())
+    assert len(files) == 1
+    stamp = files[0].stat().st_mtime_ns
+
+    done = torchrun([*common, "--json", sharded])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(cache.iterdir()) == files and files[0].stat().st_mtime_ns == stamp  # read, not rebuilt
+    assert json.loads(sharded.read_text()) == json.loads(single.read_text())
+
+    fresh = tmp_path / "fresh"  # and a sharded run builds the one full cache a single process would reuse
+    done = torchrun([*common[:-1], fresh, "--json", sharded])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [p.name for p in fresh.iterdir()] == [files[0].name]

@@ -73,6 +73,14 @@ class Ranks:
     def shard(self, items: list) -> list:
         return items[self.rank::self.world]
 
+    def rank_zero_first(self, make):
+        """`make()` on rank 0, then on the others (which then find what rank 0 wrote to disk)."""
+        if self.world == 1:
+            return make()
+        result = make() if self.rank == 0 else None
+        torch.distributed.barrier()
+        return result if self.rank == 0 else make()
+
     def gather(self, results: list[dict]) -> list[dict]:
         if self.world == 1:
             return results
@@ -83,13 +91,12 @@ class Ranks:
         return [item for part in parts for item in part]
 
 
-def evaluate_prompts(drafter, target, target_dir: Path, prompts, method: str, mode: str, budget: int,
-                     max_new_tokens: int, temperature: float, seed: int, stop_ids: list[int], cache_dir: Path,
-                     advance) -> list[dict]:
+def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new_tokens: int, temperature: float,
+                     seed: int, stop_ids: list[int], advance, cache=None, entries=None) -> list[dict]:
+    """Live: decode `prompts`; offline: replay `entries` of the hidden-state `cache`."""
     results = []
-    if mode == "offline":
-        cache = load_or_build_cache(cache_dir, target_dir, target, prompts, max_new_tokens, stop_ids)
-        for entry, rounds in offline_rounds_each(drafter, target, cache, cache.prompts, method, budget):
+    if cache is not None:
+        for entry, rounds in offline_rounds_each(drafter, target, cache, entries, method, budget):
             results.append({"id": entry.id, "tau": mean_acceptance(rounds), "rounds": rounds})
             advance()
         return results
@@ -119,13 +126,19 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ranks = Ranks()
     order = {prompt_id: i for i, (prompt_id, _) in enumerate(prompts)}
-    mine = ranks.shard(prompts)
+    mine, cache, entries = ranks.shard(prompts), None, None
+    if mode == "offline":
+        # One cache for all prompts, the same a single process builds and reuses: rank 0
+        # builds it (or finds it), the other ranks then read it and replay their share.
+        cache = ranks.rank_zero_first(lambda: load_or_build_cache(cache_dir, target_dir, target, prompts,
+                                                                  max_new_tokens, stop_ids))
+        entries = ranks.shard(cache.prompts)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True, disable=ranks.rank != 0) as bar:
         task = bar.add_task(f"eval {method} ({mode})", total=len(mine))
-        results = evaluate_prompts(drafter, target, target_dir, mine, method, mode, budget, max_new_tokens,
-                                   temperature, seed, stop_ids, cache_dir, advance=lambda: bar.advance(task))
+        results = evaluate_prompts(drafter, target, mine, method, budget, max_new_tokens, temperature, seed,
+                                   stop_ids, advance=lambda: bar.advance(task), cache=cache, entries=entries)
     results = sorted(ranks.gather(results), key=lambda r: order[r["id"]])
     if ranks.rank != 0:
         return None
