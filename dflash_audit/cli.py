@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 
 import typer
@@ -29,6 +30,12 @@ for verb in VERBS:
 EXPECTED_ERRORS = (AuditError, CheckpointError, SpecError, FileNotFoundError)
 
 
+def error_prefix() -> str:
+    """`dflash-audit: error: `, naming the rank under torchrun (every rank prints its own error)."""
+    world, rank = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")
+    return "dflash-audit: error: " if world == "1" else f"dflash-audit: error: [rank {rank}/{world}] "
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -40,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         message = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"dflash-audit: error: {message}", file=sys.stderr)
+        print(f"{error_prefix()}{message}", file=sys.stderr)
         return 2
     except typer.Exit as exc:
         return exc.exit_code
@@ -52,12 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         if "ClickException" in names:
             if debug:
                 raise
-            print(f"dflash-audit: error: {' '.join(exc.format_message().split())}", file=sys.stderr)
+            print(f"{error_prefix()}{' '.join(exc.format_message().split())}", file=sys.stderr)
             return 2
         if debug:
             raise
         message = " ".join(str(exc).split())[:300]
-        print(f"dflash-audit: error: {type(exc).__name__}: {message} (rerun with --debug for the traceback)",
+        print(f"{error_prefix()}{type(exc).__name__}: {message} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return 2
     return int(result or 0)

@@ -117,7 +117,8 @@ def test_train_error_under_torchrun_exits_without_hanging(tiny_world, tmp_path):
     done = torchrun(["train", "--target", tiny_world / "target", "--data", tiny_world / "data.jsonl", "--out", out,
                      *TRAIN_FLAGS, "--batch-size", "3"])  # the later flag wins: 3 rows do not split over 2 ranks
     assert done.returncode != 0
-    assert "dflash-audit: error: batch size 3 does not split across 2 ranks" in done.stderr
+    for rank in (0, 1):  # each rank says which it is
+        assert f"dflash-audit: error: [rank {rank}/2] batch size 3 does not split across 2 ranks" in done.stderr
     assert not out.exists()
 
 
