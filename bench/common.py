@@ -17,8 +17,7 @@ import torch
 from dflash_audit.audit.dynamic import load_target
 from dflash_audit.prompts import load_prompts, tokenize_prompts
 from impl.checkpoint import atomic_write_bytes, build_drafter
-from impl.model import DFlashDrafter
-from reference_adapters.zlab_adapter import ZlabImplementation, zlab_generate  # noqa: F401  (used by the bench scripts)
+from reference_adapters.zlab_adapter import zlab_generate, zlab_twin  # noqa: F401  (used by the bench scripts)
 
 REPORT_DIR = Path("reports") / "bench"
 # Two checkpoints of the "compare many checkpoints" scenario: a sound recipe and a planted
@@ -99,11 +98,6 @@ def heldout(n: int) -> list[dict]:
 
     train = stdlib_corpus("train", max_bytes=DEFAULT_MAX_BYTES)
     return heldout_prompts(stdlib_corpus("heldout", max_bytes=DEFAULT_MAX_BYTES), n, seed=0, avoid=train)
-
-
-def zlab_twin(drafter: DFlashDrafter):
-    """z-lab's own DFlashDraftModel carrying exactly our drafter's weights."""
-    return ZlabImplementation().build_drafter(drafter.spec, drafter.state_dict())
 
 
 def timed(fn):

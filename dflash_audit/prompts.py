@@ -8,12 +8,12 @@ every reference loop sees the same ids.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from dflash_audit.errors import AuditError
+from impl.data import json_lines
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 
@@ -40,17 +40,9 @@ def load_prompts(path: str | Path) -> list[dict[str, str]]:
     path = Path(path)
     if not path.is_file():
         raise AuditError(f"{path}: no such prompts file")
-    prompts: list[dict[str, str]] = []
     with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise AuditError(f"{where}: not valid JSON ({exc.msg})") from exc
-            prompts.append(_prompt_from_record(record, where, line_no))
+        prompts = [_prompt_from_record(record, where, line_no)
+                   for line_no, where, record in json_lines(handle, path, AuditError)]
     if not prompts:
         raise AuditError(f"{path}: no prompts in the file")
     ids = [p["id"] for p in prompts]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,22 +120,29 @@ def parse_record(record, tokenizer, vocab_size: int, where: str) -> Document:
     return doc
 
 
+def json_lines(lines: Iterable[str], source, error: type[Exception]) -> Iterator[tuple[int, str, object]]:
+    """(line number, `source:line`, parsed value) of every non-blank line; a line that is not
+    JSON raises `error` naming its file and line."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{source}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{where}: invalid JSON ({exc.msg})") from exc
+        yield number, where, record
+
+
 def read_jsonl(path: str | Path, tokenizer, vocab_size: int) -> tuple[list[Document], bytes]:
     """All documents of a JSON-lines file (blank lines skipped) and the file's bytes."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such data file")
     raw = path.read_bytes()
-    documents = []
-    for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: invalid JSON ({exc.msg})") from exc
-        documents.append(parse_record(record, tokenizer, vocab_size, where))
+    documents = [parse_record(record, tokenizer, vocab_size, where)
+                 for _, where, record in json_lines(raw.decode("utf-8", errors="replace").splitlines(), path,
+                                                    DataError)]
     if not documents:
         raise DataError(f"{path}: no documents")
     return documents, raw

@@ -149,9 +149,9 @@ class DFlashDrafter(nn.Module):
             document_ids, anchors, self.block_size, sliding_window=window, causal_block=causal))
 
     def inference_masks(self, context_len: int, block_len: int, device=None) -> list[torch.Tensor | None]:
-        """None where a layer may see every key (full attention): SDPA then skips the mask."""
-        return [None if mask.all() else mask for mask in self.layer_masks(lambda window, causal: inference_mask(
-            context_len, block_len, sliding_window=window, causal=causal, device=device))]
+        """None where a layer sees every key (full, non-causal attention): SDPA then skips the mask."""
+        return self.layer_masks(lambda window, causal: None if window is None and not causal else inference_mask(
+            context_len, block_len, sliding_window=window, causal=causal, device=device))
 
     # -- forward -------------------------------------------------------------------------
     def forward(self, noise_embedding: torch.Tensor, target_hidden: torch.Tensor, position_ids: torch.Tensor,

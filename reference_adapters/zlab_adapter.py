@@ -41,6 +41,11 @@ def zlab_generate(model: zlab.DFlashDraftModel, target: nn.Module, input_ids: to
                                     temperature=temperature, return_stats=True)
 
 
+def zlab_twin(drafter: nn.Module) -> zlab.DFlashDraftModel:
+    """z-lab's own DFlashDraftModel carrying exactly our drafter's (`impl.model.DFlashDrafter`) weights."""
+    return ZlabImplementation().build_drafter(drafter.spec, drafter.state_dict())
+
+
 def load_zlab_model(path: str | Path) -> zlab.DFlashDraftModel:
     """A z-lab directory through z-lab's own `from_pretrained` (fp32, eval)."""
     try:

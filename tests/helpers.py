@@ -35,3 +35,30 @@ def zlab_model_for(spec: DraftSpec):
     config = Qwen3Config(**zlab_config(spec))
     config._attn_implementation = "sdpa"
     return DFlashDraftModel(config).eval()
+
+
+def world_drafter(world, layer_ids, seed):
+    """An untrained one-layer drafter sized for a world's target (τ is measured, not good)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from dflash_audit.world import mask_token_id
+    from impl.model import DFlashDrafter
+
+    config = AutoConfig.from_pretrained(world.target)
+    torch.manual_seed(seed)
+    return DFlashDrafter(DraftSpec(
+        hidden_size=config.hidden_size, intermediate_size=2 * config.hidden_size, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, num_hidden_layers=1, vocab_size=config.vocab_size,
+        target_layer_ids=layer_ids, num_target_layers=config.num_hidden_layers,
+        mask_token_id=mask_token_id(AutoTokenizer.from_pretrained(world.target)), block_size=8))
+
+
+def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budget: int, recipe=None):
+    """Save `ours` as ckpt.pt (with `recipe`) and `ref` as a z-lab dir, then `compare` them on the world."""
+    from dflash_audit.commands.compare import run_compare
+    from impl.checkpoint import save_checkpoint, save_zlab_dir
+
+    save_checkpoint(tmp_path / "ours.pt", ours, recipe=recipe)
+    save_zlab_dir(tmp_path / "ref", ref.spec, ref.state_dict())
+    return run_compare(tmp_path / "ours.pt", tmp_path / "ref", target=world.target, prompts=world.prompts, out=out,
+                       max_new_tokens=max_new_tokens, budget=budget, cache_dir=tmp_path / "offline")

@@ -5,25 +5,10 @@ from __future__ import annotations
 import json
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
 
 from dflash_audit.audit import tau_stats
 from dflash_audit.audit.dynamic import MethodResult, PromptTau, tau_finding
-from dflash_audit.commands.compare import run_compare
-from dflash_audit.world import mask_token_id
-from impl.checkpoint import save_checkpoint, save_zlab_dir
-from impl.model import DFlashDrafter
-from impl.spec import DraftSpec
-
-
-def world_drafter(world, layer_ids, seed) -> DFlashDrafter:
-    config = AutoConfig.from_pretrained(world.target)
-    torch.manual_seed(seed)
-    return DFlashDrafter(DraftSpec(
-        hidden_size=config.hidden_size, intermediate_size=2 * config.hidden_size, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, num_hidden_layers=1, vocab_size=config.vocab_size,
-        target_layer_ids=layer_ids, num_target_layers=config.num_hidden_layers,
-        mask_token_id=mask_token_id(AutoTokenizer.from_pretrained(world.target)), block_size=8))
+from tests.helpers import compare_on_world, world_drafter
 
 
 def method_result(ours_rounds: list[list[int]], ref_rounds: list[list[int]]) -> MethodResult:
@@ -57,11 +42,7 @@ def test_statistics():
 
 def test_tau_measured_per_prompt_for_both(test_world, tmp_path):
     ours, ref = world_drafter(test_world, (1,), 0), world_drafter(test_world, (1, 2), 1)
-    save_checkpoint(tmp_path / "ours.pt", ours)
-    save_zlab_dir(tmp_path / "ref", ref.spec, ref.state_dict())
-    report = run_compare(tmp_path / "ours.pt", tmp_path / "ref", target=test_world.target,
-                         prompts=test_world.prompts, out=tmp_path / "out", max_new_tokens=16, budget=8,
-                         cache_dir=tmp_path / "offline")
+    report = compare_on_world(test_world, tmp_path, ours, ref, out=tmp_path / "out", max_new_tokens=16, budget=8)
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     n_prompts = sum(1 for line in test_world.prompts.read_text().splitlines() if line.strip())
     assert len(data["tau"]["prompts"]) == n_prompts
@@ -81,11 +62,7 @@ def test_nan_drafter_still_gets_a_report(test_world, tmp_path):
     ours, ref = world_drafter(test_world, (1, 2), 0), world_drafter(test_world, (1, 2), 1)
     with torch.no_grad():
         ours.fc.weight[0, 0] = float("nan")
-    save_checkpoint(tmp_path / "ours.pt", ours)
-    save_zlab_dir(tmp_path / "ref", ref.spec, ref.state_dict())
-    report = run_compare(tmp_path / "ours.pt", tmp_path / "ref", target=test_world.target,
-                         prompts=test_world.prompts, out=tmp_path / "out", max_new_tokens=8, budget=4,
-                         cache_dir=tmp_path / "offline")
+    compare_on_world(test_world, tmp_path, ours, ref, out=tmp_path / "out", max_new_tokens=8, budget=4)
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     components = {(f["component"], f["severity"]) for f in data["findings"]}
     assert ("weights", "divergence") in components  # the static finding stands

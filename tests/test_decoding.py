@@ -17,13 +17,8 @@ from dflash_audit.world.drafter import cached_test_drafter
 from impl.checkpoint import build_drafter, load_checkpoint
 from impl.decoding import acceptance_histogram, dflash_decode, greedy_decode
 from impl.model import DFlashDrafter
-from reference_adapters.zlab_adapter import ZlabImplementation, zlab_generate
+from reference_adapters.zlab_adapter import zlab_generate, zlab_twin
 from tests.helpers import tiny_spec, tiny_target
-
-
-def zlab_twin(drafter: DFlashDrafter):
-    """z-lab's own DFlashDraftModel carrying exactly our drafter's weights."""
-    return ZlabImplementation().build_drafter(drafter.spec, drafter.state_dict())
 
 
 def load_trained_pair(world, loss: str = "kl_div"):

@@ -12,26 +12,7 @@ from dflash_audit.cli import main
 from dflash_audit.errors import AuditError
 from dflash_audit.formats import LoadedCheckpoint, detect_format, load_any
 from impl.checkpoint import Checkpoint, CheckpointError, save_checkpoint, save_zlab_dir
-from impl.model import DFlashDrafter
-from tests.helpers import tiny_spec, tiny_target
-
-
-@pytest.fixture(scope="module")
-def spec():
-    return tiny_spec()
-
-
-@pytest.fixture(scope="module")
-def drafter(spec):
-    torch.manual_seed(0)
-    return DFlashDrafter(spec)
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("target")
-    tiny_target().save_pretrained(path)
-    return path
+from tests.tiny_fixtures import drafter, spec, target_dir  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")

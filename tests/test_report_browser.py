@@ -8,31 +8,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import AutoConfig, AutoTokenizer
-
-from dflash_audit.commands.compare import run_compare
-from dflash_audit.world import mask_token_id
-from impl.checkpoint import save_checkpoint, save_zlab_dir
-from impl.model import DFlashDrafter
-from impl.spec import DraftSpec, Recipe
+from impl.spec import Recipe
+from tests.helpers import compare_on_world, world_drafter
 
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOT = Path(__file__).resolve().parents[1] / "reports" / "browser" / "report.png"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
-
-
-def world_drafter(world, layer_ids, seed) -> DFlashDrafter:
-    """A drafter sized for the test world's target (untrained: τ is measured, not good)."""
-    config = AutoConfig.from_pretrained(world.target)
-    tokenizer = AutoTokenizer.from_pretrained(world.target)
-    torch.manual_seed(seed)
-    return DFlashDrafter(DraftSpec(
-        hidden_size=config.hidden_size, intermediate_size=2 * config.hidden_size, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, num_hidden_layers=1, vocab_size=config.vocab_size,
-        target_layer_ids=layer_ids, num_target_layers=config.num_hidden_layers,
-        mask_token_id=mask_token_id(tokenizer), block_size=8))
 
 
 def chromium(*args: str, user_data_dir: Path) -> subprocess.CompletedProcess:
@@ -43,12 +25,9 @@ def chromium(*args: str, user_data_dir: Path) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="run `make browser` to install chromium")
 def test_report_renders_in_chromium(test_world, tmp_path):
     ours, ref = world_drafter(test_world, (1,), 0), world_drafter(test_world, (1, 2), 1)
-    save_checkpoint(tmp_path / "ours.pt", ours, recipe=Recipe(gamma=7.0))
-    save_zlab_dir(tmp_path / "ref", ref.spec, ref.state_dict())
     out = tmp_path / "report"
-    report = run_compare(tmp_path / "ours.pt", tmp_path / "ref", target=test_world.target,
-                         prompts=test_world.prompts, out=out, max_new_tokens=16, budget=8,
-                         cache_dir=tmp_path / "offline")
+    report = compare_on_world(test_world, tmp_path, ours, ref, out=out, max_new_tokens=16, budget=8,
+                              recipe=Recipe(gamma=7.0))
     assert report.dynamic is not None and report.dynamic.methods["dflash"].measured
     url = (out / "index.html").resolve().as_uri()
 
