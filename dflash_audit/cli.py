@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = app(args=argv, prog_name="dflash-audit", standalone_mode=False)
     except EXPECTED_ERRORS as exc:
+        proposal = getattr(exc, "proposal", None)
+        if proposal:  # a key map for names no known scheme fits: on stdout, ready to save
+            print(proposal, end="")
         if debug:
             raise
         message = " ".join(str(exc).split()) or type(exc).__name__

@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 from dflash_audit.errors import AuditError
-from dflash_audit.formats import FORMATS, LoadedCheckpoint, load_any
+from dflash_audit.formats import FORMATS, LoadedCheckpoint, LoadOptions, load_any, require_spec
 from impl.checkpoint import build_drafter, save_checkpoint, save_zlab_dir
 from impl.layers import zlab_to_speculators
+from impl.spec import Recipe
 
 
 @dataclass
@@ -57,6 +58,8 @@ def lossy_changes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
 
 def recipe_notes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
     notes = []
+    if loaded.recipe_unknown:
+        notes.append(f"recipe fields never declared by the source stay unknown: {', '.join(loaded.recipe_unknown)}")
     if loaded.recipe is not None and fmt != "ours":
         notes.append(f"the training recipe (gamma {loaded.recipe.gamma}, {loaded.recipe.loss_kind}, ...) is not "
                      f"recorded by the {fmt} format; the weights are unchanged")
@@ -75,7 +78,8 @@ def _dtype_of(state_dict: dict[str, torch.Tensor]) -> torch.dtype:
 
 def write_ours(loaded: LoadedCheckpoint, destination: Path) -> None:
     model = build_drafter(loaded.spec, loaded.state_dict, dtype=_dtype_of(loaded.state_dict), source=loaded.path)
-    save_checkpoint(destination, model, recipe=loaded.recipe, step=loaded.step)
+    recipe = loaded.recipe if loaded.recipe is not None or not loaded.recipe_unknown else Recipe()
+    save_checkpoint(destination, model, recipe=recipe, step=loaded.step, recipe_unknown=loaded.recipe_unknown)
 
 
 def write_zlab(loaded: LoadedCheckpoint, destination: Path) -> None:
@@ -142,7 +146,7 @@ def write_speculators(loaded: LoadedCheckpoint, destination: Path, target: str |
 
 # -- entry point ------------------------------------------------------------------------------
 def convert(source: str | Path, destination: str | Path, fmt: str, target: str | Path | None = None,
-            allow_lossy: bool = False) -> ConversionResult:
+            allow_lossy: bool = False, options: LoadOptions | None = None) -> ConversionResult:
     if fmt not in FORMATS:
         raise AuditError(f"unknown format {fmt!r}; expected one of {list(FORMATS)}")
     source, destination = Path(source), Path(destination)
@@ -152,7 +156,15 @@ def convert(source: str | Path, destination: str | Path, fmt: str, target: str |
         raise AuditError(f"{destination}: the ours format is a single *.pt file")
     if fmt != "ours" and destination.is_file():
         raise AuditError(f"{destination}: a file; the {fmt} format is a directory")
-    loaded = load_any(source, target_dir=target)
+    loaded = load_any(source, target_dir=target, options=options or LoadOptions(flag_prefix=""))
+    require_spec(loaded, "convert")
+    if loaded.contradictions:
+        raise AuditError(f"{source}: contradicts itself ({loaded.contradictions[0]}); settle it with --spec "
+                         "before converting")
+    unmapped = loaded.foreign.get("key_map", {}).get("unmapped", [])
+    if unmapped:
+        raise AuditError(f"{source}: {len(unmapped)} tensor(s) map to no DFlash parameter (first: {unmapped[0]!r}); "
+                         "a conversion would drop them: map them with --key-map or remove them")
     changes = lossy_changes(loaded, fmt)
     if changes and not allow_lossy:
         raise AuditError(f"{source} -> {fmt} would change the drafter: {'; '.join(changes)}; "

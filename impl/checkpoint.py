@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ class Checkpoint:
     recipe: Recipe | None = None
     step: int = 0
     optimizer: dict[str, Any] | None = None
+    recipe_unknown: list[str] = field(default_factory=list)  # recipe fields the source never declared
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -108,7 +109,7 @@ def build_drafter(spec: DraftSpec, state_dict: dict[str, torch.Tensor], dtype: t
 
 # -- ours: ckpt.pt -----------------------------------------------------------------------
 def save_checkpoint(path: str | Path, model: DFlashDrafter, recipe: Recipe | None = None, step: int = 0,
-                    optimizer: dict[str, Any] | None = None) -> None:
+                    optimizer: dict[str, Any] | None = None, recipe_unknown: list[str] | None = None) -> None:
     payload = {
         "format": CKPT_FORMAT,
         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
@@ -118,6 +119,8 @@ def save_checkpoint(path: str | Path, model: DFlashDrafter, recipe: Recipe | Non
     }
     if optimizer is not None:
         payload["optimizer"] = optimizer
+    if recipe_unknown:  # a converted checkpoint whose source never said these: unknown, not defaults
+        payload["recipe_unknown"] = sorted(recipe_unknown)
     atomic_write_bytes(Path(path), lambda tmp: torch.save(payload, tmp))
 
 
@@ -141,8 +144,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     except (SpecError, TypeError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     state = strip_wrapper_prefixes(payload["model"])
+    unknown = payload.get("recipe_unknown") or []
+    if not isinstance(unknown, list) or not all(isinstance(name, str) for name in unknown):
+        raise CheckpointError(f"{path}: recipe_unknown must be a list of recipe field names")
     return Checkpoint(spec=spec, state_dict=state, recipe=recipe, step=int(payload.get("step", 0)),
-                      optimizer=payload.get("optimizer"))
+                      optimizer=payload.get("optimizer"), recipe_unknown=list(unknown))
 
 
 # -- z-lab directory ---------------------------------------------------------------------

@@ -17,8 +17,19 @@ SCHEMA = "dflash-audit/1"
 
 
 def side_dict(side: Side) -> dict[str, Any]:
-    return {"path": side.path, "format": side.format, "spec": side.spec.to_dict(),
-            "raw_target_layer_ids": side.raw_layer_ids, "layer_id_convention": side.layer_id_convention}
+    """A side as read: its spec (`null` for an unknown field), where each field came from, and for a
+    foreign checkpoint how it was read (entry, ignored training state, name mapping, keys not read)."""
+    spec = {name: side.value(name) for name in side.provenance if not name.startswith("recipe.")} \
+        if side.spec is None else side.spec.to_dict()
+    data = {"path": side.path, "format": side.format, "spec": spec, "spec_complete": side.spec is not None,
+            "provenance": side.provenance, "raw_target_layer_ids": side.raw_layer_ids,
+            "layer_id_convention": side.layer_id_convention}
+    if side.contradictions:
+        data["contradictions"] = side.contradictions
+    if side.foreign:
+        data["foreign"] = side.foreign
+        data["recipe_unknown"] = side.recipe_unknown
+    return data
 
 
 def report_dict(report: AuditReport) -> dict[str, Any]:

@@ -48,6 +48,8 @@ class SpecRow:
     ref_raw: Any
     ours: Any
     ref: Any
+    ours_source: dict[str, str] = field(default_factory=dict)  # provenance: {"source", "detail"}
+    ref_source: dict[str, str] = field(default_factory=dict)
 
     @property
     def same(self) -> bool:
@@ -58,7 +60,8 @@ class SpecRow:
 class TensorRow:
     key: str
     group: str  # "layers.0", "fc", "norm", ..., or "verifier-owned"
-    status: str  # equal | values differ | missing in ours | missing in ref | shape | dtype | verifier-owned
+    # equal | values differ | missing in ours/ref | unexpected in ours/ref | shape | dtype | verifier-owned
+    status: str
     ours_shape: list[int] | None = None
     ref_shape: list[int] | None = None
     ours_dtype: str | None = None
@@ -79,7 +82,7 @@ class StaticAudit:
 
 def static_audit(ours: Side, ref: Side, expect_identical: bool = False, advance=lambda: None) -> StaticAudit:
     """All static findings of `ours` against `ref`. `advance` is called once per compared tensor."""
-    findings = spec_findings(ours, ref)
+    findings = self_findings(ours, "ours") + self_findings(ref, "ref") + spec_findings(ours, ref)
     recipe_found, recipes = recipe_findings(ours, ref)
     tensor_rows = compare_tensors(ours, ref, findings, advance)
     findings += recipe_found + weight_findings(tensor_rows, ours, ref, expect_identical)
@@ -88,28 +91,69 @@ def static_audit(ours: Side, ref: Side, expect_identical: bool = False, advance=
 
 # -- spec ------------------------------------------------------------------------------------
 def spec_findings(ours: Side, ref: Side) -> list[Finding]:
-    o, r = ours.spec, ref.spec
     found = layer_id_findings(ours, ref)
-    if o.block_size != r.block_size:
-        found.append(Finding(
+
+    def both(name):
+        return ours.is_known(name) and ref.is_known(name)
+
+    o_block, r_block = ours.value("block_size"), ref.value("block_size")
+    if both("block_size") and o_block != r_block:
+        found.append(default_aware(ours, ref, "block_size", Finding(
             "block_size", "divergence",
-            f"Blocks of {o.block_size} tokens in ours vs {r.block_size} in ref: a round drafts at most "
-            f"{o.block_size - 1} vs {r.block_size - 1} tokens, and a drafter run with a block size it was not "
-            "trained for mispredicts the extra slots.", o.block_size, r.block_size, pitfall=16))
-    if o.mask_token_id != r.mask_token_id:
-        found.append(Finding(
+            f"Blocks of {o_block} tokens in ours vs {r_block} in ref: a round drafts at most "
+            f"{o_block - 1} vs {r_block - 1} tokens, and a drafter run with a block size it was not "
+            "trained for mispredicts the extra slots.", o_block, r_block, pitfall=16)))
+    o_mask, r_mask = ours.value("mask_token_id"), ref.value("mask_token_id")
+    if both("mask_token_id") and o_mask != r_mask:
+        found.append(default_aware(ours, ref, "mask_token_id", Finding(
             "mask_token", "divergence",
-            f"The empty block slots are filled with token {o.mask_token_id} in ours but {r.mask_token_id} in ref: "
-            "a drafter fed a mask token it never saw in training drafts garbage.",
-            o.mask_token_id, r.mask_token_id, pitfall=14))
-    found += layer_type_findings(o, r)
+            f"The empty block slots are filled with token {o_mask} in ours but {r_mask} in ref: "
+            "a drafter fed a mask token it never saw in training drafts garbage.", o_mask, r_mask, pitfall=14)))
+    found += layer_type_findings(ours, ref)
     for name, pitfall in ARCHITECTURE_FIELDS.items():
-        a, b = getattr(o, name), getattr(r, name)
-        if a != b:
+        a, b = ours.value(name), ref.value(name)
+        if both(name) and a != b:
             severity = "warning" if name in ARCHITECTURE_WARNINGS else "divergence"
-            found.append(Finding(
+            found.append(default_aware(ours, ref, name, Finding(
                 "architecture", severity, f"{name} is {a!r} in ours but {b!r} in ref: "
-                + architecture_consequence(name), a, b, pitfall=pitfall, key=name))
+                + architecture_consequence(name), a, b, pitfall=pitfall, key=name)))
+    return found
+
+
+# Which finding component a spec field belongs to (for unknowns and contradictions).
+FIELD_COMPONENT = {"target_layer_ids": "target_layers", "block_size": "block_size", "mask_token_id": "mask_token",
+                   "layer_types": "layer_types", "sliding_window": "layer_types"}
+
+
+def default_aware(ours: Side, ref: Side, name: str, finding: Finding) -> Finding:
+    """A difference where one side only took a default is a warning: that side never said its value."""
+    defaulted = [side for side, s in (("ours", ours), ("ref", ref)) if s.source(name) == "default"]
+    if not defaulted or finding.severity != "divergence":
+        return finding
+    side = defaulted[0]
+    flag = f"--{side}-spec {name}=..."
+    finding.severity = "warning"
+    finding.message += (f" ({side} does not declare {name}: its value is a default; if it was trained with another, "
+                        f"give it with {flag})")
+    return finding
+
+
+def self_findings(side: Side, name: str) -> list[Finding]:
+    """What one side says about itself: fields nobody can know without a declaration, contradictions."""
+    found = []
+    for field_name, prov in side.provenance.items():
+        if prov.get("source") != "unknown" or field_name.startswith("recipe."):
+            continue
+        component = FIELD_COMPONENT.get(field_name, "architecture")
+        found.append(Finding(component, "warning", f"{field_name} of {name} is unknown: {prov.get('detail', '')}.",
+                             None if name == "ref" else "unknown", None if name == "ours" else "unknown",
+                             key=f"unknown in {name}: {field_name}"))
+    for text in side.contradictions:
+        field_name = text.split(" ", 1)[0].rstrip(":")
+        component = "fc_dims" if field_name == "target_layer_ids" else FIELD_COMPONENT.get(field_name, "architecture")
+        found.append(Finding(component, "divergence", f"{name} contradicts itself: {text}.",
+                             text if name == "ours" else None, text if name == "ref" else None,
+                             key=f"contradiction in {name}: {field_name}"))
     return found
 
 
@@ -124,27 +168,32 @@ def architecture_consequence(name: str) -> str:
 
 
 def layer_id_findings(ours: Side, ref: Side) -> list[Finding]:
-    o, r = ours.spec, ref.spec
     raw = {"ours": {"ids": ours.raw_layer_ids, "convention": ours.layer_id_convention},
            "ref": {"ids": ref.raw_layer_ids, "convention": ref.layer_id_convention}}
-    ids_o, ids_r = list(o.target_layer_ids), list(r.target_layer_ids)
-    if len(ids_o) != len(ids_r):
-        left_out = [i for i in ids_r if i not in ids_o]
-        extra = [i for i in ids_o if i not in ids_r]
+    ids_o, ids_r = ours.value("target_layer_ids"), ref.value("target_layer_ids")
+    count_o, count_r = ours.fc_layer_count, ref.fc_layer_count
+    if count_o is not None and count_r is not None and count_o != count_r:
         detail = []
-        if left_out:
-            deepest = " (the deepest)" if max(ids_r) in left_out else ""
-            detail.append(f"ours leaves out target layer{'s' if len(left_out) > 1 else ''} "
-                          f"{', '.join(map(str, left_out))}{deepest}")
-        if extra:
-            detail.append(f"ours adds {', '.join(map(str, extra))}")
+        if ids_o is not None and ids_r is not None:
+            left_out = [i for i in ids_r if i not in ids_o]
+            extra = [i for i in ids_o if i not in ids_r]
+            if left_out:
+                deepest = " (the deepest)" if max(ids_r) in left_out else ""
+                detail.append(f"ours leaves out target layer{'s' if len(left_out) > 1 else ''} "
+                              f"{', '.join(map(str, left_out))}{deepest}")
+            if extra:
+                detail.append(f"ours adds {', '.join(map(str, extra))}")
+        else:
+            unknown = [side for side, ids in (("ours", ids_o), ("ref", ids_r)) if ids is None]
+            detail.append(f"which layers {' and '.join(unknown)} read{'s' if len(unknown) == 1 else ''} is unknown")
         return [Finding(
             "fc_dims", "divergence",
-            f"fc reads {len(ids_o)} target layers in ours but {len(ids_r)} in ref ({'; '.join(detail)}): "
-            f"fc.weight in_features {o.fc_in_features} vs {r.fc_in_features}. Every selected layer must feed fc.",
-            {"target_layer_ids": ids_o, "fc_in_features": o.fc_in_features},
-            {"target_layer_ids": ids_r, "fc_in_features": r.fc_in_features}, pitfall=4, raw=raw)]
-    if ids_o != ids_r:
+            f"fc reads {count_o} target layers in ours but {count_r} in ref ({'; '.join(detail)}): "
+            f"fc.weight in_features {ours.fc_in_features} vs {ref.fc_in_features}. Every selected layer must feed fc.",
+            {"target_layer_ids": ids_o, "fc_in_features": ours.fc_in_features},
+            {"target_layer_ids": ids_r, "fc_in_features": ref.fc_in_features}, pitfall=4, raw=raw)]
+    if ids_o is not None and ids_r is not None and list(ids_o) != list(ids_r):
+        ids_o, ids_r = list(ids_o), list(ids_r)
         shifted = all(a - b == ids_o[0] - ids_r[0] for a, b in zip(ids_o, ids_r)) and abs(ids_o[0] - ids_r[0]) == 1
         why = (" Every id is shifted by one: one side reads hs[id] where z-lab reads hs[id + 1]." if shifted
                else " The drafter reads different target layers than the reference was built with.")
@@ -154,23 +203,25 @@ def layer_id_findings(ours: Side, ref: Side) -> list[Finding]:
     return []
 
 
-def layer_type_findings(o: DraftSpec, r: DraftSpec) -> list[Finding]:
-    if o.num_hidden_layers != r.num_hidden_layers:
+def layer_type_findings(ours: Side, ref: Side) -> list[Finding]:
+    o_layers, r_layers = ours.value("num_hidden_layers"), ref.value("num_hidden_layers")
+    if o_layers != r_layers or not (ours.is_known("layer_types") and ref.is_known("layer_types")):
         return []  # a different layer count is the architecture finding's root cause
+    o_types, r_types = list(ours.value("layer_types")), list(ref.value("layer_types"))
     found = []
-    if o.layer_types != r.layer_types:
-        differing = [i for i, (a, b) in enumerate(zip(o.layer_types, r.layer_types)) if a != b]
-        found.append(Finding(
+    if o_types != r_types:
+        differing = [i for i, (a, b) in enumerate(zip(o_types, r_types)) if a != b]
+        found.append(default_aware(ours, ref, "layer_types", Finding(
             "layer_types", "divergence",
             f"Draft layer{'s' if len(differing) > 1 else ''} {differing} use a different attention type "
             "(sliding vs full): sliding layers are causal within the block and windowed over the context.",
-            list(o.layer_types), list(r.layer_types), pitfall=11))
-    if "sliding_attention" in o.layer_types and o.sliding_window != r.sliding_window and o.layer_types == r.layer_types:
-        found.append(Finding(
+            o_types, r_types, pitfall=11)))
+    o_window, r_window = ours.value("sliding_window"), ref.value("sliding_window")
+    if "sliding_attention" in o_types and o_window != r_window and o_types == r_types:
+        found.append(default_aware(ours, ref, "sliding_window", Finding(
             "layer_types", "divergence",
-            f"Sliding window {o.sliding_window} in ours vs {r.sliding_window} in ref: contexts longer than the "
-            "smaller window are attended differently.", o.sliding_window, r.sliding_window, pitfall=11,
-            key="sliding_window"))
+            f"Sliding window {o_window} in ours vs {r_window} in ref: contexts longer than the "
+            "smaller window are attended differently.", o_window, r_window, pitfall=11, key="sliding_window")))
     return found
 
 
@@ -178,41 +229,58 @@ def spec_rows(ours: Side, ref: Side) -> list[SpecRow]:
     rows = [SpecRow("format", ours.format, ref.format, ours.format, ref.format),
             SpecRow("layer-id convention", ours.layer_id_convention, ref.layer_id_convention, "zlab", "zlab")]
     for f in fields(DraftSpec):
-        a, b = getattr(ours.spec, f.name), getattr(ref.spec, f.name)
-        a, b = (list(a), list(b)) if isinstance(a, tuple) else (a, b)
+        a, b = (side.value(f.name) if side.is_known(f.name) else "unknown" for side in (ours, ref))
+        a, b = (list(v) if isinstance(v, tuple) else v for v in (a, b))
         raw_a, raw_b = (ours.raw_layer_ids, ref.raw_layer_ids) if f.name == "target_layer_ids" else (a, b)
-        rows.append(SpecRow(f.name, raw_a, raw_b, a, b))
-    rows.append(SpecRow("fc_in_features", ours.spec.fc_in_features, ref.spec.fc_in_features,
-                        ours.spec.fc_in_features, ref.spec.fc_in_features))
+        rows.append(SpecRow(f.name, raw_a if raw_a is not None else "unknown", raw_b if raw_b is not None else "unknown",
+                            a, b, ours.provenance.get(f.name, {}), ref.provenance.get(f.name, {})))
+    fc = [side.fc_in_features if side.fc_in_features is not None else "unknown" for side in (ours, ref)]
+    rows.append(SpecRow("fc_in_features", fc[0], fc[1], fc[0], fc[1],
+                        {"source": "inferred", "detail": "target layers x hidden size"},
+                        {"source": "inferred", "detail": "target layers x hidden size"}))
     return rows
 
 
 # -- recipe ----------------------------------------------------------------------------------
 def recipe_of(side: Side) -> tuple[Recipe, dict[str, str], bool]:
-    """The side's recipe and per-field source; defaults from the training reference when it has none."""
-    if side.recipe is not None:
-        return side.recipe, {}, True
+    """The side's recipe and per-field source; defaults from the training reference when it has none.
+
+    A foreign checkpoint's recipe is what it declared; the fields it did not declare are in
+    `side.recipe_unknown` and are never compared (the placeholder values are not read)."""
+    if side.recipe is not None or side.format == "foreign":
+        return side.recipe or Recipe(), {}, True
     from dflash_audit.audit.reference_defaults import reference_recipe
 
     recipe, sources = reference_recipe()
     return recipe, sources, False
 
 
-def source_layer(recipe: Recipe, spec: DraftSpec) -> int:
-    return spec.num_target_layers - 1 if recipe.verifier_source_layer is None else recipe.verifier_source_layer
+def source_layer(recipe: Recipe, side: Side) -> int | str:
+    if recipe.verifier_source_layer is not None:
+        return recipe.verifier_source_layer
+    depth = side.value("num_target_layers")
+    return depth - 1 if depth is not None else "the final layer"
+
+
+def is_final(layer: int | str, side: Side) -> bool:
+    depth = side.value("num_target_layers")
+    return layer == "the final layer" or (depth is not None and layer == depth - 1)
 
 
 def recipe_findings(ours: Side, ref: Side) -> tuple[list[Finding], dict[str, dict[str, Any]]]:
-    if ours.recipe is None and ref.recipe is None:
+    if ours.recipe is None and ref.recipe is None and "foreign" not in (ours.format, ref.format):
         note = "neither checkpoint carries a recipe"
         return [], {"ours": {"recipe": None, "source": note}, "ref": {"recipe": None, "source": note}}
     (ro, src_o, has_o), (rr, src_r, has_r) = recipe_of(ours), recipe_of(ref)
+    unknown = set(ours.recipe_unknown) | set(ref.recipe_unknown)
     found = []
     for name, (pitfall, severity, consequence) in RECIPE_FIELDS.items():
+        if name in unknown:
+            continue  # a side that never said it: listed as unknown in the recipe table, not compared
         a, b = getattr(ro, name), getattr(rr, name)
         if name == "verifier_source_layer":
-            a, b = source_layer(ro, ours.spec), source_layer(rr, ref.spec)
-            if a == ours.spec.num_target_layers - 1 and b == ref.spec.num_target_layers - 1:
+            a, b = source_layer(ro, ours), source_layer(rr, ref)
+            if is_final(a, ours) and is_final(b, ref):
                 continue  # both the final layer, even of targets of different depth
         if a == b:
             continue
@@ -223,16 +291,28 @@ def recipe_findings(ours: Side, ref: Side) -> tuple[list[Finding], dict[str, dic
             where = f" (ours carries no recipe: {src_o[name]})"
         found.append(Finding("recipe", severity, f"{name}: {a!r} in ours vs {b!r} in ref{where} — {consequence}.",
                              a, b, pitfall=pitfall, key=name))
-    recipes = {
-        "ours": {"recipe": ro.to_dict(), "source": "checkpoint" if has_o else "reference defaults", "sources": src_o},
-        "ref": {"recipe": rr.to_dict(), "source": "checkpoint" if has_r else "reference defaults", "sources": src_r},
-    }
+    recipes = {side_name: recipe_table(side, recipe, sources, has)
+               for side_name, side, recipe, sources, has in (("ours", ours, ro, src_o, has_o),
+                                                             ("ref", ref, rr, src_r, has_r))}
     return found, recipes
 
 
+def recipe_table(side: Side, recipe: Recipe, sources: dict[str, str], has: bool) -> dict[str, Any]:
+    values = recipe.to_dict()
+    for name in side.recipe_unknown:
+        values[name] = "unknown"
+    if side.format == "foreign":
+        sources = {name: side.provenance.get(f"recipe.{name}", {}).get("detail", "") for name in RECIPE_FIELDS}
+        return {"recipe": values, "source": "declared by the checkpoint (unknown where not declared)",
+                "sources": sources}
+    return {"recipe": values, "source": "checkpoint" if has else "reference defaults", "sources": sources}
+
+
 # -- tensors ---------------------------------------------------------------------------------
-def expected_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
-    """Draft-body tensor shapes a spec implies (built on the meta device: no memory)."""
+def expected_shapes(spec: DraftSpec | None) -> dict[str, tuple[int, ...]]:
+    """Draft-body tensor shapes a spec implies (built on the meta device: no memory); {} if unknown."""
+    if spec is None:
+        return {}
     with torch.device("meta"):
         model = DFlashDrafter(spec)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -251,7 +331,7 @@ def shape_cause(key: str, findings: list[Finding]) -> str:
 
 
 def compare_tensors(ours: Side, ref: Side, findings: list[Finding], advance) -> list[TensorRow]:
-    exp_o, exp_r = expected_shapes(ours.spec), expected_shapes(ref.spec)
+    exp_o, exp_r = (expected_shapes(side.shape_spec()) for side in (ours, ref))
     rows = []
     for key in sorted(set(ours.state_dict) | set(ref.state_dict)):
         a, b = ours.state_dict.get(key), ref.state_dict.get(key)
@@ -264,8 +344,10 @@ def compare_tensors(ours: Side, ref: Side, findings: list[Finding], advance) -> 
                           if t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all())]
         if a is None or b is None:
             row.status = "missing in ours" if a is None else "missing in ref"
-            owner_spec = exp_o if a is None else exp_r  # the side lacking the tensor
-            if key not in owner_spec:
+            holder, lacker = (exp_r, exp_o) if a is None else (exp_o, exp_r)
+            if key not in holder:
+                row.status = "unexpected in ref" if a is None else "unexpected in ours"  # its own spec has no such tensor
+            elif key not in lacker:
                 row.explained_by = shape_cause(key, findings) or "architecture"
         elif tuple(a.shape) != tuple(b.shape):
             row.status = "shape"
@@ -321,6 +403,7 @@ def weight_findings(rows: list[TensorRow], ours: Side, ref: Side, expect_identic
                 f"{len(bad)} tensor(s) of {side} hold NaN or infinite values (first: {bad[0]}): every draft from "
                 "it is garbage.", bad if side == "ours" else None, bad if side == "ref" else None,
                 key=f"non-finite in {side}"))
+    found += unexpected_findings(body, ours, ref)
     shape = keys(lambda r: r.status == "shape" and not r.explained_by)
     if shape:
         found.append(Finding("weights", "divergence",
@@ -346,6 +429,7 @@ def weight_findings(rows: list[TensorRow], ours: Side, ref: Side, expect_identic
             f"{worst.max_abs_diff:.3g} in {worst.key}; lowest cosine {least.cosine:.4f} in {least.key}): {expected}.",
             {"max_abs_diff": worst.max_abs_diff, "tensor": worst.key},
             {"min_cosine": least.cosine, "tensor": least.key}, key="values"))
+    found += ignored_entry_findings(ours, ref)
     owned = {side: sorted(s.verifier_tensors) for side, s in (("ours", ours), ("ref", ref)) if s.verifier_tensors}
     if owned:
         found.append(Finding(
@@ -353,4 +437,50 @@ def weight_findings(rows: list[TensorRow], ours: Side, ref: Side, expect_identic
             "Verifier-owned tensors (" + "; ".join(f"{side}: {', '.join(k)}" for side, k in owned.items())
             + ") are copies of the target's embeddings, head and norm, not trained draft weights; not compared.",
             owned.get("ours"), owned.get("ref"), pitfall=13, key="verifier-owned"))
+    return found
+
+
+# Tensor-name tokens of drafter families other than DFlash (an extra tensor of one names the family).
+FAMILY_TOKENS = {"DFlash2 (grouped causal convolutions, candidate selector)": ("conv", "selector", "codebook")}
+
+
+def unexpected_findings(rows: list[TensorRow], ours: Side, ref: Side) -> list[Finding]:
+    """Tensors a side holds that no DFlash drafter of its own spec has: never dropped, always a finding."""
+    found = []
+    for side_name, side in (("ours", ours), ("ref", ref)):
+        extra = [r.key for r in rows if r.status == f"unexpected in {side_name}"]
+        if not extra:
+            continue
+        mapped_to_nothing = side.foreign.get("key_map", {}).get("unmapped", [])
+        family = next((name for name, tokens in FAMILY_TOKENS.items()
+                       if any(t in key for key in extra for t in tokens)), None)
+        values = (extra if side_name == "ours" else None, extra if side_name == "ref" else None)
+        if family:
+            found.append(Finding(
+                "architecture", "divergence",
+                f"{side_name} holds {len(extra)} tensor(s) of the {family} family (first: {extra[0]}) that a DFlash "
+                "drafter does not have: the two drafters are of different families.", *values,
+                key=f"family of {side_name}"))
+            continue
+        why = (" (the key map sends them to no canonical name)" if mapped_to_nothing else "")
+        found.append(Finding(
+            "weights", "divergence",
+            f"{len(extra)} tensor(s) in {side_name} that a DFlash drafter of its spec does not have (first: "
+            f"{extra[0]}){why}: listed in the tensor table, compared with nothing.", *values,
+            key=f"unexpected in {side_name}"))
+    return found
+
+
+def ignored_entry_findings(ours: Side, ref: Side) -> list[Finding]:
+    """Training state found beside the weights (optimizer, scheduler, ...): named, not audited."""
+    found = []
+    for side_name, side in (("ours", ours), ("ref", ref)):
+        ignored = side.foreign.get("ignored_entries") or {}
+        if ignored:
+            listing = ", ".join(f"{key} ({role})" for key, role in ignored.items())
+            entry = side.foreign.get("entry")
+            used = f"the drafter's weights were read from entry {entry!r}; " if entry else ""
+            found.append(Finding("weights", "info", f"{side_name}: {used}also in the file, not audited: {listing}.",
+                                 ignored if side_name == "ours" else None, ignored if side_name == "ref" else None,
+                                 key=f"ignored entries of {side_name}"))
     return found

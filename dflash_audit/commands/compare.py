@@ -17,6 +17,7 @@ from dflash_audit.audit.report_terminal import terminal_summary
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.errors import AuditError
+from dflash_audit.formats import LoadOptions
 from dflash_audit.prompts import load_prompts, tokenize_prompts
 from dflash_audit.world import BUILTIN_PROMPTS
 
@@ -45,12 +46,17 @@ def load_prompt_ids(prompts_file: Path | None, tokenizer) -> tuple[list[tuple[st
 def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path | None = None,
                 static_only: bool = False, out: Path | None = None, json_path: Path | None = None,
                 expect_identical: bool = False, max_new_tokens: int = 64, budget: int = 32,
-                cache_dir: Path | None = None, console: Console | None = None) -> AuditReport:
+                cache_dir: Path | None = None, console: Console | None = None, ours_options: LoadOptions | None = None,
+                ref_options: LoadOptions | None = None) -> AuditReport:
     """Load, audit, write `out/index.html` + `out/report.json` (+ `json_path`), print the summary."""
     console = console or Console(stderr=True)
     if max_new_tokens < 1 or budget < 1:
         raise AuditError("--max-new-tokens and --budget must be positive")
-    ours_side, ref_side = load_side(ours, target), load_side(ref, target)
+    ours_side = load_side(ours, target, ours_options or LoadOptions(flag_prefix="--ours"))
+    ref_side = load_side(ref, target, ref_options or LoadOptions(flag_prefix="--ref"))
+    if target is not None and not static_only:
+        for side in (ours_side, ref_side):  # the τ audit runs both drafters: every field must be known
+            side.require_spec("the τ audit (add --static-only for the static audit alone)")
     with progress_bar(console) as bar:
         total = len(set(ours_side.state_dict) | set(ref_side.state_dict))
         task = bar.add_task("static audit: tensors", total=total)
@@ -93,8 +99,18 @@ def register(app: typer.Typer) -> None:
                                               help="any weight difference is a divergence"),
         max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
         budget: int = typer.Option(32, "--budget", help="DDTree node budget"),
+        ours_entry: str | None = typer.Option(None, "--ours-entry",
+                                              help="entry of a training dict holding our state dict"),
+        ref_entry: str | None = typer.Option(None, "--ref-entry", help="same, for --ref"),
+        key_map: Path | None = typer.Option(None, "--key-map", "--ours-key-map",
+                                            help="our parameter names: 'PATTERN => REPLACEMENT' per line"),
+        ref_key_map: Path | None = typer.Option(None, "--ref-key-map", help="same, for --ref"),
+        ours_spec: list[str] = typer.Option([], "--ours-spec", help="KEY=VALUE spec/recipe field (repeatable)"),
+        ref_spec: list[str] = typer.Option([], "--ref-spec", help="same, for --ref"),
     ) -> int:
         """Audit --ours against --ref: findings, spec and tensor diff, per-prompt τ. Exit 1 on divergence."""
         report = run_compare(ours, ref, target, prompts, static_only, out, json_path, expect_identical,
-                             max_new_tokens, budget)
+                             max_new_tokens, budget,
+                             ours_options=LoadOptions(ours_entry, key_map, list(ours_spec), "--ours"),
+                             ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"))
         return report.exit_status

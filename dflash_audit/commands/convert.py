@@ -22,12 +22,18 @@ def convert_command(
     fmt: Format = typer.Option(..., "--format", help="Destination format."),
     target: Path = typer.Option(None, "--target", help="Target (verifier) directory; required for speculators."),
     allow_lossy: bool = typer.Option(False, "--allow-lossy", help="Convert even if the drafter would change."),
+    entry: str = typer.Option(None, "--entry", help="Entry of a training dict holding the state dict."),
+    key_map: Path = typer.Option(None, "--key-map", help="Parameter names: 'PATTERN => REPLACEMENT' per line."),
+    spec: list[str] = typer.Option([], "--spec", help="KEY=VALUE spec/recipe field of the source (repeatable)."),
 ) -> int:
     """Convert a drafter between ours, z-lab and speculators formats (layer ids translated)."""
     from loguru import logger
 
     logger.disable("speculators")  # its per-tensor INFO lines would bury the one-line result
-    result = convert(source, destination, fmt.value, target=target, allow_lossy=allow_lossy)
+    from dflash_audit.formats import LoadOptions
+
+    result = convert(source, destination, fmt.value, target=target, allow_lossy=allow_lossy,
+                     options=LoadOptions(entry, key_map, list(spec), flag_prefix=""))
     typer.echo(f"converted {result.source} ({result.source_format}) -> {result.destination} ({result.format})")
     for note in result.notes:
         typer.echo(f"note: {note}")

@@ -31,11 +31,11 @@ MODES = ("live", "offline")
 DEFAULT_CACHE = Path(".cache") / "offline-tau"
 
 
-def load_drafter(path: Path, target_dir: Path, target):
-    from dflash_audit.formats import load_any
+def load_drafter(path: Path, target_dir: Path, target, options=None):
+    from dflash_audit.formats import LoadOptions, load_any, require_spec
 
-    loaded = load_any(path, target_dir)
-    spec, config = loaded.spec, target.config
+    loaded = load_any(path, target_dir, options or LoadOptions(flag_prefix=""))
+    spec, config = require_spec(loaded, "eval"), target.config
     if spec.hidden_size != config.hidden_size:
         raise AuditError(f"{path}: drafter hidden size {spec.hidden_size}, the target's is {config.hidden_size}")
     depth = len(decoder_layers(target))
@@ -113,7 +113,7 @@ def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new
 def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: str = "dflash", budget: int = 32,
              mode: str = "live", max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0,
              json_path: Path | None = None, cache_dir: Path = DEFAULT_CACHE, chat_template: str = "auto",
-             console: Console | None = None) -> dict | None:
+             console: Console | None = None, load_options=None) -> dict | None:
     """Evaluate, print the table and write `json_path` (rank 0); returns the JSON payload there."""
     from dflash_audit.audit.dynamic import load_target
 
@@ -121,7 +121,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     console = console or Console(stderr=True)
     records = load_prompts(prompts_path)  # bad input fails before any model loads
     target, tokenizer = load_target(target_dir)
-    drafter = load_drafter(drafter_path, target_dir, target)
+    drafter = load_drafter(drafter_path, target_dir, target, load_options)
     prompts = tokenize_prompts(tokenizer, records, chat_template)
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ranks = Ranks()
@@ -173,7 +173,12 @@ def register(app: typer.Typer) -> None:
         json_path: Path | None = typer.Option(None, "--json", help="write the results as JSON here"),
         cache: Path = typer.Option(DEFAULT_CACHE, "--cache", help="hidden-state cache directory (offline mode)"),
         chat_template: str = typer.Option("auto", "--chat-template", help=" | ".join(CHAT_TEMPLATE_MODES)),
+        entry: str | None = typer.Option(None, "--entry", help="entry of a training dict holding the state dict"),
+        key_map: Path | None = typer.Option(None, "--key-map", help="parameter names: 'PATTERN => REPLACEMENT'"),
+        spec: list[str] = typer.Option([], "--spec", help="KEY=VALUE spec/recipe field (repeatable)"),
     ) -> None:
         """Per-prompt τ and per-round acceptance lengths of one drafter."""
+        from dflash_audit.formats import LoadOptions
+
         run_eval(drafter, target, prompts, method, budget, mode, max_new_tokens, temperature, seed, json_path,
-                 cache, chat_template)
+                 cache, chat_template, load_options=LoadOptions(entry, key_map, list(spec), flag_prefix=""))

@@ -1,0 +1,238 @@
+"""Checkpoints this tool did not write: a team's own `ckpt.pt`, a bare `*.safetensors`, a
+`save_pretrained` folder or sharded weights, with their own names and training args.
+
+Weights are read safely (`safe_pickle`, safetensors), the drafter's entry picked
+(`payload`), names mapped to the canonical scheme (`key_map`), and the spec and recipe
+inferred with provenance (`inference`) from shapes, declarations in the file and in the
+configs beside it, the target's config and the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from dflash_audit.formats.inference import Inference, infer, parse_cli_spec, shapes_of
+from dflash_audit.formats.key_map import KeyMapError, map_names, propose_key_map, read_key_map
+from dflash_audit.formats.payload import EntryError, Payload, split_payload
+from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
+from dflash_audit.formats.vocabulary import DeclarationError
+from impl.checkpoint import CheckpointError
+
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+WEIGHT_SUFFIXES = PICKLE_SUFFIXES + (".safetensors",)
+# Declaration files read beside a checkpoint (any *.yaml / *.yml in a checkpoint folder too).
+CONFIG_FILES = ("config.json", "args.json", "training_config.json", "train_config.json", "hparams.json")
+YAML_FILES = ("config.yaml", "hparams.yaml", "args.yaml", "training_config.yaml", "train_config.yaml")
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+@dataclass
+class LoadOptions:
+    """How the user told us to read a checkpoint: the flags `--ours-entry`, `--key-map`, `--ours-spec`."""
+
+    entry: str | None = None
+    key_map: Path | None = None
+    spec: list[str] = field(default_factory=list)
+    flag_prefix: str = "--ours"  # names the flags in messages: --ours-entry, --ref-spec, --entry, ...
+
+    def flag(self, what: str) -> str:
+        return f"{self.flag_prefix}-{what}" if self.flag_prefix else f"--{what}"
+
+
+class UnknownScheme(CheckpointError):
+    """Names that match no known scheme; carries the proposed --key-map text."""
+
+    def __init__(self, message: str, proposal: str):
+        super().__init__(message)
+        self.proposal = proposal
+
+
+@dataclass
+class ForeignRead:
+    tensors: dict[str, torch.Tensor]  # canonical names
+    payload: Payload
+    mapping: Any  # key_map.NameMapping
+    inference: Inference
+    files: list[str]
+
+
+# -- reading -----------------------------------------------------------------------------------
+def is_weight_file(path: Path) -> bool:
+    return path.is_file() and path.name.endswith(WEIGHT_SUFFIXES)
+
+
+def weight_files_of(folder: Path) -> list[Path]:
+    """The weight files of a checkpoint folder: an index's shards, else its one weight file."""
+    for index_name in INDEXES:
+        index = folder / index_name
+        if index.is_file():
+            return shard_files(index)
+    found = sorted(p for p in folder.iterdir() if is_weight_file(p))
+    preferred = [p for p in found if p.name in ("model.safetensors", "pytorch_model.bin")]
+    if preferred:
+        return preferred[:1]
+    if len(found) == 1:
+        return found
+    if not found:
+        names = sorted(p.name for p in folder.iterdir())[:8]
+        raise CheckpointError(f"{folder}: no weights (*.safetensors, *.pt, *.pth, *.bin, *.ckpt) in the directory "
+                              f"(found {names or 'nothing'})")
+    raise CheckpointError(f"{folder}: several weight files ({', '.join(p.name for p in found[:6])}) and no index; "
+                          "pass the one to audit")
+
+
+def shard_files(index: Path) -> list[Path]:
+    """Shards named by an index; each must lie inside the index's own folder."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{index}: invalid JSON ({exc.__class__.__name__})") from exc
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{index}: no 'weight_map' object naming the shards") from exc
+    folder = index.parent.resolve()
+    files = []
+    for name in names:
+        if not isinstance(name, str):
+            raise CheckpointError(f"{index}: weight_map names a non-string shard {name!r}")
+        shard = (index.parent / name).resolve()
+        if shard.parent != folder:
+            raise CheckpointError(f"{index}: weight_map names {name!r}, outside the index's own folder; refused")
+        if not shard.is_file():
+            raise CheckpointError(f"{index}: shard {name!r} is missing")
+        files.append(shard)
+    return files
+
+
+def read_weight_file(path: Path, entry: str | None, entry_flag: str) -> Payload:
+    if path.name.endswith(".safetensors"):
+        try:
+            tensors: dict[str, torch.Tensor] = {}
+            with safe_open(str(path), framework="pt") as handle:
+                metadata = handle.metadata() or {}
+                for key in handle.keys():
+                    tensors[key] = handle.get_tensor(key)
+        except Exception as exc:
+            raise CheckpointError(f"{path}: unreadable safetensors file ({first_line(exc)})") from exc
+        declared = {k: v for k, v in metadata.items() if k != "format"}
+        return Payload(tensors=tensors, entry=None, declarations=[("safetensors metadata", declared)] if declared
+                       else [])
+    try:
+        payload = safe_load(path)
+    except UnsafePickle as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile,
+            AttributeError, ImportError, TypeError, KeyError, IndexError) as exc:
+        raise CheckpointError(f"{path}: not a readable torch checkpoint ({first_line(exc)})") from exc
+    try:
+        return split_payload(payload, entry, entry_flag)
+    except EntryError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+
+
+def first_line(exc: BaseException) -> str:
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # torch colours some messages
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+def read_payloads(files: list[Path], entry: str | None, entry_flag: str) -> Payload:
+    merged: Payload | None = None
+    for path in files:
+        part = read_weight_file(path, entry, entry_flag)
+        if merged is None:
+            merged = part
+            continue
+        clash = sorted(set(merged.tensors) & set(part.tensors))
+        if clash:
+            raise CheckpointError(f"{path}: tensor {clash[0]!r} also stands in another shard")
+        merged.tensors.update(part.tensors)
+    return merged
+
+
+def declaration_files(path: Path) -> list[Path]:
+    """Configs beside a weight file (or inside a checkpoint folder) that may declare settings."""
+    folder = path if path.is_dir() else path.parent
+    names = list(CONFIG_FILES) + list(YAML_FILES)
+    if path.is_file():
+        names += [f"{path.stem}.json", f"{path.stem}.yaml", f"{path.stem}.yml"]
+    found = [folder / n for n in dict.fromkeys(names) if (folder / n).is_file()]
+    if path.is_dir():
+        found += sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p not in found)
+    return found
+
+
+def read_declaration_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path}: not UTF-8 text") from exc
+    except Exception as exc:  # JSON or YAML syntax
+        raise CheckpointError(f"{path}: unreadable {path.suffix.lstrip('.')} ({first_line(exc)})") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a mapping of settings, found {type(data).__name__}")
+    return data
+
+
+def read_target_config(target_dir: str | Path | None) -> dict[str, Any] | None:
+    if target_dir is None:
+        return None
+    config = Path(target_dir) / "config.json"
+    if not config.is_file():
+        return None
+    data = read_declaration_file(config)
+    return data.get("text_config", data) if isinstance(data.get("text_config"), dict) else data
+
+
+# -- the whole load ----------------------------------------------------------------------------------
+def read_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None = None) -> ForeignRead:
+    files = weight_files_of(path) if path.is_dir() else [path]
+    payload = read_payloads(files, options.entry, options.flag("entry"))
+    if not payload.tensors:
+        raise CheckpointError(f"{path}: holds no tensors")
+    rules = None
+    if options.key_map is not None:
+        try:
+            rules = read_key_map(Path(options.key_map))
+        except KeyMapError as exc:
+            raise CheckpointError(str(exc)) from exc
+    try:
+        mapping = map_names(list(payload.tensors), rules, str(options.key_map))
+    except KeyMapError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    if mapping is None:
+        proposal = propose_key_map(shapes_of(payload.tensors))
+        example = next(iter(payload.tensors))
+        raise UnknownScheme(
+            f"{path}: parameter names match no known scheme (e.g. {example!r}, {len(payload.tensors)} tensors); "
+            "a proposed map is printed above: check it, save it and pass it with --key-map FILE", proposal)
+    tensors = {mapping.renamed[raw]: tensor for raw, tensor in payload.tensors.items()}
+    label = path.name
+    sources = [(f"{label}: {entry}" if entry else f"{label}:", data) for entry, data in payload.declarations]
+    for config in declaration_files(path):
+        if config.resolve() in {f.resolve() for f in files}:
+            continue
+        sources.append((config.name, read_declaration_file(config)))
+    try:
+        cli = parse_cli_spec(options.spec, options.flag("spec"))
+        inference = infer(shapes_of(tensors), sources, read_target_config(target_dir),
+                          f"--target {target_dir}/config.json", cli, options.flag("spec"))
+    except DeclarationError as exc:
+        raise CheckpointError(str(exc)) from exc
+    return ForeignRead(tensors=tensors, payload=payload, mapping=mapping, inference=inference,
+                       files=[str(f) for f in files])

@@ -1,0 +1,230 @@
+"""A drafter's spec and recipe from what a foreign checkpoint shows and says, with provenance.
+
+Sources, strongest first: the command line (`--ours-spec KEY=VALUE`), the tensors' shapes
+(hidden size, draft layers, heads, head_dim, intermediate size, how many target layers fc
+reads, vocabulary where embeddings or a head are present), what the checkpoint or the files
+beside it declare, the target's config (`--target`), and Qwen3's defaults for the settings a
+Qwen3 layer always has. Which target layers feed fc, the mask token, the block size and the
+target's depth cannot be read from weights: without a declaration they stay unknown, never
+guessed. A declaration that the weights contradict is kept as a contradiction of that
+checkpoint, and the field then follows the weights (shape fields) or stays unknown.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from dflash_audit.formats.vocabulary import (ALIASES, RECIPE_FIELDS, Declaration, DeclarationError, convert,
+                                             read_declarations)
+from impl.spec import DraftSpec, Recipe, SpecError
+
+SOURCES = ("declared", "inferred", "cli", "default", "unknown")
+# Settings every Qwen3 decoder layer has, with the value a config that omits them gets.
+QWEN3_DEFAULTS = {"layer_types": None, "sliding_window": None, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6,
+                  "max_position_embeddings": 40960, "hidden_act": "silu", "input_embedding_scale": 1.0,
+                  "output_multiplier": 1.0, "final_logit_softcapping": None, "attention_bias": False}
+# Fields that no weight shows and no default may stand in for, and the flag that supplies each.
+NEEDS_DECLARATION = ("target_layer_ids", "num_target_layers", "mask_token_id", "block_size", "vocab_size")
+SPEC_FIELDS = [f.name for f in fields(DraftSpec)]
+LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
+
+
+@dataclass
+class Provenance:
+    source: str  # declared | inferred | cli | default | unknown
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"source": self.source, "detail": self.detail}
+
+
+@dataclass
+class Inference:
+    values: dict[str, Any]  # known spec fields
+    provenance: dict[str, Provenance]  # every spec field and every recipe field
+    recipe_values: dict[str, Any]
+    contradictions: list[str] = field(default_factory=list)
+    unrecognized: dict[str, Any] = field(default_factory=dict)
+    fc_layer_count: int | None = None
+
+    @property
+    def missing(self) -> list[str]:
+        return [name for name in SPEC_FIELDS if name not in self.values]
+
+    def spec(self, source: str) -> DraftSpec | None:
+        if self.missing:
+            return None
+        values = dict(self.values)
+        values["layer_types"] = tuple(values["layer_types"] or ())
+        try:
+            return DraftSpec(**values)
+        except SpecError as exc:
+            raise DeclarationError(f"{source}: {exc} ({self.provenance[exc.field].detail})"
+                                   if exc.field in self.provenance else f"{source}: {exc}") from exc
+
+    def recipe(self) -> Recipe | None:
+        return Recipe(**self.recipe_values) if self.recipe_values else None
+
+    @property
+    def recipe_unknown(self) -> list[str]:
+        return [f.name for f in fields(Recipe) if f.name not in self.recipe_values and f.name not in ("data_hash", "extra")]
+
+
+# -- shapes ----------------------------------------------------------------------------------
+def shape_facts(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[Any, str]]:
+    """What the canonical tensors' shapes say: field -> (value, how it was read)."""
+    facts: dict[str, tuple[Any, str]] = {}
+
+    def shape(name):
+        return tuple(shapes[name]) if name in shapes else None
+
+    for name in ("norm.weight", "hidden_norm.weight", "layers.0.input_layernorm.weight"):
+        if shape(name) and len(shape(name)) == 1:
+            facts["hidden_size"] = (shape(name)[0], f"{name} shape {list(shape(name))}")
+            break
+    else:
+        if shape("fc.weight") and len(shape("fc.weight")) == 2:
+            facts["hidden_size"] = (shape("fc.weight")[0], f"fc.weight shape {list(shape('fc.weight'))} (out features)")
+    layers = sorted({int(m.group(1)) for key in shapes if (m := LAYER_KEY.match(key))})
+    if layers:
+        facts["num_hidden_layers"] = (len(layers), f"layers.{layers[0]}..layers.{layers[-1]} ({len(layers)} indices)")
+    q_norm, q_proj = shape("layers.0.self_attn.q_norm.weight"), shape("layers.0.self_attn.q_proj.weight")
+    k_proj, gate = shape("layers.0.self_attn.k_proj.weight"), shape("layers.0.mlp.gate_proj.weight")
+    if q_norm:
+        head_dim = q_norm[0]
+        facts["head_dim"] = (head_dim, f"layers.0.self_attn.q_norm.weight shape {list(q_norm)}")
+        if q_proj and q_proj[0] % head_dim == 0:
+            facts["num_attention_heads"] = (q_proj[0] // head_dim,
+                                            f"layers.0.self_attn.q_proj.weight rows {q_proj[0]} / head_dim {head_dim}")
+        if k_proj and k_proj[0] % head_dim == 0:
+            facts["num_key_value_heads"] = (k_proj[0] // head_dim,
+                                            f"layers.0.self_attn.k_proj.weight rows {k_proj[0]} / head_dim {head_dim}")
+    if gate:
+        facts["intermediate_size"] = (gate[0], f"layers.0.mlp.gate_proj.weight shape {list(gate)}")
+    if layers:
+        facts["attention_bias"] = ("layers.0.self_attn.q_proj.bias" in shapes,
+                                   "layers.0.self_attn.q_proj.bias " +
+                                   ("present" if "layers.0.self_attn.q_proj.bias" in shapes else "absent"))
+    for name in ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight"):
+        if shape(name) and len(shape(name)) == 2:
+            facts["vocab_size"] = (shape(name)[0], f"{name} shape {list(shape(name))}")
+            break
+    return facts
+
+
+def fc_layer_count(shapes: dict[str, tuple[int, ...]], hidden: int | None) -> tuple[int, str] | None:
+    fc = shapes.get("fc.weight")
+    if fc is None or len(fc) != 2 or not hidden or fc[1] % hidden:
+        return None
+    return fc[1] // hidden, f"fc.weight in_features {fc[1]} / hidden {hidden}"
+
+
+# -- putting it together -------------------------------------------------------------------------
+def parse_cli_spec(pairs: list[str], flag: str) -> dict[str, tuple[Any, str]]:
+    """`--ours-spec KEY=VALUE` pairs -> field -> (value, detail); lists are comma-separated."""
+    parsed = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise DeclarationError(f"{flag} {pair!r}: expected KEY=VALUE")
+        name = ALIASES.get(key, key)
+        if name not in SPEC_FIELDS and name not in RECIPE_FIELDS:
+            raise DeclarationError(f"{flag} {key}: not a spec or recipe field (spec: {', '.join(SPEC_FIELDS)}; "
+                                   f"recipe: {', '.join(sorted(RECIPE_FIELDS))})")
+        raw = raw.strip()
+        value: Any = raw
+        if name == "layer_types":
+            value = [v.strip() for v in raw.split(",") if v.strip()]
+        elif raw.lower() in ("none", "null") and name in ("sliding_window", "final_logit_softcapping",
+                                                           "verifier_source_layer"):
+            value = None
+        if value is not None:
+            value = convert(name, value, f"{flag} {key}")
+        parsed[name] = (value, f"{flag} {key}={raw}")
+    return parsed
+
+
+def infer(shapes: dict[str, tuple[int, ...]], declaration_sources: list[tuple[str, dict[str, Any]]],
+          target_config: dict[str, Any] | None, target_label: str, cli: dict[str, tuple[Any, str]],
+          cli_flag: str) -> Inference:
+    declared, unrecognized = read_declarations(declaration_sources)
+    facts = shape_facts(shapes)
+    values: dict[str, Any] = {}
+    provenance: dict[str, Provenance] = {}
+    contradictions: list[str] = []
+
+    def settle(name: str, candidates: list[Declaration]) -> Declaration | None:
+        """The one declared value; two sources that disagree are a contradiction of this checkpoint."""
+        distinct = {repr(d.value) for d in candidates}
+        if len(distinct) > 1:
+            contradictions.append(f"{name} is declared as " + " and as ".join(
+                f"{d.value!r} ({d.where})" for d in candidates))
+            return None
+        return candidates[0] if candidates else None
+
+    for name in SPEC_FIELDS:
+        if name in cli:
+            values[name], provenance[name] = cli[name][0], Provenance("cli", cli[name][1])
+            continue
+        said = settle(name, declared.get(name, []))
+        if name in facts:
+            value, how = facts[name]
+            if said is not None and said.value != value:
+                contradictions.append(f"{name}: {said.where} declares {said.value!r}, but {how} says {value!r}")
+            values[name], provenance[name] = value, Provenance("inferred", how)
+        elif said is not None:
+            values[name], provenance[name] = said.value, Provenance("declared", said.where)
+        elif target_config is not None and name in ("num_target_layers", "vocab_size"):
+            key = "num_hidden_layers" if name == "num_target_layers" else "vocab_size"
+            if isinstance(target_config.get(key), int):
+                values[name] = target_config[key]
+                provenance[name] = Provenance("inferred", f"{target_label} {key}")
+        elif name in QWEN3_DEFAULTS and name not in ("layer_types", "sliding_window"):
+            values[name] = QWEN3_DEFAULTS[name]
+            provenance[name] = Provenance("default", "not declared; Qwen3 / z-lab default")
+    # Layer types and window: all full attention unless declared (a Qwen3 config's default).
+    if "layer_types" not in values and "num_hidden_layers" in values:
+        window = values.get("sliding_window")
+        kind = "sliding_attention" if window else "full_attention"
+        values["layer_types"] = [kind] * values["num_hidden_layers"]
+        provenance["layer_types"] = Provenance("default", f"not declared; every layer {kind} (Qwen3 default)")
+    if "sliding_window" not in values:
+        values["sliding_window"] = None
+        provenance["sliding_window"] = Provenance("default", "not declared; no sliding window (Qwen3 default)")
+
+    count = fc_layer_count(shapes, values.get("hidden_size"))
+    ids = values.get("target_layer_ids")
+    if count and ids is not None and len(ids) != count[0]:
+        contradictions.append(f"target_layer_ids: {provenance['target_layer_ids'].detail} names {len(ids)} layers "
+                              f"{list(ids)}, but {count[1]} = {count[0]} layers")
+        del values["target_layer_ids"]
+    for name in SPEC_FIELDS:
+        if name not in values:
+            flag_hint = f"{cli_flag} {name}=..." + (" or --target" if name in ("num_target_layers", "vocab_size")
+                                                      else "")
+            why = ("which target layers feed fc cannot be read from weights" if name == "target_layer_ids"
+                   else "not declared and not visible in the weights")
+            provenance[name] = Provenance("unknown", f"{why}; give it with {flag_hint}")
+
+    recipe_values: dict[str, Any] = {}
+    for name in sorted(RECIPE_FIELDS):
+        if name in cli:
+            recipe_values[name], provenance[f"recipe.{name}"] = cli[name][0], Provenance("cli", cli[name][1])
+            continue
+        said = settle(name, declared.get(name, []))
+        if said is not None:
+            recipe_values[name] = said.value
+            provenance[f"recipe.{name}"] = Provenance("declared", said.where)
+        else:
+            provenance[f"recipe.{name}"] = Provenance("unknown", f"not declared; give it with {cli_flag} {name}=...")
+    return Inference(values, provenance, recipe_values, contradictions, unrecognized,
+                     count[0] if count else None)
+
+
+def shapes_of(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in tensors.items()}
