@@ -227,7 +227,7 @@ def read_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None
     for config in declaration_files(path):
         if config.resolve() in {f.resolve() for f in files}:
             continue
-        sources.append((config.name, read_declaration_file(config)))
+        sources.append((f"{config.name}:", read_declaration_file(config)))
     try:
         cli = parse_cli_spec(options.spec, options.flag("spec"))
         inference = infer(shapes_of(tensors), sources, read_target_config(target_dir),
