@@ -42,16 +42,44 @@ class Checkpoint:
 
 # -- helpers -----------------------------------------------------------------------------
 def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    cleaned = {}
-    for key, value in state_dict.items():
+    """Names without DDP / compile prefixes; two names that become one are an error, never collapsed."""
+    cleaned, origin = {}, {}
+    for raw, value in state_dict.items():
+        key = raw
         changed = True
         while changed:
             changed = False
             for prefix in WRAPPER_PREFIXES:
                 if key.startswith(prefix):
                     key, changed = key[len(prefix):], True
-        cleaned[key] = value
+        if key in cleaned:
+            raise CheckpointError(f"tensors {origin[key]!r} and {raw!r} are both {key!r} once wrapper prefixes "
+                                  "are removed; keep one")
+        cleaned[key], origin[key] = value, raw
     return cleaned
+
+
+def index_shards(index: Path) -> list[Path]:
+    """The shard files a `*.index.json` names; each must lie inside the index's own folder."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{index}: invalid JSON ({exc.__class__.__name__})") from exc
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{index}: no 'weight_map' object naming the shards") from exc
+    folder = index.parent.resolve()
+    files = []
+    for name in names:
+        if not isinstance(name, str):
+            raise CheckpointError(f"{index}: weight_map names a non-string shard {name!r}")
+        shard = (index.parent / name).resolve()
+        if shard.parent != folder:
+            raise CheckpointError(f"{index}: weight_map names {name!r}, outside the index's own folder; refused")
+        if not shard.is_file():
+            raise CheckpointError(f"{index}: shard {name!r} is missing")
+        files.append(shard)
+    return files
 
 
 def atomic_write_bytes(path: Path, write) -> None:
@@ -243,7 +271,7 @@ def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of `model.safetensors` or of the shards named by its index."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [shard.name for shard in index_shards(index)]
     elif (path / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:

@@ -7,6 +7,7 @@ Target layer ids are always in the z-lab convention: the 0-based decoder layer w
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
@@ -54,7 +55,11 @@ class DraftSpec:
 
     def __post_init__(self) -> None:
         # Normalize list-valued fields so specs compare and hash by value.
-        object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        ids = tuple(self.target_layer_ids)
+        fractional = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral) and not
+                      (isinstance(i, float) and i.is_integer())]
+        _require(not fractional, "target_layer_ids", f"{fractional} are not integer layer ids")
+        object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in ids))
         types = tuple(self.layer_types) or ("full_attention",) * self.num_hidden_layers
         object.__setattr__(self, "layer_types", types)
         self.validate()

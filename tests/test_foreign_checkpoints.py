@@ -356,12 +356,24 @@ def test_eval_runs_a_foreign_checkpoint(tmp_path, test_world):
     out = tmp_path / "foreign.json"
     assert main(["eval", "--drafter", str(tmp_path / "ckpt.pt"), "--target", str(test_world.target), "--prompts",
                  str(test_world.prompts), "--max-new-tokens", "8", "--json", str(out)]) == 0
-    torch.save(model.state_dict(), tmp_path / "plain.pt")
     save_zlab_dir(tmp_path / "z", spec, model.state_dict())
     assert main(["eval", "--drafter", str(tmp_path / "z"), "--target", str(test_world.target), "--prompts",
                  str(test_world.prompts), "--max-new-tokens", "8", "--json", str(tmp_path / "z.json")]) == 0
     foreign, zlab = json.loads(out.read_text()), json.loads((tmp_path / "z.json").read_text())
     assert [p["rounds"] for p in foreign["prompts"]] == [p["rounds"] for p in zlab["prompts"]]
+
+    # compare's τ audit and convert to speculators take the same file (target depth and vocab from --target).
+    status = main(["compare", "--ours", str(tmp_path / "ckpt.pt"), "--ref", str(tmp_path / "z"), "--target",
+                   str(test_world.target), "--prompts", str(test_world.prompts), "--max-new-tokens", "8",
+                   "--out", str(tmp_path / "report")])
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert status == 0 and report["tau"]["mean"]["ours"] == report["tau"]["mean"]["ref"]
+    assert report["ours"]["provenance"]["num_target_layers"]["source"] == "inferred"
+    assert main(["convert", "--from", str(tmp_path / "ckpt.pt"), "--to", str(tmp_path / "spec"), "--format",
+                 "speculators", "--target", str(test_world.target)]) == 0
+    converted = load_any(tmp_path / "spec", target_dir=test_world.target)
+    assert converted.spec == spec
+    assert all(torch.equal(converted.state_dict[k], v) for k, v in model.state_dict().items())
 
 
 CANARY_MODULE = '''

@@ -121,3 +121,70 @@ def test_a_pickle_is_never_executed(tmp_path):
     torch.save({"model": Boom(), "spec": {}}, tmp_path / "evil.pt")
     with pytest.raises(CheckpointError, match="it pickles builtins.print, which is a function call"):
         load_any(tmp_path / "evil.pt")
+
+
+def test_a_shard_index_may_only_name_files_in_its_own_folder(tmp_path, spec, drafter):
+    save_zlab_dir(tmp_path / "z", spec, drafter.state_dict())
+    outside = tmp_path / "outside.safetensors"
+    (tmp_path / "z" / "model.safetensors").rename(outside)
+    for name in ("../outside.safetensors", str(outside), "/etc/passwd"):
+        index = {"weight_map": {k: name for k in drafter.state_dict()}}
+        (tmp_path / "z" / "model.safetensors.index.json").write_text(json.dumps(index))
+        with pytest.raises(CheckpointError, match="outside the index's own folder; refused"):
+            load_any(tmp_path / "z")
+
+
+def test_fractional_layer_ids_are_refused_not_truncated(tmp_path, spec, drafter):
+    save_zlab_dir(tmp_path / "z", spec, drafter.state_dict())
+    config = json.loads((tmp_path / "z" / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [0.7, 2.2, 4]
+    (tmp_path / "z" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"target_layer_ids: \[0.7, 2.2\] are not integer layer ids"):
+        load_any(tmp_path / "z")
+
+
+def test_two_names_for_one_tensor_are_never_collapsed(tmp_path, spec, drafter):
+    save_checkpoint(tmp_path / "ours.pt", drafter)
+    payload = torch.load(tmp_path / "ours.pt", weights_only=True)
+    payload["model"]["module.fc.weight"] = payload["model"]["fc.weight"] * 2
+    torch.save(payload, tmp_path / "ours.pt")
+    with pytest.raises(CheckpointError, match="'fc.weight' and 'module.fc.weight' are both 'fc.weight'"):
+        load_any(tmp_path / "ours.pt")
+    torch.save({"model": payload["model"]}, tmp_path / "foreign.pt")
+    with pytest.raises(CheckpointError, match="both map to 'fc.weight'"):
+        load_any(tmp_path / "foreign.pt")
+
+
+def test_a_config_its_own_fc_contradicts_is_one_finding_of_that_side(tmp_path, spec, drafter, capsys):
+    import dataclasses
+
+    from impl.model import DFlashDrafter
+
+    save_zlab_dir(tmp_path / "ref", spec, drafter.state_dict())
+    tensors = dict(drafter.state_dict())
+    tensors["fc.weight"] = DFlashDrafter(dataclasses.replace(spec, target_layer_ids=(1, 3))).state_dict()["fc.weight"]
+    save_zlab_dir(tmp_path / "bad", spec, tensors)
+    assert main(["compare", "--ours", str(tmp_path / "bad"), "--ref", str(tmp_path / "ref"), "--static-only",
+                 "--out", str(tmp_path / "r")]) == 1
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    divergences = [(f["component"], f["key"]) for f in report["findings"] if f["severity"] == "divergence"]
+    assert divergences == [("fc_dims", "contradiction in ours")]
+    assert "its config names 3 target layers [1, 3, 4], but fc.weight in_features 128 = 2 layers" in \
+        report["findings"][0]["message"]
+    fc = next(r for r in report["tensors"] if r["key"] == "fc.weight")
+    assert fc["explained_by"] == "contradiction in ours"
+
+
+@pytest.mark.parametrize("extra, component, words", [
+    ("layers.0.extra_gate.weight", "weights", "that a DFlash drafter of its spec does not have"),
+    ("layers.0.conv.weight", "architecture", "of the DFlash2"),
+])
+def test_every_tensor_is_accounted_for(tmp_path, spec, drafter, extra, component, words):
+    save_zlab_dir(tmp_path / "ref", spec, drafter.state_dict())
+    save_zlab_dir(tmp_path / "ours", spec, {**drafter.state_dict(), extra: torch.ones(4)})
+    assert main(["compare", "--ours", str(tmp_path / "ours"), "--ref", str(tmp_path / "ref"), "--static-only",
+                 "--out", str(tmp_path / "r")]) == 1
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    divergences = [f for f in report["findings"] if f["severity"] == "divergence"]
+    assert [f["component"] for f in divergences] == [component] and words in divergences[0]["message"]
+    assert {r["key"] for r in report["tensors"]} == set(drafter.state_dict()) | {extra}

@@ -82,7 +82,8 @@ class StaticAudit:
 
 def static_audit(ours: Side, ref: Side, expect_identical: bool = False, advance=lambda: None) -> StaticAudit:
     """All static findings of `ours` against `ref`. `advance` is called once per compared tensor."""
-    findings = self_findings(ours, "ours") + self_findings(ref, "ref") + spec_findings(ours, ref)
+    findings = (self_findings(ours, "ours") + self_findings(ref, "ref") + shape_contradictions(ours, "ours")
+                + shape_contradictions(ref, "ref") + spec_findings(ours, ref))
     recipe_found, recipes = recipe_findings(ours, ref)
     tensor_rows = compare_tensors(ours, ref, findings, advance)
     findings += recipe_found + weight_findings(tensor_rows, ours, ref, expect_identical)
@@ -136,6 +137,27 @@ def default_aware(ours: Side, ref: Side, name: str, finding: Finding) -> Finding
     finding.message += (f" ({side} does not declare {name}: its value is a default; if it was trained with another, "
                         f"give it with {flag})")
     return finding
+
+
+def shape_contradictions(side: Side, name: str) -> list[Finding]:
+    """A declared spec its own tensors disagree with (config says 3 target layers, fc.weight reads 2)."""
+    expected = expected_shapes(side.spec) if side.spec is not None else {}
+    wrong = [(key, tuple(t.shape), expected[key]) for key, t in side.state_dict.items()
+             if key in expected and tuple(t.shape) != expected[key]]
+    if not wrong:
+        return []
+    key, actual, implied = wrong[0]
+    fc = key == "fc.weight" and len(actual) == 2 and side.spec.hidden_size and actual[1] % side.spec.hidden_size == 0
+    if fc:
+        detail = (f"its config names {len(side.spec.target_layer_ids)} target layers "
+                  f"{list(side.spec.target_layer_ids)}, but fc.weight in_features {actual[1]} = "
+                  f"{actual[1] // side.spec.hidden_size} layers of hidden {side.spec.hidden_size}")
+    else:
+        detail = f"its config implies {key} of shape {list(implied)}, the tensor is {list(actual)}"
+    more = f" ({len(wrong)} tensors in all)" if len(wrong) > 1 else ""
+    return [Finding("fc_dims" if fc else "architecture", "divergence", f"{name} contradicts itself: {detail}{more}.",
+                    detail if name == "ours" else None, detail if name == "ref" else None,
+                    pitfall=4 if fc else None, key=f"contradiction in {name}")]
 
 
 def self_findings(side: Side, name: str) -> list[Finding]:
@@ -351,7 +373,11 @@ def compare_tensors(ours: Side, ref: Side, findings: list[Finding], advance) -> 
                 row.explained_by = shape_cause(key, findings) or "architecture"
         elif tuple(a.shape) != tuple(b.shape):
             row.status = "shape"
-            if exp_o.get(key) != exp_r.get(key):
+            own = [name for name, t, exp in (("ours", a, exp_o), ("ref", b, exp_r)) if key in exp and
+                   tuple(t.shape) != exp[key]]
+            if own:  # a side's tensor disagrees with its own config: that contradiction is the cause
+                row.explained_by = f"contradiction in {own[0]}"
+            elif exp_o.get(key) != exp_r.get(key):
                 row.explained_by = shape_cause(key, findings)
         else:
             if a.dtype != b.dtype:

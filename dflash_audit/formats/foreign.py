@@ -24,7 +24,7 @@ from dflash_audit.formats.key_map import KeyMapError, map_names, propose_key_map
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
 from dflash_audit.formats.vocabulary import DeclarationError
-from impl.checkpoint import CheckpointError
+from impl.checkpoint import CheckpointError, index_shards
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WEIGHT_SUFFIXES = PICKLE_SUFFIXES + (".safetensors",)
@@ -74,7 +74,7 @@ def weight_files_of(folder: Path) -> list[Path]:
     for index_name in INDEXES:
         index = folder / index_name
         if index.is_file():
-            return shard_files(index)
+            return index_shards(index)
     found = sorted(p for p in folder.iterdir() if is_weight_file(p))
     preferred = [p for p in found if p.name in ("model.safetensors", "pytorch_model.bin")]
     if preferred:
@@ -87,29 +87,6 @@ def weight_files_of(folder: Path) -> list[Path]:
                               f"(found {names or 'nothing'})")
     raise CheckpointError(f"{folder}: several weight files ({', '.join(p.name for p in found[:6])}) and no index; "
                           "pass the one to audit")
-
-
-def shard_files(index: Path) -> list[Path]:
-    """Shards named by an index; each must lie inside the index's own folder."""
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        names = sorted(set(weight_map.values()))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{index}: invalid JSON ({exc.__class__.__name__})") from exc
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"{index}: no 'weight_map' object naming the shards") from exc
-    folder = index.parent.resolve()
-    files = []
-    for name in names:
-        if not isinstance(name, str):
-            raise CheckpointError(f"{index}: weight_map names a non-string shard {name!r}")
-        shard = (index.parent / name).resolve()
-        if shard.parent != folder:
-            raise CheckpointError(f"{index}: weight_map names {name!r}, outside the index's own folder; refused")
-        if not shard.is_file():
-            raise CheckpointError(f"{index}: shard {name!r} is missing")
-        files.append(shard)
-    return files
 
 
 def read_weight_file(path: Path, entry: str | None, entry_flag: str) -> Payload:
