@@ -72,6 +72,17 @@ def probe_destination(path: str | Path) -> None:
     _tidy(prepare_destination(path))
 
 
+def _default_modes(root: Path) -> None:
+    """Everything under `root` (all written by us) gets the umask's modes, not mkdtemp's or safetensors' 0600/0700."""
+    mask = current_umask()
+    root.chmod(0o777 & ~mask)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(folder, name), 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o666 & ~mask)
+
+
 def _fail(path: Path, exc: OSError) -> OutputError:
     return OutputError(f"{path}: cannot write ({exc.strerror or type(exc).__name__})")
 
@@ -83,8 +94,8 @@ def atomic_write_bytes(path: str | Path, write) -> None:
     fd, tmp = tempfile.mkstemp(prefix=path.name + TMP_TAG, dir=folder)
     os.close(fd)
     try:
-        os.chmod(tmp, 0o666 & ~current_umask())
         write(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())  # after: some writers (safetensors) recreate the file 0600
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
@@ -105,8 +116,8 @@ def atomic_directory(path: str | Path, fill) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=path.name + TMP_TAG, dir=folder))
     old = None
     try:
-        tmp.chmod(0o777 & ~current_umask())
         fill(tmp)
+        _default_modes(tmp)
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=path.name + TMP_TAG, dir=folder))
             os.replace(path, old / "old")

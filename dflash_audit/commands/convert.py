@@ -1,4 +1,4 @@
-"""`dflash-audit convert --from PATH --to PATH --format ours|zlab|speculators [--target DIR] [--allow-lossy]`."""
+"""`dflash-audit convert --from PATH --to PATH --format ours|zlab|speculators [--target DIR] [--allow-lossy] [--force]`."""
 
 from __future__ import annotations
 
@@ -22,12 +22,13 @@ def convert_command(
     fmt: Format = typer.Option(..., "--format", help="Destination format."),
     target: Path = typer.Option(None, "--target", help="Target (verifier) directory; required for speculators."),
     allow_lossy: bool = typer.Option(False, "--allow-lossy", help="Convert even if the drafter would change."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing drafter of the same format at --to."),
 ) -> int:
     """Convert a drafter between ours, z-lab and speculators formats (layer ids translated)."""
     from loguru import logger
 
     logger.disable("speculators")  # its per-tensor INFO lines would bury the one-line result
-    result = convert(source, destination, fmt.value, target=target, allow_lossy=allow_lossy)
+    result = convert(source, destination, fmt.value, target=target, allow_lossy=allow_lossy, force=force)
     typer.echo(f"converted {result.source} ({result.source_format}) -> {result.destination} ({result.format})")
     for note in result.notes:
         typer.echo(f"note: {note}")
