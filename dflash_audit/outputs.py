@@ -71,13 +71,15 @@ def check_replaceable(flag: str, destination: Path, fmt: str, force: bool) -> No
     """An existing destination may be replaced only if it is a `fmt` drafter and --force is given."""
     from dflash_audit.formats import detect_format
 
-    if not destination.exists() and not destination.is_symlink():
+    if destination.is_symlink():  # replacing it would replace the link, not what it points to
+        raise AuditError(f"{flag} {destination}: a symbolic link; refusing to replace it (give a real path)")
+    if not destination.exists():
         return
     try:
         found = detect_format(destination)
     except AuditError:
         found = None
-    if found != fmt or destination.is_symlink():
+    if found != fmt:
         raise AuditError(f"{flag} {destination}: already exists and is not a {fmt} drafter; "
                          "refusing to replace it (choose a new path)")
     if destination.is_dir():

@@ -110,8 +110,11 @@ class DynamicAudit:
 # -- running ---------------------------------------------------------------------------------
 def load_target(target_dir: str | Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from dflash_audit.inputs import check_target_dir
+
+    hf_logging.disable_progress_bar()  # a bar per load would bury the one-line answers on stderr
 
     target_dir = Path(target_dir)
     check_target_dir(target_dir)  # config fields, FIFOs, tokenizer: one line naming the file

@@ -137,7 +137,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     prompts, notes = fit_prompts(tokenize_prompts(tokenizer, records, chat_template), max_new_tokens,
                                  target.config.max_position_embeddings, truncate, str(prompts_path))
     for note in notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", soft_wrap=True)
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ranks = Ranks()
     order = {prompt_id: i for i, (prompt_id, _) in enumerate(prompts)}
