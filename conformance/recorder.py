@@ -101,13 +101,8 @@ class Recorder:
         payload = json.dumps(results, indent=2, default=str).encode()
         html = render(results).encode()
         for name, data in (("results.json", payload), ("index.html", html)):
-            atomic_write_bytes(out_dir / name, lambda tmp, data=data: _write_readable(Path(tmp), data))
+            atomic_write_bytes(out_dir / name, lambda tmp, data=data: Path(tmp).write_bytes(data))
         return results
-
-
-def _write_readable(path: Path, data: bytes) -> None:
-    path.write_bytes(data)
-    path.chmod(0o644)  # mkstemp makes 0600 files; a report is meant to be opened by anyone
 
 
 def _worst(statuses) -> str:

@@ -1,7 +1,7 @@
 """`dflash-audit`: compare, eval, train, convert, demo.
 
 Exit status like diff(1): 0 no divergence, 1 divergences, 2 trouble (bad input, usage)
-with a one-line error; `--debug` shows the traceback instead.
+with a one-line error; `--debug` prints the traceback above it (same exit status).
 """
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 
 import typer
 
 from dflash_audit.errors import AuditError
+from impl.atomic import OutputError
 from impl.checkpoint import CheckpointError
 from impl.spec import SpecError
 
@@ -27,13 +29,29 @@ for verb in VERBS:
     if importlib.util.find_spec(module_name) is not None:
         importlib.import_module(module_name).register(app)
 
-EXPECTED_ERRORS = (AuditError, CheckpointError, SpecError, FileNotFoundError)
+EXPECTED_ERRORS = (AuditError, CheckpointError, SpecError, OutputError, FileNotFoundError)
 
 
 def error_prefix() -> str:
     """`dflash-audit: error: `, naming the rank under torchrun (every rank prints its own error)."""
     world, rank = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")
     return "dflash-audit: error: " if world == "1" else f"dflash-audit: error: [rank {rank}/{world}] "
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def error_message(exc: BaseException) -> str:
+    """The one-line message for a failure; empty messages (e.g. no command given) get one."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if "NoArgsIsHelpError" in names:
+        return f"no command given; one of {', '.join(VERBS)} (see the usage above)"
+    if isinstance(exc, EXPECTED_ERRORS):
+        return one_line(str(exc)) or type(exc).__name__
+    if "ClickException" in names:
+        return one_line(exc.format_message()) or type(exc).__name__
+    return f"{type(exc).__name__}: {one_line(str(exc))[:300]} (rerun with --debug for the traceback)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,32 +61,18 @@ def main(argv: list[str] | None = None) -> int:
         argv.remove("--debug")
     try:
         result = app(args=argv, prog_name="dflash-audit", standalone_mode=False)
-    except EXPECTED_ERRORS as exc:
+    except typer.Exit as exc:
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 -- every failure is exit 2 with one line
+        # typer >= 0.29 raises its own vendored click's exceptions: match by name, not class.
+        if "Abort" in {cls.__name__ for cls in type(exc).__mro__}:
+            return 130
+        if debug:  # the traceback, then the same one-line answer and the same exit status
+            traceback.print_exc(file=sys.stderr)
         proposal = getattr(exc, "proposal", None)
         if proposal:  # a key map for names no known scheme fits: on stdout, ready to save
             print(proposal, end="")
-        if debug:
-            raise
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"{error_prefix()}{message}", file=sys.stderr)
-        return 2
-    except typer.Exit as exc:
-        return exc.exit_code
-    except Exception as exc:  # click usage errors and the like
-        # typer >= 0.29 raises its own vendored click's exceptions: match by name, not class.
-        names = {cls.__name__ for cls in type(exc).__mro__}
-        if "Abort" in names:
-            return 130
-        if "ClickException" in names:
-            if debug:
-                raise
-            print(f"{error_prefix()}{' '.join(exc.format_message().split())}", file=sys.stderr)
-            return 2
-        if debug:
-            raise
-        message = " ".join(str(exc).split())[:300]
-        print(f"{error_prefix()}{type(exc).__name__}: {message} (rerun with --debug for the traceback)",
-              file=sys.stderr)
+        print(f"{error_prefix()}{error_message(exc)}", file=sys.stderr)
         return 2
     return int(result or 0)
 

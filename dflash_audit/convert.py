@@ -19,6 +19,7 @@ import torch
 
 from dflash_audit.errors import AuditError
 from dflash_audit.formats import FORMATS, LoadedCheckpoint, LoadOptions, load_any, require_spec
+from dflash_audit.outputs import check_outputs, check_replaceable, check_writable
 from impl.checkpoint import build_drafter, save_checkpoint, save_zlab_dir
 from impl.layers import zlab_to_speculators
 from impl.spec import Recipe
@@ -145,17 +146,23 @@ def write_speculators(loaded: LoadedCheckpoint, destination: Path, target: str |
 
 
 # -- entry point ------------------------------------------------------------------------------
+def check_destination(source: Path, destination: Path, fmt: str, target: str | Path | None, force: bool) -> None:
+    """Before loading anything: --to is no input, replaces only a drafter of this format (--force), is writable."""
+    check_outputs({"--to": destination}, {"--from": source, "--target": Path(target) if target else None})
+    check_replaceable("--to", destination, fmt, force)
+    check_writable("--to", destination, "file" if fmt == "ours" else "dir")
+
+
 def convert(source: str | Path, destination: str | Path, fmt: str, target: str | Path | None = None,
-            allow_lossy: bool = False, options: LoadOptions | None = None) -> ConversionResult:
+            allow_lossy: bool = False, force: bool = False, options: LoadOptions | None = None) -> ConversionResult:
     if fmt not in FORMATS:
         raise AuditError(f"unknown format {fmt!r}; expected one of {list(FORMATS)}")
     source, destination = Path(source), Path(destination)
-    if source.resolve() == destination.resolve():
-        raise AuditError(f"{destination}: the destination is the source")
     if fmt == "ours" and (destination.is_dir() or destination.suffix != ".pt"):
         raise AuditError(f"{destination}: the ours format is a single *.pt file")
     if fmt != "ours" and destination.is_file():
         raise AuditError(f"{destination}: a file; the {fmt} format is a directory")
+    check_destination(source, destination, fmt, target, force)
     loaded = load_any(source, target_dir=target, options=options or LoadOptions(flag_prefix=""))
     require_spec(loaded, "convert")
     if loaded.contradictions:

@@ -2,7 +2,9 @@
 
 Built once into a cache directory, each artefact written atomically and skipped when
 present, so a rerun (or a resumed, interrupted build) never retrains what exists; a cache
-built by another config or world format (`demo-key.txt`) is emptied first:
+built by another config or world format (`demo-key.txt`) is emptied first, and any other
+non-empty folder is refused (the demo deletes only what it made). Step counts are fixed,
+never time budgets, so the world is the same on every machine:
 - `target/`       small Qwen3 trained on the standard library's source (dflash_audit.world)
 - `prompts.jsonl` held-out prompts
 - `ref/`          drafter trained with the reference recipe, saved in z-lab format
@@ -16,10 +18,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dflash_audit.audit.report import AuditReport
+from dflash_audit.errors import AuditError
+from dflash_audit.outputs import check_outputs
 from dflash_audit.world import DEMO_TARGET, build_world, stdlib_corpus
 from dflash_audit.world.cache import WORLD_FORMAT
 from impl.checkpoint import atomic_write_bytes, load_checkpoint, save_zlab_dir
@@ -34,8 +41,7 @@ class DemoConfig:
     block_size: int = 8
     seq_len: int = 256
     batch_size: int = 4
-    drafter_steps: int = 400
-    drafter_seconds: float = 240.0  # safety cap per drafter on a slow machine; the schedule shrinks to fit
+    drafter_steps: int = 400  # fixed: no time cap, so the same world (and τ) on every machine
     max_anchors: int = 48  # blocks per packed row: ~10x cheaper steps than speculators' 512, same recipe otherwise
     warmup: int = 20
     corpus_bytes: int = 1_500_000
@@ -65,24 +71,42 @@ def planted_bugs(reference_ids: list[int]) -> dict:
 
 ARTEFACTS = ("target", "prompts.jsonl", "ref", "ours.pt", "offline")
 KEY_FILE = "demo-key.txt"
+SLOW_SECONDS = 600  # per drafter; about 2 minutes on the development machine
 
 
 def demo_key(config: DemoConfig) -> str:
-    """Hash of everything the cached artefacts depend on (the time cap aside)."""
-    identity = {k: v for k, v in asdict(config).items() if k != "drafter_seconds"}
+    """Hash of everything the cached artefacts depend on."""
+    identity = asdict(config)
     identity["world_format"] = WORLD_FORMAT
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def built_for(cache: Path) -> str | None:
+    """The key a demo cache was built for; AuditError if `cache` is anything else than a demo cache,
+    an empty folder or nothing (the demo empties only what it recognizes as its own)."""
+    if not cache.exists():
+        return None
+    if not cache.is_dir():
+        raise AuditError(f"--cache {cache}: not a directory")
+    key_file = cache / KEY_FILE
+    key = key_file.read_text(errors="replace").strip() if key_file.is_file() else None
+    if key is not None and re.fullmatch(r"[0-9a-f]{16}", key):
+        return key
+    if any(cache.iterdir()):
+        raise AuditError(f"--cache {cache}: a non-empty folder that is not a demo cache (no valid {KEY_FILE}); "
+                         "give an empty or new folder")
+    return None
 
 
 def prepare_cache(cache: Path, config: DemoConfig, rebuild: bool = False) -> None:
     """Empty the cache of artefacts built by another config or code version (or all, on `rebuild`)."""
     key, key_file = demo_key(config), cache / KEY_FILE
-    built_for = key_file.read_text().strip() if key_file.is_file() else None
-    if rebuild or (built_for != key and any((cache / name).exists() for name in ARTEFACTS)):
+    built_for_key = built_for(cache)
+    if rebuild or (built_for_key != key and any((cache / name).exists() for name in ARTEFACTS)):
         for name in ARTEFACTS:
             _remove(cache / name)
     cache.mkdir(parents=True, exist_ok=True)
-    if built_for != key:
+    if built_for_key != key:
         atomic_write_bytes(key_file, lambda tmp: Path(tmp).write_text(key + "\n"))
 
 
@@ -98,19 +122,30 @@ def build_demo(cache: Path, config: DemoConfig, rebuild: bool = False) -> dict[s
     if (paths["ref"] / "config.json").is_file() and paths["ours"].is_file():
         return paths
     texts = stdlib_corpus("train", max_bytes=config.corpus_bytes)
-    common = dict(steps=config.drafter_steps, max_seconds=config.drafter_seconds, block_size=config.block_size,
+    common = dict(steps=config.drafter_steps, block_size=config.block_size,
                   draft_layers=config.draft_layers, seq_len=config.seq_len, batch_size=config.batch_size,
                   lr=config.lr, warmup=config.warmup, max_anchors=config.max_anchors, seed=0)
     reference_ids = reference_layer_ids(config)
     if not (paths["ref"] / "config.json").is_file():
         staging = cache / ".ref-train.pt"
-        train_drafter(world.target, texts, staging, fc_layers=reference_ids, **common)
+        timed(lambda: train_drafter(world.target, texts, staging, fc_layers=reference_ids, **common), "reference drafter")
         trained = load_checkpoint(staging)
         save_zlab_dir(paths["ref"], trained.spec, trained.state_dict)  # z-lab format keeps no recipe
         staging.unlink()
     if not paths["ours"].is_file():
-        train_drafter(world.target, texts, paths["ours"], **common, **planted_bugs(reference_ids))
+        timed(lambda: train_drafter(world.target, texts, paths["ours"], **common, **planted_bugs(reference_ids)),
+              "planted-bug drafter")
     return paths
+
+
+def timed(step, what: str) -> None:
+    """Run `step`; only warn when it is slow (a time cap would make the world depend on the machine)."""
+    started = time.monotonic()
+    step()
+    seconds = time.monotonic() - started
+    if seconds > SLOW_SECONDS:
+        print(f"warning: training the demo's {what} took {seconds:.0f} s on this machine "
+              "(same steps and result as anywhere, only slower)", file=sys.stderr)
 
 
 def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path = Path("reports/demo"),
@@ -118,6 +153,7 @@ def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path = Path(
     from dflash_audit.commands.compare import run_compare
 
     config = config or DemoConfig()
+    check_outputs({"--out": Path(out)}, {"--cache": Path(cache or default_cache_dir())})
     paths = build_demo(cache or default_cache_dir(), config, rebuild)
     return run_compare(paths["ours"], paths["ref"], target=paths["target"], prompts=paths["prompts"], out=out,
                        max_new_tokens=config.max_new_tokens, budget=config.budget, cache_dir=paths["offline"])

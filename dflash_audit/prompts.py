@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from dflash_audit.errors import AuditError
+from dflash_audit.inputs import read_utf8
 from impl.data import json_lines
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
@@ -38,11 +39,10 @@ def _prompt_from_record(record, where: str, line_no: int) -> dict[str, str]:
 def load_prompts(path: str | Path) -> list[dict[str, str]]:
     """`[{"id", "prompt"}]`, one per non-empty line; a bad line is a one-line error naming file:line."""
     path = Path(path)
-    if not path.is_file():
-        raise AuditError(f"{path}: no such prompts file")
-    with path.open(encoding="utf-8") as handle:
-        prompts = [_prompt_from_record(record, where, line_no)
-                   for line_no, where, record in json_lines(handle, path, AuditError)]
+    text = read_utf8(path, "prompts file")  # a FIFO or non-UTF-8 file is a one-line error, never a hang
+    # Split on newlines only: JSON strings may hold U+2028, which str.splitlines would cut.
+    prompts = [_prompt_from_record(record, where, line_no)
+               for line_no, where, record in json_lines(text.split("\n"), path, AuditError)]
     if not prompts:
         raise AuditError(f"{path}: no prompts in the file")
     ids = [p["id"] for p in prompts]
@@ -79,3 +79,26 @@ def tokenize_prompt(tokenizer, prompt: dict[str, str] | str, mode: str = "auto")
 def tokenize_prompts(tokenizer, prompts: list[dict[str, str]], mode: str = "auto") -> list[tuple[str, torch.Tensor]]:
     """`[(id, ids [1, T])]` for every prompt."""
     return [(p["id"], tokenize_prompt(tokenizer, p, mode)) for p in prompts]
+
+
+def fit_prompts(prompts: list[tuple[str, torch.Tensor]], max_new_tokens: int, max_positions: int,
+                truncate: bool = False, source: str = "prompts") -> tuple[list[tuple[str, torch.Tensor]], list[str]]:
+    """Prompts whose length + `max_new_tokens` fits the target's `max_position_embeddings`, and notes
+    on those cut to fit: `truncate` keeps a too-long prompt's last tokens, otherwise it is an error."""
+    room = max_positions - max_new_tokens
+    if room < 1:
+        raise AuditError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt: the target has "
+                         f"max_position_embeddings {max_positions}")
+    fitted, notes = [], []
+    for prompt_id, ids in prompts:
+        length = ids.shape[1]
+        if length > room:
+            if not truncate:
+                raise AuditError(f"{source}: prompt {prompt_id!r} has {length} tokens + --max-new-tokens "
+                                 f"{max_new_tokens} = {length + max_new_tokens}, beyond the target's "
+                                 f"max_position_embeddings {max_positions} (--truncate keeps its last {room} tokens)")
+            ids = ids[:, -room:]
+            notes.append(f"prompt {prompt_id!r} truncated to its last {room} of {length} tokens "
+                         f"(max_position_embeddings {max_positions} - --max-new-tokens {max_new_tokens})")
+        fitted.append((prompt_id, ids))
+    return fitted, notes

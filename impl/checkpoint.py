@@ -7,9 +7,6 @@ half-written checkpoint. `ckpt.pt` is only ever read with `torch.load(weights_on
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from impl.atomic import atomic_directory, atomic_write_bytes  # noqa: F401  (re-exported: writers import them from here)
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, Recipe, SpecError
@@ -80,39 +78,6 @@ def index_shards(index: Path) -> list[Path]:
             raise CheckpointError(f"{index}: shard {name!r} is missing")
         files.append(shard)
     return files
-
-
-def atomic_write_bytes(path: Path, write) -> None:
-    """Call `write(tmp_path)` then rename the temp file onto `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_directory(path: Path, fill) -> None:
-    """Call `fill(tmp_dir)` then move the directory into place (replacing an old one)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        fill(tmp)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def build_drafter(spec: DraftSpec, state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None = None,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import asdict
 
 import pytest
 
 from dflash_audit.demo import KEY_FILE, DemoConfig, demo_key, prepare_cache, run_demo
+from dflash_audit.errors import AuditError
 from dflash_audit.world import TEST_TARGET
 
 PLANTED = [("fc_dims", ""), ("recipe", "gamma"), ("recipe", "verifier_source_layer")]
@@ -20,7 +22,7 @@ def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path
     shutil.copytree(test_world.target, cache / "target")
     shutil.copy(test_world.prompts, cache / "prompts.jsonl")
     config = DemoConfig(target_preset=dict(TEST_TARGET), draft_layers=1, fc_layers=[1, 2], seq_len=128,
-                        drafter_steps=300, drafter_seconds=30, corpus_bytes=300_000, max_new_tokens=24, budget=8)
+                        drafter_steps=120, corpus_bytes=300_000, max_new_tokens=24, budget=8)
     (cache / KEY_FILE).write_text(demo_key(config))  # the copied world counts as built for this config
     report = run_demo(cache, out=tmp_path / "report", config=config)
 
@@ -41,16 +43,33 @@ def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path
 def test_a_cache_built_for_another_config_is_emptied_first(tmp_path):
     cache = tmp_path / "demo"
     cache.mkdir()
-    (cache / "ours.pt").write_bytes(b"stale")  # a pre-versioning cache: artefacts, no key
+    (cache / "ours.pt").write_bytes(b"stale")
     (cache / "notes.txt").write_text("mine")
+    (cache / KEY_FILE).write_text(demo_key(DemoConfig(drafter_steps=401)) + "\n")  # built for another config
     config = DemoConfig()
     prepare_cache(cache, config)
     assert not (cache / "ours.pt").exists() and (cache / "notes.txt").exists()
     assert (cache / KEY_FILE).read_text().strip() == demo_key(config)
 
     (cache / "ours.pt").write_bytes(b"built for this config")
-    prepare_cache(cache, DemoConfig(drafter_seconds=1.0))  # the time cap is not part of the key
+    prepare_cache(cache, DemoConfig())
     assert (cache / "ours.pt").exists()
     prepare_cache(cache, DemoConfig(drafter_steps=401))
     assert not (cache / "ours.pt").exists()
     assert (cache / KEY_FILE).read_text().strip() == demo_key(DemoConfig(drafter_steps=401))
+
+
+@pytest.mark.parametrize("key", [None, "not a key"])
+def test_a_folder_without_a_demo_key_is_never_emptied(tmp_path, key):
+    cache = tmp_path / "mine"
+    cache.mkdir()
+    (cache / "ours.pt").write_bytes(b"someone's checkpoint")
+    if key is not None:
+        (cache / KEY_FILE).write_text(key)
+    with pytest.raises(AuditError, match=f"--cache {cache}: a non-empty folder that is not a demo cache"):
+        prepare_cache(cache, DemoConfig())
+    assert (cache / "ours.pt").read_bytes() == b"someone's checkpoint"
+
+
+def test_the_demo_key_has_no_time_budget():
+    assert "drafter_seconds" not in asdict(DemoConfig())

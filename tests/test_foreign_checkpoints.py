@@ -348,10 +348,10 @@ def test_eval_runs_a_foreign_checkpoint(tmp_path, test_world):
     from tests.helpers import world_drafter
 
     torch.manual_seed(0)
-    model = world_drafter(test_world, (1, 3), seed=0)
+    model = world_drafter(test_world, (0, 2), seed=0)  # the test target has 4 layers: none is the final one
     spec = model.spec
     torch.save({"model_state_dict": state(model, "module."),
-                "args": argparse.Namespace(target_layers=[1, 3], mask_token_id=spec.mask_token_id,
+                "args": argparse.Namespace(target_layers=[0, 2], mask_token_id=spec.mask_token_id,
                                            block_size=spec.block_size)}, tmp_path / "ckpt.pt")
     out = tmp_path / "foreign.json"
     assert main(["eval", "--drafter", str(tmp_path / "ckpt.pt"), "--target", str(test_world.target), "--prompts",

@@ -110,14 +110,22 @@ class DynamicAudit:
 # -- running ---------------------------------------------------------------------------------
 def load_target(target_dir: str | Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from dflash_audit.inputs import check_target_dir
+
+    hf_logging.disable_progress_bar()  # a bar per load would bury the one-line answers on stderr
 
     target_dir = Path(target_dir)
-    if not (target_dir / "config.json").is_file():
-        raise AuditError(f"{target_dir}: not a Hugging Face model directory (no config.json)")
+    check_target_dir(target_dir)  # config fields, FIFOs, tokenizer: one line naming the file
     try:
         tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    except Exception as exc:  # noqa: BLE001 -- any tokenizer failure is the target's, not the prompt's
+        raise AuditError(f"{target_dir}: cannot load the target's tokenizer "
+                         f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+    try:
         target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise AuditError(f"{target_dir}: cannot load the target ({' '.join(str(exc).split())[:200]})") from exc
     return target, tokenizer
 

@@ -18,7 +18,9 @@ from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.errors import AuditError
 from dflash_audit.formats import LoadOptions
-from dflash_audit.prompts import load_prompts, tokenize_prompts
+from dflash_audit.inputs import check_generation_flags
+from dflash_audit.outputs import check_outputs, check_writable
+from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
 from dflash_audit.world import BUILTIN_PROMPTS
 
 
@@ -43,15 +45,24 @@ def load_prompt_ids(prompts_file: Path | None, tokenizer) -> tuple[list[tuple[st
     return tokenize_prompts(tokenizer, prompts), source
 
 
+def check_compare_outputs(out: Path, json_path: Path | None, inputs: dict[str, Path | None]) -> None:
+    """The report directory and --json are no input (nor contain one) and are writable, before any work."""
+    check_outputs({"--out": out, "--json": json_path}, inputs)
+    check_writable("--out", out, "dir")
+    if json_path is not None:
+        check_writable("--json", json_path)
+
+
 def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path | None = None,
                 static_only: bool = False, out: Path | None = None, json_path: Path | None = None,
                 expect_identical: bool = False, max_new_tokens: int = 64, budget: int = 32,
-                cache_dir: Path | None = None, console: Console | None = None, ours_options: LoadOptions | None = None,
-                ref_options: LoadOptions | None = None) -> AuditReport:
+                cache_dir: Path | None = None, console: Console | None = None, truncate: bool = False,
+                ours_options: LoadOptions | None = None, ref_options: LoadOptions | None = None) -> AuditReport:
     """Load, audit, write `out/index.html` + `out/report.json` (+ `json_path`), print the summary."""
     console = console or Console(stderr=True)
-    if max_new_tokens < 1 or budget < 1:
-        raise AuditError("--max-new-tokens and --budget must be positive")
+    check_generation_flags(max_new_tokens, budget)
+    out = out or default_out_dir(ours, ref)
+    check_compare_outputs(out, json_path, {"--ours": ours, "--ref": ref, "--target": target, "--prompts": prompts})
     ours_side = load_side(ours, target, ours_options or LoadOptions(flag_prefix="--ours"))
     ref_side = load_side(ref, target, ref_options or LoadOptions(flag_prefix="--ref"))
     if target is not None and not static_only:
@@ -65,6 +76,9 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
     if target is not None and not static_only:
         target_model, tokenizer = load_target(target)
         prompt_list, source = load_prompt_ids(prompts, tokenizer)
+        prompt_list, fit_notes = fit_prompts(prompt_list, max_new_tokens, target_model.config.max_position_embeddings,
+                                             truncate, source)
+        report.notes.extend(fit_notes)
         with progress_bar(console) as bar:
             # Upper bound: the target's pass over each prompt (skipped when cached) + 2 drafters x 2 methods.
             task = bar.add_task("dynamic audit: τ per prompt", total=5 * len(prompt_list))
@@ -75,7 +89,6 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
         report.notes.append("No --target given: static audit only (τ not measured).")
     else:
         report.notes.append("--static-only: τ not measured.")
-    out = out or default_out_dir(ours, ref)
     write_report_json(report, out / "report.json")
     write_report_html(report, out / "index.html")
     if json_path is not None:
@@ -107,10 +120,12 @@ def register(app: typer.Typer) -> None:
         ref_key_map: Path | None = typer.Option(None, "--ref-key-map", help="same, for --ref"),
         ours_spec: list[str] = typer.Option([], "--ours-spec", help="KEY=VALUE spec/recipe field (repeatable)"),
         ref_spec: list[str] = typer.Option([], "--ref-spec", help="same, for --ref"),
+        truncate: bool = typer.Option(False, "--truncate",
+                                      help="keep a too-long prompt's last tokens (default: refuse it)"),
     ) -> int:
         """Audit --ours against --ref: findings, spec and tensor diff, per-prompt τ. Exit 1 on divergence."""
         report = run_compare(ours, ref, target, prompts, static_only, out, json_path, expect_identical,
-                             max_new_tokens, budget,
+                             max_new_tokens, budget, truncate=truncate,
                              ours_options=LoadOptions(ours_entry, key_map, list(ours_spec), "--ours"),
                              ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"))
         return report.exit_status

@@ -1,4 +1,4 @@
-"""`dflash-audit convert --from PATH --to PATH --format ours|zlab|speculators [--target DIR] [--allow-lossy]`."""
+"""`dflash-audit convert --from PATH --to PATH --format ours|zlab|speculators [--target DIR] [--allow-lossy] [--force]`."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def convert_command(
     entry: str = typer.Option(None, "--entry", help="Entry of a training dict holding the state dict."),
     key_map: Path = typer.Option(None, "--key-map", help="Parameter names: 'PATTERN => REPLACEMENT' per line."),
     spec: list[str] = typer.Option([], "--spec", help="KEY=VALUE spec/recipe field of the source (repeatable)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing drafter of the same format at --to."),
 ) -> int:
     """Convert a drafter between ours, z-lab and speculators formats (layer ids translated)."""
     from loguru import logger
@@ -33,6 +34,7 @@ def convert_command(
     from dflash_audit.formats import LoadOptions
 
     result = convert(source, destination, fmt.value, target=target, allow_lossy=allow_lossy,
+                     force=force,
                      options=LoadOptions(entry, key_map, list(spec), flag_prefix=""))
     typer.echo(f"converted {result.source} ({result.source_format}) -> {result.destination} ({result.format})")
     for note in result.notes:

@@ -19,7 +19,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tabulate import tabulate
 
 from dflash_audit.errors import AuditError
-from dflash_audit.prompts import CHAT_TEMPLATE_MODES, load_prompts, tokenize_prompts
+from dflash_audit.inputs import check_finite_weights, check_generation_flags
+from dflash_audit.outputs import check_outputs, check_writable
+from dflash_audit.prompts import CHAT_TEMPLATE_MODES, fit_prompts, load_prompts, tokenize_prompts
 from impl.checkpoint import atomic_write_bytes, build_drafter
 from impl.ddtree import ddtree_decode
 from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
@@ -36,6 +38,7 @@ def load_drafter(path: Path, target_dir: Path, target, options=None):
 
     loaded = load_any(path, target_dir, options or LoadOptions(flag_prefix=""))
     spec, config = require_spec(loaded, "eval"), target.config
+    check_finite_weights(loaded.state_dict, str(path))  # NaN weights would "measure" τ 1.0, not fail
     if spec.hidden_size != config.hidden_size:
         raise AuditError(f"{path}: drafter hidden size {spec.hidden_size}, the target's is {config.hidden_size}")
     depth = len(decoder_layers(target))
@@ -48,6 +51,7 @@ def load_drafter(path: Path, target_dir: Path, target, options=None):
 
 
 def check_options(method: str, mode: str, budget: int, max_new_tokens: int, temperature: float) -> None:
+    check_generation_flags(max_new_tokens, budget, temperature)
     if method not in METHODS:
         raise AuditError(f"--method must be one of {list(METHODS)}, got {method!r}")
     if mode not in MODES:
@@ -58,6 +62,13 @@ def check_options(method: str, mode: str, budget: int, max_new_tokens: int, temp
         raise AuditError(f"--temperature must be >= 0, got {temperature}")
     if temperature > 0 and (method == "ddtree" or mode == "offline"):
         raise AuditError("--temperature > 0 needs --method dflash --mode live (DDTree and offline replay are greedy)")
+
+
+def check_json_output(json_path: Path | None, inputs: dict[str, Path]) -> None:
+    """--json is no input, and writable, before any model loads."""
+    if json_path is not None:
+        check_outputs({"--json": json_path}, inputs)
+        check_writable("--json", json_path)
 
 
 class Ranks:
@@ -113,16 +124,20 @@ def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new
 def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: str = "dflash", budget: int = 32,
              mode: str = "live", max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0,
              json_path: Path | None = None, cache_dir: Path = DEFAULT_CACHE, chat_template: str = "auto",
-             console: Console | None = None, load_options=None) -> dict | None:
+             console: Console | None = None, truncate: bool = False, load_options=None) -> dict | None:
     """Evaluate, print the table and write `json_path` (rank 0); returns the JSON payload there."""
     from dflash_audit.audit.dynamic import load_target
 
     check_options(method, mode, budget, max_new_tokens, temperature)
+    check_json_output(json_path, {"--drafter": drafter_path, "--target": target_dir, "--prompts": prompts_path})
     console = console or Console(stderr=True)
     records = load_prompts(prompts_path)  # bad input fails before any model loads
     target, tokenizer = load_target(target_dir)
     drafter = load_drafter(drafter_path, target_dir, target, load_options)
-    prompts = tokenize_prompts(tokenizer, records, chat_template)
+    prompts, notes = fit_prompts(tokenize_prompts(tokenizer, records, chat_template), max_new_tokens,
+                                 target.config.max_position_embeddings, truncate, str(prompts_path))
+    for note in notes:
+        console.print(f"note: {note}", soft_wrap=True)
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ranks = Ranks()
     order = {prompt_id: i for i, (prompt_id, _) in enumerate(prompts)}
@@ -176,9 +191,12 @@ def register(app: typer.Typer) -> None:
         entry: str | None = typer.Option(None, "--entry", help="entry of a training dict holding the state dict"),
         key_map: Path | None = typer.Option(None, "--key-map", help="parameter names: 'PATTERN => REPLACEMENT'"),
         spec: list[str] = typer.Option([], "--spec", help="KEY=VALUE spec/recipe field (repeatable)"),
+        truncate: bool = typer.Option(False, "--truncate",
+                                      help="keep a too-long prompt's last tokens (default: refuse it)"),
     ) -> None:
         """Per-prompt τ and per-round acceptance lengths of one drafter."""
         from dflash_audit.formats import LoadOptions
 
         run_eval(drafter, target, prompts, method, budget, mode, max_new_tokens, temperature, seed, json_path,
-                 cache, chat_template, load_options=LoadOptions(entry, key_map, list(spec), flag_prefix=""))
+                 cache, chat_template, truncate=truncate,
+                 load_options=LoadOptions(entry, key_map, list(spec), flag_prefix=""))

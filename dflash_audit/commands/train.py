@@ -8,6 +8,8 @@ from pathlib import Path
 import typer
 
 from dflash_audit.errors import AuditError
+from dflash_audit.inputs import check_finite_flags, check_target_dir
+from dflash_audit.outputs import check_outputs, check_writable
 
 
 def _int_list(value: str | None, flag: str) -> list[int] | None:
@@ -17,6 +19,37 @@ def _int_list(value: str | None, flag: str) -> list[int] | None:
         return [int(part) for part in value.split(",") if part.strip()]
     except ValueError:
         raise AuditError(f"{flag}: expected comma-separated integers, got {value!r}") from None
+
+
+def _data_file(flag: str, path: Path) -> None:
+    if not path.exists():
+        raise AuditError(f"{flag} {path}: no such file")
+    if not path.is_file():  # a FIFO would block the reader
+        raise AuditError(f"{flag} {path}: not a regular file (a directory, FIFO or device)")
+
+
+def check_out(out: Path, resume: bool) -> None:
+    """--out is a checkpoint file: never a directory, never someone else's file."""
+    if out.is_dir():
+        raise AuditError(f"--out {out}: a directory; --out is the checkpoint file to write (e.g. {out / 'ckpt.pt'})")
+    if out.exists() and out.is_file() and out.suffix != ".pt":
+        raise AuditError(f"--out {out}: an existing file that is not a *.pt checkpoint; refusing to overwrite it")
+    if resume and out.exists() and not out.is_file():
+        raise AuditError(f"--out {out}: not a checkpoint file to --resume from")
+
+
+def check_train_paths(target: Path, data: Path, eval_data: Path | None, out: Path, json_out: Path | None,
+                      resume: bool) -> None:
+    """Every path, before the tokenizer, the data or the target are read."""
+    check_target_dir(target)
+    _data_file("--data", data)
+    if eval_data is not None:
+        _data_file("--eval-data", eval_data)
+    check_outputs({"--out": out, "--json": json_out}, {"--target": target, "--data": data, "--eval-data": eval_data})
+    check_out(out, resume)
+    check_writable("--out", out)
+    if json_out is not None:
+        check_writable("--json", json_out)
 
 
 def train(
@@ -58,10 +91,8 @@ def train(
     from impl.train import TrainConfig, TrainError
     from impl.train import train as run_training
 
-    if not target.is_dir():
-        raise AuditError(f"--target {target}: no such directory")
-    if not data.is_file():
-        raise AuditError(f"--data {data}: no such file")
+    check_train_paths(target, data, eval_data, out, json_out, resume)
+    check_finite_flags(lr=lr, gamma=gamma, noise_std=noise_std, max_seconds=max_seconds)
     if loss not in ("kl_div", "ce"):
         raise AuditError(f"--loss must be kl_div or ce, got {loss!r}")
     if dtype not in ("fp32", "bf16"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -70,16 +69,8 @@ def _cut_prefix(text: str, rng: random.Random, min_chars: int, max_chars: int) -
 
 
 def write_prompts_jsonl(path: str | os.PathLike, prompts: Iterable[dict]) -> None:
-    """Write one JSON object a line, atomically (temp file in the same dir, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for prompt in prompts:
-                f.write(json.dumps(prompt, ensure_ascii=False) + "\n")
-        os.chmod(temp, 0o644)  # mkstemp makes it private
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
+    """Write one JSON object a line, atomically (impl.atomic: temp file, then rename)."""
+    from impl.atomic import atomic_write_bytes
+
+    text = "".join(json.dumps(prompt, ensure_ascii=False) + "\n" for prompt in prompts)
+    atomic_write_bytes(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
