@@ -175,6 +175,19 @@ def save_zlab_dir(path: str | Path, spec: DraftSpec, state_dict: dict[str, torch
     atomic_directory(Path(path), fill)
 
 
+def as_int(name: str, value: Any) -> int:
+    """A config's whole number, or a SpecError naming the field (never `int('sixty-four')`)."""
+    if isinstance(value, bool) or not (isinstance(value, int) or isinstance(value, float) and value.is_integer()):
+        raise SpecError(name, f"{value!r} is not a whole number")
+    return int(value)
+
+
+def as_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(name, f"{value!r} is not a number")
+    return float(value)
+
+
 def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -> DraftSpec:
     """Normalize a z-lab config.json the way `dflash.model.DFlashDraftModel` reads it."""
     dflash = config.get("dflash_config") or {}
@@ -183,47 +196,49 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -
         return dflash.get(name, config.get(name, default))
 
     try:
-        layers = int(config["num_hidden_layers"])
-        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        layers = as_int("num_hidden_layers", config["num_hidden_layers"])
+        hidden, heads = as_int("hidden_size", config["hidden_size"]), as_int("num_attention_heads", config["num_attention_heads"])
         num_target_layers = config.get("num_target_layers")
         ids = value("target_layer_ids")
         if ids is None:
             if num_target_layers is None:
                 raise SpecError("target_layer_ids", "absent, and no num_target_layers to derive z-lab's default")
-            ids = build_target_layer_ids(int(num_target_layers), layers)
+            ids = build_target_layer_ids(as_int("num_target_layers", num_target_layers), layers)
         if num_target_layers is None:
             raise SpecError("num_target_layers", "missing from config.json")
         mask_token_id = value("mask_token_id")
         if mask_token_id is None:
             raise SpecError("mask_token_id", "missing from dflash_config")
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise SpecError("rope_parameters", f"{rope!r} is not a mapping")
         use_sliding = bool(config.get("use_sliding_window", False))
         window = config.get("sliding_window") if use_sliding else None
         layer_types = config.get("layer_types") or ["full_attention"] * layers
         if "sliding_attention" in layer_types and window is None:
             # z-lab keeps such layers causal but unwindowed; an unreachable window says the same.
-            window = int(config.get("max_position_embeddings", 40960))
+            window = as_int("max_position_embeddings", config.get("max_position_embeddings", 40960))
         return DraftSpec(
             hidden_size=hidden,
-            intermediate_size=int(config["intermediate_size"]),
+            intermediate_size=as_int("intermediate_size", config["intermediate_size"]),
             num_attention_heads=heads,
-            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
+            num_key_value_heads=as_int("num_key_value_heads", config.get("num_key_value_heads") or heads),
+            head_dim=as_int("head_dim", config.get("head_dim") or hidden // heads),
             num_hidden_layers=layers,
-            vocab_size=int(config["vocab_size"]),
+            vocab_size=as_int("vocab_size", config["vocab_size"]),
             target_layer_ids=tuple(ids),
-            num_target_layers=int(num_target_layers),
-            mask_token_id=int(mask_token_id),
-            block_size=int(value("block_size", 16)),
+            num_target_layers=as_int("num_target_layers", num_target_layers),
+            mask_token_id=as_int("mask_token_id", mask_token_id),
+            block_size=as_int("block_size", value("block_size", 16)),
             layer_types=tuple(layer_types),
             sliding_window=window,
-            rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 1_000_000.0))),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(config.get("max_position_embeddings", 40960)),
+            rope_theta=as_float("rope_theta", rope.get("rope_theta", config.get("rope_theta", 1_000_000.0))),
+            rms_norm_eps=as_float("rms_norm_eps", config.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=as_int("max_position_embeddings", config.get("max_position_embeddings", 40960)),
             attention_bias=bool(config.get("attention_bias", False)),
             hidden_act=str(config.get("hidden_act", "silu")),
-            input_embedding_scale=float(value("input_embedding_scale", 1.0)),
-            output_multiplier=float(value("output_multiplier", 1.0)),
+            input_embedding_scale=as_float("input_embedding_scale", value("input_embedding_scale", 1.0)),
+            output_multiplier=as_float("output_multiplier", value("output_multiplier", 1.0)),
             final_logit_softcapping=value("final_logit_softcapping"),
         )
     except KeyError as exc:

@@ -140,9 +140,13 @@ def read_jsonl(path: str | Path, tokenizer, vocab_size: int) -> tuple[list[Docum
     if not path.is_file():
         raise DataError(f"{path}: no such data file")
     raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:  # never train on replacement characters silently
+        line = raw[:exc.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x})") from exc
     documents = [parse_record(record, tokenizer, vocab_size, where)
-                 for _, where, record in json_lines(raw.decode("utf-8", errors="replace").splitlines(), path,
-                                                    DataError)]
+                 for _, where, record in json_lines(text.splitlines(), path, DataError)]
     if not documents:
         raise DataError(f"{path}: no documents")
     return documents, raw

@@ -90,6 +90,9 @@ class DraftSpec:
             _require(isinstance(self.sliding_window, int) and self.sliding_window > 0, "sliding_window",
                      f"sliding_attention layers need a positive sliding_window, got {self.sliding_window!r}")
         _require(self.rope_theta > 0, "rope_theta", f"must be positive, got {self.rope_theta}")
+        from transformers.activations import ACT2FN  # the activations a Qwen3 layer can be built with
+
+        _require(self.hidden_act in ACT2FN, "hidden_act", f"{self.hidden_act!r} is not an activation transformers knows")
         _require(self.rms_norm_eps > 0, "rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
 
     @property

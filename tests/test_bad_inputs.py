@@ -104,7 +104,62 @@ def world(tmp_path_factory) -> Path:
     (root / "folder" / "keep.txt").write_text("keep\n")
     (root / "prompts-link.jsonl").symlink_to(root / "prompts.jsonl")
     (root / "zref-link").symlink_to(root / "zref")
+    _broken_drafters(root, drafter)
     return root
+
+
+def _broken_zlab(root: Path, name: str, edit) -> None:
+    """A copy of the z-lab reference with `edit(folder)` applied."""
+    shutil.copytree(root / "zref", root / name)
+    edit(root / name)
+
+
+def _edit_config(**fields):
+    def edit(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        config.update({k: v for k, v in fields.items() if k != "dflash_config"})
+        config["dflash_config"].update(fields.get("dflash_config", {}))
+        (folder / "config.json").write_text(json.dumps(config))
+    return edit
+
+
+def _index(weight_map) -> callable:
+    def edit(folder: Path) -> None:
+        (folder / "model.safetensors").rename(folder / "shard.safetensors")
+        (folder / "model.safetensors.index.json").write_text(json.dumps(weight_map))
+    return edit
+
+
+def _broken_drafters(root: Path, drafter: DFlashDrafter) -> None:
+    """Drafters every loader must refuse in one line: corrupt, contradictory, malicious, ambiguous."""
+    names = list(drafter.state_dict())
+    _broken_zlab(root, "truncated-zlab", lambda f: (f / "model.safetensors").write_bytes(
+        (f / "model.safetensors").read_bytes()[:200]))
+    _broken_zlab(root, "layers-in-words-zlab", _edit_config(num_target_layers="sixty-four"))
+    _broken_zlab(root, "fractional-ids-zlab", _edit_config(dflash_config={"target_layer_ids": [0.7, 1.2]}))
+    _broken_zlab(root, "unknown-act-zlab", _edit_config(hidden_act="wibble"))
+    _broken_zlab(root, "rope-string-zlab", _edit_config(rope_parameters="x"))
+    _broken_zlab(root, "list-config-zlab", lambda f: (f / "config.json").write_text("[]"))
+    _broken_zlab(root, "latin1-config-zlab", lambda f: (f / "config.json").write_bytes(b'{"name": "caf\xe9"}'))
+    _broken_zlab(root, "index-outside-zlab", _index({"weight_map": {k: "../ours.pt" for k in names}}))
+    _broken_zlab(root, "index-absolute-zlab", _index({"weight_map": {k: "/etc/passwd" for k in names}}))
+    _broken_zlab(root, "index-without-map-zlab", _index({"files": ["shard.safetensors"]}))
+    _broken_zlab(root, "index-missing-shard-zlab", _index({"weight_map": {k: "gone.safetensors" for k in names}}))
+    (root / "loop").symlink_to(root / "loop")
+    state = drafter.state_dict()
+    torch.save({"model": state, "ema": state}, root / "two-state-dicts.pt")
+    torch.save({**state, "module.fc.weight": state["fc.weight"]}, root / "collide.pt")
+    torch.save({"epoch": 3, "args": {"gamma": 4.0}}, root / "no-weights.pt")
+    torch.save({"model": state}, root / "plain.pt")
+
+    class SystemCall:
+        def __reduce__(self):
+            return (os.system, (f"touch {root}/canary",))
+
+    torch.save({"model": state, "args": SystemCall()}, root / "evil.pt")
+    (root / "bad-regex.map").write_text("^blocks\\.(\\d+ => layers.\\1\n")
+    (root / "no-arrow.map").write_text("blocks layers\n")
+    (root / "latin1-data.jsonl").write_bytes('{"text": "caf\xe9"}\n'.encode("latin-1"))
 
 
 def tree_digest(root: Path) -> dict[str, str]:
@@ -240,6 +295,53 @@ CASES = {
     "train-resume-from-a-directory": (with_option(TRAIN, "--out", "{w}/zref") + ["--resume"], ["--out", "zref"]),
     "demo-cache-someone-elses-folder": (["demo", "--cache", "{w}", "--out", "{t}/demo"], ["--cache", "demo cache"]),
     "demo-cache-a-file": (["demo", "--cache", "{w}/notes.txt", "--out", "{t}/demo"], ["--cache", "notes.txt"]),
+    # drafters the loaders refuse, naming the file and the field
+    "compare-truncated-safetensors": (with_option(COMPARE, "--ref", "{w}/truncated-zlab"),
+                                      ["truncated-zlab/model.safetensors", "unreadable safetensors"]),
+    "compare-layer-count-in-words": (with_option(COMPARE, "--ref", "{w}/layers-in-words-zlab"),
+                                     ["layers-in-words-zlab/config.json", "num_target_layers", "sixty-four"]),
+    "compare-fractional-layer-ids": (with_option(COMPARE, "--ref", "{w}/fractional-ids-zlab"),
+                                     ["fractional-ids-zlab/config.json", "target_layer_ids", "[0.7, 1.2]"]),
+    "compare-unknown-activation": (with_option(COMPARE, "--ref", "{w}/unknown-act-zlab"),
+                                   ["unknown-act-zlab/config.json", "hidden_act", "wibble"]),
+    "compare-rope-not-a-mapping": (with_option(COMPARE, "--ref", "{w}/rope-string-zlab"),
+                                   ["rope-string-zlab/config.json", "rope_parameters"]),
+    "compare-config-a-list": (with_option(COMPARE, "--ref", "{w}/list-config-zlab"),
+                              ["list-config-zlab/config.json", "JSON object"]),
+    "compare-config-not-utf8": (with_option(COMPARE, "--ref", "{w}/latin1-config-zlab"),
+                                ["latin1-config-zlab/config.json", "not valid JSON"]),
+    "compare-index-names-a-file-outside": (with_option(COMPARE, "--ref", "{w}/index-outside-zlab"),
+                                           ["model.safetensors.index.json", "../ours.pt", "outside"]),
+    "compare-index-names-an-absolute-path": (with_option(COMPARE, "--ref", "{w}/index-absolute-zlab"),
+                                             ["model.safetensors.index.json", "/etc/passwd", "outside"]),
+    "compare-index-without-weight-map": (with_option(COMPARE, "--ref", "{w}/index-without-map-zlab"),
+                                         ["model.safetensors.index.json", "weight_map"]),
+    "compare-index-missing-shard": (with_option(COMPARE, "--ref", "{w}/index-missing-shard-zlab"),
+                                    ["model.safetensors.index.json", "gone.safetensors", "missing"]),
+    "compare-symlink-loop": (with_option(COMPARE, "--ours", "{w}/loop"), ["{w}/loop"]),
+    "compare-malicious-pickle": (with_option(COMPARE, "--ours", "{w}/evil.pt"),
+                                 ["evil.pt", "system", "nothing was run"]),
+    "compare-two-state-dicts": (with_option(COMPARE, "--ours", "{w}/two-state-dicts.pt"),
+                                ["two-state-dicts.pt", "ema, model", "--ours-entry"]),
+    "compare-two-names-one-tensor": (with_option(COMPARE, "--ours", "{w}/collide.pt"),
+                                     ["collide.pt", "'fc.weight'", "'module.fc.weight'"]),
+    "compare-no-weights-in-the-file": (with_option(COMPARE, "--ours", "{w}/no-weights.pt"),
+                                       ["no-weights.pt", "no entry holds a state dict", "epoch"]),
+    "compare-entry-that-is-not-there": (with_option(COMPARE, "--ours", "{w}/plain.pt") + ["--ours-entry", "ema"],
+                                        ["plain.pt", "--ours-entry ema", "model"]),
+    "compare-key-map-bad-regex": (with_option(COMPARE, "--ours", "{w}/plain.pt") + ["--key-map", "{w}/bad-regex.map"],
+                                  ["bad-regex.map:1", "invalid pattern"]),
+    "compare-key-map-without-arrow": (with_option(COMPARE, "--ours", "{w}/plain.pt") + ["--key-map",
+                                                                                          "{w}/no-arrow.map"],
+                                      ["no-arrow.map:1", "PATTERN => REPLACEMENT"]),
+    "compare-spec-unknown-field": (COMPARE + ["--ours-spec", "colour=blue"], ["--ours-spec colour", "not a spec"]),
+    "compare-spec-value-in-words": (with_option(COMPARE, "--ours", "{w}/plain.pt") +
+                                    ["--ours-spec", "num_target_layers=sixty-four"],
+                                    ["--ours-spec num_target_layers", "sixty-four"]),
+    "eval-incomplete-foreign-spec": (with_option(EVAL, "--drafter", "{w}/plain.pt"),
+                                     ["plain.pt", "eval needs the whole spec", "mask_token_id", "--spec"]),
+    "train-data-not-utf8": (with_option(TRAIN, "--data", "{w}/latin1-data.jsonl"),
+                            ["latin1-data.jsonl:1", "UTF-8"]),
 }
 
 
@@ -260,8 +362,8 @@ def test_bad_input_gets_one_line_and_exit_2(name, world, tmp_path, monkeypatch, 
     assert (tmp_path / "notes.txt").read_text() == "scratch file\n"
 
 
-def test_the_matrix_is_at_least_45_cases():
-    assert len(CASES) >= 45
+def test_the_matrix_is_at_least_60_cases():
+    assert len(CASES) >= 60
 
 
 # -- FIFOs: must not hang (a subprocess with a timeout, since a hang would stop the suite) -------
