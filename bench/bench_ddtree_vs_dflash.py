@@ -3,7 +3,7 @@
 Both are lossless (the output must equal greedy decoding, checked here), so the only
 question is how many tokens a round accepts and what a round costs. Default drafters: the
 test world's two, trained by our trainer with speculators' KL loss and with CE (see
-`dflash_audit/world/drafter.py` for why the loss decides whether a tree pays off).
+`world/drafter.py` for why the loss decides whether a tree pays off).
 
     python bench/bench_ddtree_vs_dflash.py [--drafters A.pt ...] [--budgets 16 32 64] [--max-new-tokens 256]
 """
@@ -16,7 +16,7 @@ import torch
 from tabulate import tabulate
 
 from common import parse_args, setup, timed, write_report
-from dflash_audit.world.drafter import DRAFTER_FILES, cached_test_drafter
+from world.drafter import DRAFTER_FILES, cached_test_drafter
 from impl.ddtree import ddtree_decode
 from impl.decoding import dflash_decode, mean_acceptance
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_audit.audit.dynamic import load_target
+from impl.target import load_target
 from dflash_audit.prompts import load_prompts, tokenize_prompts
 from impl.checkpoint import atomic_write_bytes, build_drafter
 from reference_adapters.zlab_adapter import zlab_generate, zlab_twin  # noqa: F401  (used by the bench scripts)
@@ -32,7 +32,7 @@ COMMON_TRAINING = dict(seq_len=256, batch_size=4, lr=3e-3, warmup=20, progress=F
 
 
 def trained_drafter(world, name: str) -> Path:
-    from dflash_audit.world import stdlib_corpus
+    from world import stdlib_corpus
     from impl.train import train_drafter
 
     path = world.root / f"bench-drafter-{name}.pt"
@@ -73,7 +73,7 @@ def setup(args: argparse.Namespace, default_drafters=None):
 
     target_dir, prompts_path, drafter_paths = args.target, args.prompts, args.drafters
     if target_dir is None or prompts_path is None or not drafter_paths:
-        from dflash_audit.world import cached_test_world
+        from world import cached_test_world
 
         world = cached_test_world()
         target_dir = target_dir or world.target
@@ -92,9 +92,9 @@ def setup(args: argparse.Namespace, default_drafters=None):
 
 def heldout(n: int) -> list[dict]:
     """`n` prompts drawn exactly as the worlds draw theirs (same seed, corpus and exclusions)."""
-    from dflash_audit.world import stdlib_corpus
-    from dflash_audit.world.cache import DEFAULT_MAX_BYTES
-    from dflash_audit.world.prompts import heldout_prompts
+    from world import stdlib_corpus
+    from world.cache import DEFAULT_MAX_BYTES
+    from world.prompts import heldout_prompts
 
     train = stdlib_corpus("train", max_bytes=DEFAULT_MAX_BYTES)
     return heldout_prompts(stdlib_corpus("heldout", max_bytes=DEFAULT_MAX_BYTES), n, seed=0, avoid=train)

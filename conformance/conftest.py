@@ -19,7 +19,7 @@ import pytest
 
 from conformance.compare import Comparator
 from conformance.recorder import Recorder
-from reference_adapters.interface import supports
+from impl.interface import supports
 
 DEFAULT_IMPL = "impl.adapter:OursImplementation"
 REFERENCES = {

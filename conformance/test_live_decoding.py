@@ -19,10 +19,10 @@ PROMPTS = 4
 
 @pytest.fixture(scope="module")
 def trained_pair():
-    from dflash_audit.world import cached_test_world
-    from dflash_audit.world.drafter import cached_test_drafter
+    from world import cached_test_world
+    from world.drafter import cached_test_drafter
     from impl.checkpoint import load_checkpoint
-    from impl.train import load_target
+    from impl.target import load_target_model
 
     world = cached_test_world()
     out = cached_test_drafter(world)
@@ -30,7 +30,7 @@ def trained_pair():
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(str(world.target))
     prompts = [json.loads(line)["prompt"] for line in world.prompts.read_text().splitlines()[:PROMPTS]]
-    target = load_target(world.target)
+    target = load_target_model(world.target)
     if isinstance(target, tuple):
         target = target[0]
     return ckpt, target.float().eval(), [tokenizer(p, return_tensors="pt").input_ids for p in prompts], tokenizer

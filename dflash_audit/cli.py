@@ -14,7 +14,7 @@ import traceback
 
 import typer
 
-from dflash_audit.errors import AuditError
+from impl.errors import AuditError
 from impl.atomic import OutputError
 from impl.checkpoint import CheckpointError
 from impl.spec import SpecError

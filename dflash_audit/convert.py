@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_audit.errors import AuditError
+from impl.errors import AuditError
 from dflash_audit.formats import FORMATS, LoadedCheckpoint, LoadOptions, load_any, require_spec
 from dflash_audit.outputs import check_outputs, check_replaceable, check_writable
 from impl.checkpoint import build_drafter, save_checkpoint, save_zlab_dir

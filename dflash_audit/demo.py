@@ -5,7 +5,7 @@ present, so a rerun (or a resumed, interrupted build) never retrains what exists
 built by another config or world format (`demo-key.txt`) is emptied first, and any other
 non-empty folder is refused (the demo deletes only what it made). Step counts are fixed,
 never time budgets, so the world is the same on every machine:
-- `target/`       small Qwen3 trained on the standard library's source (dflash_audit.world)
+- `target/`       small Qwen3 trained on the standard library's source (world)
 - `prompts.jsonl` held-out prompts
 - `ref/`          drafter trained with the reference recipe, saved in z-lab format
 - `ours.pt`       drafter trained with the seed's three bugs: fc fed all but the deepest
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import sys
 import time
@@ -25,10 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dflash_audit.audit.report import AuditReport
-from dflash_audit.errors import AuditError
+from impl.errors import AuditError
 from dflash_audit.outputs import check_outputs
-from dflash_audit.world import DEMO_TARGET, build_world, stdlib_corpus
-from dflash_audit.world.cache import WORLD_FORMAT
+from world import DEMO_TARGET, build_world, stdlib_corpus
+from world.cache import WORLD_FORMAT
+from impl.cache_dir import cache_root
 from impl.checkpoint import atomic_write_bytes, load_checkpoint, save_zlab_dir
 from impl.layers import build_target_layer_ids
 
@@ -51,9 +51,8 @@ class DemoConfig:
     lr: float = 3e-3
 
 
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "dflash-audit" / "demo"
+def default_cache_dir(root: str | Path | None = None) -> Path:
+    return cache_root(root) / "demo"
 
 
 def reference_layer_ids(config: DemoConfig) -> list[int]:
@@ -148,13 +147,14 @@ def timed(step, what: str) -> None:
               "(same steps and result as anywhere, only slower)", file=sys.stderr)
 
 
-def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path = Path("reports/demo"),
+def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path = Path("reports/demo"), cache_dir=None,
              config: DemoConfig | None = None) -> AuditReport:
     from dflash_audit.commands.compare import run_compare
 
     config = config or DemoConfig()
-    check_outputs({"--out": Path(out)}, {"--cache": Path(cache or default_cache_dir())})
-    paths = build_demo(cache or default_cache_dir(), config, rebuild)
+    cache = Path(cache or default_cache_dir(cache_dir))
+    check_outputs({"--out": Path(out)}, {"--cache": cache})
+    paths = build_demo(cache, config, rebuild)
     return run_compare(paths["ours"], paths["ref"], target=paths["target"], prompts=paths["prompts"], out=out,
                        max_new_tokens=config.max_new_tokens, budget=config.budget, cache_dir=paths["offline"])
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 from pathlib import Path
 
-from dflash_audit.errors import AuditError
+from impl.errors import AuditError
 from impl.atomic import TMP_DIR, probe_destination
 
 # The files a drafter directory of each format consists of; anything else there is someone else's.

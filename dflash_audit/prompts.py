@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from dflash_audit.errors import AuditError
-from dflash_audit.inputs import read_utf8
+from impl.errors import AuditError
+from impl.inputs import read_utf8
 from impl.data import json_lines
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")

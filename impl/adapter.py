@@ -15,7 +15,7 @@ from impl.extract import context_features
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, Recipe
 from impl.train_step import training_step
-from reference_adapters.interface import GenerationResult, TrainingOutputs
+from impl.interface import GenerationResult, TrainingOutputs
 
 
 class OursImplementation:

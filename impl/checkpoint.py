@@ -22,6 +22,10 @@ from impl.spec import DraftSpec, Recipe, SpecError
 
 CKPT_FORMAT = "dflash-audit/ckpt-1"
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile
+# Tensors a speculators drafter holds that are copies of the verifier's (embeddings, head, final
+# norm, vocabulary maps): never trained, never draft body (PITFALLS #13).
+VERIFIER_OWNED_KEYS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight",
+                       "t2d", "d2t")
 
 
 class CheckpointError(ValueError):

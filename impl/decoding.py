@@ -47,9 +47,13 @@ def mean_acceptance(lengths: list[int]) -> float:
 
 
 def acceptance_histogram(lengths: list[int], block_size: int) -> list[int]:
-    """Counts of acceptance lengths 0..B, as z-lab's benchmark prints them."""
+    """Counts of acceptance lengths 0..B, as z-lab's benchmark prints them.
+
+    A length outside 0..B cannot come from a correct decoder: it is an error, never clamped."""
     counts = [0] * (block_size + 1)
     for length in lengths:
+        if not 0 <= length <= block_size:
+            raise ValueError(f"acceptance length {length} outside 0..{block_size} (block size {block_size})")
         counts[length] += 1
     return counts
 

@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import rotate_half
 
+from impl.cache_dir import build_once
 from impl.checkpoint import atomic_write_bytes
 from impl.ddtree import build_tree
 from impl.decoding import greedy_decode
@@ -125,17 +126,20 @@ def load_or_build_cache(cache_dir: str | Path, target_dir: str | Path, target: n
     """The cache for (target, prompts, settings): read from `cache_dir` or built once and written there."""
     key = cache_key(target_dir, [ids[0].tolist() for _, ids in prompts], max_new_tokens, stop_token_ids)
     path = Path(cache_dir) / f"{key}.safetensors"
-    if path.is_file():
-        return HiddenStateCache.load(path)
-    entries = []
-    for prompt_id, ids in prompts:
-        entries.append(cache_prompt(target, prompt_id, ids, max_new_tokens, stop_token_ids))
-        if on_prompt is not None:
-            on_prompt()
-    cache = HiddenStateCache(key=key, max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids),
-                             prompts=entries)
-    cache.save(path)
-    return cache
+
+    def build() -> HiddenStateCache:
+        entries = []
+        for prompt_id, ids in prompts:
+            entries.append(cache_prompt(target, prompt_id, ids, max_new_tokens, stop_token_ids))
+            if on_prompt is not None:
+                on_prompt()
+        cache = HiddenStateCache(key=key, max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids),
+                                 prompts=entries)
+        cache.save(path)
+        return cache
+
+    return build_once(path.with_suffix(".lock"), lambda: HiddenStateCache.load(path) if path.is_file() else None,
+                      build)
 
 
 # -- the drafter's blocks, batched across prompts ----------------------------------------

@@ -29,6 +29,7 @@ from impl.data import PackedData, load_packed, pack_records
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, Recipe
+from impl.target import load_target_model, load_tokenizer
 from impl.train_step import training_step
 
 MASK_TOKEN = "<|mask|>"
@@ -78,21 +79,6 @@ class TrainConfig:
 
 
 # -- setup ---------------------------------------------------------------------------------
-def load_tokenizer(target_dir: str | Path):
-    from transformers import AutoConfig, AutoTokenizer
-
-    path = Path(target_dir)
-    if not (path / "config.json").is_file():
-        raise TrainError(f"{path}: not a Hugging Face model directory (no config.json)")
-    return AutoTokenizer.from_pretrained(path), AutoConfig.from_pretrained(path)
-
-
-def load_target(target_dir: str | Path, dtype: torch.dtype = torch.float32):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(Path(target_dir), dtype=dtype).eval().requires_grad_(False)
-
-
 def resolve_mask_token(tokenizer, override: int | None) -> int:
     if override is not None:
         return override
@@ -273,7 +259,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> dict:
     train_data, eval_data = load_data(cfg, tokenizer, target_config.vocab_size)
     spec = draft_spec(target_config, tokenizer, cfg)
     recipe = make_recipe(cfg, spec.num_target_layers, train_data.data_hash)
-    target = load_target(cfg.target).to(device)
+    target = load_target_model(cfg.target).to(device)
 
     torch.manual_seed(cfg.seed)
     drafter = DFlashDrafter(spec).to(device)

@@ -22,7 +22,7 @@ from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.model import DFlashDrafter
 from impl.spec import Recipe
 from impl.targets import TargetAligner
-from reference_adapters.interface import TrainingOutputs
+from impl.interface import TrainingOutputs
 
 
 @dataclass

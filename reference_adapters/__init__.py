@@ -8,7 +8,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from dflash_audit.errors import AuditError
+from impl.errors import AuditError
 
 IMPLEMENTATIONS = {
     "ours": "impl.adapter:OursImplementation",

@@ -19,12 +19,11 @@ from unittest import mock
 import torch
 from torch import nn
 
-from dflash_audit.formats import VERIFIER_OWNED_KEYS
-from impl.checkpoint import CheckpointError, atomic_directory, strip_wrapper_prefixes
+from impl.checkpoint import VERIFIER_OWNED_KEYS, CheckpointError, atomic_directory, strip_wrapper_prefixes
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.layers import speculators_to_zlab
 from impl.spec import DraftSpec
-from reference_adapters.interface import TrainingOutputs, Unsupported
+from impl.interface import TrainingOutputs, Unsupported
 from reference_adapters.versions import check_reference
 
 check_reference("speculators")

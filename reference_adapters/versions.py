@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib import metadata
 
-from dflash_audit.errors import AuditError
+from impl.errors import AuditError
 
 PINNED = {"dflash": "0.1.0", "speculators": "0.9.0"}
 INSTALL_HINT = {

@@ -16,7 +16,7 @@ from torch import nn
 
 from impl.checkpoint import CheckpointError, strip_wrapper_prefixes, zlab_config
 from impl.spec import DraftSpec
-from reference_adapters.interface import GenerationResult, Unsupported
+from impl.interface import GenerationResult, Unsupported
 from reference_adapters.versions import check_reference
 
 check_reference("dflash")

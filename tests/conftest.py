@@ -1,6 +1,6 @@
 import pytest
 
-from dflash_audit.world import cached_test_world
+from world import cached_test_world
 
 
 @pytest.fixture(scope="session")

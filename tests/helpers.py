@@ -41,7 +41,7 @@ def world_drafter(world, layer_ids, seed):
     """An untrained one-layer drafter sized for a world's target (τ is measured, not good)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from dflash_audit.world import mask_token_id
+    from world import mask_token_id
     from impl.model import DFlashDrafter
 
     config = AutoConfig.from_pretrained(world.target)

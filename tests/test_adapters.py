@@ -10,11 +10,11 @@ import torch
 
 import reference_adapters.speculators_adapter as spec_adapter
 import reference_adapters.zlab_adapter as zlab_adapter
-from dflash_audit.errors import AuditError
+from impl.errors import AuditError
 from impl.model import DFlashDrafter
 from reference_adapters import IMPLEMENTATIONS, get_implementation
 from reference_adapters import versions as version_guard
-from reference_adapters.interface import DFlashImplementation, Unsupported, supports
+from impl.interface import DFlashImplementation, Unsupported, supports
 from tests.helpers import tiny_spec, tiny_target
 
 

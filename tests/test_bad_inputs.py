@@ -25,7 +25,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dflash_audit.cli import main
-from dflash_audit.world.tokenizer import mask_token_id, train_tokenizer
+from world.tokenizer import mask_token_id, train_tokenizer
 from impl.checkpoint import load_checkpoint, load_zlab_dir, save_checkpoint, save_zlab_dir
 from impl.model import DFlashDrafter
 from tests.helpers import tiny_spec

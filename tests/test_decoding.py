@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_audit.audit.dynamic import load_target
+from impl.target import load_target
 from dflash_audit.prompts import load_prompts, tokenize_prompts
-from dflash_audit.world.drafter import cached_test_drafter
+from world.drafter import cached_test_drafter
 from impl.checkpoint import build_drafter, load_checkpoint
 from impl.decoding import acceptance_histogram, dflash_decode, greedy_decode
 from impl.model import DFlashDrafter

@@ -13,9 +13,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from dflash_audit.cli import main
-from dflash_audit.errors import AuditError
+from impl.errors import AuditError
 from dflash_audit.prompts import load_prompts, tokenize_prompt, uses_chat_template
-from dflash_audit.world.drafter import cached_test_drafter
+from world.drafter import cached_test_drafter
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def test_eval_live_and_offline_agree_and_write_the_json_shape(eval_inputs, tmp_p
             out = tmp_path / f"{method}-{mode}.json"
             code = run_cli(["eval", "--drafter", drafter, "--target", target, "--prompts", prompts, "--method", method,
                             "--budget", 16, "--mode", mode, "--max-new-tokens", 48, "--json", out,
-                            "--cache", tmp_path / "cache"])
+                            "--cache-dir", tmp_path / "cache"])
             assert code == 0
             results[method, mode] = json.loads(out.read_text())
     table = capsys.readouterr().out

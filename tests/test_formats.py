@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from dflash_audit.cli import main
-from dflash_audit.errors import AuditError
+from impl.errors import AuditError
 from dflash_audit.formats import LoadedCheckpoint, detect_format, load_any
 from impl.checkpoint import Checkpoint, CheckpointError, save_checkpoint, save_zlab_dir
 from tests.tiny_fixtures import drafter, spec, target_dir  # noqa: F401  (fixtures)

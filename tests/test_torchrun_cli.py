@@ -20,7 +20,7 @@ import torch
 
 from dflash_audit.cli import main
 from dflash_audit.prompts import load_prompts
-from dflash_audit.world.drafter import cached_test_drafter
+from world.drafter import cached_test_drafter
 from impl.checkpoint import load_checkpoint
 from impl.model import DFlashDrafter
 from tests.test_ddp import ATOL, RTOL
@@ -151,19 +151,19 @@ def test_eval_under_torchrun_shards_and_gathers(test_world, tmp_path):
 def test_offline_eval_under_torchrun_shares_one_cache_with_a_single_process(test_world, tmp_path):
     cache = tmp_path / "cache"
     common = ["eval", "--drafter", cached_test_drafter(test_world), "--target", test_world.target,
-              "--prompts", test_world.prompts, "--mode", "offline", "--max-new-tokens", 24, "--cache", cache]
+              "--prompts", test_world.prompts, "--mode", "offline", "--max-new-tokens", 24, "--cache-dir", cache]
     single, sharded = tmp_path / "single.json", tmp_path / "sharded.json"
     assert main([str(a) for a in [*common, "--json", single]]) == 0
-    files = sorted(cache.iterdir())
+    files = sorted(cache.glob("offline/*.safetensors"))  # <cache root>/offline/<key>.safetensors
     assert len(files) == 1
     stamp = files[0].stat().st_mtime_ns
 
     done = torchrun([*common, "--json", sharded])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(cache.iterdir()) == files and files[0].stat().st_mtime_ns == stamp  # read, not rebuilt
+    assert sorted(cache.glob("offline/*.safetensors")) == files and files[0].stat().st_mtime_ns == stamp  # read
     assert json.loads(sharded.read_text()) == json.loads(single.read_text())
 
     fresh = tmp_path / "fresh"  # and a sharded run builds the one full cache a single process would reuse
     done = torchrun([*common[:-1], fresh, "--json", sharded])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert [p.name for p in fresh.iterdir()] == [files[0].name]
+    assert [p.name for p in fresh.glob("offline/*.safetensors")] == [files[0].name]

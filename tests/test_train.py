@@ -9,7 +9,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dflash_audit.cli import main
-from dflash_audit.world.tokenizer import train_tokenizer
+from world.tokenizer import train_tokenizer
 from impl.checkpoint import load_checkpoint
 from impl.data import DataError, Document, load_packed, pack_documents, pack_records
 from impl.model import DFlashDrafter
@@ -165,7 +165,7 @@ def test_bf16_autocast_trains(tiny_world, tmp_path):
 
 
 def test_loss_decreases_on_the_trained_test_target(test_world, tmp_path):
-    from dflash_audit.world import stdlib_corpus
+    from world import stdlib_corpus
 
     texts = stdlib_corpus("train", max_bytes=30_000)
     stats = train_drafter(test_world.target, texts, tmp_path / "d.pt", steps=15, seq_len=64, block_size=4,

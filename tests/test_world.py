@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
-from dflash_audit.world import (
+from world import (
     BUILTIN_PROMPTS, EOS_TOKEN, MASK_TOKEN, build_target, cached_test_world, heldout_prompts,
     mask_token_id, stdlib_corpus, train_tokenizer, write_prompts_jsonl,
 )
-from dflash_audit.world.target import STATS_FILE, pack_tokens
+from world.target import STATS_FILE, pack_tokens
 
 SMALL = 300_000  # bytes of corpus for the tests that build their own pieces
 

@@ -10,7 +10,6 @@ findings and gets a `warning` that τ was not measured; the audit still complete
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import torch
 from dflash_audit.audit import tau_stats
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
-from dflash_audit.errors import AuditError
+from impl.cache_dir import cache_root
 from impl import offline
 from impl.checkpoint import CheckpointError, build_drafter
 from impl.extract import decoder_layers
@@ -108,28 +107,6 @@ class DynamicAudit:
 
 
 # -- running ---------------------------------------------------------------------------------
-def load_target(target_dir: str | Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    from dflash_audit.inputs import check_target_dir
-
-    hf_logging.disable_progress_bar()  # a bar per load would bury the one-line answers on stderr
-
-    target_dir = Path(target_dir)
-    check_target_dir(target_dir)  # config fields, FIFOs, tokenizer: one line naming the file
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    except Exception as exc:  # noqa: BLE001 -- any tokenizer failure is the target's, not the prompt's
-        raise AuditError(f"{target_dir}: cannot load the target's tokenizer "
-                         f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
-    try:
-        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise AuditError(f"{target_dir}: cannot load the target ({' '.join(str(exc).split())[:200]})") from exc
-    return target, tokenizer
-
-
 def why_not_runnable(side: Side, target) -> str | None:
     """A reason this drafter cannot run against `target`, or None."""
     config = target.config
@@ -151,11 +128,6 @@ def why_not_runnable(side: Side, target) -> str | None:
     return None
 
 
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "dflash-audit" / "offline"
-
-
 @torch.inference_mode()
 def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokenizer,
                   prompts: list[tuple[str, torch.Tensor]], prompts_source: str, max_new_tokens: int = 64,
@@ -170,7 +142,7 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     drafters = {name: build_drafter(side.spec, side.state_dict).float().eval()
                 for name, side in sides.items() if name not in not_measured}
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    cache = offline.load_or_build_cache(cache_dir or default_cache_dir(), target_dir, target, prompts,
+    cache = offline.load_or_build_cache(cache_dir or cache_root() / "offline", target_dir, target, prompts,
                                         max_new_tokens, stop_ids, on_prompt=advance)
     methods = {}
     for method, method_budget in (("dflash", None), ("ddtree", budget)):

@@ -12,22 +12,20 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from impl import decoding
+
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 NOISE_METHOD = "paired bootstrap over prompts (2000 resamples, 95% percentile interval of mean τ_ref − τ_ours)"
 
 
 def tau(rounds: list[int]) -> float:
-    return sum(rounds) / len(rounds) if rounds else 0.0
+    return decoding.mean_acceptance(rounds)
 
 
 def acceptance_histogram(rounds: list[list[int]], block_size: int) -> list[int]:
     """How many rounds accepted 0..B tokens (bonus included), over all prompts."""
-    counts = [0] * (block_size + 1)
-    for prompt_rounds in rounds:
-        for length in prompt_rounds:
-            counts[min(length, block_size)] += 1
-    return counts
+    return decoding.acceptance_histogram([length for prompt in rounds for length in prompt], block_size)
 
 
 def position_acceptance(rounds: list[list[int]], block_size: int) -> list[float]:

@@ -9,19 +9,21 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dflash_audit.audit.dynamic import dynamic_audit, load_target
+from dflash_audit.audit.dynamic import dynamic_audit
+from impl.target import load_target
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.report_html import write_report_html
 from dflash_audit.audit.report_json import write_report_json
 from dflash_audit.audit.report_terminal import terminal_summary
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
-from dflash_audit.errors import AuditError
+from impl.errors import AuditError
 from dflash_audit.formats import LoadOptions
-from dflash_audit.inputs import check_generation_flags
+from impl.cache_dir import cache_root
+from impl.inputs import check_generation_flags
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
-from dflash_audit.world import BUILTIN_PROMPTS
+from world import BUILTIN_PROMPTS
 
 
 def progress_bar(console: Console) -> Progress:
@@ -122,10 +124,14 @@ def register(app: typer.Typer) -> None:
         ref_spec: list[str] = typer.Option([], "--ref-spec", help="same, for --ref"),
         truncate: bool = typer.Option(False, "--truncate",
                                       help="keep a too-long prompt's last tokens (default: refuse it)"),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir",
+                                              help="cache root; hidden states go to <root>/offline "
+                                                   "(default $XDG_CACHE_HOME/dflash-audit)"),
     ) -> int:
         """Audit --ours against --ref: findings, spec and tensor diff, per-prompt τ. Exit 1 on divergence."""
         report = run_compare(ours, ref, target, prompts, static_only, out, json_path, expect_identical,
                              max_new_tokens, budget, truncate=truncate,
+                             cache_dir=cache_root(cache_dir) / "offline" if cache_dir is not None else None,
                              ours_options=LoadOptions(ours_entry, key_map, list(ours_spec), "--ours"),
                              ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"))
         return report.exit_status

@@ -12,12 +12,14 @@ from dflash_audit.demo import run_demo
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
-        cache: Path | None = typer.Option(None, "--cache", help="world cache (default ~/.cache/dflash-audit/demo)"),
+        cache: Path | None = typer.Option(None, "--cache", help="the demo world's folder (default <cache-dir>/demo)"),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir",
+                                              help="cache root (default $XDG_CACHE_HOME/dflash-audit)"),
         rebuild: bool = typer.Option(False, "--rebuild", help="retrain everything in the cache"),
         out: Path = typer.Option(Path("reports/demo"), "--out", help="report directory"),
     ) -> int:
         """Build (once) the demo world and compare its buggy drafter with the reference; report in reports/demo/."""
-        run_demo(cache, rebuild, out)
+        run_demo(cache, rebuild, out, cache_dir=cache_dir)
         # Finding the planted divergences is the demo's point: compare's exit status 1
         # ("divergences found") is success here; trouble still raises and exits 2.
         return 0

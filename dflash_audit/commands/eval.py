@@ -18,10 +18,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from tabulate import tabulate
 
-from dflash_audit.errors import AuditError
-from dflash_audit.inputs import check_finite_weights, check_generation_flags
+from impl.errors import AuditError
+from impl.inputs import check_finite_weights, check_generation_flags
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.prompts import CHAT_TEMPLATE_MODES, fit_prompts, load_prompts, tokenize_prompts
+from impl.cache_dir import cache_root
 from impl.checkpoint import atomic_write_bytes, build_drafter
 from impl.ddtree import ddtree_decode
 from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
@@ -30,7 +31,6 @@ from impl.offline import load_or_build_cache, offline_rounds_each
 
 METHODS = ("dflash", "ddtree")
 MODES = ("live", "offline")
-DEFAULT_CACHE = Path(".cache") / "offline-tau"
 
 
 def load_drafter(path: Path, target_dir: Path, target, options=None):
@@ -123,10 +123,10 @@ def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new
 
 def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: str = "dflash", budget: int = 32,
              mode: str = "live", max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0,
-             json_path: Path | None = None, cache_dir: Path = DEFAULT_CACHE, chat_template: str = "auto",
+             json_path: Path | None = None, cache_dir: Path | None = None, chat_template: str = "auto",
              console: Console | None = None, truncate: bool = False, load_options=None) -> dict | None:
     """Evaluate, print the table and write `json_path` (rank 0); returns the JSON payload there."""
-    from dflash_audit.audit.dynamic import load_target
+    from impl.target import load_target
 
     check_options(method, mode, budget, max_new_tokens, temperature)
     check_json_output(json_path, {"--drafter": drafter_path, "--target": target_dir, "--prompts": prompts_path})
@@ -145,7 +145,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     if mode == "offline":
         # One cache for all prompts, the same a single process builds and reuses: rank 0
         # builds it (or finds it), the other ranks then read it and replay their share.
-        cache = ranks.rank_zero_first(lambda: load_or_build_cache(cache_dir, target_dir, target, prompts,
+        cache = ranks.rank_zero_first(lambda: load_or_build_cache(cache_root(cache_dir) / "offline", target_dir, target, prompts,
                                                                   max_new_tokens, stop_ids))
         entries = ranks.shard(cache.prompts)
 
@@ -186,7 +186,9 @@ def register(app: typer.Typer) -> None:
         temperature: float = typer.Option(0.0, "--temperature", help="> 0: rejection sampling (dflash, live)"),
         seed: int = typer.Option(0, "--seed", help="sampling seed when --temperature > 0"),
         json_path: Path | None = typer.Option(None, "--json", help="write the results as JSON here"),
-        cache: Path = typer.Option(DEFAULT_CACHE, "--cache", help="hidden-state cache directory (offline mode)"),
+        cache: Path | None = typer.Option(None, "--cache-dir", "--cache",
+                                          help="cache root; offline hidden states go to <root>/offline "
+                                               "(default $XDG_CACHE_HOME/dflash-audit)"),
         chat_template: str = typer.Option("auto", "--chat-template", help=" | ".join(CHAT_TEMPLATE_MODES)),
         entry: str | None = typer.Option(None, "--entry", help="entry of a training dict holding the state dict"),
         key_map: Path | None = typer.Option(None, "--key-map", help="parameter names: 'PATTERN => REPLACEMENT'"),

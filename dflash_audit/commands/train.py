@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from dflash_audit.errors import AuditError
-from dflash_audit.inputs import check_finite_flags, check_target_dir
+from impl.errors import AuditError
+from impl.inputs import check_finite_flags, check_target_dir
 from dflash_audit.outputs import check_outputs, check_writable
 
 

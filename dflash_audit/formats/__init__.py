@@ -26,13 +26,12 @@ from typing import Any
 
 import torch
 
-from dflash_audit.errors import AuditError
+from impl.errors import AuditError
 from dflash_audit.formats.foreign import (PICKLE_SUFFIXES, WEIGHT_SUFFIXES, LoadOptions, UnknownScheme,
                                           read_foreign)
 from dflash_audit.formats.inference import Provenance, parse_cli_spec
-from dflash_audit.formats.key_map import VERIFIER_OWNED_KEYS
 from dflash_audit.formats.vocabulary import DeclarationError
-from impl.checkpoint import (CKPT_FORMAT, Checkpoint, CheckpointError, load_checkpoint, read_config,
+from impl.checkpoint import (CKPT_FORMAT, VERIFIER_OWNED_KEYS, Checkpoint, CheckpointError, load_checkpoint, read_config,
                              read_safetensors_dir, spec_from_zlab_config)
 from impl.layers import speculators_to_zlab
 from impl.spec import DraftSpec, Recipe, SpecError

@@ -15,15 +15,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from impl.checkpoint import VERIFIER_OWNED_KEYS
+
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "model.", "draft_model.", "drafter.")
 TOP_LEVEL = ("fc.weight", "hidden_norm.weight", "norm.weight")
 LAYER_SUFFIXES = tuple(
     [f"self_attn.{p}_proj.{kind}" for p in "qkvo" for kind in ("weight", "bias")]
     + ["self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
        "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"])
-# Copied from the verifier by speculators: not draft body, but expected in a checkpoint.
-VERIFIER_OWNED_KEYS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight",
-                  "t2d", "d2t")
 LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 

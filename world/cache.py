@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from impl.cache_dir import build_once, cache_root
 
 from .corpus import DEFAULT_MAX_BYTES, stdlib_corpus
 from .prompts import heldout_prompts, write_prompts_jsonl
@@ -17,7 +18,6 @@ from .tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 # Bump when the builders change what they produce, so stale caches are not reused.
 WORLD_FORMAT = 2
 DEFAULT_HELDOUT_PROMPTS = 8
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -64,15 +64,11 @@ def world_key(preset: dict, **builder_args) -> str:
 
 def cached_test_world(root: str | Path | None = None) -> WorldPaths:
     """The test-suite's world (TEST_TARGET), built on first use under
-    `root/<hash of builder params>/` (default root: `<repo>/.cache/test-world`)."""
+    `root/<hash of builder params>/` (default root: `<cache root>/test-world`, see `impl.cache_dir`)."""
     builder_args = {"vocab_size": DEFAULT_VOCAB_SIZE, "max_bytes": DEFAULT_MAX_BYTES,
                     "n_prompts": DEFAULT_HELDOUT_PROMPTS}
-    root = Path(root) if root is not None else REPO_ROOT / ".cache" / "test-world"
+    root = Path(root) if root is not None else cache_root() / "test-world"
     paths = WorldPaths.under(root / world_key(TEST_TARGET, **builder_args))
-    if paths.complete():
-        return paths
-    root.mkdir(parents=True, exist_ok=True)
     # Concurrent test processes wait for one builder instead of each training a target.
-    with open(root / f"{paths.root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return build_world(paths.root, TEST_TARGET, progress=False, **builder_args)
+    return build_once(root / f"{paths.root.name}.lock", lambda: paths if paths.complete() else None,
+                      lambda: build_world(paths.root, TEST_TARGET, progress=False, **builder_args))

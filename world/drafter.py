@@ -12,8 +12,9 @@ DDTree is built for and the one the published drafters are in.
 
 from __future__ import annotations
 
-import fcntl
 from pathlib import Path
+
+from impl.cache_dir import build_once
 
 from .cache import WorldPaths
 from .corpus import stdlib_corpus
@@ -33,9 +34,9 @@ def cached_test_drafter(world: WorldPaths, loss: str = "kl_div") -> Path:
     if loss not in DRAFTER_FILES:
         raise ValueError(f"loss must be one of {sorted(DRAFTER_FILES)}, not {loss!r}")
     path = world.root / DRAFTER_FILES[loss]
-    with open(world.root / f".{path.stem}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test processes train it once
-        if not path.is_file():
-            train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path,
-                          **TEST_DRAFTER, loss=loss)
-    return path
+
+    def train() -> Path:
+        train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **TEST_DRAFTER, loss=loss)
+        return path
+
+    return build_once(world.root / f".{path.stem}.lock", lambda: path if path.is_file() else None, train)

@@ -1,0 +1,9 @@
+"""The error every layer raises for bad input; the CLI turns it into one line and exit status 2.
+
+It lives at the bottom (impl) so that the adapters, the conformance suite and the CLI can
+all raise it without importing upward.
+"""
+
+
+class AuditError(Exception):
+    """Bad input or usage: reported as `dflash-audit: error: <message>`, exit status 2."""
