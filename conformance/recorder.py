@@ -9,16 +9,13 @@ from typing import Any
 
 from conformance.compare import DiffEntry
 from impl.checkpoint import atomic_write_bytes
+from impl.pitfalls import PITFALLS as CATALOGUE
 
 SCHEMA = "dflash-audit-conformance/1"
 # When one comparison key sees several outcomes (hypothesis runs many examples), the worst wins.
 SEVERITY = {"n/a": 0, "pass": 1, "reference-divergence": 2, "fail": 3}
-# Every PITFALLS.md entry with the component name the suite reports it under.
-PITFALLS = {
-    1: "target_layers", 2: "target_layers", 3: "targets", 4: "fc_dims", 5: "target_alignment",
-    6: "loss_weights", 7: "loss", 8: "anchors", 9: "training_mask", 10: "inference_mask", 11: "layer_types",
-    12: "positions", 13: "embeddings", 14: "mask_token", 15: "noise", 16: "block_size", 17: "tau",
-}
+# Every catalogue entry the suite checks, with the component name it reports it under.
+PITFALLS = {n: p.component for n, p in CATALOGUE.items() if p.checked_by == "conformance"}
 
 
 @dataclass

@@ -56,7 +56,7 @@ def data_hash(raw: bytes, vocab_size: int, seq_len: int) -> str:
 
 
 # -- one record -> one document ------------------------------------------------------------
-def _int_list(value, name: str, where: str) -> list[int]:
+def _token_ids(value, name: str, where: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise DataError(f"{where}: {name!r} must be a list of integers")
     return value
@@ -97,8 +97,8 @@ def parse_record(record, tokenizer, vocab_size: int, where: str) -> Document:
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if "input_ids" in record:
-        ids = _int_list(record["input_ids"], "input_ids", where)
-        mask = _int_list(record.get("loss_mask", [1] * len(ids)), "loss_mask", where)
+        ids = _token_ids(record["input_ids"], "input_ids", where)
+        mask = _token_ids(record.get("loss_mask", [1] * len(ids)), "loss_mask", where)
         if len(mask) != len(ids):
             raise DataError(f"{where}: loss_mask has {len(mask)} entries for {len(ids)} input_ids")
         doc = Document(list(ids), [int(bool(m)) for m in mask])

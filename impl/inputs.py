@@ -29,13 +29,14 @@ MAX_BUDGET = 1 << 16  # DDTree verifies the whole tree in one target pass
 MAX_TEMPERATURE = 100.0  # already uniform sampling; larger is a typo
 
 
-def regular_file(path: Path, what: str = "file") -> Path:
+def regular_file(path: Path, what: str = "file", flag: str | None = None) -> Path:
     """`path` if it is a regular file; opening anything else (a FIFO) could hang."""
     path = Path(path)
+    named = f"{flag} {path}" if flag else str(path)
     if not path.exists():
-        raise AuditError(f"{path}: no such {what}")
+        raise AuditError(f"{named}: no such {what}")
     if not path.is_file():
-        raise AuditError(f"{path}: not a regular file (a directory, FIFO or device); expected a {what}")
+        raise AuditError(f"{named}: not a regular file (a directory, FIFO or device); expected a {what}")
     return path
 
 

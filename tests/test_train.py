@@ -191,7 +191,7 @@ def test_cli_trains_and_writes_json(tiny_world, tmp_path):
     (["--target", "{root}/missing"], "no such directory"),
     (["--data", "{root}/missing.jsonl"], "no such file"),
     (["--data", "{root}/bad.jsonl"], "bad.jsonl:1: 'text' must be a string"),
-    (["--fc-layers", "0,x"], "--fc-layers: expected comma-separated integers"),
+    (["--fc-layers", "0,x"], "--fc-layers: '0,x' is not a list of integer layer ids"),
     (["--fc-layers", "0,9"], "target_layer_ids: [9] outside"),
     (["--target-source-layer", "7"], "target source layer 7 outside"),
     (["--loss", "mse"], "--loss must be kl_div or ce"),

@@ -1,21 +1,18 @@
-"""A finding: one root cause of a difference between two drafters, in the DESIGN vocabulary."""
+"""A finding: one root cause of a difference between two drafters, in the report's vocabulary (README, "The report")."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from impl.pitfalls import PITFALLS as CATALOGUE
+
 COMPONENTS = ("fc_dims", "target_layers", "layer_types", "block_size", "mask_token", "architecture",
               "weights", "recipe", "tau")
 SEVERITIES = ("divergence", "warning", "info")
 
-# What each PITFALLS.md entry is about, for the report's "see entry #n" links.
-PITFALLS = {
-    1: "target_layers (selection)", 2: "target_layers (index convention)", 3: "targets (which hidden state)",
-    4: "fc_dims", 5: "targets (alignment)", 6: "loss_weights", 7: "loss (kind)", 8: "anchors",
-    9: "mask (training)", 10: "mask (inference)", 11: "layer_types", 12: "positions", 13: "embeddings / head",
-    14: "mask_token", 15: "recipe (noise)", 16: "block_size", 17: "tau",
-}
+# What each catalogue entry (impl/pitfalls.py, PITFALLS.md) is about, for the report's "see entry #n" links.
+PITFALLS = {n: p.title for n, p in CATALOGUE.items()}
 
 
 @dataclass

@@ -7,25 +7,20 @@ from pathlib import Path
 
 import typer
 
-from impl.errors import AuditError
-from impl.inputs import check_finite_flags, check_target_dir
+from dflash_audit.formats.vocabulary import DeclarationError, convert
 from dflash_audit.outputs import check_outputs, check_writable
+from impl.errors import AuditError
+from impl.inputs import check_finite_flags, check_target_dir, regular_file
 
 
-def _int_list(value: str | None, flag: str) -> list[int] | None:
+def _layer_ids(value: str | None, flag: str) -> list[int] | None:
+    """`--fc-layers 1,16,31`: read as the spec's target_layer_ids, the same way every other source is."""
     if value is None:
         return None
     try:
-        return [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise AuditError(f"{flag}: expected comma-separated integers, got {value!r}") from None
-
-
-def _data_file(flag: str, path: Path) -> None:
-    if not path.exists():
-        raise AuditError(f"{flag} {path}: no such file")
-    if not path.is_file():  # a FIFO would block the reader
-        raise AuditError(f"{flag} {path}: not a regular file (a directory, FIFO or device)")
+        return convert("target_layer_ids", value, flag)
+    except DeclarationError as exc:
+        raise AuditError(str(exc)) from None
 
 
 def check_out(out: Path, resume: bool) -> None:
@@ -42,9 +37,9 @@ def check_train_paths(target: Path, data: Path, eval_data: Path | None, out: Pat
                       resume: bool) -> None:
     """Every path, before the tokenizer, the data or the target are read."""
     check_target_dir(target)
-    _data_file("--data", data)
+    regular_file(data, "data file", "--data")
     if eval_data is not None:
-        _data_file("--eval-data", eval_data)
+        regular_file(eval_data, "data file", "--eval-data")
     check_outputs({"--out": out, "--json": json_out}, {"--target": target, "--data": data, "--eval-data": eval_data})
     check_out(out, resume)
     check_writable("--out", out)
@@ -102,7 +97,7 @@ def train(
         target=str(target), out=str(out), data=str(data), eval_data=str(eval_data) if eval_data else None,
         eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
         grad_accum=grad_accum, seq_len=seq_len, block_size=block_size, draft_layers=draft_layers,
-        fc_layers=_int_list(fc_layers, "--fc-layers"), target_source_layer=target_source_layer, layer_types=types,
+        fc_layers=_layer_ids(fc_layers, "--fc-layers"), target_source_layer=target_source_layer, layer_types=types,
         sliding_window=sliding_window, mask_token_id=mask_token_id, max_anchors=max_anchors, gamma=gamma,
         loss=loss, noise_std=noise_std, dtype=dtype, eval_every=eval_every, save_every=save_every, resume=resume,
         seed=seed, max_seconds=max_seconds)

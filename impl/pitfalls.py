@@ -1,0 +1,116 @@
+"""The DFlash divergence catalogue: the known ways a home-grown drafter silently diverges from
+the references, one entry per rule. The single source for the audit's findings, the
+conformance suite's components and the repository's PITFALLS.md (generated from this table by
+`python -m impl.pitfalls`; tests/test_pitfalls.py keeps the two equal).
+
+Facts were read from the pinned reference packages (speculators 0.9.0, dflash 0.1.0,
+transformers 5.19); where a fact here is wrong, the conformance test that checks it wins.
+Notation: N = target decoder layers, H = hidden size, B = block size, `hs` = the tuple a
+Hugging Face model returns with `output_hidden_states=True`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Pitfall:
+    number: int
+    component: str  # what the conformance suite reports it under
+    title: str  # what the audit's findings call it
+    reference: str  # what the references do
+    classic_bug: str
+
+    @property
+    def checked_by(self) -> str:
+        """`conformance` (a component test holds implementations to the references) or `audit`
+        (a property of checkpoints, which the static audit and the loaders check)."""
+        return "audit" if self.component in AUDIT_COMPONENTS else "conformance"
+
+
+AUDIT_COMPONENTS = {"architecture", "weights", "format"}
+
+
+CATALOGUE = (
+    Pitfall(1, 'target_layers', 'target_layers (selection)',
+            'z-lab default `build_target_layer_ids(N, n)`: `n == 1` → `[N // 2]`, else `round(1 + i*(N-4)/(n-1))` for i in 0..n-1 (N=64, n=5 → `[1, 16, 31, 46, 61]`). speculators with no ids given: `[2, N//2, N-3]` and a warning.',
+            'a hand-picked list that is not what the reference used'),
+    Pitfall(2, 'target_layers', 'target_layers (index convention)',
+            "z-lab reads `hs[id + 1]` (`hs[0]` is the embedding output), so id = 0-based decoder layer whose output is used. speculators' `aux_hidden_state_layer_ids` are already shifted: its converter maps z-lab id `i` → `i + 1` and drops `i + 1 == N`. Same model: z-lab `[1,16,31,46,61]` = speculators `[2,17,32,47,62]`.",
+            'off-by-one: reading `hs[id]`'),
+    Pitfall(3, 'targets', 'targets (which hidden state)',
+            'In transformers 5.x, `hs[-1]` is **post final norm** (`== model.norm(raw output of the last layer)`); every other entry is a raw layer output. speculators computes targets as `verifier_lm_head(verifier_norm(verifier_last_hidden_states))` from the **raw** output of the last decoder layer.',
+            'targets from an intermediate layer (e.g. layer 61 of 64) instead of the final one; or `verifier_norm(hs[-1])` = double normalisation'),
+    Pitfall(4, 'fc_dims', 'fc_dims',
+            '`fc = Linear(len(target_layer_ids) * H, H, bias=False)`, then `hidden_norm` (RMSNorm). Every selected layer feeds fc.',
+            'fc fed 4 of 5 layers (in_features 20480 instead of 25600 at H=5120), the deepest layer kept only for targets'),
+    Pitfall(5, 'target_alignment', 'targets (alignment)',
+            '`sample_from_anchor=False` (DFlash): slot 0 is the anchor (input, untrained); slot k ≥ 1 at position `a + k` is trained toward the target logits computed at position `a + k - 1`. DSpark (`True`): slot k toward position `a + k`.',
+            'off-by-one roll'),
+    Pitfall(6, 'loss_weights', 'loss_weights',
+            "`dflash_loss_decay`: `w(0) = 0`, `w(k) = exp(-(k-1)/gamma)` for k ≥ 1; DSpark: `w(k) = exp(-k/gamma)`. speculators' `dflash_decay_gamma` default 4.0 (used with fixed decay; the resolved `dflash` recipe uses D-PACE instead, #18). Reduction: `sum(w * mask * loss) / (sum(mask) + 1e-5)` per sequence, then mean — the denominator counts masked positions, not weights.",
+            'gamma 7.0; weight on slot 0; dividing by the sum of weights'),
+    Pitfall(7, 'loss', 'loss (kind)',
+            "speculators' model-level default is KL to the target distribution (`kl_div`); its `TrainConfig` resolves `dflash` to `ce` (#18); `ce` uses argmax of target logits as hard labels; also `rkl`, `jsd`, `tv`, ...",
+            'mixing up which was used when comparing runs'),
+    Pitfall(8, 'anchors', 'anchors',
+            'speculators `select_anchors`: uniform without replacement over loss-masked positions, excluding the last B positions, sorted, at most `max_anchors` (default 512); unused slots are marked invalid and masked out of the loss.',
+            'anchors in the last block; padded anchors counted in the loss'),
+    Pitfall(9, 'training_mask', 'mask (training)',
+            'speculators `create_anchor_block_mask_mod`: a query of block j (anchor `a_j`) sees base tokens with position `< a_j` (strictly) in the same document (document id != -1), within `a_j - window` for sliding layers; plus its own block: all of it for full-attention layers, only earlier-or-equal slots for sliding layers unless `sliding_window_non_causal`. Never another block.',
+            '`<=` instead of `<`; crossing documents; causal full-attention blocks'),
+    Pitfall(10, 'inference_mask', 'mask (inference)',
+            'z-lab 0.1.0: context = target hidden states of accepted tokens; block = `[bonus token, mask × (B-1)]`; full layers see all context and the whole block; sliding layers are causal within the block (`is_causal` defaults to true for `sliding_attention`) and windowed.',
+            'inference mask ≠ training mask'),
+    Pitfall(11, 'layer_types', 'layer_types',
+            "z-lab's newer drafters mix `sliding_attention` and `full_attention` layers (e.g. 4 sliding, window 2048, + 1 full); older ones are all full.",
+            'treating sliding layers as full (harmless only while context < window)'),
+    Pitfall(12, 'positions', 'positions',
+            'block tokens take positions `a .. a+B-1`, continuing the context; rotary is applied to the query at the last `q_len` positions of cos/sin.',
+            'restarting positions at 0 per block'),
+    Pitfall(13, 'embeddings', 'embeddings / head',
+            "the drafter borrows the target's input embeddings and LM head; z-lab scales the noise embedding by `dflash_config.input_embedding_scale` (default 1) and applies `output_multiplier` / `final_logit_softcapping` when present. speculators stores `embed_tokens`, `lm_head`, `verifier_lm_head`, `verifier_norm` copied from the verifier — verifier-owned, not draft-body weights.",
+            'comparing verifier-owned tensors as if they were trained'),
+    Pitfall(14, 'mask_token', 'mask_token',
+            '`dflash_config.mask_token_id` (z-lab) / `mask_token_id` (speculators); must be < vocab size and equal in training and inference.',
+            'a different id in training and eval'),
+    Pitfall(15, 'noise', 'recipe (noise)',
+            "any hidden-state noise/augmentation applies to the drafter's inputs only; targets are computed from clean verifier states.",
+            'noise leaking into target logits'),
+    Pitfall(16, 'block_size', 'block_size',
+            'z-lab default 16, speculators default 8; a DFlash round accepts at most B-1 drafted tokens plus 1 bonus token.',
+            'evaluating with a different B than trained'),
+    Pitfall(17, 'tau', 'tau',
+            "acceptance length per round = accepted draft tokens + 1 (bonus). Per-prompt τ = mean over rounds; z-lab reports the mean of per-prompt means and a histogram over 0..B. speculators' training metric EAL = Σ_k Π_{i≤k} acc_i over drafted slots. DDTree: best-first heap over the per-depth top-k log-probabilities of one drafter pass under a node budget; the target verifies the tree with an ancestor-only mask; the walk follows the target's token while it matches a child.",
+            'comparing τ computed by different definitions'),
+    Pitfall(18, 'loss_weights', 'loss_weights (D-PACE)',
+            'speculators 0.9.0\'s `TrainConfig` resolves `--speculator-type dflash` to CE loss + `per_position_loss_weight="dpace"` (`losses/utils.py: dpace_loss_decay`): confidence `q = exp(-CE)` per slot, smoothed `(1-α)q + α` (α = `dpace_alpha`, 0.5), prefix product within the block, then a suffix sum, masked, computed without gradient; block 16, 5 layers. The model-level defaults (KL, fixed decay gamma 4) are what `DFlashDraftModel.forward` takes when called directly.',
+            'holding a D-PACE run to gamma; weights that carry gradient; the sum run the wrong way; weight on the anchor slot'),
+    Pitfall(19, 'architecture', 'architecture (DFlash2)',
+            "speculators `dflash2` and z-lab `DFlash2DraftModel`: a grouped dynamic causal convolution around attention and around the MLP in every layer (`conv_kernel_size`, `conv_group_size`), and a candidate selector that reranks the top-k drafter logits with predecessor/successor codebooks (`selector_rank`, `selector_top_k`); z-lab's published files store the codebooks without `.weight`. `dflash2` defaults to bidirectional sliding windows inside the block, block 8, fixed decay, KL.",
+            'auditing a DFlash2 drafter as a DFlash one and dropping its extra tensors'),
+    Pitfall(20, 'weights', 'weights (unexplained tensors)',
+            "every tensor of either checkpoint must be accounted for: draft body, verifier-owned, or a known family's extra; anything else is reported.",
+            'a loader that keeps only the tensors it expects, so an extra or renamed tensor vanishes from the audit'),
+    Pitfall(21, 'format', 'format (foreign checkpoints)',
+            "teams' own trainers save their own names (`context_proj`, `blocks.N.attn`), wrappers (`module.`, `model_state_dict`), optimizer state and pickled args (`argparse.Namespace`). Which target layers feed fc cannot be read from the weights; only from declared args.",
+            'guessing the layer ids from a default; unpickling args with full `torch.load`'),
+)
+PITFALLS = {p.number: p for p in CATALOGUE}
+
+
+def markdown() -> str:
+    """PITFALLS.md, as committed in the repository."""
+    lines = ["# DFlash divergence catalogue", "",
+             "Generated from `impl/pitfalls.py` (`python -m impl.pitfalls > PITFALLS.md`); edit the table there.",
+             "Every entry is a check the conformance suite runs or a finding the audit reports.", "",
+             "Notation: N = target decoder layers, H = hidden size, B = block size, `hs` = the tuple a Hugging",
+             "Face model returns with `output_hidden_states=True`.", "",
+             "| # | component | what the references do | the classic bug |", "|---|---|---|---|"]
+    lines += [f"| {p.number} | {p.title} | {p.reference} | {p.classic_bug} |" for p in CATALOGUE]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

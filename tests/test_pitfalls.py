@@ -1,0 +1,29 @@
+"""One catalogue: impl/pitfalls.py feeds the findings, the conformance recorder and PITFALLS.md."""
+
+from pathlib import Path
+
+from conformance.recorder import PITFALLS as SUITE
+from dflash_audit.audit.findings import PITFALLS as REPORT
+from impl.pitfalls import PITFALLS, markdown
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_committed_pitfalls_md_is_generated_from_the_catalogue():
+    assert (REPO / "PITFALLS.md").read_text() == markdown(), "run: python -m impl.pitfalls > PITFALLS.md"
+
+
+def test_findings_and_the_suite_read_the_one_catalogue():
+    assert list(PITFALLS) == list(range(1, len(PITFALLS) + 1))
+    assert REPORT == {n: p.title for n, p in PITFALLS.items()}
+    assert SUITE == {n: p.component for n, p in PITFALLS.items() if p.checked_by == "conformance"}
+    assert {p.checked_by for p in PITFALLS.values()} == {"conformance", "audit"}
+
+
+def test_every_suite_marker_names_a_catalogue_entry_of_its_component():
+    import re
+
+    markers = set()
+    for path in (REPO / "conformance").glob("test_*.py"):
+        markers |= {int(n) for n in re.findall(r"pytest\.mark\.pitfall\((\d+)\)", path.read_text())}
+    assert markers and markers <= set(SUITE)
