@@ -13,12 +13,12 @@ from __future__ import annotations
 import sys
 
 import torch
+from common import parse_args, setup, timed, write_report
 from tabulate import tabulate
 
-from common import parse_args, setup, timed, write_report
-from world.drafter import DRAFTER_FILES, cached_test_drafter
 from impl.ddtree import ddtree_decode
 from impl.decoding import dflash_decode, mean_acceptance
+from world.drafter import DRAFTER_FILES, cached_test_drafter
 
 
 def world_drafters(world):

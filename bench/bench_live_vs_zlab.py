@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 
 import torch
+from common import parse_args, setup, timed, write_report, zlab_generate, zlab_twin
 from tabulate import tabulate
 
-from common import parse_args, setup, timed, write_report, zlab_generate, zlab_twin
 from impl.decoding import dflash_decode, mean_acceptance
 
 REPEATS = 2

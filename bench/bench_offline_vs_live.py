@@ -15,9 +15,9 @@ from __future__ import annotations
 import tempfile
 
 import torch
+from common import parse_args, setup, timed, write_report, zlab_generate, zlab_twin
 from tabulate import tabulate
 
-from common import parse_args, setup, timed, write_report, zlab_generate, zlab_twin
 from impl.decoding import mean_acceptance
 from impl.offline import HiddenStateCache, find_mismatch, load_or_build_cache, offline_rounds, offline_rounds_batch
 

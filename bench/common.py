@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from impl.target import load_target
 from dflash_audit.prompts import load_prompts, tokenize_prompts
 from impl.checkpoint import atomic_write_bytes, build_drafter
+from impl.target import load_target
 from reference_adapters.zlab_adapter import zlab_generate, zlab_twin  # noqa: F401  (used by the bench scripts)
 
 REPORT_DIR = Path("reports") / "bench"
@@ -32,8 +32,8 @@ COMMON_TRAINING = dict(seq_len=256, batch_size=4, lr=3e-3, warmup=20, progress=F
 
 
 def trained_drafter(world, name: str) -> Path:
-    from world import stdlib_corpus
     from impl.train import train_drafter
+    from world import stdlib_corpus
 
     path = world.root / f"bench-drafter-{name}.pt"
     with open(world.root / f".bench-drafter-{name}.lock", "w") as lock:

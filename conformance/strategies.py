@@ -13,8 +13,8 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from impl.spec import DraftSpec
 from conformance.world import VOCAB
+from impl.spec import DraftSpec
 
 # Modest example counts: the full suite must run on 2 CPU cores in < 10 minutes.
 settings.register_profile("conformance", max_examples=25, deadline=None, derandomize=True,

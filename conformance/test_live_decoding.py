@@ -19,10 +19,10 @@ PROMPTS = 4
 
 @pytest.fixture(scope="module")
 def trained_pair():
-    from world import cached_test_world
-    from world.drafter import cached_test_drafter
     from impl.checkpoint import load_checkpoint
     from impl.target import load_target_model
+    from world import cached_test_world
+    from world.drafter import cached_test_drafter
 
     world = cached_test_world()
     out = cached_test_drafter(world)

@@ -14,9 +14,9 @@ import traceback
 
 import typer
 
-from impl.errors import AuditError
 from impl.atomic import OutputError
 from impl.checkpoint import CheckpointError
+from impl.errors import AuditError
 from impl.spec import SpecError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,

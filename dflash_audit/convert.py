@@ -1,28 +1,20 @@
 """Conversion between the three drafter formats: ours (`*.pt`), zlab and speculators (directories).
 
-The draft body is copied tensor for tensor; only the layer-id convention changes
-(z-lab id i <-> speculators aux id i + 1). A speculators directory is written by
-speculators itself (`DFlashDraftModel.save_pretrained`), with its verifier-owned tensors
-read from the target directory by its own `load_verifier_weights`, exactly as its
-`DFlashConverter` does. A conversion that would change what the drafter computes is
+The draft body is copied tensor for tensor by the destination format's own `save`
+(`dflash_audit/formats/`); only the layer-id convention changes (z-lab id i <-> speculators
+aux id i + 1). A conversion that would change what the drafter computes is
 refused unless `allow_lossy`; settings the destination merely cannot record (the
 training recipe) are reported as notes.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from impl.errors import AuditError
-from dflash_audit.formats import FORMATS, LoadedCheckpoint, LoadOptions, load_any, require_spec
+from dflash_audit.formats import FORMATS, MODULES, LoadedCheckpoint, LoadOptions, load_any, require_spec
 from dflash_audit.outputs import check_outputs, check_replaceable, check_writable
-from impl.checkpoint import build_drafter, save_checkpoint, save_zlab_dir
-from impl.layers import zlab_to_speculators
-from impl.spec import Recipe
+from impl.errors import AuditError
 
 
 @dataclass
@@ -48,11 +40,11 @@ def lossy_changes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
         if changed:
             changes.append(f"speculators has no {', '.join(changed)} (z-lab dflash_config)")
     else:
-        if raw.get("sliding_window_non_causal") and "sliding_attention" in spec.layer_types:
+        if raw.sliding_window_non_causal and "sliding_attention" in spec.layer_types:
             changes.append("sliding layers see their whole block (sliding_window_non_causal); "
                            f"{fmt} keeps them causal")
-        if raw.get("draft_vocab_size", spec.vocab_size) != spec.vocab_size:
-            changes.append(f"reduced draft vocabulary ({raw['draft_vocab_size']} of {spec.vocab_size} tokens); "
+        if raw.draft_vocab_size not in (None, spec.vocab_size):
+            changes.append(f"reduced draft vocabulary ({raw.draft_vocab_size} of {spec.vocab_size} tokens); "
                            f"{fmt} drafts over the target's full head")
     return changes
 
@@ -64,85 +56,12 @@ def recipe_notes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
     if loaded.recipe is not None and fmt != "ours":
         notes.append(f"the training recipe (gamma {loaded.recipe.gamma}, {loaded.recipe.loss_kind}, ...) is not "
                      f"recorded by the {fmt} format; the weights are unchanged")
-    if loaded.raw.get("sample_from_anchor") and fmt != "speculators":
+    if loaded.raw.sample_from_anchor and fmt != "speculators":
         notes.append(f"trained with sample_from_anchor (DSpark alignment), which the {fmt} format does not record")
     if loaded.verifier_tensors and fmt != "speculators":
         notes.append(f"verifier-owned tensors {sorted(loaded.verifier_tensors)} dropped: {fmt} borrows them from "
                      "the target")
     return notes
-
-
-# -- writers ---------------------------------------------------------------------------------
-def _dtype_of(state_dict: dict[str, torch.Tensor]) -> torch.dtype:
-    return next(iter(state_dict.values())).dtype
-
-
-def write_ours(loaded: LoadedCheckpoint, destination: Path) -> None:
-    model = build_drafter(loaded.spec, loaded.state_dict, dtype=_dtype_of(loaded.state_dict), source=loaded.path)
-    recipe = loaded.recipe if loaded.recipe is not None or not loaded.recipe_unknown else Recipe()
-    save_checkpoint(destination, model, recipe=recipe, step=loaded.step, recipe_unknown=loaded.recipe_unknown)
-
-
-def write_zlab(loaded: LoadedCheckpoint, destination: Path) -> None:
-    build_drafter(loaded.spec, loaded.state_dict, source=loaded.path)  # one-line error on a bad body
-    save_zlab_dir(destination, loaded.spec, loaded.state_dict)
-
-
-def verifier_for(loaded: LoadedCheckpoint, target: str | Path | None) -> Path:
-    """The verifier directory a speculators destination records and reads its tensors from."""
-    recorded = loaded.raw.get("verifier")
-    candidate = target or (recorded if loaded.format == "speculators" else None)
-    if candidate is None:
-        raise AuditError("converting to speculators needs --target DIR: speculators stores the target's "
-                         "embeddings, LM head and final norm, and records the target as its verifier")
-    path = Path(candidate)
-    if not (path / "config.json").is_file():
-        raise AuditError(f"{path}: not a Hugging Face model directory (no config.json) to use as the target")
-    config = json.loads((path / "config.json").read_text())
-    config = config.get("text_config", config)
-    spec = loaded.spec
-    if config.get("hidden_size") != spec.hidden_size:
-        raise AuditError(f"{path}: target hidden_size {config.get('hidden_size')} != drafter hidden_size "
-                         f"{spec.hidden_size}")
-    if config.get("num_hidden_layers") != spec.num_target_layers:
-        raise AuditError(f"{path}: target has {config.get('num_hidden_layers')} decoder layers, the drafter was "
-                         f"built for {spec.num_target_layers}")
-    return path.resolve()
-
-
-def fc_without_final_layer(loaded: LoadedCheckpoint) -> tuple[list[int], dict[str, torch.Tensor]]:
-    """speculators' aux ids and a body whose fc no longer reads the final layer (speculators drops it)."""
-    spec = loaded.spec
-    keep = [k for k, i in enumerate(spec.target_layer_ids) if i + 1 != spec.num_target_layers]
-    if not keep:
-        raise AuditError(f"{loaded.path}: every target layer is the final one; speculators would keep none")
-    state = dict(loaded.state_dict)
-    if len(keep) < len(spec.target_layer_ids):
-        h = spec.hidden_size
-        columns = torch.cat([torch.arange(k * h, (k + 1) * h) for k in keep])
-        state["fc.weight"] = state["fc.weight"][:, columns].contiguous()
-    return zlab_to_speculators(list(spec.target_layer_ids), spec.num_target_layers), state
-
-
-def write_speculators(loaded: LoadedCheckpoint, destination: Path, target: str | Path | None) -> None:
-    from reference_adapters import speculators_adapter as adapter
-
-    verifier = verifier_for(loaded, target)
-    aux_ids, body = fc_without_final_layer(loaded)
-    sample_from_anchor = loaded.raw.get("sample_from_anchor",
-                                        bool(loaded.recipe and loaded.recipe.sample_from_anchor))
-    config = adapter.speculators_config(loaded.spec, verifier, aux_layer_ids=aux_ids,
-                                        sample_from_anchor=sample_from_anchor,
-                                        sliding_window_non_causal=loaded.raw.get("sliding_window_non_causal", False))
-    model = adapter.DFlashDraftModel(config)
-    missing, unexpected = model.load_state_dict(body, strict=False)
-    missing = [k for k in missing if k not in adapter.VERIFIER_OWNED_KEYS]
-    if missing or unexpected:
-        raise AuditError(f"{loaded.path}: the draft body does not fit speculators' DFlashDraftModel "
-                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    model.load_verifier_weights()  # speculators' own loader, from the verifier directory
-    model.to(dtype=_dtype_of(body))
-    adapter.save_speculators_model(model, destination)
 
 
 # -- entry point ------------------------------------------------------------------------------
@@ -176,12 +95,10 @@ def convert(source: str | Path, destination: str | Path, fmt: str, target: str |
     if changes and not allow_lossy:
         raise AuditError(f"{source} -> {fmt} would change the drafter: {'; '.join(changes)}; "
                          "pass --allow-lossy to convert anyway")
-    if fmt == "ours":
-        write_ours(loaded, destination)
-    elif fmt == "zlab":
-        write_zlab(loaded, destination)
+    if fmt == "speculators":
+        MODULES[fmt].save(loaded, destination, target)
     else:
-        write_speculators(loaded, destination, target)
+        MODULES[fmt].save(loaded, destination)
     notes = [f"lossy: {change}" for change in changes] + recipe_notes(loaded, fmt)
     return ConversionResult(source=str(source), source_format=loaded.format, destination=str(destination),
                             format=fmt, notes=notes)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import fnmatch
 from pathlib import Path
 
-from impl.errors import AuditError
 from impl.atomic import TMP_DIR, probe_destination
+from impl.errors import AuditError
 
 # The files a drafter directory of each format consists of; anything else there is someone else's.
 DRAFTER_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json")

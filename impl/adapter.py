@@ -12,10 +12,10 @@ from impl import layers, losses, masks
 from impl.checkpoint import build_drafter
 from impl.decoding import dflash_decode
 from impl.extract import context_features
+from impl.interface import GenerationResult, TrainingOutputs
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, Recipe
 from impl.train_step import training_step
-from impl.interface import GenerationResult, TrainingOutputs
 
 
 class OursImplementation:
@@ -45,7 +45,7 @@ class OursImplementation:
         return build_drafter(spec, state_dict).float().eval()
 
     def project_context(self, drafter: DFlashDrafter, context_features):
-        return drafter.hidden_norm(drafter.fc(context_features))
+        return drafter.project_context(context_features)
 
     def draft_forward(self, drafter: DFlashDrafter, noise_embedding, target_hidden, position_ids):
         return drafter(noise_embedding, target_hidden, position_ids)

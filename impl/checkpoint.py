@@ -279,9 +279,3 @@ def read_config(path: Path) -> dict[str, Any]:
         return json.loads(config_path.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{config_path}: invalid JSON ({exc})") from exc
-
-
-def load_zlab_dir(path: str | Path) -> Checkpoint:
-    path = Path(path)
-    spec = spec_from_zlab_config(read_config(path), source=str(path / "config.json"))
-    return Checkpoint(spec=spec, state_dict=read_safetensors_dir(path))

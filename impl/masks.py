@@ -37,6 +37,11 @@ def training_mask(document_ids: torch.Tensor, anchors: torch.Tensor, block_size:
     return torch.cat([sees_base, same_block], dim=1)
 
 
+def within_window(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor | bool:
+    """z-lab's sliding-window rule at inference: key k is visible to query q when q - k < window."""
+    return True if window is None else q_pos - k_pos < window
+
+
 def inference_mask(context_len: int, block_len: int, sliding_window: int | None = None,
                    causal: bool = False, device: torch.device | None = None) -> torch.Tensor:
     """[block_len, context_len + block_len] mask for one decoding block.
@@ -51,7 +56,7 @@ def inference_mask(context_len: int, block_len: int, sliding_window: int | None 
     if causal:
         visible &= k_pos <= q_pos
     if sliding_window is not None:
-        visible &= q_pos - k_pos < sliding_window
+        visible &= within_window(q_pos, k_pos, sliding_window)
         if not causal:
             visible &= k_pos - q_pos < sliding_window
     return visible

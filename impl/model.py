@@ -47,16 +47,24 @@ class DraftCache:
                 self.keys[i], self.values[i] = k[..., :length, :], v[..., :length, :]
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Rotary over all key positions; queries are the last `q_len` of them."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    q_len = q.shape[-2]
-    q = q * cos[..., -q_len:, :] + rotate_half(q) * sin[..., -q_len:, :]
-    k = k * cos + rotate_half(k) * sin
-    return q, k
+def rms_norm(norm: Qwen3RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """A Qwen3 RMSNorm as one fused op where that is bit-identical (fp32); the module itself otherwise."""
+    if x.dtype != torch.float32:
+        return norm(x)
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of `x` [b, heads, n, d] at the positions whose `cos`/`sin` [b, n, d] are given."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
 class DraftAttention(nn.Module):
+    """Qwen3 attention whose keys and values also cover the projected target context.
+
+    `queries`, `keys_values` and `attend` are the pieces every caller uses: the forward below
+    and the batched offline replay (`impl.offline.replay`), so both compute one function."""
+
     def __init__(self, spec: DraftSpec, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -69,23 +77,36 @@ class DraftAttention(nn.Module):
         self.q_norm = Qwen3RMSNorm(self.head_dim, eps=spec.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(self.head_dim, eps=spec.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor, cache: DraftCache | None = None) -> torch.Tensor:
-        b, q_len, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2)
-        # The block's K/V follow the context's: the drafter reads the target through them.
-        # One projection over both (rows are independent) costs one matmul call, not two.
-        keys_in = torch.cat([context, x], dim=1)
-        k, v = self.k_proj(keys_in), self.v_proj(keys_in)
-        k = self.k_norm(k.view(b, -1, self.kv_heads, self.head_dim)).transpose(1, 2)
-        v = v.view(b, -1, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, k, cos, sin)
-        if cache is not None:
-            k, v = cache.extend(self.layer_idx, k, v)
+    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """[b, n, H] -> rotated, normed queries [b, heads, n, d]."""
+        b, n, _ = x.shape
+        q = rms_norm(self.q_norm, self.q_proj(x).view(b, n, self.heads, self.head_dim)).transpose(1, 2)
+        return rotate(q, cos, sin)
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """[b, n, H] -> rotated, normed keys and values, each [b, kv_heads, n, d]."""
+        b, n, _ = x.shape
+        k = rms_norm(self.k_norm, self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        return rotate(k, cos, sin), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         # enable_gqa: each K/V head serves its query-head group without copying it.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5,
                                              enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+        return self.o_proj(out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1))
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor, cache: DraftCache | None = None) -> torch.Tensor:
+        """`cos`/`sin` cover every new key (context, then block); the queries are the last `q_len`."""
+        q_len = x.shape[1]
+        q = self.queries(x, cos[:, -q_len:], sin[:, -q_len:])
+        # The block's K/V follow the context's: the drafter reads the target through them.
+        # One projection over both (rows are independent) costs one matmul call, not two.
+        k, v = self.keys_values(torch.cat([context, x], dim=1), cos, sin)
+        if cache is not None:
+            k, v = cache.extend(self.layer_idx, k, v)
+        return self.attend(q, k, v, mask)
 
 
 class DraftLayer(nn.Module):
@@ -97,8 +118,8 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
 
     def forward(self, x, context, cos, sin, mask, cache=None):
-        x = x + self.self_attn(self.input_layernorm(x), context, cos, sin, mask, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.self_attn(rms_norm(self.input_layernorm, x), context, cos, sin, mask, cache)
+        return x + self.mlp(rms_norm(self.post_attention_layernorm, x))
 
 
 class DFlashDrafter(nn.Module):
@@ -163,7 +184,7 @@ class DFlashDrafter(nn.Module):
         block); masks: per-layer boolean masks, or None for inference masks over
         `[cache | context | block]`.
         """
-        context = self.hidden_norm(self.fc(target_hidden))
+        context = self.project_context(target_hidden)
         if masks is None:
             cached = len(cache) if cache is not None else 0
             masks = self.inference_masks(cached + context.shape[1], noise_embedding.shape[1],
@@ -172,7 +193,11 @@ class DFlashDrafter(nn.Module):
         x = noise_embedding
         for layer, mask in zip(self.layers, masks):
             x = layer(x, context, cos, sin, mask, cache)
-        return self.norm(x)
+        return rms_norm(self.norm, x)
+
+    def project_context(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """Raw context features [b, c, len(ids) * H] -> what every layer's K/V read [b, c, H]."""
+        return rms_norm(self.hidden_norm, self.fc(target_hidden))
 
     # -- borrowed embeddings and head ----------------------------------------------------
     def embed(self, target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:

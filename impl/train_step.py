@@ -19,10 +19,10 @@ from torch import nn
 from impl import anchors as anchor_rules
 from impl import losses
 from impl.extract import HiddenStateExtractor, final_norm, output_head
+from impl.interface import TrainingOutputs
 from impl.model import DFlashDrafter
 from impl.spec import Recipe
 from impl.targets import TargetAligner
-from impl.interface import TrainingOutputs
 
 
 @dataclass

@@ -21,9 +21,9 @@ from torch import nn
 
 from impl.checkpoint import VERIFIER_OWNED_KEYS, CheckpointError, atomic_directory, strip_wrapper_prefixes
 from impl.extract import HiddenStateExtractor, final_norm, output_head
+from impl.interface import TrainingOutputs, Unsupported
 from impl.layers import speculators_to_zlab
 from impl.spec import DraftSpec
-from impl.interface import TrainingOutputs, Unsupported
 from reference_adapters.versions import check_reference
 
 check_reference("speculators")

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from impl.checkpoint import CheckpointError, strip_wrapper_prefixes, zlab_config
-from impl.spec import DraftSpec
 from impl.interface import GenerationResult, Unsupported
+from impl.spec import DraftSpec
 from reference_adapters.versions import check_reference
 
 check_reference("dflash")

@@ -1,9 +1,61 @@
-import pytest
+"""The fixtures every module of the harness's own tests shares (pytest finds them here: no test
+module imports another's fixtures)."""
 
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from impl.model import DFlashDrafter
+from tests.helpers import TEXTS, load_trained_pair, tiny_spec, tiny_target
 from world import cached_test_world
+from world.tokenizer import train_tokenizer
 
 
 @pytest.fixture(scope="session")
 def test_world():
     """Tokenizer + trained TEST_TARGET + held-out prompts, built once and cached."""
     return cached_test_world()
+
+
+@pytest.fixture(scope="module")
+def trained_pair(test_world):
+    """(drafter, target, prompts, stop ids): the test world's target and its cached trained drafter."""
+    return load_trained_pair(test_world)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return tiny_spec()  # 2 sliding + 1 full layer, ids (1, 3, 4) of a 6-layer target
+
+
+@pytest.fixture(scope="module")
+def drafter(spec):
+    torch.manual_seed(0)
+    return DFlashDrafter(spec)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("target")
+    tiny_target().save_pretrained(path)
+    return path.resolve()
+
+
+@pytest.fixture(scope="module")
+def tiny_world(tmp_path_factory):
+    """A random tiny Qwen3 target with a real BPE tokenizer (has <|mask|>), saved as an HF dir."""
+    root = tmp_path_factory.mktemp("tiny-world")
+    tokenizer = train_tokenizer(TEXTS, vocab_size=300)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+                         max_position_embeddings=512)
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    return root

@@ -7,6 +7,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from impl.spec import DraftSpec
 
+# Training text for the tiny worlds: short, repetitive, tokenizer-friendly.
+TEXTS = [f"def add_{i}(x, y):\n    total = x + y * {i}\n    return total\n" for i in range(24)]
+
 
 def tiny_spec(**overrides) -> DraftSpec:
     fields = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -41,8 +44,8 @@ def world_drafter(world, layer_ids, seed):
     """An untrained one-layer drafter sized for a world's target (τ is measured, not good)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from world import mask_token_id
     from impl.model import DFlashDrafter
+    from world import mask_token_id
 
     config = AutoConfig.from_pretrained(world.target)
     torch.manual_seed(seed)
@@ -62,3 +65,17 @@ def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budge
     save_zlab_dir(tmp_path / "ref", ref.spec, ref.state_dict())
     return run_compare(tmp_path / "ours.pt", tmp_path / "ref", target=world.target, prompts=world.prompts, out=out,
                        max_new_tokens=max_new_tokens, budget=budget, cache_dir=tmp_path / "offline")
+
+
+def load_trained_pair(world, loss: str = "kl_div"):
+    """(drafter, target, prompts [(id, ids)], stop ids) of the world and its cached drafter."""
+    from dflash_audit.prompts import load_prompts, tokenize_prompts
+    from impl.checkpoint import build_drafter, load_checkpoint
+    from impl.target import load_target
+    from world.drafter import cached_test_drafter
+
+    target, tokenizer = load_target(world.target)
+    ckpt = load_checkpoint(cached_test_drafter(world, loss))
+    drafter = build_drafter(ckpt.spec, ckpt.state_dict).float().eval()
+    prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))
+    return drafter, target, prompts, [tokenizer.eos_token_id]

@@ -11,10 +11,10 @@ import torch
 import reference_adapters.speculators_adapter as spec_adapter
 import reference_adapters.zlab_adapter as zlab_adapter
 from impl.errors import AuditError
+from impl.interface import DFlashImplementation, Unsupported, supports
 from impl.model import DFlashDrafter
 from reference_adapters import IMPLEMENTATIONS, get_implementation
 from reference_adapters import versions as version_guard
-from impl.interface import DFlashImplementation, Unsupported, supports
 from tests.helpers import tiny_spec, tiny_target
 
 
@@ -220,8 +220,9 @@ def test_version_guard_says_how_to_install_the_pinned_release(package, found, hi
 
 
 def test_saved_directories_load_through_the_packages(tmp_path, impls, spec, weights, target):
-    from impl.checkpoint import save_zlab_dir
     from transformers import Qwen3ForCausalLM
+
+    from impl.checkpoint import save_zlab_dir
 
     target.save_pretrained(tmp_path / "target")
     local_target = Qwen3ForCausalLM.from_pretrained(tmp_path / "target").eval()

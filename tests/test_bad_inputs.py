@@ -25,10 +25,11 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dflash_audit.cli import main
-from world.tokenizer import mask_token_id, train_tokenizer
-from impl.checkpoint import load_checkpoint, load_zlab_dir, save_checkpoint, save_zlab_dir
+from dflash_audit.formats import load_any
+from impl.checkpoint import load_checkpoint, save_checkpoint, save_zlab_dir
 from impl.model import DFlashDrafter
 from tests.helpers import tiny_spec
+from world.tokenizer import mask_token_id, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = [f"def add_{i}(x, y):\n    total = x + y * {i}\n    return total\n" for i in range(24)]
@@ -414,7 +415,7 @@ def test_convert_force_replaces_only_a_same_format_drafter(world, tmp_path):
     assert main(["convert", "--from", str(world / "zref"), "--to", str(dest), "--format", "zlab"]) == 0
     (dest / "model.safetensors").write_bytes(b"stale")
     assert main(["convert", "--from", str(world / "ours.pt"), "--to", str(dest), "--format", "zlab", "--force"]) == 0
-    assert load_zlab_dir(dest).spec == load_zlab_dir(world / "zref").spec
+    assert load_any(dest).spec == load_any(world / "zref").spec
     assert sorted(p.name for p in tmp_path.iterdir()) == ["z"]  # no temp folder left beside it
 
 
@@ -471,7 +472,7 @@ def test_sigkill_during_convert_keeps_the_old_drafter_and_the_next_write_cleans_
             f"'--to', {str(dest)!r}, '--format', 'zlab', '--force'])")
     _kill_mid_write(tmp_path, patch, call)
     assert tree_digest(dest) == before  # the old drafter, whole
-    assert load_zlab_dir(dest).spec.vocab_size > 0
+    assert load_any(dest).spec.vocab_size > 0
     assert _leftovers(tmp_path) and all(name.startswith("z.tmp-") for name in _leftovers(tmp_path))
 
     assert main(["convert", "--from", str(world / "ours.pt"), "--to", str(dest), "--format", "zlab", "--force"]) == 0

@@ -11,13 +11,12 @@ from safetensors import safe_open
 
 from dflash_audit.cli import main
 from dflash_audit.convert import convert
-from impl.errors import AuditError
 from dflash_audit.formats import load_any
 from impl.checkpoint import save_checkpoint, save_zlab_dir
+from impl.errors import AuditError
 from impl.model import DFlashDrafter
 from impl.spec import Recipe
 from tests.helpers import tiny_spec, tiny_target
-from tests.tiny_fixtures import drafter, spec, target_dir  # noqa: F401  (fixtures)
 
 
 @pytest.fixture
@@ -78,7 +77,7 @@ def test_a_final_layer_id_is_refused_unless_lossy_is_allowed(tmp_path, target_di
     result = convert(tmp_path / "zlab", tmp_path / "spec", "speculators", target=target_dir, allow_lossy=True)
     assert any(note.startswith("lossy: target layer 5") for note in result.notes)
     converted = load_any(tmp_path / "spec")
-    assert converted.raw["layer_ids"] == [2, 4]  # speculators' converter drops the final layer the same way
+    assert converted.raw.layer_ids == [2, 4]  # speculators' converter drops the final layer the same way
     h = spec.hidden_size
     fc = model.state_dict()["fc.weight"]
     assert torch.equal(converted.state_dict["fc.weight"], torch.cat([fc[:, :h], fc[:, 2 * h:]], dim=1))

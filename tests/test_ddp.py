@@ -11,7 +11,8 @@ import torch.multiprocessing as mp
 from impl.checkpoint import load_checkpoint
 from impl.model import DFlashDrafter
 from impl.train import train_drafter
-from tests.test_train import TEXTS, TINY_RUN, tiny_world  # noqa: F401  (fixture)
+from tests.helpers import TEXTS
+from tests.test_train import TINY_RUN
 
 # Every rank runs the single-process computation on half the rows; what differs is only the
 # order in which gloo sums the two halves' gradients before dividing by 2. That moves fp32

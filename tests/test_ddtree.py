@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 
 import torch
@@ -14,8 +13,7 @@ from impl.checkpoint import build_drafter
 from impl.ddtree import build_tree, ddtree_decode, tree_attention_mask
 from impl.decoding import dflash_decode, greedy_decode, mean_acceptance
 from impl.model import DFlashDrafter
-from tests.helpers import tiny_spec, tiny_target
-from tests.test_decoding import load_trained_pair, trained_pair  # noqa: F401  (module-scoped fixture)
+from tests.helpers import load_trained_pair, tiny_spec, tiny_target
 
 
 def path_scores(logprobs: torch.Tensor) -> list[float]:

@@ -8,31 +8,12 @@ drafter (which accepts ~nothing) covers the sliding-window cache paths on tiny m
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from impl.target import load_target
-from dflash_audit.prompts import load_prompts, tokenize_prompts
-from world.drafter import cached_test_drafter
-from impl.checkpoint import build_drafter, load_checkpoint
 from impl.decoding import acceptance_histogram, dflash_decode, greedy_decode
 from impl.model import DFlashDrafter
 from reference_adapters.zlab_adapter import zlab_generate, zlab_twin
 from tests.helpers import tiny_spec, tiny_target
-
-
-def load_trained_pair(world, loss: str = "kl_div"):
-    """(drafter, target, prompts [(id, ids)], stop ids) of the world and its cached drafter."""
-    target, tokenizer = load_target(world.target)
-    ckpt = load_checkpoint(cached_test_drafter(world, loss))
-    drafter = build_drafter(ckpt.spec, ckpt.state_dict).float().eval()
-    prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))
-    return drafter, target, prompts, [tokenizer.eos_token_id]
-
-
-@pytest.fixture(scope="module")
-def trained_pair(test_world):
-    return load_trained_pair(test_world)
 
 
 def test_live_dflash_equals_zlab_per_round_on_a_trained_pair(trained_pair):

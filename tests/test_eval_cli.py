@@ -13,8 +13,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from dflash_audit.cli import main
-from impl.errors import AuditError
 from dflash_audit.prompts import load_prompts, tokenize_prompt, uses_chat_template
+from impl.errors import AuditError
 from world.drafter import cached_test_drafter
 
 REPO = Path(__file__).resolve().parents[1]

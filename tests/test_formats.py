@@ -9,10 +9,9 @@ import torch
 from safetensors.torch import save_file
 
 from dflash_audit.cli import main
-from impl.errors import AuditError
 from dflash_audit.formats import LoadedCheckpoint, detect_format, load_any
 from impl.checkpoint import Checkpoint, CheckpointError, save_checkpoint, save_zlab_dir
-from tests.tiny_fixtures import drafter, spec, target_dir  # noqa: F401  (fixtures)
+from impl.errors import AuditError
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +72,8 @@ def test_ours_and_zlab_load_to_the_same_checkpoint(tmp_path, spec, drafter):
     assert isinstance(ours, Checkpoint) and isinstance(zlab, LoadedCheckpoint)
     assert ours.spec == zlab.spec == spec
     assert (ours.format, zlab.format) == ("ours", "zlab")
-    assert zlab.raw["layer_ids"] == [1, 3, 4] and zlab.raw["layer_id_convention"] == "zlab"
-    assert zlab.raw["config"]["dflash_config"]["mask_token_id"] == spec.mask_token_id
+    assert zlab.raw.layer_ids == [1, 3, 4] and zlab.raw.layer_id_convention == "zlab"
+    assert zlab.raw.config["dflash_config"]["mask_token_id"] == spec.mask_token_id
     assert ours.state_dict.keys() == zlab.state_dict.keys()
     assert all(torch.equal(ours.state_dict[k], zlab.state_dict[k]) for k in ours.state_dict)
 
@@ -82,7 +81,7 @@ def test_ours_and_zlab_load_to_the_same_checkpoint(tmp_path, spec, drafter):
 def test_speculators_ids_are_translated_and_raw_ids_kept(speculators_dir, spec, drafter):
     loaded = load_any(speculators_dir)  # its verifier is a local directory: the layer count comes from there
     assert loaded.format == "speculators"
-    assert loaded.raw["layer_ids"] == [2, 4, 5] and loaded.raw["layer_id_convention"] == "speculators"
+    assert loaded.raw.layer_ids == [2, 4, 5] and loaded.raw.layer_id_convention == "speculators"
     assert loaded.spec == spec  # z-lab ids (1, 3, 4), the verifier's 6 layers, sliding + full layers
     assert loaded.state_dict.keys() == drafter.state_dict().keys()
     assert all(torch.equal(loaded.state_dict[k], v) for k, v in drafter.state_dict().items())

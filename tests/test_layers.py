@@ -1,7 +1,7 @@
+from dflash.model import build_target_layer_ids as zlab_build_target_layer_ids
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dflash.model import build_target_layer_ids as zlab_build_target_layer_ids
 from impl.layers import build_target_layer_ids, speculators_to_zlab, zlab_to_speculators
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from dflash.model import DFlashDraftModel, _crop_to, _make_cache
 
-from impl.checkpoint import (CheckpointError, build_drafter, load_checkpoint, load_zlab_dir, save_checkpoint,
-                             save_zlab_dir)
+from dflash_audit.formats import load_any
+from impl.checkpoint import CheckpointError, build_drafter, load_checkpoint, save_checkpoint, save_zlab_dir
 from impl.model import DFlashDrafter, DraftCache
 from impl.spec import Recipe
 from tests.helpers import tiny_spec, zlab_model_for
@@ -17,7 +17,7 @@ def test_zlab_saved_directory_loads_into_ours_and_forward_matches(tmp_path):
     torch.manual_seed(0)
     zlab = zlab_model_for(spec)
     zlab.save_pretrained(tmp_path / "z")
-    loaded = load_zlab_dir(tmp_path / "z")
+    loaded = load_any(tmp_path / "z")
     assert loaded.spec == spec
     ours = build_drafter(loaded.spec, loaded.state_dict).eval()
     zlab = DFlashDraftModel.from_pretrained(tmp_path / "z").eval()  # reload through the package itself
@@ -107,9 +107,9 @@ def test_zlab_config_errors_name_the_field(tmp_path):
     config["dflash_config"]["mask_token_id"] = 500
     (tmp_path / "z" / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="mask_token_id: 500 is not a token id"):
-        load_zlab_dir(tmp_path / "z")
+        load_any(tmp_path / "z")
     (tmp_path / "z" / "model.safetensors").write_bytes(b"\0" * 10)
     config["dflash_config"]["mask_token_id"] = 5
     (tmp_path / "z" / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="unreadable safetensors"):
-        load_zlab_dir(tmp_path / "z")
+        load_any(tmp_path / "z")

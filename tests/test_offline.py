@@ -9,12 +9,21 @@ from impl.ddtree import ddtree_decode
 from impl.decoding import dflash_decode
 from impl.masks import inference_mask
 from impl.model import DFlashDrafter
-from impl.offline import (HiddenStateCache, cache_key, find_mismatch, load_or_build_cache, offline_rounds,
-                          replay_mask)
+from impl.offline import HiddenStateCache, block_key_mask, cache_key, find_mismatch, load_or_build_cache, offline_rounds
 from tests.helpers import tiny_spec
-from tests.test_decoding import trained_pair  # noqa: F401  (module-scoped fixture)
 
 MAX_NEW_TOKENS = 96
+
+
+def replay_mask(anchors: torch.Tensor, context_len: int, block_len: int, window: int | None,
+                causal: bool) -> torch.Tensor:
+    """[A*S, T + A*S]: `block_key_mask` laid out over shared keys [context | all blocks], the mask one
+    `DFlashDrafter.forward` over all blocks would need (the replay gives each block only its own keys)."""
+    positions = torch.arange(context_len).expand(anchors.numel(), -1)
+    sizes = torch.full_like(anchors, block_len)
+    mask = block_key_mask(anchors, positions, sizes, block_len, window, causal)
+    return torch.cat([mask[..., block_len:].reshape(-1, context_len), torch.block_diag(*mask[..., :block_len])],
+                     dim=1)
 
 
 def test_replay_mask_is_the_inference_mask_of_each_block():
@@ -117,7 +126,7 @@ def test_offline_rounds_reject_unknown_methods(trained_pair, test_world, tmp_pat
 def test_fused_rms_norm_is_bit_identical_to_the_qwen3_module():
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-    from impl.offline import _rms
+    from impl.model import rms_norm as _rms
 
     norm = Qwen3RMSNorm(32, eps=1e-6)
     torch.nn.init.normal_(norm.weight)

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from impl.spec import Recipe
 from tests.helpers import compare_on_world, world_drafter
 

@@ -21,7 +21,7 @@ import torch
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static import layer_id_findings, recipe_findings, spec_findings
 from dflash_audit.cli import main
-from dflash_audit.formats.inference import infer, shapes_of
+from dflash_audit.formats.inference import infer
 from dflash_audit.formats.key_map import map_names, propose_key_map, read_key_map
 from impl.checkpoint import save_zlab_dir
 from impl.model import DFlashDrafter

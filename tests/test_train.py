@@ -6,37 +6,18 @@ import json
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dflash_audit.cli import main
-from world.tokenizer import train_tokenizer
 from impl.checkpoint import load_checkpoint
 from impl.data import DataError, Document, load_packed, pack_documents, pack_records
 from impl.model import DFlashDrafter
 from impl.spec import Recipe
 from impl.train import TrainError, lr_factor, train_drafter
 from impl.train_step import training_step
-from tests.helpers import tiny_spec, tiny_target
+from tests.helpers import TEXTS, tiny_spec, tiny_target
 
-TEXTS = [f"def add_{i}(x, y):\n    total = x + y * {i}\n    return total\n" for i in range(24)]
 TINY_RUN = dict(seq_len=48, block_size=4, max_anchors=6, fc_layers=[0, 1, 2], batch_size=2, lr=3e-3, warmup=2,
                 eval_sequences=2, progress=False)
-
-
-@pytest.fixture(scope="module")
-def tiny_world(tmp_path_factory):
-    """A random tiny Qwen3 target with a real BPE tokenizer (has <|mask|>), saved as an HF dir."""
-    root = tmp_path_factory.mktemp("tiny-world")
-    tokenizer = train_tokenizer(TEXTS, vocab_size=300)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
-                         max_position_embeddings=512)
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(config).save_pretrained(root / "target")
-    tokenizer.save_pretrained(root / "target")
-    data = root / "data.jsonl"
-    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-    return root
 
 
 # -- data ----------------------------------------------------------------------------------

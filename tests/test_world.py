@@ -9,8 +9,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
 from world import (
-    BUILTIN_PROMPTS, EOS_TOKEN, MASK_TOKEN, build_target, cached_test_world, heldout_prompts,
-    mask_token_id, stdlib_corpus, train_tokenizer, write_prompts_jsonl,
+    BUILTIN_PROMPTS,
+    EOS_TOKEN,
+    MASK_TOKEN,
+    build_target,
+    cached_test_world,
+    heldout_prompts,
+    mask_token_id,
+    stdlib_corpus,
+    train_tokenizer,
+    write_prompts_jsonl,
 )
 from world.target import STATS_FILE, pack_tokens
 

@@ -19,8 +19,8 @@ import torch
 from dflash_audit.audit import tau_stats
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
-from impl.cache_dir import cache_root
 from impl import offline
+from impl.cache_dir import cache_root
 from impl.checkpoint import CheckpointError, build_drafter
 from impl.extract import decoder_layers
 

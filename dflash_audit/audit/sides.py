@@ -103,18 +103,18 @@ def load_side(path: str | Path, target_dir: str | Path | None = None, options: L
     from dflash_audit.formats import load_any
 
     loaded = load_any(path, target_dir, options)
-    raw = loaded.raw or {}
+    raw = loaded.raw
     # Belt and braces: a format loader that leaves verifier-owned tensors in the body.
     body = {k: v for k, v in loaded.state_dict.items() if k not in VERIFIER_OWNED}
     owned = {k: v for k, v in loaded.state_dict.items() if k in VERIFIER_OWNED} | dict(loaded.verifier_tensors)
-    raw_ids = raw.get("layer_ids")
+    raw_ids = raw.layer_ids
     known = dict(loaded.known_spec) or (loaded.spec.to_dict() if loaded.spec is not None else {})
     if raw_ids is None and "target_layer_ids" in known:
         raw_ids = known["target_layer_ids"]
     return Side(path=str(path), format=loaded.format, spec=loaded.spec, state_dict=body, recipe=loaded.recipe,
                 raw_layer_ids=list(raw_ids) if raw_ids is not None else None,
-                layer_id_convention=raw.get("layer_id_convention", "zlab"), verifier_tensors=owned,
-                raw_config=raw.get("config") or {}, known=known,
+                layer_id_convention=raw.layer_id_convention, verifier_tensors=owned,
+                raw_config=raw.config or {}, known=known,
                 provenance={k: p.to_dict() for k, p in loaded.provenance.items()},
                 recipe_unknown=list(loaded.recipe_unknown), contradictions=list(loaded.contradictions),
                 foreign=dict(loaded.foreign))

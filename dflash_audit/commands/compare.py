@@ -5,24 +5,24 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import torch
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dflash_audit.audit.dynamic import dynamic_audit
-from impl.target import load_target
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.report_html import write_report_html
 from dflash_audit.audit.report_json import write_report_json
 from dflash_audit.audit.report_terminal import terminal_summary
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
-from impl.errors import AuditError
 from dflash_audit.formats import LoadOptions
-from impl.cache_dir import cache_root
-from impl.inputs import check_generation_flags
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
+from impl.cache_dir import cache_root
+from impl.inputs import check_generation_flags
+from impl.target import load_target
 from world import BUILTIN_PROMPTS
 
 
@@ -38,7 +38,7 @@ def default_out_dir(ours: Path, ref: Path) -> Path:
     return Path("reports") / f"{name(ours)}-vs-{name(ref)}"
 
 
-def load_prompt_ids(prompts_file: Path | None, tokenizer) -> tuple[list[tuple[str, "torch.Tensor"]], str]:
+def load_prompt_ids(prompts_file: Path | None, tokenizer) -> tuple[list[tuple[str, torch.Tensor]], str]:
     """[(id, input_ids)] from a prompts file (JSON lines) or the built-in coding prompts."""
     if prompts_file is None:
         prompts, source = BUILTIN_PROMPTS, "built-in"

@@ -18,15 +18,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from tabulate import tabulate
 
-from impl.errors import AuditError
-from impl.inputs import check_finite_weights, check_generation_flags
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.prompts import CHAT_TEMPLATE_MODES, fit_prompts, load_prompts, tokenize_prompts
 from impl.cache_dir import cache_root
 from impl.checkpoint import atomic_write_bytes, build_drafter
 from impl.ddtree import ddtree_decode
 from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
+from impl.errors import AuditError
 from impl.extract import decoder_layers
+from impl.inputs import check_finite_weights, check_generation_flags
 from impl.offline import load_or_build_cache, offline_rounds_each
 
 METHODS = ("dflash", "ddtree")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import pickle
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,12 @@ from safetensors import safe_open
 
 from dflash_audit.formats.inference import Inference, infer, parse_cli_spec, shapes_of
 from dflash_audit.formats.key_map import KeyMapError, map_names, propose_key_map, read_key_map
+from dflash_audit.formats.loaded import LoadedCheckpoint, LoadOptions, RawRecord
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
 from dflash_audit.formats.vocabulary import DeclarationError
-from impl.checkpoint import CheckpointError, index_shards
+from impl.checkpoint import VERIFIER_OWNED_KEYS, CheckpointError, index_shards
+from impl.spec import SpecError
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WEIGHT_SUFFIXES = PICKLE_SUFFIXES + (".safetensors",)
@@ -32,19 +34,6 @@ WEIGHT_SUFFIXES = PICKLE_SUFFIXES + (".safetensors",)
 CONFIG_FILES = ("config.json", "args.json", "training_config.json", "train_config.json", "hparams.json")
 YAML_FILES = ("config.yaml", "hparams.yaml", "args.yaml", "training_config.yaml", "train_config.yaml")
 INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-
-@dataclass
-class LoadOptions:
-    """How the user told us to read a checkpoint: the flags `--ours-entry`, `--key-map`, `--ours-spec`."""
-
-    entry: str | None = None
-    key_map: Path | None = None
-    spec: list[str] = field(default_factory=list)
-    flag_prefix: str = "--ours"  # names the flags in messages: --ours-entry, --ref-spec, --entry, ...
-
-    def flag(self, what: str) -> str:
-        return f"{self.flag_prefix}-{what}" if self.flag_prefix else f"--{what}"
 
 
 class UnknownScheme(CheckpointError):
@@ -213,3 +202,28 @@ def read_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None
         raise CheckpointError(str(exc)) from exc
     return ForeignRead(tensors=tensors, payload=payload, mapping=mapping, inference=inference,
                        files=[str(f) for f in files])
+
+
+def load_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None) -> LoadedCheckpoint:
+    read = read_foreign(path, options, target_dir)
+    inference = read.inference
+    try:
+        spec = inference.spec(str(path))
+        recipe = inference.recipe()
+    except (DeclarationError, SpecError) as exc:
+        raise CheckpointError(f"{path}: {exc}" if str(path) not in str(exc) else str(exc)) from exc
+    body = {k: v for k, v in read.tensors.items() if k not in VERIFIER_OWNED_KEYS}
+    owned = {k: v for k, v in read.tensors.items() if k in VERIFIER_OWNED_KEYS}
+    known = dict(inference.values)
+    if "target_layer_ids" in known:
+        known["target_layer_ids"] = list(known["target_layer_ids"])
+    foreign = {"files": read.files, "entry": read.payload.entry, "ignored_entries": read.payload.ignored,
+               "key_map": {"scheme": read.mapping.scheme, "renamed": read.mapping.renamed,
+                           "unmapped": read.mapping.unmapped},
+               "unrecognized_keys": inference.unrecognized, "fc_layer_count": inference.fc_layer_count}
+    ids = known.get("target_layer_ids")
+    return LoadedCheckpoint(spec=spec, state_dict=body, recipe=recipe, path=str(path), format="foreign",
+                            raw=RawRecord(layer_ids=ids),
+                            verifier_tensors=owned, provenance=inference.provenance, known_spec=known,
+                            recipe_unknown=inference.recipe_unknown, contradictions=inference.contradictions,
+                            foreign=foreign)

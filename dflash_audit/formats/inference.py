@@ -18,8 +18,14 @@ from typing import Any
 
 import torch
 
-from dflash_audit.formats.vocabulary import (ALIASES, RECIPE_FIELDS, Declaration, DeclarationError, convert,
-                                             read_declarations)
+from dflash_audit.formats.vocabulary import (
+    ALIASES,
+    RECIPE_FIELDS,
+    Declaration,
+    DeclarationError,
+    convert,
+    read_declarations,
+)
 from impl.spec import DraftSpec, Recipe, SpecError
 
 SOURCES = ("declared", "inferred", "cli", "default", "unknown")

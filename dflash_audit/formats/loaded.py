@@ -1,0 +1,107 @@
+"""What every format loader returns: a normalized checkpoint, its raw on-disk record and the
+provenance of each spec field; and the rules shared by all formats (`--ours-spec` on top of
+what a file says, and the one-line error when a verb needs a spec that is incomplete)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_audit.formats.inference import Provenance, parse_cli_spec
+from dflash_audit.formats.vocabulary import DeclarationError
+from impl.checkpoint import Checkpoint
+from impl.errors import AuditError
+from impl.spec import DraftSpec, Recipe, SpecError
+
+
+@dataclass
+class LoadOptions:
+    """How the user told us to read a checkpoint: the flags `--ours-entry`, `--key-map`, `--ours-spec`."""
+
+    entry: str | None = None
+    key_map: Path | None = None
+    spec: list[str] = field(default_factory=list)
+    flag_prefix: str = "--ours"  # names the flags in messages: --ours-entry, --ref-spec, --entry, ...
+
+    def flag(self, what: str) -> str:
+        return f"{self.flag_prefix}-{what}" if self.flag_prefix else f"--{what}"
+
+
+@dataclass
+class RawRecord:
+    """What a report shows of a side as stored, and the settings a DraftSpec cannot hold."""
+
+    config: dict[str, Any] | None = None  # config.json as written (None: the format has none)
+    layer_ids: list[int] | None = None  # target layer ids as written, in `layer_id_convention`
+    layer_id_convention: str = "zlab"  # "zlab" (hs[id + 1]) or "speculators" (hs[id])
+    layer_ids_defaulted: bool = False  # the file gave none; z-lab's default was used
+    sample_from_anchor: bool | None = None  # speculators' DSpark alignment flag
+    sliding_window_non_causal: bool = False  # speculators: sliding layers see their whole block
+    draft_vocab_size: int | None = None  # speculators' reduced draft vocabulary
+    verifier: str | None = None  # the verifier a speculators drafter records
+
+
+@dataclass
+class LoadedCheckpoint(Checkpoint):
+    path: str = ""
+    format: str = ""
+    raw: RawRecord = field(default_factory=RawRecord)
+    verifier_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    provenance: dict[str, Provenance] = field(default_factory=dict)  # spec field / "recipe.<field>" -> source
+    known_spec: dict[str, Any] = field(default_factory=dict)  # every known spec field (all of them when spec is set)
+    recipe_unknown: list[str] = field(default_factory=list)  # recipe fields nobody declared
+    contradictions: list[str] = field(default_factory=list)  # the checkpoint disagreeing with itself
+    foreign: dict[str, Any] = field(default_factory=dict)  # entry used, ignored entries, key map, unrecognized keys
+
+
+def require_spec(loaded: LoadedCheckpoint, what: str) -> DraftSpec:
+    """The complete spec, or a one-line error naming every missing field and the flag that gives it."""
+    if loaded.spec is not None:
+        return loaded.spec
+    details = {name: p.detail for name, p in loaded.provenance.items()}
+    raise incomplete_spec(loaded.path, loaded.known_spec, details, what)
+
+
+def incomplete_spec(path: str, known: dict[str, Any], details: dict[str, str], what: str) -> AuditError:
+    missing = [name for name in (f.name for f in dataclasses.fields(DraftSpec)) if name not in known]
+    hints = "; ".join(f"{name}: {details.get(name, 'unknown')}" for name in missing)
+    return AuditError(f"{path}: {what} needs the whole spec, and {len(missing)} field(s) are unknown "
+                      f"({', '.join(missing)}). {hints}")
+
+
+def declared_provenance(spec: DraftSpec, detail: str, present: set[str] | None = None,
+                        defaulted_detail: str = "not in the config; the format's default") -> dict[str, Provenance]:
+    """Every field declared by the file, except those absent from it (`present` given) which took a default."""
+    return {f.name: Provenance("declared", detail) if present is None or f.name in present
+            else Provenance("default", defaulted_detail) for f in dataclasses.fields(DraftSpec)}
+
+
+def apply_cli_spec(loaded: LoadedCheckpoint, options: LoadOptions) -> LoadedCheckpoint:
+    """`--ours-spec KEY=VALUE` on a drafter of a known format: the value replaces what the file says."""
+    if loaded.spec is not None:
+        loaded.known_spec = loaded.spec.to_dict()
+    if not options.spec:
+        return loaded
+    try:
+        cli = parse_cli_spec(options.spec, options.flag("spec"))
+    except DeclarationError as exc:
+        raise AuditError(str(exc)) from exc
+    spec_fields = {f.name for f in dataclasses.fields(DraftSpec)}
+    spec_changes = {k: (tuple(v) if isinstance(v, list) else v) for k, (v, _) in cli.items() if k in spec_fields}
+    recipe_changes = {k: v for k, (v, _) in cli.items() if k not in spec_fields}
+    try:
+        loaded.spec = dataclasses.replace(loaded.spec, **spec_changes)
+        if recipe_changes:
+            loaded.recipe = dataclasses.replace(loaded.recipe or Recipe(), **recipe_changes)
+    except SpecError as exc:
+        raise AuditError(f"{loaded.path}: {options.flag('spec')}: {exc}") from exc
+    for name, (_, detail) in cli.items():
+        loaded.provenance[name if name in spec_fields else f"recipe.{name}"] = Provenance("cli", detail)
+    loaded.known_spec = loaded.spec.to_dict()
+    return loaded
+
+

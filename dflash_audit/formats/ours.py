@@ -1,0 +1,43 @@
+"""Our own format: `ckpt.pt` as our trainer writes it (`impl.checkpoint`), spec and recipe inside."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+from dflash_audit.formats.foreign import PICKLE_SUFFIXES
+from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
+from impl.checkpoint import CKPT_FORMAT, build_drafter, load_checkpoint, save_checkpoint
+from impl.spec import Recipe
+
+
+def detect(path: Path) -> bool:
+    """Whether a pickle file carries our trainer's format tag (read from its bytes, nothing unpickled)."""
+    if not path.name.endswith(PICKLE_SUFFIXES):
+        return False
+    marker = CKPT_FORMAT.encode()
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                name = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
+                return name is not None and marker in archive.read(name)
+        with open(path, "rb") as handle:
+            return marker in handle.read(1 << 20)
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def load(path: Path) -> LoadedCheckpoint:
+    ckpt = load_checkpoint(path)
+    return LoadedCheckpoint(spec=ckpt.spec, state_dict=ckpt.state_dict, recipe=ckpt.recipe, step=ckpt.step,
+                            optimizer=ckpt.optimizer, recipe_unknown=ckpt.recipe_unknown, path=str(path), format="ours",
+                            raw=RawRecord(layer_ids=list(ckpt.spec.target_layer_ids)),
+                            provenance=declared_provenance(ckpt.spec, f"{path.name}: spec"))
+
+
+def save(loaded: LoadedCheckpoint, destination: Path) -> None:
+    """`ckpt.pt` with the same weights (and dtype); recipe fields the source never declared stay unknown."""
+    dtype = next(iter(loaded.state_dict.values())).dtype
+    model = build_drafter(loaded.spec, loaded.state_dict, dtype=dtype, source=loaded.path)
+    recipe = loaded.recipe if loaded.recipe is not None or not loaded.recipe_unknown else Recipe()
+    save_checkpoint(destination, model, recipe=recipe, step=loaded.step, recipe_unknown=loaded.recipe_unknown)

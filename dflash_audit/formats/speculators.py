@@ -1,0 +1,151 @@
+"""speculators' format: a directory whose config.json has `speculators_model_type: dflash`.
+
+Its `aux_hidden_state_layer_ids` are z-lab ids + 1 and never name the verifier's final layer;
+it stores the verifier's embeddings, head and final norm beside the draft body (kept apart
+here), and reloads them from the verifier it records. Writing goes through speculators'
+own `DFlashDraftModel.save_pretrained` and `load_verifier_weights`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_audit.formats.inference import Provenance
+from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
+from impl.checkpoint import (
+    VERIFIER_OWNED_KEYS,
+    CheckpointError,
+    read_config,
+    read_safetensors_dir,
+    spec_from_zlab_config,
+)
+from impl.errors import AuditError
+from impl.layers import speculators_to_zlab, zlab_to_speculators
+
+
+def detect(config: dict[str, Any]) -> bool:
+    return config.get("speculators_model_type") == "dflash"
+
+
+def verifier_layer_count(config: dict[str, Any], target_dir: str | Path | None, source: str) -> int:
+    """Decoder layers of a speculators drafter's verifier: from `target_dir`, else its recorded local verifier."""
+    recorded = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    for candidate in (target_dir, recorded):
+        if candidate and (Path(candidate) / "config.json").is_file():
+            verifier = json.loads((Path(candidate) / "config.json").read_text())
+            verifier = verifier.get("text_config", verifier)  # multimodal verifiers nest it
+            if "num_hidden_layers" in verifier:
+                return int(verifier["num_hidden_layers"])
+    if "num_target_layers" in config:
+        return int(config["num_target_layers"])
+    raise CheckpointError(f"{source}: cannot tell the verifier's layer count: its verifier {recorded!r} is not a "
+                          "local directory; pass the target directory (--target)")
+
+
+def zlab_shaped_config(config: dict[str, Any], num_target_layers: int, source: str) -> dict[str, Any]:
+    """A speculators config.json rewritten as the z-lab config of the same drafter (ids shifted back)."""
+    from transformers import AutoConfig
+
+    layer_config = dict(config.get("transformer_layer_config") or {})
+    if not layer_config:
+        raise CheckpointError(f"{source}: no transformer_layer_config")
+    # Fill Qwen3 defaults for the fields its diff-dict left out, as speculators does on load.
+    full = AutoConfig.for_model(**{"model_type": "qwen3", **layer_config}).to_dict()
+    aux = config.get("aux_hidden_state_layer_ids")
+    if not aux:
+        raise CheckpointError(f"{source}: no aux_hidden_state_layer_ids")
+    try:
+        ids = speculators_to_zlab(aux)
+    except ValueError as exc:
+        raise CheckpointError(f"{source}: aux_hidden_state_layer_ids: {exc}") from exc
+    full.update(num_target_layers=num_target_layers, dflash_config={
+        "target_layer_ids": ids, "mask_token_id": config.get("mask_token_id"),
+        "block_size": config.get("block_size", 8)})  # speculators' default block size
+    return full
+
+
+def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
+    source = str(path / "config.json")
+    config = read_config(path)
+    num_target_layers = verifier_layer_count(config, target_dir, source)
+    spec = spec_from_zlab_config(zlab_shaped_config(config, num_target_layers, source), source=source)
+    tensors = read_safetensors_dir(path)
+    verifier = {k: tensors.pop(k) for k in VERIFIER_OWNED_KEYS if k in tensors}
+    raw = RawRecord(config=config, layer_ids=list(config["aux_hidden_state_layer_ids"]),
+                    layer_id_convention="speculators",
+                    sample_from_anchor=bool(config.get("sample_from_anchor", False)),
+                    sliding_window_non_causal=bool(config.get("sliding_window_non_causal", False)),
+                    draft_vocab_size=config.get("draft_vocab_size", spec.vocab_size),
+                    verifier=((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path"))
+    present = set(config) | set(config.get("transformer_layer_config") or {}) | {"target_layer_ids",
+                                                                                  "num_target_layers"}
+    provenance = declared_provenance(spec, "config.json", present | {"rope_theta", "sliding_window"},
+                                     "not in config.json; Qwen3's default")
+    provenance["target_layer_ids"] = Provenance("declared", "config.json aux_hidden_state_layer_ids (id - 1)")
+    provenance["num_target_layers"] = Provenance("inferred", "the verifier's config.json num_hidden_layers")
+    if "block_size" not in config:
+        provenance["block_size"] = Provenance("default", "not in config.json; speculators' default 8")
+    return LoadedCheckpoint(spec=spec, state_dict=tensors, path=str(path), format="speculators", raw=raw,
+                            verifier_tensors=verifier, provenance=provenance)
+
+
+def verifier_for(loaded: LoadedCheckpoint, target: str | Path | None) -> Path:
+    """The verifier directory a speculators destination records and reads its tensors from."""
+    recorded = loaded.raw.verifier
+    candidate = target or (recorded if loaded.format == "speculators" else None)
+    if candidate is None:
+        raise AuditError("converting to speculators needs --target DIR: speculators stores the target's "
+                         "embeddings, LM head and final norm, and records the target as its verifier")
+    path = Path(candidate)
+    if not (path / "config.json").is_file():
+        raise AuditError(f"{path}: not a Hugging Face model directory (no config.json) to use as the target")
+    config = json.loads((path / "config.json").read_text())
+    config = config.get("text_config", config)
+    spec = loaded.spec
+    if config.get("hidden_size") != spec.hidden_size:
+        raise AuditError(f"{path}: target hidden_size {config.get('hidden_size')} != drafter hidden_size "
+                         f"{spec.hidden_size}")
+    if config.get("num_hidden_layers") != spec.num_target_layers:
+        raise AuditError(f"{path}: target has {config.get('num_hidden_layers')} decoder layers, the drafter was "
+                         f"built for {spec.num_target_layers}")
+    return path.resolve()
+
+
+def fc_without_final_layer(loaded: LoadedCheckpoint) -> tuple[list[int], dict[str, torch.Tensor]]:
+    """speculators' aux ids and a body whose fc no longer reads the final layer (speculators drops it)."""
+    spec = loaded.spec
+    keep = [k for k, i in enumerate(spec.target_layer_ids) if i + 1 != spec.num_target_layers]
+    if not keep:
+        raise AuditError(f"{loaded.path}: every target layer is the final one; speculators would keep none")
+    state = dict(loaded.state_dict)
+    if len(keep) < len(spec.target_layer_ids):
+        h = spec.hidden_size
+        columns = torch.cat([torch.arange(k * h, (k + 1) * h) for k in keep])
+        state["fc.weight"] = state["fc.weight"][:, columns].contiguous()
+    return zlab_to_speculators(list(spec.target_layer_ids), spec.num_target_layers), state
+
+
+def save(loaded: LoadedCheckpoint, destination: Path, target: str | Path | None) -> None:
+    from reference_adapters import speculators_adapter as adapter
+
+    verifier = verifier_for(loaded, target)
+    aux_ids, body = fc_without_final_layer(loaded)
+    sample_from_anchor = loaded.raw.sample_from_anchor
+    if sample_from_anchor is None:
+        sample_from_anchor = bool(loaded.recipe and loaded.recipe.sample_from_anchor)
+    config = adapter.speculators_config(loaded.spec, verifier, aux_layer_ids=aux_ids,
+                                        sample_from_anchor=sample_from_anchor,
+                                        sliding_window_non_causal=loaded.raw.sliding_window_non_causal)
+    model = adapter.DFlashDraftModel(config)
+    missing, unexpected = model.load_state_dict(body, strict=False)
+    missing = [k for k in missing if k not in adapter.VERIFIER_OWNED_KEYS]
+    if missing or unexpected:
+        raise AuditError(f"{loaded.path}: the draft body does not fit speculators' DFlashDraftModel "
+                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    model.load_verifier_weights()  # speculators' own loader, from the verifier directory
+    model.to(dtype=next(iter(body.values())).dtype)
+    adapter.save_speculators_model(model, destination)

@@ -1,0 +1,41 @@
+"""z-lab's format: a Hugging Face directory, `config.json` with `dflash_config`, `model.safetensors`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dflash_audit.formats.inference import Provenance
+from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
+from impl.checkpoint import build_drafter, read_config, read_safetensors_dir, save_zlab_dir, spec_from_zlab_config
+
+
+def detect(config: dict[str, Any]) -> bool:
+    return "dflash_config" in config or "DFlashDraftModel" in (config.get("architectures") or [])
+
+
+def load(path: Path) -> LoadedCheckpoint:
+    config = read_config(path)
+    spec = spec_from_zlab_config(config, source=str(path / "config.json"))
+    written = (config.get("dflash_config") or {}).get("target_layer_ids", config.get("target_layer_ids"))
+    provenance = declared_provenance(spec, "config.json", config_keys(config))
+    if written is None:
+        provenance["target_layer_ids"] = Provenance("default", "not in config.json; z-lab's build_target_layer_ids")
+    return LoadedCheckpoint(spec=spec, state_dict=read_safetensors_dir(path), path=str(path), format="zlab",
+                            raw=RawRecord(config=config, layer_ids=written, layer_ids_defaulted=written is None),
+                            provenance=provenance)
+
+
+def config_keys(config: dict[str, Any]) -> set[str]:
+    """Spec fields a z-lab (or z-lab-shaped) config.json states itself."""
+    present = set(config) | set(config.get("dflash_config") or {})
+    if "rope_parameters" in config or "rope_scaling" in config:
+        present.add("rope_theta")
+    if "use_sliding_window" in config:
+        present.add("sliding_window")
+    return present
+
+
+def save(loaded: LoadedCheckpoint, destination: Path) -> None:
+    build_drafter(loaded.spec, loaded.state_dict, source=loaded.path)  # one-line error on a bad body
+    save_zlab_dir(destination, loaded.spec, loaded.state_dict)

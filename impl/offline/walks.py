@@ -1,0 +1,172 @@
+"""The DFlash and DDTree acceptance walks, replayed from the cache, and where they part from a live run."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from impl.ddtree import build_tree
+from impl.extract import output_head
+from impl.model import DFlashDrafter
+from impl.offline.cache import CachedPrompt, HiddenStateCache
+from impl.offline.replay import BlockReplay
+
+DEFAULT_PROMPT_GROUP = 64  # prompts walked in lockstep; bounds the padded context K/V
+DEFAULT_BATCH_BLOCKS = 8  # blocks per drafter pass while few prompts are left
+DFLASH_EARLY_SLOTS = 2  # slots the LM head always reads; later ones only while all earlier match
+
+
+def dflash_round(tokens: list[int], start: int, last: int, proposals: list[int]) -> int:
+    """Tokens one greedy DFlash round from `start` produces, judged against the cached continuation.
+
+    `proposals` may stop early, just after the first one the target rejects.
+    """
+    accepted = 0
+    while accepted < min(len(proposals), last - start - 1) and proposals[accepted] == tokens[start + 1 + accepted]:
+        accepted += 1
+    return min(accepted + 1, last - start)
+
+
+def ddtree_round(tokens: list[int], start: int, last: int, logits: torch.Tensor, budget: int) -> int:
+    """Tokens one greedy DDTree round from `start` produces, judged against the cached continuation."""
+    tree = build_tree(tokens[start], torch.log_softmax(logits.float(), dim=-1), budget)
+    # On the accepted path the target's choice after depth d is the continuation's token.
+    target_choice = [tokens[start + d + 1] if start + d + 1 <= last else -1 for d in tree.depths]
+    return min(len(tree.walk(target_choice)), last - start)
+
+
+def play_dflash(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, sizes: list[int],
+                tokens: list[list[int]], starts: list[int], lasts: list[int]) -> list[int]:
+    """DFlash rounds from slots 1.. of blocks, `rows` [n, B - 1, H]; the LM head reads later
+    slots only while all earlier match."""
+    early = DFLASH_EARLY_SLOTS
+    proposals = drafter.compute_logits(rows[:, :early], head).argmax(-1).tolist()
+    more = [i for i, (t, s, last) in enumerate(zip(tokens, starts, lasts))
+            if sizes[i] - 1 > early and s + early < last and proposals[i] == t[s + 1:s + 1 + early]]
+    if more:
+        for i, rest in zip(more, drafter.compute_logits(rows[more, early:], head).argmax(-1).tolist()):
+            proposals[i] += rest
+    return [dflash_round(t, s, last, p[:size - 1]) for t, s, last, p, size in zip(tokens, starts, lasts, proposals, sizes)]
+
+
+def play_ddtree(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, sizes: list[int],
+                tokens: list[list[int]], starts: list[int], lasts: list[int], budget: int) -> list[int]:
+    logits = drafter.compute_logits(rows, head)
+    return [ddtree_round(t, s, last, block[:size - 1], budget)
+            for t, s, last, block, size in zip(tokens, starts, lasts, logits, sizes)]
+
+
+@torch.inference_mode()
+def replay_walks(drafter: DFlashDrafter, target: nn.Module, entries: list[CachedPrompt], max_new_tokens: int,
+                 play_rounds, batch_blocks: int = DEFAULT_BATCH_BLOCKS) -> list[list[int]]:
+    """Per-round acceptance lengths of each prompt, walked in lockstep.
+
+    Each step runs the drafter once for the current round of every unfinished prompt (the
+    walk only ever needs the block at the anchors it reaches, about 1 in τ), then
+    `play_rounds(rows, sizes, tokens, starts, lasts)` says how far each prompt advances.
+    While fewer than `batch_blocks` prompts are left, the spare rows draft the blocks at
+    the next anchors too, so one step can play several rounds of a prompt.
+    """
+    replay = BlockReplay(drafter, target, entries)
+    tokens = [entry.token_ids.tolist() for entry in entries]
+    lasts = [len(t) - 1 for t in tokens]  # rounds start at anchors prompt_len .. last - 1
+    starts = [entry.prompt_len for entry in entries]
+    # Near max_length the live loop shrinks the block to min(B, max_length - start).
+    ends = [entry.prompt_len + max_new_tokens for entry in entries]
+    rounds: list[list[int]] = [[] for _ in entries]
+    while active := [p for p in range(len(entries)) if starts[p] < lasts[p]]:
+        replay.keep(active)
+        ahead = max(1, batch_blocks // len(active))
+        blocks = [(p, a) for p in active for a in range(starts[p], min(starts[p] + ahead, lasts[p]))]
+        sizes = [min(drafter.block_size, ends[p] - a) for p, a in blocks]
+        hidden = replay.hidden(torch.tensor([p for p, _ in blocks]), torch.tensor([a for _, a in blocks]),
+                               torch.tensor(sizes))
+        drafted = {block: i for i, block in enumerate(blocks)}
+        playing = active
+        while playing:  # each prompt's first block, then look-ahead blocks its round ended on
+            index = [drafted[p, starts[p]] for p in playing]
+            produced = play_rounds(hidden[index], [sizes[i] for i in index], [tokens[p] for p in playing],
+                                   [starts[p] for p in playing], [lasts[p] for p in playing])
+            for p, length in zip(playing, produced):
+                rounds[p].append(length)
+                starts[p] += length
+            playing = [p for p in playing if (p, starts[p]) in drafted]
+    return rounds
+
+
+def offline_rounds_batch(drafter: DFlashDrafter, target: nn.Module, cache: HiddenStateCache,
+                         entries: list[CachedPrompt], method: str = "dflash", budget: int | None = None,
+                         group: int = DEFAULT_PROMPT_GROUP) -> list[list[int]]:
+    """Per-round acceptance lengths of greedy DFlash or DDTree on each cached prompt."""
+    if method == "dflash":
+        play_rounds = functools.partial(play_dflash, drafter, output_head(target))
+    elif method == "ddtree":
+        if budget is None:
+            raise ValueError("ddtree needs a node budget")
+        play_rounds = functools.partial(play_ddtree, drafter, output_head(target), budget=budget)
+    else:
+        raise ValueError(f"unknown method {method!r}; expected dflash or ddtree")
+    return [rounds for i in range(0, len(entries), group)
+            for rounds in replay_walks(drafter, target, entries[i:i + group], cache.max_new_tokens, play_rounds)]
+
+
+def offline_rounds_each(drafter: DFlashDrafter, target: nn.Module, cache: HiddenStateCache,
+                        entries: list[CachedPrompt], method: str = "dflash", budget: int | None = None,
+                        chunk: int = 16):
+    """(entry, rounds) for each prompt, replayed `chunk` prompts at a time: batched, yet a
+    progress bar can follow."""
+    for i in range(0, len(entries), chunk):
+        part = entries[i:i + chunk]
+        yield from zip(part, offline_rounds_batch(drafter, target, cache, part, method, budget))
+
+
+def offline_rounds(drafter: DFlashDrafter, target: nn.Module, cache: HiddenStateCache, entry: CachedPrompt,
+                   method: str = "dflash", budget: int | None = None) -> list[int]:
+    return offline_rounds_batch(drafter, target, cache, [entry], method, budget)[0]
+
+
+# -- agreement with the live loops -------------------------------------------------------
+@dataclass
+class Mismatch:
+    prompt_id: str
+    round: int
+    position: int  # where the target's decision differs or the walks part
+    margin: float  # the target's top-1 minus top-2 logit there: small = near-tie
+
+    def describe(self) -> str:
+        return (f"prompt {self.prompt_id}: round {self.round} differs at position {self.position} "
+                f"(target top-2 logit margin {self.margin:.3g})")
+
+
+def find_mismatch(entry: CachedPrompt, offline: list[int], live: list[int],
+                  live_output_ids: torch.Tensor | None = None) -> Mismatch | None:
+    """The first place the offline replay and a live run disagree, with the target's margin there."""
+    if live_output_ids is not None:
+        live_tokens, cached = live_output_ids.reshape(-1).tolist(), entry.token_ids.tolist()
+        differ = [i for i, (a, b) in enumerate(zip(live_tokens, cached)) if a != b]
+        if differ or len(live_tokens) != len(cached):
+            position = differ[0] if differ else min(len(live_tokens), len(cached))
+            decided_at = max(position - 1, 0)  # logits at t decide token t + 1
+            return Mismatch(entry.id, _round_at(entry.prompt_len, live, decided_at), decided_at,
+                            float(entry.margin[min(decided_at, entry.margin.numel() - 1)]))
+    start = entry.prompt_len
+    for i, (a, b) in enumerate(zip(offline, live)):
+        if a != b:
+            position = start + min(a, b) - 1  # the last position both agree was decided before it
+            return Mismatch(entry.id, i, position, float(entry.margin[position]))
+        start += a
+    if len(offline) != len(live):
+        return Mismatch(entry.id, min(len(offline), len(live)), start, float(entry.margin[min(start, entry.margin.numel() - 1)]))
+    return None
+
+
+def _round_at(prompt_len: int, rounds: list[int], position: int) -> int:
+    start = prompt_len
+    for i, length in enumerate(rounds):
+        if position < start + length:
+            return i
+        start += length
+    return len(rounds)
