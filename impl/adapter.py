@@ -67,6 +67,13 @@ class OursImplementation:
     def loss(self, logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor):
         return losses.dflash_loss(logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor)
 
+    def dpace_weights(self, per_slot_loss, loss_mask, block_size, alpha):
+        return losses.dpace_weights(per_slot_loss, loss_mask, block_size, alpha)
+
+    def dpace_loss(self, logits, targets, loss_mask, block_size, alpha):
+        return losses.dflash_loss(logits, targets, loss_mask, block_size, kind="ce", weighting="dpace",
+                                  dpace_alpha=alpha)
+
     def block_metrics(self, logits, targets, loss_mask, block_size):
         metrics = losses.block_metrics(logits, targets, loss_mask, block_size)
         return {"position_acc": metrics["position_acc"], "eal": metrics["eal"]}
