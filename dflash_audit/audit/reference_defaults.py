@@ -38,9 +38,11 @@ class ReferenceRecipe:
 
     @property
     def title(self) -> str:
-        if self.name == MODEL_LEVEL:
-            return "speculators' model-level defaults"
-        return f"speculators' TrainConfig-resolved {self.speculator_type} recipe"
+        from importlib.metadata import version
+
+        which = "model-level defaults" if self.name == MODEL_LEVEL else \
+            f"TrainConfig-resolved {self.speculator_type} recipe"
+        return f"speculators {version('speculators')} {which}"
 
     def settings(self) -> dict:
         """Recipe fields plus block size and draft layers: what `train --recipe speculators` takes."""
