@@ -19,7 +19,7 @@ import impl.losses
 import impl.masks
 import impl.model
 from conformance.checks import layers, losses, masks, training
-from conformance.strategies import MaskCase, TrainingCase
+from conformance.strategies import DPaceCase, LossCase, MaskCase, TrainingCase
 from impl.extract import HiddenStateExtractor, final_norm
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec
@@ -30,6 +30,14 @@ SPEC = DraftSpec(hidden_size=32, intermediate_size=64, num_attention_heads=2, nu
                  mask_token_id=95, block_size=4, layer_types=("sliding_attention", "full_attention"),
                  sliding_window=5)
 TRAINING = TrainingCase(spec=SPEC, lengths=(12, 9), padding=2, max_anchors=6, seed=3)
+# Two documents (the second starts untrained), a prompt hole, one padded anchor; alpha far from 1/2
+# so that alpha and 1 - alpha differ.
+DPACE = DPaceCase(per_slot_loss=-torch.tensor([[0.9, 0.8, 0.3, 0.95, 0.9, 0.6, 0.99, 0.2, 0.5, 0.7, 0.9, 0.4,
+                                                0.9, 0.9, 0.9, 0.9]]).log(),
+                  loss_mask=torch.tensor([[0, 1, 1, 1, 0, 1, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0]], dtype=torch.float32),
+                  block_size=4, alpha=0.3)
+DPACE_LOSS = LossCase(num_anchors=4, block_size=4, vocab=16, gamma=4.0, kind="ce", sample_from_anchor=False,
+                      dtype=torch.float32, seed=5)
 MASK = MaskCase(document_ids=torch.tensor([[0] * 8 + [1] * 8 + [-1] * 2]), anchors=torch.tensor([0, 5, 9, 15]),
                 block_size=4, sliding_window=None, causal_block=False)
 
@@ -132,6 +140,32 @@ def _other_mask_token(_original):
     return property(lambda drafter: (drafter.spec.mask_token_id + 1) % drafter.spec.vocab_size)
 
 
+def _unsmoothed(_original):
+    return lambda q, alpha: q  # the prefix product of raw confidences
+
+
+def _alpha_flipped(original):
+    return lambda q, alpha: original(q, 1.0 - alpha)
+
+
+def _suffix_sum_forward(_original):
+    return lambda x: torch.cumsum(x, dim=-1)  # sum over j <= k instead of j >= k
+
+
+def _weights_in_graph(_original):
+    def weights(per_slot_loss, loss_mask, block_size, alpha=0.5):
+        return impl.losses.dpace_weights_of(per_slot_loss, loss_mask, block_size, alpha)  # no detach
+    return weights
+
+
+def _anchor_slot_trained(original):
+    def weights(per_slot_loss, loss_mask, block_size, alpha=0.5):
+        mask = loss_mask.clone().reshape(-1, block_size)
+        mask[:, 0] = 1  # the anchor (an input, never predicted) counted as a trained slot
+        return original(per_slot_loss, mask.reshape(loss_mask.shape), block_size, alpha)
+    return weights
+
+
 def _set(value):
     return lambda _original: value
 
@@ -151,6 +185,21 @@ BUGS = [
                lambda cmp, ours, refs: losses.recipe_defaults(cmp, ours, "loss_weights", 6, ("gamma",))),
     PlantedBug("weight on slot 0", "loss_weights", 6, _patch(impl.losses, "decay_weights", _slot0_weighted),
                lambda cmp, ours, refs: losses.loss_weights(cmp, ours, refs["speculators"], (8, 4.0, False))),
+    PlantedBug("D-PACE prefix product without smoothing", "loss_weights", 6,
+               _patch(impl.losses, "smoothed_confidence", _unsmoothed),
+               lambda cmp, ours, refs: losses.dpace_weights(cmp, ours, refs["speculators"], DPACE)),
+    PlantedBug("D-PACE suffix sum run forward", "loss_weights", 6,
+               _patch(impl.losses, "suffix_sum", _suffix_sum_forward),
+               lambda cmp, ours, refs: losses.dpace_weights(cmp, ours, refs["speculators"], DPACE)),
+    PlantedBug("D-PACE weights not detached", "loss_weights", 6,
+               _patch(impl.losses, "dpace_weights", _weights_in_graph),
+               lambda cmp, ours, refs: losses.dpace_loss(cmp, ours, refs["speculators"], DPACE_LOSS, DPACE.alpha)),
+    PlantedBug("D-PACE alpha read as 1 - alpha", "loss_weights", 6,
+               _patch(impl.losses, "smoothed_confidence", _alpha_flipped),
+               lambda cmp, ours, refs: losses.dpace_weights(cmp, ours, refs["speculators"], DPACE)),
+    PlantedBug("D-PACE anchor slot weighted", "loss_weights", 6,
+               _patch(impl.losses, "dpace_weights", _anchor_slot_trained),
+               lambda cmp, ours, refs: losses.dpace_weights(cmp, ours, refs["speculators"], DPACE)),
     PlantedBug("wrong roll", "target_alignment", 5, _patch(TargetAligner, "shift", _set(0)),
                lambda cmp, ours, refs: training.target_alignment(cmp, ours, refs["speculators"], TRAINING)),
     PlantedBug("<= in the mask", "training_mask", 9, _patch_training_mask(_sees_anchor),

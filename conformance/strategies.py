@@ -176,3 +176,47 @@ def training_cases(draw, sliding: bool | None = None) -> TrainingCase:
     if sum(lengths) + padding <= spec.block_size:  # at least one anchor must fit before the last block
         lengths = lengths[:-1] + (lengths[-1] + spec.block_size + 1,)
     return TrainingCase(spec, lengths, padding, draw(st.integers(1, 8)), draw(st.integers(0, 2**16)))
+
+
+@dataclass(frozen=True)
+class DPaceCase:
+    """D-PACE weights input: a per-slot CE loss [1, A*B] and the aligned loss mask it is weighted under."""
+
+    per_slot_loss: torch.Tensor  # [1, A*B], -log(confidence), in `dtype`
+    loss_mask: torch.Tensor  # [1, A*B] float: slot 0, padding, prompts and document starts zeroed
+    block_size: int
+    alpha: float
+
+    def __repr__(self) -> str:
+        return (f"DPaceCase(per_slot_loss={self.per_slot_loss.float().tolist()}, dtype={self.per_slot_loss.dtype}, "
+                f"loss_mask={self.loss_mask.tolist()}, block_size={self.block_size}, alpha={self.alpha})")
+
+
+# Confidences from certain (CE 0) to hopeless (CE ~ 14), plus anything in between.
+confidences = st.one_of(st.sampled_from([1.0, 0.999, 0.9, 0.5, 0.1, 1e-3, 1e-6]), st.floats(1e-6, 1.0))
+# alpha in (0, 1]: 1 (every trained slot one token), tiny (raw confidences), anything between.
+dpace_alphas = st.one_of(st.sampled_from([1.0, 0.5, 1e-3]), st.floats(1e-3, 1.0))
+
+
+@st.composite
+def dpace_cases(draw) -> DPaceCase:
+    """Aligned masks as the trainer makes them: packed documents (each starting with an untrained
+    token), prompt tokens, trailing padding, anchors anywhere, padded anchors, slot 0 never trained."""
+    block = draw(block_sizes)
+    lengths, padding = draw(document_layouts(min_len=2))
+    trained = []
+    for n in lengths:
+        trained += [0] + [draw(st.sampled_from([0, 1, 1, 1])) for _ in range(n - 1)]
+    trained += [0] * padding
+    total = len(trained)
+    num_anchors = draw(st.integers(1, 6))
+    anchors = draw(st.lists(st.integers(0, total - 1), min_size=1, max_size=num_anchors, unique=True))
+    padded = num_anchors - len(anchors)  # anchor slots select_anchors leaves invalid
+    mask = []
+    for a in sorted(anchors):
+        mask += [0] + [trained[a + k] if a + k < total else 0 for k in range(1, block)]
+    mask += [0] * (padded * block)
+    n = len(mask)
+    q = torch.tensor(draw(st.lists(confidences, min_size=n, max_size=n)), dtype=torch.float64)
+    per_slot_loss = (-q.log()).float().to(draw(dtypes))[None]
+    return DPaceCase(per_slot_loss, torch.tensor([mask], dtype=torch.float32), block, draw(dpace_alphas))

@@ -19,8 +19,8 @@ def test_loss_kinds_p7(conform, pair, case):
 
 
 @pytest.mark.pitfall(7)
-def test_default_loss_kind_p7(conform, under_test):
+def test_default_loss_fn_p7(conform, under_test):
     if not hasattr(under_test, "recipe"):
         conform.not_applicable("loss", 7, (under_test.name, "speculators"), "no training recipe to compare")
         return
-    losses.recipe_defaults(conform, under_test, "loss", 7, ("loss_kind",))
+    losses.recipe_defaults(conform, under_test, "loss", 7, ("loss_fn",))

@@ -54,7 +54,7 @@ def recipe_notes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
     if loaded.recipe_unknown:
         notes.append(f"recipe fields never declared by the source stay unknown: {', '.join(loaded.recipe_unknown)}")
     if loaded.recipe is not None and fmt != "ours":
-        notes.append(f"the training recipe (gamma {loaded.recipe.gamma}, {loaded.recipe.loss_kind}, ...) is not "
+        notes.append(f"the training recipe (gamma {loaded.recipe.gamma}, {loaded.recipe.loss_fn}, ...) is not "
                      f"recorded by the {fmt} format; the weights are unchanged")
     if loaded.raw.sample_from_anchor and fmt != "speculators":
         notes.append(f"trained with sample_from_anchor (DSpark alignment), which the {fmt} format does not record")

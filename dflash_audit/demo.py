@@ -123,7 +123,9 @@ def build_demo(cache: Path, config: DemoConfig, rebuild: bool = False) -> dict[s
     texts = stdlib_corpus("train", max_bytes=config.corpus_bytes)
     common = dict(steps=config.drafter_steps, block_size=config.block_size,
                   draft_layers=config.draft_layers, seq_len=config.seq_len, batch_size=config.batch_size,
-                  lr=config.lr, warmup=config.warmup, max_anchors=config.max_anchors, seed=0)
+                  lr=config.lr, warmup=config.warmup, max_anchors=config.max_anchors, seed=0,
+                  # Pinned: the demo's drafters train with KL + fixed decay (the trainer now defaults to D-PACE).
+                  loss="kl_div", loss_weighting="fixed-exp-decay")
     reference_ids = reference_layer_ids(config)
     if not (paths["ref"] / "config.json").is_file():
         staging = cache / ".ref-train.pt"

@@ -15,6 +15,7 @@ from impl.extract import context_features
 from impl.interface import GenerationResult, TrainingOutputs
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, Recipe
+from impl.train import default_recipe
 from impl.train_step import training_step
 
 
@@ -23,7 +24,8 @@ class OursImplementation:
     unsupported: frozenset[str] = frozenset()
 
     def __init__(self, recipe: Recipe | None = None):
-        self.recipe = recipe or Recipe()
+        # Our trainer's default recipe: the conformance suite holds it to speculators' trainer.
+        self.recipe = recipe or default_recipe()
 
     def default_target_layer_ids(self, num_target_layers, num_draft_layers):
         return layers.build_target_layer_ids(num_target_layers, num_draft_layers)
@@ -64,6 +66,13 @@ class OursImplementation:
 
     def loss(self, logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor):
         return losses.dflash_loss(logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor)
+
+    def dpace_weights(self, per_slot_loss, loss_mask, block_size, alpha):
+        return losses.dpace_weights(per_slot_loss, loss_mask, block_size, alpha)
+
+    def dpace_loss(self, logits, targets, loss_mask, block_size, alpha):
+        return losses.dflash_loss(logits, targets, loss_mask, block_size, kind="ce", weighting="dpace",
+                                  dpace_alpha=alpha)
 
     def block_metrics(self, logits, targets, loss_mask, block_size):
         metrics = losses.block_metrics(logits, targets, loss_mask, block_size)

@@ -27,7 +27,7 @@ from impl.spec import DraftSpec
 OPERATIONS = (
     "default_target_layer_ids", "context_features", "select_anchors", "training_mask", "inference_mask",
     "build_drafter", "project_context", "draft_forward", "training_outputs", "loss_weights", "loss",
-    "block_metrics", "generate",
+    "block_metrics", "generate", "dpace_weights", "dpace_loss",
 )
 
 
@@ -102,6 +102,14 @@ class DFlashImplementation(Protocol):
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
              gamma: float, kind: str, sample_from_anchor: bool) -> torch.Tensor:
         """The scalar training loss with the implementation's reduction."""
+
+    def dpace_weights(self, per_slot_loss: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
+                      alpha: float) -> torch.Tensor:
+        """[1, A*B] D-PACE per-slot weights from a per-slot CE loss [1, A*B] and the aligned loss mask."""
+
+    def dpace_loss(self, logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
+                   alpha: float) -> torch.Tensor:
+        """The scalar CE training loss weighted by D-PACE, with the implementation's reduction (differentiable)."""
 
     def block_metrics(self, logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor,
                       block_size: int) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Per-slot loss weights, loss kinds and speculators' reduction."""
+"""Per-slot loss weights (fixed exponential decay, D-PACE), loss kinds and speculators' reduction."""
 
 from __future__ import annotations
 
@@ -24,25 +24,70 @@ def elementwise_loss(logits: torch.Tensor, targets: torch.Tensor, kind: str = "k
     if kind == "ce":
         labels = targets.argmax(-1)
         return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
-    raise ValueError(f"loss_kind: unknown loss kind {kind!r}; expected 'kl_div' or 'ce'")
+    raise ValueError(f"loss_fn: unknown loss {kind!r}; expected 'kl_div' or 'ce'")
+
+
+# -- D-PACE ---------------------------------------------------------------------------------
+# Per block, slot k's weight is the expected number of accepted tokens its success unlocks:
+# w_k = m_k * sum_{j >= k} m_j * prod_{i <= j, m_i} s_i, with s_i = (1 - alpha) q_i + alpha the
+# smoothed confidence q_i = exp(-CE_i) and m the loss mask (slot 0 and padding untrained).
+def confidence(per_slot_loss: torch.Tensor) -> torch.Tensor:
+    """q = exp(-CE) in the loss's own dtype, then fp32 (as speculators: bf16 losses round the same)."""
+    return torch.exp(-per_slot_loss).float()
+
+
+def smoothed_confidence(q: torch.Tensor, alpha: float) -> torch.Tensor:
+    """(1 - alpha) q + alpha: alpha = 1 gives every trained slot one full expected token."""
+    return (1.0 - alpha) * q + alpha
+
+
+def suffix_sum(x: torch.Tensor) -> torch.Tensor:
+    """sum_{j >= k} x_j along the last dim: slot k is credited with what every later slot adds."""
+    return torch.flip(torch.cumsum(torch.flip(x, dims=[-1]), dim=-1), dims=[-1])
+
+
+def dpace_weights(per_slot_loss: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
+                  alpha: float = 0.5) -> torch.Tensor:
+    """[b, A*B] D-PACE weights. Detached: they reweight the loss and carry no gradient of their own."""
+    return dpace_weights_of(per_slot_loss.detach(), loss_mask, block_size, alpha)
+
+
+def dpace_weights_of(per_slot_loss: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
+                     alpha: float) -> torch.Tensor:
+    if per_slot_loss.shape[-1] % block_size:
+        raise ValueError(f"{per_slot_loss.shape[-1]} slots are not whole blocks of {block_size}")
+    q = confidence(per_slot_loss).reshape(-1, block_size)
+    trained = loss_mask.reshape(-1, block_size).to(q.dtype)
+    # An untrained slot neither gates nor discounts the slots after it.
+    smooth = torch.where(trained > 0, smoothed_confidence(q, alpha), torch.ones_like(q))
+    prefix = torch.cumprod(smooth, dim=-1)
+    return (suffix_sum(prefix * trained) * trained).reshape(per_slot_loss.shape)
 
 
 def reduce_loss(per_slot: torch.Tensor, loss_mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """sum(w * mask * loss) / (sum(mask) + 1e-5) per sequence, then the mean.
 
+    `weights` is one block's schedule [B] or per-slot weights shaped like `per_slot` (D-PACE).
     The denominator counts masked slots, not weights (speculators' reduction).
     """
-    block_size = weights.numel()
-    per_slot_weight = weights.repeat(per_slot.shape[1] // block_size)[None]
+    if weights.dim() == 1:
+        weights = weights.repeat(per_slot.shape[1] // weights.numel())[None]
     mask = loss_mask.to(per_slot.dtype)
-    total = (per_slot * mask * per_slot_weight).sum(dim=1)
+    total = (per_slot * mask * weights).sum(dim=1)
     return (total / (mask.sum(dim=1) + 1e-5)).mean()
 
 
 def dflash_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
-                gamma: float = 4.0, kind: str = "kl_div", sample_from_anchor: bool = False) -> torch.Tensor:
-    weights = decay_weights(block_size, gamma, sample_from_anchor, device=logits.device)
-    return reduce_loss(elementwise_loss(logits, targets, kind), loss_mask, weights)
+                gamma: float = 4.0, kind: str = "kl_div", sample_from_anchor: bool = False,
+                weighting: str = "fixed-exp-decay", dpace_alpha: float = 0.5) -> torch.Tensor:
+    per_slot = elementwise_loss(logits, targets, kind)
+    if weighting == "dpace":
+        weights = dpace_weights(per_slot, loss_mask, block_size, dpace_alpha)
+    elif weighting == "fixed-exp-decay":
+        weights = decay_weights(block_size, gamma, sample_from_anchor, device=logits.device)
+    else:
+        raise ValueError(f"per_position_loss_weight: unknown weighting {weighting!r}")
+    return reduce_loss(per_slot, loss_mask, weights)
 
 
 def block_metrics(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,

@@ -12,7 +12,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
-LOSS_KINDS = ("kl_div", "ce")
+LOSS_KINDS = ("kl_div", "ce")  # speculators' loss_fn names
+# speculators' per_position_loss_weight: fixed exponential decay (gamma) or D-PACE (dpace_alpha).
+LOSS_WEIGHTINGS = ("fixed-exp-decay", "dpace")
 
 
 class SpecError(ValueError):
@@ -146,22 +148,30 @@ class DraftSpec:
 
 @dataclass(frozen=True)
 class Recipe:
-    """How a drafter was trained. Defaults are speculators' trainer defaults."""
+    """How a drafter was trained, in speculators' vocabulary (`loss_fn`, `per_position_loss_weight`,
+    `dpace_alpha`). Defaults are speculators' model-level defaults (`DFlashDraftModel.forward`,
+    `compute_metrics`): KL, fixed exponential decay. A checkpoint written before a field existed
+    is read with that default, which is what it was trained with."""
 
-    gamma: float = 4.0  # loss decay: w(k) = exp(-(k-1)/gamma), w(0) = 0
-    loss_kind: str = "kl_div"
+    gamma: float = 4.0  # fixed-exp-decay: w(k) = exp(-(k-1)/gamma), w(0) = 0
+    loss_fn: str = "kl_div"
     # 0-based target decoder layer whose raw output gives the target logits;
     # None means the final decoder layer (the reference recipe).
     verifier_source_layer: int | None = None
     noise_std: float = 0.0  # gaussian noise on the drafter's context features only
     max_anchors: int = 512
     sample_from_anchor: bool = False
+    per_position_loss_weight: str = "fixed-exp-decay"
+    dpace_alpha: float = 0.5  # D-PACE confidence smoothing, used when per_position_loss_weight = dpace
     data_hash: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _require(self.gamma > 0, "gamma", f"must be positive, got {self.gamma}")
-        _require(self.loss_kind in LOSS_KINDS, "loss_kind", f"{self.loss_kind!r} not in {list(LOSS_KINDS)}")
+        _require(self.loss_fn in LOSS_KINDS, "loss_fn", f"{self.loss_fn!r} not in {list(LOSS_KINDS)}")
+        _require(self.per_position_loss_weight in LOSS_WEIGHTINGS, "per_position_loss_weight",
+                 f"{self.per_position_loss_weight!r} not in {list(LOSS_WEIGHTINGS)}")
+        _require(0.0 < self.dpace_alpha <= 1.0, "dpace_alpha", f"must be in (0, 1], got {self.dpace_alpha}")
         _require(self.noise_std >= 0, "noise_std", f"must be non-negative, got {self.noise_std}")
         _require(self.max_anchors > 0, "max_anchors", f"must be positive, got {self.max_anchors}")
 
@@ -170,6 +180,9 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Recipe:
+        data = dict(data)
+        if "loss_kind" in data and "loss_fn" not in data:
+            data["loss_fn"] = data.pop("loss_kind")  # checkpoints written before the rename
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         _require(not unknown, "recipe", f"unknown fields {unknown}")

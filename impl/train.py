@@ -64,8 +64,12 @@ class TrainConfig:
     sliding_window: int | None = None
     mask_token_id: int | None = None  # default: the tokenizer's <|mask|>
     max_anchors: int = 512
-    gamma: float = 4.0
-    loss: str = "kl_div"
+    # speculators' trainer resolution of a dflash run (CE, D-PACE, alpha 0.5); the conformance suite
+    # holds these defaults to the installed speculators' TrainConfig.
+    loss: str = "ce"
+    loss_weighting: str = "dpace"  # speculators' per_position_loss_weight: dpace | fixed-exp-decay
+    dpace_alpha: float = 0.5
+    gamma: float = 4.0  # fixed-exp-decay only
     noise_std: float = 0.0
     dtype: str = "fp32"
     eval_every: int = 0  # 0: only at the end
@@ -124,8 +128,16 @@ def make_recipe(cfg: TrainConfig, num_target_layers: int, digest: str) -> Recipe
     source = None if source == num_target_layers - 1 else source
     schedule = {k: getattr(cfg, k) for k in ("steps", "lr", "warmup", "weight_decay", "grad_clip", "batch_size",
                                              "grad_accum", "seq_len", "dtype", "seed")}
-    return Recipe(gamma=cfg.gamma, loss_kind=cfg.loss, verifier_source_layer=source, noise_std=cfg.noise_std,
-                  max_anchors=cfg.max_anchors, data_hash=digest, extra={**schedule, **cfg.extra})
+    return Recipe(gamma=cfg.gamma, loss_fn=cfg.loss, verifier_source_layer=source, noise_std=cfg.noise_std,
+                  max_anchors=cfg.max_anchors, per_position_loss_weight=cfg.loss_weighting,
+                  dpace_alpha=cfg.dpace_alpha, data_hash=digest, extra={**schedule, **cfg.extra})
+
+
+def default_recipe() -> Recipe:
+    """The recipe a run with no recipe flags records (what the conformance suite compares)."""
+    cfg = TrainConfig(target="", out="")
+    return Recipe(gamma=cfg.gamma, loss_fn=cfg.loss, max_anchors=cfg.max_anchors, noise_std=cfg.noise_std,
+                  per_position_loss_weight=cfg.loss_weighting, dpace_alpha=cfg.dpace_alpha)
 
 
 def load_data(cfg: TrainConfig, tokenizer, vocab_size: int) -> tuple[PackedData, PackedData | None]:
@@ -250,6 +262,16 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> dict:
             raise TrainError(f"{name} must be positive, got {getattr(cfg, name)}")
     if cfg.batch_size % world:
         raise TrainError(f"batch size {cfg.batch_size} does not split across {world} ranks")
+    if cfg.loss not in ("kl_div", "ce"):
+        raise TrainError(f"loss must be kl_div or ce, got {cfg.loss!r}")
+    if cfg.loss_weighting not in ("fixed-exp-decay", "dpace"):
+        raise TrainError(f"loss weighting must be fixed-exp-decay or dpace, got {cfg.loss_weighting!r}")
+    if cfg.loss_weighting == "dpace":
+        # D-PACE reads CE as the drafter's confidence (q = exp(-CE)); speculators refuses it with KL too.
+        if cfg.loss != "ce":
+            raise TrainError(f"D-PACE loss weighting needs the ce loss, got {cfg.loss!r}")
+        if not 0.0 < cfg.dpace_alpha <= 1.0:
+            raise TrainError(f"dpace alpha must be in (0, 1], got {cfg.dpace_alpha}")
     if cfg.seq_len <= cfg.block_size:
         raise TrainError(f"seq_len {cfg.seq_len} leaves no room for a block of {cfg.block_size}")
     started = time.monotonic()

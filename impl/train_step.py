@@ -87,8 +87,8 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
                               targets=torch.cat(targets), loss_mask=torch.cat(slot_mask), hidden=hidden)
     loss = metrics = None
     if with_loss:
-        loss = losses.dflash_loss(logits, outputs.targets, outputs.loss_mask, block, recipe.gamma, recipe.loss_kind,
-                                  recipe.sample_from_anchor)
+        loss = losses.dflash_loss(logits, outputs.targets, outputs.loss_mask, block, recipe.gamma, recipe.loss_fn,
+                                  recipe.sample_from_anchor, recipe.per_position_loss_weight, recipe.dpace_alpha)
         with torch.no_grad():
             metrics = losses.block_metrics(logits, outputs.targets, outputs.loss_mask, block,
                                            recipe.sample_from_anchor)

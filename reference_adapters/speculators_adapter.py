@@ -31,7 +31,7 @@ check_reference("speculators")
 # After the version guard on purpose: the names below are 0.9.0's.
 import speculators.models.utils as spec_utils  # noqa: E402
 from speculators.config import SpeculatorsConfig, VerifierConfig  # noqa: E402
-from speculators.losses import dflash_loss_decay, resolve_loss_config  # noqa: E402
+from speculators.losses import dflash_loss_decay, dpace_loss_decay, resolve_loss_config  # noqa: E402
 from speculators.models.attention import create_float_mask  # noqa: E402
 from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig  # noqa: E402
 from speculators.models.dflash.attention import create_anchor_block_mask_mod  # noqa: E402
@@ -242,6 +242,18 @@ class SpeculatorsImplementation:
 
     def loss(self, logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor):
         return self._metrics(logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor)[0]
+
+    def dpace_weights(self, per_slot_loss, loss_mask, block_size, alpha):
+        # As speculators' loss_function hands it over: the per-slot loss already multiplied by the mask.
+        masked = per_slot_loss * loss_mask.to(per_slot_loss.dtype)
+        pos_idx = (torch.arange(per_slot_loss.shape[1]) % block_size)[None]
+        return dpace_loss_decay(pos_idx.to(masked.dtype), loss_mask=loss_mask, block_size=block_size,
+                                dpace_alpha=alpha, elementwise_loss=masked)
+
+    def dpace_loss(self, logits, targets, loss_mask, block_size, alpha):
+        loss, _ = compute_metrics(logits, targets, loss_mask, block_size, loss_config=resolve_loss_config("ce", "eager"),
+                                  per_position_loss_weight="dpace", dpace_alpha=alpha)
+        return loss
 
     def block_metrics(self, logits, targets, loss_mask, block_size):
         _, metrics = self._metrics(logits, targets, loss_mask, block_size)

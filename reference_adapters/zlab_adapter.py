@@ -23,7 +23,8 @@ check_reference("dflash")
 
 import dflash.model as zlab  # noqa: E402  (after the version guard on purpose)
 
-TRAINING_OPERATIONS = ("select_anchors", "training_mask", "training_outputs", "loss_weights", "loss", "block_metrics")
+TRAINING_OPERATIONS = ("select_anchors", "training_mask", "training_outputs", "loss_weights", "loss", "block_metrics",
+                       "dpace_weights", "dpace_loss")
 
 
 @contextmanager
@@ -100,3 +101,4 @@ class ZlabImplementation:
         raise Unsupported("zlab: dflash 0.1.0 ships no training code (anchors, training mask, loss, metrics)")
 
     select_anchors = training_mask = training_outputs = loss_weights = loss = block_metrics = _unsupported
+    dpace_weights = dpace_loss = _unsupported

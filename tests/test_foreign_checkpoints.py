@@ -341,7 +341,7 @@ def test_foreign_converts_to_each_format_exactly(tmp_path, drafter):
         assert converted.spec == SPEC
         assert all(torch.equal(converted.state_dict[k], v) for k, v in drafter.state_dict().items())
     ours = load_any(tmp_path / "o.pt")
-    assert ours.recipe.gamma == 4.0 and "loss_kind" in ours.recipe_unknown  # never declared: still unknown
+    assert ours.recipe.gamma == 4.0 and "loss_fn" in ours.recipe_unknown  # never declared: still unknown
 
 
 def test_eval_runs_a_foreign_checkpoint(tmp_path, test_world):

@@ -48,11 +48,25 @@ def test_from_dict_rejects_unknown_and_missing_fields():
         DraftSpec.from_dict(data)
 
 
-def test_recipe_defaults_are_speculators_defaults_and_validated():
-    recipe = Recipe()
-    assert recipe.gamma == 4.0 and recipe.loss_kind == "kl_div" and recipe.max_anchors == 512
-    assert recipe.verifier_source_layer is None and not recipe.sample_from_anchor
-    with pytest.raises(SpecError, match="^loss_kind"):
-        Recipe(loss_kind="mse")
+def test_recipe_defaults_are_speculators_model_level_defaults_and_validated():
+    from dflash_audit.audit.reference_defaults import model_level
+
+    assert Recipe() == model_level().recipe  # read from the installed speculators, not restated
+    with pytest.raises(SpecError, match="^loss_fn"):
+        Recipe(loss_fn="mse")
+    with pytest.raises(SpecError, match="^per_position_loss_weight"):
+        Recipe(per_position_loss_weight="linear")
+    for alpha in (0.0, 1.5):
+        with pytest.raises(SpecError, match="^dpace_alpha"):
+            Recipe(dpace_alpha=alpha)
     with pytest.raises(SpecError, match="^gamma"):
         Recipe(gamma=0)
+
+
+def test_recipe_of_a_checkpoint_written_before_dpace_loads_as_it_was_trained():
+    # Such a checkpoint says `loss_kind` and nothing about weighting: it trained with fixed decay.
+    old = {"gamma": 7.0, "loss_kind": "ce", "verifier_source_layer": None, "noise_std": 0.0, "max_anchors": 48,
+           "sample_from_anchor": False, "data_hash": "h", "extra": {}}
+    recipe = Recipe.from_dict(old)
+    assert (recipe.loss_fn, recipe.per_position_loss_weight, recipe.gamma) == ("ce", "fixed-exp-decay", 7.0)
+    assert Recipe.from_dict(recipe.to_dict()) == recipe

@@ -23,7 +23,9 @@ from .corpus import stdlib_corpus
 # A fixed step count, never a time budget: the same drafter (and τ) on every machine.
 TEST_DRAFTER = dict(steps=400, max_anchors=48, block_size=8, draft_layers=2, fc_layers=[1, 2, 3],
                     layer_types=["sliding_attention", "full_attention"], sliding_window=48, seq_len=256,
-                    batch_size=4, lr=3e-3, warmup=20, progress=False)
+                    batch_size=4, lr=3e-3, warmup=20, progress=False,
+                    # Pinned: the trainer now defaults to D-PACE; these drafters keep their fixed-decay training.
+                    loss_weighting="fixed-exp-decay", gamma=4.0)
 DRAFTER_FILES = {"kl_div": "test-drafter.pt", "ce": "test-drafter-ce.pt"}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from conformance.compare import Comparator
-from conformance.strategies import LossCase
+from conformance.strategies import DPaceCase, LossCase
 from conformance.tolerances import EXACT, for_dtype
 
 
@@ -17,22 +17,47 @@ def loss_weights(cmp: Comparator, a, b, case: tuple[int, float, bool]) -> None:
 
 
 def speculators_trainer_defaults() -> dict:
-    """gamma / loss kind / max anchors the speculators trainer uses when not told otherwise."""
-    from speculators.models.dflash import DFlashDraftModel
+    """The recipe `speculators train --speculator-type dflash` runs when not told otherwise: its
+    TrainConfig resolved and handed to `get_trainer_kwargs`, as speculators' CLI does."""
+    from dflash_audit.audit.reference_defaults import trainer
 
-    train, _ = DFlashDraftModel.get_trainer_kwargs(loss_fn="kl_div", loss_implementation="eager")
-    from speculators.models.dflash.metrics import _DEFAULT_LOSS_CONFIG
-
-    return {"gamma": train["gamma"], "max_anchors": train["max_anchors"],
-            "loss_kind": next(iter(_DEFAULT_LOSS_CONFIG))}
+    return trainer("dflash").recipe.to_dict()
 
 
 def recipe_defaults(cmp: Comparator, a, component: str, pitfall: int, fields: tuple[str, ...]) -> None:
-    """The implementation's default training recipe vs speculators' trainer defaults."""
+    """The implementation's default training recipe vs speculators' TrainConfig-resolved dflash recipe."""
     reference = speculators_trainer_defaults()
     for name in fields:
         cmp.compare(component, pitfall, (a.name, "speculators"), getattr(a.recipe, name), reference[name], EXACT,
-                    what=f"default training recipe {name} vs speculators' trainer default")
+                    what=f"default training recipe {name} vs speculators' TrainConfig-resolved dflash recipe")
+
+
+def dpace_weights(cmp: Comparator, a, b, case: DPaceCase) -> None:
+    """Per-slot D-PACE weights, exactly: the same elementwise ops, cumprod and cumsum in fp32."""
+    args = (case.per_slot_loss, case.loss_mask, case.block_size, case.alpha)
+    cmp.compare("loss_weights", 6, (a.name, b.name), lambda: a.dpace_weights(*args), lambda: b.dpace_weights(*args),
+                EXACT, what=f"D-PACE weights B={case.block_size}, alpha={case.alpha}, "
+                            f"loss dtype {case.per_slot_loss.dtype}")
+
+
+def dpace_loss(cmp: Comparator, a, b, case: LossCase, alpha: float) -> None:
+    """The D-PACE-weighted CE loss and its gradient w.r.t. the drafter's logits.
+
+    The gradient also proves the weights are constants: weights left in the graph add a term."""
+    logits, targets, loss_mask = case.tensors()
+    tol = for_dtype(case.dtype)  # speculators' eager CE runs in the logits' dtype, ours upcasts
+
+    def loss_and_grad(impl):
+        leaf = logits.detach().clone().requires_grad_(True)
+        loss = impl.dpace_loss(leaf, targets, loss_mask, case.block_size, alpha)
+        (grad,) = torch.autograd.grad(loss, leaf)
+        return loss.detach(), grad
+
+    la, ga = loss_and_grad(a)
+    lb, gb = loss_and_grad(b)
+    what = f"D-PACE-weighted CE, B={case.block_size}, alpha={alpha}, {case.dtype}"
+    cmp.compare("loss_weights", 6, (a.name, b.name), la, lb, tol, what=f"{what}: loss")
+    cmp.compare("loss_weights", 6, (a.name, b.name), ga, gb, tol, what=f"{what}: gradient w.r.t. the logits")
 
 
 def loss_value(cmp: Comparator, a, b, case: LossCase, component: str, pitfall: int) -> None:

@@ -1,43 +1,215 @@
-"""The training recipe a drafter is assumed to follow when its checkpoint carries none.
+"""speculators' reference recipes, read from the installed package, never restated.
 
-Read from the installed speculators package (the training reference), never restated:
-`DFlashDraftModel.forward`'s defaults (gamma, max_anchors), `compute_metrics`' default
-loss config, `DFlashSpeculatorConfig.sample_from_anchor`, and targets from
-`verifier_last_hidden_states` (the final decoder layer). Note that speculators' *CLI*
-(`TrainConfig`) resolves a dflash run to `ce` + D-PACE weighting instead; the model-level
-defaults are the ones every DFlash trainer shares, so they are the yardstick here.
+speculators 0.9.0 has two answers to "how is a DFlash drafter trained by default":
+
+- **model-level** (`MODEL_LEVEL`): the defaults of `DFlashDraftModel.forward` (gamma,
+  max_anchors, per_position_loss_weight, dpace_alpha), `compute_metrics`' default loss config
+  (KL) and `DFlashSpeculatorConfig.sample_from_anchor`: what the model does when a caller
+  passes nothing, shared by every DFlash trainer;
+- **TrainConfig-resolved** (`trainer("dflash")`, also `"dflash2"`): what `speculators train
+  --speculator-type dflash` actually runs: `TrainConfig(speculator_type=...)` with its
+  `_resolve_derived_defaults` (CE, D-PACE, block 16, 5 layers for dflash), flattened and
+  handed to the model class's `get_trainer_kwargs`, exactly as `speculators/train/cli.py` does.
+
+Which one a checkpoint without a recipe is held to is `yardstick_for` (the rule is there).
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from impl.spec import Recipe
 
+MODEL_LEVEL = "model-level"
+TRAINCONFIG = "trainconfig"
+
+
+@dataclass(frozen=True)
+class ReferenceRecipe:
+    name: str  # "model-level" | "trainconfig"
+    speculator_type: str  # "dflash", "dflash2"
+    recipe: Recipe
+    block_size: int | None  # None: the model-level defaults fix no block size of their own
+    draft_layers: int | None
+    sources: dict[str, str]  # field -> "<file in the speculators package>: <what>"
+
+    @property
+    def title(self) -> str:
+        from importlib.metadata import version
+
+        which = "model-level defaults" if self.name == MODEL_LEVEL else \
+            f"TrainConfig-resolved {self.speculator_type} recipe"
+        return f"speculators {version('speculators')} {which}"
+
+    def settings(self) -> dict:
+        """Recipe fields plus block size and draft layers: what `train --recipe speculators` takes."""
+        values = {name: getattr(self.recipe, name) for name in RECIPE_TABLE_FIELDS}
+        values.update(block_size=self.block_size, draft_layers=self.draft_layers)
+        return values
+
+
+# The fields the README's reference table and the trainer's --recipe flag cover, in that order.
+RECIPE_TABLE_FIELDS = ("loss_fn", "per_position_loss_weight", "dpace_alpha", "gamma", "max_anchors",
+                       "sample_from_anchor", "verifier_source_layer", "noise_std")
+
+
+def _file(obj) -> str:
+    """`speculators/...py` of an object, relative to site-packages."""
+    path = Path(inspect.getsourcefile(obj))
+    parts = path.parts
+    return "/".join(parts[parts.index("speculators"):])
+
 
 @lru_cache(maxsize=1)
-def reference_recipe() -> tuple[Recipe, dict[str, str]]:
-    """speculators' default recipe and, per field, which reference it came from."""
+def model_level() -> ReferenceRecipe:
     from speculators.models.dflash import metrics
     from speculators.models.dflash.config import DFlashSpeculatorConfig
     from speculators.models.dflash.core import DFlashDraftModel
 
     forward = inspect.signature(DFlashDraftModel.forward).parameters
+    core, metrics_file, config_file = _file(DFlashDraftModel), _file(metrics), _file(DFlashSpeculatorConfig)
     recipe = Recipe(
         gamma=float(forward["gamma"].default),
-        loss_kind=next(iter(metrics._DEFAULT_LOSS_CONFIG)),
+        loss_fn=next(iter(metrics._DEFAULT_LOSS_CONFIG)),
         verifier_source_layer=None,  # verifier_last_hidden_states: the final decoder layer
         noise_std=0.0,
         max_anchors=int(forward["max_anchors"].default),
         sample_from_anchor=bool(DFlashSpeculatorConfig.model_fields["sample_from_anchor"].default),
+        per_position_loss_weight=str(forward["per_position_loss_weight"].default),
+        dpace_alpha=float(forward["dpace_alpha"].default),
     )
     sources = {
-        "gamma": "speculators 0.9.0 DFlashDraftModel.forward(gamma=...) default",
-        "loss_kind": "speculators 0.9.0 models/dflash/metrics.py default loss config",
-        "verifier_source_layer": "speculators 0.9.0 targets from verifier_last_hidden_states (final layer)",
-        "noise_std": "speculators 0.9.0 adds no hidden-state noise by default",
-        "max_anchors": "speculators 0.9.0 DFlashDraftModel.forward(max_anchors=...) default",
-        "sample_from_anchor": "speculators 0.9.0 DFlashSpeculatorConfig.sample_from_anchor default",
+        "gamma": f"{core}: DFlashDraftModel.forward(gamma=...) default",
+        "loss_fn": f"{metrics_file}: _DEFAULT_LOSS_CONFIG (compute_metrics without a loss config)",
+        "verifier_source_layer": f"{core}: targets from verifier_last_hidden_states (the final layer)",
+        "noise_std": f"{core}: DFlashDraftModel adds no hidden-state noise",
+        "max_anchors": f"{core}: DFlashDraftModel.forward(max_anchors=...) default",
+        "sample_from_anchor": f"{config_file}: DFlashSpeculatorConfig.sample_from_anchor default",
+        "per_position_loss_weight": f"{core}: DFlashDraftModel.forward(per_position_loss_weight=...) default",
+        "dpace_alpha": f"{core}: DFlashDraftModel.forward(dpace_alpha=...) default",
     }
-    return recipe, sources
+    return ReferenceRecipe(MODEL_LEVEL, "dflash", recipe, None, None, sources)
+
+
+@lru_cache(maxsize=4)
+def trainer(speculator_type: str = "dflash") -> ReferenceRecipe:
+    """The recipe `speculators train --speculator-type <type>` resolves with no other flag."""
+    import speculators.models.dflash  # noqa: F401  (registers the DFlash family)
+    import speculators.models.dflash2  # noqa: F401
+    from speculators.model import SpeculatorModel
+    from speculators.models.dflash.config import DFlashSpeculatorConfig
+    from speculators.train.config.schema import TrainConfig
+
+    config = TrainConfig(speculator_type=speculator_type)  # every other field at its default
+    flat = config.flatten()
+    model_class = SpeculatorModel.registry[speculator_type]
+    kwargs, _ = model_class.get_trainer_kwargs(**flat)  # as speculators/train/cli.py calls it
+    schema = _file(TrainConfig)
+    resolved = f"{schema}: TrainConfig._resolve_derived_defaults (speculator_type={speculator_type})"
+
+    def field_source(group: str, name: str) -> str:
+        model = type(getattr(config, group))
+        if model.model_fields[name].default is None:
+            return resolved  # unset in the schema: filled by the derived-defaults resolution
+        return f"{schema}: {model.__name__}.{name} default"
+
+    sample = flat["sample_from_anchor"]
+    if sample is None:  # TrainConfig leaves it unset; the model config's default applies
+        sample = DFlashSpeculatorConfig.model_fields["sample_from_anchor"].default
+        sample_source = f"{_file(DFlashSpeculatorConfig)}: DFlashSpeculatorConfig.sample_from_anchor default " \
+                        f"(TrainConfig leaves it unset)"
+    else:
+        sample_source = field_source("dflash", "sample_from_anchor")
+    recipe = Recipe(
+        gamma=float(kwargs["gamma"]),
+        loss_fn=next(iter(kwargs["loss_config"])),
+        verifier_source_layer=None,
+        noise_std=0.0,
+        max_anchors=int(kwargs["max_anchors"]),
+        sample_from_anchor=bool(sample),
+        per_position_loss_weight=str(kwargs["per_position_loss_weight"]),
+        dpace_alpha=float(kwargs["dpace_alpha"]),
+    )
+    core = _file(model_class)
+    sources = {
+        "loss_fn": field_source("loss", "loss_fn"),
+        "per_position_loss_weight": field_source("dflash", "per_position_loss_weight"),
+        "dpace_alpha": field_source("dflash", "dpace_alpha"),
+        "gamma": field_source("dflash", "dflash_decay_gamma"),
+        "max_anchors": field_source("data", "max_anchors"),
+        "sample_from_anchor": sample_source,
+        "verifier_source_layer": f"{core}: targets from verifier_last_hidden_states (the final layer)",
+        "noise_std": f"{core}: no hidden-state noise",
+        "block_size": field_source("dflash", "block_size"),
+        "draft_layers": field_source("draft", "num_layers"),
+    }
+    return ReferenceRecipe(TRAINCONFIG, speculator_type, recipe, int(flat["block_size"]), int(flat["num_layers"]),
+                           sources)
+
+
+def yardstick_for(other: Recipe | None) -> tuple[ReferenceRecipe, str]:
+    """The reference recipe a side without a recipe is held to, and why.
+
+    Rule: the TrainConfig-resolved dflash recipe when the other side's recipe trains with one of
+    the two settings in which that resolution departs from the model-level defaults — D-PACE
+    weighting or CE loss: such a recipe follows speculators' trainer, so its trainer is the
+    yardstick. Otherwise (KL with fixed decay, or no recipe at all) the model-level defaults,
+    which every DFlash trainer shares.
+    """
+    resolved, base = trainer("dflash"), model_level()
+    if other is not None:
+        departures = [name for name in ("per_position_loss_weight", "loss_fn")
+                      if getattr(resolved.recipe, name) != getattr(base.recipe, name)
+                      and getattr(other, name) == getattr(resolved.recipe, name)]
+        if departures:
+            said = ", ".join(f"{name}={getattr(other, name)}" for name in departures)
+            return resolved, f"the other side trains with {said}, as speculators' trainer resolves dflash"
+    return base, "the other side's recipe follows the model-level defaults (KL, fixed decay)"
+
+
+def reference_recipe() -> tuple[Recipe, dict[str, str]]:
+    """The model-level recipe and its per-field sources (kept for callers that need no rule)."""
+    ref = model_level()
+    return ref.recipe, ref.sources
+
+
+def reference_table() -> list[dict[str, str]]:
+    """Rows of the README's reference recipe table: every value with the file it was read from."""
+    base, dflash, dflash2 = model_level(), trainer("dflash"), trainer("dflash2")
+    rows = []
+    for name in (*RECIPE_TABLE_FIELDS, "block_size", "draft_layers"):
+        cells = {"field": name}
+        for key, ref in (("model-level", base), ("dflash", dflash), ("dflash2", dflash2)):
+            value = ref.settings()[name]
+            if name == "verifier_source_layer" and value is None:
+                value = "final layer"
+            cells[key] = "—" if value is None else str(value)
+        cells["source"] = dflash.sources[name]
+        cells["model_source"] = base.sources.get(name, "— (fixed by the drafter's spec)")
+        rows.append(cells)
+    return rows
+
+
+def reference_table_markdown() -> str:
+    """The README table, generated (tests/test_reference_recipe.py checks the README holds it verbatim)."""
+    lines = ["| field | TrainConfig `dflash` | TrainConfig `dflash2` | model-level | read from (TrainConfig) "
+             "| read from (model-level) |", "|---|---|---|---|---|---|"]
+    for row in reference_table():
+        lines.append(f"| `{row['field']}` | {row['dflash']} | {row['dflash2']} | {row['model-level']} | "
+                     f"`{row['source']}` | `{row['model_source']}` |")
+    return "\n".join(lines)
+
+
+def train_settings(speculator_type: str = "dflash") -> dict:
+    """The TrainConfig-resolved recipe as `impl.train.TrainConfig` fields (`train --recipe speculators`)."""
+    ref = trainer(speculator_type)
+    recipe = ref.recipe
+    if recipe.sample_from_anchor or recipe.verifier_source_layer is not None:
+        raise ValueError(f"speculators' {speculator_type} recipe samples from the anchor or reads targets from "
+                         f"another layer; our trainer does neither")
+    return {"loss": recipe.loss_fn, "loss_weighting": recipe.per_position_loss_weight,
+            "dpace_alpha": recipe.dpace_alpha, "gamma": recipe.gamma, "max_anchors": recipe.max_anchors,
+            "noise_std": recipe.noise_std, "block_size": ref.block_size, "draft_layers": ref.draft_layers}

@@ -32,7 +32,11 @@ ARCHITECTURE_WARNINGS = {"max_position_embeddings"}
 RECIPE_FIELDS = {
     "gamma": (6, "divergence", "the loss decay weights later block positions differently, so the drafter "
               "learns a different trade-off between early and late tokens"),
-    "loss_kind": (7, "divergence", "the drafter is fitted to a different objective"),
+    "loss_fn": (7, "divergence", "the drafter is fitted to a different objective"),
+    "per_position_loss_weight": (6, "divergence", "block positions are weighted by a different rule (fixed "
+                                 "exponential decay vs D-PACE's confidence-driven expected accepted length)"),
+    "dpace_alpha": (6, "divergence", "D-PACE smooths the drafter's confidences differently, so later block "
+                    "positions get a different share of the loss"),
     "verifier_source_layer": (3, "divergence", "the drafter is trained to predict the output of a different "
                               "target layer than the one the target decodes with"),
     "sample_from_anchor": (5, "divergence", "block slots are aligned to different target positions"),
@@ -264,17 +268,25 @@ def spec_rows(ours: Side, ref: Side) -> list[SpecRow]:
 
 
 # -- recipe ----------------------------------------------------------------------------------
-def recipe_of(side: Side) -> tuple[Recipe, dict[str, str], bool]:
-    """The side's recipe and per-field source; defaults from the training reference when it has none.
+# Fields that only mean something under one weighting: compared only when both sides use it
+# (under different weightings the one finding is per_position_loss_weight).
+WEIGHTING_FIELDS = {"gamma": "fixed-exp-decay", "dpace_alpha": "dpace"}
 
-    A foreign checkpoint's recipe is what it declared; the fields it did not declare are in
-    `side.recipe_unknown` and are never compared (the placeholder values are not read)."""
+
+def recipe_of(side: Side, other: Side) -> tuple[Recipe, dict[str, str], bool, str]:
+    """The side's recipe, per-field source, whether it carries one, and what it was held to.
+
+    A side without a recipe is held to one of speculators' reference recipes, chosen by
+    `reference_defaults.yardstick_for` from the other side's recipe (D-PACE or CE there: the
+    TrainConfig-resolved dflash recipe; else the model-level defaults). A foreign checkpoint's
+    recipe is what it declared; the fields it did not declare are in `side.recipe_unknown` and
+    are never compared (the placeholder values are not read)."""
     if side.recipe is not None or side.format == "foreign":
-        return side.recipe or Recipe(), {}, True
-    from dflash_audit.audit.reference_defaults import reference_recipe
+        return side.recipe or Recipe(), {}, True, ""
+    from dflash_audit.audit.reference_defaults import yardstick_for
 
-    recipe, sources = reference_recipe()
-    return recipe, sources, False
+    reference, why = yardstick_for(other.recipe)
+    return reference.recipe, reference.sources, False, f"held to {reference.title}: {why}"
 
 
 def source_layer(recipe: Recipe, side: Side) -> int | str:
@@ -293,12 +305,16 @@ def recipe_findings(ours: Side, ref: Side) -> tuple[list[Finding], dict[str, dic
     if ours.recipe is None and ref.recipe is None and "foreign" not in (ours.format, ref.format):
         note = "neither checkpoint carries a recipe"
         return [], {"ours": {"recipe": None, "source": note}, "ref": {"recipe": None, "source": note}}
-    (ro, src_o, has_o), (rr, src_r, has_r) = recipe_of(ours), recipe_of(ref)
+    (ro, src_o, has_o, held_o), (rr, src_r, has_r, held_r) = recipe_of(ours, ref), recipe_of(ref, ours)
     unknown = set(ours.recipe_unknown) | set(ref.recipe_unknown)
     found = []
     for name, (pitfall, severity, consequence) in RECIPE_FIELDS.items():
         if name in unknown:
             continue  # a side that never said it: listed as unknown in the recipe table, not compared
+        weighting = WEIGHTING_FIELDS.get(name)
+        if weighting and any(weighting != r.per_position_loss_weight for r, side in ((ro, ours), (rr, ref))
+                             if "per_position_loss_weight" not in side.recipe_unknown):
+            continue  # unused by a side: no finding of its own (a declared value with no declared weighting counts)
         a, b = getattr(ro, name), getattr(rr, name)
         if name == "verifier_source_layer":
             a, b = source_layer(ro, ours), source_layer(rr, ref)
@@ -308,18 +324,18 @@ def recipe_findings(ours: Side, ref: Side) -> tuple[list[Finding], dict[str, dic
             continue
         where = ""
         if not has_r:
-            where = f" (ref carries no recipe: {src_r[name]})"
+            where = f" (ref carries no recipe, {held_r}; {src_r[name]})"
         elif not has_o:
-            where = f" (ours carries no recipe: {src_o[name]})"
+            where = f" (ours carries no recipe, {held_o}; {src_o[name]})"
         found.append(Finding("recipe", severity, f"{name}: {a!r} in ours vs {b!r} in ref{where} — {consequence}.",
                              a, b, pitfall=pitfall, key=name))
-    recipes = {side_name: recipe_table(side, recipe, sources, has)
-               for side_name, side, recipe, sources, has in (("ours", ours, ro, src_o, has_o),
-                                                             ("ref", ref, rr, src_r, has_r))}
+    recipes = {side_name: recipe_table(side, recipe, sources, has, held)
+               for side_name, side, recipe, sources, has, held in (("ours", ours, ro, src_o, has_o, held_o),
+                                                                   ("ref", ref, rr, src_r, has_r, held_r))}
     return found, recipes
 
 
-def recipe_table(side: Side, recipe: Recipe, sources: dict[str, str], has: bool) -> dict[str, Any]:
+def recipe_table(side: Side, recipe: Recipe, sources: dict[str, str], has: bool, held: str = "") -> dict[str, Any]:
     values = recipe.to_dict()
     for name in side.recipe_unknown:
         values[name] = "unknown"
@@ -327,7 +343,7 @@ def recipe_table(side: Side, recipe: Recipe, sources: dict[str, str], has: bool)
         sources = {name: side.provenance.get(f"recipe.{name}", {}).get("detail", "") for name in RECIPE_FIELDS}
         return {"recipe": values, "source": "declared by the checkpoint (unknown where not declared)",
                 "sources": sources}
-    return {"recipe": values, "source": "checkpoint" if has else "reference defaults", "sources": sources}
+    return {"recipe": values, "source": "checkpoint" if has else f"reference defaults, {held}", "sources": sources}
 
 
 # -- tensors ---------------------------------------------------------------------------------

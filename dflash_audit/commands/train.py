@@ -57,12 +57,20 @@ def train(
     batch_size: int = typer.Option(4, help="Packed rows per micro-batch, across all ranks."),
     grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
     seq_len: int = typer.Option(1024, help="Packed row length."),
-    block_size: int = typer.Option(16, help="Draft block size B."),
-    draft_layers: int = typer.Option(1, help="Drafter decoder layers."),
-    max_anchors: int = typer.Option(512, help="Anchors per row."),
-    gamma: float = typer.Option(4.0, help="Loss decay: w(k) = exp(-(k-1)/gamma)."),
-    loss: str = typer.Option("kl_div", help="kl_div or ce."),
-    noise_std: float = typer.Option(0.0, help="Gaussian noise on the drafter's context features only."),
+    recipe: str = typer.Option(None, help="'speculators': the whole recipe speculators' TrainConfig resolves for "
+                                          "--speculator-type dflash (loss, weighting, alpha, gamma, anchors, block "
+                                          "size, draft layers), read from the installed package; flags given "
+                                          "explicitly still win."),
+    block_size: int = typer.Option(None, help="Draft block size B [default: 16]."),
+    draft_layers: int = typer.Option(None, help="Drafter decoder layers [default: 1]."),
+    max_anchors: int = typer.Option(None, help="Anchors per row [default: 512]."),
+    loss: str = typer.Option(None, help="kl_div or ce [default: ce]."),
+    loss_weighting: str = typer.Option(None, help="Per-position loss weights: dpace (D-PACE, needs ce) or "
+                                                  "fixed-exp-decay [default: dpace]."),
+    dpace_alpha: float = typer.Option(None, help="D-PACE confidence smoothing, in (0, 1] [default: 0.5]."),
+    gamma: float = typer.Option(None, help="fixed-exp-decay: w(k) = exp(-(k-1)/gamma) [default: 4.0]."),
+    noise_std: float = typer.Option(None, help="Gaussian noise on the drafter's context features only "
+                                               "[default: 0.0]."),
     fc_layers: str = typer.Option(None, help="Target layers feeding fc, e.g. '1,2' (default: z-lab's rule)."),
     target_source_layer: int = typer.Option(None, help="Decoder layer whose raw output gives targets "
                                                        "(default: the final one)."),
@@ -87,20 +95,33 @@ def train(
     from impl.train import train as run_training
 
     check_train_paths(target, data, eval_data, out, json_out, resume)
-    check_finite_flags(lr=lr, gamma=gamma, noise_std=noise_std, max_seconds=max_seconds)
-    if loss not in ("kl_div", "ce"):
+    check_finite_flags(lr=lr, gamma=gamma, dpace_alpha=dpace_alpha, noise_std=noise_std, max_seconds=max_seconds)
+    if loss is not None and loss not in ("kl_div", "ce"):
         raise AuditError(f"--loss must be kl_div or ce, got {loss!r}")
+    if loss_weighting is not None and loss_weighting not in ("dpace", "fixed-exp-decay"):
+        raise AuditError(f"--loss-weighting must be dpace or fixed-exp-decay, got {loss_weighting!r}")
+    if recipe not in (None, "speculators"):
+        raise AuditError(f"--recipe must be speculators, got {recipe!r}")
+    settings = {}
+    if recipe == "speculators":
+        from dflash_audit.audit.reference_defaults import train_settings
+
+        settings = train_settings("dflash")
+    given = dict(block_size=block_size, draft_layers=draft_layers, max_anchors=max_anchors, loss=loss,
+                 loss_weighting=loss_weighting, dpace_alpha=dpace_alpha, gamma=gamma)
+    settings.update({name: value for name, value in given.items() if value is not None})
+    if noise_std is not None:
+        settings["noise_std"] = noise_std
     if dtype not in ("fp32", "bf16"):
         raise AuditError(f"--dtype must be fp32 or bf16, got {dtype!r}")
     types = [t.strip() for t in layer_types.split(",")] if layer_types else None
     cfg = TrainConfig(
         target=str(target), out=str(out), data=str(data), eval_data=str(eval_data) if eval_data else None,
         eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
-        grad_accum=grad_accum, seq_len=seq_len, block_size=block_size, draft_layers=draft_layers,
-        fc_layers=_layer_ids(fc_layers, "--fc-layers"), target_source_layer=target_source_layer, layer_types=types,
-        sliding_window=sliding_window, mask_token_id=mask_token_id, max_anchors=max_anchors, gamma=gamma,
-        loss=loss, noise_std=noise_std, dtype=dtype, eval_every=eval_every, save_every=save_every, resume=resume,
-        seed=seed, max_seconds=max_seconds)
+        grad_accum=grad_accum, seq_len=seq_len, fc_layers=_layer_ids(fc_layers, "--fc-layers"),
+        target_source_layer=target_source_layer, layer_types=types, sliding_window=sliding_window,
+        mask_token_id=mask_token_id, dtype=dtype, eval_every=eval_every, save_every=save_every, resume=resume,
+        seed=seed, max_seconds=max_seconds, **settings)
     hf_logging.disable_progress_bar()  # one progress bar: the trainer's
     try:
         stats = run_training(cfg)

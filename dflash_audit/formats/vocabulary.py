@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from impl.spec import LAYER_TYPES, LOSS_KINDS
+from impl.spec import LAYER_TYPES, LOSS_KINDS, LOSS_WEIGHTINGS
 
 SPEC_NAMES = {
     "hidden_size": ("hidden_size", "hidden_dim", "d_model", "n_embd", "dim"),
@@ -44,12 +44,14 @@ SPEC_NAMES = {
 }
 RECIPE_NAMES = {
     "gamma": ("gamma", "loss_decay_gamma", "dflash_decay_gamma", "decay_gamma", "loss_gamma"),
-    "loss_kind": ("loss_kind", "loss_fn", "loss", "loss_type"),
+    "loss_fn": ("loss_fn", "loss_kind", "loss", "loss_type"),
     "verifier_source_layer": ("verifier_source_layer", "target_source_layer", "target_layer", "target_hidden_layer",
                               "label_layer", "target_logits_layer"),
     "noise_std": ("noise_std", "hidden_noise_std"),
     "max_anchors": ("max_anchors", "num_anchors"),
     "sample_from_anchor": ("sample_from_anchor",),
+    "per_position_loss_weight": ("per_position_loss_weight", "loss_weighting", "position_loss_weight"),
+    "dpace_alpha": ("dpace_alpha",),
 }
 ALIASES = {alias: name for table in (SPEC_NAMES, RECIPE_NAMES) for name, aliases in table.items() for alias in aliases}
 RECIPE_FIELDS = set(RECIPE_NAMES)
@@ -68,7 +70,7 @@ INT_FIELDS = {"hidden_size", "intermediate_size", "num_attention_heads", "num_ke
               "num_hidden_layers", "vocab_size", "num_target_layers", "mask_token_id", "block_size",
               "max_position_embeddings", "max_anchors", "verifier_source_layer", "sliding_window"}
 FLOAT_FIELDS = {"rope_theta", "rms_norm_eps", "input_embedding_scale", "output_multiplier", "final_logit_softcapping",
-                "gamma", "noise_std"}
+                "gamma", "noise_std", "dpace_alpha"}
 BOOL_FIELDS = {"attention_bias", "sample_from_anchor"}
 LOSS_SPELLINGS = {"ce": "ce", "cross_entropy": "ce", "crossentropy": "ce", "xent": "ce", "kl": "kl_div",
                   "kl_div": "kl_div", "kld": "kl_div", "forward_kl": "kl_div", "kl_divergence": "kl_div"}
@@ -124,7 +126,12 @@ def convert(field: str, value: Any, where: str, speculators_ids: bool = False) -
         if not isinstance(value, (list, tuple)) or any(v not in LAYER_TYPES for v in value):
             raise fail(f"a list of {list(LAYER_TYPES)}")
         return list(value)
-    if field == "loss_kind":
+    if field == "per_position_loss_weight":
+        spelled = str(value).strip().lower().replace("_", "-")
+        if spelled not in LOSS_WEIGHTINGS:
+            raise fail(f"a per-position loss weighting ({list(LOSS_WEIGHTINGS)})")
+        return spelled
+    if field == "loss_fn":
         spelled = LOSS_SPELLINGS.get(str(value).strip().lower().replace("-", "_"))
         if spelled is None:
             raise fail(f"a loss this tool knows ({sorted(LOSS_KINDS)})")

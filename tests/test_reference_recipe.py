@@ -1,0 +1,104 @@
+"""The reference recipe as speculators resolves it: in the README, in our trainer and in the recipe audit.
+
+Tiny drafters trained for two steps by `dflash-audit train` on a tiny random target: what is
+checked is the recipe they record and how the audit holds it, not what they learned.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dflash_audit.audit import reference_defaults as refs
+from dflash_audit.audit.sides import load_side
+from dflash_audit.audit.static import static_audit
+from dflash_audit.cli import main
+from impl.checkpoint import load_checkpoint, save_zlab_dir
+from tests.test_train import tiny_world  # noqa: F401  (fixture)
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+# Two steps in seconds. Block size, draft layers and the loss come from --recipe; 512 anchors of 16
+# slots would make every step 100x slower, so every run says --max-anchors 8 (an explicit flag wins).
+RUN = ["--steps", "2", "--seq-len", "48", "--fc-layers", "0,1,2", "--batch-size", "2", "--lr", "3e-3",
+       "--warmup", "1", "--max-anchors", "8"]
+
+
+def train(root, out: Path, *flags: str) -> Path:
+    args = ["train", "--target", str(root / "target"), "--data", str(root / "data.jsonl"), "--out", str(out),
+            *RUN, *flags]
+    assert main(args) == 0
+    return out
+
+
+def recipe_findings(ours: Path, ref: Path):
+    result = static_audit(load_side(ours), load_side(ref))
+    return [f for f in result.findings if f.component == "recipe"], result.recipes
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_world, tmp_path_factory):  # noqa: F811
+    root = tmp_path_factory.mktemp("recipes")
+    return {
+        # The reference: the whole TrainConfig-resolved recipe, one flag.
+        "ref": train(tiny_world, root / "ref.pt", "--recipe", "speculators", "--seed", "1"),
+        # Ours, D-PACE asked for flag by flag.
+        "dpace": train(tiny_world, root / "dpace.pt", "--loss-weighting", "dpace", "--dpace-alpha", "0.5",
+                       "--loss", "ce", "--block-size", "16", "--draft-layers", "5"),
+        # The same run with fixed decay instead.
+        "fixed": train(tiny_world, root / "fixed.pt", "--recipe", "speculators", "--loss-weighting",
+                       "fixed-exp-decay"),
+    }
+
+
+def test_readme_reference_table_is_the_generated_one():
+    text = README.read_text()
+    assert refs.reference_table_markdown() in text  # regenerate with reference_table_markdown() when it fails
+
+
+def test_recipe_speculators_trains_the_whole_resolved_recipe(checkpoints):
+    resolved = refs.trainer("dflash")
+    ckpt = load_checkpoint(checkpoints["ref"])
+    assert ckpt.recipe.max_anchors == 8  # the explicit flag beats the recipe
+    for name in set(refs.RECIPE_TABLE_FIELDS) - {"max_anchors"}:
+        assert getattr(ckpt.recipe, name) == getattr(resolved.recipe, name), name
+    assert (ckpt.spec.block_size, ckpt.spec.num_hidden_layers) == (resolved.block_size, resolved.draft_layers)
+
+
+def test_dpace_trained_checkpoint_has_no_recipe_finding_against_the_resolved_recipe(checkpoints):
+    found, _ = recipe_findings(checkpoints["dpace"], checkpoints["ref"])
+    assert found == []
+
+
+def test_fixed_decay_checkpoint_differs_in_exactly_the_weighting(checkpoints):
+    found, _ = recipe_findings(checkpoints["fixed"], checkpoints["ref"])
+    assert [(f.component, f.key) for f in found] == [("recipe", "per_position_loss_weight")]
+    assert (found[0].ours, found[0].ref) == ("fixed-exp-decay", "dpace")
+
+
+def test_a_side_without_recipe_is_held_to_the_recipe_the_other_side_follows(checkpoints, tmp_path):
+    ref = load_checkpoint(checkpoints["ref"])
+    save_zlab_dir(tmp_path / "zlab", ref.spec, ref.state_dict)  # z-lab format keeps no recipe
+    found, recipes = recipe_findings(checkpoints["dpace"], tmp_path / "zlab")
+    assert [(f.key, f.severity) for f in found] == [("max_anchors", "warning")]  # 8 here, 512 resolved
+    assert re.search(r"held to speculators [\d.]+ TrainConfig-resolved dflash recipe", recipes["ref"]["source"])
+    assert re.search(r"per_position_loss_weight=dpace", recipes["ref"]["source"])
+
+
+def test_a_kl_fixed_decay_recipe_is_held_to_the_model_level_defaults(tiny_world, checkpoints, tmp_path):  # noqa: F811
+    ours = train(tiny_world, tmp_path / "kl.pt", "--recipe", "speculators", "--loss", "kl_div",
+                 "--loss-weighting", "fixed-exp-decay", "--gamma", "7")
+    ref = load_checkpoint(checkpoints["ref"])
+    save_zlab_dir(tmp_path / "zlab", ref.spec, ref.state_dict)
+    found, recipes = recipe_findings(ours, tmp_path / "zlab")
+    # KL and fixed decay are the model-level defaults; its gamma 4 and 512 anchors are not ours.
+    assert [(f.key, f.severity) for f in found] == [("gamma", "divergence"), ("max_anchors", "warning")]
+    assert "model-level defaults" in recipes["ref"]["source"] and "model-level" in found[0].message
+
+
+def test_dpace_with_kl_is_refused(tiny_world, tmp_path, capsys):  # noqa: F811
+    args = ["train", "--target", str(tiny_world / "target"), "--data", str(tiny_world / "data.jsonl"),
+            "--out", str(tmp_path / "x.pt"), *RUN, "--loss", "kl_div", "--loss-weighting", "dpace"]
+    assert main(args) == 2
+    assert "D-PACE loss weighting needs the ce loss" in capsys.readouterr().err
