@@ -12,7 +12,7 @@ from conformance.strategies import FAST, MODEL, dpace_alphas, dpace_cases, loss_
 pytestmark = pytest.mark.quick
 
 
-@pytest.mark.pitfall(6)
+@pytest.mark.pitfall(18)
 @pytest.mark.compare("dpace_weights", component="loss_weights", references=("speculators",))
 @FAST
 @given(dpace_cases())
@@ -21,7 +21,7 @@ def test_dpace_weights_p6(conform, pair, case):
     losses.dpace_weights(conform, *pair, case)
 
 
-@pytest.mark.pitfall(6)
+@pytest.mark.pitfall(18)
 @pytest.mark.compare("dpace_loss", component="loss_weights", references=("speculators",))
 @MODEL
 # B >= 2: with B = 1 every slot is an anchor and nothing is trained.
@@ -31,9 +31,9 @@ def test_dpace_loss_and_gradient_p6(conform, pair, case, alpha):
     losses.dpace_loss(conform, *pair, case, alpha)
 
 
-@pytest.mark.pitfall(6)
+@pytest.mark.pitfall(18)
 def test_default_loss_weighting_p6(conform, under_test):
     if not hasattr(under_test, "recipe"):
         conform.not_applicable("loss_weights", 6, (under_test.name, "speculators"), "no training recipe to compare")
         return
-    losses.recipe_defaults(conform, under_test, "loss_weights", 6, ("per_position_loss_weight", "dpace_alpha"))
+    losses.recipe_defaults(conform, under_test, "loss_weights", 18, ("per_position_loss_weight", "dpace_alpha"))

@@ -35,7 +35,7 @@ def recipe_defaults(cmp: Comparator, a, component: str, pitfall: int, fields: tu
 def dpace_weights(cmp: Comparator, a, b, case: DPaceCase) -> None:
     """Per-slot D-PACE weights, exactly: the same elementwise ops, cumprod and cumsum in fp32."""
     args = (case.per_slot_loss, case.loss_mask, case.block_size, case.alpha)
-    cmp.compare("loss_weights", 6, (a.name, b.name), lambda: a.dpace_weights(*args), lambda: b.dpace_weights(*args),
+    cmp.compare("loss_weights", 18, (a.name, b.name), lambda: a.dpace_weights(*args), lambda: b.dpace_weights(*args),
                 EXACT, what=f"D-PACE weights B={case.block_size}, alpha={case.alpha}, "
                             f"loss dtype {case.per_slot_loss.dtype}")
 
@@ -56,8 +56,8 @@ def dpace_loss(cmp: Comparator, a, b, case: LossCase, alpha: float) -> None:
     la, ga = loss_and_grad(a)
     lb, gb = loss_and_grad(b)
     what = f"D-PACE-weighted CE, B={case.block_size}, alpha={alpha}, {case.dtype}"
-    cmp.compare("loss_weights", 6, (a.name, b.name), la, lb, tol, what=f"{what}: loss")
-    cmp.compare("loss_weights", 6, (a.name, b.name), ga, gb, tol, what=f"{what}: gradient w.r.t. the logits")
+    cmp.compare("loss_weights", 18, (a.name, b.name), la, lb, tol, what=f"{what}: loss")
+    cmp.compare("loss_weights", 18, (a.name, b.name), ga, gb, tol, what=f"{what}: gradient w.r.t. the logits")
 
 
 def loss_value(cmp: Comparator, a, b, case: LossCase, component: str, pitfall: int) -> None:
