@@ -37,9 +37,9 @@ def check_train_paths(target: Path, data: Path, eval_data: Path | None, out: Pat
                       resume: bool) -> None:
     """Every path, before the tokenizer, the data or the target are read."""
     check_target_dir(target)
-    regular_file(data, "data file", "--data")
+    regular_file(data, "file", "--data")
     if eval_data is not None:
-        regular_file(eval_data, "data file", "--eval-data")
+        regular_file(eval_data, "file", "--eval-data")
     check_outputs({"--out": out, "--json": json_out}, {"--target": target, "--data": data, "--eval-data": eval_data})
     check_out(out, resume)
     check_writable("--out", out)
