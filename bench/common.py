@@ -23,14 +23,14 @@ REPORT_DIR = Path("reports") / "bench"
 # Two checkpoints of the "compare many checkpoints" scenario: a sound recipe and a planted
 # bug (fc fed fewer layers, shorter training). Both train within ~2 minutes on 2 CPU cores.
 BENCH_DRAFTERS = {
-    "sound": dict(steps=600, max_anchors=48, block_size=8, draft_layers=2, fc_layers=[1, 2, 3],
+    "sound": dict(steps=600, max_anchors=48, block_size=8, draft_layers=2, target_layer_ids=[1, 2, 3],
                   layer_types=["sliding_attention", "full_attention"], sliding_window=48),
-    "planted": dict(steps=300, max_anchors=48, block_size=8, draft_layers=2, fc_layers=[1, 2],
+    "planted": dict(steps=300, max_anchors=48, block_size=8, draft_layers=2, target_layer_ids=[1, 2],
                     layer_types=["sliding_attention", "full_attention"], sliding_window=48),
 }
 # The loss pinned to what these drafters were measured with (the trainer now defaults to CE + D-PACE).
-COMMON_TRAINING = dict(seq_len=256, batch_size=4, lr=3e-3, warmup=20, progress=False, loss="kl_div",
-                       loss_weighting="fixed-exp-decay", gamma=4.0)
+COMMON_TRAINING = dict(seq_len=256, batch_size=4, lr=3e-3, warmup=20, progress=False, loss_fn="kl_div",
+                       per_position_loss_weight="fixed-exp-decay", gamma=4.0)
 
 
 def trained_drafter(world, name: str) -> Path:

@@ -32,7 +32,7 @@ def test_dpace_loss_and_gradient_p6(conform, pair, case, alpha):
 
 
 @pytest.mark.pitfall(18)
-def test_default_loss_weighting_p6(conform, under_test):
+def test_default_loss_weighting_p18(conform, under_test):
     if not hasattr(under_test, "recipe"):
         conform.not_applicable("loss_weights", 6, (under_test.name, "speculators"), "no training recipe to compare")
         return

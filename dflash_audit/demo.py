@@ -37,7 +37,7 @@ from world.cache import WORLD_FORMAT
 class DemoConfig:
     target_preset: dict = field(default_factory=lambda: dict(DEMO_TARGET))
     draft_layers: int = 2
-    fc_layers: list[int] | None = None  # the reference's target layers; default z-lab's selection
+    target_layer_ids: list[int] | None = None  # the reference's target layers; default z-lab's selection
     block_size: int = 8
     seq_len: int = 256
     batch_size: int = 4
@@ -56,14 +56,14 @@ def default_cache_dir(root: str | Path | None = None) -> Path:
 
 
 def reference_layer_ids(config: DemoConfig) -> list[int]:
-    return config.fc_layers or build_target_layer_ids(config.target_preset["num_layers"], config.draft_layers)
+    return config.target_layer_ids or build_target_layer_ids(config.target_preset["num_layers"], config.draft_layers)
 
 
 def planted_bugs(reference_ids: list[int]) -> dict:
     """The seed's three bugs, as trainer knobs."""
     return {
-        "fc_layers": reference_ids[:-1],  # the deepest selected layer never reaches fc
-        "target_source_layer": reference_ids[-1],  # targets from an intermediate layer, not the final one
+        "target_layer_ids": reference_ids[:-1],  # the deepest selected layer never reaches fc
+        "verifier_source_layer": reference_ids[-1],  # targets from an intermediate layer, not the final one
         "gamma": 7.0,
     }
 
@@ -125,11 +125,11 @@ def build_demo(cache: Path, config: DemoConfig, rebuild: bool = False) -> dict[s
                   draft_layers=config.draft_layers, seq_len=config.seq_len, batch_size=config.batch_size,
                   lr=config.lr, warmup=config.warmup, max_anchors=config.max_anchors, seed=0,
                   # Pinned: the demo's drafters train with KL + fixed decay (the trainer now defaults to D-PACE).
-                  loss="kl_div", loss_weighting="fixed-exp-decay")
+                  loss_fn="kl_div", per_position_loss_weight="fixed-exp-decay")
     reference_ids = reference_layer_ids(config)
     if not (paths["ref"] / "config.json").is_file():
         staging = cache / ".ref-train.pt"
-        timed(lambda: train_drafter(world.target, texts, staging, fc_layers=reference_ids, **common), "reference drafter")
+        timed(lambda: train_drafter(world.target, texts, staging, target_layer_ids=reference_ids, **common), "reference drafter")
         trained = load_checkpoint(staging)
         save_zlab_dir(paths["ref"], trained.spec, trained.state_dict)  # z-lab format keeps no recipe
         staging.unlink()

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
-LOSS_KINDS = ("kl_div", "ce")  # speculators' loss_fn names
+# One vocabulary for every knob (CLI, TrainConfig, Recipe, checkpoint, report, foreign arg names):
+# speculators' names, and these choices.
+LossFn = Literal["kl_div", "ce"]  # speculators' loss_fn names
 # speculators' per_position_loss_weight: fixed exponential decay (gamma) or D-PACE (dpace_alpha).
-LOSS_WEIGHTINGS = ("fixed-exp-decay", "dpace")
+LossWeighting = Literal["fixed-exp-decay", "dpace"]
+LOSS_KINDS = get_args(LossFn)
+LOSS_WEIGHTINGS = get_args(LossWeighting)
 
 
 class SpecError(ValueError):
@@ -154,14 +158,14 @@ class Recipe:
     is read with that default, which is what it was trained with."""
 
     gamma: float = 4.0  # fixed-exp-decay: w(k) = exp(-(k-1)/gamma), w(0) = 0
-    loss_fn: str = "kl_div"
+    loss_fn: LossFn = "kl_div"
     # 0-based target decoder layer whose raw output gives the target logits;
     # None means the final decoder layer (the reference recipe).
     verifier_source_layer: int | None = None
     noise_std: float = 0.0  # gaussian noise on the drafter's context features only
     max_anchors: int = 512
     sample_from_anchor: bool = False
-    per_position_loss_weight: str = "fixed-exp-decay"
+    per_position_loss_weight: LossWeighting = "fixed-exp-decay"
     dpace_alpha: float = 0.5  # D-PACE confidence smoothing, used when per_position_loss_weight = dpace
     data_hash: str = ""
     extra: dict[str, Any] = field(default_factory=dict)

@@ -28,7 +28,7 @@ from impl.checkpoint import load_checkpoint, save_checkpoint
 from impl.data import PackedData, load_packed, pack_records
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
-from impl.spec import DraftSpec, Recipe
+from impl.spec import DraftSpec, LossFn, LossWeighting, Recipe
 from impl.target import load_target_model, load_tokenizer
 from impl.train_step import training_step
 
@@ -58,16 +58,16 @@ class TrainConfig:
     seq_len: int = 1024
     block_size: int = 16
     draft_layers: int = 1
-    fc_layers: list[int] | None = None  # default: z-lab's build_target_layer_ids
-    target_source_layer: int | None = None  # default: the final decoder layer
+    target_layer_ids: list[int] | None = None  # default: z-lab's build_target_layer_ids
+    verifier_source_layer: int | None = None  # default: the final decoder layer
     layer_types: list[str] | None = None
     sliding_window: int | None = None
     mask_token_id: int | None = None  # default: the tokenizer's <|mask|>
     max_anchors: int = 512
     # speculators' trainer resolution of a dflash run (CE, D-PACE, alpha 0.5); the conformance suite
     # holds these defaults to the installed speculators' TrainConfig.
-    loss: str = "ce"
-    loss_weighting: str = "dpace"  # speculators' per_position_loss_weight: dpace | fixed-exp-decay
+    loss_fn: LossFn = "ce"
+    per_position_loss_weight: LossWeighting = "dpace"
     dpace_alpha: float = 0.5
     gamma: float = 4.0  # fixed-exp-decay only
     noise_std: float = 0.0
@@ -95,10 +95,10 @@ def resolve_mask_token(tokenizer, override: int | None) -> int:
 def draft_spec(config, tokenizer, cfg: TrainConfig) -> DraftSpec:
     """The drafter's spec: sizes from the target's config (hidden sizes must match), the rest from cfg."""
     num_layers = config.num_hidden_layers
-    ids = cfg.fc_layers if cfg.fc_layers is not None else build_target_layer_ids(num_layers, cfg.draft_layers)
-    if len(set(ids)) != len(ids) and cfg.fc_layers is None:
+    ids = cfg.target_layer_ids if cfg.target_layer_ids is not None else build_target_layer_ids(num_layers, cfg.draft_layers)
+    if len(set(ids)) != len(ids) and cfg.target_layer_ids is None:
         raise TrainError(f"z-lab's default target layers for {num_layers} target layers and {cfg.draft_layers} "
-                         f"draft layers repeat ({ids}); pass --fc-layers")
+                         f"draft layers repeat ({ids}); pass --target-layer-ids")
     rope = getattr(config, "rope_parameters", None) or {}
     return DraftSpec(
         hidden_size=config.hidden_size,
@@ -121,23 +121,23 @@ def draft_spec(config, tokenizer, cfg: TrainConfig) -> DraftSpec:
 
 
 def make_recipe(cfg: TrainConfig, num_target_layers: int, digest: str) -> Recipe:
-    source = cfg.target_source_layer
+    source = cfg.verifier_source_layer
     if source is not None and not 0 <= source < num_target_layers:
         raise TrainError(f"target source layer {source} outside the target's decoder layers 0..{num_target_layers - 1}")
     # None is the reference recipe (the final layer); any other layer is recorded as given.
     source = None if source == num_target_layers - 1 else source
     schedule = {k: getattr(cfg, k) for k in ("steps", "lr", "warmup", "weight_decay", "grad_clip", "batch_size",
                                              "grad_accum", "seq_len", "dtype", "seed")}
-    return Recipe(gamma=cfg.gamma, loss_fn=cfg.loss, verifier_source_layer=source, noise_std=cfg.noise_std,
-                  max_anchors=cfg.max_anchors, per_position_loss_weight=cfg.loss_weighting,
+    return Recipe(gamma=cfg.gamma, loss_fn=cfg.loss_fn, verifier_source_layer=source, noise_std=cfg.noise_std,
+                  max_anchors=cfg.max_anchors, per_position_loss_weight=cfg.per_position_loss_weight,
                   dpace_alpha=cfg.dpace_alpha, data_hash=digest, extra={**schedule, **cfg.extra})
 
 
 def default_recipe() -> Recipe:
     """The recipe a run with no recipe flags records (what the conformance suite compares)."""
     cfg = TrainConfig(target="", out="")
-    return Recipe(gamma=cfg.gamma, loss_fn=cfg.loss, max_anchors=cfg.max_anchors, noise_std=cfg.noise_std,
-                  per_position_loss_weight=cfg.loss_weighting, dpace_alpha=cfg.dpace_alpha)
+    return Recipe(gamma=cfg.gamma, loss_fn=cfg.loss_fn, max_anchors=cfg.max_anchors, noise_std=cfg.noise_std,
+                  per_position_loss_weight=cfg.per_position_loss_weight, dpace_alpha=cfg.dpace_alpha)
 
 
 def load_data(cfg: TrainConfig, tokenizer, vocab_size: int) -> tuple[PackedData, PackedData | None]:
@@ -262,14 +262,14 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> dict:
             raise TrainError(f"{name} must be positive, got {getattr(cfg, name)}")
     if cfg.batch_size % world:
         raise TrainError(f"batch size {cfg.batch_size} does not split across {world} ranks")
-    if cfg.loss not in ("kl_div", "ce"):
-        raise TrainError(f"loss must be kl_div or ce, got {cfg.loss!r}")
-    if cfg.loss_weighting not in ("fixed-exp-decay", "dpace"):
-        raise TrainError(f"loss weighting must be fixed-exp-decay or dpace, got {cfg.loss_weighting!r}")
-    if cfg.loss_weighting == "dpace":
+    if cfg.loss_fn not in ("kl_div", "ce"):
+        raise TrainError(f"loss must be kl_div or ce, got {cfg.loss_fn!r}")
+    if cfg.per_position_loss_weight not in ("fixed-exp-decay", "dpace"):
+        raise TrainError(f"loss weighting must be fixed-exp-decay or dpace, got {cfg.per_position_loss_weight!r}")
+    if cfg.per_position_loss_weight == "dpace":
         # D-PACE reads CE as the drafter's confidence (q = exp(-CE)); speculators refuses it with KL too.
-        if cfg.loss != "ce":
-            raise TrainError(f"D-PACE loss weighting needs the ce loss, got {cfg.loss!r}")
+        if cfg.loss_fn != "ce":
+            raise TrainError(f"D-PACE loss weighting needs the ce loss, got {cfg.loss_fn!r}")
         if not 0.0 < cfg.dpace_alpha <= 1.0:
             raise TrainError(f"dpace alpha must be in (0, 1], got {cfg.dpace_alpha}")
     if cfg.seq_len <= cfg.block_size:

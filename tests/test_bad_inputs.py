@@ -483,7 +483,7 @@ def test_sigkill_during_a_checkpoint_save_keeps_the_previous_one(world, tmp_path
     from impl.train import train_drafter
 
     out = tmp_path / "c.pt"
-    run = dict(seq_len=48, block_size=4, max_anchors=4, fc_layers=[0, 1], batch_size=2, warmup=1, eval_sequences=0,
+    run = dict(seq_len=48, block_size=4, max_anchors=4, target_layer_ids=[0, 1], batch_size=2, warmup=1, eval_sequences=0,
                progress=False)
     train_drafter(world / "target", TEXTS, out, steps=1, **run)
     saved = out.read_bytes()

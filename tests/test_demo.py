@@ -21,7 +21,7 @@ def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path
     # The test world's trained target stands in for the demo's larger one; drafters are trained here.
     shutil.copytree(test_world.target, cache / "target")
     shutil.copy(test_world.prompts, cache / "prompts.jsonl")
-    config = DemoConfig(target_preset=dict(TEST_TARGET), draft_layers=1, fc_layers=[1, 2], seq_len=128,
+    config = DemoConfig(target_preset=dict(TEST_TARGET), draft_layers=1, target_layer_ids=[1, 2], seq_len=128,
                         drafter_steps=120, corpus_bytes=300_000, max_new_tokens=24, budget=8)
     (cache / KEY_FILE).write_text(demo_key(config))  # the copied world counts as built for this config
     report = run_demo(cache, out=tmp_path / "report", config=config)

@@ -16,7 +16,7 @@ from impl.train import TrainError, lr_factor, train_drafter
 from impl.train_step import training_step
 from tests.helpers import TEXTS, tiny_spec, tiny_target
 
-TINY_RUN = dict(seq_len=48, block_size=4, max_anchors=6, fc_layers=[0, 1, 2], batch_size=2, lr=3e-3, warmup=2,
+TINY_RUN = dict(seq_len=48, block_size=4, max_anchors=6, target_layer_ids=[0, 1, 2], batch_size=2, lr=3e-3, warmup=2,
                 eval_sequences=2, progress=False)
 
 
@@ -102,8 +102,8 @@ def test_schedule_warms_up_then_decays():
 # -- the trainer ---------------------------------------------------------------------------
 def test_knobs_are_recorded_truthfully(tiny_world, tmp_path):
     out = tmp_path / "bug.pt"
-    stats = train_drafter(tiny_world / "target", TEXTS, out, steps=2, **{**TINY_RUN, "fc_layers": [0, 1]},
-                          target_source_layer=2, gamma=7.0, noise_std=0.1, loss="ce")
+    stats = train_drafter(tiny_world / "target", TEXTS, out, steps=2, **{**TINY_RUN, "target_layer_ids": [0, 1]},
+                          verifier_source_layer=2, gamma=7.0, noise_std=0.1, loss_fn="ce")
     ckpt = load_checkpoint(out)
     assert ckpt.spec.target_layer_ids == (0, 1)
     assert ckpt.state_dict["fc.weight"].shape == (64, 2 * 64)
@@ -114,7 +114,7 @@ def test_knobs_are_recorded_truthfully(tiny_world, tmp_path):
     assert ckpt.spec.mask_token_id == 1  # the tokenizer's <|mask|>
     assert stats["recipe"] == ckpt.recipe.to_dict()
     # The final layer is the reference recipe: recorded as None.
-    train_drafter(tiny_world / "target", TEXTS, out, steps=1, **TINY_RUN, target_source_layer=3)
+    train_drafter(tiny_world / "target", TEXTS, out, steps=1, **TINY_RUN, verifier_source_layer=3)
     assert load_checkpoint(out).recipe.verifier_source_layer is None
 
 
@@ -151,7 +151,7 @@ def test_loss_decreases_on_the_trained_test_target(test_world, tmp_path):
     texts = stdlib_corpus("train", max_bytes=30_000)
     stats = train_drafter(test_world.target, texts, tmp_path / "d.pt", steps=15, seq_len=64, block_size=4,
                           max_anchors=8, batch_size=2, lr=3e-3, warmup=2, eval_sequences=2, progress=False,
-                          loss="kl_div", loss_weighting="fixed-exp-decay")  # the KL run measured below
+                          loss_fn="kl_div", per_position_loss_weight="fixed-exp-decay")  # the KL run measured below
     losses = torch.tensor(stats["losses"])
     # A fresh drafter's KL to the trained target drops fast (measured: 1.34 -> ~0.65 in 15 steps).
     assert losses[-5:].mean() < 0.75 * losses[0]
@@ -173,10 +173,10 @@ def test_cli_trains_and_writes_json(tiny_world, tmp_path):
     (["--target", "{root}/missing"], "no such directory"),
     (["--data", "{root}/missing.jsonl"], "no such file"),
     (["--data", "{root}/bad.jsonl"], "bad.jsonl:1: 'text' must be a string"),
-    (["--fc-layers", "0,x"], "--fc-layers: '0,x' is not a list of integer layer ids"),
+    (["--fc-layers", "0,x"], "--target-layer-ids: '0,x' is not a list of integer layer ids"),
     (["--fc-layers", "0,9"], "target_layer_ids: [9] outside"),
     (["--target-source-layer", "7"], "target source layer 7 outside"),
-    (["--loss", "mse"], "--loss must be kl_div or ce"),
+    (["--loss", "mse"], "--loss-fn must be kl_div or ce"),
     (["--dtype", "fp16"], "--dtype must be fp32 or bf16"),
     (["--seq-len", "4"], "seq_len 4 leaves no room"),
 ])

@@ -21,11 +21,11 @@ from .corpus import stdlib_corpus
 
 # Two draft layers (one sliding, window below the sequence length, one full) reading three target layers.
 # A fixed step count, never a time budget: the same drafter (and τ) on every machine.
-TEST_DRAFTER = dict(steps=400, max_anchors=48, block_size=8, draft_layers=2, fc_layers=[1, 2, 3],
+TEST_DRAFTER = dict(steps=400, max_anchors=48, block_size=8, draft_layers=2, target_layer_ids=[1, 2, 3],
                     layer_types=["sliding_attention", "full_attention"], sliding_window=48, seq_len=256,
                     batch_size=4, lr=3e-3, warmup=20, progress=False,
                     # Pinned: the trainer now defaults to D-PACE; these drafters keep their fixed-decay training.
-                    loss_weighting="fixed-exp-decay", gamma=4.0)
+                    per_position_loss_weight="fixed-exp-decay", gamma=4.0)
 DRAFTER_FILES = {"kl_div": "test-drafter.pt", "ce": "test-drafter-ce.pt"}
 
 
@@ -38,7 +38,7 @@ def cached_test_drafter(world: WorldPaths, loss: str = "kl_div") -> Path:
     path = world.root / DRAFTER_FILES[loss]
 
     def train() -> Path:
-        train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **TEST_DRAFTER, loss=loss)
+        train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **TEST_DRAFTER, loss_fn=loss)
         return path
 
     return build_once(world.root / f".{path.stem}.lock", lambda: path if path.is_file() else None, train)

@@ -210,6 +210,6 @@ def train_settings(speculator_type: str = "dflash") -> dict:
     if recipe.sample_from_anchor or recipe.verifier_source_layer is not None:
         raise ValueError(f"speculators' {speculator_type} recipe samples from the anchor or reads targets from "
                          f"another layer; our trainer does neither")
-    return {"loss": recipe.loss_fn, "loss_weighting": recipe.per_position_loss_weight,
+    return {"loss_fn": recipe.loss_fn, "per_position_loss_weight": recipe.per_position_loss_weight,
             "dpace_alpha": recipe.dpace_alpha, "gamma": recipe.gamma, "max_anchors": recipe.max_anchors,
             "noise_std": recipe.noise_std, "block_size": ref.block_size, "draft_layers": ref.draft_layers}

@@ -11,10 +11,11 @@ from dflash_audit.formats.vocabulary import DeclarationError, convert
 from dflash_audit.outputs import check_outputs, check_writable
 from impl.errors import AuditError
 from impl.inputs import check_finite_flags, check_target_dir, regular_file
+from impl.spec import LOSS_KINDS, LOSS_WEIGHTINGS
 
 
 def _layer_ids(value: str | None, flag: str) -> list[int] | None:
-    """`--fc-layers 1,16,31`: read as the spec's target_layer_ids, the same way every other source is."""
+    """`--target-layer-ids 1,16,31`: read as the spec's target_layer_ids, the same way every other source is."""
     if value is None:
         return None
     try:
@@ -64,16 +65,19 @@ def train(
     block_size: int = typer.Option(None, help="Draft block size B [default: 16]."),
     draft_layers: int = typer.Option(None, help="Drafter decoder layers [default: 1]."),
     max_anchors: int = typer.Option(None, help="Anchors per row [default: 512]."),
-    loss: str = typer.Option(None, help="kl_div or ce [default: ce]."),
-    loss_weighting: str = typer.Option(None, help="Per-position loss weights: dpace (D-PACE, needs ce) or "
-                                                  "fixed-exp-decay [default: dpace]."),
+    loss_fn: str = typer.Option(None, "--loss-fn", "--loss", help="kl_div or ce [default: ce]."),
+    per_position_loss_weight: str = typer.Option(
+        None, "--per-position-loss-weight", "--loss-weighting",
+        help="Per-position loss weights: dpace (D-PACE, needs ce) or fixed-exp-decay [default: dpace]."),
     dpace_alpha: float = typer.Option(None, help="D-PACE confidence smoothing, in (0, 1] [default: 0.5]."),
     gamma: float = typer.Option(None, help="fixed-exp-decay: w(k) = exp(-(k-1)/gamma) [default: 4.0]."),
     noise_std: float = typer.Option(None, help="Gaussian noise on the drafter's context features only "
                                                "[default: 0.0]."),
-    fc_layers: str = typer.Option(None, help="Target layers feeding fc, e.g. '1,2' (default: z-lab's rule)."),
-    target_source_layer: int = typer.Option(None, help="Decoder layer whose raw output gives targets "
-                                                       "(default: the final one)."),
+    target_layer_ids: str = typer.Option(None, "--target-layer-ids", "--fc-layers",
+                                         help="Target layers feeding fc, e.g. '1,2' (default: z-lab's rule)."),
+    verifier_source_layer: int = typer.Option(None, "--verifier-source-layer", "--target-source-layer",
+                                              help="Decoder layer whose raw output gives targets "
+                                                   "(default: the final one)."),
     layer_types: str = typer.Option(None, help="Per draft layer: full_attention or sliding_attention, comma-separated."),
     sliding_window: int = typer.Option(None, help="Window of the sliding_attention layers."),
     mask_token_id: int = typer.Option(None, help="Default: the tokenizer's <|mask|> token."),
@@ -96,10 +100,11 @@ def train(
 
     check_train_paths(target, data, eval_data, out, json_out, resume)
     check_finite_flags(lr=lr, gamma=gamma, dpace_alpha=dpace_alpha, noise_std=noise_std, max_seconds=max_seconds)
-    if loss is not None and loss not in ("kl_div", "ce"):
-        raise AuditError(f"--loss must be kl_div or ce, got {loss!r}")
-    if loss_weighting is not None and loss_weighting not in ("dpace", "fixed-exp-decay"):
-        raise AuditError(f"--loss-weighting must be dpace or fixed-exp-decay, got {loss_weighting!r}")
+    if loss_fn is not None and loss_fn not in LOSS_KINDS:
+        raise AuditError(f"--loss-fn must be {' or '.join(LOSS_KINDS)}, got {loss_fn!r}")
+    if per_position_loss_weight is not None and per_position_loss_weight not in LOSS_WEIGHTINGS:
+        raise AuditError(f"--per-position-loss-weight must be {' or '.join(LOSS_WEIGHTINGS)}, "
+                         f"got {per_position_loss_weight!r}")
     if recipe not in (None, "speculators"):
         raise AuditError(f"--recipe must be speculators, got {recipe!r}")
     settings = {}
@@ -107,8 +112,8 @@ def train(
         from dflash_audit.audit.reference_defaults import train_settings
 
         settings = train_settings("dflash")
-    given = dict(block_size=block_size, draft_layers=draft_layers, max_anchors=max_anchors, loss=loss,
-                 loss_weighting=loss_weighting, dpace_alpha=dpace_alpha, gamma=gamma)
+    given = dict(block_size=block_size, draft_layers=draft_layers, max_anchors=max_anchors, loss_fn=loss_fn,
+                 per_position_loss_weight=per_position_loss_weight, dpace_alpha=dpace_alpha, gamma=gamma)
     settings.update({name: value for name, value in given.items() if value is not None})
     if noise_std is not None:
         settings["noise_std"] = noise_std
@@ -118,8 +123,8 @@ def train(
     cfg = TrainConfig(
         target=str(target), out=str(out), data=str(data), eval_data=str(eval_data) if eval_data else None,
         eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
-        grad_accum=grad_accum, seq_len=seq_len, fc_layers=_layer_ids(fc_layers, "--fc-layers"),
-        target_source_layer=target_source_layer, layer_types=types, sliding_window=sliding_window,
+        grad_accum=grad_accum, seq_len=seq_len, target_layer_ids=_layer_ids(target_layer_ids, "--target-layer-ids"),
+        verifier_source_layer=verifier_source_layer, layer_types=types, sliding_window=sliding_window,
         mask_token_id=mask_token_id, dtype=dtype, eval_every=eval_every, save_every=save_every, resume=resume,
         seed=seed, max_seconds=max_seconds, **settings)
     hf_logging.disable_progress_bar()  # one progress bar: the trainer's
