@@ -16,7 +16,6 @@ from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from impl.checkpoint import load_checkpoint, save_zlab_dir
-from tests.test_train import tiny_world  # noqa: F401  (fixture)
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 # Two steps in seconds. Block size, draft layers and the loss come from --recipe; 512 anchors of 16
