@@ -14,6 +14,17 @@ from tests.helpers import TEXTS, load_trained_pair, tiny_spec, tiny_target
 from world import cached_test_world
 from world.tokenizer import train_tokenizer
 
+# `make quick`: a cross-section of the harness's own tests that needs no trained world (seconds each):
+# specs and layers, masks, layering and the catalogue, every format loader, the static audit, the seed story.
+QUICK_MODULES = {"test_spec", "test_layers", "test_masks_anchors", "test_layering", "test_pitfalls", "test_formats",
+                 "test_compare_static", "test_seed_checkpoint", "test_model_checkpoint", "test_extract"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in QUICK_MODULES:
+            item.add_marker(pytest.mark.quick)
+
 
 @pytest.fixture(scope="session")
 def test_world():

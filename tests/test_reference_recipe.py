@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from dflash_audit.audit import reference_defaults as refs
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from impl.checkpoint import load_checkpoint, save_zlab_dir
+from reference_adapters import speculators_recipe as refs
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 # Two steps in seconds. Block size, draft layers and the loss come from --recipe; 512 anchors of 16

@@ -49,7 +49,7 @@ def test_from_dict_rejects_unknown_and_missing_fields():
 
 
 def test_recipe_defaults_are_speculators_model_level_defaults_and_validated():
-    from dflash_audit.audit.reference_defaults import model_level
+    from reference_adapters.speculators_recipe import model_level
 
     assert Recipe() == model_level().recipe  # read from the installed speculators, not restated
     with pytest.raises(SpecError, match="^loss_fn"):

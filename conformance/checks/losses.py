@@ -19,7 +19,7 @@ def loss_weights(cmp: Comparator, a, b, case: tuple[int, float, bool]) -> None:
 def speculators_trainer_defaults() -> dict:
     """The recipe `speculators train --speculator-type dflash` runs when not told otherwise: its
     TrainConfig resolved and handed to `get_trainer_kwargs`, as speculators' CLI does."""
-    from dflash_audit.audit.reference_defaults import trainer
+    from reference_adapters.speculators_recipe import trainer
 
     return trainer("dflash").recipe.to_dict()
 

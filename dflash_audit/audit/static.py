@@ -277,13 +277,13 @@ def recipe_of(side: Side, other: Side) -> tuple[Recipe, dict[str, str], bool, st
     """The side's recipe, per-field source, whether it carries one, and what it was held to.
 
     A side without a recipe is held to one of speculators' reference recipes, chosen by
-    `reference_defaults.yardstick_for` from the other side's recipe (D-PACE or CE there: the
+    `speculators_recipe.yardstick_for` from the other side's recipe (D-PACE or CE there: the
     TrainConfig-resolved dflash recipe; else the model-level defaults). A foreign checkpoint's
     recipe is what it declared; the fields it did not declare are in `side.recipe_unknown` and
     are never compared (the placeholder values are not read)."""
     if side.recipe is not None or side.format == "foreign":
         return side.recipe or Recipe(), {}, True, ""
-    from dflash_audit.audit.reference_defaults import yardstick_for
+    from reference_adapters.speculators_recipe import yardstick_for
 
     reference, why = yardstick_for(other.recipe)
     return reference.recipe, reference.sources, False, f"held to {reference.title}: {why}"

@@ -109,7 +109,7 @@ def train(
         raise AuditError(f"--recipe must be speculators, got {recipe!r}")
     settings = {}
     if recipe == "speculators":
-        from dflash_audit.audit.reference_defaults import train_settings
+        from reference_adapters.speculators_recipe import train_settings
 
         settings = train_settings("dflash")
     given = dict(block_size=block_size, draft_layers=draft_layers, max_anchors=max_anchors, loss_fn=loss_fn,
