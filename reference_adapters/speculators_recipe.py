@@ -150,23 +150,28 @@ def trainer(speculator_type: str = "dflash") -> ReferenceRecipe:
                            sources)
 
 
-def yardstick_for(other: Recipe | None) -> tuple[ReferenceRecipe, str]:
+def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = frozenset()) -> tuple[ReferenceRecipe, str]:
     """The reference recipe a side without a recipe is held to, and why.
 
     Rule: the TrainConfig-resolved dflash recipe when the other side's recipe trains with one of
     the two settings in which that resolution departs from the model-level defaults — D-PACE
     weighting or CE loss: such a recipe follows speculators' trainer, so its trainer is the
     yardstick. Otherwise (KL with fixed decay, or no recipe at all) the model-level defaults,
-    which every DFlash trainer shares.
+    which every DFlash trainer shares. Fields of the other side that are `unknown` (never
+    declared) decide nothing.
     """
     resolved, base = trainer("dflash"), model_level()
+    deciding = [name for name in ("per_position_loss_weight", "loss_fn")
+                if getattr(resolved.recipe, name) != getattr(base.recipe, name)]
     if other is not None:
-        departures = [name for name in ("per_position_loss_weight", "loss_fn")
-                      if getattr(resolved.recipe, name) != getattr(base.recipe, name)
-                      and getattr(other, name) == getattr(resolved.recipe, name)]
+        departures = [name for name in deciding
+                      if name not in unknown and getattr(other, name) == getattr(resolved.recipe, name)]
         if departures:
             said = ", ".join(f"{name}={getattr(other, name)}" for name in departures)
             return resolved, f"the other side trains with {said}, as speculators' trainer resolves dflash"
+        if all(name in unknown for name in deciding):
+            return base, (f"the other side declares neither {' nor '.join(deciding)}; the model-level defaults "
+                          "are the ones every DFlash trainer shares")
     return base, "the other side's recipe follows the model-level defaults (KL, fixed decay)"
 
 

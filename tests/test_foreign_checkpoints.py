@@ -193,6 +193,8 @@ def test_each_gallery_layout_audits_clean_with_provenance(tmp_path, drafter, ref
                   "intermediate_size"):
         assert provenance[field]["source"] == "inferred", field
     assert provenance["rope_theta"]["source"] == "default"
+    window = next(row for row in report["spec_diff"] if row["name"] == "sliding_window")
+    assert window["ours_raw"] is None and window["ours"] is None  # a known "no window", not "unknown"
     assert set(provenance) >= {f.name for f in dataclasses.fields(type(SPEC))}
     # Every tensor of both sides is in the table, and all are equal.
     tensors = {row["key"]: row["status"] for row in report["tensors"]}

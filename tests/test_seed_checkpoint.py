@@ -114,6 +114,9 @@ def test_the_seed_checkpoint_audits_to_exactly_fc_dims_and_recipe(tmp_path, caps
     assert "leaves out target layer 61 (the deepest)" in fc["message"] and fc["pitfall"] == 4
     fc_row = next(r for r in report["tensors"] if r["key"] == "fc.weight")
     assert fc_row["status"] == "shape" and fc_row["explained_by"] == "fc_dims"  # not again under weights
+    gamma = next(f for f in report["findings"] if f["key"] == "gamma")
+    # The team never said which loss or weighting it used: that decides nothing about the yardstick.
+    assert "declares neither per_position_loss_weight nor loss_fn" in gamma["message"]
     provenance = report["ours"]["provenance"]
     assert provenance["target_layer_ids"] == {"source": "declared", "detail": "ckpt.pt: args.target_layers"}
     assert provenance["recipe.gamma"] == {"source": "declared", "detail": "ckpt.pt: args.gamma"}

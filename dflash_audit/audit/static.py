@@ -257,9 +257,10 @@ def spec_rows(ours: Side, ref: Side) -> list[SpecRow]:
     for f in fields(DraftSpec):
         a, b = (side.value(f.name) if side.is_known(f.name) else "unknown" for side in (ours, ref))
         a, b = (list(v) if isinstance(v, tuple) else v for v in (a, b))
-        raw_a, raw_b = (ours.raw_layer_ids, ref.raw_layer_ids) if f.name == "target_layer_ids" else (a, b)
-        rows.append(SpecRow(f.name, raw_a if raw_a is not None else "unknown", raw_b if raw_b is not None else "unknown",
-                            a, b, ours.provenance.get(f.name, {}), ref.provenance.get(f.name, {})))
+        raw_a, raw_b = a, b
+        if f.name == "target_layer_ids":  # as stored, in the format's own convention
+            raw_a, raw_b = (side.raw_layer_ids if side.raw_layer_ids is not None else "unknown" for side in (ours, ref))
+        rows.append(SpecRow(f.name, raw_a, raw_b, a, b, ours.provenance.get(f.name, {}), ref.provenance.get(f.name, {})))
     fc = [side.fc_in_features if side.fc_in_features is not None else "unknown" for side in (ours, ref)]
     rows.append(SpecRow("fc_in_features", fc[0], fc[1], fc[0], fc[1],
                         {"source": "inferred", "detail": "target layers x hidden size"},
@@ -285,7 +286,7 @@ def recipe_of(side: Side, other: Side) -> tuple[Recipe, dict[str, str], bool, st
         return side.recipe or Recipe(), {}, True, ""
     from reference_adapters.speculators_recipe import yardstick_for
 
-    reference, why = yardstick_for(other.recipe)
+    reference, why = yardstick_for(other.recipe, set(other.recipe_unknown))
     return reference.recipe, reference.sources, False, f"held to {reference.title}: {why}"
 
 
