@@ -1,8 +1,11 @@
-"""#17 τ and #16 block size: live greedy decoding vs z-lab's `dflash_generate` on a TRAINED target/drafter pair.
+"""#17 τ and #16 block size: live decoding vs z-lab's `dflash_generate`, round by round.
 
-Random weights accept nothing (τ = 1 everywhere) and would prove nothing, so the world's
-trained target gets the shared drafter trained by our trainer on its corpus; both
-loops then decode the same prompts with the same weights, round by round.
+Random weights accept nothing greedily (τ = 1 everywhere) and would prove little, so the
+world's trained target gets the shared drafter trained by our trainer on its corpus; both
+loops then decode the same prompts with the same weights, greedily and by rejection
+sampling under the same seed. Random tiny models cover what a trained pair does not reach:
+sliding windows shorter than the block (both caches roll over the window) and near-uniform
+sampling (long acceptances).
 """
 
 import json
@@ -11,10 +14,14 @@ import pytest
 import torch
 
 from conformance.tolerances import EXACT
+from conformance.world import target_for
+from impl.model import DFlashDrafter
+from impl.spec import DraftSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.pitfall(17)]
-MAX_NEW_TOKENS = 48
-PROMPTS = 4
+MAX_NEW_TOKENS = 96
+PROMPTS = 8
+SAMPLED_PROMPTS, SAMPLED_TOKENS, TEMPERATURE = 3, 64, 0.8
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +69,57 @@ def test_per_round_acceptance_and_tau_p17(conform, pair, trained_pair):
                         what=f"prompt {index}: tau = mean acceptance length")
     # The pair must be trained enough for the comparison to mean something.
     assert sum(taus.values()) / len(taus) > 1.2, f"drafter accepts too little to test decoding: {taus}"
+
+
+def rounds_and_ids(conform, a, b, runs, what: str) -> None:
+    conform.compare("tau", 17, (a.name, b.name), runs[a.name].acceptance_lengths, runs[b.name].acceptance_lengths,
+                    EXACT, what=f"{what}: per-round acceptance lengths")
+    conform.compare("tau", 17, (a.name, b.name), runs[a.name].output_ids, runs[b.name].output_ids, EXACT,
+                    what=f"{what}: generated ids")
+
+
+@pytest.mark.compare("generate", component="tau", references=("zlab",))
+def test_sampled_rounds_under_the_same_seed_p17(conform, pair, trained_pair):
+    """Rejection sampling draws in z-lab's order: equal seeds give equal tokens and rounds."""
+    ckpt, target, prompts, tokenizer = trained_pair
+    a, b = pair
+    stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None
+    for seed, input_ids in enumerate(prompts[:SAMPLED_PROMPTS]):
+        conform.describe({"prompt": seed, "temperature": TEMPERATURE, "seed": seed})
+        runs = {}
+        for impl in (a, b):
+            drafter = impl.build_drafter(ckpt.spec, ckpt.state_dict, target)
+            with torch.no_grad():
+                runs[impl.name] = impl.generate(drafter, target, input_ids, SAMPLED_TOKENS, stop, TEMPERATURE, seed)
+        rounds_and_ids(conform, a, b, runs, f"prompt {seed}, T={TEMPERATURE}, seed {seed}")
+
+
+def random_pair():
+    """A random drafter with sliding window 6 < block 8 < sequence, and a random tiny target."""
+    spec = DraftSpec(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     num_hidden_layers=3, vocab_size=96, target_layer_ids=(1, 3, 4), num_target_layers=6,
+                     mask_token_id=95, block_size=8,
+                     layer_types=("sliding_attention", "full_attention", "sliding_attention"), sliding_window=6)
+    torch.manual_seed(3)
+    return spec, DFlashDrafter(spec).state_dict(), target_for(spec)
+
+
+@pytest.mark.compare("generate", component="tau", references=("zlab",))
+@pytest.mark.parametrize("temperature", [0.0, 1.5])
+def test_random_models_with_rolling_sliding_windows_p17(conform, pair, temperature):
+    spec, weights, target = random_pair()
+    a, b = pair
+    longest = 0
+    for seed in range(3):
+        ids = torch.randint(0, spec.vocab_size - 1, (1, 12 + 4 * seed), generator=torch.Generator().manual_seed(seed))
+        conform.describe({"seed": seed, "temperature": temperature, "prompt_len": ids.shape[1]})
+        runs = {}
+        for impl in (a, b):
+            drafter = impl.build_drafter(spec, weights, target)
+            with torch.no_grad():
+                runs[impl.name] = impl.generate(drafter, target, ids, 40, [5], temperature, seed)
+        rounds_and_ids(conform, a, b, runs, f"random pair, seed {seed}, T={temperature}")
+        longest = max([longest, *runs[a.name].acceptance_lengths])
+    if temperature > 1:  # near-uniform sampling must reach past the first slot, or the blocks were not tested
+        conform.compare("tau", 17, (a.name, "rule"), longest > 2, True,
+                        what=f"near-uniform sampling accepts long runs (longest {longest})")

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.quick
 @pytest.mark.pitfall(1)
 @pytest.mark.compare("default_target_layer_ids", component="target_layers", references=("zlab",), cross=True)
 @FAST
-@given(st.integers(4, 80), st.integers(1, 8))
+@given(st.integers(4, 128), st.integers(1, 8))
 def test_default_layer_selection_p1(conform, pair, num_target_layers, num_draft_layers):
     conform.describe((num_target_layers, num_draft_layers))
     layers.default_layer_ids(conform, *pair, (num_target_layers, num_draft_layers))

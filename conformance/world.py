@@ -14,6 +14,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from impl.checkpoint import zlab_config
 from impl.spec import DraftSpec
+from world.target import random_qwen3
 
 VOCAB = 96
 TARGET_HEADS, TARGET_KV_HEADS, TARGET_HEAD_DIM = 4, 2, 8
@@ -21,13 +22,8 @@ TARGET_HEADS, TARGET_KV_HEADS, TARGET_HEAD_DIM = 4, 2, 8
 
 @lru_cache(maxsize=8)
 def tiny_target(num_layers: int, hidden: int, seed: int = 0) -> Qwen3ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=num_layers, num_attention_heads=TARGET_HEADS,
-                         num_key_value_heads=TARGET_KV_HEADS, head_dim=TARGET_HEAD_DIM,
-                         tie_word_embeddings=False, max_position_embeddings=512)
-    config._attn_implementation = "sdpa"
-    model = Qwen3ForCausalLM(config).eval()
+    model = random_qwen3(num_layers, hidden, VOCAB, seed, head_dim=TARGET_HEAD_DIM, heads=TARGET_HEADS,
+                         kv_heads=TARGET_KV_HEADS)
     # Random init leaves the norms at 1; perturb them so "normalised once" vs twice differs visibly.
     with torch.no_grad():
         model.model.norm.weight.uniform_(0.5, 1.5)

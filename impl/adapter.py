@@ -78,6 +78,7 @@ class OursImplementation:
         metrics = losses.block_metrics(logits, targets, loss_mask, block_size)
         return {"position_acc": metrics["position_acc"], "eal": metrics["eal"]}
 
-    def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids) -> GenerationResult:
-        result = dflash_decode(drafter, target, input_ids, max_new_tokens, stop_token_ids)
+    def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids, temperature=0.0,
+                 seed=0) -> GenerationResult:
+        result = dflash_decode(drafter, target, input_ids, max_new_tokens, stop_token_ids, temperature, seed)
         return GenerationResult(output_ids=result.output_ids, acceptance_lengths=result.acceptance_lengths)

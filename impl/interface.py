@@ -116,8 +116,9 @@ class DFlashImplementation(Protocol):
         """`{"position_acc": [B-1] accuracy of slots 1..B-1, "eal": scalar}`."""
 
     def generate(self, drafter: Any, target: nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
-                 stop_token_ids: list[int] | None) -> GenerationResult:
-        """Greedy live DFlash decoding with per-round acceptance lengths."""
+                 stop_token_ids: list[int] | None, temperature: float = 0.0, seed: int = 0) -> GenerationResult:
+        """Live DFlash decoding with per-round acceptance lengths: greedy, or rejection sampling at
+        `temperature` > 0 with the global torch generator seeded with `seed` (z-lab's draw order)."""
 
 
 def supports(implementation: Any, operation: str) -> bool:

@@ -263,5 +263,5 @@ class SpeculatorsImplementation:
         eal = metrics["eal_sum"].float() / metrics["eal_total"].float().clamp(min=1)
         return {"position_acc": position_acc, "eal": eal}
 
-    def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids):
+    def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids, temperature=0.0, seed=0):
         raise Unsupported("speculators: no inference loop (it trains drafters; vLLM serves them)")

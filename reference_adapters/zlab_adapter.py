@@ -88,9 +88,13 @@ class ZlabImplementation:
         # No mask passed: each z-lab layer builds its own (`_attention_mask`) as in its loop.
         return drafter(position_ids=position_ids, noise_embedding=noise_embedding, target_hidden=target_hidden)
 
-    def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids) -> GenerationResult:
-        """z-lab's `dflash_generate` (greedy). Rounds exclude the first token, which the target's prefill emits."""
-        stats = zlab_generate(drafter, target, input_ids, max_new_tokens, stop_token_ids)
+    def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids, temperature=0.0,
+                 seed=0) -> GenerationResult:
+        """z-lab's `dflash_generate`. Rounds exclude the first token, which the target's prefill emits.
+        Sampling draws from the global generator, seeded here (greedy decoding leaves it alone)."""
+        if temperature > 0:
+            torch.manual_seed(seed)
+        stats = zlab_generate(drafter, target, input_ids, max_new_tokens, stop_token_ids, temperature)
         return GenerationResult(
             output_ids=stats.output_ids, acceptance_lengths=[int(n) for n in stats.acceptance_lengths],
             extra={"num_input_tokens": stats.num_input_tokens, "num_output_tokens": stats.num_output_tokens,

@@ -7,11 +7,11 @@ import json
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from impl.model import DFlashDrafter
 from tests.helpers import TEXTS, load_trained_pair, tiny_spec, tiny_target
 from world import cached_test_world
+from world.target import random_qwen3
 from world.tokenizer import train_tokenizer
 
 # `make quick`: a cross-section of the harness's own tests that needs no trained world (seconds each):
@@ -61,11 +61,7 @@ def tiny_world(tmp_path_factory):
     """A random tiny Qwen3 target with a real BPE tokenizer (has <|mask|>), saved as an HF dir."""
     root = tmp_path_factory.mktemp("tiny-world")
     tokenizer = train_tokenizer(TEXTS, vocab_size=300)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
-                         max_position_embeddings=512)
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(config).save_pretrained(root / "target")
+    random_qwen3(4, 64, len(tokenizer)).save_pretrained(root / "target")
     tokenizer.save_pretrained(root / "target")
     data = root / "data.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))

@@ -6,6 +6,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from impl.spec import DraftSpec
+from world.target import random_qwen3
 
 # Training text for the tiny worlds: short, repetitive, tokenizer-friendly.
 TEXTS = [f"def add_{i}(x, y):\n    total = x + y * {i}\n    return total\n" for i in range(24)]
@@ -21,12 +22,8 @@ def tiny_spec(**overrides) -> DraftSpec:
 
 
 def tiny_target(num_layers: int = 6, hidden: int = 64, vocab: int = 128, seed: int = 0) -> Qwen3ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
-                         max_position_embeddings=512)
-    config._attn_implementation = "sdpa"
-    return Qwen3ForCausalLM(config).eval()
+    """The harness tests' preset of the one tiny target builder (`world.target.random_qwen3`)."""
+    return random_qwen3(num_layers, hidden, vocab, seed)
 
 
 def zlab_model_for(spec: DraftSpec):

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dflash_audit.cli import main
 from dflash_audit.formats import load_any
 from impl.checkpoint import load_checkpoint, save_checkpoint, save_zlab_dir
 from impl.model import DFlashDrafter
 from tests.helpers import tiny_spec
+from world.target import random_qwen3
 from world.tokenizer import mask_token_id, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,11 +40,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 # -- the input world: a tiny target with a tokenizer, drafters, prompts, data -------------------
 def _save_target(path: Path, tokenizer) -> None:
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
-                         max_position_embeddings=MAX_POSITIONS)
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(config).save_pretrained(path)
+    random_qwen3(2, 64, len(tokenizer), max_positions=MAX_POSITIONS).save_pretrained(path)
     tokenizer.save_pretrained(path)
 
 

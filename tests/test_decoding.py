@@ -1,9 +1,7 @@
-"""Live DFlash (`impl.decoding`) against z-lab's `dflash_generate`, round by round.
+"""Live DFlash (`impl.decoding`) on its own: lossless, reproducible, bounded, counted.
 
-The pair that makes acceptances non-trivial: the `test_world` target (a small Qwen3
-trained on the standard library) and a drafter trained briefly on the same corpus by our
-own trainer (`impl.train.train_drafter`), cached on disk next to the world. A random
-drafter (which accepts ~nothing) covers the sliding-window cache paths on tiny models.
+Its parity with z-lab's `dflash_generate` (greedy and sampled, trained and random pairs)
+lives in `conformance/test_live_decoding.py`.
 """
 
 from __future__ import annotations
@@ -12,22 +10,7 @@ import torch
 
 from impl.decoding import acceptance_histogram, dflash_decode, greedy_decode
 from impl.model import DFlashDrafter
-from reference_adapters.zlab_adapter import zlab_generate, zlab_twin
 from tests.helpers import tiny_spec, tiny_target
-
-
-def test_live_dflash_equals_zlab_per_round_on_a_trained_pair(trained_pair):
-    drafter, target, prompts, stop_ids = trained_pair
-    twin = zlab_twin(drafter)
-    taus = []
-    for prompt_id, ids in prompts:
-        ours = dflash_decode(drafter, target, ids, 96, stop_ids)
-        ref = zlab_generate(twin, target, ids, 96, stop_ids)
-        assert ours.acceptance_lengths == ref.acceptance_lengths, prompt_id
-        assert torch.equal(ours.output_ids, ref.output_ids), prompt_id
-        taus.append(ours.tau)
-    # The pair must really speculate, or equality above would be trivial.
-    assert sum(taus) / len(taus) > 1.5, taus
 
 
 def test_live_dflash_is_lossless(trained_pair):
@@ -38,45 +21,12 @@ def test_live_dflash_is_lossless(trained_pair):
         assert sum(ours.acceptance_lengths) + 1 == len(ours.new_tokens)
 
 
-def test_sampling_equals_zlab_under_the_same_seed(trained_pair):
-    """Rejection sampling draws in z-lab's order, so equal seeds give equal tokens and rounds."""
+def test_sampling_is_reproducible_under_a_seed(trained_pair):
     drafter, target, prompts, stop_ids = trained_pair
-    twin = zlab_twin(drafter)
-    for seed, (prompt_id, ids) in enumerate(prompts[:3]):
-        ours = dflash_decode(drafter, target, ids, 64, stop_ids, temperature=0.8, seed=seed)
-        torch.manual_seed(seed)
-        ref = zlab_generate(twin, target, ids, 64, stop_ids, temperature=0.8)
-        assert ours.acceptance_lengths == ref.acceptance_lengths, prompt_id
-        assert torch.equal(ours.output_ids, ref.output_ids), prompt_id
-        again = dflash_decode(drafter, target, ids, 64, stop_ids, temperature=0.8, seed=seed)
-        assert torch.equal(again.output_ids, ours.output_ids)
-
-
-def test_random_drafter_with_sliding_layers_equals_zlab():
-    spec = tiny_spec()  # sliding window 6 < block 8 < sequence: both caches roll over the window
-    torch.manual_seed(3)
-    drafter = DFlashDrafter(spec).eval()
-    target = tiny_target()
-    for seed in range(3):
-        ids = torch.randint(0, 120, (1, 12), generator=torch.Generator().manual_seed(seed))
-        ours = dflash_decode(drafter, target, ids, 40, [5])
-        ref = zlab_generate(zlab_twin(drafter), target, ids, 40, [5])
-        assert ours.acceptance_lengths == ref.acceptance_lengths
-        assert torch.equal(ours.output_ids, ref.output_ids)
-
-
-def test_sampling_on_random_models_equals_zlab_under_the_same_seed():
-    torch.manual_seed(1)
-    drafter, target = DFlashDrafter(tiny_spec()).eval(), tiny_target()
-    twin = zlab_twin(drafter)  # built before seeding: model init draws from the global generator
-    ids = torch.randint(0, 120, (1, 16), generator=torch.Generator().manual_seed(0))
-    for seed in range(3):
-        torch.manual_seed(seed)
-        ref = zlab_generate(twin, target, ids, 40, [5], temperature=1.5)  # near-uniform: long acceptances
-        ours = dflash_decode(drafter, target, ids, 40, [5], temperature=1.5, seed=seed)
-        assert ours.acceptance_lengths == ref.acceptance_lengths
-        assert torch.equal(ours.output_ids, ref.output_ids)
-    assert max(ours.acceptance_lengths) > 2
+    _, ids = prompts[0]
+    runs = [dflash_decode(drafter, target, ids, 48, stop_ids, temperature=0.8, seed=7) for _ in range(2)]
+    assert torch.equal(runs[0].output_ids, runs[1].output_ids)
+    assert runs[0].acceptance_lengths == runs[1].acceptance_lengths
 
 
 def test_stop_token_and_max_new_tokens_bound_the_output():

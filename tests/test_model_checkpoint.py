@@ -2,17 +2,18 @@ import json
 
 import pytest
 import torch
-from dflash.model import DFlashDraftModel, _crop_to, _make_cache
+from dflash.model import DFlashDraftModel
 
 from dflash_audit.formats import load_any
 from impl.checkpoint import CheckpointError, build_drafter, load_checkpoint, save_checkpoint, save_zlab_dir
-from impl.model import DFlashDrafter, DraftCache
+from impl.model import DFlashDrafter
 from impl.spec import Recipe
 from tests.helpers import tiny_spec, zlab_model_for
 
 
-def test_zlab_saved_directory_loads_into_ours_and_forward_matches(tmp_path):
-    """Done-when of the foundation: sliding + full layers, fp32, within 1e-5 of z-lab's forward."""
+def test_zlab_saved_directory_loads_into_ours(tmp_path):
+    """A directory z-lab's own `save_pretrained` wrote: same spec, same tensors in ours (its forward's
+    parity with z-lab's, caches included, is conformance's: #10-#12 and #17)."""
     spec = tiny_spec()
     torch.manual_seed(0)
     zlab = zlab_model_for(spec)
@@ -20,29 +21,8 @@ def test_zlab_saved_directory_loads_into_ours_and_forward_matches(tmp_path):
     loaded = load_any(tmp_path / "z")
     assert loaded.spec == spec
     ours = build_drafter(loaded.spec, loaded.state_dict).eval()
-    zlab = DFlashDraftModel.from_pretrained(tmp_path / "z").eval()  # reload through the package itself
-
-    context, block = torch.randn(1, 13, spec.fc_in_features), torch.randn(1, 8, 64)
-    positions = torch.arange(21)[None]
-    with torch.no_grad():
-        ref = zlab(position_ids=positions, noise_embedding=block, target_hidden=context)
-        got = ours(block, context, positions)
-    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
-
-    # two decoding rounds through both KV caches (the sliding window of 6 is exceeded)
-    zcache, ocache = _make_cache(zlab.config), DraftCache(spec.num_hidden_layers)
-    with torch.no_grad():
-        zlab(position_ids=positions, noise_embedding=block, target_hidden=context, past_key_values=zcache,
-             use_cache=True)
-        ours(block, context, positions, cache=ocache)
-        _crop_to(zcache, 13)
-        ocache.crop(13)
-        context2, block2, positions2 = torch.randn(1, 3, spec.fc_in_features), torch.randn(1, 8, 64), \
-            torch.arange(13, 24)[None]
-        ref2 = zlab(position_ids=positions2, noise_embedding=block2, target_hidden=context2,
-                    past_key_values=zcache, use_cache=True)
-        got2 = ours(block2, context2, positions2, cache=ocache)
-    torch.testing.assert_close(got2, ref2, rtol=0, atol=1e-5)
+    for key, value in zlab.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key
 
 
 def test_our_zlab_directory_loads_in_zlab_package(tmp_path):

@@ -32,6 +32,17 @@ WARMUP_FRACTION = 0.05
 MIN_LR_FRACTION = 0.1
 
 
+def random_qwen3(num_layers: int, hidden: int, vocab: int, seed: int = 0, head_dim: int = 16,
+                 heads: int = 4, kv_heads: int = 2, max_positions: int = 512) -> Qwen3ForCausalLM:
+    """The one tiny random-weight Qwen3 target the suites build (SDPA attention, untied head)."""
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                         tie_word_embeddings=False, max_position_embeddings=max_positions)
+    config._attn_implementation = "sdpa"
+    return Qwen3ForCausalLM(config).eval()
+
+
 def pack_tokens(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], seq_len: int) -> torch.Tensor:
     """All texts as one EOS-separated token stream, cut into rows of `seq_len` tokens."""
     stream: list[int] = []
