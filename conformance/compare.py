@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from conformance.tolerances import EXACT, Tolerance
+from impl.pitfalls import PITFALLS
 
 WINDOW = 4  # elements either side of the first difference shown in a diff entry
 
@@ -103,11 +104,19 @@ Sink = Callable[[str, DiffEntry | None, dict[str, Any]], None]
 class Comparator:
     """Runs comparisons for one test and reports each outcome to `sink(status, entry, key)`."""
 
-    def __init__(self, sink: Sink, test: str, reference_names: frozenset[str]):
+    def __init__(self, sink: Sink, test: str, reference_names: frozenset[str], pitfall: int | None = None):
         self.sink = sink
         self.test = test
         self.reference_names = reference_names
+        self.pitfall = pitfall  # the test's catalogue entry (its `pitfall` marker): what comparisons report under
         self.example = ""
+
+    def _entry(self, pitfall: int | None) -> tuple[str, int]:
+        """(component, catalogue entry) a comparison reports under: the test's own unless overridden."""
+        pitfall = self.pitfall if pitfall is None else pitfall
+        if pitfall is None:
+            raise ValueError(f"{self.test}: no catalogue entry; mark the test with pytest.mark.pitfall(n)")
+        return PITFALLS[pitfall].component, pitfall
 
     def describe(self, example: Any) -> None:
         """Remember the (hypothesis-generated) example so a failure can be reproduced from its entry."""
@@ -118,14 +127,17 @@ class Comparator:
         except Exception:  # noqa: BLE001 - `note` outside a hypothesis test is a no-op concern only
             pass
 
-    def not_applicable(self, component: str, pitfall: int, names: tuple[str, str], reason: str) -> None:
+    def not_applicable(self, names: tuple[str, str], reason: str, *, pitfall: int | None = None) -> None:
+        component, pitfall = self._entry(pitfall)
         self.sink("n/a", None, {"component": component, "pitfall": pitfall, "implementations": list(names),
                                 "test": self.test, "reason": reason})
 
-    def compare(self, component: str, pitfall: int, names: tuple[str, str], actual: Any, expected: Any,
-                tolerance: Tolerance = EXACT, what: str = "") -> DiffEntry | None:
+    def compare(self, names: tuple[str, str], actual: Any, expected: Any, tolerance: Tolerance = EXACT,
+                what: str = "", *, pitfall: int | None = None) -> DiffEntry | None:
         """Compare `actual` (names[0]) with `expected` (names[1]); callables are evaluated here, and one
-        that raises is itself a divergence (e.g. a state dict the implementation cannot take)."""
+        that raises is itself a divergence (e.g. a state dict the implementation cannot take). The
+        comparison reports under the test's catalogue entry, or `pitfall` where it checks another."""
+        component, pitfall = self._entry(pitfall)
         key = {"component": component, "pitfall": pitfall, "implementations": list(names), "test": self.test}
         a_value, a_error = _evaluate(actual)
         b_value, b_error = _evaluate(expected)

@@ -20,6 +20,7 @@ import pytest
 from conformance.compare import Comparator
 from conformance.recorder import Recorder
 from impl.interface import supports
+from impl.pitfalls import PITFALLS
 
 DEFAULT_IMPL = "impl.adapter:OursImplementation"
 REFERENCES = {
@@ -41,7 +42,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "quick: fast subset of the conformance suite (under 2 minutes)")
     config.addinivalue_line("markers", "slow: trains or decodes real models; part of the full suite")
-    config.addinivalue_line("markers", "pitfall(n): the PITFALLS.md entry a test checks")
+    config.addinivalue_line("markers", "pitfall(n): the catalogue entry a test checks (impl/pitfalls.py); its "
+                                       "comparisons report under that entry's component")
     config.addinivalue_line("markers", "compare(operation, references, cross): pairs of implementations compared")
     config.stash[IMPLEMENTATIONS] = {}
     config.stash[RECORDER] = Recorder(implementation=config.getoption("--impl"))
@@ -77,7 +79,7 @@ def pytest_generate_tests(metafunc):
     if marker.kwargs.get("cross", False):
         roles.append(("speculators", "zlab"))
     pitfall = metafunc.definition.get_closest_marker("pitfall").args[0]
-    component = marker.kwargs["component"]
+    component = PITFALLS[pitfall].component
     config = metafunc.config
     runnable = []
     for a_role, b_role in roles:
@@ -120,7 +122,8 @@ def recorder(request) -> Recorder:
 
 @pytest.fixture
 def conform(request, recorder) -> Comparator:
-    return Comparator(recorder.sink, request.node.nodeid, REFERENCE_NAMES)
+    marker = request.node.get_closest_marker("pitfall")
+    return Comparator(recorder.sink, request.node.nodeid, REFERENCE_NAMES, marker.args[0] if marker else None)
 
 
 def versions() -> dict[str, str]:

@@ -22,6 +22,7 @@ from conformance.checks import layers, losses, masks, training
 from conformance.strategies import DPaceCase, LossCase, MaskCase, TrainingCase
 from impl.extract import HiddenStateExtractor, final_norm
 from impl.model import DFlashDrafter
+from impl.pitfalls import PITFALLS
 from impl.spec import DraftSpec
 from impl.targets import TargetAligner
 
@@ -45,10 +46,13 @@ MASK = MaskCase(document_ids=torch.tensor([[0] * 8 + [1] * 8 + [-1] * 2]), ancho
 @dataclass(frozen=True)
 class PlantedBug:
     name: str
-    component: str
-    pitfall: int
+    pitfall: int  # the catalogue entry whose check must catch it
     plant: Callable[[Any, Any], Any]  # (monkeypatch, ours) -> implementation to check
     check: Callable[[Any, Any, dict], None]  # (comparator, implementation, references)
+
+    @property
+    def component(self) -> str:
+        return PITFALLS[self.pitfall].component
 
 
 def _with_recipe(**changes):
@@ -171,51 +175,48 @@ def _set(value):
 
 
 BUGS = [
-    PlantedBug("fc fed n-1 layers", "fc_dims", 4, _patch(DraftSpec, "fc_in_features", _fc_misses_last_layer),
+    PlantedBug("fc fed n-1 layers", 4, _patch(DraftSpec, "fc_in_features", _fc_misses_last_layer),
                lambda cmp, ours, refs: layers.fc_dims(cmp, ours, refs["zlab"], (SPEC, torch.float32))),
-    PlantedBug("hs[id] instead of hs[id+1]", "target_layers", 2,
+    PlantedBug("hs[id] instead of hs[id+1]", 2,
                _patch(impl.extract, "HIDDEN_STATES_OFFSET", _set(0)),
                lambda cmp, ours, refs: layers.context_feature_indexing(cmp, ours, refs["zlab"], (4, 32, [0, 2]))),
-    PlantedBug("targets from an intermediate layer", "targets", 3,
+    PlantedBug("targets from an intermediate layer", 3,
                _with_recipe(verifier_source_layer=SPEC.num_target_layers - 2),
                lambda cmp, ours, refs: training.targets_source(cmp, ours, refs["speculators"], TRAINING)),
-    PlantedBug("double-normalised targets", "targets", 3, _patch(HiddenStateExtractor, "__call__", _double_norm),
+    PlantedBug("double-normalised targets", 3, _patch(HiddenStateExtractor, "__call__", _double_norm),
                lambda cmp, ours, refs: training.targets_source(cmp, ours, refs["speculators"], TRAINING)),
-    PlantedBug("gamma 7", "loss_weights", 6, _with_recipe(gamma=7.0),
-               lambda cmp, ours, refs: losses.recipe_defaults(cmp, ours, "loss_weights", 6, ("gamma",))),
-    PlantedBug("weight on slot 0", "loss_weights", 6, _patch(impl.losses, "decay_weights", _slot0_weighted),
+    PlantedBug("gamma 7", 6, _with_recipe(gamma=7.0),
+               lambda cmp, ours, refs: losses.recipe_defaults(cmp, ours, ("gamma",))),
+    PlantedBug("weight on slot 0", 6, _patch(impl.losses, "decay_weights", _slot0_weighted),
                lambda cmp, ours, refs: losses.loss_weights(cmp, ours, refs["speculators"], (8, 4.0, False))),
-    PlantedBug("D-PACE prefix product without smoothing", "loss_weights", 18,
+    PlantedBug("D-PACE prefix product without smoothing", 18,
                _patch(impl.losses, "smoothed_confidence", _unsmoothed),
                lambda cmp, ours, refs: losses.dpace_weights(cmp, ours, refs["speculators"], DPACE)),
-    PlantedBug("D-PACE suffix sum run forward", "loss_weights", 18,
+    PlantedBug("D-PACE suffix sum run forward", 18,
                _patch(impl.losses, "suffix_sum", _suffix_sum_forward),
                lambda cmp, ours, refs: losses.dpace_weights(cmp, ours, refs["speculators"], DPACE)),
-    PlantedBug("D-PACE weights not detached", "loss_weights", 18,
+    PlantedBug("D-PACE weights not detached", 18,
                _patch(impl.losses, "dpace_weights", _weights_in_graph),
                lambda cmp, ours, refs: losses.dpace_loss(cmp, ours, refs["speculators"], DPACE_LOSS, DPACE.alpha)),
-    PlantedBug("D-PACE alpha read as 1 - alpha", "loss_weights", 18,
+    PlantedBug("D-PACE alpha read as 1 - alpha", 18,
                _patch(impl.losses, "smoothed_confidence", _alpha_flipped),
                lambda cmp, ours, refs: losses.dpace_weights(cmp, ours, refs["speculators"], DPACE)),
-    PlantedBug("D-PACE anchor slot weighted", "loss_weights", 18,
+    PlantedBug("D-PACE anchor slot weighted", 18,
                _patch(impl.losses, "dpace_weights", _anchor_slot_trained),
                lambda cmp, ours, refs: losses.dpace_weights(cmp, ours, refs["speculators"], DPACE)),
-    PlantedBug("wrong roll", "target_alignment", 5, _patch(TargetAligner, "shift", _set(0)),
+    PlantedBug("wrong roll", 5, _patch(TargetAligner, "shift", _set(0)),
                lambda cmp, ours, refs: training.target_alignment(cmp, ours, refs["speculators"], TRAINING)),
-    PlantedBug("<= in the mask", "training_mask", 9, _patch_training_mask(_sees_anchor),
+    PlantedBug("<= in the mask", 9, _patch_training_mask(_sees_anchor),
                lambda cmp, ours, refs: masks.training_mask(cmp, ours, refs["speculators"], MASK)),
-    PlantedBug("cross-document attention", "training_mask", 9, _patch_training_mask(_one_document),
+    PlantedBug("cross-document attention", 9, _patch_training_mask(_one_document),
                lambda cmp, ours, refs: masks.training_mask(cmp, ours, refs["speculators"], MASK)),
-    PlantedBug("causal full-attention blocks", "training_mask", 9,
+    PlantedBug("causal full-attention blocks", 9,
                _patch(DFlashDrafter, "layer_masks", _causal_everywhere),
-               lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING,
-                                                                 "training_mask", 9)),
-    PlantedBug("positions restarting per block", "positions", 12, _patch(DFlashDrafter, "forward", _positions_restart),
-               lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING,
-                                                                 "positions", 12)),
-    PlantedBug("noise leaking into targets", "noise", 15, _patch(HiddenStateExtractor, "__call__", _noisy_targets),
+               lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING)),
+    PlantedBug("positions restarting per block", 12, _patch(DFlashDrafter, "forward", _positions_restart),
+               lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING)),
+    PlantedBug("noise leaking into targets", 15, _patch(HiddenStateExtractor, "__call__", _noisy_targets),
                lambda cmp, ours, refs: training.noise_stays_out_of_targets(cmp, ours, refs["speculators"], TRAINING)),
-    PlantedBug("mask token mismatch", "mask_token", 14, _patch(DFlashDrafter, "mask_token_id", _other_mask_token),
-               lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING,
-                                                                 "mask_token", 14)),
+    PlantedBug("mask token mismatch", 14, _patch(DFlashDrafter, "mask_token_id", _other_mask_token),
+               lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING)),
 ]

@@ -11,16 +11,16 @@ from conformance.tolerances import EXACT
 
 @pytest.mark.quick
 @pytest.mark.pitfall(8)
-@pytest.mark.compare("select_anchors", component="anchors", references=("speculators",))
+@pytest.mark.compare("select_anchors", references=("speculators",))
 @FAST
 @given(anchor_cases())
 def test_anchor_draw_equals_speculators_p8(conform, pair, case):
     conform.describe(case)
     a, b = pair
     args = (case.loss_mask, case.max_anchors, case.block_size, case.seed)
-    conform.compare("anchors", 8, (a.name, b.name), lambda: a.select_anchors(*args)[0],
+    conform.compare((a.name, b.name), lambda: a.select_anchors(*args)[0],
                     lambda: b.select_anchors(*args)[0], EXACT, what="anchors under the same seed")
-    conform.compare("anchors", 8, (a.name, b.name), lambda: a.select_anchors(*args)[1],
+    conform.compare((a.name, b.name), lambda: a.select_anchors(*args)[1],
                     lambda: b.select_anchors(*args)[1], EXACT, what="anchor validity under the same seed")
 
 
@@ -36,19 +36,19 @@ def test_anchor_distribution_rules_p8(conform, under_test, case):
     eligible[-case.block_size:] = False
     count = min(case.max_anchors, int(eligible.sum()))
     names = (under_test.name, "rule")
-    conform.compare("anchors", 8, names, list(anchors.shape), [case.max_anchors], what="one slot per max_anchors")
-    conform.compare("anchors", 8, names, int(valid.sum()), count, what="valid anchors = min(max_anchors, eligible)")
-    conform.compare("anchors", 8, names, valid, torch.arange(case.max_anchors) < count, what="valid slots come first")
+    conform.compare(names, list(anchors.shape), [case.max_anchors], what="one slot per max_anchors")
+    conform.compare(names, int(valid.sum()), count, what="valid anchors = min(max_anchors, eligible)")
+    conform.compare(names, valid, torch.arange(case.max_anchors) < count, what="valid slots come first")
     drawn = anchors[valid]
-    conform.compare("anchors", 8, names, eligible[drawn], torch.ones_like(drawn, dtype=torch.bool),
+    conform.compare(names, eligible[drawn], torch.ones_like(drawn, dtype=torch.bool),
                     what="anchors on loss-masked positions outside the last block")
-    conform.compare("anchors", 8, names, drawn, drawn.sort().values, what="anchors sorted")
-    conform.compare("anchors", 8, names, drawn.unique().numel(), drawn.numel(), what="drawn without replacement")
-    conform.compare("anchors", 8, names, anchors[~valid], torch.zeros_like(anchors[~valid]), what="invalid slots zero")
+    conform.compare(names, drawn, drawn.sort().values, what="anchors sorted")
+    conform.compare(names, drawn.unique().numel(), drawn.numel(), what="drawn without replacement")
+    conform.compare(names, anchors[~valid], torch.zeros_like(anchors[~valid]), what="invalid slots zero")
 
 
 @pytest.mark.pitfall(8)
-@pytest.mark.compare("training_outputs", component="anchors", references=("speculators",))
+@pytest.mark.compare("training_outputs", references=("speculators",))
 @MODEL
 @given(training_cases())
 def test_training_anchors_and_padded_blocks_p8(conform, pair, case):

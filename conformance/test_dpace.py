@@ -13,7 +13,7 @@ pytestmark = pytest.mark.quick
 
 
 @pytest.mark.pitfall(18)
-@pytest.mark.compare("dpace_weights", component="loss_weights", references=("speculators",))
+@pytest.mark.compare("dpace_weights", references=("speculators",))
 @FAST
 @given(dpace_cases())
 def test_dpace_weights_p6(conform, pair, case):
@@ -22,7 +22,7 @@ def test_dpace_weights_p6(conform, pair, case):
 
 
 @pytest.mark.pitfall(18)
-@pytest.mark.compare("dpace_loss", component="loss_weights", references=("speculators",))
+@pytest.mark.compare("dpace_loss", references=("speculators",))
 @MODEL
 # B >= 2: with B = 1 every slot is an anchor and nothing is trained.
 @given(loss_cases(kinds=("ce",), min_block=2), dpace_alphas)
@@ -34,6 +34,6 @@ def test_dpace_loss_and_gradient_p6(conform, pair, case, alpha):
 @pytest.mark.pitfall(18)
 def test_default_loss_weighting_p18(conform, under_test):
     if not hasattr(under_test, "recipe"):
-        conform.not_applicable("loss_weights", 6, (under_test.name, "speculators"), "no training recipe to compare")
+        conform.not_applicable((under_test.name, "speculators"), "no training recipe to compare")
         return
-    losses.recipe_defaults(conform, under_test, "loss_weights", 18, ("per_position_loss_weight", "dpace_alpha"))
+    losses.recipe_defaults(conform, under_test, ("per_position_loss_weight", "dpace_alpha"))

@@ -10,12 +10,12 @@ from conformance.world import reference_state_dict, target_for
 
 
 @pytest.mark.pitfall(13)
-@pytest.mark.compare("training_outputs", component="embeddings", references=("speculators",))
+@pytest.mark.compare("training_outputs", references=("speculators",))
 @MODEL
 @given(training_cases())
 def test_borrowed_embeddings_and_head_p13(conform, pair, case):
     conform.describe(case)
-    training.training_forward(conform, *pair, case, "embeddings", 13)
+    training.training_forward(conform, *pair, case)
 
 
 @pytest.mark.quick
@@ -30,5 +30,5 @@ def test_speculators_verifier_owned_tensors_are_the_targets_p13(conform, specula
     owned = {"embed_tokens": target.get_input_embeddings().weight, "lm_head": target.lm_head.weight,
              "verifier_lm_head": target.lm_head.weight, "verifier_norm": target.model.norm.weight}
     for name, expected in owned.items():
-        conform.compare("embeddings", 13, ("speculators", "transformers"), getattr(drafter, name).weight,
+        conform.compare(("speculators", "transformers"), getattr(drafter, name).weight,
                         expected.detach(), EXACT, what=f"verifier-owned {name}")

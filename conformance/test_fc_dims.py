@@ -10,7 +10,7 @@ pytestmark = pytest.mark.quick
 
 
 @pytest.mark.pitfall(4)
-@pytest.mark.compare("project_context", component="fc_dims", cross=True)
+@pytest.mark.compare("project_context", cross=True)
 @MODEL
 @given(draft_specs(max_layers=2), dtypes)
 def test_fc_and_hidden_norm_p4(conform, pair, spec, dtype):

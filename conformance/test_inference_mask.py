@@ -12,7 +12,7 @@ from conformance.strategies import FAST, MODEL, draft_specs, dtypes, inference_m
 
 @pytest.mark.quick
 @pytest.mark.pitfall(10)
-@pytest.mark.compare("inference_mask", component="inference_mask", references=("zlab",))
+@pytest.mark.compare("inference_mask", references=("zlab",))
 @FAST
 @given(inference_mask_cases())
 def test_inference_mask_p10(conform, pair, case):
@@ -35,10 +35,10 @@ def test_training_layout_vs_inference_layout_p10(conform, speculators, zlab, cas
 
 @pytest.mark.quick
 @pytest.mark.pitfall(10)
-@pytest.mark.compare("draft_forward", component="inference_mask", cross=True)
+@pytest.mark.compare("draft_forward", cross=True)
 @MODEL
 @given(draft_specs(sliding=False), st.integers(1, 12), dtypes, st.integers(0, 2**16))
 def test_draft_forward_identical_weights_full_attention_p10(conform, pair, spec, context_len, dtype, seed):
     case = ForwardCase(spec, context_len, 0, dtype, seed)
     conform.describe(case)
-    forward.draft_forward(conform, *pair, case, "inference_mask", 10)
+    forward.draft_forward(conform, *pair, case)

@@ -10,10 +10,10 @@ from conformance.strategies import MODEL, draft_specs, dtypes
 
 
 @pytest.mark.pitfall(11)
-@pytest.mark.compare("draft_forward", component="layer_types", references=("zlab",), cross=True)
+@pytest.mark.compare("draft_forward", references=("zlab",), cross=True)
 @MODEL
 @given(draft_specs(sliding=True), st.integers(1, 30), dtypes, st.integers(0, 2**16))
 def test_sliding_and_full_layers_p11(conform, pair, spec, context_len, dtype, seed):
     case = ForwardCase(spec, context_len, 0, dtype, seed)
     conform.describe(case)
-    forward.draft_forward(conform, *pair, case, "layer_types", 11)
+    forward.draft_forward(conform, *pair, case)

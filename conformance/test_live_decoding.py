@@ -43,7 +43,7 @@ def trained_pair():
     return ckpt, target.float().eval(), [tokenizer(p, return_tensors="pt").input_ids for p in prompts], tokenizer
 
 
-@pytest.mark.compare("generate", component="tau", references=("zlab",))
+@pytest.mark.compare("generate", references=("zlab",))
 def test_per_round_acceptance_and_tau_p17(conform, pair, trained_pair):
     ckpt, target, prompts, tokenizer = trained_pair
     a, b = pair
@@ -57,28 +57,28 @@ def test_per_round_acceptance_and_tau_p17(conform, pair, trained_pair):
             with torch.no_grad():
                 runs[impl.name] = impl.generate(drafter, target, input_ids, MAX_NEW_TOKENS, stop)
         rounds_a, rounds_b = runs[a.name].acceptance_lengths, runs[b.name].acceptance_lengths
-        conform.compare("tau", 17, (a.name, b.name), rounds_a, rounds_b, EXACT,
+        conform.compare((a.name, b.name), rounds_a, rounds_b, EXACT,
                         what=f"prompt {index}: per-round acceptance lengths")
-        conform.compare("tau", 17, (a.name, b.name), runs[a.name].output_ids, runs[b.name].output_ids, EXACT,
+        conform.compare((a.name, b.name), runs[a.name].output_ids, runs[b.name].output_ids, EXACT,
                         what=f"prompt {index}: generated ids")
         longest = max(rounds_a + rounds_b)
-        conform.compare("block_size", 16, (a.name, "rule"), longest <= ckpt.spec.block_size, True,
-                        what=f"a round accepts at most B-1 drafted tokens + 1 bonus (longest {longest})")
+        conform.compare((a.name, "rule"), longest <= ckpt.spec.block_size, True,
+                        what=f"a round accepts at most B-1 drafted tokens + 1 bonus (longest {longest})", pitfall=16)
         taus[index] = sum(rounds_a) / len(rounds_a)
-        conform.compare("tau", 17, (a.name, b.name), taus[index], sum(rounds_b) / len(rounds_b), EXACT,
+        conform.compare((a.name, b.name), taus[index], sum(rounds_b) / len(rounds_b), EXACT,
                         what=f"prompt {index}: tau = mean acceptance length")
     # The pair must be trained enough for the comparison to mean something.
     assert sum(taus.values()) / len(taus) > 1.2, f"drafter accepts too little to test decoding: {taus}"
 
 
 def rounds_and_ids(conform, a, b, runs, what: str) -> None:
-    conform.compare("tau", 17, (a.name, b.name), runs[a.name].acceptance_lengths, runs[b.name].acceptance_lengths,
+    conform.compare((a.name, b.name), runs[a.name].acceptance_lengths, runs[b.name].acceptance_lengths,
                     EXACT, what=f"{what}: per-round acceptance lengths")
-    conform.compare("tau", 17, (a.name, b.name), runs[a.name].output_ids, runs[b.name].output_ids, EXACT,
+    conform.compare((a.name, b.name), runs[a.name].output_ids, runs[b.name].output_ids, EXACT,
                     what=f"{what}: generated ids")
 
 
-@pytest.mark.compare("generate", component="tau", references=("zlab",))
+@pytest.mark.compare("generate", references=("zlab",))
 def test_sampled_rounds_under_the_same_seed_p17(conform, pair, trained_pair):
     """Rejection sampling draws in z-lab's order: equal seeds give equal tokens and rounds."""
     ckpt, target, prompts, tokenizer = trained_pair
@@ -104,7 +104,7 @@ def random_pair():
     return spec, DFlashDrafter(spec).state_dict(), target_for(spec)
 
 
-@pytest.mark.compare("generate", component="tau", references=("zlab",))
+@pytest.mark.compare("generate", references=("zlab",))
 @pytest.mark.parametrize("temperature", [0.0, 1.5])
 def test_random_models_with_rolling_sliding_windows_p17(conform, pair, temperature):
     spec, weights, target = random_pair()
@@ -121,5 +121,5 @@ def test_random_models_with_rolling_sliding_windows_p17(conform, pair, temperatu
         rounds_and_ids(conform, a, b, runs, f"random pair, seed {seed}, T={temperature}")
         longest = max([longest, *runs[a.name].acceptance_lengths])
     if temperature > 1:  # near-uniform sampling must reach past the first slot, or the blocks were not tested
-        conform.compare("tau", 17, (a.name, "rule"), longest > 2, True,
+        conform.compare((a.name, "rule"), longest > 2, True,
                         what=f"near-uniform sampling accepts long runs (longest {longest})")

@@ -10,17 +10,17 @@ pytestmark = pytest.mark.quick
 
 
 @pytest.mark.pitfall(7)
-@pytest.mark.compare("loss", component="loss", references=("speculators",))
+@pytest.mark.compare("loss", references=("speculators",))
 @MODEL
 @given(loss_cases())
 def test_loss_kinds_p7(conform, pair, case):
     conform.describe(case)
-    losses.loss_value(conform, *pair, case, "loss", 7)
+    losses.loss_value(conform, *pair, case)
 
 
 @pytest.mark.pitfall(7)
 def test_default_loss_fn_p7(conform, under_test):
     if not hasattr(under_test, "recipe"):
-        conform.not_applicable("loss", 7, (under_test.name, "speculators"), "no training recipe to compare")
+        conform.not_applicable((under_test.name, "speculators"), "no training recipe to compare")
         return
-    losses.recipe_defaults(conform, under_test, "loss", 7, ("loss_fn",))
+    losses.recipe_defaults(conform, under_test, ("loss_fn",))

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.quick
 
 
 @pytest.mark.pitfall(6)
-@pytest.mark.compare("loss_weights", component="loss_weights", references=("speculators",))
+@pytest.mark.compare("loss_weights", references=("speculators",))
 @FAST
 @given(block_sizes, st.sampled_from([0.5, 1.0, 4.0, 7.0, 12.5]), st.booleans())
 def test_loss_weight_schedule_p6(conform, pair, block_size, gamma, sample_from_anchor):
@@ -22,15 +22,15 @@ def test_loss_weight_schedule_p6(conform, pair, block_size, gamma, sample_from_a
 @pytest.mark.pitfall(6)
 def test_default_gamma_p6(conform, under_test):
     if not hasattr(under_test, "recipe"):
-        conform.not_applicable("loss_weights", 6, (under_test.name, "speculators"), "no training recipe to compare")
+        conform.not_applicable((under_test.name, "speculators"), "no training recipe to compare")
         return
-    losses.recipe_defaults(conform, under_test, "loss_weights", 6, ("gamma", "max_anchors"))
+    losses.recipe_defaults(conform, under_test, ("gamma", "max_anchors"))
 
 
 @pytest.mark.pitfall(6)
-@pytest.mark.compare("loss", component="loss_weights", references=("speculators",))
+@pytest.mark.compare("loss", references=("speculators",))
 @MODEL
 @given(loss_cases(kinds=("kl_div",)))
 def test_loss_reduction_p6(conform, pair, case):
     conform.describe(case)
-    losses.loss_value(conform, *pair, case, "loss_weights", 6)
+    losses.loss_value(conform, *pair, case)

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.quick
 
 
 @pytest.mark.pitfall(17)
-@pytest.mark.compare("block_metrics", component="tau", references=("speculators",))
+@pytest.mark.compare("block_metrics", references=("speculators",))
 @MODEL
 # B >= 2: with B = 1 a DFlash block drafts nothing (speculators refuses such a drafter).
 @given(loss_cases(kinds=("kl_div",), min_block=2))

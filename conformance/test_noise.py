@@ -9,7 +9,7 @@ from conformance.strategies import MODEL, training_cases
 
 @pytest.mark.quick
 @pytest.mark.pitfall(15)
-@pytest.mark.compare("training_outputs", component="noise", references=("speculators",))
+@pytest.mark.compare("training_outputs", references=("speculators",))
 @MODEL
 @given(training_cases())
 def test_noise_never_reaches_targets_p15(conform, pair, case):

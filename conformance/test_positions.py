@@ -10,20 +10,20 @@ from conformance.strategies import MODEL, draft_specs, training_cases
 
 
 @pytest.mark.pitfall(12)
-@pytest.mark.compare("draft_forward", component="positions", references=("zlab",))
+@pytest.mark.compare("draft_forward", references=("zlab",))
 @MODEL
 @given(draft_specs(max_layers=2), st.integers(1, 8), st.integers(1, 200), st.integers(0, 2**16))
 def test_inference_positions_continue_context_p12(conform, pair, spec, context_len, offset, seed):
     import torch
     case = ForwardCase(spec, context_len, offset, torch.float32, seed)
     conform.describe(case)
-    forward.draft_forward(conform, *pair, case, "positions", 12)
+    forward.draft_forward(conform, *pair, case)
 
 
 @pytest.mark.pitfall(12)
-@pytest.mark.compare("training_outputs", component="positions", references=("speculators",))
+@pytest.mark.compare("training_outputs", references=("speculators",))
 @MODEL
 @given(training_cases())
 def test_training_positions_p12(conform, pair, case):
     conform.describe(case)
-    training.training_forward(conform, *pair, case, "positions", 12)
+    training.training_forward(conform, *pair, case)

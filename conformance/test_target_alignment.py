@@ -8,7 +8,7 @@ from conformance.strategies import MODEL, training_cases
 
 
 @pytest.mark.pitfall(5)
-@pytest.mark.compare("training_outputs", component="target_alignment", references=("speculators",))
+@pytest.mark.compare("training_outputs", references=("speculators",))
 @MODEL
 @given(training_cases())
 def test_target_alignment_p5(conform, pair, case):

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.quick
 
 
 @pytest.mark.pitfall(1)
-@pytest.mark.compare("default_target_layer_ids", component="target_layers", references=("zlab",), cross=True)
+@pytest.mark.compare("default_target_layer_ids", references=("zlab",), cross=True)
 @FAST
 @given(st.integers(4, 128), st.integers(1, 8))
 def test_default_layer_selection_p1(conform, pair, num_target_layers, num_draft_layers):
@@ -20,7 +20,7 @@ def test_default_layer_selection_p1(conform, pair, num_target_layers, num_draft_
 
 
 @pytest.mark.pitfall(2)
-@pytest.mark.compare("context_features", component="target_layers", cross=True)
+@pytest.mark.compare("context_features", cross=True)
 @FAST
 @given(st.data())
 def test_hidden_state_index_convention_p2(conform, pair, data):
@@ -42,5 +42,5 @@ def test_speculators_converter_convention_p2(conform, under_test, data):
     aux = layers.converter_convention(conform, (num_target_layers, ids))
     if under_test.name == "ours":  # our own translation of the convention, used by our converter
         from impl.layers import zlab_to_speculators
-        conform.compare("target_layers", 2, ("ours", "speculators"), zlab_to_speculators(ids, num_target_layers),
+        conform.compare(("ours", "speculators"), zlab_to_speculators(ids, num_target_layers),
                         aux, what="z-lab -> speculators layer ids vs speculators' converter")

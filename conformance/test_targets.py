@@ -8,7 +8,7 @@ from conformance.strategies import MODEL, training_cases
 
 
 @pytest.mark.pitfall(3)
-@pytest.mark.compare("training_outputs", component="targets", references=("speculators",))
+@pytest.mark.compare("training_outputs", references=("speculators",))
 @MODEL
 @given(training_cases())
 def test_targets_are_final_layer_logits_normalised_once_p3(conform, pair, case):

@@ -10,7 +10,7 @@ from conformance.strategies import FAST, MODEL, training_cases, training_mask_ca
 
 @pytest.mark.quick
 @pytest.mark.pitfall(9)
-@pytest.mark.compare("training_mask", component="training_mask", references=("speculators",))
+@pytest.mark.compare("training_mask", references=("speculators",))
 @FAST
 @given(training_mask_cases())
 def test_training_mask_p9(conform, pair, case):
@@ -19,9 +19,9 @@ def test_training_mask_p9(conform, pair, case):
 
 
 @pytest.mark.pitfall(9)
-@pytest.mark.compare("training_outputs", component="training_mask", references=("speculators",))
+@pytest.mark.compare("training_outputs", references=("speculators",))
 @MODEL
 @given(training_cases())
 def test_training_forward_through_masks_p9(conform, pair, case):
     conform.describe(case)
-    training.training_forward(conform, *pair, case, "training_mask", 9)
+    training.training_forward(conform, *pair, case)

@@ -33,7 +33,7 @@ def inputs(case: ForwardCase):
     return target, noise, features, positions
 
 
-def draft_forward(cmp: Comparator, a, b, case: ForwardCase, component: str, pitfall: int) -> None:
+def draft_forward(cmp: Comparator, a, b, case: ForwardCase) -> None:
     target, noise, features, positions = inputs(case)
     state = reference_state_dict(case.spec, case.seed)
 
@@ -42,6 +42,6 @@ def draft_forward(cmp: Comparator, a, b, case: ForwardCase, component: str, pitf
         with torch.no_grad():
             return impl.draft_forward(drafter, noise.to(case.dtype), features.to(case.dtype), positions)
 
-    cmp.compare(component, pitfall, (a.name, b.name), lambda: forward(a), lambda: forward(b), for_dtype(case.dtype),
+    cmp.compare((a.name, b.name), lambda: forward(a), lambda: forward(b), for_dtype(case.dtype),
                 what=f"draft hidden states, {case.context_len} context tokens from position {case.position_offset}, "
                      f"layers {list(case.spec.layer_types)}, window {case.spec.sliding_window}")

@@ -14,7 +14,7 @@ from conformance.world import VOCAB, reference_state_dict, target_for, tiny_targ
 
 def default_layer_ids(cmp: Comparator, a, b, case: tuple[int, int]) -> None:
     num_target_layers, num_draft_layers = case
-    cmp.compare("target_layers", 1, (a.name, b.name),
+    cmp.compare((a.name, b.name),
                 lambda: a.default_target_layer_ids(num_target_layers, num_draft_layers),
                 lambda: b.default_target_layer_ids(num_target_layers, num_draft_layers),
                 what=f"default ids for N={num_target_layers}, n={num_draft_layers}")
@@ -31,7 +31,7 @@ def target_hidden_states(num_target_layers: int, hidden: int, length: int = 5):
 def context_feature_indexing(cmp: Comparator, a, b, case: tuple[int, int, list[int]]) -> None:
     num_target_layers, hidden, layer_ids = case
     hs = target_hidden_states(num_target_layers, hidden)
-    cmp.compare("target_layers", 2, (a.name, b.name), lambda: a.context_features(hs, layer_ids),
+    cmp.compare((a.name, b.name), lambda: a.context_features(hs, layer_ids),
                 lambda: b.context_features(hs, layer_ids), what=f"context features of z-lab ids {layer_ids}")
 
 
@@ -50,7 +50,7 @@ def converter_convention(cmp: Comparator, case: tuple[int, list[int]]) -> list[i
     hs = target_hidden_states(num_target_layers, 32)
     kept = [i for i in layer_ids if i + 1 != num_target_layers]  # the converter drops the final layer
     # speculators indexes hidden_states with its aux ids directly.
-    cmp.compare("target_layers", 2, ("speculators", "zlab"), torch.cat([hs[j] for j in aux], -1),
+    cmp.compare(("speculators", "zlab"), torch.cat([hs[j] for j in aux], -1),
                 extract_context_feature(hs, kept),
                 what=f"converter aux ids {aux} for z-lab ids {layer_ids}")
     return aux
@@ -69,6 +69,6 @@ def fc_dims(cmp: Comparator, a, b, case) -> None:
         drafter = impl.build_drafter(spec, state, target)
         return impl.project_context(drafter.to(dtype), features.to(dtype))
 
-    cmp.compare("fc_dims", 4, (a.name, b.name), lambda: project(a), lambda: project(b), for_dtype(dtype),
+    cmp.compare((a.name, b.name), lambda: project(a), lambda: project(b), for_dtype(dtype),
                 what=f"hidden_norm(fc(.)) over {len(spec.target_layer_ids)} layers x H={spec.hidden_size}")
 

@@ -11,7 +11,7 @@ from conformance.tolerances import EXACT, for_dtype
 
 def loss_weights(cmp: Comparator, a, b, case: tuple[int, float, bool]) -> None:
     block_size, gamma, sample_from_anchor = case
-    cmp.compare("loss_weights", 6, (a.name, b.name), lambda: a.loss_weights(block_size, gamma, sample_from_anchor),
+    cmp.compare((a.name, b.name), lambda: a.loss_weights(block_size, gamma, sample_from_anchor),
                 lambda: b.loss_weights(block_size, gamma, sample_from_anchor), EXACT,
                 what=f"per-slot weights B={block_size}, gamma={gamma}, sample_from_anchor={sample_from_anchor}")
 
@@ -24,18 +24,18 @@ def speculators_trainer_defaults() -> dict:
     return trainer("dflash").recipe.to_dict()
 
 
-def recipe_defaults(cmp: Comparator, a, component: str, pitfall: int, fields: tuple[str, ...]) -> None:
+def recipe_defaults(cmp: Comparator, a, fields: tuple[str, ...]) -> None:
     """The implementation's default training recipe vs speculators' TrainConfig-resolved dflash recipe."""
     reference = speculators_trainer_defaults()
     for name in fields:
-        cmp.compare(component, pitfall, (a.name, "speculators"), getattr(a.recipe, name), reference[name], EXACT,
+        cmp.compare((a.name, "speculators"), getattr(a.recipe, name), reference[name], EXACT,
                     what=f"default training recipe {name} vs speculators' TrainConfig-resolved dflash recipe")
 
 
 def dpace_weights(cmp: Comparator, a, b, case: DPaceCase) -> None:
     """Per-slot D-PACE weights, exactly: the same elementwise ops, cumprod and cumsum in fp32."""
     args = (case.per_slot_loss, case.loss_mask, case.block_size, case.alpha)
-    cmp.compare("loss_weights", 18, (a.name, b.name), lambda: a.dpace_weights(*args), lambda: b.dpace_weights(*args),
+    cmp.compare((a.name, b.name), lambda: a.dpace_weights(*args), lambda: b.dpace_weights(*args),
                 EXACT, what=f"D-PACE weights B={case.block_size}, alpha={case.alpha}, "
                             f"loss dtype {case.per_slot_loss.dtype}")
 
@@ -56,15 +56,17 @@ def dpace_loss(cmp: Comparator, a, b, case: LossCase, alpha: float) -> None:
     la, ga = loss_and_grad(a)
     lb, gb = loss_and_grad(b)
     what = f"D-PACE-weighted CE, B={case.block_size}, alpha={alpha}, {case.dtype}"
-    cmp.compare("loss_weights", 18, (a.name, b.name), la, lb, tol, what=f"{what}: loss")
-    cmp.compare("loss_weights", 18, (a.name, b.name), ga, gb, tol, what=f"{what}: gradient w.r.t. the logits")
+    cmp.compare((a.name, b.name), la, lb, tol, what=f"{what}: loss")
+    cmp.compare((a.name, b.name), ga, gb, tol, what=f"{what}: gradient w.r.t. the logits")
 
 
-def loss_value(cmp: Comparator, a, b, case: LossCase, component: str, pitfall: int) -> None:
+def loss_value(cmp: Comparator, a, b, case: LossCase) -> None:
     logits, targets, loss_mask = case.tensors()
     args = (logits, targets, loss_mask, case.block_size, case.gamma, case.kind, case.sample_from_anchor)
-    cmp.compare(component, pitfall, (a.name, b.name), lambda: a.loss(*args), lambda: b.loss(*args),
-                for_dtype(torch.float32), what=f"{case.kind} loss with speculators' reduction")
+    # The tolerance of the inputs' dtype: speculators' eager CE computes in bf16 on bf16 logits, ours
+    # upcasts (measured |Δ| 5e-5 on a loss of 1.57), which is rounding, not a rule (see tolerances.py).
+    cmp.compare((a.name, b.name), lambda: a.loss(*args), lambda: b.loss(*args),
+                for_dtype(case.dtype), what=f"{case.kind} loss with speculators' reduction")
 
 
 def block_metrics(cmp: Comparator, a, b, case: LossCase) -> None:
@@ -72,6 +74,6 @@ def block_metrics(cmp: Comparator, a, b, case: LossCase) -> None:
     args = (logits, targets, loss_mask, case.block_size)
     ma, mb = a.block_metrics(*args), b.block_metrics(*args)
     tol = for_dtype(torch.float32)
-    cmp.compare("tau", 17, (a.name, b.name), ma["position_acc"], mb["position_acc"], tol,
+    cmp.compare((a.name, b.name), ma["position_acc"], mb["position_acc"], tol,
                 what="per-position accuracy of slots 1..B-1")
-    cmp.compare("tau", 17, (a.name, b.name), ma["eal"], mb["eal"], tol, what="EAL (accepted run + bonus)")
+    cmp.compare((a.name, b.name), ma["eal"], mb["eal"], tol, what="EAL (accepted run + bonus)")

@@ -11,13 +11,13 @@ from conformance.tolerances import EXACT
 
 def training_mask(cmp: Comparator, a, b, case: MaskCase) -> None:
     args = (case.document_ids, case.anchors, case.block_size, case.sliding_window, case.causal_block)
-    cmp.compare("training_mask", 9, (a.name, b.name), lambda: a.training_mask(*args), lambda: b.training_mask(*args),
+    cmp.compare((a.name, b.name), lambda: a.training_mask(*args), lambda: b.training_mask(*args),
                 EXACT, what="[A*B, T + A*B] anchor-block mask")
 
 
 def inference_mask(cmp: Comparator, a, b, case: InferenceMaskCase) -> None:
     args = (case.context_len, case.block_len, case.sliding_window, case.causal)
-    cmp.compare("inference_mask", 10, (a.name, b.name), lambda: a.inference_mask(*args),
+    cmp.compare((a.name, b.name), lambda: a.inference_mask(*args),
                 lambda: b.inference_mask(*args), EXACT, what="[block, context + block] decoding mask")
 
 
@@ -33,7 +33,7 @@ def training_block_as_inference(trainer, context_len: int, block_size: int, wind
 def training_vs_inference(cmp: Comparator, trainer, decoder, case: tuple[int, int, int | None]) -> None:
     """A block must see at inference what it saw in training (the layouts of the two references)."""
     context_len, block_size, window = case
-    cmp.compare("inference_mask", 10, (trainer.name, decoder.name),
+    cmp.compare((trainer.name, decoder.name),
                 training_block_as_inference(trainer, context_len, block_size, window),
                 decoder.inference_mask(context_len, block_size, window, window is not None), EXACT,
                 what=f"block after {context_len} context tokens, B={block_size}, "

@@ -48,7 +48,7 @@ def targets_source(cmp: Comparator, a, b, case: TrainingCase) -> None:
     for impl in (a, b):
         out = run(impl, case)
         rows = logits[_matched_positions(out.targets, logits)]
-        cmp.compare("targets", 3, (impl.name, "transformers"), out.targets[0], rows, FP32,
+        cmp.compare((impl.name, "transformers"), out.targets[0], rows, FP32,
                     what="training targets vs the target model's own logits (nearest position)")
 
 
@@ -63,27 +63,27 @@ def target_alignment(cmp: Comparator, a, b, case: TrainingCase) -> None:
         shift = _matched_positions(out.targets, logits).reshape(slots.shape) - slots
         offsets[impl.name] = (torch.where(valid, shift, 0), out.loss_mask.reshape(slots.shape))
     (a_shift, a_mask), (b_shift, b_mask) = offsets[a.name], offsets[b.name]
-    cmp.compare("target_alignment", 5, (a.name, b.name), a_shift, b_shift, EXACT,
+    cmp.compare((a.name, b.name), a_shift, b_shift, EXACT,
                 what="position of the target logits minus the slot's position, per [anchor, slot]")
-    cmp.compare("target_alignment", 5, (a.name, b.name), a_mask, b_mask, EXACT, what="aligned loss mask")
+    cmp.compare((a.name, b.name), a_mask, b_mask, EXACT, what="aligned loss mask")
 
 
 def training_anchors(cmp: Comparator, a, b, case: TrainingCase) -> None:
     out_a, out_b = run(a, case), run(b, case)
-    cmp.compare("anchors", 8, (a.name, b.name), out_a.anchors, out_b.anchors, EXACT, what="anchors drawn in training")
-    cmp.compare("anchors", 8, (a.name, b.name), out_a.anchor_valid, out_b.anchor_valid, EXACT, what="anchor validity")
+    cmp.compare((a.name, b.name), out_a.anchors, out_b.anchors, EXACT, what="anchors drawn in training")
+    cmp.compare((a.name, b.name), out_a.anchor_valid, out_b.anchor_valid, EXACT, what="anchor validity")
     block = case.spec.block_size
     invalid_a = out_a.loss_mask.reshape(-1, block)[~out_a.anchor_valid.reshape(-1)]
-    cmp.compare("anchors", 8, (a.name, b.name), invalid_a, torch.zeros_like(invalid_a), EXACT,
+    cmp.compare((a.name, b.name), invalid_a, torch.zeros_like(invalid_a), EXACT,
                 what="loss mask of invalid (padded) anchor blocks")
 
 
-def training_forward(cmp: Comparator, a, b, case: TrainingCase, component: str, pitfall: int) -> None:
+def training_forward(cmp: Comparator, a, b, case: TrainingCase) -> None:
     """Draft hidden states and logits of the whole training forward (masks, positions, embeddings, mask token)."""
     out_a, out_b = run(a, case), run(b, case)
-    cmp.compare(component, pitfall, (a.name, b.name), out_a.hidden, out_b.hidden, FP32,
+    cmp.compare((a.name, b.name), out_a.hidden, out_b.hidden, FP32,
                 what="training-layout draft hidden states")
-    cmp.compare(component, pitfall, (a.name, b.name), out_a.logits, out_b.logits, FP32,
+    cmp.compare((a.name, b.name), out_a.logits, out_b.logits, FP32,
                 what="training-layout draft logits (borrowed LM head)")
 
 
@@ -93,5 +93,5 @@ def noise_stays_out_of_targets(cmp: Comparator, a, b, case: TrainingCase) -> Non
     if dataclasses.is_dataclass(getattr(a, "recipe", None)) and hasattr(a.recipe, "noise_std"):
         noisy = copy.copy(a)
         noisy.recipe = dataclasses.replace(a.recipe, noise_std=0.5)
-    cmp.compare("noise", 15, (a.name, b.name), run(noisy, case).targets, run(b, case).targets, FP32,
+    cmp.compare((a.name, b.name), run(noisy, case).targets, run(b, case).targets, FP32,
                 what="training targets with hidden-state noise on the drafter's inputs")
