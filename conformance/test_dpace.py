@@ -33,7 +33,4 @@ def test_dpace_loss_and_gradient_p6(conform, pair, case, alpha):
 
 @pytest.mark.pitfall(18)
 def test_default_loss_weighting_p18(conform, under_test):
-    if not hasattr(under_test, "recipe"):
-        conform.not_applicable((under_test.name, "speculators"), "no training recipe to compare")
-        return
     losses.recipe_defaults(conform, under_test, ("per_position_loss_weight", "dpace_alpha"))

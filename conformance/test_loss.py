@@ -20,7 +20,4 @@ def test_loss_kinds_p7(conform, pair, case):
 
 @pytest.mark.pitfall(7)
 def test_default_loss_fn_p7(conform, under_test):
-    if not hasattr(under_test, "recipe"):
-        conform.not_applicable((under_test.name, "speculators"), "no training recipe to compare")
-        return
     losses.recipe_defaults(conform, under_test, ("loss_fn",))

@@ -21,9 +21,6 @@ def test_loss_weight_schedule_p6(conform, pair, block_size, gamma, sample_from_a
 
 @pytest.mark.pitfall(6)
 def test_default_gamma_p6(conform, under_test):
-    if not hasattr(under_test, "recipe"):
-        conform.not_applicable((under_test.name, "speculators"), "no training recipe to compare")
-        return
     losses.recipe_defaults(conform, under_test, ("gamma", "max_anchors"))
 
 

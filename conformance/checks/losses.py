@@ -25,7 +25,11 @@ def speculators_trainer_defaults() -> dict:
 
 
 def recipe_defaults(cmp: Comparator, a, fields: tuple[str, ...]) -> None:
-    """The implementation's default training recipe vs speculators' TrainConfig-resolved dflash recipe."""
+    """The implementation's default training recipe vs speculators' TrainConfig-resolved dflash recipe
+    (n/a for an implementation that has no recipe, e.g. an inference-only one)."""
+    if not hasattr(a, "recipe"):
+        cmp.not_applicable((a.name, "speculators"), "no training recipe to compare")
+        return
     reference = speculators_trainer_defaults()
     for name in fields:
         cmp.compare((a.name, "speculators"), getattr(a.recipe, name), reference[name], EXACT,
