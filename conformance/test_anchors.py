@@ -7,6 +7,7 @@ from hypothesis import given
 from conformance.checks import training
 from conformance.strategies import FAST, MODEL, anchor_cases, training_cases
 from conformance.tolerances import EXACT
+from impl.interface import supports
 
 
 @pytest.mark.quick
@@ -31,11 +32,14 @@ def test_anchor_draw_equals_speculators_p8(conform, pair, case):
 def test_anchor_distribution_rules_p8(conform, under_test, case):
     """Range, sortedness, the last block excluded, invalid slots zero; all anchors drawn where the mask allows."""
     conform.describe(case)
+    names = (under_test.name, "rule")
+    if not supports(under_test, "select_anchors"):  # an inference-only implementation draws no anchors
+        conform.not_applicable(names, f"{under_test.name} has no select_anchors")
+        return
     anchors, valid = under_test.select_anchors(case.loss_mask, case.max_anchors, case.block_size, case.seed)
     eligible = case.loss_mask[0].bool().clone()
     eligible[-case.block_size:] = False
     count = min(case.max_anchors, int(eligible.sum()))
-    names = (under_test.name, "rule")
     conform.compare(names, list(anchors.shape), [case.max_anchors], what="one slot per max_anchors")
     conform.compare(names, int(valid.sum()), count, what="valid anchors = min(max_anchors, eligible)")
     conform.compare(names, valid, torch.arange(case.max_anchors) < count, what="valid slots come first")
