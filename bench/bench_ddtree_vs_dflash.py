@@ -16,9 +16,9 @@ import torch
 from common import parse_args, setup, timed, write_report
 from tabulate import tabulate
 
+from dflash_world.drafter import DRAFTER_FILES, cached_test_drafter
 from impl.ddtree import ddtree_decode
 from impl.decoding import dflash_decode, mean_acceptance
-from world.drafter import DRAFTER_FILES, cached_test_drafter
 
 
 def world_drafters(world):

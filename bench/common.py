@@ -34,8 +34,8 @@ COMMON_TRAINING = dict(seq_len=256, batch_size=4, lr=3e-3, warmup=20, progress=F
 
 
 def trained_drafter(world, name: str) -> Path:
+    from dflash_world import stdlib_corpus
     from impl.train import train_drafter
-    from world import stdlib_corpus
 
     path = world.root / f"bench-drafter-{name}.pt"
     with open(world.root / f".bench-drafter-{name}.lock", "w") as lock:
@@ -75,7 +75,7 @@ def setup(args: argparse.Namespace, default_drafters=None):
 
     target_dir, prompts_path, drafter_paths = args.target, args.prompts, args.drafters
     if target_dir is None or prompts_path is None or not drafter_paths:
-        from world import cached_test_world
+        from dflash_world import cached_test_world
 
         world = cached_test_world()
         target_dir = target_dir or world.target
@@ -94,9 +94,9 @@ def setup(args: argparse.Namespace, default_drafters=None):
 
 def heldout(n: int) -> list[dict]:
     """`n` prompts drawn exactly as the worlds draw theirs (same seed, corpus and exclusions)."""
-    from world import stdlib_corpus
-    from world.cache import DEFAULT_MAX_BYTES
-    from world.prompts import heldout_prompts
+    from dflash_world import stdlib_corpus
+    from dflash_world.cache import DEFAULT_MAX_BYTES
+    from dflash_world.prompts import heldout_prompts
 
     train = stdlib_corpus("train", max_bytes=DEFAULT_MAX_BYTES)
     return heldout_prompts(stdlib_corpus("heldout", max_bytes=DEFAULT_MAX_BYTES), n, seed=0, avoid=train)

@@ -26,10 +26,10 @@ SAMPLED_PROMPTS, SAMPLED_TOKENS, TEMPERATURE = 3, 64, 0.8
 
 @pytest.fixture(scope="module")
 def trained_pair():
+    from dflash_world import cached_test_world
+    from dflash_world.drafter import cached_test_drafter
     from impl.checkpoint import load_checkpoint
     from impl.target import load_target_model
-    from world import cached_test_world
-    from world.drafter import cached_test_drafter
 
     world = cached_test_world()
     out = cached_test_drafter(world)

@@ -12,9 +12,9 @@ from functools import lru_cache
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from dflash_world.target import random_qwen3
 from impl.checkpoint import zlab_config
 from impl.spec import DraftSpec
-from world.target import random_qwen3
 
 VOCAB = 96
 TARGET_HEADS, TARGET_KV_HEADS, TARGET_HEAD_DIM = 4, 2, 8

@@ -25,12 +25,12 @@ from pathlib import Path
 
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.outputs import check_outputs
+from dflash_world import DEMO_TARGET, build_world, stdlib_corpus
+from dflash_world.cache import WORLD_FORMAT
 from impl.cache_dir import cache_root
 from impl.checkpoint import atomic_write_bytes, load_checkpoint, save_zlab_dir
 from impl.errors import AuditError
 from impl.layers import build_target_layer_ids
-from world import DEMO_TARGET, build_world, stdlib_corpus
-from world.cache import WORLD_FORMAT
 
 
 @dataclass

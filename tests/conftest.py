@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
+from dflash_world import cached_test_world
+from dflash_world.target import random_qwen3
+from dflash_world.tokenizer import train_tokenizer
 from impl.model import DFlashDrafter
 from tests.helpers import TEXTS, load_trained_pair, tiny_spec, tiny_target
-from world import cached_test_world
-from world.target import random_qwen3
-from world.tokenizer import train_tokenizer
 
 # `make quick`: a cross-section of the harness's own tests that needs no trained world (seconds each):
 # specs and layers, masks, layering and the catalogue, every format loader, the static audit, the seed story.

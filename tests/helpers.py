@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from dflash_world.target import random_qwen3
 from impl.spec import DraftSpec
-from world.target import random_qwen3
 
 # Training text for the tiny worlds: short, repetitive, tokenizer-friendly.
 TEXTS = [f"def add_{i}(x, y):\n    total = x + y * {i}\n    return total\n" for i in range(24)]
@@ -22,7 +22,7 @@ def tiny_spec(**overrides) -> DraftSpec:
 
 
 def tiny_target(num_layers: int = 6, hidden: int = 64, vocab: int = 128, seed: int = 0) -> Qwen3ForCausalLM:
-    """The harness tests' preset of the one tiny target builder (`world.target.random_qwen3`)."""
+    """The harness tests' preset of the one tiny target builder (`dflash_world.target.random_qwen3`)."""
     return random_qwen3(num_layers, hidden, vocab, seed)
 
 
@@ -41,8 +41,8 @@ def world_drafter(world, layer_ids, seed):
     """An untrained one-layer drafter sized for a world's target (τ is measured, not good)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from dflash_world import mask_token_id
     from impl.model import DFlashDrafter
-    from world import mask_token_id
 
     config = AutoConfig.from_pretrained(world.target)
     torch.manual_seed(seed)
@@ -67,9 +67,9 @@ def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budge
 def load_trained_pair(world, loss: str = "kl_div"):
     """(drafter, target, prompts [(id, ids)], stop ids) of the world and its cached drafter."""
     from dflash_audit.prompts import load_prompts, tokenize_prompts
+    from dflash_world.drafter import cached_test_drafter
     from impl.checkpoint import build_drafter, load_checkpoint
     from impl.target import load_target
-    from world.drafter import cached_test_drafter
 
     target, tokenizer = load_target(world.target)
     ckpt = load_checkpoint(cached_test_drafter(world, loss))

@@ -25,11 +25,11 @@ import torch
 
 from dflash_audit.cli import main
 from dflash_audit.formats import load_any
+from dflash_world.target import random_qwen3
+from dflash_world.tokenizer import mask_token_id, train_tokenizer
 from impl.checkpoint import load_checkpoint, save_checkpoint, save_zlab_dir
 from impl.model import DFlashDrafter
 from tests.helpers import tiny_spec
-from world.target import random_qwen3
-from world.tokenizer import mask_token_id, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = [f"def add_{i}(x, y):\n    total = x + y * {i}\n    return total\n" for i in range(24)]

@@ -9,8 +9,8 @@ from dataclasses import asdict
 import pytest
 
 from dflash_audit.demo import KEY_FILE, DemoConfig, demo_key, prepare_cache, run_demo
+from dflash_world import TEST_TARGET
 from impl.errors import AuditError
-from world import TEST_TARGET
 
 PLANTED = [("fc_dims", ""), ("recipe", "gamma"), ("recipe", "verifier_source_layer")]
 

@@ -14,8 +14,8 @@ from transformers import AutoTokenizer
 
 from dflash_audit.cli import main
 from dflash_audit.prompts import load_prompts, tokenize_prompt, uses_chat_template
+from dflash_world.drafter import cached_test_drafter
 from impl.errors import AuditError
-from world.drafter import cached_test_drafter
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""The packages import one way: dflash_audit → conformance → reference_adapters → world → impl.
+"""The packages import one way: dflash_audit → conformance → reference_adapters → dflash_world → impl.
 
 A module may import its own package and any package below it, never one above. The check
 parses every module's imports (function-level ones too), so a back edge fails here, in CI.
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# Lowest first. `world` (the tiny trained target the demo and the tests run on) needs only impl.
-LAYERS = ("impl", "world", "reference_adapters", "conformance", "dflash_audit")
+# Lowest first. `dflash_world` (the tiny trained target the demo and the tests run on) needs only impl.
+LAYERS = ("impl", "dflash_world", "reference_adapters", "conformance", "dflash_audit")
 RANK = {name: rank for rank, name in enumerate(LAYERS)}
 
 
@@ -52,7 +52,7 @@ def test_every_import_points_down_the_layers():
 @pytest.mark.parametrize("path, source", [
     ("impl/model.py", "from dflash_audit.errors import AuditError\n"),
     ("reference_adapters/zlab_adapter.py", "def f():\n    import conformance.compare\n"),
-    ("world/target.py", "import reference_adapters\n"),
+    ("dflash_world/target.py", "import reference_adapters\n"),
     ("conformance/compare.py", "from dflash_audit.formats import load_any\n"),
 ])
 def test_a_deliberate_back_edge_fails_the_check(path, source):

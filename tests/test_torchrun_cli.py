@@ -20,11 +20,11 @@ import torch
 
 from dflash_audit.cli import main
 from dflash_audit.prompts import load_prompts
+from dflash_world.drafter import cached_test_drafter
 from impl.checkpoint import load_checkpoint
 from impl.model import DFlashDrafter
 from tests.test_ddp import ATOL, RTOL
 from tests.test_ddp import RUN as DDP_RUN
-from world.drafter import cached_test_drafter
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")

@@ -146,7 +146,7 @@ def test_bf16_autocast_trains(tiny_world, tmp_path):
 
 
 def test_loss_decreases_on_the_trained_test_target(test_world, tmp_path):
-    from world import stdlib_corpus
+    from dflash_world import stdlib_corpus
 
     texts = stdlib_corpus("train", max_bytes=30_000)
     stats = train_drafter(test_world.target, texts, tmp_path / "d.pt", steps=15, seq_len=64, block_size=4,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
-from world import (
+from dflash_world import (
     BUILTIN_PROMPTS,
     EOS_TOKEN,
     MASK_TOKEN,
@@ -20,7 +20,7 @@ from world import (
     train_tokenizer,
     write_prompts_jsonl,
 )
-from world.target import STATS_FILE, pack_tokens
+from dflash_world.target import STATS_FILE, pack_tokens
 
 SMALL = 300_000  # bytes of corpus for the tests that build their own pieces
 

@@ -20,10 +20,10 @@ from dflash_audit.audit.static import static_audit
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
+from dflash_world import BUILTIN_PROMPTS
 from impl.cache_dir import cache_root
 from impl.inputs import check_generation_flags
 from impl.target import load_target
-from world import BUILTIN_PROMPTS
 
 
 def progress_bar(console: Console) -> Progress:
