@@ -175,12 +175,6 @@ def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = fro
     return base, "the other side's recipe follows the model-level defaults (KL, fixed decay)"
 
 
-def reference_recipe() -> tuple[Recipe, dict[str, str]]:
-    """The model-level recipe and its per-field sources (kept for callers that need no rule)."""
-    ref = model_level()
-    return ref.recipe, ref.sources
-
-
 def reference_table() -> list[dict[str, str]]:
     """Rows of the README's reference recipe table: every value with the file it was read from."""
     base, dflash, dflash2 = model_level(), trainer("dflash"), trainer("dflash2")

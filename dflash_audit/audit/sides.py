@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from dflash_audit.formats import VERIFIER_OWNED_KEYS, LoadOptions
+from dflash_audit.formats.inference import fc_layer_count
 from impl.spec import DraftSpec, Recipe
 
 # Copied from the verifier by speculators (PITFALLS #13): never trained, never draft body.
@@ -67,10 +68,10 @@ class Side:
         ids = self.known.get("target_layer_ids")
         if ids is not None:
             return len(ids)
-        fc, hidden = self.state_dict.get("fc.weight"), self.known.get("hidden_size")
-        if fc is not None and fc.dim() == 2 and hidden and fc.shape[1] % hidden == 0:
-            return fc.shape[1] // hidden
-        return None
+        fc = self.state_dict.get("fc.weight")
+        counted = fc_layer_count({"fc.weight": tuple(fc.shape)}, self.known.get("hidden_size")) if fc is not None \
+            else None
+        return counted[0] if counted else None
 
     @property
     def fc_in_features(self) -> int | None:

@@ -9,6 +9,7 @@ z-lab and speculators form gives no finding.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -348,8 +349,10 @@ def recipe_table(side: Side, recipe: Recipe, sources: dict[str, str], has: bool,
 
 
 # -- tensors ---------------------------------------------------------------------------------
+@lru_cache(maxsize=8)  # asked per side by the contradiction check and the tensor table: built once
 def expected_shapes(spec: DraftSpec | None) -> dict[str, tuple[int, ...]]:
-    """Draft-body tensor shapes a spec implies (built on the meta device: no memory); {} if unknown."""
+    """Draft-body tensor shapes a spec implies (built on the meta device: no memory); {} if unknown.
+    Callers only read the result."""
     if spec is None:
         return {}
     with torch.device("meta"):

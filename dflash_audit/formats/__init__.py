@@ -35,10 +35,9 @@ from impl.checkpoint import VERIFIER_OWNED_KEYS
 from impl.errors import AuditError
 
 FORMATS = ("ours", "zlab", "speculators")  # the formats `convert` writes
-READ_FORMATS = FORMATS + ("foreign",)
 MODULES = {"ours": ours, "zlab": zlab, "speculators": speculators}
 
-__all__ = ["FORMATS", "MODULES", "READ_FORMATS", "VERIFIER_OWNED_KEYS", "LoadOptions", "LoadedCheckpoint",
+__all__ = ["FORMATS", "MODULES", "VERIFIER_OWNED_KEYS", "LoadOptions", "LoadedCheckpoint",
            "RawRecord", "UnknownScheme", "detect_format", "incomplete_spec", "load_any", "require_spec"]
 
 

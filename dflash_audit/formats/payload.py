@@ -62,10 +62,9 @@ def role_of(key: str, value: Any) -> str | None:
             return "scheduler state"
         if "growth_factor" in value and "scale" in value:
             return "grad-scaler state"
-    if isinstance(value, (list, tuple)) and value and all(role_of(key, v) == "optimizer state" for v in value
-                                                           if isinstance(v, Mapping)) and \
-            all(isinstance(v, Mapping) for v in value):
-        return "optimizer state"
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(v, Mapping) and role_of(key, v) == "optimizer state" for v in value):
+        return "optimizer state"  # e.g. Lightning's `optimizer_states`
     if "rng" in lowered or "random" in lowered:
         return "RNG state"
     return None

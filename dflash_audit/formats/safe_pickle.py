@@ -21,6 +21,7 @@ import argparse
 import collections
 import datetime
 import pathlib
+import pickle
 import re
 import zipfile
 from pathlib import Path
@@ -124,18 +125,12 @@ def safe_load(path: Path) -> Any:
         try:
             with torch.serialization.safe_globals(allowed):
                 return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-        except pickle_errors() as exc:
+        except pickle.UnpicklingError as exc:
             # Legacy (non-zip) files cannot be scanned ahead: learn their globals one refusal at a time.
             match = GLOBAL_NAME.search(str(exc))
             if match is None or match.group(1) in stand_ins or len(stand_ins) >= MAX_STAND_INS:
                 raise
             stand_ins[match.group(1)] = stand_in(match.group(1))
-
-
-def pickle_errors() -> tuple[type[BaseException], ...]:
-    import pickle
-
-    return (pickle.UnpicklingError,)
 
 
 def to_plain(value: Any, depth: int = 0) -> Any:
