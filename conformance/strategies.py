@@ -7,6 +7,7 @@ larger than the context, fp32 and bf16. Sizes stay tiny so a CPU runs hundreds o
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,9 @@ FAST = settings(max_examples=40)  # pure index/mask operations
 MODEL = settings(max_examples=6)  # anything that runs a drafter
 
 dtypes = st.sampled_from([torch.float32, torch.bfloat16])
+# DFlash2 forward checks run in fp64 (implementations of one function agree to 1e-10) and fp32, not
+# bf16: there its quadratic convolutions amplify rounding to the size of a real bug (conformance/tolerances.py).
+dflash2_dtypes = st.sampled_from([torch.float64, torch.float32])
 block_sizes = st.integers(1, 16)
 
 
@@ -220,3 +224,78 @@ def dpace_cases(draw) -> DPaceCase:
     q = torch.tensor(draw(st.lists(confidences, min_size=n, max_size=n)), dtype=torch.float64)
     per_slot_loss = (-q.log()).float().to(draw(dtypes))[None]
     return DPaceCase(per_slot_loss, torch.tensor([mask], dtype=torch.float32), block, draw(dpace_alphas))
+
+
+# -- DFlash2 ------------------------------------------------------------------------------
+@st.composite
+def dflash2_specs(draw, max_layers: int = 3, sliding: bool | None = None, min_block: int = 2) -> DraftSpec:
+    """A tiny DFlash2 drafter: convolution taps up to the block, groups that divide the hidden size
+    (one group per channel up to one for all), any selector rank and top-k up to the vocabulary,
+    sliding windows bidirectional or causal."""
+    spec = draw(draft_specs(max_layers=max_layers, sliding=sliding, min_block=min_block))
+    return dataclasses.replace(
+        spec, conv_kernel_size=draw(st.integers(1, min(4, spec.block_size))),
+        conv_group_size=draw(st.sampled_from([d for d in (1, 4, 8, 16, 32) if spec.hidden_size % d == 0])),
+        selector_rank=draw(st.integers(1, 16)), selector_top_k=draw(st.integers(1, 12)),
+        sliding_window_non_causal=draw(st.booleans()))
+
+
+@dataclass(frozen=True)
+class ConvCase:
+    spec: DraftSpec
+    layer: int
+    sublayer: str  # "attention" | "mlp"
+    num_blocks: int
+    seed: int
+
+
+@st.composite
+def conv_cases(draw) -> ConvCase:
+    spec = draw(dflash2_specs(max_layers=2))
+    return ConvCase(spec, draw(st.integers(0, spec.num_hidden_layers - 1)), draw(st.sampled_from(["attention", "mlp"])),
+                    draw(st.integers(1, 4)), draw(st.integers(0, 2**16)))
+
+
+@dataclass(frozen=True)
+class SelectorCase:
+    spec: DraftSpec
+    slots: int  # drafted slots of one block (B - 1, or fewer near the end of generation)
+    first_token: int
+    temperature: float
+    seed: int
+
+
+@st.composite
+def selector_cases(draw, sampled: bool | None = None) -> SelectorCase:
+    spec = draw(dflash2_specs(max_layers=1))
+    use_sampling = draw(st.booleans()) if sampled is None else sampled
+    return SelectorCase(spec, draw(st.integers(1, 15)), draw(st.integers(0, VOCAB - 1)),
+                        draw(st.sampled_from([0.5, 1.0, 2.0])) if use_sampling else 0.0, draw(st.integers(0, 2**16)))
+
+
+@dataclass(frozen=True)
+class SelectorLossCase:
+    num_anchors: int
+    block_size: int
+    top_k: int
+    gamma: float
+    weighting: str
+    alpha: float
+    seed: int
+
+
+@st.composite
+def selector_loss_cases(draw) -> SelectorLossCase:
+    return SelectorLossCase(draw(st.integers(1, 6)), draw(st.integers(2, 16)), draw(st.integers(1, 12)),
+                            draw(st.sampled_from([1.0, 4.0, 7.0])),
+                            draw(st.sampled_from(["fixed-exp-decay", "dpace"])), draw(dpace_alphas),
+                            draw(st.integers(0, 2**16)))
+
+
+@st.composite
+def dflash2_training_cases(draw, sliding: bool | None = None) -> TrainingCase:
+    case = draw(training_cases(sliding=sliding))
+    spec = draw(dflash2_specs(max_layers=3, sliding=sliding))
+    spec = dataclasses.replace(spec, block_size=case.spec.block_size,
+                               conv_kernel_size=min(spec.conv_kernel_size, case.spec.block_size))
+    return dataclasses.replace(case, spec=spec)

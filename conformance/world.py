@@ -35,14 +35,36 @@ def target_for(spec: DraftSpec) -> Qwen3ForCausalLM:
 
 
 def reference_state_dict(spec: DraftSpec, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Draft-body weights made by z-lab's own model class for `spec` (norm weights perturbed too)."""
-    from dflash.model import DFlashDraftModel
+    """Draft-body weights made by z-lab's own model class for `spec` (norm weights perturbed too).
+
+    Names are the on-disk ones (a DFlash2 selector's codebooks without `.weight`, as z-lab's
+    `from_pretrained` maps them)."""
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel
 
     torch.manual_seed(seed)
-    model = DFlashDraftModel(Qwen3Config(**zlab_config(spec)))
-    # Keys and shapes are z-lab's; values are redrawn so norms are not all ones.
-    return {name: (1 + 0.1 * torch.randn_like(t)) if name.endswith("norm.weight") else 0.05 * torch.randn_like(t)
-            for name, t in model.state_dict().items()}
+    model_class = DFlash2DraftModel if spec.family == "dflash2" else DFlashDraftModel
+    model = model_class(Qwen3Config(**zlab_config(spec)))
+    # Keys and shapes are z-lab's; values are redrawn so norms are not all ones and the
+    # convolutions are clearly not the identity (tap 0 near 1, later taps and deltas well away from 0).
+    return {zlab_to_disk_name(name): redrawn(name, t) for name, t in model.state_dict().items()}
+
+
+def zlab_to_disk_name(name: str) -> str:
+    return name.removesuffix(".weight") if name.endswith("_codebook.weight") else name
+
+
+def redrawn(name: str, t: torch.Tensor) -> torch.Tensor:
+    if name.endswith("norm.weight"):
+        return 1 + 0.1 * torch.randn_like(t)
+    if name.endswith("base_kernel"):
+        identity = torch.zeros_like(t)
+        identity[:, 0] = 1.0
+        return identity + 0.3 * torch.randn_like(t)
+    if name.endswith("kernel_projection.weight"):
+        return 0.2 * torch.randn_like(t)
+    if "candidate_selector" in name:
+        return 0.5 * torch.randn_like(t)  # a transition term that can overturn the unary order
+    return 0.05 * torch.randn_like(t)
 
 
 def packed_sequence(lengths: list[int], padding: int, seed: int = 0):

@@ -27,6 +27,11 @@ TEST_DRAFTER = dict(steps=400, max_anchors=48, block_size=8, draft_layers=2, tar
                     # Pinned: the trainer now defaults to D-PACE; these drafters keep their fixed-decay training.
                     per_position_loss_weight="fixed-exp-decay", gamma=4.0)
 DRAFTER_FILES = {"kl_div": "test-drafter.pt", "ce": "test-drafter-ce.pt"}
+# The DFlash2 twin: the same run with convolutions and a selector, speculators' dflash2 loss (KL, fixed decay)
+# and its bidirectional sliding windows; a small selector, sized for the tiny world.
+DFLASH2_DRAFTER = dict(TEST_DRAFTER, family="dflash2", conv_kernel_size=2, conv_group_size=16, selector_rank=32,
+                       selector_top_k=8, loss_fn="kl_div")
+DFLASH2_DRAFTER_FILE = "test-drafter-dflash2.pt"
 
 
 def cached_test_drafter(world: WorldPaths, loss: str = "kl_div") -> Path:
@@ -39,6 +44,19 @@ def cached_test_drafter(world: WorldPaths, loss: str = "kl_div") -> Path:
 
     def train() -> Path:
         train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **TEST_DRAFTER, loss_fn=loss)
+        return path
+
+    return build_once(world.root / f".{path.stem}.lock", lambda: path if path.is_file() else None, train)
+
+
+def cached_dflash2_drafter(world: WorldPaths) -> Path:
+    """`<world>/test-drafter-dflash2.pt`: the DFlash2 test drafter, trained by `impl.train` on first use."""
+    from impl.train import train_drafter
+
+    path = world.root / DFLASH2_DRAFTER_FILE
+
+    def train() -> Path:
+        train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **DFLASH2_DRAFTER)
         return path
 
     return build_once(world.root / f".{path.stem}.lock", lambda: path if path.is_file() else None, train)

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from impl import anchors as anchor_rules
-from impl import layers, losses, masks
+from impl import dflash2, layers, losses, masks
 from impl.checkpoint import build_drafter
-from impl.decoding import dflash_decode
+from impl.decoding import Sampler, dflash_decode
 from impl.extract import context_features
 from impl.interface import GenerationResult, TrainingOutputs
 from impl.model import DFlashDrafter
@@ -59,7 +59,7 @@ class OursImplementation:
         step = training_step(drafter, target, input_ids, loss_mask, document_ids, recipe, with_loss=False)
         out = step.outputs
         return TrainingOutputs(anchors=out.anchors[0], anchor_valid=out.anchor_valid[0], logits=out.logits,
-                               targets=out.targets, loss_mask=out.loss_mask, hidden=out.hidden)
+                               targets=out.targets, loss_mask=out.loss_mask, hidden=out.hidden, selector=out.selector)
 
     def loss_weights(self, block_size, gamma, sample_from_anchor):
         return losses.decay_weights(block_size, gamma, sample_from_anchor)
@@ -77,6 +77,28 @@ class OursImplementation:
     def block_metrics(self, logits, targets, loss_mask, block_size):
         metrics = losses.block_metrics(logits, targets, loss_mask, block_size)
         return {"position_acc": metrics["position_acc"], "eal": metrics["eal"]}
+
+    # -- DFlash2 ----------------------------------------------------------------------------
+    def dynamic_conv(self, drafter: DFlashDrafter, layer_idx, sublayer, x, y, block_size):
+        conv = getattr(drafter.layers[layer_idx], f"{sublayer}_conv")
+        prepared, delta = conv.prepare(x)
+        return prepared, conv.finish(y, delta)
+
+    def selector_path(self, drafter: DFlashDrafter, hidden, unary_logits, first_token, temperature=0.0, seed=0):
+        sampler = Sampler(temperature, seed)
+        path = drafter.candidate_selector.select(hidden, unary_logits, torch.tensor([first_token]),
+                                                 sampler.pick_index)
+        return path.tokens[0], path.candidates[0], None if path.probs is None else path.probs[0]
+
+    def selector_scores(self, drafter: DFlashDrafter, unary_logits, hidden, predecessors, candidates):
+        return drafter.candidate_selector.score_candidates(unary_logits, hidden, predecessors, candidates)
+
+    def selector_training_candidates(self, candidate_ids, target_ids):
+        return dflash2.training_candidates(candidate_ids, target_ids)
+
+    def selector_loss(self, candidate_scores, label_positions, loss_mask, block_size, gamma, weighting, alpha):
+        return losses.selector_loss(candidate_scores, label_positions, loss_mask, block_size, gamma,
+                                    weighting=weighting, dpace_alpha=alpha)
 
     def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids, temperature=0.0,
                  seed=0) -> GenerationResult:

@@ -18,10 +18,11 @@ from safetensors.torch import save_file
 from impl.atomic import atomic_directory, atomic_write_bytes  # noqa: F401  (re-exported: writers import them from here)
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
-from impl.spec import DraftSpec, Recipe, SpecError
+from impl.spec import DFLASH2_FIELDS, DraftSpec, Recipe, SpecError
 
 CKPT_FORMAT = "dflash-audit/ckpt-1"
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile
+ZLAB_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
 # Tensors a speculators drafter holds that are copies of the verifier's (embeddings, head, final
 # norm, vocabulary maps): never trained, never draft body (PITFALLS #13).
 VERIFIER_OWNED_KEYS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight",
@@ -153,7 +154,7 @@ def zlab_config(spec: DraftSpec) -> dict[str, Any]:
     """config.json of a z-lab drafter: Qwen3 fields plus `dflash_config`."""
     config = spec.qwen3_config().to_dict()
     config.update({
-        "architectures": ["DFlashDraftModel"],
+        "architectures": [ZLAB_ARCHITECTURES[spec.family]],
         "num_target_layers": spec.num_target_layers,
         "block_size": spec.block_size,
         "dflash_config": {
@@ -166,6 +167,10 @@ def zlab_config(spec: DraftSpec) -> dict[str, Any]:
     for name, default in extras.items():
         if getattr(spec, name) != default:
             config["dflash_config"][name] = getattr(spec, name)
+    if spec.family == "dflash2":
+        config["dflash_config"].update({name: getattr(spec, name) for name in DFLASH2_FIELDS})
+    if spec.sliding_window_non_causal:
+        config["is_causal"] = False  # z-lab's switch: sliding layers then see their whole block
     return config
 
 
@@ -222,7 +227,13 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -
         if "sliding_attention" in layer_types and window is None:
             # z-lab keeps such layers causal but unwindowed; an unreachable window says the same.
             window = as_int("max_position_embeddings", config.get("max_position_embeddings", 40960))
+        family = "dflash2" if "DFlash2DraftModel" in (config.get("architectures") or []) else "dflash"
+        dflash2 = {name: as_int(name, value(name)) if value(name) is not None else None for name in DFLASH2_FIELDS}
+        if family == "dflash2" and None in dflash2.values():
+            raise SpecError(next(n for n, v in dflash2.items() if v is None), "missing from a DFlash2DraftModel config")
         return DraftSpec(
+            **(dflash2 if family == "dflash2" else {}),
+            sliding_window_non_causal=zlab_non_causal(config.get("is_causal"), layer_types),
             hidden_size=hidden,
             intermediate_size=as_int("intermediate_size", config["intermediate_size"]),
             num_attention_heads=heads,
@@ -249,6 +260,18 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -
         raise CheckpointError(f"{source}: missing field {exc.args[0]!r}") from exc
     except SpecError as exc:
         raise CheckpointError(f"{source}: {exc}") from exc
+
+
+def zlab_non_causal(is_causal: Any, layer_types: list[str]) -> bool:
+    """z-lab's `is_causal` (absent: sliding layers causal) as `sliding_window_non_causal`."""
+    if is_causal is None:
+        return False
+    if not isinstance(is_causal, bool):
+        raise SpecError("is_causal", f"{is_causal!r} is not true or false")
+    if is_causal and "full_attention" in layer_types:
+        raise SpecError("is_causal", "true makes z-lab's full-attention layers causal too, which no DFlash "
+                                     "drafter does; refused rather than audited as something else")
+    return not is_causal
 
 
 def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:

@@ -8,6 +8,10 @@ The target scores every node at once: each node attends to the KV cache and to i
 ancestors only, at position `start + depth`. The walk follows the target's greedy token
 while it matches a child; the KV cache is compacted to the accepted path. Greedy only,
 and lossless: the output equals plain greedy decoding.
+
+DDTree is defined on DFlash drafters only. A DFlash2 drafter's proposals come from its
+selector, which scores a slot's candidates given the token chosen before it: its depths
+are not independent marginals, and neither reference defines how a tree would use them.
 """
 
 from __future__ import annotations
@@ -19,8 +23,19 @@ import torch
 from torch import nn
 
 from impl.decoding import DecodeResult, StopTokens, TargetSession, draft_block
+from impl.errors import AuditError
 from impl.extract import output_head
 from impl.model import DFlashDrafter, DraftCache
+
+
+DDTREE_NEEDS_DFLASH = ("DDTree is defined on DFlash drafters only: a DFlash2 drafter's selector scores each "
+                       "slot given the token before it, so its slots are not the independent marginals a tree is "
+                       "built from")
+
+
+def require_dflash_family(drafter: DFlashDrafter) -> None:
+    if drafter.spec.family != "dflash":
+        raise AuditError(DDTREE_NEEDS_DFLASH)
 
 
 @dataclass
@@ -97,6 +112,7 @@ def tree_attention_mask(tree: DraftTree, cache_len: int, dtype: torch.dtype, dev
 def ddtree_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
                   stop_token_ids: list[int] | None = None, budget: int = 32) -> DecodeResult:
     """Greedy tree speculative decoding of one prompt; `acceptance_lengths` as in `dflash_decode`."""
+    require_dflash_family(drafter)
     stops, head = StopTokens(stop_token_ids), output_head(target)
     prompt_len = input_ids.shape[1]
     max_length = prompt_len + max_new_tokens
@@ -111,7 +127,8 @@ def ddtree_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     rounds: list[int] = []
     while not stopped and start + 1 < max_length:
         size = min(drafter.block_size, max_length - start)
-        _, draft_logits = draft_block(drafter, target, head, draft_cache, new_features, tokens[start], start, size)
+        _, draft_hidden = draft_block(drafter, target, draft_cache, new_features, tokens[start], start, size)
+        draft_logits = drafter.compute_logits(draft_hidden[0], head)
         tree = build_tree(tokens[start], torch.log_softmax(draft_logits.float(), dim=-1), budget)
 
         node_ids = torch.tensor([tree.tokens], device=input_ids.device)

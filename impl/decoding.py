@@ -108,6 +108,13 @@ class Sampler:
     def uniform(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.generator)
 
+    def pick_index(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(index [b], probs [b, k] or None) of one choice among `scores` [b, k]: the DFlash2 selector's step."""
+        if self.greedy:
+            return scores.argmax(-1), None
+        probs = self.probs(scores)
+        return self.draw(probs), probs
+
 
 def verify_greedy(proposals: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
     """(accepted proposals, bonus token): proposals [k], target logits [k + 1, V]."""
@@ -170,11 +177,11 @@ class TargetSession:
             layer.values = layer.values.index_select(-2, index)
 
 
-def draft_block(drafter: DFlashDrafter, target: nn.Module, head: nn.Module, draft_cache: DraftCache,
+def draft_block(drafter: DFlashDrafter, target: nn.Module, draft_cache: DraftCache,
                 new_features: torch.Tensor, last_token: int, start: int, size: int):
     """One drafter pass over `[last token, mask x (size-1)]` at positions start..start+size-1.
 
-    Returns the block [1, size] (proposals still masked) and the logits of its slots 1.. [size-1, V].
+    Returns the block [1, size] (proposals still masked) and the hidden states of its slots 1.. [1, size-1, H].
     """
     device = new_features.device
     block = torch.full((1, size), drafter.mask_token_id, dtype=torch.long, device=device)
@@ -183,7 +190,29 @@ def draft_block(drafter: DFlashDrafter, target: nn.Module, head: nn.Module, draf
     positions = torch.arange(start - new_features.shape[1], start + size, device=device)[None]
     hidden = drafter(drafter.embed(target, block), new_features, positions, cache=draft_cache)
     draft_cache.crop(start)  # keep context only: the block is redrawn next round
-    return block, drafter.compute_logits(hidden[0, 1:], head)
+    return block, hidden[:, 1:]
+
+
+def propose(drafter: DFlashDrafter, head: nn.Module, hidden: torch.Tensor, last_token: int,
+            sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(proposals [n], draft distribution [n, V] or None when greedy) from slots 1.. of a block [1, n, H].
+
+    DFlash takes each slot's own choice; DFlash2 walks its selector through the unary top-k,
+    each choice the next slot's predecessor (z-lab's `DFlash2DraftModel.propose`).
+    """
+    logits = drafter.compute_logits(hidden[0], head)
+    if drafter.candidate_selector is None:
+        if sampler.greedy:
+            return logits.argmax(-1), None
+        probs = sampler.probs(logits)
+        return sampler.draw(probs), probs
+    first = torch.tensor([last_token], device=hidden.device)
+    path = drafter.candidate_selector.select(hidden, logits[None], first, sampler.pick_index)
+    if path.probs is None:
+        return path.tokens[0], None
+    # The selector's distribution lives on the candidates; everything else has probability 0.
+    dense = torch.zeros_like(logits, dtype=path.probs.dtype).scatter(-1, path.candidates[0], path.probs[0])
+    return path.tokens[0], dense
 
 
 @torch.inference_mode()
@@ -204,9 +233,8 @@ def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     rounds: list[int] = []
     while not stopped and start + 1 < max_length:
         size = min(block_size, max_length - start)
-        block, draft_logits = draft_block(drafter, target, head, draft_cache, new_features, tokens[start], start, size)
-        draft_probs = None if sampler.greedy else sampler.probs(draft_logits)
-        block[0, 1:] = draft_logits.argmax(-1) if sampler.greedy else sampler.draw(draft_probs)
+        block, draft_hidden = draft_block(drafter, target, draft_cache, new_features, tokens[start], start, size)
+        block[0, 1:], draft_probs = propose(drafter, head, draft_hidden, tokens[start], sampler)
 
         target_logits, block_features = session.forward(block, start)
         if sampler.greedy:

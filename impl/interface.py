@@ -22,12 +22,15 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from impl.dflash2 import SelectorTraining
 from impl.spec import DraftSpec
 
 OPERATIONS = (
     "default_target_layer_ids", "context_features", "select_anchors", "training_mask", "inference_mask",
     "build_drafter", "project_context", "draft_forward", "training_outputs", "loss_weights", "loss",
     "block_metrics", "generate", "dpace_weights", "dpace_loss",
+    # DFlash2
+    "dynamic_conv", "selector_path", "selector_scores", "selector_training_candidates", "selector_loss",
 )
 
 
@@ -45,6 +48,7 @@ class TrainingOutputs:
     targets: torch.Tensor  # [1, A*B, V] verifier logits aligned to the slots
     loss_mask: torch.Tensor  # [1, A*B] aligned loss mask (slot 0 and padded anchors zeroed)
     hidden: torch.Tensor | None = None  # [1, A*B, H] drafter hidden states after the final norm
+    selector: SelectorTraining | None = None  # DFlash2: the selector's candidates, labels and scores
 
 
 @dataclass
@@ -121,6 +125,33 @@ class DFlashImplementation(Protocol):
         `temperature` > 0 with the global torch generator seeded with `seed` (z-lab's draw order)."""
 
 
+class DFlash2Operations(Protocol):
+    """What a DFlash2 implementation adds; a DFlash-only one declares them `unsupported`."""
+
+    def dynamic_conv(self, drafter: Any, layer_idx: int, sublayer: str, x: torch.Tensor, y: torch.Tensor,
+                     block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(prepare(x), finish(y, delta))` of layer `layer_idx`'s `attention` or `mlp` convolution pair, the delta
+        being the output-side kernel `prepare(x)` projected; x, y [1, A*B, H] hold blocks of `block_size` slots."""
+
+    def selector_path(self, drafter: Any, hidden: torch.Tensor, unary_logits: torch.Tensor, first_token: int,
+                      temperature: float = 0.0, seed: int = 0):
+        """`(tokens [n], candidates [n, k], probs [n, k] or None)`: the selector's path through one block's
+        slots (hidden [1, n, H], unary logits [1, n, V]) from `first_token`; sampled after `manual_seed(seed)`."""
+
+    def selector_scores(self, drafter: Any, unary_logits: torch.Tensor, hidden: torch.Tensor,
+                        predecessors: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """[..., k] scores of `candidates` given each slot's predecessor (unary + transition)."""
+
+    def selector_training_candidates(self, candidate_ids: torch.Tensor, target_ids: torch.Tensor):
+        """`(candidates, label positions, contains target)` from the unary top-k (best first) and hard targets."""
+
+    def selector_loss(self, candidate_scores: torch.Tensor, label_positions: torch.Tensor, loss_mask: torch.Tensor,
+                      block_size: int, gamma: float, weighting: str, alpha: float) -> torch.Tensor:
+        """The scalar K-way selector loss, weighted and reduced as the implementation trains."""
+
+
 def supports(implementation: Any, operation: str) -> bool:
-    """Whether `operation` is implemented (declared in `implementation.unsupported` otherwise)."""
-    return operation not in getattr(implementation, "unsupported", frozenset())
+    """Whether `operation` is implemented: not declared in `implementation.unsupported`, and there at all
+    (an implementation written before DFlash2 has none of its operations)."""
+    return (operation not in getattr(implementation, "unsupported", frozenset())
+            and callable(getattr(implementation, operation, None)))

@@ -90,6 +90,22 @@ def dflash_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Te
     return reduce_loss(per_slot, loss_mask, weights)
 
 
+def selector_loss(candidate_scores: torch.Tensor, label_positions: torch.Tensor, loss_mask: torch.Tensor,
+                  block_size: int, gamma: float = 4.0, sample_from_anchor: bool = False,
+                  weighting: str = "fixed-exp-decay", dpace_alpha: float = 0.5) -> torch.Tensor:
+    """DFlash2's selector loss: K-way CE of the candidate scores [1, N, k] against the label
+    positions [1, N], weighted per slot as the unary loss is and reduced the same way."""
+    per_slot = F.cross_entropy(candidate_scores.float().flatten(0, 1), label_positions.flatten(),
+                               reduction="none").view(label_positions.shape)
+    if weighting == "dpace":
+        weights = dpace_weights(per_slot, loss_mask, block_size, dpace_alpha)
+    elif weighting == "fixed-exp-decay":
+        weights = decay_weights(block_size, gamma, sample_from_anchor, device=candidate_scores.device)
+    else:
+        raise ValueError(f"per_position_loss_weight: unknown weighting {weighting!r}")
+    return reduce_loss(per_slot, loss_mask, weights)
+
+
 def block_metrics(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
                   sample_from_anchor: bool = False) -> dict[str, torch.Tensor]:
     """Per-position accuracy and EAL (expected accepted length incl. the bonus token).

@@ -10,6 +10,11 @@ attends over `K/V = concat(proj(context), proj(block))`.
 The same `forward` serves training (all anchor blocks of a packed sequence at once, with
 `masks.training_mask`) and inference (one block after the accepted context, with
 `masks.inference_mask` and a KV cache). State-dict keys equal z-lab's `DFlashDraftModel`.
+
+A DFlash2 drafter (`spec.family == "dflash2"`) is the same model plus, in every layer, a
+grouped dynamic causal convolution around the attention and around the MLP, and a
+candidate selector that reranks the unary top-k (`impl.dflash2`). Its state-dict keys are
+the ones both references write to disk (the selector's codebooks carry no `.weight`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
+from impl.dflash2 import CandidateSelector, GroupedDynamicCausalConv
 from impl.masks import inference_mask, training_mask
 from impl.spec import DraftSpec
 
@@ -109,6 +115,14 @@ class DraftAttention(nn.Module):
         return self.attend(q, k, v, mask)
 
 
+def convolved(conv: GroupedDynamicCausalConv | None, sublayer, h: torch.Tensor) -> torch.Tensor:
+    """`sublayer(h)`, inside the DFlash2 convolution pair when the layer has one."""
+    if conv is None:
+        return sublayer(h)
+    h, output_delta = conv.prepare(h)
+    return conv.finish(sublayer(h), output_delta)
+
+
 class DraftLayer(nn.Module):
     def __init__(self, spec: DraftSpec, layer_idx: int):
         super().__init__()
@@ -116,10 +130,15 @@ class DraftLayer(nn.Module):
         self.mlp = Qwen3MLP(spec.qwen3_config())
         self.input_layernorm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.attention_conv = self.mlp_conv = None
+        if spec.family == "dflash2":
+            conv = (spec.hidden_size, spec.conv_kernel_size, spec.conv_group_size, spec.block_size)
+            self.attention_conv, self.mlp_conv = GroupedDynamicCausalConv(*conv), GroupedDynamicCausalConv(*conv)
 
     def forward(self, x, context, cos, sin, mask, cache=None):
-        x = x + self.self_attn(rms_norm(self.input_layernorm, x), context, cos, sin, mask, cache)
-        return x + self.mlp(rms_norm(self.post_attention_layernorm, x))
+        x = x + convolved(self.attention_conv, lambda h: self.self_attn(h, context, cos, sin, mask, cache),
+                          rms_norm(self.input_layernorm, x))
+        return x + convolved(self.mlp_conv, self.mlp, rms_norm(self.post_attention_layernorm, x))
 
 
 class DFlashDrafter(nn.Module):
@@ -131,6 +150,10 @@ class DFlashDrafter(nn.Module):
         self.rotary_emb = Qwen3RotaryEmbedding(spec.qwen3_config())
         self.fc = nn.Linear(spec.fc_in_features, spec.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.candidate_selector = None
+        if spec.family == "dflash2":
+            self.candidate_selector = CandidateSelector(spec.vocab_size, spec.hidden_size, spec.selector_rank,
+                                                        spec.selector_top_k)
         self.reset_parameters()
 
     @property
@@ -151,15 +174,19 @@ class DFlashDrafter(nn.Module):
                 nn.init.normal_(module.weight, std=std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        # DFlash2 starts as DFlash: identity convolutions (speculators' initialization).
+        for module in self.modules():
+            if isinstance(module, (GroupedDynamicCausalConv, CandidateSelector)):
+                module.reset_parameters()
 
     # -- masks ---------------------------------------------------------------------------
     def layer_masks(self, make) -> list[torch.Tensor]:
-        """One mask per layer from `make(window, causal)`; sliding layers are causal in the block."""
+        """One mask per layer from `make(window, causal)`; sliding layers are causal in the block
+        unless the spec says `sliding_window_non_causal`."""
         cache: dict[tuple, torch.Tensor] = {}
         masks = []
         for i in range(self.spec.num_hidden_layers):
-            window = self.spec.window_of(i)
-            key = (window, window is not None)
+            key = (self.spec.window_of(i), self.spec.block_is_causal(i))
             if key not in cache:
                 cache[key] = make(*key)
             masks.append(cache[key])

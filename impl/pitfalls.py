@@ -96,6 +96,18 @@ CATALOGUE = (
     Pitfall(21, 'format', 'format (foreign checkpoints)',
             "teams' own trainers save their own names (`context_proj`, `blocks.N.attn`), wrappers (`module.`, `model_state_dict`), optimizer state and pickled args (`argparse.Namespace`). Which target layers feed fc cannot be read from the weights; only from declared args.",
             'guessing the layer ids from a default; unpickling args with full `torch.load`'),
+    Pitfall(22, 'conv', 'conv (DFlash2 grouped dynamic causal convolution)',
+            "DFlash2 wraps each layer's attention and MLP in `GroupedDynamicCausalConv`: one projection of the sublayer input gives `[2, K, G]` deltas (input side, output side; G = H / `conv_group_size`); tap t of slot i reads slot i - t, coefficient `base_kernel[side, t, channel] + delta[slot, t, group]`, channels grouped contiguously; taps never cross a block (speculators restarts every B slots, z-lab sees one block per forward). Initialized as the identity.",
+            'the causal shift off by one (tap t reads slot i - t - 1); interleaved instead of contiguous groups; taps that leak across blocks in training'),
+    Pitfall(23, 'selector', 'selector (DFlash2 candidate scores and path)',
+            "z-lab `CandidateSelector.select`: the unary top-k per slot (`topk(sorted=False)`), each scored `unary + <predecessor_codebook[prev] * hidden_projection(h), successor_codebook[c]>`; the chosen token is the next slot's predecessor, the block's first token the first slot's. Sampling draws from softmax(scores / T) over the k candidates and rejection-samples against that distribution. speculators' `score_candidates` is the same score.",
+            'the top-k reranked without the unary term; the predecessor taken from the wrong slot; sampling from the unary distribution while proposing the selector\'s token'),
+    Pitfall(24, 'selector_loss', 'selector_loss (DFlash2 training candidates and loss)',
+            "speculators `selector_training_candidates`: the unary top-k (best first); when the hard target (the verifier's argmax) is absent it replaces the last candidate, so every slot has a label. Predecessors are teacher-forced: slot k's is the true token at anchor + k - 1 (slot 0: the anchor). Loss = K-way CE of the scores, weighted per slot like the unary loss (fixed decay or D-PACE on its own CE) and reduced by Σ mask; total = unary + `selector_loss_alpha` × selector.",
+            'predecessors from the drafted tokens or the same slot; a target appended past k; the selector loss left unweighted'),
+    Pitfall(25, 'window_direction', 'window_direction (bidirectional sliding windows)',
+            "speculators `sliding_window_non_causal` (default True for dflash2, False for dflash; z-lab `is_causal: false`): sliding-window layers see their whole block instead of a causal one. The window still bounds the context: training `base ≥ anchor - W`, inference `q - k < W` and `k - q < W`. Full-attention layers are bidirectional either way.",
+            'a DFlash2 drafter served with causal sliding blocks; a non-causal flag that also drops the window'),
 )
 PITFALLS = {p.number: p for p in CATALOGUE}
 

@@ -19,6 +19,9 @@ LossFn = Literal["kl_div", "ce"]  # speculators' loss_fn names
 LossWeighting = Literal["fixed-exp-decay", "dpace"]
 LOSS_KINDS = get_args(LossFn)
 LOSS_WEIGHTINGS = get_args(LossWeighting)
+FAMILIES = ("dflash", "dflash2")
+# The DFlash2-only architecture fields, in speculators' names (set together or not at all).
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 class SpecError(ValueError):
@@ -58,6 +61,16 @@ class DraftSpec:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    # Sliding-window layers see their whole block (bidirectional) instead of a causal block:
+    # speculators' `sliding_window_non_causal`, z-lab's `is_causal: false`. DFlash2 defaults to it.
+    sliding_window_non_causal: bool = False
+    # DFlash2 (both references' second generation): a grouped dynamic causal convolution around
+    # each layer's attention and MLP, and a candidate selector that reranks the unary top-k.
+    # All four are set for a DFlash2 drafter and all None for a DFlash one.
+    conv_kernel_size: int | None = None
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
 
     def __post_init__(self) -> None:
         # Normalize list-valued fields so specs compare and hash by value.
@@ -100,6 +113,38 @@ class DraftSpec:
 
         _require(self.hidden_act in ACT2FN, "hidden_act", f"{self.hidden_act!r} is not an activation transformers knows")
         _require(self.rms_norm_eps > 0, "rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
+        self._validate_dflash2()
+
+    def _validate_dflash2(self) -> None:
+        values = {name: getattr(self, name) for name in DFLASH2_FIELDS}
+        given = [name for name, value in values.items() if value is not None]
+        if not given:
+            return
+        missing = [name for name in DFLASH2_FIELDS if name not in given]
+        _require(not missing, missing[0] if missing else "", f"a DFlash2 drafter needs all of "
+                 f"{list(DFLASH2_FIELDS)}; only {given} are set")
+        for name, value in values.items():
+            _require(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
+                     f"must be a positive integer, got {value!r}")
+        _require(self.hidden_size % self.conv_group_size == 0, "conv_group_size",
+                 f"hidden_size {self.hidden_size} is not divisible by conv_group_size {self.conv_group_size}")
+        _require(self.conv_kernel_size <= self.block_size, "conv_kernel_size",
+                 f"{self.conv_kernel_size} taps exceed the block of {self.block_size}")
+        _require(self.selector_top_k <= self.vocab_size, "selector_top_k",
+                 f"{self.selector_top_k} candidates exceed the vocabulary of {self.vocab_size}")
+
+    @property
+    def family(self) -> str:
+        """`dflash2` when the spec carries the convolutions and the selector, else `dflash`."""
+        return "dflash2" if self.conv_kernel_size is not None else "dflash"
+
+    @property
+    def conv_groups(self) -> int:
+        return self.hidden_size // self.conv_group_size
+
+    def block_is_causal(self, layer_idx: int) -> bool:
+        """Whether a layer's block slots see only earlier slots: sliding layers unless non-causal."""
+        return self.layer_types[layer_idx] == "sliding_attention" and not self.sliding_window_non_causal
 
     @property
     def fc_in_features(self) -> int:
@@ -167,6 +212,7 @@ class Recipe:
     sample_from_anchor: bool = False
     per_position_loss_weight: LossWeighting = "fixed-exp-decay"
     dpace_alpha: float = 0.5  # D-PACE confidence smoothing, used when per_position_loss_weight = dpace
+    selector_loss_alpha: float = 1.0  # DFlash2: weight of the selector's K-way CE beside the unary loss
     data_hash: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -176,6 +222,8 @@ class Recipe:
         _require(self.per_position_loss_weight in LOSS_WEIGHTINGS, "per_position_loss_weight",
                  f"{self.per_position_loss_weight!r} not in {list(LOSS_WEIGHTINGS)}")
         _require(0.0 < self.dpace_alpha <= 1.0, "dpace_alpha", f"must be in (0, 1], got {self.dpace_alpha}")
+        _require(self.selector_loss_alpha >= 0, "selector_loss_alpha",
+                 f"must be non-negative, got {self.selector_loss_alpha}")
         _require(self.noise_std >= 0, "noise_std", f"must be non-negative, got {self.noise_std}")
         _require(self.max_anchors > 0, "max_anchors", f"must be positive, got {self.max_anchors}")
 

@@ -28,7 +28,7 @@ from impl.checkpoint import load_checkpoint, save_checkpoint
 from impl.data import PackedData, load_packed, pack_records
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
-from impl.spec import DraftSpec, LossFn, LossWeighting, Recipe
+from impl.spec import DFLASH2_FIELDS, FAMILIES, DraftSpec, LossFn, LossWeighting, Recipe
 from impl.target import load_target_model, load_tokenizer
 from impl.train_step import training_step
 
@@ -70,6 +70,14 @@ class TrainConfig:
     per_position_loss_weight: LossWeighting = "dpace"
     dpace_alpha: float = 0.5
     gamma: float = 4.0  # fixed-exp-decay only
+    # DFlash2 (speculators' `from_training_args` defaults): convolutions, selector, its loss weight.
+    family: str = "dflash"
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 256
+    selector_top_k: int = 16
+    selector_loss_alpha: float = 1.0
+    sliding_window_non_causal: bool | None = None  # default: the family's (dflash2: bidirectional, as speculators)
     noise_std: float = 0.0
     dtype: str = "fp32"
     eval_every: int = 0  # 0: only at the end
@@ -100,7 +108,13 @@ def draft_spec(config, tokenizer, cfg: TrainConfig) -> DraftSpec:
         raise TrainError(f"z-lab's default target layers for {num_layers} target layers and {cfg.draft_layers} "
                          f"draft layers repeat ({ids}); pass --target-layer-ids")
     rope = getattr(config, "rope_parameters", None) or {}
+    if cfg.family not in FAMILIES:
+        raise TrainError(f"family must be one of {list(FAMILIES)}, got {cfg.family!r}")
+    dflash2 = {name: getattr(cfg, name) for name in DFLASH2_FIELDS} if cfg.family == "dflash2" else {}
+    non_causal = cfg.sliding_window_non_causal
     return DraftSpec(
+        **dflash2,
+        sliding_window_non_causal=cfg.family == "dflash2" if non_causal is None else non_causal,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
         num_attention_heads=config.num_attention_heads,
@@ -130,7 +144,8 @@ def make_recipe(cfg: TrainConfig, num_target_layers: int, digest: str) -> Recipe
                                              "grad_accum", "seq_len", "dtype", "seed")}
     return Recipe(gamma=cfg.gamma, loss_fn=cfg.loss_fn, verifier_source_layer=source, noise_std=cfg.noise_std,
                   max_anchors=cfg.max_anchors, per_position_loss_weight=cfg.per_position_loss_weight,
-                  dpace_alpha=cfg.dpace_alpha, data_hash=digest, extra={**schedule, **cfg.extra})
+                  dpace_alpha=cfg.dpace_alpha, selector_loss_alpha=cfg.selector_loss_alpha, data_hash=digest,
+                  extra={**schedule, **cfg.extra})
 
 
 def default_recipe() -> Recipe:

@@ -18,6 +18,7 @@ from torch import nn
 
 from impl import anchors as anchor_rules
 from impl import losses
+from impl.dflash2 import selector_training, teacher_forced_predecessors
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.interface import TrainingOutputs
 from impl.model import DFlashDrafter
@@ -58,6 +59,7 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     norm, head = final_norm(target), output_head(target)
 
     anchors, valid, targets, slot_mask, slot_ids, slot_pos, contexts, attn = [], [], [], [], [], [], [], []
+    predecessors = []
     for row in range(rows):
         row_anchors, row_valid = anchor_rules.select_anchors(loss_mask[row: row + 1], recipe.max_anchors, block,
                                                              generator=generators[row])
@@ -71,6 +73,8 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
         ids[::block] = input_ids[row, row_anchors]
         slot_ids.append(ids)
         slot_pos.append(anchor_rules.block_indices(position_ids[row, row_anchors], block))
+        block_tokens = input_ids[row, anchor_rules.block_indices(row_anchors, block)].view(-1, block)
+        predecessors.append(teacher_forced_predecessors(block_tokens, recipe.sample_from_anchor).reshape(-1))
         context = states.context[row]
         if recipe.noise_std > 0:
             noise = torch.randn(context.shape, generator=generators[row], dtype=context.dtype, device=context.device)
@@ -85,10 +89,17 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     logits = drafter.compute_logits(hidden, head)
     outputs = TrainingOutputs(anchors=torch.stack(anchors), anchor_valid=torch.stack(valid), logits=logits,
                               targets=torch.cat(targets), loss_mask=torch.cat(slot_mask), hidden=hidden)
+    if drafter.candidate_selector is not None:  # DFlash2: the selector trains on teacher-forced predecessors
+        outputs.selector = selector_training(drafter.candidate_selector, hidden, logits, outputs.targets,
+                                             torch.stack(predecessors))
     loss = metrics = None
     if with_loss:
         loss = losses.dflash_loss(logits, outputs.targets, outputs.loss_mask, block, recipe.gamma, recipe.loss_fn,
                                   recipe.sample_from_anchor, recipe.per_position_loss_weight, recipe.dpace_alpha)
+        if outputs.selector is not None:
+            loss = loss + recipe.selector_loss_alpha * losses.selector_loss(
+                outputs.selector.scores, outputs.selector.label_positions, outputs.loss_mask, block, recipe.gamma,
+                recipe.sample_from_anchor, recipe.per_position_loss_weight, recipe.dpace_alpha)
         with torch.no_grad():
             metrics = losses.block_metrics(logits, outputs.targets, outputs.loss_mask, block,
                                            recipe.sample_from_anchor)

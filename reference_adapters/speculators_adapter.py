@@ -19,11 +19,18 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.checkpoint import VERIFIER_OWNED_KEYS, CheckpointError, atomic_directory, strip_wrapper_prefixes
+from impl.checkpoint import (
+    VERIFIER_OWNED_KEYS,
+    CheckpointError,
+    atomic_directory,
+    read_config,
+    strip_wrapper_prefixes,
+)
 from impl.extract import HiddenStateExtractor, final_norm, output_head
+from impl.dflash2 import SelectorTraining
 from impl.interface import TrainingOutputs, Unsupported
 from impl.layers import speculators_to_zlab
-from impl.spec import DraftSpec
+from impl.spec import DFLASH2_FIELDS, DraftSpec
 from reference_adapters.versions import check_reference
 
 check_reference("speculators")
@@ -31,12 +38,19 @@ check_reference("speculators")
 # After the version guard on purpose: the names below are 0.9.0's.
 import speculators.models.utils as spec_utils  # noqa: E402
 from speculators.config import SpeculatorsConfig, VerifierConfig  # noqa: E402
-from speculators.losses import dflash_loss_decay, dpace_loss_decay, resolve_loss_config  # noqa: E402
+from speculators.losses import (  # noqa: E402
+    dflash_loss_decay,
+    dpace_loss_decay,
+    resolve_loss_config,
+)
 from speculators.models.attention import create_float_mask  # noqa: E402
 from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig  # noqa: E402
 from speculators.models.dflash.attention import create_anchor_block_mask_mod  # noqa: E402
 from speculators.models.dflash.metrics import compute_metrics  # noqa: E402
 from speculators.models.dflash.utils import select_anchors  # noqa: E402
+from speculators.models.dflash2 import DFlash2DraftModel, DFlash2SpeculatorConfig  # noqa: E402
+from speculators.models.dflash2 import core as dflash2_core  # noqa: E402
+from speculators.models.dflash2.metrics import compute_selector_loss, selector_training_candidates  # noqa: E402
 from speculators.proposals.greedy import GreedyTokenProposalConfig  # noqa: E402
 
 CPU_ATTENTION = "eager"
@@ -54,11 +68,17 @@ def verifier_config(verifier_dir: str | Path | None) -> VerifierConfig:
     return VerifierConfig.from_pretrained(str(verifier_dir))
 
 
+MODEL_CLASSES = {"dflash": DFlashDraftModel, "dflash2": DFlash2DraftModel}
+CONFIG_CLASSES = {"dflash": DFlashSpeculatorConfig, "dflash2": DFlash2SpeculatorConfig}
+
+
 def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None, aux_layer_ids=None,
-                       sample_from_anchor: bool = False,
-                       sliding_window_non_causal: bool = False) -> DFlashSpeculatorConfig:
-    """The `DFlashSpeculatorConfig` of a spec, laid out as speculators' own converter lays it out."""
-    return DFlashSpeculatorConfig(
+                       sample_from_anchor: bool = False) -> DFlashSpeculatorConfig:
+    """The `DFlashSpeculatorConfig` (`DFlash2SpeculatorConfig`) of a spec, laid out as speculators' own
+    converter lays out a DFlash one."""
+    dflash2 = {name: getattr(spec, name) for name in DFLASH2_FIELDS} if spec.family == "dflash2" else {}
+    return CONFIG_CLASSES[spec.family](
+        **dflash2,
         transformer_layer_config=spec.qwen3_config(),
         draft_vocab_size=spec.vocab_size,
         block_size=spec.block_size,
@@ -66,9 +86,9 @@ def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None, 
         else native_layer_ids(spec.target_layer_ids),
         mask_token_id=spec.mask_token_id,
         sample_from_anchor=sample_from_anchor,
-        sliding_window_non_causal=sliding_window_non_causal,
+        sliding_window_non_causal=spec.sliding_window_non_causal,
         speculators_config=SpeculatorsConfig(
-            algorithm="dflash",
+            algorithm=spec.family,
             proposal_methods=[GreedyTokenProposalConfig(
                 speculative_tokens=spec.block_size if sample_from_anchor else spec.block_size - 1)],
             default_proposal_method="greedy",
@@ -104,12 +124,13 @@ def load_speculators_model(path: str | Path, verifier_dir: str | Path | None = N
     verifier-owned tensors are read from).
     """
     try:
-        config = on_cpu_attention(DFlashSpeculatorConfig.from_pretrained(str(path)))
+        family = "dflash2" if read_config(Path(path)).get("speculators_model_type") == "dflash2" else "dflash"
+        config = on_cpu_attention(CONFIG_CLASSES[family].from_pretrained(str(path)))
         if verifier_dir is not None:
             config.speculators_config.verifier = verifier_config(verifier_dir)
         elif not _is_local_dir(config.speculators_config.verifier.name_or_path):
             config.speculators_config.verifier = verifier_config(None)  # never reach for the network
-        model = DFlashDraftModel.from_pretrained(str(path), config=config, dtype=torch.float32)
+        model = MODEL_CLASSES[family].from_pretrained(str(path), config=config, dtype=torch.float32)
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}: speculators' DFlashDraftModel cannot load it "
                               f"({' '.join(str(exc).split())[:200]})") from exc
@@ -134,7 +155,7 @@ def _materialize(mask_mod, q_len: int, kv_len: int, device=None) -> torch.Tensor
 
 class SpeculatorsImplementation:
     name = "speculators"
-    unsupported: frozenset[str] = frozenset({"inference_mask", "generate"})
+    unsupported: frozenset[str] = frozenset({"inference_mask", "generate", "selector_path"})
 
     def __init__(self, verifier_dir: str | Path | None = None):
         self.verifier_dir = verifier_dir
@@ -172,7 +193,7 @@ class SpeculatorsImplementation:
         verifier_dir = self.verifier_dir
         if verifier_dir is None and target is not None and _is_local_dir(getattr(target, "name_or_path", None)):
             verifier_dir = target.name_or_path
-        model = DFlashDraftModel(on_cpu_attention(speculators_config(spec, verifier_dir)))
+        model = MODEL_CLASSES[spec.family](on_cpu_attention(speculators_config(spec, verifier_dir)))
         body = strip_wrapper_prefixes(state_dict)
         missing, unexpected = model.load_state_dict(body, strict=False)
         missing = [k for k in missing if k not in VERIFIER_OWNED_KEYS]
@@ -228,10 +249,40 @@ class SpeculatorsImplementation:
 
         torch.manual_seed(seed)
         with torch.no_grad(), mock.patch.object(drafter, "_build_attention_mask", keep_anchors):
+            if isinstance(drafter, DFlash2DraftModel):
+                return self._dflash2_training_outputs(drafter, states, input_ids, loss_mask, document_ids,
+                                                      max_anchors, captured)
             hidden, logits, targets, aligned_mask, _ = drafter._backbone_forward(
                 states.context, input_ids, loss_mask, states.final_raw, document_ids, max_anchors=max_anchors)
         return TrainingOutputs(anchors=captured["anchors"], anchor_valid=captured["valid"], logits=logits,
                                targets=targets, loss_mask=aligned_mask.float(), hidden=hidden)
+
+    def _dflash2_training_outputs(self, drafter, states, input_ids, loss_mask, document_ids, max_anchors, captured):
+        """DFlash2's own `forward`, read where it hands everything to `compute_metrics` (and its backbone)."""
+        backbone, metrics = drafter._backbone_forward, dflash2_core.compute_metrics
+
+        def keep_backbone(*args, **kwargs):
+            captured["backbone"] = backbone(*args, **kwargs)
+            return captured["backbone"]
+
+        def keep_metrics(**kwargs):
+            captured["metrics"] = kwargs
+            return metrics(**kwargs)
+
+        with mock.patch.object(drafter, "_backbone_forward", keep_backbone), \
+                mock.patch.object(dflash2_core, "compute_metrics", keep_metrics):
+            # Eager losses: the fused ones need Triton. The loss itself is not read here.
+            drafter(states.context, input_ids, loss_mask, states.final_raw, document_ids, max_anchors=max_anchors,
+                    loss_config=resolve_loss_config("kl_div", "eager"),
+                    tv_loss_fn=resolve_loss_config("tv", "eager")["tv"][0])
+        hidden, logits, targets, aligned_mask, block_indices = captured["backbone"]
+        seen = captured["metrics"]
+        selector = SelectorTraining(
+            predecessors=drafter._predecessor_ids(input_ids, block_indices).reshape(1, -1),
+            candidates=seen["training_candidate_ids"], label_positions=seen["target_positions"],
+            contains_target=seen["contains_target"], scores=seen["candidate_logits"])
+        return TrainingOutputs(anchors=captured["anchors"], anchor_valid=captured["valid"], logits=logits,
+                               targets=targets, loss_mask=aligned_mask.float(), hidden=hidden, selector=selector)
 
     def loss_weights(self, block_size, gamma, sample_from_anchor):
         return dflash_loss_decay(torch.arange(block_size), gamma=gamma, sample_from_anchor=sample_from_anchor)
@@ -265,3 +316,23 @@ class SpeculatorsImplementation:
 
     def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids, temperature=0.0, seed=0):
         raise Unsupported("speculators: no inference loop (it trains drafters; vLLM serves them)")
+
+    # -- DFlash2 ----------------------------------------------------------------------------
+    def dynamic_conv(self, drafter: DFlash2DraftModel, layer_idx, sublayer, x, y, block_size):
+        conv = getattr(drafter.layers[layer_idx], f"{sublayer}_conv")
+        prepared, delta = conv.prepare(x)
+        return prepared, conv.finish(y, delta)
+
+    def selector_path(self, drafter, hidden, unary_logits, first_token, temperature=0.0, seed=0):
+        raise Unsupported("speculators: no inference loop, so no selector path (it scores teacher-forced "
+                          "predecessors only)")
+
+    def selector_scores(self, drafter: DFlash2DraftModel, unary_logits, hidden, predecessors, candidates):
+        return drafter.candidate_selector.score_candidates(unary_logits, hidden, predecessors, candidates)
+
+    def selector_training_candidates(self, candidate_ids, target_ids):
+        return selector_training_candidates(candidate_ids, target_ids)
+
+    def selector_loss(self, candidate_scores, label_positions, loss_mask, block_size, gamma, weighting, alpha):
+        return compute_selector_loss(candidate_scores, label_positions, loss_mask, block_size, gamma=gamma,
+                                     per_position_loss_weight=weighting, dpace_alpha=alpha)

@@ -17,11 +17,11 @@ Which one a checkpoint without a recipe is held to is `yardstick_for` (the rule 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-from impl.spec import Recipe
+from impl.spec import DFLASH2_FIELDS, Recipe
 
 MODEL_LEVEL = "model-level"
 TRAINCONFIG = "trainconfig"
@@ -35,6 +35,9 @@ class ReferenceRecipe:
     block_size: int | None  # None: the model-level defaults fix no block size of their own
     draft_layers: int | None
     sources: dict[str, str]  # field -> "<file in the speculators package>: <what>"
+    # The drafter shape the type resolves beyond block and depth: DFlash2's convolution and
+    # selector sizes and `sliding_window_non_causal` (empty for the model-level defaults).
+    architecture: dict = field(default_factory=dict)
 
     @property
     def title(self) -> str:
@@ -50,7 +53,17 @@ class ReferenceRecipe:
         values.update(block_size=self.block_size, draft_layers=self.draft_layers)
         return values
 
+    def table_value(self, name: str):
+        """A field's value in the README table; None where this reference does not set it."""
+        if name == "selector_loss_alpha":
+            return self.recipe.selector_loss_alpha if "selector_rank" in self.architecture else None
+        if name in ARCHITECTURE_TABLE_FIELDS:
+            return self.architecture.get(name)
+        return self.settings()[name]
 
+
+# DFlash2's selector weight and drafter shape, after the recipe rows of the README's table.
+ARCHITECTURE_TABLE_FIELDS = ("sliding_window_non_causal", "selector_loss_alpha", *DFLASH2_FIELDS)
 # The fields the README's reference table and the trainer's --recipe flag cover, in that order.
 RECIPE_TABLE_FIELDS = ("loss_fn", "per_position_loss_weight", "dpace_alpha", "gamma", "max_anchors",
                        "sample_from_anchor", "verifier_source_layer", "noise_std")
@@ -146,8 +159,16 @@ def trainer(speculator_type: str = "dflash") -> ReferenceRecipe:
         "block_size": field_source("dflash", "block_size"),
         "draft_layers": field_source("draft", "num_layers"),
     }
+    architecture = {"sliding_window_non_causal": bool(flat["sliding_window_non_causal"])}
+    sources["sliding_window_non_causal"] = resolved
+    if "selector_loss_alpha" in kwargs:  # a DFlash2 trainer: the selector's loss weight and its shape
+        recipe = replace(recipe, selector_loss_alpha=float(kwargs["selector_loss_alpha"]))
+        sources["selector_loss_alpha"] = field_source("dflash2", "selector_loss_alpha")
+        for name in DFLASH2_FIELDS:
+            architecture[name] = int(flat[name])
+            sources[name] = field_source("dflash2", name)
     return ReferenceRecipe(TRAINCONFIG, speculator_type, recipe, int(flat["block_size"]), int(flat["num_layers"]),
-                           sources)
+                           sources, architecture)
 
 
 def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = frozenset()) -> tuple[ReferenceRecipe, str]:
@@ -179,14 +200,14 @@ def reference_table() -> list[dict[str, str]]:
     """Rows of the README's reference recipe table: every value with the file it was read from."""
     base, dflash, dflash2 = model_level(), trainer("dflash"), trainer("dflash2")
     rows = []
-    for name in (*RECIPE_TABLE_FIELDS, "block_size", "draft_layers"):
+    for name in (*RECIPE_TABLE_FIELDS, "block_size", "draft_layers", *ARCHITECTURE_TABLE_FIELDS):
         cells = {"field": name}
         for key, ref in (("model-level", base), ("dflash", dflash), ("dflash2", dflash2)):
-            value = ref.settings()[name]
+            value = ref.table_value(name)
             if name == "verifier_source_layer" and value is None:
                 value = "final layer"
             cells[key] = "—" if value is None else str(value)
-        cells["source"] = dflash.sources[name]
+        cells["source"] = dflash.sources.get(name) or dflash2.sources[name]
         cells["model_source"] = base.sources.get(name, "— (fixed by the drafter's spec)")
         rows.append(cells)
     return rows
@@ -209,6 +230,10 @@ def train_settings(speculator_type: str = "dflash") -> dict:
     if recipe.sample_from_anchor or recipe.verifier_source_layer is not None:
         raise ValueError(f"speculators' {speculator_type} recipe samples from the anchor or reads targets from "
                          f"another layer; our trainer does neither")
-    return {"loss_fn": recipe.loss_fn, "per_position_loss_weight": recipe.per_position_loss_weight,
-            "dpace_alpha": recipe.dpace_alpha, "gamma": recipe.gamma, "max_anchors": recipe.max_anchors,
-            "noise_std": recipe.noise_std, "block_size": ref.block_size, "draft_layers": ref.draft_layers}
+    settings = {"loss_fn": recipe.loss_fn, "per_position_loss_weight": recipe.per_position_loss_weight,
+                "dpace_alpha": recipe.dpace_alpha, "gamma": recipe.gamma, "max_anchors": recipe.max_anchors,
+                "noise_std": recipe.noise_std, "block_size": ref.block_size, "draft_layers": ref.draft_layers,
+                **ref.architecture}
+    if "selector_rank" in ref.architecture:
+        settings["selector_loss_alpha"] = recipe.selector_loss_alpha
+    return settings

@@ -24,7 +24,7 @@ check_reference("dflash")
 import dflash.model as zlab  # noqa: E402  (after the version guard on purpose)
 
 TRAINING_OPERATIONS = ("select_anchors", "training_mask", "training_outputs", "loss_weights", "loss", "block_metrics",
-                       "dpace_weights", "dpace_loss")
+                       "dpace_weights", "dpace_loss", "selector_scores", "selector_training_candidates", "selector_loss")
 
 
 @contextmanager
@@ -43,14 +43,28 @@ def zlab_generate(model: zlab.DFlashDraftModel, target: nn.Module, input_ids: to
 
 
 def zlab_twin(drafter: nn.Module) -> zlab.DFlashDraftModel:
-    """z-lab's own DFlashDraftModel carrying exactly our drafter's (`impl.model.DFlashDrafter`) weights."""
+    """z-lab's own DFlashDraftModel (or DFlash2DraftModel) carrying exactly our drafter's weights."""
     return ZlabImplementation().build_drafter(drafter.spec, drafter.state_dict())
 
 
+def model_class(family: str) -> type[zlab.DFlashDraftModel]:
+    return zlab.DFlash2DraftModel if family == "dflash2" else zlab.DFlashDraftModel
+
+
+def in_memory_names(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """On-disk names -> z-lab's module names: its selector codebooks are Embeddings (`.weight`), which
+    `DFlash2DraftModel.from_pretrained` maps the files' bare names onto."""
+    return {f"{name}.weight" if name.endswith("_codebook") else name: tensor for name, tensor in state_dict.items()}
+
+
 def load_zlab_model(path: str | Path) -> zlab.DFlashDraftModel:
-    """A z-lab directory through z-lab's own `from_pretrained` (fp32, eval)."""
+    """A z-lab directory through z-lab's own `from_pretrained` (fp32, eval), DFlash or DFlash2 by its architecture."""
+    import json
+
     try:
-        model = zlab.DFlashDraftModel.from_pretrained(str(path), dtype=torch.float32)
+        architectures = json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
+        family = "dflash2" if "DFlash2DraftModel" in architectures else "dflash"
+        model = model_class(family).from_pretrained(str(path), dtype=torch.float32)
     except (OSError, ValueError, KeyError) as exc:
         reason = " ".join(str(exc).split())[:200]
         raise CheckpointError(f"{path}: z-lab's DFlashDraftModel cannot load it ({reason})") from exc
@@ -76,8 +90,8 @@ class ZlabImplementation:
     def build_drafter(self, spec: DraftSpec, state_dict, target: nn.Module | None = None) -> zlab.DFlashDraftModel:
         from transformers import Qwen3Config
 
-        model = zlab.DFlashDraftModel(Qwen3Config(**zlab_config(spec)))
-        model.load_state_dict(strip_wrapper_prefixes(state_dict), strict=True)
+        model = model_class(spec.family)(Qwen3Config(**zlab_config(spec)))
+        model.load_state_dict(in_memory_names(strip_wrapper_prefixes(state_dict)), strict=True)
         return model.float().eval()
 
     def project_context(self, drafter, context_features):
@@ -100,6 +114,27 @@ class ZlabImplementation:
             extra={"num_input_tokens": stats.num_input_tokens, "num_output_tokens": stats.num_output_tokens,
                    "prefill_tokens": 1, "time_to_first_token": stats.time_to_first_token,
                    "time_per_output_token": stats.time_per_output_token})
+
+    # -- DFlash2 ----------------------------------------------------------------------------
+    def dynamic_conv(self, drafter, layer_idx, sublayer, x, y, block_size):
+        """z-lab convolves one block at a time (its forward only ever sees one): the blocks go in as rows."""
+        conv = getattr(drafter.layers[layer_idx], f"{sublayer}_conv")
+        rows = lambda t: t.reshape(-1, block_size, t.shape[-1])  # noqa: E731
+        prepared, delta = conv.prepare(rows(x))
+        return prepared.reshape(x.shape), conv.finish(rows(y), delta).reshape(y.shape)
+
+    def selector_path(self, drafter, hidden, unary_logits, first_token, temperature=0.0, seed=0):
+        """`CandidateSelector.select` as `DFlash2DraftModel.propose` calls it; draws from the global generator."""
+        if temperature > 0:
+            torch.manual_seed(seed)
+        path, candidates, probs = drafter.candidate_selector.select(
+            hidden, unary_logits, torch.tensor([first_token]), temperature)
+        return path[0], candidates[0], None if probs is None else probs[0]
+
+    def _no_selector_training(self, *_args, **_kwargs):
+        raise Unsupported("zlab: dflash 0.1.0 ships no training code, hence no selector loss or its candidates")
+
+    selector_scores = selector_training_candidates = selector_loss = _no_selector_training
 
     def _unsupported(self, *_args, **_kwargs):
         raise Unsupported("zlab: dflash 0.1.0 ships no training code (anchors, training mask, loss, metrics)")

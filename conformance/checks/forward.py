@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from conformance.compare import Comparator
-from conformance.tolerances import for_dtype
+from conformance.tolerances import for_drafter
 from conformance.world import reference_state_dict, target_for
 from impl.spec import DraftSpec
 
@@ -42,6 +42,6 @@ def draft_forward(cmp: Comparator, a, b, case: ForwardCase) -> None:
         with torch.no_grad():
             return impl.draft_forward(drafter, noise.to(case.dtype), features.to(case.dtype), positions)
 
-    cmp.compare((a.name, b.name), lambda: forward(a), lambda: forward(b), for_dtype(case.dtype),
+    cmp.compare((a.name, b.name), lambda: forward(a), lambda: forward(b), for_drafter(case.spec, case.dtype),
                 what=f"draft hidden states, {case.context_len} context tokens from position {case.position_offset}, "
                      f"layers {list(case.spec.layer_types)}, window {case.spec.sliding_window}")

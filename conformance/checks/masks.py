@@ -21,20 +21,24 @@ def inference_mask(cmp: Comparator, a, b, case: InferenceMaskCase) -> None:
                 lambda: b.inference_mask(*args), EXACT, what="[block, context + block] decoding mask")
 
 
-def training_block_as_inference(trainer, context_len: int, block_size: int, window: int | None) -> torch.Tensor:
+def training_block_as_inference(trainer, context_len: int, block_size: int, window: int | None,
+                                causal: bool) -> torch.Tensor:
     """The training mask of one anchor at `context_len` (one document), cut to the inference layout
     `[block, context | block]`: what a block sees in training, laid out as at inference."""
     total = context_len + block_size
     mask = trainer.training_mask(torch.zeros(1, total, dtype=torch.long), torch.tensor([context_len]), block_size,
-                                 window, window is not None)
+                                 window, causal)
     return torch.cat([mask[:, :context_len], mask[:, total:]], dim=1)
 
 
-def training_vs_inference(cmp: Comparator, trainer, decoder, case: tuple[int, int, int | None]) -> None:
-    """A block must see at inference what it saw in training (the layouts of the two references)."""
+def training_vs_inference(cmp: Comparator, trainer, decoder, case: tuple[int, int, int | None],
+                          bidirectional: bool = False) -> None:
+    """A block must see at inference what it saw in training (the layouts of the two references).
+    Sliding blocks are causal unless `bidirectional` (DFlash2's default)."""
     context_len, block_size, window = case
+    causal = window is not None and not bidirectional
+    layout = f"sliding window {window}{' (bidirectional)' if bidirectional else ''}" if window else "full attention"
     cmp.compare((trainer.name, decoder.name),
-                training_block_as_inference(trainer, context_len, block_size, window),
-                decoder.inference_mask(context_len, block_size, window, window is not None), EXACT,
-                what=f"block after {context_len} context tokens, B={block_size}, "
-                     f"{'sliding window ' + str(window) if window else 'full attention'}: training vs inference")
+                training_block_as_inference(trainer, context_len, block_size, window, causal),
+                decoder.inference_mask(context_len, block_size, window, causal), EXACT,
+                what=f"block after {context_len} context tokens, B={block_size}, {layout}: training vs inference")

@@ -11,7 +11,7 @@ from dflash_audit.formats.vocabulary import DeclarationError, convert
 from dflash_audit.outputs import check_outputs, check_writable
 from impl.errors import AuditError
 from impl.inputs import check_finite_flags, check_target_dir, regular_file
-from impl.spec import LOSS_KINDS, LOSS_WEIGHTINGS
+from impl.spec import FAMILIES, LOSS_KINDS, LOSS_WEIGHTINGS
 
 
 def _layer_ids(value: str | None, flag: str) -> list[int] | None:
@@ -90,6 +90,15 @@ def train(
     seed: int = typer.Option(0),
     max_seconds: float = typer.Option(None, help="Shrink the schedule to fit this wall-clock budget."),
     json_out: Path = typer.Option(None, "--json", help="Write the run's stats as JSON."),
+    family: str = typer.Option("dflash", help="dflash, or dflash2 (convolutions + candidate selector)."),
+    conv_kernel_size: int = typer.Option(None, help="DFlash2: causal taps per convolution [default: 2]."),
+    conv_group_size: int = typer.Option(None, help="DFlash2: channels sharing one dynamic kernel [default: 16]."),
+    selector_rank: int = typer.Option(None, help="DFlash2: rank of the selector's bilinear term [default: 256]."),
+    selector_top_k: int = typer.Option(None, help="DFlash2: unary candidates the selector reranks [default: 16]."),
+    selector_loss_alpha: float = typer.Option(None, help="DFlash2: weight of the selector loss [default: 1.0]."),
+    sliding_window_non_causal: bool = typer.Option(
+        None, "--sliding-window-non-causal/--sliding-window-causal",
+        help="Sliding layers see their whole block [default: dflash2 yes, dflash no]."),
 ) -> None:
     """Train a DFlash drafter online against a Hugging Face target."""
     from transformers.utils import logging as hf_logging
@@ -99,7 +108,17 @@ def train(
     from impl.train import train as run_training
 
     check_train_paths(target, data, eval_data, out, json_out, resume)
-    check_finite_flags(lr=lr, gamma=gamma, dpace_alpha=dpace_alpha, noise_std=noise_std, max_seconds=max_seconds)
+    check_finite_flags(lr=lr, gamma=gamma, dpace_alpha=dpace_alpha, noise_std=noise_std, max_seconds=max_seconds,
+                       selector_loss_alpha=selector_loss_alpha)
+    if family not in FAMILIES:
+        raise AuditError(f"--family must be {' or '.join(FAMILIES)}, got {family!r}")
+    dflash2_flags = dict(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size,
+                         selector_rank=selector_rank, selector_top_k=selector_top_k,
+                         selector_loss_alpha=selector_loss_alpha)
+    if family == "dflash":
+        stray = [name for name, value in dflash2_flags.items() if value is not None]
+        if stray:
+            raise AuditError(f"--{stray[0].replace('_', '-')} is a DFlash2 setting; add --family dflash2")
     if loss_fn is not None and loss_fn not in LOSS_KINDS:
         raise AuditError(f"--loss-fn must be {' or '.join(LOSS_KINDS)}, got {loss_fn!r}")
     if per_position_loss_weight is not None and per_position_loss_weight not in LOSS_WEIGHTINGS:
@@ -111,8 +130,8 @@ def train(
     if recipe == "speculators":
         from reference_adapters.speculators_recipe import train_settings
 
-        settings = train_settings("dflash")
-    given = dict(block_size=block_size, draft_layers=draft_layers, max_anchors=max_anchors, loss_fn=loss_fn,
+        settings = train_settings(family)
+    given = dict(**dflash2_flags, sliding_window_non_causal=sliding_window_non_causal,block_size=block_size, draft_layers=draft_layers, max_anchors=max_anchors, loss_fn=loss_fn,
                  per_position_loss_weight=per_position_loss_weight, dpace_alpha=dpace_alpha, gamma=gamma)
     settings.update({name: value for name, value in given.items() if value is not None})
     if noise_std is not None:
@@ -126,7 +145,7 @@ def train(
         grad_accum=grad_accum, seq_len=seq_len, target_layer_ids=_layer_ids(target_layer_ids, "--target-layer-ids"),
         verifier_source_layer=verifier_source_layer, layer_types=types, sliding_window=sliding_window,
         mask_token_id=mask_token_id, dtype=dtype, eval_every=eval_every, save_every=save_every, resume=resume,
-        seed=seed, max_seconds=max_seconds, **settings)
+        seed=seed, max_seconds=max_seconds, family=family, **settings)
     hf_logging.disable_progress_bar()  # one progress bar: the trainer's
     try:
         stats = run_training(cfg)

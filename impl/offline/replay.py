@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from impl.masks import inference_mask, within_window
-from impl.model import DFlashDrafter, rms_norm
+from impl.model import DFlashDrafter, convolved, rms_norm
 from impl.offline.cache import CachedPrompt
 
 
@@ -94,27 +94,32 @@ class BlockReplay:
 
         plans = drafter.layer_masks(key_plan)
         x = drafter.embed(self.target, block)
-        last = len(drafter.layers) - 1
+        # DFlash2's convolutions mix slot 0 into slot 1: its last layer keeps every slot's queries.
+        last = len(drafter.layers) - 1 if drafter.spec.family == "dflash" else -1
         for i, (layer, (rows, mask), keys, values) in enumerate(zip(drafter.layers, plans, self.keys, self.values)):
             attn = layer.self_attn
-            h = rms_norm(layer.input_layernorm, x)
-            k, v = attn.keys_values(h, cos, sin)
-            if i == last:  # every slot's K/V, but queries (and all after them) of slots 1.. only
-                h, x, mask, q_cos, q_sin = h[:, 1:], x[:, 1:], mask[:, 1:], cos[:, 1:], sin[:, 1:]
-            else:
-                q_cos, q_sin = cos, sin
-            q = attn.queries(h, q_cos, q_sin)
-            if rows is not None:  # the block, then the window before each anchor
-                k = torch.cat([k, keys[index[:, None], :, rows].transpose(1, 2)], dim=2)
-                v = torch.cat([v, values[index[:, None], :, rows].transpose(1, 2)], dim=2)
-            elif one_per_bank:  # the block's K/V go into its bank: the context is not copied
-                keys[:, :, :block_len], values[:, :, :block_len] = k, v
-                k, v = keys[:, :, :block_len + context_len], values[:, :, :block_len + context_len]
-            else:  # several blocks of one prompt (look-ahead)
-                k = torch.cat([k, keys[index, :, block_len:block_len + context_len]], dim=2)
-                v = torch.cat([v, values[index, :, block_len:block_len + context_len]], dim=2)
-            x = x + attn.attend(q, k, v, mask[:, None])
-            x = x + layer.mlp(rms_norm(layer.post_attention_layernorm, x))
-        return rms_norm(drafter.norm, x)
+
+            def attention(h, i=i, rows=rows, mask=mask, keys=keys, values=values):
+                k, v = attn.keys_values(h, cos, sin)
+                if i == last:  # every slot's K/V, but queries (and all after them) of slots 1.. only
+                    h, mask, q_cos, q_sin = h[:, 1:], mask[:, 1:], cos[:, 1:], sin[:, 1:]
+                else:
+                    q_cos, q_sin = cos, sin
+                q = attn.queries(h, q_cos, q_sin)
+                if rows is not None:  # the block, then the window before each anchor
+                    k = torch.cat([k, keys[index[:, None], :, rows].transpose(1, 2)], dim=2)
+                    v = torch.cat([v, values[index[:, None], :, rows].transpose(1, 2)], dim=2)
+                elif one_per_bank:  # the block's K/V go into its bank: the context is not copied
+                    keys[:, :, :block_len], values[:, :, :block_len] = k, v
+                    k, v = keys[:, :, :block_len + context_len], values[:, :, :block_len + context_len]
+                else:  # several blocks of one prompt (look-ahead)
+                    k = torch.cat([k, keys[index, :, block_len:block_len + context_len]], dim=2)
+                    v = torch.cat([v, values[index, :, block_len:block_len + context_len]], dim=2)
+                return attn.attend(q, k, v, mask[:, None])
+
+            h = convolved(layer.attention_conv, attention, rms_norm(layer.input_layernorm, x))
+            x = (x[:, 1:] if i == last else x) + h
+            x = x + convolved(layer.mlp_conv, layer.mlp, rms_norm(layer.post_attention_layernorm, x))
+        return rms_norm(drafter.norm, x if last >= 0 else x[:, 1:])
 
 

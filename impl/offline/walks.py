@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from impl.ddtree import build_tree
+from impl.ddtree import build_tree, require_dflash_family
 from impl.extract import output_head
 from impl.model import DFlashDrafter
 from impl.offline.cache import CachedPrompt, HiddenStateCache
@@ -42,6 +42,8 @@ def play_dflash(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, siz
                 tokens: list[list[int]], starts: list[int], lasts: list[int]) -> list[int]:
     """DFlash rounds from slots 1.. of blocks, `rows` [n, B - 1, H]; the LM head reads later
     slots only while all earlier match."""
+    if drafter.candidate_selector is not None:
+        return play_dflash2(drafter, head, rows, sizes, tokens, starts, lasts)
     early = DFLASH_EARLY_SLOTS
     proposals = drafter.compute_logits(rows[:, :early], head).argmax(-1).tolist()
     more = [i for i, (t, s, last) in enumerate(zip(tokens, starts, lasts))
@@ -50,6 +52,16 @@ def play_dflash(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, siz
         for i, rest in zip(more, drafter.compute_logits(rows[more, early:], head).argmax(-1).tolist()):
             proposals[i] += rest
     return [dflash_round(t, s, last, p[:size - 1]) for t, s, last, p, size in zip(tokens, starts, lasts, proposals, sizes)]
+
+
+def play_dflash2(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, sizes: list[int],
+                 tokens: list[list[int]], starts: list[int], lasts: list[int]) -> list[int]:
+    """DFlash2 rounds: the selector's greedy path through every slot's unary top-k, from each block's known token."""
+    first = torch.tensor([t[s] for t, s in zip(tokens, starts)])
+    path = drafter.candidate_selector.select(rows, drafter.compute_logits(rows, head), first,
+                                             lambda scores: (scores.argmax(-1), None))
+    return [dflash_round(t, s, last, p[:size - 1])
+            for t, s, last, p, size in zip(tokens, starts, lasts, path.tokens.tolist(), sizes)]
 
 
 def play_ddtree(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, sizes: list[int],
@@ -104,6 +116,7 @@ def offline_rounds_batch(drafter: DFlashDrafter, target: nn.Module, cache: Hidde
     if method == "dflash":
         play_rounds = functools.partial(play_dflash, drafter, output_head(target))
     elif method == "ddtree":
+        require_dflash_family(drafter)
         if budget is None:
             raise ValueError("ddtree needs a node budget")
         play_rounds = functools.partial(play_ddtree, drafter, output_head(target), budget=budget)
