@@ -14,12 +14,15 @@ from typing import Any, Callable
 
 import torch
 
+import impl.dflash2
 import impl.extract
 import impl.losses
 import impl.masks
 import impl.model
-from conformance.checks import layers, losses, masks, training
-from conformance.strategies import DPaceCase, LossCase, MaskCase, TrainingCase
+import impl.train_step
+from conformance.checks import dflash2, layers, losses, masks, training
+from conformance.strategies import ConvCase, DPaceCase, LossCase, MaskCase, SelectorCase, TrainingCase
+from impl.dflash2 import CandidateSelector
 from impl.extract import HiddenStateExtractor, final_norm
 from impl.model import DFlashDrafter
 from impl.pitfalls import PITFALLS
@@ -39,6 +42,13 @@ DPACE = DPaceCase(per_slot_loss=-torch.tensor([[0.9, 0.8, 0.3, 0.95, 0.9, 0.6, 0
                   block_size=4, alpha=0.3)
 DPACE_LOSS = LossCase(num_anchors=4, block_size=4, vocab=16, gamma=4.0, kind="ce", sample_from_anchor=False,
                       dtype=torch.float32, seed=5)
+# DFlash2: the same small drafter with 3-tap convolutions in groups of 8, a rank-8 selector over the top 5,
+# bidirectional sliding windows.
+DFLASH2_SPEC = dataclasses.replace(SPEC, conv_kernel_size=3, conv_group_size=8, selector_rank=8, selector_top_k=5,
+                                   sliding_window_non_causal=True)
+CONV = ConvCase(spec=DFLASH2_SPEC, layer=1, sublayer="mlp", num_blocks=3, seed=4)
+SELECTOR = SelectorCase(spec=DFLASH2_SPEC, slots=10, first_token=7, temperature=0.0, seed=6)
+DFLASH2_TRAINING = dataclasses.replace(TRAINING, spec=DFLASH2_SPEC)
 MASK = MaskCase(document_ids=torch.tensor([[0] * 8 + [1] * 8 + [-1] * 2]), anchors=torch.tensor([0, 5, 9, 15]),
                 block_size=4, sliding_window=None, causal_block=False)
 
@@ -170,6 +180,28 @@ def _anchor_slot_trained(original):
     return weights
 
 
+def _conv_shift_off_by_one(original):
+    def conv(x, delta, base, group_size, block_size):
+        # Tap t reads slot i - t - 1 (within the block): the current slot never reaches its own output.
+        shifted = torch.nn.functional.pad(x[:, :-1], (0, 0, 1, 0))
+        slot = torch.arange(x.shape[1]) % block_size
+        return original(shifted * (slot >= 1).view(1, -1, 1).to(x.dtype), delta, base, group_size, block_size)
+    return conv
+
+
+def _predecessor_same_slot(_original):
+    return lambda block_tokens, sample_from_anchor=False: block_tokens  # slot k's own token, not slot k - 1's
+
+
+def _rerank_without_unary(original):
+    def select(self, hidden, unary_logits, first_predecessor, pick):
+        # The same candidates, every unary score equal: only the transition term ranks them.
+        top = unary_logits.topk(self.top_k, dim=-1).indices
+        flat = torch.full_like(unary_logits, float("-inf")).scatter(-1, top, 0.0)
+        return original(self, hidden, flat, first_predecessor, pick)
+    return select
+
+
 def _set(value):
     return lambda _original: value
 
@@ -217,6 +249,13 @@ BUGS = [
                lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING)),
     PlantedBug("noise leaking into targets", 15, _patch(HiddenStateExtractor, "__call__", _noisy_targets),
                lambda cmp, ours, refs: training.noise_stays_out_of_targets(cmp, ours, refs["speculators"], TRAINING)),
+    PlantedBug("conv causal shift off by one", 22, _patch(impl.dflash2, "grouped_dynamic_conv", _conv_shift_off_by_one),
+               lambda cmp, ours, refs: dflash2.conv_taps(cmp, ours, refs["speculators"], CONV)),
+    PlantedBug("selector predecessor from the wrong slot", 24,
+               _patch(impl.train_step, "teacher_forced_predecessors", _predecessor_same_slot),
+               lambda cmp, ours, refs: dflash2.selector_training(cmp, ours, refs["speculators"], DFLASH2_TRAINING)),
+    PlantedBug("top-k reranked without the unary term", 23, _patch(CandidateSelector, "select", _rerank_without_unary),
+               lambda cmp, ours, refs: dflash2.selector_path(cmp, ours, refs["zlab"], SELECTOR)),
     PlantedBug("mask token mismatch", 14, _patch(DFlashDrafter, "mask_token_id", _other_mask_token),
                lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING)),
 ]

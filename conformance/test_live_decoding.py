@@ -1,4 +1,5 @@
-"""#17 τ and #16 block size: live decoding vs z-lab's `dflash_generate`, round by round.
+"""#17 τ and #16 block size: live decoding vs z-lab's `dflash_generate`, round by round, on a DFlash
+and a DFlash2 drafter (whose proposals come from its candidate selector).
 
 Random weights accept nothing greedily (τ = 1 everywhere) and would prove little, so the
 world's trained target gets the shared drafter trained by our trainer on its corpus; both
@@ -24,15 +25,16 @@ PROMPTS = 8
 SAMPLED_PROMPTS, SAMPLED_TOKENS, TEMPERATURE = 3, 64, 0.8
 
 
-@pytest.fixture(scope="module")
-def trained_pair():
+@pytest.fixture(scope="module", params=["dflash", "dflash2"])
+def trained_pair(request):
+    """The world's trained DFlash drafter, then its DFlash2 twin (proposals through the selector)."""
     from dflash_world import cached_test_world
-    from dflash_world.drafter import cached_test_drafter
+    from dflash_world.drafter import cached_dflash2_drafter, cached_test_drafter
     from impl.checkpoint import load_checkpoint
     from impl.target import load_target_model
 
     world = cached_test_world()
-    out = cached_test_drafter(world)
+    out = cached_dflash2_drafter(world) if request.param == "dflash2" else cached_test_drafter(world)
     ckpt = load_checkpoint(out)
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(str(world.target))

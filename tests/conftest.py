@@ -39,6 +39,12 @@ def trained_pair(test_world):
 
 
 @pytest.fixture(scope="module")
+def dflash2_pair(test_world):
+    """The same, with the world's cached trained DFlash2 drafter."""
+    return load_trained_pair(test_world, family="dflash2")
+
+
+@pytest.fixture(scope="module")
 def spec():
     return tiny_spec()  # 2 sliding + 1 full layer, ids (1, 3, 4) of a 6-layer target
 

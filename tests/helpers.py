@@ -64,15 +64,16 @@ def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budge
                        max_new_tokens=max_new_tokens, budget=budget, cache_dir=tmp_path / "offline")
 
 
-def load_trained_pair(world, loss: str = "kl_div"):
-    """(drafter, target, prompts [(id, ids)], stop ids) of the world and its cached drafter."""
+def load_trained_pair(world, loss: str = "kl_div", family: str = "dflash"):
+    """(drafter, target, prompts [(id, ids)], stop ids) of the world and its cached drafter (DFlash, or
+    the DFlash2 one)."""
     from dflash_audit.prompts import load_prompts, tokenize_prompts
-    from dflash_world.drafter import cached_test_drafter
+    from dflash_world.drafter import cached_dflash2_drafter, cached_test_drafter
     from impl.checkpoint import build_drafter, load_checkpoint
     from impl.target import load_target
 
     target, tokenizer = load_target(world.target)
-    ckpt = load_checkpoint(cached_test_drafter(world, loss))
+    ckpt = load_checkpoint(cached_dflash2_drafter(world) if family == "dflash2" else cached_test_drafter(world, loss))
     drafter = build_drafter(ckpt.spec, ckpt.state_dict).float().eval()
     prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))
     return drafter, target, prompts, [tokenizer.eos_token_id]

@@ -7,6 +7,7 @@ import torch
 
 from impl.ddtree import ddtree_decode
 from impl.decoding import dflash_decode
+from impl.errors import AuditError
 from impl.masks import inference_mask
 from impl.model import DFlashDrafter
 from impl.offline import HiddenStateCache, block_key_mask, cache_key, find_mismatch, load_or_build_cache, offline_rounds
@@ -64,6 +65,31 @@ def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, tmp_pa
         mismatches += [mismatch.describe()] if mismatch else []
     assert mismatches == []
     assert max(taus) > 1.5  # the trained drafter's walks are not trivial
+
+
+def test_dflash2_offline_tau_equals_live_tau_per_prompt(dflash2_pair, test_world, tmp_path):
+    """The selector's greedy path from the cache, round by round as the live loop walks it."""
+    drafter, target, prompts, stop_ids = dflash2_pair
+    assert drafter.spec.family == "dflash2"
+    cache = load_or_build_cache(tmp_path, test_world.target, target, prompts, MAX_NEW_TOKENS, stop_ids)
+    mismatches, taus = [], []
+    for entry, (_, ids) in zip(cache.prompts, prompts):
+        live = dflash_decode(drafter, target, ids, MAX_NEW_TOKENS, stop_ids)
+        offline = offline_rounds(drafter, target, cache, entry, "dflash")
+        mismatch = find_mismatch(entry, offline, live.acceptance_lengths, live.output_ids)
+        mismatches += [mismatch.describe()] if mismatch else []
+        taus.append(sum(offline) / len(offline))
+    assert mismatches == []
+    assert max(taus) > 1.5
+
+
+def test_ddtree_on_a_dflash2_drafter_is_refused_with_the_reason(dflash2_pair, test_world, tmp_path):
+    drafter, target, prompts, stop_ids = dflash2_pair
+    cache = load_or_build_cache(tmp_path, test_world.target, target, prompts[:1], 8, stop_ids)
+    for run in (lambda: ddtree_decode(drafter, target, prompts[0][1], 8, stop_ids, budget=8),
+                lambda: offline_rounds(drafter, target, cache, cache.prompts[0], "ddtree", budget=8)):
+        with pytest.raises(AuditError, match="DDTree is defined on DFlash drafters only"):
+            run()
 
 
 def test_cache_is_reused_and_keyed_by_settings(trained_pair, test_world, tmp_path, monkeypatch):  # noqa: F811
