@@ -40,9 +40,6 @@ def lossy_changes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
         if changed:
             changes.append(f"speculators has no {', '.join(changed)} (z-lab dflash_config)")
     else:
-        if raw.sliding_window_non_causal and "sliding_attention" in spec.layer_types:
-            changes.append("sliding layers see their whole block (sliding_window_non_causal); "
-                           f"{fmt} keeps them causal")
         if raw.draft_vocab_size not in (None, spec.vocab_size):
             changes.append(f"reduced draft vocabulary ({raw.draft_vocab_size} of {spec.vocab_size} tokens); "
                            f"{fmt} drafts over the target's full head")

@@ -22,6 +22,7 @@ from dflash_audit.audit.sides import Side
 from impl import offline
 from impl.cache_dir import cache_root
 from impl.checkpoint import CheckpointError, build_drafter
+from impl.ddtree import DDTREE_NEEDS_DFLASH
 from impl.extract import decoder_layers
 
 METHODS = {"dflash": "DFlash", "ddtree": "DDTree"}
@@ -145,7 +146,10 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     cache = offline.load_or_build_cache(cache_dir or cache_root() / "offline", target_dir, target, prompts,
                                         max_new_tokens, stop_ids, on_prompt=advance)
     methods = {}
-    for method, method_budget in (("dflash", None), ("ddtree", budget)):
+    # DDTree builds its tree from independent per-slot marginals; a DFlash2 drafter's selector has none.
+    dflash2 = [name for name, side in sides.items() if side.spec is not None and side.spec.family == "dflash2"]
+    plan = [("dflash", None)] + ([] if dflash2 else [("ddtree", budget)])
+    for method, method_budget in plan:
         result = MethodResult(method, method_budget, {n: s.spec.block_size for n, s in sides.items()},
                               measured=not not_measured)
         replayed = {name: [] for name in drafters}  # batched over prompts: one drafter pass per round of all
@@ -167,6 +171,11 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
                         key=f"not measured ({name})")
                 for name, why in not_measured.items()]
     findings += [f for result in methods.values() if (f := tau_finding(result))]
+    if dflash2:
+        findings.append(Finding("tau", "info", f"DDTree τ not measured: {' and '.join(dflash2)} "
+                                f"{'is a DFlash2 drafter' if len(dflash2) == 1 else 'are DFlash2 drafters'}, and "
+                                f"{DDTREE_NEEDS_DFLASH[0].lower() + DDTREE_NEEDS_DFLASH[1:]}.", None, None,
+                                pitfall=17, key="ddtree not measured"))
     return DynamicAudit(methods, findings, max_new_tokens, prompts_source, not_measured)
 
 

@@ -43,6 +43,17 @@ RECIPE_FIELDS = {
     "sample_from_anchor": (5, "divergence", "block slots are aligned to different target positions"),
     "noise_std": (15, "warning", "the context features were augmented differently during training"),
     "max_anchors": (8, "warning", "a different number of blocks per sequence was trained on"),
+    "selector_loss_alpha": (24, "divergence", "the candidate selector's loss is weighted differently against the "
+                            "unary loss, so the drafter trades its own proposals against the selector's reranking "
+                            "differently"),
+}
+# DFlash2's own fields: the component each belongs to, its catalogue entry, and what a difference does.
+DFLASH2_SPEC_FIELDS = {
+    "conv_kernel_size": ("conv", 22, "each convolution mixes a different number of earlier block slots"),
+    "conv_group_size": ("conv", 22, "the dynamic kernels are shared by different channel groups"),
+    "selector_rank": ("selector", 23, "the selector's bilinear term has a different rank"),
+    "selector_top_k": ("selector", 23, "the selector reranks a different number of unary candidates, so it can "
+                       "propose tokens the other never considers (or not)"),
 }
 
 
@@ -115,7 +126,7 @@ def spec_findings(ours: Side, ref: Side) -> list[Finding]:
             "mask_token", "divergence",
             f"The empty block slots are filled with token {o_mask} in ours but {r_mask} in ref: "
             "a drafter fed a mask token it never saw in training drafts garbage.", o_mask, r_mask, pitfall=14)))
-    found += layer_type_findings(ours, ref)
+    found += layer_type_findings(ours, ref) + window_direction_findings(ours, ref) + family_findings(ours, ref)
     for name, pitfall in ARCHITECTURE_FIELDS.items():
         a, b = ours.value(name), ref.value(name)
         if both(name) and a != b:
@@ -252,6 +263,63 @@ def layer_type_findings(ours: Side, ref: Side) -> list[Finding]:
     return found
 
 
+def family_of(side: Side) -> str | None:
+    """`dflash` or `dflash2` from the side's spec fields; None when its DFlash2 fields are unknown."""
+    if side.spec is not None:
+        return side.spec.family
+    if side.is_known("conv_kernel_size"):
+        return "dflash2" if side.value("conv_kernel_size") is not None else "dflash"
+    return None
+
+
+def describe_family(side: Side) -> str:
+    if family_of(side) != "dflash2":
+        return "DFlash (no convolutions, no selector)"
+    value = side.value
+    return (f"DFlash2 ({value('conv_kernel_size')}-tap convolutions in groups of {value('conv_group_size')} around "
+            f"attention and MLP, a rank-{value('selector_rank')} selector reranking the top {value('selector_top_k')})")
+
+
+def family_findings(ours: Side, ref: Side) -> list[Finding]:
+    """DFlash vs DFlash2 is one architecture finding; between two DFlash2 drafters each differing
+    convolution or selector setting is a `conv` or `selector` finding."""
+    families = family_of(ours), family_of(ref)
+    if None in families:
+        return []
+    if families[0] != families[1]:
+        return [Finding("architecture", "divergence",
+                        f"ours is {describe_family(ours)}, ref is {describe_family(ref)}: drafters of different "
+                        "families compute different functions and propose tokens differently; their convolution "
+                        "and selector tensors exist on one side only.", families[0], families[1], key="family")]
+    if families[0] == "dflash":
+        return []
+    found = []
+    for name, (component, pitfall, consequence) in DFLASH2_SPEC_FIELDS.items():
+        a, b = ours.value(name), ref.value(name)
+        if ours.is_known(name) and ref.is_known(name) and a != b:
+            found.append(default_aware(ours, ref, name, Finding(
+                component, "divergence", f"{name} is {a} in ours but {b} in ref: {consequence}.", a, b,
+                pitfall=pitfall, key=name)))
+    return found
+
+
+def window_direction_findings(ours: Side, ref: Side) -> list[Finding]:
+    """Bidirectional vs causal sliding blocks: a difference only where both have sliding layers."""
+    name = "sliding_window_non_causal"
+    if not all(side.is_known(name) and side.is_known("layer_types") and "sliding_attention" in side.value("layer_types")
+               for side in (ours, ref)):
+        return []
+    a, b = ours.value(name), ref.value(name)
+    if a == b:
+        return []
+    describe = {True: "see their whole block", False: "see only earlier block slots"}
+    return [default_aware(ours, ref, name, Finding(
+        "window_direction", "divergence",
+        f"Sliding layers {describe[a]} in ours but {describe[b]} in ref (sliding_window_non_causal {a} vs {b}): "
+        "every drafted slot after the first attends to a different part of its block.", a, b, pitfall=25,
+        key=name))]
+
+
 def spec_rows(ours: Side, ref: Side) -> list[SpecRow]:
     rows = [SpecRow("format", ours.format, ref.format, ours.format, ref.format),
             SpecRow("layer-id convention", ours.layer_id_convention, ref.layer_id_convention, "zlab", "zlab")]
@@ -273,6 +341,7 @@ def spec_rows(ours: Side, ref: Side) -> list[SpecRow]:
 # Fields that only mean something under one weighting: compared only when both sides use it
 # (under different weightings the one finding is per_position_loss_weight).
 WEIGHTING_FIELDS = {"gamma": "fixed-exp-decay", "dpace_alpha": "dpace"}
+DFLASH2_RECIPE_FIELDS = {"selector_loss_alpha"}  # compared only between two DFlash2 drafters
 
 
 def recipe_of(side: Side, other: Side) -> tuple[Recipe, dict[str, str], bool, str]:
@@ -313,6 +382,8 @@ def recipe_findings(ours: Side, ref: Side) -> tuple[list[Finding], dict[str, dic
     for name, (pitfall, severity, consequence) in RECIPE_FIELDS.items():
         if name in unknown:
             continue  # a side that never said it: listed as unknown in the recipe table, not compared
+        if name in DFLASH2_RECIPE_FIELDS and (family_of(ours), family_of(ref)) != ("dflash2", "dflash2"):
+            continue  # a DFlash drafter has no selector to weight
         weighting = WEIGHTING_FIELDS.get(name)
         if weighting and any(weighting != r.per_position_loss_weight for r, side in ((ro, ours), (rr, ref))
                              if "per_position_loss_weight" not in side.recipe_unknown):
@@ -369,6 +440,12 @@ def shape_cause(key: str, findings: list[Finding]) -> str:
     components = {f.component for f in findings}
     if key.startswith("fc.") and "fc_dims" in components:
         return "fc_dims"
+    if any(f.key == "family" for f in findings) and ("_conv." in key or key.startswith("candidate_selector.")):
+        return "architecture"
+    if "_conv." in key and "conv" in components:
+        return "conv"
+    if key.startswith("candidate_selector.") and "selector" in components:
+        return "selector"
     return "architecture" if "architecture" in components else ""
 
 

@@ -22,7 +22,7 @@ from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.prompts import CHAT_TEMPLATE_MODES, fit_prompts, load_prompts, tokenize_prompts
 from impl.cache_dir import cache_root
 from impl.checkpoint import atomic_write_bytes, build_drafter
-from impl.ddtree import ddtree_decode
+from impl.ddtree import ddtree_decode, require_dflash_family
 from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
 from impl.errors import AuditError
 from impl.extract import decoder_layers
@@ -134,6 +134,8 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     records = load_prompts(prompts_path)  # bad input fails before any model loads
     target, tokenizer = load_target(target_dir)
     drafter = load_drafter(drafter_path, target_dir, target, load_options)
+    if method == "ddtree":
+        require_dflash_family(drafter)  # before any prompt is decoded or cached
     prompts, notes = fit_prompts(tokenize_prompts(tokenizer, records, chat_template), max_new_tokens,
                                  target.config.max_position_embeddings, truncate, str(prompts_path))
     for note in notes:

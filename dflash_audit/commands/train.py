@@ -131,7 +131,8 @@ def train(
         from reference_adapters.speculators_recipe import train_settings
 
         settings = train_settings(family)
-    given = dict(**dflash2_flags, sliding_window_non_causal=sliding_window_non_causal,block_size=block_size, draft_layers=draft_layers, max_anchors=max_anchors, loss_fn=loss_fn,
+    given = dict(**dflash2_flags, sliding_window_non_causal=sliding_window_non_causal, block_size=block_size,
+                 draft_layers=draft_layers, max_anchors=max_anchors, loss_fn=loss_fn,
                  per_position_loss_weight=per_position_loss_weight, dpace_alpha=dpace_alpha, gamma=gamma)
     settings.update({name: value for name, value in given.items() if value is not None})
     if noise_std is not None:

@@ -119,6 +119,31 @@ def shape_facts(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[Any, str]
         if shape(name) and len(shape(name)) == 2:
             facts["vocab_size"] = (shape(name)[0], f"{name} shape {list(shape(name))}")
             break
+    facts.update(dflash2_facts(shapes, facts.get("hidden_size", (None,))[0]))
+    return facts
+
+
+DFLASH2_MARKERS = ("layers.0.attention_conv.base_kernel", "candidate_selector.predecessor_codebook")
+
+
+def dflash2_facts(shapes: dict[str, tuple[int, ...]], hidden: int | None) -> dict[str, tuple[Any, str]]:
+    """The convolution and selector sizes a DFlash2 body's shapes show (its top-k shows in none); a body
+    with neither is a DFlash one."""
+    if not any(marker in shapes for marker in DFLASH2_MARKERS) and not any("_conv." in k for k in shapes):
+        return {name: (None, "no convolution or selector tensors: a DFlash drafter")
+                for name in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")}
+    facts: dict[str, tuple[Any, str]] = {}
+    base, projection = shapes.get(DFLASH2_MARKERS[0]), shapes.get("layers.0.attention_conv.kernel_projection.weight")
+    if base and len(base) == 3:
+        taps = base[1]
+        facts["conv_kernel_size"] = (taps, f"{DFLASH2_MARKERS[0]} shape {list(base)}")
+        if projection and hidden and projection[0] % (2 * taps) == 0 and hidden % (projection[0] // (2 * taps)) == 0:
+            groups = projection[0] // (2 * taps)
+            facts["conv_group_size"] = (hidden // groups, f"hidden {hidden} / ({projection[0]} kernel_projection rows"
+                                                          f" / 2 sides / {taps} taps)")
+    codebook = shapes.get(DFLASH2_MARKERS[1])
+    if codebook and len(codebook) == 2:
+        facts["selector_rank"] = (codebook[1], f"{DFLASH2_MARKERS[1]} shape {list(codebook)}")
     return facts
 
 
@@ -202,6 +227,15 @@ def infer(shapes: dict[str, tuple[int, ...]], declaration_sources: list[tuple[st
     if "sliding_window" not in values:
         values["sliding_window"] = None
         provenance["sliding_window"] = Provenance("default", "not declared; no sliding window (Qwen3 default)")
+    if "sliding_window_non_causal" not in values:
+        # Both references' DFlash default is causal; for DFlash2 they differ (speculators bidirectional,
+        # z-lab causal unless `is_causal: false`), so there it stays unknown where it matters.
+        sliding = "sliding_attention" in (values.get("layer_types") or [])
+        if not sliding or values.get("conv_kernel_size", "unknown") is None:
+            values["sliding_window_non_causal"] = False
+            provenance["sliding_window_non_causal"] = Provenance(
+                "default", "not declared; no sliding layers" if not sliding else
+                "not declared; sliding blocks causal (both references' DFlash default)")
 
     count = fc_layer_count(shapes, values.get("hidden_size"))
     ids = values.get("target_layer_ids")

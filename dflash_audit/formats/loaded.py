@@ -40,7 +40,6 @@ class RawRecord:
     layer_id_convention: str = "zlab"  # "zlab" (hs[id + 1]) or "speculators" (hs[id])
     layer_ids_defaulted: bool = False  # the file gave none; z-lab's default was used
     sample_from_anchor: bool | None = None  # speculators' DSpark alignment flag
-    sliding_window_non_causal: bool = False  # speculators: sliding layers see their whole block
     draft_vocab_size: int | None = None  # speculators' reduced draft vocabulary
     verifier: str | None = None  # the verifier a speculators drafter records
 

@@ -1,4 +1,4 @@
-"""speculators' format: a directory whose config.json has `speculators_model_type: dflash`.
+"""speculators' format: a directory whose config.json has `speculators_model_type: dflash` (or `dflash2`).
 
 Its `aux_hidden_state_layer_ids` are z-lab ids + 1 and never name the verifier's final layer;
 it stores the verifier's embeddings, head and final norm beside the draft body (kept apart
@@ -25,10 +25,20 @@ from impl.checkpoint import (
 )
 from impl.errors import AuditError
 from impl.layers import speculators_to_zlab, zlab_to_speculators
+from impl.spec import DFLASH2_FIELDS
+
+
+FAMILY_DEFAULT_NON_CAUSAL = {"dflash": False, "dflash2": True}  # each config class's sliding_window_non_causal default
 
 
 def detect(config: dict[str, Any]) -> bool:
-    return config.get("speculators_model_type") == "dflash"
+    return config.get("speculators_model_type") in FAMILY_DEFAULT_NON_CAUSAL
+
+
+def non_causal(config: dict[str, Any]) -> bool:
+    """`sliding_window_non_causal` as written, else the default of the directory's config class."""
+    value = config.get("sliding_window_non_causal")
+    return FAMILY_DEFAULT_NON_CAUSAL[config["speculators_model_type"]] if value is None else bool(value)
 
 
 def verifier_layer_count(config: dict[str, Any], target_dir: str | Path | None, source: str) -> int:
@@ -65,6 +75,14 @@ def zlab_shaped_config(config: dict[str, Any], num_target_layers: int, source: s
     full.update(num_target_layers=num_target_layers, dflash_config={
         "target_layer_ids": ids, "mask_token_id": config.get("mask_token_id"),
         "block_size": config.get("block_size", 8)})  # speculators' default block size
+    if config.get("speculators_model_type") == "dflash2":
+        from speculators.models.dflash2 import DFlash2SpeculatorConfig
+
+        full["architectures"] = ["DFlash2DraftModel"]
+        defaults = DFlash2SpeculatorConfig.model_fields
+        full["dflash_config"].update({name: config.get(name, defaults[name].default) for name in DFLASH2_FIELDS})
+    if non_causal(config):
+        full["is_causal"] = False  # z-lab's way of saying it
     return full
 
 
@@ -78,7 +96,6 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     raw = RawRecord(config=config, layer_ids=list(config["aux_hidden_state_layer_ids"]),
                     layer_id_convention="speculators",
                     sample_from_anchor=bool(config.get("sample_from_anchor", False)),
-                    sliding_window_non_causal=bool(config.get("sliding_window_non_causal", False)),
                     draft_vocab_size=config.get("draft_vocab_size", spec.vocab_size),
                     verifier=((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path"))
     present = set(config) | set(config.get("transformer_layer_config") or {}) | {"target_layer_ids",
@@ -89,6 +106,10 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     provenance["num_target_layers"] = Provenance("inferred", "the verifier's config.json num_hidden_layers")
     if "block_size" not in config:
         provenance["block_size"] = Provenance("default", "not in config.json; speculators' default 8")
+    for name in ("sliding_window_non_causal", *(DFLASH2_FIELDS if spec.family == "dflash2" else ())):
+        if name not in config:
+            provenance[name] = Provenance("default", f"not in config.json; speculators' "
+                                                     f"{config['speculators_model_type']} default")
     return LoadedCheckpoint(spec=spec, state_dict=tensors, path=str(path), format="speculators", raw=raw,
                             verifier_tensors=verifier, provenance=provenance)
 
@@ -138,13 +159,12 @@ def save(loaded: LoadedCheckpoint, destination: Path, target: str | Path | None)
     if sample_from_anchor is None:
         sample_from_anchor = bool(loaded.recipe and loaded.recipe.sample_from_anchor)
     config = adapter.speculators_config(loaded.spec, verifier, aux_layer_ids=aux_ids,
-                                        sample_from_anchor=sample_from_anchor,
-                                        sliding_window_non_causal=loaded.raw.sliding_window_non_causal)
-    model = adapter.DFlashDraftModel(config)
+                                        sample_from_anchor=sample_from_anchor)
+    model = adapter.MODEL_CLASSES[loaded.spec.family](config)
     missing, unexpected = model.load_state_dict(body, strict=False)
     missing = [k for k in missing if k not in adapter.VERIFIER_OWNED_KEYS]
     if missing or unexpected:
-        raise AuditError(f"{loaded.path}: the draft body does not fit speculators' DFlashDraftModel "
+        raise AuditError(f"{loaded.path}: the draft body does not fit speculators' {type(model).__name__} "
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     model.load_verifier_weights()  # speculators' own loader, from the verifier directory
     model.to(dtype=next(iter(body.values())).dtype)

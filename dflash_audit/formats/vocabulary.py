@@ -41,6 +41,11 @@ SPEC_NAMES = {
     "input_embedding_scale": ("input_embedding_scale",),
     "output_multiplier": ("output_multiplier",),
     "final_logit_softcapping": ("final_logit_softcapping",),
+    "sliding_window_non_causal": ("sliding_window_non_causal",),
+    "conv_kernel_size": ("conv_kernel_size",),
+    "conv_group_size": ("conv_group_size",),
+    "selector_rank": ("selector_rank",),
+    "selector_top_k": ("selector_top_k",),
 }
 RECIPE_NAMES = {
     "gamma": ("gamma", "loss_decay_gamma", "dflash_decay_gamma", "decay_gamma", "loss_gamma"),
@@ -52,6 +57,7 @@ RECIPE_NAMES = {
     "sample_from_anchor": ("sample_from_anchor",),
     "per_position_loss_weight": ("per_position_loss_weight", "loss_weighting", "position_loss_weight"),
     "dpace_alpha": ("dpace_alpha",),
+    "selector_loss_alpha": ("selector_loss_alpha",),
 }
 ALIASES = {alias: name for table in (SPEC_NAMES, RECIPE_NAMES) for name, aliases in table.items() for alias in aliases}
 RECIPE_FIELDS = set(RECIPE_NAMES)
@@ -68,10 +74,11 @@ GENERIC_ALIASES = {"loss", "loss_type", "dim", "mask_token", "layer_ids", "num_l
 
 INT_FIELDS = {"hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "num_hidden_layers", "vocab_size", "num_target_layers", "mask_token_id", "block_size",
-              "max_position_embeddings", "max_anchors", "verifier_source_layer", "sliding_window"}
+              "max_position_embeddings", "max_anchors", "verifier_source_layer", "sliding_window",
+              "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"}
 FLOAT_FIELDS = {"rope_theta", "rms_norm_eps", "input_embedding_scale", "output_multiplier", "final_logit_softcapping",
-                "gamma", "noise_std", "dpace_alpha"}
-BOOL_FIELDS = {"attention_bias", "sample_from_anchor"}
+                "gamma", "noise_std", "dpace_alpha", "selector_loss_alpha"}
+BOOL_FIELDS = {"attention_bias", "sample_from_anchor", "sliding_window_non_causal"}
 LOSS_SPELLINGS = {"ce": "ce", "cross_entropy": "ce", "crossentropy": "ce", "xent": "ce", "kl": "kl_div",
                   "kl_div": "kl_div", "kld": "kl_div", "forward_kl": "kl_div", "kl_divergence": "kl_div"}
 

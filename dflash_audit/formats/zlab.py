@@ -1,4 +1,8 @@
-"""z-lab's format: a Hugging Face directory, `config.json` with `dflash_config`, `model.safetensors`."""
+"""z-lab's format: a Hugging Face directory, `config.json` with `dflash_config`, `model.safetensors`.
+
+A DFlash2 directory says `architectures: ["DFlash2DraftModel"]`, keeps the convolution and
+selector sizes in `dflash_config` and stores the selector's codebooks without `.weight`
+(z-lab's `from_pretrained` maps them onto its Embeddings)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ from impl.checkpoint import build_drafter, read_config, read_safetensors_dir, sa
 
 
 def detect(config: dict[str, Any]) -> bool:
-    return "dflash_config" in config or "DFlashDraftModel" in (config.get("architectures") or [])
+    """A z-lab DFlash (`DFlashDraftModel`) or DFlash2 (`DFlash2DraftModel`) directory."""
+    architectures = config.get("architectures") or []
+    return "dflash_config" in config or bool({"DFlashDraftModel", "DFlash2DraftModel"} & set(architectures))
 
 
 def load(path: Path) -> LoadedCheckpoint:
@@ -33,6 +39,8 @@ def config_keys(config: dict[str, Any]) -> set[str]:
         present.add("rope_theta")
     if "use_sliding_window" in config:
         present.add("sliding_window")
+    if "is_causal" in config:
+        present.add("sliding_window_non_causal")
     return present
 
 
