@@ -11,6 +11,12 @@ never time budgets, so the world is the same on every machine:
 - `ours.pt`       drafter trained with the seed's three bugs: fc fed all but the deepest
                   selected layer, targets from an intermediate layer, gamma 7
 Then `compare --ours ours.pt --ref ref/ --target target/ --prompts prompts.jsonl`.
+
+The second act (`family="dflash2"`, `dflash-audit demo --family dflash2`) tells the same story
+on a DFlash2 pair (convolutions and a candidate selector; a sliding layer then a full one):
+the reference keeps speculators' dflash2 default, bidirectional sliding blocks; ours has the
+three bugs plus its own, sliding blocks trained causal (a trainer that ignores
+`sliding_window_non_causal`).
 """
 
 from __future__ import annotations
@@ -49,10 +55,34 @@ class DemoConfig:
     max_new_tokens: int = 128
     budget: int = 16
     lr: float = 3e-3
+    family: str = "dflash"  # or "dflash2": the second act
+    # DFlash2 act: a small selector for the small world, a sliding layer whose window is below seq_len.
+    dflash2: dict = field(default_factory=lambda: dict(conv_kernel_size=2, conv_group_size=16, selector_rank=32,
+                                                       selector_top_k=8))
+    sliding_window: int = 64
 
 
-def default_cache_dir(root: str | Path | None = None) -> Path:
-    return cache_root(root) / "demo"
+FAMILIES = ("dflash", "dflash2")
+
+
+def default_cache_dir(root: str | Path | None = None, family: str = "dflash") -> Path:
+    return cache_root(root) / ("demo" if family == "dflash" else f"demo-{family}")
+
+
+def default_out_dir(family: str = "dflash") -> Path:
+    return Path("reports") / ("demo" if family == "dflash" else f"demo-{family}")
+
+
+def family_settings(config: DemoConfig) -> tuple[dict, dict]:
+    """(trainer settings both drafters share, the act's own planted bug) of the demo's family."""
+    if config.family == "dflash":
+        return {}, {}
+    if config.family != "dflash2":
+        raise AuditError(f"--family must be one of {list(FAMILIES)}, got {config.family!r}")
+    types = (["sliding_attention"] + ["full_attention"] * (config.draft_layers - 1))
+    shared = dict(family="dflash2", layer_types=types, sliding_window=config.sliding_window,
+                  sliding_window_non_causal=True, **config.dflash2)
+    return shared, {"sliding_window_non_causal": False}  # sliding blocks trained causal
 
 
 def reference_layer_ids(config: DemoConfig) -> list[int]:
@@ -126,6 +156,8 @@ def build_demo(cache: Path, config: DemoConfig, rebuild: bool = False) -> dict[s
                   lr=config.lr, warmup=config.warmup, max_anchors=config.max_anchors, seed=0,
                   # Pinned: the demo's drafters train with KL + fixed decay (the trainer now defaults to D-PACE).
                   loss_fn="kl_div", per_position_loss_weight="fixed-exp-decay")
+    shared, family_bug = family_settings(config)
+    common.update(shared)
     reference_ids = reference_layer_ids(config)
     if not (paths["ref"] / "config.json").is_file():
         staging = cache / ".ref-train.pt"
@@ -134,8 +166,8 @@ def build_demo(cache: Path, config: DemoConfig, rebuild: bool = False) -> dict[s
         save_zlab_dir(paths["ref"], trained.spec, trained.state_dict)  # z-lab format keeps no recipe
         staging.unlink()
     if not paths["ours"].is_file():
-        timed(lambda: train_drafter(world.target, texts, paths["ours"], **common, **planted_bugs(reference_ids)),
-              "planted-bug drafter")
+        bugs = {**common, **planted_bugs(reference_ids), **family_bug}
+        timed(lambda: train_drafter(world.target, texts, paths["ours"], **bugs), "planted-bug drafter")
     return paths
 
 
@@ -149,12 +181,14 @@ def timed(step, what: str) -> None:
               "(same steps and result as anywhere, only slower)", file=sys.stderr)
 
 
-def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path = Path("reports/demo"), cache_dir=None,
+def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path | None = None, cache_dir=None,
              config: DemoConfig | None = None) -> AuditReport:
     from dflash_audit.commands.compare import run_compare
 
     config = config or DemoConfig()
-    cache = Path(cache or default_cache_dir(cache_dir))
+    family_settings(config)  # an unknown family fails before anything is built
+    out = Path(out or default_out_dir(config.family))
+    cache = Path(cache or default_cache_dir(cache_dir, config.family))
     check_outputs({"--out": Path(out)}, {"--cache": cache})
     paths = build_demo(cache, config, rebuild)
     return run_compare(paths["ours"], paths["ref"], target=paths["target"], prompts=paths["prompts"], out=out,

@@ -40,6 +40,32 @@ def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path
     assert all(p.stat().st_mtime_ns == stamp for p, stamp in stamps.items())
 
 
+@pytest.mark.slow
+def test_reduced_dflash2_demo_names_the_planted_divergences_and_its_own(test_world, tmp_path):
+    """The second act: the same three bugs on a DFlash2 pair, plus sliding blocks trained causal."""
+    cache = tmp_path / "demo-dflash2"
+    shutil.copytree(test_world.target, cache / "target")
+    shutil.copy(test_world.prompts, cache / "prompts.jsonl")
+    config = DemoConfig(target_preset=dict(TEST_TARGET), draft_layers=2, target_layer_ids=[1, 2], seq_len=128,
+                        drafter_steps=120, corpus_bytes=300_000, max_new_tokens=24, budget=8, family="dflash2",
+                        sliding_window=32)
+    (cache / KEY_FILE).write_text(demo_key(config))
+    run_demo(cache, out=tmp_path / "report", config=config)
+
+    data = json.loads((tmp_path / "report" / "report.json").read_text())
+    divergent = sorted((f["component"], f["key"]) for f in data["findings"]
+                       if f["severity"] == "divergence" and f["component"] != "tau")
+    assert divergent == sorted(PLANTED + [("window_direction", "sliding_window_non_causal")])
+    assert set(data["tau"]["methods"]) == {"dflash"}  # DDTree is not defined on DFlash2: said, not run
+    assert any(f["key"] == "ddtree not measured" for f in data["findings"])
+
+
+def test_an_unknown_demo_family_is_refused_before_anything_is_built(tmp_path):
+    with pytest.raises(AuditError, match="--family must be one of"):
+        run_demo(tmp_path / "cache", out=tmp_path / "report", config=DemoConfig(family="dflash3"))
+    assert not (tmp_path / "cache").exists()
+
+
 def test_a_cache_built_for_another_config_is_emptied_first(tmp_path):
     cache = tmp_path / "demo"
     cache.mkdir()

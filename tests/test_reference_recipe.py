@@ -101,3 +101,34 @@ def test_dpace_with_kl_is_refused(tiny_world, tmp_path, capsys):  # noqa: F811
             "--out", str(tmp_path / "x.pt"), *RUN, "--loss", "kl_div", "--loss-weighting", "dpace"]
     assert main(args) == 2
     assert "D-PACE loss weighting needs the ce loss" in capsys.readouterr().err
+
+
+def test_our_dflash2_defaults_are_speculators_dflash2_defaults():
+    from impl.train import TrainConfig
+
+    resolved, ours = refs.trainer("dflash2"), TrainConfig(target="", out="", family="dflash2")
+    for name, value in resolved.architecture.items():
+        if name != "sliding_window_non_causal":  # ours: None = the family's default, checked below
+            assert getattr(ours, name) == value, name
+    assert ours.selector_loss_alpha == resolved.recipe.selector_loss_alpha
+    assert resolved.architecture["sliding_window_non_causal"] is True
+
+
+def test_recipe_speculators_trains_the_resolved_dflash2_drafter(tiny_world, tmp_path):  # noqa: F811
+    out = train(tiny_world, tmp_path / "d2.pt", "--family", "dflash2", "--recipe", "speculators",
+                "--layer-types", ",".join(["sliding_attention"] * 4 + ["full_attention"]), "--sliding-window", "12")
+    resolved, ckpt = refs.trainer("dflash2"), load_checkpoint(out)
+    assert ckpt.spec.family == "dflash2"
+    for name, value in resolved.architecture.items():
+        assert getattr(ckpt.spec, name) == value, name
+    assert (ckpt.spec.block_size, ckpt.spec.num_hidden_layers) == (resolved.block_size, resolved.draft_layers)
+    assert (ckpt.recipe.loss_fn, ckpt.recipe.per_position_loss_weight) == (resolved.recipe.loss_fn,
+                                                                             resolved.recipe.per_position_loss_weight)
+    assert ckpt.recipe.selector_loss_alpha == resolved.recipe.selector_loss_alpha
+
+
+def test_a_dflash2_flag_without_the_family_is_refused(tiny_world, tmp_path, capsys):  # noqa: F811
+    args = ["train", "--target", str(tiny_world / "target"), "--data", str(tiny_world / "data.jsonl"),
+            "--out", str(tmp_path / "x.pt"), *RUN, "--selector-top-k", "8"]
+    assert main(args) == 2
+    assert "--selector-top-k is a DFlash2 setting; add --family dflash2" in capsys.readouterr().err

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from dflash_audit.demo import run_demo
+from dflash_audit.demo import DemoConfig, run_demo
 
 
 def register(app: typer.Typer) -> None:
@@ -16,10 +16,13 @@ def register(app: typer.Typer) -> None:
         cache_dir: Path | None = typer.Option(None, "--cache-dir",
                                               help="cache root (default $XDG_CACHE_HOME/dflash-audit)"),
         rebuild: bool = typer.Option(False, "--rebuild", help="retrain everything in the cache"),
-        out: Path = typer.Option(Path("reports/demo"), "--out", help="report directory"),
+        out: Path | None = typer.Option(None, "--out", help="report directory (default reports/demo, "
+                                                            "reports/demo-dflash2 for --family dflash2)"),
+        family: str = typer.Option("dflash", "--family",
+                                   help="dflash, or dflash2: the second act, the same story on a DFlash2 pair"),
     ) -> int:
         """Build (once) the demo world and compare its buggy drafter with the reference; report in reports/demo/."""
-        run_demo(cache, rebuild, out, cache_dir=cache_dir)
+        run_demo(cache, rebuild, out, cache_dir=cache_dir, config=DemoConfig(family=family))
         # Finding the planted divergences is the demo's point: compare's exit status 1
         # ("divergences found") is success here; trouble still raises and exits 2.
         return 0
