@@ -27,7 +27,6 @@ from impl.errors import AuditError
 from impl.extract import output_head
 from impl.model import DFlashDrafter, DraftCache
 
-
 DDTREE_NEEDS_DFLASH = ("DDTree is defined on DFlash drafters only: a DFlash2 drafter's selector scores each "
                        "slot given the token before it, so its slots are not the independent marginals a tree is "
                        "built from")

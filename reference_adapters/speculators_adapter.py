@@ -26,8 +26,8 @@ from impl.checkpoint import (
     read_config,
     strip_wrapper_prefixes,
 )
-from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.dflash2 import SelectorTraining
+from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.interface import TrainingOutputs, Unsupported
 from impl.layers import speculators_to_zlab
 from impl.spec import DFLASH2_FIELDS, DraftSpec

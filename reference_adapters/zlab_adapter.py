@@ -24,7 +24,8 @@ check_reference("dflash")
 import dflash.model as zlab  # noqa: E402  (after the version guard on purpose)
 
 TRAINING_OPERATIONS = ("select_anchors", "training_mask", "training_outputs", "loss_weights", "loss", "block_metrics",
-                       "dpace_weights", "dpace_loss", "selector_scores", "selector_training_candidates", "selector_loss")
+                       "dpace_weights", "dpace_loss", "selector_scores", "selector_training_candidates",
+                       "selector_loss")
 
 
 @contextmanager

@@ -27,7 +27,6 @@ from impl.errors import AuditError
 from impl.layers import speculators_to_zlab, zlab_to_speculators
 from impl.spec import DFLASH2_FIELDS
 
-
 FAMILY_DEFAULT_NON_CAUSAL = {"dflash": False, "dflash2": True}  # each config class's sliding_window_non_causal default
 
 
