@@ -132,3 +132,12 @@ def test_a_dflash2_flag_without_the_family_is_refused(tiny_world, tmp_path, caps
             "--out", str(tmp_path / "x.pt"), *RUN, "--selector-top-k", "8"]
     assert main(args) == 2
     assert "--selector-top-k is a DFlash2 setting; add --family dflash2" in capsys.readouterr().err
+
+
+def test_a_dflash2_setting_that_cannot_build_is_one_line_naming_it(tiny_world, tmp_path, capsys):  # noqa: F811
+    args = ["train", "--target", str(tiny_world / "target"), "--data", str(tiny_world / "data.jsonl"),
+            "--out", str(tmp_path / "x.pt"), *RUN, "--family", "dflash2", "--conv-group-size", "7"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "conv_group_size" in err and "not divisible" in err
+    assert not (tmp_path / "x.pt").exists()
