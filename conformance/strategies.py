@@ -146,7 +146,8 @@ class LossCase:
 def loss_cases(draw, kinds=("kl_div", "ce"), min_block: int = 1, first_slot_only: bool = False) -> LossCase:
     """`first_slot_only` for checks of the loss kind alone: with one trained slot per block every
     per-slot weighting gives it weight 1, so the reductions (#6) cannot differ."""
-    return LossCase(first_slot_only=first_slot_only, num_anchors=draw(st.integers(1, 6)), block_size=draw(st.integers(min_block, 16)), vocab=draw(st.integers(4, 40)),
+    return LossCase(first_slot_only=first_slot_only, num_anchors=draw(st.integers(1, 6)),
+                    block_size=draw(st.integers(min_block, 16)), vocab=draw(st.integers(4, 40)),
                     gamma=draw(st.sampled_from([1.0, 2.5, 4.0, 7.0])), kind=draw(st.sampled_from(kinds)),
                     sample_from_anchor=draw(st.booleans()), dtype=draw(dtypes), seed=draw(st.integers(0, 2**16)))
 

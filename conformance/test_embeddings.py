@@ -1,4 +1,5 @@
-"""#13 embeddings / head: the drafter borrows the target's input embeddings and LM head."""
+"""#13 embeddings / head: the drafter borrows the target's input embeddings and LM head (one document, full
+attention: packing and windows are #9's)."""
 
 import pytest
 from hypothesis import given

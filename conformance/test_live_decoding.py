@@ -24,6 +24,13 @@ PROMPTS = 8
 SAMPLED_PROMPTS, SAMPLED_TOKENS, TEMPERATURE = 3, 64, 0.8
 
 
+def live_decode(conform, names, impl, drafter, *args):
+    """`(ok, GenerationResult)` of one decode, through the comparator: a case the implementation
+    cannot run is recorded n/a, any other error as the divergence it is."""
+    with torch.no_grad():
+        return conform.run(names, lambda: impl.generate(drafter, *args), what=f"{impl.name} generate")
+
+
 @pytest.fixture(scope="module")
 def trained_pair():
     from dflash_world import cached_test_world
@@ -54,8 +61,10 @@ def test_per_round_acceptance_and_tau_p17(conform, pair, trained_pair):
         runs = {}
         for impl in (a, b):
             drafter = impl.build_drafter(ckpt.spec, ckpt.state_dict, target)
-            with torch.no_grad():
-                runs[impl.name] = impl.generate(drafter, target, input_ids, MAX_NEW_TOKENS, stop)
+            ok, runs[impl.name] = live_decode(conform, (a.name, b.name), impl, drafter, target, input_ids,
+                                                  MAX_NEW_TOKENS, stop)
+            if not ok:  # a case this implementation cannot run: recorded n/a
+                return
         rounds_a, rounds_b = runs[a.name].acceptance_lengths, runs[b.name].acceptance_lengths
         conform.compare((a.name, b.name), rounds_a, rounds_b, EXACT,
                         what=f"prompt {index}: per-round acceptance lengths")
@@ -89,8 +98,10 @@ def test_sampled_rounds_under_the_same_seed_p17(conform, pair, trained_pair):
         runs = {}
         for impl in (a, b):
             drafter = impl.build_drafter(ckpt.spec, ckpt.state_dict, target)
-            with torch.no_grad():
-                runs[impl.name] = impl.generate(drafter, target, input_ids, SAMPLED_TOKENS, stop, TEMPERATURE, seed)
+            ok, runs[impl.name] = live_decode(conform, (a.name, b.name), impl, drafter, target, input_ids,
+                                                  SAMPLED_TOKENS, stop, TEMPERATURE, seed)
+            if not ok:  # a case this implementation cannot run: recorded n/a
+                return
         rounds_and_ids(conform, a, b, runs, f"prompt {seed}, T={TEMPERATURE}, seed {seed}")
 
 
@@ -116,8 +127,10 @@ def test_random_models_with_rolling_sliding_windows_p17(conform, pair, temperatu
         runs = {}
         for impl in (a, b):
             drafter = impl.build_drafter(spec, weights, target)
-            with torch.no_grad():
-                runs[impl.name] = impl.generate(drafter, target, ids, 40, [5], temperature, seed)
+            ok, runs[impl.name] = live_decode(conform, (a.name, b.name), impl, drafter, target, ids, 40, [5],
+                                                  temperature, seed)
+            if not ok:  # a case this implementation cannot run: recorded n/a
+                return
         rounds_and_ids(conform, a, b, runs, f"random pair, seed {seed}, T={temperature}")
         longest = max([longest, *runs[a.name].acceptance_lengths])
     if temperature > 1:  # near-uniform sampling must reach past the first slot, or the blocks were not tested

@@ -1,4 +1,5 @@
-"""#14 mask token: the spec's id fills the block in training (compared through the training forward)."""
+"""#14 mask token: the spec's id fills the block in training (compared through the training forward, on one
+document with full attention: packing and windows are #9's)."""
 
 import dataclasses
 

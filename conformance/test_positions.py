@@ -1,4 +1,6 @@
-"""#12 positions: block slots continue the context's positions (a .. a+B-1), in training and at inference."""
+"""#12 positions: block slots continue the context's positions (a .. a+B-1), in training and at inference.
+
+Drawn with full attention (and one document in training): windows and packing are #9's and #11's."""
 
 import pytest
 from hypothesis import given
