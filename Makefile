@@ -13,6 +13,11 @@ SPECULATORS_DEPS := "pydantic>=2" "pydantic-settings>=2" "loguru>=0.7.2,<=0.7.3"
 	"openai>=2" "datasets>=4,<=5.1.0" "hs-connectors==0.9.0" "huggingface-hub" \
 	"tqdm>=4.66.3,<=4.70.1" "numpy>=2,<=2.5.4"
 
+# specforge==0.2.0 (SGLang's trainer, held to the references by `pytest conformance --impl specforge`)
+# declares sglang, flash-attn and more; its DFlash modules (`held/specforge.py` imports them) need
+# only torch, transformers and pydantic, so it too is installed with --no-deps.
+SPECFORGE_DEPS := "pydantic>=2"
+
 .PHONY: setup test demo quick clean browser
 setup: $(STAMP)
 
@@ -22,7 +27,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -e ".[test]"
 	$(PIP) install dflash==0.1.0 $(SPECULATORS_DEPS)
 	$(PIP) install --no-deps speculators==0.9.0
+	$(PIP) install $(SPECFORGE_DEPS)
+	$(PIP) install --no-deps specforge==0.2.0
 	$(PY) -c "import speculators.models.dflash, speculators.convert.dflash, dflash.model; print('setup: references import OK')"
+	$(PY) -c "import held.specforge; print('setup: specforge imports OK')"
 	touch $(STAMP)
 
 # Headless Chromium for tests/test_report_browser.py; installed only when absent.

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from conformance.tolerances import EXACT, Tolerance
+from impl.interface import Unsupported
 from impl.pitfalls import PITFALLS
 
 WINDOW = 4  # elements either side of the first difference shown in a diff entry
@@ -60,12 +61,23 @@ def _plain(value: torch.Tensor) -> Any:
     return value.float().tolist() if value.is_floating_point() else value.tolist()
 
 
+def _value_difference(actual: Any, expected: Any) -> dict[str, Any] | None:
+    """Values that are not numbers (None, a string, a missing field) compare by equality."""
+    try:
+        same = actual is expected or (actual is not None and expected is not None and bool(actual == expected))
+    except (TypeError, ValueError, RuntimeError):  # e.g. a tensor against a string
+        same = False
+    return None if same else {"message": f"{actual!r} != {expected!r}", "values": (repr(actual), repr(expected))}
+
+
 def tensor_difference(actual: Any, expected: Any, tolerance: Tolerance) -> dict[str, Any] | None:
     """None when equal within `tolerance`, else the fields of a diff entry describing the difference."""
-    if isinstance(actual, str) or isinstance(expected, str):
-        return None if actual == expected else {"message": f"{actual!r} != {expected!r}",
-                                                "values": (actual, expected)}
-    a, b = _as_tensor(actual), _as_tensor(expected)
+    if any(v is None or isinstance(v, str) for v in (actual, expected)):
+        return _value_difference(actual, expected)
+    try:
+        a, b = _as_tensor(actual), _as_tensor(expected)
+    except (TypeError, ValueError, RuntimeError):  # not numeric: a value of its own kind
+        return _value_difference(actual, expected)
     shapes = (list(a.shape), list(b.shape))
     dtypes = (str(a.dtype), str(b.dtype))
     if a.shape != b.shape:
@@ -141,9 +153,13 @@ class Comparator:
         key = {"component": component, "pitfall": pitfall, "implementations": list(names), "test": self.test}
         a_value, a_error = _evaluate(actual)
         b_value, b_error = _evaluate(expected)
+        for name, error in ((names[0], a_error), (names[1], b_error)):
+            if isinstance(error, Unsupported):  # a case this implementation cannot express: n/a, with its reason
+                self.not_applicable(names, f"{what + ': ' if what else ''}{name}: {error}", pitfall=pitfall)
+                return None
         if a_error or b_error:
             fields = {"message": f"{what + ': ' if what else ''}"
-                                 f"{names[0] if a_error else names[1]} raised {a_error or b_error}"}
+                                 f"{names[0] if a_error else names[1]} raised {_describe(a_error or b_error)}"}
         else:
             fields = tensor_difference(a_value, b_value, tolerance)
             if fields is not None and what:
@@ -161,12 +177,31 @@ class Comparator:
         raise Divergence(entry)
 
 
-def _evaluate(value: Any) -> tuple[Any, str | None]:
+    def run(self, names: tuple[str, str], operation: Callable[[], Any], what: str = "", *,
+            pitfall: int | None = None) -> tuple[bool, Any]:
+        """Call one side's operation outside a comparison (its output feeds rule checks): `(True, value)`,
+        or `(False, None)` once an unsupported case is recorded n/a; any other error is a divergence."""
+        value, error = _evaluate(operation)
+        if error is None:
+            return True, value
+        self.compare(names, lambda: _reraise(error), None, EXACT, what, pitfall=pitfall)
+        return False, None  # only an Unsupported case gets here: compare raised for anything else
+
+
+def _reraise(error: Exception):
+    raise error
+
+
+def _describe(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
+def _evaluate(value: Any) -> tuple[Any, Exception | None]:
     if not callable(value):
         return value, None
     try:
         return value(), None
     except Divergence:
         raise
-    except Exception as error:  # noqa: BLE001 - reported as the divergence it is
-        return None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    except Exception as error:  # noqa: BLE001 - reported as the divergence it is (n/a when Unsupported)
+        return None, error

@@ -1,6 +1,8 @@
 """Session plumbing of the conformance suite.
 
-- `--impl package.module:object` picks the implementation under test (default: ours);
+- `--impl package.module:object` (or a known short name: ours, specforge, speculators, zlab) picks the
+  implementation under test (default: ours); results of any other than ours go to
+  reports/conformance/<name>/ (or `--report-dir`), so they never overwrite ours;
 - tests marked `@pytest.mark.compare(operation, references=..., cross=...)` get a `pair`
   fixture parametrized over (impl, reference) and, with `cross`, (speculators, zlab);
   a pair where either side declares the operation unsupported is recorded "n/a", not run;
@@ -13,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,8 @@ REFERENCES = {
     "speculators": "reference_adapters.speculators_adapter:SpeculatorsImplementation",
     "zlab": "reference_adapters.zlab_adapter:ZlabImplementation",
 }
+# Short names for `--impl`: ours, third-party codebases held to the references (held/), the references.
+KNOWN = {"ours": DEFAULT_IMPL, "specforge": "held.specforge:SpecForgeImplementation", **REFERENCES}
 # Outputs two references may disagree on (a finding), as opposed to a failure of the impl.
 REFERENCE_NAMES = frozenset({*REFERENCES, "transformers"})
 REPORT_DIR = Path(__file__).resolve().parent.parent / "reports" / "conformance"
@@ -36,7 +41,11 @@ IMPLEMENTATIONS = pytest.StashKey[dict]()
 
 def pytest_addoption(parser):
     parser.addoption("--impl", default=DEFAULT_IMPL, metavar="package.module:object",
-                     help="DFlashImplementation under test (a class is instantiated without arguments)")
+                     help="DFlashImplementation under test (a class is instantiated without arguments), "
+                          f"or one of {', '.join(KNOWN)}")
+    parser.addoption("--report-dir", default=None, metavar="DIR",
+                     help="where results.json and index.html go (default reports/conformance/, "
+                          "reports/conformance/<name>/ for an --impl other than ours)")
 
 
 def pytest_configure(config):
@@ -50,8 +59,8 @@ def pytest_configure(config):
 
 
 def load_object(path: str):
-    """`package.module:object` -> an implementation instance (classes are instantiated)."""
-    module_name, _, attr = path.partition(":")
+    """`package.module:object` or a short name -> an implementation instance (classes are instantiated)."""
+    module_name, _, attr = KNOWN.get(path, path).partition(":")
     if not module_name or not attr:
         raise pytest.UsageError(f"--impl {path!r}: expected package.module:object")
     try:
@@ -138,7 +147,19 @@ def versions() -> dict[str, str]:
     return found
 
 
+def report_dir(config) -> Path:
+    """reports/conformance/ for ours; reports/conformance/<name>/ for any other implementation."""
+    if config.getoption("--report-dir"):
+        return Path(config.getoption("--report-dir"))
+    chosen = config.getoption("--impl")
+    if KNOWN.get(chosen, chosen) == DEFAULT_IMPL:
+        return REPORT_DIR
+    loaded = config.stash[IMPLEMENTATIONS].get("impl")
+    name = chosen if chosen in KNOWN else getattr(loaded, "name", None) or chosen
+    return REPORT_DIR / (re.sub(r"[^A-Za-z0-9_.-]+", "_", str(name)).strip("._") or "impl")
+
+
 def pytest_sessionfinish(session, exitstatus):
     recorder = session.config.stash.get(RECORDER, None)
     if recorder is not None and not hasattr(session.config, "workerinput"):
-        recorder.write(REPORT_DIR, versions())
+        recorder.write(report_dir(session.config), versions())

@@ -36,7 +36,12 @@ def test_anchor_distribution_rules_p8(conform, under_test, case):
     if not supports(under_test, "select_anchors"):  # an inference-only implementation draws no anchors
         conform.not_applicable(names, f"{under_test.name} has no select_anchors")
         return
-    anchors, valid = under_test.select_anchors(case.loss_mask, case.max_anchors, case.block_size, case.seed)
+    ok, drawn = conform.run(names, lambda: under_test.select_anchors(case.loss_mask, case.max_anchors,
+                                                                      case.block_size, case.seed),
+                            what="select_anchors")
+    if not ok:
+        return
+    anchors, valid = drawn
     eligible = case.loss_mask[0].bool().clone()
     eligible[-case.block_size:] = False
     count = min(case.max_anchors, int(eligible.sum()))

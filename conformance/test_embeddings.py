@@ -1,4 +1,5 @@
-"""#13 embeddings / head: the drafter borrows the target's input embeddings and LM head."""
+"""#13 embeddings / head: the drafter borrows the target's input embeddings and LM head (one document, full
+attention: packing and windows are #9's)."""
 
 import pytest
 from hypothesis import given
@@ -12,7 +13,7 @@ from conformance.world import reference_state_dict, target_for
 @pytest.mark.pitfall(13)
 @pytest.mark.compare("training_outputs", references=("speculators",))
 @MODEL
-@given(training_cases())
+@given(training_cases(sliding=False, single_document=True))
 def test_borrowed_embeddings_and_head_p13(conform, pair, case):
     conform.describe(case)
     training.training_forward(conform, *pair, case)

@@ -25,6 +25,15 @@ PROMPTS = 8
 SAMPLED_PROMPTS, SAMPLED_TOKENS, TEMPERATURE = 3, 64, 0.8
 
 
+def live_decode(conform, names, impl, spec, weights, target, *args):
+    """`(ok, GenerationResult)` of building a drafter and one decode, through the comparator: a case the
+    implementation cannot run (e.g. a family it does not have) is recorded n/a, any other error as the
+    divergence it is."""
+    with torch.no_grad():
+        return conform.run(names, lambda: impl.generate(impl.build_drafter(spec, weights, target), target, *args),
+                           what=f"{impl.name} generate")
+
+
 @pytest.fixture(scope="module", params=["dflash", "dflash2"])
 def trained_pair(request):
     """The world's trained DFlash drafter, then its DFlash2 twin (proposals through the selector)."""
@@ -55,9 +64,10 @@ def test_per_round_acceptance_and_tau_p17(conform, pair, trained_pair):
         conform.describe({"prompt": index, "max_new_tokens": MAX_NEW_TOKENS, "block_size": ckpt.spec.block_size})
         runs = {}
         for impl in (a, b):
-            drafter = impl.build_drafter(ckpt.spec, ckpt.state_dict, target)
-            with torch.no_grad():
-                runs[impl.name] = impl.generate(drafter, target, input_ids, MAX_NEW_TOKENS, stop)
+            ok, runs[impl.name] = live_decode(conform, (a.name, b.name), impl, ckpt.spec, ckpt.state_dict, target,
+                                              input_ids, MAX_NEW_TOKENS, stop)
+            if not ok:  # a case this implementation cannot run: recorded n/a
+                return
         rounds_a, rounds_b = runs[a.name].acceptance_lengths, runs[b.name].acceptance_lengths
         conform.compare((a.name, b.name), rounds_a, rounds_b, EXACT,
                         what=f"prompt {index}: per-round acceptance lengths")
@@ -90,9 +100,10 @@ def test_sampled_rounds_under_the_same_seed_p17(conform, pair, trained_pair):
         conform.describe({"prompt": seed, "temperature": TEMPERATURE, "seed": seed})
         runs = {}
         for impl in (a, b):
-            drafter = impl.build_drafter(ckpt.spec, ckpt.state_dict, target)
-            with torch.no_grad():
-                runs[impl.name] = impl.generate(drafter, target, input_ids, SAMPLED_TOKENS, stop, TEMPERATURE, seed)
+            ok, runs[impl.name] = live_decode(conform, (a.name, b.name), impl, ckpt.spec, ckpt.state_dict, target,
+                                              input_ids, SAMPLED_TOKENS, stop, TEMPERATURE, seed)
+            if not ok:  # a case this implementation cannot run: recorded n/a
+                return
         rounds_and_ids(conform, a, b, runs, f"prompt {seed}, T={TEMPERATURE}, seed {seed}")
 
 
@@ -117,9 +128,10 @@ def test_random_models_with_rolling_sliding_windows_p17(conform, pair, temperatu
         conform.describe({"seed": seed, "temperature": temperature, "prompt_len": ids.shape[1]})
         runs = {}
         for impl in (a, b):
-            drafter = impl.build_drafter(spec, weights, target)
-            with torch.no_grad():
-                runs[impl.name] = impl.generate(drafter, target, ids, 40, [5], temperature, seed)
+            ok, runs[impl.name] = live_decode(conform, (a.name, b.name), impl, spec, weights, target, ids, 40, [5],
+                                                  temperature, seed)
+            if not ok:  # a case this implementation cannot run: recorded n/a
+                return
         rounds_and_ids(conform, a, b, runs, f"random pair, seed {seed}, T={temperature}")
         longest = max([longest, *runs[a.name].acceptance_lengths])
     if temperature > 1:  # near-uniform sampling must reach past the first slot, or the blocks were not tested

@@ -52,11 +52,13 @@ class OursImplementation:
     def draft_forward(self, drafter: DFlashDrafter, noise_embedding, target_hidden, position_ids):
         return drafter(noise_embedding, target_hidden, position_ids)
 
-    def training_outputs(self, drafter: DFlashDrafter, target, input_ids, loss_mask, document_ids, max_anchors, seed):
+    def training_outputs(self, drafter: DFlashDrafter, target, input_ids, loss_mask, document_ids, max_anchors, seed,
+                         anchors=None):
         # The trainer's own step, so the conformance suite checks the code that trains.
         torch.manual_seed(seed)
         recipe = dataclasses.replace(self.recipe, max_anchors=max_anchors)
-        step = training_step(drafter, target, input_ids, loss_mask, document_ids, recipe, with_loss=False)
+        step = training_step(drafter, target, input_ids, loss_mask, document_ids, recipe, with_loss=False,
+                             anchors=None if anchors is None else [anchors])
         out = step.outputs
         return TrainingOutputs(anchors=out.anchors[0], anchor_valid=out.anchor_valid[0], logits=out.logits,
                                targets=out.targets, loss_mask=out.loss_mask, hidden=out.hidden, selector=out.selector)

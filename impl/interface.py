@@ -35,7 +35,10 @@ OPERATIONS = (
 
 
 class Unsupported(NotImplementedError):
-    """This implementation has no such operation; tests skip the comparison for it, by name."""
+    """This implementation has no such operation, or cannot express this case of it (a causal
+    full-attention block, a KL loss in a CE-only trainer). Raised by a whole operation it is
+    declared in `unsupported`; raised for one case, the comparator records that case n/a with
+    the message as its reason, never a failure."""
 
 
 @dataclass
@@ -49,6 +52,16 @@ class TrainingOutputs:
     loss_mask: torch.Tensor  # [1, A*B] aligned loss mask (slot 0 and padded anchors zeroed)
     hidden: torch.Tensor | None = None  # [1, A*B, H] drafter hidden states after the final norm
     selector: SelectorTraining | None = None  # DFlash2: the selector's candidates, labels and scores
+    # Hard-label trainers (CE on the data's next tokens) have no verifier logits: `targets` is
+    # None, `target_ids` [1, A*B] the label of each slot, and `unsupported` says why.
+    target_ids: torch.Tensor | None = None
+    unsupported: dict[str, str] = field(default_factory=dict)  # field name -> why this implementation has none
+
+    def get(self, name: str) -> Any:
+        """A field's value; `Unsupported` (n/a in the comparator) for one this implementation has none of."""
+        if name in self.unsupported:
+            raise Unsupported(self.unsupported[name])
+        return getattr(self, name)
 
 
 @dataclass
@@ -96,9 +109,11 @@ class DFlashImplementation(Protocol):
         """Draft hidden states [1, q, H] for one block after a context (inference layout, no cache)."""
 
     def training_outputs(self, drafter: Any, target: nn.Module, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                         document_ids: torch.Tensor, max_anchors: int, seed: int) -> TrainingOutputs:
+                         document_ids: torch.Tensor, max_anchors: int, seed: int,
+                         anchors: tuple[torch.Tensor, torch.Tensor] | None = None) -> TrainingOutputs:
         """One training forward on a packed [1, T] sequence: the target is run for its states, anchors drawn after
-        `torch.manual_seed(seed)`."""
+        `torch.manual_seed(seed)`, or `anchors = (positions [A], valid [A])` used as given (the reference's own,
+        so that a check downstream of the anchors compares only its own component)."""
 
     def loss_weights(self, block_size: int, gamma: float, sample_from_anchor: bool) -> torch.Tensor:
         """Per-slot weights [B]."""

@@ -38,12 +38,14 @@ class StepOutputs:
 def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                   document_ids: torch.Tensor, recipe: Recipe, *, position_ids: torch.Tensor | None = None,
                   generators: Sequence[torch.Generator] | None = None,
-                  forward: Callable[..., torch.Tensor] | None = None, with_loss: bool = True) -> StepOutputs:
+                  forward: Callable[..., torch.Tensor] | None = None, with_loss: bool = True,
+                  anchors: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> StepOutputs:
     """Loss and outputs of one step on packed rows [b, T].
 
     `generators`: one per row for anchors and noise (reproducible under resume and across
     ranks); None draws from torch's global RNG. `forward`: the drafter's forward as called
-    (a DDP wrapper), defaults to `drafter` itself.
+    (a DDP wrapper), defaults to `drafter` itself. `anchors`: one `(positions, valid)` per row used
+    instead of a draw (the conformance suite feeds the reference's own).
     """
     forward = forward or drafter
     rows, length = input_ids.shape
@@ -58,11 +60,15 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     aligner = TargetAligner(block, recipe.sample_from_anchor)
     norm, head = final_norm(target), output_head(target)
 
+    forced = anchors
     anchors, valid, targets, slot_mask, slot_ids, slot_pos, contexts, attn = [], [], [], [], [], [], [], []
     predecessors = []
     for row in range(rows):
-        row_anchors, row_valid = anchor_rules.select_anchors(loss_mask[row: row + 1], recipe.max_anchors, block,
-                                                             generator=generators[row])
+        if forced is not None:
+            row_anchors, row_valid = (t.to(input_ids.device) for t in forced[row])
+        else:
+            row_anchors, row_valid = anchor_rules.select_anchors(loss_mask[row: row + 1], recipe.max_anchors, block,
+                                                                 generator=generators[row])
         anchors.append(row_anchors)
         valid.append(row_valid)
         # Targets from clean verifier states only: noise below never reaches them.

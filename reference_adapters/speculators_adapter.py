@@ -11,6 +11,7 @@ are the same layers shifted by one (`hidden_states[j]`, j = id + 1).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,6 +37,7 @@ from reference_adapters.versions import check_reference
 check_reference("speculators")
 
 # After the version guard on purpose: the names below are 0.9.0's.
+import speculators.models.dflash.core as spec_core  # noqa: E402
 import speculators.models.utils as spec_utils  # noqa: E402
 from speculators.config import SpeculatorsConfig, VerifierConfig  # noqa: E402
 from speculators.losses import (  # noqa: E402
@@ -234,8 +236,9 @@ class SpeculatorsImplementation:
         return drafter.norm(hidden)
 
     def training_outputs(self, drafter: DFlashDraftModel, target, input_ids, loss_mask, document_ids,
-                         max_anchors, seed):
-        """speculators' `_backbone_forward` on the target's states, anchors drawn after `manual_seed(seed)`."""
+                         max_anchors, seed, anchors=None):
+        """speculators' `_backbone_forward` on the target's states, anchors drawn after `manual_seed(seed)`
+        (or `anchors` handed to it in place of its `select_anchors`)."""
         # Its aux ids index `hidden_states` directly; the extractor reads the same entries
         # through the z-lab ids, and captures the raw final-layer output speculators trains on.
         states = HiddenStateExtractor(target, speculators_to_zlab(drafter.target_layer_ids))(input_ids)
@@ -248,7 +251,9 @@ class SpeculatorsImplementation:
             return result
 
         torch.manual_seed(seed)
-        with torch.no_grad(), mock.patch.object(drafter, "_build_attention_mask", keep_anchors):
+        given = mock.patch.object(spec_core, "select_anchors", lambda *_a, **_k: anchors) if anchors is not None \
+            else contextlib.nullcontext()
+        with torch.no_grad(), given, mock.patch.object(drafter, "_build_attention_mask", keep_anchors):
             if isinstance(drafter, DFlash2DraftModel):
                 return self._dflash2_training_outputs(drafter, states, input_ids, loss_mask, document_ids,
                                                       max_anchors, captured)

@@ -57,9 +57,12 @@ def dpace_loss(cmp: Comparator, a, b, case: LossCase, alpha: float) -> None:
         (grad,) = torch.autograd.grad(loss, leaf)
         return loss.detach(), grad
 
-    la, ga = loss_and_grad(a)
-    lb, gb = loss_and_grad(b)
     what = f"D-PACE-weighted CE, B={case.block_size}, alpha={alpha}, {case.dtype}"
+    ok_a, out_a = cmp.run((a.name, b.name), lambda: loss_and_grad(a), what=what)
+    ok_b, out_b = cmp.run((a.name, b.name), lambda: loss_and_grad(b), what=what)
+    if not (ok_a and ok_b):
+        return
+    (la, ga), (lb, gb) = out_a, out_b
     cmp.compare((a.name, b.name), la, lb, tol, what=f"{what}: loss")
     cmp.compare((a.name, b.name), ga, gb, tol, what=f"{what}: gradient w.r.t. the logits")
 
@@ -76,7 +79,10 @@ def loss_value(cmp: Comparator, a, b, case: LossCase) -> None:
 def block_metrics(cmp: Comparator, a, b, case: LossCase) -> None:
     logits, targets, loss_mask = case.tensors()
     args = (logits, targets, loss_mask, case.block_size)
-    ma, mb = a.block_metrics(*args), b.block_metrics(*args)
+    ok_a, ma = cmp.run((a.name, b.name), lambda: a.block_metrics(*args), what="block metrics")
+    ok_b, mb = cmp.run((a.name, b.name), lambda: b.block_metrics(*args), what="block metrics")
+    if not (ok_a and ok_b):
+        return
     tol = for_dtype(torch.float32)
     cmp.compare((a.name, b.name), ma["position_acc"], mb["position_acc"], tol,
                 what="per-position accuracy of slots 1..B-1")

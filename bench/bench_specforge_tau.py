@@ -1,0 +1,69 @@
+"""What SpecForge's inference loop costs in τ: `spec_generate` vs z-lab's `dflash_generate`, same weights.
+
+The test world's trained drafter (one sliding layer, window 48, and one full layer: the drafter of
+conformance/test_live_decoding.py) decodes the same prompts greedily through each loop, as trained
+and with every layer made full attention (which is what SpecForge's loop runs either way: it calls
+the drafter with no mask). Both loops must emit the same tokens (greedy decoding is lossless); the
+τ gap is the cost of the unmasked sliding layer (README "SpecForge 0.2.0 against the references").
+
+    python bench/bench_specforge_tau.py [--prompts N] [--max-new-tokens 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+
+from dflash_audit.prompts import load_prompts, tokenize_prompts
+from dflash_world import cached_test_world
+from dflash_world.drafter import cached_test_drafter
+from held.specforge import SpecForgeImplementation
+from impl.checkpoint import atomic_write_bytes, load_checkpoint
+from impl.decoding import mean_acceptance
+from impl.target import load_target
+from reference_adapters.zlab_adapter import ZlabImplementation
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--out", type=Path, default=Path("reports") / "bench" / "specforge_tau.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    world = cached_test_world()
+    ckpt = load_checkpoint(cached_test_drafter(world))
+    target, tokenizer = load_target(world.target)
+    prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))[:args.prompts]
+    stop = [tokenizer.eos_token_id]
+    variants = {"as trained": ckpt.spec,
+                "every layer full": dataclasses.replace(ckpt.spec, layer_types=("full_attention",) * len(
+                    ckpt.spec.layer_types), sliding_window=None)}
+    rows, results = [], []
+    for label, spec in variants.items():
+        runs = {}
+        for impl in (SpecForgeImplementation(), ZlabImplementation()):
+            drafter = impl.build_drafter(spec, ckpt.state_dict, target)
+            with torch.no_grad():
+                runs[impl.name] = [impl.generate(drafter, target, ids, args.max_new_tokens, stop) for _, ids in prompts]
+        tau = {name: mean_acceptance([sum(r.acceptance_lengths) / len(r.acceptance_lengths) for r in rs])
+               for name, rs in runs.items()}
+        same_ids = sum(torch.equal(a.output_ids, b.output_ids) for a, b in zip(runs["specforge"], runs["zlab"]))
+        same_rounds = sum(a.acceptance_lengths == b.acceptance_lengths for a, b in zip(runs["specforge"], runs["zlab"]))
+        results.append({"layers": label, "layer_types": list(spec.layer_types), "tau": tau,
+                        "same_output_ids": same_ids, "same_rounds": same_rounds, "prompts": len(prompts)})
+        rows.append([label, f"{tau['specforge']:.3f}", f"{tau['zlab']:.3f}", f"{same_ids}/{len(prompts)}",
+                     f"{same_rounds}/{len(prompts)}"])
+    print(tabulate(rows, headers=["drafter layers", "τ SpecForge", "τ z-lab", "same tokens", "same rounds"],
+                   tablefmt="github"))
+    payload = {"bench": "specforge_tau", "max_new_tokens": args.max_new_tokens, "results": results}
+    atomic_write_bytes(args.out, lambda tmp: Path(tmp).write_text(json.dumps(payload, indent=2)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,2 @@
+"""Third-party DFlash codebases held to the references through `impl/interface.py`
+(`pytest conformance --impl NAME`)."""
