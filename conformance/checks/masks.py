@@ -31,14 +31,23 @@ def training_block_as_inference(trainer, context_len: int, block_size: int, wind
     return torch.cat([mask[:, :context_len], mask[:, total:]], dim=1)
 
 
-def training_vs_inference(cmp: Comparator, trainer, decoder, case: tuple[int, int, int | None],
-                          bidirectional: bool = False) -> None:
-    """A block must see at inference what it saw in training (the layouts of the two references).
-    Sliding blocks are causal unless `bidirectional` (DFlash2's default)."""
+def training_vs_inference(cmp: Comparator, trainer, decoder, case: tuple[int, int, int | None]) -> None:
+    """A block must see at inference what it saw in training (the layouts of the two references)."""
     context_len, block_size, window = case
-    causal = window is not None and not bidirectional
-    layout = f"sliding window {window}{' (bidirectional)' if bidirectional else ''}" if window else "full attention"
+    causal = window is not None
+    layout = f"sliding window {window}" if window else "full attention"
     cmp.compare((trainer.name, decoder.name),
                 training_block_as_inference(trainer, context_len, block_size, window, causal),
                 decoder.inference_mask(context_len, block_size, window, causal), EXACT,
                 what=f"block after {context_len} context tokens, B={block_size}, {layout}: training vs inference")
+
+
+def block_direction_training_vs_inference(cmp: Comparator, trainer, decoder, case: tuple[int, int, int | None]) -> None:
+    """Bidirectional sliding blocks: what a block sees *of itself* in training and at inference. The
+    context part is #10's (the references bound it differently whatever the block's direction)."""
+    context_len, block_size, window = case
+    cmp.compare((trainer.name, decoder.name),
+                training_block_as_inference(trainer, context_len, block_size, window, False)[:, context_len:],
+                decoder.inference_mask(context_len, block_size, window, False)[:, context_len:], EXACT,
+                what=f"block slots a block sees of itself, B={block_size}, bidirectional sliding window {window}: "
+                     "training vs inference")
