@@ -16,7 +16,7 @@ import torch
 
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
-from dflash_audit.audit.stream_stats import is_finite, pair_stats
+from dflash_audit.audit.stream_stats import is_finite, pair_stats_all
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, Recipe
 
@@ -376,7 +376,11 @@ def shape_cause(key: str, findings: list[Finding]) -> str:
 def compare_tensors(ours: Side, ref: Side, findings: list[Finding], advance) -> list[TensorRow]:
     exp_o, exp_r = (expected_shapes(side.shape_spec()) for side in (ours, ref))
     rows = []
-    for key in sorted(set(ours.state_dict) | set(ref.state_dict)):
+    keys = sorted(set(ours.state_dict) | set(ref.state_dict))
+    comparable = {key: (ours.state_dict[key], ref.state_dict[key]) for key in keys if key in ours.state_dict
+                  and key in ref.state_dict and tuple(ours.state_dict[key].shape) == tuple(ref.state_dict[key].shape)}
+    all_stats = pair_stats_all(comparable)  # chunked float64: a tensor is never copied whole
+    for key in keys:
         a, b = ours.state_dict.get(key), ref.state_dict.get(key)
         row = TensorRow(key, tensor_group(key), "equal",
                         ours_shape=list(a.shape) if a is not None else None,
@@ -403,7 +407,7 @@ def compare_tensors(ours: Side, ref: Side, findings: list[Finding], advance) -> 
         else:
             if a.dtype != b.dtype:
                 row.status = "dtype"
-            stats = pair_stats(a, b)  # chunked float64: a tensor is never copied whole
+            stats = all_stats[key]
             row.max_abs_diff, row.cosine = stats.max_abs_diff, stats.cosine
             row.non_finite = [side for side, finite in (("ours", stats.finite_a), ("ref", stats.finite_b)) if not finite]
             if row.status == "equal" and stats.max_abs_diff != 0.0:

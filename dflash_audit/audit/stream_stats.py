@@ -13,6 +13,8 @@ infinity surfaces as the min or the max), without a boolean copy of the tensor.
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -73,3 +75,14 @@ def pair_stats(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK) -> PairStat
         norm_a += float(x @ x)
         norm_b += float(y @ y)
     return PairStats(diff, clamp_cosine(dot, norm_a, norm_b, identical=diff == 0.0), finite_a, finite_b)
+
+
+def pair_stats_all(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                   workers: int | None = None) -> dict[str, PairStats]:
+    """`pair_stats` of many pairs, two at a time on a machine with two cores: torch releases the GIL inside
+    each reduction, so the pairs overlap; memory stays a few chunks per worker."""
+    workers = workers or min(2, os.cpu_count() or 1)
+    if workers <= 1 or len(pairs) <= 1:
+        return {key: pair_stats(a, b) for key, (a, b) in pairs.items()}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(zip(pairs, pool.map(lambda ab: pair_stats(*ab), pairs.values())))
