@@ -13,7 +13,7 @@ SPECULATORS_DEPS := "pydantic>=2" "pydantic-settings>=2" "loguru>=0.7.2,<=0.7.3"
 	"openai>=2" "datasets>=4,<=5.1.0" "hs-connectors==0.9.0" "huggingface-hub" \
 	"tqdm>=4.66.3,<=4.70.1" "numpy>=2,<=2.5.4"
 
-.PHONY: setup test demo quick clean browser
+.PHONY: setup test demo quick clean browser bench
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -41,3 +41,16 @@ demo: setup
 
 clean:
 	rm -rf $(VENV) reports/demo reports/conformance
+
+# Every benchmark in bench/, ratios next to their goals; bench/results.json holds the last run and
+# the README's results table is regenerated from it (python -m bench.results_table). Not part of `make test`.
+BENCH_ENV := OMP_NUM_THREADS=1 PYTHONPATH=.
+bench: setup
+	$(BENCH_ENV) $(PY) bench/bench_static_scale.py --shape qwen3.6-27b
+	$(BENCH_ENV) $(PY) bench/bench_training_mask.py
+	$(BENCH_ENV) $(PY) bench/bench_training_step.py
+	$(BENCH_ENV) $(PY) bench/bench_offline_vs_live.py --max-new-tokens 256
+	$(BENCH_ENV) $(PY) bench/bench_offline_vs_live.py --max-new-tokens 1024
+	$(BENCH_ENV) $(PY) bench/bench_live_vs_zlab.py
+	$(BENCH_ENV) $(PY) bench/bench_ddtree_vs_dflash.py
+	$(BENCH_ENV) $(PY) -m bench.results_table
