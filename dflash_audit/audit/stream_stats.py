@@ -70,7 +70,7 @@ def pair_stats(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK) -> PairStat
     for start in range(0, a.numel(), chunk):
         x, y = a[start:start + chunk].double(), b[start:start + chunk].double()
         part = float((x - y).abs().max())
-        diff = part if math.isnan(part) or math.isnan(diff) else max(diff, part)
+        diff = math.nan if math.isnan(part) or math.isnan(diff) else max(diff, part)
         dot += float(x @ y)
         norm_a += float(x @ x)
         norm_b += float(y @ y)
