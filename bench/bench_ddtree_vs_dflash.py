@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 
 import torch
-from results import Row, record
 from common import parse_args, setup, timed, write_report
+from results import Row, record
 from tabulate import tabulate
 
 from dflash_world.drafter import DRAFTER_FILES, cached_test_drafter

@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 
 import torch
-from results import Row, record
 from common import parse_args, setup, timed, write_report, zlab_generate, zlab_twin
+from results import Row, record
 from tabulate import tabulate
 
 from impl.decoding import dflash_decode, mean_acceptance

@@ -13,12 +13,11 @@ machine load hits both alike; the fastest repeat of each counts.
 from __future__ import annotations
 
 import sys
-
 import tempfile
 
 import torch
-from results import Row, record
 from common import parse_args, setup, timed, write_report, zlab_generate, zlab_twin
+from results import Row, record
 from tabulate import tabulate
 
 from impl.decoding import mean_acceptance
