@@ -18,7 +18,7 @@ SPECULATORS_DEPS := "pydantic>=2" "pydantic-settings>=2" "loguru>=0.7.2,<=0.7.3"
 # only torch, transformers and pydantic, so it too is installed with --no-deps.
 SPECFORGE_DEPS := "pydantic>=2"
 
-.PHONY: setup test demo quick clean browser
+.PHONY: setup test demo quick clean browser bench
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --no-deps speculators==0.9.0
 	$(PIP) install $(SPECFORGE_DEPS)
 	$(PIP) install --no-deps specforge==0.2.0
-	$(PY) -c "import speculators.models.dflash, speculators.convert.dflash, dflash.model; print('setup: references import OK')"
+	$(PY) -c "import speculators.models.dflash, speculators.models.dflash2, speculators.convert.dflash, dflash.model; print('setup: references import OK')"
 	$(PY) -c "import held.specforge; print('setup: specforge imports OK')"
 	touch $(STAMP)
 
@@ -48,4 +48,17 @@ demo: setup
 	$(VENV)/bin/dflash-audit demo
 
 clean:
-	rm -rf $(VENV) reports/demo reports/conformance
+	rm -rf $(VENV) reports/demo reports/demo-dflash2 reports/conformance
+
+# Every benchmark in bench/, ratios next to their goals; bench/results.json holds the last run and
+# the README's results table is regenerated from it (python -m bench.results_table). Not part of `make test`.
+BENCH_ENV := OMP_NUM_THREADS=1 PYTHONPATH=.
+bench: setup
+	$(BENCH_ENV) $(PY) bench/bench_static_scale.py --shape qwen3.6-27b
+	$(BENCH_ENV) $(PY) bench/bench_training_mask.py
+	$(BENCH_ENV) $(PY) bench/bench_training_step.py
+	$(BENCH_ENV) $(PY) bench/bench_offline_vs_live.py --max-new-tokens 256
+	$(BENCH_ENV) $(PY) bench/bench_offline_vs_live.py --max-new-tokens 1024
+	$(BENCH_ENV) $(PY) bench/bench_live_vs_zlab.py
+	$(BENCH_ENV) $(PY) bench/bench_ddtree_vs_dflash.py
+	$(BENCH_ENV) $(PY) -m bench.results_table

@@ -13,6 +13,7 @@ import sys
 
 import torch
 from common import parse_args, setup, timed, write_report, zlab_generate, zlab_twin
+from results import Row, record
 from tabulate import tabulate
 
 from impl.decoding import dflash_decode, mean_acceptance
@@ -51,6 +52,11 @@ def main() -> None:
                                   "ours / z-lab"], tablefmt="github"))
     write_report(args.out, {"bench": "live_vs_zlab", "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                             "repeats": REPEATS, "checkpoints": checkpoints})
+    record("live_vs_zlab", " ".join(["python"] + sys.argv),
+           [Row(f"live DFlash vs z-lab dflash_generate, {c['checkpoint']}: throughput ours / z-lab",
+                c["throughput_ratio"], 1.0, ">=",
+                detail=f"{c['ours_tok_s']:.1f} vs {c['zlab_tok_s']:.1f} tok/s, "
+                       f"{'identical rounds' if c['identical_rounds'] else 'ROUNDS DIFFER'}") for c in checkpoints])
     if not all(c["identical_rounds"] for c in checkpoints):
         sys.exit("acceptance lengths differ from z-lab's")
 

@@ -12,10 +12,12 @@ machine load hits both alike; the fastest repeat of each counts.
 
 from __future__ import annotations
 
+import sys
 import tempfile
 
 import torch
 from common import parse_args, setup, timed, write_report, zlab_generate, zlab_twin
+from results import Row, record
 from tabulate import tabulate
 
 from impl.decoding import mean_acceptance
@@ -75,6 +77,13 @@ def main() -> None:
                             "max_new_tokens": args.max_new_tokens, "cache_build_s": build_s, "cache_load_s": load_s,
                             "repeats": REPEATS, "checkpoints": checkpoints,
                             "speedup_per_checkpoint": total_live / total_offline})
+    record(f"offline_vs_live[{args.max_new_tokens}]", " ".join(["python"] + sys.argv),
+           [Row(f"offline τ vs z-lab live, {c['checkpoint']}, {len(prompts)} prompts x {args.max_new_tokens} tokens: "
+                "speedup", c["speedup"], 30.0, ">=",
+                detail=f"{c['zlab_live_s']:.2f} s vs {c['offline_s']:.3f} s; floor 10x "
+                       f"{'met' if c['speedup'] >= 10 else 'NOT met'}; τ {c['offline_tau']:.3f} vs {c['zlab_tau']:.3f}, "
+                       f"{'identical rounds' if c['identical_rounds'] else 'ROUNDS DIFFER'}")
+            for c in checkpoints], {"cache_build_s": build_s})
 
 
 if __name__ == "__main__":

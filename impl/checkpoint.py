@@ -7,6 +7,7 @@ half-written checkpoint. `ckpt.pt` is only ever read with `torch.load(weights_on
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,11 +86,12 @@ def index_shards(index: Path) -> list[Path]:
     return files
 
 
-def build_drafter(spec: DraftSpec, state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
-                  source: str = "checkpoint") -> DFlashDrafter:
-    """A drafter with exactly these weights; one-line error naming the first bad tensor."""
-    model = DFlashDrafter(spec)
-    expected = model.state_dict()
+def check_body(spec: DraftSpec, state_dict: dict[str, torch.Tensor],
+               source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """The body without wrapper prefixes, in the spec's parameter order, checked against the shapes the
+    spec implies (a model built on the meta device: no memory); one-line error naming the first bad tensor."""
+    with torch.device("meta"):
+        expected = DFlashDrafter(spec).state_dict()
     state_dict = strip_wrapper_prefixes(state_dict)
     missing = [k for k in expected if k not in state_dict]
     unexpected = [k for k in state_dict if k not in expected]
@@ -101,6 +103,14 @@ def build_drafter(spec: DraftSpec, state_dict: dict[str, torch.Tensor], dtype: t
         if tuple(state_dict[key].shape) != tuple(tensor.shape):
             raise CheckpointError(f"{source}: tensor {key!r} has shape {tuple(state_dict[key].shape)}, "
                                   f"the spec implies {tuple(tensor.shape)}")
+    return {key: state_dict[key] for key in expected}
+
+
+def build_drafter(spec: DraftSpec, state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
+                  source: str = "checkpoint") -> DFlashDrafter:
+    """A drafter with exactly these weights; one-line error naming the first bad tensor."""
+    state_dict = check_body(spec, state_dict, source)
+    model = DFlashDrafter(spec)
     model.load_state_dict(state_dict)
     return model.to(dtype) if dtype is not None else model
 
@@ -108,10 +118,18 @@ def build_drafter(spec: DraftSpec, state_dict: dict[str, torch.Tensor], dtype: t
 # -- ours: ckpt.pt -----------------------------------------------------------------------
 def save_checkpoint(path: str | Path, model: DFlashDrafter, recipe: Recipe | None = None, step: int = 0,
                     optimizer: dict[str, Any] | None = None, recipe_unknown: list[str] | None = None) -> None:
+    save_state(path, model.spec, {k: v.detach().cpu() for k, v in model.state_dict().items()}, recipe, step,
+               optimizer, recipe_unknown)
+
+
+def save_state(path: str | Path, spec: DraftSpec, state_dict: dict[str, torch.Tensor], recipe: Recipe | None = None,
+               step: int = 0, optimizer: dict[str, Any] | None = None, recipe_unknown: list[str] | None = None) -> None:
+    """`ckpt.pt` from a state dict: tensors backed by a file's pages (mmap) are written straight from them,
+    never gathered into memory (torch.save writes each tensor's storage as it stands)."""
     payload = {
         "format": CKPT_FORMAT,
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "spec": model.spec.to_dict(),
+        "model": dict(state_dict),
+        "spec": spec.to_dict(),
         "recipe": recipe.to_dict() if recipe is not None else None,
         "step": int(step),
     }
@@ -127,7 +145,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        # mmap: the tensors stay pages of the file (read on use), so a 3 GB drafter costs no heap
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except Exception as exc:  # corrupt, truncated, or a pickle that is not plain data
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{path}: not a readable ckpt.pt ({first_line[:200]})") from exc

@@ -17,24 +17,30 @@ def training_mask(document_ids: torch.Tensor, anchors: torch.Tensor, block_size:
     A query of block j (anchor a_j) sees base tokens of its own document (id != -1) at
     positions strictly before a_j (and >= a_j - window on sliding layers), plus its own
     block: all of it, or only earlier-or-equal slots when `causal_block`. Never another block.
+
+    Every slot of a block shares its anchor's base row, so the [A, T] rows are built once and
+    copied B times into the one output (no [A*B, T] temporaries, no concatenation): at T = 16k
+    with 512 anchors of 16 the mask is 201 MB and its construction needs little more.
     """
     document_ids = document_ids.reshape(-1)
     anchors = anchors.reshape(-1).long()
-    total = document_ids.numel()
-    slots = anchors.numel() * block_size
-    query_anchor = anchors.repeat_interleave(block_size)[:, None]  # [Q, 1]
+    total, count = document_ids.numel(), anchors.numel()
+    slots = count * block_size
+    out = torch.empty(slots, total + slots, dtype=torch.bool, device=anchors.device)
     base_pos = torch.arange(total, device=anchors.device)[None, :]  # [1, T]
-
-    query_doc = document_ids[query_anchor]
-    sees_base = (query_doc == document_ids[None, :]) & (query_doc != -1) & (base_pos < query_anchor)
+    anchor_doc = document_ids[anchors][:, None]  # [A, 1]
+    rows = (anchor_doc == document_ids[None, :]) & (base_pos < anchors[:, None])  # [A, T]
+    rows &= anchor_doc != -1
     if sliding_window is not None:
-        sees_base &= base_pos >= query_anchor - sliding_window
-
-    q_idx = torch.arange(slots, device=anchors.device)
-    same_block = (q_idx[:, None] // block_size) == (q_idx[None, :] // block_size)
+        rows &= base_pos >= anchors[:, None] - sliding_window
+    out[:, :total].view(count, block_size, total).copy_(rows[:, None, :].expand(count, block_size, total))
+    blocks = out[:, total:].view(count, block_size, count, block_size)
+    blocks.zero_()
+    own = torch.ones(block_size, block_size, dtype=torch.bool, device=anchors.device)
     if causal_block:
-        same_block &= q_idx[None, :] <= q_idx[:, None]
-    return torch.cat([sees_base, same_block], dim=1)
+        own = own.tril()
+    torch.diagonal(blocks, dim1=0, dim2=2).copy_(own[:, :, None].expand(block_size, block_size, count))
+    return out
 
 
 def within_window(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor | bool:

@@ -16,6 +16,7 @@ import torch
 
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
+from dflash_audit.audit.stream_stats import is_finite, pair_stats_all
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, Recipe
 
@@ -452,15 +453,19 @@ def shape_cause(key: str, findings: list[Finding]) -> str:
 def compare_tensors(ours: Side, ref: Side, findings: list[Finding], advance) -> list[TensorRow]:
     exp_o, exp_r = (expected_shapes(side.shape_spec()) for side in (ours, ref))
     rows = []
-    for key in sorted(set(ours.state_dict) | set(ref.state_dict)):
+    keys = sorted(set(ours.state_dict) | set(ref.state_dict))
+    comparable = {key: (ours.state_dict[key], ref.state_dict[key]) for key in keys if key in ours.state_dict
+                  and key in ref.state_dict and tuple(ours.state_dict[key].shape) == tuple(ref.state_dict[key].shape)}
+    all_stats = pair_stats_all(comparable)  # chunked float64: a tensor is never copied whole
+    for key in keys:
         a, b = ours.state_dict.get(key), ref.state_dict.get(key)
         row = TensorRow(key, tensor_group(key), "equal",
                         ours_shape=list(a.shape) if a is not None else None,
                         ref_shape=list(b.shape) if b is not None else None,
                         ours_dtype=str(a.dtype).removeprefix("torch.") if a is not None else None,
                         ref_dtype=str(b.dtype).removeprefix("torch.") if b is not None else None)
-        row.non_finite = [side for side, t in (("ours", a), ("ref", b))
-                          if t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        if a is None or b is None or tuple(a.shape) != tuple(b.shape):
+            row.non_finite = [side for side, t in (("ours", a), ("ref", b)) if t is not None and not is_finite(t)]
         if a is None or b is None:
             row.status = "missing in ours" if a is None else "missing in ref"
             holder, lacker = (exp_r, exp_o) if a is None else (exp_o, exp_r)
@@ -479,9 +484,10 @@ def compare_tensors(ours: Side, ref: Side, findings: list[Finding], advance) -> 
         else:
             if a.dtype != b.dtype:
                 row.status = "dtype"
-            diff, cosine = value_stats(a, b)
-            row.max_abs_diff, row.cosine = diff, cosine
-            if row.status == "equal" and diff != 0.0:
+            stats = all_stats[key]
+            row.max_abs_diff, row.cosine = stats.max_abs_diff, stats.cosine
+            row.non_finite = [side for side, finite in (("ours", stats.finite_a), ("ref", stats.finite_b)) if not finite]
+            if row.status == "equal" and stats.max_abs_diff != 0.0:
                 row.status = "values differ"
         rows.append(row)
         advance()
@@ -491,16 +497,6 @@ def compare_tensors(ours: Side, ref: Side, findings: list[Finding], advance) -> 
                                   **{f"{side_name}_shape": list(t.shape),
                                      f"{side_name}_dtype": str(t.dtype).removeprefix("torch.")}))
     return rows
-
-
-@torch.no_grad()
-def value_stats(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """Max |a - b| and cosine similarity, in float64 so tiny differences are not rounded away."""
-    a, b = a.detach().double().flatten(), b.detach().double().flatten()
-    diff = float((a - b).abs().max()) if a.numel() else 0.0
-    norm = float(a.norm() * b.norm())
-    cosine = float(a @ b) / norm if norm > 0 else (1.0 if diff == 0 else 0.0)
-    return diff, cosine
 
 
 def weight_findings(rows: list[TensorRow], ours: Side, ref: Side, expect_identical: bool) -> list[Finding]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dflash_audit.formats.foreign import PICKLE_SUFFIXES
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
-from impl.checkpoint import CKPT_FORMAT, build_drafter, load_checkpoint, save_checkpoint
+from impl.checkpoint import CKPT_FORMAT, check_body, load_checkpoint, save_state
 from impl.spec import Recipe
 
 
@@ -38,6 +38,7 @@ def load(path: Path) -> LoadedCheckpoint:
 def save(loaded: LoadedCheckpoint, destination: Path) -> None:
     """`ckpt.pt` with the same weights (and dtype); recipe fields the source never declared stay unknown."""
     dtype = next(iter(loaded.state_dict.values())).dtype
-    model = build_drafter(loaded.spec, loaded.state_dict, dtype=dtype, source=loaded.path)
+    body = check_body(loaded.spec, loaded.state_dict, source=loaded.path)  # shapes checked on meta: no copy
+    body = {k: v if v.dtype == dtype else v.to(dtype) for k, v in body.items()}  # one dtype, tensor by tensor
     recipe = loaded.recipe if loaded.recipe is not None or not loaded.recipe_unknown else Recipe()
-    save_checkpoint(destination, model, recipe=recipe, step=loaded.step, recipe_unknown=loaded.recipe_unknown)
+    save_state(destination, loaded.spec, body, recipe=recipe, step=loaded.step, recipe_unknown=loaded.recipe_unknown)

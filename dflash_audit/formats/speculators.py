@@ -132,7 +132,18 @@ def verifier_for(loaded: LoadedCheckpoint, target: str | Path | None) -> Path:
     if config.get("num_hidden_layers") != spec.num_target_layers:
         raise AuditError(f"{path}: target has {config.get('num_hidden_layers')} decoder layers, the drafter was "
                          f"built for {spec.num_target_layers}")
+    check_verifier_weights(path)
     return path.resolve()
+
+
+def check_verifier_weights(path: str | Path) -> None:
+    """Before anything is loaded: the target folder holds what speculators' load_verifier_weights reads."""
+    from reference_adapters.speculators_verifier import missing_verifier_weights
+
+    missing = missing_verifier_weights(path)
+    if missing:
+        raise AuditError(f"{path}: speculators reloads the target's embeddings, head and final norm from this "
+                         f"folder, but {'; '.join(missing)}")
 
 
 def fc_without_final_layer(loaded: LoadedCheckpoint) -> tuple[list[int], dict[str, torch.Tensor]]:

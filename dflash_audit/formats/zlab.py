@@ -11,7 +11,7 @@ from typing import Any
 
 from dflash_audit.formats.inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
-from impl.checkpoint import build_drafter, read_config, read_safetensors_dir, save_zlab_dir, spec_from_zlab_config
+from impl.checkpoint import check_body, read_config, read_safetensors_dir, save_zlab_dir, spec_from_zlab_config
 
 
 def detect(config: dict[str, Any]) -> bool:
@@ -45,5 +45,5 @@ def config_keys(config: dict[str, Any]) -> set[str]:
 
 
 def save(loaded: LoadedCheckpoint, destination: Path) -> None:
-    build_drafter(loaded.spec, loaded.state_dict, source=loaded.path)  # one-line error on a bad body
-    save_zlab_dir(destination, loaded.spec, loaded.state_dict)
+    body = check_body(loaded.spec, loaded.state_dict, source=loaded.path)  # one-line error on a bad body
+    save_zlab_dir(destination, loaded.spec, body)  # written from the source's pages, tensor by tensor
