@@ -291,7 +291,8 @@ def family_findings(ours: Side, ref: Side) -> list[Finding]:
         return [Finding("architecture", "divergence",
                         f"ours is {describe_family(ours)}, ref is {describe_family(ref)}: drafters of different "
                         "families compute different functions and propose tokens differently; their convolution "
-                        "and selector tensors exist on one side only.", families[0], families[1], key="family")]
+                        "and selector tensors exist on one side only.", families[0], families[1], pitfall=19,
+                        key="family")]
     if families[0] == "dflash":
         return []
     found = []
