@@ -77,17 +77,22 @@ def reduce_loss(per_slot: torch.Tensor, loss_mask: torch.Tensor, weights: torch.
     return (total / (mask.sum(dim=1) + 1e-5)).mean()
 
 
+def slot_weights(per_slot: torch.Tensor, loss_mask: torch.Tensor, block_size: int, gamma: float,
+                 sample_from_anchor: bool, weighting: str, dpace_alpha: float) -> torch.Tensor:
+    """The per-slot weights of `weighting`: one block's fixed decay [B], or D-PACE's from `per_slot` itself."""
+    if weighting == "dpace":
+        return dpace_weights(per_slot, loss_mask, block_size, dpace_alpha)
+    if weighting == "fixed-exp-decay":
+        return decay_weights(block_size, gamma, sample_from_anchor, device=per_slot.device)
+    raise ValueError(f"per_position_loss_weight: unknown weighting {weighting!r}")
+
+
 def dflash_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
                 gamma: float = 4.0, kind: str = "kl_div", sample_from_anchor: bool = False,
                 weighting: str = "fixed-exp-decay", dpace_alpha: float = 0.5) -> torch.Tensor:
     per_slot = elementwise_loss(logits, targets, kind)
-    if weighting == "dpace":
-        weights = dpace_weights(per_slot, loss_mask, block_size, dpace_alpha)
-    elif weighting == "fixed-exp-decay":
-        weights = decay_weights(block_size, gamma, sample_from_anchor, device=logits.device)
-    else:
-        raise ValueError(f"per_position_loss_weight: unknown weighting {weighting!r}")
-    return reduce_loss(per_slot, loss_mask, weights)
+    return reduce_loss(per_slot, loss_mask, slot_weights(per_slot, loss_mask, block_size, gamma, sample_from_anchor,
+                                                         weighting, dpace_alpha))
 
 
 def selector_loss(candidate_scores: torch.Tensor, label_positions: torch.Tensor, loss_mask: torch.Tensor,
@@ -97,13 +102,8 @@ def selector_loss(candidate_scores: torch.Tensor, label_positions: torch.Tensor,
     positions [1, N], weighted per slot as the unary loss is and reduced the same way."""
     per_slot = F.cross_entropy(candidate_scores.float().flatten(0, 1), label_positions.flatten(),
                                reduction="none").view(label_positions.shape)
-    if weighting == "dpace":
-        weights = dpace_weights(per_slot, loss_mask, block_size, dpace_alpha)
-    elif weighting == "fixed-exp-decay":
-        weights = decay_weights(block_size, gamma, sample_from_anchor, device=candidate_scores.device)
-    else:
-        raise ValueError(f"per_position_loss_weight: unknown weighting {weighting!r}")
-    return reduce_loss(per_slot, loss_mask, weights)
+    return reduce_loss(per_slot, loss_mask, slot_weights(per_slot, loss_mask, block_size, gamma, sample_from_anchor,
+                                                         weighting, dpace_alpha))
 
 
 def block_metrics(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,

@@ -15,15 +15,22 @@ from impl.errors import AuditError
 PLANTED = [("fc_dims", ""), ("recipe", "gamma"), ("recipe", "verifier_source_layer")]
 
 
+def reduced_demo_cache(test_world, cache, **overrides) -> DemoConfig:
+    """A demo cache holding the test world's trained target (standing in for the demo's larger one) and
+    a reduced config it counts as built for; the drafters are trained by the demo itself."""
+    shutil.copytree(test_world.target, cache / "target")
+    shutil.copy(test_world.prompts, cache / "prompts.jsonl")
+    config = DemoConfig(**{**dict(target_preset=dict(TEST_TARGET), draft_layers=1, target_layer_ids=[1, 2],
+                                  seq_len=128, drafter_steps=120, corpus_bytes=300_000, max_new_tokens=24, budget=8),
+                           **overrides})
+    (cache / KEY_FILE).write_text(demo_key(config))
+    return config
+
+
 @pytest.mark.slow
 def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path):
     cache = tmp_path / "demo"
-    # The test world's trained target stands in for the demo's larger one; drafters are trained here.
-    shutil.copytree(test_world.target, cache / "target")
-    shutil.copy(test_world.prompts, cache / "prompts.jsonl")
-    config = DemoConfig(target_preset=dict(TEST_TARGET), draft_layers=1, target_layer_ids=[1, 2], seq_len=128,
-                        drafter_steps=120, corpus_bytes=300_000, max_new_tokens=24, budget=8)
-    (cache / KEY_FILE).write_text(demo_key(config))  # the copied world counts as built for this config
+    config = reduced_demo_cache(test_world, cache)
     report = run_demo(cache, out=tmp_path / "report", config=config)
 
     data = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -44,12 +51,7 @@ def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path
 def test_reduced_dflash2_demo_names_the_planted_divergences_and_its_own(test_world, tmp_path):
     """The second act: the same three bugs on a DFlash2 pair, plus sliding blocks trained causal."""
     cache = tmp_path / "demo-dflash2"
-    shutil.copytree(test_world.target, cache / "target")
-    shutil.copy(test_world.prompts, cache / "prompts.jsonl")
-    config = DemoConfig(target_preset=dict(TEST_TARGET), draft_layers=2, target_layer_ids=[1, 2], seq_len=128,
-                        drafter_steps=120, corpus_bytes=300_000, max_new_tokens=24, budget=8, family="dflash2",
-                        sliding_window=32)
-    (cache / KEY_FILE).write_text(demo_key(config))
+    config = reduced_demo_cache(test_world, cache, draft_layers=2, family="dflash2", sliding_window=32)
     run_demo(cache, out=tmp_path / "report", config=config)
 
     data = json.loads((tmp_path / "report" / "report.json").read_text())
