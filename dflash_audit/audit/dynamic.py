@@ -173,9 +173,8 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     findings += [f for result in methods.values() if (f := tau_finding(result))]
     if dflash2:
         findings.append(Finding("tau", "info", f"DDTree τ not measured: {' and '.join(dflash2)} "
-                                f"{'is a DFlash2 drafter' if len(dflash2) == 1 else 'are DFlash2 drafters'}, and "
-                                f"{DDTREE_NEEDS_DFLASH[0].lower() + DDTREE_NEEDS_DFLASH[1:]}.", None, None,
-                                pitfall=17, key="ddtree not measured"))
+                                f"{'is a DFlash2 drafter' if len(dflash2) == 1 else 'are DFlash2 drafters'}. "
+                                f"{DDTREE_NEEDS_DFLASH}.", None, None, pitfall=17, key="ddtree not measured"))
     return DynamicAudit(methods, findings, max_new_tokens, prompts_source, not_measured)
 
 
