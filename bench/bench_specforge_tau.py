@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import torch
+from results import Row, record  # bench/ is on sys.path: run as a script
 from tabulate import tabulate
 
 from dflash_audit.prompts import load_prompts, tokenize_prompts
@@ -25,7 +26,6 @@ from dflash_world.drafter import cached_test_drafter
 from held.specforge import SpecForgeImplementation
 from impl.checkpoint import atomic_write_bytes, load_checkpoint
 from impl.decoding import mean_acceptance
-from results import Row, record  # noqa: I001  (bench/ is on sys.path: run as a script)
 from impl.target import load_target
 from reference_adapters.zlab_adapter import ZlabImplementation
 

@@ -63,6 +63,25 @@ def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, tor
     return cleaned
 
 
+def codebook_name(key: str) -> str:
+    """A DFlash2 selector codebook's one name. z-lab's `save_pretrained` writes its Embeddings as
+    `candidate_selector.*_codebook.weight`; its published files and speculators write the bare
+    name (which z-lab's `from_pretrained` maps back). Both spellings are the same tensor."""
+    if key.startswith("candidate_selector.") and key.endswith("_codebook.weight"):
+        return key.removesuffix(".weight")
+    return key
+
+
+def codebook_names(state_dict: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    renamed = {}
+    for key, value in state_dict.items():
+        name = codebook_name(key)
+        if name in renamed:
+            raise CheckpointError(f"{source}: both {name!r} and {name + '.weight'!r}: one codebook stored twice")
+        renamed[name] = value
+    return renamed
+
+
 def index_shards(index: Path) -> list[Path]:
     """The shard files a `*.index.json` names; each must lie inside the index's own folder."""
     try:

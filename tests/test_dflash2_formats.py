@@ -154,6 +154,7 @@ def test_a_foreign_dflash2_state_dict_needs_its_top_k_declared(tmp_path, capsys)
     side = load_side(tmp_path / "theirs.pt")
     assert side.value("conv_kernel_size") == 2 and side.value("conv_group_size") == 16
     assert side.value("selector_rank") == 8 and not side.is_known("selector_top_k")
+    assert side.foreign["key_map"]["unmapped"] == []  # DFlash2's names are canonical names
     declared = ["--ours-spec", "selector_top_k=4"]
     assert main(["compare", "--ours", str(tmp_path / "theirs.pt"), "--ref", str(tmp_path / "ref"), "--static-only",
                  "--expect-identical", "--out", str(tmp_path / "report"), *declared]) == 0
@@ -191,3 +192,20 @@ def test_compare_a_trained_dflash2_drafter_with_its_zlab_twin_on_the_world(tmp_p
     assert [f.key for f in report.findings if f.severity == "divergence"] == []
     assert any(f.key == "ddtree not measured" and "DFlash2" in f.message for f in report.findings)
     assert "DFlash2" in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_zlab_save_pretrained_codebook_names_are_the_same_tensors(tmp_path):
+    """z-lab's own `save_pretrained` writes `candidate_selector.*_codebook.weight`; its published files the
+    bare name. Both read as one drafter: no finding between them, and a foreign dict in either spelling maps."""
+    from reference_adapters.zlab_adapter import ZlabImplementation
+
+    model = dflash2_drafter(seed=7)
+    ZlabImplementation().build_drafter(model.spec, model.state_dict()).save_pretrained(tmp_path / "saved")
+    assert "candidate_selector.predecessor_codebook.weight" in tensors_of(tmp_path / "saved")
+    save_zlab_dir(tmp_path / "published", model.spec, model.state_dict())
+    result = static_audit(load_side(tmp_path / "saved"), load_side(tmp_path / "published"), expect_identical=True)
+    assert kinds(result) == [] and kinds(result, "warning") == []
+    side = load_side(tmp_path / "saved")
+    assert "candidate_selector.predecessor_codebook" in side.state_dict
+    mapped = load_side(tmp_path / "published")
+    assert not mapped.foreign.get("key_map", {}).get("unmapped")

@@ -15,14 +15,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from impl.checkpoint import VERIFIER_OWNED_KEYS
+from impl.checkpoint import VERIFIER_OWNED_KEYS, codebook_name
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "model.", "draft_model.", "drafter.")
-TOP_LEVEL = ("fc.weight", "hidden_norm.weight", "norm.weight")
+TOP_LEVEL = ("fc.weight", "hidden_norm.weight", "norm.weight",
+             # DFlash2's candidate selector
+             "candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook",
+             "candidate_selector.hidden_projection.weight")
 LAYER_SUFFIXES = tuple(
     [f"self_attn.{p}_proj.{kind}" for p in "qkvo" for kind in ("weight", "bias")]
     + ["self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-       "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"])
+       "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"]
+    # DFlash2's convolution pairs around attention and MLP
+    + [f"{sub}_conv.{part}" for sub in ("attention", "mlp") for part in ("base_kernel", "kernel_projection.weight")])
 LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
@@ -38,13 +43,14 @@ def is_canonical(name: str) -> bool:
 
 
 def strip_prefixes(name: str) -> str:
+    """The name behind its wrapper prefixes (and a codebook's `.weight`, which z-lab's own saves add)."""
     changed = True
     while changed:
         changed = False
         for prefix in WRAPPER_PREFIXES:
             if name.startswith(prefix) and len(name) > len(prefix):
                 name, changed = name[len(prefix):], True
-    return name
+    return codebook_name(name)
 
 
 @dataclass

@@ -11,7 +11,14 @@ from typing import Any
 
 from dflash_audit.formats.inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
-from impl.checkpoint import check_body, read_config, read_safetensors_dir, save_zlab_dir, spec_from_zlab_config
+from impl.checkpoint import (
+    check_body,
+    codebook_names,
+    read_config,
+    read_safetensors_dir,
+    save_zlab_dir,
+    spec_from_zlab_config,
+)
 
 
 def detect(config: dict[str, Any]) -> bool:
@@ -27,7 +34,8 @@ def load(path: Path) -> LoadedCheckpoint:
     provenance = declared_provenance(spec, "config.json", config_keys(config))
     if written is None:
         provenance["target_layer_ids"] = Provenance("default", "not in config.json; z-lab's build_target_layer_ids")
-    return LoadedCheckpoint(spec=spec, state_dict=read_safetensors_dir(path), path=str(path), format="zlab",
+    state = codebook_names(read_safetensors_dir(path), str(path))  # either spelling z-lab writes
+    return LoadedCheckpoint(spec=spec, state_dict=state, path=str(path), format="zlab",
                             raw=RawRecord(config=config, layer_ids=written, layer_ids_defaulted=written is None),
                             provenance=provenance)
 
