@@ -3,6 +3,8 @@ and loss (#24), on identical weights and inputs."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from conformance.checks import training
@@ -24,25 +26,18 @@ def conv_taps(cmp: Comparator, a, b, case: ConvCase) -> None:
     shape = (1, case.num_blocks * case.spec.block_size, case.spec.hidden_size)
     x, y = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
 
+    @functools.cache  # one run per implementation serves both comparisons
     def run(impl):
         with torch.no_grad():
             return impl.dynamic_conv(_drafter(impl, case.spec, case.seed), case.layer, case.sublayer, x, y,
                                      case.spec.block_size)
 
-    outputs = {}
-
-    def side(impl, index):
-        def value():
-            if impl.name not in outputs:
-                outputs[impl.name] = run(impl)
-            return outputs[impl.name][index]
-        return value
-
     where = (f"layer {case.layer} {case.sublayer}_conv, K={case.spec.conv_kernel_size}, "
              f"group {case.spec.conv_group_size}, {case.num_blocks} blocks of {case.spec.block_size}")
     names = (a.name, b.name)
-    cmp.compare(names, side(a, 0), side(b, 0), FP32, what=f"input-side convolution, {where}")
-    cmp.compare(names, side(a, 1), side(b, 1), FP32, what=f"output-side convolution (delta from the input), {where}")
+    cmp.compare(names, lambda: run(a)[0], lambda: run(b)[0], FP32, what=f"input-side convolution, {where}")
+    cmp.compare(names, lambda: run(a)[1], lambda: run(b)[1], FP32,
+                what=f"output-side convolution (delta from the input), {where}")
 
 
 def _selector_inputs(case: SelectorCase):
