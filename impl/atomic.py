@@ -52,6 +52,18 @@ def _tidy(folder: Path) -> None:
         pass
 
 
+def _in_temp_folder(folder: Path, make):
+    """`make(folder)` (mkstemp / mkdtemp there). A concurrent writer (another rank) may tidy the
+    empty folder away between our mkdir and now: recreate it and try again. Once our entry is in
+    it the folder is not empty, so no one else's tidy can remove it."""
+    for _ in range(8):
+        try:
+            return make(folder)
+        except FileNotFoundError:
+            folder.mkdir(parents=True, exist_ok=True)
+    return make(folder)
+
+
 def prepare_destination(path: str | Path) -> Path:
     """Create the destination's parent and temp folder, remove this destination's leftovers;
     returns the temp folder. OutputError naming `path` if it cannot be written there."""
@@ -91,7 +103,7 @@ def atomic_write_bytes(path: str | Path, write) -> None:
     """Call `write(tmp_path)` then rename the temp file onto `path`."""
     path = Path(path)
     folder = prepare_destination(path)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + TMP_TAG, dir=folder)
+    fd, tmp = _in_temp_folder(folder, lambda where: tempfile.mkstemp(prefix=path.name + TMP_TAG, dir=where))
     os.close(fd)
     try:
         write(tmp)
@@ -113,7 +125,7 @@ def atomic_directory(path: str | Path, fill) -> None:
     folder between the two renames, so a crash there leaves it for the next write to remove."""
     path = Path(path)
     folder = prepare_destination(path)
-    tmp = Path(tempfile.mkdtemp(prefix=path.name + TMP_TAG, dir=folder))
+    tmp = Path(_in_temp_folder(folder, lambda where: tempfile.mkdtemp(prefix=path.name + TMP_TAG, dir=where)))
     old = None
     try:
         fill(tmp)

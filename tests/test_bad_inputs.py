@@ -500,3 +500,25 @@ def test_sigkill_during_a_checkpoint_save_keeps_the_previous_one(world, tmp_path
 
     train_drafter(world / "target", TEXTS, out, steps=1, **run)
     assert not (tmp_path / ".dflash-audit-tmp").exists()
+
+
+def test_a_temp_folder_tidied_away_by_a_concurrent_writer_is_recreated(tmp_path, monkeypatch):
+    """Two ranks writing beside each other: one's tidy may remove the shared temp folder between the
+    other's mkdir and mkstemp. The write still lands (this was a CI flake under torchrun)."""
+    import tempfile
+
+    from impl import atomic
+
+    real = tempfile.mkstemp
+    calls = []
+
+    def racing(*args, **kwargs):
+        if not calls:  # the first attempt finds the folder gone, as after another writer's tidy
+            calls.append(1)
+            (tmp_path / atomic.TMP_DIR).rmdir()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", racing)
+    atomic.atomic_write_bytes(tmp_path / "out.json", lambda tmp: open(tmp, "w").write("{}"))
+    assert (tmp_path / "out.json").read_text() == "{}" and calls == [1]
+    assert not (tmp_path / atomic.TMP_DIR).exists()
