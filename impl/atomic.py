@@ -64,16 +64,22 @@ def _in_temp_folder(folder: Path, make):
     return make(folder)
 
 
+def _created_and_listed(folder: Path) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    return os.listdir(folder)
+
+
 def prepare_destination(path: str | Path) -> Path:
     """Create the destination's parent and temp folder, remove this destination's leftovers;
     returns the temp folder. OutputError naming `path` if it cannot be written there."""
     path = Path(path).absolute()
     folder = temp_folder(path)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        # A concurrent writer's tidy may remove the empty folder between our mkdir and listdir.
+        entries = _in_temp_folder(folder, _created_and_listed)
     except OSError as exc:
         raise OutputError(f"{path}: cannot write there ({exc.strerror or type(exc).__name__})") from None
-    for entry in os.listdir(folder):
+    for entry in entries:
         if _is_leftover(entry, path.name):
             _remove(folder / entry)
     return folder
