@@ -26,6 +26,7 @@ from impl.decoding import DecodeResult, StopTokens, TargetSession, draft_block
 from impl.errors import AuditError
 from impl.extract import output_head
 from impl.model import DFlashDrafter, DraftCache
+from impl.placement import target_device
 
 DDTREE_NEEDS_DFLASH = ("DDTree is defined on DFlash drafters only: a DFlash2 drafter's selector scores each "
                        "slot given the token before it, so its slots are not the independent marginals a tree is "
@@ -58,10 +59,10 @@ class DraftTree:
         self.children[parent][token] = node
         return node
 
-    def ancestor_mask(self) -> torch.Tensor:
+    def ancestor_mask(self, device: torch.device) -> torch.Tensor:
         """[n, n] bool: node i may attend to node j when j is i or one of its ancestors."""
         n = len(self)
-        mask = torch.zeros(n, n, dtype=torch.bool)
+        mask = torch.zeros(n, n, dtype=torch.bool, device=device)
         for node in range(n):  # parents precede children, so the parent's row is complete
             if self.parents[node] >= 0:
                 mask[node] = mask[self.parents[node]]
@@ -100,11 +101,12 @@ def build_tree(root_token: int, depth_logprobs: torch.Tensor, budget: int) -> Dr
     return tree
 
 
-def tree_attention_mask(tree: DraftTree, cache_len: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+def tree_attention_mask(tree: DraftTree, cache_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[1, 1, n, cache_len + n] additive float mask: the whole cache, then ancestors only."""
-    visible = torch.cat([torch.ones(len(tree), cache_len, dtype=torch.bool), tree.ancestor_mask()], dim=1)
-    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+    visible = torch.cat([torch.ones(len(tree), cache_len, dtype=torch.bool, device=device),
+                         tree.ancestor_mask(device)], dim=1)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
+    return mask[None, None]
 
 
 @torch.inference_mode()
@@ -113,6 +115,7 @@ def ddtree_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     """Greedy tree speculative decoding of one prompt; `acceptance_lengths` as in `dflash_decode`."""
     require_dflash_family(drafter)
     stops, head = StopTokens(stop_token_ids), output_head(target)
+    input_ids = input_ids.to(target_device(target))
     prompt_len = input_ids.shape[1]
     max_length = prompt_len + max_new_tokens
     session = TargetSession(target, drafter.target_layer_ids)

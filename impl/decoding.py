@@ -23,6 +23,7 @@ from transformers import DynamicCache
 
 from impl.extract import context_features, output_head
 from impl.model import DFlashDrafter, DraftCache
+from impl.placement import target_device
 
 
 @dataclass
@@ -98,15 +99,16 @@ class Sampler:
         return torch.softmax(logits.float() / self.temperature, dim=-1)
 
     def draw(self, probs: torch.Tensor) -> torch.Tensor:
-        """One token per row of `probs` [..., V]."""
-        flat = probs.reshape(-1, probs.shape[-1])
-        return torch.multinomial(flat, 1, generator=self.generator).view(probs.shape[:-1])
+        """One token per row of `probs` [..., V]. Drawn from the one CPU generator, so a seed gives
+        the same draws whichever device the models sit on."""
+        flat = probs.reshape(-1, probs.shape[-1]).to(self.generator.device)
+        return torch.multinomial(flat, 1, generator=self.generator).view(probs.shape[:-1]).to(probs.device)
 
     def pick(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.argmax(-1) if self.greedy else self.draw(self.probs(logits))
 
-    def uniform(self, n: int) -> torch.Tensor:
-        return torch.rand(n, generator=self.generator)
+    def uniform(self, n: int, device: torch.device) -> torch.Tensor:
+        return torch.rand(n, generator=self.generator, device=self.generator.device).to(device)
 
     def pick_index(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(index [b], probs [b, k] or None) of one choice among `scores` [b, k]: the DFlash2 selector's step."""
@@ -136,7 +138,7 @@ def verify_sampled(sampler: Sampler, proposals: torch.Tensor, draft_probs: torch
     k = proposals.numel()
     p = target_probs[:k].gather(-1, proposals[:, None])[:, 0]
     q = draft_probs.gather(-1, proposals[:, None])[:, 0]
-    kept = (sampler.uniform(k) * q < p).long()
+    kept = (sampler.uniform(k, q.device) * q < p).long()
     accepted = int(kept.cumprod(0).sum())
     if accepted == k:
         return accepted, int(sampler.draw(target_probs[k]))
@@ -154,6 +156,7 @@ class TargetSession:
         self.target = target
         self.layer_ids = layer_ids
         self.cache = make_target_cache(target)
+        self.device = target_device(target)  # a sharded target's logits come back here, beside the drafter
 
     def forward(self, token_ids: torch.Tensor, start: int, logits_to_keep: int = 0,
                 positions: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None):
@@ -162,19 +165,20 @@ class TargetSession:
             positions = torch.arange(start, start + token_ids.shape[1], device=token_ids.device)
         out = self.target(token_ids, position_ids=positions[None], past_key_values=self.cache, use_cache=True,
                           attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=logits_to_keep)
-        return out.logits[0], context_features(out.hidden_states, self.layer_ids)
+        return out.logits[0].to(self.device), context_features(out.hidden_states, self.layer_ids)
 
     def keep(self, length: int) -> None:
         crop_target_cache(self.cache, length)
 
     def keep_positions(self, prefix: int, rows: torch.Tensor) -> None:
         """Keep the first `prefix` cache entries plus entries `prefix + rows` (a tree's accepted path)."""
-        index = torch.cat([torch.arange(prefix), prefix + rows]).to(rows.device)
+        index = torch.cat([torch.arange(prefix, device=rows.device), prefix + rows])
         for layer in self.cache.layers:
             if type(layer).__name__ != "DynamicLayer":
                 raise ValueError(f"tree verification needs full-attention cache layers, got {type(layer).__name__}")
-            layer.keys = layer.keys.index_select(-2, index)
-            layer.values = layer.values.index_select(-2, index)
+            at = index.to(layer.keys.device)  # each shard's cache on its own device
+            layer.keys = layer.keys.index_select(-2, at)
+            layer.values = layer.values.index_select(-2, at)
 
 
 def draft_block(drafter: DFlashDrafter, target: nn.Module, draft_cache: DraftCache,
@@ -221,6 +225,7 @@ def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     """Speculative decoding of one prompt (`input_ids` [1, T]); greedy unless `temperature` > 0."""
     sampler, stops = Sampler(temperature, seed), StopTokens(stop_token_ids)
     head, block_size = output_head(target), drafter.block_size
+    input_ids = input_ids.to(target_device(target))
     prompt_len = input_ids.shape[1]
     max_length = prompt_len + max_new_tokens
     session = TargetSession(target, drafter.target_layer_ids)
@@ -260,6 +265,7 @@ def greedy_decode(target: nn.Module, input_ids: torch.Tensor, max_new_tokens: in
     """Plain greedy decoding, one token per target forward: the reference for losslessness."""
     stops = StopTokens(stop_token_ids)
     cache = make_target_cache(target)
+    input_ids = input_ids.to(target_device(target))
     tokens = input_ids[0].tolist()
     step_ids = input_ids
     for _ in range(max_new_tokens):

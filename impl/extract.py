@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from impl.placement import target_device
+
 
 def decoder_layers(target: nn.Module) -> nn.ModuleList:
     """The decoder layer stack of a Hugging Face causal LM (`model.model.layers`)."""
@@ -38,8 +40,10 @@ HIDDEN_STATES_OFFSET = 1
 
 
 def context_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
-    """Concatenate the outputs of the selected decoder layers (z-lab indexing)."""
-    return torch.cat([hidden_states[i + HIDDEN_STATES_OFFSET] for i in layer_ids], dim=-1)
+    """Concatenate the outputs of the selected decoder layers (z-lab indexing), on the device of
+    the embedding output: a target sharded over devices hands each layer's output over on its own."""
+    device = hidden_states[0].device
+    return torch.cat([hidden_states[i + HIDDEN_STATES_OFFSET].to(device) for i in layer_ids], dim=-1)
 
 
 @dataclass
@@ -72,13 +76,14 @@ class HiddenStateExtractor:
 
         handle = decoder_layers(self.target)[-1].register_forward_hook(keep_raw_output)
         try:
-            out = self.target(input_ids, output_hidden_states=True, use_cache=False,
+            out = self.target(input_ids.to(target_device(self.target)), output_hidden_states=True, use_cache=False,
                               logits_to_keep=0 if with_logits else 1, **forward_kwargs)
         finally:
             handle.remove()
         hs = out.hidden_states
-        final_raw = captured["final_raw"]
+        final_raw = captured["final_raw"].to(hs[0].device)  # the last shard's device otherwise
         # Intermediate layer outputs are raw in hs; the final one only via the hook.
-        source = final_raw if self.source_layer == self.num_layers - 1 else hs[self.source_layer + HIDDEN_STATES_OFFSET]
+        source = (final_raw if self.source_layer == self.num_layers - 1
+                  else hs[self.source_layer + HIDDEN_STATES_OFFSET].to(hs[0].device))
         return TargetStates(context=context_features(hs, self.layer_ids), final_raw=final_raw, source=source,
                             logits=out.logits if with_logits else None)

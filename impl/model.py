@@ -231,7 +231,9 @@ class DFlashDrafter(nn.Module):
         return F.embedding(token_ids, target.get_input_embeddings().weight) * self.spec.input_embedding_scale
 
     def compute_logits(self, hidden: torch.Tensor, head: nn.Module) -> torch.Tensor:
-        logits = head(hidden) * self.spec.output_multiplier
+        """Logits on `hidden`'s device: a sharded target's head may sit on another one."""
+        weight = head.weight
+        logits = head(hidden.to(weight.device)).to(hidden.device) * self.spec.output_multiplier
         cap = self.spec.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from impl.errors import AuditError
 from impl.inputs import check_target_dir
+from impl.placement import CPU_FLOAT32, Placement
 
 
 def quiet_transformers() -> None:
@@ -35,20 +34,29 @@ def load_tokenizer(target_dir: str | Path, flag: str = "--target"):
     return tokenizer, AutoConfig.from_pretrained(target_dir)
 
 
-def load_target_model(target_dir: str | Path, dtype: torch.dtype = torch.float32):
-    """The target model in eval mode, frozen."""
+def load_target_model(target_dir: str | Path, placement: Placement = CPU_FLOAT32):
+    """The target model in eval mode, frozen, in the placement's dtype and on its device (or
+    sharded by accelerate under `--device-map auto`). Weights go straight to the device: no
+    float32 copy on the host first."""
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
+    kwargs: dict = {"dtype": placement.dtype}
+    if placement.attn_implementation is not None:
+        kwargs["attn_implementation"] = placement.attn_implementation
+    if placement.device_map is not None:
+        kwargs["device_map"] = placement.device_map
+    elif placement.device.type != "cpu":
+        kwargs["device_map"] = {"": str(placement.device)}
     try:
-        model = AutoModelForCausalLM.from_pretrained(Path(target_dir), dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(Path(target_dir), **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise AuditError(f"{target_dir}: cannot load the target ({' '.join(str(exc).split())[:200]})") from exc
     return model.eval().requires_grad_(False)
 
 
-def load_target(target_dir: str | Path, dtype: torch.dtype = torch.float32):
+def load_target(target_dir: str | Path, placement: Placement = CPU_FLOAT32):
     """(model, tokenizer) of a checked target directory."""
     quiet_transformers()
     tokenizer, _ = load_tokenizer(target_dir)
-    return load_target_model(target_dir, dtype), tokenizer
+    return load_target_model(target_dir, placement), tokenizer

@@ -18,12 +18,14 @@ import torch
 
 from dflash_audit.audit import tau_stats
 from dflash_audit.audit.findings import Finding
+from dflash_audit.audit.overflow import OverflowWatch
 from dflash_audit.audit.sides import Side
 from impl import offline
 from impl.cache_dir import cache_root
 from impl.checkpoint import CheckpointError, build_drafter
 from impl.ddtree import DDTREE_NEEDS_DFLASH
 from impl.extract import decoder_layers
+from impl.placement import dtype_name, model_dtype, target_device
 
 METHODS = {"dflash": "DFlash", "ddtree": "DDTree"}
 LARGEST_GAPS = 3
@@ -95,13 +97,22 @@ class DynamicAudit:
     max_new_tokens: int
     prompts_source: str
     not_measured: dict[str, str] = field(default_factory=dict)  # side -> why
+    precision: dict[str, Any] = field(default_factory=dict)  # device, target and drafter dtypes
+    overflow: dict[str, str] = field(default_factory=dict)  # side -> first module with non-finite output
+    by_dtype: dict[str, dict[str, Any]] = field(default_factory=dict)  # `compare --dtype a,b`: τ per dtype
+
+    def summary(self) -> dict[str, Any]:
+        """Mean τ per method and side, and what overflowed: one dtype's line of `by_dtype`."""
+        return {"means": {name: result.mean for name, result in self.methods.items()},
+                "overflow": self.overflow, "precision": self.precision}
 
     def tau_dict(self) -> dict[str, Any]:
         """`tau` of report.json: the DFlash result in the schema's shape, DDTree as an extra key."""
         main = self.methods["dflash"].to_dict()
         data = {"method": "dflash", "prompts": main["prompts"], "mean": main["mean"],
                 "max_new_tokens": self.max_new_tokens, "prompts_source": self.prompts_source,
-                "noise": tau_stats.NOISE_METHOD, "not_measured": self.not_measured}
+                "noise": tau_stats.NOISE_METHOD, "not_measured": self.not_measured,
+                "precision": self.precision, "overflow": self.overflow, "by_dtype": self.by_dtype}
         data.update({k: v for k, v in main.items() if k not in data and k != "method"})
         data["methods"] = {name: result.to_dict() for name, result in self.methods.items()}
         return data
@@ -140,8 +151,11 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     advance = progress or (lambda: None)
     sides = {"ours": ours, "ref": ref}
     not_measured = {name: why for name, side in sides.items() if (why := why_not_runnable(side, target))}
-    drafters = {name: build_drafter(side.spec, side.state_dict).float().eval()
+    # The drafters run where the target reads its inputs, in the target's dtype: their serving dtype.
+    device, dtype = target_device(target), model_dtype(target)
+    drafters = {name: build_drafter(side.spec, side.state_dict).to(device=device, dtype=dtype).eval()
                 for name, side in sides.items() if name not in not_measured}
+    watches = {name: OverflowWatch(drafter) for name, drafter in drafters.items()}
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     cache = offline.load_or_build_cache(cache_dir or cache_root() / "offline", target_dir, target, prompts,
                                         max_new_tokens, stop_ids, on_prompt=advance)
@@ -166,6 +180,7 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
                 tau_stats.tau(r) if "ref" in rounds else None, o, r,
                 tau_stats.first_divergent_round(o, r) if len(rounds) == 2 else None))
         methods[method] = result
+    overflow = {name: module for name, watch in watches.items() if (module := watch.close()) is not None}
     findings = [Finding("tau", "warning", f"τ of {name} was not measured: {why}. Its static findings stand.",
                         why if name == "ours" else None, why if name == "ref" else None, pitfall=17,
                         key=f"not measured ({name})")
@@ -175,7 +190,38 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
         findings.append(Finding("tau", "info", f"DDTree τ not measured: {' and '.join(dflash2)} "
                                 f"{'is a DFlash2 drafter' if len(dflash2) == 1 else 'are DFlash2 drafters'}. "
                                 f"{DDTREE_NEEDS_DFLASH}.", None, None, pitfall=17, key="ddtree not measured"))
-    return DynamicAudit(methods, findings, max_new_tokens, prompts_source, not_measured)
+    findings += [Finding("tau", "warning", f"{name} overflows in {dtype_name(dtype)}: {module} produced non-finite "
+                         f"activations, so its τ in {dtype_name(dtype)} is not what it was trained to give.",
+                         module if name == "ours" else None, module if name == "ref" else None, pitfall=17,
+                         key=f"overflow ({name}, {dtype_name(dtype)})")
+                 for name, module in overflow.items()]
+    precision = {"device": str(device), "target_dtype": dtype_name(dtype), "drafter_dtype": dtype_name(dtype)}
+    return DynamicAudit(methods, findings, max_new_tokens, prompts_source, not_measured, precision, overflow)
+
+
+def dtype_findings(audits: dict[str, DynamicAudit]) -> list[Finding]:
+    """`compare --dtype a,b`: a drafter whose DFlash τ drops beyond noise in a dtype, against the best
+    dtype it was measured in (per prompt, paired bootstrap). Overflows are already findings of their run."""
+    findings = []
+    for side in ("ours", "ref"):
+        measured = {name: audit.methods["dflash"] for name, audit in audits.items()
+                    if audit.methods["dflash"].mean[side] is not None}
+        if len(measured) < 2:
+            continue
+        best = max(measured, key=lambda name: measured[name].mean[side])
+        for name, result in measured.items():
+            if name == best:
+                continue
+            gaps = [getattr(a, side) - getattr(b, side) for a, b in zip(result.prompts, measured[best].prompts)]
+            interval = tau_stats.paired_bootstrap(gaps)
+            if interval.beyond_noise and interval.mean < 0:
+                findings.append(Finding(
+                    "tau", "warning", f"τ of {side} drops in {name}: mean {result.mean[side]:.3f} against "
+                    f"{measured[best].mean[side]:.3f} in {best}; the difference {interval.mean:+.3f} "
+                    f"[{interval.low:+.3f}, {interval.high:+.3f}] (95%, paired bootstrap) excludes 0.",
+                    result.mean[side] if side == "ours" else None, result.mean[side] if side == "ref" else None,
+                    pitfall=17, key=f"dtype drop ({side}, {name})"))
+    return findings
 
 
 def tau_finding(result: MethodResult) -> Finding | None:

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dflash_audit.audit.dynamic import dynamic_audit
+from dflash_audit.audit.dynamic import dtype_findings, dynamic_audit
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.report_html import write_report_html
 from dflash_audit.audit.report_json import write_report_json
@@ -19,11 +19,23 @@ from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable
+from dflash_audit.progress import progress
 from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
 from dflash_world import BUILTIN_PROMPTS
 from impl.cache_dir import cache_root
 from impl.inputs import check_generation_flags
-from impl.target import load_target
+from impl.memory_plan import check_plan, plan_memory
+from impl.placement import (
+    CPU_FLOAT32,
+    DEVICE_HELP,
+    DEVICE_MAP_HELP,
+    DTYPE_HELP,
+    Placement,
+    parse_dtype_list,
+    resolve_dtype,
+    resolve_placement,
+)
+from impl.target import load_target_model, load_tokenizer
 
 
 def progress_bar(console: Console) -> Progress:
@@ -59,8 +71,11 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
                 static_only: bool = False, out: Path | None = None, json_path: Path | None = None,
                 expect_identical: bool = False, max_new_tokens: int = 64, budget: int = 32,
                 cache_dir: Path | None = None, console: Console | None = None, truncate: bool = False,
-                ours_options: LoadOptions | None = None, ref_options: LoadOptions | None = None) -> AuditReport:
-    """Load, audit, write `out/index.html` + `out/report.json` (+ `json_path`), print the summary."""
+                ours_options: LoadOptions | None = None, ref_options: LoadOptions | None = None,
+                placement: Placement = CPU_FLOAT32, dtypes: list[str] | None = None) -> AuditReport:
+    """Load, audit, write `out/index.html` + `out/report.json` (+ `json_path`), print the summary.
+
+    `dtypes` (`--dtype a,b`): the τ audit once per dtype, the first one the report's main run."""
     console = console or Console(stderr=True)
     check_generation_flags(max_new_tokens, budget)
     out = out or default_out_dir(ours, ref)
@@ -76,17 +91,8 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
         static = static_audit(ours_side, ref_side, expect_identical, advance=lambda: bar.advance(task))
     report = AuditReport(ours_side, ref_side, static)
     if target is not None and not static_only:
-        target_model, tokenizer = load_target(target)
-        prompt_list, source = load_prompt_ids(prompts, tokenizer)
-        prompt_list, fit_notes = fit_prompts(prompt_list, max_new_tokens, target_model.config.max_position_embeddings,
-                                             truncate, source)
-        report.notes.extend(fit_notes)
-        with progress_bar(console) as bar:
-            # Upper bound: the target's pass over each prompt (skipped when cached) + 2 drafters x 2 methods.
-            task = bar.add_task("dynamic audit: τ per prompt", total=5 * len(prompt_list))
-            report.dynamic = dynamic_audit(ours_side, ref_side, target, target_model, tokenizer, prompt_list,
-                                           source, max_new_tokens, budget, cache_dir,
-                                           progress=lambda: bar.advance(task))
+        report.dynamic = dynamic_audits(ours_side, ref_side, target, prompts, max_new_tokens, budget, cache_dir,
+                                        console, truncate, placement, dtypes or [None], report.notes)
     elif target is None:
         report.notes.append("No --target given: static audit only (τ not measured).")
     else:
@@ -98,6 +104,39 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
     print(terminal_summary(report))
     console.print(f"report: {out / 'index.html'}")
     return report
+
+
+def dynamic_audits(ours_side, ref_side, target: Path, prompts: Path | None, max_new_tokens: int, budget: int,
+                   cache_dir: Path | None, console: Console, truncate: bool, placement: Placement,
+                   dtypes: list[str | None], notes: list[str]):
+    """The τ audit in each dtype (None: the placement's own), after a memory plan that fits; the first
+    dtype's audit carries every dtype's summary and the findings of a drop between them."""
+    tokenizer, config = load_tokenizer(target)
+    prompt_list, source = load_prompt_ids(prompts, tokenizer)
+    prompt_list, fit_notes = fit_prompts(prompt_list, max_new_tokens, config.max_position_embeddings, truncate,
+                                         source)
+    notes.extend(fit_notes)
+    runs = [placement if name is None else placement.with_dtype(*resolve_dtype(name, target)) for name in dtypes]
+    audits = {}
+    for run in runs:
+        check_plan(plan_memory(config, run.dtype, [ours_side.spec, ref_side.spec],
+                               [ids.shape[1] for _, ids in prompt_list], max_new_tokens), run)
+        target_model = load_target_model(target, run)
+        # Upper bound: the target's pass over each prompt (skipped when cached) + 2 drafters x 2 methods.
+        with progress(console, f"dynamic audit ({run.describe()['dtype']}): τ per prompt", 5 * len(prompt_list),
+                      unit="steps") as advance:
+            audit = dynamic_audit(ours_side, ref_side, target, target_model, tokenizer, prompt_list, source,
+                                  max_new_tokens, budget, cache_dir, progress=advance)
+        audit.precision.update({k: v for k, v in run.describe().items() if k not in ("dtype", "device")})
+        audits[audit.precision["target_dtype"]] = audit
+        del target_model  # one target in memory at a time
+    main = next(iter(audits.values()))
+    if len(audits) > 1:
+        main.by_dtype = {name: audit.summary() for name, audit in audits.items()}
+        main.findings += [f for audit in list(audits.values())[1:] for f in audit.findings
+                          if f.key.startswith("overflow")]
+        main.findings += dtype_findings(audits)
+    return main
 
 
 def register(app: typer.Typer) -> None:
@@ -127,11 +166,18 @@ def register(app: typer.Typer) -> None:
         cache_dir: Path | None = typer.Option(None, "--cache-dir",
                                               help="cache root; hidden states go to <root>/offline "
                                                    "(default $XDG_CACHE_HOME/dflash-audit)"),
+        device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+        dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP + "; a comma list (bfloat16,float32) "
+                                  "measures τ in each"),
+        device_map: str | None = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP),
     ) -> int:
         """Audit --ours against --ref: findings, spec and tensor diff, per-prompt τ. Exit 1 on divergence."""
+        dtypes = parse_dtype_list(dtype)
+        placement = resolve_placement(device, dtypes[0], device_map, target) if target is not None else CPU_FLOAT32
         report = run_compare(ours, ref, target, prompts, static_only, out, json_path, expect_identical,
                              max_new_tokens, budget, truncate=truncate,
                              cache_dir=cache_root(cache_dir) / "offline" if cache_dir is not None else None,
                              ours_options=LoadOptions(ours_entry, key_map, list(ours_spec), "--ours"),
-                             ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"))
+                             ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"),
+                             placement=placement, dtypes=[None, *dtypes[1:]])
         return report.exit_status

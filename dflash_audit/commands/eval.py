@@ -15,39 +15,61 @@ from pathlib import Path
 import torch
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from tabulate import tabulate
 
 from dflash_audit.outputs import check_outputs, check_writable
+from dflash_audit.progress import progress
 from dflash_audit.prompts import CHAT_TEMPLATE_MODES, fit_prompts, load_prompts, tokenize_prompts
 from impl.cache_dir import cache_root
 from impl.checkpoint import atomic_write_bytes, build_drafter
 from impl.ddtree import ddtree_decode, require_dflash_family
 from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
 from impl.errors import AuditError
-from impl.extract import decoder_layers
 from impl.inputs import check_finite_weights, check_generation_flags
+from impl.memory_plan import check_plan, plan_memory
 from impl.offline import load_or_build_cache, offline_rounds_each
+from impl.placement import (
+    CPU_FLOAT32,
+    DEVICE_HELP,
+    DEVICE_MAP_HELP,
+    DTYPE_HELP,
+    Placement,
+    model_dtype,
+    resolve_placement,
+    target_device,
+)
 
 METHODS = ("dflash", "ddtree")
 MODES = ("live", "offline")
 
 
-def load_drafter(path: Path, target_dir: Path, target, options=None):
+def read_drafter(path: Path, target_dir: Path, config, options=None):
+    """The drafter's checked (spec, state dict), against the target's config: no target weights needed."""
     from dflash_audit.formats import LoadOptions, load_any, require_spec
 
     loaded = load_any(path, target_dir, options or LoadOptions(flag_prefix=""))
-    spec, config = require_spec(loaded, "eval"), target.config
+    spec = require_spec(loaded, "eval")
     check_finite_weights(loaded.state_dict, str(path))  # NaN weights would "measure" τ 1.0, not fail
     if spec.hidden_size != config.hidden_size:
         raise AuditError(f"{path}: drafter hidden size {spec.hidden_size}, the target's is {config.hidden_size}")
-    depth = len(decoder_layers(target))
+    depth = config.num_hidden_layers
     if spec.num_target_layers != depth:
         raise AuditError(f"{path}: drafter built for a target of {spec.num_target_layers} layers, "
                          f"{target_dir} has {depth}")
     if spec.vocab_size != config.vocab_size:
         raise AuditError(f"{path}: drafter vocabulary {spec.vocab_size}, the target's is {config.vocab_size}")
-    return build_drafter(spec, loaded.state_dict, source=str(path)).float().eval()
+    return spec, loaded.state_dict
+
+
+def place_drafter(spec, state_dict, path: Path, target):
+    """The drafter where the target reads its inputs, in the target's dtype (its serving dtype)."""
+    drafter = build_drafter(spec, state_dict, source=str(path))
+    return drafter.to(device=target_device(target), dtype=model_dtype(target)).eval()
+
+
+def load_drafter(path: Path, target_dir: Path, target, options=None):
+    spec, state_dict = read_drafter(path, target_dir, target.config, options)
+    return place_drafter(spec, state_dict, path, target)
 
 
 def check_options(method: str, mode: str, budget: int, max_new_tokens: int, temperature: float) -> None:
@@ -109,7 +131,7 @@ def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new
     if cache is not None:
         for entry, rounds in offline_rounds_each(drafter, target, cache, entries, method, budget):
             results.append({"id": entry.id, "tau": mean_acceptance(rounds), "rounds": rounds})
-            advance()
+            advance(sum(rounds))
         return results
     for prompt_id, ids in prompts:
         if method == "dflash":
@@ -117,27 +139,36 @@ def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new
         else:
             run = ddtree_decode(drafter, target, ids, max_new_tokens, stop_ids, budget)
         results.append({"id": prompt_id, "tau": run.tau, "rounds": run.acceptance_lengths})
-        advance()
+        advance(len(run.new_tokens))
     return results
 
 
 def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: str = "dflash", budget: int = 32,
              mode: str = "live", max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0,
              json_path: Path | None = None, cache_dir: Path | None = None, chat_template: str = "auto",
-             console: Console | None = None, truncate: bool = False, load_options=None) -> dict | None:
-    """Evaluate, print the table and write `json_path` (rank 0); returns the JSON payload there."""
-    from impl.target import load_target
+             console: Console | None = None, truncate: bool = False, load_options=None,
+             placement: Placement = CPU_FLOAT32, memory: dict | None = None) -> dict | None:
+    """Evaluate, print the table and write `json_path` (rank 0); returns the JSON payload there.
+
+    `memory`: free memory handed to the memory plan (`free_on_devices`, `free_on_host`) instead of
+    the machine's own, for tests."""
+    from impl.target import load_target_model, load_tokenizer
 
     check_options(method, mode, budget, max_new_tokens, temperature)
     check_json_output(json_path, {"--drafter": drafter_path, "--target": target_dir, "--prompts": prompts_path})
     console = console or Console(stderr=True)
     records = load_prompts(prompts_path)  # bad input fails before any model loads
-    target, tokenizer = load_target(target_dir)
-    drafter = load_drafter(drafter_path, target_dir, target, load_options)
-    if method == "ddtree":
-        require_dflash_family(drafter)  # before any prompt is decoded or cached
+    tokenizer, config = load_tokenizer(target_dir)
+    spec, state_dict = read_drafter(drafter_path, target_dir, config, load_options)
+    if method == "ddtree" and spec.family != "dflash":
+        require_dflash_family(build_drafter(spec, state_dict))  # before any prompt is decoded or cached
     prompts, notes = fit_prompts(tokenize_prompts(tokenizer, records, chat_template), max_new_tokens,
-                                 target.config.max_position_embeddings, truncate, str(prompts_path))
+                                 config.max_position_embeddings, truncate, str(prompts_path))
+    # Before any target weight is read: does it all fit?
+    check_plan(plan_memory(config, placement.dtype, [spec], [ids.shape[1] for _, ids in prompts], max_new_tokens),
+               placement, **(memory or {}))
+    target = load_target_model(target_dir, placement)
+    drafter = place_drafter(spec, state_dict, drafter_path, target)
     for note in notes:
         console.print(f"note: {note}", soft_wrap=True)
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
@@ -151,24 +182,25 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
                                                                   max_new_tokens, stop_ids))
         entries = ranks.shard(cache.prompts)
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=ranks.rank != 0) as bar:
-        task = bar.add_task(f"eval {method} ({mode})", total=len(mine))
+    with progress(console, f"eval {method} ({mode})", len(mine), enabled=ranks.rank == 0) as advance:
         results = evaluate_prompts(drafter, target, mine, method, budget, max_new_tokens, temperature, seed,
-                                   stop_ids, advance=lambda: bar.advance(task), cache=cache, entries=entries)
+                                   stop_ids, advance=advance, cache=cache, entries=entries)
     results = sorted(ranks.gather(results), key=lambda r: order[r["id"]])
     if ranks.rank != 0:
         return None
 
     all_rounds = [length for r in results for length in r["rounds"]]
     payload = {"method": method, "mode": mode, "budget": budget if method == "ddtree" else None,
-               "max_new_tokens": max_new_tokens, "prompts": results,
+               "max_new_tokens": max_new_tokens, "placement": placement.describe(), "prompts": results,
                "mean_tau": mean_acceptance([r["tau"] for r in results]),
                "histogram": acceptance_histogram(all_rounds, drafter.block_size)}
     rows = [[r["id"], len(r["rounds"]), sum(r["rounds"]) + 1, f"{r['tau']:.2f}"] for r in results]
     print(tabulate(rows, headers=["prompt", "rounds", "new tokens", "τ"], tablefmt="github"))
     print(f"mean τ ({method}, {mode}): {payload['mean_tau']:.3f}   acceptance histogram 0..{drafter.block_size}: "
           f"{payload['histogram']}")
+    where = placement.describe()
+    print(f"target and drafter in {where['dtype']} ({where['dtype_source']}) on {where['device']}"
+          + (f", target sharded by --device-map {placement.device_map}" if placement.device_map else ""))
     if json_path is not None:
         text = json.dumps(payload, indent=2)
         atomic_write_bytes(Path(json_path), lambda tmp: Path(tmp).write_text(text))
@@ -197,10 +229,14 @@ def register(app: typer.Typer) -> None:
         spec: list[str] = typer.Option([], "--spec", help="KEY=VALUE spec/recipe field (repeatable)"),
         truncate: bool = typer.Option(False, "--truncate",
                                       help="keep a too-long prompt's last tokens (default: refuse it)"),
+        device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+        dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP),
+        device_map: str | None = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP),
     ) -> None:
         """Per-prompt τ and per-round acceptance lengths of one drafter."""
         from dflash_audit.formats import LoadOptions
 
         run_eval(drafter, target, prompts, method, budget, mode, max_new_tokens, temperature, seed, json_path,
                  cache, chat_template, truncate=truncate,
-                 load_options=LoadOptions(entry, key_map, list(spec), flag_prefix=""))
+                 load_options=LoadOptions(entry, key_map, list(spec), flag_prefix=""),
+                 placement=resolve_placement(device, dtype, device_map, target))

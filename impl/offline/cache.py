@@ -70,17 +70,26 @@ class HiddenStateCache:
                    stop_token_ids=json.loads(meta["stop_token_ids"]), prompts=prompts)
 
 
+def cache_bytes_estimate(num_tokens: int, layer_ids, hidden_size: int, dtype: torch.dtype) -> int:
+    """Bytes the cache holds for `num_tokens` tokens (prompts + continuations): per token, the
+    states of `layer_ids` and the raw final state in `dtype`, its id (int64) and margin (float32)."""
+    itemsize = torch.finfo(dtype).bits // 8
+    return num_tokens * ((len(list(layer_ids)) + 1) * hidden_size * itemsize + 8 + 4)
+
+
 # -- building the cache ------------------------------------------------------------------
 def cache_key(target_dir: str | Path, prompt_ids: list[list[int]], max_new_tokens: int,
-              stop_token_ids: list[int]) -> str:
-    """Hash of the target's files, the tokenized prompts and the generation settings."""
+              stop_token_ids: list[int], dtype: torch.dtype = torch.float32) -> str:
+    """Hash of the target's files, the tokenized prompts, the generation settings and the dtype
+    the target ran in (a bfloat16 cache is not a float32 one)."""
     digest = hashlib.sha256(CACHE_FORMAT.encode())
     for file in sorted(p for p in Path(target_dir).rglob("*") if p.is_file()):
         digest.update(file.relative_to(target_dir).as_posix().encode())
         with file.open("rb") as handle:
             for chunk in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(chunk)
-    settings = {"prompts": prompt_ids, "max_new_tokens": max_new_tokens, "stop": sorted(stop_token_ids)}
+    settings = {"prompts": prompt_ids, "max_new_tokens": max_new_tokens, "stop": sorted(stop_token_ids),
+                "dtype": str(dtype)}
     digest.update(json.dumps(settings).encode())
     return digest.hexdigest()[:24]
 
@@ -104,7 +113,8 @@ def load_or_build_cache(cache_dir: str | Path, target_dir: str | Path, target: n
                         prompts: list[tuple[str, torch.Tensor]], max_new_tokens: int,
                         stop_token_ids: list[int], on_prompt=None) -> HiddenStateCache:
     """The cache for (target, prompts, settings): read from `cache_dir` or built once and written there."""
-    key = cache_key(target_dir, [ids[0].tolist() for _, ids in prompts], max_new_tokens, stop_token_ids)
+    key = cache_key(target_dir, [ids[0].tolist() for _, ids in prompts], max_new_tokens, stop_token_ids,
+                    next(target.parameters()).dtype)
     path = Path(cache_dir) / f"{key}.safetensors"
 
     def build() -> HiddenStateCache:

@@ -10,6 +10,7 @@ from torch import nn
 from impl.masks import inference_mask, within_window
 from impl.model import DFlashDrafter, convolved, rms_norm
 from impl.offline.cache import CachedPrompt
+from impl.placement import model_device, model_dtype
 
 
 def block_key_mask(anchors: torch.Tensor, key_positions: torch.Tensor, sizes: torch.Tensor, block_len: int,
@@ -21,11 +22,12 @@ def block_key_mask(anchors: torch.Tensor, key_positions: torch.Tensor, sizes: to
     (visible when < a_j, and within the window on sliding layers). Per block this is exactly
     `inference_mask(a_j, sizes[j], ...)`, block and context swapped.
     """
-    q_pos = anchors[:, None, None] + torch.arange(block_len)[None, :, None]  # [A, S, 1]
+    device = anchors.device
+    q_pos = anchors[:, None, None] + torch.arange(block_len, device=device)[None, :, None]  # [A, S, 1]
     k_pos = key_positions[:, None, :]
     sees_context = (k_pos >= 0) & (k_pos < anchors[:, None, None]) & within_window(q_pos, k_pos, window)
-    real_slot = torch.arange(block_len)[None, None, :] < sizes[:, None, None]
-    sees_block = inference_mask(0, block_len, sliding_window=window, causal=causal)[None] & real_slot
+    real_slot = torch.arange(block_len, device=device)[None, None, :] < sizes[:, None, None]
+    sees_block = inference_mask(0, block_len, sliding_window=window, causal=causal, device=device)[None] & real_slot
     return torch.cat([sees_block.expand(len(anchors), -1, -1), sees_context.expand(-1, block_len, -1)], dim=-1)
 
 
@@ -45,17 +47,19 @@ class BlockReplay:
         self.drafter, self.target = drafter, target
         self.tokens = [entry.token_ids.tolist() for entry in entries]
         self.bank_row = {p: p for p in range(len(entries))}  # prompt -> row of the banks
-        dtype = next(drafter.parameters()).dtype
+        dtype, device = model_dtype(drafter), model_device(drafter)
+        self.device = device
         block_len = drafter.block_size
         context_len = max(len(ids) for ids in self.tokens)
-        cos, sin = drafter.rotary_emb(torch.empty(0, dtype=dtype), torch.arange(context_len + block_len)[None])
+        cos, sin = drafter.rotary_emb(torch.empty(0, dtype=dtype, device=device),
+                                      torch.arange(context_len + block_len, device=device)[None])
         self.cos, self.sin = cos[0], sin[0]  # [T + B, d], indexed by position
         # Rows past a prompt's end lie past every anchor of that prompt: never seen.
         self.keys = [torch.zeros(len(entries), layer.self_attn.kv_heads, block_len + context_len,
-                                 layer.self_attn.head_dim, dtype=dtype) for layer in drafter.layers]
+                                 layer.self_attn.head_dim, dtype=dtype, device=device) for layer in drafter.layers]
         self.values = [torch.zeros_like(k) for k in self.keys]
         for p, entry in enumerate(entries):
-            context = drafter.project_context(entry.features(drafter.target_layer_ids).to(dtype))
+            context = drafter.project_context(entry.features(drafter.target_layer_ids).to(device, dtype))
             length = context.shape[1]
             rows = slice(block_len, block_len + length)
             for layer, keys, values in zip(drafter.layers, self.keys, self.values):
@@ -66,7 +70,7 @@ class BlockReplay:
         """Drop the banks of every prompt not in `prompts` (finished walks)."""
         if len(prompts) == len(self.bank_row):
             return
-        rows = torch.tensor([self.bank_row[p] for p in prompts])
+        rows = torch.tensor([self.bank_row[p] for p in prompts], device=self.device)
         self.keys = [k[rows] for k in self.keys]
         self.values = [v[rows] for v in self.values]
         self.bank_row = {p: i for i, p in enumerate(prompts)}
@@ -74,21 +78,23 @@ class BlockReplay:
     def hidden(self, prompts: torch.Tensor, anchors: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
         """Final-norm hidden states [A, B - 1, H] of slots 1.. of the block of `prompts[j]` at
         `anchors[j]` with `sizes[j]` slots (slot 0 holds the known token: no one reads its output)."""
-        drafter, block_len = self.drafter, self.drafter.block_size
-        block = torch.full((anchors.numel(), block_len), drafter.mask_token_id, dtype=torch.long)
-        block[:, 0] = torch.tensor([self.tokens[p][a] for p, a in zip(prompts.tolist(), anchors.tolist())])
-        slot_positions = anchors[:, None] + torch.arange(block_len)[None]  # [A, S]
+        drafter, block_len, device = self.drafter, self.drafter.block_size, self.device
+        prompts, anchors, sizes = prompts.to(device), anchors.to(device), sizes.to(device)
+        block = torch.full((anchors.numel(), block_len), drafter.mask_token_id, dtype=torch.long, device=device)
+        block[:, 0] = torch.tensor([self.tokens[p][a] for p, a in zip(prompts.tolist(), anchors.tolist())],
+                                   device=device)
+        slot_positions = anchors[:, None] + torch.arange(block_len, device=device)[None]  # [A, S]
         cos, sin = self.cos[slot_positions], self.sin[slot_positions]  # [A, S, d]
         bank_rows = [self.bank_row[p] for p in prompts.tolist()]
         one_per_bank = bank_rows == list(range(len(self.bank_row)))  # block j writes bank row j
-        index = torch.tensor(bank_rows)
+        index = torch.tensor(bank_rows, device=device)
         context_len = int(anchors.max())  # no block sees context at or past its anchor
 
         def key_plan(window, causal):
             if window is None or window - 1 >= context_len:
-                context, rows = torch.arange(context_len).expand(anchors.numel(), -1), None
+                context, rows = torch.arange(context_len, device=device).expand(anchors.numel(), -1), None
             else:  # a block at anchor a sees at most context a - window + 1 .. a - 1
-                context = anchors[:, None] - (window - 1) + torch.arange(window - 1)[None]
+                context = anchors[:, None] - (window - 1) + torch.arange(window - 1, device=device)[None]
                 rows = block_len + context.clamp(min=0)
             return rows, block_key_mask(anchors, context, sizes, block_len, window, causal)
 

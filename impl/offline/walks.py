@@ -57,7 +57,7 @@ def play_dflash(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, siz
 def play_dflash2(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, sizes: list[int],
                  tokens: list[list[int]], starts: list[int], lasts: list[int]) -> list[int]:
     """DFlash2 rounds: the selector's greedy path through every slot's unary top-k, from each block's known token."""
-    first = torch.tensor([t[s] for t, s in zip(tokens, starts)])
+    first = torch.tensor([t[s] for t, s in zip(tokens, starts)], device=rows.device)
     path = drafter.candidate_selector.select(rows, drafter.compute_logits(rows, head), first,
                                              lambda scores: (scores.argmax(-1), None))
     return [dflash_round(t, s, last, p[:size - 1])
@@ -94,8 +94,9 @@ def replay_walks(drafter: DFlashDrafter, target: nn.Module, entries: list[Cached
         ahead = max(1, batch_blocks // len(active))
         blocks = [(p, a) for p in active for a in range(starts[p], min(starts[p] + ahead, lasts[p]))]
         sizes = [min(drafter.block_size, ends[p] - a) for p, a in blocks]
-        hidden = replay.hidden(torch.tensor([p for p, _ in blocks]), torch.tensor([a for _, a in blocks]),
-                               torch.tensor(sizes))
+        device = replay.device
+        hidden = replay.hidden(torch.tensor([p for p, _ in blocks], device=device),
+                               torch.tensor([a for _, a in blocks], device=device), torch.tensor(sizes, device=device))
         drafted = {block: i for i, block in enumerate(blocks)}
         playing = active
         while playing:  # each prompt's first block, then look-ahead blocks its round ended on
