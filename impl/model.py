@@ -97,9 +97,15 @@ class DraftAttention(nn.Module):
         return rotate(k, cos, sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        # Below float32 the scores, softmax and weighted sum run in float32 and only the output is
+        # rounded, as fused serving kernels accumulate: then the live loop (keys [context | block],
+        # exactly the visible ones) and the replay (keys [block | context], cut at the furthest
+        # anchor) differ only by float32 summation order, not by bfloat16 roundings of it.
+        dtype = q.dtype
+        q, k, v = q.float(), k.float(), v.float()
         # enable_gqa: each K/V head serves its query-head group without copying it.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5,
-                                             enable_gqa=self.heads != self.kv_heads)
+                                             enable_gqa=self.heads != self.kv_heads).to(dtype)
         return self.o_proj(out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1))
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -65,6 +67,41 @@ def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, tmp_pa
         mismatches += [mismatch.describe()] if mismatch else []
     assert mismatches == []
     assert max(taus) > 1.5  # the trained drafter's walks are not trivial
+
+
+@pytest.fixture(scope="module")
+def bf16_pairs(trained_pair, dflash2_pair, test_world):
+    """The world's target loaded in bfloat16 (as `--dtype bfloat16` loads it) and both drafters in bfloat16."""
+    from impl.placement import Placement
+    from impl.target import load_target_model
+
+    target = load_target_model(test_world.target, Placement(torch.device("cpu"), torch.bfloat16, "test"))
+    # Copies: the fixtures' float32 drafters stay as they are for the other tests.
+    drafters = [copy.deepcopy(pair[0]).to(torch.bfloat16) for pair in (trained_pair, dflash2_pair)]
+    return drafters, target, trained_pair[2], trained_pair[3]
+
+
+def test_bf16_offline_tau_equals_live_tau_per_prompt(bf16_pairs, test_world, tmp_path):
+    """In bfloat16 too, every round of the replay is the live loop's, DFlash, DFlash2 and DDTree.
+    (With SDPA attention three of these prompts walk differently: see `Placement.attn_implementation`.)"""
+    (drafter, drafter2), target, prompts, stop_ids = bf16_pairs
+    cache = load_or_build_cache(tmp_path, test_world.target, target, prompts, MAX_NEW_TOKENS, stop_ids)
+    assert {entry.hidden_states.dtype for entry in cache.prompts} == {torch.bfloat16}  # never upcast
+    mismatches, taus = [], []
+    for entry, (_, ids) in zip(cache.prompts, prompts):
+        for model in (drafter, drafter2):
+            live = dflash_decode(model, target, ids, MAX_NEW_TOKENS, stop_ids)
+            offline = offline_rounds(model, target, cache, entry, "dflash")
+            mismatch = find_mismatch(entry, offline, live.acceptance_lengths, live.output_ids)
+            mismatches += [mismatch.describe()] if mismatch else []
+            taus.append(sum(offline) / len(offline))
+        tree = ddtree_decode(drafter, target, ids, MAX_NEW_TOKENS, stop_ids, budget=24)
+        offline_tree = offline_rounds(drafter, target, cache, entry, "ddtree", budget=24)
+        mismatch = find_mismatch(entry, offline_tree, tree.acceptance_lengths, tree.output_ids)
+        mismatches += [mismatch.describe()] if mismatch else []
+    assert mismatches == []
+    assert max(taus) > 1.5
+    assert {p.dtype for p in [*target.parameters(), *drafter.parameters()]} == {torch.bfloat16}
 
 
 def test_dflash2_offline_tau_equals_live_tau_per_prompt(dflash2_pair, test_world, tmp_path):

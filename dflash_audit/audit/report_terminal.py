@@ -18,6 +18,16 @@ def terminal_summary(report: AuditReport, width: int = 60) -> str:
         for method in report.dynamic.methods.values():
             lines.append(f"{method.label}: mean τ ours {method.mean['ours']:.3f}  ref {method.mean['ref']:.3f}"
                          if method.measured else f"{method.label}: τ not measured")
+        where = report.dynamic.precision
+        if where:
+            lines.append(f"target in {where['target_dtype']}, drafters in {where['drafter_dtype']}, on {where['device']}"
+                         + (f" (target sharded: --device-map {where['device_map']})" if where.get("device_map") else ""))
+        for name, row in report.dynamic.by_dtype.items():
+            means = row["means"]["dflash"]
+            text = "  ".join(f"{side} {means[side]:.3f}" if means[side] is not None else f"{side} not measured"
+                             for side in ("ours", "ref"))
+            overflow = ", ".join(f"{side} overflows ({module})" for side, module in row["overflow"].items())
+            lines.append(f"DFlash τ in {name}: {text}" + (f"  {overflow}" if overflow else ""))
     lines += report.notes
     count = len(report.divergences)
     lines.append(f"{count} divergence{'s' if count != 1 else ''}")
