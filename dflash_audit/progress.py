@@ -33,8 +33,8 @@ class PlainProgress:
         elapsed = max(self.clock() - self.start, 1e-9)
         rate = self.tokens / elapsed
         eta = (elapsed / self.done * (self.total - self.done)) if self.done else None
-        return (f"{self.description}: {self.done}/{self.total} {self.unit}, {rate:.0f} tok/s, "
-                f"ETA {eta_text(eta)}")
+        speed = f"{rate:.0f} tok/s, " if self.tokens else ""
+        return f"{self.description}: {self.done}/{self.total} {self.unit}, {speed}ETA {eta_text(eta)}"
 
     def advance(self, tokens: int = 0) -> None:
         self.done += 1

@@ -70,3 +70,38 @@ def test_nan_drafter_still_gets_a_report(test_world, tmp_path):
     assert "not measured" in warning["message"] and "non-finite" in warning["message"]
     assert data["tau"]["mean"]["ours"] is None and data["tau"]["mean"]["ref"] is not None
     assert (tmp_path / "out" / "index.html").is_file()
+
+
+def test_dtype_list_gives_tau_per_dtype_and_flags_an_fc_that_overflows_float16(test_world, tmp_path):
+    """fc scaled by 1e6: hidden_norm undoes any scale in float32 (the same τ as unscaled), but the fc
+    output passes float16's 65504 and turns to inf there."""
+    from dflash_audit.cli import main
+    from dflash_world.drafter import cached_test_drafter
+    from impl.checkpoint import load_checkpoint, save_state
+
+    ckpt = load_checkpoint(cached_test_drafter(test_world))
+    scaled = dict(ckpt.state_dict, **{"fc.weight": ckpt.state_dict["fc.weight"] * 1e6})
+    save_state(tmp_path / "ours.pt", ckpt.spec, scaled)
+    prompts = tmp_path / "four.jsonl"
+    prompts.write_text("\n".join(test_world.prompts.read_text().splitlines()[:4]) + "\n")
+    code = main([str(a) for a in ["compare", "--ours", tmp_path / "ours.pt", "--ref", cached_test_drafter(test_world),
+                                  "--target", test_world.target, "--prompts", prompts, "--max-new-tokens", 16,
+                                  "--budget", 4, "--dtype", "float32,float16", "--device", "cpu",
+                                  "--out", tmp_path / "out", "--cache-dir", tmp_path / "cache"]])
+    assert code == 0  # no divergence between the drafters in the main dtype; the float16 trouble is a warning
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    tau = data["tau"]
+    assert tau["precision"] == {"device": "cpu", "target_dtype": "float32", "drafter_dtype": "float32",
+                                "device_map": None, "dtype_source": "--dtype",
+                                "attention": "default"}
+    assert set(tau["by_dtype"]) == {"float32", "float16"}
+    assert tau["by_dtype"]["float32"]["overflow"] == {}
+    assert tau["by_dtype"]["float16"]["overflow"] == {"ours": "fc"}  # the first module that overflowed
+    assert tau["by_dtype"]["float16"]["precision"]["drafter_dtype"] == "float16"
+    fp32 = tau["by_dtype"]["float32"]["means"]["dflash"]
+    assert fp32["ours"] == fp32["ref"]  # in float32 the scale is invisible
+    warnings = [f for f in data["findings"] if f["component"] == "tau" and f["severity"] == "warning"]
+    assert any(f["key"] == "overflow (ours, float16)" and "fc produced non-finite" in f["message"] for f in warnings)
+    assert not any("(ref" in f["key"] for f in warnings)
+    html = (tmp_path / "out" / "index.html").read_text()
+    assert "τ per dtype" in html and "ours: fc" in html
