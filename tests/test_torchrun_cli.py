@@ -166,3 +166,23 @@ def test_offline_eval_under_torchrun_shares_one_cache_with_a_single_process(test
     done = torchrun([*common[:-1], fresh, "--json", sharded])
     assert done.returncode == 0, done.stderr[-3000:]
     assert [p.name for p in fresh.glob("offline/*.safetensors")] == [files[0].name]
+
+
+def test_compare_under_torchrun_shards_the_prompts_and_writes_the_same_report(test_world, tmp_path):
+    # Five prompts over two ranks (three and two); one cache, built by rank 0; the τ of every prompt as one process.
+    from dflash_world.drafter import cached_test_drafter as drafter_of
+
+    prompts = tmp_path / "five.jsonl"
+    prompts.write_text("\n".join(Path(test_world.prompts).read_text().splitlines()[:5]) + "\n")
+    common = ["compare", "--ours", drafter_of(test_world), "--ref", drafter_of(test_world, "ce"),
+              "--target", test_world.target, "--prompts", prompts, "--max-new-tokens", 16, "--budget", 4,
+              "--cache-dir", tmp_path / "cache"]
+    single = main([str(a) for a in [*common, "--out", tmp_path / "single"]])
+    done = torchrun([*common, "--out", tmp_path / "sharded"])
+    assert done.returncode == single, done.stderr[-3000:]
+    assert done.stdout.count("report: ") + done.stderr.count("report: ") == 1  # rank 0 alone reports
+    assert len(list((tmp_path / "cache" / "offline").glob("*.safetensors"))) == 1  # one shared cache
+    one = json.loads((tmp_path / "single" / "report.json").read_text())
+    two = json.loads((tmp_path / "sharded" / "report.json").read_text())
+    assert [p["id"] for p in two["tau"]["prompts"]] == [p["id"] for p in one["tau"]["prompts"]]
+    assert two["tau"] == one["tau"] and two["findings"] == one["findings"]

@@ -20,6 +20,7 @@ from dflash_audit.audit import tau_stats
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.overflow import OverflowWatch
 from dflash_audit.audit.sides import Side
+from dflash_audit.ranks import Ranks
 from impl import offline
 from impl.cache_dir import cache_root
 from impl.checkpoint import CheckpointError, build_drafter
@@ -143,11 +144,15 @@ def why_not_runnable(side: Side, target) -> str | None:
 @torch.inference_mode()
 def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokenizer,
                   prompts: list[tuple[str, torch.Tensor]], prompts_source: str, max_new_tokens: int = 64,
-                  budget: int = 32, cache_dir: str | Path | None = None, progress=None) -> DynamicAudit:
+                  budget: int = 32, cache_dir: str | Path | None = None, progress=None,
+                  ranks: Ranks | None = None) -> DynamicAudit:
     """τ of both drafters on `prompts` ([(id, input_ids [1, T])]), replayed offline on one hidden-state cache.
 
     `progress(total=None)` is called once per cached prompt and per evaluated (drafter, method, prompt).
+    Under torchrun (`ranks`) rank 0 builds the cache (the others then read it), each rank replays its
+    share of the prompts, and every rank gets all results back.
     """
+    ranks = ranks or Ranks.single()
     advance = progress or (lambda: None)
     sides = {"ours": ours, "ref": ref}
     not_measured = {name: why for name, side in sides.items() if (why := why_not_runnable(side, target))}
@@ -157,30 +162,40 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
                 for name, side in sides.items() if name not in not_measured}
     watches = {name: OverflowWatch(drafter) for name, drafter in drafters.items()}
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    cache = offline.load_or_build_cache(cache_dir or cache_root() / "offline", target_dir, target, prompts,
-                                        max_new_tokens, stop_ids, on_prompt=advance)
+    cache = ranks.rank_zero_first(lambda: offline.load_or_build_cache(
+        cache_dir or cache_root() / "offline", target_dir, target, prompts, max_new_tokens, stop_ids,
+        on_prompt=advance))
+    mine = ranks.shard(list(range(len(cache.prompts))))
+    local = []  # this rank's replays, then its overflows: gathered once
+    plan = methods_for(sides, budget)
+    for method, method_budget in plan:
+        for name, drafter in drafters.items():  # batched over prompts: one drafter pass per round of all
+            entries = [cache.prompts[i] for i in mine]
+            for i, (_, entry_rounds) in zip(mine, offline.offline_rounds_each(drafter, target, cache, entries,
+                                                                              method, method_budget)):
+                local.append({"method": method, "side": name, "index": i, "rounds": entry_rounds})
+                advance()
+    local += [{"overflow": name, "module": module} for name, watch in watches.items()
+              if (module := watch.close()) is not None]
+    gathered = ranks.gather(local)
+    replays = {(r["method"], r["side"], r["index"]): r["rounds"] for r in gathered if "rounds" in r}
+    overflow: dict[str, str] = {}
+    for record in gathered:  # the lowest rank's culprit when several ranks saw one
+        if "overflow" in record:
+            overflow.setdefault(record["overflow"], record["module"])
     methods = {}
-    # DDTree builds its tree from independent per-slot marginals; a DFlash2 drafter's selector has none.
-    dflash2 = [name for name, side in sides.items() if side.spec is not None and side.spec.family == "dflash2"]
-    plan = [("dflash", None)] + ([] if dflash2 else [("ddtree", budget)])
+    dflash2 = dflash2_sides(sides)
     for method, method_budget in plan:
         result = MethodResult(method, method_budget, {n: s.spec.block_size for n, s in sides.items()},
                               measured=not not_measured)
-        replayed = {name: [] for name in drafters}  # batched over prompts: one drafter pass per round of all
-        for name, drafter in drafters.items():
-            for _, entry_rounds in offline.offline_rounds_each(drafter, target, cache, cache.prompts, method,
-                                                               method_budget):
-                replayed[name].append(entry_rounds)
-                advance()
         for i, entry in enumerate(cache.prompts):
-            rounds = {name: per_prompt[i] for name, per_prompt in replayed.items()}
+            rounds = {name: replays[method, name, i] for name in drafters}
             o, r = rounds.get("ours", []), rounds.get("ref", [])
             result.prompts.append(PromptTau(
                 entry.id, tau_stats.tau(o) if "ours" in rounds else None,
                 tau_stats.tau(r) if "ref" in rounds else None, o, r,
                 tau_stats.first_divergent_round(o, r) if len(rounds) == 2 else None))
         methods[method] = result
-    overflow = {name: module for name, watch in watches.items() if (module := watch.close()) is not None}
     findings = [Finding("tau", "warning", f"τ of {name} was not measured: {why}. Its static findings stand.",
                         why if name == "ours" else None, why if name == "ref" else None, pitfall=17,
                         key=f"not measured ({name})")
@@ -222,6 +237,16 @@ def dtype_findings(audits: dict[str, DynamicAudit]) -> list[Finding]:
                     result.mean[side] if side == "ours" else None, result.mean[side] if side == "ref" else None,
                     pitfall=17, key=f"dtype drop ({side}, {name})"))
     return findings
+
+
+def dflash2_sides(sides: dict[str, Side]) -> list[str]:
+    return [name for name, side in sides.items() if side.spec is not None and side.spec.family == "dflash2"]
+
+
+def methods_for(sides: dict[str, Side], budget: int) -> list[tuple[str, int | None]]:
+    """DFlash, and DDTree unless a drafter is DFlash2: DDTree builds its tree from independent
+    per-slot marginals, and a DFlash2 drafter's selector has none."""
+    return [("dflash", None)] + ([] if dflash2_sides(sides) else [("ddtree", budget)])
 
 
 def tau_finding(result: MethodResult) -> Finding | None:

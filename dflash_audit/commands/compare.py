@@ -21,6 +21,7 @@ from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.progress import progress
 from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
+from dflash_audit.ranks import Ranks
 from dflash_world import BUILTIN_PROMPTS
 from impl.cache_dir import cache_root
 from impl.inputs import check_generation_flags
@@ -90,13 +91,18 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
         task = bar.add_task("static audit: tensors", total=total)
         static = static_audit(ours_side, ref_side, expect_identical, advance=lambda: bar.advance(task))
     report = AuditReport(ours_side, ref_side, static)
+    ranks = Ranks.single()
     if target is not None and not static_only:
+        ranks = Ranks()  # under torchrun: prompts sharded, one cache, every rank on its own GPU
         report.dynamic = dynamic_audits(ours_side, ref_side, target, prompts, max_new_tokens, budget, cache_dir,
-                                        console, truncate, placement, dtypes or [None], report.notes)
+                                        console, truncate, placement, dtypes or [None], report.notes, ranks)
+        ranks.close()
     elif target is None:
         report.notes.append("No --target given: static audit only (τ not measured).")
     else:
         report.notes.append("--static-only: τ not measured.")
+    if ranks.rank != 0:  # every rank has the whole report; rank 0 writes and prints it
+        return report
     write_report_json(report, out / "report.json")
     write_report_html(report, out / "index.html")
     if json_path is not None:
@@ -108,7 +114,7 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
 
 def dynamic_audits(ours_side, ref_side, target: Path, prompts: Path | None, max_new_tokens: int, budget: int,
                    cache_dir: Path | None, console: Console, truncate: bool, placement: Placement,
-                   dtypes: list[str | None], notes: list[str]):
+                   dtypes: list[str | None], notes: list[str], ranks: Ranks):
     """The τ audit in each dtype (None: the placement's own), after a memory plan that fits; the first
     dtype's audit carries every dtype's summary and the findings of a drop between them."""
     tokenizer, config = load_tokenizer(target)
@@ -124,9 +130,9 @@ def dynamic_audits(ours_side, ref_side, target: Path, prompts: Path | None, max_
         target_model = load_target_model(target, run)
         # Upper bound: the target's pass over each prompt (skipped when cached) + 2 drafters x 2 methods.
         with progress(console, f"dynamic audit ({run.describe()['dtype']}): τ per prompt", 5 * len(prompt_list),
-                      unit="steps") as advance:
+                      unit="steps", enabled=ranks.rank == 0) as advance:
             audit = dynamic_audit(ours_side, ref_side, target, target_model, tokenizer, prompt_list, source,
-                                  max_new_tokens, budget, cache_dir, progress=advance)
+                                  max_new_tokens, budget, cache_dir, progress=advance, ranks=ranks)
         audit.precision.update({k: v for k, v in run.describe().items() if k not in ("dtype", "device")})
         audits[audit.precision["target_dtype"]] = audit
         del target_model  # one target in memory at a time

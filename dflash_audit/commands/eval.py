@@ -9,10 +9,8 @@ across ranks (gloo) and rank 0 gathers, prints and writes the results.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import torch
 import typer
 from rich.console import Console
 from tabulate import tabulate
@@ -20,6 +18,7 @@ from tabulate import tabulate
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.progress import progress
 from dflash_audit.prompts import CHAT_TEMPLATE_MODES, fit_prompts, load_prompts, tokenize_prompts
+from dflash_audit.ranks import Ranks
 from impl.cache_dir import cache_root
 from impl.checkpoint import atomic_write_bytes, build_drafter
 from impl.ddtree import ddtree_decode, require_dflash_family
@@ -93,37 +92,6 @@ def check_json_output(json_path: Path | None, inputs: dict[str, Path]) -> None:
         check_writable("--json", json_path)
 
 
-class Ranks:
-    """This process's share of the prompts under torchrun (gloo), or everything otherwise."""
-
-    def __init__(self):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.owns_group = self.world > 1 and not torch.distributed.is_initialized()
-        if self.owns_group:
-            torch.distributed.init_process_group("gloo")
-
-    def shard(self, items: list) -> list:
-        return items[self.rank::self.world]
-
-    def rank_zero_first(self, make):
-        """`make()` on rank 0, then on the others (which then find what rank 0 wrote to disk)."""
-        if self.world == 1:
-            return make()
-        result = make() if self.rank == 0 else None
-        torch.distributed.barrier()
-        return result if self.rank == 0 else make()
-
-    def gather(self, results: list[dict]) -> list[dict]:
-        if self.world == 1:
-            return results
-        parts: list = [None] * self.world
-        torch.distributed.all_gather_object(parts, results)
-        if self.owns_group:
-            torch.distributed.destroy_process_group()
-        return [item for part in parts for item in part]
-
-
 def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new_tokens: int, temperature: float,
                      seed: int, stop_ids: list[int], advance, cache=None, entries=None) -> list[dict]:
     """Live: decode `prompts`; offline: replay `entries` of the hidden-state `cache`."""
@@ -186,6 +154,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
         results = evaluate_prompts(drafter, target, mine, method, budget, max_new_tokens, temperature, seed,
                                    stop_ids, advance=advance, cache=cache, entries=entries)
     results = sorted(ranks.gather(results), key=lambda r: order[r["id"]])
+    ranks.close()
     if ranks.rank != 0:
         return None
 
