@@ -18,13 +18,14 @@ SPECULATORS_DEPS := "pydantic>=2" "pydantic-settings>=2" "loguru>=0.7.2,<=0.7.3"
 # only torch, transformers and pydantic, so it too is installed with --no-deps.
 SPECFORGE_DEPS := "pydantic>=2"
 
-.PHONY: setup test demo quick clean browser bench
+.PHONY: setup test demo quick clean browser bench gpu-check
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e ".[test]"
+	$(PIP) install accelerate==1.15.0
 	$(PIP) install dflash==0.1.0 $(SPECULATORS_DEPS)
 	$(PIP) install --no-deps speculators==0.9.0
 	$(PIP) install $(SPECFORGE_DEPS)
@@ -63,3 +64,15 @@ bench: setup
 	$(BENCH_ENV) $(PY) bench/bench_ddtree_vs_dflash.py
 	$(BENCH_ENV) $(PY) bench/bench_specforge_tau.py
 	$(BENCH_ENV) $(PY) -m bench.results_table
+
+# The dynamic path on CUDA: the same tests with the models on the GPU (DFLASH_AUDIT_DEVICE=cuda;
+# the CLI's --device auto picks CUDA by itself), then the dynamic bench. Without a GPU: one line, exit 0.
+DYNAMIC_TESTS := tests/test_device_consistency.py tests/test_offline.py tests/test_decoding.py tests/test_ddtree.py \
+	tests/test_compare_dynamic.py tests/test_eval_cli.py tests/test_placement.py conformance/test_live_decoding.py
+gpu-check: setup
+	@if $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+		DFLASH_AUDIT_DEVICE=cuda $(PY) -m pytest -q $(DYNAMIC_TESTS) && \
+		if [ -f bench/bench_dynamic_scale.py ]; then $(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b; fi; \
+	else \
+		echo "gpu-check: not run: torch sees no CUDA device here (torch.cuda.is_available() is False)"; \
+	fi

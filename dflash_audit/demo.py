@@ -182,17 +182,23 @@ def timed(step, what: str) -> None:
 
 
 def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path | None = None, cache_dir=None,
-             config: DemoConfig | None = None) -> AuditReport:
+             config: DemoConfig | None = None, device: str = "auto", dtype: str = "auto") -> AuditReport:
+    """`device`/`dtype`: the τ audit's `--device`/`--dtype` (a comma list of dtypes as `compare` takes)."""
     from dflash_audit.commands.compare import run_compare
+    from impl.placement import parse_dtype_list, resolve_placement
 
     config = config or DemoConfig()
     family_settings(config)  # an unknown family fails before anything is built
     out = Path(out or default_out_dir(config.family))
     cache = Path(cache or default_cache_dir(cache_dir, config.family))
     check_outputs({"--out": Path(out)}, {"--cache": cache})
+    dtypes = parse_dtype_list(dtype)
+    resolve_placement(device, "float32" if dtypes[0] == "auto" else dtypes[0])  # bad flags fail before the build
     paths = build_demo(cache, config, rebuild)
     return run_compare(paths["ours"], paths["ref"], target=paths["target"], prompts=paths["prompts"], out=out,
-                       max_new_tokens=config.max_new_tokens, budget=config.budget, cache_dir=paths["offline"])
+                       max_new_tokens=config.max_new_tokens, budget=config.budget, cache_dir=paths["offline"],
+                       placement=resolve_placement(device, dtypes[0], None, paths["target"]),
+                       dtypes=[None, *dtypes[1:]])
 
 
 def _remove(path: Path) -> None:

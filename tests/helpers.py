@@ -66,14 +66,16 @@ def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budge
 
 def load_trained_pair(world, loss: str = "kl_div", family: str = "dflash"):
     """(drafter, target, prompts [(id, ids)], stop ids) of the world and its cached drafter (DFlash, or
-    the DFlash2 one)."""
+    the DFlash2 one), on `DFLASH_AUDIT_DEVICE` (cpu unless `make gpu-check` says cuda)."""
     from dflash_audit.prompts import load_prompts, tokenize_prompts
     from dflash_world.drafter import cached_dflash2_drafter, cached_test_drafter
     from impl.checkpoint import build_drafter, load_checkpoint
+    from impl.placement import Placement
     from impl.target import load_target
+    from tests.device_check import audit_device
 
-    target, tokenizer = load_target(world.target)
+    target, tokenizer = load_target(world.target, Placement(audit_device(), torch.float32, "test"))
     ckpt = load_checkpoint(cached_dflash2_drafter(world) if family == "dflash2" else cached_test_drafter(world, loss))
-    drafter = build_drafter(ckpt.spec, ckpt.state_dict).float().eval()
+    drafter = build_drafter(ckpt.spec, ckpt.state_dict).float().eval().to(audit_device())
     prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))
     return drafter, target, prompts, [tokenizer.eos_token_id]

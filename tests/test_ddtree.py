@@ -47,7 +47,7 @@ def test_tree_holds_the_budget_best_paths(seed, depth, vocab, budget):
 def test_mask_sees_cache_and_ancestors_only():
     logprobs = torch.log_softmax(torch.randn(3, 5, generator=torch.Generator().manual_seed(0)), -1)
     tree = build_tree(1, logprobs, 9)
-    mask = tree_attention_mask(tree, cache_len=4, dtype=torch.float32)[0, 0]
+    mask = tree_attention_mask(tree, cache_len=4, dtype=torch.float32, device=torch.device("cpu"))[0, 0]
     assert mask.shape == (len(tree), 4 + len(tree))
     assert (mask[:, :4] == 0).all()
     for node in range(len(tree)):

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from dflash_audit.demo import DemoConfig, run_demo
+from impl.placement import DEVICE_HELP, DTYPE_HELP
 
 
 def register(app: typer.Typer) -> None:
@@ -20,9 +21,12 @@ def register(app: typer.Typer) -> None:
                                                             "reports/demo-dflash2 for --family dflash2)"),
         family: str = typer.Option("dflash", "--family",
                                    help="dflash, or dflash2: the second act, the same story on a DFlash2 pair"),
+        device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+        dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP + "; a comma list measures τ in each"),
     ) -> int:
         """Build (once) the demo world and compare its buggy drafter with the reference; report in reports/demo/."""
-        run_demo(cache, rebuild, out, cache_dir=cache_dir, config=DemoConfig(family=family))
+        run_demo(cache, rebuild, out, cache_dir=cache_dir, config=DemoConfig(family=family), device=device,
+                 dtype=dtype)
         # Finding the planted divergences is the demo's point: compare's exit status 1
         # ("divergences found") is success here; trouble still raises and exits 2.
         return 0
