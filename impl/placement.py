@@ -156,3 +156,17 @@ def model_dtype(module: nn.Module) -> torch.dtype:
 DEVICE_HELP = "auto (CUDA when available) | cpu | cuda | cuda:N; under torchrun each rank takes GPU LOCAL_RANK"
 DTYPE_HELP = "auto (the target's config.json dtype) | bfloat16 | float16 | float32; the drafters run in it too"
 DEVICE_MAP_HELP = "auto: shard a target too large for one GPU over the GPUs, then the CPU (accelerate)"
+
+
+def built_in(device: torch.device, dtype: torch.dtype, build):
+    """`build()` with its new tensors made in `dtype` on `device`: a drafter made where and how it
+    runs, no float32 copy first. Buffers its code computes in float32 on purpose (the rotary
+    `inv_freq`) stay float32, as `from_pretrained(dtype=...)` leaves them; a cast afterwards
+    (`.to(dtype)`) would round them too."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return build()
+    finally:
+        torch.set_default_dtype(previous)

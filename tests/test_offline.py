@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -72,12 +70,16 @@ def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, tmp_pa
 @pytest.fixture(scope="module")
 def bf16_pairs(trained_pair, dflash2_pair, test_world):
     """The world's target loaded in bfloat16 (as `--dtype bfloat16` loads it) and both drafters in bfloat16."""
-    from impl.placement import Placement
+    from impl.checkpoint import build_drafter
+    from impl.placement import Placement, built_in
     from impl.target import load_target_model
 
     target = load_target_model(test_world.target, Placement(torch.device("cpu"), torch.bfloat16, "test"))
-    # Copies: the fixtures' float32 drafters stay as they are for the other tests.
-    drafters = [copy.deepcopy(pair[0]).to(torch.bfloat16) for pair in (trained_pair, dflash2_pair)]
+    # Built as `compare`/`eval` build them; the fixtures' float32 drafters stay as they are.
+    drafters = [built_in(torch.device("cpu"), torch.bfloat16,
+                         lambda d=pair[0]: build_drafter(d.spec, d.state_dict())).eval()
+                for pair in (trained_pair, dflash2_pair)]
+    assert all(d.rotary_emb.inv_freq.dtype == torch.float32 for d in drafters)  # computed in float32, kept so
     return drafters, target, trained_pair[2], trained_pair[3]
 
 

@@ -26,7 +26,7 @@ from impl.cache_dir import cache_root
 from impl.checkpoint import CheckpointError, build_drafter
 from impl.ddtree import DDTREE_NEEDS_DFLASH
 from impl.extract import decoder_layers
-from impl.placement import dtype_name, model_dtype, target_device
+from impl.placement import built_in, dtype_name, model_dtype, target_device
 
 METHODS = {"dflash": "DFlash", "ddtree": "DDTree"}
 LARGEST_GAPS = 3
@@ -158,7 +158,7 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     not_measured = {name: why for name, side in sides.items() if (why := why_not_runnable(side, target))}
     # The drafters run where the target reads its inputs, in the target's dtype: their serving dtype.
     device, dtype = target_device(target), model_dtype(target)
-    drafters = {name: build_drafter(side.spec, side.state_dict).to(device=device, dtype=dtype).eval()
+    drafters = {name: built_in(device, dtype, lambda side=side: build_drafter(side.spec, side.state_dict)).eval()
                 for name, side in sides.items() if name not in not_measured}
     watches = {name: OverflowWatch(drafter) for name, drafter in drafters.items()}
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []

@@ -33,6 +33,7 @@ from impl.placement import (
     DEVICE_MAP_HELP,
     DTYPE_HELP,
     Placement,
+    built_in,
     model_dtype,
     resolve_placement,
     target_device,
@@ -62,8 +63,8 @@ def read_drafter(path: Path, target_dir: Path, config, options=None):
 
 def place_drafter(spec, state_dict, path: Path, target):
     """The drafter where the target reads its inputs, in the target's dtype (its serving dtype)."""
-    drafter = build_drafter(spec, state_dict, source=str(path))
-    return drafter.to(device=target_device(target), dtype=model_dtype(target)).eval()
+    return built_in(target_device(target), model_dtype(target),
+                    lambda: build_drafter(spec, state_dict, source=str(path))).eval()
 
 
 def load_drafter(path: Path, target_dir: Path, target, options=None):
