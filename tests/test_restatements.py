@@ -8,6 +8,7 @@ user holds the very same object.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,92 @@ def test_no_json_lines_are_cut_with_splitlines():
 ])
 def test_a_planted_splitlines_on_json_lines_is_caught(planted):
     assert jsonl_splitlines(planted, "impl/planted.py") != []
+
+
+# -- 2. the z-lab/speculators layer-id shift (impl/layers.py) ---------------------------------------------
+OFFSET_HOME = "impl/layers.py"
+OFFSET_SCANNED = ("impl", "reference_adapters", "held", "conformance", "dflash_audit", "dflash_world", "bench")
+# Names that hold a layer id (or a list of them): `layer_id`, `target_layer_ids`, `aux_ids`, `source_layer`...
+LAYER_ID_NAME = re.compile(r"(^|_)(ids|layer_?ids?|aux(_layer)?_?ids?|source_layer|layer)$")
+HIDDEN_STATES_NAME = re.compile(r"^(hs|hidden_states?|all_hidden_states)$")
+
+
+def _last_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Call) and node.args and _last_name(node.func) == "int":  # int(i)
+        return _last_name(node.args[0])
+    return None
+
+
+def _layer_loops(tree: ast.AST) -> list[tuple[ast.AST, set[str]]]:
+    """Each loop or comprehension over layer ids (`for i in layer_ids`, `enumerate(spec.target_layer_ids)`),
+    with the names that hold one id."""
+    loops = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            pairs = [(g.target, g.iter) for g in node.generators]
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            pairs = [(node.target, node.iter)]
+        else:
+            continue
+        names = set()
+        for target, iterable in pairs:
+            if isinstance(iterable, ast.Call) and _last_name(iterable.func) == "enumerate" and \
+                    isinstance(target, ast.Tuple) and len(target.elts) == 2:
+                target, iterable = target.elts[1], iterable.args[0]
+            if any(LAYER_ID_NAME.search(_last_name(n) or "") for n in ast.walk(iterable)):
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        if names:
+            loops.append((node, names))
+    return loops
+
+
+def layer_offset_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each layer id shifted by one by hand: `hs[i + 1]`, `[i + 1 for i in layer_ids]`,
+    `layer_id - 1`, `i + 1 == num_target_layers`..."""
+    tree = ast.parse(source, path)
+
+    def is_layer_id(node: ast.AST, loop_names: set[str]) -> bool:
+        name = _last_name(node)
+        return name is not None and not name.startswith("num_") and (name in loop_names or bool(LAYER_ID_NAME.search(name)))
+
+    def shifted(node: ast.AST, loop_names: set[str] = frozenset()) -> bool:
+        return (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))
+                and any(isinstance(side, ast.Constant) and side.value == 1 for side in (node.left, node.right))
+                and any(is_layer_id(side, loop_names) for side in (node.left, node.right)))
+
+    found = [f"{path}:{sub.lineno}" for loop, names in _layer_loops(tree) for sub in ast.walk(loop) if shifted(sub, names)]
+    for node in ast.walk(tree):
+        if shifted(node):
+            found.append(f"{path}:{node.lineno}")
+        elif isinstance(node, ast.Subscript) and HIDDEN_STATES_NAME.match(_last_name(node.value) or "") and \
+                isinstance(node.slice, ast.BinOp) and isinstance(node.slice.op, (ast.Add, ast.Sub)):
+            found.append(f"{path}:{node.lineno}")  # hidden_states[i + OFFSET]: an index computed by hand
+    return sorted(set(found))
+
+
+def test_the_layer_id_shift_is_written_only_in_impl_layers():
+    sources = {path: source for path, source in repo_sources().items()
+               if path.startswith(OFFSET_SCANNED) and path != OFFSET_HOME}
+    assert len(sources) > 80
+    assert [hit for path, source in sources.items() for hit in layer_offset_copies(source, path)] == []
+    # ...and the home module does state it (the scan would otherwise prove nothing).
+    assert layer_offset_copies((REPO / OFFSET_HOME).read_text(), OFFSET_HOME) != []
+
+
+@pytest.mark.parametrize("planted", [
+    "def f(hidden_states, layer_ids):\n    return [hidden_states[i + 1] for i in layer_ids]\n",
+    "def f(hs, spec):\n    return hs[spec.source_layer + 1]\n",
+    "OFFSET = 1\ndef f(hs, i):\n    return hs[i + OFFSET]\n",
+    "def native_layer_ids(zlab_ids):\n    return [int(i) + 1 for i in zlab_ids]\n",
+    "def f(ids, speculators_ids):\n    return [i - 1 for i in ids] if speculators_ids else ids\n",
+    "def f(spec):\n    return [i for i in spec.target_layer_ids if i + 1 == spec.num_target_layers]\n",
+    "def f(spec):\n    return [k for k, i in enumerate(spec.target_layer_ids) if i + 1 != spec.num_target_layers]\n",
+    "def f(aux_layer_ids):\n    return [j - 1 for j in aux_layer_ids]\n",
+    "def f(layer_id):\n    return layer_id + 1\n",
+])
+def test_a_planted_layer_id_shift_is_caught(planted):
+    assert layer_offset_copies(planted, "dflash_audit/planted.py") != []
