@@ -22,8 +22,9 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.checkpoint import strip_wrapper_prefixes, zlab_config
+from impl.checkpoint import zlab_config
 from impl.interface import GenerationResult, TrainingOutputs, Unsupported
+from impl.param_names import strip_wrapper_prefixes
 from impl.spec import DraftSpec
 
 VERSION = "0.2.0"

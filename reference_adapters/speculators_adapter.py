@@ -25,12 +25,12 @@ from impl.checkpoint import (
     CheckpointError,
     atomic_directory,
     read_config,
-    strip_wrapper_prefixes,
 )
 from impl.dflash2 import SelectorTraining
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.interface import TrainingOutputs, Unsupported
 from impl.layers import hidden_state_index, speculators_to_zlab
+from impl.param_names import strip_wrapper_prefixes
 from impl.spec import DFLASH2_FIELDS, DraftSpec
 from reference_adapters.versions import check_reference
 

@@ -163,3 +163,48 @@ def test_the_layer_id_shift_is_written_only_in_impl_layers():
 ])
 def test_a_planted_layer_id_shift_is_caught(planted):
     assert layer_offset_copies(planted, "dflash_audit/planted.py") != []
+
+
+# -- 3. wrapper prefixes (impl/param_names.py) ------------------------------------------------------------
+PREFIX_HOME = "impl/param_names.py"
+
+
+def wrapper_prefix_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each string constant that names a wrapper prefix (`"module."`, `"_orig_mod."`...), i.e.
+    a second table or strip loop; `impl.param_names.WRAPPER_PREFIXES` is the one table."""
+    from impl.param_names import WRAPPER_PREFIXES
+
+    wrappers = {p for p in WRAPPER_PREFIXES if p != "model."}  # "model." also begins the target's own names
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+                   if isinstance(node, ast.Constant) and node.value in wrappers})
+
+
+def test_wrapper_prefixes_are_listed_only_in_impl_param_names():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != PREFIX_HOME and not path.startswith(("tests/", "bench/"))}
+    assert [hit for path, source in sources.items() for hit in wrapper_prefix_copies(source, path)] == []
+    assert wrapper_prefix_copies((REPO / PREFIX_HOME).read_text(), PREFIX_HOME) != []
+
+
+@pytest.mark.parametrize("planted", [
+    'WRAPPER_PREFIXES = ("module.", "_orig_mod.")\n',
+    'def strip(name):\n    return name.removeprefix("_orig_mod.")\n',
+    'def strip(name):\n    return name[len("module."):] if name.startswith("module.") else name\n',
+])
+def test_a_planted_wrapper_prefix_table_is_caught(planted):
+    assert wrapper_prefix_copies(planted, "dflash_audit/formats/planted.py") != []
+
+
+def test_every_reader_strips_with_the_one_loop():
+    import dflash_audit.formats.key_map as key_map
+    import held.specforge
+    import impl.checkpoint
+    import impl.param_names
+    import reference_adapters.speculators_adapter
+    import reference_adapters.zlab_adapter
+
+    for module in (impl.checkpoint, held.specforge, reference_adapters.speculators_adapter,
+                   reference_adapters.zlab_adapter):
+        assert module.strip_wrapper_prefixes is impl.param_names.strip_wrapper_prefixes, module.__name__
+    assert key_map.strip_wrapper_prefix is impl.param_names.strip_wrapper_prefix
+    assert key_map.strip_prefixes("module._orig_mod.draft_model.fc.weight") == "fc.weight"
