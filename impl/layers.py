@@ -24,11 +24,6 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
     return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
-def speculators_default_layer_ids(num_target_layers: int) -> list[int]:
-    """speculators' ids when none are given (already in its shifted convention)."""
-    return [2, num_target_layers // 2, num_target_layers - 3]
-
-
 def hidden_state_index(layer_id: int) -> int:
     """Where z-lab id `layer_id` sits in a Hugging Face `output_hidden_states` tuple, whose
     entry 0 is the embedding output. speculators' aux id for the same layer is this index."""
