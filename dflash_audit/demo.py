@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import sys
 import time
@@ -109,6 +110,7 @@ def demo_key(config: DemoConfig) -> str:
     """Hash of everything the cached artefacts depend on."""
     identity = asdict(config)
     identity["world_format"] = WORLD_FORMAT
+    identity["python"] = sys.version  # the corpus is this Python's standard library
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -147,6 +149,10 @@ def build_demo(cache: Path, config: DemoConfig, rebuild: bool = False) -> dict[s
 
     cache = Path(cache)
     prepare_cache(cache, config, rebuild)
+    trained = (cache / "ref" / "config.json").is_file() and (cache / "ours.pt").is_file()
+    if not trained and os.environ.get("ATEN_CPU_CAPABILITY") != "avx2":
+        print("note: training with this CPU's own kernels; `make demo` pins the AVX2 ones, with which every "
+              "x86-64 machine trains the same world (the README's figures)", file=sys.stderr)
     world = build_world(cache, config.target_preset, n_prompts=config.n_prompts, max_bytes=config.corpus_bytes)
     paths = {"target": world.target, "prompts": world.prompts, "ref": cache / "ref", "ours": cache / "ours.pt",
              "offline": cache / "offline"}
