@@ -12,10 +12,15 @@ from impl.extract import HiddenStateExtractor
 from impl.offline import cache_bytes_estimate, load_or_build_cache
 from impl.offline.cache import kept_layers, layer_path
 from impl.offline.capture import capture
-from impl.target import load_target_model
 
 MAX_NEW = 24
 ULPS = 8  # fp32: a state computed in another shape of forward differs by a few ulps of its layer's scale
+
+
+def load_in(target_dir, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).eval()
 
 
 def within_ulps(a: torch.Tensor, b: torch.Tensor, ulps: int = ULPS) -> bool:
@@ -120,7 +125,7 @@ def test_a_drafter_reading_other_layers_extends_the_cache(world, test_world, tmp
 
 def test_the_cache_keeps_the_target_dtype_and_its_size_is_the_states(world, test_world, tmp_path):
     _, prompts, stop_ids = world
-    target = load_target_model(test_world.target, torch.bfloat16)
+    target = load_in(test_world.target, torch.bfloat16)
     named = [(f"p{i}", p) for i, p in enumerate(prompts)]
     cache = load_or_build_cache(tmp_path, test_world.target, target, named, MAX_NEW, stop_ids, layer_ids=[0, 2])
     assert all(t.dtype == torch.bfloat16 for p in cache.prompts for t in p.layers.values())
@@ -131,7 +136,7 @@ def test_the_cache_keeps_the_target_dtype_and_its_size_is_the_states(world, test
     assert needed == tokens * (2 * target.config.hidden_size * 2 + 12)
     assert needed <= on_disk <= 1.1 * needed
     # Another dtype is another continuation: another key.
-    fp32 = load_or_build_cache(tmp_path, test_world.target, load_target_model(test_world.target), named[:1], MAX_NEW,
+    fp32 = load_or_build_cache(tmp_path, test_world.target, load_in(test_world.target, torch.float32), named[:1], MAX_NEW,
                                stop_ids, layer_ids=[0])
     assert fp32.key != cache.key
 
