@@ -15,6 +15,8 @@ drafters at the matching shape (the z-lab Qwen3-8B-DFlash-b16 recipe). Then:
   replay      the offline DFlash replay of both drafters / the drafter forward passes and LM-head
               reads the live loop spends on the same rounds
   τ           per prompt and drafter, the live loop's == the offline replay's == the CLI report's
+  speculative (tiny shape) the cache's continuation by speculative decoding with the test world's
+              trained drafter / transformers `generate`, one prompt at a time both, goal below 1x
 Prompts are the test world's first `--prompts` prompts, cut to `--prompt-chars` characters (a CPU
 spends its time on the prefill otherwise). Absolute times are only meaningful from a GPU; on a CPU
 the ratios are what is recorded.
@@ -181,6 +183,9 @@ def main() -> None:
                    + (f"; this compare lacks {' '.join(missing)} (target in float32)" if missing else ""))
         if args.shape != "tiny":  # a 1 MB model: the row would measure the allocator, not the audit
             rows.insert(0, memory_row)
+        else:  # random drafters accept nothing: speculative generation is measured with a trained one
+            row, extra["speculative"] = speculative_row(args, repeats)
+            rows.append(row)
         extra["idle_cli_bytes"], extra["memory_row"] = idle, memory_row.line()
         extra.update({"device": device, "memory": {"kind": memory_kind, "peak_bytes": peak, "target_bytes": target_bytes,
                                                     "drafter_bytes": drafter_bytes, "cache_bytes": cache_bytes},
@@ -292,6 +297,51 @@ def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_d
                      "compare": cli_tau},
              "tokens_same_as_generate": same_tokens, "live_tokens_same_as_cache": live_tokens_same}
     return rows, extra
+
+
+@torch.inference_mode()
+def speculative_row(args, repeats: int) -> tuple[Row, dict]:
+    """The test world's target and its trained drafter: the cache's continuation by speculative
+    decoding against transformers `generate`, one prompt at a time both."""
+    from dflash_audit.prompts import load_prompts, tokenize_prompts
+    from dflash_world import cached_test_world
+    from dflash_world.drafter import cached_test_drafter
+    from impl.checkpoint import build_drafter, load_checkpoint
+    from impl.offline.speculative import capture_speculative
+    from impl.target import load_target
+
+    world = cached_test_world()
+    target, tokenizer = load_target(world.target)  # as trained: float32
+    checkpoint = load_checkpoint(cached_test_drafter(world))
+    drafter = build_drafter(checkpoint.spec, checkpoint.state_dict).float().eval()
+    prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))[:args.prompts]
+    stop_ids = [tokenizer.eos_token_id]
+    layer_ids = list(drafter.target_layer_ids)
+
+    def floor():
+        return [target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                max_new_tokens=args.max_new_tokens, eos_token_id=stop_ids, pad_token_id=0,
+                                use_cache=True)[0] for _, ids in prompts]
+
+    def ours():
+        return [capture_speculative(target, drafter, ids[0], layer_ids, args.max_new_tokens, stop_ids)
+                for _, ids in prompts]
+
+    floor_s, ours_s = [], []
+    for _ in range(repeats):
+        generated, seconds = timed(floor)
+        floor_s.append(seconds)
+        captured, seconds = timed(ours)
+        ours_s.append(seconds)
+    same = all(torch.equal(c.token_ids, g) for (c, _), g in zip(captured, generated))
+    passes = sum(n for _, n in captured)
+    new_tokens = sum(len(c.token_ids) - c.prompt_len for c, _ in captured)
+    row = Row(f"test world, trained drafter ({Path(cached_test_drafter(world)).stem}): speculative cache build / "
+              "transformers generate", min(ours_s) / min(floor_s), 1.0, "<=",
+              detail=f"{passes} target passes for {new_tokens} new tokens (plain: {new_tokens + len(prompts)}); "
+                     f"tokens {'identical' if same else 'DIFFER'}; one prompt at a time both")
+    return row, {"generate_s": floor_s, "speculative_s": ours_s, "passes": passes, "new_tokens": new_tokens,
+                 "tokens_identical": same}
 
 
 if __name__ == "__main__":

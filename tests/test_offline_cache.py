@@ -145,3 +145,27 @@ def test_cache_bytes_estimate_counts_each_layer_once():
     assert cache_bytes_estimate(10, [1, 1, 2], 4, torch.float32) == 10 * (2 * 4 * 4 + 12)
     # Qwen3-8B (H 4096), 5 layers, bf16: 41 KB a token, not 590 KB (all 36 layers in fp32).
     assert cache_bytes_estimate(1, range(5), 4096, torch.bfloat16) == 5 * 4096 * 2 + 12
+
+
+def test_speculative_generation_is_plain_greedy_in_fewer_target_passes(trained_pair, test_world, tmp_path):
+    """Greedy verification is lossless: the continuation is bit-identical to plain greedy decoding,
+    in fewer target passes with a trained drafter; the states (verified blocks instead of single
+    tokens) stay within ULPS ulps of the plain build's."""
+    drafter, target, prompts, stop_ids = trained_pair
+    from impl.offline.speculative import capture_speculative
+
+    ids = [0, 1, 3]
+    total_new = total_passes = 0
+    for _, prompt in prompts[:3]:
+        fast, passes = capture_speculative(target, drafter, prompt[0], ids, 48, stop_ids)
+        tokens = greedy_decode(target, prompt, 48, stop_ids)[0]
+        assert torch.equal(fast.token_ids, tokens)
+        plain = capture(target, [prompt[0]], ids, 48, stop_ids)[0]
+        assert all(within_ulps(fast.layers[i], plain.layers[i]) for i in ids)
+        assert torch.allclose(fast.margin, plain.margin, rtol=0, atol=1e-5)
+        total_new, total_passes = total_new + len(tokens) - prompt.shape[1], total_passes + passes
+    assert total_passes < total_new / 1.5  # one pass per token (+1) without the drafter
+    named = [(f"p{i}", p) for i, (_, p) in enumerate(prompts[:2])]
+    cache = load_or_build_cache(tmp_path, test_world.target, target, named, 48, stop_ids, layer_ids=ids,
+                                drafter=drafter)
+    assert [len(p.token_ids) for p in cache.prompts] == [p.shape[1] + 48 for _, p in named]

@@ -27,6 +27,7 @@ from impl.atomic import atomic_write_bytes
 from impl.cache_dir import build_once
 from impl.extract import decoder_layers
 from impl.offline.capture import DEFAULT_BATCH, capture, target_device
+from impl.offline.speculative import capture_speculative
 
 CACHE_FORMAT = "dflash-audit/offline-2"
 TOKEN_BYTES = 8 + 4  # per position besides the states: the int64 token id and the float32 margin
@@ -138,10 +139,19 @@ def target_dtype(target: nn.Module) -> torch.dtype:
 
 def build_cache(key: str, target: nn.Module, prompts: list[tuple[str, torch.Tensor]], layer_ids: list[int],
                 max_new_tokens: int, stop_token_ids: list[int], batch: int = DEFAULT_BATCH,
-                on_prompt=None) -> HiddenStateCache:
-    """Greedy continuations of `prompts` with the states of `layer_ids` captured on the way."""
-    captured = capture(target, [ids.reshape(-1) for _, ids in prompts], layer_ids, max_new_tokens, stop_token_ids,
-                       batch=batch, on_prompt=on_prompt)
+                on_prompt=None, drafter=None) -> HiddenStateCache:
+    """Greedy continuations of `prompts` with the states of `layer_ids` captured on the way: `batch`
+    prompts per target forward, or with `drafter` one prompt at a time by speculative decoding."""
+    if drafter is None:
+        captured = capture(target, [ids.reshape(-1) for _, ids in prompts], layer_ids, max_new_tokens,
+                           stop_token_ids, batch=batch, on_prompt=on_prompt)
+    else:
+        captured = []
+        for _, ids in prompts:
+            captured.append(capture_speculative(target, drafter, ids.reshape(-1), layer_ids, max_new_tokens,
+                                                stop_token_ids)[0])
+            if on_prompt is not None:
+                on_prompt()
     entries = [CachedPrompt(prompt_id, c.token_ids, c.prompt_len, c.layers, c.margin)
                for (prompt_id, _), c in zip(prompts, captured)]
     return HiddenStateCache(key=key, max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids),
@@ -165,9 +175,10 @@ def extend_cache(path: Path, target: nn.Module, layer_ids: list[int], batch: int
 def load_or_build_cache(cache_dir: str | Path, target_dir: str | Path, target: nn.Module,
                         prompts: list[tuple[str, torch.Tensor]], max_new_tokens: int,
                         stop_token_ids: list[int], layer_ids=None, on_prompt=None,
-                        batch: int = DEFAULT_BATCH) -> HiddenStateCache:
+                        batch: int = DEFAULT_BATCH, drafter=None) -> HiddenStateCache:
     """The cache for (target, prompts, settings) holding at least `layer_ids` (default: every
-    layer): read from `cache_dir`, extended there with the layers it lacks, or built once."""
+    layer): read from `cache_dir`, extended there with the layers it lacks, or built once
+    (by speculative decoding with `drafter` when one is given: the same greedy continuation)."""
     num_layers = len(decoder_layers(target))
     wanted = sorted(set(range(num_layers) if layer_ids is None else layer_ids))
     bad = [i for i in wanted if not 0 <= i < num_layers]
@@ -186,7 +197,7 @@ def load_or_build_cache(cache_dir: str | Path, target_dir: str | Path, target: n
         if path.is_file():
             extend_cache(path, target, wanted, batch, on_prompt)
             return HiddenStateCache.load(path, wanted)
-        cache = build_cache(key, target, prompts, wanted, max_new_tokens, stop_token_ids, batch, on_prompt)
+        cache = build_cache(key, target, prompts, wanted, max_new_tokens, stop_token_ids, batch, on_prompt, drafter)
         cache.save(path)
         return cache
 
