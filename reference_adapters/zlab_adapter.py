@@ -14,10 +14,11 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.checkpoint import CheckpointError, strip_wrapper_prefixes, zlab_config
+from impl.checkpoint import CheckpointError, zlab_config
 from impl.interface import GenerationResult, Unsupported
+from impl.param_names import strip_wrapper_prefixes
 from impl.spec import DraftSpec
-from reference_adapters.versions import check_reference
+from reference_adapters.version_guard import check_reference
 
 check_reference("dflash")
 
