@@ -67,4 +67,7 @@ bench: setup
 	$(BENCH_ENV) $(PY) bench/bench_live_vs_zlab.py
 	$(BENCH_ENV) $(PY) bench/bench_ddtree_vs_dflash.py
 	$(BENCH_ENV) $(PY) bench/bench_specforge_tau.py
+	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape tiny
+	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b
+	@# On a GPU (16 GB of bf16 target): $(PY) bench/bench_dynamic_scale.py --shape qwen3-8b --device cuda
 	$(BENCH_ENV) $(PY) -m bench.results_table

@@ -144,7 +144,8 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
         # One cache for all prompts, the same a single process builds and reuses: rank 0
         # builds it (or finds it), the other ranks then read it and replay their share.
         cache = ranks.rank_zero_first(lambda: load_or_build_cache(cache_root(cache_dir) / "offline", target_dir, target, prompts,
-                                                                  max_new_tokens, stop_ids))
+                                                                  max_new_tokens, stop_ids,
+                                                                  layer_ids=drafter.target_layer_ids))
         entries = ranks.shard(cache.prompts)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
