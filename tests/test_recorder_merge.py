@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conformance.compare import DiffEntry
+from conformance.comparator import DiffEntry
 from conformance.recorder import Recorder
 
 pytestmark = pytest.mark.quick
