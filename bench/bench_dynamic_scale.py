@@ -65,12 +65,10 @@ def files_bytes(folder: Path, pattern: str = "*.safetensors") -> int:
 
 
 def write_prompts(path: Path, count: int, chars: int) -> Path:
+    from dflash_audit.prompts import load_prompts
     from dflash_world import cached_test_world
 
-    lines = Path(cached_test_world().prompts).read_text().splitlines()[:count]
-    records = [json.loads(line) for line in lines]
-    for record_ in records:
-        record_["prompt"] = record_["prompt"][:chars]
+    records = [{"id": p["id"], "prompt": p["prompt"][:chars]} for p in load_prompts(cached_test_world().prompts)[:count]]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
 
