@@ -20,19 +20,16 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.checkpoint import (
-    VERIFIER_OWNED_KEYS,
-    CheckpointError,
-    atomic_directory,
-    read_config,
-)
+from impl.atomic import atomic_directory
 from impl.dflash2 import SelectorTraining
+from impl.errors import CheckpointError
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.families import config_family
 from impl.interface import TrainingOutputs, Unsupported
 from impl.layers import hidden_state_index, speculators_to_zlab
-from impl.param_names import strip_wrapper_prefixes
+from impl.param_names import VERIFIER_OWNED_KEYS, strip_wrapper_prefixes
 from impl.spec import DFLASH2_FIELDS, DraftSpec
+from impl.weights_dir import read_config
 from reference_adapters.version_guard import check_reference
 
 check_reference("speculators")

@@ -256,15 +256,15 @@ def test_a_planted_family_decision_is_caught(planted):
 
 def test_every_config_reader_asks_the_one_family_function():
     import dflash_audit.formats.speculators
-    import impl.checkpoint
     import impl.families
+    import impl.zlab_format
     import reference_adapters.speculators_adapter
     import reference_adapters.zlab_adapter
 
-    for module in (impl.checkpoint, dflash_audit.formats.speculators, reference_adapters.speculators_adapter,
+    for module in (impl.zlab_format, dflash_audit.formats.speculators, reference_adapters.speculators_adapter,
                    reference_adapters.zlab_adapter):
         assert module.config_family is impl.families.config_family, module.__name__
-    assert impl.checkpoint.ZLAB_ARCHITECTURES is impl.families.ZLAB_ARCHITECTURES
+    assert impl.zlab_format.ZLAB_ARCHITECTURES is impl.families.ZLAB_ARCHITECTURES
 
 
 # -- 7. defaults (impl/defaults.py) ----------------------------------------------------------------------
@@ -274,16 +274,16 @@ def test_defaults_are_one_table_each_imported_by_every_reader():
     import dflash_audit.conversion
     import dflash_audit.formats.inference
     import dflash_audit.formats.speculators
-    import impl.checkpoint
     import impl.defaults
     import impl.spec
     import impl.train
+    import impl.zlab_format
 
-    for module in (impl.checkpoint, impl.spec, impl.train, dflash_audit.formats.inference):
+    for module in (impl.zlab_format, impl.spec, impl.train, dflash_audit.formats.inference):
         assert module.QWEN3_DEFAULTS is impl.defaults.QWEN3_DEFAULTS, module.__name__
-    for module in (impl.checkpoint, impl.spec, dflash_audit.conversion, dflash_audit.formats.inference):
+    for module in (impl.zlab_format, impl.spec, dflash_audit.conversion, dflash_audit.formats.inference):
         assert module.ZLAB_EXTRAS is impl.defaults.ZLAB_EXTRAS, module.__name__
-    for module in (impl.checkpoint, impl.spec, dflash_audit.formats.speculators):
+    for module in (impl.zlab_format, impl.spec, dflash_audit.formats.speculators):
         assert module.BLOCK_SIZE_DEFAULTS is impl.defaults.BLOCK_SIZE_DEFAULTS, module.__name__
     spec_defaults = {f.name: f.default for f in fields(impl.spec.DraftSpec)}
     for name, value in {**impl.defaults.QWEN3_DEFAULTS, **impl.defaults.ZLAB_EXTRAS}.items():
@@ -305,3 +305,25 @@ def test_qwen3_defaults_are_written_only_in_impl_defaults():
     assert [hit for path, source in sources.items() for hit in default_copies(source, path)] == []
     assert default_copies('rope = config.get("rope_theta", 1_000_000.0)\n') != []
     assert default_copies('window = config.get("max_position_embeddings", 40960)\n') != []
+
+
+# -- 5. impl/checkpoint.py split by concern; report writers start light -----------------------------------
+def test_report_writers_do_not_pull_in_qwen3_modeling_at_start_up():
+    import subprocess
+    import sys
+
+    probe = ("import sys, dflash_audit.audit.report_json, dflash_audit.audit.report_html, dflash_audit.formats; "
+             "print('transformers.models.qwen3.modeling_qwen3' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    assert run.stdout.strip() == "False"
+
+
+def test_atomic_writers_are_imported_from_impl_atomic_only():
+    """No module re-exports the atomic writers: each writer imports them from where they live."""
+    hits = []
+    for path, source in repo_sources().items():
+        for node in ast.walk(ast.parse(source, path)):
+            if isinstance(node, ast.ImportFrom) and node.module not in ("impl.atomic", None) and \
+                    {a.name for a in node.names} & {"atomic_write_bytes", "atomic_directory"}:
+                hits.append(f"{path}:{node.lineno}")
+    assert hits == []

@@ -12,13 +12,11 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any
 
-import torch
-
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.stream_stats import is_finite, pair_stats_all
+from impl.checkpoint import implied_shapes
 from impl.families import spec_family
-from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, Recipe
 
 # Architecture fields and the PITFALLS entry each maps to (None: no catalogue entry).
@@ -427,11 +425,7 @@ def recipe_table(side: Side, recipe: Recipe, sources: dict[str, str], has: bool,
 def expected_shapes(spec: DraftSpec | None) -> dict[str, tuple[int, ...]]:
     """Draft-body tensor shapes a spec implies (built on the meta device: no memory); {} if unknown.
     Callers only read the result."""
-    if spec is None:
-        return {}
-    with torch.device("meta"):
-        model = DFlashDrafter(spec)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return {} if spec is None else implied_shapes(spec)
 
 
 def tensor_group(key: str) -> str:

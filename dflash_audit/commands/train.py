@@ -155,7 +155,7 @@ def train(
     if stats["rank"] != 0:  # under torchrun only rank 0 reports
         return
     if json_out is not None:
-        from impl.checkpoint import atomic_write_bytes
+        from impl.atomic import atomic_write_bytes
 
         atomic_write_bytes(json_out, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
     final = stats["eval"] or stats["final"]
