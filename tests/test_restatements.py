@@ -327,3 +327,52 @@ def test_atomic_writers_are_imported_from_impl_atomic_only():
                     {a.name for a in node.names} & {"atomic_write_bytes", "atomic_directory"}:
                 hits.append(f"{path}:{node.lineno}")
     assert hits == []
+
+
+# -- 4. knob validation: once, in the recipe type, in speculators' names ---------------------------------
+OLD_KNOB_NAMES = ("loss weighting", "dpace alpha", "target source layer", "loss must be")
+
+
+def knob_rule_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each function that decides "D-PACE needs CE" itself (it compares a setting with both
+    "dpace" and "ce"), and of each message in the old knob vocabulary."""
+    found = set()
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            compared = {c.value for cmp in ast.walk(node) if isinstance(cmp, ast.Compare)
+                        for c in ast.walk(cmp) if isinstance(c, ast.Constant)}
+            if {"dpace", "ce"} <= compared:
+                found.add(f"{path}:{node.lineno}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                any(old in node.value.lower() for old in OLD_KNOB_NAMES):
+            found.add(f"{path}:{node.lineno}")
+    return sorted(found)
+
+
+def test_knobs_are_validated_only_by_the_recipe_type():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != "impl/spec.py" and not path.startswith(("tests/", "bench/"))}
+    assert [hit for path, source in sources.items() for hit in knob_rule_copies(source, path)] == []
+    assert knob_rule_copies((REPO / "impl/spec.py").read_text(), "impl/spec.py") != []
+
+
+@pytest.mark.parametrize("planted", [
+    'def check(cfg):\n    if cfg.per_position_loss_weight == "dpace" and cfg.loss_fn != "ce":\n        raise E("x")\n',
+    'def check(cfg):\n    raise E(f"D-PACE loss weighting needs the ce loss, got {cfg.loss_fn!r}")\n',
+    'def check(cfg):\n    raise E(f"dpace alpha must be in (0, 1], got {cfg.dpace_alpha}")\n',
+])
+def test_a_planted_knob_rule_is_caught(planted):
+    assert knob_rule_copies(planted, "dflash_audit/commands/planted.py") != []
+
+
+def test_the_loss_functions_speak_the_recipe_vocabulary():
+    import inspect
+
+    import impl.losses
+
+    for function in (impl.losses.dflash_loss, impl.losses.selector_loss, impl.losses.slot_weights,
+                     impl.losses.elementwise_loss, impl.losses.dpace_weights):
+        names = set(inspect.signature(function).parameters)
+        assert not names & {"kind", "weighting", "alpha"}, function.__name__
+    assert {"loss_fn", "per_position_loss_weight", "dpace_alpha"} <= set(
+        inspect.signature(impl.losses.dflash_loss).parameters)

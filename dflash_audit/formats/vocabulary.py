@@ -142,7 +142,7 @@ def convert(field: str, value: Any, where: str, speculators_ids: bool = False) -
     if field == "per_position_loss_weight":
         spelled = str(value).strip().lower().replace("_", "-")
         if spelled not in LOSS_WEIGHTINGS:
-            raise fail(f"a per-position loss weighting ({list(LOSS_WEIGHTINGS)})")
+            raise fail(f"a per_position_loss_weight ({list(LOSS_WEIGHTINGS)})")
         return spelled
     if field == "loss_fn":
         spelled = LOSS_SPELLINGS.get(str(value).strip().lower().replace("-", "_"))
