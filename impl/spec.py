@@ -250,3 +250,8 @@ class Recipe:
         unknown = sorted(set(data) - known)
         _require(not unknown, "recipe", f"unknown fields {unknown}")
         return cls(**data)
+
+
+# The recipe's declared settings (what a checkpoint can say it was trained with; the run's hash and extras
+# are not compared): the one list the vocabulary, the CLI and the audit read.
+RECIPE_FIELDS = tuple(f.name for f in fields(Recipe) if f.name not in ("data_hash", "extra"))

@@ -376,3 +376,41 @@ def test_the_loss_functions_speak_the_recipe_vocabulary():
         assert not names & {"kind", "weighting", "alpha"}, function.__name__
     assert {"loss_fn", "per_position_loss_weight", "dpace_alpha"} <= set(
         inspect.signature(impl.losses.dflash_loss).parameters)
+
+
+# -- 8. the field -> catalogue-entry maps live in the catalogue; one RECIPE_FIELDS ------------------------
+def test_entry_maps_and_recipe_fields_are_one_table_each():
+    import dflash_audit.audit.static_recipe as static_recipe
+    import dflash_audit.audit.static_spec as static_spec
+    import dflash_audit.formats.inference as inference
+    import dflash_audit.formats.vocabulary as vocabulary
+    import impl.pitfalls as pitfalls
+    import impl.spec as spec
+
+    assert static_spec.ARCHITECTURE_ENTRIES is pitfalls.ARCHITECTURE_ENTRIES
+    assert static_spec.ARCHITECTURE_WARNINGS is pitfalls.ARCHITECTURE_WARNINGS
+    assert static_spec.DFLASH2_SPEC_ENTRIES is pitfalls.DFLASH2_SPEC_ENTRIES
+    assert static_recipe.RECIPE_ENTRIES is pitfalls.RECIPE_ENTRIES
+    assert inference.RECIPE_FIELDS is spec.RECIPE_FIELDS
+    assert set(pitfalls.RECIPE_ENTRIES) == set(spec.RECIPE_FIELDS) == set(vocabulary.RECIPE_NAMES)
+    numbers = [n for n in pitfalls.ARCHITECTURE_ENTRIES.values() if n is not None]
+    numbers += [n for n, _, _ in pitfalls.RECIPE_ENTRIES.values()] + [n for _, n, _ in pitfalls.DFLASH2_SPEC_ENTRIES.values()]
+    assert all(n in pitfalls.PITFALLS for n in numbers)
+
+
+def test_no_audit_module_keeps_its_own_entry_map():
+    """A module-level dict in dflash_audit/ whose values name catalogue entries (`pitfall` numbers) is a second map."""
+    hits = []
+    for path, source in repo_sources().items():
+        if not path.startswith("dflash_audit/"):
+            continue
+        for node in ast.parse(source, path).body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith(("_FIELDS", "_ENTRIES"))
+                                                    for t in node.targets) and isinstance(node.value, ast.Dict):
+                values = node.value.values
+                if values and all(isinstance(v, ast.Tuple) and any(isinstance(e, ast.Constant) and type(e.value) is int
+                                                                   for e in v.elts) or
+                                  (isinstance(v, ast.Constant) and (v.value is None or type(v.value) is int))
+                                  for v in values):
+                    hits.append(f"{path}:{node.lineno}")
+    assert hits == []

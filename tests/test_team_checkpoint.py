@@ -19,7 +19,8 @@ import pathlib
 import torch
 
 from dflash_audit.audit.sides import Side
-from dflash_audit.audit.static import layer_id_findings, recipe_findings, spec_findings
+from dflash_audit.audit.static_recipe import recipe_findings
+from dflash_audit.audit.static_spec import layer_id_findings, spec_findings
 from dflash_audit.cli import main
 from dflash_audit.formats.inference import infer
 from dflash_audit.formats.key_map import map_names, propose_key_map, read_key_map
