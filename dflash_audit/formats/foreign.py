@@ -19,9 +19,14 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from dflash_audit.formats.inference import Inference, infer, parse_cli_spec, shapes_of
 from dflash_audit.formats import layouts
-from dflash_audit.formats.key_map import KeyMapError, map_names, propose_key_map, read_key_map
+from dflash_audit.formats.inference import Inference, infer, parse_cli_spec, shapes_of
+from dflash_audit.formats.key_map import (
+    KeyMapError,
+    map_names,
+    propose_key_map,
+    read_key_map,
+)
 from dflash_audit.formats.loaded import LoadedCheckpoint, LoadOptions, RawRecord
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load

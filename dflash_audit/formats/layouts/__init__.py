@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_audit.formats.layouts import accelerate, archives, dcp, deepspeed, megatron, nested_config
+from dflash_audit.formats.layouts import (
+    accelerate,
+    archives,
+    dcp,
+    deepspeed,
+    megatron,
+    nested_config,
+)
 from dflash_audit.formats.payload import Payload
 
 # Files whose presence means a folder holds full model weights (read as such, before any layout).

@@ -9,11 +9,13 @@ distributed checkpoint (`model_weights/.metadata`) is refused, naming what was f
 
 from __future__ import annotations
 
+import re
 import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
 from impl.checkpoint import CheckpointError
@@ -23,6 +25,7 @@ CONFIG = "model_config.yaml"
 MAX_CONFIG_BYTES = 16 << 20
 MAX_WEIGHT_BYTES = 256 << 30  # far above any drafter: a bound on a corrupt or hostile size field
 CHUNK = 16 << 20
+RANK_WEIGHTS = re.compile(r"^(mp_rank_\d+|tp_rank_\d+(_pp_rank_\d+)?)/" + re.escape(WEIGHTS) + "$")
 
 
 def detect(path: Path) -> bool:
@@ -61,7 +64,7 @@ def read_config(archive: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -
     try:
         data = yaml.safe_load(handle.read(MAX_CONFIG_BYTES).decode("utf-8"))
     except Exception as exc:
-        raise CheckpointError(f"{path}: {CONFIG} is not readable YAML ({str(exc).splitlines()[0][:120]})") from exc
+        raise CheckpointError(f"{path}: {CONFIG} is not readable YAML ({describe(exc)})") from exc
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: {CONFIG} holds a {type(data).__name__}, not a mapping of settings")
     return data
@@ -72,12 +75,12 @@ def read(path: Path, entry: str | None, entry_flag: str) -> tuple[Payload, list[
     try:
         archive = tarfile.open(path, mode="r:*")
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise CheckpointError(f"{path}: not a readable .nemo archive (a tar file): {str(exc)[:120]}") from exc
+        raise CheckpointError(f"{path}: not a readable .nemo archive (a tar file): {describe(exc)}") from exc
     with archive:
         members = members_of(path, archive)
         weights = members.get(WEIGHTS)
         if weights is None:
-            sharded = sorted(n for n in members if n.endswith("/" + WEIGHTS))
+            sharded = sorted(n for n in members if RANK_WEIGHTS.match(n))
             distributed = sorted(n for n in members if n.endswith(".metadata") or n.endswith(".distcp"))
             if sharded:
                 raise CheckpointError(f"{path}: a model-parallel .nemo archive ({', '.join(sharded[:3])}); merge its "
@@ -101,7 +104,7 @@ def read(path: Path, entry: str | None, entry_flag: str) -> tuple[Payload, list[
                 raise CheckpointError(f"{path}: {WEIGHTS}: {exc}") from exc
             except Exception as exc:
                 raise CheckpointError(f"{path}: {WEIGHTS} is not a readable torch checkpoint "
-                                      f"({str(exc).strip()[:120]})") from exc
+                                      f"({describe(exc)})") from exc
             try:
                 payload = split_payload(data, entry, entry_flag)
             except EntryError as exc:

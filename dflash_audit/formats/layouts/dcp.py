@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, restricted_load
 from impl.checkpoint import CheckpointError
@@ -65,11 +66,6 @@ def read_metadata(folder: Path):
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
         raise CheckpointError(f"{folder / METADATA}: not a torch.distributed.checkpoint metadata file")
     return metadata
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else "truncated or corrupt"
 
 
 def reader_for(folder: Path, metadata):
@@ -138,12 +134,23 @@ def set_path(tree: dict, path: tuple, value: Any) -> None:
 
 
 def check_storage_paths(folder: Path, metadata) -> None:
-    """Every data file the metadata names lies inside the folder (never `../elsewhere`)."""
+    """Every data file the metadata names lies inside the folder (never `../elsewhere`), is there and is
+    long enough for the items it should hold."""
     root = folder.resolve()
+    ends: dict[str, int] = {}
     for info in (metadata.storage_data or {}).values():
         relative = getattr(info, "relative_path", None)
         if not isinstance(relative, str) or root not in (root / relative).resolve().parents:
             raise CheckpointError(f"{folder / METADATA}: names data outside its folder ({relative!r}); refusing it")
+        ends[relative] = max(ends.get(relative, 0), int(info.offset) + int(info.length))
+    for relative, end in sorted(ends.items()):
+        data = folder / relative
+        if not data.is_file():
+            raise CheckpointError(f"{folder}: the *.distcp data cannot be read ({relative} is missing; the metadata "
+                                  "names it)")
+        if data.stat().st_size < end:
+            raise CheckpointError(f"{folder}: the *.distcp data cannot be read ({relative} is truncated: "
+                                  f"{data.stat().st_size} bytes, the metadata needs {end})")
 
 
 def read(folder: Path, entry: str | None, entry_flag: str) -> tuple[Payload, list[Path]]:

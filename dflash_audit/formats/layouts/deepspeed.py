@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
 from impl.checkpoint import CheckpointError
@@ -81,7 +82,7 @@ def load(path: Path) -> Any:
     except UnsafePickle as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     except Exception as exc:  # truncated, not a torch file
-        raise CheckpointError(f"{path}: not a readable DeepSpeed checkpoint file ({str(exc).strip()[:160]})") from exc
+        raise CheckpointError(f"{path}: not a readable DeepSpeed checkpoint file ({describe(exc)})") from exc
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: holds a {type(data).__name__}, not a DeepSpeed checkpoint dict")
     return data

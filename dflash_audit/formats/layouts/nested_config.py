@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from dflash_audit.formats.layouts.messages import describe
 from impl.checkpoint import CheckpointError
 
 LEVELS_UP = 2
@@ -54,7 +55,7 @@ def read_run_config(config: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise CheckpointError(f"{config}: not UTF-8 text") from exc
     except Exception as exc:  # YAML syntax
-        raise CheckpointError(f"{config}: unreadable yaml ({str(exc).splitlines()[0][:160]})") from exc
+        raise CheckpointError(f"{config}: unreadable yaml ({describe(exc)})") from exc
     if config.name == "overrides.yaml":
         return overrides_as_settings(config, data)
     if data is None:
