@@ -267,3 +267,13 @@ def test_hydra_interpolations_are_resolved_or_left_unread(tmp_path, drafter):
     loaded = load_any(folder)
     assert loaded.provenance["block_size"].detail == "../../.hydra/config.yaml: training.block_size"
     assert loaded.known_spec["block_size"] == 8 and "mask_token_id" not in loaded.known_spec
+
+
+def test_fsdp2_shards_are_joined_into_whole_tensors(tmp_path, drafter):
+    from tests.trainer_layouts import fsdp2_sharded_dcp
+
+    folder = fsdp2_sharded_dcp(tmp_path, drafter)
+    assert sorted(p.name for p in folder.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    loaded = load_any(folder)
+    assert loaded.spec == SPEC and loaded.foreign["ignored_entries"] == {"optimizer": "optimizer state"}
+    assert all(torch.equal(loaded.state_dict[k], v) for k, v in drafter.state_dict().items())

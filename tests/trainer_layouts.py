@@ -80,6 +80,50 @@ def dcp_folder_in_hydra_run(root: Path, drafter) -> Path:
     return folder
 
 
+def fsdp2_rank(rank: int, world: int, port: int, weights: dict, folder: str) -> None:
+    """One rank of an FSDP2 job: shard the drafter, save model and optimizer with `dcp.save`."""
+    import os
+    import warnings
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from impl.model import DFlashDrafter
+    from tests.helpers import tiny_spec
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model = DFlashDrafter(tiny_spec(layer_types=("full_attention",) * 3, sliding_window=None))
+        model.load_state_dict(weights)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            model_state, optimizer_state = get_state_dict(model, optimizer)
+            dcp.save({"model": model_state, "optimizer": optimizer_state, "args": dict(CLIENT_ARGS)},
+                     checkpoint_id=folder)
+    finally:
+        dist.destroy_process_group()
+
+
+def fsdp2_sharded_dcp(root: Path, drafter, world: int = 2) -> Path:
+    """What an FSDP2 job writes: each rank its shard of every parameter (`__0_0.distcp`, `__1_0.distcp`)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder = root / "fsdp2"
+    mp.spawn(fsdp2_rank, args=(world, port, state(drafter), str(folder)), nprocs=world)
+    return folder
+
+
 def dcp_folder_with_args(root: Path, drafter) -> Path:
     folder = root / "dcp"
     dcp_save(folder, {"model": state(drafter), "ema": state(drafter), "optim": adamw_state(drafter),
@@ -230,6 +274,7 @@ def lightning_run_with_hparams_yaml(root: Path, drafter) -> Path:
 TRAINER_GALLERY = {
     "torch.distributed.checkpoint folder in a Hydra run": (
         dcp_folder_in_hydra_run, [], "../../.hydra/config.yaml: model.target_layer_ids"),
+    "FSDP2 sharded over 2 ranks (torch.distributed.checkpoint)": (fsdp2_sharded_dcp, [], "fsdp2: args.fc_layers"),
     "torch.distributed.checkpoint, --ours-entry ema": (dcp_folder_with_args, ["--ours-entry", "ema"],
                                                        "dcp: args.fc_layers"),
     "DeepSpeed ZeRO-2 folder (latest)": (zero2_folder, [], "ds-zero2: args.fc_layers"),
