@@ -27,7 +27,7 @@ from impl.extract import HiddenStateExtractor, final_norm
 from impl.model import DFlashDrafter
 from impl.pitfalls import PITFALLS
 from impl.spec import DraftSpec
-from impl.targets import TargetAligner
+from impl.target_alignment import TargetAligner
 
 SPEC = DraftSpec(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                  num_hidden_layers=2, vocab_size=96, target_layer_ids=(0, 1, 2), num_target_layers=4,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.compare import DiffEntry
+from conformance.comparator import DiffEntry
 from impl.checkpoint import atomic_write_bytes
 from impl.pitfalls import PITFALLS as CATALOGUE
 
@@ -92,7 +92,7 @@ class Recorder:
         }
 
     def write(self, out_dir: Path, versions: dict[str, str]) -> dict[str, Any]:
-        from conformance.report_html import render
+        from conformance.results_page import render
 
         results = self.results(versions)
         payload = json.dumps(results, indent=2, default=str).encode()

@@ -3,7 +3,7 @@ unmutated implementation must pass the same check). Results feed the report's de
 
 import pytest
 
-from conformance.compare import Comparator, Divergence
+from conformance.comparator import Comparator, Divergence
 from conformance.conftest import REFERENCE_NAMES
 from conformance.planted import BUGS
 

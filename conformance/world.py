@@ -12,7 +12,7 @@ from functools import lru_cache
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from dflash_world.target import random_qwen3
+from dflash_world.target_training import random_qwen3
 from impl.checkpoint import zlab_config
 from impl.spec import DraftSpec
 

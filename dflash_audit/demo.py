@@ -32,7 +32,7 @@ from pathlib import Path
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.outputs import check_outputs
 from dflash_world import DEMO_TARGET, build_world, stdlib_corpus
-from dflash_world.cache import WORLD_FORMAT
+from dflash_world.world_cache import WORLD_FORMAT
 from impl.cache_dir import cache_root
 from impl.checkpoint import atomic_write_bytes, load_checkpoint, save_zlab_dir
 from impl.errors import AuditError

@@ -20,11 +20,6 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
     return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
-def speculators_default_layer_ids(num_target_layers: int) -> list[int]:
-    """speculators' ids when none are given (already in its shifted convention)."""
-    return [2, num_target_layers // 2, num_target_layers - 3]
-
-
 def zlab_to_speculators(layer_ids: list[int], num_target_layers: int) -> list[int]:
     """z-lab id i -> speculators aux id i + 1; an id naming the final layer is dropped, as speculators does."""
     return [i + 1 for i in layer_ids if i + 1 != num_target_layers]

@@ -138,10 +138,6 @@ class DraftSpec:
         """`dflash2` when the spec carries the convolutions and the selector, else `dflash`."""
         return "dflash2" if self.conv_kernel_size is not None else "dflash"
 
-    @property
-    def conv_groups(self) -> int:
-        return self.hidden_size // self.conv_group_size
-
     def block_is_causal(self, layer_idx: int) -> bool:
         """Whether a layer's block slots see only earlier slots: sliding layers unless non-causal."""
         return self.layer_types[layer_idx] == "sliding_attention" and not self.sliding_window_non_causal

@@ -32,7 +32,7 @@ from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.interface import TrainingOutputs, Unsupported
 from impl.layers import speculators_to_zlab
 from impl.spec import DFLASH2_FIELDS, DraftSpec
-from reference_adapters.versions import check_reference
+from reference_adapters.version_guard import check_reference
 
 check_reference("speculators")
 

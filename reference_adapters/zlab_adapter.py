@@ -17,7 +17,7 @@ from torch import nn
 from impl.checkpoint import CheckpointError, strip_wrapper_prefixes, zlab_config
 from impl.interface import GenerationResult, Unsupported
 from impl.spec import DraftSpec
-from reference_adapters.versions import check_reference
+from reference_adapters.version_guard import check_reference
 
 check_reference("dflash")
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dflash_world import cached_test_world
-from dflash_world.target import random_qwen3
+from dflash_world.target_training import random_qwen3
 from dflash_world.tokenizer import train_tokenizer
 from impl.model import DFlashDrafter
 from tests.helpers import TEXTS, load_trained_pair, tiny_spec, tiny_target

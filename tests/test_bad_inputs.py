@@ -25,7 +25,7 @@ import torch
 
 from dflash_audit.cli import main
 from dflash_audit.formats import load_any
-from dflash_world.target import random_qwen3
+from dflash_world.target_training import random_qwen3
 from dflash_world.tokenizer import mask_token_id, train_tokenizer
 from impl.checkpoint import load_checkpoint, save_checkpoint, save_zlab_dir
 from impl.model import DFlashDrafter

@@ -20,7 +20,7 @@ from dflash_world import (
     train_tokenizer,
     write_prompts_jsonl,
 )
-from dflash_world.target import STATS_FILE, pack_tokens
+from dflash_world.target_training import STATS_FILE, pack_tokens
 
 SMALL = 300_000  # bytes of corpus for the tests that build their own pieces
 

@@ -7,7 +7,7 @@ from functools import lru_cache
 
 import torch
 
-from conformance.compare import Comparator
+from conformance.comparator import Comparator
 from conformance.tolerances import for_dtype
 from conformance.world import VOCAB, reference_state_dict, target_for, tiny_target
 

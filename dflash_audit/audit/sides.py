@@ -32,7 +32,6 @@ class Side:
     raw_layer_ids: list[int] | None  # target layer ids as stored, in the format's own convention
     layer_id_convention: str  # "zlab" (hs[id + 1]) or "speculators" (hs[id])
     verifier_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    raw_config: dict[str, Any] = field(default_factory=dict)
     known: dict[str, Any] = field(default_factory=dict)  # spec field -> value, known fields only
     provenance: dict[str, dict[str, str]] = field(default_factory=dict)  # field -> {"source", "detail"}
     recipe_unknown: list[str] = field(default_factory=list)
@@ -118,7 +117,7 @@ def load_side(path: str | Path, target_dir: str | Path | None = None, options: L
     return Side(path=str(path), format=loaded.format, spec=loaded.spec, state_dict=body, recipe=loaded.recipe,
                 raw_layer_ids=list(raw_ids) if raw_ids is not None else None,
                 layer_id_convention=raw.layer_id_convention, verifier_tensors=owned,
-                raw_config=raw.config or {}, known=known,
+                known=known,
                 provenance={k: p.to_dict() for k, p in loaded.provenance.items()},
                 recipe_unknown=list(loaded.recipe_unknown), contradictions=list(loaded.contradictions),
                 foreign=dict(loaded.foreign))

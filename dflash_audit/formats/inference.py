@@ -28,13 +28,10 @@ from dflash_audit.formats.vocabulary import (
 )
 from impl.spec import DraftSpec, Recipe, SpecError
 
-SOURCES = ("declared", "inferred", "cli", "default", "unknown")
 # Settings every Qwen3 decoder layer has, with the value a config that omits them gets.
 QWEN3_DEFAULTS = {"layer_types": None, "sliding_window": None, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6,
                   "max_position_embeddings": 40960, "hidden_act": "silu", "input_embedding_scale": 1.0,
                   "output_multiplier": 1.0, "final_logit_softcapping": None, "attention_bias": False}
-# Fields that no weight shows and no default may stand in for, and the flag that supplies each.
-NEEDS_DECLARATION = ("target_layer_ids", "num_target_layers", "mask_token_id", "block_size", "vocab_size")
 SPEC_FIELDS = [f.name for f in fields(DraftSpec)]
 LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from dflash_audit.formats import FORMATS, MODULES, LoadedCheckpoint, LoadOptions, load_any, require_spec
 from dflash_audit.outputs import check_outputs, check_replaceable, check_writable
 from impl.errors import AuditError
+from impl.inputs import check_target_dir
 
 
 @dataclass
@@ -61,11 +62,6 @@ def recipe_notes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
     return notes
 
 
-def check_target_dir(target: Path) -> None:
-    if not (target / "config.json").is_file():
-        raise AuditError(f"{target}: not a Hugging Face model directory (no config.json) to use as the target")
-
-
 # -- entry point ------------------------------------------------------------------------------
 def check_destination(source: Path, destination: Path, fmt: str, target: str | Path | None, force: bool) -> None:
     """Before loading anything: --to is no input, replaces only a drafter of this format (--force), is writable."""
@@ -87,7 +83,7 @@ def convert(source: str | Path, destination: str | Path, fmt: str, target: str |
     if fmt == "speculators" and target is not None:
         from dflash_audit.formats.speculators import check_verifier_weights
 
-        check_target_dir(Path(target))
+        check_target_dir(Path(target), "--target", tokenizer=False)
         check_verifier_weights(target)  # before the drafter is loaded: what speculators will read is there
     loaded = load_any(source, target_dir=target, options=options or LoadOptions(flag_prefix=""))
     require_spec(loaded, "convert")
