@@ -277,3 +277,34 @@ def test_fsdp2_shards_are_joined_into_whole_tensors(tmp_path, drafter):
     loaded = load_any(folder)
     assert loaded.spec == SPEC and loaded.foreign["ignored_entries"] == {"optimizer": "optimizer state"}
     assert all(torch.equal(loaded.state_dict[k], v) for k, v in drafter.state_dict().items())
+
+
+def test_an_hf_trainer_folder_around_a_zero3_checkpoint_is_rebuilt_and_its_files_named(tmp_path, drafter, ref_dir):
+    """HF Trainer under ZeRO-3 (no gathered 16-bit weights): checkpoint-10/ holds `latest`, global_step10/
+    and the trainer's own files, but no model.safetensors."""
+    folder = zero3_folder(tmp_path, drafter)
+    torch.save({"state": "not read"}, folder / "scheduler.pt")
+    torch.save({"python": "not read"}, folder / "rng_state_0.pth")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 10, "log_history": []}))
+    status, report = compare(folder, ref_dir, tmp_path / "r")
+    ignored = report["ours"]["foreign"]["ignored_entries"]
+    assert status == 0 and ignored["scheduler.pt"] == "scheduler state (not read)"
+    assert ignored["rng_state_0.pth"] == "RNG state (not read)"
+    assert report["ours"]["foreign"]["layout"].startswith("DeepSpeed ZeRO-3")
+
+
+def test_an_unforeseen_failure_while_reading_never_shows_an_exception_name(tmp_path, drafter, ref_dir, capsys,
+                                                                           monkeypatch):
+    """The guard behind every named refusal: a fault no check foresaw still reads as one line about the file."""
+    import dflash_audit.formats.foreign as foreign
+
+    def modulo_by_zero(*args, **kwargs):
+        return 1 % 0
+
+    torch.save(state(drafter), tmp_path / "drafter.pt")
+    monkeypatch.setattr(foreign, "infer", modulo_by_zero)
+    err = refused(capsys, tmp_path / "drafter.pt", ref_dir, tmp_path)
+    assert "drafter.pt: cannot be read as a drafter checkpoint (integer modulo by zero)" in err
+    assert main(["compare", "--ours", str(tmp_path / "drafter.pt"), "--ref", str(ref_dir), "--static-only",
+                 "--out", str(tmp_path / "r2"), "--debug"]) == 2
+    assert "ZeroDivisionError" in capsys.readouterr().err  # --debug still shows the traceback

@@ -17,11 +17,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import enum
 import io
 import json
 import math
 import pickle
+import sys
 import tarfile
+import types
 from collections import OrderedDict
 from pathlib import Path
 
@@ -124,6 +128,17 @@ def fsdp2_sharded_dcp(root: Path, drafter, world: int = 2) -> Path:
     return folder
 
 
+def torchtitan_style_dcp(root: Path, drafter) -> Path:
+    """torchtitan saves the model's state dict flattened into the top level, beside its other states."""
+    folder = root / "step-20"
+    optimizer = {f"state.{k}": v for k, v in adamw_state(drafter)["state"].get(0, {}).items()}
+    dcp_save(folder, {**state(drafter), "optimizer": {**optimizer, "param_groups.lr": 1e-3},
+                      "lr_scheduler": {"base_lrs": [1e-3], "last_epoch": 20, "_step_count": 21},
+                      "train_state": {"step": 20, "ntokens_seen": 81920}, "dataloader": {"world_size": 1},
+                      "job_config": dict(CLIENT_ARGS)})
+    return folder
+
+
 def dcp_folder_with_args(root: Path, drafter) -> Path:
     folder = root / "dcp"
     dcp_save(folder, {"model": state(drafter), "ema": state(drafter), "optim": adamw_state(drafter),
@@ -132,6 +147,33 @@ def dcp_folder_with_args(root: Path, drafter) -> Path:
 
 
 # -- DeepSpeed ---------------------------------------------------------------------------------------
+class ZeroStageEnum(int, enum.Enum):
+    """DeepSpeed pickles `zero_stage` as its own enum; saved under DeepSpeed's module name."""
+
+    disabled = 0
+    optimizer_states = 1
+    gradients = 2
+    weights = 3
+
+
+ZeroStageEnum.__module__ = "deepspeed.runtime.zero.config"
+
+
+@contextlib.contextmanager
+def deepspeed_names():
+    """Lets pickle record ZeroStageEnum under DeepSpeed's module path (DeepSpeed is not installed here)."""
+    names = ["deepspeed", "deepspeed.runtime", "deepspeed.runtime.zero", "deepspeed.runtime.zero.config"]
+    assert not any(name in sys.modules for name in names)
+    for name in names:
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules[names[-1]].ZeroStageEnum = ZeroStageEnum
+    try:
+        yield
+    finally:
+        for name in names:
+            del sys.modules[name]
+
+
 def param_groups(drafter) -> list[OrderedDict]:
     """Two groups as a weight-decay split makes them: matrices, then vectors (norms)."""
     params = OrderedDict((n, p) for n, p in drafter.named_parameters())
@@ -158,10 +200,12 @@ def zero2_folder(root: Path, drafter) -> Path:
     torch.save(ds_model_states(drafter, state(drafter), {"args": dict(CLIENT_ARGS)}),
                tag / "mp_rank_00_model_states.pt")
     flat = [torch.cat([p.detach().reshape(-1) for p in g.values()]) for g in param_groups(drafter)]
-    torch.save({"optimizer_state_dict": {"zero_stage": 2, "partition_count": 1, "loss_scaler": None,
-                                         "single_partition_of_fp32_groups": flat,
-                                         "optimizer_state_dict": adamw_state(drafter)},
-                "ds_config": DS_CONFIG, "ds_version": "0.16.4"}, tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    with deepspeed_names():
+        torch.save({"optimizer_state_dict": {"zero_stage": ZeroStageEnum.gradients, "partition_count": [1, 1],
+                                             "loss_scaler": None, "single_partition_of_fp32_groups": flat,
+                                             "optimizer_state_dict": adamw_state(drafter)},
+                    "ds_config": DS_CONFIG, "ds_version": "0.16.4"},
+                   tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
     return ckpt
 
 
@@ -193,11 +237,12 @@ def zero3_folder(root: Path, drafter, world: int = 2) -> Path:
     for rank, flat_groups in enumerate(zero3_partitions(drafter, world)):
         torch.save(ds_model_states(drafter, dict(placeholders), {"world": world, "args": dict(CLIENT_ARGS)}),
                    tag / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
-        torch.save({"optimizer_state_dict": {"zero_stage": 3, "partition_count": world, "loss_scaler": None,
-                                             "fp32_flat_groups": flat_groups,
-                                             "optimizer_state_dict": {"state": {}, "param_groups": []}},
-                    "ds_config": DS_CONFIG, "ds_version": "0.16.4"},
-                   tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+        with deepspeed_names():
+            torch.save({"optimizer_state_dict": {"zero_stage": ZeroStageEnum.weights, "partition_count": world,
+                                                 "loss_scaler": None, "fp32_flat_groups": flat_groups,
+                                                 "optimizer_state_dict": {"state": {}, "param_groups": []}},
+                        "ds_config": DS_CONFIG, "ds_version": "0.16.4"},
+                       tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
     return ckpt
 
 
@@ -275,6 +320,7 @@ TRAINER_GALLERY = {
     "torch.distributed.checkpoint folder in a Hydra run": (
         dcp_folder_in_hydra_run, [], "../../.hydra/config.yaml: model.target_layer_ids"),
     "FSDP2 sharded over 2 ranks (torch.distributed.checkpoint)": (fsdp2_sharded_dcp, [], "fsdp2: args.fc_layers"),
+    "torchtitan-style DCP (model at the top level)": (torchtitan_style_dcp, [], "step-20: job_config.fc_layers"),
     "torch.distributed.checkpoint, --ours-entry ema": (dcp_folder_with_args, ["--ours-entry", "ema"],
                                                        "dcp: args.fc_layers"),
     "DeepSpeed ZeRO-2 folder (latest)": (zero2_folder, [], "ds-zero2: args.fc_layers"),

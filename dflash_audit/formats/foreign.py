@@ -27,6 +27,7 @@ from dflash_audit.formats.key_map import (
     propose_key_map,
     read_key_map,
 )
+from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.loaded import LoadedCheckpoint, LoadOptions, RawRecord
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
@@ -237,7 +238,13 @@ def drop_placeholders(path: Path, payload: Payload) -> list[str]:
 
 
 def load_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None) -> LoadedCheckpoint:
-    read = read_foreign(path, options, target_dir)
+    try:
+        read = read_foreign(path, options, target_dir)
+    except (ArithmeticError, LookupError, TypeError, AttributeError, RuntimeError) as exc:
+        # A layout nothing here foresaw: one line about the checkpoint, never an internal exception's name.
+        what = describe(exc, "an unforeseen layout")
+        raise CheckpointError(f"{path}: cannot be read as a drafter checkpoint ({what}); "
+                              "rerun with --debug for the details") from exc
     inference = read.inference
     try:
         spec = inference.spec(str(path))

@@ -153,6 +153,21 @@ def check_storage_paths(folder: Path, metadata) -> None:
                                   f"{data.stat().st_size} bytes, the metadata needs {end})")
 
 
+def top_level_model(skeleton: dict[str, Any], entry_flag: str) -> Payload | None:
+    """torchtitan's layout: the model's tensors at the top level, beside `optimizer`, `lr_scheduler`,
+    `train_state`, `dataloader` entries (which are accounted for as in a training dict)."""
+    tensors = {k: v for k, v in skeleton.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        return None
+    rest = {k: v for k, v in skeleton.items() if k not in tensors}
+    payload = split_payload({TOP_LEVEL: tensors, **rest}, TOP_LEVEL, entry_flag)
+    payload.entry = None
+    return payload
+
+
+TOP_LEVEL = "<top level>"
+
+
 def read(folder: Path, entry: str | None, entry_flag: str) -> tuple[Payload, list[Path]]:
     """The drafter's state dict (raw names), the other entries accounted for, and the files read."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -174,7 +189,9 @@ def read(folder: Path, entry: str | None, entry_flag: str) -> tuple[Payload, lis
     try:
         payload = split_payload(skeleton, entry, entry_flag)
     except EntryError as exc:
-        raise CheckpointError(f"{folder}: {exc}") from exc
+        payload = top_level_model(skeleton, entry_flag) if entry is None else None
+        if payload is None:
+            raise CheckpointError(f"{folder}: {exc}") from exc
     wanted = {name: by_id[id(t)] for name, t in payload.tensors.items()}
     loaded = load_keys(folder, metadata, set(wanted.values()))
     payload.tensors = {name: get_path(loaded, path_of(metadata, fqn)) for name, fqn in wanted.items()}

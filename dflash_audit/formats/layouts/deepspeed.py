@@ -21,7 +21,7 @@ import torch
 
 from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
-from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
+from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load, to_plain
 from impl.checkpoint import CheckpointError
 
 MODEL_STATES = "model_states.pt"
@@ -143,7 +143,8 @@ def flat_partitions(optim: list[Path], folder: Path) -> tuple[list[torch.Tensor]
         if not isinstance(state, dict) or "fp32_flat_groups" not in state and "zero_stage" not in state:
             raise CheckpointError(f"{path}: not a DeepSpeed ZeRO optimizer-states file (no optimizer_state_dict "
                                   "with zero_stage)")
-        stage, world = state.get("zero_stage"), state.get("partition_count")
+        # DeepSpeed pickles the stage as its own ZeroStageEnum: read as data, it is its integer.
+        stage, world = to_plain(state.get("zero_stage")), to_plain(state.get("partition_count"))
         world = max(world) if isinstance(world, list) and world else world
         groups = state.get("fp32_flat_groups")
         if stage != 3 or not isinstance(groups, list) or not all(isinstance(g, torch.Tensor) for g in groups):
