@@ -261,6 +261,20 @@ def megatron_folder(root: Path, drafter) -> Path:
     return ckpt
 
 
+def megatron_torch_dist_folder(root: Path, drafter) -> Path:
+    """Megatron's torch_dist format: a DCP iteration folder with `common.pt` and `metadata.json`."""
+    ckpt = root / "megatron-dist"
+    iteration = ckpt / "iter_0000200"
+    ckpt.mkdir()
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("200")
+    dcp_save(iteration, {"model": state(drafter), "optimizer": adamw_state(drafter)})
+    args = argparse.Namespace(**CLIENT_ARGS, tensor_model_parallel_size=1, ckpt_format="torch_dist")
+    torch.save({"args": args, "checkpoint_version": 3.0, "iteration": 200, "rng_state": [torch.get_rng_state()]},
+               iteration / "common.pt")
+    write_json(iteration / "metadata.json", {"sharded_backend": "torch_dist", "sharded_backend_version": 1})
+    return ckpt
+
+
 def add_member(archive: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)
@@ -327,6 +341,7 @@ TRAINER_GALLERY = {
     "DeepSpeed ZeRO-3 folder, 2 ranks (latest)": (zero3_folder, [], "ds-zero3: args.fc_layers"),
     "Megatron iter_*/mp_rank_00 (latest_checkpointed_iteration.txt)": (megatron_folder, [],
                                                                         "megatron: args.fc_layers"),
+    "Megatron torch_dist (DCP + common.pt)": (megatron_torch_dist_folder, [], "common.pt: args.fc_layers"),
     "NeMo .nemo archive": (nemo_archive, [], "drafter.nemo: model_config.yaml: target_layer_ids"),
     "accelerate save_state folder in a Hydra run": (accelerate_folder_in_hydra_run, [],
                                                     "../../.hydra/config.yaml: model.target_layer_ids"),

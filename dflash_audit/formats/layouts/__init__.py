@@ -68,12 +68,14 @@ def open_layout(path: Path, entry: str | None, entry_flag: str) -> Opened | None
         return None
     if layout == "torch.distributed.checkpoint":
         payload, files = dcp.read(path, entry, entry_flag)
-        return Opened(payload, files, layout)
+        declarations, common = megatron.common_state(path, payload)  # an iter_* folder of Megatron's torch_dist
+        return Opened(payload, files + common, layout, declarations)
     if layout == "Megatron":
         resolved = megatron.resolve(path)
         if dcp.detect(resolved):
             payload, files = dcp.read(resolved, entry, entry_flag)
-            return Opened(payload, files, "Megatron torch_dist (torch.distributed.checkpoint)")
+            declarations, common = megatron.common_state(resolved, payload)
+            return Opened(payload, files + common, "Megatron torch_dist (torch.distributed.checkpoint)", declarations)
         from dflash_audit.formats.foreign import read_weight_file
 
         return Opened(read_weight_file(resolved, entry, entry_flag), [resolved],

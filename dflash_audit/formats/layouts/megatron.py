@@ -51,3 +51,24 @@ def resolve(path: Path) -> Path:
         if (ranks[0] / name).is_file():
             return ranks[0] / name
     raise CheckpointError(f"{ranks[0]}: no {' or '.join(FILES)} in the rank folder")
+
+
+def common_state(folder: Path, payload) -> tuple[list[tuple[str, dict]], list[Path]]:
+    """Megatron's torch_dist format keeps what is not sharded (`args`, iteration, RNG and optimizer
+    bookkeeping) in `common.pt` beside the DCP files: its args are declarations, the rest is named."""
+    from dflash_audit.formats.layouts.deepspeed import load
+    from dflash_audit.formats.payload import role_of
+    from dflash_audit.formats.safe_pickle import to_plain
+
+    common = folder / "common.pt"
+    if not common.is_file():
+        return [], []
+    declarations = []
+    for key, value in load(common).items():
+        role = role_of(str(key), value)
+        if role:
+            payload.ignored[f"common.pt: {key}"] = role
+        else:
+            plain = to_plain(value)
+            declarations.append(("common.pt:", {str(key): plain}))
+    return declarations, [common]
