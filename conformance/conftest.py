@@ -154,5 +154,17 @@ def report_dir(config) -> Path:
 
 def pytest_sessionfinish(session, exitstatus):
     recorder = session.config.stash.get(RECORDER, None)
-    if recorder is not None and not hasattr(session.config, "workerinput"):
+    if recorder is None:
+        return
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller writes the report
+        session.config.workeroutput["conformance"] = recorder.export()
+    else:
         recorder.write(report_dir(session.config), versions())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist (`make test` runs `-n 2`): fold each worker's records into the controller's recorder."""
+    exported = getattr(node, "workeroutput", {}).get("conformance")
+    if exported is not None:
+        node.config.stash[RECORDER].absorb(exported)

@@ -210,7 +210,7 @@ BUGS = [
     PlantedBug("fc fed n-1 layers", 4, _patch(DraftSpec, "fc_in_features", _fc_misses_last_layer),
                lambda cmp, ours, refs: layers.fc_dims(cmp, ours, refs["zlab"], (SPEC, torch.float32))),
     PlantedBug("hs[id] instead of hs[id+1]", 2,
-               _patch(impl.extract, "HIDDEN_STATES_OFFSET", _set(0)),
+               _patch(impl.extract, "hidden_state_index", _set(lambda layer_id: layer_id)),
                lambda cmp, ours, refs: layers.context_feature_indexing(cmp, ours, refs["zlab"], (4, 32, [0, 2]))),
     PlantedBug("targets from an intermediate layer", 3,
                _with_recipe(verifier_source_layer=SPEC.num_target_layers - 2),

@@ -16,6 +16,7 @@ from dflash_audit.formats import FORMATS, MODULES, LoadedCheckpoint, LoadOptions
 from dflash_audit.outputs import check_outputs, check_replaceable, check_writable
 from impl.errors import AuditError
 from impl.inputs import check_target_dir
+from impl.layers import names_final_layer
 
 
 @dataclass
@@ -32,7 +33,7 @@ def lossy_changes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
     """Ways the converted drafter would compute something else than the source."""
     spec, raw, changes = loaded.spec, loaded.raw, []
     if fmt == "speculators":
-        final = [i for i in spec.target_layer_ids if i + 1 == spec.num_target_layers]
+        final = [i for i in spec.target_layer_ids if names_final_layer(i, spec.num_target_layers)]
         if final:
             changes.append(f"target layer {final[0]} is the verifier's final layer, which speculators does not feed "
                            "to fc (its fc columns would be dropped)")

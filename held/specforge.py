@@ -21,9 +21,10 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.checkpoint import strip_wrapper_prefixes, zlab_config
+from impl.checkpoint import zlab_config
 from impl.interface import GenerationResult, TrainingOutputs, Unsupported
 from impl.packages import PINNED, installed_version
+from impl.param_names import strip_wrapper_prefixes
 from impl.spec import DraftSpec
 
 VERSION = PINNED["specforge"]

@@ -17,21 +17,18 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from impl.atomic import atomic_directory, atomic_write_bytes  # noqa: F401  (re-exported: writers import them from here)
+from impl.errors import CheckpointError
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
+from impl.param_names import strip_wrapper_prefixes
 from impl.spec import DFLASH2_FIELDS, DraftSpec, Recipe, SpecError
 
 CKPT_FORMAT = "dflash-audit/ckpt-1"
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile
 ZLAB_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
 # Tensors a speculators drafter holds that are copies of the verifier's (embeddings, head, final
 # norm, vocabulary maps): never trained, never draft body (PITFALLS #13).
 VERIFIER_OWNED_KEYS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight",
                        "t2d", "d2t")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read as what it claims to be; one line, naming the culprit."""
 
 
 @dataclass
@@ -45,24 +42,6 @@ class Checkpoint:
 
 
 # -- helpers -----------------------------------------------------------------------------
-def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Names without DDP / compile prefixes; two names that become one are an error, never collapsed."""
-    cleaned, origin = {}, {}
-    for raw, value in state_dict.items():
-        key = raw
-        changed = True
-        while changed:
-            changed = False
-            for prefix in WRAPPER_PREFIXES:
-                if key.startswith(prefix):
-                    key, changed = key[len(prefix):], True
-        if key in cleaned:
-            raise CheckpointError(f"tensors {origin[key]!r} and {raw!r} are both {key!r} once wrapper prefixes "
-                                  "are removed; keep one")
-        cleaned[key], origin[key] = value, raw
-    return cleaned
-
-
 def codebook_name(key: str) -> str:
     """A DFlash2 selector codebook's one name. z-lab's `save_pretrained` writes its Embeddings as
     `candidate_selector.*_codebook.weight`; its published files and speculators write the bare

@@ -25,12 +25,12 @@ from impl.checkpoint import (
     CheckpointError,
     atomic_directory,
     read_config,
-    strip_wrapper_prefixes,
 )
 from impl.dflash2 import SelectorTraining
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.interface import TrainingOutputs, Unsupported
-from impl.layers import speculators_to_zlab
+from impl.layers import hidden_state_index, speculators_to_zlab
+from impl.param_names import strip_wrapper_prefixes
 from impl.spec import DFLASH2_FIELDS, DraftSpec
 from reference_adapters.version_guard import check_reference
 
@@ -59,8 +59,8 @@ CPU_ATTENTION = "eager"
 
 
 def native_layer_ids(zlab_ids) -> list[int]:
-    """z-lab id i -> speculators aux id i + 1 (the same layer)."""
-    return [int(i) + 1 for i in zlab_ids]
+    """z-lab id i -> speculators aux id i + 1 (the same layer; the final layer is kept)."""
+    return [hidden_state_index(int(i)) for i in zlab_ids]
 
 
 def verifier_config(verifier_dir: str | Path | None) -> VerifierConfig:

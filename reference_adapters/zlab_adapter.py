@@ -14,8 +14,9 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.checkpoint import CheckpointError, strip_wrapper_prefixes, zlab_config
+from impl.checkpoint import CheckpointError, zlab_config
 from impl.interface import GenerationResult, Unsupported
+from impl.param_names import strip_wrapper_prefixes
 from impl.spec import DraftSpec
 from reference_adapters.version_guard import check_reference
 

@@ -24,7 +24,7 @@ from impl.checkpoint import (
     spec_from_zlab_config,
 )
 from impl.errors import AuditError
-from impl.layers import speculators_to_zlab, zlab_to_speculators
+from impl.layers import names_final_layer, speculators_to_zlab, zlab_to_speculators
 from impl.spec import DFLASH2_FIELDS
 
 FAMILY_DEFAULT_NON_CAUSAL = {"dflash": False, "dflash2": True}  # each config class's sliding_window_non_causal default
@@ -149,7 +149,7 @@ def check_verifier_weights(path: str | Path) -> None:
 def fc_without_final_layer(loaded: LoadedCheckpoint) -> tuple[list[int], dict[str, torch.Tensor]]:
     """speculators' aux ids and a body whose fc no longer reads the final layer (speculators drops it)."""
     spec = loaded.spec
-    keep = [k for k, i in enumerate(spec.target_layer_ids) if i + 1 != spec.num_target_layers]
+    keep = [k for k, i in enumerate(spec.target_layer_ids) if not names_final_layer(i, spec.num_target_layers)]
     if not keep:
         raise AuditError(f"{loaded.path}: every target layer is the final one; speculators would keep none")
     state = dict(loaded.state_dict)
