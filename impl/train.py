@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from impl.checkpoint import load_checkpoint, save_checkpoint
 from impl.data import PackedData, load_packed, pack_records
+from impl.defaults import QWEN3_DEFAULTS
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
 from impl.spec import DFLASH2_FIELDS, FAMILIES, DraftSpec, LossFn, LossWeighting, Recipe
@@ -128,7 +129,7 @@ def draft_spec(config, tokenizer, cfg: TrainConfig) -> DraftSpec:
         block_size=cfg.block_size,
         layer_types=tuple(cfg.layer_types or ()),
         sliding_window=cfg.sliding_window,
-        rope_theta=float(rope.get("rope_theta", 1_000_000.0)),
+        rope_theta=float(rope.get("rope_theta", QWEN3_DEFAULTS["rope_theta"])),
         rms_norm_eps=config.rms_norm_eps,
         max_position_embeddings=config.max_position_embeddings,
     )
