@@ -28,6 +28,7 @@ from impl.checkpoint import (
 )
 from impl.dflash2 import SelectorTraining
 from impl.extract import HiddenStateExtractor, final_norm, output_head
+from impl.families import config_family
 from impl.interface import TrainingOutputs, Unsupported
 from impl.layers import hidden_state_index, speculators_to_zlab
 from impl.param_names import strip_wrapper_prefixes
@@ -126,7 +127,7 @@ def load_speculators_model(path: str | Path, verifier_dir: str | Path | None = N
     verifier-owned tensors are read from).
     """
     try:
-        family = "dflash2" if read_config(Path(path)).get("speculators_model_type") == "dflash2" else "dflash"
+        family = config_family(read_config(Path(path)))
         config = on_cpu_attention(CONFIG_CLASSES[family].from_pretrained(str(path)))
         if verifier_dir is not None:
             config.speculators_config.verifier = verifier_config(verifier_dir)

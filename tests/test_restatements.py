@@ -208,3 +208,100 @@ def test_every_reader_strips_with_the_one_loop():
         assert module.strip_wrapper_prefixes is impl.param_names.strip_wrapper_prefixes, module.__name__
     assert key_map.strip_wrapper_prefix is impl.param_names.strip_wrapper_prefix
     assert key_map.strip_prefixes("module._orig_mod.draft_model.fc.weight") == "fc.weight"
+
+
+# -- 6. DFlash or DFlash2, and the codebook spelling (impl/families.py, impl/param_names.py) ---------------
+FAMILY_HOMES = ("impl/families.py", "impl/param_names.py")
+
+
+def family_rule_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each family or codebook-spelling decision made by hand: the z-lab class names as
+    strings, `speculators_model_type` compared with a family, a `_codebook` suffix test or rename, or a
+    `conv_kernel_size is (not) None` family test."""
+    found = set()
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.Constant) and node.value in ("DFlashDraftModel", "DFlash2DraftModel"):
+            found.add(f"{path}:{node.lineno}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                node.value.endswith(("_codebook", "_codebook.weight")) and not node.value.startswith("candidate_selector."):
+            found.add(f"{path}:{node.lineno}")  # a suffix test: full names (key lists) are fine
+        elif isinstance(node, ast.Compare):
+            constants = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}
+            names = {_last_name(n) for n in ast.walk(node)}
+            if ("speculators_model_type" in constants and constants & {"dflash", "dflash2"}) or \
+                    ("conv_kernel_size" in names | constants and None in constants and
+                     isinstance(node.ops[0], (ast.Is, ast.IsNot))):
+                found.add(f"{path}:{node.lineno}")
+    return sorted(found)
+
+
+def test_the_family_and_codebook_spelling_are_decided_in_one_place():
+    sources = {path: source for path, source in repo_sources().items()
+               if path not in FAMILY_HOMES and not path.startswith(("tests/", "bench/"))}
+    assert [hit for path, source in sources.items() for hit in family_rule_copies(source, path)] == []
+    assert all(family_rule_copies((REPO / home).read_text(), home) for home in FAMILY_HOMES)
+
+
+@pytest.mark.parametrize("planted", [
+    'def f(config):\n    return "dflash2" if "DFlash2DraftModel" in config["architectures"] else "dflash"\n',
+    'def f(config):\n    return config.get("speculators_model_type") == "dflash2"\n',
+    'def f(spec):\n    return "dflash2" if spec.conv_kernel_size is not None else "dflash"\n',
+    'def f(side):\n    return "dflash2" if side.value("conv_kernel_size") is not None else "dflash"\n',
+    'def f(name):\n    return name.removesuffix(".weight") if name.endswith("_codebook.weight") else name\n',
+    'def f(sd):\n    return {f"{n}.weight" if n.endswith("_codebook") else n: t for n, t in sd.items()}\n',
+])
+def test_a_planted_family_decision_is_caught(planted):
+    assert family_rule_copies(planted, "reference_adapters/planted.py") != []
+
+
+def test_every_config_reader_asks_the_one_family_function():
+    import dflash_audit.formats.speculators
+    import impl.checkpoint
+    import impl.families
+    import reference_adapters.speculators_adapter
+    import reference_adapters.zlab_adapter
+
+    for module in (impl.checkpoint, dflash_audit.formats.speculators, reference_adapters.speculators_adapter,
+                   reference_adapters.zlab_adapter):
+        assert module.config_family is impl.families.config_family, module.__name__
+    assert impl.checkpoint.ZLAB_ARCHITECTURES is impl.families.ZLAB_ARCHITECTURES
+
+
+# -- 7. defaults (impl/defaults.py) ----------------------------------------------------------------------
+def test_defaults_are_one_table_each_imported_by_every_reader():
+    from dataclasses import fields
+
+    import dflash_audit.conversion
+    import dflash_audit.formats.inference
+    import dflash_audit.formats.speculators
+    import impl.checkpoint
+    import impl.defaults
+    import impl.spec
+    import impl.train
+
+    for module in (impl.checkpoint, impl.spec, impl.train, dflash_audit.formats.inference):
+        assert module.QWEN3_DEFAULTS is impl.defaults.QWEN3_DEFAULTS, module.__name__
+    for module in (impl.checkpoint, impl.spec, dflash_audit.conversion, dflash_audit.formats.inference):
+        assert module.ZLAB_EXTRAS is impl.defaults.ZLAB_EXTRAS, module.__name__
+    for module in (impl.checkpoint, impl.spec, dflash_audit.formats.speculators):
+        assert module.BLOCK_SIZE_DEFAULTS is impl.defaults.BLOCK_SIZE_DEFAULTS, module.__name__
+    spec_defaults = {f.name: f.default for f in fields(impl.spec.DraftSpec)}
+    for name, value in {**impl.defaults.QWEN3_DEFAULTS, **impl.defaults.ZLAB_EXTRAS}.items():
+        assert spec_defaults[name] == value, name
+    assert spec_defaults["block_size"] == impl.defaults.BLOCK_SIZE_DEFAULTS["zlab"]
+
+
+def default_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each literal Qwen3 default that only a restated table would hold (rope theta 1e6,
+    40960 positions)."""
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+                   if isinstance(node, ast.Constant) and type(node.value) in (int, float)
+                   and node.value in (1_000_000.0, 40960) and not (type(node.value) is int and node.value == 1_000_000)})
+
+
+def test_qwen3_defaults_are_written_only_in_impl_defaults():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != "impl/defaults.py" and not path.startswith(("tests/", "bench/"))}
+    assert [hit for path, source in sources.items() for hit in default_copies(source, path)] == []
+    assert default_copies('rope = config.get("rope_theta", 1_000_000.0)\n') != []
+    assert default_copies('window = config.get("max_position_embeddings", 40960)\n') != []
