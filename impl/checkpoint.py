@@ -34,7 +34,8 @@ class Checkpoint:
     state_dict: dict[str, torch.Tensor]
     recipe: Recipe | None = None
     step: int = 0
-    optimizer: dict[str, Any] | None = None
+    # What resuming needs besides the weights: optimizer and scheduler state, RNG state, loss history.
+    training_state: dict[str, Any] | None = None
     recipe_unknown: list[str] = field(default_factory=list)  # recipe fields the source never declared
 
 
@@ -78,13 +79,14 @@ def build_drafter(spec: DraftSpec, state_dict: dict[str, torch.Tensor], dtype: t
 
 # -- ours: ckpt.pt -----------------------------------------------------------------------
 def save_checkpoint(path: str | Path, model: DFlashDrafter, recipe: Recipe | None = None, step: int = 0,
-                    optimizer: dict[str, Any] | None = None, recipe_unknown: list[str] | None = None) -> None:
+                    training_state: dict[str, Any] | None = None, recipe_unknown: list[str] | None = None) -> None:
     save_state(path, model.spec, {k: v.detach().cpu() for k, v in model.state_dict().items()}, recipe, step,
-               optimizer, recipe_unknown)
+               training_state, recipe_unknown)
 
 
 def save_state(path: str | Path, spec: DraftSpec, state_dict: dict[str, torch.Tensor], recipe: Recipe | None = None,
-               step: int = 0, optimizer: dict[str, Any] | None = None, recipe_unknown: list[str] | None = None) -> None:
+               step: int = 0, training_state: dict[str, Any] | None = None,
+               recipe_unknown: list[str] | None = None) -> None:
     """`ckpt.pt` from a state dict: tensors backed by a file's pages (mmap) are written straight from them,
     never gathered into memory (torch.save writes each tensor's storage as it stands)."""
     payload = {
@@ -94,8 +96,8 @@ def save_state(path: str | Path, spec: DraftSpec, state_dict: dict[str, torch.Te
         "recipe": recipe.to_dict() if recipe is not None else None,
         "step": int(step),
     }
-    if optimizer is not None:
-        payload["optimizer"] = optimizer
+    if training_state is not None:
+        payload["training_state"] = training_state
     if recipe_unknown:  # a converted checkpoint whose source never said these: unknown, not defaults
         payload["recipe_unknown"] = sorted(recipe_unknown)
     atomic_write_bytes(Path(path), lambda tmp: torch.save(payload, tmp))
@@ -126,6 +128,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if not isinstance(unknown, list) or not all(isinstance(name, str) for name in unknown):
         raise CheckpointError(f"{path}: recipe_unknown must be a list of recipe field names")
     return Checkpoint(spec=spec, state_dict=state, recipe=recipe, step=int(payload.get("step", 0)),
-                      optimizer=payload.get("optimizer"), recipe_unknown=list(unknown))
+                      # "optimizer": the entry's name in ckpt.pt files written before it was "training_state"
+                      training_state=payload.get("training_state", payload.get("optimizer")),
+                      recipe_unknown=list(unknown))
 
 

@@ -129,7 +129,7 @@ def test_knobs_are_recorded_truthfully(tiny_world, tmp_path):
     assert ckpt.recipe.verifier_source_layer == 2
     assert (ckpt.recipe.gamma, ckpt.recipe.loss_fn, ckpt.recipe.noise_std) == (7.0, "ce", 0.1)
     assert ckpt.recipe.max_anchors == 6 and ckpt.recipe.data_hash.startswith("sha256:")
-    assert ckpt.step == 2 and set(ckpt.optimizer) >= {"optimizer", "scheduler", "rng"}
+    assert ckpt.step == 2 and set(ckpt.training_state) >= {"optimizer", "scheduler", "rng", "history"}
     assert ckpt.spec.mask_token_id == 1  # the tokenizer's <|mask|>
     assert stats["recipe"] == ckpt.recipe.to_dict()
     # The final layer is the reference recipe: recorded as None.
