@@ -59,9 +59,9 @@ def train(
     grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
     seq_len: int = typer.Option(1024, help="Packed row length."),
     recipe: str = typer.Option(None, help="'speculators': the whole recipe speculators' TrainConfig resolves for "
-                                          "--speculator-type dflash (loss, weighting, alpha, gamma, anchors, block "
-                                          "size, draft layers), read from the installed package; flags given "
-                                          "explicitly still win."),
+                                          "--speculator-type dflash (loss_fn, per_position_loss_weight, dpace_alpha, "
+                                          "gamma, max_anchors, block_size, draft layers), read from the installed "
+                                          "package; flags given explicitly still win."),
     block_size: int = typer.Option(None, help="Draft block size B [default: 16]."),
     draft_layers: int = typer.Option(None, help="Drafter decoder layers [default: 1]."),
     max_anchors: int = typer.Option(None, help="Anchors per row [default: 512]."),
