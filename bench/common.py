@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from dflash_audit.prompts import load_prompts, tokenize_prompts
-from impl.checkpoint import atomic_write_bytes, build_drafter
+from impl.atomic import atomic_write_bytes
+from impl.checkpoint import build_drafter
 from impl.target import load_target
 from reference_adapters.zlab_adapter import zlab_generate, zlab_twin  # noqa: F401  (used by the bench scripts)
 
@@ -95,8 +96,8 @@ def setup(args: argparse.Namespace, default_drafters=None):
 def heldout(n: int) -> list[dict]:
     """`n` prompts drawn exactly as the worlds draw theirs (same seed, corpus and exclusions)."""
     from dflash_world import stdlib_corpus
-    from dflash_world.cache import DEFAULT_MAX_BYTES
-    from dflash_world.prompts import heldout_prompts
+    from dflash_world.world_cache import DEFAULT_MAX_BYTES
+    from dflash_world.world_prompts import heldout_prompts
 
     train = stdlib_corpus("train", max_bytes=DEFAULT_MAX_BYTES)
     return heldout_prompts(stdlib_corpus("heldout", max_bytes=DEFAULT_MAX_BYTES), n, seed=0, avoid=train)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from impl.layers import hidden_state_index
 from impl.placement import target_device
 
 
@@ -35,15 +36,11 @@ def output_head(target: nn.Module) -> nn.Module:
     return head if head is not None else target.get_output_embeddings()
 
 
-# hs[id + 1]: hs[0] is the embedding output, so decoder layer id's output is one further.
-HIDDEN_STATES_OFFSET = 1
-
-
 def context_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
     """Concatenate the outputs of the selected decoder layers (z-lab indexing), on the device of
     the embedding output: a target sharded over devices hands each layer's output over on its own."""
     device = hidden_states[0].device
-    return torch.cat([hidden_states[i + HIDDEN_STATES_OFFSET].to(device) for i in layer_ids], dim=-1)
+    return torch.cat([hidden_states[hidden_state_index(i)].to(device) for i in layer_ids], dim=-1)
 
 
 @dataclass
@@ -84,6 +81,6 @@ class HiddenStateExtractor:
         final_raw = captured["final_raw"].to(hs[0].device)  # the last shard's device otherwise
         # Intermediate layer outputs are raw in hs; the final one only via the hook.
         source = (final_raw if self.source_layer == self.num_layers - 1
-                  else hs[self.source_layer + HIDDEN_STATES_OFFSET].to(hs[0].device))
+                  else hs[hidden_state_index(self.source_layer)].to(hs[0].device))
         return TargetStates(context=context_features(hs, self.layer_ids), final_raw=final_raw, source=source,
                             logits=out.logits if with_logits else None)

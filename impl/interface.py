@@ -25,14 +25,6 @@ from torch import nn
 from impl.dflash2 import SelectorTraining
 from impl.spec import DraftSpec
 
-OPERATIONS = (
-    "default_target_layer_ids", "context_features", "select_anchors", "training_mask", "inference_mask",
-    "build_drafter", "project_context", "draft_forward", "training_outputs", "loss_weights", "loss",
-    "block_metrics", "generate", "dpace_weights", "dpace_loss",
-    # DFlash2
-    "dynamic_conv", "selector_path", "selector_scores", "selector_training_candidates", "selector_loss",
-)
-
 
 class Unsupported(NotImplementedError):
     """This implementation has no such operation, or cannot express this case of it (a causal
@@ -119,15 +111,15 @@ class DFlashImplementation(Protocol):
         """Per-slot weights [B]."""
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
-             gamma: float, kind: str, sample_from_anchor: bool) -> torch.Tensor:
+             gamma: float, loss_fn: str, sample_from_anchor: bool) -> torch.Tensor:
         """The scalar training loss with the implementation's reduction."""
 
     def dpace_weights(self, per_slot_loss: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
-                      alpha: float) -> torch.Tensor:
+                      dpace_alpha: float) -> torch.Tensor:
         """[1, A*B] D-PACE per-slot weights from a per-slot CE loss [1, A*B] and the aligned loss mask."""
 
     def dpace_loss(self, logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
-                   alpha: float) -> torch.Tensor:
+                   dpace_alpha: float) -> torch.Tensor:
         """The scalar CE training loss weighted by D-PACE, with the implementation's reduction (differentiable)."""
 
     def block_metrics(self, logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor,
@@ -161,7 +153,8 @@ class DFlash2Operations(Protocol):
         """`(candidates, label positions, contains target)` from the unary top-k (best first) and hard targets."""
 
     def selector_loss(self, candidate_scores: torch.Tensor, label_positions: torch.Tensor, loss_mask: torch.Tensor,
-                      block_size: int, gamma: float, weighting: str, alpha: float) -> torch.Tensor:
+                      block_size: int, gamma: float, per_position_loss_weight: str,
+                      dpace_alpha: float) -> torch.Tensor:
         """The scalar K-way selector loss, weighted and reduced as the implementation trains."""
 
 

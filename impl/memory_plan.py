@@ -80,13 +80,15 @@ def plan_memory(config, dtype: torch.dtype, drafter_specs: list, prompt_lengths:
                  + longest * vocab * (size + 4)  # its logits, and their float32 copy for the margins
                  + 2 * heads * longest * longest * size  # one layer's attention scores and weights
                  + 2 * layers * kv_heads * head_dim * longest * size)  # the KV cache
+    # The cache keeps the union of the layers the audited drafters read.
+    cache_layers = sorted({i for spec in drafter_specs for i in spec.target_layer_ids})
     group = min(len(prompt_lengths), DEFAULT_PROMPT_GROUP)
     for spec in drafter_specs:  # the replay's per-prompt context K/V banks
         workspace += 2 * spec.num_hidden_layers * group * spec.num_key_value_heads * spec.head_dim \
             * (longest + spec.block_size) * size
     return MemoryPlan(target=target_bytes(config, dtype),
                       drafters=sum(drafter_bytes(spec, dtype) for spec in drafter_specs),
-                      cache=cache_bytes_estimate(tokens, range(layers), hidden, dtype),
+                      cache=cache_bytes_estimate(tokens, cache_layers, hidden, dtype),
                       workspace=workspace, dtype=dtype)
 
 

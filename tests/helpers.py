@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from dflash_world.target import random_qwen3
+from dflash_world.target_training import random_qwen3
 from impl.spec import DraftSpec
 
 # Training text for the tiny worlds: short, repetitive, tokenizer-friendly.
@@ -22,7 +22,7 @@ def tiny_spec(**overrides) -> DraftSpec:
 
 
 def tiny_target(num_layers: int = 6, hidden: int = 64, vocab: int = 128, seed: int = 0) -> Qwen3ForCausalLM:
-    """The harness tests' preset of the one tiny target builder (`dflash_world.target.random_qwen3`)."""
+    """The harness tests' preset of the one tiny target builder (`dflash_world.target_training.random_qwen3`)."""
     return random_qwen3(num_layers, hidden, vocab, seed)
 
 
@@ -30,7 +30,7 @@ def zlab_model_for(spec: DraftSpec):
     """z-lab's own DFlashDraftModel (real `dflash` package) for this spec, random weights."""
     from dflash.model import DFlashDraftModel
 
-    from impl.checkpoint import zlab_config
+    from impl.zlab_format import zlab_config
 
     config = Qwen3Config(**zlab_config(spec))
     config._attn_implementation = "sdpa"
@@ -56,7 +56,8 @@ def world_drafter(world, layer_ids, seed):
 def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budget: int, recipe=None):
     """Save `ours` as ckpt.pt (with `recipe`) and `ref` as a z-lab dir, then `compare` them on the world."""
     from dflash_audit.commands.compare import run_compare
-    from impl.checkpoint import save_checkpoint, save_zlab_dir
+    from impl.checkpoint import save_checkpoint
+    from impl.zlab_format import save_zlab_dir
 
     save_checkpoint(tmp_path / "ours.pt", ours, recipe=recipe)
     save_zlab_dir(tmp_path / "ref", ref.spec, ref.state_dict())

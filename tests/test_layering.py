@@ -53,12 +53,12 @@ def test_every_import_points_down_the_layers():
 
 @pytest.mark.parametrize("path, source", [
     ("impl/model.py", "from dflash_audit.errors import AuditError\n"),
-    ("reference_adapters/zlab_adapter.py", "def f():\n    import conformance.compare\n"),
-    ("dflash_world/target.py", "import reference_adapters\n"),
-    ("conformance/compare.py", "from dflash_audit.formats import load_any\n"),
-    ("held/specforge.py", "import reference_adapters.versions\n"),
+    ("reference_adapters/zlab_adapter.py", "def f():\n    import conformance.comparator\n"),
+    ("dflash_world/target_training.py", "import reference_adapters\n"),
+    ("conformance/comparator.py", "from dflash_audit.formats import load_any\n"),
+    ("held/specforge.py", "import reference_adapters.version_guard\n"),
     ("reference_adapters/speculators_adapter.py", "from held.specforge import SpecForgeImplementation\n"),
-    ("held/specforge.py", "from conformance.compare import Comparator\n"),
+    ("held/specforge.py", "from conformance.comparator import Comparator\n"),
 ])
 def test_a_deliberate_back_edge_fails_the_check(path, source):
     sources = repo_sources()

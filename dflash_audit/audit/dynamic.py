@@ -1,7 +1,7 @@
 """Dynamic audit: both drafters on the same cached target hidden states; τ compared per prompt.
 
 The target runs once per (target, prompts, settings) through `impl.offline`'s cache
-(greedy continuation + one forward); each drafter's DFlash walk (one block per round)
+(greedy continuation, the layers both drafters read captured on the way); each drafter's DFlash walk (one block per round)
 and DDTree walk (a tree of at most `budget` nodes per round) are replayed from it, so
 both drafters are judged on exactly the same target states. A drafter that cannot run against this target (missing or
 non-finite tensors, a hidden size or depth the target does not have) keeps its static
@@ -23,8 +23,9 @@ from dflash_audit.audit.sides import Side
 from dflash_audit.ranks import Ranks
 from impl import offline
 from impl.cache_dir import cache_root
-from impl.checkpoint import CheckpointError, build_drafter
+from impl.checkpoint import build_drafter
 from impl.ddtree import DDTREE_NEEDS_DFLASH
+from impl.errors import CheckpointError
 from impl.extract import decoder_layers
 from impl.placement import built_in, dtype_name, model_dtype, target_device
 
@@ -162,9 +163,10 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
                 for name, side in sides.items() if name not in not_measured}
     watches = {name: OverflowWatch(drafter) for name, drafter in drafters.items()}
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    layer_ids = sorted({i for drafter in drafters.values() for i in drafter.target_layer_ids})
     cache = ranks.rank_zero_first(lambda: offline.load_or_build_cache(
         cache_dir or cache_root() / "offline", target_dir, target, prompts, max_new_tokens, stop_ids,
-        on_prompt=advance))
+        layer_ids=layer_ids, on_prompt=advance))
     mine = ranks.shard(list(range(len(cache.prompts))))
     local = []  # this rank's replays, then its overflows: gathered once
     plan = methods_for(sides, budget)

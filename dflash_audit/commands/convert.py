@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from dflash_audit.convert import convert
+from dflash_audit.conversion import convert
 
 
 class Format(str, Enum):

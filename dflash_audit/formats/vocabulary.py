@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from impl.layers import speculators_to_zlab
 from impl.spec import LAYER_TYPES, LOSS_KINDS, LOSS_WEIGHTINGS
 
 SPEC_NAMES = {
@@ -60,7 +61,6 @@ RECIPE_NAMES = {
     "selector_loss_alpha": ("selector_loss_alpha",),
 }
 ALIASES = {alias: name for table in (SPEC_NAMES, RECIPE_NAMES) for name, aliases in table.items() for alias in aliases}
-RECIPE_FIELDS = set(RECIPE_NAMES)
 # Path components that scope a key to the target model rather than the drafter.
 TARGET_SCOPES = {"target", "verifier", "target_config", "verifier_config", "target_model", "base_model", "teacher"}
 TARGET_SCOPED = {"num_hidden_layers": "num_target_layers", "vocab_size": "vocab_size"}
@@ -128,7 +128,12 @@ def convert(field: str, value: Any, where: str, speculators_ids: bool = False) -
         if not isinstance(items, (list, tuple)) or not items:
             raise fail("a list of layer ids")
         ids = [as_int(item, fail, "a list of integer layer ids") for item in items]
-        return [i - 1 for i in ids] if speculators_ids else ids
+        if not speculators_ids:
+            return ids
+        try:
+            return speculators_to_zlab(ids)
+        except ValueError as exc:
+            raise DeclarationError(f"{where}: {exc}") from exc
     if field == "layer_types":
         if not isinstance(value, (list, tuple)) or any(v not in LAYER_TYPES for v in value):
             raise fail(f"a list of {list(LAYER_TYPES)}")
@@ -136,7 +141,7 @@ def convert(field: str, value: Any, where: str, speculators_ids: bool = False) -
     if field == "per_position_loss_weight":
         spelled = str(value).strip().lower().replace("_", "-")
         if spelled not in LOSS_WEIGHTINGS:
-            raise fail(f"a per-position loss weighting ({list(LOSS_WEIGHTINGS)})")
+            raise fail(f"a per_position_loss_weight ({list(LOSS_WEIGHTINGS)})")
         return spelled
     if field == "loss_fn":
         spelled = LOSS_SPELLINGS.get(str(value).strip().lower().replace("-", "_"))
