@@ -87,11 +87,10 @@ def capture_batch(target: nn.Module, prompts: list[torch.Tensor], layer_ids: lis
     lengths = [len(p) for p in prompts]
     width = max(lengths)
     padded = any(n != width for n in lengths)
-    input_ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    input_ids = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
     for b, p in enumerate(prompts):  # left padding: every prompt's last token in the last column
-        input_ids[b, width - len(p):], mask[b, width - len(p):] = p.cpu(), 1
-    input_ids, mask = input_ids.to(device), mask.to(device)
+        input_ids[b, width - len(p):], mask[b, width - len(p):] = p.to(device), 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     tokens = [p.tolist() for p in prompts]
     ends = [len(f) for f in forced] if forced is not None else [None] * len(prompts)
@@ -141,7 +140,8 @@ def _per_prompt(steps, margins, tokens: list[int], prompt_len: int, width: int, 
         return torch.cat([parts[0][b, width - prompt_len:], *(part[b] for part in parts[1:])])[:total]
 
     layers = {i: gather([step[i] for step in steps]).contiguous() for i in steps[0]}
-    return Captured(torch.tensor(tokens), prompt_len, layers, gather(margins) if margins else None)
+    # The cache lives on the host, beside the states (moved there as they were captured).
+    return Captured(torch.tensor(tokens, device="cpu"), prompt_len, layers, gather(margins) if margins else None)
 
 
 def capture(target: nn.Module, prompts: list[torch.Tensor], layer_ids: list[int], max_new_tokens: int,

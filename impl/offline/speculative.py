@@ -69,4 +69,4 @@ def capture_speculative(target: nn.Module, drafter: DFlashDrafter, prompt: torch
     passes += 1
     states = torch.cat(kept).view(len(tokens), len(union), -1)
     layers = {i: states[:, union.index(i)].cpu().contiguous() for i in layer_ids}
-    return Captured(torch.tensor(tokens), prompt_len, layers, torch.cat(margins).cpu()), passes
+    return Captured(torch.tensor(tokens, device="cpu"), prompt_len, layers, torch.cat(margins).cpu()), passes
