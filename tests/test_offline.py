@@ -88,7 +88,7 @@ def test_bf16_offline_tau_equals_live_tau_per_prompt(bf16_pairs, test_world, tmp
     (With SDPA attention three of these prompts walk differently: see `Placement.attn_implementation`.)"""
     (drafter, drafter2), target, prompts, stop_ids = bf16_pairs
     cache = load_or_build_cache(tmp_path, test_world.target, target, prompts, MAX_NEW_TOKENS, stop_ids)
-    assert {entry.hidden_states.dtype for entry in cache.prompts} == {torch.bfloat16}  # never upcast
+    assert {t.dtype for entry in cache.prompts for t in entry.layers.values()} == {torch.bfloat16}  # never upcast
     mismatches, taus = [], []
     for entry, (_, ids) in zip(cache.prompts, prompts):
         for model in (drafter, drafter2):
