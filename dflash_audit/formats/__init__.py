@@ -31,8 +31,8 @@ from dflash_audit.formats.loaded import (
     incomplete_spec,
     require_spec,
 )
-from impl.checkpoint import VERIFIER_OWNED_KEYS
 from impl.errors import AuditError
+from impl.param_names import VERIFIER_OWNED_KEYS
 
 FORMATS = ("ours", "zlab", "speculators")  # the formats `convert` writes
 MODULES = {"ours": ours, "zlab": zlab, "speculators": speculators}

@@ -32,8 +32,10 @@ from dflash_audit.formats.loaded import LoadedCheckpoint, LoadOptions, RawRecord
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
 from dflash_audit.formats.vocabulary import DeclarationError
-from impl.checkpoint import VERIFIER_OWNED_KEYS, CheckpointError, index_shards
+from impl.errors import CheckpointError
+from impl.param_names import VERIFIER_OWNED_KEYS
 from impl.spec import SpecError
+from impl.weights_dir import index_shards
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WEIGHT_SUFFIXES = PICKLE_SUFFIXES + (".safetensors",)
