@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dflash_audit.formats import FORMATS, MODULES, LoadedCheckpoint, LoadOptions, load_any, require_spec
 from dflash_audit.outputs import check_outputs, check_replaceable, check_writable
+from impl.defaults import ZLAB_EXTRAS
 from impl.errors import AuditError
 from impl.inputs import check_target_dir
 from impl.layers import names_final_layer
@@ -37,8 +38,7 @@ def lossy_changes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
         if final:
             changes.append(f"target layer {final[0]} is the verifier's final layer, which speculators does not feed "
                            "to fc (its fc columns would be dropped)")
-        extras = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
-        changed = [name for name, default in extras.items() if getattr(spec, name) != default]
+        changed = [name for name, default in ZLAB_EXTRAS.items() if getattr(spec, name) != default]
         if changed:
             changes.append(f"speculators has no {', '.join(changed)} (z-lab dflash_config)")
     else:

@@ -13,7 +13,7 @@ from multiprocessing import get_context
 
 import torch
 
-from .cache import WorldPaths, cached_test_world
+from .world_cache import WorldPaths, cached_test_world
 from .drafter import DRAFTER_FILES, cached_dflash2_drafter, cached_test_drafter
 
 # Each training process runs single-threaded, exactly as the test fixtures do (the root conftest.py): the

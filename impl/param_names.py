@@ -18,6 +18,10 @@ from __future__ import annotations
 from impl.errors import CheckpointError
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "model.", "draft_model.", "drafter.")
+# Tensors a speculators drafter holds that are copies of the verifier's (embeddings, head, final
+# norm, vocabulary maps): never trained, never draft body (PITFALLS #13).
+VERIFIER_OWNED_KEYS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight",
+                       "t2d", "d2t")
 
 
 def strip_wrapper_prefix(name: str) -> str:
@@ -42,3 +46,34 @@ def strip_wrapper_prefixes(state_dict: dict) -> dict:
                                   "are removed; keep one")
         cleaned[key], origin[key] = value, raw
     return cleaned
+
+
+# -- DFlash2 codebooks: one tensor, two spellings ---------------------------------------------------------
+# z-lab's `save_pretrained` writes its selector Embeddings as `candidate_selector.*_codebook.weight`;
+# its published files and speculators write the bare name (which z-lab's `from_pretrained` maps back).
+CODEBOOK_MODULE_SUFFIX = "_codebook.weight"
+
+
+def codebook_name(key: str) -> str:
+    """A DFlash2 selector codebook's one (bare) name; every other name unchanged."""
+    if key.startswith("candidate_selector.") and key.endswith(CODEBOOK_MODULE_SUFFIX):
+        return key.removesuffix(".weight")
+    return key
+
+
+def codebook_module_name(key: str) -> str:
+    """The name z-lab's in-memory `DFlash2DraftModel` gives a codebook (an Embedding's `.weight`)."""
+    if key.startswith("candidate_selector.") and key.endswith(CODEBOOK_MODULE_SUFFIX.removesuffix(".weight")):
+        return key + ".weight"
+    return key
+
+
+def codebook_names(state_dict: dict, source: str) -> dict:
+    """`state_dict` with each codebook under its one name; both spellings at once are an error."""
+    renamed = {}
+    for key, value in state_dict.items():
+        name = codebook_name(key)
+        if name in renamed:
+            raise CheckpointError(f"{source}: both {name!r} and {name + '.weight'!r}: one codebook stored twice")
+        renamed[name] = value
+    return renamed

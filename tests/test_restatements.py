@@ -208,3 +208,209 @@ def test_every_reader_strips_with_the_one_loop():
         assert module.strip_wrapper_prefixes is impl.param_names.strip_wrapper_prefixes, module.__name__
     assert key_map.strip_wrapper_prefix is impl.param_names.strip_wrapper_prefix
     assert key_map.strip_prefixes("module._orig_mod.draft_model.fc.weight") == "fc.weight"
+
+
+# -- 6. DFlash or DFlash2, and the codebook spelling (impl/families.py, impl/param_names.py) ---------------
+FAMILY_HOMES = ("impl/families.py", "impl/param_names.py")
+
+
+def family_rule_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each family or codebook-spelling decision made by hand: the z-lab class names as
+    strings, `speculators_model_type` compared with a family, a `_codebook` suffix test or rename, or a
+    `conv_kernel_size is (not) None` family test."""
+    found = set()
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.Constant) and node.value in ("DFlashDraftModel", "DFlash2DraftModel"):
+            found.add(f"{path}:{node.lineno}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                node.value.endswith(("_codebook", "_codebook.weight")) and not node.value.startswith("candidate_selector."):
+            found.add(f"{path}:{node.lineno}")  # a suffix test: full names (key lists) are fine
+        elif isinstance(node, ast.Compare):
+            constants = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}
+            names = {_last_name(n) for n in ast.walk(node)}
+            if ("speculators_model_type" in constants and constants & {"dflash", "dflash2"}) or \
+                    ("conv_kernel_size" in names | constants and None in constants and
+                     isinstance(node.ops[0], (ast.Is, ast.IsNot))):
+                found.add(f"{path}:{node.lineno}")
+    return sorted(found)
+
+
+def test_the_family_and_codebook_spelling_are_decided_in_one_place():
+    sources = {path: source for path, source in repo_sources().items()
+               if path not in FAMILY_HOMES and not path.startswith(("tests/", "bench/"))}
+    assert [hit for path, source in sources.items() for hit in family_rule_copies(source, path)] == []
+    assert all(family_rule_copies((REPO / home).read_text(), home) for home in FAMILY_HOMES)
+
+
+@pytest.mark.parametrize("planted", [
+    'def f(config):\n    return "dflash2" if "DFlash2DraftModel" in config["architectures"] else "dflash"\n',
+    'def f(config):\n    return config.get("speculators_model_type") == "dflash2"\n',
+    'def f(spec):\n    return "dflash2" if spec.conv_kernel_size is not None else "dflash"\n',
+    'def f(side):\n    return "dflash2" if side.value("conv_kernel_size") is not None else "dflash"\n',
+    'def f(name):\n    return name.removesuffix(".weight") if name.endswith("_codebook.weight") else name\n',
+    'def f(sd):\n    return {f"{n}.weight" if n.endswith("_codebook") else n: t for n, t in sd.items()}\n',
+])
+def test_a_planted_family_decision_is_caught(planted):
+    assert family_rule_copies(planted, "reference_adapters/planted.py") != []
+
+
+def test_every_config_reader_asks_the_one_family_function():
+    import dflash_audit.formats.speculators
+    import impl.families
+    import impl.zlab_format
+    import reference_adapters.speculators_adapter
+    import reference_adapters.zlab_adapter
+
+    for module in (impl.zlab_format, dflash_audit.formats.speculators, reference_adapters.speculators_adapter,
+                   reference_adapters.zlab_adapter):
+        assert module.config_family is impl.families.config_family, module.__name__
+    assert impl.zlab_format.ZLAB_ARCHITECTURES is impl.families.ZLAB_ARCHITECTURES
+
+
+# -- 7. defaults (impl/defaults.py) ----------------------------------------------------------------------
+def test_defaults_are_one_table_each_imported_by_every_reader():
+    from dataclasses import fields
+
+    import dflash_audit.conversion
+    import dflash_audit.formats.inference
+    import dflash_audit.formats.speculators
+    import impl.defaults
+    import impl.spec
+    import impl.train
+    import impl.zlab_format
+
+    for module in (impl.zlab_format, impl.spec, impl.train, dflash_audit.formats.inference):
+        assert module.QWEN3_DEFAULTS is impl.defaults.QWEN3_DEFAULTS, module.__name__
+    for module in (impl.zlab_format, impl.spec, dflash_audit.conversion, dflash_audit.formats.inference):
+        assert module.ZLAB_EXTRAS is impl.defaults.ZLAB_EXTRAS, module.__name__
+    for module in (impl.zlab_format, impl.spec, dflash_audit.formats.speculators):
+        assert module.BLOCK_SIZE_DEFAULTS is impl.defaults.BLOCK_SIZE_DEFAULTS, module.__name__
+    spec_defaults = {f.name: f.default for f in fields(impl.spec.DraftSpec)}
+    for name, value in {**impl.defaults.QWEN3_DEFAULTS, **impl.defaults.ZLAB_EXTRAS}.items():
+        assert spec_defaults[name] == value, name
+    assert spec_defaults["block_size"] == impl.defaults.BLOCK_SIZE_DEFAULTS["zlab"]
+
+
+def default_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each literal Qwen3 default that only a restated table would hold (rope theta 1e6,
+    40960 positions)."""
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+                   if isinstance(node, ast.Constant) and type(node.value) in (int, float)
+                   and node.value in (1_000_000.0, 40960) and not (type(node.value) is int and node.value == 1_000_000)})
+
+
+def test_qwen3_defaults_are_written_only_in_impl_defaults():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != "impl/defaults.py" and not path.startswith(("tests/", "bench/"))}
+    assert [hit for path, source in sources.items() for hit in default_copies(source, path)] == []
+    assert default_copies('rope = config.get("rope_theta", 1_000_000.0)\n') != []
+    assert default_copies('window = config.get("max_position_embeddings", 40960)\n') != []
+
+
+# -- 5. impl/checkpoint.py split by concern; report writers start light -----------------------------------
+def test_report_writers_do_not_pull_in_qwen3_modeling_at_start_up():
+    import subprocess
+    import sys
+
+    probe = ("import sys, dflash_audit.audit.report_json, dflash_audit.audit.report_html, dflash_audit.formats; "
+             "print('transformers.models.qwen3.modeling_qwen3' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    assert run.stdout.strip() == "False"
+
+
+def test_atomic_writers_are_imported_from_impl_atomic_only():
+    """No module re-exports the atomic writers: each writer imports them from where they live."""
+    hits = []
+    for path, source in repo_sources().items():
+        for node in ast.walk(ast.parse(source, path)):
+            if isinstance(node, ast.ImportFrom) and node.module not in ("impl.atomic", None) and \
+                    {a.name for a in node.names} & {"atomic_write_bytes", "atomic_directory"}:
+                hits.append(f"{path}:{node.lineno}")
+    assert hits == []
+
+
+# -- 4. knob validation: once, in the recipe type, in speculators' names ---------------------------------
+OLD_KNOB_NAMES = ("loss weighting", "dpace alpha", "target source layer", "loss must be")
+
+
+def knob_rule_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each function that decides "D-PACE needs CE" itself (it compares a setting with both
+    "dpace" and "ce"), and of each message in the old knob vocabulary."""
+    found = set()
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            compared = {c.value for cmp in ast.walk(node) if isinstance(cmp, ast.Compare)
+                        for c in ast.walk(cmp) if isinstance(c, ast.Constant)}
+            if {"dpace", "ce"} <= compared:
+                found.add(f"{path}:{node.lineno}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                any(old in node.value.lower() for old in OLD_KNOB_NAMES):
+            found.add(f"{path}:{node.lineno}")
+    return sorted(found)
+
+
+def test_knobs_are_validated_only_by_the_recipe_type():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != "impl/spec.py" and not path.startswith(("tests/", "bench/"))}
+    assert [hit for path, source in sources.items() for hit in knob_rule_copies(source, path)] == []
+    assert knob_rule_copies((REPO / "impl/spec.py").read_text(), "impl/spec.py") != []
+
+
+@pytest.mark.parametrize("planted", [
+    'def check(cfg):\n    if cfg.per_position_loss_weight == "dpace" and cfg.loss_fn != "ce":\n        raise E("x")\n',
+    'def check(cfg):\n    raise E(f"D-PACE loss weighting needs the ce loss, got {cfg.loss_fn!r}")\n',
+    'def check(cfg):\n    raise E(f"dpace alpha must be in (0, 1], got {cfg.dpace_alpha}")\n',
+])
+def test_a_planted_knob_rule_is_caught(planted):
+    assert knob_rule_copies(planted, "dflash_audit/commands/planted.py") != []
+
+
+def test_the_loss_functions_speak_the_recipe_vocabulary():
+    import inspect
+
+    import impl.losses
+
+    for function in (impl.losses.dflash_loss, impl.losses.selector_loss, impl.losses.slot_weights,
+                     impl.losses.elementwise_loss, impl.losses.dpace_weights):
+        names = set(inspect.signature(function).parameters)
+        assert not names & {"kind", "weighting", "alpha"}, function.__name__
+    assert {"loss_fn", "per_position_loss_weight", "dpace_alpha"} <= set(
+        inspect.signature(impl.losses.dflash_loss).parameters)
+
+
+# -- 8. the field -> catalogue-entry maps live in the catalogue; one RECIPE_FIELDS ------------------------
+def test_entry_maps_and_recipe_fields_are_one_table_each():
+    import dflash_audit.audit.static_recipe as static_recipe
+    import dflash_audit.audit.static_spec as static_spec
+    import dflash_audit.formats.inference as inference
+    import dflash_audit.formats.vocabulary as vocabulary
+    import impl.pitfalls as pitfalls
+    import impl.spec as spec
+
+    assert static_spec.ARCHITECTURE_ENTRIES is pitfalls.ARCHITECTURE_ENTRIES
+    assert static_spec.ARCHITECTURE_WARNINGS is pitfalls.ARCHITECTURE_WARNINGS
+    assert static_spec.DFLASH2_SPEC_ENTRIES is pitfalls.DFLASH2_SPEC_ENTRIES
+    assert static_recipe.RECIPE_ENTRIES is pitfalls.RECIPE_ENTRIES
+    assert inference.RECIPE_FIELDS is spec.RECIPE_FIELDS
+    assert set(pitfalls.RECIPE_ENTRIES) == set(spec.RECIPE_FIELDS) == set(vocabulary.RECIPE_NAMES)
+    numbers = [n for n in pitfalls.ARCHITECTURE_ENTRIES.values() if n is not None]
+    numbers += [n for n, _, _ in pitfalls.RECIPE_ENTRIES.values()] + [n for _, n, _ in pitfalls.DFLASH2_SPEC_ENTRIES.values()]
+    assert all(n in pitfalls.PITFALLS for n in numbers)
+
+
+def test_no_audit_module_keeps_its_own_entry_map():
+    """A module-level dict in dflash_audit/ whose values name catalogue entries (`pitfall` numbers) is a second map."""
+    hits = []
+    for path, source in repo_sources().items():
+        if not path.startswith("dflash_audit/"):
+            continue
+        for node in ast.parse(source, path).body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith(("_FIELDS", "_ENTRIES"))
+                                                    for t in node.targets) and isinstance(node.value, ast.Dict):
+                values = node.value.values
+                if values and all(isinstance(v, ast.Tuple) and any(isinstance(e, ast.Constant) and type(e.value) is int
+                                                                   for e in v.elts) or
+                                  (isinstance(v, ast.Constant) and (v.value is None or type(v.value) is int))
+                                  for v in values):
+                    hits.append(f"{path}:{node.lineno}")
+    assert hits == []

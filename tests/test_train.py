@@ -129,7 +129,7 @@ def test_knobs_are_recorded_truthfully(tiny_world, tmp_path):
     assert ckpt.recipe.verifier_source_layer == 2
     assert (ckpt.recipe.gamma, ckpt.recipe.loss_fn, ckpt.recipe.noise_std) == (7.0, "ce", 0.1)
     assert ckpt.recipe.max_anchors == 6 and ckpt.recipe.data_hash.startswith("sha256:")
-    assert ckpt.step == 2 and set(ckpt.optimizer) >= {"optimizer", "scheduler", "rng"}
+    assert ckpt.step == 2 and set(ckpt.training_state) >= {"optimizer", "scheduler", "rng", "history"}
     assert ckpt.spec.mask_token_id == 1  # the tokenizer's <|mask|>
     assert stats["recipe"] == ckpt.recipe.to_dict()
     # The final layer is the reference recipe: recorded as None.
@@ -194,8 +194,11 @@ def test_cli_trains_and_writes_json(tiny_world, tmp_path):
     (["--data", "{root}/bad.jsonl"], "bad.jsonl:1: 'text' must be a string"),
     (["--fc-layers", "0,x"], "--target-layer-ids: '0,x' is not a list of integer layer ids"),
     (["--fc-layers", "0,9"], "target_layer_ids: [9] outside"),
-    (["--target-source-layer", "7"], "target source layer 7 outside"),
-    (["--loss", "mse"], "--loss-fn must be kl_div or ce"),
+    (["--target-source-layer", "7"], "verifier_source_layer: 7 outside"),
+    (["--loss", "mse"], "loss_fn: 'mse' not in ['kl_div', 'ce']"),
+    (["--loss-weighting", "uniform"], "per_position_loss_weight: 'uniform' not in"),
+    (["--loss", "kl_div", "--loss-weighting", "dpace"], "per_position_loss_weight: dpace needs loss_fn ce"),
+    (["--dpace-alpha", "1.5"], "dpace_alpha: must be in (0, 1]"),
     (["--dtype", "fp16"], "--dtype must be fp32 or bf16"),
     (["--seq-len", "4"], "seq_len 4 leaves no room"),
 ])

@@ -61,7 +61,7 @@ def without_property(case: ForwardCase, pitfall: int | None) -> tuple[ForwardCas
 def entry_of(case: ForwardCase) -> int:
     """The catalogue entry of the most specific property a forward case has."""
     spec = case.spec
-    if spec.conv_kernel_size is not None:
+    if spec.family == "dflash2":
         return 22
     if "sliding_attention" in spec.layer_types:
         return 25 if spec.sliding_window_non_causal else 11

@@ -16,6 +16,7 @@ import torch
 
 from dflash_audit.formats import VERIFIER_OWNED_KEYS, LoadOptions
 from dflash_audit.formats.inference import fc_layer_count
+from impl.families import spec_family
 from impl.spec import DraftSpec, Recipe
 
 # Copied from the verifier by speculators (PITFALLS #13): never trained, never draft body.
@@ -91,7 +92,7 @@ class Side:
             return None
         values.update(target_layer_ids=tuple(range(count)), num_target_layers=count, mask_token_id=0,
                       vocab_size=values.get("vocab_size") or 1, block_size=values.get("block_size") or 1)
-        if values.get("conv_kernel_size") is not None:  # DFlash2: top-k and the block size shape nothing
+        if spec_family(values.get("conv_kernel_size")) == "dflash2":  # top-k and the block size shape nothing
             values["block_size"] = max(values["block_size"], values["conv_kernel_size"])
             values["selector_top_k"] = 1
         values["layer_types"] = tuple(values.get("layer_types") or ())

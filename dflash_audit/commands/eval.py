@@ -2,7 +2,7 @@
 
 `--mode live` runs speculative decoding (DFlash or DDTree) against the target;
 `--mode offline` replays the same walks from a hidden-state cache built once per
-(target, prompts, settings) under `--cache`. Under `torchrun` the prompts are sharded
+(target, prompts, settings) under `--cache-dir`. Under `torchrun` the prompts are sharded
 across ranks (gloo) and rank 0 gathers, prints and writes the results.
 """
 
@@ -20,8 +20,9 @@ from tabulate import tabulate
 
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.prompts import CHAT_TEMPLATE_MODES, fit_prompts, load_prompts, tokenize_prompts
+from impl.atomic import atomic_write_bytes
 from impl.cache_dir import cache_root
-from impl.checkpoint import atomic_write_bytes, build_drafter
+from impl.checkpoint import build_drafter
 from impl.ddtree import ddtree_decode, require_dflash_family
 from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
 from impl.errors import AuditError
@@ -185,7 +186,7 @@ def register(app: typer.Typer) -> None:
         temperature: float = typer.Option(0.0, "--temperature", help="> 0: rejection sampling (dflash, live)"),
         seed: int = typer.Option(0, "--seed", help="sampling seed when --temperature > 0"),
         json_path: Path | None = typer.Option(None, "--json", help="write the results as JSON here"),
-        cache: Path | None = typer.Option(None, "--cache-dir", "--cache",
+        cache: Path | None = typer.Option(None, "--cache-dir",
                                           help="cache root; offline hidden states go to <root>/offline "
                                                "(default $XDG_CACHE_HOME/dflash-audit)"),
         chat_template: str = typer.Option("auto", "--chat-template", help=" | ".join(CHAT_TEMPLATE_MODES)),

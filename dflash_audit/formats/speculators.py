@@ -16,16 +16,14 @@ import torch
 
 from dflash_audit.formats.inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
-from impl.checkpoint import (
-    VERIFIER_OWNED_KEYS,
-    CheckpointError,
-    read_config,
-    read_safetensors_dir,
-    spec_from_zlab_config,
-)
-from impl.errors import AuditError
+from impl.defaults import BLOCK_SIZE_DEFAULTS
+from impl.errors import AuditError, CheckpointError
+from impl.families import ZLAB_ARCHITECTURES, config_family
 from impl.layers import names_final_layer, speculators_to_zlab, zlab_to_speculators
+from impl.param_names import VERIFIER_OWNED_KEYS
 from impl.spec import DFLASH2_FIELDS
+from impl.weights_dir import read_config, read_safetensors_dir
+from impl.zlab_format import spec_from_zlab_config
 
 FAMILY_DEFAULT_NON_CAUSAL = {"dflash": False, "dflash2": True}  # each config class's sliding_window_non_causal default
 
@@ -73,11 +71,11 @@ def zlab_shaped_config(config: dict[str, Any], num_target_layers: int, source: s
         raise CheckpointError(f"{source}: aux_hidden_state_layer_ids: {exc}") from exc
     full.update(num_target_layers=num_target_layers, dflash_config={
         "target_layer_ids": ids, "mask_token_id": config.get("mask_token_id"),
-        "block_size": config.get("block_size", 8)})  # speculators' default block size
-    if config.get("speculators_model_type") == "dflash2":
+        "block_size": config.get("block_size", BLOCK_SIZE_DEFAULTS["speculators"])})
+    if config_family(config) == "dflash2":
         from speculators.models.dflash2 import DFlash2SpeculatorConfig
 
-        full["architectures"] = ["DFlash2DraftModel"]
+        full["architectures"] = [ZLAB_ARCHITECTURES["dflash2"]]
         defaults = DFlash2SpeculatorConfig.model_fields
         full["dflash_config"].update({name: config.get(name, defaults[name].default) for name in DFLASH2_FIELDS})
     if non_causal(config):
@@ -104,7 +102,8 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     provenance["target_layer_ids"] = Provenance("declared", "config.json aux_hidden_state_layer_ids (id - 1)")
     provenance["num_target_layers"] = Provenance("inferred", "the verifier's config.json num_hidden_layers")
     if "block_size" not in config:
-        provenance["block_size"] = Provenance("default", "not in config.json; speculators' default 8")
+        provenance["block_size"] = Provenance("default", "not in config.json; speculators' default "
+                                                         f"{BLOCK_SIZE_DEFAULTS['speculators']}")
     for name in ("sliding_window_non_causal", *(DFLASH2_FIELDS if spec.family == "dflash2" else ())):
         if name not in config:
             provenance[name] = Provenance("default", f"not in config.json; speculators' "
