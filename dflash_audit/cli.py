@@ -23,9 +23,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Reference-parity audit and conformance harness for DFlash drafters.")
 
 # Each verb lives in dflash_audit/commands/<verb>.py and exposes `register(app)`.
-VERBS = ("compare", "eval", "train", "convert", "demo")
+VERBS = ("compare", "eval", "train", "convert", "demo", "serve-check")
 for verb in VERBS:
-    module_name = f"dflash_audit.commands.{verb}"
+    module_name = f"dflash_audit.commands.{verb.replace('-', '_')}"
     if importlib.util.find_spec(module_name) is not None:
         importlib.import_module(module_name).register(app)
 
