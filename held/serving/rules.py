@@ -139,3 +139,12 @@ def markdown() -> str:
 
 if __name__ == "__main__":
     print(markdown(), end="")
+
+
+def check_installed() -> None:
+    """Every rule's line is in the installed engines and their config code imports (`make setup` runs this)."""
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig  # noqa: F401
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config  # noqa: F401
+
+    for rule in RULES:
+        cite(rule_module(rule.module), rule.needle)

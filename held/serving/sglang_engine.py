@@ -82,14 +82,16 @@ def layer_attention(hf) -> tuple[list[str], list[int | None], list[bool]]:
 def mask_token(draft, target: TargetFacts) -> int | None:
     """SGLang's own resolution against the target's vocabulary and tokenizer; unknown without --target
     unless the config gives the id."""
-    if target.path is None:
+    if target.vocab_size is None:
         return draft.mask_token_id
     from transformers import AutoTokenizer
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(target.path)
-    except (OSError, ValueError):
-        tokenizer = None
+    tokenizer = None
+    if target.path is not None and Path(target.path).is_dir():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(target.path)
+        except (OSError, ValueError):  # a target folder without a tokenizer: SGLang then checks the id alone
+            tokenizer = None
     worker = SimpleNamespace(target_worker=SimpleNamespace(
         tokenizer=tokenizer, model_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=target.vocab_size))))
     return _mask_resolver()(worker, mask_token=draft.mask_token, mask_token_id=draft.mask_token_id)

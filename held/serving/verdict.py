@@ -123,7 +123,7 @@ def mask_token_findings(engine: str, mask: int | None, target: TargetFacts) -> l
     source = engine_source(engine, "mask_token_id")
     if mask is None:
         return []
-    if target.path is None:
+    if target.vocab_size is None and target.embedding_rows is None and not target.eos_token_ids:
         return [ServingFinding("mask_token_id", "warning", None, mask, source,
                                f"whether mask token {mask} is inside the target's vocabulary and embedding and distinct "
                                "from its eos/pad tokens is unknown without --target", pitfall=28)]
