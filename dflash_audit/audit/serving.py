@@ -8,7 +8,12 @@ from typing import Any
 
 from dflash_audit.formats import LoadedCheckpoint, LoadOptions, detect_format, load_any
 from held.serving import ENGINES, TargetFacts
-from held.serving.verdict import EngineReport, ServingFinding, engine_report, trained_values
+from held.serving.verdict import (
+    EngineReport,
+    ServingFinding,
+    engine_report,
+    trained_values,
+)
 from impl.errors import AuditError
 
 __all__ = ["EngineReport", "ServingFinding", "divergence_count", "section_dict", "serving_section"]

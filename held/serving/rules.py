@@ -31,7 +31,7 @@ SGL_MODEL = "sglang.srt.models.dflash"
 SGL_WORKER = "sglang.srt.speculative.dflash_worker_v2"
 
 RULES = (
-    Rule("vllm", "config", "called", f"{VLLM_SPEC}.base", "def extract_transformers_pre_trained_config",
+    Rule("vllm", "loads", "called", f"{VLLM_SPEC}.base", "def extract_transformers_pre_trained_config",
          "speculators config.json -> the HF config vLLM builds the drafter from"),
     Rule("vllm", "target_layer_ids", "called", f"{VLLM_SPEC}.algos", '"target_layer_ids": [i - 1 for i in aux_layer_ids]',
          "speculators aux ids -> dflash_config.target_layer_ids (id - 1); aux ids kept for capture"),
@@ -69,6 +69,8 @@ RULES = (
          "dflash_config.output_multiplier / final_logit_softcapping on the candidate logits"),
     Rule("vllm", "tensors_refused", "restated", VLLM_DFLASH2, "self.predecessor_codebook = nn.Parameter(",
          "the codebooks are bare parameters: a `.weight` name is a nested weight, refused"),
+    Rule("sglang", "loads", "restated", "sglang.srt.utils.hf_transformers.config", "config = AutoConfig.from_pretrained(",
+         "the draft config is transformers' AutoConfig (no remote code): a speculators directory has no model_type"),
     Rule("sglang", "config", "executed", SGL_UTILS, "def parse_dflash_draft_config",
          "dflash_config (or top level): ids, block, mask token, DFlash2 sizes"),
     Rule("sglang", "target_layer_ids", "executed", SGL_UTILS, "def resolve_target_layer_ids",
@@ -106,6 +108,7 @@ PINNED = {
     "sglang.srt.arg_groups.speculative_hook": "d10577c3b5f333ae560adc467e8ca8864196154da5a26683011328c6765a59f0",
     SGL_MODEL: "1c8307ba7f63fd41f53435fbdabdad8c9e9a04847bef4959f1f8fc16ea6db0ae",
     SGL_WORKER: "87a7f5808ea12bec0fb4abb8ffc0d2082963a79b5de9ab435063e0dfa8ce8431",
+    "sglang.srt.utils.hf_transformers.config": "c094a72d75c298b6943b0ac30df7f4726eef5378fe0d6ed184780c2290d4493d",
 }
 
 
@@ -144,7 +147,9 @@ if __name__ == "__main__":
 def check_installed() -> None:
     """Every rule's line is in the installed engines and their config code imports (`make setup` runs this)."""
     from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig  # noqa: F401
-    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config  # noqa: F401
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
+        get_eagle3_aux_layers_from_config,  # noqa: F401
+    )
 
     for rule in RULES:
         cite(rule_module(rule.module), rule.needle)

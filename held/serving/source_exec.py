@@ -6,8 +6,8 @@ Nothing is copied: the bytes executed are the installed file's, and `sha256` say
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import hashlib
 import importlib.util

@@ -25,6 +25,9 @@ COMPARED = {"target_layer_ids": 26, "layer_types": 27, "layer_windows": 27, "lay
             "tensors_ignored": 31, "tensors_refused": 31}
 
 
+LAYER_WORDS = {"layer_types": "attention type", "layer_windows": "sliding window", "layer_causal": "causality"}
+
+
 @dataclass
 class ServingFinding:
     field: str
@@ -112,7 +115,7 @@ def compare_field(engine: str, name: str, trained: Any, served: Any) -> ServingF
         layers = _differing_layers(trained, served)
         detail = "; ".join(f"layer {i}: trained {trained[i]}, served {served[i]}" for i in layers)
         return ServingFinding(name, "divergence", trained, served, source,
-                              f"{engine} runs draft layer(s) {layers} with a different {name.removeprefix('layer_')} "
+                              f"{engine} runs draft layer(s) {layers} with a different {LAYER_WORDS[name]} "
                               f"than training ({detail})", pitfall=pitfall)
     return ServingFinding(name, "divergence", trained, served, source,
                           f"{engine} runs {name} = {served!r}; the drafter was trained with {trained!r}",
@@ -152,7 +155,7 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
     served = resolve(engine, path, target, spec.block_size, spec.num_target_layers)
     findings: list[ServingFinding] = []
     if not served.loads and not served.values.get("tensors_refused"):  # refused tensors: that finding says it
-        findings.append(ServingFinding("loads", "divergence", True, False, engine_source(engine, "config"),
+        findings.append(ServingFinding("loads", "divergence", True, False, engine_source(engine, "loads"),
                                        f"{engine} refuses the drafter: {served.error}", pitfall=31))
     for name, trained_value in trained.items():
         served_value = served.values.get(name)

@@ -79,7 +79,9 @@ def layer_attention(hf) -> tuple[list[int | None], list[bool], bool]:
 
 def captured_layer_ids(hf, target_layers: int | None) -> tuple[list[int] | None, bool]:
     """(z-lab ids of the target layers vLLM feeds the drafter, declared by the config)."""
-    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
+        get_eagle3_aux_layers_from_config,
+    )
 
     spec_config = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf))
     aux = get_eagle3_aux_layers_from_config(spec_config)
