@@ -1,2 +1,2 @@
 """Third-party DFlash codebases held to the references through `impl/interface.py`
-(`pytest conformance --impl NAME`)."""
+(`pytest conformance --impl NAME`), and the serving engines a drafter is held to (`held/serving/`)."""

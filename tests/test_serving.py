@@ -20,7 +20,7 @@ from dflash_audit.serving_readme import (
 )
 from held.serving import TargetFacts, resolve
 from held.serving.rules import PINNED, RULES, installed_sha256, markdown, rule_module
-from held.serving.source_exec import compile_definitions, installed_file, line_of
+from held.serving.source_exec import installed_file, line_of
 
 ENGINES = ["vllm", "sglang"]
 
@@ -83,7 +83,9 @@ def test_commands_carry_each_engines_speculative_token_convention(written, targe
 
 def test_engine_rules_are_the_installed_code():
     """Executed rules run the installed file's own bytes (its path and line); restated ones are pinned."""
-    defs = compile_definitions("vllm.model_executor.models.qwen3_dflash", ["_SLIDING_ATTENTION", "_dflash_layer_causal"])
+    from held.serving.vllm_engine import _attention_rules
+
+    defs, _runner = _attention_rules()
     code = defs["_dflash_layer_causal"].__code__
     assert code.co_filename == str(installed_file("vllm.model_executor.models.qwen3_dflash"))
     assert code.co_firstlineno == line_of("vllm.model_executor.models.qwen3_dflash", "def _dflash_layer_causal")
