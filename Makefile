@@ -49,14 +49,24 @@ browser:
 	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium) \
 		|| (sudo apt-get update -qq && sudo apt-get install -y -qq chromium)
 
+# The test world (a trained target and three drafters) is built first, two trainings at a time; then the suites
+# run on one pytest-xdist worker per core (each single-threaded, see conftest.py), work-stealing so that the few
+# long tests do not leave a core idle. The conformance report is merged from the workers (conformance/conftest.py).
+TEST_WORKERS ?= auto
 test: setup browser
-	$(PY) -m pytest -q tests conformance
+	OMP_NUM_THREADS=1 $(PY) -m dflash_world.prebuild
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests conformance
 
 quick: setup
 	$(PY) -m pytest -q tests conformance -m quick
 
+# The demo's figures (README "Results") are the same on every x86-64 machine with AVX2: torch's own
+# kernels, MKL (in its conditional-numerical-reproducibility mode) and oneDNN take their AVX2 code
+# paths, whatever wider instructions the CPU has (AVX-512 kernels round differently; thread counts do not
+# change the result). `dflash-audit demo` alone works too, with this CPU's own kernels.
+DEMO_ENV := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 demo: setup
-	$(VENV)/bin/dflash-audit demo
+	$(DEMO_ENV) $(VENV)/bin/dflash-audit demo
 
 clean:
 	rm -rf $(VENV) reports/demo reports/demo-dflash2 reports/conformance
@@ -73,4 +83,7 @@ bench: setup
 	$(BENCH_ENV) $(PY) bench/bench_live_vs_zlab.py
 	$(BENCH_ENV) $(PY) bench/bench_ddtree_vs_dflash.py
 	$(BENCH_ENV) $(PY) bench/bench_specforge_tau.py
+	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape tiny
+	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b
+	@# On a GPU (16 GB of bf16 target): $(PY) bench/bench_dynamic_scale.py --shape qwen3-8b --device cuda
 	$(BENCH_ENV) $(PY) -m bench.results_table

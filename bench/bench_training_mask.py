@@ -27,6 +27,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from results import RESULTS, Row, record  # noqa: E402
 
+from impl.jsonl import split_json_lines  # noqa: E402
+
 ANCHORS, BLOCK = 512, 16
 REPEATS = 2
 
@@ -93,7 +95,7 @@ def run_one(impl: str, length: int) -> dict:
                          env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     if out.returncode:
         raise SystemExit(f"{impl} at T={length} failed: {out.stderr.strip()[-400:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(split_json_lines(out.stdout.strip())[-1])
 
 
 def main() -> None:

@@ -95,8 +95,8 @@ def setup(args: argparse.Namespace, default_drafters=None):
 def heldout(n: int) -> list[dict]:
     """`n` prompts drawn exactly as the worlds draw theirs (same seed, corpus and exclusions)."""
     from dflash_world import stdlib_corpus
-    from dflash_world.cache import DEFAULT_MAX_BYTES
-    from dflash_world.prompts import heldout_prompts
+    from dflash_world.world_cache import DEFAULT_MAX_BYTES
+    from dflash_world.world_prompts import heldout_prompts
 
     train = stdlib_corpus("train", max_bytes=DEFAULT_MAX_BYTES)
     return heldout_prompts(stdlib_corpus("heldout", max_bytes=DEFAULT_MAX_BYTES), n, seed=0, avoid=train)

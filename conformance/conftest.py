@@ -13,25 +13,24 @@
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import inspect
 import re
 from pathlib import Path
 
 import pytest
 
-from conformance.compare import Comparator
+import reference_adapters as registry
+from conformance.comparator import Comparator
 from conformance.recorder import Recorder
+from held import HELD
 from impl.interface import supports
+from impl.packages import installed_version, installed_versions
 from impl.pitfalls import PITFALLS
 
-DEFAULT_IMPL = "impl.adapter:OursImplementation"
-REFERENCES = {
-    "speculators": "reference_adapters.speculators_adapter:SpeculatorsImplementation",
-    "zlab": "reference_adapters.zlab_adapter:ZlabImplementation",
-}
-# Short names for `--impl`: ours, third-party codebases held to the references (held/), the references.
-KNOWN = {"ours": DEFAULT_IMPL, "specforge": "held.specforge:SpecForgeImplementation", **REFERENCES}
+DEFAULT_IMPL = registry.IMPLEMENTATIONS["ours"]
+REFERENCES = {name: registry.IMPLEMENTATIONS[name] for name in registry.REFERENCES}
+# Short names for `--impl`: ours and the references (the one registry), the codebases held to them (held/).
+KNOWN = {**registry.IMPLEMENTATIONS, **HELD}
 # Outputs two references may disagree on (a finding), as opposed to a failure of the impl.
 REFERENCE_NAMES = frozenset({*REFERENCES, "transformers"})
 REPORT_DIR = Path(__file__).resolve().parent.parent / "reports" / "conformance"
@@ -136,15 +135,9 @@ def conform(request, recorder) -> Comparator:
 
 
 def versions() -> dict[str, str]:
-    names = {"dflash_audit": "dflash-audit", "torch": "torch", "transformers": "transformers",
-             "speculators": "speculators", "dflash": "dflash", "hypothesis": "hypothesis"}
-    found = {}
-    for key, dist in names.items():
-        try:
-            found[key] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            found[key] = "not installed"
-    return found
+    """Every package of the one table (impl/packages.py), and hypothesis, which draws the cases."""
+    found = {**installed_versions(), "hypothesis": installed_version("hypothesis")}
+    return {name: version or "not installed" for name, version in found.items()}
 
 
 def report_dir(config) -> Path:
@@ -161,5 +154,17 @@ def report_dir(config) -> Path:
 
 def pytest_sessionfinish(session, exitstatus):
     recorder = session.config.stash.get(RECORDER, None)
-    if recorder is not None and not hasattr(session.config, "workerinput"):
+    if recorder is None:
+        return
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller writes the report
+        session.config.workeroutput["conformance"] = recorder.export()
+    else:
         recorder.write(report_dir(session.config), versions())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist (`make test` runs `-n 2`): fold each worker's records into the controller's recorder."""
+    exported = getattr(node, "workeroutput", {}).get("conformance")
+    if exported is not None:
+        node.config.stash[RECORDER].absorb(exported)

@@ -27,7 +27,7 @@ from impl.extract import HiddenStateExtractor, final_norm
 from impl.model import DFlashDrafter
 from impl.pitfalls import PITFALLS
 from impl.spec import DraftSpec
-from impl.targets import TargetAligner
+from impl.target_alignment import TargetAligner
 
 SPEC = DraftSpec(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                  num_hidden_layers=2, vocab_size=96, target_layer_ids=(0, 1, 2), num_target_layers=4,
@@ -210,7 +210,7 @@ BUGS = [
     PlantedBug("fc fed n-1 layers", 4, _patch(DraftSpec, "fc_in_features", _fc_misses_last_layer),
                lambda cmp, ours, refs: layers.fc_dims(cmp, ours, refs["zlab"], (SPEC, torch.float32))),
     PlantedBug("hs[id] instead of hs[id+1]", 2,
-               _patch(impl.extract, "HIDDEN_STATES_OFFSET", _set(0)),
+               _patch(impl.extract, "hidden_state_index", _set(lambda layer_id: layer_id)),
                lambda cmp, ours, refs: layers.context_feature_indexing(cmp, ours, refs["zlab"], (4, 32, [0, 2]))),
     PlantedBug("targets from an intermediate layer", 3,
                _with_recipe(verifier_source_layer=SPEC.num_target_layers - 2),

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.compare import DiffEntry
+from conformance.comparator import DiffEntry
 from impl.checkpoint import atomic_write_bytes
 from impl.pitfalls import PITFALLS as CATALOGUE
 
@@ -70,6 +70,26 @@ class Recorder:
                              "diff_component": diff.component if diff else None,
                              "diff": diff.to_dict() if diff else None})
 
+    # -- pytest-xdist: each worker records its share; the controller merges them and writes once --------
+    def export(self) -> dict[str, Any]:
+        """What a worker hands the controller: plain JSON types only (execnet carries nothing else)."""
+        return json.loads(json.dumps({"records": [r.to_dict() for r in self.records.values()],
+                                      "planted": self.planted}, default=str))
+
+    def absorb(self, exported: dict[str, Any]) -> None:
+        """Merge a worker's `export()`. Every worker records the same collection-time n/a rows, and a test
+        runs on one worker only, so the worst status wins exactly as for one process (`sink`)."""
+        for row in exported["records"]:
+            record = self._record(row)
+            record.comparisons += row["comparisons"]
+            record.reason = record.reason or row["reason"]
+            if SEVERITY[row["status"]] >= SEVERITY[record.status]:
+                record.status = row["status"]
+                if row["diff"] is not None:
+                    record.diff = DiffEntry.from_dict(row["diff"])
+        for bug in exported["planted"]:
+            self.planted = [p for p in self.planted if p["bug"] != bug["bug"]] + [bug]
+
     # -- output --------------------------------------------------------------------------
     def results(self, versions: dict[str, str]) -> dict[str, Any]:
         components = sorted((r.to_dict() for r in self.records.values()),
@@ -92,7 +112,7 @@ class Recorder:
         }
 
     def write(self, out_dir: Path, versions: dict[str, str]) -> dict[str, Any]:
-        from conformance.report_html import render
+        from conformance.results_page import render
 
         results = self.results(versions)
         payload = json.dumps(results, indent=2, default=str).encode()

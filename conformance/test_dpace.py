@@ -1,4 +1,4 @@
-"""#6 D-PACE per-position loss weights (speculators' trainer default for dflash): the weights
+"""#18 D-PACE per-position loss weights (speculators' trainer default for dflash): the weights
 tensor by tensor against `dpace_loss_decay`, the weighted CE and its gradient against
 `compute_metrics(per_position_loss_weight="dpace")`, and our trainer's default recipe against
 speculators' TrainConfig resolution."""
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.quick
 @pytest.mark.compare("dpace_weights", references=("speculators",))
 @FAST
 @given(dpace_cases())
-def test_dpace_weights_p6(conform, pair, case):
+def test_dpace_weights_p18(conform, pair, case):
     conform.describe(case)
     losses.dpace_weights(conform, *pair, case)
 
@@ -26,7 +26,7 @@ def test_dpace_weights_p6(conform, pair, case):
 @MODEL
 # B >= 2: with B = 1 every slot is an anchor and nothing is trained.
 @given(loss_cases(kinds=("ce",), min_block=2), dpace_alphas)
-def test_dpace_loss_and_gradient_p6(conform, pair, case, alpha):
+def test_dpace_loss_and_gradient_p18(conform, pair, case, alpha):
     conform.describe((case, alpha))
     losses.dpace_loss(conform, *pair, case, alpha)
 

@@ -16,6 +16,7 @@ import torch
 
 from conformance.tolerances import EXACT
 from conformance.world import target_for
+from impl.jsonl import split_json_lines
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec
 
@@ -47,7 +48,7 @@ def trained_pair(request):
     ckpt = load_checkpoint(out)
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(str(world.target))
-    prompts = [json.loads(line)["prompt"] for line in world.prompts.read_text().splitlines()[:PROMPTS]]
+    prompts = [json.loads(line)["prompt"] for line in split_json_lines(world.prompts.read_text())[:PROMPTS]]
     target = load_target_model(world.target)
     if isinstance(target, tuple):
         target = target[0]

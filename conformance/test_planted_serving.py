@@ -4,7 +4,7 @@ and the same directory unbroken must serve as trained. Results feed the report's
 import pytest
 import torch
 
-from conformance.compare import DiffEntry
+from conformance.comparator import DiffEntry
 from conformance.planted_serving import SERVING_BUGS, SPEC, served_report
 from impl.model import DFlashDrafter
 

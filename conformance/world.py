@@ -12,8 +12,9 @@ from functools import lru_cache
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from dflash_world.target import random_qwen3
+from dflash_world.target_training import random_qwen3
 from impl.checkpoint import zlab_config
+from impl.param_names import codebook_name
 from impl.spec import DraftSpec
 
 VOCAB = 96
@@ -46,11 +47,7 @@ def reference_state_dict(spec: DraftSpec, seed: int = 0) -> dict[str, torch.Tens
     model = model_class(Qwen3Config(**zlab_config(spec)))
     # Keys and shapes are z-lab's; values are redrawn so norms are not all ones and the
     # convolutions are clearly not the identity (tap 0 near 1, later taps and deltas well away from 0).
-    return {zlab_to_disk_name(name): redrawn(name, t) for name, t in model.state_dict().items()}
-
-
-def zlab_to_disk_name(name: str) -> str:
-    return name.removesuffix(".weight") if name.endswith("_codebook.weight") else name
+    return {codebook_name(name): redrawn(name, t) for name, t in model.state_dict().items()}
 
 
 def redrawn(name: str, t: torch.Tensor) -> torch.Tensor:

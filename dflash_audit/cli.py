@@ -1,4 +1,4 @@
-"""`dflash-audit`: compare, eval, train, convert, demo.
+"""`dflash-audit`: compare, eval, train, convert, demo; `--version`.
 
 Exit status like diff(1): 0 no divergence, 1 divergences, 2 trouble (bad input, usage)
 with a one-line error; `--debug` prints the traceback above it (same exit status).
@@ -7,7 +7,6 @@ with a one-line error; `--debug` prints the traceback above it (same exit status
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 import traceback
@@ -17,6 +16,7 @@ import typer
 from impl.atomic import OutputError
 from impl.checkpoint import CheckpointError
 from impl.errors import AuditError
+from impl.packages import PACKAGES, installed_version
 from impl.spec import SpecError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -24,22 +24,68 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 # Each verb lives in dflash_audit/commands/<verb>.py and exposes `register(app)`.
 VERBS = ("compare", "eval", "train", "convert", "demo", "serve-check")
-for verb in VERBS:
-    module_name = f"dflash_audit.commands.{verb.replace('-', '_')}"
-    if importlib.util.find_spec(module_name) is not None:
-        importlib.import_module(module_name).register(app)
+
+
+def register_verbs(app: typer.Typer, verbs=VERBS) -> None:
+    """Every verb is registered; one whose module fails to import stays listed and answers every
+    call with that failure (exit 2), instead of vanishing from the CLI."""
+    for verb in verbs:
+        module_name = f"dflash_audit.commands.{verb.replace('-', '_')}"
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # noqa: BLE001 -- any import failure is reported when the verb is used
+            register_unloadable(app, verb, f"{module_name} failed to import ({type(exc).__name__}: "
+                                           f"{one_line(str(exc))[:300]})")
+        else:
+            module.register(app)
+
+
+def register_unloadable(app: typer.Typer, verb: str, reason: str) -> None:
+    @app.command(verb, help=f"(cannot run: {reason})", add_help_option=False,
+                 context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    def unloadable(ctx: typer.Context) -> None:
+        raise AuditError(f"the {verb} command cannot run: {reason}; reinstall with `make setup`")
+
+
+def version_text() -> str:
+    """The tool's version and every package of impl/packages.py, one per line."""
+    lines = []
+    for package in PACKAGES:
+        found = installed_version(package.distribution) or "not installed"
+        note = "" if package.role in ("tool", "runtime") else package.role
+        if package.pinned and found != package.pinned:
+            note += f"; written against {package.pinned}"
+        lines.append(f"{package.name} {found}" + (f" ({note})" if note else ""))
+    return "\n".join(lines)
+
+
+def print_version(value: bool) -> None:
+    if value:
+        print(version_text())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(version: bool = typer.Option(False, "--version", is_eager=True, callback=print_version,
+                                      help="print the versions of the tool and of every package it holds drafters to")
+         ) -> None:
+    """Reference-parity audit and conformance harness for DFlash drafters."""
+
 
 EXPECTED_ERRORS = (AuditError, CheckpointError, SpecError, OutputError, FileNotFoundError)
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+register_verbs(app)
 
 
 def error_prefix() -> str:
     """`dflash-audit: error: `, naming the rank under torchrun (every rank prints its own error)."""
     world, rank = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")
     return "dflash-audit: error: " if world == "1" else f"dflash-audit: error: [rank {rank}/{world}] "
-
-
-def one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def error_message(exc: BaseException) -> str:

@@ -8,8 +8,10 @@ never time budgets, so the world is the same on every machine:
 - `target/`       small Qwen3 trained on the standard library's source (world)
 - `prompts.jsonl` held-out prompts
 - `ref/`          drafter trained with the reference recipe, saved in z-lab format
-- `ours.pt`       drafter trained with the seed's three bugs: fc fed all but the deepest
-                  selected layer, targets from an intermediate layer, gamma 7
+- `ours.pt`       drafter trained with the three bugs of the README's opening story (a team's
+                  Qwen3.6-27B drafter: fc fed 4 of its 5 target layers, targets from layer 61
+                  instead of the final layer, loss decay gamma 7 instead of 4), scaled to this
+                  world: fc fed all but the deepest selected layer, targets from that layer, gamma 7
 Then `compare --ours ours.pt --ref ref/ --target target/ --prompts prompts.jsonl`.
 
 The second act (`family="dflash2"`, `dflash-audit demo --family dflash2`) tells the same story
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import sys
 import time
@@ -32,7 +35,7 @@ from pathlib import Path
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.outputs import check_outputs
 from dflash_world import DEMO_TARGET, build_world, stdlib_corpus
-from dflash_world.cache import WORLD_FORMAT
+from dflash_world.world_cache import WORLD_FORMAT
 from held.serving import ENGINES
 from impl.cache_dir import cache_root
 from impl.checkpoint import atomic_write_bytes, load_checkpoint, save_zlab_dir
@@ -91,7 +94,7 @@ def reference_layer_ids(config: DemoConfig) -> list[int]:
 
 
 def planted_bugs(reference_ids: list[int]) -> dict:
-    """The seed's three bugs, as trainer knobs."""
+    """The story's three bugs (fc short of a layer, targets from a non-final layer, gamma 7), as trainer knobs."""
     return {
         "target_layer_ids": reference_ids[:-1],  # the deepest selected layer never reaches fc
         "verifier_source_layer": reference_ids[-1],  # targets from an intermediate layer, not the final one
@@ -108,6 +111,7 @@ def demo_key(config: DemoConfig) -> str:
     """Hash of everything the cached artefacts depend on."""
     identity = asdict(config)
     identity["world_format"] = WORLD_FORMAT
+    identity["python"] = sys.version  # the corpus is this Python's standard library
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -117,13 +121,13 @@ def built_for(cache: Path) -> str | None:
     if not cache.exists():
         return None
     if not cache.is_dir():
-        raise AuditError(f"--cache {cache}: not a directory")
+        raise AuditError(f"--world-dir {cache}: not a directory")
     key_file = cache / KEY_FILE
     key = key_file.read_text(errors="replace").strip() if key_file.is_file() else None
     if key is not None and re.fullmatch(r"[0-9a-f]{16}", key):
         return key
     if any(cache.iterdir()):
-        raise AuditError(f"--cache {cache}: a non-empty folder that is not a demo cache (no valid {KEY_FILE}); "
+        raise AuditError(f"--world-dir {cache}: a non-empty folder that is not a demo world (no valid {KEY_FILE}); "
                          "give an empty or new folder")
     return None
 
@@ -146,6 +150,10 @@ def build_demo(cache: Path, config: DemoConfig, rebuild: bool = False) -> dict[s
 
     cache = Path(cache)
     prepare_cache(cache, config, rebuild)
+    trained = (cache / "ref" / "config.json").is_file() and (cache / "ours.pt").is_file()
+    if not trained and os.environ.get("ATEN_CPU_CAPABILITY") != "avx2":
+        print("note: training with this CPU's own kernels; `make demo` pins the AVX2 ones, with which every "
+              "x86-64 machine trains the same world (the README's figures)", file=sys.stderr)
     world = build_world(cache, config.target_preset, n_prompts=config.n_prompts, max_bytes=config.corpus_bytes)
     paths = {"target": world.target, "prompts": world.prompts, "ref": cache / "ref", "ours": cache / "ours.pt",
              "offline": cache / "offline"}
@@ -190,7 +198,7 @@ def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path | None 
     family_settings(config)  # an unknown family fails before anything is built
     out = Path(out or default_out_dir(config.family))
     cache = Path(cache or default_cache_dir(cache_dir, config.family))
-    check_outputs({"--out": Path(out)}, {"--cache": cache})
+    check_outputs({"--out": Path(out)}, {"--world-dir": cache})
     paths = build_demo(cache, config, rebuild)
     return run_compare(paths["ours"], paths["ref"], target=paths["target"], prompts=paths["prompts"], out=out,
                        max_new_tokens=config.max_new_tokens, budget=config.budget, cache_dir=paths["offline"],

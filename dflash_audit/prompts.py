@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from impl.data import json_lines
 from impl.errors import AuditError
 from impl.inputs import read_utf8
+from impl.jsonl import json_lines
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 
@@ -40,9 +40,8 @@ def load_prompts(path: str | Path) -> list[dict[str, str]]:
     """`[{"id", "prompt"}]`, one per non-empty line; a bad line is a one-line error naming file:line."""
     path = Path(path)
     text = read_utf8(path, "prompts file")  # a FIFO or non-UTF-8 file is a one-line error, never a hang
-    # Split on newlines only: JSON strings may hold U+2028, which str.splitlines would cut.
     prompts = [_prompt_from_record(record, where, line_no)
-               for line_no, where, record in json_lines(text.split("\n"), path, AuditError)]
+               for line_no, where, record in json_lines(text, path, AuditError)]
     if not prompts:
         raise AuditError(f"{path}: no prompts in the file")
     ids = [p["id"] for p in prompts]

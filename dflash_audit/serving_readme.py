@@ -44,7 +44,7 @@ def reference_written(root: Path, target_dir: Path, spec: DraftSpec = SPEC) -> d
     from loguru import logger
     from speculators.convert.dflash import DFlashConverter
 
-    from dflash_audit.convert import convert
+    from dflash_audit.conversion import convert
 
     logger.disable("speculators")
     dirs = {}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from impl.cache_dir import build_once
 
-from .cache import WorldPaths
+from .world_cache import WorldPaths
 from .corpus import stdlib_corpus
 
 # Two draft layers (one sliding, window below the sequence length, one full) reading three target layers.

@@ -13,7 +13,6 @@ objective's defaults read from SpecForge's own `TrainingConfig`.
 
 from __future__ import annotations
 
-import importlib.metadata
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -22,14 +21,16 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.checkpoint import strip_wrapper_prefixes, zlab_config
+from impl.checkpoint import zlab_config
 from impl.interface import GenerationResult, TrainingOutputs, Unsupported
+from impl.packages import PINNED, installed_version
+from impl.param_names import strip_wrapper_prefixes
 from impl.spec import DraftSpec
 
-VERSION = "0.2.0"
-if importlib.metadata.version("specforge") != VERSION:
+VERSION = PINNED["specforge"]
+if installed_version("specforge") != VERSION:
     raise ImportError(f"held.specforge wraps specforge {VERSION}; installed: "
-                      f"{importlib.metadata.version('specforge')} (make setup pins it)")
+                      f"{installed_version('specforge') or 'none'} (make setup pins it)")
 
 import specforge.modeling.draft.dflash as sf_draft  # noqa: E402  (after the version guard on purpose)
 from specforge.algorithms.common.dflash_family_model import (  # noqa: E402

@@ -17,21 +17,19 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from impl.atomic import atomic_directory, atomic_write_bytes  # noqa: F401  (re-exported: writers import them from here)
+from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ZLAB_EXTRAS
+from impl.errors import CheckpointError
+from impl.families import ZLAB_ARCHITECTURES, config_family
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
+from impl.param_names import strip_wrapper_prefixes
 from impl.spec import DFLASH2_FIELDS, DraftSpec, Recipe, SpecError
 
 CKPT_FORMAT = "dflash-audit/ckpt-1"
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile
-ZLAB_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
 # Tensors a speculators drafter holds that are copies of the verifier's (embeddings, head, final
 # norm, vocabulary maps): never trained, never draft body (PITFALLS #13).
 VERIFIER_OWNED_KEYS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight",
                        "t2d", "d2t")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read as what it claims to be; one line, naming the culprit."""
 
 
 @dataclass
@@ -40,48 +38,12 @@ class Checkpoint:
     state_dict: dict[str, torch.Tensor]
     recipe: Recipe | None = None
     step: int = 0
-    optimizer: dict[str, Any] | None = None
+    # What resuming needs besides the weights: optimizer and scheduler state, RNG state, loss history.
+    training_state: dict[str, Any] | None = None
     recipe_unknown: list[str] = field(default_factory=list)  # recipe fields the source never declared
 
 
 # -- helpers -----------------------------------------------------------------------------
-def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Names without DDP / compile prefixes; two names that become one are an error, never collapsed."""
-    cleaned, origin = {}, {}
-    for raw, value in state_dict.items():
-        key = raw
-        changed = True
-        while changed:
-            changed = False
-            for prefix in WRAPPER_PREFIXES:
-                if key.startswith(prefix):
-                    key, changed = key[len(prefix):], True
-        if key in cleaned:
-            raise CheckpointError(f"tensors {origin[key]!r} and {raw!r} are both {key!r} once wrapper prefixes "
-                                  "are removed; keep one")
-        cleaned[key], origin[key] = value, raw
-    return cleaned
-
-
-def codebook_name(key: str) -> str:
-    """A DFlash2 selector codebook's one name. z-lab's `save_pretrained` writes its Embeddings as
-    `candidate_selector.*_codebook.weight`; its published files and speculators write the bare
-    name (which z-lab's `from_pretrained` maps back). Both spellings are the same tensor."""
-    if key.startswith("candidate_selector.") and key.endswith("_codebook.weight"):
-        return key.removesuffix(".weight")
-    return key
-
-
-def codebook_names(state_dict: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
-    renamed = {}
-    for key, value in state_dict.items():
-        name = codebook_name(key)
-        if name in renamed:
-            raise CheckpointError(f"{source}: both {name!r} and {name + '.weight'!r}: one codebook stored twice")
-        renamed[name] = value
-    return renamed
-
-
 def index_shards(index: Path) -> list[Path]:
     """The shard files a `*.index.json` names; each must lie inside the index's own folder."""
     try:
@@ -136,13 +98,14 @@ def build_drafter(spec: DraftSpec, state_dict: dict[str, torch.Tensor], dtype: t
 
 # -- ours: ckpt.pt -----------------------------------------------------------------------
 def save_checkpoint(path: str | Path, model: DFlashDrafter, recipe: Recipe | None = None, step: int = 0,
-                    optimizer: dict[str, Any] | None = None, recipe_unknown: list[str] | None = None) -> None:
+                    training_state: dict[str, Any] | None = None, recipe_unknown: list[str] | None = None) -> None:
     save_state(path, model.spec, {k: v.detach().cpu() for k, v in model.state_dict().items()}, recipe, step,
-               optimizer, recipe_unknown)
+               training_state, recipe_unknown)
 
 
 def save_state(path: str | Path, spec: DraftSpec, state_dict: dict[str, torch.Tensor], recipe: Recipe | None = None,
-               step: int = 0, optimizer: dict[str, Any] | None = None, recipe_unknown: list[str] | None = None) -> None:
+               step: int = 0, training_state: dict[str, Any] | None = None,
+               recipe_unknown: list[str] | None = None) -> None:
     """`ckpt.pt` from a state dict: tensors backed by a file's pages (mmap) are written straight from them,
     never gathered into memory (torch.save writes each tensor's storage as it stands)."""
     payload = {
@@ -152,8 +115,8 @@ def save_state(path: str | Path, spec: DraftSpec, state_dict: dict[str, torch.Te
         "recipe": recipe.to_dict() if recipe is not None else None,
         "step": int(step),
     }
-    if optimizer is not None:
-        payload["optimizer"] = optimizer
+    if training_state is not None:
+        payload["training_state"] = training_state
     if recipe_unknown:  # a converted checkpoint whose source never said these: unknown, not defaults
         payload["recipe_unknown"] = sorted(recipe_unknown)
     atomic_write_bytes(Path(path), lambda tmp: torch.save(payload, tmp))
@@ -184,7 +147,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if not isinstance(unknown, list) or not all(isinstance(name, str) for name in unknown):
         raise CheckpointError(f"{path}: recipe_unknown must be a list of recipe field names")
     return Checkpoint(spec=spec, state_dict=state, recipe=recipe, step=int(payload.get("step", 0)),
-                      optimizer=payload.get("optimizer"), recipe_unknown=list(unknown))
+                      # "optimizer": the entry's name in ckpt.pt files written before it was "training_state"
+                      training_state=payload.get("training_state", payload.get("optimizer")),
+                      recipe_unknown=list(unknown))
 
 
 # -- z-lab directory ---------------------------------------------------------------------
@@ -201,8 +166,7 @@ def zlab_config(spec: DraftSpec) -> dict[str, Any]:
             "block_size": spec.block_size,
         },
     })
-    extras = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
-    for name, default in extras.items():
+    for name, default in ZLAB_EXTRAS.items():
         if getattr(spec, name) != default:
             config["dflash_config"][name] = getattr(spec, name)
     if spec.family == "dflash2":
@@ -264,8 +228,8 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -
         layer_types = config.get("layer_types") or ["full_attention"] * layers
         if "sliding_attention" in layer_types and window is None:
             # z-lab keeps such layers causal but unwindowed; an unreachable window says the same.
-            window = as_int("max_position_embeddings", config.get("max_position_embeddings", 40960))
-        family = "dflash2" if "DFlash2DraftModel" in (config.get("architectures") or []) else "dflash"
+            window = as_int("max_position_embeddings", config.get("max_position_embeddings", QWEN3_DEFAULTS["max_position_embeddings"]))
+        family = config_family(config)
         dflash2 = {name: as_int(name, value(name)) if value(name) is not None else None for name in DFLASH2_FIELDS}
         if family == "dflash2" and None in dflash2.values():
             raise SpecError(next(n for n, v in dflash2.items() if v is None), "missing from a DFlash2DraftModel config")
@@ -282,17 +246,19 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -
             target_layer_ids=tuple(ids),
             num_target_layers=as_int("num_target_layers", num_target_layers),
             mask_token_id=as_int("mask_token_id", mask_token_id),
-            block_size=as_int("block_size", value("block_size", 16)),
+            block_size=as_int("block_size", value("block_size", BLOCK_SIZE_DEFAULTS["zlab"])),
             layer_types=tuple(layer_types),
             sliding_window=window,
-            rope_theta=as_float("rope_theta", rope.get("rope_theta", config.get("rope_theta", 1_000_000.0))),
-            rms_norm_eps=as_float("rms_norm_eps", config.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=as_int("max_position_embeddings", config.get("max_position_embeddings", 40960)),
-            attention_bias=bool(config.get("attention_bias", False)),
-            hidden_act=str(config.get("hidden_act", "silu")),
-            input_embedding_scale=as_float("input_embedding_scale", value("input_embedding_scale", 1.0)),
-            output_multiplier=as_float("output_multiplier", value("output_multiplier", 1.0)),
-            final_logit_softcapping=value("final_logit_softcapping"),
+            rope_theta=as_float("rope_theta", rope.get("rope_theta", config.get("rope_theta",
+                                                                                QWEN3_DEFAULTS["rope_theta"]))),
+            rms_norm_eps=as_float("rms_norm_eps", config.get("rms_norm_eps", QWEN3_DEFAULTS["rms_norm_eps"])),
+            max_position_embeddings=as_int("max_position_embeddings", config.get("max_position_embeddings", QWEN3_DEFAULTS["max_position_embeddings"])),
+            attention_bias=bool(config.get("attention_bias", QWEN3_DEFAULTS["attention_bias"])),
+            hidden_act=str(config.get("hidden_act", QWEN3_DEFAULTS["hidden_act"])),
+            input_embedding_scale=as_float("input_embedding_scale", value("input_embedding_scale",
+                                                                          ZLAB_EXTRAS["input_embedding_scale"])),
+            output_multiplier=as_float("output_multiplier", value("output_multiplier", ZLAB_EXTRAS["output_multiplier"])),
+            final_logit_softcapping=value("final_logit_softcapping", ZLAB_EXTRAS["final_logit_softcapping"]),
         )
     except KeyError as exc:
         raise CheckpointError(f"{source}: missing field {exc.args[0]!r}") from exc

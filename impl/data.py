@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from impl.jsonl import json_lines
 
 
 class DataError(ValueError):
@@ -120,20 +122,6 @@ def parse_record(record, tokenizer, vocab_size: int, where: str) -> Document:
     return doc
 
 
-def json_lines(lines: Iterable[str], source, error: type[Exception]) -> Iterator[tuple[int, str, object]]:
-    """(line number, `source:line`, parsed value) of every non-blank line; a line that is not
-    JSON raises `error` naming its file and line."""
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{source}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise error(f"{where}: invalid JSON ({exc.msg})") from exc
-        yield number, where, record
-
-
 def read_jsonl(path: str | Path, tokenizer, vocab_size: int) -> tuple[list[Document], bytes]:
     """All documents of a JSON-lines file (blank lines skipped) and the file's bytes."""
     path = Path(path)
@@ -146,7 +134,7 @@ def read_jsonl(path: str | Path, tokenizer, vocab_size: int) -> tuple[list[Docum
         line = raw[:exc.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x})") from exc
     documents = [parse_record(record, tokenizer, vocab_size, where)
-                 for _, where, record in json_lines(text.splitlines(), path, DataError)]
+                 for _, where, record in json_lines(text, path, DataError)]
     if not documents:
         raise DataError(f"{path}: no documents")
     return documents, raw

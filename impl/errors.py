@@ -7,3 +7,7 @@ all raise it without importing upward.
 
 class AuditError(Exception):
     """Bad input or usage: reported as `dflash-audit: error: <message>`, exit status 2."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read as what it claims to be; one line, naming the culprit."""

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from impl.layers import hidden_state_index
+
 
 def decoder_layers(target: nn.Module) -> nn.ModuleList:
     """The decoder layer stack of a Hugging Face causal LM (`model.model.layers`)."""
@@ -33,13 +35,9 @@ def output_head(target: nn.Module) -> nn.Module:
     return head if head is not None else target.get_output_embeddings()
 
 
-# hs[id + 1]: hs[0] is the embedding output, so decoder layer id's output is one further.
-HIDDEN_STATES_OFFSET = 1
-
-
 def context_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
     """Concatenate the outputs of the selected decoder layers (z-lab indexing)."""
-    return torch.cat([hidden_states[i + HIDDEN_STATES_OFFSET] for i in layer_ids], dim=-1)
+    return torch.cat([hidden_states[hidden_state_index(i)] for i in layer_ids], dim=-1)
 
 
 @dataclass
@@ -79,6 +77,6 @@ class HiddenStateExtractor:
         hs = out.hidden_states
         final_raw = captured["final_raw"]
         # Intermediate layer outputs are raw in hs; the final one only via the hook.
-        source = final_raw if self.source_layer == self.num_layers - 1 else hs[self.source_layer + HIDDEN_STATES_OFFSET]
+        source = final_raw if self.source_layer == self.num_layers - 1 else hs[hidden_state_index(self.source_layer)]
         return TargetStates(context=context_features(hs, self.layer_ids), final_raw=final_raw, source=source,
                             logits=out.logits if with_logits else None)

@@ -25,14 +25,6 @@ from torch import nn
 from impl.dflash2 import SelectorTraining
 from impl.spec import DraftSpec
 
-OPERATIONS = (
-    "default_target_layer_ids", "context_features", "select_anchors", "training_mask", "inference_mask",
-    "build_drafter", "project_context", "draft_forward", "training_outputs", "loss_weights", "loss",
-    "block_metrics", "generate", "dpace_weights", "dpace_loss",
-    # DFlash2
-    "dynamic_conv", "selector_path", "selector_scores", "selector_training_candidates", "selector_loss",
-)
-
 
 class Unsupported(NotImplementedError):
     """This implementation has no such operation, or cannot express this case of it (a causal

@@ -5,6 +5,10 @@ z-lab: id = 0-based decoder layer whose output is used, read as `hidden_states[i
 speculators: `aux_hidden_state_layer_ids` are already shifted by one (id + 1), and its
 converter drops the id that would name the final layer (the final layer's output is
 captured separately as `verifier_last_hidden_states`).
+
+This module is the only place the shift is written; every other module calls
+`hidden_state_index`, `names_final_layer`, `zlab_to_speculators` or `speculators_to_zlab`
+(tests/test_restatements.py fails on a copy).
 """
 
 from __future__ import annotations
@@ -20,18 +24,24 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
     return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
-def speculators_default_layer_ids(num_target_layers: int) -> list[int]:
-    """speculators' ids when none are given (already in its shifted convention)."""
-    return [2, num_target_layers // 2, num_target_layers - 3]
+def hidden_state_index(layer_id: int) -> int:
+    """Where z-lab id `layer_id` sits in a Hugging Face `output_hidden_states` tuple, whose
+    entry 0 is the embedding output. speculators' aux id for the same layer is this index."""
+    return layer_id + 1
+
+
+def names_final_layer(layer_id: int, num_target_layers: int) -> bool:
+    """Whether z-lab id `layer_id` is the target's final decoder layer (speculators never feeds it to fc)."""
+    return hidden_state_index(layer_id) == num_target_layers
 
 
 def zlab_to_speculators(layer_ids: list[int], num_target_layers: int) -> list[int]:
     """z-lab id i -> speculators aux id i + 1; an id naming the final layer is dropped, as speculators does."""
-    return [i + 1 for i in layer_ids if i + 1 != num_target_layers]
+    return [hidden_state_index(i) for i in layer_ids if not names_final_layer(i, num_target_layers)]
 
 
 def speculators_to_zlab(aux_layer_ids: list[int]) -> list[int]:
-    """speculators aux id j -> z-lab id j - 1."""
+    """speculators aux id j -> z-lab id j - 1; ValueError for an id below 1 (the embedding output)."""
     if any(j < 1 for j in aux_layer_ids):
         raise ValueError(f"speculators aux ids start at 1 (0 is the embedding output), got {aux_layer_ids}")
     return [j - 1 for j in aux_layer_ids]

@@ -11,6 +11,9 @@ import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
+from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ZLAB_EXTRAS
+from impl.families import spec_family
+
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # One vocabulary for every knob (CLI, TrainConfig, Recipe, checkpoint, report, foreign arg names):
 # speculators' names, and these choices.
@@ -49,18 +52,18 @@ class DraftSpec:
     target_layer_ids: tuple[int, ...]  # z-lab convention; every one feeds fc
     num_target_layers: int  # decoder layers of the target (verifier)
     mask_token_id: int
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE_DEFAULTS["zlab"]
     layer_types: tuple[str, ...] = ()  # empty means all full attention
     sliding_window: int | None = None
-    rope_theta: float = 1_000_000.0
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 40960
-    attention_bias: bool = False
-    hidden_act: str = "silu"
+    rope_theta: float = QWEN3_DEFAULTS["rope_theta"]
+    rms_norm_eps: float = QWEN3_DEFAULTS["rms_norm_eps"]
+    max_position_embeddings: int = QWEN3_DEFAULTS["max_position_embeddings"]
+    attention_bias: bool = QWEN3_DEFAULTS["attention_bias"]
+    hidden_act: str = QWEN3_DEFAULTS["hidden_act"]
     # z-lab dflash_config extras: embedding scale, logit multiplier and soft-capping.
-    input_embedding_scale: float = 1.0
-    output_multiplier: float = 1.0
-    final_logit_softcapping: float | None = None
+    input_embedding_scale: float = ZLAB_EXTRAS["input_embedding_scale"]
+    output_multiplier: float = ZLAB_EXTRAS["output_multiplier"]
+    final_logit_softcapping: float | None = ZLAB_EXTRAS["final_logit_softcapping"]
     # Sliding-window layers see their whole block (bidirectional) instead of a causal block:
     # speculators' `sliding_window_non_causal`, z-lab's `is_causal: false`. DFlash2 defaults to it.
     sliding_window_non_causal: bool = False
@@ -136,11 +139,7 @@ class DraftSpec:
     @property
     def family(self) -> str:
         """`dflash2` when the spec carries the convolutions and the selector, else `dflash`."""
-        return "dflash2" if self.conv_kernel_size is not None else "dflash"
-
-    @property
-    def conv_groups(self) -> int:
-        return self.hidden_size // self.conv_group_size
+        return spec_family(self.conv_kernel_size)
 
     def block_is_causal(self, layer_idx: int) -> bool:
         """Whether a layer's block slots see only earlier slots: sliding layers unless non-causal."""

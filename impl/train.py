@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from impl.checkpoint import load_checkpoint, save_checkpoint
 from impl.data import PackedData, load_packed, pack_records
+from impl.defaults import QWEN3_DEFAULTS
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
 from impl.spec import DFLASH2_FIELDS, FAMILIES, DraftSpec, LossFn, LossWeighting, Recipe
@@ -128,7 +129,7 @@ def draft_spec(config, tokenizer, cfg: TrainConfig) -> DraftSpec:
         block_size=cfg.block_size,
         layer_types=tuple(cfg.layer_types or ()),
         sliding_window=cfg.sliding_window,
-        rope_theta=float(rope.get("rope_theta", 1_000_000.0)),
+        rope_theta=float(rope.get("rope_theta", QWEN3_DEFAULTS["rope_theta"])),
         rms_norm_eps=config.rms_norm_eps,
         max_position_embeddings=config.max_position_embeddings,
     )
@@ -254,7 +255,7 @@ def evaluate(drafter: DFlashDrafter, target, data: PackedData, recipe: Recipe, b
 
 
 # -- the run -------------------------------------------------------------------------------
-def _checkpoint_extras(optimizer, scheduler, history, evals) -> dict:
+def _training_state(optimizer, scheduler, history, evals) -> dict:
     return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "rng": torch.get_rng_state(), "history": list(history), "evals": list(evals)}
 
@@ -365,7 +366,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> dict:
                                       f"acc {' '.join(f'{a:.2f}' for a in evals[-1]['position_acc'][:4])}")
             if rank == 0 and (done or (cfg.save_every and step % cfg.save_every == 0)):
                 save_checkpoint(out_path, drafter, recipe, step,
-                                optimizer=_checkpoint_extras(optimizer, scheduler, history, evals))
+                                training_state=_training_state(optimizer, scheduler, history, evals))
     if world > 1:
         dist.barrier()
     return {"out": str(out_path), "steps": step, "seconds": round(time.monotonic() - started, 1),
@@ -389,13 +390,14 @@ def _resume(path: Path, drafter, optimizer, scheduler, spec: DraftSpec, recipe: 
         raise TrainError(f"{path}: cannot resume, its drafter spec differs from this run's")
     if ckpt.recipe is None or ckpt.recipe.data_hash != recipe.data_hash:
         raise TrainError(f"{path}: cannot resume, it was trained on different data (data hash differs)")
-    if ckpt.optimizer is None:
+    if ckpt.training_state is None:
         raise TrainError(f"{path}: cannot resume, the checkpoint has no optimizer state")
     drafter.load_state_dict(ckpt.state_dict)
-    optimizer.load_state_dict(ckpt.optimizer["optimizer"])
-    scheduler.load_state_dict(ckpt.optimizer["scheduler"])
-    torch.set_rng_state(ckpt.optimizer["rng"])
-    return ckpt.step, list(ckpt.optimizer.get("history", [])), list(ckpt.optimizer.get("evals", []))
+    state = ckpt.training_state
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"])
+    return ckpt.step, list(state.get("history", [])), list(state.get("evals", []))
 
 
 def train_drafter(target_dir: str | Path, texts_or_data, out_path: str | Path, **config) -> dict:

@@ -23,7 +23,7 @@ from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.interface import TrainingOutputs
 from impl.model import DFlashDrafter
 from impl.spec import Recipe
-from impl.targets import TargetAligner
+from impl.target_alignment import TargetAligner
 
 
 @dataclass

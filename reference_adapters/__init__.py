@@ -10,11 +10,14 @@ from typing import Any
 
 from impl.errors import AuditError
 
+# The one registry of implementations by short name (`package.module:object`); the conformance
+# suite's `--impl` names are this table plus the held codebases (held/__init__.py).
 IMPLEMENTATIONS = {
-    "ours": "impl.adapter:OursImplementation",
+    "ours": "impl.implementation:OursImplementation",
     "speculators": "reference_adapters.speculators_adapter:SpeculatorsImplementation",
     "zlab": "reference_adapters.zlab_adapter:ZlabImplementation",
 }
+REFERENCES = ("speculators", "zlab")
 
 
 def get_implementation(name: str, **kwargs: Any):

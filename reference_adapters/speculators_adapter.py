@@ -25,14 +25,15 @@ from impl.checkpoint import (
     CheckpointError,
     atomic_directory,
     read_config,
-    strip_wrapper_prefixes,
 )
 from impl.dflash2 import SelectorTraining
 from impl.extract import HiddenStateExtractor, final_norm, output_head
+from impl.families import config_family
 from impl.interface import TrainingOutputs, Unsupported
-from impl.layers import speculators_to_zlab
+from impl.layers import hidden_state_index, speculators_to_zlab
+from impl.param_names import strip_wrapper_prefixes
 from impl.spec import DFLASH2_FIELDS, DraftSpec
-from reference_adapters.versions import check_reference
+from reference_adapters.version_guard import check_reference
 
 check_reference("speculators")
 
@@ -59,8 +60,8 @@ CPU_ATTENTION = "eager"
 
 
 def native_layer_ids(zlab_ids) -> list[int]:
-    """z-lab id i -> speculators aux id i + 1 (the same layer)."""
-    return [int(i) + 1 for i in zlab_ids]
+    """z-lab id i -> speculators aux id i + 1 (the same layer; the final layer is kept)."""
+    return [hidden_state_index(int(i)) for i in zlab_ids]
 
 
 def verifier_config(verifier_dir: str | Path | None) -> VerifierConfig:
@@ -126,7 +127,7 @@ def load_speculators_model(path: str | Path, verifier_dir: str | Path | None = N
     verifier-owned tensors are read from).
     """
     try:
-        family = "dflash2" if read_config(Path(path)).get("speculators_model_type") == "dflash2" else "dflash"
+        family = config_family(read_config(Path(path)))
         config = on_cpu_attention(CONFIG_CLASSES[family].from_pretrained(str(path)))
         if verifier_dir is not None:
             config.speculators_config.verifier = verifier_config(verifier_dir)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
+from impl.packages import installed_version
 from impl.spec import DFLASH2_FIELDS, Recipe
 
 MODEL_LEVEL = "model-level"
@@ -41,11 +42,9 @@ class ReferenceRecipe:
 
     @property
     def title(self) -> str:
-        from importlib.metadata import version
-
         which = "model-level defaults" if self.name == MODEL_LEVEL else \
             f"TrainConfig-resolved {self.speculator_type} recipe"
-        return f"speculators {version('speculators')} {which}"
+        return f"speculators {installed_version('speculators')} {which}"
 
     def settings(self) -> dict:
         """Recipe fields plus block size and draft layers: what `train --recipe speculators` takes."""

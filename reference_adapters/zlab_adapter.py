@@ -14,10 +14,12 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.checkpoint import CheckpointError, strip_wrapper_prefixes, zlab_config
+from impl.checkpoint import CheckpointError, zlab_config
+from impl.families import config_family
 from impl.interface import GenerationResult, Unsupported
+from impl.param_names import codebook_module_name, strip_wrapper_prefixes
 from impl.spec import DraftSpec
-from reference_adapters.versions import check_reference
+from reference_adapters.version_guard import check_reference
 
 check_reference("dflash")
 
@@ -55,7 +57,7 @@ def model_class(family: str) -> type[zlab.DFlashDraftModel]:
 def in_memory_names(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """On-disk names -> z-lab's module names: its selector codebooks are Embeddings (`.weight`), which
     `DFlash2DraftModel.from_pretrained` maps the files' bare names onto."""
-    return {f"{name}.weight" if name.endswith("_codebook") else name: tensor for name, tensor in state_dict.items()}
+    return {codebook_module_name(name): tensor for name, tensor in state_dict.items()}
 
 
 def load_zlab_model(path: str | Path) -> zlab.DFlashDraftModel:
@@ -63,8 +65,7 @@ def load_zlab_model(path: str | Path) -> zlab.DFlashDraftModel:
     import json
 
     try:
-        architectures = json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
-        family = "dflash2" if "DFlash2DraftModel" in architectures else "dflash"
+        family = config_family(json.loads((Path(path) / "config.json").read_text()))
         model = model_class(family).from_pretrained(str(path), dtype=torch.float32)
     except (OSError, ValueError, KeyError) as exc:
         reason = " ".join(str(exc).split())[:200]

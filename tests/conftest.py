@@ -9,15 +9,16 @@ import pytest
 import torch
 
 from dflash_world import cached_test_world
-from dflash_world.target import random_qwen3
+from dflash_world.target_training import random_qwen3
 from dflash_world.tokenizer import train_tokenizer
 from impl.model import DFlashDrafter
 from tests.helpers import TEXTS, load_trained_pair, tiny_spec, tiny_target
 
 # `make quick`: a cross-section of the harness's own tests that needs no trained world (seconds each):
-# specs and layers, masks, layering and the catalogue, every format loader, the static audit, the seed story.
+# specs and layers, masks, layering and the catalogue, every format loader, the static audit, the team checkpoint
+# of the README's opening story.
 QUICK_MODULES = {"test_spec", "test_layers", "test_masks_anchors", "test_layering", "test_pitfalls", "test_formats",
-                 "test_compare_static", "test_seed_checkpoint", "test_model_checkpoint", "test_extract"}
+                 "test_compare_static", "test_team_checkpoint", "test_model_checkpoint", "test_extract"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from dflash_world.target import random_qwen3
+from dflash_world.target_training import random_qwen3
 from impl.spec import DraftSpec
 
 # Training text for the tiny worlds: short, repetitive, tokenizer-friendly.
@@ -22,7 +22,7 @@ def tiny_spec(**overrides) -> DraftSpec:
 
 
 def tiny_target(num_layers: int = 6, hidden: int = 64, vocab: int = 128, seed: int = 0) -> Qwen3ForCausalLM:
-    """The harness tests' preset of the one tiny target builder (`dflash_world.target.random_qwen3`)."""
+    """The harness tests' preset of the one tiny target builder (`dflash_world.target_training.random_qwen3`)."""
     return random_qwen3(num_layers, hidden, vocab, seed)
 
 

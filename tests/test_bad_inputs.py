@@ -25,7 +25,7 @@ import torch
 
 from dflash_audit.cli import main
 from dflash_audit.formats import load_any
-from dflash_world.target import random_qwen3
+from dflash_world.target_training import random_qwen3
 from dflash_world.tokenizer import mask_token_id, train_tokenizer
 from impl.checkpoint import load_checkpoint, save_checkpoint, save_zlab_dir
 from impl.model import DFlashDrafter
@@ -290,8 +290,11 @@ CASES = {
     "train-out-unwritable": (with_option(TRAIN, "--out", "/proc/dflash-x.pt"), ["--out /proc/dflash-x.pt"]),
     "train-json-inside-the-target": (TRAIN + ["--json", "{w}/target/stats.json"], ["--json", "--target"]),
     "train-resume-from-a-directory": (with_option(TRAIN, "--out", "{w}/zref") + ["--resume"], ["--out", "zref"]),
-    "demo-cache-someone-elses-folder": (["demo", "--cache", "{w}", "--out", "{t}/demo"], ["--cache", "demo cache"]),
-    "demo-cache-a-file": (["demo", "--cache", "{w}/notes.txt", "--out", "{t}/demo"], ["--cache", "notes.txt"]),
+    "demo-world-dir-someone-elses-folder": (["demo", "--world-dir", "{w}", "--out", "{t}/demo"],
+                                            ["--world-dir", "demo world"]),
+    "demo-world-dir-a-file": (["demo", "--world-dir", "{w}/notes.txt", "--out", "{t}/demo"], ["--world-dir", "notes.txt"]),
+    # the old name of --world-dir still works (unlisted)
+    "demo-cache-alias-someone-elses-folder": (["demo", "--cache", "{w}", "--out", "{t}/demo"], ["--world-dir", "demo world"]),
     # drafters the loaders refuse, naming the file and the field
     "compare-truncated-safetensors": (with_option(COMPARE, "--ref", "{w}/truncated-zlab"),
                                       ["truncated-zlab/model.safetensors", "unreadable safetensors"]),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.compare import Comparator, Divergence
+from conformance.comparator import Comparator, Divergence
 from impl.interface import TrainingOutputs, Unsupported
 
 pytestmark = pytest.mark.quick

@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from dflash_audit.cli import main
-from dflash_audit.convert import convert
+from dflash_audit.conversion import convert
 from dflash_audit.formats import load_any
 from impl.checkpoint import save_checkpoint, save_zlab_dir
 from impl.errors import AuditError

@@ -43,7 +43,7 @@ def test_two_ranks_match_one_process(tiny_world, tmp_path):  # noqa: F811
     one, two = load_checkpoint(tmp_path / "single.pt"), load_checkpoint(tmp_path / "ddp.pt")
     assert two.step == one.step == 3
     # The logged losses are means over ranks: the same curve.
-    torch.testing.assert_close(torch.tensor(two.optimizer["history"]), torch.tensor(single["losses"]),
+    torch.testing.assert_close(torch.tensor(two.training_state["history"]), torch.tensor(single["losses"]),
                                rtol=1e-5, atol=1e-7)
     for key, value in one.state_dict.items():
         torch.testing.assert_close(two.state_dict[key], value, atol=ATOL, rtol=RTOL, msg=key)

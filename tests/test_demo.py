@@ -98,7 +98,7 @@ def test_a_folder_without_a_demo_key_is_never_emptied(tmp_path, key):
     (cache / "ours.pt").write_bytes(b"someone's checkpoint")
     if key is not None:
         (cache / KEY_FILE).write_text(key)
-    with pytest.raises(AuditError, match=f"--cache {cache}: a non-empty folder that is not a demo cache"):
+    with pytest.raises(AuditError, match=f"--world-dir {cache}: a non-empty folder that is not a demo world"):
         prepare_cache(cache, DemoConfig())
     assert (cache / "ours.pt").read_bytes() == b"someone's checkpoint"
 

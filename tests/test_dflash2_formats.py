@@ -13,7 +13,7 @@ from safetensors import safe_open
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
-from dflash_audit.convert import convert
+from dflash_audit.conversion import convert
 from dflash_audit.formats import load_any
 from impl.checkpoint import save_checkpoint, save_zlab_dir
 from impl.model import DFlashDrafter

@@ -109,6 +109,13 @@ def test_prompt_formats_and_chat_template(test_world, tmp_path):
         uses_chat_template(tokenizer, "on")
 
 
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85"])
+def test_a_raw_unicode_line_separator_inside_a_prompt_is_one_record(tmp_path, char):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt": f"x = 1{char}y = 2"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert load_prompts(path) == [{"id": "a", "prompt": f"x = 1{char}y = 2"}]
+
+
 @pytest.mark.slow
 def test_torchrun_shards_prompts_and_gathers(eval_inputs, tmp_path):
     drafter, target, prompts = eval_inputs

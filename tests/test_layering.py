@@ -54,12 +54,12 @@ def test_every_import_points_down_the_layers():
 
 @pytest.mark.parametrize("path, source", [
     ("impl/model.py", "from dflash_audit.errors import AuditError\n"),
-    ("reference_adapters/zlab_adapter.py", "def f():\n    import conformance.compare\n"),
-    ("dflash_world/target.py", "import reference_adapters\n"),
-    ("conformance/compare.py", "from dflash_audit.formats import load_any\n"),
-    ("held/specforge.py", "import reference_adapters.versions\n"),
+    ("reference_adapters/zlab_adapter.py", "def f():\n    import conformance.comparator\n"),
+    ("dflash_world/target_training.py", "import reference_adapters\n"),
+    ("conformance/comparator.py", "from dflash_audit.formats import load_any\n"),
+    ("held/specforge.py", "import reference_adapters.version_guard\n"),
     ("reference_adapters/speculators_adapter.py", "from held.specforge import SpecForgeImplementation\n"),
-    ("held/specforge.py", "from conformance.compare import Comparator\n"),
+    ("held/specforge.py", "from conformance.comparator import Comparator\n"),
     # The serving engines (held/serving/) hold drafters to vLLM and SGLang: no reference, no audit above them.
     ("held/serving/verdict.py", "from dflash_audit.formats import load_any\n"),
     ("held/serving/vllm_engine.py", "import reference_adapters.speculators_adapter\n"),

@@ -40,15 +40,26 @@ def test_ckpt_round_trip_with_wrapper_prefixes(tmp_path):
     spec = tiny_spec()
     model = DFlashDrafter(spec)
     recipe = Recipe(gamma=7.0, verifier_source_layer=3)
-    save_checkpoint(tmp_path / "ckpt.pt", model, recipe, step=12, optimizer={"lr": torch.tensor(0.1)})
+    save_checkpoint(tmp_path / "ckpt.pt", model, recipe, step=12, training_state={"lr": torch.tensor(0.1)})
     ckpt = load_checkpoint(tmp_path / "ckpt.pt")
     assert ckpt.spec == spec and ckpt.recipe == recipe and ckpt.step == 12
-    assert torch.equal(ckpt.optimizer["lr"], torch.tensor(0.1))
+    assert torch.equal(ckpt.training_state["lr"], torch.tensor(0.1))
     wrapped = {f"module._orig_mod.{k}": v for k, v in model.state_dict().items()}
     rebuilt = build_drafter(spec, wrapped)
     for key, value in model.state_dict().items():
         assert torch.equal(rebuilt.state_dict()[key], value)
     assert not list(tmp_path.glob(".ckpt.pt.*")), "temp file left behind"
+
+
+def test_a_ckpt_written_with_the_old_optimizer_entry_still_resumes(tmp_path):
+    """Before it was `training_state`, ckpt.pt held optimizer, scheduler, RNG and history under `optimizer`."""
+    spec = tiny_spec()
+    model = DFlashDrafter(spec)
+    save_checkpoint(tmp_path / "ckpt.pt", model, training_state={"history": [1.0, 0.5]})
+    payload = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    payload["optimizer"] = payload.pop("training_state")
+    torch.save(payload, tmp_path / "old.pt")
+    assert load_checkpoint(tmp_path / "old.pt").training_state == {"history": [1.0, 0.5]}
 
 
 def test_corrupt_and_malicious_checkpoints_give_one_line_errors(tmp_path):

@@ -101,7 +101,7 @@ def test_train_under_torchrun_matches_one_process(tiny_world, tmp_path):  # noqa
     assert (two.recipe.extra["batch_size"], two.recipe.extra["grad_accum"]) == (4, 2)
     assert two.recipe.noise_std == DDP_RUN["noise_std"] and two.recipe.max_anchors == DDP_RUN["max_anchors"]
     # The logged losses are means over ranks: the same curve. Weights as tight as tests/test_ddp.py.
-    torch.testing.assert_close(torch.tensor(two.optimizer["history"]), torch.tensor(one.optimizer["history"]),
+    torch.testing.assert_close(torch.tensor(two.training_state["history"]), torch.tensor(one.training_state["history"]),
                                rtol=1e-5, atol=1e-7)
     assert one.state_dict.keys() == two.state_dict.keys()
     for key, value in one.state_dict.items():

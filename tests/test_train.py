@@ -54,6 +54,25 @@ def test_bad_lines_name_file_and_line(tmp_path, line, message):
         load_packed(path, None, 10, 8, 0)
 
 
+# Characters JSON allows raw inside a string but str.splitlines() cuts at (the ASCII ones it
+# also cuts at, \x0b \x0c \x1c-\x1e, are control characters JSON requires escaped).
+LINE_BREAKS_INSIDE_JSON = ["\u2028", "\u2029", "\x85"]
+
+
+@pytest.mark.parametrize("char", LINE_BREAKS_INSIDE_JSON)
+def test_a_raw_unicode_line_separator_inside_a_string_is_one_record(tiny_world, tmp_path, char):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_world / "target")
+    path = tmp_path / "d.jsonl"
+    text = f"def add(x, y):{char}    return x + y"
+    path.write_text(json.dumps({"text": text}, ensure_ascii=False) + "\n" + '{"input_ids": [1, 2]}\n', encoding="utf-8")
+    assert char in path.read_text(encoding="utf-8")  # written raw, not escaped
+    packed = load_packed(path, tokenizer, len(tokenizer), 64, 0)
+    expected = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id, 1, 2]
+    assert packed.input_ids[0][: len(expected)].tolist() == expected
+
+
 def test_chat_messages_train_assistant_turns_only(tiny_world):
     from transformers import AutoTokenizer
 
@@ -110,7 +129,7 @@ def test_knobs_are_recorded_truthfully(tiny_world, tmp_path):
     assert ckpt.recipe.verifier_source_layer == 2
     assert (ckpt.recipe.gamma, ckpt.recipe.loss_fn, ckpt.recipe.noise_std) == (7.0, "ce", 0.1)
     assert ckpt.recipe.max_anchors == 6 and ckpt.recipe.data_hash.startswith("sha256:")
-    assert ckpt.step == 2 and set(ckpt.optimizer) >= {"optimizer", "scheduler", "rng"}
+    assert ckpt.step == 2 and set(ckpt.training_state) >= {"optimizer", "scheduler", "rng", "history"}
     assert ckpt.spec.mask_token_id == 1  # the tokenizer's <|mask|>
     assert stats["recipe"] == ckpt.recipe.to_dict()
     # The final layer is the reference recipe: recorded as None.

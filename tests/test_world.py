@@ -20,7 +20,8 @@ from dflash_world import (
     train_tokenizer,
     write_prompts_jsonl,
 )
-from dflash_world.target import STATS_FILE, pack_tokens
+from dflash_world.target_training import STATS_FILE, pack_tokens
+from impl.jsonl import split_json_lines
 
 SMALL = 300_000  # bytes of corpus for the tests that build their own pieces
 
@@ -162,7 +163,7 @@ def test_write_prompts_jsonl(tmp_path):
     path = tmp_path / "sub" / "prompts.jsonl"
     write_prompts_jsonl(path, BUILTIN_PROMPTS[:3])
     write_prompts_jsonl(path, BUILTIN_PROMPTS)  # overwrites
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = split_json_lines(path.read_text(encoding="utf-8").rstrip("\n"))
     assert [json.loads(line) for line in lines] == BUILTIN_PROMPTS
     assert [p.name for p in path.parent.iterdir()] == ["prompts.jsonl"]
     assert path.stat().st_mode & 0o777 == 0o644
@@ -176,5 +177,5 @@ def test_cached_test_world_is_reused(test_world):
     assert time.monotonic() - started < 2
     assert again == test_world and again.complete()
     assert config.stat().st_mtime_ns == built_at
-    prompts = [json.loads(line) for line in test_world.prompts.read_text().splitlines()]
+    prompts = [json.loads(line) for line in split_json_lines(test_world.prompts.read_text()) if line]
     assert len(prompts) >= 4 and all({"id", "prompt"} <= p.keys() for p in prompts)

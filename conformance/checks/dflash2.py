@@ -8,7 +8,7 @@ import functools
 import torch
 
 from conformance.checks import training
-from conformance.compare import Comparator
+from conformance.comparator import Comparator
 from conformance.strategies import ConvCase, SelectorCase, SelectorLossCase, TrainingCase
 from conformance.tolerances import EXACT, for_drafter, for_dtype
 from conformance.world import VOCAB, reference_state_dict, target_for

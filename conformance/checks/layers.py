@@ -7,9 +7,10 @@ from functools import lru_cache
 
 import torch
 
-from conformance.compare import Comparator
+from conformance.comparator import Comparator
 from conformance.tolerances import for_dtype
 from conformance.world import VOCAB, reference_state_dict, target_for, tiny_target
+from impl.layers import names_final_layer
 
 
 def default_layer_ids(cmp: Comparator, a, b, case: tuple[int, int]) -> None:
@@ -48,7 +49,7 @@ def converter_convention(cmp: Comparator, case: tuple[int, list[int]]) -> list[i
         target.config.save_pretrained(verifier_dir)
         aux = DFlashConverter()._build_config(source, verifier_dir, None).aux_hidden_state_layer_ids
     hs = target_hidden_states(num_target_layers, 32)
-    kept = [i for i in layer_ids if i + 1 != num_target_layers]  # the converter drops the final layer
+    kept = [i for i in layer_ids if not names_final_layer(i, num_target_layers)]  # the converter drops it
     # speculators indexes hidden_states with its aux ids directly.
     cmp.compare(("speculators", "zlab"), torch.cat([hs[j] for j in aux], -1),
                 extract_context_feature(hs, kept),

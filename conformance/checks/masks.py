@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.compare import Comparator
+from conformance.comparator import Comparator
 from conformance.strategies import InferenceMaskCase, MaskCase
 from conformance.tolerances import EXACT
 

@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from conformance.compare import Comparator
+from conformance.comparator import Comparator
 from conformance.strategies import TrainingCase
 from conformance.tolerances import EXACT, for_dtype
 from conformance.world import packed_sequence, reference_state_dict, target_for

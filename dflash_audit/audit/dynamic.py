@@ -1,7 +1,7 @@
 """Dynamic audit: both drafters on the same cached target hidden states; τ compared per prompt.
 
 The target runs once per (target, prompts, settings) through `impl.offline`'s cache
-(greedy continuation + one forward); each drafter's DFlash walk (one block per round)
+(greedy continuation, the layers both drafters read captured on the way); each drafter's DFlash walk (one block per round)
 and DDTree walk (a tree of at most `budget` nodes per round) are replayed from it, so
 both drafters are judged on exactly the same target states. A drafter that cannot run against this target (missing or
 non-finite tensors, a hidden size or depth the target does not have) keeps its static
@@ -143,8 +143,9 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     drafters = {name: build_drafter(side.spec, side.state_dict).float().eval()
                 for name, side in sides.items() if name not in not_measured}
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    layer_ids = sorted({i for drafter in drafters.values() for i in drafter.target_layer_ids})
     cache = offline.load_or_build_cache(cache_dir or cache_root() / "offline", target_dir, target, prompts,
-                                        max_new_tokens, stop_ids, on_prompt=advance)
+                                        max_new_tokens, stop_ids, layer_ids=layer_ids, on_prompt=advance)
     methods = {}
     # DDTree builds its tree from independent per-slot marginals; a DFlash2 drafter's selector has none.
     dflash2 = [name for name, side in sides.items() if side.spec is not None and side.spec.family == "dflash2"]

@@ -10,8 +10,8 @@ from typing import Any
 
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.sides import Side
-from dflash_audit.audit.versions import report_versions
 from impl.checkpoint import atomic_write_bytes
+from impl.packages import installed_versions
 
 SCHEMA = "dflash-audit/1"
 
@@ -39,7 +39,7 @@ def report_dict(report: AuditReport) -> dict[str, Any]:
         "ref": side_dict(report.ref),
         "findings": [f.to_dict() for f in report.findings],
         "tau": report.dynamic.tau_dict() if report.dynamic is not None else None,
-        "versions": report_versions(),
+        "versions": installed_versions(),
         # Extra keys (allowed by the schema):
         "exit_status": report.exit_status,
         "recipes": report.static.recipes,

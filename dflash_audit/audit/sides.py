@@ -16,6 +16,7 @@ import torch
 
 from dflash_audit.formats import VERIFIER_OWNED_KEYS, LoadOptions
 from dflash_audit.formats.inference import fc_layer_count
+from impl.families import spec_family
 from impl.spec import DraftSpec, Recipe
 
 # Copied from the verifier by speculators (PITFALLS #13): never trained, never draft body.
@@ -32,7 +33,6 @@ class Side:
     raw_layer_ids: list[int] | None  # target layer ids as stored, in the format's own convention
     layer_id_convention: str  # "zlab" (hs[id + 1]) or "speculators" (hs[id])
     verifier_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    raw_config: dict[str, Any] = field(default_factory=dict)
     known: dict[str, Any] = field(default_factory=dict)  # spec field -> value, known fields only
     provenance: dict[str, dict[str, str]] = field(default_factory=dict)  # field -> {"source", "detail"}
     recipe_unknown: list[str] = field(default_factory=list)
@@ -92,7 +92,7 @@ class Side:
             return None
         values.update(target_layer_ids=tuple(range(count)), num_target_layers=count, mask_token_id=0,
                       vocab_size=values.get("vocab_size") or 1, block_size=values.get("block_size") or 1)
-        if values.get("conv_kernel_size") is not None:  # DFlash2: top-k and the block size shape nothing
+        if spec_family(values.get("conv_kernel_size")) == "dflash2":  # top-k and the block size shape nothing
             values["block_size"] = max(values["block_size"], values["conv_kernel_size"])
             values["selector_top_k"] = 1
         values["layer_types"] = tuple(values.get("layer_types") or ())
@@ -118,7 +118,7 @@ def load_side(path: str | Path, target_dir: str | Path | None = None, options: L
     return Side(path=str(path), format=loaded.format, spec=loaded.spec, state_dict=body, recipe=loaded.recipe,
                 raw_layer_ids=list(raw_ids) if raw_ids is not None else None,
                 layer_id_convention=raw.layer_id_convention, verifier_tensors=owned,
-                raw_config=raw.config or {}, known=known,
+                known=known,
                 provenance={k: p.to_dict() for k, p in loaded.provenance.items()},
                 recipe_unknown=list(loaded.recipe_unknown), contradictions=list(loaded.contradictions),
                 foreign=dict(loaded.foreign))

@@ -17,6 +17,7 @@ import torch
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.stream_stats import is_finite, pair_stats_all
+from impl.families import spec_family
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, Recipe
 
@@ -269,7 +270,7 @@ def family_of(side: Side) -> str | None:
     if side.spec is not None:
         return side.spec.family
     if side.is_known("conv_kernel_size"):
-        return "dflash2" if side.value("conv_kernel_size") is not None else "dflash"
+        return spec_family(side.value("conv_kernel_size"))
     return None
 
 

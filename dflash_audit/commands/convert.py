@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from dflash_audit.convert import convert, convert_for
+from dflash_audit.conversion import convert, convert_for
 from impl.errors import AuditError
 
 

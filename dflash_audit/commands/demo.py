@@ -12,7 +12,10 @@ from dflash_audit.demo import DemoConfig, run_demo
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
-        cache: Path | None = typer.Option(None, "--cache", help="the demo world's folder (default <cache-dir>/demo)"),
+        world_dir: Path | None = typer.Option(None, "--world-dir",
+                                              help="the demo world's folder (default <cache-dir>/demo)"),
+        # The old name of --world-dir, kept working but unlisted: --cache reads as a cache root elsewhere.
+        old_world_dir: Path | None = typer.Option(None, "--cache", hidden=True, help="deprecated: --world-dir"),
         cache_dir: Path | None = typer.Option(None, "--cache-dir",
                                               help="cache root (default $XDG_CACHE_HOME/dflash-audit)"),
         rebuild: bool = typer.Option(False, "--rebuild", help="retrain everything in the cache"),
@@ -22,7 +25,7 @@ def register(app: typer.Typer) -> None:
                                    help="dflash, or dflash2: the second act, the same story on a DFlash2 pair"),
     ) -> int:
         """Build (once) the demo world and compare its buggy drafter with the reference; report in reports/demo/."""
-        run_demo(cache, rebuild, out, cache_dir=cache_dir, config=DemoConfig(family=family))
+        run_demo(world_dir or old_world_dir, rebuild, out, cache_dir=cache_dir, config=DemoConfig(family=family))
         # Finding the planted divergences is the demo's point: compare's exit status 1
         # ("divergences found") is success here; trouble still raises and exits 2.
         return 0

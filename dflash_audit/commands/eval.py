@@ -2,7 +2,7 @@
 
 `--mode live` runs speculative decoding (DFlash or DDTree) against the target;
 `--mode offline` replays the same walks from a hidden-state cache built once per
-(target, prompts, settings) under `--cache`. Under `torchrun` the prompts are sharded
+(target, prompts, settings) under `--cache-dir`. Under `torchrun` the prompts are sharded
 across ranks (gloo) and rank 0 gathers, prints and writes the results.
 """
 
@@ -56,10 +56,6 @@ def check_options(method: str, mode: str, budget: int, max_new_tokens: int, temp
         raise AuditError(f"--method must be one of {list(METHODS)}, got {method!r}")
     if mode not in MODES:
         raise AuditError(f"--mode must be one of {list(MODES)}, got {mode!r}")
-    if budget < 1 or max_new_tokens < 1:
-        raise AuditError("--budget and --max-new-tokens must be positive")
-    if temperature < 0:
-        raise AuditError(f"--temperature must be >= 0, got {temperature}")
     if temperature > 0 and (method == "ddtree" or mode == "offline"):
         raise AuditError("--temperature > 0 needs --method dflash --mode live (DDTree and offline replay are greedy)")
 
@@ -148,7 +144,8 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
         # One cache for all prompts, the same a single process builds and reuses: rank 0
         # builds it (or finds it), the other ranks then read it and replay their share.
         cache = ranks.rank_zero_first(lambda: load_or_build_cache(cache_root(cache_dir) / "offline", target_dir, target, prompts,
-                                                                  max_new_tokens, stop_ids))
+                                                                  max_new_tokens, stop_ids,
+                                                                  layer_ids=drafter.target_layer_ids))
         entries = ranks.shard(cache.prompts)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -188,7 +185,7 @@ def register(app: typer.Typer) -> None:
         temperature: float = typer.Option(0.0, "--temperature", help="> 0: rejection sampling (dflash, live)"),
         seed: int = typer.Option(0, "--seed", help="sampling seed when --temperature > 0"),
         json_path: Path | None = typer.Option(None, "--json", help="write the results as JSON here"),
-        cache: Path | None = typer.Option(None, "--cache-dir", "--cache",
+        cache: Path | None = typer.Option(None, "--cache-dir",
                                           help="cache root; offline hidden states go to <root>/offline "
                                                "(default $XDG_CACHE_HOME/dflash-audit)"),
         chat_template: str = typer.Option("auto", "--chat-template", help=" | ".join(CHAT_TEMPLATE_MODES)),

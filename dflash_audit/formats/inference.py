@@ -26,15 +26,12 @@ from dflash_audit.formats.vocabulary import (
     convert,
     read_declarations,
 )
+from impl.defaults import QWEN3_DEFAULTS, ZLAB_EXTRAS
+from impl.families import DFLASH2_MARKERS, body_is_dflash2, spec_family
 from impl.spec import DraftSpec, Recipe, SpecError
 
-SOURCES = ("declared", "inferred", "cli", "default", "unknown")
-# Settings every Qwen3 decoder layer has, with the value a config that omits them gets.
-QWEN3_DEFAULTS = {"layer_types": None, "sliding_window": None, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6,
-                  "max_position_embeddings": 40960, "hidden_act": "silu", "input_embedding_scale": 1.0,
-                  "output_multiplier": 1.0, "final_logit_softcapping": None, "attention_bias": False}
-# Fields that no weight shows and no default may stand in for, and the flag that supplies each.
-NEEDS_DECLARATION = ("target_layer_ids", "num_target_layers", "mask_token_id", "block_size", "vocab_size")
+# What a config that omits a Qwen3 layer setting or a z-lab extra gets.
+CONFIG_DEFAULTS = {**QWEN3_DEFAULTS, **ZLAB_EXTRAS}
 SPEC_FIELDS = [f.name for f in fields(DraftSpec)]
 LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
 
@@ -123,13 +120,10 @@ def shape_facts(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[Any, str]
     return facts
 
 
-DFLASH2_MARKERS = ("layers.0.attention_conv.base_kernel", "candidate_selector.predecessor_codebook")
-
-
 def dflash2_facts(shapes: dict[str, tuple[int, ...]], hidden: int | None) -> dict[str, tuple[Any, str]]:
     """The convolution and selector sizes a DFlash2 body's shapes show (its top-k shows in none); a body
     with neither is a DFlash one."""
-    if not any(marker in shapes for marker in DFLASH2_MARKERS) and not any("_conv." in k for k in shapes):
+    if not body_is_dflash2(shapes):
         return {name: (None, "no convolution or selector tensors: a DFlash drafter")
                 for name in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")}
     facts: dict[str, tuple[Any, str]] = {}
@@ -215,8 +209,8 @@ def infer(shapes: dict[str, tuple[int, ...]], declaration_sources: list[tuple[st
             if isinstance(target_config.get(key), int):
                 values[name] = target_config[key]
                 provenance[name] = Provenance("inferred", f"{target_label} {key}")
-        elif name in QWEN3_DEFAULTS and name not in ("layer_types", "sliding_window"):
-            values[name] = QWEN3_DEFAULTS[name]
+        elif name in CONFIG_DEFAULTS:
+            values[name] = CONFIG_DEFAULTS[name]
             provenance[name] = Provenance("default", "not declared; Qwen3 / z-lab default")
     # Layer types and window: all full attention unless declared (a Qwen3 config's default).
     if "layer_types" not in values and "num_hidden_layers" in values:
@@ -231,7 +225,7 @@ def infer(shapes: dict[str, tuple[int, ...]], declaration_sources: list[tuple[st
         # Both references' DFlash default is causal; for DFlash2 they differ (speculators bidirectional,
         # z-lab causal unless `is_causal: false`), so there it stays unknown where it matters.
         sliding = "sliding_attention" in (values.get("layer_types") or [])
-        if not sliding or values.get("conv_kernel_size", "unknown") is None:
+        if not sliding or ("conv_kernel_size" in values and spec_family(values["conv_kernel_size"]) == "dflash"):
             values["sliding_window_non_causal"] = False
             provenance["sliding_window_non_causal"] = Provenance(
                 "default", "not declared; no sliding layers" if not sliding else

@@ -1,7 +1,7 @@
 """Parameter names: from a checkpoint's own scheme to the canonical (z-lab / ours / speculators) one.
 
 Known schemes need no help: the canonical names themselves, behind any stack of wrapper
-prefixes (`module.`, `_orig_mod.`, `model.`, `draft_model.`, `drafter.`). Any other scheme
+prefixes (`impl.param_names.WRAPPER_PREFIXES`). Any other scheme
 takes a `--key-map FILE`: one `PATTERN => REPLACEMENT` rule per line (Python `re.sub`),
 applied in order to every name; blank lines and `#` comments are ignored. For a scheme
 that is neither, `propose_key_map` writes such a file from shapes and name tokens; it is
@@ -15,9 +15,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from impl.checkpoint import VERIFIER_OWNED_KEYS, codebook_name
+from impl.checkpoint import VERIFIER_OWNED_KEYS
+from impl.param_names import codebook_name, strip_wrapper_prefix
 
-WRAPPER_PREFIXES = ("module.", "_orig_mod.", "model.", "draft_model.", "drafter.")
 TOP_LEVEL = ("fc.weight", "hidden_norm.weight", "norm.weight",
              # DFlash2's candidate selector
              "candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook",
@@ -44,13 +44,7 @@ def is_canonical(name: str) -> bool:
 
 def strip_prefixes(name: str) -> str:
     """The name behind its wrapper prefixes (and a codebook's `.weight`, which z-lab's own saves add)."""
-    changed = True
-    while changed:
-        changed = False
-        for prefix in WRAPPER_PREFIXES:
-            if name.startswith(prefix) and len(name) > len(prefix):
-                name, changed = name[len(prefix):], True
-    return codebook_name(name)
+    return codebook_name(strip_wrapper_prefix(name))
 
 
 @dataclass

@@ -30,7 +30,7 @@ def detect(path: Path) -> bool:
 def load(path: Path) -> LoadedCheckpoint:
     ckpt = load_checkpoint(path)
     return LoadedCheckpoint(spec=ckpt.spec, state_dict=ckpt.state_dict, recipe=ckpt.recipe, step=ckpt.step,
-                            optimizer=ckpt.optimizer, recipe_unknown=ckpt.recipe_unknown, path=str(path), format="ours",
+                            training_state=ckpt.training_state, recipe_unknown=ckpt.recipe_unknown, path=str(path), format="ours",
                             raw=RawRecord(layer_ids=list(ckpt.spec.target_layer_ids)),
                             provenance=declared_provenance(ckpt.spec, f"{path.name}: spec"))
 

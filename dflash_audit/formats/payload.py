@@ -20,6 +20,8 @@ ROLE_NAMES = {
                         "optimizers"),
     "scheduler state": ("scheduler", "lr_scheduler", "lr_schedulers", "scheduler_state_dict", "sched"),
     "grad-scaler state": ("scaler", "grad_scaler", "amp", "amp_scaler", "scaler_state_dict"),
+    # ours: optimizer, scheduler and RNG state and the loss history, under one entry
+    "training state": ("training_state",),
     "RNG state": ("rng", "rng_state", "rng_states", "random_state", "torch_rng_state", "cuda_rng_state",
                   "numpy_rng_state", "python_rng_state", "rng_state_dict"),
 }

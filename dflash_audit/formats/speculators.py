@@ -23,8 +23,10 @@ from impl.checkpoint import (
     read_safetensors_dir,
     spec_from_zlab_config,
 )
+from impl.defaults import BLOCK_SIZE_DEFAULTS
 from impl.errors import AuditError
-from impl.layers import speculators_to_zlab, zlab_to_speculators
+from impl.families import ZLAB_ARCHITECTURES, config_family
+from impl.layers import names_final_layer, speculators_to_zlab, zlab_to_speculators
 from impl.spec import DFLASH2_FIELDS
 
 FAMILY_DEFAULT_NON_CAUSAL = {"dflash": False, "dflash2": True}  # each config class's sliding_window_non_causal default
@@ -73,11 +75,11 @@ def zlab_shaped_config(config: dict[str, Any], num_target_layers: int, source: s
         raise CheckpointError(f"{source}: aux_hidden_state_layer_ids: {exc}") from exc
     full.update(num_target_layers=num_target_layers, dflash_config={
         "target_layer_ids": ids, "mask_token_id": config.get("mask_token_id"),
-        "block_size": config.get("block_size", 8)})  # speculators' default block size
-    if config.get("speculators_model_type") == "dflash2":
+        "block_size": config.get("block_size", BLOCK_SIZE_DEFAULTS["speculators"])})
+    if config_family(config) == "dflash2":
         from speculators.models.dflash2 import DFlash2SpeculatorConfig
 
-        full["architectures"] = ["DFlash2DraftModel"]
+        full["architectures"] = [ZLAB_ARCHITECTURES["dflash2"]]
         defaults = DFlash2SpeculatorConfig.model_fields
         full["dflash_config"].update({name: config.get(name, defaults[name].default) for name in DFLASH2_FIELDS})
     if non_causal(config):
@@ -104,7 +106,8 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     provenance["target_layer_ids"] = Provenance("declared", "config.json aux_hidden_state_layer_ids (id - 1)")
     provenance["num_target_layers"] = Provenance("inferred", "the verifier's config.json num_hidden_layers")
     if "block_size" not in config:
-        provenance["block_size"] = Provenance("default", "not in config.json; speculators' default 8")
+        provenance["block_size"] = Provenance("default", "not in config.json; speculators' default "
+                                                         f"{BLOCK_SIZE_DEFAULTS['speculators']}")
     for name in ("sliding_window_non_causal", *(DFLASH2_FIELDS if spec.family == "dflash2" else ())):
         if name not in config:
             provenance[name] = Provenance("default", f"not in config.json; speculators' "
@@ -149,7 +152,7 @@ def check_verifier_weights(path: str | Path) -> None:
 def fc_without_final_layer(loaded: LoadedCheckpoint) -> tuple[list[int], dict[str, torch.Tensor]]:
     """speculators' aux ids and a body whose fc no longer reads the final layer (speculators drops it)."""
     spec = loaded.spec
-    keep = [k for k, i in enumerate(spec.target_layer_ids) if i + 1 != spec.num_target_layers]
+    keep = [k for k, i in enumerate(spec.target_layer_ids) if not names_final_layer(i, spec.num_target_layers)]
     if not keep:
         raise AuditError(f"{loaded.path}: every target layer is the final one; speculators would keep none")
     state = dict(loaded.state_dict)

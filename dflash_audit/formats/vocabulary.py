@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from impl.layers import speculators_to_zlab
 from impl.spec import LAYER_TYPES, LOSS_KINDS, LOSS_WEIGHTINGS
 
 SPEC_NAMES = {
@@ -128,7 +129,12 @@ def convert(field: str, value: Any, where: str, speculators_ids: bool = False) -
         if not isinstance(items, (list, tuple)) or not items:
             raise fail("a list of layer ids")
         ids = [as_int(item, fail, "a list of integer layer ids") for item in items]
-        return [i - 1 for i in ids] if speculators_ids else ids
+        if not speculators_ids:
+            return ids
+        try:
+            return speculators_to_zlab(ids)
+        except ValueError as exc:
+            raise DeclarationError(f"{where}: {exc}") from exc
     if field == "layer_types":
         if not isinstance(value, (list, tuple)) or any(v not in LAYER_TYPES for v in value):
             raise fail(f"a list of {list(LAYER_TYPES)}")

@@ -13,18 +13,18 @@ from dflash_audit.formats.inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
 from impl.checkpoint import (
     check_body,
-    codebook_names,
     read_config,
     read_safetensors_dir,
     save_zlab_dir,
     spec_from_zlab_config,
 )
+from impl.families import is_zlab_architecture
+from impl.param_names import codebook_names
 
 
 def detect(config: dict[str, Any]) -> bool:
     """A z-lab DFlash (`DFlashDraftModel`) or DFlash2 (`DFlash2DraftModel`) directory."""
-    architectures = config.get("architectures") or []
-    return "dflash_config" in config or bool({"DFlashDraftModel", "DFlash2DraftModel"} & set(architectures))
+    return "dflash_config" in config or is_zlab_architecture(config)
 
 
 def load(path: Path) -> LoadedCheckpoint:

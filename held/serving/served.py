@@ -75,10 +75,27 @@ class Served:
         return asdict(self)
 
 
+def check_engine(engine: str) -> str:
+    """The installed engine's version; an AuditError with the fix unless it is the release the rules were read
+    from (impl/packages.py): every cited line and restated rule belongs to that release."""
+    from impl.errors import AuditError
+    from impl.packages import BY_NAME, installed_version
+
+    if engine not in BY_NAME:
+        raise AuditError(f"unknown engine {engine!r}; expected one of {list(ENGINES)}")
+    found, wanted = installed_version(BY_NAME[engine].distribution), BY_NAME[engine].pinned
+    if found != wanted:
+        state = "is not installed" if found is None else f"is {found}"
+        raise AuditError(f"serving engine {engine} {state}; the serving check reads {engine}=={wanted}: "
+                         f"pip install --no-deps {engine}=={wanted} (or `make setup`)")
+    return found
+
+
 def resolve(engine: str, path: str | Path, target: TargetFacts, trained_block_size: int | None,
             num_target_layers: int | None = None) -> Served:
     """How `engine` reads the drafter directory `path`. `num_target_layers` stands in for the target's depth when
     no target is given (the drafter's own record of it)."""
+    check_engine(engine)
     if engine == "vllm":
         from held.serving import vllm_engine as module
     elif engine == "sglang":

@@ -1,8 +1,14 @@
-"""The hidden-state cache: every decoder layer's output for a prompt and its greedy
-continuation, computed once per (target, prompts, settings) and kept as safetensors.
+"""The hidden-state cache: the target's greedy continuation of each prompt and the outputs of
+the target layers the audited drafters read, computed once per (target, prompts, settings).
 
-The cache holds every decoder layer's output (layer i at row i), so drafters reading
-different target layers share one cache.
+On disk, under the cache folder:
+  `<key>.safetensors`           the continuations (token ids, the target's top-2 margin per position)
+  `<key>.layers/<id>.safetensors` one file per kept layer: that layer's states of every prompt
+
+Only the union of the layer ids asked for is kept, in the target's own dtype (never upcast).
+A later drafter reading other layers extends the cache: the missing layers are captured by
+replaying the cached continuations through the same forwards (`capture.py`), the rest is read.
+Every file is written atomically; whoever holds the cache's lock builds or extends it.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from impl.atomic import atomic_write_bytes
 from impl.cache_dir import build_once
-from impl.checkpoint import atomic_write_bytes
-from impl.decoding import greedy_decode
-from impl.extract import HiddenStateExtractor, decoder_layers
+from impl.extract import decoder_layers
+from impl.offline.capture import DEFAULT_BATCH, capture, target_device
+from impl.offline.speculative import capture_speculative
 
-CACHE_FORMAT = "dflash-audit/offline-1"
+CACHE_FORMAT = "dflash-audit/offline-2"
+TOKEN_BYTES = 8 + 4  # per position besides the states: the int64 token id and the float32 margin
 
 
 @dataclass
@@ -30,13 +38,15 @@ class CachedPrompt:
     id: str
     token_ids: torch.Tensor  # [T] prompt + greedy continuation
     prompt_len: int
-    hidden_states: torch.Tensor  # [N, T, H]: row i = the output of decoder layer i, as `context_features` reads it
-    final_raw: torch.Tensor  # [T, H] raw output of the last decoder layer
+    layers: dict[int, torch.Tensor]  # layer id -> [T, H], as `context_features` reads it, in the target's dtype
     margin: torch.Tensor  # [T] top-1 minus top-2 target logit at each position
 
     def features(self, layer_ids: list[int]) -> torch.Tensor:
         """The drafter's context features [1, T, len(ids) * H]."""
-        return torch.cat([self.hidden_states[i] for i in layer_ids], dim=-1)[None]
+        missing = [i for i in layer_ids if i not in self.layers]
+        if missing:
+            raise KeyError(f"the cache of prompt {self.id} holds layers {sorted(self.layers)}, not {missing}")
+        return torch.cat([self.layers[i] for i in layer_ids], dim=-1)[None]
 
 
 @dataclass
@@ -46,79 +56,149 @@ class HiddenStateCache:
     stop_token_ids: list[int]
     prompts: list[CachedPrompt]
 
+    @property
+    def layer_ids(self) -> list[int]:
+        return sorted(self.prompts[0].layers) if self.prompts else []
+
     def save(self, path: str | Path) -> None:
+        """The continuations to `path`, each layer to `<path stem>.layers/<id>.safetensors` (layers first:
+        the continuation file is the last to appear)."""
+        path = Path(path)
+        for layer_id in self.layer_ids:
+            save_layer(path, layer_id, [p.layers[layer_id] for p in self.prompts])
         tensors, index = {}, []
         for i, p in enumerate(self.prompts):
-            for name in ("token_ids", "hidden_states", "final_raw", "margin"):
-                tensors[f"{i}.{name}"] = getattr(p, name).contiguous()
+            tensors[f"{i}.token_ids"], tensors[f"{i}.margin"] = p.token_ids.contiguous(), p.margin.contiguous()
             index.append({"id": p.id, "prompt_len": p.prompt_len})
         meta = {"format": CACHE_FORMAT, "key": self.key, "max_new_tokens": str(self.max_new_tokens),
                 "stop_token_ids": json.dumps(self.stop_token_ids), "prompts": json.dumps(index)}
-        atomic_write_bytes(Path(path), lambda tmp: save_file(tensors, tmp, metadata=meta))
+        atomic_write_bytes(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
     @classmethod
-    def load(cls, path: str | Path) -> HiddenStateCache:
+    def load(cls, path: str | Path, layer_ids: list[int] | None = None) -> HiddenStateCache:
+        """The continuations and the layers `layer_ids` (default: every kept layer)."""
+        path = Path(path)
         with safe_open(str(path), framework="pt") as handle:
             meta = handle.metadata() or {}
             if meta.get("format") != CACHE_FORMAT:
                 raise ValueError(f"{path}: not an offline hidden-state cache ({CACHE_FORMAT})")
             prompts = [CachedPrompt(id=item["id"], prompt_len=int(item["prompt_len"]),
-                                    **{name: handle.get_tensor(f"{i}.{name}")
-                                       for name in ("token_ids", "hidden_states", "final_raw", "margin")})
+                                    token_ids=handle.get_tensor(f"{i}.token_ids"), layers={},
+                                    margin=handle.get_tensor(f"{i}.margin"))
                        for i, item in enumerate(json.loads(meta["prompts"]))]
+        for layer_id in kept_layers(path) if layer_ids is None else layer_ids:
+            with safe_open(str(layer_path(path, layer_id)), framework="pt") as handle:
+                for i, prompt in enumerate(prompts):
+                    prompt.layers[layer_id] = handle.get_tensor(str(i))
         return cls(key=meta["key"], max_new_tokens=int(meta["max_new_tokens"]),
                    stop_token_ids=json.loads(meta["stop_token_ids"]), prompts=prompts)
 
 
+def layer_path(path: Path, layer_id: int) -> Path:
+    return path.with_suffix(".layers") / f"{layer_id}.safetensors"
+
+
+def kept_layers(path: Path) -> list[int]:
+    folder = path.with_suffix(".layers")
+    return sorted(int(p.stem) for p in folder.glob("*.safetensors") if p.stem.isdigit()) if folder.is_dir() else []
+
+
+def save_layer(path: Path, layer_id: int, states: list[torch.Tensor]) -> None:
+    tensors = {str(i): s.contiguous() for i, s in enumerate(states)}
+    target = layer_path(path, layer_id)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(target, lambda tmp: save_file(tensors, tmp, metadata={"format": CACHE_FORMAT}))
+
+
+def cache_bytes_estimate(num_tokens: int, layer_ids, hidden_size: int, dtype: torch.dtype) -> int:
+    """Bytes of a cache of `num_tokens` positions (prompts + continuations, all prompts) keeping
+    `layer_ids` in `dtype`: the states plus each position's token id and margin."""
+    return num_tokens * (len(set(layer_ids)) * hidden_size * dtype.itemsize + TOKEN_BYTES)
+
+
 # -- building the cache ------------------------------------------------------------------
 def cache_key(target_dir: str | Path, prompt_ids: list[list[int]], max_new_tokens: int,
-              stop_token_ids: list[int]) -> str:
-    """Hash of the target's files, the tokenized prompts and the generation settings."""
+              stop_token_ids: list[int], dtype: torch.dtype = torch.float32, device_type: str = "cpu") -> str:
+    """Hash of the target's files, the tokenized prompts, the generation settings and the numerics
+    the target runs in (its dtype and device type decide near-ties of the greedy continuation)."""
     digest = hashlib.sha256(CACHE_FORMAT.encode())
     for file in sorted(p for p in Path(target_dir).rglob("*") if p.is_file()):
         digest.update(file.relative_to(target_dir).as_posix().encode())
         with file.open("rb") as handle:
             for chunk in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(chunk)
-    settings = {"prompts": prompt_ids, "max_new_tokens": max_new_tokens, "stop": sorted(stop_token_ids)}
+    settings = {"prompts": prompt_ids, "max_new_tokens": max_new_tokens, "stop": sorted(stop_token_ids),
+                "numerics": [str(dtype), device_type]}
     digest.update(json.dumps(settings).encode())
     return digest.hexdigest()[:24]
 
 
-@torch.inference_mode()
-def cache_prompt(target: nn.Module, prompt_id: str, input_ids: torch.Tensor, max_new_tokens: int,
-                 stop_token_ids: list[int]) -> CachedPrompt:
-    """Greedy continuation, then one forward over prompt + continuation (the extractor every
-    implementation uses: the same layer indexing and the same raw final-layer output)."""
-    token_ids = greedy_decode(target, input_ids, max_new_tokens, stop_token_ids)
-    num_layers = len(decoder_layers(target))
-    states = HiddenStateExtractor(target, list(range(num_layers)))(token_ids, with_logits=True)
-    length = token_ids.shape[1]
-    top2 = states.logits[0].float().topk(2, dim=-1).values
-    return CachedPrompt(id=prompt_id, token_ids=token_ids[0].cpu(), prompt_len=input_ids.shape[1],
-                        hidden_states=states.context[0].view(length, num_layers, -1).transpose(0, 1).contiguous().cpu(),
-                        final_raw=states.final_raw[0].cpu(), margin=(top2[:, 0] - top2[:, 1]).cpu())
+def target_dtype(target: nn.Module) -> torch.dtype:
+    return target.get_input_embeddings().weight.dtype
+
+
+def build_cache(key: str, target: nn.Module, prompts: list[tuple[str, torch.Tensor]], layer_ids: list[int],
+                max_new_tokens: int, stop_token_ids: list[int], batch: int = DEFAULT_BATCH,
+                on_prompt=None, drafter=None) -> HiddenStateCache:
+    """Greedy continuations of `prompts` with the states of `layer_ids` captured on the way: `batch`
+    prompts per target forward, or with `drafter` one prompt at a time by speculative decoding."""
+    if drafter is None:
+        captured = capture(target, [ids.reshape(-1) for _, ids in prompts], layer_ids, max_new_tokens,
+                           stop_token_ids, batch=batch, on_prompt=on_prompt)
+    else:
+        captured = []
+        for _, ids in prompts:
+            captured.append(capture_speculative(target, drafter, ids.reshape(-1), layer_ids, max_new_tokens,
+                                                stop_token_ids)[0])
+            if on_prompt is not None:
+                on_prompt()
+    entries = [CachedPrompt(prompt_id, c.token_ids, c.prompt_len, c.layers, c.margin)
+               for (prompt_id, _), c in zip(prompts, captured)]
+    return HiddenStateCache(key=key, max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids),
+                            prompts=entries)
+
+
+def extend_cache(path: Path, target: nn.Module, layer_ids: list[int], batch: int = DEFAULT_BATCH,
+                 on_prompt=None) -> None:
+    """Add the layers of `layer_ids` the cache at `path` lacks, from its own continuations."""
+    cache = HiddenStateCache.load(path, [])
+    missing = sorted(set(layer_ids) - set(kept_layers(path)))
+    if not missing:
+        return
+    captured = capture(target, [p.token_ids[:p.prompt_len] for p in cache.prompts], missing, cache.max_new_tokens,
+                       cache.stop_token_ids, forced=[p.token_ids for p in cache.prompts], batch=batch,
+                       on_prompt=on_prompt)
+    for layer_id in missing:
+        save_layer(path, layer_id, [c.layers[layer_id] for c in captured])
 
 
 def load_or_build_cache(cache_dir: str | Path, target_dir: str | Path, target: nn.Module,
                         prompts: list[tuple[str, torch.Tensor]], max_new_tokens: int,
-                        stop_token_ids: list[int], on_prompt=None) -> HiddenStateCache:
-    """The cache for (target, prompts, settings): read from `cache_dir` or built once and written there."""
-    key = cache_key(target_dir, [ids[0].tolist() for _, ids in prompts], max_new_tokens, stop_token_ids)
+                        stop_token_ids: list[int], layer_ids=None, on_prompt=None,
+                        batch: int = DEFAULT_BATCH, drafter=None) -> HiddenStateCache:
+    """The cache for (target, prompts, settings) holding at least `layer_ids` (default: every
+    layer): read from `cache_dir`, extended there with the layers it lacks, or built once
+    (by speculative decoding with `drafter` when one is given: the same greedy continuation)."""
+    num_layers = len(decoder_layers(target))
+    wanted = sorted(set(range(num_layers) if layer_ids is None else layer_ids))
+    bad = [i for i in wanted if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"layer ids {bad} outside the target's decoder layers 0..{num_layers - 1}")
+    key = cache_key(target_dir, [ids.reshape(-1).tolist() for _, ids in prompts], max_new_tokens, stop_token_ids,
+                    target_dtype(target), target_device(target).type)
     path = Path(cache_dir) / f"{key}.safetensors"
 
+    def found() -> HiddenStateCache | None:
+        if path.is_file() and set(wanted) <= set(kept_layers(path)):
+            return HiddenStateCache.load(path, wanted)
+        return None
+
     def build() -> HiddenStateCache:
-        entries = []
-        for prompt_id, ids in prompts:
-            entries.append(cache_prompt(target, prompt_id, ids, max_new_tokens, stop_token_ids))
-            if on_prompt is not None:
-                on_prompt()
-        cache = HiddenStateCache(key=key, max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids),
-                                 prompts=entries)
+        if path.is_file():
+            extend_cache(path, target, wanted, batch, on_prompt)
+            return HiddenStateCache.load(path, wanted)
+        cache = build_cache(key, target, prompts, wanted, max_new_tokens, stop_token_ids, batch, on_prompt, drafter)
         cache.save(path)
         return cache
 
-    return build_once(path.with_suffix(".lock"), lambda: HiddenStateCache.load(path) if path.is_file() else None,
-                      build)
-
-
+    return build_once(path.with_suffix(".lock"), found, build)

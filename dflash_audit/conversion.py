@@ -14,7 +14,10 @@ from pathlib import Path
 
 from dflash_audit.formats import FORMATS, MODULES, LoadedCheckpoint, LoadOptions, load_any, require_spec
 from dflash_audit.outputs import check_outputs, check_replaceable, check_writable
+from impl.defaults import ZLAB_EXTRAS
 from impl.errors import AuditError
+from impl.inputs import check_target_dir
+from impl.layers import names_final_layer
 
 
 @dataclass
@@ -31,12 +34,11 @@ def lossy_changes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
     """Ways the converted drafter would compute something else than the source."""
     spec, raw, changes = loaded.spec, loaded.raw, []
     if fmt == "speculators":
-        final = [i for i in spec.target_layer_ids if i + 1 == spec.num_target_layers]
+        final = [i for i in spec.target_layer_ids if names_final_layer(i, spec.num_target_layers)]
         if final:
             changes.append(f"target layer {final[0]} is the verifier's final layer, which speculators does not feed "
                            "to fc (its fc columns would be dropped)")
-        extras = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
-        changed = [name for name, default in extras.items() if getattr(spec, name) != default]
+        changed = [name for name, default in ZLAB_EXTRAS.items() if getattr(spec, name) != default]
         if changed:
             changes.append(f"speculators has no {', '.join(changed)} (z-lab dflash_config)")
     else:
@@ -61,11 +63,6 @@ def recipe_notes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
     return notes
 
 
-def check_target_dir(target: Path) -> None:
-    if not (target / "config.json").is_file():
-        raise AuditError(f"{target}: not a Hugging Face model directory (no config.json) to use as the target")
-
-
 # -- entry point ------------------------------------------------------------------------------
 def check_destination(source: Path, destination: Path, fmt: str, target: str | Path | None, force: bool) -> None:
     """Before loading anything: --to is no input, replaces only a drafter of this format (--force), is writable."""
@@ -87,7 +84,7 @@ def convert(source: str | Path, destination: str | Path, fmt: str, target: str |
     if fmt == "speculators" and target is not None:
         from dflash_audit.formats.speculators import check_verifier_weights
 
-        check_target_dir(Path(target))
+        check_target_dir(Path(target), "--target", tokenizer=False)
         check_verifier_weights(target)  # before the drafter is loaded: what speculators will read is there
     loaded = load_any(source, target_dir=target, options=options or LoadOptions(flag_prefix=""))
     require_spec(loaded, "convert")

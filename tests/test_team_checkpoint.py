@@ -1,4 +1,4 @@
-"""The seed story, end to end: a team's own training checkpoint of a Qwen3.6-27B DFlash drafter.
+"""The README's opening story, end to end: a team's own training checkpoint of a Qwen3.6-27B DFlash drafter.
 
 Their file: their own parameter names, fc over 4 of the 5 target layers (layer 61 left
 out), targets from layer 61 of 64, loss decay gamma 7, saved as
@@ -86,7 +86,7 @@ def test_the_real_shape_is_read_from_the_team_names_on_the_meta_device(tmp_path)
     assert sorted(f.key for f in recipe) == ["gamma", "verifier_source_layer"]
 
 
-def test_the_seed_checkpoint_audits_to_exactly_fc_dims_and_recipe(tmp_path, capsys):
+def test_the_team_checkpoint_audits_to_exactly_fc_dims_and_recipe(tmp_path, capsys):
     # Scaled-down width, real structure: 5 layers, 32 heads of 128, 8 kv heads, 64 target layers, block 16.
     scaled = dataclasses.replace(REAL, hidden_size=160, intermediate_size=544)
     torch.manual_seed(0)

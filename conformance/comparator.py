@@ -41,6 +41,12 @@ class DiffEntry:
         data["implementations"] = list(self.implementations)
         return data
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DiffEntry:
+        """The inverse of `to_dict` (pairs come back as tuples), for entries a pytest-xdist worker sent."""
+        pairs = {name: tuple(data[name]) for name in ("implementations", "shapes", "dtypes", "values")}
+        return cls(**{**data, **pairs})
+
 
 class Divergence(AssertionError):
     """A comparison that failed; `entry` says where and by how much."""

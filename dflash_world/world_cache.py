@@ -11,8 +11,8 @@ from pathlib import Path
 from impl.cache_dir import build_once, cache_root
 
 from .corpus import DEFAULT_MAX_BYTES, stdlib_corpus
-from .prompts import heldout_prompts, write_prompts_jsonl
-from .target import TEST_TARGET, build_target
+from .world_prompts import heldout_prompts, write_prompts_jsonl
+from .target_training import TEST_TARGET, build_target
 from .tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 
 # Bump when the builders change what they produce, so stale caches are not reused.

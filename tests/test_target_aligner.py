@@ -3,7 +3,7 @@ speculators, and the losses', lives in `conformance/` (#5, #6, #7, #17)."""
 
 import torch
 
-from impl.targets import TargetAligner
+from impl.target_alignment import TargetAligner
 
 
 def test_targets_align_slot_k_to_position_anchor_plus_k_minus_one():

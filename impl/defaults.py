@@ -1,0 +1,15 @@
+"""The values a config gets for what it leaves out: one table per kind, imported wherever a default is read.
+
+tests/test_restatements.py checks that every reader holds these very tables.
+"""
+
+from __future__ import annotations
+
+# A Qwen3 decoder layer's settings, as `transformers.Qwen3Config` fills them in.
+QWEN3_DEFAULTS = {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+                  "hidden_act": "silu", "attention_bias": False}
+# z-lab `dflash_config` extras (embedding scale, logit multiplier, soft-capping) and their no-op values;
+# speculators has none of them.
+ZLAB_EXTRAS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
+# The block size each reference's config gets when it names none.
+BLOCK_SIZE_DEFAULTS = {"zlab": 16, "speculators": 8}

@@ -1,0 +1,307 @@
+"""Each project-wide rule is stated in one place; these checks fail when a copy comes back.
+
+Source-scanning checks (a rule is restated in code) parse every module of the repo, and each
+is proven to catch a planted copy. Import-based checks (a table or registry) assert that every
+user holds the very same object.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("impl", "dflash_world", "reference_adapters", "held", "conformance", "dflash_audit", "tests", "bench")
+
+
+def repo_sources() -> dict[str, str]:
+    return {str(p.relative_to(REPO)): p.read_text(encoding="utf-8")
+            for package in PACKAGES for p in sorted((REPO / package).rglob("*.py"))}
+
+
+def _calls(node: ast.AST, name: str) -> bool:
+    """Whether `node` holds a call to a function or method called `name`."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            if (isinstance(func, ast.Attribute) and func.attr == name) or (isinstance(func, ast.Name) and func.id == name):
+                return True
+    return False
+
+
+# -- 1. JSON lines are cut at "\n" only (impl/jsonl.py) ----------------------------------------------------
+def jsonl_splitlines(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each JSON parse fed by `str.splitlines()`: directly (`json.loads(t.splitlines()[i])`,
+    `json_lines(t.splitlines(), ...)`) or through a loop over split lines (also via a name bound to them)."""
+    found = []
+    tree = ast.parse(source, path)
+    for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+        split_names = {target.id for node in ast.walk(scope) if isinstance(node, ast.Assign) and _calls(node.value, "splitlines")
+                       for target in node.targets if isinstance(target, ast.Name)}
+
+        def split_lines(expr: ast.AST) -> bool:
+            return _calls(expr, "splitlines") or any(isinstance(n, ast.Name) and n.id in split_names for n in ast.walk(expr))
+
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)) and \
+                    getattr(node.func, "attr", getattr(node.func, "id", None)) in ("loads", "json_lines"):
+                if any(_calls(arg, "splitlines") for arg in node.args):
+                    found.append(f"{path}:{node.lineno}")
+            elif isinstance(node, ast.For) and split_lines(node.iter) and any(_calls(s, "loads") for s in node.body):
+                found.append(f"{path}:{node.lineno}")
+            elif isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+                element = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+                if any(split_lines(g.iter) for g in node.generators) and any(_calls(e, "loads") for e in element):
+                    found.append(f"{path}:{node.lineno}")
+    return sorted(set(found))
+
+
+def test_no_json_lines_are_cut_with_splitlines():
+    sources = repo_sources()
+    assert len(sources) > 100
+    assert [hit for path, source in sources.items() for hit in jsonl_splitlines(source, path)] == []
+
+
+@pytest.mark.parametrize("planted", [
+    "import json\ndef f(t):\n    return [json.loads(x) for x in t.splitlines()]\n",
+    "import json\ndef f(t):\n    lines = t.read_text().splitlines()\n    return [json.loads(x) for x in lines]\n",
+    "from impl.jsonl import json_lines\ndef f(t, p, e):\n    return list(json_lines(t.splitlines(), p, e))\n",
+    "import json\ndef f(t):\n    out = []\n    for x in t.splitlines():\n        out.append(json.loads(x))\n    return out\n",
+    "import json\ndef f(out):\n    return json.loads(out.strip().splitlines()[-1])\n",
+])
+def test_a_planted_splitlines_on_json_lines_is_caught(planted):
+    assert jsonl_splitlines(planted, "impl/planted.py") != []
+
+
+# -- 2. the z-lab/speculators layer-id shift (impl/layers.py) ---------------------------------------------
+OFFSET_HOME = "impl/layers.py"
+OFFSET_SCANNED = ("impl", "reference_adapters", "held", "conformance", "dflash_audit", "dflash_world", "bench")
+# Names that hold a layer id (or a list of them): `layer_id`, `target_layer_ids`, `aux_ids`, `source_layer`...
+LAYER_ID_NAME = re.compile(r"(^|_)(ids|layer_?ids?|aux(_layer)?_?ids?|source_layer|layer)$")
+HIDDEN_STATES_NAME = re.compile(r"^(hs|hidden_states?|all_hidden_states)$")
+
+
+def _last_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Call) and node.args and _last_name(node.func) == "int":  # int(i)
+        return _last_name(node.args[0])
+    return None
+
+
+def _layer_loops(tree: ast.AST) -> list[tuple[ast.AST, set[str]]]:
+    """Each loop or comprehension over layer ids (`for i in layer_ids`, `enumerate(spec.target_layer_ids)`),
+    with the names that hold one id."""
+    loops = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            pairs = [(g.target, g.iter) for g in node.generators]
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            pairs = [(node.target, node.iter)]
+        else:
+            continue
+        names = set()
+        for target, iterable in pairs:
+            if isinstance(iterable, ast.Call) and _last_name(iterable.func) == "enumerate" and \
+                    isinstance(target, ast.Tuple) and len(target.elts) == 2:
+                target, iterable = target.elts[1], iterable.args[0]
+            if any(LAYER_ID_NAME.search(_last_name(n) or "") for n in ast.walk(iterable)):
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        if names:
+            loops.append((node, names))
+    return loops
+
+
+def layer_offset_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each layer id shifted by one by hand: `hs[i + 1]`, `[i + 1 for i in layer_ids]`,
+    `layer_id - 1`, `i + 1 == num_target_layers`..."""
+    tree = ast.parse(source, path)
+
+    def is_layer_id(node: ast.AST, loop_names: set[str]) -> bool:
+        name = _last_name(node)
+        return name is not None and not name.startswith("num_") and (name in loop_names or bool(LAYER_ID_NAME.search(name)))
+
+    def shifted(node: ast.AST, loop_names: set[str] = frozenset()) -> bool:
+        return (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))
+                and any(isinstance(side, ast.Constant) and side.value == 1 for side in (node.left, node.right))
+                and any(is_layer_id(side, loop_names) for side in (node.left, node.right)))
+
+    found = [f"{path}:{sub.lineno}" for loop, names in _layer_loops(tree) for sub in ast.walk(loop) if shifted(sub, names)]
+    for node in ast.walk(tree):
+        if shifted(node):
+            found.append(f"{path}:{node.lineno}")
+        elif isinstance(node, ast.Subscript) and HIDDEN_STATES_NAME.match(_last_name(node.value) or "") and \
+                isinstance(node.slice, ast.BinOp) and isinstance(node.slice.op, (ast.Add, ast.Sub)):
+            found.append(f"{path}:{node.lineno}")  # hidden_states[i + OFFSET]: an index computed by hand
+    return sorted(set(found))
+
+
+def test_the_layer_id_shift_is_written_only_in_impl_layers():
+    sources = {path: source for path, source in repo_sources().items()
+               if path.startswith(OFFSET_SCANNED) and path != OFFSET_HOME}
+    assert len(sources) > 80
+    assert [hit for path, source in sources.items() for hit in layer_offset_copies(source, path)] == []
+    # ...and the home module does state it (the scan would otherwise prove nothing).
+    assert layer_offset_copies((REPO / OFFSET_HOME).read_text(), OFFSET_HOME) != []
+
+
+@pytest.mark.parametrize("planted", [
+    "def f(hidden_states, layer_ids):\n    return [hidden_states[i + 1] for i in layer_ids]\n",
+    "def f(hs, spec):\n    return hs[spec.source_layer + 1]\n",
+    "OFFSET = 1\ndef f(hs, i):\n    return hs[i + OFFSET]\n",
+    "def native_layer_ids(zlab_ids):\n    return [int(i) + 1 for i in zlab_ids]\n",
+    "def f(ids, speculators_ids):\n    return [i - 1 for i in ids] if speculators_ids else ids\n",
+    "def f(spec):\n    return [i for i in spec.target_layer_ids if i + 1 == spec.num_target_layers]\n",
+    "def f(spec):\n    return [k for k, i in enumerate(spec.target_layer_ids) if i + 1 != spec.num_target_layers]\n",
+    "def f(aux_layer_ids):\n    return [j - 1 for j in aux_layer_ids]\n",
+    "def f(layer_id):\n    return layer_id + 1\n",
+])
+def test_a_planted_layer_id_shift_is_caught(planted):
+    assert layer_offset_copies(planted, "dflash_audit/planted.py") != []
+
+
+# -- 3. wrapper prefixes (impl/param_names.py) ------------------------------------------------------------
+PREFIX_HOME = "impl/param_names.py"
+
+
+def wrapper_prefix_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each string constant that names a wrapper prefix (`"module."`, `"_orig_mod."`...), i.e.
+    a second table or strip loop; `impl.param_names.WRAPPER_PREFIXES` is the one table."""
+    from impl.param_names import WRAPPER_PREFIXES
+
+    wrappers = {p for p in WRAPPER_PREFIXES if p != "model."}  # "model." also begins the target's own names
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+                   if isinstance(node, ast.Constant) and node.value in wrappers})
+
+
+def test_wrapper_prefixes_are_listed_only_in_impl_param_names():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != PREFIX_HOME and not path.startswith(("tests/", "bench/"))}
+    assert [hit for path, source in sources.items() for hit in wrapper_prefix_copies(source, path)] == []
+    assert wrapper_prefix_copies((REPO / PREFIX_HOME).read_text(), PREFIX_HOME) != []
+
+
+@pytest.mark.parametrize("planted", [
+    'WRAPPER_PREFIXES = ("module.", "_orig_mod.")\n',
+    'def strip(name):\n    return name.removeprefix("_orig_mod.")\n',
+    'def strip(name):\n    return name[len("module."):] if name.startswith("module.") else name\n',
+])
+def test_a_planted_wrapper_prefix_table_is_caught(planted):
+    assert wrapper_prefix_copies(planted, "dflash_audit/formats/planted.py") != []
+
+
+def test_every_reader_strips_with_the_one_loop():
+    import dflash_audit.formats.key_map as key_map
+    import held.specforge
+    import impl.checkpoint
+    import impl.param_names
+    import reference_adapters.speculators_adapter
+    import reference_adapters.zlab_adapter
+
+    for module in (impl.checkpoint, held.specforge, reference_adapters.speculators_adapter,
+                   reference_adapters.zlab_adapter):
+        assert module.strip_wrapper_prefixes is impl.param_names.strip_wrapper_prefixes, module.__name__
+    assert key_map.strip_wrapper_prefix is impl.param_names.strip_wrapper_prefix
+    assert key_map.strip_prefixes("module._orig_mod.draft_model.fc.weight") == "fc.weight"
+
+
+# -- 6. DFlash or DFlash2, and the codebook spelling (impl/families.py, impl/param_names.py) ---------------
+FAMILY_HOMES = ("impl/families.py", "impl/param_names.py")
+
+
+def family_rule_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each family or codebook-spelling decision made by hand: the z-lab class names as
+    strings, `speculators_model_type` compared with a family, a `_codebook` suffix test or rename, or a
+    `conv_kernel_size is (not) None` family test."""
+    found = set()
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.Constant) and node.value in ("DFlashDraftModel", "DFlash2DraftModel"):
+            found.add(f"{path}:{node.lineno}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                node.value.endswith(("_codebook", "_codebook.weight")) and not node.value.startswith("candidate_selector."):
+            found.add(f"{path}:{node.lineno}")  # a suffix test: full names (key lists) are fine
+        elif isinstance(node, ast.Compare):
+            constants = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}
+            names = {_last_name(n) for n in ast.walk(node)}
+            if ("speculators_model_type" in constants and constants & {"dflash", "dflash2"}) or \
+                    ("conv_kernel_size" in names | constants and None in constants and
+                     isinstance(node.ops[0], (ast.Is, ast.IsNot))):
+                found.add(f"{path}:{node.lineno}")
+    return sorted(found)
+
+
+def test_the_family_and_codebook_spelling_are_decided_in_one_place():
+    sources = {path: source for path, source in repo_sources().items()
+               if path not in FAMILY_HOMES and not path.startswith(("tests/", "bench/"))}
+    assert [hit for path, source in sources.items() for hit in family_rule_copies(source, path)] == []
+    assert all(family_rule_copies((REPO / home).read_text(), home) for home in FAMILY_HOMES)
+
+
+@pytest.mark.parametrize("planted", [
+    'def f(config):\n    return "dflash2" if "DFlash2DraftModel" in config["architectures"] else "dflash"\n',
+    'def f(config):\n    return config.get("speculators_model_type") == "dflash2"\n',
+    'def f(spec):\n    return "dflash2" if spec.conv_kernel_size is not None else "dflash"\n',
+    'def f(side):\n    return "dflash2" if side.value("conv_kernel_size") is not None else "dflash"\n',
+    'def f(name):\n    return name.removesuffix(".weight") if name.endswith("_codebook.weight") else name\n',
+    'def f(sd):\n    return {f"{n}.weight" if n.endswith("_codebook") else n: t for n, t in sd.items()}\n',
+])
+def test_a_planted_family_decision_is_caught(planted):
+    assert family_rule_copies(planted, "reference_adapters/planted.py") != []
+
+
+def test_every_config_reader_asks_the_one_family_function():
+    import dflash_audit.formats.speculators
+    import impl.checkpoint
+    import impl.families
+    import reference_adapters.speculators_adapter
+    import reference_adapters.zlab_adapter
+
+    for module in (impl.checkpoint, dflash_audit.formats.speculators, reference_adapters.speculators_adapter,
+                   reference_adapters.zlab_adapter):
+        assert module.config_family is impl.families.config_family, module.__name__
+    assert impl.checkpoint.ZLAB_ARCHITECTURES is impl.families.ZLAB_ARCHITECTURES
+
+
+# -- 7. defaults (impl/defaults.py) ----------------------------------------------------------------------
+def test_defaults_are_one_table_each_imported_by_every_reader():
+    from dataclasses import fields
+
+    import dflash_audit.conversion
+    import dflash_audit.formats.inference
+    import dflash_audit.formats.speculators
+    import impl.checkpoint
+    import impl.defaults
+    import impl.spec
+    import impl.train
+
+    for module in (impl.checkpoint, impl.spec, impl.train, dflash_audit.formats.inference):
+        assert module.QWEN3_DEFAULTS is impl.defaults.QWEN3_DEFAULTS, module.__name__
+    for module in (impl.checkpoint, impl.spec, dflash_audit.conversion, dflash_audit.formats.inference):
+        assert module.ZLAB_EXTRAS is impl.defaults.ZLAB_EXTRAS, module.__name__
+    for module in (impl.checkpoint, impl.spec, dflash_audit.formats.speculators):
+        assert module.BLOCK_SIZE_DEFAULTS is impl.defaults.BLOCK_SIZE_DEFAULTS, module.__name__
+    spec_defaults = {f.name: f.default for f in fields(impl.spec.DraftSpec)}
+    for name, value in {**impl.defaults.QWEN3_DEFAULTS, **impl.defaults.ZLAB_EXTRAS}.items():
+        assert spec_defaults[name] == value, name
+    assert spec_defaults["block_size"] == impl.defaults.BLOCK_SIZE_DEFAULTS["zlab"]
+
+
+def default_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each literal Qwen3 default that only a restated table would hold (rope theta 1e6,
+    40960 positions)."""
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+                   if isinstance(node, ast.Constant) and type(node.value) in (int, float)
+                   and node.value in (1_000_000.0, 40960) and not (type(node.value) is int and node.value == 1_000_000)})
+
+
+def test_qwen3_defaults_are_written_only_in_impl_defaults():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != "impl/defaults.py" and not path.startswith(("tests/", "bench/"))}
+    assert [hit for path, source in sources.items() for hit in default_copies(source, path)] == []
+    assert default_copies('rope = config.get("rope_theta", 1_000_000.0)\n') != []
+    assert default_copies('window = config.get("max_position_embeddings", 40960)\n') != []
