@@ -76,7 +76,7 @@ def divergence_table(dirs: dict[str, Path], target_dir: Path) -> str:
 
 
 def tables(root: Path) -> str:
-    from dflash_world.target import random_qwen3
+    from dflash_world.target_training import random_qwen3
     from held.serving.rules import markdown
 
     target = root / "target"
