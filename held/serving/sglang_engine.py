@@ -9,7 +9,6 @@ import enum
 import logging
 import shlex
 from functools import lru_cache
-from importlib.metadata import version as package_version
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from held.serving import rules
 from held.serving.served import Served, TargetFacts
 from held.serving.source_exec import compile_definitions
+from impl.packages import installed_version
 
 ENGINE = "sglang"
 UTILS_NAMES = ["DEFAULT_DFLASH_MASK_TOKEN", "build_target_layer_ids", "get_dflash_layer_types",
@@ -126,7 +126,7 @@ def command(path: Path, target: str | None, block_size: int | None) -> str:
 
 def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
             num_target_layers: int | None = None) -> Served:
-    served = Served(ENGINE, package_version("sglang"), loads=True)
+    served = Served(ENGINE, installed_version("sglang"), loads=True)
     try:
         hf = hf_config(path)
         draft = _utils()["parse_dflash_draft_config"](draft_hf_config=hf)

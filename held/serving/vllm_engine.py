@@ -12,7 +12,6 @@ import copy
 import json
 import shlex
 from functools import lru_cache
-from importlib.metadata import version as package_version
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +20,7 @@ from held.serving import rules
 from held.serving.served import Served, TargetFacts
 from held.serving.source_exec import compile_definitions
 from impl.layers import speculators_to_zlab
+from impl.packages import installed_version
 
 ENGINE = "vllm"
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
@@ -124,7 +124,7 @@ def command(path: Path, target: str | None, k: int | None, needs_v2: bool) -> st
 
 def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
             num_target_layers: int | None = None) -> Served:
-    served = Served(ENGINE, package_version("vllm"), loads=True)
+    served = Served(ENGINE, installed_version("vllm"), loads=True)
     config = json.loads((path / "config.json").read_text())
     family = "dflash2" if (config.get("speculators_model_type") == "dflash2"
                            or "DFlash2DraftModel" in (config.get("architectures") or [])) else "dflash"
