@@ -24,7 +24,8 @@ from dflash_audit.prompts import load_prompts, tokenize_prompts
 from dflash_world import cached_test_world
 from dflash_world.drafter import cached_test_drafter
 from held.specforge import SpecForgeImplementation
-from impl.checkpoint import atomic_write_bytes, load_checkpoint
+from impl.atomic import atomic_write_bytes
+from impl.checkpoint import load_checkpoint
 from impl.decoding import mean_acceptance
 from impl.target import load_target
 from reference_adapters.zlab_adapter import ZlabImplementation

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from dflash_audit.prompts import load_prompts, tokenize_prompts
-from impl.checkpoint import atomic_write_bytes, build_drafter
+from impl.atomic import atomic_write_bytes
+from impl.checkpoint import build_drafter
 from impl.target import load_target
 from reference_adapters.zlab_adapter import zlab_generate, zlab_twin  # noqa: F401  (used by the bench scripts)
 

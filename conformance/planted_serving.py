@@ -14,9 +14,9 @@ from typing import Callable
 
 from held.serving import TargetFacts
 from held.serving.verdict import EngineReport, engine_report
-from impl.checkpoint import save_zlab_dir
 from impl.layers import zlab_to_speculators
 from impl.spec import DraftSpec
+from impl.zlab_format import save_zlab_dir
 
 # Two sliding layers around a full one, ids of a 6-layer target: every serving rule has something to act on.
 SPEC = DraftSpec(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,

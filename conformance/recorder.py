@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.comparator import DiffEntry
-from impl.checkpoint import atomic_write_bytes
+from impl.atomic import atomic_write_bytes
 from impl.pitfalls import PITFALLS as CATALOGUE
 
 SCHEMA = "dflash-audit-conformance/1"

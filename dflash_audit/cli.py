@@ -14,8 +14,7 @@ import traceback
 import typer
 
 from impl.atomic import OutputError
-from impl.checkpoint import CheckpointError
-from impl.errors import AuditError
+from impl.errors import AuditError, CheckpointError
 from impl.packages import PACKAGES, installed_version
 from impl.spec import SpecError
 

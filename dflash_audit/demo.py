@@ -37,10 +37,12 @@ from dflash_audit.outputs import check_outputs
 from dflash_world import DEMO_TARGET, build_world, stdlib_corpus
 from dflash_world.world_cache import WORLD_FORMAT
 from held.serving import ENGINES
+from impl.atomic import atomic_write_bytes
 from impl.cache_dir import cache_root
-from impl.checkpoint import atomic_write_bytes, load_checkpoint, save_zlab_dir
+from impl.checkpoint import load_checkpoint
 from impl.errors import AuditError
 from impl.layers import build_target_layer_ids
+from impl.zlab_format import save_zlab_dir
 
 
 @dataclass

@@ -39,7 +39,7 @@ def cached_test_drafter(world: WorldPaths, loss: str = "kl_div") -> Path:
     from impl.train import train_drafter
 
     if loss not in DRAFTER_FILES:
-        raise ValueError(f"loss must be one of {sorted(DRAFTER_FILES)}, not {loss!r}")
+        raise ValueError(f"loss_fn must be one of {sorted(DRAFTER_FILES)}, not {loss!r}")
     path = world.root / DRAFTER_FILES[loss]
 
     def train() -> Path:

@@ -21,11 +21,11 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.checkpoint import zlab_config
 from impl.interface import GenerationResult, TrainingOutputs, Unsupported
 from impl.packages import PINNED, installed_version
 from impl.param_names import strip_wrapper_prefixes
 from impl.spec import DraftSpec
+from impl.zlab_format import zlab_config
 
 VERSION = PINNED["specforge"]
 if installed_version("specforge") != VERSION:
@@ -224,22 +224,22 @@ class SpecForgeImplementation:
             _blocks(loss_mask.float(), block_size) * _trained_slots(block_size))
         return num / (den if model.loss_type == "dflash" else num.new_tensor(1.0))
 
-    def loss(self, logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor):
-        if kind != "ce":
-            raise Unsupported(f"SpecForge's DFlash objective is CE on hard labels only (no {kind})")
+    def loss(self, logits, targets, loss_mask, block_size, gamma, loss_fn, sample_from_anchor):
+        if loss_fn != "ce":
+            raise Unsupported(f"SpecForge's DFlash objective is CE on hard labels only (no {loss_fn})")
         if sample_from_anchor:
             raise Unsupported("SpecForge's DFlash objective has no sample-from-anchor variant")
         # Hard labels from the target logits, as speculators' CE takes them (their argmax).
         return self._objective_loss(objective(block_size, gamma=gamma), logits, targets, loss_mask, block_size)
 
-    def dpace_weights(self, per_slot_loss, loss_mask, block_size, alpha):
+    def dpace_weights(self, per_slot_loss, loss_mask, block_size, dpace_alpha):
         mask = _blocks(loss_mask.float(), block_size)
-        weights = objective(block_size, loss_type="dpace", dpace_alpha=alpha)._dpace_weight(
+        weights = objective(block_size, loss_type="dpace", dpace_alpha=dpace_alpha)._dpace_weight(
             torch.exp(-_blocks(per_slot_loss, block_size)), mask, mask > 0, "dpace")
         return (weights * mask).reshape(loss_mask.shape)  # the objective weighs each slot by mask * weight
 
-    def dpace_loss(self, logits, targets, loss_mask, block_size, alpha):
-        model = objective(block_size, loss_type="dpace", dpace_alpha=alpha)
+    def dpace_loss(self, logits, targets, loss_mask, block_size, dpace_alpha):
+        model = objective(block_size, loss_type="dpace", dpace_alpha=dpace_alpha)
         return self._objective_loss(model, logits, targets, loss_mask, block_size)
 
     def block_metrics(self, logits, targets, loss_mask, block_size):

@@ -66,15 +66,15 @@ class OursImplementation:
     def loss_weights(self, block_size, gamma, sample_from_anchor):
         return losses.decay_weights(block_size, gamma, sample_from_anchor)
 
-    def loss(self, logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor):
-        return losses.dflash_loss(logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor)
+    def loss(self, logits, targets, loss_mask, block_size, gamma, loss_fn, sample_from_anchor):
+        return losses.dflash_loss(logits, targets, loss_mask, block_size, gamma, loss_fn, sample_from_anchor)
 
-    def dpace_weights(self, per_slot_loss, loss_mask, block_size, alpha):
-        return losses.dpace_weights(per_slot_loss, loss_mask, block_size, alpha)
+    def dpace_weights(self, per_slot_loss, loss_mask, block_size, dpace_alpha):
+        return losses.dpace_weights(per_slot_loss, loss_mask, block_size, dpace_alpha)
 
-    def dpace_loss(self, logits, targets, loss_mask, block_size, alpha):
-        return losses.dflash_loss(logits, targets, loss_mask, block_size, kind="ce", weighting="dpace",
-                                  dpace_alpha=alpha)
+    def dpace_loss(self, logits, targets, loss_mask, block_size, dpace_alpha):
+        return losses.dflash_loss(logits, targets, loss_mask, block_size, loss_fn="ce",
+                                  per_position_loss_weight="dpace", dpace_alpha=dpace_alpha)
 
     def block_metrics(self, logits, targets, loss_mask, block_size):
         metrics = losses.block_metrics(logits, targets, loss_mask, block_size)
@@ -98,9 +98,10 @@ class OursImplementation:
     def selector_training_candidates(self, candidate_ids, target_ids):
         return dflash2.training_candidates(candidate_ids, target_ids)
 
-    def selector_loss(self, candidate_scores, label_positions, loss_mask, block_size, gamma, weighting, alpha):
+    def selector_loss(self, candidate_scores, label_positions, loss_mask, block_size, gamma, per_position_loss_weight,
+                      dpace_alpha):
         return losses.selector_loss(candidate_scores, label_positions, loss_mask, block_size, gamma,
-                                    weighting=weighting, dpace_alpha=alpha)
+                                    per_position_loss_weight=per_position_loss_weight, dpace_alpha=dpace_alpha)
 
     def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids, temperature=0.0,
                  seed=0) -> GenerationResult:

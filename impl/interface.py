@@ -111,15 +111,15 @@ class DFlashImplementation(Protocol):
         """Per-slot weights [B]."""
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
-             gamma: float, kind: str, sample_from_anchor: bool) -> torch.Tensor:
+             gamma: float, loss_fn: str, sample_from_anchor: bool) -> torch.Tensor:
         """The scalar training loss with the implementation's reduction."""
 
     def dpace_weights(self, per_slot_loss: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
-                      alpha: float) -> torch.Tensor:
+                      dpace_alpha: float) -> torch.Tensor:
         """[1, A*B] D-PACE per-slot weights from a per-slot CE loss [1, A*B] and the aligned loss mask."""
 
     def dpace_loss(self, logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
-                   alpha: float) -> torch.Tensor:
+                   dpace_alpha: float) -> torch.Tensor:
         """The scalar CE training loss weighted by D-PACE, with the implementation's reduction (differentiable)."""
 
     def block_metrics(self, logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor,
@@ -153,7 +153,8 @@ class DFlash2Operations(Protocol):
         """`(candidates, label positions, contains target)` from the unary top-k (best first) and hard targets."""
 
     def selector_loss(self, candidate_scores: torch.Tensor, label_positions: torch.Tensor, loss_mask: torch.Tensor,
-                      block_size: int, gamma: float, weighting: str, alpha: float) -> torch.Tensor:
+                      block_size: int, gamma: float, per_position_loss_weight: str,
+                      dpace_alpha: float) -> torch.Tensor:
         """The scalar K-way selector loss, weighted and reduced as the implementation trains."""
 
 

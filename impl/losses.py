@@ -15,16 +15,16 @@ def decay_weights(block_size: int, gamma: float = 4.0, sample_from_anchor: bool 
     return torch.exp(-(k - 1).clamp(min=0) / gamma) * (k != 0)
 
 
-def elementwise_loss(logits: torch.Tensor, targets: torch.Tensor, kind: str = "kl_div") -> torch.Tensor:
+def elementwise_loss(logits: torch.Tensor, targets: torch.Tensor, loss_fn: str = "kl_div") -> torch.Tensor:
     """[1, N] per-slot loss: KL(target || draft) or CE against the target's argmax."""
-    if kind == "kl_div":
+    if loss_fn == "kl_div":
         log_q = F.log_softmax(logits, dim=-1, dtype=torch.float32)
         p = F.softmax(targets, dim=-1, dtype=torch.float32)
         return F.kl_div(log_q, p, reduction="none").sum(-1)
-    if kind == "ce":
+    if loss_fn == "ce":
         labels = targets.argmax(-1)
         return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
-    raise ValueError(f"loss_fn: unknown loss {kind!r}; expected 'kl_div' or 'ce'")
+    raise ValueError(f"loss_fn: unknown loss {loss_fn!r}; expected 'kl_div' or 'ce'")
 
 
 # -- D-PACE ---------------------------------------------------------------------------------
@@ -36,9 +36,9 @@ def confidence(per_slot_loss: torch.Tensor) -> torch.Tensor:
     return torch.exp(-per_slot_loss).float()
 
 
-def smoothed_confidence(q: torch.Tensor, alpha: float) -> torch.Tensor:
-    """(1 - alpha) q + alpha: alpha = 1 gives every trained slot one full expected token."""
-    return (1.0 - alpha) * q + alpha
+def smoothed_confidence(q: torch.Tensor, dpace_alpha: float) -> torch.Tensor:
+    """(1 - dpace_alpha) q + dpace_alpha: dpace_alpha = 1 gives every trained slot one full expected token."""
+    return (1.0 - dpace_alpha) * q + dpace_alpha
 
 
 def suffix_sum(x: torch.Tensor) -> torch.Tensor:
@@ -47,19 +47,19 @@ def suffix_sum(x: torch.Tensor) -> torch.Tensor:
 
 
 def dpace_weights(per_slot_loss: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
-                  alpha: float = 0.5) -> torch.Tensor:
+                  dpace_alpha: float = 0.5) -> torch.Tensor:
     """[b, A*B] D-PACE weights. Detached: they reweight the loss and carry no gradient of their own."""
-    return dpace_weights_of(per_slot_loss.detach(), loss_mask, block_size, alpha)
+    return dpace_weights_of(per_slot_loss.detach(), loss_mask, block_size, dpace_alpha)
 
 
 def dpace_weights_of(per_slot_loss: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
-                     alpha: float) -> torch.Tensor:
+                     dpace_alpha: float) -> torch.Tensor:
     if per_slot_loss.shape[-1] % block_size:
         raise ValueError(f"{per_slot_loss.shape[-1]} slots are not whole blocks of {block_size}")
     q = confidence(per_slot_loss).reshape(-1, block_size)
     trained = loss_mask.reshape(-1, block_size).to(q.dtype)
     # An untrained slot neither gates nor discounts the slots after it.
-    smooth = torch.where(trained > 0, smoothed_confidence(q, alpha), torch.ones_like(q))
+    smooth = torch.where(trained > 0, smoothed_confidence(q, dpace_alpha), torch.ones_like(q))
     prefix = torch.cumprod(smooth, dim=-1)
     return (suffix_sum(prefix * trained) * trained).reshape(per_slot_loss.shape)
 
@@ -78,32 +78,33 @@ def reduce_loss(per_slot: torch.Tensor, loss_mask: torch.Tensor, weights: torch.
 
 
 def slot_weights(per_slot: torch.Tensor, loss_mask: torch.Tensor, block_size: int, gamma: float,
-                 sample_from_anchor: bool, weighting: str, dpace_alpha: float) -> torch.Tensor:
-    """The per-slot weights of `weighting`: one block's fixed decay [B], or D-PACE's from `per_slot` itself."""
-    if weighting == "dpace":
+                 sample_from_anchor: bool, per_position_loss_weight: str, dpace_alpha: float) -> torch.Tensor:
+    """The per-slot weights of `per_position_loss_weight`: one block's fixed decay [B], or D-PACE's from
+    `per_slot` itself."""
+    if per_position_loss_weight == "dpace":
         return dpace_weights(per_slot, loss_mask, block_size, dpace_alpha)
-    if weighting == "fixed-exp-decay":
+    if per_position_loss_weight == "fixed-exp-decay":
         return decay_weights(block_size, gamma, sample_from_anchor, device=per_slot.device)
-    raise ValueError(f"per_position_loss_weight: unknown weighting {weighting!r}")
+    raise ValueError(f"per_position_loss_weight: unknown {per_position_loss_weight!r}")
 
 
 def dflash_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
-                gamma: float = 4.0, kind: str = "kl_div", sample_from_anchor: bool = False,
-                weighting: str = "fixed-exp-decay", dpace_alpha: float = 0.5) -> torch.Tensor:
-    per_slot = elementwise_loss(logits, targets, kind)
+                gamma: float = 4.0, loss_fn: str = "kl_div", sample_from_anchor: bool = False,
+                per_position_loss_weight: str = "fixed-exp-decay", dpace_alpha: float = 0.5) -> torch.Tensor:
+    per_slot = elementwise_loss(logits, targets, loss_fn)
     return reduce_loss(per_slot, loss_mask, slot_weights(per_slot, loss_mask, block_size, gamma, sample_from_anchor,
-                                                         weighting, dpace_alpha))
+                                                         per_position_loss_weight, dpace_alpha))
 
 
 def selector_loss(candidate_scores: torch.Tensor, label_positions: torch.Tensor, loss_mask: torch.Tensor,
                   block_size: int, gamma: float = 4.0, sample_from_anchor: bool = False,
-                  weighting: str = "fixed-exp-decay", dpace_alpha: float = 0.5) -> torch.Tensor:
+                  per_position_loss_weight: str = "fixed-exp-decay", dpace_alpha: float = 0.5) -> torch.Tensor:
     """DFlash2's selector loss: K-way CE of the candidate scores [1, N, k] against the label
     positions [1, N], weighted per slot as the unary loss is and reduced the same way."""
     per_slot = F.cross_entropy(candidate_scores.float().flatten(0, 1), label_positions.flatten(),
                                reduction="none").view(label_positions.shape)
     return reduce_loss(per_slot, loss_mask, slot_weights(per_slot, loss_mask, block_size, gamma, sample_from_anchor,
-                                                         weighting, dpace_alpha))
+                                                         per_position_loss_weight, dpace_alpha))
 
 
 def block_metrics(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,

@@ -18,6 +18,10 @@ from __future__ import annotations
 from impl.errors import CheckpointError
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "model.", "draft_model.", "drafter.")
+# Tensors a speculators drafter holds that are copies of the verifier's (embeddings, head, final
+# norm, vocabulary maps): never trained, never draft body (PITFALLS #13).
+VERIFIER_OWNED_KEYS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight",
+                       "t2d", "d2t")
 
 
 def strip_wrapper_prefix(name: str) -> str:

@@ -130,6 +130,45 @@ CATALOGUE = (
 PITFALLS = {p.number: p for p in CATALOGUE}
 
 
+# -- which entry a field's difference is reported under (the static audit reads these) ----------------------
+# Architecture fields and the entry each maps to (None: no catalogue entry).
+ARCHITECTURE_ENTRIES = {
+    "hidden_size": None, "intermediate_size": None, "num_attention_heads": None, "num_key_value_heads": None,
+    "head_dim": None, "num_hidden_layers": None, "vocab_size": 13, "num_target_layers": 1, "rope_theta": 12,
+    "rms_norm_eps": None, "max_position_embeddings": 12, "attention_bias": None, "hidden_act": None,
+    "input_embedding_scale": 13, "output_multiplier": 13, "final_logit_softcapping": 13,
+}
+# Fields whose difference changes no output for contexts that fit both.
+ARCHITECTURE_WARNINGS = {"max_position_embeddings"}
+
+# recipe field -> (PITFALLS entry, severity, what a difference does)
+RECIPE_ENTRIES = {
+    "gamma": (6, "divergence", "the loss decay weights later block positions differently, so the drafter "
+              "learns a different trade-off between early and late tokens"),
+    "loss_fn": (7, "divergence", "the drafter is fitted to a different objective"),
+    "per_position_loss_weight": (6, "divergence", "block positions are weighted by a different rule (fixed "
+                                 "exponential decay vs D-PACE's confidence-driven expected accepted length)"),
+    "dpace_alpha": (6, "divergence", "D-PACE smooths the drafter's confidences differently, so later block "
+                    "positions get a different share of the loss"),
+    "verifier_source_layer": (3, "divergence", "the drafter is trained to predict the output of a different "
+                              "target layer than the one the target decodes with"),
+    "sample_from_anchor": (5, "divergence", "block slots are aligned to different target positions"),
+    "noise_std": (15, "warning", "the context features were augmented differently during training"),
+    "max_anchors": (8, "warning", "a different number of blocks per sequence was trained on"),
+    "selector_loss_alpha": (24, "divergence", "the candidate selector's loss is weighted differently against the "
+                            "unary loss, so the drafter trades its own proposals against the selector's reranking "
+                            "differently"),
+}
+# DFlash2's own fields: the component each belongs to, its catalogue entry, and what a difference does.
+DFLASH2_SPEC_ENTRIES = {
+    "conv_kernel_size": ("conv", 22, "each convolution mixes a different number of earlier block slots"),
+    "conv_group_size": ("conv", 22, "the dynamic kernels are shared by different channel groups"),
+    "selector_rank": ("selector", 23, "the selector's bilinear term has a different rank"),
+    "selector_top_k": ("selector", 23, "the selector reranks a different number of unary candidates, so it can "
+                       "propose tokens the other never considers (or not)"),
+}
+
+
 def markdown() -> str:
     """PITFALLS.md, as committed in the repository."""
     lines = ["# DFlash divergence catalogue", "",

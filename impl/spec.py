@@ -226,6 +226,18 @@ class Recipe:
         _require(self.noise_std >= 0, "noise_std", f"must be non-negative, got {self.noise_std}")
         _require(self.max_anchors > 0, "max_anchors", f"must be positive, got {self.max_anchors}")
 
+    def check_trainable(self, num_target_layers: int | None = None) -> None:
+        """The rules a recipe must also meet to be trained with; a recipe a checkpoint declares is
+        audited as it is, never refused. D-PACE reads the drafter's confidence as exp(-CE), so it
+        needs the ce loss (speculators refuses it with KL too); the source layer must exist."""
+        _require(self.per_position_loss_weight != "dpace" or self.loss_fn == "ce", "per_position_loss_weight",
+                 f"dpace needs loss_fn ce (it reads exp(-CE) as the drafter's confidence), got loss_fn "
+                 f"{self.loss_fn!r}")
+        source = self.verifier_source_layer
+        if num_target_layers is not None and source is not None:
+            _require(0 <= source < num_target_layers, "verifier_source_layer",
+                     f"{source} outside the target's decoder layers 0..{num_target_layers - 1}")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -238,3 +250,8 @@ class Recipe:
         unknown = sorted(set(data) - known)
         _require(not unknown, "recipe", f"unknown fields {unknown}")
         return cls(**data)
+
+
+# The recipe's declared settings (what a checkpoint can say it was trained with; the run's hash and extras
+# are not compared): the one list the vocabulary, the CLI and the audit read.
+RECIPE_FIELDS = tuple(f.name for f in fields(Recipe) if f.name not in ("data_hash", "extra"))

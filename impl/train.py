@@ -17,7 +17,7 @@ import contextlib
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -29,7 +29,7 @@ from impl.data import PackedData, load_packed, pack_records
 from impl.defaults import QWEN3_DEFAULTS
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
-from impl.spec import DFLASH2_FIELDS, FAMILIES, DraftSpec, LossFn, LossWeighting, Recipe
+from impl.spec import DFLASH2_FIELDS, FAMILIES, DraftSpec, LossFn, LossWeighting, Recipe, SpecError
 from impl.target import load_target_model, load_tokenizer
 from impl.train_step import training_step
 
@@ -135,25 +135,32 @@ def draft_spec(config, tokenizer, cfg: TrainConfig) -> DraftSpec:
     )
 
 
+def knob_recipe(cfg: TrainConfig, num_target_layers: int | None = None) -> Recipe:
+    """The recipe of `cfg`'s knobs, checked by the recipe type's own rules (`Recipe.__post_init__` and
+    `check_trainable`): the one place a knob is validated, in speculators' names."""
+    try:
+        recipe = Recipe(gamma=cfg.gamma, loss_fn=cfg.loss_fn, verifier_source_layer=cfg.verifier_source_layer,
+                        noise_std=cfg.noise_std, max_anchors=cfg.max_anchors,
+                        per_position_loss_weight=cfg.per_position_loss_weight, dpace_alpha=cfg.dpace_alpha,
+                        selector_loss_alpha=cfg.selector_loss_alpha)
+        recipe.check_trainable(num_target_layers)
+    except SpecError as exc:
+        raise TrainError(str(exc)) from None
+    return recipe
+
+
 def make_recipe(cfg: TrainConfig, num_target_layers: int, digest: str) -> Recipe:
-    source = cfg.verifier_source_layer
-    if source is not None and not 0 <= source < num_target_layers:
-        raise TrainError(f"target source layer {source} outside the target's decoder layers 0..{num_target_layers - 1}")
+    recipe = knob_recipe(cfg, num_target_layers)
     # None is the reference recipe (the final layer); any other layer is recorded as given.
-    source = None if source == num_target_layers - 1 else source
+    source = None if recipe.verifier_source_layer == num_target_layers - 1 else recipe.verifier_source_layer
     schedule = {k: getattr(cfg, k) for k in ("steps", "lr", "warmup", "weight_decay", "grad_clip", "batch_size",
                                              "grad_accum", "seq_len", "dtype", "seed")}
-    return Recipe(gamma=cfg.gamma, loss_fn=cfg.loss_fn, verifier_source_layer=source, noise_std=cfg.noise_std,
-                  max_anchors=cfg.max_anchors, per_position_loss_weight=cfg.per_position_loss_weight,
-                  dpace_alpha=cfg.dpace_alpha, selector_loss_alpha=cfg.selector_loss_alpha, data_hash=digest,
-                  extra={**schedule, **cfg.extra})
+    return replace(recipe, verifier_source_layer=source, data_hash=digest, extra={**schedule, **cfg.extra})
 
 
 def default_recipe() -> Recipe:
     """The recipe a run with no recipe flags records (what the conformance suite compares)."""
-    cfg = TrainConfig(target="", out="")
-    return Recipe(gamma=cfg.gamma, loss_fn=cfg.loss_fn, max_anchors=cfg.max_anchors, noise_std=cfg.noise_std,
-                  per_position_loss_weight=cfg.per_position_loss_weight, dpace_alpha=cfg.dpace_alpha)
+    return knob_recipe(TrainConfig(target="", out=""))
 
 
 def load_data(cfg: TrainConfig, tokenizer, vocab_size: int) -> tuple[PackedData, PackedData | None]:
@@ -270,7 +277,8 @@ def train(cfg: TrainConfig) -> dict:
             dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, rank: int, world: int) -> dict:
+def check_run(cfg: TrainConfig, world: int) -> None:
+    """Every setting that needs no file: before the tokenizer, the data or the (possibly large) target is read."""
     if cfg.dtype not in ("fp32", "bf16"):
         raise TrainError(f"dtype must be fp32 or bf16, got {cfg.dtype!r}")
     for name in ("steps", "batch_size", "grad_accum", "seq_len", "block_size", "draft_layers"):
@@ -278,100 +286,136 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> dict:
             raise TrainError(f"{name} must be positive, got {getattr(cfg, name)}")
     if cfg.batch_size % world:
         raise TrainError(f"batch size {cfg.batch_size} does not split across {world} ranks")
-    if cfg.loss_fn not in ("kl_div", "ce"):
-        raise TrainError(f"loss must be kl_div or ce, got {cfg.loss_fn!r}")
-    if cfg.per_position_loss_weight not in ("fixed-exp-decay", "dpace"):
-        raise TrainError(f"loss weighting must be fixed-exp-decay or dpace, got {cfg.per_position_loss_weight!r}")
-    if cfg.per_position_loss_weight == "dpace":
-        # D-PACE reads CE as the drafter's confidence (q = exp(-CE)); speculators refuses it with KL too.
-        if cfg.loss_fn != "ce":
-            raise TrainError(f"D-PACE loss weighting needs the ce loss, got {cfg.loss_fn!r}")
-        if not 0.0 < cfg.dpace_alpha <= 1.0:
-            raise TrainError(f"dpace alpha must be in (0, 1], got {cfg.dpace_alpha}")
+    knob_recipe(cfg)
     if cfg.seq_len <= cfg.block_size:
         raise TrainError(f"seq_len {cfg.seq_len} leaves no room for a block of {cfg.block_size}")
-    started = time.monotonic()
-    device = device_for_rank()
-    # Data and knobs are checked before the (possibly large) target is loaded.
+
+
+@dataclass
+class Run:
+    """What a run trains with, once set up."""
+    spec: DraftSpec
+    recipe: Recipe
+    train_data: PackedData
+    eval_data: PackedData | None
+    target: torch.nn.Module
+    drafter: DFlashDrafter
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    schedule: dict  # {"total": steps}; a time budget may shrink it
+    device: torch.device
+
+
+def set_up(cfg: TrainConfig, device: torch.device) -> Run:
+    """Data and knobs first (one-line errors before the target is loaded), then target, drafter, optimizer."""
     tokenizer, target_config = load_tokenizer(cfg.target)
     train_data, eval_data = load_data(cfg, tokenizer, target_config.vocab_size)
     spec = draft_spec(target_config, tokenizer, cfg)
     recipe = make_recipe(cfg, spec.num_target_layers, train_data.data_hash)
     target = load_target_model(cfg.target).to(device)
-
     torch.manual_seed(cfg.seed)
     drafter = DFlashDrafter(spec).to(device)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     schedule = {"total": cfg.steps}
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, cfg.warmup, schedule["total"]))
-    step, history, evals = 0, [], []
-    out_path = Path(cfg.out)
-    if cfg.resume and out_path.exists():
-        step, history, evals = _resume(out_path, drafter, optimizer, scheduler, spec, recipe)
-    model = drafter
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(drafter, device_ids=[device.index] if device.type == "cuda" else None)
+    return Run(spec, recipe, train_data, eval_data, target, drafter, optimizer, scheduler, schedule, device)
 
+
+def autocast_for(cfg: TrainConfig, device: torch.device):
+    """A context factory: bf16 autocast (fp32 master weights) or nothing."""
     def autocast():
         if cfg.dtype == "bf16":
             return torch.autocast(device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+    return autocast
 
-    sampler = RowSampler(len(train_data), cfg.seed)
-    per_rank = cfg.batch_size // world
+
+def optimizer_step(cfg: TrainConfig, run: Run, model, sampler: RowSampler, step: int, rank: int, world: int,
+                   autocast) -> dict:
+    """One optimizer step over `grad_accum` micro-batches; the step's loss, EAL and per-position accuracy,
+    averaged over ranks."""
+    run.drafter.train()
+    per_rank, device = cfg.batch_size // world, run.device
+    logged = torch.zeros(2 + run.spec.block_size - 1, device=device)
+    for micro in range(cfg.grad_accum):
+        base = (step * cfg.grad_accum + micro) * cfg.batch_size + rank * per_rank
+        samples = list(range(base, base + per_rank))
+        rows = run.train_data.rows([sampler(s) for s in samples])
+        generators = [row_generator(cfg.seed, step, s, device=device) for s in samples]
+        sync = model.no_sync() if world > 1 and micro < cfg.grad_accum - 1 else contextlib.nullcontext()
+        with sync, autocast():
+            out = training_step(run.drafter, run.target, rows.input_ids.to(device), rows.loss_mask.to(device),
+                                rows.document_ids.to(device), run.recipe,
+                                position_ids=rows.position_ids.to(device), generators=generators, forward=model)
+            (out.loss / cfg.grad_accum).backward()
+        logged += torch.cat([out.loss.detach().float()[None], out.metrics["eal"].float()[None],
+                             out.metrics["position_acc"].float()]) / cfg.grad_accum
+    torch.nn.utils.clip_grad_norm_(run.drafter.parameters(), cfg.grad_clip)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    logged = mean_over_ranks(logged, world)
+    return {"loss": logged[0].item(), "eal": logged[1].item(), "position_acc": logged[2:].tolist()}
+
+
+def progress_bar(cfg: TrainConfig, rank: int) -> Progress:
+    return Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+                    TextColumn("acc {task.fields[acc]}"), TextColumn("EAL {task.fields[eal]}"), TimeElapsedColumn(),
+                    disable=not (cfg.progress and rank == 0))
+
+
+def _train(cfg: TrainConfig, rank: int, world: int) -> dict:
+    check_run(cfg, world)
+    started = time.monotonic()
+    run = set_up(cfg, device_for_rank())
+    step, history, evals = 0, [], []
+    out_path = Path(cfg.out)
+    if cfg.resume and out_path.exists():
+        step, history, evals = _resume(out_path, run.drafter, run.optimizer, run.scheduler, run.spec, run.recipe)
+    model = run.drafter
+    if world > 1:
+        device_ids = [run.device.index] if run.device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(run.drafter, device_ids=device_ids)
+    autocast = autocast_for(cfg, run.device)
+    sampler = RowSampler(len(run.train_data), cfg.seed)
     first_step, loop_started = step, time.monotonic()
-    bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
-                   TextColumn("acc {task.fields[acc]}"), TextColumn("EAL {task.fields[eal]}"), TimeElapsedColumn(),
-                   disable=not (cfg.progress and rank == 0))
+    bar = progress_bar(cfg, rank)
     last = {}
     with bar:
-        task = bar.add_task("train", total=schedule["total"], completed=step, loss="-", acc="-", eal="-")
-        while step < schedule["total"] and step != cfg.stop_at:
-            drafter.train()
-            logged = torch.zeros(2 + spec.block_size - 1, device=device)
-            for micro in range(cfg.grad_accum):
-                base = (step * cfg.grad_accum + micro) * cfg.batch_size + rank * per_rank
-                samples = list(range(base, base + per_rank))
-                rows = train_data.rows([sampler(s) for s in samples])
-                generators = [row_generator(cfg.seed, step, s, device=device) for s in samples]
-                sync = model.no_sync() if world > 1 and micro < cfg.grad_accum - 1 else contextlib.nullcontext()
-                with sync, autocast():
-                    out = training_step(drafter, target, rows.input_ids.to(device), rows.loss_mask.to(device),
-                                        rows.document_ids.to(device), recipe,
-                                        position_ids=rows.position_ids.to(device), generators=generators, forward=model)
-                    (out.loss / cfg.grad_accum).backward()
-                logged += torch.cat([out.loss.detach().float()[None], out.metrics["eal"].float()[None],
-                                     out.metrics["position_acc"].float()]) / cfg.grad_accum
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+        task = bar.add_task("train", total=run.schedule["total"], completed=step, loss="-", acc="-", eal="-")
+        while step < run.schedule["total"] and step != cfg.stop_at:
+            last = optimizer_step(cfg, run, model, sampler, step, rank, world, autocast)
             step += 1
-            logged = mean_over_ranks(logged, world)
-            last = {"loss": logged[0].item(), "eal": logged[1].item(), "position_acc": logged[2:].tolist()}
             history.append(last["loss"])
             if cfg.max_seconds and step - first_step == 3:
-                schedule["total"] = _fit_budget(cfg, step, first_step, loop_started, started, world)
-                recipe.extra["steps"] = schedule["total"]
-                bar.update(task, total=schedule["total"])
+                run.schedule["total"] = _fit_budget(cfg, step, first_step, loop_started, started, world)
+                run.recipe.extra["steps"] = run.schedule["total"]
+                bar.update(task, total=run.schedule["total"])
             bar.update(task, completed=step, loss=f"{last['loss']:.3f}", eal=f"{last['eal']:.2f}",
                        acc=" ".join(f"{a:.2f}" for a in last["position_acc"][:4]))
-            done = step >= schedule["total"] or step == cfg.stop_at
-            if rank == 0 and eval_data is not None and (done or (cfg.eval_every and step % cfg.eval_every == 0)):
-                evals.append({"step": step, **evaluate(drafter, target, eval_data, recipe, cfg.batch_size,
-                                                       cfg.seed, autocast)})
-                if cfg.progress:
-                    bar.console.print(f"eval @ {step}: loss {evals[-1]['loss']:.3f}  EAL {evals[-1]['eal']:.2f}  "
-                                      f"acc {' '.join(f'{a:.2f}' for a in evals[-1]['position_acc'][:4])}")
+            done = step >= run.schedule["total"] or step == cfg.stop_at
+            if rank == 0 and run.eval_data is not None and (done or (cfg.eval_every and step % cfg.eval_every == 0)):
+                evals.append(_evaluate_now(cfg, run, step, autocast, bar))
             if rank == 0 and (done or (cfg.save_every and step % cfg.save_every == 0)):
-                save_checkpoint(out_path, drafter, recipe, step,
-                                training_state=_training_state(optimizer, scheduler, history, evals))
+                save_checkpoint(out_path, run.drafter, run.recipe, step,
+                                training_state=_training_state(run.optimizer, run.scheduler, history, evals))
     if world > 1:
         dist.barrier()
     return {"out": str(out_path), "steps": step, "seconds": round(time.monotonic() - started, 1),
             "losses": history, "final": last, "eval": evals[-1] if evals else None, "evals": evals,
-            "spec": spec.to_dict(), "recipe": recipe.to_dict(), "rows": len(train_data), "world_size": world, "rank": rank}
+            "spec": run.spec.to_dict(), "recipe": run.recipe.to_dict(), "rows": len(run.train_data),
+            "world_size": world, "rank": rank}
+
+
+def _evaluate_now(cfg: TrainConfig, run: Run, step: int, autocast, bar: Progress) -> dict:
+    """Held-out loss, EAL and accuracy at `step` (rank 0), printed under the progress bar."""
+    result = {"step": step, **evaluate(run.drafter, run.target, run.eval_data, run.recipe, cfg.batch_size, cfg.seed,
+                                       autocast)}
+    if cfg.progress:
+        bar.console.print(f"eval @ {step}: loss {result['loss']:.3f}  EAL {result['eal']:.2f}  "
+                          f"acc {' '.join(f'{a:.2f}' for a in result['position_acc'][:4])}")
+    return result
 
 
 def _fit_budget(cfg: TrainConfig, step: int, first_step: int, loop_started: float, started: float, world: int) -> int:

@@ -20,19 +20,16 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.checkpoint import (
-    VERIFIER_OWNED_KEYS,
-    CheckpointError,
-    atomic_directory,
-    read_config,
-)
+from impl.atomic import atomic_directory
 from impl.dflash2 import SelectorTraining
+from impl.errors import CheckpointError
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.families import config_family
 from impl.interface import TrainingOutputs, Unsupported
 from impl.layers import hidden_state_index, speculators_to_zlab
-from impl.param_names import strip_wrapper_prefixes
+from impl.param_names import VERIFIER_OWNED_KEYS, strip_wrapper_prefixes
 from impl.spec import DFLASH2_FIELDS, DraftSpec
+from impl.weights_dir import read_config
 from reference_adapters.version_guard import check_reference
 
 check_reference("speculators")
@@ -293,23 +290,24 @@ class SpeculatorsImplementation:
     def loss_weights(self, block_size, gamma, sample_from_anchor):
         return dflash_loss_decay(torch.arange(block_size), gamma=gamma, sample_from_anchor=sample_from_anchor)
 
-    def _metrics(self, logits, targets, loss_mask, block_size, gamma=4.0, kind="kl_div", sample_from_anchor=False):
+    def _metrics(self, logits, targets, loss_mask, block_size, gamma=4.0, loss_fn="kl_div",
+                 sample_from_anchor=False):
         return compute_metrics(logits, targets, loss_mask, block_size, gamma=gamma,
-                               loss_config=resolve_loss_config(kind, "eager"), sample_from_anchor=sample_from_anchor)
+                               loss_config=resolve_loss_config(loss_fn, "eager"), sample_from_anchor=sample_from_anchor)
 
-    def loss(self, logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor):
-        return self._metrics(logits, targets, loss_mask, block_size, gamma, kind, sample_from_anchor)[0]
+    def loss(self, logits, targets, loss_mask, block_size, gamma, loss_fn, sample_from_anchor):
+        return self._metrics(logits, targets, loss_mask, block_size, gamma, loss_fn, sample_from_anchor)[0]
 
-    def dpace_weights(self, per_slot_loss, loss_mask, block_size, alpha):
+    def dpace_weights(self, per_slot_loss, loss_mask, block_size, dpace_alpha):
         # As speculators' loss_function hands it over: the per-slot loss already multiplied by the mask.
         masked = per_slot_loss * loss_mask.to(per_slot_loss.dtype)
         pos_idx = (torch.arange(per_slot_loss.shape[1]) % block_size)[None]
         return dpace_loss_decay(pos_idx.to(masked.dtype), loss_mask=loss_mask, block_size=block_size,
-                                dpace_alpha=alpha, elementwise_loss=masked)
+                                dpace_alpha=dpace_alpha, elementwise_loss=masked)
 
-    def dpace_loss(self, logits, targets, loss_mask, block_size, alpha):
+    def dpace_loss(self, logits, targets, loss_mask, block_size, dpace_alpha):
         loss, _ = compute_metrics(logits, targets, loss_mask, block_size, loss_config=resolve_loss_config("ce", "eager"),
-                                  per_position_loss_weight="dpace", dpace_alpha=alpha)
+                                  per_position_loss_weight="dpace", dpace_alpha=dpace_alpha)
         return loss
 
     def block_metrics(self, logits, targets, loss_mask, block_size):
@@ -339,6 +337,7 @@ class SpeculatorsImplementation:
     def selector_training_candidates(self, candidate_ids, target_ids):
         return selector_training_candidates(candidate_ids, target_ids)
 
-    def selector_loss(self, candidate_scores, label_positions, loss_mask, block_size, gamma, weighting, alpha):
+    def selector_loss(self, candidate_scores, label_positions, loss_mask, block_size, gamma, per_position_loss_weight,
+                      dpace_alpha):
         return compute_selector_loss(candidate_scores, label_positions, loss_mask, block_size, gamma=gamma,
-                                     per_position_loss_weight=weighting, dpace_alpha=alpha)
+                                     per_position_loss_weight=per_position_loss_weight, dpace_alpha=dpace_alpha)

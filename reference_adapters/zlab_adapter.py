@@ -14,11 +14,12 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.checkpoint import CheckpointError, zlab_config
+from impl.errors import CheckpointError
 from impl.families import config_family
 from impl.interface import GenerationResult, Unsupported
 from impl.param_names import codebook_module_name, strip_wrapper_prefixes
 from impl.spec import DraftSpec
+from impl.zlab_format import zlab_config
 from reference_adapters.version_guard import check_reference
 
 check_reference("dflash")

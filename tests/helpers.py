@@ -30,7 +30,7 @@ def zlab_model_for(spec: DraftSpec):
     """z-lab's own DFlashDraftModel (real `dflash` package) for this spec, random weights."""
     from dflash.model import DFlashDraftModel
 
-    from impl.checkpoint import zlab_config
+    from impl.zlab_format import zlab_config
 
     config = Qwen3Config(**zlab_config(spec))
     config._attn_implementation = "sdpa"
@@ -56,7 +56,8 @@ def world_drafter(world, layer_ids, seed):
 def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budget: int, recipe=None):
     """Save `ours` as ckpt.pt (with `recipe`) and `ref` as a z-lab dir, then `compare` them on the world."""
     from dflash_audit.commands.compare import run_compare
-    from impl.checkpoint import save_checkpoint, save_zlab_dir
+    from impl.checkpoint import save_checkpoint
+    from impl.zlab_format import save_zlab_dir
 
     save_checkpoint(tmp_path / "ours.pt", ours, recipe=recipe)
     save_zlab_dir(tmp_path / "ref", ref.spec, ref.state_dict())

@@ -13,10 +13,11 @@ from dflash_audit.audit.report_html import render_html
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
-from impl.checkpoint import save_checkpoint, save_zlab_dir
+from impl.checkpoint import save_checkpoint
 from impl.model import DFlashDrafter
 from impl.packages import PACKAGES
 from impl.spec import Recipe
+from impl.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec, tiny_target
 
 

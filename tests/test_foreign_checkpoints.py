@@ -21,9 +21,10 @@ from safetensors.torch import save_file
 
 from dflash_audit.cli import main
 from dflash_audit.formats import detect_format, load_any
-from impl.checkpoint import save_zlab_dir
 from impl.model import DFlashDrafter
+from impl.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec
+from tests.trainer_layouts import TRAINER_GALLERY
 
 SPEC = tiny_spec(layer_types=("full_attention",) * 3, sliding_window=None)
 # What a team's args declare, under names of their own choosing (z-lab convention ids).
@@ -173,6 +174,7 @@ GALLERY = {
     "speculators TrainConfig args": (speculators_train_config_args, [],
                                      "spec.pt: train_config.target_layer_ids (speculators convention, id - 1)"),
 }
+GALLERY.update(TRAINER_GALLERY)  # the layouts training frameworks save in (tests/trainer_layouts.py)
 
 
 @pytest.mark.parametrize("name", list(GALLERY))

@@ -10,8 +10,9 @@ from safetensors.torch import save_file
 
 from dflash_audit.cli import main
 from dflash_audit.formats import LoadedCheckpoint, detect_format, load_any
-from impl.checkpoint import Checkpoint, CheckpointError, save_checkpoint, save_zlab_dir
-from impl.errors import AuditError
+from impl.checkpoint import Checkpoint, save_checkpoint
+from impl.errors import AuditError, CheckpointError
+from impl.zlab_format import save_zlab_dir
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,11 @@ import torch
 from dflash.model import DFlashDraftModel
 
 from dflash_audit.formats import load_any
-from impl.checkpoint import CheckpointError, build_drafter, load_checkpoint, save_checkpoint, save_zlab_dir
+from impl.checkpoint import build_drafter, load_checkpoint, save_checkpoint
+from impl.errors import CheckpointError
 from impl.model import DFlashDrafter
 from impl.spec import Recipe
+from impl.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec, zlab_model_for
 
 

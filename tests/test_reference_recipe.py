@@ -14,7 +14,8 @@ import pytest
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
-from impl.checkpoint import load_checkpoint, save_zlab_dir
+from impl.checkpoint import load_checkpoint
+from impl.zlab_format import save_zlab_dir
 from reference_adapters import speculators_recipe as refs
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -100,7 +101,7 @@ def test_dpace_with_kl_is_refused(tiny_world, tmp_path, capsys):  # noqa: F811
     args = ["train", "--target", str(tiny_world / "target"), "--data", str(tiny_world / "data.jsonl"),
             "--out", str(tmp_path / "x.pt"), *RUN, "--loss", "kl_div", "--loss-weighting", "dpace"]
     assert main(args) == 2
-    assert "D-PACE loss weighting needs the ce loss" in capsys.readouterr().err
+    assert "per_position_loss_weight: dpace needs loss_fn ce" in capsys.readouterr().err
 
 
 def test_our_dflash2_defaults_are_speculators_dflash2_defaults():

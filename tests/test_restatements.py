@@ -256,15 +256,15 @@ def test_a_planted_family_decision_is_caught(planted):
 
 def test_every_config_reader_asks_the_one_family_function():
     import dflash_audit.formats.speculators
-    import impl.checkpoint
     import impl.families
+    import impl.zlab_format
     import reference_adapters.speculators_adapter
     import reference_adapters.zlab_adapter
 
-    for module in (impl.checkpoint, dflash_audit.formats.speculators, reference_adapters.speculators_adapter,
+    for module in (impl.zlab_format, dflash_audit.formats.speculators, reference_adapters.speculators_adapter,
                    reference_adapters.zlab_adapter):
         assert module.config_family is impl.families.config_family, module.__name__
-    assert impl.checkpoint.ZLAB_ARCHITECTURES is impl.families.ZLAB_ARCHITECTURES
+    assert impl.zlab_format.ZLAB_ARCHITECTURES is impl.families.ZLAB_ARCHITECTURES
 
 
 # -- 7. defaults (impl/defaults.py) ----------------------------------------------------------------------
@@ -274,16 +274,16 @@ def test_defaults_are_one_table_each_imported_by_every_reader():
     import dflash_audit.conversion
     import dflash_audit.formats.inference
     import dflash_audit.formats.speculators
-    import impl.checkpoint
     import impl.defaults
     import impl.spec
     import impl.train
+    import impl.zlab_format
 
-    for module in (impl.checkpoint, impl.spec, impl.train, dflash_audit.formats.inference):
+    for module in (impl.zlab_format, impl.spec, impl.train, dflash_audit.formats.inference):
         assert module.QWEN3_DEFAULTS is impl.defaults.QWEN3_DEFAULTS, module.__name__
-    for module in (impl.checkpoint, impl.spec, dflash_audit.conversion, dflash_audit.formats.inference):
+    for module in (impl.zlab_format, impl.spec, dflash_audit.conversion, dflash_audit.formats.inference):
         assert module.ZLAB_EXTRAS is impl.defaults.ZLAB_EXTRAS, module.__name__
-    for module in (impl.checkpoint, impl.spec, dflash_audit.formats.speculators):
+    for module in (impl.zlab_format, impl.spec, dflash_audit.formats.speculators):
         assert module.BLOCK_SIZE_DEFAULTS is impl.defaults.BLOCK_SIZE_DEFAULTS, module.__name__
     spec_defaults = {f.name: f.default for f in fields(impl.spec.DraftSpec)}
     for name, value in {**impl.defaults.QWEN3_DEFAULTS, **impl.defaults.ZLAB_EXTRAS}.items():
@@ -305,3 +305,112 @@ def test_qwen3_defaults_are_written_only_in_impl_defaults():
     assert [hit for path, source in sources.items() for hit in default_copies(source, path)] == []
     assert default_copies('rope = config.get("rope_theta", 1_000_000.0)\n') != []
     assert default_copies('window = config.get("max_position_embeddings", 40960)\n') != []
+
+
+# -- 5. impl/checkpoint.py split by concern; report writers start light -----------------------------------
+def test_report_writers_do_not_pull_in_qwen3_modeling_at_start_up():
+    import subprocess
+    import sys
+
+    probe = ("import sys, dflash_audit.audit.report_json, dflash_audit.audit.report_html, dflash_audit.formats; "
+             "print('transformers.models.qwen3.modeling_qwen3' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    assert run.stdout.strip() == "False"
+
+
+def test_atomic_writers_are_imported_from_impl_atomic_only():
+    """No module re-exports the atomic writers: each writer imports them from where they live."""
+    hits = []
+    for path, source in repo_sources().items():
+        for node in ast.walk(ast.parse(source, path)):
+            if isinstance(node, ast.ImportFrom) and node.module not in ("impl.atomic", None) and \
+                    {a.name for a in node.names} & {"atomic_write_bytes", "atomic_directory"}:
+                hits.append(f"{path}:{node.lineno}")
+    assert hits == []
+
+
+# -- 4. knob validation: once, in the recipe type, in speculators' names ---------------------------------
+OLD_KNOB_NAMES = ("loss weighting", "dpace alpha", "target source layer", "loss must be")
+
+
+def knob_rule_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each function that decides "D-PACE needs CE" itself (it compares a setting with both
+    "dpace" and "ce"), and of each message in the old knob vocabulary."""
+    found = set()
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            compared = {c.value for cmp in ast.walk(node) if isinstance(cmp, ast.Compare)
+                        for c in ast.walk(cmp) if isinstance(c, ast.Constant)}
+            if {"dpace", "ce"} <= compared:
+                found.add(f"{path}:{node.lineno}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                any(old in node.value.lower() for old in OLD_KNOB_NAMES):
+            found.add(f"{path}:{node.lineno}")
+    return sorted(found)
+
+
+def test_knobs_are_validated_only_by_the_recipe_type():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != "impl/spec.py" and not path.startswith(("tests/", "bench/"))}
+    assert [hit for path, source in sources.items() for hit in knob_rule_copies(source, path)] == []
+    assert knob_rule_copies((REPO / "impl/spec.py").read_text(), "impl/spec.py") != []
+
+
+@pytest.mark.parametrize("planted", [
+    'def check(cfg):\n    if cfg.per_position_loss_weight == "dpace" and cfg.loss_fn != "ce":\n        raise E("x")\n',
+    'def check(cfg):\n    raise E(f"D-PACE loss weighting needs the ce loss, got {cfg.loss_fn!r}")\n',
+    'def check(cfg):\n    raise E(f"dpace alpha must be in (0, 1], got {cfg.dpace_alpha}")\n',
+])
+def test_a_planted_knob_rule_is_caught(planted):
+    assert knob_rule_copies(planted, "dflash_audit/commands/planted.py") != []
+
+
+def test_the_loss_functions_speak_the_recipe_vocabulary():
+    import inspect
+
+    import impl.losses
+
+    for function in (impl.losses.dflash_loss, impl.losses.selector_loss, impl.losses.slot_weights,
+                     impl.losses.elementwise_loss, impl.losses.dpace_weights):
+        names = set(inspect.signature(function).parameters)
+        assert not names & {"kind", "weighting", "alpha"}, function.__name__
+    assert {"loss_fn", "per_position_loss_weight", "dpace_alpha"} <= set(
+        inspect.signature(impl.losses.dflash_loss).parameters)
+
+
+# -- 8. the field -> catalogue-entry maps live in the catalogue; one RECIPE_FIELDS ------------------------
+def test_entry_maps_and_recipe_fields_are_one_table_each():
+    import dflash_audit.audit.static_recipe as static_recipe
+    import dflash_audit.audit.static_spec as static_spec
+    import dflash_audit.formats.inference as inference
+    import dflash_audit.formats.vocabulary as vocabulary
+    import impl.pitfalls as pitfalls
+    import impl.spec as spec
+
+    assert static_spec.ARCHITECTURE_ENTRIES is pitfalls.ARCHITECTURE_ENTRIES
+    assert static_spec.ARCHITECTURE_WARNINGS is pitfalls.ARCHITECTURE_WARNINGS
+    assert static_spec.DFLASH2_SPEC_ENTRIES is pitfalls.DFLASH2_SPEC_ENTRIES
+    assert static_recipe.RECIPE_ENTRIES is pitfalls.RECIPE_ENTRIES
+    assert inference.RECIPE_FIELDS is spec.RECIPE_FIELDS
+    assert set(pitfalls.RECIPE_ENTRIES) == set(spec.RECIPE_FIELDS) == set(vocabulary.RECIPE_NAMES)
+    numbers = [n for n in pitfalls.ARCHITECTURE_ENTRIES.values() if n is not None]
+    numbers += [n for n, _, _ in pitfalls.RECIPE_ENTRIES.values()] + [n for _, n, _ in pitfalls.DFLASH2_SPEC_ENTRIES.values()]
+    assert all(n in pitfalls.PITFALLS for n in numbers)
+
+
+def test_no_audit_module_keeps_its_own_entry_map():
+    """A module-level dict in dflash_audit/ whose values name catalogue entries (`pitfall` numbers) is a second map."""
+    hits = []
+    for path, source in repo_sources().items():
+        if not path.startswith("dflash_audit/"):
+            continue
+        for node in ast.parse(source, path).body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith(("_FIELDS", "_ENTRIES"))
+                                                    for t in node.targets) and isinstance(node.value, ast.Dict):
+                values = node.value.values
+                if values and all(isinstance(v, ast.Tuple) and any(isinstance(e, ast.Constant) and type(e.value) is int
+                                                                   for e in v.elts) or
+                                  (isinstance(v, ast.Constant) and (v.value is None or type(v.value) is int))
+                                  for v in values):
+                    hits.append(f"{path}:{node.lineno}")
+    assert hits == []

@@ -178,7 +178,7 @@ def test_convert_for_a_checkpoint_file(tmp_path, drafter, target_dir):
 
 
 def test_convert_for_names_the_field_no_format_can_carry(tmp_path, spec, drafter, capsys):
-    from impl.checkpoint import save_zlab_dir
+    from impl.zlab_format import save_zlab_dir
 
     save_zlab_dir(tmp_path / "z", dataclasses.replace(spec, input_embedding_scale=2.0), drafter.state_dict())
     assert main(["convert", "--from", str(tmp_path / "z"), "--to", str(tmp_path / "s"), "--for", "sglang"]) == 2

@@ -70,3 +70,12 @@ def test_recipe_of_a_checkpoint_written_before_dpace_loads_as_it_was_trained():
     recipe = Recipe.from_dict(old)
     assert (recipe.loss_fn, recipe.per_position_loss_weight, recipe.gamma) == ("ce", "fixed-exp-decay", 7.0)
     assert Recipe.from_dict(recipe.to_dict()) == recipe
+
+
+def test_dpace_needs_ce_is_a_rule_of_the_recipe_type():
+    declared = Recipe(loss_fn="kl_div", per_position_loss_weight="dpace")  # a declared recipe is audited, not refused
+    with pytest.raises(SpecError, match="per_position_loss_weight: dpace needs loss_fn ce"):
+        declared.check_trainable()
+    Recipe(loss_fn="ce", per_position_loss_weight="dpace").check_trainable()
+    with pytest.raises(SpecError, match="verifier_source_layer: 7 outside the target's decoder layers 0..3"):
+        Recipe(verifier_source_layer=7).check_trainable(num_target_layers=4)

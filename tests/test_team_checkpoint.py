@@ -19,13 +19,14 @@ import pathlib
 import torch
 
 from dflash_audit.audit.sides import Side
-from dflash_audit.audit.static import layer_id_findings, recipe_findings, spec_findings
+from dflash_audit.audit.static_recipe import recipe_findings
+from dflash_audit.audit.static_spec import layer_id_findings, spec_findings
 from dflash_audit.cli import main
 from dflash_audit.formats.inference import infer
 from dflash_audit.formats.key_map import map_names, propose_key_map, read_key_map
-from impl.checkpoint import save_zlab_dir
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec
+from impl.zlab_format import save_zlab_dir
 
 # Qwen3.6-27B-DFlash (z-lab): the published drafter's dimensions.
 REAL = DraftSpec(hidden_size=5120, intermediate_size=17408, num_attention_heads=32, num_key_value_heads=8,

@@ -194,8 +194,11 @@ def test_cli_trains_and_writes_json(tiny_world, tmp_path):
     (["--data", "{root}/bad.jsonl"], "bad.jsonl:1: 'text' must be a string"),
     (["--fc-layers", "0,x"], "--target-layer-ids: '0,x' is not a list of integer layer ids"),
     (["--fc-layers", "0,9"], "target_layer_ids: [9] outside"),
-    (["--target-source-layer", "7"], "target source layer 7 outside"),
-    (["--loss", "mse"], "--loss-fn must be kl_div or ce"),
+    (["--target-source-layer", "7"], "verifier_source_layer: 7 outside"),
+    (["--loss", "mse"], "loss_fn: 'mse' not in ['kl_div', 'ce']"),
+    (["--loss-weighting", "uniform"], "per_position_loss_weight: 'uniform' not in"),
+    (["--loss", "kl_div", "--loss-weighting", "dpace"], "per_position_loss_weight: dpace needs loss_fn ce"),
+    (["--dpace-alpha", "1.5"], "dpace_alpha: must be in (0, 1]"),
     (["--dtype", "fp16"], "--dtype must be fp32 or bf16"),
     (["--seq-len", "4"], "seq_len 4 leaves no room"),
 ])

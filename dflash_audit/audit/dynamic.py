@@ -21,8 +21,9 @@ from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from impl import offline
 from impl.cache_dir import cache_root
-from impl.checkpoint import CheckpointError, build_drafter
+from impl.checkpoint import build_drafter
 from impl.ddtree import DDTREE_NEEDS_DFLASH
+from impl.errors import CheckpointError
 from impl.extract import decoder_layers
 
 METHODS = {"dflash": "DFlash", "ddtree": "DDTree"}

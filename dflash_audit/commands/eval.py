@@ -20,8 +20,9 @@ from tabulate import tabulate
 
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.prompts import CHAT_TEMPLATE_MODES, fit_prompts, load_prompts, tokenize_prompts
+from impl.atomic import atomic_write_bytes
 from impl.cache_dir import cache_root
-from impl.checkpoint import atomic_write_bytes, build_drafter
+from impl.checkpoint import build_drafter
 from impl.ddtree import ddtree_decode, require_dflash_family
 from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
 from impl.errors import AuditError

@@ -14,7 +14,7 @@ from tabulate import tabulate
 from dflash_audit.audit.serving import divergence_count, section_dict, serving_section
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable
-from impl.checkpoint import atomic_write_bytes
+from impl.atomic import atomic_write_bytes
 from impl.errors import AuditError
 
 SCHEMA = "dflash-audit-serving/1"

@@ -11,7 +11,7 @@ from dflash_audit.formats.vocabulary import DeclarationError, convert
 from dflash_audit.outputs import check_outputs, check_writable
 from impl.errors import AuditError
 from impl.inputs import check_finite_flags, check_target_dir, regular_file
-from impl.spec import FAMILIES, LOSS_KINDS, LOSS_WEIGHTINGS
+from impl.spec import FAMILIES
 
 
 def _layer_ids(value: str | None, flag: str) -> list[int] | None:
@@ -59,9 +59,9 @@ def train(
     grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
     seq_len: int = typer.Option(1024, help="Packed row length."),
     recipe: str = typer.Option(None, help="'speculators': the whole recipe speculators' TrainConfig resolves for "
-                                          "--speculator-type dflash (loss, weighting, alpha, gamma, anchors, block "
-                                          "size, draft layers), read from the installed package; flags given "
-                                          "explicitly still win."),
+                                          "--speculator-type dflash (loss_fn, per_position_loss_weight, dpace_alpha, "
+                                          "gamma, max_anchors, block_size, draft layers), read from the installed "
+                                          "package; flags given explicitly still win."),
     block_size: int = typer.Option(None, help="Draft block size B [default: 16]."),
     draft_layers: int = typer.Option(None, help="Drafter decoder layers [default: 1]."),
     max_anchors: int = typer.Option(None, help="Anchors per row [default: 512]."),
@@ -110,20 +110,45 @@ def train(
     check_train_paths(target, data, eval_data, out, json_out, resume)
     check_finite_flags(lr=lr, gamma=gamma, dpace_alpha=dpace_alpha, noise_std=noise_std, max_seconds=max_seconds,
                        selector_loss_alpha=selector_loss_alpha)
-    if family not in FAMILIES:
-        raise AuditError(f"--family must be {' or '.join(FAMILIES)}, got {family!r}")
     dflash2_flags = dict(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size,
                          selector_rank=selector_rank, selector_top_k=selector_top_k,
                          selector_loss_alpha=selector_loss_alpha)
+    check_family_flags(family, dflash2_flags)
+    if dtype not in ("fp32", "bf16"):
+        raise AuditError(f"--dtype must be fp32 or bf16, got {dtype!r}")
+    # The recipe knobs are checked once, by the recipe type, when the run starts (impl.train.check_run).
+    knobs = recipe_settings(recipe, family, dict(
+        **dflash2_flags, sliding_window_non_causal=sliding_window_non_causal, block_size=block_size,
+        draft_layers=draft_layers, max_anchors=max_anchors, loss_fn=loss_fn,
+        per_position_loss_weight=per_position_loss_weight, dpace_alpha=dpace_alpha, gamma=gamma, noise_std=noise_std))
+    cfg = TrainConfig(
+        target=str(target), out=str(out), data=str(data), eval_data=str(eval_data) if eval_data else None,
+        eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
+        grad_accum=grad_accum, seq_len=seq_len, target_layer_ids=_layer_ids(target_layer_ids, "--target-layer-ids"),
+        verifier_source_layer=verifier_source_layer, layer_types=_layer_types(layer_types),
+        sliding_window=sliding_window, mask_token_id=mask_token_id, dtype=dtype, eval_every=eval_every,
+        save_every=save_every, resume=resume, seed=seed, max_seconds=max_seconds, family=family, **knobs)
+    hf_logging.disable_progress_bar()  # one progress bar: the trainer's
+    try:
+        stats = run_training(cfg)
+    except (DataError, TrainError) as exc:
+        raise AuditError(str(exc)) from exc
+    if stats["rank"] == 0:  # under torchrun only rank 0 reports
+        report_run(stats, json_out)
+
+
+def check_family_flags(family: str, dflash2_flags: dict) -> None:
+    """--family names one of the families; DFlash2-only flags need --family dflash2."""
+    if family not in FAMILIES:
+        raise AuditError(f"--family must be {' or '.join(FAMILIES)}, got {family!r}")
     if family == "dflash":
         stray = [name for name, value in dflash2_flags.items() if value is not None]
         if stray:
             raise AuditError(f"--{stray[0].replace('_', '-')} is a DFlash2 setting; add --family dflash2")
-    if loss_fn is not None and loss_fn not in LOSS_KINDS:
-        raise AuditError(f"--loss-fn must be {' or '.join(LOSS_KINDS)}, got {loss_fn!r}")
-    if per_position_loss_weight is not None and per_position_loss_weight not in LOSS_WEIGHTINGS:
-        raise AuditError(f"--per-position-loss-weight must be {' or '.join(LOSS_WEIGHTINGS)}, "
-                         f"got {per_position_loss_weight!r}")
+
+
+def recipe_settings(recipe: str | None, family: str, given: dict) -> dict:
+    """The TrainConfig knobs: `--recipe speculators`'s whole resolution, then every flag given explicitly."""
     if recipe not in (None, "speculators"):
         raise AuditError(f"--recipe must be speculators, got {recipe!r}")
     settings = {}
@@ -131,31 +156,18 @@ def train(
         from reference_adapters.speculators_recipe import train_settings
 
         settings = train_settings(family)
-    given = dict(**dflash2_flags, sliding_window_non_causal=sliding_window_non_causal, block_size=block_size,
-                 draft_layers=draft_layers, max_anchors=max_anchors, loss_fn=loss_fn,
-                 per_position_loss_weight=per_position_loss_weight, dpace_alpha=dpace_alpha, gamma=gamma)
     settings.update({name: value for name, value in given.items() if value is not None})
-    if noise_std is not None:
-        settings["noise_std"] = noise_std
-    if dtype not in ("fp32", "bf16"):
-        raise AuditError(f"--dtype must be fp32 or bf16, got {dtype!r}")
-    types = [t.strip() for t in layer_types.split(",")] if layer_types else None
-    cfg = TrainConfig(
-        target=str(target), out=str(out), data=str(data), eval_data=str(eval_data) if eval_data else None,
-        eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
-        grad_accum=grad_accum, seq_len=seq_len, target_layer_ids=_layer_ids(target_layer_ids, "--target-layer-ids"),
-        verifier_source_layer=verifier_source_layer, layer_types=types, sliding_window=sliding_window,
-        mask_token_id=mask_token_id, dtype=dtype, eval_every=eval_every, save_every=save_every, resume=resume,
-        seed=seed, max_seconds=max_seconds, family=family, **settings)
-    hf_logging.disable_progress_bar()  # one progress bar: the trainer's
-    try:
-        stats = run_training(cfg)
-    except (DataError, TrainError) as exc:
-        raise AuditError(str(exc)) from exc
-    if stats["rank"] != 0:  # under torchrun only rank 0 reports
-        return
+    return settings
+
+
+def _layer_types(value: str | None) -> list[str] | None:
+    return [t.strip() for t in value.split(",")] if value else None
+
+
+def report_run(stats: dict, json_out: Path | None) -> None:
+    """The run's stats as JSON (atomically) and its one summary line."""
     if json_out is not None:
-        from impl.checkpoint import atomic_write_bytes
+        from impl.atomic import atomic_write_bytes
 
         atomic_write_bytes(json_out, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
     final = stats["eval"] or stats["final"]

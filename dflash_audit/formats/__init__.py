@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dflash_audit.formats import ours, speculators, zlab
+from dflash_audit.formats import layouts, ours, speculators, zlab
 from dflash_audit.formats.foreign import WEIGHT_SUFFIXES, UnknownScheme, load_foreign
 from dflash_audit.formats.loaded import (
     LoadedCheckpoint,
@@ -31,8 +31,8 @@ from dflash_audit.formats.loaded import (
     incomplete_spec,
     require_spec,
 )
-from impl.checkpoint import VERIFIER_OWNED_KEYS
 from impl.errors import AuditError
+from impl.param_names import VERIFIER_OWNED_KEYS
 
 FORMATS = ("ours", "zlab", "speculators")  # the formats `convert` writes
 MODULES = {"ours": ours, "zlab": zlab, "speculators": speculators}
@@ -60,11 +60,13 @@ def detect_format(path: str | Path) -> str:
     path = Path(path)
     if not path.exists():
         raise AuditError(f"{path}: no such file or directory")
+    if layouts.detect(path) is not None:  # a framework's layout (DCP, DeepSpeed, Megatron, NeMo)
+        return "foreign"
     if path.is_file():
         if path.name.endswith(WEIGHT_SUFFIXES):
             return "ours" if ours.detect(path) else "foreign"
-        raise AuditError(f"{path}: not a checkpoint file (expected *.pt, *.pth, *.bin, *.ckpt or *.safetensors, "
-                         "or a z-lab / speculators directory)")
+        raise AuditError(f"{path}: not a checkpoint file (expected *.pt, *.pth, *.bin, *.ckpt, *.safetensors or "
+                         "*.nemo, or a z-lab / speculators / framework checkpoint directory)")
     if not path.is_dir():
         raise AuditError(f"{path}: neither a file nor a directory")
     config = _config_of(path)

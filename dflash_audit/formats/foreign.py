@@ -12,21 +12,30 @@ from __future__ import annotations
 import json
 import pickle
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
+from dflash_audit.formats import layouts
 from dflash_audit.formats.inference import Inference, infer, parse_cli_spec, shapes_of
-from dflash_audit.formats.key_map import KeyMapError, map_names, propose_key_map, read_key_map
+from dflash_audit.formats.key_map import (
+    KeyMapError,
+    map_names,
+    propose_key_map,
+    read_key_map,
+)
+from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.loaded import LoadedCheckpoint, LoadOptions, RawRecord
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
 from dflash_audit.formats.vocabulary import DeclarationError
-from impl.checkpoint import VERIFIER_OWNED_KEYS, CheckpointError, index_shards
+from impl.errors import CheckpointError
+from impl.param_names import VERIFIER_OWNED_KEYS
 from impl.spec import SpecError
+from impl.weights_dir import index_shards
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WEIGHT_SUFFIXES = PICKLE_SUFFIXES + (".safetensors",)
@@ -51,6 +60,8 @@ class ForeignRead:
     mapping: Any  # key_map.NameMapping
     inference: Inference
     files: list[str]
+    layout: str | None = None  # the framework layout read (layouts.detect), None for plain weight files
+    placeholders: list[str] = field(default_factory=list)  # 0-element tensors left out of the audit
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -64,7 +75,7 @@ def weight_files_of(folder: Path) -> list[Path]:
         index = folder / index_name
         if index.is_file():
             return index_shards(index)
-    found = sorted(p for p in folder.iterdir() if is_weight_file(p))
+    found = sorted(p for p in folder.iterdir() if is_weight_file(p) and not layouts.accelerate.role_of_file(p.name))
     preferred = [p for p in found if p.name in ("model.safetensors", "pytorch_model.bin")]
     if preferred:
         return preferred[:1]
@@ -108,7 +119,7 @@ def first_line(exc: BaseException) -> str:
     import re
 
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # torch colours some messages
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+    return (text.splitlines()[0] if text else "no details given")[:200]
 
 
 def read_payloads(files: list[Path], entry: str | None, entry_flag: str) -> Payload:
@@ -167,10 +178,16 @@ def read_target_config(target_dir: str | Path | None) -> dict[str, Any] | None:
 
 # -- the whole load ----------------------------------------------------------------------------------
 def read_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None = None) -> ForeignRead:
-    files = weight_files_of(path) if path.is_dir() else [path]
-    payload = read_payloads(files, options.entry, options.flag("entry"))
+    opened = layouts.open_layout(path, options.entry, options.flag("entry"))
+    if opened is not None:
+        files, payload = opened.files, opened.payload
+    else:
+        files = weight_files_of(path) if path.is_dir() else [path]
+        payload = read_payloads(files, options.entry, options.flag("entry"))
     if not payload.tensors:
         raise CheckpointError(f"{path}: holds no tensors")
+    placeholders = drop_placeholders(path, payload)
+    payload.ignored.update(layouts.accelerate.training_state_files(path if path.is_dir() else path.parent))
     rules = None
     if options.key_map is not None:
         try:
@@ -190,10 +207,13 @@ def read_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None
     tensors = {mapping.renamed[raw]: tensor for raw, tensor in payload.tensors.items()}
     label = path.name
     sources = [(f"{label}: {entry}" if entry else f"{label}:", data) for entry, data in payload.declarations]
+    sources += opened.declarations if opened is not None else []
     for config in declaration_files(path):
         if config.resolve() in {f.resolve() for f in files}:
             continue
         sources.append((f"{config.name}:", read_declaration_file(config)))
+    sources += [(layouts.nested_config.label_of(config, path), layouts.nested_config.read_run_config(config))
+                for config in layouts.nested_config.run_config_files(path)]
     try:
         cli = parse_cli_spec(options.spec, options.flag("spec"))
         inference = infer(shapes_of(tensors), sources, read_target_config(target_dir),
@@ -201,11 +221,32 @@ def read_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None
     except DeclarationError as exc:
         raise CheckpointError(str(exc)) from exc
     return ForeignRead(tensors=tensors, payload=payload, mapping=mapping, inference=inference,
-                       files=[str(f) for f in files])
+                       files=[str(f) for f in files], layout=opened.layout if opened is not None else None,
+                       placeholders=placeholders)
+
+
+def drop_placeholders(path: Path, payload: Payload) -> list[str]:
+    """0-element tensors (a partitioned checkpoint's stand-ins) are never audited as weights; a file of
+    nothing else has no drafter to audit."""
+    empty = [name for name, tensor in payload.tensors.items() if tensor.numel() == 0]
+    if empty and len(empty) == len(payload.tensors):
+        raise CheckpointError(f"{path}: all {len(empty)} tensors are 0-element placeholders (e.g. {empty[0]!r}): "
+                              "the weights were partitioned elsewhere (DeepSpeed ZeRO-3, FSDP); pass the checkpoint "
+                              "that holds them, or consolidate it (DeepSpeed: python zero_to_fp32.py <checkpoint_dir> "
+                              "<output_dir>)")
+    for name in empty:
+        del payload.tensors[name]
+    return empty
 
 
 def load_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None) -> LoadedCheckpoint:
-    read = read_foreign(path, options, target_dir)
+    try:
+        read = read_foreign(path, options, target_dir)
+    except (ArithmeticError, LookupError, TypeError, AttributeError, RuntimeError) as exc:
+        # A layout nothing here foresaw: one line about the checkpoint, never an internal exception's name.
+        what = describe(exc, "an unforeseen layout")
+        raise CheckpointError(f"{path}: cannot be read as a drafter checkpoint ({what}); "
+                              "rerun with --debug for the details") from exc
     inference = read.inference
     try:
         spec = inference.spec(str(path))
@@ -220,7 +261,8 @@ def load_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None
     foreign = {"files": read.files, "entry": read.payload.entry, "ignored_entries": read.payload.ignored,
                "key_map": {"scheme": read.mapping.scheme, "renamed": read.mapping.renamed,
                            "unmapped": read.mapping.unmapped},
-               "unrecognized_keys": inference.unrecognized, "fc_layer_count": inference.fc_layer_count}
+               "unrecognized_keys": inference.unrecognized, "fc_layer_count": inference.fc_layer_count,
+               "layout": read.layout, "placeholders": read.placeholders}
     ids = known.get("target_layer_ids")
     return LoadedCheckpoint(spec=spec, state_dict=body, recipe=recipe, path=str(path), format="foreign",
                             raw=RawRecord(layer_ids=ids),

@@ -20,7 +20,6 @@ import torch
 
 from dflash_audit.formats.vocabulary import (
     ALIASES,
-    RECIPE_FIELDS,
     Declaration,
     DeclarationError,
     convert,
@@ -28,7 +27,7 @@ from dflash_audit.formats.vocabulary import (
 )
 from impl.defaults import QWEN3_DEFAULTS, ZLAB_EXTRAS
 from impl.families import DFLASH2_MARKERS, body_is_dflash2, spec_family
-from impl.spec import DraftSpec, Recipe, SpecError
+from impl.spec import RECIPE_FIELDS, DraftSpec, Recipe, SpecError
 
 # What a config that omits a Qwen3 layer setting or a z-lab extra gets.
 CONFIG_DEFAULTS = {**QWEN3_DEFAULTS, **ZLAB_EXTRAS}

@@ -15,8 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from impl.checkpoint import VERIFIER_OWNED_KEYS
-from impl.param_names import codebook_name, strip_wrapper_prefix
+from impl.param_names import VERIFIER_OWNED_KEYS, codebook_name, strip_wrapper_prefix
 
 TOP_LEVEL = ("fc.weight", "hidden_norm.weight", "norm.weight",
              # DFlash2's candidate selector

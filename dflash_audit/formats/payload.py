@@ -18,7 +18,7 @@ import torch
 ROLE_NAMES = {
     "optimizer state": ("optimizer", "optim", "opt", "optimizer_state", "optimizer_state_dict", "optimizer_states",
                         "optimizers"),
-    "scheduler state": ("scheduler", "lr_scheduler", "lr_schedulers", "scheduler_state_dict", "sched"),
+    "scheduler state": ("scheduler", "lr_scheduler", "lr_schedulers", "scheduler_state_dict", "sched", "opt_param_scheduler"),
     "grad-scaler state": ("scaler", "grad_scaler", "amp", "amp_scaler", "scaler_state_dict"),
     # ours: optimizer, scheduler and RNG state and the loss history, under one entry
     "training state": ("training_state",),

@@ -176,3 +176,23 @@ def opaque_to_plain(value: Opaque, depth: int) -> Any:
     if len(args) == 1:  # an enum member or a one-value wrapper
         return to_plain(args[0], depth + 1)
     return {"class": value.qualified_name, "args": to_plain(list(args), depth + 1)}
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Plain `pickle` for files `torch.load` cannot read (e.g. a distributed checkpoint's `.metadata`):
+    only the globals named in `allowed` ((module, name) -> object) resolve, so nothing else can be
+    called or built; any other global refuses the file, naming it."""
+
+    def __init__(self, stream, allowed: dict[tuple[str, str], Any]):
+        super().__init__(stream)
+        self.allowed = allowed
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.allowed:
+            return self.allowed[(module, name)]
+        raise UnsafePickle(f"{module}.{name}", "which this file's format never pickles")
+
+
+def restricted_load(path: Path, allowed: dict[tuple[str, str], Any]) -> Any:
+    with open(path, "rb") as stream:
+        return RestrictedUnpickler(stream, allowed).load()

@@ -16,18 +16,14 @@ import torch
 
 from dflash_audit.formats.inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
-from impl.checkpoint import (
-    VERIFIER_OWNED_KEYS,
-    CheckpointError,
-    read_config,
-    read_safetensors_dir,
-    spec_from_zlab_config,
-)
 from impl.defaults import BLOCK_SIZE_DEFAULTS
-from impl.errors import AuditError
+from impl.errors import AuditError, CheckpointError
 from impl.families import ZLAB_ARCHITECTURES, config_family
 from impl.layers import names_final_layer, speculators_to_zlab, zlab_to_speculators
+from impl.param_names import VERIFIER_OWNED_KEYS
 from impl.spec import DFLASH2_FIELDS
+from impl.weights_dir import read_config, read_safetensors_dir
+from impl.zlab_format import spec_from_zlab_config
 
 FAMILY_DEFAULT_NON_CAUSAL = {"dflash": False, "dflash2": True}  # each config class's sliding_window_non_causal default
 

@@ -61,7 +61,6 @@ RECIPE_NAMES = {
     "selector_loss_alpha": ("selector_loss_alpha",),
 }
 ALIASES = {alias: name for table in (SPEC_NAMES, RECIPE_NAMES) for name, aliases in table.items() for alias in aliases}
-RECIPE_FIELDS = set(RECIPE_NAMES)
 # Path components that scope a key to the target model rather than the drafter.
 TARGET_SCOPES = {"target", "verifier", "target_config", "verifier_config", "target_model", "base_model", "teacher"}
 TARGET_SCOPED = {"num_hidden_layers": "num_target_layers", "vocab_size": "vocab_size"}
@@ -142,7 +141,7 @@ def convert(field: str, value: Any, where: str, speculators_ids: bool = False) -
     if field == "per_position_loss_weight":
         spelled = str(value).strip().lower().replace("_", "-")
         if spelled not in LOSS_WEIGHTINGS:
-            raise fail(f"a per-position loss weighting ({list(LOSS_WEIGHTINGS)})")
+            raise fail(f"a per_position_loss_weight ({list(LOSS_WEIGHTINGS)})")
         return spelled
     if field == "loss_fn":
         spelled = LOSS_SPELLINGS.get(str(value).strip().lower().replace("-", "_"))

@@ -11,15 +11,11 @@ from typing import Any
 
 from dflash_audit.formats.inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
-from impl.checkpoint import (
-    check_body,
-    read_config,
-    read_safetensors_dir,
-    save_zlab_dir,
-    spec_from_zlab_config,
-)
+from impl.checkpoint import check_body
 from impl.families import is_zlab_architecture
 from impl.param_names import codebook_names
+from impl.weights_dir import read_config, read_safetensors_dir
+from impl.zlab_format import save_zlab_dir, spec_from_zlab_config
 
 
 def detect(config: dict[str, Any]) -> bool:
