@@ -40,6 +40,10 @@ def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path
     assert data["ours"]["format"] == "ours" and data["ref"]["format"] == "zlab"
     assert report.dynamic.methods["dflash"].measured and len(data["tau"]["prompts"]) > 0
     assert (tmp_path / "report" / "index.html").is_file()
+    # --serve: will each drafter serve as trained? ours is a ckpt.pt no engine reads; ref a z-lab directory.
+    assert {side: sorted(engines) for side, engines in data["serving"].items()} == {
+        "ours": ["sglang", "vllm"], "ref": ["sglang", "vllm"]}
+    assert "--for vllm" in data["serving"]["ours"]["vllm"]["error"] and data["serving"]["ref"]["vllm"]["loads"]
 
     # A second run reuses every cached artefact: nothing is retrained.
     stamps = {p: p.stat().st_mtime_ns for p in (cache / "ours.pt", cache / "ref" / "model.safetensors")}
