@@ -36,6 +36,7 @@ from dflash_audit.audit.report import AuditReport
 from dflash_audit.outputs import check_outputs
 from dflash_world import DEMO_TARGET, build_world, stdlib_corpus
 from dflash_world.world_cache import WORLD_FORMAT
+from held.serving import ENGINES
 from impl.atomic import atomic_write_bytes
 from impl.cache_dir import cache_root
 from impl.checkpoint import load_checkpoint
@@ -202,7 +203,8 @@ def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path | None 
     check_outputs({"--out": Path(out)}, {"--world-dir": cache})
     paths = build_demo(cache, config, rebuild)
     return run_compare(paths["ours"], paths["ref"], target=paths["target"], prompts=paths["prompts"], out=out,
-                       max_new_tokens=config.max_new_tokens, budget=config.budget, cache_dir=paths["offline"])
+                       max_new_tokens=config.max_new_tokens, budget=config.budget, cache_dir=paths["offline"],
+                       serve=list(ENGINES))  # will each drafter serve as trained on vLLM and SGLang?
 
 
 def _remove(path: Path) -> None:

@@ -19,6 +19,11 @@ def terminal_summary(report: AuditReport, width: int = 60) -> str:
             lines.append(f"{method.label}: mean τ ours {method.mean['ours']:.3f}  ref {method.mean['ref']:.3f}"
                          if method.measured else f"{method.label}: τ not measured")
     lines += report.notes
+    if report.serving is not None:
+        from dflash_audit.commands.serve_check import terminal_section
+
+        for side, section in report.serving.items():
+            lines += [f"will {side} serve as trained?", terminal_section(section)]
     count = len(report.divergences)
     lines.append(f"{count} divergence{'s' if count != 1 else ''}")
     return "\n".join(lines)
