@@ -18,6 +18,14 @@ SPECULATORS_DEPS := "pydantic>=2" "pydantic-settings>=2" "loguru>=0.7.2,<=0.7.3"
 # only torch, transformers and pydantic, so it too is installed with --no-deps.
 SPECFORGE_DEPS := "pydantic>=2"
 
+# vllm==0.33.0 and sglang==0.5.23 (the serving engines `serve-check` holds a drafter against, held/serving/)
+# declare CUDA torch, flashinfer, triton and more; their DFlash config code needs none of it, so both are
+# installed with --no-deps. What vLLM's speculators config, config utils and aux-layer resolution import
+# on a CPU machine is listed here; SGLang's DFlash modules import its GPU kernels (triton) whatever else is
+# installed, so its rules are executed from the installed source and it needs nothing more.
+VLLM_DEPS := "pyzmq==27.3.0" "cbor2==6.3.0" "orjson==3.13.0" "openai-harmony==0.0.8"
+SGLANG_DEPS :=
+
 .PHONY: setup test demo quick clean browser bench gpu-check
 setup: $(STAMP)
 
@@ -32,6 +40,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --no-deps specforge==0.2.0
 	$(PY) -c "import speculators.models.dflash, speculators.models.dflash2, speculators.convert.dflash, dflash.model; print('setup: references import OK')"
 	$(PY) -c "import held.specforge; print('setup: specforge imports OK')"
+	$(PIP) install --no-deps $(VLLM_DEPS) $(SGLANG_DEPS)
+	$(PIP) install --no-deps vllm==0.33.0 sglang==0.5.23
+	$(PY) -c "import held.serving.vllm_engine, held.serving.sglang_engine; from held.serving.rules import check_installed; check_installed(); print('setup: engines import OK')"
 	touch $(STAMP)
 
 # Headless Chromium for tests/test_report_browser.py; installed only when absent.

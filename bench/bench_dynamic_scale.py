@@ -12,9 +12,10 @@ drafters at the matching shape (the z-lab Qwen3-8B-DFlash-b16 recipe). Then:
   cache build the cache's greedy continuation with the drafters' layers captured on the way /
               transformers `generate` (greedy, KV cache, the same left-padded batch, the same tokens)
   cache size  its files / the needed layers' states in the target's dtype (+ token ids and margins)
-  replay      the offline DFlash replay of both drafters / the drafter forward passes and LM-head
+  replay      the offline DFlash replay of one drafter / the drafter forward passes and LM-head
               reads the live loop spends on the same rounds
-  τ           per prompt and drafter, the live loop's == the offline replay's == the CLI report's
+  τ           per prompt and drafter, the live loop's rounds == the offline rounds in `compare`'s
+              report (== this process's replay, for the timed drafter)
   speculative (tiny shape) the cache's continuation by speculative decoding with the test world's
               trained drafter / transformers `generate`, one prompt at a time both, goal below 1x
 Prompts are the test world's first `--prompts` prompts, cut to `--prompt-chars` characters (a CPU
@@ -255,24 +256,29 @@ def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_d
     total_tokens = sum(len(e.token_ids) for e in cache.prompts)
     needed = cache_bytes_estimate(total_tokens, layer_ids, target.config.hidden_size, torch.bfloat16)
 
-    offline, replay_s = {}, 0.0
-    for name, drafter in drafters.items():
-        offline[name], seconds = timed(lambda d=drafter: offline_rounds_batch(d, target, cache, cache.prompts))
-        replay_s += seconds
+    # The replay is timed for one drafter against its own live forwards; both drafters' offline
+    # rounds are also read from the CLI's report (the real compare path).
+    timed_name = "ref"
+    offline = {side: [p[f"{side}_rounds"] for p in report["tau"]["methods"]["dflash"]["prompts"]]
+               for side in ("ours", "ref")}
+    replayed, replay_s = timed(lambda: offline_rounds_batch(drafters[timed_name], target, cache, cache.prompts))
     live, drafter_s, live_tokens_same = {}, 0.0, True
-    for name, drafter in drafters.items():
+    # At a real shape a CPU spends ~1.5 s a live round: the live loop runs for the timed drafter there.
+    live_names = list(drafters) if args.shape == "tiny" or device.startswith("cuda") else [timed_name]
+    for name in live_names:
+        drafter = drafters[name]
         timer = Timer(drafter, ("forward", "compute_logits"))
         live[name] = []
         for entry, (_, prompt) in zip(cache.prompts, prompts):
             result = dflash_decode(drafter, target, prompt.to(device), args.max_new_tokens, stop_ids)
             live[name].append(result.acceptance_lengths)
             live_tokens_same &= torch.equal(result.output_ids.reshape(-1).cpu(), entry.token_ids)
-        drafter_s += timer.seconds
+        if name == timed_name:
+            drafter_s = timer.seconds
         print(f"live {name}: τ {[round(sum(r) / len(r), 3) for r in live[name]]}", flush=True)
-    cli_tau = {side: [p[side] for p in report["tau"]["prompts"]] for side in ("ours", "ref")}
     tau = {name: [sum(r) / len(r) for r in rounds] for name, rounds in offline.items()}
-    differing = sum(live[name][i] != offline[name][i] or abs(cli_tau[name][i] - tau[name][i]) > 1e-9
-                    for name in drafters for i in range(len(prompts)))
+    differing = sum(live[name][i] != offline[name][i] for name in live_names for i in range(len(prompts)))
+    differing += sum(replayed[i] != offline[timed_name][i] for i in range(len(prompts)))
     shape = args.shape
     rows = [
         Row(f"{shape} cache build / transformers generate of the same tokens", min(build_s) / min(floor_s),
@@ -282,8 +288,9 @@ def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_d
             detail=f"{on_disk / 2**20:.2f} MB vs {needed / 2**20:.2f} MB: {total_tokens} positions x "
                    f"{len(layer_ids)} layers x {target.config.hidden_size}"),
         Row(f"{shape} offline replay / drafter-only forwards", replay_s / drafter_s, GOALS["replay"], "<=",
-            detail="both drafters, DFlash; the floor is the drafter forward + LM-head time of the live loop"),
-        Row(f"{shape} prompts x drafters whose live, offline and compare τ differ", differing, 0, "<=", unit="",
+            detail=f"{timed_name}, DFlash; the floor is its forward + LM-head time in the live loop"),
+        Row(f"{shape} prompts x drafters ({', '.join(live_names)}) whose live and offline (compare's report) "
+            "rounds differ", differing, 0, "<=", unit="",
             detail=f"τ ours {[round(t, 3) for t in tau['ours']]}, ref {[round(t, 3) for t in tau['ref']]} "
                    f"(random weights: drafts rarely match); live continuations "
                    f"{'equal' if live_tokens_same else 'differ from'} the cached ones"),
@@ -291,8 +298,7 @@ def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_d
     extra = {"walls_s": {"generate": floor_s, "cache_build": build_s, "replay": replay_s,
                          "drafter_forwards_live": drafter_s},
              "cache": {"on_disk": on_disk, "needed": needed, "layer_ids": layer_ids, "positions": total_tokens},
-             "tau": {"offline": tau, "live": {n: [sum(r) / len(r) for r in rs] for n, rs in live.items()},
-                     "compare": cli_tau},
+             "tau": {"offline": tau, "live": {n: [sum(r) / len(r) for r in rs] for n, rs in live.items()}},
              "tokens_same_as_generate": same_tokens, "live_tokens_same_as_cache": live_tokens_same}
     return rows, extra
 

@@ -22,7 +22,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Reference-parity audit and conformance harness for DFlash drafters.")
 
 # Each verb lives in dflash_audit/commands/<verb>.py and exposes `register(app)`.
-VERBS = ("compare", "eval", "train", "convert", "demo")
+VERBS = ("compare", "eval", "train", "convert", "demo", "serve-check")
 
 
 def register_verbs(app: typer.Typer, verbs=VERBS) -> None:

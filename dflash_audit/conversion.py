@@ -106,3 +106,46 @@ def convert(source: str | Path, destination: str | Path, fmt: str, target: str |
     notes = [f"lossy: {change}" for change in changes] + recipe_notes(loaded, fmt)
     return ConversionResult(source=str(source), source_format=loaded.format, destination=str(destination),
                             format=fmt, notes=notes)
+
+
+# -- convert --for ENGINE ---------------------------------------------------------------------
+# Both engines read the z-lab format (SGLang reads no other); written by us it declares every field explicitly
+# (target_layer_ids, rope_parameters, layer_types, sliding_window, is_causal when bidirectional) and stores the
+# DFlash2 codebooks under the bare names both engines' parameters have. Fields no engine format can carry:
+UNSERVABLE = {"sglang": {"input_embedding_scale": (1.0, "SGLang takes the noise-embedding scale from the target "
+                                                        "model, never from the draft config"),
+                         "hidden_act": (("silu", "swigluoai"), "SGLang's DFlash MLP supports silu and swigluoai only")}}
+
+
+def unservable_fields(spec, engine: str) -> list[str]:
+    problems = []
+    for name, (allowed, why) in UNSERVABLE.get(engine, {}).items():
+        value = getattr(spec, name)
+        if value != allowed and not (isinstance(allowed, tuple) and value in allowed):
+            problems.append(f"{name} = {value!r}: {why}")
+    return problems
+
+
+def convert_for(source: str | Path, destination: str | Path, engine: str, target: str | Path | None = None,
+                force: bool = False, options: LoadOptions | None = None) -> ConversionResult:
+    """Write the drafter so that `engine` serves it as trained, then prove it with the serving check."""
+    from held.serving import ENGINES, TargetFacts
+    from held.serving.verdict import engine_report
+
+    if engine not in ENGINES:
+        raise AuditError(f"--for: unknown engine {engine!r}; expected one of {list(ENGINES)}")
+    options = options or LoadOptions(flag_prefix="")
+    loaded = load_any(source, target_dir=target, options=options)
+    spec = require_spec(loaded, f"convert --for {engine}")
+    problems = unservable_fields(spec, engine)
+    if problems:
+        raise AuditError(f"{source}: no format makes {engine} serve this drafter as trained: {'; '.join(problems)}")
+    result = convert(source, destination, "zlab", target=target, force=force, options=options)
+    report = engine_report(engine, str(destination), spec, TargetFacts.read(target))
+    wrong = [f for f in report.findings if f.severity == "divergence"]
+    if wrong:
+        raise AuditError(f"{destination}: written, but {engine} would still serve it differently from training: "
+                         f"{wrong[0].field}: {wrong[0].message}")
+    result.notes.append(f"verified: {engine} {report.version} serves it as trained; serve it with: {report.command}")
+    result.notes += [f"{engine}: {note}" for note in report.notes]
+    return result

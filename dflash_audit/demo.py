@@ -36,6 +36,7 @@ from dflash_audit.audit.report import AuditReport
 from dflash_audit.outputs import check_outputs
 from dflash_world import DEMO_TARGET, build_world, stdlib_corpus
 from dflash_world.world_cache import WORLD_FORMAT
+from held.serving import ENGINES
 from impl.atomic import atomic_write_bytes
 from impl.cache_dir import cache_root
 from impl.checkpoint import load_checkpoint
@@ -208,7 +209,8 @@ def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path | None 
     return run_compare(paths["ours"], paths["ref"], target=paths["target"], prompts=paths["prompts"], out=out,
                        max_new_tokens=config.max_new_tokens, budget=config.budget, cache_dir=paths["offline"],
                        placement=resolve_placement(device, dtypes[0], None, paths["target"]),
-                       dtypes=[None, *dtypes[1:]])
+                       dtypes=[None, *dtypes[1:]],
+                       serve=list(ENGINES))  # will each drafter serve as trained on vLLM and SGLang?
 
 
 def _remove(path: Path) -> None:

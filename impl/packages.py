@@ -27,6 +27,8 @@ PACKAGES = (
     Package("speculators", "speculators", "reference", "0.9.0"),
     Package("dflash", "dflash", "reference", "0.1.0"),
     Package("specforge", "specforge", "held", "0.2.0"),
+    Package("vllm", "vllm", "engine", "0.33.0"),
+    Package("sglang", "sglang", "engine", "0.5.23"),
 )
 BY_NAME = {package.name: package for package in PACKAGES}
 PINNED = {package.name: package.pinned for package in PACKAGES if package.pinned}

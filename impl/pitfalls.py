@@ -29,7 +29,7 @@ class Pitfall:
         return "audit" if self.component in AUDIT_COMPONENTS else "conformance"
 
 
-AUDIT_COMPONENTS = {"architecture", "weights", "format"}
+AUDIT_COMPONENTS = {"architecture", "weights", "format", "serving"}
 
 
 CATALOGUE = (
@@ -108,6 +108,24 @@ CATALOGUE = (
     Pitfall(25, 'window_direction', 'window_direction (bidirectional sliding windows)',
             "speculators `sliding_window_non_causal` (default True for dflash2, False for dflash; z-lab `is_causal: false`): sliding-window layers see their whole block instead of a causal one. The window still bounds the context: training `base ≥ anchor - W`, inference `q - k < W` and `k - q < W`. Full-attention layers are bidirectional either way.",
             'a DFlash2 drafter served with causal sliding blocks; a non-causal flag that also drops the window'),
+    Pitfall(26, 'serving', 'serving: target layer ids',
+            "vLLM 0.33 captures `eagle_aux_hidden_state_layer_ids` (speculators: its aux ids; z-lab: `dflash_config.target_layer_ids + 1`), i.e. z-lab id i = aux id i + 1 (#2); with none declared it takes the target model's default aux layers `(2, N//2, N-3)`. SGLang 0.5.23 reads `dflash_config.target_layer_ids` as z-lab ids and, with none, guesses `build_target_layer_ids(runtime N, draft layers)` (#1). `dflash-audit serve-check` resolves both through the engines' code.",
+            'ids written in the other convention (off by one in the engine); no ids in the config, so the engine guesses (a count collision loads cleanly and collapses acceptance)'),
+    Pitfall(27, 'serving', 'serving: per-layer attention and causality',
+            "vLLM `_dflash_layer_causal`: `is_causal`, else `dflash_config.causal` — applied to every layer — else causal = sliding; speculators' `sliding_window_non_causal: false` becomes `causal: true`, so a full-attention layer runs causal (#25). SGLang: `is_causal` for every layer, else causal sliding / bidirectional full; no `layer_types` means all full. Mixed sliding + full layers need vLLM's V2 runner.",
+            'a speculators DFlash drafter with full-attention layers served causal by vLLM; a causality flag meant for sliding layers applied to full ones'),
+    Pitfall(28, 'serving', 'serving: mask token',
+            "both engines feed `dflash_config.mask_token_id` (#14); SGLang refuses an id at or past the target vocabulary and, with none, resolves the tokenizer's `<|MASK|>` (adding it). The id must be inside the target's vocabulary and embedding and distinct from its eos/pad tokens.",
+            'a mask token that falls back to eos/pad, or lies outside the target embedding'),
+    Pitfall(29, 'serving', 'serving: speculative tokens and block size',
+            "vLLM: block = 1 + `num_speculative_tokens` (the bonus token + the masks), from `--speculative-config` or a speculators config's `speculative_tokens`; it never reads `block_size`. SGLang: `--speculative-num-draft-tokens` = the block size, else the config's, else 16 (#16).",
+            "passing SGLang's count (the block) to vLLM, or vLLM's (block - 1) to SGLang; a speculators config whose speculative_tokens is not block - 1"),
+    Pitfall(30, 'serving', 'serving: rotary defaults',
+            "vLLM defaults a missing `rope_theta` to 1e6 and reads `rope_parameters.partial_rotary_factor`; SGLang's `get_rope_config` defaults to 10000 and reads a top-level `partial_rotary_factor`; both read `is_neox_style` (default True). transformers fills `rope_parameters` (theta 10000) when a config has none.",
+            'a config without rope settings served at 10000 against training at 1e6; a partial rotary factor leaked from a hybrid target that one engine applies and the other ignores'),
+    Pitfall(31, 'serving', 'serving: tensors and architecture fields',
+            "vLLM's DFlash2 codebooks are bare parameters: a `*_codebook.weight` name (z-lab's save_pretrained) is refused by its loader; SGLang drops any name with no parameter silently. SGLang reads the noise-embedding scale from the target, not `input_embedding_scale`; it supports `silu`/`swigluoai` only and reads the z-lab format only.",
+            'a drafter that loads with its selector codebooks silently uninitialized; a speculators directory handed to SGLang'),
 )
 PITFALLS = {p.number: p for p in CATALOGUE}
 

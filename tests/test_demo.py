@@ -40,6 +40,10 @@ def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path
     assert data["ours"]["format"] == "ours" and data["ref"]["format"] == "zlab"
     assert report.dynamic.methods["dflash"].measured and len(data["tau"]["prompts"]) > 0
     assert (tmp_path / "report" / "index.html").is_file()
+    # --serve: will each drafter serve as trained? ours is a ckpt.pt no engine reads; ref a z-lab directory.
+    assert {side: sorted(engines) for side, engines in data["serving"].items()} == {
+        "ours": ["sglang", "vllm"], "ref": ["sglang", "vllm"]}
+    assert "--for vllm" in data["serving"]["ours"]["vllm"]["error"] and data["serving"]["ref"]["vllm"]["loads"]
 
     # A second run reuses every cached artefact: nothing is retrained.
     stamps = {p: p.stat().st_mtime_ns for p in (cache / "ours.pt", cache / "ref" / "model.safetensors")}
@@ -101,3 +105,28 @@ def test_a_folder_without_a_demo_key_is_never_emptied(tmp_path, key):
 
 def test_the_demo_key_has_no_time_budget():
     assert "drafter_seconds" not in asdict(DemoConfig())
+
+
+def test_the_same_training_at_any_thread_count(test_world, tmp_path):
+    """The demo's figures do not depend on how many cores a machine has: a drafter trained with 1 and with 2
+    torch threads is the same bit for bit (the CPU's instruction set is pinned by `make demo`, see Makefile)."""
+    import torch
+
+    from dflash_world import stdlib_corpus
+    from impl.checkpoint import load_checkpoint
+    from impl.train import train_drafter
+
+    texts = stdlib_corpus("train", max_bytes=60_000)
+    threads, weights = torch.get_num_threads(), {}
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            train_drafter(test_world.target, texts, tmp_path / f"{count}.pt", steps=3, block_size=4, draft_layers=1,
+                          target_layer_ids=[1, 2], seq_len=64, batch_size=2, max_anchors=8, warmup=1, seed=0,
+                          loss_fn="kl_div", per_position_loss_weight="fixed-exp-decay")
+            weights[count] = load_checkpoint(tmp_path / f"{count}.pt").state_dict
+    finally:
+        torch.set_num_threads(threads)
+    assert weights[1].keys() == weights[2].keys()
+    for name, value in weights[1].items():
+        assert torch.equal(value, weights[2][name]), name

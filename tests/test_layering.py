@@ -14,7 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Lowest first. `dflash_world` (the tiny trained target the demo and the tests run on) needs only impl.
-# `held` (SpecForge and other codebases held to the references) shares reference_adapters' rank.
+# `held` (SpecForge and other codebases held to the references, and the serving engines in held/serving/)
+# shares reference_adapters' rank.
 LAYERS = (("impl",), ("dflash_world",), ("reference_adapters", "held"), ("conformance",), ("dflash_audit",))
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 
@@ -59,6 +60,10 @@ def test_every_import_points_down_the_layers():
     ("held/specforge.py", "import reference_adapters.version_guard\n"),
     ("reference_adapters/speculators_adapter.py", "from held.specforge import SpecForgeImplementation\n"),
     ("held/specforge.py", "from conformance.comparator import Comparator\n"),
+    # The serving engines (held/serving/) hold drafters to vLLM and SGLang: no reference, no audit above them.
+    ("held/serving/verdict.py", "from dflash_audit.formats import load_any\n"),
+    ("held/serving/vllm_engine.py", "import reference_adapters.speculators_adapter\n"),
+    ("reference_adapters/zlab_adapter.py", "from held.serving import resolve\n"),
 ])
 def test_a_deliberate_back_edge_fails_the_check(path, source):
     sources = repo_sources()

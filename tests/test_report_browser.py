@@ -44,3 +44,24 @@ def test_report_renders_in_chromium(test_world, tmp_path):
     screenshot = tmp_path / "report.png"  # never into the checkout
     shot = chromium(f"--screenshot={screenshot}", "--window-size=1280,2000", url, user_data_dir=tmp_path / "profile")
     assert shot.returncode == 0 and screenshot.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="run `make browser` to install chromium")
+def test_serving_section_renders_for_both_drafters(tmp_path, spec, drafter):
+    """`compare --serve` (what the demo runs): the serving section of each drafter, each engine, in Chromium.
+    Static only (no target): seconds."""
+    from dflash_audit.commands.compare import run_compare
+    from impl.checkpoint import save_checkpoint
+    from impl.zlab_format import save_zlab_dir
+
+    save_checkpoint(tmp_path / "ours.pt", drafter)
+    save_zlab_dir(tmp_path / "ref", spec, drafter.state_dict())
+    out = tmp_path / "report"
+    run_compare(tmp_path / "ours.pt", tmp_path / "ref", out=out, serve=["vllm", "sglang"])
+    dom = chromium("--dump-dom", (out / "index.html").resolve().as_uri(), user_data_dir=tmp_path / "profile")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'data-script-errors="0"' in dom.stdout
+    drafters = re.findall(r'class="serving-drafter" data-drafter="(ours|ref): ', dom.stdout)
+    assert drafters == ["ours", "ref"]
+    assert dom.stdout.count('data-engine="vllm"') == dom.stdout.count('data-engine="sglang"') == 2
+    assert "--speculative-algorithm DFLASH" in dom.stdout and "vllm serve" in dom.stdout

@@ -308,3 +308,21 @@ def test_an_unforeseen_failure_while_reading_never_shows_an_exception_name(tmp_p
     assert main(["compare", "--ours", str(tmp_path / "drafter.pt"), "--ref", str(ref_dir), "--static-only",
                  "--out", str(tmp_path / "r2"), "--debug"]) == 2
     assert "ZeroDivisionError" in capsys.readouterr().err  # --debug still shows the traceback
+
+
+def test_dcp_loads_no_optimizer_tensor(tmp_path, drafter, monkeypatch):
+    from dflash_audit.formats.layouts import dcp
+
+    asked: list[set[str]] = []
+    real = dcp.load_keys
+    monkeypatch.setattr(dcp, "load_keys", lambda folder, metadata, keys: asked.append(set(keys)) or real(
+        folder, metadata, keys))
+    loaded = load_any(dcp_folder_in_hydra_run(tmp_path, drafter))
+    assert loaded.spec == SPEC
+    tensors_read = asked[-1]
+    assert tensors_read == {f"model.{k}" for k in drafter.state_dict()}  # the drafter's tensors, nothing else
+    from dflash_audit.formats.layouts.dcp import read_metadata
+
+    saved = read_metadata(dcp_folder_in_hydra_run(tmp_path / "again", drafter)).state_dict_metadata
+    assert any("exp_avg" in key for key in saved)  # the moments are there, and were never read
+    assert not any(key.startswith("optimizer.") and "exp_avg" in key for keys in asked for key in keys)

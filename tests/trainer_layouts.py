@@ -51,7 +51,15 @@ def state(drafter, prefix: str = "") -> dict[str, torch.Tensor]:
 
 
 def adamw_state(drafter) -> dict:
-    return torch.optim.AdamW(drafter.parameters(), lr=1e-3).state_dict()
+    """An AdamW state after one step (moments and step count per parameter), taken on a copy."""
+    import copy
+
+    clone = copy.deepcopy(drafter)
+    optimizer = torch.optim.AdamW(clone.parameters(), lr=1e-3)
+    for parameter in clone.parameters():
+        parameter.grad = torch.full_like(parameter, 1e-3)
+    optimizer.step()
+    return optimizer.state_dict()
 
 
 def hydra_run(root: Path) -> Path:

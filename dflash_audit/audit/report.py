@@ -17,6 +17,8 @@ class AuditReport:
     static: StaticAudit
     dynamic: Any = None  # dflash_audit.audit.dynamic.DynamicAudit when a target was given
     notes: list[str] = field(default_factory=list)  # e.g. why the dynamic audit was skipped
+    # `compare --serve`: {"ours"|"ref": {engine: serve-check report dict}} (dflash_audit/audit/serving.py)
+    serving: dict[str, dict[str, Any]] | None = None
 
     @property
     def findings(self) -> list[Finding]:

@@ -99,7 +99,15 @@ def render_html(report: AuditReport) -> str:
     tensor_groups = [(group, list(items)) for group, items in groupby(rows, key=lambda r: r.group)]
     return environment().get_template("report.html.j2").render(
         report=report, data=data, findings=report.findings, charts=tau_charts(report), colors=COLORS,
-        tensor_groups=tensor_groups, dynamic=report.dynamic)
+        tensor_groups=tensor_groups, dynamic=report.dynamic, serving=serving_by_drafter(report))
+
+
+def serving_by_drafter(report: AuditReport) -> dict | None:
+    """`compare --serve`: the serving section keyed by a label naming each drafter."""
+    if report.serving is None:
+        return None
+    sides = {"ours": report.ours, "ref": report.ref}
+    return {f"{name}: {sides[name].path}": engines for name, engines in report.serving.items()}
 
 
 def write_report_html(report: AuditReport, path: str | Path) -> None:

@@ -29,6 +29,11 @@ def terminal_summary(report: AuditReport, width: int = 60) -> str:
             overflow = ", ".join(f"{side} overflows ({module})" for side, module in row["overflow"].items())
             lines.append(f"DFlash τ in {name}: {text}" + (f"  {overflow}" if overflow else ""))
     lines += report.notes
+    if report.serving is not None:
+        from dflash_audit.commands.serve_check import terminal_section
+
+        for side, section in report.serving.items():
+            lines += [f"will {side} serve as trained?", terminal_section(section)]
     count = len(report.divergences)
     lines.append(f"{count} divergence{'s' if count != 1 else ''}")
     return "\n".join(lines)

@@ -8,7 +8,13 @@ from pathlib import Path
 import torch
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from dflash_audit.audit.dynamic import dtype_findings, dynamic_audit
 from dflash_audit.audit.report import AuditReport
@@ -17,6 +23,7 @@ from dflash_audit.audit.report_json import write_report_json
 from dflash_audit.audit.report_terminal import terminal_summary
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
+from dflash_audit.commands.serve_check import parse_engines
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.progress import progress
@@ -73,7 +80,8 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
                 expect_identical: bool = False, max_new_tokens: int = 64, budget: int = 32,
                 cache_dir: Path | None = None, console: Console | None = None, truncate: bool = False,
                 ours_options: LoadOptions | None = None, ref_options: LoadOptions | None = None,
-                placement: Placement = CPU_FLOAT32, dtypes: list[str] | None = None) -> AuditReport:
+                placement: Placement = CPU_FLOAT32, dtypes: list[str] | None = None,
+                serve: list[str] | None = None) -> AuditReport:
     """Load, audit, write `out/index.html` + `out/report.json` (+ `json_path`), print the summary.
 
     `dtypes` (`--dtype a,b`): the τ audit once per dtype, the first one the report's main run."""
@@ -91,6 +99,8 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
         task = bar.add_task("static audit: tensors", total=total)
         static = static_audit(ours_side, ref_side, expect_identical, advance=lambda: bar.advance(task))
     report = AuditReport(ours_side, ref_side, static)
+    if serve:
+        report.serving = serving_sections(ours, ref, serve, target, ours_options, ref_options)
     ranks = Ranks.single()
     if target is not None and not static_only:
         ranks = Ranks()  # under torchrun: prompts sharded, one cache, every rank on its own GPU
@@ -145,6 +155,16 @@ def dynamic_audits(ours_side, ref_side, target: Path, prompts: Path | None, max_
     return main
 
 
+def serving_sections(ours: Path, ref: Path, engines: list[str], target: Path | None,
+                     ours_options: LoadOptions | None, ref_options: LoadOptions | None) -> dict:
+    """`--serve`: will each drafter serve as trained on each engine (the serve-check section, both sides)."""
+    from dflash_audit.audit.serving import section_dict, serving_section
+
+    return {side: section_dict(serving_section(path, engines, target, options))
+            for side, path, options in (("ours", ours, ours_options or LoadOptions(flag_prefix="--ours")),
+                                        ("ref", ref, ref_options or LoadOptions(flag_prefix="--ref")))}
+
+
 def register(app: typer.Typer) -> None:
     @app.command("compare")
     def compare(
@@ -169,6 +189,7 @@ def register(app: typer.Typer) -> None:
         ref_spec: list[str] = typer.Option([], "--ref-spec", help="same, for --ref"),
         truncate: bool = typer.Option(False, "--truncate",
                                       help="keep a too-long prompt's last tokens (default: refuse it)"),
+        serve: str | None = typer.Option(None, "--serve", help="also check how vllm,sglang would serve each drafter"),
         cache_dir: Path | None = typer.Option(None, "--cache-dir",
                                               help="cache root; hidden states go to <root>/offline "
                                                    "(default $XDG_CACHE_HOME/dflash-audit)"),
@@ -185,5 +206,6 @@ def register(app: typer.Typer) -> None:
                              cache_dir=cache_root(cache_dir) / "offline" if cache_dir is not None else None,
                              ours_options=LoadOptions(ours_entry, key_map, list(ours_spec), "--ours"),
                              ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"),
-                             placement=placement, dtypes=[None, *dtypes[1:]])
+                             placement=placement, dtypes=[None, *dtypes[1:]],
+                             serve=parse_engines(serve) if serve is not None else None)
         return report.exit_status

@@ -1,4 +1,5 @@
-"""`dflash-audit convert --from PATH --to PATH --format ours|zlab|speculators [--target DIR] [--allow-lossy] [--force]`."""
+"""`dflash-audit convert --from PATH --to PATH --format ours|zlab|speculators [--target DIR] [--allow-lossy] [--force]`,
+or `--for vllm|sglang` instead of --format: the directory that engine serves as trained, verified by the serving check."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from dflash_audit.conversion import convert
+from dflash_audit.conversion import convert, convert_for
+from impl.errors import AuditError
 
 
 class Format(str, Enum):
@@ -19,7 +21,8 @@ class Format(str, Enum):
 def convert_command(
     source: Path = typer.Option(..., "--from", help="Drafter to read (ours *.pt, z-lab or speculators directory)."),
     destination: Path = typer.Option(..., "--to", help="Where to write (a *.pt file for ours, a directory otherwise)."),
-    fmt: Format = typer.Option(..., "--format", help="Destination format."),
+    fmt: Format = typer.Option(None, "--format", help="Destination format."),
+    engine: str = typer.Option(None, "--for", help="Serving engine (vllm or sglang): write what it serves as trained."),
     target: Path = typer.Option(None, "--target", help="Target (verifier) directory; required for speculators."),
     allow_lossy: bool = typer.Option(False, "--allow-lossy", help="Convert even if the drafter would change."),
     entry: str = typer.Option(None, "--entry", help="Entry of a training dict holding the state dict."),
@@ -33,9 +36,14 @@ def convert_command(
     logger.disable("speculators")  # its per-tensor INFO lines would bury the one-line result
     from dflash_audit.formats import LoadOptions
 
-    result = convert(source, destination, fmt.value, target=target, allow_lossy=allow_lossy,
-                     force=force,
-                     options=LoadOptions(entry, key_map, list(spec), flag_prefix=""))
+    options = LoadOptions(entry, key_map, list(spec), flag_prefix="")
+    if (fmt is None) == (engine is None):
+        raise AuditError("give exactly one of --format (ours, zlab, speculators) and --for (vllm, sglang)")
+    if engine is not None:
+        result = convert_for(source, destination, engine, target=target, force=force, options=options)
+    else:
+        result = convert(source, destination, fmt.value, target=target, allow_lossy=allow_lossy, force=force,
+                         options=options)
     typer.echo(f"converted {result.source} ({result.source_format}) -> {result.destination} ({result.format})")
     for note in result.notes:
         typer.echo(f"note: {note}")

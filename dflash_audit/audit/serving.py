@@ -1,0 +1,67 @@
+"""Will it serve as trained? A drafter directory loaded by its format's loader (its trained spec, and the
+provenance that says which values the file really declares), held against each engine (`held.serving`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dflash_audit.formats import LoadedCheckpoint, LoadOptions, detect_format, load_any
+from held.serving import ENGINES, TargetFacts
+from held.serving.verdict import (
+    EngineReport,
+    ServingFinding,
+    engine_report,
+    trained_values,
+)
+from impl.errors import AuditError
+
+__all__ = ["EngineReport", "ServingFinding", "divergence_count", "section_dict", "serving_section"]
+
+
+def declared_partial_rotary(config: dict[str, Any] | None) -> float:
+    """The partial rotary factor HF's rotary (the trainers') reads from the drafter's config: rope_parameters."""
+    config = config or {}
+    layer = config.get("transformer_layer_config") or config  # speculators nests the layer config
+    rope = layer.get("rope_parameters") or layer.get("rope_scaling") or {}
+    # transformers moves a top-level partial_rotary_factor into rope_parameters when it builds the config.
+    return float(rope.get("partial_rotary_factor", layer.get("partial_rotary_factor", 1.0)))
+
+
+def trained_of(loaded: LoadedCheckpoint) -> tuple[dict[str, Any], dict[str, str]]:
+    defaulted = {name: p.detail for name, p in loaded.provenance.items() if p.source == "default"}
+    return trained_values(loaded.spec, loaded.raw.draft_vocab_size, declared_partial_rotary(loaded.raw.config),
+                          defaulted)
+
+
+def not_a_directory(engine: str, path: Path, fmt: str) -> EngineReport:
+    message = (f"{engine} serves a drafter directory; {path} is a {fmt} checkpoint file it cannot read: write one "
+               f"with `dflash-audit convert --from {path} --to DIR --for {engine}`")
+    return EngineReport(engine, "", False, message, {}, {},
+                        [ServingFinding("loads", "divergence", None, False, "", message, pitfall=31)], None)
+
+
+def serving_section(drafter: str | Path, engines: list[str], target: str | Path | None = None,
+                    options: LoadOptions | None = None) -> dict[str, EngineReport]:
+    """{engine: EngineReport} for one drafter."""
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown:
+        raise AuditError(f"unknown engine(s) {unknown}; expected {', '.join(ENGINES)}")
+    drafter = Path(drafter)
+    fmt = detect_format(drafter)
+    if not drafter.is_dir() or fmt not in ("zlab", "speculators"):
+        return {engine: not_a_directory(engine, drafter, fmt) for engine in engines}
+    loaded = load_any(drafter, target_dir=target, options=options or LoadOptions(flag_prefix=""))
+    if loaded.spec is None:
+        raise AuditError(f"{drafter}: the drafter's spec is incomplete; give the missing fields with --spec")
+    facts = TargetFacts.read(target)
+    trained = trained_of(loaded)
+    return {engine: engine_report(engine, str(drafter), loaded.spec, facts, trained) for engine in engines}
+
+
+def section_dict(section: dict[str, EngineReport]) -> dict[str, Any]:
+    return {engine: report.to_dict() for engine, report in section.items()}
+
+
+def divergence_count(section: dict[str, EngineReport]) -> int:
+    return sum(f.severity == "divergence" for report in section.values() for f in report.findings)

@@ -1,0 +1,101 @@
+"""`dflash-audit serve-check --drafter PATH [--engine vllm,sglang] [--target DIR] [--spec KEY=VALUE ...]
+[--json FILE] [--out DIR]`: will the drafter serve as trained? Exit 0 none, 1 divergences, 2 trouble."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import typer
+from tabulate import tabulate
+
+from dflash_audit.audit.serving import divergence_count, section_dict, serving_section
+from dflash_audit.formats import LoadOptions
+from dflash_audit.outputs import check_outputs, check_writable
+from impl.atomic import atomic_write_bytes
+from impl.errors import AuditError
+
+SCHEMA = "dflash-audit-serving/1"
+
+
+def parse_engines(text: str) -> list[str]:
+    from held.serving import ENGINES
+
+    engines = [e.strip() for e in text.split(",") if e.strip()]
+    unknown = [e for e in engines if e not in ENGINES]
+    if not engines or unknown:
+        raise AuditError(f"--engine: expected a comma-separated list of {', '.join(ENGINES)}, got {text!r}")
+    return list(dict.fromkeys(engines))
+
+
+def terminal_section(section: dict[str, Any], width: int = 70) -> str:
+    lines = []
+    for engine, report in section.items():
+        state = "loads" if report["loads"] else "REFUSES"
+        lines.append(f"{engine} {report['version']}: {state}")
+        rows = [[f["severity"], f["field"], textwrap.fill(f["message"], width), f["source"]]
+                for f in report["findings"]]
+        lines.append(tabulate(rows, headers=["severity", "field", "message", "engine source"],
+                              tablefmt="simple_grid") if rows else "  serves as trained")
+        if report["command"]:
+            lines.append(f"  serve with: {report['command']}")
+        lines += [f"  note: {note}" for note in report["notes"]]
+    return "\n".join(lines)
+
+
+def render_html(drafter: str, data: dict[str, Any]) -> str:
+    from dflash_audit.audit.report_html import environment
+
+    body = environment().get_template("serving.html.j2").render(serving={drafter: data})
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"Content-Security-"
+            "Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\"><title>dflash-audit serve-check"
+            "</title></head><body><main>" + body + "</main></body></html>\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def run_serve_check(drafter: Path, engines: list[str], target: Path | None = None, spec: list[str] | None = None,
+                    json_path: Path | None = None, out: Path | None = None) -> int:
+    check_outputs({"--json": json_path, "--out": out}, {"--drafter": drafter, "--target": target})
+    if json_path is not None:
+        check_writable("--json", json_path)
+    if out is not None:
+        check_writable("--out", out, "dir")
+    if target is not None and not (target / "config.json").is_file():
+        raise AuditError(f"{target}: not a Hugging Face model directory (no config.json) to use as the target")
+    section = section_dict(serving_section(drafter, engines, target, LoadOptions(spec=list(spec or []),
+                                                                                 flag_prefix="")))
+    count = sum(f["severity"] == "divergence" for r in section.values() for f in r["findings"])
+    data = {"schema": SCHEMA, "drafter": str(drafter), "target": str(target) if target else None,
+            "serving": section, "exit_status": 1 if count else 0}
+    text = json.dumps(data, indent=2, default=str) + "\n"
+    if json_path is not None:
+        write_text(json_path, text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / "serving.json", text)
+        write_text(out / "index.html", render_html(str(drafter), section))
+    typer.echo(terminal_section(section))
+    typer.echo(f"{count} serving divergence{'s' if count != 1 else ''}")
+    return data["exit_status"]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve-check")
+    def serve_check(
+        drafter: Path = typer.Option(..., "--drafter", help="drafter directory (z-lab or speculators format)"),
+        engine: str = typer.Option("vllm,sglang", "--engine", help="engines to hold it against: vllm,sglang"),
+        target: Path | None = typer.Option(None, "--target", help="target HF dir: its layers, vocabulary, eos/pad"),
+        spec: list[str] = typer.Option([], "--spec", help="KEY=VALUE trained spec field (repeatable)"),
+        json_path: Path | None = typer.Option(None, "--json", help="write the JSON here"),
+        out: Path | None = typer.Option(None, "--out", help="report dir: serving.json + index.html"),
+    ) -> int:
+        """Will it serve as trained? Hold the drafter against vLLM and SGLang through their own code."""
+        return run_serve_check(drafter, parse_engines(engine), target, spec, json_path, out)
+
+
+__all__ = ["divergence_count", "register", "run_serve_check"]

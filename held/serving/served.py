@@ -1,0 +1,105 @@
+"""What an engine will run a drafter with (`Served`), and what it needs to know of the target (`TargetFacts`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENGINES = ("vllm", "sglang")
+
+# The served fields, in report order. Layer ids are in the z-lab convention (hs[id + 1]).
+FIELDS = ("target_layer_ids", "target_layer_ids_declared", "layer_types", "layer_windows", "layer_causal",
+          "mask_token_id", "block_size", "num_speculative_tokens", "rope_theta", "rope_type",
+          "partial_rotary_factor", "is_neox_style", "rms_norm_eps", "hidden_act", "vocab_size", "draft_vocab_size",
+          "input_embedding_scale", "output_multiplier", "final_logit_softcapping", "conv_kernel_size",
+          "conv_group_size", "selector_rank", "selector_top_k", "tensors_ignored", "tensors_refused")
+
+
+@dataclass
+class TargetFacts:
+    """The target (verifier) as the engine sees it at run time: layers, vocabulary, embedding rows, eos/pad."""
+
+    path: str | None = None
+    num_layers: int | None = None
+    vocab_size: int | None = None
+    embedding_rows: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+    pad_token_id: int | None = None
+
+    @classmethod
+    def read(cls, target: str | Path | None) -> TargetFacts:
+        if target is None:
+            return cls()
+        path = Path(target)
+        config = json.loads((path / "config.json").read_text())
+        text = config.get("text_config", config)
+        eos: list[int] = []
+        for source in (text, _json_or_empty(path / "generation_config.json")):
+            value = source.get("eos_token_id")
+            eos += [value] if isinstance(value, int) else list(value or [])
+        return cls(path=str(path), num_layers=text.get("num_hidden_layers"), vocab_size=text.get("vocab_size"),
+                   embedding_rows=_embedding_rows(path), eos_token_ids=sorted(set(eos)),
+                   pad_token_id=text.get("pad_token_id"))
+
+
+def _json_or_empty(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _embedding_rows(path: Path) -> int | None:
+    """Rows of the target's input embedding, from the safetensors headers (nothing is loaded)."""
+    from safetensors import safe_open
+
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as handle:
+            for name in handle.keys():
+                if name.endswith("embed_tokens.weight"):
+                    return int(handle.get_slice(name).get_shape()[0])
+    return None
+
+
+@dataclass
+class Served:
+    engine: str
+    version: str
+    loads: bool
+    error: str | None = None
+    values: dict[str, Any] = field(default_factory=dict)  # field -> value the engine runs with (None: unknown)
+    sources: dict[str, str] = field(default_factory=dict)  # field -> engine file:line
+    notes: list[str] = field(default_factory=list)
+    command: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_engine(engine: str) -> str:
+    """The installed engine's version; an AuditError with the fix unless it is the release the rules were read
+    from (impl/packages.py): every cited line and restated rule belongs to that release."""
+    from impl.errors import AuditError
+    from impl.packages import BY_NAME, installed_version
+
+    if engine not in BY_NAME:
+        raise AuditError(f"unknown engine {engine!r}; expected one of {list(ENGINES)}")
+    found, wanted = installed_version(BY_NAME[engine].distribution), BY_NAME[engine].pinned
+    if found != wanted:
+        state = "is not installed" if found is None else f"is {found}"
+        raise AuditError(f"serving engine {engine} {state}; the serving check reads {engine}=={wanted}: "
+                         f"pip install --no-deps {engine}=={wanted} (or `make setup`)")
+    return found
+
+
+def resolve(engine: str, path: str | Path, target: TargetFacts, trained_block_size: int | None,
+            num_target_layers: int | None = None) -> Served:
+    """How `engine` reads the drafter directory `path`. `num_target_layers` stands in for the target's depth when
+    no target is given (the drafter's own record of it)."""
+    check_engine(engine)
+    if engine == "vllm":
+        from held.serving import vllm_engine as module
+    elif engine == "sglang":
+        from held.serving import sglang_engine as module
+    else:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {list(ENGINES)}")
+    return module.resolve(Path(path), target, trained_block_size, num_target_layers)
