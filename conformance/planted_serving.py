@@ -14,6 +14,7 @@ from typing import Callable
 
 from held.serving import TargetFacts
 from held.serving.verdict import EngineReport, engine_report
+from impl.families import ZLAB_ARCHITECTURES
 from impl.layers import zlab_to_speculators
 from impl.spec import DraftSpec
 from impl.zlab_format import save_zlab_dir
@@ -71,7 +72,7 @@ def _speculative_tokens_is_block(config: dict) -> None:
     layer = {k: v for k, v in config.items() if k not in ("dflash_config", "architectures", "num_target_layers",
                                                            "block_size")}
     config.clear()
-    config.update(speculators_model_type="dflash", architectures=["DFlashDraftModel"], transformer_layer_config=layer,
+    config.update(speculators_model_type="dflash", architectures=[ZLAB_ARCHITECTURES["dflash"]], transformer_layer_config=layer,
                   aux_hidden_state_layer_ids=aux, mask_token_id=SPEC.mask_token_id, block_size=SPEC.block_size,
                   sliding_window_non_causal=False, draft_vocab_size=SPEC.vocab_size,
                   speculators_config={"algorithm": "dflash", "proposal_methods": [

@@ -17,6 +17,7 @@ from held.serving import rules
 from held.serving.served import Served, TargetFacts
 from held.serving.source_exec import compile_definitions
 from impl.packages import installed_version
+from impl.param_names import codebook_name
 
 ENGINE = "sglang"
 UTILS_NAMES = ["DEFAULT_DFLASH_MASK_TOKEN", "build_target_layer_ids", "get_dflash_layer_types",
@@ -113,7 +114,7 @@ def tensors(path: Path, family: str) -> list[str]:
     from safetensors import safe_open
 
     names = [n for f in sorted(path.glob("*.safetensors")) for n in safe_open(str(f), "pt").keys()]
-    return sorted(n for n in names if family == "dflash2" and n.endswith("_codebook.weight"))
+    return sorted(n for n in names if family == "dflash2" and codebook_name(n) != n)
 
 
 def command(path: Path, target: str | None, block_size: int | None) -> str:

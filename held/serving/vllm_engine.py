@@ -19,8 +19,10 @@ from typing import Any
 from held.serving import rules
 from held.serving.served import Served, TargetFacts
 from held.serving.source_exec import compile_definitions
+from impl.families import config_family
 from impl.layers import speculators_to_zlab
 from impl.packages import installed_version
+from impl.param_names import codebook_name
 
 ENGINE = "vllm"
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
@@ -110,7 +112,7 @@ def tensors(path: Path, family: str) -> tuple[list[str], list[str]]:
     from safetensors import safe_open
 
     names = [n for f in sorted(path.glob("*.safetensors")) for n in safe_open(str(f), "pt").keys()]
-    refused = [n for n in names if family == "dflash2" and n.endswith("_codebook.weight")]
+    refused = [n for n in names if family == "dflash2" and codebook_name(n) != n]
     return [], sorted(refused)
 
 
@@ -126,8 +128,7 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
             num_target_layers: int | None = None) -> Served:
     served = Served(ENGINE, installed_version("vllm"), loads=True)
     config = json.loads((path / "config.json").read_text())
-    family = "dflash2" if (config.get("speculators_model_type") == "dflash2"
-                           or "DFlash2DraftModel" in (config.get("architectures") or [])) else "dflash"
+    family = config_family(config)
     try:
         k_from_config = speculative_tokens(config)
         hf = hf_config(path, config)
