@@ -8,7 +8,6 @@ its input embeddings, and the drafter sits there too.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 from impl.errors import AuditError
+from impl.inputs import check_target_dir
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DEVICE_MAPS = ("auto",)
@@ -54,11 +54,11 @@ CPU_FLOAT32 = Placement(torch.device("cpu"), torch.float32, "default")
 
 
 def declared_dtype(target_dir: str | Path) -> str | None:
-    """The dtype a target's config.json declares (`dtype`, or the older `torch_dtype`), or None."""
-    try:
-        config = json.loads((Path(target_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
+    """The dtype a target's config.json declares (`dtype`, or the older `torch_dtype`), or None.
+
+    The directory passes the target checks first: this is the first read of config.json, and a FIFO
+    there would block it forever; an unreadable config is an error, never "not declared"."""
+    config = check_target_dir(Path(target_dir), tokenizer=False)
     text = config.get("dtype") or config.get("torch_dtype") or config.get("text_config", {}).get("dtype")
     return text if isinstance(text, str) else None
 

@@ -27,6 +27,24 @@ def replay_mask(anchors: torch.Tensor, context_len: int, block_len: int, window:
                      dim=1)
 
 
+def replay_against_live(models, target, cache, prompts, stop_ids) -> tuple[list[str], list[list[float]]]:
+    """Every prompt replayed from `cache` and decoded live: DFlash with each model, DDTree with the first.
+    Returns each mismatch between the two, and each model's per-prompt offline DFlash τ."""
+    mismatches, taus = [], [[] for _ in models]
+    for entry, (_, ids) in zip(cache.prompts, prompts):
+        for model, model_taus in zip(models, taus):
+            live = dflash_decode(model, target, ids, MAX_NEW_TOKENS, stop_ids)
+            offline = offline_rounds(model, target, cache, entry, "dflash")
+            mismatch = find_mismatch(entry, offline, live.acceptance_lengths, live.output_ids)
+            mismatches += [mismatch.describe()] if mismatch else []
+            model_taus.append(sum(offline) / len(offline))
+        tree = ddtree_decode(models[0], target, ids, MAX_NEW_TOKENS, stop_ids, budget=24)
+        offline_tree = offline_rounds(models[0], target, cache, entry, "ddtree", budget=24)
+        mismatch = find_mismatch(entry, offline_tree, tree.acceptance_lengths, tree.output_ids)
+        mismatches += [mismatch.describe()] if mismatch else []
+    return mismatches, taus
+
+
 def test_replay_mask_is_the_inference_mask_of_each_block():
     anchors, context_len, block_len = torch.tensor([3, 4, 9]), 12, 4
     for window, causal in ((None, False), (5, True), (2, True)):
@@ -49,20 +67,10 @@ def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, tmp_pa
                                     vocab_size=drafter.spec.vocab_size, num_target_layers=4,
                                     target_layer_ids=(0, 3), mask_token_id=drafter.mask_token_id,
                                     num_attention_heads=4, num_key_value_heads=2, head_dim=32)).eval()
-    mismatches, taus = [], []
-    for entry, (prompt_id, ids) in zip(cache.prompts, prompts):
+    for entry, (prompt_id, _) in zip(cache.prompts, prompts):
         assert entry.id == prompt_id
-        for model in (drafter, other):
-            live = dflash_decode(model, target, ids, MAX_NEW_TOKENS, stop_ids)
-            offline = offline_rounds(model, target, cache, entry, "dflash")
-            mismatch = find_mismatch(entry, offline, live.acceptance_lengths, live.output_ids)
-            mismatches += [mismatch.describe()] if mismatch else []
-            if model is drafter:
-                taus.append(sum(offline) / len(offline))
-        tree = ddtree_decode(drafter, target, ids, MAX_NEW_TOKENS, stop_ids, budget=24)
-        offline_tree = offline_rounds(drafter, target, cache, entry, "ddtree", budget=24)
-        mismatch = find_mismatch(entry, offline_tree, tree.acceptance_lengths, tree.output_ids)
-        mismatches += [mismatch.describe()] if mismatch else []
+    mismatches, taus = replay_against_live([drafter, other], target, cache, prompts, stop_ids)
+    taus = taus[0]  # the trained drafter's; the random one accepts next to nothing
     assert mismatches == []
     assert max(taus) > 1.5  # the trained drafter's walks are not trivial
 
@@ -89,18 +97,8 @@ def test_bf16_offline_tau_equals_live_tau_per_prompt(bf16_pairs, test_world, tmp
     (drafter, drafter2), target, prompts, stop_ids = bf16_pairs
     cache = load_or_build_cache(tmp_path, test_world.target, target, prompts, MAX_NEW_TOKENS, stop_ids)
     assert {t.dtype for entry in cache.prompts for t in entry.layers.values()} == {torch.bfloat16}  # never upcast
-    mismatches, taus = [], []
-    for entry, (_, ids) in zip(cache.prompts, prompts):
-        for model in (drafter, drafter2):
-            live = dflash_decode(model, target, ids, MAX_NEW_TOKENS, stop_ids)
-            offline = offline_rounds(model, target, cache, entry, "dflash")
-            mismatch = find_mismatch(entry, offline, live.acceptance_lengths, live.output_ids)
-            mismatches += [mismatch.describe()] if mismatch else []
-            taus.append(sum(offline) / len(offline))
-        tree = ddtree_decode(drafter, target, ids, MAX_NEW_TOKENS, stop_ids, budget=24)
-        offline_tree = offline_rounds(drafter, target, cache, entry, "ddtree", budget=24)
-        mismatch = find_mismatch(entry, offline_tree, tree.acceptance_lengths, tree.output_ids)
-        mismatches += [mismatch.describe()] if mismatch else []
+    mismatches, taus = replay_against_live([drafter, drafter2], target, cache, prompts, stop_ids)
+    taus = taus[0] + taus[1]
     assert mismatches == []
     assert max(taus) > 1.5
     assert {p.dtype for p in [*target.parameters(), *drafter.parameters()]} == {torch.bfloat16}
