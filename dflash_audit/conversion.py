@@ -55,8 +55,6 @@ def recipe_notes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
     if loaded.recipe is not None and fmt != "ours":
         notes.append(f"the training recipe (gamma {loaded.recipe.gamma}, {loaded.recipe.loss_fn}, ...) is not "
                      f"recorded by the {fmt} format; the weights are unchanged")
-    if loaded.raw.sample_from_anchor and fmt != "speculators":
-        notes.append(f"trained with sample_from_anchor (DSpark alignment), which the {fmt} format does not record")
     if loaded.verifier_tensors and fmt != "speculators":
         notes.append(f"verifier-owned tensors {sorted(loaded.verifier_tensors)} dropped: {fmt} borrows them from "
                      "the target")

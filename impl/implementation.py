@@ -56,7 +56,9 @@ class OursImplementation:
                          anchors=None):
         # The trainer's own step, so the conformance suite checks the code that trains.
         torch.manual_seed(seed)
-        recipe = dataclasses.replace(self.recipe, max_anchors=max_anchors)
+        # The trainer records the drafter's own slot layout (`trained_layout` refuses any other).
+        recipe = dataclasses.replace(self.recipe, max_anchors=max_anchors,
+                                     sample_from_anchor=drafter.spec.sample_from_anchor)
         step = training_step(drafter, target, input_ids, loss_mask, document_ids, recipe, with_loss=False,
                              anchors=None if anchors is None else [anchors])
         out = step.outputs

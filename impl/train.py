@@ -79,6 +79,7 @@ class TrainConfig:
     selector_top_k: int = 16
     selector_loss_alpha: float = 1.0
     sliding_window_non_causal: bool | None = None  # default: the family's (dflash2: bidirectional, as speculators)
+    sample_from_anchor: bool = False  # the drafter's slot layout (impl/slot_layout.py); the recipe records the same
     noise_std: float = 0.0
     dtype: str = "fp32"
     eval_every: int = 0  # 0: only at the end
@@ -116,6 +117,7 @@ def draft_spec(config, tokenizer, cfg: TrainConfig) -> DraftSpec:
     return DraftSpec(
         **dflash2,
         sliding_window_non_causal=cfg.family == "dflash2" if non_causal is None else non_causal,
+        sample_from_anchor=cfg.sample_from_anchor,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
         num_attention_heads=config.num_attention_heads,
@@ -142,7 +144,7 @@ def knob_recipe(cfg: TrainConfig, num_target_layers: int | None = None) -> Recip
         recipe = Recipe(gamma=cfg.gamma, loss_fn=cfg.loss_fn, verifier_source_layer=cfg.verifier_source_layer,
                         noise_std=cfg.noise_std, max_anchors=cfg.max_anchors,
                         per_position_loss_weight=cfg.per_position_loss_weight, dpace_alpha=cfg.dpace_alpha,
-                        selector_loss_alpha=cfg.selector_loss_alpha)
+                        selector_loss_alpha=cfg.selector_loss_alpha, sample_from_anchor=cfg.sample_from_anchor)
         recipe.check_trainable(num_target_layers)
     except SpecError as exc:
         raise TrainError(str(exc)) from None

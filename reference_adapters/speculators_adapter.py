@@ -72,10 +72,11 @@ MODEL_CLASSES = {"dflash": DFlashDraftModel, "dflash2": DFlash2DraftModel}
 CONFIG_CLASSES = {"dflash": DFlashSpeculatorConfig, "dflash2": DFlash2SpeculatorConfig}
 
 
-def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None, aux_layer_ids=None,
-                       sample_from_anchor: bool = False) -> DFlashSpeculatorConfig:
+def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None,
+                       aux_layer_ids=None) -> DFlashSpeculatorConfig:
     """The `DFlashSpeculatorConfig` (`DFlash2SpeculatorConfig`) of a spec, laid out as speculators' own
-    converter lays out a DFlash one."""
+    `_build_base_config_kwargs` lays out a DFlash one (the slot layout as `sample_from_anchor` and the
+    greedy proposal's `speculative_tokens`)."""
     dflash2 = {name: getattr(spec, name) for name in DFLASH2_FIELDS} if spec.family == "dflash2" else {}
     return CONFIG_CLASSES[spec.family](
         **dflash2,
@@ -85,12 +86,11 @@ def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None, 
         aux_hidden_state_layer_ids=list(aux_layer_ids) if aux_layer_ids is not None
         else native_layer_ids(spec.target_layer_ids),
         mask_token_id=spec.mask_token_id,
-        sample_from_anchor=sample_from_anchor,
+        sample_from_anchor=spec.sample_from_anchor,
         sliding_window_non_causal=spec.sliding_window_non_causal,
         speculators_config=SpeculatorsConfig(
             algorithm=spec.family,
-            proposal_methods=[GreedyTokenProposalConfig(
-                speculative_tokens=spec.block_size if sample_from_anchor else spec.block_size - 1)],
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=spec.speculative_tokens)],
             default_proposal_method="greedy",
             verifier=verifier_config(verifier_dir),
         ),

@@ -47,7 +47,7 @@ class PromptTau:
 class MethodResult:
     method: str
     budget: int | None
-    block_size: dict[str, int]
+    longest: dict[str, int]  # per side, the longest round: speculative tokens + 1 (B, or B + 1 sampling from the anchor)
     prompts: list[PromptTau] = field(default_factory=list)
     measured: bool = True  # both drafters ran
 
@@ -63,11 +63,11 @@ class MethodResult:
 
     def histogram(self, side: str) -> list[int]:
         return tau_stats.acceptance_histogram([getattr(p, f"{side}_rounds") for p in self.prompts],
-                                              self.block_size[side])
+                                              self.longest[side])
 
     def position_acceptance(self, side: str) -> list[float]:
         return tau_stats.position_acceptance([getattr(p, f"{side}_rounds") for p in self.prompts],
-                                             self.block_size[side])
+                                             self.longest[side])
 
     def interval(self) -> tau_stats.PairedInterval | None:
         if not self.measured or not self.prompts:
@@ -188,7 +188,7 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     methods = {}
     dflash2 = dflash2_sides(sides)
     for method, method_budget in plan:
-        result = MethodResult(method, method_budget, {n: s.spec.block_size for n, s in sides.items()},
+        result = MethodResult(method, method_budget, {n: s.spec.speculative_tokens + 1 for n, s in sides.items()},
                               measured=not not_measured)
         for i, entry in enumerate(cache.prompts):
             rounds = {name: replays[method, name, i] for name in drafters}
