@@ -19,8 +19,10 @@ import impl.extract
 import impl.losses
 import impl.masks
 import impl.model
+import impl.slot_layout
 import impl.train_step
-from conformance.checks import dflash2, layers, losses, masks, training
+from conformance.checks import dflash2, layers, losses, masks, slot_layout, training
+from conformance.checks.slot_layout import SlotCase
 from conformance.strategies import ConvCase, DPaceCase, LossCase, MaskCase, SelectorCase, TrainingCase
 from impl.dflash2 import CandidateSelector
 from impl.extract import HiddenStateExtractor, final_norm
@@ -49,8 +51,21 @@ DFLASH2_SPEC = dataclasses.replace(SPEC, conv_kernel_size=3, conv_group_size=8, 
 CONV = ConvCase(spec=DFLASH2_SPEC, layer=1, sublayer="mlp", num_blocks=3, seed=4)
 SELECTOR = SelectorCase(spec=DFLASH2_SPEC, slots=10, first_token=7, temperature=0.0, seed=6)
 DFLASH2_TRAINING = dataclasses.replace(TRAINING, spec=DFLASH2_SPEC)
+# The anchor-as-bonus layout on full attention: the slot layout alone (speculators' block masks window the
+# context from the anchor, decoding's from each query: a sliding layer would add that difference, #25).
+FULL_ATTENTION = dataclasses.replace(SPEC, layer_types=("full_attention",) * SPEC.num_hidden_layers,
+                                     sliding_window=None)
+SLOT = SlotCase(spec=FULL_ATTENTION, context_len=9, seed=11)
 MASK = MaskCase(document_ids=torch.tensor([[0] * 8 + [1] * 8 + [-1] * 2]), anchors=torch.tensor([0, 5, 9, 15]),
                 block_size=4, sliding_window=None, causal_block=False)
+
+
+def _anchor_slot_proposes(_original):
+    return property(lambda spec: 0)  # every slot's logits read, the anchor's too, whatever the layout
+
+
+def _every_slot_counted(_original):
+    return lambda block_size, sample_from_anchor: block_size  # B speculative tokens under either layout
 
 
 @dataclass(frozen=True)
@@ -256,6 +271,12 @@ BUGS = [
                lambda cmp, ours, refs: dflash2.selector_training(cmp, ours, refs["speculators"], DFLASH2_TRAINING)),
     PlantedBug("top-k reranked without the unary term", 23, _patch(CandidateSelector, "select", _rerank_without_unary),
                lambda cmp, ours, refs: dflash2.selector_path(cmp, ours, refs["zlab"], SELECTOR)),
+    PlantedBug("decoding reads the anchor slot's logits (anchor-as-bonus layout)", 33,
+               _patch(DraftSpec, "first_proposing_slot", _anchor_slot_proposes),
+               lambda cmp, ours, refs: slot_layout.proposals(cmp, ours, refs["speculators"], SLOT)),
+    PlantedBug("B speculative tokens under the anchor-as-bonus layout", 33,
+               _patch(impl.slot_layout, "speculative_tokens", _every_slot_counted),
+               lambda cmp, ours, refs: slot_layout.speculative_tokens(cmp, ours, refs["speculators"], 8, False)),
     PlantedBug("mask token mismatch", 14, _patch(DFlashDrafter, "mask_token_id", _other_mask_token),
                lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING)),
 ]

@@ -8,12 +8,12 @@ import torch
 from torch import nn
 
 from impl import anchors as anchor_rules
-from impl import dflash2, layers, losses, masks
+from impl import decoding, dflash2, layers, losses, masks, slot_layout
 from impl.checkpoint import build_drafter
 from impl.decoding import Sampler, dflash_decode
-from impl.extract import context_features
+from impl.extract import context_features, output_head
 from impl.interface import GenerationResult, TrainingOutputs
-from impl.model import DFlashDrafter
+from impl.model import DFlashDrafter, DraftCache
 from impl.spec import DraftSpec, Recipe
 from impl.train import default_recipe
 from impl.train_step import training_step
@@ -81,6 +81,21 @@ class OursImplementation:
     def block_metrics(self, logits, targets, loss_mask, block_size):
         metrics = losses.block_metrics(logits, targets, loss_mask, block_size)
         return {"position_acc": metrics["position_acc"], "eal": metrics["eal"]}
+
+    # -- slot layout -------------------------------------------------------------------------
+    def speculative_tokens(self, block_size, sample_from_anchor):
+        return slot_layout.speculative_tokens(block_size, sample_from_anchor)
+
+    def proposal_logits(self, drafter: DFlashDrafter, target, input_ids):
+        """The live loop's own pieces: one `decoding.draft_block` after the prompt's context, its proposing
+        slots through the head."""
+        start = input_ids.shape[1] - 1
+        with torch.no_grad():
+            states = target(input_ids[:, :start], output_hidden_states=True).hidden_states
+            features = context_features(states, drafter.target_layer_ids)
+            _, hidden = decoding.draft_block(drafter, target, DraftCache(drafter.spec.num_hidden_layers), features,
+                                             int(input_ids[0, -1]), start, drafter.block_size)
+            return drafter.compute_logits(hidden[0], output_head(target))
 
     # -- DFlash2 ----------------------------------------------------------------------------
     def dynamic_conv(self, drafter: DFlashDrafter, layer_idx, sublayer, x, y, block_size):

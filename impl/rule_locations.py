@@ -114,6 +114,11 @@ LOCATIONS = (
                  '`spec.DraftSpec.block_is_causal`, `masks`',
                  '`_attention_mask` (`is_causal`)', '`create_anchor_block_mask_mod(sliding_window_non_causal)`',
                  '`conformance/test_window_direction.py`'),
+    RuleLocation((33,), 'slot layout (`sample_from_anchor`)',
+                 '`slot_layout`, `spec.DraftSpec.sample_from_anchor`, `decoding.round_size/draft_block`',
+                 '— (anchor as the bonus only)',
+                 '`DFlashSpeculatorConfig.sample_from_anchor`, `_build_base_config_kwargs` (`speculative_tokens`)',
+                 '`conformance/test_slot_layout.py`'),
 )
 
 

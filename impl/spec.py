@@ -11,8 +11,8 @@ import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
-from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ZLAB_EXTRAS
 from impl import slot_layout
+from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ZLAB_EXTRAS
 from impl.families import spec_family
 
 LAYER_TYPES = ("full_attention", "sliding_attention")

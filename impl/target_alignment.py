@@ -19,14 +19,16 @@ from impl.slot_layout import first_proposing_slot, target_shift
 class TargetAligner:
     """Gathers verifier logits and the loss mask at every block slot."""
 
+    shift = target_shift(False)  # slot k <- position a + k - shift (sample-from-anchor: no shift)
+
     def __init__(self, block_size: int, sample_from_anchor: bool = False):
         self.block_size = block_size
         self.sample_from_anchor = sample_from_anchor
-        self.shift = target_shift(sample_from_anchor)  # slot k <- position a + k - shift
 
     def indices(self, anchors: torch.Tensor, total_len: int) -> torch.Tensor:
         slots = block_indices(anchors, self.block_size)
-        return (slots - self.shift) % total_len
+        shift = target_shift(True) if self.sample_from_anchor else self.shift
+        return (slots - shift) % total_len
 
     @torch.no_grad()
     def target_logits(self, source_states: torch.Tensor, verifier_norm: nn.Module, verifier_head: nn.Module,
