@@ -242,10 +242,10 @@ def evaluate(drafter: DFlashDrafter, target, data: PackedData, recipe: Recipe, b
              autocast) -> dict:
     """Loss, per-position accuracy and EAL over held-out rows (fixed anchors across evals)."""
     device = next(drafter.parameters()).device
-    block = drafter.block_size
+    block, first = drafter.block_size, drafter.spec.first_proposing_slot
     loss_sum = run_sum = blocks = 0.0
-    hits = torch.zeros(block - 1, device=device)
-    counts = torch.zeros(block - 1, device=device)
+    hits = torch.zeros(drafter.spec.speculative_tokens, device=device)  # one per proposing slot
+    counts = torch.zeros(drafter.spec.speculative_tokens, device=device)
     for start in range(0, len(data), batch_size):
         rows = data.rows(slice(start, start + batch_size))
         generators = [row_generator(seed, -2, start + i, device=device) for i in range(len(rows))]
@@ -256,7 +256,7 @@ def evaluate(drafter: DFlashDrafter, target, data: PackedData, recipe: Recipe, b
         loss_sum += out.loss.item() * len(rows)
         hits += out.metrics["position_acc"] * out.metrics["position_count"]
         counts += out.metrics["position_count"]
-        trained_blocks = out.outputs.loss_mask.reshape(-1, block)[:, 1:].bool().any(1).sum().item()
+        trained_blocks = out.outputs.loss_mask.reshape(-1, block)[:, first:].bool().any(1).sum().item()
         run_sum += out.metrics["eal"].item() * trained_blocks
         blocks += trained_blocks
     return {"loss": loss_sum / len(data), "position_acc": (hits / counts.clamp(min=1)).tolist(),
@@ -339,7 +339,7 @@ def optimizer_step(cfg: TrainConfig, run: Run, model, sampler: RowSampler, step:
     averaged over ranks."""
     run.drafter.train()
     per_rank, device = cfg.batch_size // world, run.device
-    logged = torch.zeros(2 + run.spec.block_size - 1, device=device)
+    logged = torch.zeros(2 + run.spec.speculative_tokens, device=device)  # loss, EAL, accuracy per proposing slot
     for micro in range(cfg.grad_accum):
         base = (step * cfg.grad_accum + micro) * cfg.batch_size + rank * per_rank
         samples = list(range(base, base + per_rank))

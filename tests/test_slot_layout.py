@@ -57,6 +57,17 @@ def test_every_format_records_the_layout_and_convert_is_exact_both_ways(tmp_path
     assert load_any(tmp_path / "plain").spec.speculative_tokens == ours.spec.block_size - 1
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_no_engine_serves_a_sample_from_anchor_drafter_as_dflash(tmp_path, target_dir, engine):
+    from dflash_audit.conversion import convert_for
+    from impl.errors import AuditError
+
+    save_checkpoint(tmp_path / "ours.pt", drafter(True), recipe=Recipe(sample_from_anchor=True))
+    with pytest.raises(AuditError, match="sample_from_anchor = True"):
+        convert_for(tmp_path / "ours.pt", tmp_path / "served", engine, target=target_dir)
+    assert not (tmp_path / "served").exists()
+
+
 def test_drafters_that_differ_only_in_layout_are_one_slot_layout_finding(tmp_path):
     ours, ref = drafter(True), drafter(False)  # the same weights
     save_checkpoint(tmp_path / "ours.pt", ours, recipe=Recipe(sample_from_anchor=True))
@@ -94,3 +105,16 @@ def test_offline_tau_equals_live_tau_under_both_layouts(trained_pair, test_world
         assert mismatches == []
     live = dflash_decode(anchor, target, prompts[0][1], 48, stop_ids)
     assert max(live.acceptance_lengths) <= anchor.spec.block_size + 1
+
+
+def test_the_trainer_trains_the_layout_it_writes(tiny_world, tmp_path):
+    from impl.checkpoint import load_checkpoint
+    from impl.train import train_drafter
+    from tests.helpers import TEXTS
+
+    stats = train_drafter(tiny_world / "target", TEXTS, tmp_path / "anchor.pt", steps=2, seq_len=48, block_size=4,
+                          max_anchors=6, target_layer_ids=[0, 1, 2], batch_size=2, lr=3e-3, warmup=2,
+                          eval_sequences=2, progress=False, sample_from_anchor=True)
+    ckpt = load_checkpoint(tmp_path / "anchor.pt")
+    assert ckpt.spec.sample_from_anchor and ckpt.recipe.sample_from_anchor
+    assert len(stats["evals"][-1]["position_acc"]) == 4  # every slot proposes: four accuracies for B = 4

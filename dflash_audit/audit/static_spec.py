@@ -44,7 +44,8 @@ def spec_findings(ours: Side, ref: Side) -> list[Finding]:
         found.append(default_aware(ours, ref, "block_size", Finding(
             "block_size", "divergence",
             f"Blocks of {o_block} tokens in ours vs {r_block} in ref: a round drafts at most "
-            f"{o_block - 1} vs {r_block - 1} tokens, and a drafter run with a block size it was not "
+            f"{proposals(ours, o_block)} vs {proposals(ref, r_block)} tokens, and a drafter run with a block size "
+            "it was not "
             "trained for mispredicts the extra slots.", o_block, r_block, pitfall=16)))
     o_mask, r_mask = ours.value("mask_token_id"), ref.value("mask_token_id")
     if both("mask_token_id") and o_mask != r_mask:
@@ -62,6 +63,12 @@ def spec_findings(ours: Side, ref: Side) -> list[Finding]:
                 "architecture", severity, f"{name} is {a!r} in ours but {b!r} in ref: "
                 + architecture_consequence(name), a, b, pitfall=pitfall, key=name)))
     return found
+
+
+def proposals(side: Side, block_size: int) -> int:
+    """Tokens a block of `block_size` proposes under the side's slot layout (anchor-as-bonus when unknown)."""
+    layout = side.value("sample_from_anchor") if side.is_known("sample_from_anchor") else False
+    return speculative_tokens(block_size, bool(layout))
 
 
 # Which finding component a spec field belongs to (for unknowns and contradictions).
