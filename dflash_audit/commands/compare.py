@@ -23,6 +23,7 @@ from dflash_audit.audit.report_json import write_report_json
 from dflash_audit.audit.report_terminal import terminal_summary
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
+from dflash_audit.audit.static_target import blocks_tau
 from dflash_audit.commands.serve_check import parse_engines
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable
@@ -44,6 +45,13 @@ from impl.placement import (
     resolve_placement,
 )
 from impl.target import load_target_model, load_tokenizer
+from impl.target_vocab import TargetVocabulary
+
+
+def target_vocabulary(target: Path) -> TargetVocabulary:
+    """The target's sizes and special ids for the static audit (its tokenizer, config and headers; no weights)."""
+    tokenizer, _ = load_tokenizer(target)
+    return TargetVocabulary.read(target, tokenizer)
 
 
 def progress_bar(console: Console) -> Progress:
@@ -97,8 +105,13 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
     with progress_bar(console) as bar:
         total = len(set(ours_side.state_dict) | set(ref_side.state_dict))
         task = bar.add_task("static audit: tensors", total=total)
-        static = static_audit(ours_side, ref_side, expect_identical, advance=lambda: bar.advance(task))
+        static = static_audit(ours_side, ref_side, expect_identical, advance=lambda: bar.advance(task),
+                              target=target_vocabulary(target) if target is not None else None)
     report = AuditReport(ours_side, ref_side, static)
+    blocked = blocks_tau(static.findings) if target is not None and not static_only else None
+    if blocked is not None:
+        static_only = True
+        report.notes.append(blocked)
     if serve:
         report.serving = serving_sections(ours, ref, serve, target, ours_options, ref_options)
     ranks = Ranks.single()
@@ -109,7 +122,7 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
         ranks.close()
     elif target is None:
         report.notes.append("No --target given: static audit only (τ not measured).")
-    else:
+    elif blocked is None:
         report.notes.append("--static-only: τ not measured.")
     if ranks.rank != 0:  # every rank has the whole report; rank 0 writes and prints it
         return report
