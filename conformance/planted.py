@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-import impl.dflash2
 import impl.decoding
+import impl.dflash2
 import impl.extract
 import impl.implementation
 import impl.losses
@@ -23,7 +23,14 @@ import impl.masks
 import impl.model
 import impl.train_step
 from conformance.checks import dflash2, layers, losses, masks, training, vocab
-from conformance.strategies import ConvCase, DPaceCase, LossCase, MaskCase, SelectorCase, TrainingCase
+from conformance.strategies import (
+    ConvCase,
+    DPaceCase,
+    LossCase,
+    MaskCase,
+    SelectorCase,
+    TrainingCase,
+)
 from impl.dflash2 import CandidateSelector
 from impl.extract import HiddenStateExtractor, final_norm
 from impl.model import DFlashDrafter

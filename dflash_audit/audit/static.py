@@ -14,9 +14,19 @@ from typing import Any
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_recipe import recipe_findings
-from dflash_audit.audit.static_spec import SpecRow, self_findings, shape_contradictions, spec_findings, spec_rows
+from dflash_audit.audit.static_spec import (
+    SpecRow,
+    self_findings,
+    shape_contradictions,
+    spec_findings,
+    spec_rows,
+)
 from dflash_audit.audit.static_target import target_findings
-from dflash_audit.audit.static_tensors import TensorRow, compare_tensors, weight_findings
+from dflash_audit.audit.static_tensors import (
+    TensorRow,
+    compare_tensors,
+    weight_findings,
+)
 from impl.target_vocab import TargetVocabulary
 
 
