@@ -142,3 +142,14 @@ def test_row_norms_stream_the_embedding_in_slices(padded_target, monkeypatch):
     weights = tiny_target(vocab=ROWS).get_input_embeddings().weight.detach().clone()
     weights[PADDING_ROW] = 0.0
     assert whole[3].median == pytest.approx(float(weights.norm(dim=-1).median()), rel=1e-6)
+
+
+def test_eval_says_when_the_mask_id_is_the_targets_eos(tmp_path, padded_target, capsys):
+    """eval still measures τ (the drafter is what it is) but names the clash, once."""
+    ours, _ = drafters(tmp_path, dict(vocab_size=ROWS, mask_token_id=0))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "p0", "prompt": "def add(x, y):"}) + "\n")
+    assert main(["eval", "--drafter", str(ours), "--target", str(padded_target), "--prompts", str(prompts),
+                 "--max-new-tokens", "4"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.count("mask token 0 is the target's eos and pad token (PITFALLS #34") == 1

@@ -32,7 +32,7 @@ from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
 from dflash_audit.ranks import Ranks
 from dflash_world import BUILTIN_PROMPTS
 from impl.cache_dir import cache_root
-from impl.inputs import check_generation_flags
+from impl.inputs import TOKENIZER_FILES, check_generation_flags, check_target_dir
 from impl.memory_plan import check_plan, plan_memory
 from impl.placement import (
     CPU_FLOAT32,
@@ -49,9 +49,11 @@ from impl.target_vocab import TargetVocabulary
 
 
 def target_vocabulary(target: Path) -> TargetVocabulary:
-    """The target's sizes and special ids for the static audit (its tokenizer, config and headers; no weights)."""
-    tokenizer, _ = load_tokenizer(target)
-    return TargetVocabulary.read(target, tokenizer)
+    """The target's sizes and special ids for the static audit (its tokenizer, config and headers; no weights).
+    The static audit needs no tokenizer: without one, its length and ids stay unknown."""
+    check_target_dir(target, tokenizer=False)
+    has_tokenizer = any((target / name).is_file() for name in TOKENIZER_FILES)
+    return TargetVocabulary.read(target, load_tokenizer(target)[0] if has_tokenizer else None)
 
 
 def progress_bar(console: Console) -> Progress:
