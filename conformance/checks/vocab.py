@@ -15,6 +15,7 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import torch
 
@@ -36,24 +37,34 @@ MASK_SPEC = DraftSpec(hidden_size=32, intermediate_size=64, num_attention_heads=
                       layer_types=("full_attention", "full_attention"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MaskKeptCase:
     spec: DraftSpec  # its mask id is a token the target emits
-    input_ids: torch.Tensor
-    expected: tuple[int, ...]  # the target's own greedy continuation (transformers' generate)
-    occurrences: int  # how often the mask id appears in it (never in the prefill's first token only)
+    weights: dict[str, torch.Tensor]  # the drafter's
+    target: Any
+    prompts: tuple[torch.Tensor, ...]
+    expected: tuple[tuple[int, ...], ...]  # per prompt, the target's own greedy continuation (transformers' generate)
+
+    @property
+    def occurrences(self) -> int:
+        """How often the target emits the mask id after each prompt's first new token (the prefill's)."""
+        return sum(cont[1:].count(self.spec.mask_token_id) for cont in self.expected)
 
 
-@lru_cache(maxsize=2)
-def mask_kept_case(max_new_tokens: int = 24, seed: int = 7) -> MaskKeptCase:
-    """The tiny target's greedy continuation of a fixed prompt; the mask id = its most frequent token after the
-    first (ties: the smallest id), so the verify rounds themselves must emit it."""
-    target = target_for(MASK_SPEC)
-    input_ids = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(seed))
-    expected = tuple(target_greedy(target, input_ids, max_new_tokens))
-    counts = Counter(expected[1:])
+def with_generated_mask(spec: DraftSpec, weights, target, prompts, max_new_tokens: int) -> MaskKeptCase:
+    """The case for `spec`'s drafter on `target`, its mask id replaced by the token the target emits most often
+    after the first new token (ties: the smallest id), so the verify rounds themselves must produce it."""
+    expected = tuple(tuple(target_greedy(target, ids, max_new_tokens)) for ids in prompts)
+    counts = Counter(token for cont in expected for token in cont[1:])
     mask = min(counts, key=lambda token: (-counts[token], token))
-    return MaskKeptCase(dataclasses.replace(MASK_SPEC, mask_token_id=mask), input_ids, expected, counts[mask])
+    return MaskKeptCase(dataclasses.replace(spec, mask_token_id=mask), weights, target, tuple(prompts), expected)
+
+
+@lru_cache(maxsize=1)
+def mask_kept_case() -> MaskKeptCase:
+    """A tiny random target and drafter: the mask-id tokens come as the rounds' bonus tokens."""
+    prompt = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(7))
+    return with_generated_mask(MASK_SPEC, reference_state_dict(MASK_SPEC), target_for(MASK_SPEC), [prompt], 24)
 
 
 @torch.no_grad()
@@ -64,27 +75,44 @@ def target_greedy(target, input_ids: torch.Tensor, max_new_tokens: int) -> list[
     return out[0, input_ids.shape[1]:].tolist()
 
 
-def mask_token_kept(cmp: Comparator, a, b, case: MaskKeptCase) -> None:
-    """Each loop's new tokens equal the target's greedy continuation, including the tokens equal to the mask id."""
-    target = target_for(case.spec)
-    weights = reference_state_dict(case.spec)
-    mask = case.spec.mask_token_id
+def drafted_and_accepted(new_tokens: list[int], rounds: list[int], token: int) -> int:
+    """How many of `token` a loop produced as accepted proposals (each round's tokens but its last, the bonus;
+    the first new token is the prefill's)."""
+    found, position = 0, 1
+    for length in rounds:
+        found += new_tokens[position:position + length - 1].count(token)
+        position += length
+    return found
+
+
+def mask_token_kept(cmp: Comparator, a, b, case: MaskKeptCase) -> dict[str, int]:
+    """Each loop's new tokens equal the target's greedy continuation, including the tokens equal to the mask id.
+    Returns, per implementation, how many mask-id tokens it produced as accepted proposals."""
+    mask, drafted = case.spec.mask_token_id, {}
     for impl in (a, b):
         names = (impl.name, "transformers")
-        ok, result = cmp.run(names, lambda impl=impl: impl.generate(impl.build_drafter(case.spec, weights, target),
-                                                                    target, case.input_ids, len(case.expected), None),
-                             what=f"{impl.name} generate")
+        ok, drafter = cmp.run(names, lambda impl=impl: impl.build_drafter(case.spec, case.weights, case.target),
+                              what=f"{impl.name} build_drafter")
         if not ok:
-            return
-        new = result.output_ids[0, case.input_ids.shape[1]:].tolist()
+            return drafted
         where = KNOWN_MASK_DROPS.get(impl.name, "")
-        entry = cmp.compare(names, new, list(case.expected), EXACT,
-                            what=f"generated tokens keep the {case.occurrences} the target emits equal to mask id "
-                                 f"{mask} ({new.count(mask)} kept){'; drops it at ' + where if where else ''}")
-        # A reference's drop is recorded, not raised; it must be the known one (and a known one must still drop).
-        assert (entry is not None) == bool(where), (
-            f"{impl.name}: {'drops' if entry is not None else 'keeps'} generated tokens equal to the mask id, but "
-            f"KNOWN_MASK_DROPS says it {'drops them at ' + where if where else 'keeps them'}")
+        drafted[impl.name] = 0
+        for index, (input_ids, expected) in enumerate(zip(case.prompts, case.expected)):
+            ok, result = cmp.run(names, lambda impl=impl, ids=input_ids: impl.generate(
+                drafter, case.target, ids, len(expected), None), what=f"{impl.name} generate")
+            if not ok:
+                return drafted
+            new = result.output_ids[0, input_ids.shape[1]:].tolist()
+            entry = cmp.compare(names, new, list(expected), EXACT,
+                                what=f"prompt {index}: generated tokens keep the {expected[1:].count(mask)} the "
+                                     f"target emits equal to mask id {mask} ({new[1:].count(mask)} kept)"
+                                     f"{'; drops them at ' + where if where else ''}")
+            # A reference's drop is recorded, not raised; it must be the known one (and a known one must drop).
+            assert (entry is not None) == bool(where and mask in expected), (
+                f"{impl.name}: {'drops' if entry is not None else 'keeps'} generated tokens equal to the mask id, "
+                f"but KNOWN_MASK_DROPS says it {'drops them at ' + where if where else 'keeps them'}")
+            drafted[impl.name] += drafted_and_accepted(new, result.acceptance_lengths, mask)
+    return drafted
 
 
 # The padded case: rows from TOKENIZER_LENGTH on stand for a padded vocabulary's rows (ids a tokenizer of that

@@ -137,11 +137,12 @@ def mask_token_validity_findings(ours: Side, ref: Side, target: TargetVocabulary
 
 
 def blocks_tau(findings: list[Finding]) -> str | None:
-    """Why the τ audit cannot run on this target (a mask id past its embedding would index out of range)."""
+    """Why the τ audit cannot run on this target: a mask id past its embedding cannot be embedded."""
     for finding in findings:
-        if finding.component == "mask_token_validity" and "outside" in ((finding.ours or finding.ref) or {}).get(
-                "problems", []):
-            return f"τ not measured: {finding.message.split(':')[0]} (see the mask_token_validity finding)."
+        values = (finding.ours or finding.ref) if finding.component == "mask_token_validity" else None
+        if values and "outside" in values["problems"]:
+            return (f"τ not measured: mask token {values['mask_token_id']} lies outside the target's embedding, so "
+                    "no block can be embedded (the mask_token_validity finding).")
     return None
 
 
