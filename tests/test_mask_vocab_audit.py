@@ -154,3 +154,12 @@ def test_eval_says_when_the_mask_id_is_the_targets_eos(tmp_path, padded_target, 
                  "--max-new-tokens", "4"]) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert err.count("mask token 0 is the target's eos and pad token (PITFALLS #34") == 1
+
+
+def test_the_report_carries_the_size_table(tmp_path, padded_target):
+    _, report = compare(tmp_path, padded_target, dict(vocab_size=258, mask_token_id=200), None, "--static-only")
+    table = report["target_vocabulary"]
+    assert (table["config_vocab_size"], table["tokenizer_length"], table["embedding_rows"]) == (ROWS, 258, ROWS)
+    assert table["drafters"] == {side: {"draft_head_rows": 258, "vocab_size": 258} for side in ("ours", "ref")}
+    html = (tmp_path / "out" / "index.html").read_text()
+    assert "Vocabulary sizes" in html and "len(tokenizer)" in html

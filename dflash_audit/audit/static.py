@@ -21,7 +21,7 @@ from dflash_audit.audit.static_spec import (
     spec_findings,
     spec_rows,
 )
-from dflash_audit.audit.static_target import target_findings
+from dflash_audit.audit.static_target import size_table, target_findings
 from dflash_audit.audit.static_tensors import (
     TensorRow,
     compare_tensors,
@@ -36,7 +36,7 @@ class StaticAudit:
     spec_rows: list[SpecRow]
     tensor_rows: list[TensorRow]
     recipes: dict[str, dict[str, Any]]  # side -> {"recipe": {...}, "source": "checkpoint" | reference}
-    target_vocabulary: dict[str, Any] | None = None  # the target's sizes and special ids, when a target was given
+    target_vocabulary: dict[str, Any] | None = None  # with a target: its sizes and special ids, each drafter's head
 
 
 def static_audit(ours: Side, ref: Side, expect_identical: bool = False, advance=lambda: None,
@@ -55,4 +55,4 @@ def static_audit(ours: Side, ref: Side, expect_identical: bool = False, advance=
     tensor_rows = compare_tensors(ours, ref, findings, advance)
     findings += recipe_found + weight_findings(tensor_rows, ours, ref, expect_identical)
     return StaticAudit(findings=findings, spec_rows=spec_rows(ours, ref), tensor_rows=tensor_rows, recipes=recipes,
-                       target_vocabulary=target.to_dict() if target is not None else None)
+                       target_vocabulary=size_table(ours, ref, target) if target is not None else None)

@@ -29,6 +29,11 @@ def target_findings(ours: Side, ref: Side, target: TargetVocabulary) -> list[Fin
     return vocab_size_findings(ours, ref, target) + mask_token_validity_findings(ours, ref, target)
 
 
+def size_table(ours: Side, ref: Side, target: TargetVocabulary) -> dict[str, Any]:
+    """The four sizes side by side (the report's vocabulary table): the target's, and each drafter's head."""
+    return {**target.to_dict(), "drafters": {"ours": sizes(ours), "ref": sizes(ref)}}
+
+
 def sides_by_value(ours: Side, ref: Side, name: str) -> dict[Any, list[str]]:
     """{value: ["ours", "ref"] or one of them}, known values only."""
     found: dict[Any, list[str]] = {}
