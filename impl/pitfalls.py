@@ -146,8 +146,10 @@ CATALOGUE = (
             "vLLM 0.33.0 (qwen3_dflash.py:745-775): `draft_vocab_size` defaults to `vocab_size`; a head whose size "
             "differs from the target's `get_vocab_size()` gets a `draft_id_to_target_id` buffer of zeros unless the "
             "checkpoint ships `d2t`, i.e. ids are taken as identical. SGLang 0.5.23 projects draft hiddens through the "
-            "target's own head cut to its `org_vocab_size` (models/dflash.py:91). speculators' `DFlashSpeculatorConfig` "
-            "defaults `draft_vocab_size` to 32000 (models/dflash/config.py:39).",
+            "target's own head cut to its `org_vocab_size` (models/dflash.py:91). speculators 0.9.0: "
+            "`DFlashSpeculatorConfig.draft_vocab_size` defaults to 32000 (models/dflash/config.py:39), and any "
+            "`draft_vocab_size` other than the verifier's `vocab_size` makes the head a reduced one with zero "
+            "`t2d`/`d2t` buffers until a mapping is loaded (model.py:44-53).",
             "a head sized to the tokenizer's length instead of the padded vocabulary; a reduced head with no mapping "
             "(that one is #32's); a padded target reported as a divergence"),
 )

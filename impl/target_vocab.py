@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 EMBEDDING_SUFFIX = "embed_tokens.weight"
-ROWS_PER_SLICE = 8192  # 8192 rows of a 4096-wide bf16 embedding: 64 MiB at a time
+ROWS_PER_SLICE = 4096  # 4096 rows of an 8192-wide embedding: 128 MiB at a time in float32
 # A row whose norm lies within this factor of the vocabulary's median row norm looks like the trained rows;
 # a padding row or a never-seen special token keeps its initialization (often zero or much smaller).
 TRAINED_NORM_RANGE = (0.5, 2.0)
