@@ -163,3 +163,11 @@ def test_the_report_carries_the_size_table(tmp_path, padded_target):
     assert table["drafters"] == {side: {"draft_head_rows": 258, "vocab_size": 258} for side in ("ours", "ref")}
     html = (tmp_path / "out" / "index.html").read_text()
     assert "Vocabulary sizes" in html and "len(tokenizer)" in html
+
+
+def test_without_a_target_nothing_is_claimed(tmp_path):
+    ours, ref = drafters(tmp_path, dict(vocab_size=ROWS, mask_token_id=0))
+    assert main(["compare", "--ours", str(ours), "--ref", str(ref), "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert not [f for f in report["findings"] if f["component"] in ("mask_token_validity", "vocab_sizes")]
+    assert "target_vocabulary" not in report and any("not held to a target" in note for note in report["notes"])

@@ -123,7 +123,8 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
                                         console, truncate, placement, dtypes or [None], report.notes, ranks)
         ranks.close()
     elif target is None:
-        report.notes.append("No --target given: static audit only (τ not measured).")
+        report.notes.append("No --target given: static audit only (τ not measured; the mask token and vocabulary sizes "
+                            "not held to a target).")
     elif blocked is None:
         report.notes.append("--static-only: τ not measured.")
     if ranks.rank != 0:  # every rank has the whole report; rank 0 writes and prints it
