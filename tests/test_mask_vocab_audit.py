@@ -171,3 +171,16 @@ def test_without_a_target_nothing_is_claimed(tmp_path):
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert not [f for f in report["findings"] if f["component"] in ("mask_token_validity", "vocab_sizes")]
     assert "target_vocabulary" not in report and any("not held to a target" in note for note in report["notes"])
+
+
+def test_no_safetensors_embedding_leaves_the_row_unknown(tmp_path, padded_target):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text((padded_target / "config.json").read_text())
+    vocab = TargetVocabulary.read(target)
+    assert vocab.embedding_rows is None and vocab.padded_size == ROWS  # the config's vocab_size still counts
+    ours, ref = drafters(tmp_path, dict(vocab_size=ROWS, mask_token_id=PADDING_ROW))
+    mask = next(f for f in static_audit(load_side(ours), load_side(ref), target=vocab).findings
+                if f.component == "mask_token_validity")
+    assert mask.severity == "info" and mask.ours["looks_trained"] is None
+    assert "whether its row looks trained is unknown" in mask.message

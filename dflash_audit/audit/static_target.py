@@ -108,6 +108,8 @@ def mask_token_validity_findings(ours: Side, ref: Side, target: TargetVocabulary
     for mask, labels in masks.items():
         problems = mask_token_problems(mask, limits, target.special_ids)
         facts = [row.describe() for row in [norms.get(mask)] if row is not None]
+        if target.embedding is None:
+            facts.append("the target has no safetensors embedding, so whether its row looks trained is unknown")
         tokens, inside = target.tokenizer_length, mask < (target.padded_size or 0)
         if inside and tokens is not None and mask >= tokens:
             facts.append(f"it is a padding row past the tokenizer's {tokens} tokens, so the target never generates "
