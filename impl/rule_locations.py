@@ -119,6 +119,14 @@ LOCATIONS = (
                  '— (anchor as the bonus only)',
                  '`DFlashSpeculatorConfig.sample_from_anchor`, `_build_base_config_kwargs` (`speculative_tokens`)',
                  '`conformance/test_slot_layout.py`'),
+    RuleLocation((34,), 'the mask id against the target; a generated mask id kept',
+                 '`target_vocab.mask_token_problems`, `decoding.dflash_decode`',
+                 '`dflash_generate` (keeps it)', '`train.utils.resolve_mask_token_id` (no decoding loop)',
+                 '`conformance/test_mask_token_validity.py`'),
+    RuleLocation((36,), 'vocabulary sizes (padded target vocabulary)',
+                 '`target_vocab.TargetVocabulary`, `model.DFlashDrafter.compute_logits`',
+                 '`DFlashDraftModel.compute_logits`', '`DFlashSpeculatorConfig.draft_vocab_size`',
+                 '`conformance/test_vocab_sizes.py`'),
 )
 
 
