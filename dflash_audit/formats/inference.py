@@ -25,12 +25,12 @@ from dflash_audit.formats.vocabulary import (
     convert,
     read_declarations,
 )
-from impl.defaults import QWEN3_DEFAULTS, ZLAB_EXTRAS
+from impl.defaults import QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import DFLASH2_MARKERS, body_is_dflash2, spec_family
 from impl.spec import RECIPE_FIELDS, DraftSpec, Recipe, SpecError
 
-# What a config that omits a Qwen3 layer setting or a z-lab extra gets.
-CONFIG_DEFAULTS = {**QWEN3_DEFAULTS, **ZLAB_EXTRAS}
+# What a config that omits a Qwen3 layer setting, a rotary setting or a z-lab extra gets.
+CONFIG_DEFAULTS = {**QWEN3_DEFAULTS, **ROTARY_DEFAULTS, **ZLAB_EXTRAS}
 SPEC_FIELDS = [f.name for f in fields(DraftSpec)]
 LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
 
@@ -165,7 +165,7 @@ def parse_cli_spec(pairs: list[str], flag: str) -> dict[str, tuple[Any, str]]:
         if name == "layer_types":
             value = [v.strip() for v in raw.split(",") if v.strip()]
         elif raw.lower() in ("none", "null") and name in ("sliding_window", "final_logit_softcapping",
-                                                           "verifier_source_layer"):
+                                                           "verifier_source_layer", "rope_scaling"):
             value = None
         if value is not None:
             value = convert(name, value, f"{flag} {key}")
