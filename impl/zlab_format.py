@@ -29,7 +29,7 @@ from impl.errors import CheckpointError
 from impl.families import ZLAB_ARCHITECTURES, config_family
 from impl.layers import build_target_layer_ids
 from impl.param_names import strip_wrapper_prefixes
-from impl.spec import DFLASH2_FIELDS, DraftSpec, SpecError
+from impl.spec import DFLASH2_FIELDS, LAYER_TYPES, DraftSpec, SpecError
 
 
 def zlab_config(spec: DraftSpec) -> dict[str, Any]:
@@ -62,6 +62,11 @@ def rope_mapping(config: dict[str, Any]) -> dict[str, Any]:
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if not isinstance(rope, dict):
         raise SpecError("rope_parameters", f"{rope!r} is not a mapping")
+    if "rope_theta" not in rope and set(rope) & set(LAYER_TYPES):
+        # Per-layer-type rope (Laguna-style): speculators' `flatten_rope_parameters` runs the sliding one.
+        rope = rope.get("sliding_attention") or rope.get("full_attention") or {}
+        if not isinstance(rope, dict):
+            raise SpecError("rope_parameters", f"{rope!r} is not a mapping")
     return rope
 
 

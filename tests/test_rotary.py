@@ -117,3 +117,24 @@ def test_compare_cli_partial_factor_only_is_one_rotary_finding(tmp_path):
     assert main(["compare", "--ours", str(tmp_path / "partial.pt"), "--ref", str(tmp_path / "partial_again.pt"),
                  "--out", str(out)]) == 0
     assert [f for f in json.loads((out / "report.json").read_text())["findings"] if f["component"] == "rotary"] == []
+
+
+def test_speculators_format_written_by_speculators_keeps_rotary(tmp_path, target_dir):
+    """speculators' own save_pretrained writes the settings into transformer_layer_config; read back, a scaling
+    survives the round trip and an inherited factor is the one finding on that side."""
+    from dflash_audit.conversion import convert
+
+    scaled = drafter(rope_theta=500_000.0, rope_scaling=dict(YARN))
+    save_zlab_dir(tmp_path / "scaled", scaled.spec, scaled.state_dict())
+    convert(tmp_path / "scaled", tmp_path / "scaled-spec", "speculators", target=target_dir)
+    side = load_side(tmp_path / "scaled-spec")
+    assert side.format == "speculators" and side.spec == scaled.spec
+    assert side.provenance["rope_scaling"]["source"] == "declared"
+
+    inherited = drafter(partial_rotary_factor=0.25)
+    save_zlab_dir(tmp_path / "inherited", inherited.spec, inherited.state_dict())
+    convert(tmp_path / "inherited", tmp_path / "inherited-spec", "speculators", target=target_dir)
+    save_checkpoint(tmp_path / "plain.pt", drafter())
+    result = static_audit(load_side(tmp_path / "plain.pt"), load_side(tmp_path / "inherited-spec"))
+    assert rotary_findings(result) == [("partial_rotary_factor applied in ref", "divergence")]
+    assert "train/cli.py" in next(f.message for f in result.findings if f.component == "rotary")

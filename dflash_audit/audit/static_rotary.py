@@ -22,6 +22,8 @@ from impl.spec import ROTARY_FIELDS
 
 # The reference each format is written for (the code that trains or runs a drafter in it).
 FORMAT_REFERENCE = {"zlab": "z-lab's DFlashDraftModel (dflash 0.1.0)", "speculators": "speculators 0.9.0"}
+TRAINER_DROPS_FACTOR = {"speculators": " (and its trainer drops a verifier's factor from the draft config unless the "
+                                       "rope has an mrope_section: train/cli.py)"}
 
 
 def describe(name: str, value: Any) -> str:
@@ -47,7 +49,8 @@ def applied(side: Side) -> tuple[dict[str, Any], dict[str, str]]:
         if declared["rope_scaling"] is None:
             values["partial_rotary_factor"] = 1.0
             why["partial_rotary_factor"] = (f"{reference} builds transformers' Qwen3RotaryEmbedding, whose default "
-                                            "rope ignores the factor: every head dim is rotated")
+                                            "rope ignores the factor: every head dim is rotated"
+                                            + TRAINER_DROPS_FACTOR.get(side.format, ""))
         else:
             values["partial_rotary_factor"] = None  # no value: the reference cannot run it
             why["partial_rotary_factor"] = (f"{reference} cannot run it: the scaled rope's cos/sin cover only the "
