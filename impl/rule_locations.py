@@ -114,6 +114,13 @@ LOCATIONS = (
                  '`spec.DraftSpec.block_is_causal`, `masks`',
                  '`_attention_mask` (`is_causal`)', '`create_anchor_block_mask_mod(sliding_window_non_causal)`',
                  '`conformance/test_window_direction.py`'),
+    RuleLocation((35,), 'rotary settings',
+                 '`model.DraftRotaryEmbedding`, `model.rotate` (partial), `zlab_format.rotary_settings`; the static '
+                 '`rotary` finding (`dflash_audit/audit/static_rotary.py`)',
+                 '`Qwen3RotaryEmbedding(config)`, `apply_rotary_pos_emb`',
+                 '`models.dflash.core` (`flatten_rope_parameters`), `model_definitions.apply_rotary_pos_emb`, '
+                 '`train.cli.create_transformer_layer_config`',
+                 '`conformance/test_rotary.py`, `tests/test_rotary.py`'),
 )
 
 
