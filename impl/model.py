@@ -83,13 +83,18 @@ class DraftRotaryEmbedding(Qwen3RotaryEmbedding):
     dims only, and the scaled rope types already do."""
 
     def __init__(self, spec: DraftSpec):
-        if spec.rope_style != "neox":
-            # Neither reference can run an interleaved (GPT-J) rotary: both apply rotate_half. Refused rather
-            # than computed by a rule nothing holds us to.
-            raise SpecError("rope_style", f"{spec.rope_style!r} (interleaved pairs) is not supported: z-lab dflash "
-                                          "0.1.0 and speculators 0.9.0 rotate neox style (rotate_half) only, so no "
-                                          "reference drafter runs or trains it")
         super().__init__(spec.qwen3_config())
+        self.style = spec.rope_style
+
+    def forward(self, x, position_ids):
+        if self.style != "neox":
+            # Neither reference can run an interleaved (GPT-J) rotary: both apply rotate_half. Refused when
+            # computed (a drafter built only for its shapes, as the static audit does, is fine) rather than
+            # computed by a rule nothing holds us to.
+            raise SpecError("rope_style", f"{self.style!r} (interleaved pairs) is not supported: z-lab dflash 0.1.0 "
+                                          "and speculators 0.9.0 rotate neox style (rotate_half) only, so no "
+                                          "reference drafter runs or trains it")
+        return super().forward(x, position_ids)
 
     @staticmethod
     def compute_default_rope_parameters(config, **kwargs):

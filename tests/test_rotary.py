@@ -54,9 +54,15 @@ def test_partial_rotary_passes_the_last_dims_through():
     assert torch.equal(rotated[..., 4:], x[..., 4:]) and not torch.allclose(rotated[..., :4], x[..., :4])
 
 
-def test_interleaved_style_is_refused_by_name():
+def test_interleaved_style_is_audited_but_refused_when_run(tmp_path):
+    interleaved = drafter(rope_style="gptj")  # built (the static audit sizes tensors so), never computed
+    x = torch.randn(1, 2, 3, 16)
     with pytest.raises(SpecError, match="rope_style.*neox style"):
-        drafter(rope_style="gptj")
+        interleaved.rotary_emb(x, torch.arange(3)[None])
+    save_zlab_dir(tmp_path / "gptj", interleaved.spec, interleaved.state_dict())
+    save_checkpoint(tmp_path / "neox.pt", drafter())
+    result = static_audit(load_side(tmp_path / "neox.pt"), load_side(tmp_path / "gptj"))
+    assert rotary_findings(result) == [("rope_style applied in ref", "divergence")]  # z-lab runs it neox
 
 
 def test_zlab_format_round_trip_and_provenance(tmp_path):
