@@ -144,3 +144,15 @@ def test_speculators_format_written_by_speculators_keeps_rotary(tmp_path, target
     result = static_audit(load_side(tmp_path / "plain.pt"), load_side(tmp_path / "inherited-spec"))
     assert rotary_findings(result) == [("partial_rotary_factor applied in ref", "divergence")]
     assert "train/cli.py" in next(f.message for f in result.findings if f.component == "rotary")
+
+
+def test_checkpoint_written_before_the_fields_reads_as_our_defaults(tmp_path):
+    save_checkpoint(tmp_path / "old.pt", drafter())
+    payload = torch.load(tmp_path / "old.pt", weights_only=True)
+    for name in ("rope_scaling", "partial_rotary_factor", "rope_style"):
+        del payload["spec"][name]
+    torch.save(payload, tmp_path / "old.pt")
+    side = load_side(tmp_path / "old.pt")
+    assert side.spec == tiny_spec()
+    assert [side.provenance[name]["source"] for name in ("rope_theta", "rope_scaling", "partial_rotary_factor",
+                                                         "rope_style")] == ["declared", "default", "default", "default"]
