@@ -219,7 +219,10 @@ class DraftSpec:
         from transformers import Qwen3Config
 
         has_sliding = "sliding_attention" in self.layer_types
+        # Interleaved rotary in the engines' name (vLLM, SGLang); kept as an extra field of the config.
+        style = {} if self.rope_style == ROTARY_DEFAULTS["rope_style"] else {"is_neox_style": False}
         return Qwen3Config(
+            **style,
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size,

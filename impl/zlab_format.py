@@ -52,8 +52,6 @@ def zlab_config(spec: DraftSpec) -> dict[str, Any]:
         config["dflash_config"].update({name: getattr(spec, name) for name in DFLASH2_FIELDS})
     if spec.sliding_window_non_causal:
         config["is_causal"] = False  # z-lab's switch: sliding layers then see their whole block
-    if spec.rope_style != ROTARY_DEFAULTS["rope_style"]:
-        config["is_neox_style"] = False  # the engines' name for it (vLLM, SGLang); absent means neox
     return config
 
 

@@ -156,3 +156,13 @@ def test_checkpoint_written_before_the_fields_reads_as_our_defaults(tmp_path):
     assert side.spec == tiny_spec()
     assert [side.provenance[name]["source"] for name in ("rope_theta", "rope_scaling", "partial_rotary_factor",
                                                          "rope_style")] == ["declared", "default", "default", "default"]
+
+
+def test_interleaved_style_survives_conversion_to_speculators(tmp_path, target_dir):
+    from dflash_audit.conversion import convert
+
+    interleaved = drafter(rope_style="gptj")
+    save_zlab_dir(tmp_path / "gptj", interleaved.spec, interleaved.state_dict())
+    convert(tmp_path / "gptj", tmp_path / "gptj-spec", "speculators", target=target_dir)
+    side = load_side(tmp_path / "gptj-spec")
+    assert side.spec.rope_style == "gptj" and side.provenance["rope_style"]["source"] == "declared"
