@@ -52,6 +52,9 @@ def zlab_config(spec: DraftSpec) -> dict[str, Any]:
         config["dflash_config"].update({name: getattr(spec, name) for name in DFLASH2_FIELDS})
     if spec.sliding_window_non_causal:
         config["is_causal"] = False  # z-lab's switch: sliding layers then see their whole block
+    if spec.partial_rotary_factor != ROTARY_DEFAULTS["partial_rotary_factor"]:
+        # Beside rope_parameters' (transformers, vLLM): SGLang reads the top-level one (#30).
+        config["partial_rotary_factor"] = spec.partial_rotary_factor
     return config
 
 

@@ -166,3 +166,12 @@ def test_interleaved_style_survives_conversion_to_speculators(tmp_path, target_d
     convert(tmp_path / "gptj", tmp_path / "gptj-spec", "speculators", target=target_dir)
     side = load_side(tmp_path / "gptj-spec")
     assert side.spec.rope_style == "gptj" and side.provenance["rope_style"]["source"] == "declared"
+
+
+def test_a_partial_drafter_is_written_so_both_engines_serve_its_factor(tmp_path, target_dir):
+    """rope_parameters for vLLM, the top-level field for SGLang (#30): `convert --for` proves each through the
+    engine's own rule."""
+    save_checkpoint(tmp_path / "partial.pt", drafter(partial_rotary_factor=0.5))
+    for engine in ("vllm", "sglang"):
+        assert main(["convert", "--from", str(tmp_path / "partial.pt"), "--to", str(tmp_path / engine),
+                     "--for", engine, "--target", str(target_dir)]) == 0
