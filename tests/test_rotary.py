@@ -175,3 +175,19 @@ def test_a_partial_drafter_is_written_so_both_engines_serve_its_factor(tmp_path,
     for engine in ("vllm", "sglang"):
         assert main(["convert", "--from", str(tmp_path / "partial.pt"), "--to", str(tmp_path / engine),
                      "--for", engine, "--target", str(target_dir)]) == 0
+
+
+def test_foreign_checkpoint_declaring_a_rope_dict(tmp_path):
+    """A team's args with a rope dict (old spelling) and a top-level factor: read as transformers reads them."""
+    spec = tiny_spec(layer_types=("full_attention",) * 3, sliding_window=None)
+    model = DFlashDrafter(spec)
+    torch.save(model.state_dict(), tmp_path / "drafter.pt")
+    args = {"fc_layers": [1, 3, 4], "target_num_layers": 6, "mask_id": 127, "block_size": 8, "vocab_size": 128,
+            "rope_scaling": {"type": "linear", "factor": 2.0}, "partial_rotary_factor": 0.5}
+    (tmp_path / "args.json").write_text(json.dumps(args))
+    side = load_side(tmp_path / "drafter.pt")
+    assert side.format == "foreign"
+    assert (side.spec.rope_scaling, side.spec.partial_rotary_factor, side.spec.rope_style) == \
+        ({"rope_type": "linear", "factor": 2.0}, 0.5, "neox")
+    assert [side.provenance[name]["source"] for name in ("rope_scaling", "partial_rotary_factor", "rope_style")] == \
+        ["declared", "declared", "default"]
