@@ -114,6 +114,10 @@ LOCATIONS = (
                  '`spec.DraftSpec.block_is_causal`, `masks`',
                  '`_attention_mask` (`is_causal`)', '`create_anchor_block_mask_mod(sliding_window_non_causal)`',
                  '`conformance/test_window_direction.py`'),
+    RuleLocation((34,), 'the mask id against the target; a generated mask id kept',
+                 '`target_vocab.mask_token_problems`, `decoding.dflash_decode`',
+                 '`dflash_generate` (keeps it)', '`train.utils.resolve_mask_token_id` (no decoding loop)',
+                 '`conformance/test_mask_token_validity.py`'),
     RuleLocation((35,), 'rotary settings',
                  '`model.DraftRotaryEmbedding`, `model.rotate` (partial), `zlab_format.rotary_settings`; the static '
                  '`rotary` finding (`dflash_audit/audit/static_rotary.py`)',
@@ -121,6 +125,10 @@ LOCATIONS = (
                  '`models.dflash.core` (`flatten_rope_parameters`), `model_definitions.apply_rotary_pos_emb`, '
                  '`train.cli.create_transformer_layer_config`',
                  '`conformance/test_rotary.py`, `tests/test_rotary.py`'),
+    RuleLocation((36,), 'vocabulary sizes (padded target vocabulary)',
+                 '`target_vocab.TargetVocabulary`, `model.DFlashDrafter.compute_logits`',
+                 '`DFlashDraftModel.compute_logits`', '`DFlashSpeculatorConfig.draft_vocab_size`',
+                 '`conformance/test_vocab_sizes.py`'),
 )
 
 
