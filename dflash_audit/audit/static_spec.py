@@ -14,7 +14,7 @@ from impl.families import spec_family
 from impl.pitfalls import ARCHITECTURE_ENTRIES, ARCHITECTURE_WARNINGS, DFLASH2_SPEC_ENTRIES, SLOT_LAYOUT_ENTRY
 from impl.slot_layout import describe as describe_layout
 from impl.slot_layout import speculative_tokens
-from impl.spec import DraftSpec
+from impl.spec import ROTARY_FIELDS, DraftSpec
 
 
 @dataclass
@@ -73,7 +73,8 @@ def proposals(side: Side, block_size: int) -> int:
 
 # Which finding component a spec field belongs to (for unknowns and contradictions).
 FIELD_COMPONENT = {"target_layer_ids": "target_layers", "block_size": "block_size", "mask_token_id": "mask_token",
-                   "layer_types": "layer_types", "sliding_window": "layer_types", "sample_from_anchor": "slot_layout"}
+                   "layer_types": "layer_types", "sliding_window": "layer_types", "sample_from_anchor": "slot_layout",
+                   **dict.fromkeys(ROTARY_FIELDS, "rotary")}
 
 
 def default_aware(ours: Side, ref: Side, name: str, finding: Finding) -> Finding:
