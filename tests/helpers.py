@@ -67,16 +67,18 @@ def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budge
 
 def load_trained_pair(world, loss: str = "kl_div", family: str = "dflash"):
     """(drafter, target, prompts [(id, ids)], stop ids) of the world and its cached drafter (DFlash, or
-    the DFlash2 one), on `DFLASH_AUDIT_DEVICE` (cpu unless `make gpu-check` says cuda)."""
+    the DFlash2 one), placed by the suite's switch (`DFLASH_AUDIT_DEVICE`, `DFLASH_AUDIT_DTYPE`): the drafter
+    built in the target's dtype on its device, as `compare` and `eval` build it."""
     from dflash_audit.prompts import load_prompts, tokenize_prompts
     from dflash_world.drafter import cached_dflash2_drafter, cached_test_drafter
+    from dflash_world.suite_placement import audit_placement
     from impl.checkpoint import build_drafter, load_checkpoint
-    from impl.placement import Placement
+    from impl.placement import built_in
     from impl.target import load_target
-    from tests.device_check import audit_device
 
-    target, tokenizer = load_target(world.target, Placement(audit_device(), torch.float32, "test"))
+    placement = audit_placement()
+    target, tokenizer = load_target(world.target, placement)
     ckpt = load_checkpoint(cached_dflash2_drafter(world) if family == "dflash2" else cached_test_drafter(world, loss))
-    drafter = build_drafter(ckpt.spec, ckpt.state_dict).float().eval().to(audit_device())
+    drafter = built_in(placement.device, placement.dtype, lambda: build_drafter(ckpt.spec, ckpt.state_dict)).eval()
     prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))
     return drafter, target, prompts, [tokenizer.eos_token_id]

@@ -88,7 +88,7 @@ def test_dtype_list_gives_tau_per_dtype_and_flags_an_fc_that_overflows_float16(t
                                   "--target", test_world.target, "--prompts", prompts, "--max-new-tokens", 16,
                                   "--budget", 4, "--dtype", "float32,float16", "--device", "cpu",
                                   "--out", tmp_path / "out", "--cache-dir", tmp_path / "cache"]])
-    assert code == 0  # no divergence between the drafters in the main dtype; the float16 trouble is a warning
+    assert code == 1  # the drafters agree in float32, but ours cannot be served in float16: a divergence
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     tau = data["tau"]
     assert tau["precision"] == {"device": "cpu", "target_dtype": "float32", "drafter_dtype": "float32",
@@ -100,8 +100,11 @@ def test_dtype_list_gives_tau_per_dtype_and_flags_an_fc_that_overflows_float16(t
     assert tau["by_dtype"]["float16"]["precision"]["drafter_dtype"] == "float16"
     fp32 = tau["by_dtype"]["float32"]["means"]["dflash"]
     assert fp32["ours"] == fp32["ref"]  # in float32 the scale is invisible
-    warnings = [f for f in data["findings"] if f["component"] == "tau" and f["severity"] == "warning"]
-    assert any(f["key"] == "overflow (ours, float16)" and "fc produced non-finite" in f["message"] for f in warnings)
-    assert not any("(ref" in f["key"] for f in warnings)
+    divergences = [f for f in data["findings"] if f["severity"] == "divergence"]
+    assert [f["key"] for f in divergences] == ["overflow (ours, float16)"]  # one root cause, one finding
+    assert "fc produced non-finite" in divergences[0]["message"]
+    # its τ drop in float16 is the overflow's doing: not a second finding
+    assert not any(f["key"].startswith("dtype drop (ours") for f in data["findings"])
+    assert not any("(ref" in f["key"] for f in data["findings"] if f["component"] == "tau")
     html = (tmp_path / "out" / "index.html").read_text()
     assert "τ per dtype" in html and "ours: fc" in html

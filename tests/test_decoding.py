@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from dflash_world.suite_placement import placed_drafter, placed_target
 from impl.decoding import acceptance_histogram, dflash_decode, greedy_decode
 from impl.model import DFlashDrafter
 from tests.helpers import tiny_spec, tiny_target
@@ -31,7 +32,7 @@ def test_sampling_is_reproducible_under_a_seed(trained_pair):
 
 def test_stop_token_and_max_new_tokens_bound_the_output():
     torch.manual_seed(0)
-    drafter, target = DFlashDrafter(tiny_spec()).eval(), tiny_target()
+    drafter, target = placed_drafter(DFlashDrafter(tiny_spec())), placed_target(tiny_target())
     ids = torch.randint(0, 120, (1, 10), generator=torch.Generator().manual_seed(0))
     free = greedy_decode(target, ids, 30)
     stop = free[0, 10 + 7].item()  # the 8th generated token becomes a stop token
