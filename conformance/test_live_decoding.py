@@ -23,7 +23,7 @@ from impl.jsonl import split_json_lines
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec
 
-pytestmark = [pytest.mark.slow, pytest.mark.pitfall(17)]
+pytestmark = [pytest.mark.slow, pytest.mark.dynamic, pytest.mark.pitfall(17)]
 MAX_NEW_TOKENS = 96
 PROMPTS = 8
 SAMPLED_PROMPTS, SAMPLED_TOKENS, TEMPERATURE = 3, 64, 0.8

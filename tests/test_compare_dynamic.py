@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from dflash_audit.audit import tau_stats
 from dflash_audit.audit.dynamic import MethodResult, PromptTau, tau_finding
+from dflash_world.suite_placement import audit_dtype
+from impl.placement import dtype_name
 from tests.helpers import compare_on_world, world_drafter
 
 
@@ -40,6 +43,7 @@ def test_statistics():
     assert tau_stats.first_divergent_round([1, 2], [1, 2]) is None
 
 
+@pytest.mark.dynamic
 def test_tau_measured_per_prompt_for_both(test_world, tmp_path):
     ours, ref = world_drafter(test_world, (1,), 0), world_drafter(test_world, (1, 2), 1)
     report = compare_on_world(test_world, tmp_path, ours, ref, out=tmp_path / "out", max_new_tokens=16, budget=8)
@@ -53,11 +57,13 @@ def test_tau_measured_per_prompt_for_both(test_world, tmp_path):
             assert rounds and all(1 <= r <= 8 for r in rounds)
             assert abs(prompt[side] - sum(rounds) / len(rounds)) < 1e-12
     assert set(data["tau"]["methods"]) == {"dflash", "ddtree"}
+    assert data["tau"]["precision"]["target_dtype"] == dtype_name(audit_dtype())  # the suite's, via --dtype auto
     ddtree = report.dynamic.methods["ddtree"]
     assert ddtree.budget == 8 and all(p.ours_rounds for p in ddtree.prompts)
     assert any(f.component == "tau" for f in report.findings)
 
 
+@pytest.mark.dynamic
 def test_nan_drafter_still_gets_a_report(test_world, tmp_path):
     ours, ref = world_drafter(test_world, (1, 2), 0), world_drafter(test_world, (1, 2), 1)
     with torch.no_grad():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -70,6 +71,7 @@ def test_walk_follows_the_targets_token_while_a_child_matches():
     assert [tree.tokens[n] for n in path] == [9, 0, 2]
 
 
+@pytest.mark.dynamic
 def test_ddtree_is_lossless_on_random_models():
     torch.manual_seed(0)
     drafter = placed_drafter(DFlashDrafter(tiny_spec(layer_types=(), sliding_window=None)))
@@ -81,6 +83,7 @@ def test_ddtree_is_lossless_on_random_models():
             assert torch.equal(run.output_ids, greedy_decode(target, ids, 30, [5]))
 
 
+@pytest.mark.dynamic
 def test_ddtree_is_lossless_on_a_trained_pair(trained_pair):  # noqa: F811
     drafter, target, prompts, stop_ids = trained_pair
     for prompt_id, ids in prompts:
@@ -101,6 +104,7 @@ def assert_tree_beats_chain(drafter, target, prompts, stop_ids, budget: int = 32
     assert mean_acceptance(tau_tree) >= mean_acceptance(tau_chain) > 1.5, (tau_tree, tau_chain)
 
 
+@pytest.mark.dynamic
 def test_ddtree_beats_dflash_on_average_with_a_ce_trained_drafter(test_world):
     """τ_DDTree >= τ_DFlash on average, both live, with a drafter trained by our trainer.
 
@@ -112,6 +116,7 @@ def test_ddtree_beats_dflash_on_average_with_a_ce_trained_drafter(test_world):
     assert_tree_beats_chain(drafter, target, prompts, stop_ids)
 
 
+@pytest.mark.dynamic
 def test_ddtree_beats_dflash_with_sharpened_kl_trained_weights(trained_pair):  # noqa: F811
     """Why the KL-trained drafter's tree does not pay off: flat, not wrong, distributions.
 

@@ -69,6 +69,7 @@ def test_replay_mask_is_the_inference_mask_of_each_block():
             assert not torch.cat([blocks[:, :j], blocks[:, j + 1:]], dim=1).any()  # never another block
 
 
+@pytest.mark.dynamic
 def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, tmp_path):  # noqa: F811
     drafter, target, prompts, stop_ids = trained_pair
     cache = load_or_build_cache(tmp_path, test_world.target, target, prompts, MAX_NEW_TOKENS, stop_ids)
@@ -114,6 +115,7 @@ def test_bf16_offline_tau_equals_live_tau_per_prompt(bf16_pairs, test_world, tmp
     assert {p.dtype for p in [*target.parameters(), *drafter.parameters()]} == {torch.bfloat16}
 
 
+@pytest.mark.dynamic
 def test_dflash2_offline_tau_equals_live_tau_per_prompt(dflash2_pair, test_world, tmp_path):
     """The selector's greedy path from the cache, round by round as the live loop walks it."""
     drafter, target, prompts, stop_ids = dflash2_pair
@@ -130,6 +132,7 @@ def test_dflash2_offline_tau_equals_live_tau_per_prompt(dflash2_pair, test_world
     assert max(taus) > 1.5
 
 
+@pytest.mark.dynamic
 def test_ddtree_on_a_dflash2_drafter_is_refused_with_the_reason(dflash2_pair, test_world, tmp_path):
     drafter, target, prompts, stop_ids = dflash2_pair
     cache = load_or_build_cache(tmp_path, test_world.target, target, prompts[:1], 8, stop_ids)
@@ -139,6 +142,7 @@ def test_ddtree_on_a_dflash2_drafter_is_refused_with_the_reason(dflash2_pair, te
             run()
 
 
+@pytest.mark.dynamic
 def test_cache_is_reused_and_keyed_by_settings(trained_pair, test_world, tmp_path, monkeypatch):  # noqa: F811
     _, target, prompts, stop_ids = trained_pair
     prompts = prompts[:2]
@@ -163,6 +167,7 @@ def test_cache_is_reused_and_keyed_by_settings(trained_pair, test_world, tmp_pat
     assert cache_key(test_world.target, ids[:1], 16, stop_ids, *numerics) != first.key
 
 
+@pytest.mark.dynamic
 def test_cache_holds_the_layers_asked_for_as_output_hidden_states_reads_them(trained_pair, test_world, tmp_path):  # noqa: F811
     _, target, prompts, stop_ids = trained_pair
     layers = target.config.num_hidden_layers
@@ -191,6 +196,7 @@ def test_mismatch_names_the_position_and_margin():
     assert find_mismatch(entry, [3, 2], [3, 2]) is None
 
 
+@pytest.mark.dynamic
 def test_offline_rounds_reject_unknown_methods(trained_pair, test_world, tmp_path):  # noqa: F811
     drafter, target, prompts, stop_ids = trained_pair
     cache = load_or_build_cache(tmp_path, test_world.target, target, prompts[:1], 8, stop_ids)

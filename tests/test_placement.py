@@ -16,6 +16,7 @@ from dflash_audit.cli import main
 from dflash_audit.commands.eval import run_eval
 from dflash_audit.progress import PlainProgress, TokenCount
 from dflash_world.drafter import cached_test_drafter
+from dflash_world.suite_placement import audit_dtype
 from impl.checkpoint import load_checkpoint
 from impl.errors import AuditError
 from impl.memory_plan import GB, check_plan, plan_memory, target_bytes
@@ -27,8 +28,9 @@ TORCHRUN_RANK_1 = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
 
 def test_auto_is_cuda_when_there_is_one_and_the_targets_own_dtype(test_world):
     placement = resolve_placement(target_dir=test_world.target, cuda_count=0)
+    # The world's target declares float32; under DFLASH_AUDIT_DTYPE its copy declares the suite's dtype.
     assert (placement.device, placement.dtype, placement.dtype_source) == (
-        torch.device("cpu"), torch.float32, "the target's config.json")
+        torch.device("cpu"), audit_dtype(), "the target's config.json")
     assert resolve_placement(target_dir=test_world.target, cuda_count=2).device == torch.device("cuda", 0)
     # Under torchrun each rank takes GPU LOCAL_RANK.
     assert resolve_placement(env=TORCHRUN_RANK_1, cuda_count=2).device == torch.device("cuda", 1)
