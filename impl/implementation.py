@@ -15,6 +15,7 @@ from impl.decoding import Sampler, dflash_decode
 from impl.extract import context_features, output_head
 from impl.interface import GenerationResult, TrainingOutputs
 from impl.model import DFlashDrafter, DraftCache
+from impl.placement import built_for
 from impl.spec import DraftSpec, Recipe
 from impl.train import default_recipe
 from impl.train_step import training_step
@@ -45,7 +46,7 @@ class OursImplementation:
         return masks.inference_mask(context_len, block_len, sliding_window, causal)
 
     def build_drafter(self, spec: DraftSpec, state_dict, target: nn.Module | None = None) -> DFlashDrafter:
-        return build_drafter(spec, state_dict).float().eval()
+        return built_for(target, lambda: build_drafter(spec, state_dict)).eval()
 
     def project_context(self, drafter: DFlashDrafter, context_features):
         return drafter.project_context(context_features)

@@ -77,7 +77,8 @@ def rope_mapping(config: dict[str, Any]) -> dict[str, Any]:
 
 def rotary_settings(config: dict[str, Any]) -> dict[str, Any]:
     """rope_theta, rope_scaling, partial_rotary_factor and rope_style as transformers reads a config's rope dict
-    (its values first, then the top-level fields; `type` is the old spelling of `rope_type`)."""
+    (its values first, then the top-level fields, then Qwen3Config's defaults; `type` is the old spelling of
+    `rope_type`)."""
     rope = rope_mapping(config)
     kind = rope.get("rope_type", rope.get("type", "default"))
     scaling = None
@@ -88,12 +89,20 @@ def rotary_settings(config: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(neox, bool):
         raise SpecError("is_neox_style", f"{neox!r} is not true or false")
     return {
-        "rope_theta": as_float("rope_theta", rope.get("rope_theta", config.get("rope_theta", QWEN3_DEFAULTS["rope_theta"]))),
+        "rope_theta": as_float("rope_theta", rope.get("rope_theta", config.get("rope_theta", transformers_theta()))),
         "rope_scaling": scaling,
         "partial_rotary_factor": as_float("partial_rotary_factor", rope.get(
             "partial_rotary_factor", config.get("partial_rotary_factor", ROTARY_DEFAULTS["partial_rotary_factor"]))),
         "rope_style": "neox" if neox else "gptj",
     }
+
+
+def transformers_theta() -> float:
+    """The theta transformers' Qwen3Config fills when a config states none: what z-lab's DFlashDraftModel (and
+    speculators, which builds its layer config with it) run such a drafter at."""
+    from transformers import Qwen3Config
+
+    return float(Qwen3Config.default_theta)
 
 
 def declared_rotary(config: dict[str, Any]) -> set[str]:

@@ -18,6 +18,7 @@ from impl.errors import CheckpointError
 from impl.families import config_family
 from impl.interface import GenerationResult, Unsupported
 from impl.param_names import codebook_module_name, strip_wrapper_prefixes
+from impl.placement import built_for
 from impl.spec import DraftSpec
 from impl.zlab_format import zlab_config
 from reference_adapters.version_guard import check_reference
@@ -110,9 +111,10 @@ class ZlabImplementation:
                               "(`dflash_generate` proposes from slots 1..B-1); no sample_from_anchor")
 
         refuse_rotary(spec)
-        model = model_class(spec.family)(Qwen3Config(**zlab_config(spec)))
+        # Made where and in what dtype the target runs, as `from_pretrained(dtype=...)` makes it.
+        model = built_for(target, lambda: model_class(spec.family)(Qwen3Config(**zlab_config(spec))))
         model.load_state_dict(in_memory_names(strip_wrapper_prefixes(state_dict)), strict=True)
-        return model.float().eval()
+        return model.eval()
 
     def project_context(self, drafter, context_features):
         return drafter.hidden_norm(drafter.fc(context_features))

@@ -111,7 +111,7 @@ def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new
     if cache is not None:
         for entry, rounds in offline_rounds_each(drafter, target, cache, entries, method, budget):
             results.append({"id": entry.id, "tau": mean_acceptance(rounds), "rounds": rounds})
-            advance(sum(rounds))
+            advance(len(entry.token_ids) - entry.prompt_len)
         return results
     for prompt_id, ids in prompts:
         if method == "dflash":
@@ -164,9 +164,9 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
                                                                   layer_ids=drafter.target_layer_ids))
         entries = ranks.shard(cache.prompts)
 
-    with progress(console, f"eval {method} ({mode})", len(mine), enabled=ranks.rank == 0) as advance:
+    with progress(console, f"eval {method} ({mode})", len(mine), max_new_tokens, enabled=ranks.rank == 0) as bar:
         results = evaluate_prompts(drafter, target, mine, method, budget, max_new_tokens, temperature, seed,
-                                   stop_ids, advance=advance, cache=cache, entries=entries)
+                                   stop_ids, advance=bar.advance, cache=cache, entries=entries)
     results = sorted(ranks.gather(results), key=lambda r: order[r["id"]])
     ranks.close()
     if ranks.rank != 0:
