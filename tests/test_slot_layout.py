@@ -68,6 +68,20 @@ def test_no_engine_serves_a_sample_from_anchor_drafter_as_dflash(tmp_path, targe
     assert not (tmp_path / "served").exists()
 
 
+def test_serve_check_reports_each_engines_layout_once(tmp_path, target_dir):
+    """vLLM reads dflash_config.sample_from_anchor and its DFlash runner refuses it; SGLang's DFlash worker has no
+    such setting and drafts the anchor-as-bonus way: one slot-layout finding per engine, no block-size one."""
+    from held.serving import TargetFacts
+    from held.serving.verdict import engine_report
+
+    anchor = drafter(True)
+    save_zlab_dir(tmp_path / "zlab", anchor.spec, anchor.state_dict())
+    for engine, served in (("vllm", True), ("sglang", False)):
+        report = engine_report(engine, str(tmp_path / "zlab"), anchor.spec, TargetFacts.read(target_dir))
+        found = [(f.field, f.pitfall, f.served) for f in report.findings if f.severity == "divergence"]
+        assert found == [("sample_from_anchor", 33, served)], engine
+
+
 def test_drafters_that_differ_only_in_layout_are_one_slot_layout_finding(tmp_path):
     ours, ref = drafter(True), drafter(False)  # the same weights
     save_checkpoint(tmp_path / "ours.pt", ours, recipe=Recipe(sample_from_anchor=True))
