@@ -48,7 +48,7 @@ class DraftSpec:
     num_key_value_heads: int
     head_dim: int
     num_hidden_layers: int  # draft layers
-    vocab_size: int
+    vocab_size: int  # the TARGET's vocabulary: token ids, embeddings and the verifier's head
     target_layer_ids: tuple[int, ...]  # z-lab convention; every one feeds fc
     num_target_layers: int  # decoder layers of the target (verifier)
     mask_token_id: int
@@ -74,6 +74,9 @@ class DraftSpec:
     conv_group_size: int | None = None
     selector_rank: int | None = None
     selector_top_k: int | None = None
+    # A reduced draft vocabulary (speculators' `draft_vocab_size`): the drafter's own head has this many rows
+    # and its `d2t` maps draft id k to target id k + d2t[k]. None: the head is the target's whole vocabulary.
+    draft_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         # Normalize list-valued fields so specs compare and hash by value.
@@ -84,6 +87,8 @@ class DraftSpec:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in ids))
         types = tuple(self.layer_types) or ("full_attention",) * self.num_hidden_layers
         object.__setattr__(self, "layer_types", types)
+        if self.draft_vocab_size == self.vocab_size:  # speculators' own rule: equal sizes map nothing
+            object.__setattr__(self, "draft_vocab_size", None)
         self.validate()
 
     def validate(self) -> None:
@@ -116,7 +121,23 @@ class DraftSpec:
 
         _require(self.hidden_act in ACT2FN, "hidden_act", f"{self.hidden_act!r} is not an activation transformers knows")
         _require(self.rms_norm_eps > 0, "rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
+        self._validate_draft_vocab()
         self._validate_dflash2()
+
+    def _validate_draft_vocab(self) -> None:
+        size = self.draft_vocab_size
+        if size is None:
+            return
+        _require(isinstance(size, int) and not isinstance(size, bool) and 0 < size <= self.vocab_size,
+                 "draft_vocab_size", f"must be an integer in 1..{self.vocab_size} (the target vocabulary), got {size!r}")
+        # speculators' DFlash2DraftModel refuses a reduced vocabulary too ("requires the full verifier vocabulary").
+        _require(self.conv_kernel_size is None, "draft_vocab_size",
+                 f"{size} of {self.vocab_size}: a DFlash2 drafter drafts over the full target vocabulary")
+
+    @property
+    def head_size(self) -> int:
+        """Rows of the drafter's head: the draft vocabulary when reduced, else the target's."""
+        return self.draft_vocab_size or self.vocab_size
 
     def _validate_dflash2(self) -> None:
         values = {name: getattr(self, name) for name in DFLASH2_FIELDS}
@@ -140,6 +161,10 @@ class DraftSpec:
     def family(self) -> str:
         """`dflash2` when the spec carries the convolutions and the selector, else `dflash`."""
         return spec_family(self.conv_kernel_size)
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size is not None
 
     def block_is_causal(self, layer_idx: int) -> bool:
         """Whether a layer's block slots see only earlier slots: sliding layers unless non-causal."""

@@ -20,6 +20,7 @@ from dflash_audit.audit import tau_stats
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.overflow import OverflowWatch
 from dflash_audit.audit.sides import Side
+from dflash_audit.audit.static_vocab import usable_d2t
 from dflash_audit.ranks import Ranks
 from impl import offline
 from impl.cache_dir import cache_root
@@ -28,6 +29,7 @@ from impl.ddtree import DDTREE_NEEDS_DFLASH
 from impl.errors import CheckpointError
 from impl.extract import decoder_layers
 from impl.placement import built_in, dtype_name, model_dtype, target_device
+from impl.vocab_mapping import target_ids
 
 METHODS = {"dflash": "DFlash", "ddtree": "DDTree"}
 LARGEST_GAPS = 3
@@ -212,8 +214,31 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
                          module if name == "ours" else None, module if name == "ref" else None, pitfall=17,
                          key=f"overflow ({name}, {dtype_name(dtype)})")
                  for name, module in overflow.items()]
+    findings += proposable_mass_findings(sides, cache.prompts)
     precision = {"device": str(device), "target_dtype": dtype_name(dtype), "drafter_dtype": dtype_name(dtype)}
     return DynamicAudit(methods, findings, max_new_tokens, prompts_source, not_measured, precision, overflow)
+
+
+def proposable_mass_findings(sides: dict[str, Side], entries) -> list[Finding]:
+    """With a reduced draft vocabulary on either side: the share of the target's own tokens on the prompts (its
+    greedy continuations) that each side's head can propose at all; a token outside it is never accepted from
+    the drafter. Info: the static `draft_vocab` finding carries any difference of the vocabularies."""
+    vocabularies = {name: usable_d2t(side) for name, side in sides.items()}
+    if all(v is None for v in vocabularies.values()):
+        return []
+    generated = torch.cat([entry.token_ids[entry.prompt_len:] for entry in entries]).long()
+    if generated.numel() == 0:
+        return []
+    shares = {}
+    for name, d2t in vocabularies.items():
+        held = generated.new_ones(generated.shape, dtype=torch.bool) if d2t is None else \
+            torch.isin(generated, target_ids(d2t).to(generated.device))
+        shares[name] = {"share": round(float(held.float().mean()), 6), "tokens": int(generated.numel())}
+    text = {name: f"{100 * v['share']:.1f}%" for name, v in shares.items()}
+    return [Finding("draft_vocab", "info",
+                    f"Of the target's {generated.numel()} generated tokens on the prompts, ours can propose "
+                    f"{text['ours']} and ref {text['ref']} (a token outside a draft vocabulary is never drafted).",
+                    shares["ours"], shares["ref"], pitfall=32, key="target mass")]
 
 
 def dtype_findings(audits: dict[str, DynamicAudit]) -> list[Finding]:

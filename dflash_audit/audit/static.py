@@ -16,6 +16,7 @@ from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_recipe import recipe_findings
 from dflash_audit.audit.static_spec import SpecRow, self_findings, shape_contradictions, spec_findings, spec_rows
 from dflash_audit.audit.static_tensors import TensorRow, compare_tensors, weight_findings
+from dflash_audit.audit.static_vocab import draft_vocab_findings
 
 
 @dataclass
@@ -29,7 +30,7 @@ class StaticAudit:
 def static_audit(ours: Side, ref: Side, expect_identical: bool = False, advance=lambda: None) -> StaticAudit:
     """All static findings of `ours` against `ref`. `advance` is called once per compared tensor."""
     findings = (self_findings(ours, "ours") + self_findings(ref, "ref") + shape_contradictions(ours, "ours")
-                + shape_contradictions(ref, "ref") + spec_findings(ours, ref))
+                + shape_contradictions(ref, "ref") + spec_findings(ours, ref) + draft_vocab_findings(ours, ref))
     recipe_found, recipes = recipe_findings(ours, ref)
     tensor_rows = compare_tensors(ours, ref, findings, advance)
     findings += recipe_found + weight_findings(tensor_rows, ours, ref, expect_identical)
