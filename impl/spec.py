@@ -131,7 +131,7 @@ class DraftSpec:
         _require(isinstance(size, int) and not isinstance(size, bool) and 0 < size <= self.vocab_size,
                  "draft_vocab_size", f"must be an integer in 1..{self.vocab_size} (the target vocabulary), got {size!r}")
         # speculators' DFlash2DraftModel refuses a reduced vocabulary too ("requires the full verifier vocabulary").
-        _require(self.conv_kernel_size is None, "draft_vocab_size",
+        _require(self.family == "dflash", "draft_vocab_size",
                  f"{size} of {self.vocab_size}: a DFlash2 drafter drafts over the full target vocabulary")
 
     @property

@@ -132,13 +132,14 @@ def speculators_written(world, path, draft_vocab_size: int = 512):
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
     from transformers import AutoTokenizer
 
+    from dflash_audit.prompts import load_prompts
     from dflash_world.drafter import cached_test_drafter
     from reference_adapters.speculators_adapter import on_cpu_attention, speculators_config
 
     ckpt = load_checkpoint(cached_test_drafter(world))
     spec = dataclasses.replace(ckpt.spec, draft_vocab_size=draft_vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(world.target)
-    texts = [json.loads(line)["prompt"] for line in world.prompts.read_text().splitlines() if line.strip()]
+    texts = [record["prompt"] for record in load_prompts(world.prompts)]
     ids = torch.tensor(tokenizer("\n".join(texts))["input_ids"])
     freq = count_token_frequencies([(ids, torch.ones_like(ids))])
     d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, spec.vocab_size)
