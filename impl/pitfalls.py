@@ -126,6 +126,9 @@ CATALOGUE = (
     Pitfall(31, 'serving', 'serving: tensors and architecture fields',
             "vLLM's DFlash2 codebooks are bare parameters: a `*_codebook.weight` name (z-lab's save_pretrained) is refused by its loader; SGLang drops any name with no parameter silently. SGLang reads the noise-embedding scale from the target, not `input_embedding_scale`; it supports `silu`/`swigluoai` only and reads the z-lab format only.",
             'a drafter that loads with its selector codebooks silently uninitialized; a speculators directory handed to SGLang'),
+    Pitfall(32, 'draft_vocab', 'draft_vocab (reduced draft vocabulary and its d2t/t2d mapping)',
+            "speculators `draft_vocab_size` (`DFlashSpeculatorConfig` default 32000; a `TrainConfig` without it keeps the verifier's vocabulary): `build_vocab_mappings_from_distribution` keeps the N most frequent loss-masked tokens (ties: smaller id first; fewer than N: the smallest unused ids), sorted; `d2t[k]` is an offset (target id = k + d2t[k]), `t2d` a boolean mask over the target vocabulary; both are buffers saved beside the weights, `lm_head` is the verifier head's `t2d` rows (frozen) and the targets `verifier_lm_head = head[t2d]`, so logits and targets live in the draft vocabulary. vLLM 0.33 reads `draft_vocab_size` and a `d2t` tensor (offsets, EAGLE-3 convention) from a DFlash drafter's directory and scatters the draft logits to `arange(N) + d2t` (-inf elsewhere); without `d2t` it keeps zeros, i.e. draft id k = target id k. speculators' DFlash2 and z-lab's `dflash` have no draft vocabulary.",
+            'd2t applied as absolute ids instead of offsets; a reduced head shipped without its d2t (every id read as itself); targets over the full vocabulary against draft-vocabulary logits'),
 )
 PITFALLS = {p.number: p for p in CATALOGUE}
 
