@@ -5,6 +5,8 @@ from pathlib import Path
 from conformance.recorder import PITFALLS as SUITE
 from dflash_audit.audit.findings import PITFALLS as REPORT
 from impl.pitfalls import PITFALLS, markdown
+from impl.rule_locations import LOCATIONS
+from impl.rule_locations import markdown as rule_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -14,7 +16,7 @@ def test_the_committed_pitfalls_md_is_generated_from_the_catalogue():
 
 
 def test_findings_and_the_suite_read_the_one_catalogue():
-    assert list(PITFALLS) == list(range(1, len(PITFALLS) + 1))
+    assert list(PITFALLS) == sorted(set(PITFALLS)) and min(PITFALLS) == 1
     assert REPORT == {n: p.title for n, p in PITFALLS.items()}
     assert SUITE == {n: p.component for n, p in PITFALLS.items() if p.checked_by == "conformance"}
     assert {p.checked_by for p in PITFALLS.values()} == {"conformance", "audit"}
@@ -27,3 +29,15 @@ def test_every_suite_marker_names_a_catalogue_entry_of_its_component():
     for path in (REPO / "conformance").glob("test_*.py"):
         markers |= {int(n) for n in re.findall(r"pytest\.mark\.pitfall\((\d+)\)", path.read_text())}
     assert markers and markers <= set(SUITE)
+
+
+def test_the_readme_rule_table_is_generated_from_the_rule_locations():
+    assert rule_table() in (REPO / "README.md").read_text(encoding="utf-8"), "run: python -m impl.rule_locations"
+
+
+def test_every_rule_outside_the_serving_table_has_a_row():
+    located = [n for location in LOCATIONS for n in location.entries]
+    assert len(located) == len(set(located)), "an entry has two rows"
+    assert set(located) <= set(PITFALLS)
+    serving = {n for n, p in PITFALLS.items() if p.component == "serving"}
+    assert set(PITFALLS) - serving == set(located), "add a row to impl/rule_locations.py"
