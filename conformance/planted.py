@@ -20,7 +20,7 @@ import impl.losses
 import impl.masks
 import impl.model
 import impl.train_step
-from conformance.checks import dflash2, layers, losses, masks, training
+from conformance.checks import dflash2, draft_vocab, layers, losses, masks, training
 from conformance.strategies import ConvCase, DPaceCase, LossCase, MaskCase, SelectorCase, TrainingCase
 from impl.dflash2 import CandidateSelector
 from impl.extract import HiddenStateExtractor, final_norm
@@ -49,6 +49,8 @@ DFLASH2_SPEC = dataclasses.replace(SPEC, conv_kernel_size=3, conv_group_size=8, 
 CONV = ConvCase(spec=DFLASH2_SPEC, layer=1, sublayer="mlp", num_blocks=3, seed=4)
 SELECTOR = SelectorCase(spec=DFLASH2_SPEC, slots=10, first_token=7, temperature=0.0, seed=6)
 DFLASH2_TRAINING = dataclasses.replace(TRAINING, spec=DFLASH2_SPEC)
+# A reduced draft vocabulary of 20 of the 96 target tokens: its d2t offsets are far from zero.
+DRAFT_VOCAB = dataclasses.replace(TRAINING, spec=dataclasses.replace(SPEC, draft_vocab_size=20))
 MASK = MaskCase(document_ids=torch.tensor([[0] * 8 + [1] * 8 + [-1] * 2]), anchors=torch.tensor([0, 5, 9, 15]),
                 block_size=4, sliding_window=None, causal_block=False)
 
@@ -202,6 +204,11 @@ def _rerank_without_unary(original):
     return select
 
 
+def _d2t_as_absolute_ids(_original):
+    """d2t read as the target ids themselves instead of offsets (target id = draft id + d2t[draft id])."""
+    return lambda d2t: d2t.long()
+
+
 def _set(value):
     return lambda _original: value
 
@@ -256,6 +263,8 @@ BUGS = [
                lambda cmp, ours, refs: dflash2.selector_training(cmp, ours, refs["speculators"], DFLASH2_TRAINING)),
     PlantedBug("top-k reranked without the unary term", 23, _patch(CandidateSelector, "select", _rerank_without_unary),
                lambda cmp, ours, refs: dflash2.selector_path(cmp, ours, refs["zlab"], SELECTOR)),
+    PlantedBug("d2t applied as absolute ids, not offsets", 32, _patch(impl.model, "target_ids", _d2t_as_absolute_ids),
+               lambda cmp, ours, refs: draft_vocab.proposals(cmp, ours, refs["speculators"], DRAFT_VOCAB)),
     PlantedBug("mask token mismatch", 14, _patch(DFlashDrafter, "mask_token_id", _other_mask_token),
                lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING)),
 ]

@@ -53,6 +53,7 @@ from speculators.models.dflash2 import DFlash2DraftModel, DFlash2SpeculatorConfi
 from speculators.models.dflash2 import core as dflash2_core  # noqa: E402
 from speculators.models.dflash2.metrics import compute_selector_loss, selector_training_candidates  # noqa: E402
 from speculators.proposals.greedy import GreedyTokenProposalConfig  # noqa: E402
+from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution  # noqa: E402
 
 CPU_ATTENTION = "eager"
 
@@ -216,6 +217,14 @@ class SpeculatorsImplementation:
         load_body(model, state_dict, "speculators drafter")
         fill_verifier_tensors(model, target)
         return model.float().eval()
+
+    def vocab_mapping(self, token_freq, draft_vocab_size, target_vocab_size):
+        return build_vocab_mappings_from_distribution(token_freq, draft_vocab_size, target_vocab_size)
+
+    def proposed_ids(self, drafter: DFlashDraftModel, hidden, target):
+        """Its own `lm_head` (the draft vocabulary's), then its `d2t` offsets: the id vLLM serves."""
+        draft = drafter.lm_head(hidden).argmax(-1)
+        return draft + drafter.d2t[draft] if drafter.use_draft_vocab else draft
 
     def project_context(self, drafter, context_features):
         return drafter.hidden_norm(drafter.fc(context_features))

@@ -26,6 +26,8 @@ check_reference("dflash")
 
 import dflash.model as zlab  # noqa: E402  (after the version guard on purpose)
 
+# A reduced draft vocabulary (#32): z-lab's DFlashDraftModel has no head of its own and no d2t.
+DRAFT_VOCAB_OPERATIONS = frozenset({"vocab_mapping", "proposed_ids"})
 TRAINING_OPERATIONS = ("select_anchors", "training_mask", "training_outputs", "loss_weights", "loss", "block_metrics",
                        "dpace_weights", "dpace_loss", "selector_scores", "selector_training_candidates",
                        "selector_loss")
@@ -76,7 +78,7 @@ def load_zlab_model(path: str | Path) -> zlab.DFlashDraftModel:
 
 class ZlabImplementation:
     name = "zlab"
-    unsupported: frozenset[str] = frozenset(TRAINING_OPERATIONS)
+    unsupported: frozenset[str] = frozenset(TRAINING_OPERATIONS) | DRAFT_VOCAB_OPERATIONS
 
     def default_target_layer_ids(self, num_target_layers, num_draft_layers):
         return list(zlab.build_target_layer_ids(num_target_layers, num_draft_layers))
@@ -142,5 +144,10 @@ class ZlabImplementation:
     def _unsupported(self, *_args, **_kwargs):
         raise Unsupported("zlab: dflash 0.1.0 ships no training code (anchors, training mask, loss, metrics)")
 
+    def _no_draft_vocab(self, *_args, **_kwargs):
+        raise Unsupported("zlab: dflash 0.1.0 has no draft vocabulary: its drafter proposes through the target's "
+                          "whole head (vLLM reads a d2t from a z-lab directory; z-lab's own code does not)")
+
+    vocab_mapping = proposed_ids = _no_draft_vocab
     select_anchors = training_mask = training_outputs = loss_weights = loss = block_metrics = _unsupported
     dpace_weights = dpace_loss = _unsupported
