@@ -11,6 +11,7 @@ import dataclasses
 import torch
 
 from conformance.checks.training import FP32
+from conformance.checks.forward import ForwardCase, inputs
 from conformance.comparator import Comparator
 from conformance.strategies import TrainingCase
 from conformance.tolerances import EXACT
@@ -75,15 +76,31 @@ def restricted_training(cmp: Comparator, a, b, case: TrainingCase) -> None:
 
 
 def proposals(cmp: Comparator, a, b, case: TrainingCase) -> None:
-    """The target ids each proposes from the same draft hidden states, through its head and d2t offsets."""
+    """Each implementation's own draft forward on one block after a context, then the target ids it proposes
+    from the reference's hidden states through its head and d2t offsets (ids exactly: the map is no float)."""
     names = (a.name, b.name)
-    spec = case.spec
-    target = target_for(spec)
-    hidden = torch.randn(1, 2 * spec.block_size, spec.hidden_size, generator=torch.Generator().manual_seed(case.seed))
+    # Full attention from position 0: the plain forward (#10); windows and positions are other entries' checks.
+    spec = dataclasses.replace(case.spec, layer_types=("full_attention",) * case.spec.num_hidden_layers,
+                               sliding_window=None, sliding_window_non_causal=False)
+    target, noise, features, positions = inputs(ForwardCase(spec, 6, 0, torch.float32, case.seed))
     state = reduced_state_dict(spec, case.seed)
-    ok_a, ids_a = cmp.run(names, lambda: a.proposed_ids(a.build_drafter(spec, state, target), hidden, target),
-                          what="proposed target ids")
-    ok_b, ids_b = cmp.run(names, lambda: b.proposed_ids(b.build_drafter(spec, state, target), hidden, target),
-                          what="proposed target ids")
-    if ok_a and ok_b:
-        cmp.compare(names, ids_a, ids_b, EXACT, what="target ids proposed through the draft head and d2t")
+    drafters = {}
+    for impl in (a, b):
+        ok, drafters[impl.name] = cmp.run(names, lambda impl=impl: impl.build_drafter(spec, state, target),
+                                          what="drafter with a reduced draft vocabulary")
+        if not ok:
+            return
+    hidden = {}
+    for impl in (a, b):
+        ok, hidden[impl.name] = cmp.run(names, lambda impl=impl: impl.draft_forward(
+            drafters[impl.name], noise, features, positions)[:, 1:], what="draft forward")
+        if not ok:
+            return
+    cmp.compare(names, hidden[a.name], hidden[b.name], FP32, what="draft hidden states of the block's slots 1..")
+    ids = {}
+    for impl in (a, b):
+        ok, ids[impl.name] = cmp.run(names, lambda impl=impl: impl.proposed_ids(drafters[impl.name], hidden[b.name],
+                                                                                target), what="proposed target ids")
+        if not ok:
+            return
+    cmp.compare(names, ids[a.name], ids[b.name], EXACT, what="target ids proposed through the draft head and d2t")

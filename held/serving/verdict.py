@@ -76,7 +76,7 @@ def trained_values(spec: DraftSpec, draft_vocab_size: int | None = None, partial
         # neox style (rotate_half), unscaled; HF's rotary reads rope_parameters.partial_rotary_factor (given).
         "rope_type": "default", "partial_rotary_factor": float(partial_rotary_factor), "is_neox_style": True,
         "rms_norm_eps": float(spec.rms_norm_eps), "hidden_act": spec.hidden_act, "vocab_size": spec.vocab_size,
-        "draft_vocab_size": draft_vocab_size or spec.vocab_size,
+        "draft_vocab_size": draft_vocab_size or spec.head_size,
         "input_embedding_scale": float(spec.input_embedding_scale), "tensors_ignored": [], "tensors_refused": [],
     }
     if spec.family == "dflash2":
