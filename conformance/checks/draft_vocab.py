@@ -10,8 +10,8 @@ import dataclasses
 
 import torch
 
-from conformance.checks.training import FP32
 from conformance.checks.forward import ForwardCase, inputs
+from conformance.checks.training import FP32
 from conformance.comparator import Comparator
 from conformance.strategies import TrainingCase
 from conformance.tolerances import EXACT
