@@ -14,14 +14,23 @@ from typing import Any, Callable
 
 import torch
 
+import impl.decoding
 import impl.dflash2
 import impl.extract
+import impl.implementation
 import impl.losses
 import impl.masks
 import impl.model
 import impl.train_step
-from conformance.checks import dflash2, draft_vocab, layers, losses, masks, training
-from conformance.strategies import ConvCase, DPaceCase, LossCase, MaskCase, SelectorCase, TrainingCase
+from conformance.checks import dflash2, draft_vocab, layers, losses, masks, training, vocab
+from conformance.strategies import (
+    ConvCase,
+    DPaceCase,
+    LossCase,
+    MaskCase,
+    SelectorCase,
+    TrainingCase,
+)
 from impl.dflash2 import CandidateSelector
 from impl.extract import HiddenStateExtractor, final_norm
 from impl.model import DFlashDrafter
@@ -209,6 +218,32 @@ def _d2t_as_absolute_ids(_original):
     return lambda d2t: d2t.long()
 
 
+def _patch_decode(make):
+    """Our live loop lives in impl.decoding and is imported by name into impl.implementation: mutate both."""
+    def plant(monkeypatch, ours):
+        mutated = make(impl.decoding.dflash_decode)
+        monkeypatch.setattr(impl.decoding, "dflash_decode", mutated)
+        monkeypatch.setattr(impl.implementation, "dflash_decode", mutated)
+        return ours
+    return plant
+
+
+def _mask_ids_dropped(original):
+    def decode(drafter, target, input_ids, *args, **kwargs):
+        result = original(drafter, target, input_ids, *args, **kwargs)
+        # The output buffer's unwritten slots hold the mask id; trimming "them" also drops real tokens of that id.
+        new = result.output_ids[:, result.num_prompt_tokens:]
+        kept = torch.cat([result.output_ids[:, :result.num_prompt_tokens], new[new != drafter.mask_token_id][None]], 1)
+        return dataclasses.replace(result, output_ids=kept)
+    return decode
+
+
+def _head_sized_to_tokenizer(original):
+    def logits(self, hidden, head):
+        return original(self, hidden, head)[..., :vocab.TOKENIZER_LENGTH]  # the padding rows cut off
+    return logits
+
+
 def _set(value):
     return lambda _original: value
 
@@ -267,4 +302,9 @@ BUGS = [
                lambda cmp, ours, refs: draft_vocab.proposals(cmp, ours, refs["speculators"], DRAFT_VOCAB)),
     PlantedBug("mask token mismatch", 14, _patch(DFlashDrafter, "mask_token_id", _other_mask_token),
                lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING)),
+    PlantedBug("generated mask-id tokens dropped from the output", 34, _patch_decode(_mask_ids_dropped),
+               lambda cmp, ours, refs: vocab.mask_token_kept(cmp, ours, refs["zlab"], vocab.mask_kept_case())),
+    PlantedBug("draft head sized to the tokenizer, not the padded vocabulary", 36,
+               _patch(DFlashDrafter, "compute_logits", _head_sized_to_tokenizer),
+               lambda cmp, ours, refs: vocab.padded_vocabulary(cmp, ours, refs["speculators"])),
 ]

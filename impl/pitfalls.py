@@ -129,6 +129,32 @@ CATALOGUE = (
     Pitfall(32, 'draft_vocab', 'draft_vocab (reduced draft vocabulary and its d2t/t2d mapping)',
             "speculators `draft_vocab_size` (`DFlashSpeculatorConfig` default 32000; a `TrainConfig` without it keeps the verifier's vocabulary): `build_vocab_mappings_from_distribution` keeps the N most frequent loss-masked tokens (ties: smaller id first; fewer than N: the smallest unused ids), sorted; `d2t[k]` is an offset (target id = k + d2t[k]), `t2d` a boolean mask over the target vocabulary; both are buffers saved beside the weights, `lm_head` is the verifier head's `t2d` rows (frozen) and the targets `verifier_lm_head = head[t2d]`, so logits and targets live in the draft vocabulary. vLLM 0.33 reads `draft_vocab_size` and a `d2t` tensor (offsets, EAGLE-3 convention) from a DFlash drafter's directory and scatters the draft logits to `arange(N) + d2t` (-inf elsewhere); without `d2t` it keeps zeros, i.e. draft id k = target id k. speculators' DFlash2 and z-lab's `dflash` have no draft vocabulary.",
             'd2t applied as absolute ids instead of offsets; a reduced head shipped without its d2t (every id read as itself); targets over the full vocabulary against draft-vocabulary logits'),
+    Pitfall(34, 'mask_token_validity', 'mask_token_validity (the mask id against the target)',
+            "The mask id fills the block's empty slots, so it must be a row of the target's embedding (< the target's "
+            "config `vocab_size` and embedding rows) and none of its eos/pad/bos ids; a padding row past the tokenizer "
+            "is fine (the target never emits it) and is the usual choice. speculators 0.9.0 `resolve_mask_token_id` "
+            "(train/utils.py:16): the explicit id, else the tokenizer's mask token, else `<|MASK|>` added when "
+            "`len(tokenizer) < vocab_size`, else **pad, eos or unk** with a warning. Engines: #28 (vLLM 0.33.0 reads "
+            "`dflash_config.mask_token_id` and may swap in a `mask_embedding.pt` row, qwen3_dflash.py:454, 499; "
+            "SGLang 0.5.23 refuses an id >= the target vocab, dflash_worker_v2.py:1391). A target may itself generate "
+            "the mask id when it is a tokenizer token: z-lab 0.1.0's `dflash_generate` prefills its output buffer with "
+            "the mask id and overwrites it with every produced token (model.py:197-314), so it keeps that token; "
+            "speculators has no decoding loop.",
+            "a mask id that falls back to eos/pad (a loop that stops on eos or strips the mask id loses real tokens); "
+            "an id past the embedding; a decode loop that filters the mask id out of its output"),
+    Pitfall(36, 'vocab_sizes', 'vocab_sizes (draft head, target vocabulary, tokenizer, embedding)',
+            "Four sizes: the draft head's rows (`draft_vocab_size`, else `vocab_size`), the target's config "
+            "`vocab_size`, its tokenizer length and its embedding rows. Targets pad their vocabulary past the tokenizer "
+            "(rows the tokenizer never produces, often to a multiple of 64 or 128); the logits span the padded rows, so a draft head must too. "
+            "vLLM 0.33.0 (qwen3_dflash.py:745-775): `draft_vocab_size` defaults to `vocab_size`; a head whose size "
+            "differs from the target's `get_vocab_size()` gets a `draft_id_to_target_id` buffer of zeros unless the "
+            "checkpoint ships `d2t`, i.e. ids are taken as identical. SGLang 0.5.23 projects draft hiddens through the "
+            "target's own head cut to its `org_vocab_size` (models/dflash.py:91). speculators 0.9.0: "
+            "`DFlashSpeculatorConfig.draft_vocab_size` defaults to 32000 (models/dflash/config.py:39), and any "
+            "`draft_vocab_size` other than the verifier's `vocab_size` makes the head a reduced one with zero "
+            "`t2d`/`d2t` buffers until a mapping is loaded (model.py:44-53).",
+            "a head sized to the tokenizer's length instead of the padded vocabulary; a reduced head with no mapping "
+            "(that one is #32's); a padded target reported as a divergence"),
 )
 PITFALLS = {p.number: p for p in CATALOGUE}
 

@@ -120,6 +120,14 @@ LOCATIONS = (
                  '— (no draft vocabulary; vLLM reads `draft_vocab_size` and `d2t` from a z-lab directory)',
                  '`train.vocab_mapping.build_vocab_mappings_from_distribution`, `DraftVocabMixin.load_vocab_mappings`',
                  '`conformance/test_draft_vocab.py`'),
+    RuleLocation((34,), 'the mask id against the target; a generated mask id kept',
+                 '`target_vocab.mask_token_problems`, `decoding.dflash_decode`',
+                 '`dflash_generate` (keeps it)', '`train.utils.resolve_mask_token_id` (no decoding loop)',
+                 '`conformance/test_mask_token_validity.py`'),
+    RuleLocation((36,), 'vocabulary sizes (padded target vocabulary)',
+                 '`target_vocab.TargetVocabulary`, `model.DFlashDrafter.compute_logits`',
+                 '`DFlashDraftModel.compute_logits`', '`DFlashSpeculatorConfig.draft_vocab_size`',
+                 '`conformance/test_vocab_sizes.py`'),
 )
 
 

@@ -47,6 +47,8 @@ def report_dict(report: AuditReport) -> dict[str, Any]:
         "tensors": [asdict(row) for row in report.static.tensor_rows],
         "notes": report.notes,
     }
+    if report.static.target_vocabulary is not None:
+        data["target_vocabulary"] = report.static.target_vocabulary
     if report.serving is not None:
         data["serving"] = report.serving
     return _finite(data)

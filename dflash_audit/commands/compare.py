@@ -23,6 +23,7 @@ from dflash_audit.audit.report_json import write_report_json
 from dflash_audit.audit.report_terminal import terminal_summary
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
+from dflash_audit.audit.static_target import blocks_tau
 from dflash_audit.commands.serve_check import parse_engines
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable
@@ -31,7 +32,7 @@ from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
 from dflash_audit.ranks import Ranks
 from dflash_world import BUILTIN_PROMPTS
 from impl.cache_dir import cache_root
-from impl.inputs import check_generation_flags
+from impl.inputs import TOKENIZER_FILES, check_generation_flags, check_target_dir
 from impl.memory_plan import check_plan, plan_memory
 from impl.placement import (
     CPU_FLOAT32,
@@ -44,6 +45,15 @@ from impl.placement import (
     resolve_placement,
 )
 from impl.target import load_target_model, load_tokenizer
+from impl.target_vocab import TargetVocabulary
+
+
+def target_vocabulary(target: Path) -> TargetVocabulary:
+    """The target's sizes and special ids for the static audit (its tokenizer, config and headers; no weights).
+    The static audit needs no tokenizer: without one, its length and ids stay unknown."""
+    check_target_dir(target, tokenizer=False)
+    has_tokenizer = any((target / name).is_file() for name in TOKENIZER_FILES)
+    return TargetVocabulary.read(target, load_tokenizer(target)[0] if has_tokenizer else None)
 
 
 def progress_bar(console: Console) -> Progress:
@@ -97,8 +107,13 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
     with progress_bar(console) as bar:
         total = len(set(ours_side.state_dict) | set(ref_side.state_dict))
         task = bar.add_task("static audit: tensors", total=total)
-        static = static_audit(ours_side, ref_side, expect_identical, advance=lambda: bar.advance(task))
+        static = static_audit(ours_side, ref_side, expect_identical, advance=lambda: bar.advance(task),
+                              target=target_vocabulary(target) if target is not None else None)
     report = AuditReport(ours_side, ref_side, static)
+    blocked = blocks_tau(static.findings) if target is not None and not static_only else None
+    if blocked is not None:
+        static_only = True
+        report.notes.append(blocked)
     if serve:
         report.serving = serving_sections(ours, ref, serve, target, ours_options, ref_options)
     ranks = Ranks.single()
@@ -108,8 +123,9 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
                                         console, truncate, placement, dtypes or [None], report.notes, ranks)
         ranks.close()
     elif target is None:
-        report.notes.append("No --target given: static audit only (τ not measured).")
-    else:
+        report.notes.append("No --target given: static audit only (τ not measured; the mask token and vocabulary sizes "
+                            "not held to a target).")
+    elif blocked is None:
         report.notes.append("--static-only: τ not measured.")
     if ranks.rank != 0:  # every rank has the whole report; rank 0 writes and prints it
         return report

@@ -17,7 +17,12 @@ from tabulate import tabulate
 
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.progress import progress
-from dflash_audit.prompts import CHAT_TEMPLATE_MODES, fit_prompts, load_prompts, tokenize_prompts
+from dflash_audit.prompts import (
+    CHAT_TEMPLATE_MODES,
+    fit_prompts,
+    load_prompts,
+    tokenize_prompts,
+)
 from dflash_audit.ranks import Ranks
 from impl.atomic import atomic_write_bytes
 from impl.cache_dir import cache_root
@@ -39,6 +44,7 @@ from impl.placement import (
     resolve_placement,
     target_device,
 )
+from impl.target_vocab import TargetVocabulary, mask_token_problems
 
 METHODS = ("dflash", "ddtree")
 MODES = ("live", "offline")
@@ -71,6 +77,14 @@ def place_drafter(spec, state_dict, path: Path, target):
 def load_drafter(path: Path, target_dir: Path, target, options=None):
     spec, state_dict = read_drafter(path, target_dir, target.config, options)
     return place_drafter(spec, state_dict, path, target)
+
+
+def mask_token_notes(mask_token_id: int, target: TargetVocabulary) -> list[str]:
+    """τ is still measured, but a mask id the target uses for something else is said (PITFALLS #34)."""
+    limits = {"vocabulary": target.config_vocab_size, "embedding": target.embedding_rows}
+    return [f"the drafter's mask token {mask_token_id} is {phrase} (PITFALLS #34; `compare --target` reports it as "
+            "a mask_token_validity divergence)" for _, phrase in mask_token_problems(mask_token_id, limits,
+                                                                                       target.special_ids)]
 
 
 def check_options(method: str, mode: str, budget: int, max_new_tokens: int, temperature: float) -> None:
@@ -130,6 +144,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
         require_dflash_family(build_drafter(spec, state_dict))  # before any prompt is decoded or cached
     prompts, notes = fit_prompts(tokenize_prompts(tokenizer, records, chat_template), max_new_tokens,
                                  config.max_position_embeddings, truncate, str(prompts_path))
+    notes += mask_token_notes(spec.mask_token_id, TargetVocabulary.read(target_dir, tokenizer))
     # Before any target weight is read: does it all fit?
     check_plan(plan_memory(config, placement.dtype, [spec], [ids.shape[1] for _, ids in prompts], max_new_tokens),
                placement, **(memory or {}))

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from impl.target_vocab import embedding_rows
+
 ENGINES = ("vllm", "sglang")
 
 # The served fields, in report order. Layer ids are in the z-lab convention (hs[id + 1]).
@@ -40,24 +42,12 @@ class TargetFacts:
             value = source.get("eos_token_id")
             eos += [value] if isinstance(value, int) else list(value or [])
         return cls(path=str(path), num_layers=text.get("num_hidden_layers"), vocab_size=text.get("vocab_size"),
-                   embedding_rows=_embedding_rows(path), eos_token_ids=sorted(set(eos)),
+                   embedding_rows=embedding_rows(path), eos_token_ids=sorted(set(eos)),
                    pad_token_id=text.get("pad_token_id"))
 
 
 def _json_or_empty(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _embedding_rows(path: Path) -> int | None:
-    """Rows of the target's input embedding, from the safetensors headers (nothing is loaded)."""
-    from safetensors import safe_open
-
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), "pt") as handle:
-            for name in handle.keys():
-                if name.endswith("embed_tokens.weight"):
-                    return int(handle.get_slice(name).get_shape()[0])
-    return None
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import Any
 from held.serving.rules import source as engine_source
 from held.serving.served import TargetFacts
 from impl.spec import DraftSpec
+from impl.target_vocab import mask_token_problems
 
 # Spec fields whose "default" provenance is our loader's guess, not the format's documented meaning.
 GUESSED_DEFAULTS = {"target_layer_ids": "target_layer_ids", "rope_theta": "rope_theta",
@@ -130,19 +131,14 @@ def mask_token_findings(engine: str, mask: int | None, target: TargetFacts) -> l
         return [ServingFinding("mask_token_id", "warning", None, mask, source,
                                f"whether mask token {mask} is inside the target's vocabulary and embedding and distinct "
                                "from its eos/pad tokens is unknown without --target", pitfall=28)]
-    found = []
     limits = {"vocabulary": target.vocab_size, "embedding": target.embedding_rows}
-    for what, size in limits.items():
-        if size is not None and mask >= size:
-            found.append(ServingFinding("mask_token_id", "divergence", None, mask, source,
-                                        f"mask token {mask} is outside the target's {what} of {size} rows", pitfall=28))
-    for what, ids in (("eos", target.eos_token_ids), ("pad", [target.pad_token_id])):
-        if mask in [i for i in ids if i is not None]:
-            found.append(ServingFinding("mask_token_id", "divergence", None, mask, source,
-                                        f"mask token {mask} is the target's {what} token: the engine feeds a real "
-                                        "token as the mask and a decode loop that stops or drops on it misbehaves",
-                                        pitfall=28))
-    return found
+    special = {"eos": target.eos_token_ids, "pad": [i for i in [target.pad_token_id] if i is not None]}
+    consequence = {"outside": "",
+                   "special": ": the engine feeds a real token as the mask and a decode loop that stops or drops on "
+                              "it misbehaves"}
+    return [ServingFinding("mask_token_id", "divergence", None, mask, source, f"mask token {mask} is {phrase}"
+                           + consequence[kind], pitfall=28)
+            for kind, phrase in mask_token_problems(mask, limits, special)]
 
 
 def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
