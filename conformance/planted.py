@@ -305,6 +305,6 @@ BUGS = [
     PlantedBug("generated mask-id tokens dropped from the output", 34, _patch_decode(_mask_ids_dropped),
                lambda cmp, ours, refs: vocab.mask_token_kept(cmp, ours, refs["zlab"], vocab.mask_kept_case())),
     PlantedBug("draft head sized to the tokenizer, not the padded vocabulary", 36,
-               _patch(DFlashDrafter, "compute_logits", _head_sized_to_tokenizer),
+               _patch(DFlashDrafter, "draft_logits", _head_sized_to_tokenizer),
                lambda cmp, ours, refs: vocab.padded_vocabulary(cmp, ours, refs["speculators"])),
 ]

@@ -54,6 +54,8 @@ def draft_vocab_findings(ours: Side, ref: Side) -> list[Finding]:
     found = mapping_findings(ours, "ours") + mapping_findings(ref, "ref")
     if found:
         return found
+    if ours.value("draft_vocab_size") is None and ref.value("draft_vocab_size") is None:
+        return []  # two full-vocabulary heads: any size difference is the vocabulary's (architecture, vocab_sizes)
     a, b = head_size(ours), head_size(ref)
     if a is None or b is None:
         return []
