@@ -133,8 +133,9 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -
 
 
 def draft_vocab_size(config: dict[str, Any]) -> int | None:
-    """`draft_vocab_size` as vLLM reads a drafter's config (absent or null: the target's vocabulary)."""
-    value = config.get("draft_vocab_size")
+    """`draft_vocab_size` as vLLM reads a drafter's config (absent or null: the target's vocabulary); one written
+    under `dflash_config` is read too (vLLM would not see it there: the serving check says so)."""
+    value = config.get("draft_vocab_size", (config.get("dflash_config") or {}).get("draft_vocab_size"))
     return None if value is None else as_int("draft_vocab_size", value)
 
 

@@ -166,16 +166,19 @@ def test_speculators_written_reduced_drafter_and_its_zlab_twin_have_no_finding_a
     root, d2t = written
     assert set(load_file(root / "spec" / "model.safetensors")) >= {"d2t", "t2d", "lm_head.weight"}
     report = run_compare(root / "spec", root / "zlab", target=test_world.target, prompts=test_world.prompts,
-                         out=tmp_path / "out", max_new_tokens=24, budget=8, cache_dir=tmp_path / "offline")
+                         out=tmp_path / "out", max_new_tokens=24, budget=8, cache_dir=root / "offline")
     assert [(f.component, f.key) for f in report.findings if f.severity != "info"] == []
+    assert not [f for f in report.findings if f.component == "draft_vocab"]
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert all(p["ours_rounds"] == p["ref_rounds"] for p in data["tau"]["prompts"])
     assert data["tau"]["mean"]["ours"] > 1.5  # the reduced head still drafts what the target accepts
-    share = next(f for f in report.findings if f.component == "draft_vocab" and f.key == "target mass")
-    assert share.ours == share.ref and 0 < share.ours["share"] <= 1
+    share = data["tau"]["draft_vocab_share"]
+    assert share["ours"] == share["ref"] and 0 < share["ours"]["share"] < 1  # the same 512 of 2048 tokens
 
 
 def test_twin_with_another_mapping_is_one_draft_vocab_finding_naming_the_ids(written, test_world, tmp_path):
+    from dflash_audit.commands.compare import run_compare
+
     root, d2t = written
     tensors = load_file(root / "zlab" / "model.safetensors")
     ids = target_ids(d2t).tolist()
@@ -190,6 +193,13 @@ def test_twin_with_another_mapping_is_one_draft_vocab_finding_naming_the_ids(wri
     finding = result.findings[[f.key for f in result.findings].index("mapping")]
     assert "3 target id(s)" in finding.message and finding.ours == {"only_ours": 3}
     assert next(r for r in result.tensor_rows if r.key == "d2t").explained_by == "draft_vocab"
+    # compare with τ: still that one finding, now with the share of the target's tokens each side can propose
+    report = run_compare(root / "spec", tmp_path / "twin", target=test_world.target, prompts=test_world.prompts,
+                         out=tmp_path / "out", max_new_tokens=24, budget=8, cache_dir=root / "offline")
+    vocab = [f for f in report.findings if f.component == "draft_vocab"]
+    assert [(f.key, f.severity) for f in vocab] == [("mapping", "divergence")]
+    assert set(vocab[0].raw["proposable_share"]) == {"ours", "ref"} and "generated tokens" in vocab[0].message
+    assert [f.component for f in report.findings if f.severity != "info" and f.component != "tau"] == ["draft_vocab"]
 
 
 @pytest.mark.parametrize("strip_config", [False, True])
