@@ -22,12 +22,13 @@ import impl.losses
 import impl.masks
 import impl.model
 import impl.train_step
-from conformance.checks import dflash2, draft_vocab, layers, losses, masks, training, vocab
+from conformance.checks import dflash2, draft_vocab, layers, losses, masks, rotary, training, vocab
 from conformance.strategies import (
     ConvCase,
     DPaceCase,
     LossCase,
     MaskCase,
+    RotaryCase,
     SelectorCase,
     TrainingCase,
 )
@@ -62,6 +63,14 @@ DFLASH2_TRAINING = dataclasses.replace(TRAINING, spec=DFLASH2_SPEC)
 DRAFT_VOCAB = dataclasses.replace(TRAINING, spec=dataclasses.replace(SPEC, draft_vocab_size=20))
 MASK = MaskCase(document_ids=torch.tensor([[0] * 8 + [1] * 8 + [-1] * 2]), anchors=torch.tensor([0, 5, 9, 15]),
                 block_size=4, sliding_window=None, causal_block=False)
+
+# Rotary (#35): half of each head rotated (held to transformers' partial rotary), and a linear scaling
+# (held to z-lab's rotary), at positions well past 0.
+ROTARY_SPEC = dataclasses.replace(SPEC, layer_types=("full_attention",) * SPEC.num_hidden_layers, sliding_window=None)
+PARTIAL_ROTARY = RotaryCase(spec=dataclasses.replace(ROTARY_SPEC, partial_rotary_factor=0.5), length=6,
+                            position_offset=9, seed=2)
+SCALED_ROTARY = RotaryCase(spec=dataclasses.replace(ROTARY_SPEC, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+                           length=6, position_offset=9, seed=2)
 
 
 @dataclass(frozen=True)
@@ -218,6 +227,19 @@ def _d2t_as_absolute_ids(_original):
     return lambda d2t: d2t.long()
 
 
+def _rotate_last_dims(original):
+    def rotate(x, cos, sin):
+        rotary_dim = cos.shape[-1]
+        if rotary_dim == x.shape[-1]:
+            return original(x, cos, sin)
+        return torch.cat([x[..., :-rotary_dim], original(x[..., -rotary_dim:], cos, sin)], dim=-1)
+    return rotate
+
+
+def _scaling_dropped(original):
+    return lambda spec: original(dataclasses.replace(spec, rope_scaling=None))
+
+
 def _patch_decode(make):
     """Our live loop lives in impl.decoding and is imported by name into impl.implementation: mutate both."""
     def plant(monkeypatch, ours):
@@ -300,6 +322,10 @@ BUGS = [
                lambda cmp, ours, refs: dflash2.selector_path(cmp, ours, refs["zlab"], SELECTOR)),
     PlantedBug("d2t applied as absolute ids, not offsets", 32, _patch(impl.model, "target_ids", _d2t_as_absolute_ids),
                lambda cmp, ours, refs: draft_vocab.proposals(cmp, ours, refs["speculators"], DRAFT_VOCAB)),
+    PlantedBug("partial rotary on the last dims", 35, _patch(impl.model, "rotate", _rotate_last_dims),
+               lambda cmp, ours, refs: rotary.against_transformers(cmp, ours, PARTIAL_ROTARY)),
+    PlantedBug("rope scaling dropped", 35, _patch(impl.model, "DraftRotaryEmbedding", _scaling_dropped),
+               lambda cmp, ours, refs: rotary.rotary(cmp, ours, refs["zlab"], SCALED_ROTARY)),
     PlantedBug("mask token mismatch", 14, _patch(DFlashDrafter, "mask_token_id", _other_mask_token),
                lambda cmp, ours, refs: training.training_forward(cmp, ours, refs["speculators"], TRAINING)),
     PlantedBug("generated mask-id tokens dropped from the output", 34, _patch_decode(_mask_ids_dropped),

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from conformance.world import VOCAB
+from impl.defaults import QWEN3_DEFAULTS
 from impl.spec import DraftSpec
 
 # Modest example counts: the full suite must run on 2 CPU cores in < 10 minutes.
@@ -312,3 +313,43 @@ def dflash2_training_cases(draw, sliding: bool | None = None) -> TrainingCase:
     spec = dataclasses.replace(spec, block_size=case.spec.block_size,
                                conv_kernel_size=min(spec.conv_kernel_size, case.spec.block_size))
     return dataclasses.replace(case, spec=spec)
+
+
+# Rotary settings (#35): transformers' scaled rope types with their parameters relative to the spec's context
+# limit (longrope needs per-dim factor lists; proportional is a partial factor by another name: not drawn).
+def rope_scalings(max_positions: int) -> st.SearchStrategy:
+    return st.sampled_from([
+        None,
+        {"rope_type": "linear", "factor": 2.0},
+        {"rope_type": "dynamic", "factor": 2.0},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": max_positions // 4},
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": max_positions // 8},
+    ])
+
+
+@dataclass(frozen=True)
+class RotaryCase:
+    spec: DraftSpec
+    length: int  # positions rotated
+    position_offset: int
+    seed: int
+
+
+@st.composite
+def rotary_specs(draw, partial: bool | None = None) -> DraftSpec:
+    """A full-attention drafter with drawn rotary settings: theta, a scaling, a partial factor (rotating at
+    least 2 dims). The context limit is drawn small too, so dynamic scaling's update is reached."""
+    spec = draw(draft_specs(max_layers=2, sliding=False))
+    max_positions = draw(st.sampled_from([64, QWEN3_DEFAULTS["max_position_embeddings"]]))
+    factors = [f for f in (0.25, 0.5, 0.75) if int(spec.head_dim * f) % 2 == 0 and int(spec.head_dim * f) >= 2]
+    use_partial = draw(st.booleans()) if partial is None else partial
+    return dataclasses.replace(spec, rope_theta=draw(st.sampled_from([10_000.0, 500_000.0, QWEN3_DEFAULTS["rope_theta"]])),
+                               max_position_embeddings=max_positions, rope_scaling=draw(rope_scalings(max_positions)),
+                               partial_rotary_factor=draw(st.sampled_from(factors)) if use_partial else 1.0)
+
+
+@st.composite
+def rotary_cases(draw, partial: bool | None = None) -> RotaryCase:
+    return RotaryCase(draw(rotary_specs(partial)), draw(st.integers(1, 24)), draw(st.integers(0, 300)),
+                      draw(st.integers(0, 2**16)))

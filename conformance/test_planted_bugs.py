@@ -42,7 +42,8 @@ def test_planted_bug_is_caught(bug, under_test, speculators, zlab, recorder, mon
 
 
 # The one draft-forward check, in each entry's form: #10 the plain forward, #12 a later position, #11 a
-# sliding layer, #25 bidirectional sliding blocks, #22 DFlash2's convolutions (on full attention).
+# sliding layer, #25 bidirectional sliding blocks, #22 DFlash2's convolutions (on full attention), #35 a scaled
+# rotary at a later position.
 FULL = dataclasses.replace(SPEC, layer_types=("full_attention",) * SPEC.num_hidden_layers, sliding_window=None)
 FORWARD_CASES = {
     10: ForwardCase(FULL, 6, 0, torch.float32, 1),
@@ -51,6 +52,8 @@ FORWARD_CASES = {
     25: ForwardCase(dataclasses.replace(SPEC, sliding_window_non_causal=True), 8, 0, torch.float32, 1),
     22: ForwardCase(dataclasses.replace(FULL, conv_kernel_size=3, conv_group_size=8, selector_rank=8,
                                         selector_top_k=5), 6, 0, torch.float32, 1),
+    35: ForwardCase(dataclasses.replace(FULL, rope_scaling={"rope_type": "linear", "factor": 2.0}), 6, 9,
+                    torch.float32, 1),
 }
 
 
@@ -89,4 +92,4 @@ def test_one_forward_root_cause_fails_one_entry(plant, failing, under_test, zlab
     if failing == 10:
         assert set(found.values()) == {"fail", "n/a"}  # every other entry explained by the plain forward
     else:  # the sliding-window bug: the plain forward, positions and DFlash2's full-attention forward pass
-        assert found == {10: "pass", 12: "pass", 11: "fail", 25: "n/a", 22: "pass"}
+        assert found == {10: "pass", 12: "pass", 11: "fail", 25: "n/a", 22: "pass", 35: "pass"}

@@ -37,6 +37,7 @@ class Checkpoint:
     # What resuming needs besides the weights: optimizer and scheduler state, RNG state, loss history.
     training_state: dict[str, Any] | None = None
     recipe_unknown: list[str] = field(default_factory=list)  # recipe fields the source never declared
+    spec_written: frozenset[str] | None = None  # the spec fields the file states (None: not a ckpt.pt read back)
 
 
 def implied_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
@@ -135,6 +136,6 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(spec=spec, state_dict=state, recipe=recipe, step=int(payload.get("step", 0)),
                       # "optimizer": the entry's name in ckpt.pt files written before it was "training_state"
                       training_state=payload.get("training_state", payload.get("optimizer")),
-                      recipe_unknown=list(unknown))
+                      recipe_unknown=list(unknown), spec_written=frozenset(payload["spec"]))
 
 

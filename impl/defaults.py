@@ -8,6 +8,9 @@ from __future__ import annotations
 # A Qwen3 decoder layer's settings, as `transformers.Qwen3Config` fills them in.
 QWEN3_DEFAULTS = {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
                   "hidden_act": "silu", "attention_bias": False}
+# The rotary settings a config gets when it states none: transformers' `rope_type` "default" (unscaled), every
+# head dim rotated, neox style (rotate_half; vLLM's and SGLang's `is_neox_style` default True).
+ROTARY_DEFAULTS = {"rope_scaling": None, "partial_rotary_factor": 1.0, "rope_style": "neox"}
 # z-lab `dflash_config` extras (embedding scale, logit multiplier, soft-capping) and their no-op values;
 # speculators has none of them.
 ZLAB_EXTRAS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}

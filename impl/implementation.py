@@ -7,6 +7,7 @@ import dataclasses
 import torch
 from torch import nn
 
+import impl.model
 from impl import anchors as anchor_rules
 from impl import dflash2, layers, losses, masks, vocab_mapping
 from impl.checkpoint import build_drafter
@@ -55,6 +56,10 @@ class OursImplementation:
 
     def project_context(self, drafter: DFlashDrafter, context_features):
         return drafter.project_context(context_features)
+
+    @torch.no_grad()
+    def apply_rotary(self, drafter: DFlashDrafter, x, position_ids):
+        return impl.model.rotate(x, *drafter.rotary_emb(x, position_ids))  # looked up at call time
 
     def draft_forward(self, drafter: DFlashDrafter, noise_embedding, target_hidden, position_ids):
         return drafter(noise_embedding, target_hidden, position_ids)

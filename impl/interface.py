@@ -96,6 +96,10 @@ class DFlashImplementation(Protocol):
     def project_context(self, drafter: Any, context_features: torch.Tensor) -> torch.Tensor:
         """`hidden_norm(fc(context_features))`."""
 
+    def apply_rotary(self, drafter: Any, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """The drafter's rotary embedding applied to `x` [1, heads, n, head_dim] (as to its keys) at `position_ids`
+        [1, n]. Optional: a codebase without it is n/a in the rotary component."""
+
     def draft_forward(self, drafter: Any, noise_embedding: torch.Tensor, target_hidden: torch.Tensor,
                       position_ids: torch.Tensor) -> torch.Tensor:
         """Draft hidden states [1, q, H] for one block after a context (inference layout, no cache)."""

@@ -28,11 +28,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3MLP,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    rotate_half,
+)
+from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRotaryEmbedding
 
 from impl.dflash2 import CandidateSelector, GroupedDynamicCausalConv
 from impl.masks import inference_mask, training_mask
-from impl.spec import DraftSpec
+from impl.spec import DraftSpec, SpecError
 from impl.vocab_mapping import target_ids
 
 
@@ -68,8 +74,40 @@ def rms_norm(norm: Qwen3RMSNorm, x: torch.Tensor) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of `x` [b, heads, n, d] at the positions whose `cos`/`sin` [b, n, d] are given."""
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+    """Rotary embedding of `x` [b, heads, n, d] at the positions whose `cos`/`sin` [b, n, r] are given: the
+    first r dims are rotated (neox style), the rest pass through (partial rotary, r < d)."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return x * cos[:, None] + rotate_half(x) * sin[:, None]
+    rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+    return torch.cat([rotated * cos[:, None] + rotate_half(rotated) * sin[:, None], passed], dim=-1)
+
+
+class DraftRotaryEmbedding(Qwen3RotaryEmbedding):
+    """Qwen3's rotary embedding (transformers' scalings from ROPE_INIT_FUNCTIONS, its dynamic update and
+    attention scaling) whose unscaled frequencies also honour `partial_rotary_factor`: Qwen3's own default
+    ignores it and covers the whole head; transformers' partial-rotary models (Qwen3-Next) cover the rotated
+    dims only, and the scaled rope types already do."""
+
+    def __init__(self, spec: DraftSpec):
+        super().__init__(spec.qwen3_config())
+        self.style = spec.rope_style
+
+    def forward(self, x, position_ids):
+        if self.style != "neox":
+            # Neither reference can run an interleaved (GPT-J) rotary: both apply rotate_half. Refused when
+            # computed (a drafter built only for its shapes, as the static audit does, is fine) rather than
+            # computed by a rule nothing holds us to.
+            raise SpecError("rope_style", f"{self.style!r} (interleaved pairs) is not supported: z-lab dflash 0.1.0 "
+                                          "and speculators 0.9.0 rotate neox style (rotate_half) only, so no "
+                                          "reference drafter runs or trains it")
+        return super().forward(x, position_ids)
+
+    @staticmethod
+    def compute_default_rope_parameters(config, **kwargs):
+        if config.rope_parameters.get("partial_rotary_factor", 1.0) != 1.0:
+            return Qwen3NextRotaryEmbedding.compute_default_rope_parameters(config, **kwargs)
+        return Qwen3RotaryEmbedding.compute_default_rope_parameters(config, **kwargs)
 
 
 class DraftAttention(nn.Module):
@@ -160,7 +198,7 @@ class DFlashDrafter(nn.Module):
         self.spec = spec
         self.layers = nn.ModuleList(DraftLayer(spec, i) for i in range(spec.num_hidden_layers))
         self.norm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
-        self.rotary_emb = Qwen3RotaryEmbedding(spec.qwen3_config())
+        self.rotary_emb = DraftRotaryEmbedding(spec)
         self.fc = nn.Linear(spec.fc_in_features, spec.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.lm_head = None

@@ -142,6 +142,9 @@ CATALOGUE = (
             "speculators has no decoding loop.",
             "a mask id that falls back to eos/pad (a loop that stops on eos or strips the mask id loses real tokens); "
             "an id past the embedding; a decode loop that filters the mask id out of its output"),
+    Pitfall(35, 'rotary', 'rotary settings',
+            "z-lab 0.1.0 (model.py) and speculators 0.9.0 (dflash/core.py, through `flatten_rope_parameters`: a per-layer-type rope runs its `sliding_attention` entry) build transformers' `Qwen3RotaryEmbedding` from the drafter's config and rotate neox style (`rotate_half` over the whole head; interleaved/GPT-J style in neither). transformers 5.19 reads `rope_parameters` (`rope_theta`, `rope_type` and its scaling keys; the older `rope_scaling` and a top-level `rope_theta` / `partial_rotary_factor` are moved into it; theta 10000 when a config has none); its scaled types (`ROPE_INIT_FUNCTIONS`: linear, dynamic, yarn, longrope, llama3, proportional) honour `partial_rotary_factor`, Qwen3's default rope ignores it. So a default-rope drafter declaring 0.25 runs with every dim rotated, and a scaled one cannot run in either reference. speculators' trainer copies the verifier's `rope_parameters` (theta, scaling) into the draft config and drops `partial_rotary_factor` unless the rope has an `mrope_section` (train/cli.py). Partial rotary where it is applied (transformers' Qwen3-Next, vLLM): the first `head_dim * factor` dims rotated, the rest passed through. How the engines read these: #30.",
+            "a draft config that inherits `partial_rotary_factor`, `rope_theta` or scaling from a hybrid target it was not trained with, served by an engine that applies it; the rotated dims taken from the end of the head; a rope scaling dropped"),
     Pitfall(36, 'vocab_sizes', 'vocab_sizes (draft head, target vocabulary, tokenizer, embedding)',
             "Four sizes: the draft head's rows (`draft_vocab_size`, else `vocab_size`), the target's config "
             "`vocab_size`, its tokenizer length and its embedding rows. Targets pad their vocabulary past the tokenizer "
@@ -163,9 +166,17 @@ PITFALLS = {p.number: p for p in CATALOGUE}
 # Architecture fields and the entry each maps to (None: no catalogue entry).
 ARCHITECTURE_ENTRIES = {
     "hidden_size": None, "intermediate_size": None, "num_attention_heads": None, "num_key_value_heads": None,
-    "head_dim": None, "num_hidden_layers": None, "vocab_size": 13, "num_target_layers": 1, "rope_theta": 12,
+    "head_dim": None, "num_hidden_layers": None, "vocab_size": 13, "num_target_layers": 1,
     "rms_norm_eps": None, "max_position_embeddings": 12, "attention_bias": None, "hidden_act": None,
     "input_embedding_scale": 13, "output_multiplier": 13, "final_logit_softcapping": 13,
+}
+# The rotary settings (#35): what a difference between two drafters (or a drafter and its trainer) does.
+ROTARY_CONSEQUENCES = {
+    "rope_theta": "every position is rotated at different frequencies, so the drafter reads the context's "
+                  "order differently",
+    "rope_scaling": "the rotary frequencies (and, for yarn and longrope, the attention scale) differ",
+    "partial_rotary_factor": "a different share of each head carries the position",
+    "rope_style": "the head dims are paired differently (halves vs interleaved pairs)",
 }
 # Fields whose difference changes no output for contexts that fit both.
 ARCHITECTURE_WARNINGS = {"max_position_embeddings"}

@@ -124,6 +124,13 @@ LOCATIONS = (
                  '`target_vocab.mask_token_problems`, `decoding.dflash_decode`',
                  '`dflash_generate` (keeps it)', '`train.utils.resolve_mask_token_id` (no decoding loop)',
                  '`conformance/test_mask_token_validity.py`'),
+    RuleLocation((35,), 'rotary settings',
+                 '`model.DraftRotaryEmbedding`, `model.rotate` (partial), `zlab_format.rotary_settings`; the static '
+                 '`rotary` finding (`dflash_audit/audit/static_rotary.py`)',
+                 '`Qwen3RotaryEmbedding(config)`, `apply_rotary_pos_emb`',
+                 '`models.dflash.core` (`flatten_rope_parameters`), `model_definitions.apply_rotary_pos_emb`, '
+                 '`train.cli.create_transformer_layer_config`',
+                 '`conformance/test_rotary.py`, `tests/test_rotary.py`'),
     RuleLocation((36,), 'vocabulary sizes (padded target vocabulary)',
                  '`target_vocab.TargetVocabulary`, `model.DFlashDrafter.compute_logits`',
                  '`DFlashDraftModel.compute_logits`', '`DFlashSpeculatorConfig.draft_vocab_size`',

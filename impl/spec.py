@@ -11,7 +11,7 @@ import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
-from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ZLAB_EXTRAS
+from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import spec_family
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -25,6 +25,11 @@ LOSS_WEIGHTINGS = get_args(LossWeighting)
 FAMILIES = ("dflash", "dflash2")
 # The DFlash2-only architecture fields, in speculators' names (set together or not at all).
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# Rotary styles, in vLLM's terms (`is_neox_style`): neox rotates the two halves of the head (transformers'
+# `rotate_half`, what Qwen3 and both references do); gptj rotates interleaved pairs (even, odd dims).
+ROPE_STYLES = ("neox", "gptj")
+# The rotary settings of a spec, as `rotary` findings and the conformance component name them.
+ROTARY_FIELDS = ("rope_theta", "rope_scaling", "partial_rotary_factor", "rope_style")
 
 
 class SpecError(ValueError):
@@ -56,6 +61,13 @@ class DraftSpec:
     layer_types: tuple[str, ...] = ()  # empty means all full attention
     sliding_window: int | None = None
     rope_theta: float = QWEN3_DEFAULTS["rope_theta"]
+    # transformers' `rope_parameters` less rope_theta and partial_rotary_factor: {"rope_type": "yarn", "factor": ...};
+    # None is the unscaled "default" rope. Not hashed (a dict); compared by value.
+    rope_scaling: dict[str, Any] | None = field(default=ROTARY_DEFAULTS["rope_scaling"], hash=False)
+    # The share of each head's dims that is rotated (the first ones; the rest pass through), as transformers'
+    # partial-rotary models and vLLM apply `rope_parameters.partial_rotary_factor`.
+    partial_rotary_factor: float = ROTARY_DEFAULTS["partial_rotary_factor"]
+    rope_style: str = ROTARY_DEFAULTS["rope_style"]  # one of ROPE_STYLES
     rms_norm_eps: float = QWEN3_DEFAULTS["rms_norm_eps"]
     max_position_embeddings: int = QWEN3_DEFAULTS["max_position_embeddings"]
     attention_bias: bool = QWEN3_DEFAULTS["attention_bias"]
@@ -89,6 +101,8 @@ class DraftSpec:
         object.__setattr__(self, "layer_types", types)
         if self.draft_vocab_size == self.vocab_size:  # speculators' own rule: equal sizes map nothing
             object.__setattr__(self, "draft_vocab_size", None)
+        if isinstance(self.partial_rotary_factor, numbers.Real) and not isinstance(self.partial_rotary_factor, bool):
+            object.__setattr__(self, "partial_rotary_factor", float(self.partial_rotary_factor))
         self.validate()
 
     def validate(self) -> None:
@@ -117,6 +131,7 @@ class DraftSpec:
             _require(isinstance(self.sliding_window, int) and self.sliding_window > 0, "sliding_window",
                      f"sliding_attention layers need a positive sliding_window, got {self.sliding_window!r}")
         _require(self.rope_theta > 0, "rope_theta", f"must be positive, got {self.rope_theta}")
+        self._validate_rotary()
         from transformers.activations import ACT2FN  # the activations a Qwen3 layer can be built with
 
         _require(self.hidden_act in ACT2FN, "hidden_act", f"{self.hidden_act!r} is not an activation transformers knows")
@@ -138,6 +153,36 @@ class DraftSpec:
     def head_size(self) -> int:
         """Rows of the drafter's head: the draft vocabulary when reduced, else the target's."""
         return self.draft_vocab_size or self.vocab_size
+    def _validate_rotary(self) -> None:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # the scalings transformers computes
+
+        factor = self.partial_rotary_factor
+        _require(isinstance(factor, numbers.Real) and not isinstance(factor, bool) and 0 < factor <= 1,
+                 "partial_rotary_factor", f"must be in (0, 1], got {factor!r}")
+        _require(self.rotary_dim >= 2 and self.rotary_dim % 2 == 0, "partial_rotary_factor",
+                 f"{factor} of head_dim {self.head_dim} rotates {self.rotary_dim} dims; rotary needs an even number")
+        _require(self.rope_style in ROPE_STYLES, "rope_style", f"{self.rope_style!r} not in {list(ROPE_STYLES)}")
+        scaling = self.rope_scaling
+        if scaling is None:
+            return
+        _require(isinstance(scaling, dict), "rope_scaling", f"{scaling!r} is not a mapping")
+        kind = scaling.get("rope_type")
+        _require(kind in ROPE_INIT_FUNCTIONS, "rope_scaling",
+                 f"rope_type {kind!r} is not a scaling transformers computes ({sorted(ROPE_INIT_FUNCTIONS)})")
+        overlap = sorted({"rope_theta", "partial_rotary_factor"} & set(scaling))
+        _require(not overlap, "rope_scaling", f"holds {overlap}, which are fields of their own")
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many of each head's dims are rotated (the first ones), as transformers computes it."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def rope_parameters(self) -> dict[str, Any]:
+        """transformers' `rope_parameters` of this spec (partial_rotary_factor only where it is not 1)."""
+        params = {"rope_type": "default", "rope_theta": self.rope_theta, **(self.rope_scaling or {})}
+        if self.partial_rotary_factor != 1.0:
+            params["partial_rotary_factor"] = self.partial_rotary_factor
+        return params
 
     def _validate_dflash2(self) -> None:
         values = {name: getattr(self, name) for name in DFLASH2_FIELDS}
@@ -198,7 +243,10 @@ class DraftSpec:
         from transformers import Qwen3Config
 
         has_sliding = "sliding_attention" in self.layer_types
+        # Interleaved rotary in the engines' name (vLLM, SGLang); kept as an extra field of the config.
+        style = {} if self.rope_style == ROTARY_DEFAULTS["rope_style"] else {"is_neox_style": False}
         return Qwen3Config(
+            **style,
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size,
@@ -209,7 +257,7 @@ class DraftSpec:
             hidden_act=self.hidden_act,
             max_position_embeddings=self.max_position_embeddings,
             rms_norm_eps=self.rms_norm_eps,
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            rope_parameters=self.rope_parameters(),
             attention_bias=self.attention_bias,
             # Qwen3Config drops sliding_window unless use_sliding_window is set.
             use_sliding_window=has_sliding,

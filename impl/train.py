@@ -26,7 +26,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from impl.checkpoint import load_checkpoint, save_checkpoint
 from impl.data import PackedData, load_packed, pack_records
-from impl.defaults import QWEN3_DEFAULTS
 from impl.extract import output_head
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
@@ -34,6 +33,7 @@ from impl.spec import DFLASH2_FIELDS, FAMILIES, DraftSpec, LossFn, LossWeighting
 from impl.target import load_target_model, load_tokenizer
 from impl.train_step import training_step
 from impl.vocab_mapping import MappingError, check_mapping, count_token_frequencies, mapping_from_frequencies
+from impl.zlab_format import rotary_settings
 
 MASK_TOKEN = "<|mask|>"
 MIN_LR_RATIO = 0.1  # cosine decays to this fraction of the peak learning rate
@@ -114,7 +114,9 @@ def draft_spec(config, tokenizer, cfg: TrainConfig, draft_vocab_size: int | None
     if len(set(ids)) != len(ids) and cfg.target_layer_ids is None:
         raise TrainError(f"z-lab's default target layers for {num_layers} target layers and {cfg.draft_layers} "
                          f"draft layers repeat ({ids}); pass --target-layer-ids")
-    rope = getattr(config, "rope_parameters", None) or {}
+    # speculators' trainer copies the verifier's rope_parameters (theta, scaling) into the draft config and drops
+    # partial_rotary_factor (train/cli.py create_transformer_layer_config): every head dim is rotated.
+    rotary = rotary_settings(config.to_dict())
     if cfg.family not in FAMILIES:
         raise TrainError(f"family must be one of {list(FAMILIES)}, got {cfg.family!r}")
     dflash2 = {name: getattr(cfg, name) for name in DFLASH2_FIELDS} if cfg.family == "dflash2" else {}
@@ -135,7 +137,8 @@ def draft_spec(config, tokenizer, cfg: TrainConfig, draft_vocab_size: int | None
         block_size=cfg.block_size,
         layer_types=tuple(cfg.layer_types or ()),
         sliding_window=cfg.sliding_window,
-        rope_theta=float(rope.get("rope_theta", QWEN3_DEFAULTS["rope_theta"])),
+        rope_theta=rotary["rope_theta"],
+        rope_scaling=rotary["rope_scaling"],
         rms_norm_eps=config.rms_norm_eps,
         max_position_embeddings=config.max_position_embeddings,
         draft_vocab_size=draft_vocab_size,

@@ -19,12 +19,17 @@ from safetensors.torch import save_file
 
 from impl.atomic import atomic_directory
 from impl.config_values import as_float, as_int
-from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ZLAB_EXTRAS
+from impl.defaults import (
+    BLOCK_SIZE_DEFAULTS,
+    QWEN3_DEFAULTS,
+    ROTARY_DEFAULTS,
+    ZLAB_EXTRAS,
+)
 from impl.errors import CheckpointError
 from impl.families import ZLAB_ARCHITECTURES, config_family
 from impl.layers import build_target_layer_ids
 from impl.param_names import strip_wrapper_prefixes
-from impl.spec import DFLASH2_FIELDS, DraftSpec, SpecError
+from impl.spec import DFLASH2_FIELDS, LAYER_TYPES, DraftSpec, SpecError
 
 
 def zlab_config(spec: DraftSpec) -> dict[str, Any]:
@@ -51,7 +56,55 @@ def zlab_config(spec: DraftSpec) -> dict[str, Any]:
         # Where vLLM's DFlash drafter reads it (`hf_config.draft_vocab_size`), beside its `d2t` tensor and own
         # `lm_head.weight`. z-lab's own package has no draft vocabulary.
         config["draft_vocab_size"] = spec.draft_vocab_size
+    if spec.partial_rotary_factor != ROTARY_DEFAULTS["partial_rotary_factor"]:
+        # Beside rope_parameters' (transformers, vLLM): SGLang reads the top-level one (#30).
+        config["partial_rotary_factor"] = spec.partial_rotary_factor
     return config
+
+
+def rope_mapping(config: dict[str, Any]) -> dict[str, Any]:
+    """The rope dict a config states: `rope_parameters` (transformers 5), else the older `rope_scaling`; {} if none."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise SpecError("rope_parameters", f"{rope!r} is not a mapping")
+    if "rope_theta" not in rope and set(rope) & set(LAYER_TYPES):
+        # Per-layer-type rope (Laguna-style): speculators' `flatten_rope_parameters` runs the sliding one.
+        rope = rope.get("sliding_attention") or rope.get("full_attention") or {}
+        if not isinstance(rope, dict):
+            raise SpecError("rope_parameters", f"{rope!r} is not a mapping")
+    return rope
+
+
+def rotary_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """rope_theta, rope_scaling, partial_rotary_factor and rope_style as transformers reads a config's rope dict
+    (its values first, then the top-level fields; `type` is the old spelling of `rope_type`)."""
+    rope = rope_mapping(config)
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    scaling = None
+    if kind != "default":
+        scaling = {key: value for key, value in rope.items() if key not in ("rope_theta", "partial_rotary_factor", "type")}
+        scaling["rope_type"] = kind
+    neox = config.get("is_neox_style", True)
+    if not isinstance(neox, bool):
+        raise SpecError("is_neox_style", f"{neox!r} is not true or false")
+    return {
+        "rope_theta": as_float("rope_theta", rope.get("rope_theta", config.get("rope_theta", QWEN3_DEFAULTS["rope_theta"]))),
+        "rope_scaling": scaling,
+        "partial_rotary_factor": as_float("partial_rotary_factor", rope.get(
+            "partial_rotary_factor", config.get("partial_rotary_factor", ROTARY_DEFAULTS["partial_rotary_factor"]))),
+        "rope_style": "neox" if neox else "gptj",
+    }
+
+
+def declared_rotary(config: dict[str, Any]) -> set[str]:
+    """The rotary settings a config states itself (the others took a default)."""
+    rope = rope_mapping(config)
+    declared = {name for name in ("rope_theta", "partial_rotary_factor") if name in rope or name in config}
+    if "rope_type" in rope or "type" in rope:
+        declared.add("rope_scaling")
+    if "is_neox_style" in config:
+        declared.add("rope_style")
+    return declared
 
 
 def save_zlab_dir(path: str | Path, spec: DraftSpec, state_dict: dict[str, torch.Tensor]) -> None:
@@ -85,9 +138,6 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -
         mask_token_id = value("mask_token_id")
         if mask_token_id is None:
             raise SpecError("mask_token_id", "missing from dflash_config")
-        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        if not isinstance(rope, dict):
-            raise SpecError("rope_parameters", f"{rope!r} is not a mapping")
         use_sliding = bool(config.get("use_sliding_window", False))
         window = config.get("sliding_window") if use_sliding else None
         layer_types = config.get("layer_types") or ["full_attention"] * layers
@@ -114,8 +164,7 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -
             block_size=as_int("block_size", value("block_size", BLOCK_SIZE_DEFAULTS["zlab"])),
             layer_types=tuple(layer_types),
             sliding_window=window,
-            rope_theta=as_float("rope_theta", rope.get("rope_theta", config.get("rope_theta",
-                                                                                QWEN3_DEFAULTS["rope_theta"]))),
+            **rotary_settings(config),
             rms_norm_eps=as_float("rms_norm_eps", config.get("rms_norm_eps", QWEN3_DEFAULTS["rms_norm_eps"])),
             max_position_embeddings=as_int("max_position_embeddings", config.get("max_position_embeddings", QWEN3_DEFAULTS["max_position_embeddings"])),
             attention_bias=bool(config.get("attention_bias", QWEN3_DEFAULTS["attention_bias"])),

@@ -37,6 +37,7 @@ check_reference("speculators")
 
 # After the version guard on purpose: the names below are 0.9.0's.
 import speculators.models.dflash.core as spec_core  # noqa: E402
+import speculators.models.dflash.model_definitions as spec_definitions  # noqa: E402
 import speculators.models.utils as spec_utils  # noqa: E402
 from speculators.config import SpeculatorsConfig, VerifierConfig  # noqa: E402
 from speculators.losses import (  # noqa: E402
@@ -51,7 +52,10 @@ from speculators.models.dflash.metrics import compute_metrics  # noqa: E402
 from speculators.models.dflash.utils import select_anchors  # noqa: E402
 from speculators.models.dflash2 import DFlash2DraftModel, DFlash2SpeculatorConfig  # noqa: E402
 from speculators.models.dflash2 import core as dflash2_core  # noqa: E402
-from speculators.models.dflash2.metrics import compute_selector_loss, selector_training_candidates  # noqa: E402
+from speculators.models.dflash2.metrics import (  # noqa: E402
+    compute_selector_loss,
+    selector_training_candidates,
+)
 from speculators.proposals.greedy import GreedyTokenProposalConfig  # noqa: E402
 from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution  # noqa: E402
 
@@ -97,6 +101,17 @@ def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None, 
             verifier=verifier_config(verifier_dir),
         ),
     )
+
+
+def refuse_rotary(spec: DraftSpec) -> None:
+    """What speculators' model cannot run: core.py builds transformers' `Qwen3RotaryEmbedding` from the layer
+    config and model_definitions.py's `apply_rotary_pos_emb` rotates the whole head (rotate_half)."""
+    if spec.partial_rotary_factor != 1.0:
+        raise Unsupported("speculators: 0.9.0 cannot run partial rotary: Qwen3RotaryEmbedding's default rope ignores "
+                          "partial_rotary_factor (it trains with all head dims rotated) and model_definitions.py "
+                          "apply_rotary_pos_emb has no pass-through dims")
+    if spec.rope_style != "neox":
+        raise Unsupported("speculators: 0.9.0 rotates neox style only (model_definitions.py apply_rotary_pos_emb)")
 
 
 def on_cpu_attention(config: DFlashSpeculatorConfig) -> DFlashSpeculatorConfig:
@@ -210,6 +225,7 @@ class SpeculatorsImplementation:
         raise Unsupported("speculators: no inference loop, hence no inference mask")
 
     def build_drafter(self, spec: DraftSpec, state_dict, target: nn.Module | None = None) -> DFlashDraftModel:
+        refuse_rotary(spec)
         verifier_dir = self.verifier_dir
         if verifier_dir is None and target is not None and _is_local_dir(getattr(target, "name_or_path", None)):
             verifier_dir = target.name_or_path
@@ -228,6 +244,12 @@ class SpeculatorsImplementation:
 
     def project_context(self, drafter, context_features):
         return drafter.hidden_norm(drafter.fc(context_features))
+
+    @torch.no_grad()
+    def apply_rotary(self, drafter: DFlashDraftModel, x, position_ids):
+        """speculators' own rotary (`rotary_emb`, then model_definitions' `apply_rotary_pos_emb`, keys' side)."""
+        cos, sin = drafter.rotary_emb(x, position_ids)
+        return spec_definitions.apply_rotary_pos_emb(x, x, cos, sin)[1]
 
     def _block_masks(self, drafter: DFlashDraftModel, context_len: int, block_len: int, device) -> dict:
         """Per-window masks of one anchor block after the context: speculators' training masks, one anchor."""

@@ -76,6 +76,17 @@ def load_zlab_model(path: str | Path) -> zlab.DFlashDraftModel:
     return model.eval()
 
 
+def refuse_rotary(spec: DraftSpec) -> None:
+    """What z-lab's model cannot run: it builds transformers' `Qwen3RotaryEmbedding(config)` and rotates with
+    model.py's `apply_rotary_pos_emb` (rotate_half over the whole head)."""
+    if spec.partial_rotary_factor != 1.0:
+        raise Unsupported("zlab: dflash 0.1.0 cannot run partial rotary: Qwen3RotaryEmbedding's default rope ignores "
+                          "partial_rotary_factor (all head dims rotated) and model.py apply_rotary_pos_emb has no "
+                          "pass-through dims (a scaled rope's narrower cos/sin does not fit the head)")
+    if spec.rope_style != "neox":
+        raise Unsupported("zlab: dflash 0.1.0 rotates neox style only (model.py apply_rotary_pos_emb: rotate_half)")
+
+
 class ZlabImplementation:
     name = "zlab"
     unsupported: frozenset[str] = frozenset(TRAINING_OPERATIONS) | DRAFT_VOCAB_OPERATIONS
@@ -95,12 +106,19 @@ class ZlabImplementation:
     def build_drafter(self, spec: DraftSpec, state_dict, target: nn.Module | None = None) -> zlab.DFlashDraftModel:
         from transformers import Qwen3Config
 
+        refuse_rotary(spec)
         model = model_class(spec.family)(Qwen3Config(**zlab_config(spec)))
         model.load_state_dict(in_memory_names(strip_wrapper_prefixes(state_dict)), strict=True)
         return model.float().eval()
 
     def project_context(self, drafter, context_features):
         return drafter.hidden_norm(drafter.fc(context_features))
+
+    @torch.no_grad()
+    def apply_rotary(self, drafter, x, position_ids):
+        """z-lab's own rotary (`rotary_emb`, then model.py's `apply_rotary_pos_emb` as its keys get it)."""
+        cos, sin = drafter.rotary_emb(x, position_ids)
+        return zlab.apply_rotary_pos_emb(x, x, cos, sin)[1]
 
     @torch.no_grad()
     def draft_forward(self, drafter, noise_embedding, target_hidden, position_ids):

@@ -279,14 +279,17 @@ def test_defaults_are_one_table_each_imported_by_every_reader():
     import impl.train
     import impl.zlab_format
 
-    for module in (impl.zlab_format, impl.spec, impl.train, dflash_audit.formats.inference):
+    for module in (impl.zlab_format, impl.spec, dflash_audit.formats.inference):
         assert module.QWEN3_DEFAULTS is impl.defaults.QWEN3_DEFAULTS, module.__name__
+        assert module.ROTARY_DEFAULTS is impl.defaults.ROTARY_DEFAULTS, module.__name__
+    assert impl.train.rotary_settings is impl.zlab_format.rotary_settings  # the trainer reads a target's rope so too
     for module in (impl.zlab_format, impl.spec, dflash_audit.conversion, dflash_audit.formats.inference):
         assert module.ZLAB_EXTRAS is impl.defaults.ZLAB_EXTRAS, module.__name__
     for module in (impl.zlab_format, impl.spec, dflash_audit.formats.speculators):
         assert module.BLOCK_SIZE_DEFAULTS is impl.defaults.BLOCK_SIZE_DEFAULTS, module.__name__
     spec_defaults = {f.name: f.default for f in fields(impl.spec.DraftSpec)}
-    for name, value in {**impl.defaults.QWEN3_DEFAULTS, **impl.defaults.ZLAB_EXTRAS}.items():
+    for name, value in {**impl.defaults.QWEN3_DEFAULTS, **impl.defaults.ROTARY_DEFAULTS,
+                        **impl.defaults.ZLAB_EXTRAS}.items():
         assert spec_defaults[name] == value, name
     assert spec_defaults["block_size"] == impl.defaults.BLOCK_SIZE_DEFAULTS["zlab"]
 

@@ -2,9 +2,9 @@
 
 One check, reported under the one catalogue entry whose property a case adds to the plain forward
 (#10: full attention, the context from position 0): #12 a later position, #11 sliding layers, #25
-bidirectional sliding blocks, #22 DFlash2's convolutions. A case first runs without its property;
-when the two implementations already differ there, the root cause belongs to that simpler check,
-which reports it, and this one is n/a: one root cause, one failing entry.
+bidirectional sliding blocks, #22 DFlash2's convolutions, #35 a scaled or partial rotary. A case first
+runs without its property; when the two implementations already differ there, the root cause belongs
+to that simpler check, which reports it, and this one is n/a: one root cause, one failing entry.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def without_property(case: ForwardCase, pitfall: int | None) -> tuple[ForwardCas
     elif pitfall == 11:
         simpler = replace(case, spec=replace(spec, layer_types=("full_attention",) * spec.num_hidden_layers,
                                              sliding_window=None, sliding_window_non_causal=False))
+    elif pitfall == 35:
+        simpler = replace(case, spec=replace(spec, rope_scaling=None, partial_rotary_factor=1.0))
     elif pitfall == 12:
         simpler = replace(case, position_offset=0)
     else:
@@ -65,6 +67,8 @@ def entry_of(case: ForwardCase) -> int:
         return 22
     if "sliding_attention" in spec.layer_types:
         return 25 if spec.sliding_window_non_causal else 11
+    if spec.rope_scaling is not None or spec.partial_rotary_factor != 1.0:
+        return 35
     return 12 if case.position_offset else 10
 
 

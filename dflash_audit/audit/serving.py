@@ -19,19 +19,9 @@ from impl.errors import AuditError
 __all__ = ["EngineReport", "ServingFinding", "divergence_count", "section_dict", "serving_section"]
 
 
-def declared_partial_rotary(config: dict[str, Any] | None) -> float:
-    """The partial rotary factor HF's rotary (the trainers') reads from the drafter's config: rope_parameters."""
-    config = config or {}
-    layer = config.get("transformer_layer_config") or config  # speculators nests the layer config
-    rope = layer.get("rope_parameters") or layer.get("rope_scaling") or {}
-    # transformers moves a top-level partial_rotary_factor into rope_parameters when it builds the config.
-    return float(rope.get("partial_rotary_factor", layer.get("partial_rotary_factor", 1.0)))
-
-
 def trained_of(loaded: LoadedCheckpoint) -> tuple[dict[str, Any], dict[str, str]]:
     defaulted = {name: p.detail for name, p in loaded.provenance.items() if p.source == "default"}
-    return trained_values(loaded.spec, loaded.raw.draft_vocab_size, declared_partial_rotary(loaded.raw.config),
-                          defaulted)
+    return trained_values(loaded.spec, loaded.raw.draft_vocab_size, defaulted)
 
 
 def not_a_directory(engine: str, path: Path, fmt: str) -> EngineReport:

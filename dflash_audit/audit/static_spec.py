@@ -12,7 +12,7 @@ from dflash_audit.audit.sides import Side
 from impl.checkpoint import implied_shapes
 from impl.families import spec_family
 from impl.pitfalls import ARCHITECTURE_ENTRIES, ARCHITECTURE_WARNINGS, DFLASH2_SPEC_ENTRIES
-from impl.spec import DraftSpec
+from impl.spec import ROTARY_FIELDS, DraftSpec
 
 
 @dataclass
@@ -63,7 +63,9 @@ def spec_findings(ours: Side, ref: Side) -> list[Finding]:
 
 # Which finding component a spec field belongs to (for unknowns and contradictions).
 FIELD_COMPONENT = {"target_layer_ids": "target_layers", "block_size": "block_size", "mask_token_id": "mask_token",
-                   "layer_types": "layer_types", "sliding_window": "layer_types", "draft_vocab_size": "draft_vocab"}
+                   "layer_types": "layer_types", "sliding_window": "layer_types",
+                   "draft_vocab_size": "draft_vocab",
+                   **dict.fromkeys(ROTARY_FIELDS, "rotary")}
 
 
 def default_aware(ours: Side, ref: Side, name: str, finding: Finding) -> Finding:

@@ -25,12 +25,12 @@ from dflash_audit.formats.vocabulary import (
     convert,
     read_declarations,
 )
-from impl.defaults import QWEN3_DEFAULTS, ZLAB_EXTRAS
+from impl.defaults import QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import DFLASH2_MARKERS, body_is_dflash2, spec_family
 from impl.spec import RECIPE_FIELDS, DraftSpec, Recipe, SpecError
 
-# What a config that omits a Qwen3 layer setting or a z-lab extra gets.
-CONFIG_DEFAULTS = {**QWEN3_DEFAULTS, **ZLAB_EXTRAS}
+# What a config that omits a Qwen3 layer setting, a rotary setting or a z-lab extra gets.
+CONFIG_DEFAULTS = {**QWEN3_DEFAULTS, **ROTARY_DEFAULTS, **ZLAB_EXTRAS}
 SPEC_FIELDS = [f.name for f in fields(DraftSpec)]
 LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
 
@@ -170,12 +170,29 @@ def parse_cli_spec(pairs: list[str], flag: str) -> dict[str, tuple[Any, str]]:
         if name == "layer_types":
             value = [v.strip() for v in raw.split(",") if v.strip()]
         elif raw.lower() in ("none", "null") and name in ("sliding_window", "final_logit_softcapping",
-                                                           "verifier_source_layer"):
+                                                           "verifier_source_layer", "rope_scaling"):
             value = None
         if value is not None:
             value = convert(name, value, f"{flag} {key}")
         parsed[name] = (value, f"{flag} {key}={raw}")
     return parsed
+
+
+def declared_rope_dict(unrecognized: dict[str, Any]) -> tuple[dict[str, Any] | None, str] | None:
+    """A rope dict a checkpoint declares (`rope_scaling.type`, `rope_parameters.rope_type` and their keys), read as
+    transformers reads it: (the scaling, None for the default rope; where). None when none is declared."""
+    from impl.zlab_format import rotary_settings
+
+    for where, value in unrecognized.items():
+        prefix, _, last = where.rpartition(".")
+        if re.split(r"[.\s]", prefix)[-1] in ("rope_scaling", "rope_parameters") and last in ("rope_type", "type"):
+            rope = {key[len(prefix) + 1:]: item for key, item in unrecognized.items()
+                    if key.startswith(prefix + ".") and "." not in key[len(prefix) + 1:]}
+            try:
+                return rotary_settings({"rope_parameters": rope})["rope_scaling"], prefix
+            except (SpecError, TypeError, ValueError):
+                return None  # not a rope dict transformers reads: left to the default rules (listed unrecognized)
+    return None
 
 
 def infer(shapes: dict[str, tuple[int, ...]], declaration_sources: list[tuple[str, dict[str, Any]]],
@@ -208,6 +225,12 @@ def infer(shapes: dict[str, tuple[int, ...]], declaration_sources: list[tuple[st
             values[name], provenance[name] = value, Provenance("inferred", how)
         elif said is not None:
             values[name], provenance[name] = said.value, Provenance("declared", said.where)
+        elif name == "rope_scaling" and (rope := declared_rope_dict(unrecognized)) is not None:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            scaling, where = rope
+            if scaling is None or scaling.get("rope_type") in ROPE_INIT_FUNCTIONS:
+                values[name], provenance[name] = scaling, Provenance("declared", where)
         elif target_config is not None and name in ("num_target_layers", "vocab_size"):
             key = "num_hidden_layers" if name == "num_target_layers" else "vocab_size"
             if isinstance(target_config.get(key), int):

@@ -79,6 +79,27 @@ def declared_provenance(spec: DraftSpec, detail: str, present: set[str] | None =
             else Provenance("default", defaulted_detail) for f in dataclasses.fields(DraftSpec)}
 
 
+# Whose default a rotary setting a config leaves out takes (rope_theta's is the format's: see `rotary_provenance`).
+ROTARY_DEFAULT_DETAILS = {
+    "rope_scaling": "no rope_type: transformers' default rope (unscaled)",
+    "partial_rotary_factor": "every head dim rotated (transformers' default 1.0)",
+    "rope_style": "no is_neox_style: neox (rotate_half), the engines' default and the only style the references run",
+}
+
+
+def rotary_provenance(provenance: dict[str, Provenance], config: dict[str, Any], where: str,
+                      theta_default: str) -> None:
+    """The rotary fields of `provenance`: declared where `config` states them, else whose default each took."""
+    from impl.spec import ROTARY_FIELDS
+    from impl.zlab_format import declared_rotary
+
+    declared = declared_rotary(config)
+    details = {**ROTARY_DEFAULT_DETAILS, "rope_theta": theta_default}
+    for name in ROTARY_FIELDS:
+        provenance[name] = (Provenance("declared", where) if name in declared
+                            else Provenance("default", f"not in {where}; {details[name]}"))
+
+
 def apply_cli_spec(loaded: LoadedCheckpoint, options: LoadOptions) -> LoadedCheckpoint:
     """`--ours-spec KEY=VALUE` on a drafter of a known format: the value replaces what the file says."""
     if loaded.spec is not None:

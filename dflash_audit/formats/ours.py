@@ -6,9 +6,10 @@ import zipfile
 from pathlib import Path
 
 from dflash_audit.formats.foreign import PICKLE_SUFFIXES
+from dflash_audit.formats.inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
 from impl.checkpoint import CKPT_FORMAT, check_body, load_checkpoint, save_state, weights_dtype
-from impl.spec import Recipe
+from impl.spec import ROTARY_FIELDS, Recipe
 
 
 def detect(path: Path) -> bool:
@@ -32,7 +33,18 @@ def load(path: Path) -> LoadedCheckpoint:
     return LoadedCheckpoint(spec=ckpt.spec, state_dict=ckpt.state_dict, recipe=ckpt.recipe, step=ckpt.step,
                             training_state=ckpt.training_state, recipe_unknown=ckpt.recipe_unknown, path=str(path), format="ours",
                             raw=RawRecord(layer_ids=list(ckpt.spec.target_layer_ids)),
-                            provenance=declared_provenance(ckpt.spec, f"{path.name}: spec"))
+                            provenance=provenance(ckpt, path.name))
+
+
+def provenance(ckpt, name: str) -> dict:
+    """Every field declared by the file's spec, except rotary settings written before they existed: those are our
+    drafter's defaults of that time (every head dim rotated, neox, unscaled), which is what it trained with."""
+    found = declared_provenance(ckpt.spec, f"{name}: spec")
+    for field_name in ROTARY_FIELDS:
+        if ckpt.spec_written is not None and field_name not in ckpt.spec_written:
+            found[field_name] = Provenance("default", f"not in {name}'s spec (written before the field existed); "
+                                                      "our trainer then always used this default")
+    return found
 
 
 def save(loaded: LoadedCheckpoint, destination: Path) -> None:

@@ -15,7 +15,12 @@ from typing import Any
 import torch
 
 from dflash_audit.formats.inference import Provenance
-from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
+from dflash_audit.formats.loaded import (
+    LoadedCheckpoint,
+    RawRecord,
+    declared_provenance,
+    rotary_provenance,
+)
 from impl.checkpoint import weights_dtype
 from impl.defaults import BLOCK_SIZE_DEFAULTS
 from impl.errors import AuditError, CheckpointError
@@ -55,13 +60,21 @@ def verifier_layer_count(config: dict[str, Any], target_dir: str | Path | None, 
                           "local directory; pass the target directory (--target)")
 
 
+def rotary_view(config: dict[str, Any]) -> dict[str, Any]:
+    """The layer config speculators builds its rotary from, plus an `is_neox_style` stated beside it."""
+    layer_config = dict(config.get("transformer_layer_config") or {})
+    if "is_neox_style" in config:
+        layer_config.setdefault("is_neox_style", config["is_neox_style"])
+    return layer_config
+
+
 def zlab_shaped_config(config: dict[str, Any], num_target_layers: int, source: str) -> dict[str, Any]:
     """A speculators config.json rewritten as the z-lab config of the same drafter (ids shifted back)."""
     from transformers import AutoConfig
 
-    layer_config = dict(config.get("transformer_layer_config") or {})
-    if not layer_config:
+    if not config.get("transformer_layer_config"):
         raise CheckpointError(f"{source}: no transformer_layer_config")
+    layer_config = rotary_view(config)
     # Fill Qwen3 defaults for the fields its diff-dict left out, as speculators does on load.
     full = AutoConfig.for_model(**{"model_type": "qwen3", **layer_config}).to_dict()
     aux = config.get("aux_hidden_state_layer_ids")
@@ -101,8 +114,10 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
                     verifier=((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path"))
     present = set(config) | set(config.get("transformer_layer_config") or {}) | {"target_layer_ids",
                                                                                   "num_target_layers"}
-    provenance = declared_provenance(spec, "config.json", present | {"rope_theta", "sliding_window"},
+    provenance = declared_provenance(spec, "config.json", present | {"sliding_window"},
                                      "not in config.json; Qwen3's default")
+    rotary_provenance(provenance, rotary_view(config), "config.json transformer_layer_config",
+                      "transformers' Qwen3Config default, which speculators builds its layers and rotary from")
     provenance["target_layer_ids"] = Provenance("declared", "config.json aux_hidden_state_layer_ids (id - 1)")
     provenance["num_target_layers"] = Provenance("inferred", "the verifier's config.json num_hidden_layers")
     if "block_size" not in config:

@@ -10,12 +10,13 @@ not recognized is kept verbatim for the report.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from impl.layers import speculators_to_zlab
-from impl.spec import LAYER_TYPES, LOSS_KINDS, LOSS_WEIGHTINGS
+from impl.spec import LAYER_TYPES, LOSS_KINDS, LOSS_WEIGHTINGS, ROPE_STYLES
 
 SPEC_NAMES = {
     "hidden_size": ("hidden_size", "hidden_dim", "d_model", "n_embd", "dim"),
@@ -35,6 +36,7 @@ SPEC_NAMES = {
     "layer_types": ("layer_types",),
     "sliding_window": ("sliding_window",),
     "rope_theta": ("rope_theta",),
+    "partial_rotary_factor": ("partial_rotary_factor",),
     "rms_norm_eps": ("rms_norm_eps",),
     "max_position_embeddings": ("max_position_embeddings",),
     "attention_bias": ("attention_bias",),
@@ -77,7 +79,7 @@ INT_FIELDS = {"hidden_size", "intermediate_size", "num_attention_heads", "num_ke
               "num_hidden_layers", "vocab_size", "num_target_layers", "mask_token_id", "block_size",
               "max_position_embeddings", "max_anchors", "verifier_source_layer", "sliding_window",
               "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "draft_vocab_size"}
-FLOAT_FIELDS = {"rope_theta", "rms_norm_eps", "input_embedding_scale", "output_multiplier", "final_logit_softcapping",
+FLOAT_FIELDS = {"rope_theta", "partial_rotary_factor", "rms_norm_eps", "input_embedding_scale", "output_multiplier", "final_logit_softcapping",
                 "gamma", "noise_std", "dpace_alpha", "selector_loss_alpha"}
 BOOL_FIELDS = {"attention_bias", "sample_from_anchor", "sliding_window_non_causal"}
 LOSS_SPELLINGS = {"ce": "ce", "cross_entropy": "ce", "crossentropy": "ce", "xent": "ce", "kl": "kl_div",
@@ -153,6 +155,18 @@ def convert(field: str, value: Any, where: str, speculators_ids: bool = False) -
         if not isinstance(value, str):
             raise fail("an activation name")
         return value
+    if field == "rope_style":
+        if value not in ROPE_STYLES:
+            raise fail(f"a rotary style ({list(ROPE_STYLES)})")
+        return value
+    if field == "rope_scaling":  # on the command line: JSON, e.g. {"rope_type": "linear", "factor": 2.0}, or none
+        try:
+            parsed = json.loads(value) if isinstance(value, str) else value
+        except json.JSONDecodeError:
+            raise fail("a JSON object of transformers' rope parameters") from None
+        if parsed is not None and not isinstance(parsed, dict):
+            raise fail("a JSON object of transformers' rope parameters")
+        return parsed
     if field in BOOL_FIELDS:
         if isinstance(value, bool):
             return value

@@ -10,12 +10,23 @@ from pathlib import Path
 from typing import Any
 
 from dflash_audit.formats.inference import Provenance
-from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
+from dflash_audit.formats.loaded import (
+    LoadedCheckpoint,
+    RawRecord,
+    declared_provenance,
+    rotary_provenance,
+)
 from impl.checkpoint import check_body
+from impl.defaults import QWEN3_DEFAULTS
 from impl.families import is_zlab_architecture
 from impl.param_names import codebook_names
 from impl.weights_dir import read_config, read_safetensors_dir
 from impl.zlab_format import save_zlab_dir, spec_from_zlab_config
+
+# A z-lab config without rope_theta is read as Qwen3's published value; z-lab's own DFlashDraftModel reads it
+# through transformers' Qwen3Config, whose default differs: said, so that a reader can declare the value.
+ZLAB_THETA_DEFAULT = (f"taken as Qwen3's {QWEN3_DEFAULTS['rope_theta']:g}; z-lab's DFlashDraftModel (transformers' "
+                      "Qwen3Config) would fill 10000")
 
 
 def detect(config: dict[str, Any]) -> bool:
@@ -28,6 +39,7 @@ def load(path: Path) -> LoadedCheckpoint:
     spec = spec_from_zlab_config(config, source=str(path / "config.json"))
     written = (config.get("dflash_config") or {}).get("target_layer_ids", config.get("target_layer_ids"))
     provenance = declared_provenance(spec, "config.json", config_keys(config))
+    rotary_provenance(provenance, config, "config.json", ZLAB_THETA_DEFAULT)
     if written is None:
         provenance["target_layer_ids"] = Provenance("default", "not in config.json; z-lab's build_target_layer_ids")
     state = codebook_names(read_safetensors_dir(path), str(path))  # either spelling z-lab writes
@@ -39,8 +51,6 @@ def load(path: Path) -> LoadedCheckpoint:
 def config_keys(config: dict[str, Any]) -> set[str]:
     """Spec fields a z-lab (or z-lab-shaped) config.json states itself."""
     present = set(config) | set(config.get("dflash_config") or {})
-    if "rope_parameters" in config or "rope_scaling" in config:
-        present.add("rope_theta")
     if "use_sliding_window" in config:
         present.add("sliding_window")
     if "is_causal" in config:

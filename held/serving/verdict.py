@@ -63,7 +63,7 @@ class EngineReport:
         return data
 
 
-def trained_values(spec: DraftSpec, draft_vocab_size: int | None = None, partial_rotary_factor: float = 1.0,
+def trained_values(spec: DraftSpec, draft_vocab_size: int | None = None,
                    defaulted: dict[str, str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """(served-field -> trained value, served-field -> why unknown). Unknown values are None. `defaulted`: spec
     field -> why its value is a loader default (provenance), not what the drafter declares."""
@@ -73,9 +73,10 @@ def trained_values(spec: DraftSpec, draft_vocab_size: int | None = None, partial
         "layer_windows": [spec.window_of(i) for i in range(n)],
         "layer_causal": [spec.block_is_causal(i) for i in range(n)],
         "mask_token_id": spec.mask_token_id, "block_size": spec.block_size, "rope_theta": float(spec.rope_theta),
-        # A DraftSpec has no rope scaling nor interleaved layout: the drafters we and the references build rotate
-        # neox style (rotate_half), unscaled; HF's rotary reads rope_parameters.partial_rotary_factor (given).
-        "rope_type": "default", "partial_rotary_factor": float(partial_rotary_factor), "is_neox_style": True,
+        # The spec's rotary settings as the drafter's config declares them (#35 compares them with what the
+        # references apply).
+        "rope_type": (spec.rope_scaling or {}).get("rope_type", "default"),
+        "partial_rotary_factor": float(spec.partial_rotary_factor), "is_neox_style": spec.rope_style == "neox",
         "rms_norm_eps": float(spec.rms_norm_eps), "hidden_act": spec.hidden_act, "vocab_size": spec.vocab_size,
         "draft_vocab_size": draft_vocab_size or spec.head_size,
         "input_embedding_scale": float(spec.input_embedding_scale), "tensors_ignored": [], "tensors_refused": [],

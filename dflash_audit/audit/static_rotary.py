@@ -1,0 +1,90 @@
+"""Static audit, the rotary settings (#35): rope_theta, rope scaling, partial rotary factor and style.
+
+Two comparisons, one finding per root cause:
+- each drafter's declared settings against what the reference its format is written for applies (z-lab's
+  DFlashDraftModel, speculators' trainer: transformers' Qwen3RotaryEmbedding, whose default rope ignores
+  `partial_rotary_factor`, and rotate_half only). A config that inherited a factor its trainer never applied
+  is one finding, on that side;
+- the two drafters against each other, on what each one's reference applies where that is known (else on
+  what it declares), so the inherited factor above is not reported a second time.
+How serving engines read the same fields is entry #30 (`serve-check`), not repeated here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dflash_audit.audit.findings import Finding
+from dflash_audit.audit.sides import Side
+from dflash_audit.audit.static_spec import default_aware
+from impl.pitfalls import ROTARY_CONSEQUENCES
+from impl.spec import ROTARY_FIELDS
+
+# The reference each format is written for (the code that trains or runs a drafter in it).
+FORMAT_REFERENCE = {"zlab": "z-lab's DFlashDraftModel (dflash 0.1.0)", "speculators": "speculators 0.9.0"}
+TRAINER_DROPS_FACTOR = {"speculators": " (and its trainer drops a verifier's factor from the draft config unless the "
+                                       "rope has an mrope_section: train/cli.py)"}
+
+
+def describe(name: str, value: Any) -> str:
+    if name == "rope_scaling":
+        return "unscaled" if value is None else f"{value.get('rope_type')} scaling {value}"
+    return f"{name} {value}"
+
+
+def applied(side: Side) -> tuple[dict[str, Any], dict[str, str]]:
+    """The rotary settings the side's reference applies, and why each differs from what the side declares.
+
+    Only for z-lab and speculators directories with known settings: our trainer applies its spec as written, and
+    a foreign checkpoint's trainer is unknown (its declared values stand)."""
+    if side.format not in FORMAT_REFERENCE or not all(side.is_known(name) for name in ROTARY_FIELDS):
+        return {}, {}
+    declared = {name: side.value(name) for name in ROTARY_FIELDS}
+    reference, why = FORMAT_REFERENCE[side.format], {}
+    values = dict(declared)
+    if declared["rope_style"] != "neox":
+        values["rope_style"] = "neox"
+        why["rope_style"] = f"{reference} rotates neox style only (rotate_half)"
+    if declared["partial_rotary_factor"] != 1.0:
+        if declared["rope_scaling"] is None:
+            values["partial_rotary_factor"] = 1.0
+            why["partial_rotary_factor"] = (f"{reference} builds transformers' Qwen3RotaryEmbedding, whose default "
+                                            "rope ignores the factor: every head dim is rotated"
+                                            + TRAINER_DROPS_FACTOR.get(side.format, ""))
+        else:
+            values["partial_rotary_factor"] = None  # no value: the reference cannot run it
+            why["partial_rotary_factor"] = (f"{reference} cannot run it: the scaled rope's cos/sin cover only the "
+                                            "rotated dims and its apply_rotary_pos_emb rotates the whole head")
+    return values, why
+
+
+def declared_vs_applied(side: Side, name_of_side: str) -> list[Finding]:
+    values, why = applied(side)
+    found = []
+    for name, reason in why.items():
+        declared = side.value(name)
+        found.append(Finding(
+            "rotary", "divergence",
+            f"{name_of_side} declares {describe(name, declared)} ({side.provenance.get(name, {}).get('detail', '')}), "
+            f"but {reason}. An engine that applies the declared value (how vLLM and SGLang read it: #30) serves "
+            f"another function than the reference runs: {ROTARY_CONSEQUENCES[name]}.",
+            declared if name_of_side == "ours" else None, declared if name_of_side == "ref" else None,
+            pitfall=35, key=f"{name} applied in {name_of_side}",
+            raw={name_of_side: {"declared": declared, "applied": values[name]}}))
+    return found
+
+
+def rotary_findings(ours: Side, ref: Side) -> list[Finding]:
+    found = declared_vs_applied(ours, "ours") + declared_vs_applied(ref, "ref")
+    effective = [applied(side)[0] for side in (ours, ref)]
+    for name in ROTARY_FIELDS:
+        if not (ours.is_known(name) and ref.is_known(name)):
+            continue  # an unknown is reported as unknown (static_spec.self_findings), never compared
+        a, b = (values.get(name, side.value(name)) for values, side in zip(effective, (ours, ref)))
+        if a == b or None in (a, b) and name == "partial_rotary_factor":
+            continue  # equal, or one side cannot run its factor at all (its own finding above)
+        found.append(default_aware(ours, ref, name, Finding(
+            "rotary", "divergence",
+            f"{describe(name, a)} in ours vs {describe(name, b)} in ref: {ROTARY_CONSEQUENCES[name]}.",
+            a, b, pitfall=35, key=name)))
+    return found
