@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from impl.atomic import atomic_directory
-from impl.config_values import as_float, as_int
+from impl.config_values import as_bool, as_float, as_int
 from impl.defaults import (
     BLOCK_SIZE_DEFAULTS,
     QWEN3_DEFAULTS,
@@ -56,6 +56,10 @@ def zlab_config(spec: DraftSpec) -> dict[str, Any]:
         # Where vLLM's DFlash drafter reads it (`hf_config.draft_vocab_size`), beside its `d2t` tensor and own
         # `lm_head.weight`. z-lab's own package has no draft vocabulary.
         config["draft_vocab_size"] = spec.draft_vocab_size
+    if spec.sample_from_anchor:
+        # Where vLLM's DFlash runner reads the layout from a z-lab directory (it refuses True there);
+        # written only when set, so an anchor-as-bonus drafter's config reads as z-lab's own.
+        config["dflash_config"]["sample_from_anchor"] = True
     if spec.partial_rotary_factor != ROTARY_DEFAULTS["partial_rotary_factor"]:
         # Beside rope_parameters' (transformers, vLLM): SGLang reads the top-level one (#30).
         config["partial_rotary_factor"] = spec.partial_rotary_factor
@@ -77,7 +81,8 @@ def rope_mapping(config: dict[str, Any]) -> dict[str, Any]:
 
 def rotary_settings(config: dict[str, Any]) -> dict[str, Any]:
     """rope_theta, rope_scaling, partial_rotary_factor and rope_style as transformers reads a config's rope dict
-    (its values first, then the top-level fields; `type` is the old spelling of `rope_type`)."""
+    (its values first, then the top-level fields, then Qwen3Config's defaults; `type` is the old spelling of
+    `rope_type`)."""
     rope = rope_mapping(config)
     kind = rope.get("rope_type", rope.get("type", "default"))
     scaling = None
@@ -88,12 +93,20 @@ def rotary_settings(config: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(neox, bool):
         raise SpecError("is_neox_style", f"{neox!r} is not true or false")
     return {
-        "rope_theta": as_float("rope_theta", rope.get("rope_theta", config.get("rope_theta", QWEN3_DEFAULTS["rope_theta"]))),
+        "rope_theta": as_float("rope_theta", rope.get("rope_theta", config.get("rope_theta", transformers_theta()))),
         "rope_scaling": scaling,
         "partial_rotary_factor": as_float("partial_rotary_factor", rope.get(
             "partial_rotary_factor", config.get("partial_rotary_factor", ROTARY_DEFAULTS["partial_rotary_factor"]))),
         "rope_style": "neox" if neox else "gptj",
     }
+
+
+def transformers_theta() -> float:
+    """The theta transformers' Qwen3Config fills when a config states none: what z-lab's DFlashDraftModel (and
+    speculators, which builds its layer config with it) run such a drafter at."""
+    from transformers import Qwen3Config
+
+    return float(Qwen3Config.default_theta)
 
 
 def declared_rotary(config: dict[str, Any]) -> set[str]:
@@ -174,6 +187,7 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -
             output_multiplier=as_float("output_multiplier", value("output_multiplier", ZLAB_EXTRAS["output_multiplier"])),
             final_logit_softcapping=value("final_logit_softcapping", ZLAB_EXTRAS["final_logit_softcapping"]),
             draft_vocab_size=draft_vocab_size(config),
+            sample_from_anchor=as_bool("sample_from_anchor", dflash.get("sample_from_anchor", False)),
         )
     except KeyError as exc:
         raise CheckpointError(f"{source}: missing field {exc.args[0]!r}") from exc

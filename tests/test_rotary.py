@@ -191,3 +191,16 @@ def test_foreign_checkpoint_declaring_a_rope_dict(tmp_path):
         ({"rope_type": "linear", "factor": 2.0}, 0.5, "neox")
     assert [side.provenance[name]["source"] for name in ("rope_scaling", "partial_rotary_factor", "rope_style")] == \
         ["declared", "declared", "default"]
+
+
+def test_a_zlab_config_without_rope_reads_the_theta_zlab_runs(tmp_path):
+    from reference_adapters.zlab_adapter import load_zlab_model
+
+    model = drafter()
+    save_zlab_dir(tmp_path / "z", model.spec, model.state_dict())
+    config = json.loads((tmp_path / "z" / "config.json").read_text())
+    del config["rope_parameters"]
+    (tmp_path / "z" / "config.json").write_text(json.dumps(config))
+    side = load_side(tmp_path / "z")
+    assert side.spec.rope_theta == load_zlab_model(tmp_path / "z").config.rope_parameters["rope_theta"] == 10_000.0
+    assert side.provenance["rope_theta"]["source"] == "default" and "Qwen3Config" in side.provenance["rope_theta"]["detail"]

@@ -17,16 +17,13 @@ from dflash_audit.formats.loaded import (
     rotary_provenance,
 )
 from impl.checkpoint import check_body
-from impl.defaults import QWEN3_DEFAULTS
 from impl.families import is_zlab_architecture
 from impl.param_names import codebook_names
 from impl.weights_dir import read_config, read_safetensors_dir
 from impl.zlab_format import save_zlab_dir, spec_from_zlab_config
 
-# A z-lab config without rope_theta is read as Qwen3's published value; z-lab's own DFlashDraftModel reads it
-# through transformers' Qwen3Config, whose default differs: said, so that a reader can declare the value.
-ZLAB_THETA_DEFAULT = (f"taken as Qwen3's {QWEN3_DEFAULTS['rope_theta']:g}; z-lab's DFlashDraftModel (transformers' "
-                      "Qwen3Config) would fill 10000")
+# A z-lab config without rope_theta runs at transformers' Qwen3Config default (not Qwen3's published 1e6).
+ZLAB_THETA_DEFAULT = "transformers' Qwen3Config default, which z-lab's DFlashDraftModel reads it with"
 
 
 def detect(config: dict[str, Any]) -> bool:
@@ -39,6 +36,9 @@ def load(path: Path) -> LoadedCheckpoint:
     spec = spec_from_zlab_config(config, source=str(path / "config.json"))
     written = (config.get("dflash_config") or {}).get("target_layer_ids", config.get("target_layer_ids"))
     provenance = declared_provenance(spec, "config.json", config_keys(config))
+    if "sample_from_anchor" not in (config.get("dflash_config") or {}):
+        provenance["sample_from_anchor"] = Provenance("inferred", "not in config.json; z-lab's dflash has one slot "
+                                                                  "layout, the anchor as the bonus token")
     rotary_provenance(provenance, config, "config.json", ZLAB_THETA_DEFAULT)
     if written is None:
         provenance["target_layer_ids"] = Provenance("default", "not in config.json; z-lab's build_target_layer_ids")
