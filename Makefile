@@ -53,10 +53,14 @@ browser:
 # The test world (a trained target and three drafters) is built first, two trainings at a time; then the suites
 # run on one pytest-xdist worker per core (each single-threaded, see conftest.py), work-stealing so that the few
 # long tests do not leave a core idle. The conformance report is merged from the workers (conformance/conftest.py).
+# Then the tests marked `dynamic` (each dynamic code path once: target forward, live loops, cache, replay, DDTree,
+# compare --target, eval) run again in bfloat16 (DFLASH_AUDIT_DTYPE; their conformance report goes to its own folder).
 TEST_WORKERS ?= auto
 test: setup browser
 	OMP_NUM_THREADS=1 $(PY) -m dflash_world.prebuild
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests conformance
+	DFLASH_AUDIT_DTYPE=bfloat16 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m dynamic \
+		--report-dir reports/conformance/bfloat16 $(DYNAMIC_TESTS)
 
 quick: setup
 	$(PY) -m pytest -q tests conformance -m quick
@@ -83,6 +87,7 @@ bench: setup
 	$(BENCH_ENV) $(PY) bench/bench_offline_vs_live.py --max-new-tokens 1024
 	$(BENCH_ENV) $(PY) bench/bench_live_vs_zlab.py
 	$(BENCH_ENV) $(PY) bench/bench_ddtree_vs_dflash.py
+	$(BENCH_ENV) $(PY) bench/bench_slot_layout.py
 	$(BENCH_ENV) $(PY) bench/bench_specforge_tau.py
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape tiny
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b
@@ -90,12 +95,16 @@ bench: setup
 	$(BENCH_ENV) $(PY) -m bench.results_table
 
 # The dynamic path on CUDA: the same tests with the models on the GPU (DFLASH_AUDIT_DEVICE=cuda;
-# the CLI's --device auto picks CUDA by itself), then the dynamic bench. Without a GPU: one line, exit 0.
-DYNAMIC_TESTS := tests/test_device_consistency.py tests/test_offline.py tests/test_decoding.py tests/test_ddtree.py \
-	tests/test_compare_dynamic.py tests/test_eval_cli.py tests/test_placement.py conformance/test_live_decoding.py
+# the CLI's --device auto picks CUDA by itself), in float32 and then the dynamic ones in bfloat16, then the
+# dynamic bench. Without a GPU: one line, exit 0.
+DYNAMIC_TESTS := tests/test_device_consistency.py tests/test_offline.py tests/test_offline_cache.py tests/test_decoding.py \
+	tests/test_ddtree.py tests/test_compare_dynamic.py tests/test_eval_cli.py tests/test_placement.py \
+	conformance/test_live_decoding.py
 gpu-check: setup
 	@if $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
-		DFLASH_AUDIT_DEVICE=cuda $(PY) -m pytest -q $(DYNAMIC_TESTS) && \
+		DFLASH_AUDIT_DEVICE=cuda $(PY) -m pytest -q --report-dir reports/conformance/cuda-float32 $(DYNAMIC_TESTS) && \
+		DFLASH_AUDIT_DEVICE=cuda DFLASH_AUDIT_DTYPE=bfloat16 $(PY) -m pytest -q -m dynamic \
+			--report-dir reports/conformance/cuda-bfloat16 $(DYNAMIC_TESTS) && \
 		if [ -f bench/bench_dynamic_scale.py ]; then $(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b; fi; \
 	else \
 		echo "gpu-check: not run: torch sees no CUDA device here (torch.cuda.is_available() is False)"; \

@@ -17,7 +17,8 @@ drafters at the matching shape (the z-lab Qwen3-8B-DFlash-b16 recipe). Then:
   τ           per prompt and drafter, the live loop's rounds == the offline rounds in `compare`'s
               report (== this process's replay, for the timed drafter)
   speculative (tiny shape) the cache's continuation by speculative decoding with the test world's
-              trained drafter / transformers `generate`, one prompt at a time both, goal below 1x
+              trained DFlash2 drafter / transformers `generate`, one prompt at a time both, goal below 1x;
+              and the target forward passes each makes (a count, whatever the machine's speed)
 Prompts are the test world's first `--prompts` prompts, cut to `--prompt-chars` characters (a CPU
 spends its time on the prefill otherwise). Absolute times are only meaningful from a GPU; on a CPU
 the ratios are what is recorded.
@@ -45,6 +46,9 @@ from results import RESULTS, Row, record  # noqa: E402
 from scale_targets import TARGETS, drafter_spec, write_drafter, write_target  # noqa: E402
 
 GOALS = {"memory": 1.25, "build": 1.2, "size": 1.1, "replay": 1.5}
+# The speculative build's row: long enough continuations that the drafter's rounds, not the prefills,
+# decide (a CPU runs an 8-token verify pass at about 2.5x a 1-token step on the tiny target).
+SPECULATIVE_NEW_TOKENS = 256
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 # What any run of the CLI holds before it reads a model: the baseline of the memory row.
 IDLE = "import torch, transformers; from transformers import AutoModelForCausalLM; import dflash_audit.cli"
@@ -145,6 +149,13 @@ def main() -> None:
     torch.set_num_threads(1)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     repeats = args.repeats or (3 if args.shape == "tiny" else 1)
+    if args.tmp is not None:  # a folder the user names may not exist yet: made (only the temp dir inside is removed)
+        try:
+            args.tmp.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"--tmp {args.tmp}: cannot create it ({exc.strerror})")
+        if not args.tmp.is_dir():
+            parser.error(f"--tmp {args.tmp}: not a folder")
     root = Path(tempfile.mkdtemp(prefix="dflash-dyn-scale-", dir=args.tmp))
     try:
         from dflash_world import cached_test_world
@@ -183,8 +194,8 @@ def main() -> None:
         if args.shape != "tiny":  # a 1 MB model: the row would measure the allocator, not the audit
             rows.insert(0, memory_row)
         else:  # random drafters accept nothing: speculative generation is measured with a trained one
-            row, extra["speculative"] = speculative_row(args, repeats)
-            rows.append(row)
+            speculative, extra["speculative"] = speculative_rows(args, repeats)
+            rows += speculative
         extra["idle_cli_bytes"], extra["memory_row"] = idle, memory_row.line()
         extra.update({"device": device, "memory": {"kind": memory_kind, "peak_bytes": peak, "target_bytes": target_bytes,
                                                     "drafter_bytes": drafter_bytes, "cache_bytes": cache_bytes},
@@ -303,49 +314,79 @@ def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_d
     return rows, extra
 
 
+class ForwardCount:
+    """The target's forward passes (calls of its decoder body), whoever makes them: a machine-free count."""
+
+    def __init__(self, target):
+        self.calls = 0
+        self.handle = target.get_decoder().register_forward_pre_hook(self._count)
+
+    def _count(self, *_):
+        self.calls += 1
+
+    def close(self) -> int:
+        self.handle.remove()
+        return self.calls
+
+
 @torch.inference_mode()
-def speculative_row(args, repeats: int) -> tuple[Row, dict]:
-    """The test world's target and its trained drafter: the cache's continuation by speculative
-    decoding against transformers `generate`, one prompt at a time both."""
+def speculative_rows(args, repeats: int) -> tuple[list[Row], dict]:
+    """The test world's target and its DFlash2 drafter, the world's most accepting (τ about 4 per
+    round): the cache's continuation by speculative decoding against transformers `generate`, one prompt
+    at a time both, every world prompt, SPECULATIVE_NEW_TOKENS new tokens. Random drafters accept nothing
+    (τ 1), so the bench's own pair cannot show the gain."""
     from dflash_audit.prompts import load_prompts, tokenize_prompts
     from dflash_world import cached_test_world
-    from dflash_world.drafter import cached_test_drafter
+    from dflash_world.drafter import cached_dflash2_drafter
     from impl.checkpoint import build_drafter, load_checkpoint
     from impl.offline.speculative import capture_speculative
     from impl.target import load_target
 
     world = cached_test_world()
     target, tokenizer = load_target(world.target)  # as trained: float32
-    checkpoint = load_checkpoint(cached_test_drafter(world))
+    drafter_path = cached_dflash2_drafter(world)
+    checkpoint = load_checkpoint(drafter_path)
     drafter = build_drafter(checkpoint.spec, checkpoint.state_dict).float().eval()
-    prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))[:args.prompts]
+    prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))
     stop_ids = [tokenizer.eos_token_id]
     layer_ids = list(drafter.target_layer_ids)
+    new = SPECULATIVE_NEW_TOKENS
 
     def floor():
         return [target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                max_new_tokens=args.max_new_tokens, eos_token_id=stop_ids, pad_token_id=0,
-                                use_cache=True)[0] for _, ids in prompts]
-
-    def ours():
-        return [capture_speculative(target, drafter, ids[0], layer_ids, args.max_new_tokens, stop_ids)
+                                max_new_tokens=new, eos_token_id=stop_ids, pad_token_id=0, use_cache=True)[0]
                 for _, ids in prompts]
 
+    def ours():
+        return [capture_speculative(target, drafter, ids[0], layer_ids, new, stop_ids) for _, ids in prompts]
+
     floor_s, ours_s = [], []
-    for _ in range(repeats):
+    for _ in range(repeats):  # alternating, so machine load hits both alike
+        count = ForwardCount(target)
         generated, seconds = timed(floor)
+        floor_passes = count.close()
         floor_s.append(seconds)
+        count = ForwardCount(target)
         captured, seconds = timed(ours)
+        ours_passes = count.close()
         ours_s.append(seconds)
+        print(f"generate {floor_s[-1]:.2f} s ({floor_passes} target passes), speculative build {ours_s[-1]:.2f} s "
+              f"({ours_passes} target passes)", flush=True)
     same = all(torch.equal(c.token_ids, g) for (c, _), g in zip(captured, generated))
-    passes = sum(n for _, n in captured)
+    assert ours_passes == sum(n for _, n in captured)  # the loop's own count agrees with the hook's
     new_tokens = sum(len(c.token_ids) - c.prompt_len for c, _ in captured)
-    row = Row(f"test world, trained drafter ({Path(cached_test_drafter(world)).stem}): speculative cache build / "
-              "transformers generate", min(ours_s) / min(floor_s), 1.0, "<=",
-              detail=f"{passes} target passes for {new_tokens} new tokens (plain: {new_tokens + len(prompts)}); "
-                     f"tokens {'identical' if same else 'DIFFER'}; one prompt at a time both")
-    return row, {"generate_s": floor_s, "speculative_s": ours_s, "passes": passes, "new_tokens": new_tokens,
-                 "tokens_identical": same}
+    name = f"test world, trained drafter ({Path(drafter_path).stem}), {len(prompts)} prompts x {new} new tokens"
+    rows = [
+        Row(f"{name}: speculative cache build / transformers generate", min(ours_s) / min(floor_s), 1.0, "<=",
+            detail=f"one prompt at a time both; tokens {'identical' if same else 'DIFFER'}; "
+                   f"{ours_passes} target passes vs {floor_passes}"),
+        Row(f"{name}: target forward passes, speculative / generate", ours_passes / floor_passes, 1.0, "<=",
+            detail=f"{ours_passes} vs {floor_passes} (a count, whatever the machine's speed) for {new_tokens} new "
+                   f"tokens: {new_tokens / ours_passes:.2f} vs {new_tokens / floor_passes:.2f} tokens per pass"),
+    ]
+    return rows, {"generate_s": floor_s, "speculative_s": ours_s, "passes": ours_passes,
+                  "generate_passes": floor_passes, "new_tokens": new_tokens, "tokens_identical": same,
+                  "drafter": Path(drafter_path).stem}
 
 
 if __name__ == "__main__":

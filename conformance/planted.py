@@ -21,8 +21,10 @@ import impl.implementation
 import impl.losses
 import impl.masks
 import impl.model
+import impl.slot_layout
 import impl.train_step
-from conformance.checks import dflash2, layers, losses, masks, rotary, training, vocab
+from conformance.checks import dflash2, layers, losses, masks, rotary, slot_layout, training, vocab
+from conformance.checks.slot_layout import SlotCase
 from conformance.strategies import (
     ConvCase,
     DPaceCase,
@@ -59,6 +61,11 @@ DFLASH2_SPEC = dataclasses.replace(SPEC, conv_kernel_size=3, conv_group_size=8, 
 CONV = ConvCase(spec=DFLASH2_SPEC, layer=1, sublayer="mlp", num_blocks=3, seed=4)
 SELECTOR = SelectorCase(spec=DFLASH2_SPEC, slots=10, first_token=7, temperature=0.0, seed=6)
 DFLASH2_TRAINING = dataclasses.replace(TRAINING, spec=DFLASH2_SPEC)
+# The anchor-as-bonus layout on full attention: the slot layout alone (speculators' block masks window the
+# context from the anchor, decoding's from each query: a sliding layer would add that difference, #25).
+FULL_ATTENTION = dataclasses.replace(SPEC, layer_types=("full_attention",) * SPEC.num_hidden_layers,
+                                     sliding_window=None)
+SLOT = SlotCase(spec=FULL_ATTENTION, context_len=9, seed=11)
 MASK = MaskCase(document_ids=torch.tensor([[0] * 8 + [1] * 8 + [-1] * 2]), anchors=torch.tensor([0, 5, 9, 15]),
                 block_size=4, sliding_window=None, causal_block=False)
 
@@ -70,6 +77,14 @@ PARTIAL_ROTARY = RotaryCase(spec=dataclasses.replace(ROTARY_SPEC, partial_rotary
 INTERLEAVED_ROTARY = dataclasses.replace(PARTIAL_ROTARY, spec=dataclasses.replace(ROTARY_SPEC, rope_style="gptj"))
 SCALED_ROTARY = RotaryCase(spec=dataclasses.replace(ROTARY_SPEC, rope_scaling={"rope_type": "linear", "factor": 2.0}),
                            length=6, position_offset=9, seed=2)
+
+
+def _anchor_slot_proposes(_original):
+    return property(lambda spec: 0)  # every slot's logits read, the anchor's too, whatever the layout
+
+
+def _every_slot_counted(_original):
+    return lambda block_size, sample_from_anchor: block_size  # B speculative tokens under either layout
 
 
 @dataclass(frozen=True)
@@ -318,6 +333,12 @@ BUGS = [
                lambda cmp, ours, refs: dflash2.selector_training(cmp, ours, refs["speculators"], DFLASH2_TRAINING)),
     PlantedBug("top-k reranked without the unary term", 23, _patch(CandidateSelector, "select", _rerank_without_unary),
                lambda cmp, ours, refs: dflash2.selector_path(cmp, ours, refs["zlab"], SELECTOR)),
+    PlantedBug("decoding reads the anchor slot's logits (anchor-as-bonus layout)", 33,
+               _patch(DraftSpec, "first_proposing_slot", _anchor_slot_proposes),
+               lambda cmp, ours, refs: slot_layout.proposals(cmp, ours, refs["speculators"], SLOT)),
+    PlantedBug("B speculative tokens under the anchor-as-bonus layout", 33,
+               _patch(impl.slot_layout, "speculative_tokens", _every_slot_counted),
+               lambda cmp, ours, refs: slot_layout.speculative_tokens(cmp, ours, refs["speculators"], 8, False)),
     PlantedBug("partial rotary on the last dims", 35, _patch(impl.model, "rotate", _rotate_last_dims),
                lambda cmp, ours, refs: rotary.against_transformers(cmp, ours, PARTIAL_ROTARY)),
     PlantedBug("interleaved rotary rotated as halves", 35, _patch(impl.model, "rotate", _pairs_as_halves),

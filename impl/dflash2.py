@@ -39,8 +39,11 @@ def grouped_dynamic_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tenso
     out = torch.zeros_like(grouped)
     for tap in range(taps):
         shifted = grouped if tap == 0 else F.pad(grouped[:, : length - tap], (0, 0, 0, 0, tap, 0))
-        coefficient = base[tap].to(x.dtype).view(1, 1, groups, group_size) + delta[:, :, tap, :, None]
-        out = out + shifted * coefficient * (slot >= tap).view(1, length, 1, 1)
+        shifted = shifted * (slot >= tap).view(1, length, 1, 1)
+        # base·x, then + delta·x: two roundings, in z-lab's order (one (base + delta)·x rounds
+        # differently below float32, and a bfloat16 drafter would then not draft z-lab's tokens).
+        out = out + base[tap].to(x.dtype).view(1, 1, groups, group_size) * shifted
+        out = torch.addcmul(out, delta[:, :, tap, :, None], shifted)
     return out.view_as(x)
 
 

@@ -126,6 +126,9 @@ CATALOGUE = (
     Pitfall(31, 'serving', 'serving: tensors and architecture fields',
             "vLLM's DFlash2 codebooks are bare parameters: a `*_codebook.weight` name (z-lab's save_pretrained) is refused by its loader; SGLang drops any name with no parameter silently. SGLang reads the noise-embedding scale from the target, not `input_embedding_scale`; it supports `silu`/`swigluoai` only and reads the z-lab format only.",
             'a drafter that loads with its selector codebooks silently uninitialized; a speculators directory handed to SGLang'),
+    Pitfall(33, 'slot_layout', 'slot_layout (sample_from_anchor)',
+            "speculators `sample_from_anchor` (`DFlashSpeculatorConfig` default False; `_build_base_config_kwargs`: default True only for `dspark`, `speculative_tokens = block_size if sample_from_anchor else block_size - 1`). The block is `[anchor, mask × (B-1)]` at `a .. a+B-1` either way. False: slot 0 proposes nothing and is untrained (loss mask 0, `dflash_loss_decay` w(0) = 0), slot k ≥ 1 proposes the token at `a + k` (targets: verifier logits at `a + k - 1`), B - 1 speculative tokens. True: every slot proposes the next token, slot k the one at `a + k + 1` (targets at `a + k`, `w(k) = exp(-k/gamma)`), B speculative tokens; a round then accepts up to B + 1. vLLM 0.33 serves True only through its DSpark runner (`sample_pos = query_pos + 1` at every query); its DFlash runner reads `dflash_config.sample_from_anchor` and refuses True. z-lab's dflash 0.1.0 has only the False layout.",
+            'decoding that reads the anchor slot\'s logits under the False layout, or proposes B tokens from it; a drafter trained with one layout decoded or served with the other; a speculators config whose `speculative_tokens` ignores the layout'),
     Pitfall(34, 'mask_token_validity', 'mask_token_validity (the mask id against the target)',
             "The mask id fills the block's empty slots, so it must be a row of the target's embedding (< the target's "
             "config `vocab_size` and embedding rows) and none of its eos/pad/bos ids; a padding row past the tokenizer "
@@ -189,13 +192,15 @@ RECIPE_ENTRIES = {
                     "positions get a different share of the loss"),
     "verifier_source_layer": (3, "divergence", "the drafter is trained to predict the output of a different "
                               "target layer than the one the target decodes with"),
-    "sample_from_anchor": (5, "divergence", "block slots are aligned to different target positions"),
+    "sample_from_anchor": (33, "divergence", "block slots are aligned to different target positions"),
     "noise_std": (15, "warning", "the context features were augmented differently during training"),
     "max_anchors": (8, "warning", "a different number of blocks per sequence was trained on"),
     "selector_loss_alpha": (24, "divergence", "the candidate selector's loss is weighted differently against the "
                             "unary loss, so the drafter trades its own proposals against the selector's reranking "
                             "differently"),
 }
+# The slot layout's entry (`sample_from_anchor`: a drafter field, and what its recipe says training applied).
+SLOT_LAYOUT_ENTRY = 33
 # DFlash2's own fields: the component each belongs to, its catalogue entry, and what a difference does.
 DFLASH2_SPEC_ENTRIES = {
     "conv_kernel_size": ("conv", 22, "each convolution mixes a different number of earlier block slots"),

@@ -170,3 +170,11 @@ def built_in(device: torch.device, dtype: torch.dtype, build):
             return build()
     finally:
         torch.set_default_dtype(previous)
+
+
+def built_for(target: nn.Module | None, build):
+    """`build()` made where and in what dtype `target` runs (`built_in` its device and dtype): how an
+    implementation builds the drafter it decodes with against `target`; float32 on the CPU without one."""
+    if target is None:
+        return built_in(torch.device("cpu"), torch.float32, build)
+    return built_in(target_device(target), model_dtype(target), build)

@@ -11,6 +11,7 @@ import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
+from impl import slot_layout
 from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import spec_family
 
@@ -79,6 +80,10 @@ class DraftSpec:
     # Sliding-window layers see their whole block (bidirectional) instead of a causal block:
     # speculators' `sliding_window_non_causal`, z-lab's `is_causal: false`. DFlash2 defaults to it.
     sliding_window_non_causal: bool = False
+    # The slot layout (impl/slot_layout.py): True = every slot proposes the next token (DSpark,
+    # speculators' `sample_from_anchor`), B proposals per block; False = the anchor slot proposes
+    # nothing, B - 1 proposals. A property of the drafter: training, decoding and serving follow it.
+    sample_from_anchor: bool = False
     # DFlash2 (both references' second generation): a grouped dynamic causal convolution around
     # each layer's attention and MLP, and a candidate selector that reranks the unary top-k.
     # All four are set for a DFlash2 drafter and all None for a DFlash one.
@@ -131,6 +136,8 @@ class DraftSpec:
 
         _require(self.hidden_act in ACT2FN, "hidden_act", f"{self.hidden_act!r} is not an activation transformers knows")
         _require(self.rms_norm_eps > 0, "rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
+        _require(isinstance(self.sample_from_anchor, bool), "sample_from_anchor",
+                 f"must be true or false, got {self.sample_from_anchor!r}")
         self._validate_dflash2()
 
     def _validate_rotary(self) -> None:
@@ -190,6 +197,15 @@ class DraftSpec:
     def block_is_causal(self, layer_idx: int) -> bool:
         """Whether a layer's block slots see only earlier slots: sliding layers unless non-causal."""
         return self.layer_types[layer_idx] == "sliding_attention" and not self.sliding_window_non_causal
+
+    @property
+    def speculative_tokens(self) -> int:
+        """Tokens one block proposes under the drafter's slot layout (B or B - 1)."""
+        return slot_layout.speculative_tokens(self.block_size, self.sample_from_anchor)
+
+    @property
+    def first_proposing_slot(self) -> int:
+        return slot_layout.first_proposing_slot(self.sample_from_anchor)
 
     @property
     def fc_in_features(self) -> int:
@@ -257,6 +273,8 @@ class Recipe:
     verifier_source_layer: int | None = None
     noise_std: float = 0.0  # gaussian noise on the drafter's context features only
     max_anchors: int = 512
+    # The slot layout training applied; the drafter's own is `DraftSpec.sample_from_anchor`. Our trainer
+    # refuses a recipe that disagrees with its drafter; the audit reports a checkpoint whose two disagree.
     sample_from_anchor: bool = False
     per_position_loss_weight: LossWeighting = "fixed-exp-decay"
     dpace_alpha: float = 0.5  # D-PACE confidence smoothing, used when per_position_loss_weight = dpace

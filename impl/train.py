@@ -79,6 +79,7 @@ class TrainConfig:
     selector_top_k: int = 16
     selector_loss_alpha: float = 1.0
     sliding_window_non_causal: bool | None = None  # default: the family's (dflash2: bidirectional, as speculators)
+    sample_from_anchor: bool = False  # the drafter's slot layout (impl/slot_layout.py); the recipe records the same
     noise_std: float = 0.0
     dtype: str = "fp32"
     eval_every: int = 0  # 0: only at the end
@@ -118,6 +119,7 @@ def draft_spec(config, tokenizer, cfg: TrainConfig) -> DraftSpec:
     return DraftSpec(
         **dflash2,
         sliding_window_non_causal=cfg.family == "dflash2" if non_causal is None else non_causal,
+        sample_from_anchor=cfg.sample_from_anchor,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
         num_attention_heads=config.num_attention_heads,
@@ -145,7 +147,7 @@ def knob_recipe(cfg: TrainConfig, num_target_layers: int | None = None) -> Recip
         recipe = Recipe(gamma=cfg.gamma, loss_fn=cfg.loss_fn, verifier_source_layer=cfg.verifier_source_layer,
                         noise_std=cfg.noise_std, max_anchors=cfg.max_anchors,
                         per_position_loss_weight=cfg.per_position_loss_weight, dpace_alpha=cfg.dpace_alpha,
-                        selector_loss_alpha=cfg.selector_loss_alpha)
+                        selector_loss_alpha=cfg.selector_loss_alpha, sample_from_anchor=cfg.sample_from_anchor)
         recipe.check_trainable(num_target_layers)
     except SpecError as exc:
         raise TrainError(str(exc)) from None
@@ -243,10 +245,10 @@ def evaluate(drafter: DFlashDrafter, target, data: PackedData, recipe: Recipe, b
              autocast) -> dict:
     """Loss, per-position accuracy and EAL over held-out rows (fixed anchors across evals)."""
     device = next(drafter.parameters()).device
-    block = drafter.block_size
+    block, first = drafter.block_size, drafter.spec.first_proposing_slot
     loss_sum = run_sum = blocks = 0.0
-    hits = torch.zeros(block - 1, device=device)
-    counts = torch.zeros(block - 1, device=device)
+    hits = torch.zeros(drafter.spec.speculative_tokens, device=device)  # one per proposing slot
+    counts = torch.zeros(drafter.spec.speculative_tokens, device=device)
     for start in range(0, len(data), batch_size):
         rows = data.rows(slice(start, start + batch_size))
         generators = [row_generator(seed, -2, start + i, device=device) for i in range(len(rows))]
@@ -257,7 +259,7 @@ def evaluate(drafter: DFlashDrafter, target, data: PackedData, recipe: Recipe, b
         loss_sum += out.loss.item() * len(rows)
         hits += out.metrics["position_acc"] * out.metrics["position_count"]
         counts += out.metrics["position_count"]
-        trained_blocks = out.outputs.loss_mask.reshape(-1, block)[:, 1:].bool().any(1).sum().item()
+        trained_blocks = out.outputs.loss_mask.reshape(-1, block)[:, first:].bool().any(1).sum().item()
         run_sum += out.metrics["eal"].item() * trained_blocks
         blocks += trained_blocks
     return {"loss": loss_sum / len(data), "position_acc": (hits / counts.clamp(min=1)).tolist(),
@@ -340,7 +342,7 @@ def optimizer_step(cfg: TrainConfig, run: Run, model, sampler: RowSampler, step:
     averaged over ranks."""
     run.drafter.train()
     per_rank, device = cfg.batch_size // world, run.device
-    logged = torch.zeros(2 + run.spec.block_size - 1, device=device)
+    logged = torch.zeros(2 + run.spec.speculative_tokens, device=device)  # loss, EAL, accuracy per proposing slot
     for micro in range(cfg.grad_accum):
         base = (step * cfg.grad_accum + micro) * cfg.batch_size + rank * per_rank
         samples = list(range(base, base + per_rank))

@@ -76,10 +76,11 @@ MODEL_CLASSES = {"dflash": DFlashDraftModel, "dflash2": DFlash2DraftModel}
 CONFIG_CLASSES = {"dflash": DFlashSpeculatorConfig, "dflash2": DFlash2SpeculatorConfig}
 
 
-def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None, aux_layer_ids=None,
-                       sample_from_anchor: bool = False) -> DFlashSpeculatorConfig:
+def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None,
+                       aux_layer_ids=None) -> DFlashSpeculatorConfig:
     """The `DFlashSpeculatorConfig` (`DFlash2SpeculatorConfig`) of a spec, laid out as speculators' own
-    converter lays out a DFlash one."""
+    `_build_base_config_kwargs` lays out a DFlash one (the slot layout as `sample_from_anchor` and the
+    greedy proposal's `speculative_tokens`)."""
     dflash2 = {name: getattr(spec, name) for name in DFLASH2_FIELDS} if spec.family == "dflash2" else {}
     return CONFIG_CLASSES[spec.family](
         **dflash2,
@@ -89,12 +90,11 @@ def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None, 
         aux_hidden_state_layer_ids=list(aux_layer_ids) if aux_layer_ids is not None
         else native_layer_ids(spec.target_layer_ids),
         mask_token_id=spec.mask_token_id,
-        sample_from_anchor=sample_from_anchor,
+        sample_from_anchor=spec.sample_from_anchor,
         sliding_window_non_causal=spec.sliding_window_non_causal,
         speculators_config=SpeculatorsConfig(
             algorithm=spec.family,
-            proposal_methods=[GreedyTokenProposalConfig(
-                speculative_tokens=spec.block_size if sample_from_anchor else spec.block_size - 1)],
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=spec.speculative_tokens)],
             default_proposal_method="greedy",
             verifier=verifier_config(verifier_dir),
         ),
@@ -342,6 +342,36 @@ class SpeculatorsImplementation:
 
     def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids, temperature=0.0, seed=0):
         raise Unsupported("speculators: no inference loop (it trains drafters; vLLM serves them)")
+
+    # -- slot layout -------------------------------------------------------------------------
+    def speculative_tokens(self, block_size, sample_from_anchor):
+        """The greedy proposal's `speculative_tokens` that `DFlashDraftModel._build_base_config_kwargs` (what
+        `from_training_args` writes) gives; the verifier lookups it makes are answered offline."""
+        from transformers import Qwen3Config
+
+        verifier = SimpleNamespace(num_hidden_layers=4)
+        with mock.patch.object(spec_utils, "get_verifier_config", lambda *_a, **_k: verifier), \
+                mock.patch.object(VerifierConfig, "from_pretrained", lambda *_a, **_k: verifier_config(None)):
+            kwargs = DFlashDraftModel._build_base_config_kwargs(
+                "dflash", Qwen3Config(), verifier_name_or_path="<verifier>", draft_vocab_size=None,
+                block_size=block_size, target_layer_ids=[1, 2], sample_from_anchor=sample_from_anchor)
+        return int(kwargs["speculators_config"].proposal_methods[0].speculative_tokens)
+
+    @torch.no_grad()
+    def proposal_logits(self, drafter: DFlashDraftModel, target, input_ids):
+        """speculators has no decoding loop: the slots that propose are the ones its training trains, by its own
+        `dflash_loss_decay` under the drafter's `sample_from_anchor` (weight > 0), read in slot order; the
+        block runs through its decoder layers as `draft_forward` runs it."""
+        start, block_size = input_ids.shape[1] - 1, drafter.block_size
+        states = target(input_ids[:, :start], output_hidden_states=True).hidden_states
+        features = self.context_features(states, speculators_to_zlab(drafter.target_layer_ids))
+        block = torch.full((1, block_size), drafter.mask_token_id, dtype=torch.long)
+        block[0, 0] = input_ids[0, -1]
+        positions = torch.arange(start + block_size)[None]
+        hidden = self.draft_forward(drafter, drafter.embed_tokens(block), features, positions)
+        trained = dflash_loss_decay(torch.arange(block_size), gamma=4.0,
+                                    sample_from_anchor=drafter.config.sample_from_anchor) > 0
+        return drafter.lm_head(hidden)[0][trained]
 
     # -- DFlash2 ----------------------------------------------------------------------------
     def dynamic_conv(self, drafter: DFlash2DraftModel, layer_idx, sublayer, x, y, block_size):

@@ -226,10 +226,10 @@ def train_settings(speculator_type: str = "dflash") -> dict:
     """The TrainConfig-resolved recipe as `impl.train.TrainConfig` fields (`train --recipe speculators`)."""
     ref = trainer(speculator_type)
     recipe = ref.recipe
-    if recipe.sample_from_anchor or recipe.verifier_source_layer is not None:
-        raise ValueError(f"speculators' {speculator_type} recipe samples from the anchor or reads targets from "
-                         f"another layer; our trainer does neither")
-    settings = {"loss_fn": recipe.loss_fn, "per_position_loss_weight": recipe.per_position_loss_weight,
+    if recipe.verifier_source_layer is not None:
+        raise ValueError(f"speculators' {speculator_type} recipe reads targets from another layer; our trainer "
+                         "does not")
+    settings = {"sample_from_anchor": recipe.sample_from_anchor,"loss_fn": recipe.loss_fn, "per_position_loss_weight": recipe.per_position_loss_weight,
                 "dpace_alpha": recipe.dpace_alpha, "gamma": recipe.gamma, "max_anchors": recipe.max_anchors,
                 "noise_std": recipe.noise_std, "block_size": ref.block_size, "draft_layers": ref.draft_layers,
                 **ref.architecture}

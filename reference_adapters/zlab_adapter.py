@@ -18,6 +18,7 @@ from impl.errors import CheckpointError
 from impl.families import config_family
 from impl.interface import GenerationResult, Unsupported
 from impl.param_names import codebook_module_name, strip_wrapper_prefixes
+from impl.placement import built_for
 from impl.spec import DraftSpec
 from impl.zlab_format import zlab_config
 from reference_adapters.version_guard import check_reference
@@ -87,7 +88,8 @@ def refuse_rotary(spec: DraftSpec) -> None:
 
 class ZlabImplementation:
     name = "zlab"
-    unsupported: frozenset[str] = frozenset(TRAINING_OPERATIONS)
+    # No training code, and no slot-layout setting (n/a, not a failure): see `_no_slot_layout`.
+    unsupported: frozenset[str] = frozenset(TRAINING_OPERATIONS + ("speculative_tokens", "proposal_logits"))
 
     def default_target_layer_ids(self, num_target_layers, num_draft_layers):
         return list(zlab.build_target_layer_ids(num_target_layers, num_draft_layers))
@@ -104,10 +106,15 @@ class ZlabImplementation:
     def build_drafter(self, spec: DraftSpec, state_dict, target: nn.Module | None = None) -> zlab.DFlashDraftModel:
         from transformers import Qwen3Config
 
+        if spec.sample_from_anchor:
+            raise Unsupported("zlab: dflash 0.1.0 has one slot layout, the anchor as the bonus token "
+                              "(`dflash_generate` proposes from slots 1..B-1); no sample_from_anchor")
+
         refuse_rotary(spec)
-        model = model_class(spec.family)(Qwen3Config(**zlab_config(spec)))
+        # Made where and in what dtype the target runs, as `from_pretrained(dtype=...)` makes it.
+        model = built_for(target, lambda: model_class(spec.family)(Qwen3Config(**zlab_config(spec))))
         model.load_state_dict(in_memory_names(strip_wrapper_prefixes(state_dict)), strict=True)
-        return model.float().eval()
+        return model.eval()
 
     def project_context(self, drafter, context_features):
         return drafter.hidden_norm(drafter.fc(context_features))
@@ -135,6 +142,13 @@ class ZlabImplementation:
             extra={"num_input_tokens": stats.num_input_tokens, "num_output_tokens": stats.num_output_tokens,
                    "prefill_tokens": 1, "time_to_first_token": stats.time_to_first_token,
                    "time_per_output_token": stats.time_per_output_token})
+
+    # -- slot layout -------------------------------------------------------------------------
+    def _no_slot_layout(self, *_args, **_kwargs):
+        raise Unsupported("zlab: dflash 0.1.0 has no slot-layout setting: `dflash_generate` always drafts "
+                          "`[bonus, mask x (B-1)]` and proposes from slots 1..B-1 (no sample_from_anchor)")
+
+    speculative_tokens = proposal_logits = _no_slot_layout
 
     # -- DFlash2 ----------------------------------------------------------------------------
     def dynamic_conv(self, drafter, layer_idx, sublayer, x, y, block_size):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dflash_world import cached_test_world
+from dflash_world.suite_placement import world_in_suite_dtype
 from dflash_world.target_training import random_qwen3
 from dflash_world.tokenizer import train_tokenizer
 from impl.model import DFlashDrafter
@@ -29,8 +30,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def test_world():
-    """Tokenizer + trained TEST_TARGET + held-out prompts, built once and cached."""
-    return cached_test_world()
+    """Tokenizer + trained TEST_TARGET + held-out prompts, built once and cached; its target in the
+    suite's dtype (`DFLASH_AUDIT_DTYPE`, dflash_world/suite_placement.py)."""
+    return world_in_suite_dtype(cached_test_world())
 
 
 @pytest.fixture(scope="module")

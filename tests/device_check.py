@@ -11,7 +11,6 @@ GPU (`make gpu-check`), where the op-input check also bites.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,16 +18,13 @@ from pathlib import Path
 import torch
 from torch.overrides import TorchFunctionMode
 
+from dflash_world.suite_placement import audit_device  # noqa: F401 -- the tests' one device switch
+
 REPO = Path(__file__).resolve().parents[1]
 WATCHED = (REPO / "impl", REPO / "dflash_audit")  # the dynamic path's code
 FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.tensor, torch.as_tensor,
              torch.rand, torch.randn, torch.randint, torch.eye, torch.linspace, torch.logspace,
              torch.empty_strided, torch.randperm, torch.scalar_tensor}
-
-
-def audit_device() -> torch.device:
-    """The device the dynamic tests put the models on: `DFLASH_AUDIT_DEVICE` (default cpu)."""
-    return torch.device(os.environ.get("DFLASH_AUDIT_DEVICE", "cpu"))
 
 
 @dataclass

@@ -56,27 +56,34 @@ def world_drafter(world, layer_ids, seed):
 def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budget: int, recipe=None):
     """Save `ours` as ckpt.pt (with `recipe`) and `ref` as a z-lab dir, then `compare` them on the world."""
     from dflash_audit.commands.compare import run_compare
+    from dflash_world.suite_placement import audit_device
     from impl.checkpoint import save_checkpoint
+    from impl.placement import resolve_placement
     from impl.zlab_format import save_zlab_dir
 
     save_checkpoint(tmp_path / "ours.pt", ours, recipe=recipe)
     save_zlab_dir(tmp_path / "ref", ref.spec, ref.state_dict())
+    # As `compare --device <the suite's> --dtype auto` places it: the world's target in its declared dtype.
+    placement = resolve_placement(str(audit_device()), "auto", target_dir=world.target)
     return run_compare(tmp_path / "ours.pt", tmp_path / "ref", target=world.target, prompts=world.prompts, out=out,
-                       max_new_tokens=max_new_tokens, budget=budget, cache_dir=tmp_path / "offline")
+                       max_new_tokens=max_new_tokens, budget=budget, cache_dir=tmp_path / "offline",
+                       placement=placement)
 
 
 def load_trained_pair(world, loss: str = "kl_div", family: str = "dflash"):
     """(drafter, target, prompts [(id, ids)], stop ids) of the world and its cached drafter (DFlash, or
-    the DFlash2 one), on `DFLASH_AUDIT_DEVICE` (cpu unless `make gpu-check` says cuda)."""
+    the DFlash2 one), placed by the suite's switch (`DFLASH_AUDIT_DEVICE`, `DFLASH_AUDIT_DTYPE`): the drafter
+    built in the target's dtype on its device, as `compare` and `eval` build it."""
     from dflash_audit.prompts import load_prompts, tokenize_prompts
     from dflash_world.drafter import cached_dflash2_drafter, cached_test_drafter
+    from dflash_world.suite_placement import audit_placement
     from impl.checkpoint import build_drafter, load_checkpoint
-    from impl.placement import Placement
+    from impl.placement import built_in
     from impl.target import load_target
-    from tests.device_check import audit_device
 
-    target, tokenizer = load_target(world.target, Placement(audit_device(), torch.float32, "test"))
+    placement = audit_placement()
+    target, tokenizer = load_target(world.target, placement)
     ckpt = load_checkpoint(cached_dflash2_drafter(world) if family == "dflash2" else cached_test_drafter(world, loss))
-    drafter = build_drafter(ckpt.spec, ckpt.state_dict).float().eval().to(audit_device())
+    drafter = built_in(placement.device, placement.dtype, lambda: build_drafter(ckpt.spec, ckpt.state_dict)).eval()
     prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))
     return drafter, target, prompts, [tokenizer.eos_token_id]

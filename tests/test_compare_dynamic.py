@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from dflash_audit.audit import tau_stats
 from dflash_audit.audit.dynamic import MethodResult, PromptTau, tau_finding
+from dflash_world.suite_placement import audit_dtype
+from impl.placement import dtype_name
 from tests.helpers import compare_on_world, world_drafter
 
 
@@ -40,6 +43,7 @@ def test_statistics():
     assert tau_stats.first_divergent_round([1, 2], [1, 2]) is None
 
 
+@pytest.mark.dynamic
 def test_tau_measured_per_prompt_for_both(test_world, tmp_path):
     ours, ref = world_drafter(test_world, (1,), 0), world_drafter(test_world, (1, 2), 1)
     report = compare_on_world(test_world, tmp_path, ours, ref, out=tmp_path / "out", max_new_tokens=16, budget=8)
@@ -53,11 +57,13 @@ def test_tau_measured_per_prompt_for_both(test_world, tmp_path):
             assert rounds and all(1 <= r <= 8 for r in rounds)
             assert abs(prompt[side] - sum(rounds) / len(rounds)) < 1e-12
     assert set(data["tau"]["methods"]) == {"dflash", "ddtree"}
+    assert data["tau"]["precision"]["target_dtype"] == dtype_name(audit_dtype())  # the suite's, via --dtype auto
     ddtree = report.dynamic.methods["ddtree"]
     assert ddtree.budget == 8 and all(p.ours_rounds for p in ddtree.prompts)
     assert any(f.component == "tau" for f in report.findings)
 
 
+@pytest.mark.dynamic
 def test_nan_drafter_still_gets_a_report(test_world, tmp_path):
     ours, ref = world_drafter(test_world, (1, 2), 0), world_drafter(test_world, (1, 2), 1)
     with torch.no_grad():
@@ -88,7 +94,7 @@ def test_dtype_list_gives_tau_per_dtype_and_flags_an_fc_that_overflows_float16(t
                                   "--target", test_world.target, "--prompts", prompts, "--max-new-tokens", 16,
                                   "--budget", 4, "--dtype", "float32,float16", "--device", "cpu",
                                   "--out", tmp_path / "out", "--cache-dir", tmp_path / "cache"]])
-    assert code == 0  # no divergence between the drafters in the main dtype; the float16 trouble is a warning
+    assert code == 1  # the drafters agree in float32, but ours cannot be served in float16: a divergence
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     tau = data["tau"]
     assert tau["precision"] == {"device": "cpu", "target_dtype": "float32", "drafter_dtype": "float32",
@@ -100,8 +106,11 @@ def test_dtype_list_gives_tau_per_dtype_and_flags_an_fc_that_overflows_float16(t
     assert tau["by_dtype"]["float16"]["precision"]["drafter_dtype"] == "float16"
     fp32 = tau["by_dtype"]["float32"]["means"]["dflash"]
     assert fp32["ours"] == fp32["ref"]  # in float32 the scale is invisible
-    warnings = [f for f in data["findings"] if f["component"] == "tau" and f["severity"] == "warning"]
-    assert any(f["key"] == "overflow (ours, float16)" and "fc produced non-finite" in f["message"] for f in warnings)
-    assert not any("(ref" in f["key"] for f in warnings)
+    divergences = [f for f in data["findings"] if f["severity"] == "divergence"]
+    assert [f["key"] for f in divergences] == ["overflow (ours, float16)"]  # one root cause, one finding
+    assert "fc produced non-finite" in divergences[0]["message"]
+    # its τ drop in float16 is the overflow's doing: not a second finding
+    assert not any(f["key"].startswith("dtype drop (ours") for f in data["findings"])
+    assert not any("(ref" in f["key"] for f in data["findings"] if f["component"] == "tau")
     html = (tmp_path / "out" / "index.html").read_text()
     assert "τ per dtype" in html and "ours: fc" in html

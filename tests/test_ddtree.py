@@ -5,14 +5,17 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dflash_world.suite_placement import placed_drafter, placed_target
 from impl.checkpoint import build_drafter
 from impl.ddtree import build_tree, ddtree_decode, tree_attention_mask
 from impl.decoding import dflash_decode, greedy_decode, mean_acceptance
 from impl.model import DFlashDrafter
+from impl.placement import built_for
 from tests.helpers import load_trained_pair, tiny_spec, tiny_target
 
 
@@ -68,10 +71,11 @@ def test_walk_follows_the_targets_token_while_a_child_matches():
     assert [tree.tokens[n] for n in path] == [9, 0, 2]
 
 
+@pytest.mark.dynamic
 def test_ddtree_is_lossless_on_random_models():
     torch.manual_seed(0)
-    drafter = DFlashDrafter(tiny_spec(layer_types=(), sliding_window=None)).eval()
-    target = tiny_target()
+    drafter = placed_drafter(DFlashDrafter(tiny_spec(layer_types=(), sliding_window=None)))
+    target = placed_target(tiny_target())
     for seed in range(3):
         ids = torch.randint(0, 120, (1, 12), generator=torch.Generator().manual_seed(seed))
         for budget in (1, 5, 40):
@@ -79,6 +83,7 @@ def test_ddtree_is_lossless_on_random_models():
             assert torch.equal(run.output_ids, greedy_decode(target, ids, 30, [5]))
 
 
+@pytest.mark.dynamic
 def test_ddtree_is_lossless_on_a_trained_pair(trained_pair):  # noqa: F811
     drafter, target, prompts, stop_ids = trained_pair
     for prompt_id, ids in prompts:
@@ -99,6 +104,7 @@ def assert_tree_beats_chain(drafter, target, prompts, stop_ids, budget: int = 32
     assert mean_acceptance(tau_tree) >= mean_acceptance(tau_chain) > 1.5, (tau_tree, tau_chain)
 
 
+@pytest.mark.dynamic
 def test_ddtree_beats_dflash_on_average_with_a_ce_trained_drafter(test_world):
     """τ_DDTree >= τ_DFlash on average, both live, with a drafter trained by our trainer.
 
@@ -110,6 +116,7 @@ def test_ddtree_beats_dflash_on_average_with_a_ce_trained_drafter(test_world):
     assert_tree_beats_chain(drafter, target, prompts, stop_ids)
 
 
+@pytest.mark.dynamic
 def test_ddtree_beats_dflash_with_sharpened_kl_trained_weights(trained_pair):  # noqa: F811
     """Why the KL-trained drafter's tree does not pay off: flat, not wrong, distributions.
 
@@ -119,5 +126,6 @@ def test_ddtree_beats_dflash_with_sharpened_kl_trained_weights(trained_pair):  #
     give the tree real depth.
     """
     drafter, target, prompts, stop_ids = trained_pair
-    sharp = build_drafter(dataclasses.replace(drafter.spec, output_multiplier=8.0), drafter.state_dict()).eval()
+    sharp = built_for(target, lambda: build_drafter(dataclasses.replace(drafter.spec, output_multiplier=8.0),
+                                                    drafter.state_dict())).eval()
     assert_tree_beats_chain(sharp, target, prompts, stop_ids)

@@ -6,13 +6,16 @@ lives in `conformance/test_live_decoding.py`.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from dflash_world.suite_placement import placed_drafter, placed_target
 from impl.decoding import acceptance_histogram, dflash_decode, greedy_decode
 from impl.model import DFlashDrafter
 from tests.helpers import tiny_spec, tiny_target
 
 
+@pytest.mark.dynamic
 def test_live_dflash_is_lossless(trained_pair):
     drafter, target, prompts, stop_ids = trained_pair
     for prompt_id, ids in prompts[:4]:
@@ -21,6 +24,7 @@ def test_live_dflash_is_lossless(trained_pair):
         assert sum(ours.acceptance_lengths) + 1 == len(ours.new_tokens)
 
 
+@pytest.mark.dynamic
 def test_sampling_is_reproducible_under_a_seed(trained_pair):
     drafter, target, prompts, stop_ids = trained_pair
     _, ids = prompts[0]
@@ -29,9 +33,10 @@ def test_sampling_is_reproducible_under_a_seed(trained_pair):
     assert runs[0].acceptance_lengths == runs[1].acceptance_lengths
 
 
+@pytest.mark.dynamic
 def test_stop_token_and_max_new_tokens_bound_the_output():
     torch.manual_seed(0)
-    drafter, target = DFlashDrafter(tiny_spec()).eval(), tiny_target()
+    drafter, target = placed_drafter(DFlashDrafter(tiny_spec())), placed_target(tiny_target())
     ids = torch.randint(0, 120, (1, 10), generator=torch.Generator().manual_seed(0))
     free = greedy_decode(target, ids, 30)
     stop = free[0, 10 + 7].item()  # the 8th generated token becomes a stop token

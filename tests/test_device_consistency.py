@@ -5,6 +5,7 @@ walks (DFlash and DFlash2 drafters). See tests/device_check.py for why the check
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from impl import ddtree
@@ -22,6 +23,7 @@ def placed(pair):
     return drafter.to(device), target.to(device), prompts[:2], stop_ids
 
 
+@pytest.mark.dynamic
 def test_live_capture_and_replay_make_every_tensor_on_the_models_device(trained_pair, dflash2_pair, test_world,
                                                                        tmp_path):
     drafter, target, prompts, stop_ids = placed(trained_pair)
@@ -54,6 +56,7 @@ def test_a_planted_bare_factory_is_caught():
     assert all(v.startswith("tests/test_device_consistency.py:") for v in audit.violations)
 
 
+@pytest.mark.dynamic
 def test_a_bare_factory_planted_in_the_ddtree_loop_is_caught(trained_pair, monkeypatch):
     drafter, target, prompts, stop_ids = placed(trained_pair)
     planted = compile(  # the tree mask as a careless edit would write it, compiled as impl/ddtree.py's code

@@ -15,7 +15,9 @@ from transformers import AutoTokenizer
 from dflash_audit.cli import main
 from dflash_audit.prompts import load_prompts, tokenize_prompt, uses_chat_template
 from dflash_world.drafter import cached_test_drafter
+from dflash_world.suite_placement import audit_dtype
 from impl.errors import AuditError
+from impl.placement import dtype_name
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,6 +40,7 @@ def run_cli(args: list[str]) -> int:
     return main([str(a) for a in args])
 
 
+@pytest.mark.dynamic
 def test_eval_live_and_offline_agree_and_write_the_json_shape(eval_inputs, tmp_path, capsys):
     drafter, target, prompts = eval_inputs
     results = {}
@@ -54,6 +57,7 @@ def test_eval_live_and_offline_agree_and_write_the_json_shape(eval_inputs, tmp_p
     live = results["dflash", "live"]
     assert set(live) >= {"method", "mode", "budget", "max_new_tokens", "prompts", "mean_tau"}
     assert (live["method"], live["mode"], live["max_new_tokens"]) == ("dflash", "live", 48)
+    assert live["placement"]["dtype"] == dtype_name(audit_dtype())  # the suite's dtype, via --dtype auto
     assert results["ddtree", "offline"]["budget"] == 16
     ids = [p["id"] for p in load_prompts(prompts)]
     for (method, mode), payload in results.items():

@@ -5,12 +5,22 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dflash_world.suite_placement import placed_drafter
 from impl.ddtree import ddtree_decode
 from impl.decoding import dflash_decode
 from impl.errors import AuditError
 from impl.masks import inference_mask
 from impl.model import DFlashDrafter
-from impl.offline import HiddenStateCache, block_key_mask, cache_key, find_mismatch, load_or_build_cache, offline_rounds
+from impl.offline import (
+    HiddenStateCache,
+    block_key_mask,
+    cache_key,
+    find_mismatch,
+    load_or_build_cache,
+    offline_rounds,
+)
+from impl.offline.cache import target_dtype
+from impl.placement import target_device
 from tests.helpers import tiny_spec
 
 MAX_NEW_TOKENS = 96
@@ -27,18 +37,19 @@ def replay_mask(anchors: torch.Tensor, context_len: int, block_len: int, window:
                      dim=1)
 
 
-def replay_against_live(models, target, cache, prompts, stop_ids) -> tuple[list[str], list[list[float]]]:
+def replay_against_live(models, target, cache, prompts, stop_ids,
+                        max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[list[str], list[list[float]]]:
     """Every prompt replayed from `cache` and decoded live: DFlash with each model, DDTree with the first.
     Returns each mismatch between the two, and each model's per-prompt offline DFlash τ."""
     mismatches, taus = [], [[] for _ in models]
     for entry, (_, ids) in zip(cache.prompts, prompts):
         for model, model_taus in zip(models, taus):
-            live = dflash_decode(model, target, ids, MAX_NEW_TOKENS, stop_ids)
+            live = dflash_decode(model, target, ids, max_new_tokens, stop_ids)
             offline = offline_rounds(model, target, cache, entry, "dflash")
             mismatch = find_mismatch(entry, offline, live.acceptance_lengths, live.output_ids)
             mismatches += [mismatch.describe()] if mismatch else []
             model_taus.append(sum(offline) / len(offline))
-        tree = ddtree_decode(models[0], target, ids, MAX_NEW_TOKENS, stop_ids, budget=24)
+        tree = ddtree_decode(models[0], target, ids, max_new_tokens, stop_ids, budget=24)
         offline_tree = offline_rounds(models[0], target, cache, entry, "ddtree", budget=24)
         mismatch = find_mismatch(entry, offline_tree, tree.acceptance_lengths, tree.output_ids)
         mismatches += [mismatch.describe()] if mismatch else []
@@ -59,18 +70,19 @@ def test_replay_mask_is_the_inference_mask_of_each_block():
             assert not torch.cat([blocks[:, :j], blocks[:, j + 1:]], dim=1).any()  # never another block
 
 
+@pytest.mark.dynamic
 def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, tmp_path):  # noqa: F811
     drafter, target, prompts, stop_ids = trained_pair
     cache = load_or_build_cache(tmp_path, test_world.target, target, prompts, MAX_NEW_TOKENS, stop_ids)
     # A second drafter reading other target layers replays from the same cache; its rotary is partial, scaled
     # and interleaved, which the replay's rotary (the drafter's own pieces) must follow too.
-    other = DFlashDrafter(tiny_spec(hidden_size=drafter.spec.hidden_size, intermediate_size=64,
-                                    vocab_size=drafter.spec.vocab_size, num_target_layers=4,
-                                    target_layer_ids=(0, 3), mask_token_id=drafter.mask_token_id,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                    partial_rotary_factor=0.5, rope_scaling={"rope_type": "linear", "factor": 2.0},
-                                    rope_style="gptj")
-                          ).eval()
+    other = placed_drafter(DFlashDrafter(tiny_spec(hidden_size=drafter.spec.hidden_size, intermediate_size=64,
+                                                   vocab_size=drafter.spec.vocab_size, num_target_layers=4,
+                                                   target_layer_ids=(0, 3), mask_token_id=drafter.mask_token_id,
+                                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                                   partial_rotary_factor=0.5,
+                                                   rope_scaling={"rope_type": "linear", "factor": 2.0},
+                                                   rope_style="gptj")))
     for entry, (prompt_id, _) in zip(cache.prompts, prompts):
         assert entry.id == prompt_id
     mismatches, taus = replay_against_live([drafter, other], target, cache, prompts, stop_ids)
@@ -108,6 +120,7 @@ def test_bf16_offline_tau_equals_live_tau_per_prompt(bf16_pairs, test_world, tmp
     assert {p.dtype for p in [*target.parameters(), *drafter.parameters()]} == {torch.bfloat16}
 
 
+@pytest.mark.dynamic
 def test_dflash2_offline_tau_equals_live_tau_per_prompt(dflash2_pair, test_world, tmp_path):
     """The selector's greedy path from the cache, round by round as the live loop walks it."""
     drafter, target, prompts, stop_ids = dflash2_pair
@@ -124,6 +137,7 @@ def test_dflash2_offline_tau_equals_live_tau_per_prompt(dflash2_pair, test_world
     assert max(taus) > 1.5
 
 
+@pytest.mark.dynamic
 def test_ddtree_on_a_dflash2_drafter_is_refused_with_the_reason(dflash2_pair, test_world, tmp_path):
     drafter, target, prompts, stop_ids = dflash2_pair
     cache = load_or_build_cache(tmp_path, test_world.target, target, prompts[:1], 8, stop_ids)
@@ -133,6 +147,7 @@ def test_ddtree_on_a_dflash2_drafter_is_refused_with_the_reason(dflash2_pair, te
             run()
 
 
+@pytest.mark.dynamic
 def test_cache_is_reused_and_keyed_by_settings(trained_pair, test_world, tmp_path, monkeypatch):  # noqa: F811
     _, target, prompts, stop_ids = trained_pair
     prompts = prompts[:2]
@@ -151,11 +166,13 @@ def test_cache_is_reused_and_keyed_by_settings(trained_pair, test_world, tmp_pat
         assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.margin, b.margin)
         assert a.layers.keys() == b.layers.keys() and all(torch.equal(a.layers[i], b.layers[i]) for i in a.layers)
     ids = [p[0].tolist() for _, p in prompts]
-    assert cache_key(test_world.target, ids, 16, stop_ids) == first.key
-    assert cache_key(test_world.target, ids, 17, stop_ids) != first.key
-    assert cache_key(test_world.target, ids[:1], 16, stop_ids) != first.key
+    numerics = (target_dtype(target), target_device(target).type)  # the target's: part of the key
+    assert cache_key(test_world.target, ids, 16, stop_ids, *numerics) == first.key
+    assert cache_key(test_world.target, ids, 17, stop_ids, *numerics) != first.key
+    assert cache_key(test_world.target, ids[:1], 16, stop_ids, *numerics) != first.key
 
 
+@pytest.mark.dynamic
 def test_cache_holds_the_layers_asked_for_as_output_hidden_states_reads_them(trained_pair, test_world, tmp_path):  # noqa: F811
     _, target, prompts, stop_ids = trained_pair
     layers = target.config.num_hidden_layers
@@ -168,7 +185,7 @@ def test_cache_holds_the_layers_asked_for_as_output_hidden_states_reads_them(tra
     # (a few ulps of the layer's scale; tests/test_offline_cache.py bounds it tightly).
     assert torch.allclose(entry.features([0, layers - 1])[0],
                           torch.cat([out.hidden_states[1][0], out.hidden_states[layers][0]], -1), atol=1e-4)
-    top2 = out.logits[0].topk(2, -1).values
+    top2 = out.logits[0].float().topk(2, -1).values  # the margin of the logits as they are, in float32
     assert torch.allclose(entry.margin, top2[:, 0] - top2[:, 1], atol=1e-4)
     with pytest.raises(KeyError, match="not \\[1\\]"):
         entry.features([1])
@@ -184,6 +201,7 @@ def test_mismatch_names_the_position_and_margin():
     assert find_mismatch(entry, [3, 2], [3, 2]) is None
 
 
+@pytest.mark.dynamic
 def test_offline_rounds_reject_unknown_methods(trained_pair, test_world, tmp_path):  # noqa: F811
     drafter, target, prompts, stop_ids = trained_pair
     cache = load_or_build_cache(tmp_path, test_world.target, target, prompts[:1], 8, stop_ids)

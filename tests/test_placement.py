@@ -14,8 +14,9 @@ from transformers import AutoConfig
 
 from dflash_audit.cli import main
 from dflash_audit.commands.eval import run_eval
-from dflash_audit.progress import PlainProgress
+from dflash_audit.progress import PlainProgress, TokenCount
 from dflash_world.drafter import cached_test_drafter
+from dflash_world.suite_placement import audit_dtype
 from impl.checkpoint import load_checkpoint
 from impl.errors import AuditError
 from impl.memory_plan import GB, check_plan, plan_memory, target_bytes
@@ -27,8 +28,9 @@ TORCHRUN_RANK_1 = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
 
 def test_auto_is_cuda_when_there_is_one_and_the_targets_own_dtype(test_world):
     placement = resolve_placement(target_dir=test_world.target, cuda_count=0)
+    # The world's target declares float32; under DFLASH_AUDIT_DTYPE its copy declares the suite's dtype.
     assert (placement.device, placement.dtype, placement.dtype_source) == (
-        torch.device("cpu"), torch.float32, "the target's config.json")
+        torch.device("cpu"), audit_dtype(), "the target's config.json")
     assert resolve_placement(target_dir=test_world.target, cuda_count=2).device == torch.device("cuda", 0)
     # Under torchrun each rank takes GPU LOCAL_RANK.
     assert resolve_placement(env=TORCHRUN_RANK_1, cuda_count=2).device == torch.device("cuda", 1)
@@ -118,14 +120,26 @@ def test_eval_refuses_before_the_target_loads(test_world, tmp_path, monkeypatch)
                  memory={"free_on_host": 1000, "cuda_count": 0})
 
 
-def test_progress_lines_in_a_log_say_done_rate_and_eta():
+def test_progress_lines_in_a_log_say_prompts_tokens_rate_and_eta():
     out = io.StringIO()
     now = [0.0]
-    bar = PlainProgress(Console(file=out, width=200), "eval dflash (live)", 4, clock=lambda: now[0])
-    for step in range(4):
+    bar = PlainProgress(Console(file=out, width=200), "eval dflash (live)", TokenCount(4, 32, clock=lambda: now[0]))
+    for tokens in (30, 32, 32, 20):  # two prompts stop early: their unused budget leaves the total
         now[0] += 6.0
-        bar.advance(tokens=30)
+        bar.advance(tokens)
     lines = out.getvalue().splitlines()
-    # at most one line per 10 s, and always the last one
-    assert lines == ["eval dflash (live): 2/4 prompts, 5 tok/s, ETA 0:00:12",
-                     "eval dflash (live): 4/4 prompts, 5 tok/s, ETA 0:00:00"]
+    # at most one line per 10 s, and always the last one; the ETA is the tokens left at the rate so far
+    assert lines == ["eval dflash (live): 2/4 prompts, 62/126 tokens, 5 tok/s, ETA 0:00:12",
+                     "eval dflash (live): 4/4 prompts, 114/114 tokens, 5 tok/s, ETA 0:00:00"]
+
+
+def test_compare_progress_counts_the_tokens_of_every_pass():
+    """The target's pass over each prompt, then two drafters x two methods; a found cache skips its pass."""
+    now = [0.0]
+    count = TokenCount(3, 16, passes=5, clock=lambda: now[0])
+    count.skip(3)  # the cache was found: the target generates nothing
+    assert count.total == 3 * 4 * 16 and count.line().startswith("3/15 prompt passes (3 prompts x 5), 0/192 tokens")
+    for _ in range(12):
+        now[0] += 1.0
+        count.advance(16)
+    assert count.finished and (count.tokens, count.total) == (192, 192) and count.eta() == 0

@@ -20,6 +20,7 @@ from dflash_audit.audit import tau_stats
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.overflow import OverflowWatch
 from dflash_audit.audit.sides import Side
+from dflash_audit.progress import NoProgress
 from dflash_audit.ranks import Ranks
 from impl import offline
 from impl.cache_dir import cache_root
@@ -47,7 +48,7 @@ class PromptTau:
 class MethodResult:
     method: str
     budget: int | None
-    block_size: dict[str, int]
+    longest: dict[str, int]  # per side, the longest round: speculative tokens + 1 (B, or B + 1 sampling from the anchor)
     prompts: list[PromptTau] = field(default_factory=list)
     measured: bool = True  # both drafters ran
 
@@ -63,11 +64,11 @@ class MethodResult:
 
     def histogram(self, side: str) -> list[int]:
         return tau_stats.acceptance_histogram([getattr(p, f"{side}_rounds") for p in self.prompts],
-                                              self.block_size[side])
+                                              self.longest[side])
 
     def position_acceptance(self, side: str) -> list[float]:
         return tau_stats.position_acceptance([getattr(p, f"{side}_rounds") for p in self.prompts],
-                                             self.block_size[side])
+                                             self.longest[side])
 
     def interval(self) -> tau_stats.PairedInterval | None:
         if not self.measured or not self.prompts:
@@ -149,12 +150,13 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
                   ranks: Ranks | None = None) -> DynamicAudit:
     """τ of both drafters on `prompts` ([(id, input_ids [1, T])]), replayed offline on one hidden-state cache.
 
-    `progress(total=None)` is called once per cached prompt and per evaluated (drafter, method, prompt).
+    `progress` (dflash_audit.progress) counts the tokens of every pass over a prompt: the target's cache
+    build (nothing when the cache is found), then each drafter's replay per method (`progress_passes`).
     Under torchrun (`ranks`) rank 0 builds the cache (the others then read it), each rank replays its
     share of the prompts, and every rank gets all results back.
     """
     ranks = ranks or Ranks.single()
-    advance = progress or (lambda: None)
+    progress = progress or NoProgress()
     sides = {"ours": ours, "ref": ref}
     not_measured = {name: why for name, side in sides.items() if (why := why_not_runnable(side, target))}
     # The drafters run where the target reads its inputs, in the target's dtype: their serving dtype.
@@ -164,19 +166,23 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     watches = {name: OverflowWatch(drafter) for name, drafter in drafters.items()}
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     layer_ids = sorted({i for drafter in drafters.values() for i in drafter.target_layer_ids})
+    built = []  # the new tokens of each prompt the target generated (none when the cache was found)
     cache = ranks.rank_zero_first(lambda: offline.load_or_build_cache(
         cache_dir or cache_root() / "offline", target_dir, target, prompts, max_new_tokens, stop_ids,
-        layer_ids=layer_ids, on_prompt=advance))
+        layer_ids=layer_ids, on_prompt=lambda tokens: (built.append(tokens), progress.advance(tokens))))
+    progress.skip(len(prompts) - len(built))
     mine = ranks.shard(list(range(len(cache.prompts))))
     local = []  # this rank's replays, then its overflows: gathered once
     plan = methods_for(sides, budget)
+    # Passes this rank does not run: another rank's prompts, a drafter that cannot run.
+    progress.skip(len(plan) * (len(drafters) * (len(prompts) - len(mine)) + len(not_measured) * len(prompts)))
     for method, method_budget in plan:
         for name, drafter in drafters.items():  # batched over prompts: one drafter pass per round of all
             entries = [cache.prompts[i] for i in mine]
             for i, (_, entry_rounds) in zip(mine, offline.offline_rounds_each(drafter, target, cache, entries,
                                                                               method, method_budget)):
                 local.append({"method": method, "side": name, "index": i, "rounds": entry_rounds})
-                advance()
+                progress.advance(len(cache.prompts[i].token_ids) - cache.prompts[i].prompt_len)
     local += [{"overflow": name, "module": module} for name, watch in watches.items()
               if (module := watch.close()) is not None]
     gathered = ranks.gather(local)
@@ -188,7 +194,7 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     methods = {}
     dflash2 = dflash2_sides(sides)
     for method, method_budget in plan:
-        result = MethodResult(method, method_budget, {n: s.spec.block_size for n, s in sides.items()},
+        result = MethodResult(method, method_budget, {n: s.spec.speculative_tokens + 1 for n, s in sides.items()},
                               measured=not not_measured)
         for i, entry in enumerate(cache.prompts):
             rounds = {name: replays[method, name, i] for name in drafters}
@@ -207,7 +213,9 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
         findings.append(Finding("tau", "info", f"DDTree τ not measured: {' and '.join(dflash2)} "
                                 f"{'is a DFlash2 drafter' if len(dflash2) == 1 else 'are DFlash2 drafters'}. "
                                 f"{DDTREE_NEEDS_DFLASH}.", None, None, pitfall=17, key="ddtree not measured"))
-    findings += [Finding("tau", "warning", f"{name} overflows in {dtype_name(dtype)}: {module} produced non-finite "
+    # A drafter that overflows in a dtype cannot be served in it (fc fusion in float16 is the known case): a
+    # divergence, in whichever dtype of `compare --dtype` it happens.
+    findings += [Finding("tau", "divergence", f"{name} overflows in {dtype_name(dtype)}: {module} produced non-finite "
                          f"activations, so its τ in {dtype_name(dtype)} is not what it was trained to give.",
                          module if name == "ours" else None, module if name == "ref" else None, pitfall=17,
                          key=f"overflow ({name}, {dtype_name(dtype)})")
@@ -216,18 +224,25 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     return DynamicAudit(methods, findings, max_new_tokens, prompts_source, not_measured, precision, overflow)
 
 
+def progress_passes(ours: Side, ref: Side, budget: int) -> int:
+    """The passes `dynamic_audit` makes over each prompt: the target's, then each drafter's per method."""
+    return 1 + 2 * len(methods_for({"ours": ours, "ref": ref}, budget))
+
+
 def dtype_findings(audits: dict[str, DynamicAudit]) -> list[Finding]:
     """`compare --dtype a,b`: a drafter whose DFlash τ drops beyond noise in a dtype, against the best
-    dtype it was measured in (per prompt, paired bootstrap). Overflows are already findings of their run."""
+    dtype it was measured in (per prompt, paired bootstrap). An overflow is already the finding of its run,
+    and its τ drop in that dtype is the same root cause: not a second finding."""
     findings = []
     for side in ("ours", "ref"):
         measured = {name: audit.methods["dflash"] for name, audit in audits.items()
                     if audit.methods["dflash"].mean[side] is not None}
+        overflowed = {name for name, audit in audits.items() if side in audit.overflow}
         if len(measured) < 2:
             continue
         best = max(measured, key=lambda name: measured[name].mean[side])
         for name, result in measured.items():
-            if name == best:
+            if name == best or name in overflowed:
                 continue
             gaps = [getattr(a, side) - getattr(b, side) for a, b in zip(result.prompts, measured[best].prompts)]
             interval = tau_stats.paired_bootstrap(gaps)

@@ -16,7 +16,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from dflash_audit.audit.dynamic import dtype_findings, dynamic_audit
+from dflash_audit.audit.dynamic import dtype_findings, dynamic_audit, progress_passes
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.report_html import write_report_html
 from dflash_audit.audit.report_json import write_report_json
@@ -154,11 +154,11 @@ def dynamic_audits(ours_side, ref_side, target: Path, prompts: Path | None, max_
         check_plan(plan_memory(config, run.dtype, [ours_side.spec, ref_side.spec],
                                [ids.shape[1] for _, ids in prompt_list], max_new_tokens), run)
         target_model = load_target_model(target, run)
-        # Upper bound: the target's pass over each prompt (skipped when cached) + 2 drafters x 2 methods.
-        with progress(console, f"dynamic audit ({run.describe()['dtype']}): τ per prompt", 5 * len(prompt_list),
-                      unit="steps", enabled=ranks.rank == 0) as advance:
+        # In tokens: the target's pass over each prompt (none when cached), then each drafter's per method.
+        with progress(console, f"dynamic audit ({run.describe()['dtype']})", len(prompt_list), max_new_tokens,
+                      progress_passes(ours_side, ref_side, budget), enabled=ranks.rank == 0) as bar:
             audit = dynamic_audit(ours_side, ref_side, target, target_model, tokenizer, prompt_list, source,
-                                  max_new_tokens, budget, cache_dir, progress=advance, ranks=ranks)
+                                  max_new_tokens, budget, cache_dir, progress=bar, ranks=ranks)
         audit.precision.update({k: v for k, v in run.describe().items() if k not in ("dtype", "device")})
         audits[audit.precision["target_dtype"]] = audit
         del target_model  # one target in memory at a time

@@ -111,7 +111,7 @@ def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new
     if cache is not None:
         for entry, rounds in offline_rounds_each(drafter, target, cache, entries, method, budget):
             results.append({"id": entry.id, "tau": mean_acceptance(rounds), "rounds": rounds})
-            advance(sum(rounds))
+            advance(len(entry.token_ids) - entry.prompt_len)
         return results
     for prompt_id, ids in prompts:
         if method == "dflash":
@@ -164,22 +164,23 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
                                                                   layer_ids=drafter.target_layer_ids))
         entries = ranks.shard(cache.prompts)
 
-    with progress(console, f"eval {method} ({mode})", len(mine), enabled=ranks.rank == 0) as advance:
+    with progress(console, f"eval {method} ({mode})", len(mine), max_new_tokens, enabled=ranks.rank == 0) as bar:
         results = evaluate_prompts(drafter, target, mine, method, budget, max_new_tokens, temperature, seed,
-                                   stop_ids, advance=advance, cache=cache, entries=entries)
+                                   stop_ids, advance=bar.advance, cache=cache, entries=entries)
     results = sorted(ranks.gather(results), key=lambda r: order[r["id"]])
     ranks.close()
     if ranks.rank != 0:
         return None
 
     all_rounds = [length for r in results for length in r["rounds"]]
+    longest = drafter.spec.speculative_tokens + 1  # every proposal accepted, plus the bonus
     payload = {"method": method, "mode": mode, "budget": budget if method == "ddtree" else None,
                "max_new_tokens": max_new_tokens, "placement": placement.describe(), "prompts": results,
                "mean_tau": mean_acceptance([r["tau"] for r in results]),
-               "histogram": acceptance_histogram(all_rounds, drafter.block_size)}
+               "histogram": acceptance_histogram(all_rounds, longest)}
     rows = [[r["id"], len(r["rounds"]), sum(r["rounds"]) + 1, f"{r['tau']:.2f}"] for r in results]
     print(tabulate(rows, headers=["prompt", "rounds", "new tokens", "τ"], tablefmt="github"))
-    print(f"mean τ ({method}, {mode}): {payload['mean_tau']:.3f}   acceptance histogram 0..{drafter.block_size}: "
+    print(f"mean τ ({method}, {mode}): {payload['mean_tau']:.3f}   acceptance histogram 0..{longest}: "
           f"{payload['histogram']}")
     where = placement.describe()
     print(f"target and drafter in {where['dtype']} ({where['dtype_source']}) on {where['device']}"

@@ -99,6 +99,10 @@ def train(
     sliding_window_non_causal: bool = typer.Option(
         None, "--sliding-window-non-causal/--sliding-window-causal",
         help="Sliding layers see their whole block [default: dflash2 yes, dflash no]."),
+    sample_from_anchor: bool = typer.Option(
+        None, "--sample-from-anchor/--anchor-as-bonus",
+        help="Slot layout: every slot proposes the next token, B per block (DSpark), or the anchor slot proposes "
+             "nothing, B - 1 per block [default: anchor as bonus]."),
 ) -> None:
     """Train a DFlash drafter online against a Hugging Face target."""
     from transformers.utils import logging as hf_logging
@@ -119,6 +123,7 @@ def train(
     # The recipe knobs are checked once, by the recipe type, when the run starts (impl.train.check_run).
     knobs = recipe_settings(recipe, family, dict(
         **dflash2_flags, sliding_window_non_causal=sliding_window_non_causal, block_size=block_size,
+        sample_from_anchor=sample_from_anchor,
         draft_layers=draft_layers, max_anchors=max_anchors, loss_fn=loss_fn,
         per_position_loss_weight=per_position_loss_weight, dpace_alpha=dpace_alpha, gamma=gamma, noise_std=noise_std))
     cfg = TrainConfig(

@@ -252,6 +252,10 @@ def infer(shapes: dict[str, tuple[int, ...]], declaration_sources: list[tuple[st
             provenance["sliding_window_non_causal"] = Provenance(
                 "default", "not declared; no sliding layers" if not sliding else
                 "not declared; sliding blocks causal (both references' DFlash default)")
+    if "sample_from_anchor" not in values:
+        values["sample_from_anchor"] = False
+        provenance["sample_from_anchor"] = Provenance(
+            "default", "not declared; the anchor is the bonus token (both references' DFlash default)")
 
     count = fc_layer_count(shapes, values.get("hidden_size"))
     ids = values.get("target_layer_ids")

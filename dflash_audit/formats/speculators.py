@@ -84,7 +84,8 @@ def zlab_shaped_config(config: dict[str, Any], num_target_layers: int, source: s
         raise CheckpointError(f"{source}: aux_hidden_state_layer_ids: {exc}") from exc
     full.update(num_target_layers=num_target_layers, dflash_config={
         "target_layer_ids": ids, "mask_token_id": config.get("mask_token_id"),
-        "block_size": config.get("block_size", BLOCK_SIZE_DEFAULTS["speculators"])})
+        "block_size": config.get("block_size", BLOCK_SIZE_DEFAULTS["speculators"]),
+        "sample_from_anchor": config.get("sample_from_anchor", False)})  # DFlashSpeculatorConfig's default
     if config_family(config) == "dflash2":
         from speculators.models.dflash2 import DFlash2SpeculatorConfig
 
@@ -105,7 +106,6 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     verifier = {k: tensors.pop(k) for k in VERIFIER_OWNED_KEYS if k in tensors}
     raw = RawRecord(config=config, layer_ids=list(config["aux_hidden_state_layer_ids"]),
                     layer_id_convention="speculators",
-                    sample_from_anchor=bool(config.get("sample_from_anchor", False)),
                     draft_vocab_size=config.get("draft_vocab_size", spec.vocab_size),
                     verifier=((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path"))
     present = set(config) | set(config.get("transformer_layer_config") or {}) | {"target_layer_ids",
@@ -119,7 +119,7 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     if "block_size" not in config:
         provenance["block_size"] = Provenance("default", "not in config.json; speculators' default "
                                                          f"{BLOCK_SIZE_DEFAULTS['speculators']}")
-    for name in ("sliding_window_non_causal", *(DFLASH2_FIELDS if spec.family == "dflash2" else ())):
+    for name in ("sliding_window_non_causal", "sample_from_anchor", *(DFLASH2_FIELDS if spec.family == "dflash2" else ())):
         if name not in config:
             provenance[name] = Provenance("default", f"not in config.json; speculators' "
                                                      f"{config['speculators_model_type']} default")
@@ -179,11 +179,9 @@ def save(loaded: LoadedCheckpoint, destination: Path, target: str | Path | None)
 
     verifier = verifier_for(loaded, target)
     aux_ids, body = fc_without_final_layer(loaded)
-    sample_from_anchor = loaded.raw.sample_from_anchor
-    if sample_from_anchor is None:
-        sample_from_anchor = bool(loaded.recipe and loaded.recipe.sample_from_anchor)
-    config = adapter.speculators_config(loaded.spec, verifier, aux_layer_ids=aux_ids,
-                                        sample_from_anchor=sample_from_anchor)
+    # The layout is the drafter's (its spec): speculators records it as `sample_from_anchor` and as the
+    # proposal's `speculative_tokens`.
+    config = adapter.speculators_config(loaded.spec, verifier, aux_layer_ids=aux_ids)
     model = adapter.MODEL_CLASSES[loaded.spec.family](config)
     missing, unexpected = model.load_state_dict(body, strict=False)
     missing = [k for k in missing if k not in adapter.VERIFIER_OWNED_KEYS]

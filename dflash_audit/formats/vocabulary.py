@@ -45,6 +45,8 @@ SPEC_NAMES = {
     "output_multiplier": ("output_multiplier",),
     "final_logit_softcapping": ("final_logit_softcapping",),
     "sliding_window_non_causal": ("sliding_window_non_causal",),
+    # Both the drafter's slot layout (spec) and what training applied (recipe): one declaration says both.
+    "sample_from_anchor": ("sample_from_anchor",),
     "conv_kernel_size": ("conv_kernel_size",),
     "conv_group_size": ("conv_group_size",),
     "selector_rank": ("selector_rank",),

@@ -151,7 +151,7 @@ def build_cache(key: str, target: nn.Module, prompts: list[tuple[str, torch.Tens
             captured.append(capture_speculative(target, drafter, ids.reshape(-1), layer_ids, max_new_tokens,
                                                 stop_token_ids)[0])
             if on_prompt is not None:
-                on_prompt()
+                on_prompt(len(captured[-1].token_ids) - captured[-1].prompt_len)
     entries = [CachedPrompt(prompt_id, c.token_ids, c.prompt_len, c.layers, c.margin)
                for (prompt_id, _), c in zip(prompts, captured)]
     return HiddenStateCache(key=key, max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids),

@@ -155,7 +155,7 @@ def capture(target: nn.Module, prompts: list[torch.Tensor], layer_ids: list[int]
         part = capture_batch(target, prompts[start:start + batch], layer_ids, max_new_tokens, stop_token_ids,
                              None if forced is None else forced[start:start + batch])
         results += part
-        for _ in part:
-            if on_prompt is not None:
-                on_prompt()
+        for captured in part:
+            if on_prompt is not None:  # the tokens this prompt's continuation took (a progress bar counts them)
+                on_prompt(len(captured.token_ids) - captured.prompt_len)
     return results
