@@ -68,6 +68,20 @@ def test_no_engine_serves_a_sample_from_anchor_drafter_as_dflash(tmp_path, targe
     assert not (tmp_path / "served").exists()
 
 
+def test_serve_check_reports_each_engines_layout_once(tmp_path, target_dir):
+    """vLLM reads dflash_config.sample_from_anchor and its DFlash runner refuses it; SGLang's DFlash worker has no
+    such setting and drafts the anchor-as-bonus way: one slot-layout finding per engine, no block-size one."""
+    from held.serving import TargetFacts
+    from held.serving.verdict import engine_report
+
+    anchor = drafter(True)
+    save_zlab_dir(tmp_path / "zlab", anchor.spec, anchor.state_dict())
+    for engine, served in (("vllm", True), ("sglang", False)):
+        report = engine_report(engine, str(tmp_path / "zlab"), anchor.spec, TargetFacts.read(target_dir))
+        found = [(f.field, f.pitfall, f.served) for f in report.findings if f.severity == "divergence"]
+        assert found == [("sample_from_anchor", 33, served)], engine
+
+
 def test_drafters_that_differ_only_in_layout_are_one_slot_layout_finding(tmp_path):
     ours, ref = drafter(True), drafter(False)  # the same weights
     save_checkpoint(tmp_path / "ours.pt", ours, recipe=Recipe(sample_from_anchor=True))
@@ -108,13 +122,46 @@ def test_offline_tau_equals_live_tau_under_both_layouts(trained_pair, test_world
 
 
 def test_the_trainer_trains_the_layout_it_writes(tiny_world, tmp_path):
+    from dflash_audit.cli import main
     from impl.checkpoint import load_checkpoint
-    from impl.train import train_drafter
-    from tests.helpers import TEXTS
 
-    stats = train_drafter(tiny_world / "target", TEXTS, tmp_path / "anchor.pt", steps=2, seq_len=48, block_size=4,
-                          max_anchors=6, target_layer_ids=[0, 1, 2], batch_size=2, lr=3e-3, warmup=2,
-                          eval_sequences=2, progress=False, sample_from_anchor=True)
-    ckpt = load_checkpoint(tmp_path / "anchor.pt")
+    out, stats = tmp_path / "anchor.pt", tmp_path / "stats.json"
+    assert main(["train", "--target", str(tiny_world / "target"), "--data", str(tiny_world / "data.jsonl"),
+                 "--out", str(out), "--steps", "2", "--seq-len", "48", "--block-size", "4", "--fc-layers", "0,1,2",
+                 "--batch-size", "2", "--max-anchors", "6", "--sample-from-anchor", "--json", str(stats)]) == 0
+    ckpt = load_checkpoint(out)
     assert ckpt.spec.sample_from_anchor and ckpt.recipe.sample_from_anchor
-    assert len(stats["evals"][-1]["position_acc"]) == 4  # every slot proposes: four accuracies for B = 4
+    # Every slot proposes: four accuracies for B = 4.
+    assert len(json.loads(stats.read_text())["evals"][-1]["position_acc"]) == 4
+
+
+def test_a_foreign_declaration_of_the_layout_sets_the_drafter_and_its_recipe(tmp_path):
+    ours = drafter(True)
+    torch.save(ours.state_dict(), tmp_path / "drafter.pt")
+    spec = ours.spec
+    (tmp_path / "args.json").write_text(json.dumps({
+        "target_layer_ids": list(spec.target_layer_ids), "num_target_layers": spec.num_target_layers,
+        "mask_token_id": spec.mask_token_id, "block_size": spec.block_size, "vocab_size": spec.vocab_size,
+        "layer_types": list(spec.layer_types), "sliding_window": spec.sliding_window, "sample_from_anchor": True}))
+    loaded = load_any(tmp_path / "drafter.pt")
+    assert loaded.spec == spec and loaded.recipe.sample_from_anchor is True
+    undeclared = tmp_path / "quiet"
+    undeclared.mkdir()
+    torch.save(ours.state_dict(), undeclared / "drafter.pt")
+    args = json.loads((tmp_path / "args.json").read_text())
+    del args["sample_from_anchor"]
+    (undeclared / "args.json").write_text(json.dumps(args))
+    quiet = load_any(undeclared / "drafter.pt")  # both references' default, said to be one
+    assert quiet.spec.sample_from_anchor is False and quiet.provenance["sample_from_anchor"].source == "default"
+
+
+def test_a_speculators_directory_against_its_zlab_twin(tmp_path, target_dir):
+    ours = drafter(True)
+    save_checkpoint(tmp_path / "ours.pt", ours, recipe=Recipe(sample_from_anchor=True))
+    convert(tmp_path / "ours.pt", tmp_path / "spec", "speculators", target=target_dir)  # speculators' save_pretrained
+    save_zlab_dir(tmp_path / "twin", ours.spec, ours.state_dict())
+    speculators_side = load_side(tmp_path / "spec", target_dir)
+    assert divergences(static_audit(speculators_side, load_side(tmp_path / "twin"), expect_identical=True)) == []
+    save_zlab_dir(tmp_path / "plain", drafter(False).spec, ours.state_dict())
+    assert divergences(static_audit(speculators_side, load_side(tmp_path / "plain"))) == [
+        ("slot_layout", "sample_from_anchor")]
