@@ -32,7 +32,7 @@ class ConversionResult:
 # -- what a destination cannot hold ---------------------------------------------------------
 def lossy_changes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
     """Ways the converted drafter would compute something else than the source."""
-    spec, raw, changes = loaded.spec, loaded.raw, []
+    spec, changes = loaded.spec, []
     if fmt == "speculators":
         final = [i for i in spec.target_layer_ids if names_final_layer(i, spec.num_target_layers)]
         if final:
@@ -41,11 +41,7 @@ def lossy_changes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
         changed = [name for name, default in ZLAB_EXTRAS.items() if getattr(spec, name) != default]
         if changed:
             changes.append(f"speculators has no {', '.join(changed)} (z-lab dflash_config)")
-    else:
-        if raw.draft_vocab_size not in (None, spec.vocab_size):
-            changes.append(f"reduced draft vocabulary ({raw.draft_vocab_size} of {spec.vocab_size} tokens); "
-                           f"{fmt} drafts over the target's full head")
-    return changes
+    return changes  # a reduced draft vocabulary travels in every format (its head and d2t)
 
 
 def recipe_notes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:

@@ -83,7 +83,10 @@ def build_tree(root_token: int, depth_logprobs: torch.Tensor, budget: int) -> Dr
     depth_count = depth_logprobs.shape[0]
     if budget <= 0 or depth_count == 0:
         return tree
-    k = min(budget, depth_logprobs.shape[1])
+    # Only proposable tokens: a reduced draft vocabulary leaves the others at -inf (impl.model.compute_logits).
+    k = min(budget, int((depth_logprobs[0] != float("-inf")).sum()))  # NaN (an overflow) still counts
+    if k == 0:
+        return tree
     top_scores, top_tokens = (t.tolist() for t in depth_logprobs.float().topk(k, dim=-1))
     # Heap entry: (-path score, tiebreak, parent node, depth index, rank within that depth's top-k).
     heap = [(-top_scores[0][0], 0, 0, 0, 0)]

@@ -9,7 +9,7 @@ from torch import nn
 
 import impl.model
 from impl import anchors as anchor_rules
-from impl import decoding, dflash2, layers, losses, masks, slot_layout
+from impl import decoding, dflash2, layers, losses, masks, slot_layout, vocab_mapping
 from impl.checkpoint import build_drafter
 from impl.decoding import Sampler, dflash_decode
 from impl.extract import context_features, output_head
@@ -44,6 +44,13 @@ class OursImplementation:
 
     def inference_mask(self, context_len, block_len, sliding_window, causal):
         return masks.inference_mask(context_len, block_len, sliding_window, causal)
+
+    def vocab_mapping(self, token_freq, draft_vocab_size, target_vocab_size):
+        d2t = vocab_mapping.mapping_from_frequencies(token_freq, draft_vocab_size, target_vocab_size)
+        return d2t, vocab_mapping.t2d_from_d2t(d2t, target_vocab_size)
+
+    def proposed_ids(self, drafter: DFlashDrafter, hidden, target):
+        return drafter.compute_logits(hidden, output_head(target)).argmax(-1)
 
     def build_drafter(self, spec: DraftSpec, state_dict, target: nn.Module | None = None) -> DFlashDrafter:
         return built_for(target, lambda: build_drafter(spec, state_dict)).eval()

@@ -136,6 +136,18 @@ class DFlashImplementation(Protocol):
         `temperature` > 0 with the global torch generator seeded with `seed` (z-lab's draw order)."""
 
 
+class DraftVocabOperations(Protocol):
+    """A reduced draft vocabulary (catalogue #32); an implementation without one declares them `unsupported`."""
+
+    def vocab_mapping(self, token_freq: dict[int, int], draft_vocab_size: int,
+                      target_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(d2t [draft] offsets, t2d [target] bool)` built from token frequencies."""
+
+    def proposed_ids(self, drafter: Any, hidden: torch.Tensor, target: nn.Module) -> torch.Tensor:
+        """The target token ids a drafter proposes (greedy) from draft hidden states [..., H], through its own
+        head and draft-to-target map."""
+
+
 class SlotLayoutOperations(Protocol):
     """The slot layout (`DraftSpec.sample_from_anchor`, impl/slot_layout.py): how many tokens a block proposes
     and which slots' logits propose them. An implementation without the layout raises `Unsupported`."""

@@ -114,6 +114,12 @@ LOCATIONS = (
                  '`spec.DraftSpec.block_is_causal`, `masks`',
                  '`_attention_mask` (`is_causal`)', '`create_anchor_block_mask_mod(sliding_window_non_causal)`',
                  '`conformance/test_window_direction.py`'),
+    RuleLocation((32,), 'reduced draft vocabulary (d2t/t2d)',
+                 '`vocab_mapping.mapping_from_frequencies`, `model.DFlashDrafter.lm_head/d2t/compute_logits/'
+                 'verifier_head`, `train.vocab_mapping`',
+                 '— (no draft vocabulary; vLLM reads `draft_vocab_size` and `d2t` from a z-lab directory)',
+                 '`train.vocab_mapping.build_vocab_mappings_from_distribution`, `DraftVocabMixin.load_vocab_mappings`',
+                 '`conformance/test_draft_vocab.py`'),
     RuleLocation((33,), 'slot layout (`sample_from_anchor`)',
                  '`slot_layout`, `spec.DraftSpec.sample_from_anchor`, `decoding.round_size/draft_block`',
                  '— (anchor as the bonus only)',

@@ -54,7 +54,7 @@ class DraftSpec:
     num_key_value_heads: int
     head_dim: int
     num_hidden_layers: int  # draft layers
-    vocab_size: int
+    vocab_size: int  # the TARGET's vocabulary: token ids, embeddings and the verifier's head
     target_layer_ids: tuple[int, ...]  # z-lab convention; every one feeds fc
     num_target_layers: int  # decoder layers of the target (verifier)
     mask_token_id: int
@@ -91,6 +91,9 @@ class DraftSpec:
     conv_group_size: int | None = None
     selector_rank: int | None = None
     selector_top_k: int | None = None
+    # A reduced draft vocabulary (speculators' `draft_vocab_size`): the drafter's own head has this many rows
+    # and its `d2t` maps draft id k to target id k + d2t[k]. None: the head is the target's whole vocabulary.
+    draft_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         # Normalize list-valued fields so specs compare and hash by value.
@@ -101,6 +104,8 @@ class DraftSpec:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in ids))
         types = tuple(self.layer_types) or ("full_attention",) * self.num_hidden_layers
         object.__setattr__(self, "layer_types", types)
+        if self.draft_vocab_size == self.vocab_size:  # speculators' own rule: equal sizes map nothing
+            object.__setattr__(self, "draft_vocab_size", None)
         if isinstance(self.partial_rotary_factor, numbers.Real) and not isinstance(self.partial_rotary_factor, bool):
             object.__setattr__(self, "partial_rotary_factor", float(self.partial_rotary_factor))
         self.validate()
@@ -138,8 +143,23 @@ class DraftSpec:
         _require(self.rms_norm_eps > 0, "rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
         _require(isinstance(self.sample_from_anchor, bool), "sample_from_anchor",
                  f"must be true or false, got {self.sample_from_anchor!r}")
+        self._validate_draft_vocab()
         self._validate_dflash2()
 
+    def _validate_draft_vocab(self) -> None:
+        size = self.draft_vocab_size
+        if size is None:
+            return
+        _require(isinstance(size, int) and not isinstance(size, bool) and 0 < size <= self.vocab_size,
+                 "draft_vocab_size", f"must be an integer in 1..{self.vocab_size} (the target vocabulary), got {size!r}")
+        # speculators' DFlash2DraftModel refuses a reduced vocabulary too ("requires the full verifier vocabulary").
+        _require(self.family == "dflash", "draft_vocab_size",
+                 f"{size} of {self.vocab_size}: a DFlash2 drafter drafts over the full target vocabulary")
+
+    @property
+    def head_size(self) -> int:
+        """Rows of the drafter's head: the draft vocabulary when reduced, else the target's."""
+        return self.draft_vocab_size or self.vocab_size
     def _validate_rotary(self) -> None:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # the scalings transformers computes
 
@@ -193,6 +213,10 @@ class DraftSpec:
     def family(self) -> str:
         """`dflash2` when the spec carries the convolutions and the selector, else `dflash`."""
         return spec_family(self.conv_kernel_size)
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size is not None
 
     def block_is_causal(self, layer_idx: int) -> bool:
         """Whether a layer's block slots see only earlier slots: sliding layers unless non-causal."""

@@ -70,6 +70,7 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     layout = trained_layout(drafter, recipe)
     aligner = TargetAligner(block, layout)
     norm, head = final_norm(target), output_head(target)
+    verifier_head = drafter.verifier_head(head)  # a reduced draft vocabulary's rows of it (speculators)
 
     forced = anchors
     anchors, valid, targets, slot_mask, slot_ids, slot_pos, contexts, attn = [], [], [], [], [], [], [], []
@@ -83,7 +84,7 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
         anchors.append(row_anchors)
         valid.append(row_valid)
         # Targets from clean verifier states only: noise below never reaches them.
-        targets.append(aligner.target_logits(states.source[row: row + 1], norm, head, row_anchors))
+        targets.append(aligner.target_logits(states.source[row: row + 1], norm, verifier_head, row_anchors))
         slot_mask.append(aligner.loss_mask(loss_mask[row: row + 1], row_anchors, row_valid))
         ids = torch.full((block * row_anchors.numel(),), drafter.mask_token_id, dtype=torch.long,
                          device=input_ids.device)
@@ -103,7 +104,7 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     drafter_context = torch.stack(contexts)
     positions = torch.cat([position_ids, torch.stack(slot_pos)], dim=1)
     hidden = forward(drafter.embed(target, torch.stack(slot_ids)), drafter_context, positions, masks=masks)
-    logits = drafter.compute_logits(hidden, head)
+    logits = drafter.draft_logits(hidden, head)  # over the head's own vocabulary, as the targets
     outputs = TrainingOutputs(anchors=torch.stack(anchors), anchor_valid=torch.stack(valid), logits=logits,
                               targets=torch.cat(targets), loss_mask=torch.cat(slot_mask), hidden=hidden)
     if drafter.candidate_selector is not None:  # DFlash2: the selector trains on teacher-forced predecessors

@@ -29,6 +29,7 @@ from impl.interface import TrainingOutputs, Unsupported
 from impl.layers import hidden_state_index, speculators_to_zlab
 from impl.param_names import VERIFIER_OWNED_KEYS, strip_wrapper_prefixes
 from impl.spec import DFLASH2_FIELDS, DraftSpec
+from impl.vocab_mapping import t2d_from_d2t
 from impl.weights_dir import read_config
 from reference_adapters.version_guard import check_reference
 
@@ -56,6 +57,7 @@ from speculators.models.dflash2.metrics import (  # noqa: E402
     selector_training_candidates,
 )
 from speculators.proposals.greedy import GreedyTokenProposalConfig  # noqa: E402
+from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution  # noqa: E402
 
 CPU_ATTENTION = "eager"
 
@@ -85,7 +87,7 @@ def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None,
     return CONFIG_CLASSES[spec.family](
         **dflash2,
         transformer_layer_config=spec.qwen3_config(),
-        draft_vocab_size=spec.vocab_size,
+        draft_vocab_size=spec.head_size,
         block_size=spec.block_size,
         aux_hidden_state_layer_ids=list(aux_layer_ids) if aux_layer_ids is not None
         else native_layer_ids(spec.target_layer_ids),
@@ -117,17 +119,35 @@ def on_cpu_attention(config: DFlashSpeculatorConfig) -> DFlashSpeculatorConfig:
     return config
 
 
+def load_body(model: DFlashDraftModel, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """The draft body into speculators' model; a reduced draft vocabulary's map through its own
+    `load_vocab_mappings` (which checks the shapes), t2d rebuilt from d2t as its mapping builder does."""
+    body = strip_wrapper_prefixes(state_dict)
+    missing, unexpected = model.load_state_dict(body, strict=False)
+    missing = [k for k in missing if k not in VERIFIER_OWNED_KEYS]
+    if missing or unexpected:
+        raise CheckpointError(f"{source}: the draft body does not fit speculators' {type(model).__name__} "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if model.use_draft_vocab:
+        d2t = body["d2t"].long()
+        model.load_vocab_mappings(t2d_from_d2t(d2t, model.verifier_vocab_size), d2t)
+
+
 def fill_verifier_tensors(model: DFlashDraftModel, target: nn.Module | None) -> None:
-    """Verifier-owned tensors: speculators' own loader when it knows a verifier dir, else copied from `target`."""
+    """Verifier-owned tensors: speculators' own loader when it knows a verifier dir, else copied from `target`
+    (a reduced draft vocabulary's `verifier_lm_head` is the head's `t2d` rows, as that loader takes them)."""
     if model.config.speculators_config.verifier.name_or_path:
         model.load_verifier_weights()
         return
     if target is None:
         return  # left NaN, as speculators leaves them: any use shows up at once
     head = output_head(target).weight.detach()
+    if model.use_draft_vocab:
+        head = head[model.t2d.to(head.device)]
     with torch.no_grad():
         model.embed_tokens.weight.copy_(target.get_input_embeddings().weight.detach())
-        model.lm_head.weight.copy_(head)
+        if not model.use_draft_vocab:  # a reduced head is the drafter's own, loaded with its body
+            model.lm_head.weight.copy_(head)
         model.verifier_lm_head.weight.copy_(head)
         model.verifier_norm.weight.copy_(final_norm(target).weight.detach())
 
@@ -210,13 +230,17 @@ class SpeculatorsImplementation:
         if verifier_dir is None and target is not None and _is_local_dir(getattr(target, "name_or_path", None)):
             verifier_dir = target.name_or_path
         model = MODEL_CLASSES[spec.family](on_cpu_attention(speculators_config(spec, verifier_dir)))
-        body = strip_wrapper_prefixes(state_dict)
-        missing, unexpected = model.load_state_dict(body, strict=False)
-        missing = [k for k in missing if k not in VERIFIER_OWNED_KEYS]
-        if missing or unexpected:
-            raise CheckpointError(f"speculators drafter: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        load_body(model, state_dict, "speculators drafter")
         fill_verifier_tensors(model, target)
         return model.float().eval()
+
+    def vocab_mapping(self, token_freq, draft_vocab_size, target_vocab_size):
+        return build_vocab_mappings_from_distribution(token_freq, draft_vocab_size, target_vocab_size)
+
+    def proposed_ids(self, drafter: DFlashDraftModel, hidden, target):
+        """Its own `lm_head` (the draft vocabulary's), then its `d2t` offsets: the id vLLM serves."""
+        draft = drafter.lm_head(hidden).argmax(-1)
+        return draft + drafter.d2t[draft] if drafter.use_draft_vocab else draft
 
     def project_context(self, drafter, context_features):
         return drafter.hidden_norm(drafter.fc(context_features))

@@ -81,6 +81,11 @@ def train(
     layer_types: str = typer.Option(None, help="Per draft layer: full_attention or sliding_attention, comma-separated."),
     sliding_window: int = typer.Option(None, help="Window of the sliding_attention layers."),
     mask_token_id: int = typer.Option(None, help="Default: the tokenizer's <|mask|> token."),
+    draft_vocab_size: int = typer.Option(None, help="Reduced draft vocabulary: the head proposes only the N most "
+                                                     "frequent loss-masked tokens of --data (speculators' rule), "
+                                                     "mapped to target ids by d2t [default: the whole vocabulary]."),
+    d2t: Path = typer.Option(None, "--d2t", help="The draft-to-target map to use instead: a .npy of offsets "
+                                                 "(target id = draft id + d2t[draft id]), as speculators writes."),
     dtype: str = typer.Option("fp32", help="fp32, or bf16 (autocast, fp32 master weights)."),
     eval_data: Path = typer.Option(None, help="Held-out JSON lines (default: the last --eval-sequences rows)."),
     eval_sequences: int = typer.Option(2, help="Rows held out when no --eval-data is given."),
@@ -112,6 +117,10 @@ def train(
     from impl.train import train as run_training
 
     check_train_paths(target, data, eval_data, out, json_out, resume)
+    if d2t is not None:
+        regular_file(d2t, "file", "--d2t")
+    if draft_vocab_size is not None and draft_vocab_size <= 0:
+        raise AuditError(f"--draft-vocab-size must be a positive number of tokens, got {draft_vocab_size}")
     check_finite_flags(lr=lr, gamma=gamma, dpace_alpha=dpace_alpha, noise_std=noise_std, max_seconds=max_seconds,
                        selector_loss_alpha=selector_loss_alpha)
     dflash2_flags = dict(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size,
@@ -131,7 +140,8 @@ def train(
         eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
         grad_accum=grad_accum, seq_len=seq_len, target_layer_ids=_layer_ids(target_layer_ids, "--target-layer-ids"),
         verifier_source_layer=verifier_source_layer, layer_types=_layer_types(layer_types),
-        sliding_window=sliding_window, mask_token_id=mask_token_id, dtype=dtype, eval_every=eval_every,
+        sliding_window=sliding_window, mask_token_id=mask_token_id, draft_vocab_size=draft_vocab_size,
+        d2t=str(d2t) if d2t is not None else None, dtype=dtype, eval_every=eval_every,
         save_every=save_every, resume=resume, seed=seed, max_seconds=max_seconds, family=family, **knobs)
     hf_logging.disable_progress_bar()  # one progress bar: the trainer's
     try:

@@ -111,7 +111,12 @@ def shape_facts(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[Any, str]
         facts["attention_bias"] = ("layers.0.self_attn.q_proj.bias" in shapes,
                                    "layers.0.self_attn.q_proj.bias " +
                                    ("present" if "layers.0.self_attn.q_proj.bias" in shapes else "absent"))
+    draft = shape("d2t")
+    facts["draft_vocab_size"] = ((draft[0], f"d2t shape {list(draft)}") if draft and len(draft) == 1
+                                 else (None, "no d2t tensor: the head covers the target's vocabulary"))
     for name in ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight"):
+        if name == "lm_head.weight" and draft:
+            continue  # a reduced draft vocabulary's own head: its rows are the draft vocabulary, not the target's
         if shape(name) and len(shape(name)) == 2:
             facts["vocab_size"] = (shape(name)[0], f"{name} shape {list(shape(name))}")
             break

@@ -78,7 +78,7 @@ def trained_values(spec: DraftSpec, draft_vocab_size: int | None = None,
         "rope_type": (spec.rope_scaling or {}).get("rope_type", "default"),
         "partial_rotary_factor": float(spec.partial_rotary_factor), "is_neox_style": spec.rope_style == "neox",
         "rms_norm_eps": float(spec.rms_norm_eps), "hidden_act": spec.hidden_act, "vocab_size": spec.vocab_size,
-        "draft_vocab_size": draft_vocab_size or spec.vocab_size,
+        "draft_vocab_size": draft_vocab_size or spec.head_size,
         "input_embedding_scale": float(spec.input_embedding_scale), "tensors_ignored": [], "tensors_refused": [],
         "sample_from_anchor": spec.sample_from_anchor,
     }
