@@ -87,6 +87,7 @@ bench: setup
 	$(BENCH_ENV) $(PY) bench/bench_offline_vs_live.py --max-new-tokens 1024
 	$(BENCH_ENV) $(PY) bench/bench_live_vs_zlab.py
 	$(BENCH_ENV) $(PY) bench/bench_ddtree_vs_dflash.py
+	$(BENCH_ENV) $(PY) bench/bench_slot_layout.py
 	$(BENCH_ENV) $(PY) bench/bench_specforge_tau.py
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape tiny
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b

@@ -34,7 +34,9 @@ COMMON_TRAINING = dict(seq_len=256, batch_size=4, lr=3e-3, warmup=20, progress=F
                        per_position_loss_weight="fixed-exp-decay", gamma=4.0)
 
 
-def trained_drafter(world, name: str) -> Path:
+def trained_drafter(world, name: str, settings: dict | None = None) -> Path:
+    """`<world>/bench-drafter-<name>.pt`, trained once on the world's corpus with `BENCH_DRAFTERS[name]` (or
+    `settings`) and `COMMON_TRAINING`."""
     from dflash_world import stdlib_corpus
     from impl.train import train_drafter
 
@@ -43,7 +45,7 @@ def trained_drafter(world, name: str) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.is_file():
             train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path,
-                          **BENCH_DRAFTERS[name], **COMMON_TRAINING)
+                          **(settings or BENCH_DRAFTERS[name]), **COMMON_TRAINING)
     return path
 
 

@@ -21,8 +21,10 @@ import impl.implementation
 import impl.losses
 import impl.masks
 import impl.model
+import impl.slot_layout
 import impl.train_step
-from conformance.checks import dflash2, layers, losses, masks, rotary, training, vocab
+from conformance.checks import dflash2, draft_vocab, layers, losses, masks, rotary, slot_layout, training, vocab
+from conformance.checks.slot_layout import SlotCase
 from conformance.strategies import (
     ConvCase,
     DPaceCase,
@@ -59,6 +61,13 @@ DFLASH2_SPEC = dataclasses.replace(SPEC, conv_kernel_size=3, conv_group_size=8, 
 CONV = ConvCase(spec=DFLASH2_SPEC, layer=1, sublayer="mlp", num_blocks=3, seed=4)
 SELECTOR = SelectorCase(spec=DFLASH2_SPEC, slots=10, first_token=7, temperature=0.0, seed=6)
 DFLASH2_TRAINING = dataclasses.replace(TRAINING, spec=DFLASH2_SPEC)
+# A reduced draft vocabulary of 20 of the 96 target tokens: its d2t offsets are far from zero.
+DRAFT_VOCAB = dataclasses.replace(TRAINING, spec=dataclasses.replace(SPEC, draft_vocab_size=20))
+# The anchor-as-bonus layout on full attention: the slot layout alone (speculators' block masks window the
+# context from the anchor, decoding's from each query: a sliding layer would add that difference, #25).
+FULL_ATTENTION = dataclasses.replace(SPEC, layer_types=("full_attention",) * SPEC.num_hidden_layers,
+                                     sliding_window=None)
+SLOT = SlotCase(spec=FULL_ATTENTION, context_len=9, seed=11)
 MASK = MaskCase(document_ids=torch.tensor([[0] * 8 + [1] * 8 + [-1] * 2]), anchors=torch.tensor([0, 5, 9, 15]),
                 block_size=4, sliding_window=None, causal_block=False)
 
@@ -69,6 +78,14 @@ PARTIAL_ROTARY = RotaryCase(spec=dataclasses.replace(ROTARY_SPEC, partial_rotary
                             position_offset=9, seed=2)
 SCALED_ROTARY = RotaryCase(spec=dataclasses.replace(ROTARY_SPEC, rope_scaling={"rope_type": "linear", "factor": 2.0}),
                            length=6, position_offset=9, seed=2)
+
+
+def _anchor_slot_proposes(_original):
+    return property(lambda spec: 0)  # every slot's logits read, the anchor's too, whatever the layout
+
+
+def _every_slot_counted(_original):
+    return lambda block_size, sample_from_anchor: block_size  # B speculative tokens under either layout
 
 
 @dataclass(frozen=True)
@@ -220,6 +237,11 @@ def _rerank_without_unary(original):
     return select
 
 
+def _d2t_as_absolute_ids(_original):
+    """d2t read as the target ids themselves instead of offsets (target id = draft id + d2t[draft id])."""
+    return lambda d2t: d2t.long()
+
+
 def _rotate_last_dims(original):
     def rotate(x, cos, sin):
         rotary_dim = cos.shape[-1]
@@ -313,6 +335,14 @@ BUGS = [
                lambda cmp, ours, refs: dflash2.selector_training(cmp, ours, refs["speculators"], DFLASH2_TRAINING)),
     PlantedBug("top-k reranked without the unary term", 23, _patch(CandidateSelector, "select", _rerank_without_unary),
                lambda cmp, ours, refs: dflash2.selector_path(cmp, ours, refs["zlab"], SELECTOR)),
+    PlantedBug("d2t applied as absolute ids, not offsets", 32, _patch(impl.model, "target_ids", _d2t_as_absolute_ids),
+               lambda cmp, ours, refs: draft_vocab.proposals(cmp, ours, refs["speculators"], DRAFT_VOCAB)),
+    PlantedBug("decoding reads the anchor slot's logits (anchor-as-bonus layout)", 33,
+               _patch(DraftSpec, "first_proposing_slot", _anchor_slot_proposes),
+               lambda cmp, ours, refs: slot_layout.proposals(cmp, ours, refs["speculators"], SLOT)),
+    PlantedBug("B speculative tokens under the anchor-as-bonus layout", 33,
+               _patch(impl.slot_layout, "speculative_tokens", _every_slot_counted),
+               lambda cmp, ours, refs: slot_layout.speculative_tokens(cmp, ours, refs["speculators"], 8, False)),
     PlantedBug("partial rotary on the last dims", 35, _patch(impl.model, "rotate", _rotate_last_dims),
                lambda cmp, ours, refs: rotary.against_transformers(cmp, ours, PARTIAL_ROTARY)),
     PlantedBug("rope scaling dropped", 35, _patch(impl.model, "DraftRotaryEmbedding", _scaling_dropped),
@@ -322,6 +352,6 @@ BUGS = [
     PlantedBug("generated mask-id tokens dropped from the output", 34, _patch_decode(_mask_ids_dropped),
                lambda cmp, ours, refs: vocab.mask_token_kept(cmp, ours, refs["zlab"], vocab.mask_kept_case())),
     PlantedBug("draft head sized to the tokenizer, not the padded vocabulary", 36,
-               _patch(DFlashDrafter, "compute_logits", _head_sized_to_tokenizer),
+               _patch(DFlashDrafter, "draft_logits", _head_sized_to_tokenizer),
                lambda cmp, ours, refs: vocab.padded_vocabulary(cmp, ours, refs["speculators"])),
 ]

@@ -32,7 +32,7 @@ class ConversionResult:
 # -- what a destination cannot hold ---------------------------------------------------------
 def lossy_changes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
     """Ways the converted drafter would compute something else than the source."""
-    spec, raw, changes = loaded.spec, loaded.raw, []
+    spec, changes = loaded.spec, []
     if fmt == "speculators":
         final = [i for i in spec.target_layer_ids if names_final_layer(i, spec.num_target_layers)]
         if final:
@@ -41,11 +41,7 @@ def lossy_changes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
         changed = [name for name, default in ZLAB_EXTRAS.items() if getattr(spec, name) != default]
         if changed:
             changes.append(f"speculators has no {', '.join(changed)} (z-lab dflash_config)")
-    else:
-        if raw.draft_vocab_size not in (None, spec.vocab_size):
-            changes.append(f"reduced draft vocabulary ({raw.draft_vocab_size} of {spec.vocab_size} tokens); "
-                           f"{fmt} drafts over the target's full head")
-    return changes
+    return changes  # a reduced draft vocabulary travels in every format (its head and d2t)
 
 
 def recipe_notes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
@@ -55,8 +51,6 @@ def recipe_notes(loaded: LoadedCheckpoint, fmt: str) -> list[str]:
     if loaded.recipe is not None and fmt != "ours":
         notes.append(f"the training recipe (gamma {loaded.recipe.gamma}, {loaded.recipe.loss_fn}, ...) is not "
                      f"recorded by the {fmt} format; the weights are unchanged")
-    if loaded.raw.sample_from_anchor and fmt != "speculators":
-        notes.append(f"trained with sample_from_anchor (DSpark alignment), which the {fmt} format does not record")
     if loaded.verifier_tensors and fmt != "speculators":
         notes.append(f"verifier-owned tensors {sorted(loaded.verifier_tensors)} dropped: {fmt} borrows them from "
                      "the target")
@@ -114,7 +108,13 @@ def convert(source: str | Path, destination: str | Path, fmt: str, target: str |
 # DFlash2 codebooks under the bare names both engines' parameters have. Fields no engine format can carry:
 UNSERVABLE = {"sglang": {"input_embedding_scale": (1.0, "SGLang takes the noise-embedding scale from the target "
                                                         "model, never from the draft config"),
-                         "hidden_act": (("silu", "swigluoai"), "SGLang's DFlash MLP supports silu and swigluoai only")}}
+                         "hidden_act": (("silu", "swigluoai"), "SGLang's DFlash MLP supports silu and swigluoai only"),
+                         "sample_from_anchor": (False, "SGLang's DFlash worker drafts with the anchor as the bonus "
+                                                       "token (slots 1..B-1); only its DSpark models sample from the "
+                                                       "anchor")},
+              "vllm": {"sample_from_anchor": (False, "vLLM's DFlash runner reads dflash_config.sample_from_anchor and "
+                                                     "refuses true (vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
+                                                     "); only its DSpark runner samples from the anchor")}}
 
 
 def unservable_fields(spec, engine: str) -> list[str]:

@@ -67,6 +67,11 @@ def check_body(spec: DraftSpec, state_dict: dict[str, torch.Tensor],
     return {key: state_dict[key] for key in expected}
 
 
+def weights_dtype(state_dict: dict[str, torch.Tensor]) -> torch.dtype:
+    """The dtype a body's weights are stored in (integer tensors such as a draft vocabulary's `d2t` say nothing)."""
+    return next((t.dtype for t in state_dict.values() if t.is_floating_point()), torch.float32)
+
+
 def build_drafter(spec: DraftSpec, state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
                   source: str = "checkpoint") -> DFlashDrafter:
     """A drafter with exactly these weights; one-line error naming the first bad tensor."""

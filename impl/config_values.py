@@ -19,3 +19,10 @@ def as_float(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SpecError(name, f"{value!r} is not a number")
     return float(value)
+
+
+def as_bool(name: str, value: Any) -> bool:
+    """A config's true/false, never a number or a string read as one."""
+    if not isinstance(value, bool):
+        raise SpecError(name, f"{value!r} is not true or false")
+    return value

@@ -1,7 +1,7 @@
 """Live DDTree: DFlash's one drafter pass turned into a token tree verified in one target forward.
 
-The drafter's block pass gives one distribution per depth (slot d predicts the token d
-steps after the last known one). Those depths are treated as independent, so the score of
+The drafter's block pass gives one distribution per depth (the d-th proposing slot predicts
+the token d steps after the last known one, under either slot layout). Those depths are treated as independent, so the score of
 a path is the sum of its tokens' log-probabilities, and the `budget` best paths (nodes) are
 found best-first with a heap: popping a node pushes its best child and its next sibling.
 The target scores every node at once: each node attends to the KV cache and to its own
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from impl.decoding import DecodeResult, StopTokens, TargetSession, draft_block
+from impl.decoding import DecodeResult, StopTokens, TargetSession, draft_block, round_size
 from impl.errors import AuditError
 from impl.extract import output_head
 from impl.model import DFlashDrafter, DraftCache
@@ -83,7 +83,10 @@ def build_tree(root_token: int, depth_logprobs: torch.Tensor, budget: int) -> Dr
     depth_count = depth_logprobs.shape[0]
     if budget <= 0 or depth_count == 0:
         return tree
-    k = min(budget, depth_logprobs.shape[1])
+    # Only proposable tokens: a reduced draft vocabulary leaves the others at -inf (impl.model.compute_logits).
+    k = min(budget, int((depth_logprobs[0] != float("-inf")).sum()))  # NaN (an overflow) still counts
+    if k == 0:
+        return tree
     top_scores, top_tokens = (t.tolist() for t in depth_logprobs.float().topk(k, dim=-1))
     # Heap entry: (-path score, tiebreak, parent node, depth index, rank within that depth's top-k).
     heap = [(-top_scores[0][0], 0, 0, 0, 0)]
@@ -128,7 +131,7 @@ def ddtree_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     stopped = tokens[start] in stops.ids
     rounds: list[int] = []
     while not stopped and start + 1 < max_length:
-        size = min(drafter.block_size, max_length - start)
+        _, size = round_size(drafter, start, max_length)
         _, draft_hidden = draft_block(drafter, target, draft_cache, new_features, tokens[start], start, size)
         draft_logits = drafter.compute_logits(draft_hidden[0], head)
         tree = build_tree(tokens[start], torch.log_softmax(draft_logits.float(), dim=-1), budget)

@@ -4,7 +4,8 @@ One round, starting from `start` = position of the last known token (the previou
 not yet in the target's KV cache):
 1. the drafter sees the target's context features of the tokens accepted since its last
    call (its own `DraftCache` holds the older ones) and denoises the block
-   `[last token, mask x (B-1)]`, which proposes B-1 tokens;
+   `[last token, mask x (B-1)]`, which proposes B-1 tokens from slots 1.. (or, under the
+   sample-from-anchor slot layout, B tokens from every slot: impl/slot_layout.py);
 2. the target verifies `[last token, proposals]` in one KV-cached forward;
 3. the longest prefix of proposals the target agrees with is accepted, plus one bonus
    token from the target; both caches are cut back to the accepted length.
@@ -24,6 +25,7 @@ from transformers import DynamicCache
 from impl.extract import context_features, output_head
 from impl.model import DFlashDrafter, DraftCache
 from impl.placement import target_device
+from impl.slot_layout import draft_block_size
 
 
 @dataclass
@@ -47,14 +49,15 @@ def mean_acceptance(lengths: list[int]) -> float:
     return sum(lengths) / len(lengths) if lengths else 0.0
 
 
-def acceptance_histogram(lengths: list[int], block_size: int) -> list[int]:
-    """Counts of acceptance lengths 0..B, as z-lab's benchmark prints them.
+def acceptance_histogram(lengths: list[int], longest: int) -> list[int]:
+    """Counts of acceptance lengths 0..`longest`, as z-lab's benchmark prints them (`longest` = the drafter's
+    speculative tokens + 1: B for the anchor-as-bonus layout, B + 1 for sample-from-anchor).
 
-    A length outside 0..B cannot come from a correct decoder: it is an error, never clamped."""
-    counts = [0] * (block_size + 1)
+    A length outside 0..longest cannot come from a correct decoder: it is an error, never clamped."""
+    counts = [0] * (longest + 1)
     for length in lengths:
-        if not 0 <= length <= block_size:
-            raise ValueError(f"acceptance length {length} outside 0..{block_size} (block size {block_size})")
+        if not 0 <= length <= longest:
+            raise ValueError(f"acceptance length {length} outside 0..{longest} (the longest round)")
         counts[length] += 1
     return counts
 
@@ -181,11 +184,20 @@ class TargetSession:
             layer.values = layer.values.index_select(-2, at)
 
 
+def round_size(drafter: DFlashDrafter, start: int, max_length: int) -> tuple[int, int]:
+    """(proposals, drafted block size) of a round from `start`: the layout's speculative tokens, no more than
+    are left to generate, the block shrunk to match near `max_length` (z-lab's `min(B, max_length - start)`)."""
+    proposals = min(drafter.spec.speculative_tokens, max_length - start - 1)
+    return proposals, draft_block_size(proposals, drafter.spec.sample_from_anchor)
+
+
 def draft_block(drafter: DFlashDrafter, target: nn.Module, draft_cache: DraftCache,
                 new_features: torch.Tensor, last_token: int, start: int, size: int):
     """One drafter pass over `[last token, mask x (size-1)]` at positions start..start+size-1.
 
-    Returns the block [1, size] (proposals still masked) and the hidden states of its slots 1.. [1, size-1, H].
+    Returns the block [1, size] (proposals still masked) and the hidden states of its proposing slots
+    [1, n, H]: slots 1.. (anchor as the bonus), or every slot (sample-from-anchor), slot k's proposal
+    being the token at start + k, resp. start + k + 1 (impl/slot_layout.py).
     """
     device = new_features.device
     block = torch.full((1, size), drafter.mask_token_id, dtype=torch.long, device=device)
@@ -194,12 +206,17 @@ def draft_block(drafter: DFlashDrafter, target: nn.Module, draft_cache: DraftCac
     positions = torch.arange(start - new_features.shape[1], start + size, device=device)[None]
     hidden = drafter(drafter.embed(target, block), new_features, positions, cache=draft_cache)
     draft_cache.crop(start)  # keep context only: the block is redrawn next round
-    return block, hidden[:, 1:]
+    return block, hidden[:, drafter.spec.first_proposing_slot:]
+
+
+def verify_block(last_token: int, proposals: torch.Tensor) -> torch.Tensor:
+    """[1, n + 1]: what the target verifies, the last known token then the proposals (either layout)."""
+    return torch.cat([torch.tensor([last_token], dtype=proposals.dtype, device=proposals.device), proposals])[None]
 
 
 def propose(drafter: DFlashDrafter, head: nn.Module, hidden: torch.Tensor, last_token: int,
             sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(proposals [n], draft distribution [n, V] or None when greedy) from slots 1.. of a block [1, n, H].
+    """(proposals [n], draft distribution [n, V] or None when greedy) from the proposing slots of a block [1, n, H].
 
     DFlash takes each slot's own choice; DFlash2 walks its selector through the unary top-k,
     each choice the next slot's predecessor (z-lab's `DFlash2DraftModel.propose`).
@@ -224,7 +241,7 @@ def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
                   stop_token_ids: list[int] | None = None, temperature: float = 0.0, seed: int = 0) -> DecodeResult:
     """Speculative decoding of one prompt (`input_ids` [1, T]); greedy unless `temperature` > 0."""
     sampler, stops = Sampler(temperature, seed), StopTokens(stop_token_ids)
-    head, block_size = output_head(target), drafter.block_size
+    head = output_head(target)
     input_ids = input_ids.to(target_device(target))
     prompt_len = input_ids.shape[1]
     max_length = prompt_len + max_new_tokens
@@ -237,16 +254,16 @@ def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     stopped = tokens[start] in stops.ids
     rounds: list[int] = []
     while not stopped and start + 1 < max_length:
-        size = min(block_size, max_length - start)
-        block, draft_hidden = draft_block(drafter, target, draft_cache, new_features, tokens[start], start, size)
-        block[0, 1:], draft_probs = propose(drafter, head, draft_hidden, tokens[start], sampler)
+        _, size = round_size(drafter, start, max_length)
+        _, draft_hidden = draft_block(drafter, target, draft_cache, new_features, tokens[start], start, size)
+        proposals, draft_probs = propose(drafter, head, draft_hidden, tokens[start], sampler)
 
-        target_logits, block_features = session.forward(block, start)
+        target_logits, block_features = session.forward(verify_block(tokens[start], proposals), start)
         if sampler.greedy:
-            accepted, bonus = verify_greedy(block[0, 1:], target_logits)
+            accepted, bonus = verify_greedy(proposals, target_logits)
         else:
-            accepted, bonus = verify_sampled(sampler, block[0, 1:], draft_probs, target_logits)
-        produced = block[0, 1:accepted + 1].tolist() + [bonus]
+            accepted, bonus = verify_sampled(sampler, proposals, draft_probs, target_logits)
+        produced = proposals[:accepted].tolist() + [bonus]
         produced, stopped = stops.cut(produced[: max_length - start - 1])
         tokens.extend(produced)
         rounds.append(len(produced))

@@ -9,12 +9,12 @@ from torch import nn
 
 import impl.model
 from impl import anchors as anchor_rules
-from impl import dflash2, layers, losses, masks
+from impl import decoding, dflash2, layers, losses, masks, slot_layout, vocab_mapping
 from impl.checkpoint import build_drafter
 from impl.decoding import Sampler, dflash_decode
-from impl.extract import context_features
+from impl.extract import context_features, output_head
 from impl.interface import GenerationResult, TrainingOutputs
-from impl.model import DFlashDrafter
+from impl.model import DFlashDrafter, DraftCache
 from impl.placement import built_for
 from impl.spec import DraftSpec, Recipe
 from impl.train import default_recipe
@@ -45,6 +45,13 @@ class OursImplementation:
     def inference_mask(self, context_len, block_len, sliding_window, causal):
         return masks.inference_mask(context_len, block_len, sliding_window, causal)
 
+    def vocab_mapping(self, token_freq, draft_vocab_size, target_vocab_size):
+        d2t = vocab_mapping.mapping_from_frequencies(token_freq, draft_vocab_size, target_vocab_size)
+        return d2t, vocab_mapping.t2d_from_d2t(d2t, target_vocab_size)
+
+    def proposed_ids(self, drafter: DFlashDrafter, hidden, target):
+        return drafter.compute_logits(hidden, output_head(target)).argmax(-1)
+
     def build_drafter(self, spec: DraftSpec, state_dict, target: nn.Module | None = None) -> DFlashDrafter:
         return built_for(target, lambda: build_drafter(spec, state_dict)).eval()
 
@@ -62,7 +69,9 @@ class OursImplementation:
                          anchors=None):
         # The trainer's own step, so the conformance suite checks the code that trains.
         torch.manual_seed(seed)
-        recipe = dataclasses.replace(self.recipe, max_anchors=max_anchors)
+        # The trainer records the drafter's own slot layout (`trained_layout` refuses any other).
+        recipe = dataclasses.replace(self.recipe, max_anchors=max_anchors,
+                                     sample_from_anchor=drafter.spec.sample_from_anchor)
         step = training_step(drafter, target, input_ids, loss_mask, document_ids, recipe, with_loss=False,
                              anchors=None if anchors is None else [anchors])
         out = step.outputs
@@ -85,6 +94,21 @@ class OursImplementation:
     def block_metrics(self, logits, targets, loss_mask, block_size):
         metrics = losses.block_metrics(logits, targets, loss_mask, block_size)
         return {"position_acc": metrics["position_acc"], "eal": metrics["eal"]}
+
+    # -- slot layout -------------------------------------------------------------------------
+    def speculative_tokens(self, block_size, sample_from_anchor):
+        return slot_layout.speculative_tokens(block_size, sample_from_anchor)
+
+    def proposal_logits(self, drafter: DFlashDrafter, target, input_ids):
+        """The live loop's own pieces: one `decoding.draft_block` after the prompt's context, its proposing
+        slots through the head."""
+        start = input_ids.shape[1] - 1
+        with torch.no_grad():
+            states = target(input_ids[:, :start], output_hidden_states=True).hidden_states
+            features = context_features(states, drafter.target_layer_ids)
+            _, hidden = decoding.draft_block(drafter, target, DraftCache(drafter.spec.num_hidden_layers), features,
+                                             int(input_ids[0, -1]), start, drafter.block_size)
+            return drafter.compute_logits(hidden[0], output_head(target))
 
     # -- DFlash2 ----------------------------------------------------------------------------
     def dynamic_conv(self, drafter: DFlashDrafter, layer_idx, sublayer, x, y, block_size):

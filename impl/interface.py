@@ -136,6 +136,30 @@ class DFlashImplementation(Protocol):
         `temperature` > 0 with the global torch generator seeded with `seed` (z-lab's draw order)."""
 
 
+class DraftVocabOperations(Protocol):
+    """A reduced draft vocabulary (catalogue #32); an implementation without one declares them `unsupported`."""
+
+    def vocab_mapping(self, token_freq: dict[int, int], draft_vocab_size: int,
+                      target_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(d2t [draft] offsets, t2d [target] bool)` built from token frequencies."""
+
+    def proposed_ids(self, drafter: Any, hidden: torch.Tensor, target: nn.Module) -> torch.Tensor:
+        """The target token ids a drafter proposes (greedy) from draft hidden states [..., H], through its own
+        head and draft-to-target map."""
+
+
+class SlotLayoutOperations(Protocol):
+    """The slot layout (`DraftSpec.sample_from_anchor`, impl/slot_layout.py): how many tokens a block proposes
+    and which slots' logits propose them. An implementation without the layout raises `Unsupported`."""
+
+    def speculative_tokens(self, block_size: int, sample_from_anchor: bool) -> int:
+        """Tokens one block of `block_size` slots proposes under the layout."""
+
+    def proposal_logits(self, drafter: Any, target: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+        """[n, V]: the logits each proposal of one block is drawn from, in proposal order: the block
+        `[input_ids[-1], mask x (B-1)]` drafted after the target's features of `input_ids[:-1]` [1, T]."""
+
+
 class DFlash2Operations(Protocol):
     """What a DFlash2 implementation adds; a DFlash-only one declares them `unsupported`."""
 

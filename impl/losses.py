@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from impl.slot_layout import first_proposing_slot
+
 
 def decay_weights(block_size: int, gamma: float = 4.0, sample_from_anchor: bool = False,
                   device: torch.device | None = None) -> torch.Tensor:
@@ -114,7 +116,7 @@ def block_metrics(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.
     EAL = mean over blocks of (leading run of correct drafted slots + 1), counted over
     blocks that have at least one trained slot.
     """
-    first = 0 if sample_from_anchor else 1
+    first = first_proposing_slot(sample_from_anchor)
     correct = (logits.argmax(-1) == targets.argmax(-1)).reshape(-1, block_size)[:, first:]
     valid = loss_mask.bool().reshape(-1, block_size)[:, first:]
     hits = (correct & valid).float()

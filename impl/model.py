@@ -15,6 +15,12 @@ A DFlash2 drafter (`spec.family == "dflash2"`) is the same model plus, in every 
 grouped dynamic causal convolution around the attention and around the MLP, and a
 candidate selector that reranks the unary top-k (`impl.dflash2`). Its state-dict keys are
 the ones both references write to disk (the selector's codebooks carry no `.weight`).
+
+A drafter with a reduced draft vocabulary (`spec.draft_vocab_size`, speculators' convention) owns
+its head instead: `lm_head` [draft vocab, H], the target head's rows of the target ids it can
+propose (frozen, as speculators keeps it), and the `d2t` offsets that map its ids to target ids
+(`impl.vocab_mapping`). Its logits are scattered into the target vocabulary (-inf elsewhere, as
+vLLM's `compute_logits` does), so every decoding path proposes target ids.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRotaryEm
 from impl.dflash2 import CandidateSelector, GroupedDynamicCausalConv
 from impl.masks import inference_mask, training_mask
 from impl.spec import DraftSpec, SpecError
+from impl.vocab_mapping import target_ids
 
 
 class DraftCache:
@@ -194,6 +201,11 @@ class DFlashDrafter(nn.Module):
         self.rotary_emb = DraftRotaryEmbedding(spec)
         self.fc = nn.Linear(spec.fc_in_features, spec.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.lm_head = None
+        if spec.reduced_vocab:  # keys as vLLM reads a z-lab drafter: `lm_head.weight`, `d2t`
+            self.lm_head = nn.Linear(spec.hidden_size, spec.draft_vocab_size, bias=False)
+            self.lm_head.weight.requires_grad_(False)
+            self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
         self.candidate_selector = None
         if spec.family == "dflash2":
             self.candidate_selector = CandidateSelector(spec.vocab_size, spec.hidden_size, spec.selector_rank,
@@ -274,15 +286,60 @@ class DFlashDrafter(nn.Module):
     def embed(self, target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(token_ids, target.get_input_embeddings().weight) * self.spec.input_embedding_scale
 
-    def compute_logits(self, hidden: torch.Tensor, head: nn.Module) -> torch.Tensor:
-        """Logits on `hidden`'s device: a sharded target's head may sit on another one.
+    # -- a reduced draft vocabulary -------------------------------------------------------
+    def set_vocab_mapping(self, d2t: torch.Tensor, target_head: nn.Module) -> None:
+        """Take `d2t` and the target head's rows it selects (speculators: `lm_head_weight[t2d]`)."""
+        with torch.no_grad():
+            self.d2t.copy_(d2t)
+            weight = target_head.weight
+            self.lm_head.weight.copy_(weight[target_ids(self.d2t).to(weight.device)].to(self.lm_head.weight))
 
-        `hidden` is made contiguous first: the callers pass slices (`rows[:, :2]`), and a strided bf16
-        input sends the CPU's linear to a path ~600x slower (58.8 s vs 0.093 s for 16 rows of a 151,936-word
-        head), which is what kept a Qwen3-1.7B-shape replay from finishing."""
+    def proposable_ids(self) -> torch.Tensor | None:
+        """The target ids the head can propose, in draft-id order; None when it covers the whole vocabulary."""
+        return target_ids(self.d2t) if self.lm_head is not None else None
+
+    def verifier_head(self, head: nn.Module) -> nn.Module:
+        """The target's head restricted to the draft vocabulary (speculators' `verifier_lm_head`): training
+        targets live where the drafter's logits do."""
+        if self.lm_head is None:
+            return head
+        return _RowsOf(head, self.proposable_ids())
+
+    def draft_logits(self, hidden: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        """Logits over the head's own vocabulary: the target's, or the draft vocabulary's (training)."""
+        head = self.lm_head if self.lm_head is not None else head
         weight = head.weight
         logits = head(hidden.to(weight.device).contiguous()).to(hidden.device) * self.spec.output_multiplier
         cap = self.spec.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def compute_logits(self, hidden: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        """Logits over the target vocabulary, on `hidden`'s device: a sharded target's head may sit on another one.
+        A reduced draft vocabulary's logits land on their target ids, every other id gets -inf.
+
+        `hidden` is made contiguous first: the callers pass slices (`rows[:, :2]`), and a strided bf16
+        input sends the CPU's linear to a path ~600x slower (58.8 s vs 0.093 s for 16 rows of a 151,936-word
+        head), which is what kept a Qwen3-1.7B-shape replay from finishing."""
+        logits = self.draft_logits(hidden, head)
+        if self.lm_head is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.spec.vocab_size), float("-inf"))
+        full[..., self.proposable_ids().to(logits.device)] = logits
+        return full
+
+
+class _RowsOf(nn.Module):
+    """`head` with only some output rows (a view of its weight: nothing is copied into the module)."""
+
+    def __init__(self, head: nn.Module, rows: torch.Tensor):
+        super().__init__()
+        self.head, self.rows = head, rows
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.head.weight[self.rows.to(self.head.weight.device)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)

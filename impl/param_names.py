@@ -22,6 +22,15 @@ WRAPPER_PREFIXES = ("module.", "_orig_mod.", "model.", "draft_model.", "drafter.
 # norm, vocabulary maps): never trained, never draft body (PITFALLS #13).
 VERIFIER_OWNED_KEYS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight",
                        "t2d", "d2t")
+# A drafter with a reduced draft vocabulary owns its head and its map to target ids (speculators saves them as
+# draft weights; vLLM loads them from the drafter): draft body then, not verifier copies. `t2d` stays a copy:
+# it is implied by `d2t`.
+DRAFT_VOCAB_KEYS = ("lm_head.weight", "d2t")
+
+
+def verifier_owned_keys(reduced_vocab: bool) -> tuple[str, ...]:
+    """The verifier-owned tensor names of a drafter with (or without) a reduced draft vocabulary."""
+    return tuple(k for k in VERIFIER_OWNED_KEYS if not (reduced_vocab and k in DRAFT_VOCAB_KEYS))
 
 
 def strip_wrapper_prefix(name: str) -> str:

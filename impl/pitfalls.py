@@ -126,6 +126,12 @@ CATALOGUE = (
     Pitfall(31, 'serving', 'serving: tensors and architecture fields',
             "vLLM's DFlash2 codebooks are bare parameters: a `*_codebook.weight` name (z-lab's save_pretrained) is refused by its loader; SGLang drops any name with no parameter silently. SGLang reads the noise-embedding scale from the target, not `input_embedding_scale`; it supports `silu`/`swigluoai` only and reads the z-lab format only.",
             'a drafter that loads with its selector codebooks silently uninitialized; a speculators directory handed to SGLang'),
+    Pitfall(32, 'draft_vocab', 'draft_vocab (reduced draft vocabulary and its d2t/t2d mapping)',
+            "speculators `draft_vocab_size` (`DFlashSpeculatorConfig` default 32000; a `TrainConfig` without it keeps the verifier's vocabulary): `build_vocab_mappings_from_distribution` keeps the N most frequent loss-masked tokens (ties: smaller id first; fewer than N: the smallest unused ids), sorted; `d2t[k]` is an offset (target id = k + d2t[k]), `t2d` a boolean mask over the target vocabulary; both are buffers saved beside the weights, `lm_head` is the verifier head's `t2d` rows (frozen) and the targets `verifier_lm_head = head[t2d]`, so logits and targets live in the draft vocabulary. vLLM 0.33 reads `draft_vocab_size` and a `d2t` tensor (offsets, EAGLE-3 convention) from a DFlash drafter's directory and scatters the draft logits to `arange(N) + d2t` (-inf elsewhere); without `d2t` it keeps zeros, i.e. draft id k = target id k. speculators' DFlash2 and z-lab's `dflash` have no draft vocabulary.",
+            'd2t applied as absolute ids instead of offsets; a reduced head shipped without its d2t (every id read as itself); targets over the full vocabulary against draft-vocabulary logits'),
+    Pitfall(33, 'slot_layout', 'slot_layout (sample_from_anchor)',
+            "speculators `sample_from_anchor` (`DFlashSpeculatorConfig` default False; `_build_base_config_kwargs`: default True only for `dspark`, `speculative_tokens = block_size if sample_from_anchor else block_size - 1`). The block is `[anchor, mask × (B-1)]` at `a .. a+B-1` either way. False: slot 0 proposes nothing and is untrained (loss mask 0, `dflash_loss_decay` w(0) = 0), slot k ≥ 1 proposes the token at `a + k` (targets: verifier logits at `a + k - 1`), B - 1 speculative tokens. True: every slot proposes the next token, slot k the one at `a + k + 1` (targets at `a + k`, `w(k) = exp(-k/gamma)`), B speculative tokens; a round then accepts up to B + 1. vLLM 0.33 serves True only through its DSpark runner (`sample_pos = query_pos + 1` at every query); its DFlash runner reads `dflash_config.sample_from_anchor` and refuses True. z-lab's dflash 0.1.0 has only the False layout.",
+            'decoding that reads the anchor slot\'s logits under the False layout, or proposes B tokens from it; a drafter trained with one layout decoded or served with the other; a speculators config whose `speculative_tokens` ignores the layout'),
     Pitfall(34, 'mask_token_validity', 'mask_token_validity (the mask id against the target)',
             "The mask id fills the block's empty slots, so it must be a row of the target's embedding (< the target's "
             "config `vocab_size` and embedding rows) and none of its eos/pad/bos ids; a padding row past the tokenizer "
@@ -189,13 +195,15 @@ RECIPE_ENTRIES = {
                     "positions get a different share of the loss"),
     "verifier_source_layer": (3, "divergence", "the drafter is trained to predict the output of a different "
                               "target layer than the one the target decodes with"),
-    "sample_from_anchor": (5, "divergence", "block slots are aligned to different target positions"),
+    "sample_from_anchor": (33, "divergence", "block slots are aligned to different target positions"),
     "noise_std": (15, "warning", "the context features were augmented differently during training"),
     "max_anchors": (8, "warning", "a different number of blocks per sequence was trained on"),
     "selector_loss_alpha": (24, "divergence", "the candidate selector's loss is weighted differently against the "
                             "unary loss, so the drafter trades its own proposals against the selector's reranking "
                             "differently"),
 }
+# The slot layout's entry (`sample_from_anchor`: a drafter field, and what its recipe says training applied).
+SLOT_LAYOUT_ENTRY = 33
 # DFlash2's own fields: the component each belongs to, its catalogue entry, and what a difference does.
 DFLASH2_SPEC_ENTRIES = {
     "conv_kernel_size": ("conv", 22, "each convolution mixes a different number of earlier block slots"),

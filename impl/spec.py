@@ -11,6 +11,7 @@ import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
+from impl import slot_layout
 from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import spec_family
 
@@ -53,7 +54,7 @@ class DraftSpec:
     num_key_value_heads: int
     head_dim: int
     num_hidden_layers: int  # draft layers
-    vocab_size: int
+    vocab_size: int  # the TARGET's vocabulary: token ids, embeddings and the verifier's head
     target_layer_ids: tuple[int, ...]  # z-lab convention; every one feeds fc
     num_target_layers: int  # decoder layers of the target (verifier)
     mask_token_id: int
@@ -79,6 +80,10 @@ class DraftSpec:
     # Sliding-window layers see their whole block (bidirectional) instead of a causal block:
     # speculators' `sliding_window_non_causal`, z-lab's `is_causal: false`. DFlash2 defaults to it.
     sliding_window_non_causal: bool = False
+    # The slot layout (impl/slot_layout.py): True = every slot proposes the next token (DSpark,
+    # speculators' `sample_from_anchor`), B proposals per block; False = the anchor slot proposes
+    # nothing, B - 1 proposals. A property of the drafter: training, decoding and serving follow it.
+    sample_from_anchor: bool = False
     # DFlash2 (both references' second generation): a grouped dynamic causal convolution around
     # each layer's attention and MLP, and a candidate selector that reranks the unary top-k.
     # All four are set for a DFlash2 drafter and all None for a DFlash one.
@@ -86,6 +91,9 @@ class DraftSpec:
     conv_group_size: int | None = None
     selector_rank: int | None = None
     selector_top_k: int | None = None
+    # A reduced draft vocabulary (speculators' `draft_vocab_size`): the drafter's own head has this many rows
+    # and its `d2t` maps draft id k to target id k + d2t[k]. None: the head is the target's whole vocabulary.
+    draft_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         # Normalize list-valued fields so specs compare and hash by value.
@@ -96,6 +104,8 @@ class DraftSpec:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in ids))
         types = tuple(self.layer_types) or ("full_attention",) * self.num_hidden_layers
         object.__setattr__(self, "layer_types", types)
+        if self.draft_vocab_size == self.vocab_size:  # speculators' own rule: equal sizes map nothing
+            object.__setattr__(self, "draft_vocab_size", None)
         if isinstance(self.partial_rotary_factor, numbers.Real) and not isinstance(self.partial_rotary_factor, bool):
             object.__setattr__(self, "partial_rotary_factor", float(self.partial_rotary_factor))
         self.validate()
@@ -131,8 +141,25 @@ class DraftSpec:
 
         _require(self.hidden_act in ACT2FN, "hidden_act", f"{self.hidden_act!r} is not an activation transformers knows")
         _require(self.rms_norm_eps > 0, "rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
+        _require(isinstance(self.sample_from_anchor, bool), "sample_from_anchor",
+                 f"must be true or false, got {self.sample_from_anchor!r}")
+        self._validate_draft_vocab()
         self._validate_dflash2()
 
+    def _validate_draft_vocab(self) -> None:
+        size = self.draft_vocab_size
+        if size is None:
+            return
+        _require(isinstance(size, int) and not isinstance(size, bool) and 0 < size <= self.vocab_size,
+                 "draft_vocab_size", f"must be an integer in 1..{self.vocab_size} (the target vocabulary), got {size!r}")
+        # speculators' DFlash2DraftModel refuses a reduced vocabulary too ("requires the full verifier vocabulary").
+        _require(self.family == "dflash", "draft_vocab_size",
+                 f"{size} of {self.vocab_size}: a DFlash2 drafter drafts over the full target vocabulary")
+
+    @property
+    def head_size(self) -> int:
+        """Rows of the drafter's head: the draft vocabulary when reduced, else the target's."""
+        return self.draft_vocab_size or self.vocab_size
     def _validate_rotary(self) -> None:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # the scalings transformers computes
 
@@ -187,9 +214,22 @@ class DraftSpec:
         """`dflash2` when the spec carries the convolutions and the selector, else `dflash`."""
         return spec_family(self.conv_kernel_size)
 
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size is not None
+
     def block_is_causal(self, layer_idx: int) -> bool:
         """Whether a layer's block slots see only earlier slots: sliding layers unless non-causal."""
         return self.layer_types[layer_idx] == "sliding_attention" and not self.sliding_window_non_causal
+
+    @property
+    def speculative_tokens(self) -> int:
+        """Tokens one block proposes under the drafter's slot layout (B or B - 1)."""
+        return slot_layout.speculative_tokens(self.block_size, self.sample_from_anchor)
+
+    @property
+    def first_proposing_slot(self) -> int:
+        return slot_layout.first_proposing_slot(self.sample_from_anchor)
 
     @property
     def fc_in_features(self) -> int:
@@ -257,6 +297,8 @@ class Recipe:
     verifier_source_layer: int | None = None
     noise_std: float = 0.0  # gaussian noise on the drafter's context features only
     max_anchors: int = 512
+    # The slot layout training applied; the drafter's own is `DraftSpec.sample_from_anchor`. Our trainer
+    # refuses a recipe that disagrees with its drafter; the audit reports a checkpoint whose two disagree.
     sample_from_anchor: bool = False
     per_position_loss_weight: LossWeighting = "fixed-exp-decay"
     dpace_alpha: float = 0.5  # D-PACE confidence smoothing, used when per_position_loss_weight = dpace

@@ -26,11 +26,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from impl.checkpoint import load_checkpoint, save_checkpoint
 from impl.data import PackedData, load_packed, pack_records
+from impl.extract import output_head
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
 from impl.spec import DFLASH2_FIELDS, FAMILIES, DraftSpec, LossFn, LossWeighting, Recipe, SpecError
 from impl.target import load_target_model, load_tokenizer
 from impl.train_step import training_step
+from impl.vocab_mapping import MappingError, check_mapping, count_token_frequencies, mapping_from_frequencies
 from impl.zlab_format import rotary_settings
 
 MASK_TOKEN = "<|mask|>"
@@ -64,6 +66,10 @@ class TrainConfig:
     layer_types: list[str] | None = None
     sliding_window: int | None = None
     mask_token_id: int | None = None  # default: the tokenizer's <|mask|>
+    # A reduced draft vocabulary (speculators' --draft-vocab-size): the N most frequent loss-masked tokens of the
+    # training data (impl.vocab_mapping), or the map in `d2t` (a .npy of offsets, as speculators writes d2t-N.npy).
+    draft_vocab_size: int | None = None
+    d2t: str | None = None
     max_anchors: int = 512
     # speculators' trainer resolution of a dflash run (CE, D-PACE, alpha 0.5); the conformance suite
     # holds these defaults to the installed speculators' TrainConfig.
@@ -79,6 +85,7 @@ class TrainConfig:
     selector_top_k: int = 16
     selector_loss_alpha: float = 1.0
     sliding_window_non_causal: bool | None = None  # default: the family's (dflash2: bidirectional, as speculators)
+    sample_from_anchor: bool = False  # the drafter's slot layout (impl/slot_layout.py); the recipe records the same
     noise_std: float = 0.0
     dtype: str = "fp32"
     eval_every: int = 0  # 0: only at the end
@@ -101,7 +108,7 @@ def resolve_mask_token(tokenizer, override: int | None) -> int:
     return int(token_id)
 
 
-def draft_spec(config, tokenizer, cfg: TrainConfig) -> DraftSpec:
+def draft_spec(config, tokenizer, cfg: TrainConfig, draft_vocab_size: int | None = None) -> DraftSpec:
     """The drafter's spec: sizes from the target's config (hidden sizes must match), the rest from cfg."""
     num_layers = config.num_hidden_layers
     ids = cfg.target_layer_ids if cfg.target_layer_ids is not None else build_target_layer_ids(num_layers, cfg.draft_layers)
@@ -118,6 +125,7 @@ def draft_spec(config, tokenizer, cfg: TrainConfig) -> DraftSpec:
     return DraftSpec(
         **dflash2,
         sliding_window_non_causal=cfg.family == "dflash2" if non_causal is None else non_causal,
+        sample_from_anchor=cfg.sample_from_anchor,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
         num_attention_heads=config.num_attention_heads,
@@ -135,7 +143,42 @@ def draft_spec(config, tokenizer, cfg: TrainConfig) -> DraftSpec:
         rope_scaling=rotary["rope_scaling"],
         rms_norm_eps=config.rms_norm_eps,
         max_position_embeddings=config.max_position_embeddings,
+        draft_vocab_size=draft_vocab_size,
     )
+
+
+def vocab_mapping(cfg: TrainConfig, data: PackedData, target_vocab_size: int) -> torch.Tensor | None:
+    """The run's d2t: read from `cfg.d2t`, else built from the training data's token frequencies; None
+    without a reduced draft vocabulary."""
+    if cfg.d2t is not None:
+        d2t = read_d2t(Path(cfg.d2t))
+        size = cfg.draft_vocab_size if cfg.draft_vocab_size is not None else d2t.numel()
+        try:
+            check_mapping(d2t, size, target_vocab_size, f"--d2t {cfg.d2t}")
+        except MappingError as exc:
+            raise TrainError(str(exc)) from None
+        return d2t
+    if cfg.draft_vocab_size is None or cfg.draft_vocab_size == target_vocab_size:
+        return None
+    if not 0 < cfg.draft_vocab_size < target_vocab_size:
+        raise TrainError(f"--draft-vocab-size must be in 1..{target_vocab_size} (the target's vocabulary), "
+                         f"got {cfg.draft_vocab_size}")
+    freq = count_token_frequencies(zip(data.input_ids, data.loss_mask))
+    return mapping_from_frequencies(freq, cfg.draft_vocab_size, target_vocab_size)
+
+
+def read_d2t(path: Path) -> torch.Tensor:
+    """A d2t .npy file (integer offsets, one per draft id), read without pickles."""
+    import numpy as np
+
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise TrainError(f"--d2t {path}: not a readable .npy array ({' '.join(str(exc).split())[:160]})") from None
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise TrainError(f"--d2t {path}: expected a 1-D integer array of offsets, got {array.dtype} of shape "
+                         f"{list(array.shape)}")
+    return torch.from_numpy(array.astype(np.int64))
 
 
 def knob_recipe(cfg: TrainConfig, num_target_layers: int | None = None) -> Recipe:
@@ -145,7 +188,7 @@ def knob_recipe(cfg: TrainConfig, num_target_layers: int | None = None) -> Recip
         recipe = Recipe(gamma=cfg.gamma, loss_fn=cfg.loss_fn, verifier_source_layer=cfg.verifier_source_layer,
                         noise_std=cfg.noise_std, max_anchors=cfg.max_anchors,
                         per_position_loss_weight=cfg.per_position_loss_weight, dpace_alpha=cfg.dpace_alpha,
-                        selector_loss_alpha=cfg.selector_loss_alpha)
+                        selector_loss_alpha=cfg.selector_loss_alpha, sample_from_anchor=cfg.sample_from_anchor)
         recipe.check_trainable(num_target_layers)
     except SpecError as exc:
         raise TrainError(str(exc)) from None
@@ -243,10 +286,10 @@ def evaluate(drafter: DFlashDrafter, target, data: PackedData, recipe: Recipe, b
              autocast) -> dict:
     """Loss, per-position accuracy and EAL over held-out rows (fixed anchors across evals)."""
     device = next(drafter.parameters()).device
-    block = drafter.block_size
+    block, first = drafter.block_size, drafter.spec.first_proposing_slot
     loss_sum = run_sum = blocks = 0.0
-    hits = torch.zeros(block - 1, device=device)
-    counts = torch.zeros(block - 1, device=device)
+    hits = torch.zeros(drafter.spec.speculative_tokens, device=device)  # one per proposing slot
+    counts = torch.zeros(drafter.spec.speculative_tokens, device=device)
     for start in range(0, len(data), batch_size):
         rows = data.rows(slice(start, start + batch_size))
         generators = [row_generator(seed, -2, start + i, device=device) for i in range(len(rows))]
@@ -257,7 +300,7 @@ def evaluate(drafter: DFlashDrafter, target, data: PackedData, recipe: Recipe, b
         loss_sum += out.loss.item() * len(rows)
         hits += out.metrics["position_acc"] * out.metrics["position_count"]
         counts += out.metrics["position_count"]
-        trained_blocks = out.outputs.loss_mask.reshape(-1, block)[:, 1:].bool().any(1).sum().item()
+        trained_blocks = out.outputs.loss_mask.reshape(-1, block)[:, first:].bool().any(1).sum().item()
         run_sum += out.metrics["eal"].item() * trained_blocks
         blocks += trained_blocks
     return {"loss": loss_sum / len(data), "position_acc": (hits / counts.clamp(min=1)).tolist(),
@@ -287,6 +330,11 @@ def check_run(cfg: TrainConfig, world: int) -> None:
     for name in ("steps", "batch_size", "grad_accum", "seq_len", "block_size", "draft_layers"):
         if getattr(cfg, name) <= 0:
             raise TrainError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.draft_vocab_size is not None and (isinstance(cfg.draft_vocab_size, bool) or cfg.draft_vocab_size <= 0):
+        raise TrainError(f"draft_vocab_size must be a positive number of tokens, got {cfg.draft_vocab_size}")
+    if cfg.draft_vocab_size is not None and cfg.family == "dflash2":
+        raise TrainError("a reduced draft vocabulary needs --family dflash: DFlash2 drafts over the full target "
+                         "vocabulary (speculators' DFlash2DraftModel refuses one too)")
     if cfg.batch_size % world:
         raise TrainError(f"batch size {cfg.batch_size} does not split across {world} ranks")
     knob_recipe(cfg)
@@ -313,11 +361,17 @@ def set_up(cfg: TrainConfig, device: torch.device) -> Run:
     """Data and knobs first (one-line errors before the target is loaded), then target, drafter, optimizer."""
     tokenizer, target_config = load_tokenizer(cfg.target)
     train_data, eval_data = load_data(cfg, tokenizer, target_config.vocab_size)
-    spec = draft_spec(target_config, tokenizer, cfg)
+    d2t = vocab_mapping(cfg, train_data, target_config.vocab_size)
+    try:
+        spec = draft_spec(target_config, tokenizer, cfg, None if d2t is None else d2t.numel())
+    except SpecError as exc:
+        raise TrainError(str(exc)) from None
     recipe = make_recipe(cfg, spec.num_target_layers, train_data.data_hash)
     target = load_target_model(cfg.target).to(device)
     torch.manual_seed(cfg.seed)
     drafter = DFlashDrafter(spec).to(device)
+    if d2t is not None:  # its head: the target head's rows of the mapped ids, frozen (speculators)
+        drafter.set_vocab_mapping(d2t.to(device), output_head(target))
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     schedule = {"total": cfg.steps}
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -340,7 +394,7 @@ def optimizer_step(cfg: TrainConfig, run: Run, model, sampler: RowSampler, step:
     averaged over ranks."""
     run.drafter.train()
     per_rank, device = cfg.batch_size // world, run.device
-    logged = torch.zeros(2 + run.spec.block_size - 1, device=device)
+    logged = torch.zeros(2 + run.spec.speculative_tokens, device=device)  # loss, EAL, accuracy per proposing slot
     for micro in range(cfg.grad_accum):
         base = (step * cfg.grad_accum + micro) * cfg.batch_size + rank * per_rank
         samples = list(range(base, base + per_rank))

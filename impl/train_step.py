@@ -22,7 +22,7 @@ from impl.dflash2 import selector_training, teacher_forced_predecessors
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.interface import TrainingOutputs
 from impl.model import DFlashDrafter
-from impl.spec import Recipe
+from impl.spec import Recipe, SpecError
 from impl.target_alignment import TargetAligner
 
 
@@ -33,6 +33,16 @@ class StepOutputs:
     metrics: dict[str, torch.Tensor] | None
     clean_context: torch.Tensor  # [b, T, F] the target's context features
     drafter_context: torch.Tensor  # [b, T, F] what fed fc (clean + noise)
+
+
+def trained_layout(drafter: DFlashDrafter, recipe: Recipe) -> bool:
+    """The slot layout a step trains: the drafter's own. A recipe that says otherwise is refused, so a
+    checkpoint's recipe never records a layout its drafter does not have."""
+    layout = drafter.spec.sample_from_anchor
+    if recipe.sample_from_anchor != layout:
+        raise SpecError("sample_from_anchor", f"the recipe says {recipe.sample_from_anchor}, the drafter's slot "
+                                              f"layout is {layout}: training follows the drafter's layout")
+    return layout
 
 
 def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Tensor, loss_mask: torch.Tensor,
@@ -57,8 +67,10 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     # Restarting position ids also make transformers mask attention per packed document.
     states = HiddenStateExtractor(target, drafter.target_layer_ids, recipe.verifier_source_layer)(
         input_ids, position_ids=position_ids)
-    aligner = TargetAligner(block, recipe.sample_from_anchor)
+    layout = trained_layout(drafter, recipe)
+    aligner = TargetAligner(block, layout)
     norm, head = final_norm(target), output_head(target)
+    verifier_head = drafter.verifier_head(head)  # a reduced draft vocabulary's rows of it (speculators)
 
     forced = anchors
     anchors, valid, targets, slot_mask, slot_ids, slot_pos, contexts, attn = [], [], [], [], [], [], [], []
@@ -72,7 +84,7 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
         anchors.append(row_anchors)
         valid.append(row_valid)
         # Targets from clean verifier states only: noise below never reaches them.
-        targets.append(aligner.target_logits(states.source[row: row + 1], norm, head, row_anchors))
+        targets.append(aligner.target_logits(states.source[row: row + 1], norm, verifier_head, row_anchors))
         slot_mask.append(aligner.loss_mask(loss_mask[row: row + 1], row_anchors, row_valid))
         ids = torch.full((block * row_anchors.numel(),), drafter.mask_token_id, dtype=torch.long,
                          device=input_ids.device)
@@ -80,7 +92,7 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
         slot_ids.append(ids)
         slot_pos.append(anchor_rules.block_indices(position_ids[row, row_anchors], block))
         block_tokens = input_ids[row, anchor_rules.block_indices(row_anchors, block)].view(-1, block)
-        predecessors.append(teacher_forced_predecessors(block_tokens, recipe.sample_from_anchor).reshape(-1))
+        predecessors.append(teacher_forced_predecessors(block_tokens, layout).reshape(-1))
         context = states.context[row]
         if recipe.noise_std > 0:
             noise = torch.randn(context.shape, generator=generators[row], dtype=context.dtype, device=context.device)
@@ -92,7 +104,7 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     drafter_context = torch.stack(contexts)
     positions = torch.cat([position_ids, torch.stack(slot_pos)], dim=1)
     hidden = forward(drafter.embed(target, torch.stack(slot_ids)), drafter_context, positions, masks=masks)
-    logits = drafter.compute_logits(hidden, head)
+    logits = drafter.draft_logits(hidden, head)  # over the head's own vocabulary, as the targets
     outputs = TrainingOutputs(anchors=torch.stack(anchors), anchor_valid=torch.stack(valid), logits=logits,
                               targets=torch.cat(targets), loss_mask=torch.cat(slot_mask), hidden=hidden)
     if drafter.candidate_selector is not None:  # DFlash2: the selector trains on teacher-forced predecessors
@@ -101,12 +113,11 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     loss = metrics = None
     if with_loss:
         loss = losses.dflash_loss(logits, outputs.targets, outputs.loss_mask, block, recipe.gamma, recipe.loss_fn,
-                                  recipe.sample_from_anchor, recipe.per_position_loss_weight, recipe.dpace_alpha)
+                                  layout, recipe.per_position_loss_weight, recipe.dpace_alpha)
         if outputs.selector is not None:
             loss = loss + recipe.selector_loss_alpha * losses.selector_loss(
                 outputs.selector.scores, outputs.selector.label_positions, outputs.loss_mask, block, recipe.gamma,
-                recipe.sample_from_anchor, recipe.per_position_loss_weight, recipe.dpace_alpha)
+                layout, recipe.per_position_loss_weight, recipe.dpace_alpha)
         with torch.no_grad():
-            metrics = losses.block_metrics(logits, outputs.targets, outputs.loss_mask, block,
-                                           recipe.sample_from_anchor)
+            metrics = losses.block_metrics(logits, outputs.targets, outputs.loss_mask, block, layout)
     return StepOutputs(outputs, loss, metrics, states.context, drafter_context)

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from impl.atomic import atomic_directory
-from impl.config_values import as_float, as_int
+from impl.config_values import as_bool, as_float, as_int
 from impl.defaults import (
     BLOCK_SIZE_DEFAULTS,
     QWEN3_DEFAULTS,
@@ -52,6 +52,14 @@ def zlab_config(spec: DraftSpec) -> dict[str, Any]:
         config["dflash_config"].update({name: getattr(spec, name) for name in DFLASH2_FIELDS})
     if spec.sliding_window_non_causal:
         config["is_causal"] = False  # z-lab's switch: sliding layers then see their whole block
+    if spec.reduced_vocab:
+        # Where vLLM's DFlash drafter reads it (`hf_config.draft_vocab_size`), beside its `d2t` tensor and own
+        # `lm_head.weight`. z-lab's own package has no draft vocabulary.
+        config["draft_vocab_size"] = spec.draft_vocab_size
+    if spec.sample_from_anchor:
+        # Where vLLM's DFlash runner reads the layout from a z-lab directory (it refuses True there);
+        # written only when set, so an anchor-as-bonus drafter's config reads as z-lab's own.
+        config["dflash_config"]["sample_from_anchor"] = True
     if spec.partial_rotary_factor != ROTARY_DEFAULTS["partial_rotary_factor"]:
         # Beside rope_parameters' (transformers, vLLM): SGLang reads the top-level one (#30).
         config["partial_rotary_factor"] = spec.partial_rotary_factor
@@ -178,11 +186,20 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -
                                                                           ZLAB_EXTRAS["input_embedding_scale"])),
             output_multiplier=as_float("output_multiplier", value("output_multiplier", ZLAB_EXTRAS["output_multiplier"])),
             final_logit_softcapping=value("final_logit_softcapping", ZLAB_EXTRAS["final_logit_softcapping"]),
+            draft_vocab_size=draft_vocab_size(config),
+            sample_from_anchor=as_bool("sample_from_anchor", dflash.get("sample_from_anchor", False)),
         )
     except KeyError as exc:
         raise CheckpointError(f"{source}: missing field {exc.args[0]!r}") from exc
     except SpecError as exc:
         raise CheckpointError(f"{source}: {exc}") from exc
+
+
+def draft_vocab_size(config: dict[str, Any]) -> int | None:
+    """`draft_vocab_size` as vLLM reads a drafter's config (absent or null: the target's vocabulary); one written
+    under `dflash_config` is read too (vLLM would not see it there: the serving check says so)."""
+    value = config.get("draft_vocab_size", (config.get("dflash_config") or {}).get("draft_vocab_size"))
+    return None if value is None else as_int("draft_vocab_size", value)
 
 
 def zlab_non_causal(is_causal: Any, layer_types: list[str]) -> bool:

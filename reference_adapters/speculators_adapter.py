@@ -29,6 +29,7 @@ from impl.interface import TrainingOutputs, Unsupported
 from impl.layers import hidden_state_index, speculators_to_zlab
 from impl.param_names import VERIFIER_OWNED_KEYS, strip_wrapper_prefixes
 from impl.spec import DFLASH2_FIELDS, DraftSpec
+from impl.vocab_mapping import t2d_from_d2t
 from impl.weights_dir import read_config
 from reference_adapters.version_guard import check_reference
 
@@ -56,6 +57,7 @@ from speculators.models.dflash2.metrics import (  # noqa: E402
     selector_training_candidates,
 )
 from speculators.proposals.greedy import GreedyTokenProposalConfig  # noqa: E402
+from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution  # noqa: E402
 
 CPU_ATTENTION = "eager"
 
@@ -76,25 +78,25 @@ MODEL_CLASSES = {"dflash": DFlashDraftModel, "dflash2": DFlash2DraftModel}
 CONFIG_CLASSES = {"dflash": DFlashSpeculatorConfig, "dflash2": DFlash2SpeculatorConfig}
 
 
-def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None, aux_layer_ids=None,
-                       sample_from_anchor: bool = False) -> DFlashSpeculatorConfig:
+def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None,
+                       aux_layer_ids=None) -> DFlashSpeculatorConfig:
     """The `DFlashSpeculatorConfig` (`DFlash2SpeculatorConfig`) of a spec, laid out as speculators' own
-    converter lays out a DFlash one."""
+    `_build_base_config_kwargs` lays out a DFlash one (the slot layout as `sample_from_anchor` and the
+    greedy proposal's `speculative_tokens`)."""
     dflash2 = {name: getattr(spec, name) for name in DFLASH2_FIELDS} if spec.family == "dflash2" else {}
     return CONFIG_CLASSES[spec.family](
         **dflash2,
         transformer_layer_config=spec.qwen3_config(),
-        draft_vocab_size=spec.vocab_size,
+        draft_vocab_size=spec.head_size,
         block_size=spec.block_size,
         aux_hidden_state_layer_ids=list(aux_layer_ids) if aux_layer_ids is not None
         else native_layer_ids(spec.target_layer_ids),
         mask_token_id=spec.mask_token_id,
-        sample_from_anchor=sample_from_anchor,
+        sample_from_anchor=spec.sample_from_anchor,
         sliding_window_non_causal=spec.sliding_window_non_causal,
         speculators_config=SpeculatorsConfig(
             algorithm=spec.family,
-            proposal_methods=[GreedyTokenProposalConfig(
-                speculative_tokens=spec.block_size if sample_from_anchor else spec.block_size - 1)],
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=spec.speculative_tokens)],
             default_proposal_method="greedy",
             verifier=verifier_config(verifier_dir),
         ),
@@ -117,17 +119,35 @@ def on_cpu_attention(config: DFlashSpeculatorConfig) -> DFlashSpeculatorConfig:
     return config
 
 
+def load_body(model: DFlashDraftModel, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """The draft body into speculators' model; a reduced draft vocabulary's map through its own
+    `load_vocab_mappings` (which checks the shapes), t2d rebuilt from d2t as its mapping builder does."""
+    body = strip_wrapper_prefixes(state_dict)
+    missing, unexpected = model.load_state_dict(body, strict=False)
+    missing = [k for k in missing if k not in VERIFIER_OWNED_KEYS]
+    if missing or unexpected:
+        raise CheckpointError(f"{source}: the draft body does not fit speculators' {type(model).__name__} "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if model.use_draft_vocab:
+        d2t = body["d2t"].long()
+        model.load_vocab_mappings(t2d_from_d2t(d2t, model.verifier_vocab_size), d2t)
+
+
 def fill_verifier_tensors(model: DFlashDraftModel, target: nn.Module | None) -> None:
-    """Verifier-owned tensors: speculators' own loader when it knows a verifier dir, else copied from `target`."""
+    """Verifier-owned tensors: speculators' own loader when it knows a verifier dir, else copied from `target`
+    (a reduced draft vocabulary's `verifier_lm_head` is the head's `t2d` rows, as that loader takes them)."""
     if model.config.speculators_config.verifier.name_or_path:
         model.load_verifier_weights()
         return
     if target is None:
         return  # left NaN, as speculators leaves them: any use shows up at once
     head = output_head(target).weight.detach()
+    if model.use_draft_vocab:
+        head = head[model.t2d.to(head.device)]
     with torch.no_grad():
         model.embed_tokens.weight.copy_(target.get_input_embeddings().weight.detach())
-        model.lm_head.weight.copy_(head)
+        if not model.use_draft_vocab:  # a reduced head is the drafter's own, loaded with its body
+            model.lm_head.weight.copy_(head)
         model.verifier_lm_head.weight.copy_(head)
         model.verifier_norm.weight.copy_(final_norm(target).weight.detach())
 
@@ -210,13 +230,17 @@ class SpeculatorsImplementation:
         if verifier_dir is None and target is not None and _is_local_dir(getattr(target, "name_or_path", None)):
             verifier_dir = target.name_or_path
         model = MODEL_CLASSES[spec.family](on_cpu_attention(speculators_config(spec, verifier_dir)))
-        body = strip_wrapper_prefixes(state_dict)
-        missing, unexpected = model.load_state_dict(body, strict=False)
-        missing = [k for k in missing if k not in VERIFIER_OWNED_KEYS]
-        if missing or unexpected:
-            raise CheckpointError(f"speculators drafter: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        load_body(model, state_dict, "speculators drafter")
         fill_verifier_tensors(model, target)
         return model.float().eval()
+
+    def vocab_mapping(self, token_freq, draft_vocab_size, target_vocab_size):
+        return build_vocab_mappings_from_distribution(token_freq, draft_vocab_size, target_vocab_size)
+
+    def proposed_ids(self, drafter: DFlashDraftModel, hidden, target):
+        """Its own `lm_head` (the draft vocabulary's), then its `d2t` offsets: the id vLLM serves."""
+        draft = drafter.lm_head(hidden).argmax(-1)
+        return draft + drafter.d2t[draft] if drafter.use_draft_vocab else draft
 
     def project_context(self, drafter, context_features):
         return drafter.hidden_norm(drafter.fc(context_features))
@@ -342,6 +366,36 @@ class SpeculatorsImplementation:
 
     def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids, temperature=0.0, seed=0):
         raise Unsupported("speculators: no inference loop (it trains drafters; vLLM serves them)")
+
+    # -- slot layout -------------------------------------------------------------------------
+    def speculative_tokens(self, block_size, sample_from_anchor):
+        """The greedy proposal's `speculative_tokens` that `DFlashDraftModel._build_base_config_kwargs` (what
+        `from_training_args` writes) gives; the verifier lookups it makes are answered offline."""
+        from transformers import Qwen3Config
+
+        verifier = SimpleNamespace(num_hidden_layers=4)
+        with mock.patch.object(spec_utils, "get_verifier_config", lambda *_a, **_k: verifier), \
+                mock.patch.object(VerifierConfig, "from_pretrained", lambda *_a, **_k: verifier_config(None)):
+            kwargs = DFlashDraftModel._build_base_config_kwargs(
+                "dflash", Qwen3Config(), verifier_name_or_path="<verifier>", draft_vocab_size=None,
+                block_size=block_size, target_layer_ids=[1, 2], sample_from_anchor=sample_from_anchor)
+        return int(kwargs["speculators_config"].proposal_methods[0].speculative_tokens)
+
+    @torch.no_grad()
+    def proposal_logits(self, drafter: DFlashDraftModel, target, input_ids):
+        """speculators has no decoding loop: the slots that propose are the ones its training trains, by its own
+        `dflash_loss_decay` under the drafter's `sample_from_anchor` (weight > 0), read in slot order; the
+        block runs through its decoder layers as `draft_forward` runs it."""
+        start, block_size = input_ids.shape[1] - 1, drafter.block_size
+        states = target(input_ids[:, :start], output_hidden_states=True).hidden_states
+        features = self.context_features(states, speculators_to_zlab(drafter.target_layer_ids))
+        block = torch.full((1, block_size), drafter.mask_token_id, dtype=torch.long)
+        block[0, 0] = input_ids[0, -1]
+        positions = torch.arange(start + block_size)[None]
+        hidden = self.draft_forward(drafter, drafter.embed_tokens(block), features, positions)
+        trained = dflash_loss_decay(torch.arange(block_size), gamma=4.0,
+                                    sample_from_anchor=drafter.config.sample_from_anchor) > 0
+        return drafter.lm_head(hidden)[0][trained]
 
     # -- DFlash2 ----------------------------------------------------------------------------
     def dynamic_conv(self, drafter: DFlash2DraftModel, layer_idx, sublayer, x, y, block_size):

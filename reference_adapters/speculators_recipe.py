@@ -39,6 +39,8 @@ class ReferenceRecipe:
     # The drafter shape the type resolves beyond block and depth: DFlash2's convolution and
     # selector sizes and `sliding_window_non_causal` (empty for the model-level defaults).
     architecture: dict = field(default_factory=dict)
+    # The reduced draft vocabulary it resolves: an int, or None for the verifier's whole vocabulary (no mapping).
+    draft_vocab_size: int | None = None
 
     @property
     def title(self) -> str:
@@ -56,6 +58,8 @@ class ReferenceRecipe:
         """A field's value in the README table; None where this reference does not set it."""
         if name == "selector_loss_alpha":
             return self.recipe.selector_loss_alpha if "selector_rank" in self.architecture else None
+        if name == "draft_vocab_size":
+            return self.draft_vocab_size if self.draft_vocab_size is not None else "None (the verifier's vocabulary)"
         if name in ARCHITECTURE_TABLE_FIELDS:
             return self.architecture.get(name)
         return self.settings()[name]
@@ -63,6 +67,8 @@ class ReferenceRecipe:
 
 # DFlash2's selector weight and drafter shape, after the recipe rows of the README's table.
 ARCHITECTURE_TABLE_FIELDS = ("sliding_window_non_causal", "selector_loss_alpha", *DFLASH2_FIELDS)
+# The draft vocabulary (#32): the model config's default against the trainer's.
+VOCAB_TABLE_FIELDS = ("draft_vocab_size",)
 # The fields the README's reference table and the trainer's --recipe flag cover, in that order.
 RECIPE_TABLE_FIELDS = ("loss_fn", "per_position_loss_weight", "dpace_alpha", "gamma", "max_anchors",
                        "sample_from_anchor", "verifier_source_layer", "noise_std")
@@ -102,8 +108,10 @@ def model_level() -> ReferenceRecipe:
         "sample_from_anchor": f"{config_file}: DFlashSpeculatorConfig.sample_from_anchor default",
         "per_position_loss_weight": f"{core}: DFlashDraftModel.forward(per_position_loss_weight=...) default",
         "dpace_alpha": f"{core}: DFlashDraftModel.forward(dpace_alpha=...) default",
+        "draft_vocab_size": f"{config_file}: DFlashSpeculatorConfig.draft_vocab_size default",
     }
-    return ReferenceRecipe(MODEL_LEVEL, "dflash", recipe, None, None, sources)
+    return ReferenceRecipe(MODEL_LEVEL, "dflash", recipe, None, None, sources,
+                           draft_vocab_size=int(DFlashSpeculatorConfig.model_fields["draft_vocab_size"].default))
 
 
 @lru_cache(maxsize=4)
@@ -166,8 +174,10 @@ def trainer(speculator_type: str = "dflash") -> ReferenceRecipe:
         for name in DFLASH2_FIELDS:
             architecture[name] = int(flat[name])
             sources[name] = field_source("dflash2", name)
+    # Unset, the trainer builds no mapping and keeps the verifier's vocabulary (speculators/train/cli.py).
+    sources["draft_vocab_size"] = f"{schema}: DraftArgs.draft_vocab_size default"
     return ReferenceRecipe(TRAINCONFIG, speculator_type, recipe, int(flat["block_size"]), int(flat["num_layers"]),
-                           sources, architecture)
+                           sources, architecture, draft_vocab_size=flat["draft_vocab_size"])
 
 
 def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = frozenset()) -> tuple[ReferenceRecipe, str]:
@@ -199,7 +209,7 @@ def reference_table() -> list[dict[str, str]]:
     """Rows of the README's reference recipe table: every value with the file it was read from."""
     base, dflash, dflash2 = model_level(), trainer("dflash"), trainer("dflash2")
     rows = []
-    for name in (*RECIPE_TABLE_FIELDS, "block_size", "draft_layers", *ARCHITECTURE_TABLE_FIELDS):
+    for name in (*RECIPE_TABLE_FIELDS, "block_size", "draft_layers", *ARCHITECTURE_TABLE_FIELDS, *VOCAB_TABLE_FIELDS):
         cells = {"field": name}
         for key, ref in (("model-level", base), ("dflash", dflash), ("dflash2", dflash2)):
             value = ref.table_value(name)
@@ -226,10 +236,10 @@ def train_settings(speculator_type: str = "dflash") -> dict:
     """The TrainConfig-resolved recipe as `impl.train.TrainConfig` fields (`train --recipe speculators`)."""
     ref = trainer(speculator_type)
     recipe = ref.recipe
-    if recipe.sample_from_anchor or recipe.verifier_source_layer is not None:
-        raise ValueError(f"speculators' {speculator_type} recipe samples from the anchor or reads targets from "
-                         f"another layer; our trainer does neither")
-    settings = {"loss_fn": recipe.loss_fn, "per_position_loss_weight": recipe.per_position_loss_weight,
+    if recipe.verifier_source_layer is not None:
+        raise ValueError(f"speculators' {speculator_type} recipe reads targets from another layer; our trainer "
+                         "does not")
+    settings = {"sample_from_anchor": recipe.sample_from_anchor,"loss_fn": recipe.loss_fn, "per_position_loss_weight": recipe.per_position_loss_weight,
                 "dpace_alpha": recipe.dpace_alpha, "gamma": recipe.gamma, "max_anchors": recipe.max_anchors,
                 "noise_std": recipe.noise_std, "block_size": ref.block_size, "draft_layers": ref.draft_layers,
                 **ref.architecture}

@@ -27,6 +27,8 @@ check_reference("dflash")
 
 import dflash.model as zlab  # noqa: E402  (after the version guard on purpose)
 
+# A reduced draft vocabulary (#32): z-lab's DFlashDraftModel has no head of its own and no d2t.
+DRAFT_VOCAB_OPERATIONS = frozenset({"vocab_mapping", "proposed_ids"})
 TRAINING_OPERATIONS = ("select_anchors", "training_mask", "training_outputs", "loss_weights", "loss", "block_metrics",
                        "dpace_weights", "dpace_loss", "selector_scores", "selector_training_candidates",
                        "selector_loss")
@@ -88,7 +90,9 @@ def refuse_rotary(spec: DraftSpec) -> None:
 
 class ZlabImplementation:
     name = "zlab"
-    unsupported: frozenset[str] = frozenset(TRAINING_OPERATIONS)
+    # No training code, and no slot-layout setting (n/a, not a failure): see `_no_slot_layout`; no draft vocabulary.
+    unsupported: frozenset[str] = (frozenset(TRAINING_OPERATIONS + ("speculative_tokens", "proposal_logits"))
+                                   | DRAFT_VOCAB_OPERATIONS)
 
     def default_target_layer_ids(self, num_target_layers, num_draft_layers):
         return list(zlab.build_target_layer_ids(num_target_layers, num_draft_layers))
@@ -104,6 +108,10 @@ class ZlabImplementation:
 
     def build_drafter(self, spec: DraftSpec, state_dict, target: nn.Module | None = None) -> zlab.DFlashDraftModel:
         from transformers import Qwen3Config
+
+        if spec.sample_from_anchor:
+            raise Unsupported("zlab: dflash 0.1.0 has one slot layout, the anchor as the bonus token "
+                              "(`dflash_generate` proposes from slots 1..B-1); no sample_from_anchor")
 
         refuse_rotary(spec)
         # Made where and in what dtype the target runs, as `from_pretrained(dtype=...)` makes it.
@@ -138,6 +146,13 @@ class ZlabImplementation:
                    "prefill_tokens": 1, "time_to_first_token": stats.time_to_first_token,
                    "time_per_output_token": stats.time_per_output_token})
 
+    # -- slot layout -------------------------------------------------------------------------
+    def _no_slot_layout(self, *_args, **_kwargs):
+        raise Unsupported("zlab: dflash 0.1.0 has no slot-layout setting: `dflash_generate` always drafts "
+                          "`[bonus, mask x (B-1)]` and proposes from slots 1..B-1 (no sample_from_anchor)")
+
+    speculative_tokens = proposal_logits = _no_slot_layout
+
     # -- DFlash2 ----------------------------------------------------------------------------
     def dynamic_conv(self, drafter, layer_idx, sublayer, x, y, block_size):
         """z-lab convolves one block at a time (its forward only ever sees one): the blocks go in as rows."""
@@ -162,5 +177,10 @@ class ZlabImplementation:
     def _unsupported(self, *_args, **_kwargs):
         raise Unsupported("zlab: dflash 0.1.0 ships no training code (anchors, training mask, loss, metrics)")
 
+    def _no_draft_vocab(self, *_args, **_kwargs):
+        raise Unsupported("zlab: dflash 0.1.0 has no draft vocabulary: its drafter proposes through the target's "
+                          "whole head (vLLM reads a d2t from a z-lab directory; z-lab's own code does not)")
+
+    vocab_mapping = proposed_ids = _no_draft_vocab
     select_anchors = training_mask = training_outputs = loss_weights = loss = block_metrics = _unsupported
     dpace_weights = dpace_loss = _unsupported

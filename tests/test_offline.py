@@ -37,18 +37,19 @@ def replay_mask(anchors: torch.Tensor, context_len: int, block_len: int, window:
                      dim=1)
 
 
-def replay_against_live(models, target, cache, prompts, stop_ids) -> tuple[list[str], list[list[float]]]:
+def replay_against_live(models, target, cache, prompts, stop_ids,
+                        max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[list[str], list[list[float]]]:
     """Every prompt replayed from `cache` and decoded live: DFlash with each model, DDTree with the first.
     Returns each mismatch between the two, and each model's per-prompt offline DFlash τ."""
     mismatches, taus = [], [[] for _ in models]
     for entry, (_, ids) in zip(cache.prompts, prompts):
         for model, model_taus in zip(models, taus):
-            live = dflash_decode(model, target, ids, MAX_NEW_TOKENS, stop_ids)
+            live = dflash_decode(model, target, ids, max_new_tokens, stop_ids)
             offline = offline_rounds(model, target, cache, entry, "dflash")
             mismatch = find_mismatch(entry, offline, live.acceptance_lengths, live.output_ids)
             mismatches += [mismatch.describe()] if mismatch else []
             model_taus.append(sum(offline) / len(offline))
-        tree = ddtree_decode(models[0], target, ids, MAX_NEW_TOKENS, stop_ids, budget=24)
+        tree = ddtree_decode(models[0], target, ids, max_new_tokens, stop_ids, budget=24)
         offline_tree = offline_rounds(models[0], target, cache, entry, "ddtree", budget=24)
         mismatch = find_mismatch(entry, offline_tree, tree.acceptance_lengths, tree.output_ids)
         mismatches += [mismatch.describe()] if mismatch else []

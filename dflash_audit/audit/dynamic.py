@@ -20,6 +20,7 @@ from dflash_audit.audit import tau_stats
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.overflow import OverflowWatch
 from dflash_audit.audit.sides import Side
+from dflash_audit.audit.static_vocab import usable_d2t
 from dflash_audit.progress import NoProgress
 from dflash_audit.ranks import Ranks
 from impl import offline
@@ -29,6 +30,7 @@ from impl.ddtree import DDTREE_NEEDS_DFLASH
 from impl.errors import CheckpointError
 from impl.extract import decoder_layers
 from impl.placement import built_in, dtype_name, model_dtype, target_device
+from impl.vocab_mapping import target_ids
 
 METHODS = {"dflash": "DFlash", "ddtree": "DDTree"}
 LARGEST_GAPS = 3
@@ -48,7 +50,7 @@ class PromptTau:
 class MethodResult:
     method: str
     budget: int | None
-    block_size: dict[str, int]
+    longest: dict[str, int]  # per side, the longest round: speculative tokens + 1 (B, or B + 1 sampling from the anchor)
     prompts: list[PromptTau] = field(default_factory=list)
     measured: bool = True  # both drafters ran
 
@@ -64,11 +66,11 @@ class MethodResult:
 
     def histogram(self, side: str) -> list[int]:
         return tau_stats.acceptance_histogram([getattr(p, f"{side}_rounds") for p in self.prompts],
-                                              self.block_size[side])
+                                              self.longest[side])
 
     def position_acceptance(self, side: str) -> list[float]:
         return tau_stats.position_acceptance([getattr(p, f"{side}_rounds") for p in self.prompts],
-                                             self.block_size[side])
+                                             self.longest[side])
 
     def interval(self) -> tau_stats.PairedInterval | None:
         if not self.measured or not self.prompts:
@@ -103,6 +105,8 @@ class DynamicAudit:
     precision: dict[str, Any] = field(default_factory=dict)  # device, target and drafter dtypes
     overflow: dict[str, str] = field(default_factory=dict)  # side -> first module with non-finite output
     by_dtype: dict[str, dict[str, Any]] = field(default_factory=dict)  # `compare --dtype a,b`: τ per dtype
+    # A reduced draft vocabulary on either side: the share of the target's generated tokens each side can propose.
+    proposable_share: dict[str, dict[str, Any]] | None = None
 
     def summary(self) -> dict[str, Any]:
         """Mean τ per method and side, and what overflowed: one dtype's line of `by_dtype`."""
@@ -115,7 +119,8 @@ class DynamicAudit:
         data = {"method": "dflash", "prompts": main["prompts"], "mean": main["mean"],
                 "max_new_tokens": self.max_new_tokens, "prompts_source": self.prompts_source,
                 "noise": tau_stats.NOISE_METHOD, "not_measured": self.not_measured,
-                "precision": self.precision, "overflow": self.overflow, "by_dtype": self.by_dtype}
+                "precision": self.precision, "overflow": self.overflow, "by_dtype": self.by_dtype,
+                "draft_vocab_share": self.proposable_share}
         data.update({k: v for k, v in main.items() if k not in data and k != "method"})
         data["methods"] = {name: result.to_dict() for name, result in self.methods.items()}
         return data
@@ -194,7 +199,7 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     methods = {}
     dflash2 = dflash2_sides(sides)
     for method, method_budget in plan:
-        result = MethodResult(method, method_budget, {n: s.spec.block_size for n, s in sides.items()},
+        result = MethodResult(method, method_budget, {n: s.spec.speculative_tokens + 1 for n, s in sides.items()},
                               measured=not not_measured)
         for i, entry in enumerate(cache.prompts):
             rounds = {name: replays[method, name, i] for name in drafters}
@@ -221,7 +226,38 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
                          key=f"overflow ({name}, {dtype_name(dtype)})")
                  for name, module in overflow.items()]
     precision = {"device": str(device), "target_dtype": dtype_name(dtype), "drafter_dtype": dtype_name(dtype)}
-    return DynamicAudit(methods, findings, max_new_tokens, prompts_source, not_measured, precision, overflow)
+    return DynamicAudit(methods, findings, max_new_tokens, prompts_source, not_measured, precision, overflow,
+                        proposable_share=proposable_share(sides, cache.prompts))
+
+
+def proposable_share(sides: dict[str, Side], entries) -> dict[str, dict[str, Any]] | None:
+    """With a reduced draft vocabulary on either side: the share of the target's own tokens on the prompts (its
+    greedy continuations) that each side's head can propose at all (a token outside it is never drafted). None
+    when both heads cover the whole vocabulary."""
+    vocabularies = {name: usable_d2t(side) for name, side in sides.items()}
+    if all(v is None for v in vocabularies.values()):
+        return None
+    generated = torch.cat([entry.token_ids[entry.prompt_len:] for entry in entries]).long()
+    shares = {}
+    for name, d2t in vocabularies.items():
+        held = torch.ones_like(generated, dtype=torch.bool) if d2t is None else \
+            torch.isin(generated, target_ids(d2t).to(generated.device))
+        shares[name] = {"share": round(float(held.float().mean()), 6) if generated.numel() else None,
+                        "tokens": int(generated.numel())}
+    return shares
+
+
+def attach_proposable_share(findings: list[Finding], shares: dict[str, dict[str, Any]] | None) -> None:
+    """The dynamic half of a static `draft_vocab` finding: how much of the target's output each side can propose
+    (part of that finding's root cause, never a finding of its own)."""
+    if not shares or any(v["share"] is None for v in shares.values()):
+        return
+    text = {name: f"{100 * v['share']:.1f}%" for name, v in shares.items()}
+    for finding in findings:
+        if finding.component == "draft_vocab" and "proposable_share" not in finding.raw:
+            finding.message += (f" On the prompts, ours can propose {text['ours']} and ref {text['ref']} of the "
+                                f"target's {shares['ours']['tokens']} generated tokens.")
+            finding.raw["proposable_share"] = shares
 
 
 def progress_passes(ours: Side, ref: Side, budget: int) -> int:

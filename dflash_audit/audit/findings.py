@@ -9,7 +9,7 @@ from impl.pitfalls import PITFALLS as CATALOGUE
 
 COMPONENTS = ("fc_dims", "target_layers", "layer_types", "window_direction", "block_size", "mask_token", "serving",
               "architecture", "conv", "selector", "weights", "recipe", "tau", "mask_token_validity", "vocab_sizes",
-              "rotary")
+              "slot_layout", "rotary", "draft_vocab")
 SEVERITIES = ("divergence", "warning", "info")
 
 # What each catalogue entry (impl/pitfalls.py, PITFALLS.md) is about, for the report's "see entry #n" links.

@@ -74,7 +74,7 @@ def tau_charts(report: AuditReport) -> list[Chart]:
         charts.append(grouped_bars(f"Per-prompt τ — {result.label}", "tau-chart", ids,
                                    {s: [getattr(p, s) for p in result.prompts] for s in ("ours", "ref")},
                                    "τ (tokens per round)"))
-        block = max(result.block_size.values())
+        block = max(result.longest.values())
         hist = {s: result.histogram(s) + [0] * (block + 1 - len(result.histogram(s))) for s in ("ours", "ref")}
         charts.append(grouped_bars(f"Acceptance-length histogram — {result.label}", "histogram",
                                    [str(k) for k in range(block + 1)], hist, "rounds"))

@@ -17,6 +17,7 @@ import torch
 from dflash_audit.formats import VERIFIER_OWNED_KEYS, LoadOptions
 from dflash_audit.formats.inference import fc_layer_count
 from impl.families import spec_family
+from impl.param_names import verifier_owned_keys
 from impl.spec import DraftSpec, Recipe
 
 # Copied from the verifier by speculators (PITFALLS #13): never trained, never draft body.
@@ -108,11 +109,12 @@ def load_side(path: str | Path, target_dir: str | Path | None = None, options: L
 
     loaded = load_any(path, target_dir, options)
     raw = loaded.raw
-    # Belt and braces: a format loader that leaves verifier-owned tensors in the body.
-    body = {k: v for k, v in loaded.state_dict.items() if k not in VERIFIER_OWNED}
-    owned = {k: v for k, v in loaded.state_dict.items() if k in VERIFIER_OWNED} | dict(loaded.verifier_tensors)
-    raw_ids = raw.layer_ids
     known = dict(loaded.known_spec) or (loaded.spec.to_dict() if loaded.spec is not None else {})
+    # Belt and braces: a format loader that leaves verifier-owned tensors in the body.
+    owned_keys = frozenset(verifier_owned_keys(known.get("draft_vocab_size") is not None))
+    body = {k: v for k, v in loaded.state_dict.items() if k not in owned_keys}
+    owned = {k: v for k, v in loaded.state_dict.items() if k in owned_keys} | dict(loaded.verifier_tensors)
+    raw_ids = raw.layer_ids
     if raw_ids is None and "target_layer_ids" in known:
         raw_ids = known["target_layer_ids"]
     return Side(path=str(path), format=loaded.format, spec=loaded.spec, state_dict=body, recipe=loaded.recipe,

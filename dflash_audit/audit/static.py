@@ -28,6 +28,7 @@ from dflash_audit.audit.static_tensors import (
     compare_tensors,
     weight_findings,
 )
+from dflash_audit.audit.static_vocab import draft_vocab_findings
 from impl.target_vocab import TargetVocabulary
 
 
@@ -45,7 +46,8 @@ def static_audit(ours: Side, ref: Side, expect_identical: bool = False, advance=
     """All static findings of `ours` against `ref` (and against `target`'s vocabulary, when given). `advance`
     is called once per compared tensor."""
     findings = (self_findings(ours, "ours") + self_findings(ref, "ref") + shape_contradictions(ours, "ours")
-                + shape_contradictions(ref, "ref") + spec_findings(ours, ref) + rotary_findings(ours, ref))
+                + shape_contradictions(ref, "ref") + spec_findings(ours, ref) + rotary_findings(ours, ref)
+                + draft_vocab_findings(ours, ref))
     if target is not None:
         against_target = target_findings(ours, ref, target)
         if any(f.component == "vocab_sizes" and f.severity == "divergence" for f in against_target):

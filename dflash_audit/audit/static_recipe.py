@@ -15,6 +15,9 @@ from impl.spec import Recipe
 # (under different weightings the one finding is per_position_loss_weight).
 WEIGHTING_FIELDS = {"gamma": "fixed-exp-decay", "dpace_alpha": "dpace"}
 DFLASH2_RECIPE_FIELDS = {"selector_loss_alpha"}  # compared only between two DFlash2 drafters
+# The slot layout is the drafter's own: the `slot_layout` finding compares the specs, and each side's recipe
+# against its own spec (static_spec.py); comparing the recipes again would report one root cause twice.
+DRAFTER_FIELDS = {"sample_from_anchor"}
 
 
 def recipe_of(side: Side, other: Side) -> tuple[Recipe, dict[str, str], bool, str]:
@@ -53,7 +56,7 @@ def recipe_findings(ours: Side, ref: Side) -> tuple[list[Finding], dict[str, dic
     unknown = set(ours.recipe_unknown) | set(ref.recipe_unknown)
     found = []
     for name, (pitfall, severity, consequence) in RECIPE_ENTRIES.items():
-        if name in unknown:
+        if name in unknown or name in DRAFTER_FIELDS:
             continue  # a side that never said it: listed as unknown in the recipe table, not compared
         if name in DFLASH2_RECIPE_FIELDS and (family_of(ours), family_of(ref)) != ("dflash2", "dflash2"):
             continue  # a DFlash drafter has no selector to weight

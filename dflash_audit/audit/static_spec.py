@@ -11,7 +11,9 @@ from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from impl.checkpoint import implied_shapes
 from impl.families import spec_family
-from impl.pitfalls import ARCHITECTURE_ENTRIES, ARCHITECTURE_WARNINGS, DFLASH2_SPEC_ENTRIES
+from impl.pitfalls import ARCHITECTURE_ENTRIES, ARCHITECTURE_WARNINGS, DFLASH2_SPEC_ENTRIES, SLOT_LAYOUT_ENTRY
+from impl.slot_layout import describe as describe_layout
+from impl.slot_layout import speculative_tokens
 from impl.spec import ROTARY_FIELDS, DraftSpec
 
 
@@ -42,7 +44,8 @@ def spec_findings(ours: Side, ref: Side) -> list[Finding]:
         found.append(default_aware(ours, ref, "block_size", Finding(
             "block_size", "divergence",
             f"Blocks of {o_block} tokens in ours vs {r_block} in ref: a round drafts at most "
-            f"{o_block - 1} vs {r_block - 1} tokens, and a drafter run with a block size it was not "
+            f"{proposals(ours, o_block)} vs {proposals(ref, r_block)} tokens, and a drafter run with a block size "
+            "it was not "
             "trained for mispredicts the extra slots.", o_block, r_block, pitfall=16)))
     o_mask, r_mask = ours.value("mask_token_id"), ref.value("mask_token_id")
     if both("mask_token_id") and o_mask != r_mask:
@@ -51,6 +54,7 @@ def spec_findings(ours: Side, ref: Side) -> list[Finding]:
             f"The empty block slots are filled with token {o_mask} in ours but {r_mask} in ref: "
             "a drafter fed a mask token it never saw in training drafts garbage.", o_mask, r_mask, pitfall=14)))
     found += layer_type_findings(ours, ref) + window_direction_findings(ours, ref) + family_findings(ours, ref)
+    found += slot_layout_findings(ours, ref)
     for name, pitfall in ARCHITECTURE_ENTRIES.items():
         a, b = ours.value(name), ref.value(name)
         if both(name) and a != b:
@@ -61,9 +65,16 @@ def spec_findings(ours: Side, ref: Side) -> list[Finding]:
     return found
 
 
+def proposals(side: Side, block_size: int) -> int:
+    """Tokens a block of `block_size` proposes under the side's slot layout (anchor-as-bonus when unknown)."""
+    layout = side.value("sample_from_anchor") if side.is_known("sample_from_anchor") else False
+    return speculative_tokens(block_size, bool(layout))
+
+
 # Which finding component a spec field belongs to (for unknowns and contradictions).
 FIELD_COMPONENT = {"target_layer_ids": "target_layers", "block_size": "block_size", "mask_token_id": "mask_token",
-                   "layer_types": "layer_types", "sliding_window": "layer_types",
+                   "layer_types": "layer_types", "sliding_window": "layer_types", "sample_from_anchor": "slot_layout",
+                   "draft_vocab_size": "draft_vocab",
                    **dict.fromkeys(ROTARY_FIELDS, "rotary")}
 
 
@@ -83,8 +94,9 @@ def default_aware(ours: Side, ref: Side, name: str, finding: Finding) -> Finding
 def shape_contradictions(side: Side, name: str) -> list[Finding]:
     """A declared spec its own tensors disagree with (config says 3 target layers, fc.weight reads 2)."""
     expected = expected_shapes(side.spec) if side.spec is not None else {}
+    # A malformed d2t is the draft_vocab finding's (dflash_audit/audit/static_vocab.py), not a contradiction.
     wrong = [(key, tuple(t.shape), expected[key]) for key, t in side.state_dict.items()
-             if key in expected and tuple(t.shape) != expected[key]]
+             if key in expected and key != "d2t" and tuple(t.shape) != expected[key]]
     if not wrong:
         return []
     key, actual, implied = wrong[0]
@@ -111,6 +123,7 @@ def self_findings(side: Side, name: str) -> list[Finding]:
         found.append(Finding(component, "warning", f"{field_name} of {name} is unknown: {prov.get('detail', '')}.",
                              None if name == "ref" else "unknown", None if name == "ours" else "unknown",
                              key=f"unknown in {name}: {field_name}"))
+    found += trained_layout_findings(side, name)
     for text in side.contradictions:
         field_name = text.split(" ", 1)[0].rstrip(":")
         component = "fc_dims" if field_name == "target_layer_ids" else FIELD_COMPONENT.get(field_name, "architecture")
@@ -227,6 +240,41 @@ def family_findings(ours: Side, ref: Side) -> list[Finding]:
                 component, "divergence", f"{name} is {a} in ours but {b} in ref: {consequence}.", a, b,
                 pitfall=pitfall, key=name)))
     return found
+
+
+def slot_layout_findings(ours: Side, ref: Side) -> list[Finding]:
+    """The slot layout (`sample_from_anchor`): one finding for the whole difference. Its consequences (which
+    slot proposes which position, how many tokens a block proposes, which targets and loss weights training
+    used) are this root cause, never findings of their own; the block size is compared apart."""
+    name = "sample_from_anchor"
+    if not (ours.is_known(name) and ours.is_known("block_size") and ref.is_known(name) and ref.is_known("block_size")):
+        return []
+    a, b = ours.value(name), ref.value(name)
+    if a == b:
+        return []
+    count_o, count_r = speculative_tokens(ours.value("block_size"), a), speculative_tokens(ref.value("block_size"), b)
+    return [default_aware(ours, ref, name, Finding(
+        "slot_layout", "divergence",
+        f"Slot layout differs: ours {describe_layout(a)}; ref {describe_layout(b)}. A block proposes "
+        f"{count_o} tokens in ours vs {count_r} in ref, every slot proposes a different position, and each was "
+        "trained toward different target positions.", a, b, pitfall=SLOT_LAYOUT_ENTRY, key=name))]
+
+
+def trained_layout_findings(side: Side, name: str) -> list[Finding]:
+    """A drafter whose own recipe says training applied the other slot layout than it is served with."""
+    field_name = "sample_from_anchor"
+    recipe = side.recipe
+    if recipe is None or field_name in side.recipe_unknown or not side.is_known(field_name):
+        return []
+    layout, trained = side.value(field_name), recipe.sample_from_anchor
+    if layout == trained:
+        return []
+    return [Finding("slot_layout", "divergence",
+                    f"{name} is served with the slot layout {describe_layout(layout)}, but its recipe says training "
+                    f"applied {describe_layout(trained)}: its slots propose positions they were not trained for.",
+                    {"spec": layout, "recipe": trained} if name == "ours" else None,
+                    {"spec": layout, "recipe": trained} if name == "ref" else None,
+                    pitfall=SLOT_LAYOUT_ENTRY, key=f"trained layout ({name})")]
 
 
 def window_direction_findings(ours: Side, ref: Side) -> list[Finding]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_spec import expected_shapes
+from dflash_audit.audit.static_vocab import explained_by_draft_vocab
 from dflash_audit.audit.stream_stats import is_finite, pair_stats_all
 
 
@@ -86,6 +87,8 @@ def compare_tensors(ours: Side, ref: Side, findings: list[Finding], advance) -> 
             row.non_finite = [side for side, finite in (("ours", stats.finite_a), ("ref", stats.finite_b)) if not finite]
             if row.status == "equal" and stats.max_abs_diff != 0.0:
                 row.status = "values differ"
+        if row.status not in ("equal", "dtype") and explained_by_draft_vocab(key, findings):
+            row.explained_by = "draft_vocab"
         rows.append(row)
         advance()
     for side_name, side in (("ours", ours), ("ref", ref)):
@@ -133,7 +136,7 @@ def weight_findings(rows: list[TensorRow], ours: Side, ref: Side, expect_identic
             f"{dtype[0].ours_dtype} vs {dtype[0].ref_dtype}): outputs differ by rounding.",
             dtype[0].ours_dtype, dtype[0].ref_dtype, key="dtype"))
     compared = [r for r in body if r.max_abs_diff is not None]
-    differing = [r for r in compared if r.max_abs_diff]
+    differing = [r for r in compared if r.max_abs_diff and not r.explained_by]
     if differing:
         worst = max(differing, key=lambda r: r.max_abs_diff)
         least = min(differing, key=lambda r: r.cosine)
@@ -164,7 +167,7 @@ def unexpected_findings(rows: list[TensorRow], ours: Side, ref: Side) -> list[Fi
     """Tensors a side holds that no DFlash drafter of its own spec has: never dropped, always a finding."""
     found = []
     for side_name, side in (("ours", ours), ("ref", ref)):
-        extra = [r.key for r in rows if r.status == f"unexpected in {side_name}"]
+        extra = [r.key for r in rows if r.status == f"unexpected in {side_name}" and not r.explained_by]
         if not extra:
             continue
         mapped_to_nothing = side.foreign.get("key_map", {}).get("unmapped", [])

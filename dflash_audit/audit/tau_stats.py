@@ -23,17 +23,18 @@ def tau(rounds: list[int]) -> float:
     return decoding.mean_acceptance(rounds)
 
 
-def acceptance_histogram(rounds: list[list[int]], block_size: int) -> list[int]:
-    """How many rounds accepted 0..B tokens (bonus included), over all prompts."""
-    return decoding.acceptance_histogram([length for prompt in rounds for length in prompt], block_size)
+def acceptance_histogram(rounds: list[list[int]], longest: int) -> list[int]:
+    """How many rounds accepted 0..`longest` tokens (bonus included; longest = speculative tokens + 1), over
+    all prompts."""
+    return decoding.acceptance_histogram([length for prompt in rounds for length in prompt], longest)
 
 
-def position_acceptance(rounds: list[list[int]], block_size: int) -> list[float]:
-    """Fraction of rounds whose drafted slot k (1..B-1) was accepted: acceptance length > k."""
+def position_acceptance(rounds: list[list[int]], longest: int) -> list[float]:
+    """Fraction of rounds whose k-th proposal (1..longest-1) was accepted: acceptance length > k."""
     flat = [length for prompt_rounds in rounds for length in prompt_rounds]
     if not flat:
-        return [0.0] * (block_size - 1)
-    return [sum(length > k for length in flat) / len(flat) for k in range(1, block_size)]
+        return [0.0] * (longest - 1)
+    return [sum(length > k for length in flat) / len(flat) for k in range(1, longest)]
 
 
 def first_divergent_round(ours: list[int], ref: list[int]) -> int | None:

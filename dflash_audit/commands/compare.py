@@ -16,7 +16,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from dflash_audit.audit.dynamic import dtype_findings, dynamic_audit, progress_passes
+from dflash_audit.audit.dynamic import attach_proposable_share, dtype_findings, dynamic_audit, progress_passes
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.report_html import write_report_html
 from dflash_audit.audit.report_json import write_report_json
@@ -122,6 +122,7 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
         report.dynamic = dynamic_audits(ours_side, ref_side, target, prompts, max_new_tokens, budget, cache_dir,
                                         console, truncate, placement, dtypes or [None], report.notes, ranks)
         ranks.close()
+        attach_proposable_share(static.findings, report.dynamic.proposable_share)
     elif target is None:
         report.notes.append("No --target given: static audit only (τ not measured; the mask token and vocabulary sizes "
                             "not held to a target).")

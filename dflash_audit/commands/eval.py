@@ -173,13 +173,14 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
         return None
 
     all_rounds = [length for r in results for length in r["rounds"]]
+    longest = drafter.spec.speculative_tokens + 1  # every proposal accepted, plus the bonus
     payload = {"method": method, "mode": mode, "budget": budget if method == "ddtree" else None,
                "max_new_tokens": max_new_tokens, "placement": placement.describe(), "prompts": results,
                "mean_tau": mean_acceptance([r["tau"] for r in results]),
-               "histogram": acceptance_histogram(all_rounds, drafter.block_size)}
+               "histogram": acceptance_histogram(all_rounds, longest)}
     rows = [[r["id"], len(r["rounds"]), sum(r["rounds"]) + 1, f"{r['tau']:.2f}"] for r in results]
     print(tabulate(rows, headers=["prompt", "rounds", "new tokens", "τ"], tablefmt="github"))
-    print(f"mean τ ({method}, {mode}): {payload['mean_tau']:.3f}   acceptance histogram 0..{drafter.block_size}: "
+    print(f"mean τ ({method}, {mode}): {payload['mean_tau']:.3f}   acceptance histogram 0..{longest}: "
           f"{payload['histogram']}")
     where = placement.describe()
     print(f"target and drafter in {where['dtype']} ({where['dtype_source']}) on {where['device']}"

@@ -81,6 +81,11 @@ def train(
     layer_types: str = typer.Option(None, help="Per draft layer: full_attention or sliding_attention, comma-separated."),
     sliding_window: int = typer.Option(None, help="Window of the sliding_attention layers."),
     mask_token_id: int = typer.Option(None, help="Default: the tokenizer's <|mask|> token."),
+    draft_vocab_size: int = typer.Option(None, help="Reduced draft vocabulary: the head proposes only the N most "
+                                                     "frequent loss-masked tokens of --data (speculators' rule), "
+                                                     "mapped to target ids by d2t [default: the whole vocabulary]."),
+    d2t: Path = typer.Option(None, "--d2t", help="The draft-to-target map to use instead: a .npy of offsets "
+                                                 "(target id = draft id + d2t[draft id]), as speculators writes."),
     dtype: str = typer.Option("fp32", help="fp32, or bf16 (autocast, fp32 master weights)."),
     eval_data: Path = typer.Option(None, help="Held-out JSON lines (default: the last --eval-sequences rows)."),
     eval_sequences: int = typer.Option(2, help="Rows held out when no --eval-data is given."),
@@ -99,6 +104,10 @@ def train(
     sliding_window_non_causal: bool = typer.Option(
         None, "--sliding-window-non-causal/--sliding-window-causal",
         help="Sliding layers see their whole block [default: dflash2 yes, dflash no]."),
+    sample_from_anchor: bool = typer.Option(
+        None, "--sample-from-anchor/--anchor-as-bonus",
+        help="Slot layout: every slot proposes the next token, B per block (DSpark), or the anchor slot proposes "
+             "nothing, B - 1 per block [default: anchor as bonus]."),
 ) -> None:
     """Train a DFlash drafter online against a Hugging Face target."""
     from transformers.utils import logging as hf_logging
@@ -108,6 +117,10 @@ def train(
     from impl.train import train as run_training
 
     check_train_paths(target, data, eval_data, out, json_out, resume)
+    if d2t is not None:
+        regular_file(d2t, "file", "--d2t")
+    if draft_vocab_size is not None and draft_vocab_size <= 0:
+        raise AuditError(f"--draft-vocab-size must be a positive number of tokens, got {draft_vocab_size}")
     check_finite_flags(lr=lr, gamma=gamma, dpace_alpha=dpace_alpha, noise_std=noise_std, max_seconds=max_seconds,
                        selector_loss_alpha=selector_loss_alpha)
     dflash2_flags = dict(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size,
@@ -119,6 +132,7 @@ def train(
     # The recipe knobs are checked once, by the recipe type, when the run starts (impl.train.check_run).
     knobs = recipe_settings(recipe, family, dict(
         **dflash2_flags, sliding_window_non_causal=sliding_window_non_causal, block_size=block_size,
+        sample_from_anchor=sample_from_anchor,
         draft_layers=draft_layers, max_anchors=max_anchors, loss_fn=loss_fn,
         per_position_loss_weight=per_position_loss_weight, dpace_alpha=dpace_alpha, gamma=gamma, noise_std=noise_std))
     cfg = TrainConfig(
@@ -126,7 +140,8 @@ def train(
         eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
         grad_accum=grad_accum, seq_len=seq_len, target_layer_ids=_layer_ids(target_layer_ids, "--target-layer-ids"),
         verifier_source_layer=verifier_source_layer, layer_types=_layer_types(layer_types),
-        sliding_window=sliding_window, mask_token_id=mask_token_id, dtype=dtype, eval_every=eval_every,
+        sliding_window=sliding_window, mask_token_id=mask_token_id, draft_vocab_size=draft_vocab_size,
+        d2t=str(d2t) if d2t is not None else None, dtype=dtype, eval_every=eval_every,
         save_every=save_every, resume=resume, seed=seed, max_seconds=max_seconds, family=family, **knobs)
     hf_logging.disable_progress_bar()  # one progress bar: the trainer's
     try:

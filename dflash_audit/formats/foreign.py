@@ -33,7 +33,7 @@ from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
 from dflash_audit.formats.vocabulary import DeclarationError
 from impl.errors import CheckpointError
-from impl.param_names import VERIFIER_OWNED_KEYS
+from impl.param_names import verifier_owned_keys
 from impl.spec import SpecError
 from impl.weights_dir import index_shards
 
@@ -253,9 +253,10 @@ def load_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None
         recipe = inference.recipe()
     except (DeclarationError, SpecError) as exc:
         raise CheckpointError(f"{path}: {exc}" if str(path) not in str(exc) else str(exc)) from exc
-    body = {k: v for k, v in read.tensors.items() if k not in VERIFIER_OWNED_KEYS}
-    owned = {k: v for k, v in read.tensors.items() if k in VERIFIER_OWNED_KEYS}
     known = dict(inference.values)
+    owned_keys = verifier_owned_keys(known.get("draft_vocab_size") is not None)
+    body = {k: v for k, v in read.tensors.items() if k not in owned_keys}
+    owned = {k: v for k, v in read.tensors.items() if k in owned_keys}
     if "target_layer_ids" in known:
         known["target_layer_ids"] = list(known["target_layer_ids"])
     foreign = {"files": read.files, "entry": read.payload.entry, "ignored_entries": read.payload.ignored,

@@ -111,7 +111,12 @@ def shape_facts(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[Any, str]
         facts["attention_bias"] = ("layers.0.self_attn.q_proj.bias" in shapes,
                                    "layers.0.self_attn.q_proj.bias " +
                                    ("present" if "layers.0.self_attn.q_proj.bias" in shapes else "absent"))
+    draft = shape("d2t")
+    facts["draft_vocab_size"] = ((draft[0], f"d2t shape {list(draft)}") if draft and len(draft) == 1
+                                 else (None, "no d2t tensor: the head covers the target's vocabulary"))
     for name in ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight"):
+        if name == "lm_head.weight" and draft:
+            continue  # a reduced draft vocabulary's own head: its rows are the draft vocabulary, not the target's
         if shape(name) and len(shape(name)) == 2:
             facts["vocab_size"] = (shape(name)[0], f"{name} shape {list(shape(name))}")
             break
@@ -252,6 +257,10 @@ def infer(shapes: dict[str, tuple[int, ...]], declaration_sources: list[tuple[st
             provenance["sliding_window_non_causal"] = Provenance(
                 "default", "not declared; no sliding layers" if not sliding else
                 "not declared; sliding blocks causal (both references' DFlash default)")
+    if "sample_from_anchor" not in values:
+        values["sample_from_anchor"] = False
+        provenance["sample_from_anchor"] = Provenance(
+            "default", "not declared; the anchor is the bonus token (both references' DFlash default)")
 
     count = fc_layer_count(shapes, values.get("hidden_size"))
     ids = values.get("target_layer_ids")

@@ -39,7 +39,6 @@ class RawRecord:
     layer_ids: list[int] | None = None  # target layer ids as written, in `layer_id_convention`
     layer_id_convention: str = "zlab"  # "zlab" (hs[id + 1]) or "speculators" (hs[id])
     layer_ids_defaulted: bool = False  # the file gave none; z-lab's default was used
-    sample_from_anchor: bool | None = None  # speculators' DSpark alignment flag
     draft_vocab_size: int | None = None  # speculators' reduced draft vocabulary
     verifier: str | None = None  # the verifier a speculators drafter records
 

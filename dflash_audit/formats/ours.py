@@ -8,7 +8,7 @@ from pathlib import Path
 from dflash_audit.formats.foreign import PICKLE_SUFFIXES
 from dflash_audit.formats.inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
-from impl.checkpoint import CKPT_FORMAT, check_body, load_checkpoint, save_state
+from impl.checkpoint import CKPT_FORMAT, check_body, load_checkpoint, save_state, weights_dtype
 from impl.spec import ROTARY_FIELDS, Recipe
 
 
@@ -49,8 +49,9 @@ def provenance(ckpt, name: str) -> dict:
 
 def save(loaded: LoadedCheckpoint, destination: Path) -> None:
     """`ckpt.pt` with the same weights (and dtype); recipe fields the source never declared stay unknown."""
-    dtype = next(iter(loaded.state_dict.values())).dtype
+    dtype = weights_dtype(loaded.state_dict)
     body = check_body(loaded.spec, loaded.state_dict, source=loaded.path)  # shapes checked on meta: no copy
-    body = {k: v if v.dtype == dtype else v.to(dtype) for k, v in body.items()}  # one dtype, tensor by tensor
+    # One dtype for the weights, tensor by tensor; a draft vocabulary's integer d2t stays integer.
+    body = {k: v if v.dtype == dtype or not v.is_floating_point() else v.to(dtype) for k, v in body.items()}
     recipe = loaded.recipe if loaded.recipe is not None or not loaded.recipe_unknown else Recipe()
     save_state(destination, loaded.spec, body, recipe=recipe, step=loaded.step, recipe_unknown=loaded.recipe_unknown)

@@ -21,12 +21,14 @@ from dflash_audit.formats.loaded import (
     declared_provenance,
     rotary_provenance,
 )
+from impl.checkpoint import weights_dtype
 from impl.defaults import BLOCK_SIZE_DEFAULTS
 from impl.errors import AuditError, CheckpointError
 from impl.families import ZLAB_ARCHITECTURES, config_family
 from impl.layers import names_final_layer, speculators_to_zlab, zlab_to_speculators
-from impl.param_names import VERIFIER_OWNED_KEYS
+from impl.param_names import verifier_owned_keys
 from impl.spec import DFLASH2_FIELDS
+from impl.vocab_mapping import mapping_problems, t2d_problems
 from impl.weights_dir import read_config, read_safetensors_dir
 from impl.zlab_format import spec_from_zlab_config
 
@@ -84,7 +86,8 @@ def zlab_shaped_config(config: dict[str, Any], num_target_layers: int, source: s
         raise CheckpointError(f"{source}: aux_hidden_state_layer_ids: {exc}") from exc
     full.update(num_target_layers=num_target_layers, dflash_config={
         "target_layer_ids": ids, "mask_token_id": config.get("mask_token_id"),
-        "block_size": config.get("block_size", BLOCK_SIZE_DEFAULTS["speculators"])})
+        "block_size": config.get("block_size", BLOCK_SIZE_DEFAULTS["speculators"]),
+        "sample_from_anchor": config.get("sample_from_anchor", False)})  # DFlashSpeculatorConfig's default
     if config_family(config) == "dflash2":
         from speculators.models.dflash2 import DFlash2SpeculatorConfig
 
@@ -93,6 +96,7 @@ def zlab_shaped_config(config: dict[str, Any], num_target_layers: int, source: s
         full["dflash_config"].update({name: config.get(name, defaults[name].default) for name in DFLASH2_FIELDS})
     if non_causal(config):
         full["is_causal"] = False  # z-lab's way of saying it
+    full["draft_vocab_size"] = config.get("draft_vocab_size")  # equal to the verifier's: no reduced vocabulary
     return full
 
 
@@ -102,10 +106,10 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     num_target_layers = verifier_layer_count(config, target_dir, source)
     spec = spec_from_zlab_config(zlab_shaped_config(config, num_target_layers, source), source=source)
     tensors = read_safetensors_dir(path)
-    verifier = {k: tensors.pop(k) for k in VERIFIER_OWNED_KEYS if k in tensors}
+    verifier = {k: tensors.pop(k) for k in verifier_owned_keys(spec.reduced_vocab) if k in tensors}
+    contradictions = mapping_contradictions(spec, tensors.get("d2t"), verifier.get("t2d"))
     raw = RawRecord(config=config, layer_ids=list(config["aux_hidden_state_layer_ids"]),
                     layer_id_convention="speculators",
-                    sample_from_anchor=bool(config.get("sample_from_anchor", False)),
                     draft_vocab_size=config.get("draft_vocab_size", spec.vocab_size),
                     verifier=((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path"))
     present = set(config) | set(config.get("transformer_layer_config") or {}) | {"target_layer_ids",
@@ -119,12 +123,23 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     if "block_size" not in config:
         provenance["block_size"] = Provenance("default", "not in config.json; speculators' default "
                                                          f"{BLOCK_SIZE_DEFAULTS['speculators']}")
-    for name in ("sliding_window_non_causal", *(DFLASH2_FIELDS if spec.family == "dflash2" else ())):
+    for name in ("sliding_window_non_causal", "sample_from_anchor", *(DFLASH2_FIELDS if spec.family == "dflash2" else ())):
         if name not in config:
             provenance[name] = Provenance("default", f"not in config.json; speculators' "
                                                      f"{config['speculators_model_type']} default")
+    if "draft_vocab_size" not in config:
+        provenance["draft_vocab_size"] = Provenance("default", "not in config.json; read as the verifier's "
+                                                               "vocabulary (no d2t/t2d mapping)")
     return LoadedCheckpoint(spec=spec, state_dict=tensors, path=str(path), format="speculators", raw=raw,
-                            verifier_tensors=verifier, provenance=provenance)
+                            verifier_tensors=verifier, provenance=provenance, contradictions=contradictions)
+
+
+def mapping_contradictions(spec, d2t: torch.Tensor | None, t2d: torch.Tensor | None) -> list[str]:
+    """speculators stores the mapping twice (d2t offsets, t2d mask): where the two disagree."""
+    if not spec.reduced_vocab or d2t is None or t2d is None or mapping_problems(d2t, spec.draft_vocab_size,
+                                                                                 spec.vocab_size):
+        return []  # a missing or malformed d2t is the audit's draft_vocab finding, not a contradiction
+    return [f"draft_vocab_size: {problem}" for problem in t2d_problems(t2d, d2t, spec.vocab_size)]
 
 
 def verifier_for(loaded: LoadedCheckpoint, target: str | Path | None) -> Path:
@@ -179,17 +194,14 @@ def save(loaded: LoadedCheckpoint, destination: Path, target: str | Path | None)
 
     verifier = verifier_for(loaded, target)
     aux_ids, body = fc_without_final_layer(loaded)
-    sample_from_anchor = loaded.raw.sample_from_anchor
-    if sample_from_anchor is None:
-        sample_from_anchor = bool(loaded.recipe and loaded.recipe.sample_from_anchor)
-    config = adapter.speculators_config(loaded.spec, verifier, aux_layer_ids=aux_ids,
-                                        sample_from_anchor=sample_from_anchor)
+    # The layout is the drafter's (its spec): speculators records it as `sample_from_anchor` and as the
+    # proposal's `speculative_tokens`.
+    config = adapter.speculators_config(loaded.spec, verifier, aux_layer_ids=aux_ids)
     model = adapter.MODEL_CLASSES[loaded.spec.family](config)
-    missing, unexpected = model.load_state_dict(body, strict=False)
-    missing = [k for k in missing if k not in adapter.VERIFIER_OWNED_KEYS]
-    if missing or unexpected:
-        raise AuditError(f"{loaded.path}: the draft body does not fit speculators' {type(model).__name__} "
-                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    try:
+        adapter.load_body(model, body, loaded.path)
+    except (CheckpointError, ValueError) as exc:  # ValueError: speculators' load_vocab_mappings refusing the map
+        raise AuditError(str(exc) if isinstance(exc, CheckpointError) else f"{loaded.path}: {exc}") from exc
     model.load_verifier_weights()  # speculators' own loader, from the verifier directory
-    model.to(dtype=next(iter(body.values())).dtype)
+    model.to(dtype=weights_dtype(body))  # moves floating tensors only: d2t/t2d keep theirs
     adapter.save_speculators_model(model, destination)

@@ -45,10 +45,13 @@ SPEC_NAMES = {
     "output_multiplier": ("output_multiplier",),
     "final_logit_softcapping": ("final_logit_softcapping",),
     "sliding_window_non_causal": ("sliding_window_non_causal",),
+    # Both the drafter's slot layout (spec) and what training applied (recipe): one declaration says both.
+    "sample_from_anchor": ("sample_from_anchor",),
     "conv_kernel_size": ("conv_kernel_size",),
     "conv_group_size": ("conv_group_size",),
     "selector_rank": ("selector_rank",),
     "selector_top_k": ("selector_top_k",),
+    "draft_vocab_size": ("draft_vocab_size",),
 }
 RECIPE_NAMES = {
     "gamma": ("gamma", "loss_decay_gamma", "dflash_decay_gamma", "decay_gamma", "loss_gamma"),
@@ -77,7 +80,7 @@ GENERIC_ALIASES = {"loss", "loss_type", "dim", "mask_token", "layer_ids", "num_l
 INT_FIELDS = {"hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "num_hidden_layers", "vocab_size", "num_target_layers", "mask_token_id", "block_size",
               "max_position_embeddings", "max_anchors", "verifier_source_layer", "sliding_window",
-              "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"}
+              "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "draft_vocab_size"}
 FLOAT_FIELDS = {"rope_theta", "partial_rotary_factor", "rms_norm_eps", "input_embedding_scale", "output_multiplier", "final_logit_softcapping",
                 "gamma", "noise_std", "dpace_alpha", "selector_loss_alpha"}
 BOOL_FIELDS = {"attention_bias", "sample_from_anchor", "sliding_window_non_causal"}

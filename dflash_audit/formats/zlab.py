@@ -36,6 +36,9 @@ def load(path: Path) -> LoadedCheckpoint:
     spec = spec_from_zlab_config(config, source=str(path / "config.json"))
     written = (config.get("dflash_config") or {}).get("target_layer_ids", config.get("target_layer_ids"))
     provenance = declared_provenance(spec, "config.json", config_keys(config))
+    if "sample_from_anchor" not in (config.get("dflash_config") or {}):
+        provenance["sample_from_anchor"] = Provenance("inferred", "not in config.json; z-lab's dflash has one slot "
+                                                                  "layout, the anchor as the bonus token")
     rotary_provenance(provenance, config, "config.json", ZLAB_THETA_DEFAULT)
     if written is None:
         provenance["target_layer_ids"] = Provenance("default", "not in config.json; z-lab's build_target_layer_ids")

@@ -26,6 +26,7 @@ class Rule:
 VLLM_SPEC = "vllm.transformers_utils.configs.speculators"
 VLLM_DFLASH = "vllm.model_executor.models.qwen3_dflash"
 VLLM_DFLASH2 = "vllm.model_executor.models.qwen3_dflash2"
+VLLM_DFLASH_RUNNER = "vllm.v1.worker.gpu.spec_decode.dflash.speculator"
 SGL_UTILS = "sglang.srt.speculative.dflash_utils"
 SGL_MODEL = "sglang.srt.models.dflash"
 SGL_WORKER = "sglang.srt.speculative.dflash_worker_v2"
@@ -50,6 +51,9 @@ RULES = (
          "speculators: proposal_methods[0].speculative_tokens; z-lab: the command's num_speculative_tokens"),
     Rule("vllm", "block_size", "restated", VLLM_DFLASH2, "block_size=1 + speculative_config.num_speculative_tokens",
          "block = 1 + num_speculative_tokens (the bonus token plus the masks); config block_size is not read"),
+    Rule("vllm", "sample_from_anchor", "restated", VLLM_DFLASH_RUNNER, 'if dflash_config.get("sample_from_anchor", False):',
+         "dflash_config.sample_from_anchor (speculators: its sample_from_anchor); the DFlash runner refuses true, "
+         "only the DSpark runner samples from the anchor"),
     Rule("vllm", "rope_theta", "called", "vllm.transformers_utils.config", "def set_default_rope_theta",
          "rope_parameters, rope_theta defaulting to 1e6 (qwen3_dflash.py)"),
     Rule("vllm", "partial_rotary_factor", "restated", "vllm.model_executor.layers.rotary_embedding",
@@ -73,6 +77,8 @@ RULES = (
          "the draft config is transformers' AutoConfig (no remote code): a speculators directory has no model_type"),
     Rule("sglang", "config", "executed", SGL_UTILS, "def parse_dflash_draft_config",
          "dflash_config (or top level): ids, block, mask token, DFlash2 sizes"),
+    Rule("sglang", "sample_from_anchor", "executed", SGL_UTILS, "def parse_dflash_draft_config",
+         "no slot-layout setting: the DFlash worker drafts with the anchor as the bonus token"),
     Rule("sglang", "target_layer_ids", "executed", SGL_UTILS, "def resolve_target_layer_ids",
          "declared ids as z-lab ids, else build_target_layer_ids(runtime target layers, draft layers)"),
     Rule("sglang", "target_layer_ids_declared", "executed", SGL_UTILS, "def build_target_layer_ids",
@@ -104,6 +110,7 @@ RULES = (
 PINNED = {
     VLLM_DFLASH: "2f3b8ea98345f06a30d41596d0b6b738049f483fbc8961b9267d7ba771bb658d",
     VLLM_DFLASH2: "11ac6ba8c6db702375970e68cd042b98783a5c43b87f9bfa27e88463316bf499",
+    VLLM_DFLASH_RUNNER: "27368c98791397625603ba45782119e4d306880841900a9d07587a6d6757d3ee",
     "vllm.model_executor.layers.rotary_embedding": "b0487bc2998033fe5e8007759329728342c8827b1f2d6e55e750abe826513c74",
     "sglang.srt.arg_groups.speculative_hook": "d10577c3b5f333ae560adc467e8ca8864196154da5a26683011328c6765a59f0",
     SGL_MODEL: "1c8307ba7f63fd41f53435fbdabdad8c9e9a04847bef4959f1f8fc16ea6db0ae",

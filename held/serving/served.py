@@ -16,7 +16,8 @@ FIELDS = ("target_layer_ids", "target_layer_ids_declared", "layer_types", "layer
           "mask_token_id", "block_size", "num_speculative_tokens", "rope_theta", "rope_type",
           "partial_rotary_factor", "is_neox_style", "rms_norm_eps", "hidden_act", "vocab_size", "draft_vocab_size",
           "input_embedding_scale", "output_multiplier", "final_logit_softcapping", "conv_kernel_size",
-          "conv_group_size", "selector_rank", "selector_top_k", "tensors_ignored", "tensors_refused")
+          "conv_group_size", "selector_rank", "selector_top_k", "tensors_ignored", "tensors_refused",
+          "sample_from_anchor")
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Served:
     version: str
     loads: bool
     error: str | None = None
+    refused_for: str | None = None  # the served field whose value the engine refuses (its finding says why)
     values: dict[str, Any] = field(default_factory=dict)  # field -> value the engine runs with (None: unknown)
     sources: dict[str, str] = field(default_factory=dict)  # field -> engine file:line
     notes: list[str] = field(default_factory=list)

@@ -156,6 +156,7 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
         "mask_token_id": mask, "block_size": block, "num_speculative_tokens": block,
         **rope(hf), "rms_norm_eps": float(getattr(hf, "rms_norm_eps", 1e-6)),
         "hidden_act": getattr(hf, "hidden_act", "silu"), "vocab_size": hf.vocab_size, "draft_vocab_size": hf.vocab_size,
+        "sample_from_anchor": False,  # its DFlash config has no slot layout (parse_dflash_draft_config)
     }
     family = "dflash2" if draft.conv_kernel_size or draft.selector_rank else "dflash"
     if family == "dflash2":

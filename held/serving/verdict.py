@@ -23,7 +23,7 @@ COMPARED = {"target_layer_ids": 26, "layer_types": 27, "layer_windows": 27, "lay
             "is_neox_style": 30, "rms_norm_eps": 31, "hidden_act": 31, "vocab_size": 31, "draft_vocab_size": 31,
             "input_embedding_scale": 31, "output_multiplier": 31, "final_logit_softcapping": 31,
             "conv_kernel_size": 31, "conv_group_size": 31, "selector_rank": 31, "selector_top_k": 31,
-            "tensors_ignored": 31, "tensors_refused": 31}
+            "tensors_ignored": 31, "tensors_refused": 31, "sample_from_anchor": 33}
 
 
 LAYER_WORDS = {"layer_types": "attention type", "layer_windows": "sliding window", "layer_causal": "causality"}
@@ -78,8 +78,9 @@ def trained_values(spec: DraftSpec, draft_vocab_size: int | None = None,
         "rope_type": (spec.rope_scaling or {}).get("rope_type", "default"),
         "partial_rotary_factor": float(spec.partial_rotary_factor), "is_neox_style": spec.rope_style == "neox",
         "rms_norm_eps": float(spec.rms_norm_eps), "hidden_act": spec.hidden_act, "vocab_size": spec.vocab_size,
-        "draft_vocab_size": draft_vocab_size or spec.vocab_size,
+        "draft_vocab_size": draft_vocab_size or spec.head_size,
         "input_embedding_scale": float(spec.input_embedding_scale), "tensors_ignored": [], "tensors_refused": [],
+        "sample_from_anchor": spec.sample_from_anchor,
     }
     if spec.family == "dflash2":
         values.update(conv_kernel_size=spec.conv_kernel_size, conv_group_size=spec.conv_group_size,
@@ -151,12 +152,17 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
     trained, unknown = trained or trained_values(spec)
     served = resolve(engine, path, target, spec.block_size, spec.num_target_layers)
     findings: list[ServingFinding] = []
-    if not served.loads and not served.values.get("tensors_refused"):  # refused tensors: that finding says it
+    if served.refused_for:  # a value the engine refuses: one finding, under that field's entry
+        name = served.refused_for
+        findings.append(ServingFinding(name, "divergence", trained.get(name), served.values.get(name),
+                                       served.sources.get(name, ""), f"{engine} refuses the drafter: {served.error}",
+                                       pitfall=COMPARED.get(name)))
+    elif not served.loads and not served.values.get("tensors_refused"):  # refused tensors: that finding says it
         findings.append(ServingFinding("loads", "divergence", True, False, engine_source(engine, "loads"),
                                        f"{engine} refuses the drafter: {served.error}", pitfall=31))
     for name, trained_value in trained.items():
         served_value = served.values.get(name)
-        if name not in served.values or not served.loads and served_value is None:
+        if name not in served.values or not served.loads and served_value is None or name == served.refused_for:
             continue
         source = served.sources.get(name, "")
         if name in unknown:

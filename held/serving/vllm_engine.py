@@ -139,6 +139,12 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
     k = k_from_config if k_from_config is not None else (trained_block_size - 1 if trained_block_size else None)
     ids, declared = captured_layer_ids(hf, target.num_layers or num_target_layers)
     dflash = dict(getattr(hf, "dflash_config", None) or {})
+    anchor_sampled = bool(dflash.get("sample_from_anchor", False))
+    if anchor_sampled:  # the DFlash runner refuses it before drafting anything: no block is served
+        served.loads, served.refused_for = False, "sample_from_anchor"
+        served.error = ("its DFlash runner refuses sample_from_anchor=True (only the DSpark runner samples from the "
+                        "anchor)")
+        k = None
     values: dict[str, Any] = {
         "target_layer_ids": ids, "target_layer_ids_declared": declared,
         "layer_types": ["sliding_attention" if w is not None else "full_attention" for w in windows],
@@ -148,6 +154,7 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
         **rope(hf),
         "rms_norm_eps": float(hf.rms_norm_eps), "hidden_act": hf.hidden_act, "vocab_size": hf.vocab_size,
         "draft_vocab_size": getattr(hf, "draft_vocab_size", None) or hf.vocab_size,
+        "sample_from_anchor": anchor_sampled,
     }
     if family == "dflash2":
         softcap = float(dflash.get("final_logit_softcapping") or 0.0)

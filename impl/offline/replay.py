@@ -76,8 +76,9 @@ class BlockReplay:
         self.bank_row = {p: i for i, p in enumerate(prompts)}
 
     def hidden(self, prompts: torch.Tensor, anchors: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
-        """Final-norm hidden states [A, B - 1, H] of slots 1.. of the block of `prompts[j]` at
-        `anchors[j]` with `sizes[j]` slots (slot 0 holds the known token: no one reads its output)."""
+        """Final-norm hidden states [A, n, H] of the proposing slots of the block of `prompts[j]` at
+        `anchors[j]` with `sizes[j]` slots: slots 1.. (B - 1; slot 0 holds the known token and no one reads
+        its output), or every slot under the sample-from-anchor layout (impl/slot_layout.py)."""
         drafter, block_len, device = self.drafter, self.drafter.block_size, self.device
         prompts, anchors, sizes = prompts.to(device), anchors.to(device), sizes.to(device)
         block = torch.full((anchors.numel(), block_len), drafter.mask_token_id, dtype=torch.long, device=device)
@@ -100,15 +101,17 @@ class BlockReplay:
 
         plans = drafter.layer_masks(key_plan)
         x = drafter.embed(self.target, block)
-        # DFlash2's convolutions mix slot 0 into slot 1: its last layer keeps every slot's queries.
-        last = len(drafter.layers) - 1 if drafter.spec.family == "dflash" else -1
+        # The last layer computes queries of the proposing slots only (`skip` = the slots before them), unless
+        # none is skipped or DFlash2's convolutions mix slot 0 into slot 1.
+        skip = drafter.spec.first_proposing_slot
+        last = len(drafter.layers) - 1 if drafter.spec.family == "dflash" and skip else -1
         for i, (layer, (rows, mask), keys, values) in enumerate(zip(drafter.layers, plans, self.keys, self.values)):
             attn = layer.self_attn
 
             def attention(h, i=i, rows=rows, mask=mask, keys=keys, values=values):
                 k, v = attn.keys_values(h, cos, sin)
-                if i == last:  # every slot's K/V, but queries (and all after them) of slots 1.. only
-                    h, mask, q_cos, q_sin = h[:, 1:], mask[:, 1:], cos[:, 1:], sin[:, 1:]
+                if i == last:  # every slot's K/V, but queries (and all after them) of the proposing slots only
+                    h, mask, q_cos, q_sin = h[:, skip:], mask[:, skip:], cos[:, skip:], sin[:, skip:]
                 else:
                     q_cos, q_sin = cos, sin
                 q = attn.queries(h, q_cos, q_sin)
@@ -124,8 +127,8 @@ class BlockReplay:
                 return attn.attend(q, k, v, mask[:, None])
 
             h = convolved(layer.attention_conv, attention, rms_norm(layer.input_layernorm, x))
-            x = (x[:, 1:] if i == last else x) + h
+            x = (x[:, skip:] if i == last else x) + h
             x = x + convolved(layer.mlp_conv, layer.mlp, rms_norm(layer.post_attention_layernorm, x))
-        return rms_norm(drafter.norm, x if last >= 0 else x[:, 1:])
+        return rms_norm(drafter.norm, x if last >= 0 else x[:, skip:])
 
 

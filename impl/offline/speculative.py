@@ -18,6 +18,8 @@ from impl.decoding import (
     TargetSession,
     draft_block,
     propose,
+    round_size,
+    verify_block,
     verify_greedy,
 )
 from impl.extract import output_head
@@ -49,13 +51,13 @@ def capture_speculative(target: nn.Module, drafter: DFlashDrafter, prompt: torch
     stopped = tokens[start] in stops.ids
     new_features = drafter_view(features)
     while not stopped and start + 1 < max_length:
-        size = min(drafter.block_size, max_length - start)
-        block, draft_hidden = draft_block(drafter, target, draft_cache, new_features, tokens[start], start, size)
-        block[0, 1:], _ = propose(drafter, head, draft_hidden, tokens[start], sampler)
-        target_logits, block_features = session.forward(block, start)
+        _, size = round_size(drafter, start, max_length)
+        _, draft_hidden = draft_block(drafter, target, draft_cache, new_features, tokens[start], start, size)
+        proposals, _ = propose(drafter, head, draft_hidden, tokens[start], sampler)
+        target_logits, block_features = session.forward(verify_block(tokens[start], proposals), start)
         passes += 1
-        accepted, bonus = verify_greedy(block[0, 1:], target_logits)
-        produced, stopped = stops.cut((block[0, 1:accepted + 1].tolist() + [bonus])[: max_length - start - 1])
+        accepted, bonus = verify_greedy(proposals, target_logits)
+        produced, stopped = stops.cut((proposals[:accepted].tolist() + [bonus])[: max_length - start - 1])
         tokens.extend(produced)
         # The block's first token plus every accepted one: their states are final.
         kept.append(block_features[0, :len(produced)])

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from impl.ddtree import build_tree, require_dflash_family
+from impl.decoding import round_size
 from impl.extract import output_head
 from impl.model import DFlashDrafter
 from impl.offline.cache import CachedPrompt, HiddenStateCache
@@ -38,37 +39,37 @@ def ddtree_round(tokens: list[int], start: int, last: int, logits: torch.Tensor,
     return min(len(tree.walk(target_choice)), last - start)
 
 
-def play_dflash(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, sizes: list[int],
+def play_dflash(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, counts: list[int],
                 tokens: list[list[int]], starts: list[int], lasts: list[int]) -> list[int]:
-    """DFlash rounds from slots 1.. of blocks, `rows` [n, B - 1, H]; the LM head reads later
-    slots only while all earlier match."""
+    """DFlash rounds from the proposing slots of blocks, `rows` [n, speculative tokens, H], block i
+    proposing `counts[i]` tokens; the LM head reads later slots only while all earlier match."""
     if drafter.candidate_selector is not None:
-        return play_dflash2(drafter, head, rows, sizes, tokens, starts, lasts)
+        return play_dflash2(drafter, head, rows, counts, tokens, starts, lasts)
     early = DFLASH_EARLY_SLOTS
     proposals = drafter.compute_logits(rows[:, :early], head).argmax(-1).tolist()
     more = [i for i, (t, s, last) in enumerate(zip(tokens, starts, lasts))
-            if sizes[i] - 1 > early and s + early < last and proposals[i] == t[s + 1:s + 1 + early]]
+            if counts[i] > early and s + early < last and proposals[i] == t[s + 1:s + 1 + early]]
     if more:
         for i, rest in zip(more, drafter.compute_logits(rows[more, early:], head).argmax(-1).tolist()):
             proposals[i] += rest
-    return [dflash_round(t, s, last, p[:size - 1]) for t, s, last, p, size in zip(tokens, starts, lasts, proposals, sizes)]
+    return [dflash_round(t, s, last, p[:n]) for t, s, last, p, n in zip(tokens, starts, lasts, proposals, counts)]
 
 
-def play_dflash2(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, sizes: list[int],
+def play_dflash2(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, counts: list[int],
                  tokens: list[list[int]], starts: list[int], lasts: list[int]) -> list[int]:
     """DFlash2 rounds: the selector's greedy path through every slot's unary top-k, from each block's known token."""
     first = torch.tensor([t[s] for t, s in zip(tokens, starts)], device=rows.device)
     path = drafter.candidate_selector.select(rows, drafter.compute_logits(rows, head), first,
                                              lambda scores: (scores.argmax(-1), None))
-    return [dflash_round(t, s, last, p[:size - 1])
-            for t, s, last, p, size in zip(tokens, starts, lasts, path.tokens.tolist(), sizes)]
+    return [dflash_round(t, s, last, p[:n])
+            for t, s, last, p, n in zip(tokens, starts, lasts, path.tokens.tolist(), counts)]
 
 
-def play_ddtree(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, sizes: list[int],
+def play_ddtree(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, counts: list[int],
                 tokens: list[list[int]], starts: list[int], lasts: list[int], budget: int) -> list[int]:
     logits = drafter.compute_logits(rows, head)
-    return [ddtree_round(t, s, last, block[:size - 1], budget)
-            for t, s, last, block, size in zip(tokens, starts, lasts, logits, sizes)]
+    return [ddtree_round(t, s, last, block[:n], budget)
+            for t, s, last, block, n in zip(tokens, starts, lasts, logits, counts)]
 
 
 @torch.inference_mode()
@@ -78,7 +79,8 @@ def replay_walks(drafter: DFlashDrafter, target: nn.Module, entries: list[Cached
 
     Each step runs the drafter once for the current round of every unfinished prompt (the
     walk only ever needs the block at the anchors it reaches, about 1 in τ), then
-    `play_rounds(rows, sizes, tokens, starts, lasts)` says how far each prompt advances.
+    `play_rounds(rows, counts, tokens, starts, lasts)` says how far each prompt advances (`counts`: the
+    tokens each block proposes).
     While fewer than `batch_blocks` prompts are left, the spare rows draft the blocks at
     the next anchors too, so one step can play several rounds of a prompt.
     """
@@ -86,14 +88,14 @@ def replay_walks(drafter: DFlashDrafter, target: nn.Module, entries: list[Cached
     tokens = [entry.token_ids.tolist() for entry in entries]
     lasts = [len(t) - 1 for t in tokens]  # rounds start at anchors prompt_len .. last - 1
     starts = [entry.prompt_len for entry in entries]
-    # Near max_length the live loop shrinks the block to min(B, max_length - start).
+    # Near max_length the live loop shrinks the block (`round_size`): the same here.
     ends = [entry.prompt_len + max_new_tokens for entry in entries]
     rounds: list[list[int]] = [[] for _ in entries]
     while active := [p for p in range(len(entries)) if starts[p] < lasts[p]]:
         replay.keep(active)
         ahead = max(1, batch_blocks // len(active))
         blocks = [(p, a) for p in active for a in range(starts[p], min(starts[p] + ahead, lasts[p]))]
-        sizes = [min(drafter.block_size, ends[p] - a) for p, a in blocks]
+        counts, sizes = zip(*(round_size(drafter, a, ends[p]) for p, a in blocks))
         device = replay.device
         hidden = replay.hidden(torch.tensor([p for p, _ in blocks], device=device),
                                torch.tensor([a for _, a in blocks], device=device), torch.tensor(sizes, device=device))
@@ -101,7 +103,7 @@ def replay_walks(drafter: DFlashDrafter, target: nn.Module, entries: list[Cached
         playing = active
         while playing:  # each prompt's first block, then look-ahead blocks its round ended on
             index = [drafted[p, starts[p]] for p in playing]
-            produced = play_rounds(hidden[index], [sizes[i] for i in index], [tokens[p] for p in playing],
+            produced = play_rounds(hidden[index], [counts[i] for i in index], [tokens[p] for p in playing],
                                    [starts[p] for p in playing], [lasts[p] for p in playing])
             for p, length in zip(playing, produced):
                 rounds[p].append(length)
