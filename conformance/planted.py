@@ -71,11 +71,12 @@ SLOT = SlotCase(spec=FULL_ATTENTION, context_len=9, seed=11)
 MASK = MaskCase(document_ids=torch.tensor([[0] * 8 + [1] * 8 + [-1] * 2]), anchors=torch.tensor([0, 5, 9, 15]),
                 block_size=4, sliding_window=None, causal_block=False)
 
-# Rotary (#35): half of each head rotated (held to transformers' partial rotary), and a linear scaling
-# (held to z-lab's rotary), at positions well past 0.
+# Rotary (#35): half of each head rotated (held to transformers' partial rotary), interleaved pairs (held to
+# transformers' GPT-J rotary), and a linear scaling (held to z-lab's rotary), at positions well past 0.
 ROTARY_SPEC = dataclasses.replace(SPEC, layer_types=("full_attention",) * SPEC.num_hidden_layers, sliding_window=None)
 PARTIAL_ROTARY = RotaryCase(spec=dataclasses.replace(ROTARY_SPEC, partial_rotary_factor=0.5), length=6,
                             position_offset=9, seed=2)
+INTERLEAVED_ROTARY = dataclasses.replace(PARTIAL_ROTARY, spec=dataclasses.replace(ROTARY_SPEC, rope_style="gptj"))
 SCALED_ROTARY = RotaryCase(spec=dataclasses.replace(ROTARY_SPEC, rope_scaling={"rope_type": "linear", "factor": 2.0}),
                            length=6, position_offset=9, seed=2)
 
@@ -243,12 +244,16 @@ def _d2t_as_absolute_ids(_original):
 
 
 def _rotate_last_dims(original):
-    def rotate(x, cos, sin):
+    def rotate(x, cos, sin, interleaved=False):
         rotary_dim = cos.shape[-1]
         if rotary_dim == x.shape[-1]:
-            return original(x, cos, sin)
-        return torch.cat([x[..., :-rotary_dim], original(x[..., -rotary_dim:], cos, sin)], dim=-1)
+            return original(x, cos, sin, interleaved)
+        return torch.cat([x[..., :-rotary_dim], original(x[..., -rotary_dim:], cos, sin, interleaved)], dim=-1)
     return rotate
+
+
+def _pairs_as_halves(original):
+    return lambda x, cos, sin, interleaved=False: original(x, cos, sin)  # the style dropped: rotate_half always
 
 
 def _scaling_dropped(original):
@@ -345,6 +350,8 @@ BUGS = [
                lambda cmp, ours, refs: slot_layout.speculative_tokens(cmp, ours, refs["speculators"], 8, False)),
     PlantedBug("partial rotary on the last dims", 35, _patch(impl.model, "rotate", _rotate_last_dims),
                lambda cmp, ours, refs: rotary.against_transformers(cmp, ours, PARTIAL_ROTARY)),
+    PlantedBug("interleaved rotary rotated as halves", 35, _patch(impl.model, "rotate", _pairs_as_halves),
+               lambda cmp, ours, refs: rotary.against_transformers(cmp, ours, INTERLEAVED_ROTARY)),
     PlantedBug("rope scaling dropped", 35, _patch(impl.model, "DraftRotaryEmbedding", _scaling_dropped),
                lambda cmp, ours, refs: rotary.rotary(cmp, ours, refs["zlab"], SCALED_ROTARY)),
     PlantedBug("mask token mismatch", 14, _patch(DFlashDrafter, "mask_token_id", _other_mask_token),

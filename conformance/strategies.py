@@ -337,19 +337,22 @@ class RotaryCase:
 
 
 @st.composite
-def rotary_specs(draw, partial: bool | None = None) -> DraftSpec:
+def rotary_specs(draw, partial: bool | None = None, interleaved: bool | None = False) -> DraftSpec:
     """A full-attention drafter with drawn rotary settings: theta, a scaling, a partial factor (rotating at
-    least 2 dims). The context limit is drawn small too, so dynamic scaling's update is reached."""
+    least 2 dims), the style (neox unless `interleaved`; drawn when None). The context limit is drawn small
+    too, so dynamic scaling's update is reached."""
     spec = draw(draft_specs(max_layers=2, sliding=False))
     max_positions = draw(st.sampled_from([64, QWEN3_DEFAULTS["max_position_embeddings"]]))
     factors = [f for f in (0.25, 0.5, 0.75) if int(spec.head_dim * f) % 2 == 0 and int(spec.head_dim * f) >= 2]
     use_partial = draw(st.booleans()) if partial is None else partial
     return dataclasses.replace(spec, rope_theta=draw(st.sampled_from([10_000.0, 500_000.0, QWEN3_DEFAULTS["rope_theta"]])),
                                max_position_embeddings=max_positions, rope_scaling=draw(rope_scalings(max_positions)),
-                               partial_rotary_factor=draw(st.sampled_from(factors)) if use_partial else 1.0)
+                               partial_rotary_factor=draw(st.sampled_from(factors)) if use_partial else 1.0,
+                               rope_style="gptj" if (draw(st.booleans()) if interleaved is None else interleaved)
+                               else "neox")
 
 
 @st.composite
-def rotary_cases(draw, partial: bool | None = None) -> RotaryCase:
-    return RotaryCase(draw(rotary_specs(partial)), draw(st.integers(1, 24)), draw(st.integers(0, 300)),
-                      draw(st.integers(0, 2**16)))
+def rotary_cases(draw, partial: bool | None = None, interleaved: bool | None = False) -> RotaryCase:
+    return RotaryCase(draw(rotary_specs(partial, interleaved)), draw(st.integers(1, 24)),
+                      draw(st.integers(0, 300)), draw(st.integers(0, 2**16)))

@@ -1,6 +1,7 @@
-"""#35 rotary: theta, transformers' rope scalings and partial rotary, held to the references' rotary
-(full rotary: z-lab and speculators; partial: n/a there, see conformance/checks/rotary.py) and to
-transformers' partial-rotary implementation; and a scaled rotary in the whole draft forward."""
+"""#35 rotary: theta, transformers' rope scalings, partial rotary and the interleaved style, held to the
+references' rotary (full neox rotary: z-lab and speculators; partial and interleaved: n/a there, see
+conformance/checks/rotary.py) and to transformers' partial-rotary (Qwen3-Next) and interleaved (GPT-J)
+implementations; and a scaled rotary in the whole draft forward."""
 
 import pytest
 from hypothesis import given
@@ -22,8 +23,8 @@ def test_rotary_matches_the_references_p35(conform, pair, case):
 
 @pytest.mark.pitfall(35)
 @MODEL
-@given(rotary_cases(partial=True))
-def test_partial_rotary_matches_transformers_p35(conform, under_test, case):
+@given(rotary_cases(partial=True, interleaved=None))
+def test_partial_and_interleaved_rotary_match_transformers_p35(conform, under_test, case):
     conform.describe(case)
     rotary.against_transformers(conform, under_test, case)
 

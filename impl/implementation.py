@@ -60,7 +60,8 @@ class OursImplementation:
 
     @torch.no_grad()
     def apply_rotary(self, drafter: DFlashDrafter, x, position_ids):
-        return impl.model.rotate(x, *drafter.rotary_emb(x, position_ids))  # looked up at call time
+        # looked up at call time (a planted bug replaces it)
+        return impl.model.rotate(x, *drafter.rotary_emb(x, position_ids), drafter.spec.rope_style == "gptj")
 
     def draft_forward(self, drafter: DFlashDrafter, noise_embedding, target_hidden, position_ids):
         return drafter(noise_embedding, target_hidden, position_ids)

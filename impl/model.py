@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.gptj.modeling_gptj import rotate_every_two
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3MLP,
     Qwen3RMSNorm,
@@ -38,7 +39,7 @@ from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRotaryEm
 
 from impl.dflash2 import CandidateSelector, GroupedDynamicCausalConv
 from impl.masks import inference_mask, training_mask
-from impl.spec import DraftSpec, SpecError
+from impl.spec import DraftSpec
 from impl.vocab_mapping import target_ids
 
 
@@ -73,35 +74,36 @@ def rms_norm(norm: Qwen3RMSNorm, x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """Rotary embedding of `x` [b, heads, n, d] at the positions whose `cos`/`sin` [b, n, r] are given: the
-    first r dims are rotated (neox style), the rest pass through (partial rotary, r < d)."""
+    first r dims are rotated, the rest pass through (partial rotary, r < d). Neox style rotates the two halves
+    (transformers' `rotate_half`); interleaved (GPT-J) style the pairs (2i, 2i + 1) (transformers' GPT-J
+    `rotate_every_two`), with cos/sin laid out to match (`DraftRotaryEmbedding`)."""
+    turn = rotate_every_two if interleaved else rotate_half
     rotary_dim = cos.shape[-1]
     if rotary_dim == x.shape[-1]:
-        return x * cos[:, None] + rotate_half(x) * sin[:, None]
+        return x * cos[:, None] + turn(x) * sin[:, None]
     rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
-    return torch.cat([rotated * cos[:, None] + rotate_half(rotated) * sin[:, None], passed], dim=-1)
+    return torch.cat([rotated * cos[:, None] + turn(rotated) * sin[:, None], passed], dim=-1)
 
 
 class DraftRotaryEmbedding(Qwen3RotaryEmbedding):
     """Qwen3's rotary embedding (transformers' scalings from ROPE_INIT_FUNCTIONS, its dynamic update and
     attention scaling) whose unscaled frequencies also honour `partial_rotary_factor`: Qwen3's own default
     ignores it and covers the whole head; transformers' partial-rotary models (Qwen3-Next) cover the rotated
-    dims only, and the scaled rope types already do."""
+    dims only, and the scaled rope types already do. For the interleaved style each frequency's cos/sin is
+    repeated for its pair of dims, as GPT-J lays them out, instead of once per half."""
 
     def __init__(self, spec: DraftSpec):
         super().__init__(spec.qwen3_config())
-        self.style = spec.rope_style
+        self.interleaved = spec.rope_style == "gptj"
 
     def forward(self, x, position_ids):
-        if self.style != "neox":
-            # Neither reference can run an interleaved (GPT-J) rotary: both apply rotate_half. Refused when
-            # computed (a drafter built only for its shapes, as the static audit does, is fine) rather than
-            # computed by a rule nothing holds us to.
-            raise SpecError("rope_style", f"{self.style!r} (interleaved pairs) is not supported: z-lab dflash 0.1.0 "
-                                          "and speculators 0.9.0 rotate neox style (rotate_half) only, so no "
-                                          "reference drafter runs or trains it")
-        return super().forward(x, position_ids)
+        cos, sin = super().forward(x, position_ids)
+        if self.interleaved:
+            half = cos.shape[-1] // 2  # neox lays out [f_0 .. f_{r/2-1}, f_0 .. f_{r/2-1}]
+            cos, sin = cos[..., :half].repeat_interleave(2, dim=-1), sin[..., :half].repeat_interleave(2, dim=-1)
+        return cos, sin
 
     @staticmethod
     def compute_default_rope_parameters(config, **kwargs):
@@ -127,19 +129,20 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, spec.hidden_size, bias=bias)
         self.q_norm = Qwen3RMSNorm(self.head_dim, eps=spec.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(self.head_dim, eps=spec.rms_norm_eps)
+        self.interleaved = spec.rope_style == "gptj"  # the rotary style (`rotate`)
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """[b, n, H] -> rotated, normed queries [b, heads, n, d]."""
         b, n, _ = x.shape
         q = rms_norm(self.q_norm, self.q_proj(x).view(b, n, self.heads, self.head_dim)).transpose(1, 2)
-        return rotate(q, cos, sin)
+        return rotate(q, cos, sin, self.interleaved)
 
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """[b, n, H] -> rotated, normed keys and values, each [b, kv_heads, n, d]."""
         b, n, _ = x.shape
         k = rms_norm(self.k_norm, self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        return rotate(k, cos, sin), v
+        return rotate(k, cos, sin, self.interleaved), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         # Below float32 the scores, softmax and weighted sum run in float32 and only the output is

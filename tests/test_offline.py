@@ -74,14 +74,15 @@ def test_replay_mask_is_the_inference_mask_of_each_block():
 def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, tmp_path):  # noqa: F811
     drafter, target, prompts, stop_ids = trained_pair
     cache = load_or_build_cache(tmp_path, test_world.target, target, prompts, MAX_NEW_TOKENS, stop_ids)
-    # A second drafter reading other target layers replays from the same cache; its rotary is partial and
-    # scaled, which the replay's rotary (the drafter's own pieces) must follow too.
+    # A second drafter reading other target layers replays from the same cache; its rotary is partial, scaled
+    # and interleaved, which the replay's rotary (the drafter's own pieces) must follow too.
     other = placed_drafter(DFlashDrafter(tiny_spec(hidden_size=drafter.spec.hidden_size, intermediate_size=64,
                                                    vocab_size=drafter.spec.vocab_size, num_target_layers=4,
                                                    target_layer_ids=(0, 3), mask_token_id=drafter.mask_token_id,
                                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                                    partial_rotary_factor=0.5,
-                                                   rope_scaling={"rope_type": "linear", "factor": 2.0})))
+                                                   rope_scaling={"rope_type": "linear", "factor": 2.0},
+                                                   rope_style="gptj")))
     for entry, (prompt_id, _) in zip(cache.prompts, prompts):
         assert entry.id == prompt_id
     mismatches, taus = replay_against_live([drafter, other], target, cache, prompts, stop_ids)

@@ -54,11 +54,14 @@ def test_partial_rotary_passes_the_last_dims_through():
     assert torch.equal(rotated[..., 4:], x[..., 4:]) and not torch.allclose(rotated[..., :4], x[..., :4])
 
 
-def test_interleaved_style_is_audited_but_refused_when_run(tmp_path):
-    interleaved = drafter(rope_style="gptj")  # built (the static audit sizes tensors so), never computed
+def test_interleaved_style_is_ours_and_audited_against_the_reference_it_is_written_for(tmp_path):
+    interleaved = drafter(rope_style="gptj")  # held to transformers' GPT-J rotary in conformance/test_rotary.py
     x = torch.randn(1, 2, 3, 16)
-    with pytest.raises(SpecError, match="rope_style.*neox style"):
-        interleaved.rotary_emb(x, torch.arange(3)[None])
+    from impl.model import rotate
+    cos, sin = interleaved.rotary_emb(x, torch.arange(3)[None])
+    assert torch.equal(cos[..., 0::2], cos[..., 1::2])  # one frequency per pair of dims
+    neox = rotate(x, *drafter().rotary_emb(x, torch.arange(3)[None]))
+    assert not torch.allclose(rotate(x, cos, sin, interleaved=True), neox)
     save_zlab_dir(tmp_path / "gptj", interleaved.spec, interleaved.state_dict())
     save_checkpoint(tmp_path / "neox.pt", drafter())
     result = static_audit(load_side(tmp_path / "neox.pt"), load_side(tmp_path / "gptj"))
@@ -203,4 +206,5 @@ def test_a_zlab_config_without_rope_reads_the_theta_zlab_runs(tmp_path):
     (tmp_path / "z" / "config.json").write_text(json.dumps(config))
     side = load_side(tmp_path / "z")
     assert side.spec.rope_theta == load_zlab_model(tmp_path / "z").config.rope_parameters["rope_theta"] == 10_000.0
-    assert side.provenance["rope_theta"]["source"] == "default" and "Qwen3Config" in side.provenance["rope_theta"]["detail"]
+    provenance = side.provenance["rope_theta"]
+    assert provenance["source"] == "default" and "Qwen3Config" in provenance["detail"]

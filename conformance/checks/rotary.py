@@ -3,8 +3,10 @@ transformers' partial-rotary implementation.
 
 The references rotate the whole head (z-lab's and speculators' `apply_rotary_pos_emb` over transformers'
 `Qwen3RotaryEmbedding`): their adapters raise `Unsupported` for a partial factor, so those cases are n/a
-there. Partial rotary is held to transformers' own partial-rotary model, Qwen3-Next (`Qwen3NextRotaryEmbedding`:
-frequencies of the rotated dims only; its `apply_rotary_pos_emb`: the first dims rotated, the rest passed).
+there, as is the interleaved (GPT-J) style, which neither has. Partial rotary is held to transformers' own
+partial-rotary model, Qwen3-Next (`Qwen3NextRotaryEmbedding`: frequencies of the rotated dims only; its
+`apply_rotary_pos_emb`: the first dims rotated, the rest passed); the interleaved style to transformers' GPT-J
+rotary on the same frequencies.
 """
 
 from __future__ import annotations
@@ -42,7 +44,21 @@ def transformers_rotary(case: RotaryCase) -> torch.Tensor:
                                               "partial_rotary_factor": spec.partial_rotary_factor})
     x, positions = inputs(case)
     cos, sin = Qwen3NextRotaryEmbedding(config)(x, positions)
+    if spec.rope_style == "gptj":
+        return gptj_rotary(x, cos, sin)
     return apply_rotary_pos_emb(x, x, cos, sin)[1]
+
+
+def gptj_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' GPT-J rotary (`apply_rotary_pos_emb`: pairs (2i, 2i + 1), one frequency each, on the first
+    `rotary_dim` dims as `GPTJAttention` splits them) with the frequencies of `cos`/`sin` (neox layout, two halves)."""
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb
+
+    rotary_dim = cos.shape[-1]
+    half = rotary_dim // 2
+    heads_last = x.transpose(1, 2)  # GPT-J's layout: [b, n, heads, d]
+    rotated = apply_rotary_pos_emb(heads_last[..., :rotary_dim], sin[..., :half], cos[..., :half])
+    return torch.cat([rotated, heads_last[..., rotary_dim:]], dim=-1).transpose(1, 2)
 
 
 def describe(case: RotaryCase) -> str:
