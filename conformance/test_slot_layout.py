@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from conformance.checks import slot_layout
-from conformance.planted import SLOT, SPEC, TRAINING
+from conformance.checks import dflash2, slot_layout
+from conformance.planted import DFLASH2_TRAINING, SLOT, SPEC, TRAINING
 
 pytestmark = [pytest.mark.quick, pytest.mark.pitfall(33)]
 LAYOUTS = pytest.mark.parametrize("sample_from_anchor", [False, True], ids=["anchor-as-bonus", "sample-from-anchor"])
@@ -36,3 +36,13 @@ def test_training_follows_the_drafter_layout_p33(conform, pair, sample_from_anch
     case = dataclasses.replace(TRAINING, spec=dataclasses.replace(SPEC, sample_from_anchor=sample_from_anchor))
     conform.describe(case)
     slot_layout.trained_layout(conform, *pair, case)
+
+
+@pytest.mark.compare("training_outputs", references=("speculators",))
+def test_dflash2_selector_predecessors_under_sample_from_anchor_p33(conform, pair):
+    """Sampling from the anchor, slot k proposes the token after position a + k, so the selector's teacher-forced
+    predecessor is the token AT a + k (speculators' `_predecessor_ids` under its config's layout)."""
+    case = dataclasses.replace(DFLASH2_TRAINING, spec=dataclasses.replace(DFLASH2_TRAINING.spec,
+                                                                          sample_from_anchor=True))
+    conform.describe(case)
+    dflash2.selector_training(conform, *pair, case)
