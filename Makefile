@@ -99,7 +99,7 @@ bench: setup
 # dynamic bench. Without a GPU: one line, exit 0.
 DYNAMIC_TESTS := tests/test_device_consistency.py tests/test_offline.py tests/test_offline_cache.py tests/test_decoding.py \
 	tests/test_ddtree.py tests/test_compare_dynamic.py tests/test_eval_cli.py tests/test_placement.py \
-	conformance/test_live_decoding.py
+	conformance/test_live_decoding.py conformance/test_mask_token_validity.py
 gpu-check: setup
 	@if $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
 		DFLASH_AUDIT_DEVICE=cuda $(PY) -m pytest -q --report-dir reports/conformance/cuda-float32 $(DYNAMIC_TESTS) && \

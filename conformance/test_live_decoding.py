@@ -21,6 +21,7 @@ from conformance.world import target_for
 from dflash_world.suite_placement import placed_target
 from impl.jsonl import split_json_lines
 from impl.model import DFlashDrafter
+from impl.placement import target_device
 from impl.spec import DraftSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.dynamic, pytest.mark.pitfall(17)]
@@ -29,13 +30,14 @@ PROMPTS = 8
 SAMPLED_PROMPTS, SAMPLED_TOKENS, TEMPERATURE = 3, 64, 0.8
 
 
-def live_decode(conform, names, impl, spec, weights, target, *args):
+def live_decode(conform, names, impl, spec, weights, target, input_ids, *args):
     """`(ok, GenerationResult)` of building a drafter and one decode, through the comparator: a case the
     implementation cannot run (e.g. a family it does not have) is recorded n/a, any other error as the
-    divergence it is."""
+    divergence it is. The prompt goes where the target is (z-lab's prefill reads it there)."""
+    input_ids = input_ids.to(target_device(target))
     with torch.no_grad(), zlab_attention_accumulated_in_float32():
-        return conform.run(names, lambda: impl.generate(impl.build_drafter(spec, weights, target), target, *args),
-                           what=f"{impl.name} generate")
+        return conform.run(names, lambda: impl.generate(impl.build_drafter(spec, weights, target), target, input_ids,
+                                                        *args), what=f"{impl.name} generate")
 
 
 @contextlib.contextmanager

@@ -34,19 +34,22 @@ def trained_case():
     token (a newline)."""
     from dflash_world import cached_test_world
     from dflash_world.drafter import cached_test_drafter
+    from dflash_world.suite_placement import audit_placement, world_in_suite_dtype
     from impl.checkpoint import load_checkpoint
     from impl.jsonl import split_json_lines
+    from impl.placement import target_device
     from impl.target import load_target
 
-    world = cached_test_world()
+    world = world_in_suite_dtype(cached_test_world())  # the suite's device and dtype (make test's bf16 pass)
     ckpt = load_checkpoint(cached_test_drafter(world))
-    target, tokenizer = load_target(world.target)
-    prompts = [tokenizer(json.loads(line)["prompt"], return_tensors="pt").input_ids
+    target, tokenizer = load_target(world.target, audit_placement())
+    prompts = [tokenizer(json.loads(line)["prompt"], return_tensors="pt").input_ids.to(target_device(target))
                for line in split_json_lines(world.prompts.read_text())[:4]]
-    return vocab.with_generated_mask(ckpt.spec, ckpt.state_dict, target.float().eval(), prompts, 48)
+    return vocab.with_generated_mask(ckpt.spec, ckpt.state_dict, target, prompts, 48)
 
 
 @pytest.mark.slow
+@pytest.mark.dynamic
 @pytest.mark.pitfall(34)
 @pytest.mark.compare("generate", references=("zlab", "speculators"))
 def test_drafted_and_accepted_mask_id_is_kept_p34(conform, pair, trained_case):

@@ -277,3 +277,23 @@ def test_train_refuses_bad_draft_vocabularies_in_one_line(tiny_world, tmp_path, 
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_vllm_serves_the_map_only_when_d2t_is_shipped(written, test_world, tmp_path):
+    """serve-check: vLLM reads `draft_vocab_size` and `d2t` from a z-lab directory; without `d2t` its zero offsets
+    read draft id k as target id k, one `draft_to_target` divergence (#32)."""
+    from held.serving import TargetFacts
+    from held.serving.verdict import engine_report
+
+    root, _ = written
+    spec = load_side(root / "zlab").spec
+    facts = TargetFacts.read(test_world.target)
+    shipped = engine_report("vllm", str(root / "zlab"), spec, facts)
+    assert shipped.served["draft_to_target"] == "d2t" == shipped.trained["draft_to_target"]
+    assert [f.field for f in shipped.findings if f.severity == "divergence"] == []
+    (tmp_path / "stripped").mkdir()
+    (tmp_path / "stripped" / "config.json").write_text((root / "zlab" / "config.json").read_text())
+    save_file({k: v for k, v in load_file(root / "zlab" / "model.safetensors").items() if k != "d2t"},
+              str(tmp_path / "stripped" / "model.safetensors"))
+    stripped = engine_report("vllm", str(tmp_path / "stripped"), spec, facts)
+    assert [(f.field, f.severity, f.pitfall) for f in stripped.findings] == [("draft_to_target", "divergence", 32)]

@@ -208,3 +208,18 @@ def test_a_zlab_config_without_rope_reads_the_theta_zlab_runs(tmp_path):
     assert side.spec.rope_theta == load_zlab_model(tmp_path / "z").config.rope_parameters["rope_theta"] == 10_000.0
     provenance = side.provenance["rope_theta"]
     assert provenance["source"] == "default" and "Qwen3Config" in provenance["detail"]
+
+
+def test_twins_inheriting_one_factor_are_one_finding(tmp_path, target_dir):
+    """A z-lab directory and its speculators twin (written by speculators' own save_pretrained) declaring the
+    same inherited factor: one root cause, one finding naming both references."""
+    from dflash_audit.conversion import convert
+
+    twin = drafter(partial_rotary_factor=0.25)
+    save_zlab_dir(tmp_path / "zlab", twin.spec, twin.state_dict())
+    convert(tmp_path / "zlab", tmp_path / "spec", "speculators", target=target_dir)
+    result = static_audit(load_side(tmp_path / "spec"), load_side(tmp_path / "zlab"), expect_identical=True)
+    assert rotary_findings(result) == [("partial_rotary_factor applied in ours and ref", "divergence")]
+    assert [f.component for f in result.findings if f.severity == "divergence"] == ["rotary"]
+    message = next(f.message for f in result.findings if f.component == "rotary")
+    assert "speculators 0.9.0" in message and "z-lab's DFlashDraftModel" in message

@@ -20,6 +20,7 @@ from dflash_world import (
     train_tokenizer,
     write_prompts_jsonl,
 )
+from dflash_world.suite_placement import world_in_suite_dtype
 from dflash_world.target_training import STATS_FILE, pack_tokens
 from impl.jsonl import split_json_lines
 
@@ -173,7 +174,7 @@ def test_cached_test_world_is_reused(test_world):
     config = test_world.target / "config.json"
     built_at = config.stat().st_mtime_ns
     started = time.monotonic()
-    again = cached_test_world()
+    again = world_in_suite_dtype(cached_test_world())  # the fixture's: the world, its target in the suite's dtype
     assert time.monotonic() - started < 2
     assert again == test_world and again.complete()
     assert config.stat().st_mtime_ns == built_at

@@ -58,24 +58,36 @@ def applied(side: Side) -> tuple[dict[str, Any], dict[str, str]]:
     return values, why
 
 
-def declared_vs_applied(side: Side, name_of_side: str) -> list[Finding]:
-    values, why = applied(side)
+def declared_vs_applied(ours: Side, ref: Side) -> list[Finding]:
+    """Each setting a side declares but its reference does not apply; both sides declaring the same such value
+    (twins that inherited one config) is one finding."""
+    sides = {"ours": (ours, *applied(ours)), "ref": (ref, *applied(ref))}
     found = []
-    for name, reason in why.items():
-        declared = side.value(name)
-        found.append(Finding(
-            "rotary", "divergence",
-            f"{name_of_side} declares {describe(name, declared)} ({side.provenance.get(name, {}).get('detail', '')}), "
-            f"but {reason}. An engine that applies the declared value (how vLLM and SGLang read it: #30) serves "
-            f"another function than the reference runs: {ROTARY_CONSEQUENCES[name]}.",
-            declared if name_of_side == "ours" else None, declared if name_of_side == "ref" else None,
-            pitfall=35, key=f"{name} applied in {name_of_side}",
-            raw={name_of_side: {"declared": declared, "applied": values[name]}}))
+    for name in ROTARY_FIELDS:
+        who = [label for label, (side, _, why) in sides.items() if name in why]
+        declared = {label: sides[label][0].value(name) for label in who}
+        reasons = {label: [sides[label][2][name]] for label in who}
+        if len(who) == 2 and declared["ours"] == declared["ref"]:
+            who = ["ours and ref"]
+            sides["ours and ref"] = sides["ours"]
+            declared["ours and ref"] = declared["ours"]
+            reasons["ours and ref"] = list(dict.fromkeys(reasons["ours"] + reasons["ref"]))  # one per reference
+        for label in who:
+            side, values, _ = sides[label]
+            detail = side.provenance.get(name, {}).get("detail", "")
+            found.append(Finding(
+                "rotary", "divergence",
+                f"{label} declare{'' if ' and ' in label else 's'} {describe(name, declared[label])} ({detail}), "
+                f"but {'; and '.join(reasons[label])}. An engine that applies the declared value (how vLLM and "
+                f"SGLang read it: #30) serves another function than the reference runs: {ROTARY_CONSEQUENCES[name]}.",
+                declared[label] if label != "ref" else None, declared[label] if label != "ours" else None,
+                pitfall=35, key=f"{name} applied in {label}",
+                raw={label: {"declared": declared[label], "applied": values[name]}}))
     return found
 
 
 def rotary_findings(ours: Side, ref: Side) -> list[Finding]:
-    found = declared_vs_applied(ours, "ours") + declared_vs_applied(ref, "ref")
+    found = declared_vs_applied(ours, ref)
     effective = [applied(side)[0] for side in (ours, ref)]
     for name in ROTARY_FIELDS:
         if not (ours.is_known(name) and ref.is_known(name)):

@@ -65,6 +65,8 @@ RULES = (
          "dflash_config.mask_token_id, else config.mask_token_id"),
     Rule("vllm", "draft_vocab_size", "restated", VLLM_DFLASH, 'self.config.draft_vocab_size = getattr(self.config, "vocab_size"',
          "draft_vocab_size, default vocab_size; a smaller one needs d2t"),
+    Rule("vllm", "draft_to_target", "restated", VLLM_DFLASH, 'name = name.replace("d2t", "draft_id_to_target_id")',
+         "a `d2t` tensor fills draft_id_to_target_id (offsets); absent, its zeros read draft id k as target id k"),
     Rule("vllm", "conv_kernel_size", "restated", VLLM_DFLASH2, 'taps=int(draft_config["conv_kernel_size"])',
          "DFlash2 sizes from dflash_config"),
     Rule("vllm", "input_embedding_scale", "restated", VLLM_DFLASH2, 'draft_config.get("input_embedding_scale", 1.0)',

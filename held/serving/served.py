@@ -15,6 +15,7 @@ ENGINES = ("vllm", "sglang")
 FIELDS = ("target_layer_ids", "target_layer_ids_declared", "layer_types", "layer_windows", "layer_causal",
           "mask_token_id", "block_size", "num_speculative_tokens", "rope_theta", "rope_type",
           "partial_rotary_factor", "is_neox_style", "rms_norm_eps", "hidden_act", "vocab_size", "draft_vocab_size",
+          "draft_to_target",
           "input_embedding_scale", "output_multiplier", "final_logit_softcapping", "conv_kernel_size",
           "conv_group_size", "selector_rank", "selector_top_k", "tensors_ignored", "tensors_refused",
           "sample_from_anchor")

@@ -23,7 +23,8 @@ COMPARED = {"target_layer_ids": 26, "layer_types": 27, "layer_windows": 27, "lay
             "is_neox_style": 30, "rms_norm_eps": 31, "hidden_act": 31, "vocab_size": 31, "draft_vocab_size": 31,
             "input_embedding_scale": 31, "output_multiplier": 31, "final_logit_softcapping": 31,
             "conv_kernel_size": 31, "conv_group_size": 31, "selector_rank": 31, "selector_top_k": 31,
-            "tensors_ignored": 31, "tensors_refused": 31, "sample_from_anchor": 33}
+            "tensors_ignored": 31, "tensors_refused": 31, "sample_from_anchor": 33,
+            "draft_to_target": 32}
 
 
 LAYER_WORDS = {"layer_types": "attention type", "layer_windows": "sliding window", "layer_causal": "causality"}
@@ -79,6 +80,8 @@ def trained_values(spec: DraftSpec, draft_vocab_size: int | None = None,
         "partial_rotary_factor": float(spec.partial_rotary_factor), "is_neox_style": spec.rope_style == "neox",
         "rms_norm_eps": float(spec.rms_norm_eps), "hidden_act": spec.hidden_act, "vocab_size": spec.vocab_size,
         "draft_vocab_size": draft_vocab_size or spec.head_size,
+        # How draft ids become target ids (#32): a reduced head's own d2t offsets, else draft id = target id.
+        "draft_to_target": "d2t" if (draft_vocab_size or spec.head_size) != spec.vocab_size else "identity",
         "input_embedding_scale": float(spec.input_embedding_scale), "tensors_ignored": [], "tensors_refused": [],
         "sample_from_anchor": spec.sample_from_anchor,
     }

@@ -106,12 +106,16 @@ def rope(hf) -> dict[str, Any]:
             "is_neox_style": bool(getattr(hf, "is_neox_style", True))}
 
 
+def tensor_names(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    return [n for f in sorted(path.glob("*.safetensors")) for n in safe_open(str(f), "pt").keys()]
+
+
 def tensors(path: Path, family: str) -> tuple[list[str], list[str]]:
     """(ignored, refused) tensor names: vLLM's DFlash2 codebooks are bare parameters, so a `.weight` name
     is a nested weight its loader refuses."""
-    from safetensors import safe_open
-
-    names = [n for f in sorted(path.glob("*.safetensors")) for n in safe_open(str(f), "pt").keys()]
+    names = tensor_names(path)
     refused = [n for n in names if family == "dflash2" and codebook_name(n) != n]
     return [], sorted(refused)
 
@@ -164,6 +168,10 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
                       final_logit_softcapping=softcap if softcap > 0 else None)
     ignored, refused = tensors(path, family)
     values.update(tensors_ignored=ignored, tensors_refused=refused)
+    # A head smaller than the target's vocabulary maps through a `d2t` tensor when the files hold one; else its
+    # zero-initialized offsets stay: draft id k is read as target token k.
+    reduced = values["draft_vocab_size"] != (target.vocab_size or hf.vocab_size)
+    values["draft_to_target"] = "d2t" if reduced and "d2t" in tensor_names(path) else "identity"
     if refused:
         served.loads = False
         served.error = (f"ValueError: Attempted to load nested weight 'model.{refused[0]}' into a single parameter "
