@@ -73,18 +73,21 @@ def test_mask_id_equal_to_eos_is_one_divergence(tmp_path, padded_target):
     assert report["target_vocabulary"]["special_ids"] == {"eos": [0], "pad": [0], "bos": []}
 
 
-def test_mask_id_outside_the_embedding_skips_the_tau_audit(tmp_path, padded_target):
+def test_mask_id_outside_the_embedding(tmp_path, padded_target):
     """A drafter built for a vocabulary of 400 with mask 399: its vocabulary and its mask id are two findings
-    (each field must change); the drafters' equal vocab_size gives no architecture finding; τ is not run."""
-    status, report = compare(tmp_path, padded_target, dict(vocab_size=400, mask_token_id=399))
+    (each field must change); the drafters' equal vocab_size gives no architecture finding; τ is not measured
+    (each side says why), never a traceback."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "p0", "prompt": "def add(x, y):"}) + "\n")
+    status, report = compare(tmp_path, padded_target, dict(vocab_size=400, mask_token_id=399), None,
+                             "--prompts", str(prompts), "--max-new-tokens", "4")
     assert status == 1
     assert found(report, "divergence") == [("mask_token_validity", "mask token 399"),
                                           ("vocab_sizes", "draft vocabulary 400")]
     mask = one(report, "mask_token_validity", "mask token 399")
     assert "outside the target's vocabulary and embedding of 320 rows" in mask["message"]
     assert mask["ours"]["row_norm"] is None  # no row to measure
-    assert report["tau"] is None
-    assert any(note.startswith("τ not measured: mask token 399 lies outside") for note in report["notes"])
+    assert report["tau"]["not_measured"] == dict.fromkeys(("ours", "ref"), "vocabulary of 400 but the target's is 320")
 
 
 def test_padded_target_with_a_matching_drafter_is_info_only(tmp_path, padded_target):

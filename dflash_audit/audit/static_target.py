@@ -139,16 +139,6 @@ def mask_token_validity_findings(ours: Side, ref: Side, target: TargetVocabulary
     return found
 
 
-def blocks_tau(findings: list[Finding]) -> str | None:
-    """Why the τ audit cannot run on this target: a mask id past its embedding cannot be embedded."""
-    for finding in findings:
-        values = (finding.ours or finding.ref) if finding.component == "mask_token_validity" else None
-        if values and "outside" in values["problems"]:
-            return (f"τ not measured: mask token {values['mask_token_id']} lies outside the target's embedding, so "
-                    "no block can be embedded (the mask_token_validity finding).")
-    return None
-
-
 def _upper_first(text: str) -> str:
     return text[:1].upper() + text[1:]
 
