@@ -184,3 +184,28 @@ def test_no_safetensors_embedding_leaves_the_row_unknown(tmp_path, padded_target
                 if f.component == "mask_token_validity")
     assert mask.severity == "info" and mask.ours["looks_trained"] is None
     assert "whether its row looks trained is unknown" in mask.message
+
+
+def reduced(vocab: int, seed: int) -> DFlashDrafter:
+    """A reduced draft vocabulary of 48 target ids (its map is well formed: #32 has nothing to say)."""
+    from impl.vocab_mapping import d2t_from_target_ids
+
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(tiny_spec(vocab_size=vocab, mask_token_id=200, draft_vocab_size=48))
+    drafter.set_vocab_mapping(d2t_from_target_ids(list(range(0, 96, 2))), tiny_target(vocab=vocab).lm_head)
+    return drafter
+
+
+@pytest.mark.parametrize("vocab, expected", [(ROWS, []), (258, [("vocab_sizes", "draft vocabulary 258")])])
+def test_a_reduced_head_is_held_to_the_vocabulary_it_maps_into(tmp_path, padded_target, vocab, expected):
+    """48 draft rows are the reduced vocabulary's business (draft_vocab); the vocabulary they map into must be the
+    target's padded one."""
+    save_checkpoint(tmp_path / "ours.pt", reduced(vocab, 0))
+    save_checkpoint(tmp_path / "ref.pt", reduced(vocab, 1))
+    target = TargetVocabulary.read(padded_target, train_tokenizer(TEXTS, vocab_size=64))
+    findings = static_audit(load_side(tmp_path / "ours.pt"), load_side(tmp_path / "ref.pt"), target=target).findings
+    assert [(f.component, f.key) for f in findings if f.severity == "divergence"] == expected
+    if expected:
+        finding = next(f for f in findings if f.component == "vocab_sizes" and f.severity == "divergence")
+        assert "a reduced draft head of 48 rows mapped into a vocabulary of 258" in finding.message
+        assert finding.ours == {"draft_head_rows": 48, "vocab_size": 258}

@@ -15,6 +15,7 @@ from typing import Any
 
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
+from dflash_audit.audit.static_vocab import head_size
 from impl.target_vocab import TargetVocabulary, mask_token_problems, row_norms
 
 MASK_CONSEQUENCES = {
@@ -47,13 +48,8 @@ def who(labels: list[str]) -> str:
     return "both drafters" if len(labels) == 2 else labels[0]
 
 
-def head_rows(side: Side) -> int | None:
-    """Rows of the draft head: the reduced draft vocabulary where one is declared, else the vocabulary."""
-    return side.value("draft_vocab_size") or side.value("vocab_size")
-
-
 def sizes(side: Side) -> dict[str, Any]:
-    return {"draft_head_rows": head_rows(side), "vocab_size": side.value("vocab_size")}
+    return {"draft_head_rows": head_size(side), "vocab_size": side.value("vocab_size")}
 
 
 def vocab_size_findings(ours: Side, ref: Side, target: TargetVocabulary) -> list[Finding]:
@@ -86,8 +82,8 @@ def vocab_size_findings(ours: Side, ref: Side, target: TargetVocabulary) -> list
         if vocab == padded:
             continue
         side = ours if labels[0] == "ours" else ref
-        reduced = head_rows(side) != vocab
-        head = (f"a reduced draft head of {head_rows(side)} rows mapped into a vocabulary of {vocab}" if reduced
+        reduced = head_size(side) != vocab
+        head = (f"a reduced draft head of {head_size(side)} rows mapped into a vocabulary of {vocab}" if reduced
                 else f"a draft head of {vocab} rows")
         tokenizer_sized = " (the tokenizer's length, not the target's padded vocabulary)" if vocab == tokens else ""
         found.append(Finding(

@@ -16,7 +16,12 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from dflash_audit.audit.dynamic import attach_proposable_share, dtype_findings, dynamic_audit, progress_passes
+from dflash_audit.audit.dynamic import (
+    attach_proposable_share,
+    dtype_findings,
+    dynamic_audit,
+    progress_passes,
+)
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.report_html import write_report_html
 from dflash_audit.audit.report_json import write_report_json
