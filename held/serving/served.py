@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from impl.target_vocab import embedding_rows
+from impl.target_vocab import TargetVocabulary
 
 ENGINES = ("vllm", "sglang")
 
@@ -30,26 +30,20 @@ class TargetFacts:
     vocab_size: int | None = None
     embedding_rows: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
-    pad_token_id: int | None = None
+    pad_token_ids: list[int] = field(default_factory=list)
 
     @classmethod
     def read(cls, target: str | Path | None) -> TargetFacts:
+        """From the target's config.json, generation_config.json and safetensors headers (`impl.target_vocab`, the
+        one reader of a target's vocabulary); the engine loads the tokenizer itself."""
         if target is None:
             return cls()
         path = Path(target)
         config = json.loads((path / "config.json").read_text())
-        text = config.get("text_config", config)
-        eos: list[int] = []
-        for source in (text, _json_or_empty(path / "generation_config.json")):
-            value = source.get("eos_token_id")
-            eos += [value] if isinstance(value, int) else list(value or [])
-        return cls(path=str(path), num_layers=text.get("num_hidden_layers"), vocab_size=text.get("vocab_size"),
-                   embedding_rows=embedding_rows(path), eos_token_ids=sorted(set(eos)),
-                   pad_token_id=text.get("pad_token_id"))
-
-
-def _json_or_empty(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+        vocab = TargetVocabulary.read(path)
+        return cls(path=str(path), num_layers=config.get("text_config", config).get("num_hidden_layers"),
+                   vocab_size=vocab.config_vocab_size, embedding_rows=vocab.embedding_rows,
+                   eos_token_ids=vocab.special_ids["eos"], pad_token_ids=vocab.special_ids["pad"])
 
 
 @dataclass

@@ -137,7 +137,7 @@ def mask_token_findings(engine: str, mask: int | None, target: TargetFacts) -> l
                                f"whether mask token {mask} is inside the target's vocabulary and embedding and distinct "
                                "from its eos/pad tokens is unknown without --target", pitfall=28)]
     limits = {"vocabulary": target.vocab_size, "embedding": target.embedding_rows}
-    special = {"eos": target.eos_token_ids, "pad": [i for i in [target.pad_token_id] if i is not None]}
+    special = {"eos": target.eos_token_ids, "pad": target.pad_token_ids}
     consequence = {"outside": "",
                    "special": ": the engine feeds a real token as the mask and a decode loop that stops or drops on "
                               "it misbehaves"}
