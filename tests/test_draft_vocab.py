@@ -215,6 +215,14 @@ def test_reduced_drafter_with_its_mapping_stripped_is_one_divergence(written, te
     result = static_audit(load_side(tmp_path / "stripped"), load_side(root / "zlab"))
     assert divergent(result) == [("draft_vocab", "mapping of ours")]
     assert "no d2t mapping" in result.findings[0].message
+    if strip_config:  # compare with τ: still the one divergence; the stripped side is not run as something else
+        from dflash_audit.commands.compare import run_compare
+
+        report = run_compare(tmp_path / "stripped", root / "zlab", target=test_world.target,
+                             prompts=test_world.prompts, out=tmp_path / "out", max_new_tokens=24, budget=8,
+                             cache_dir=root / "offline")
+        assert [(f.component, f.key) for f in report.divergences] == [("draft_vocab", "mapping of ours")]
+        assert any(f.key == "not measured (ours)" and "draft-to-target map" in f.message for f in report.findings)
 
 
 def test_live_equals_offline_through_the_mapping(written, trained_pair, test_world, tmp_path):

@@ -20,7 +20,7 @@ from dflash_audit.audit import tau_stats
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.overflow import OverflowWatch
 from dflash_audit.audit.sides import Side
-from dflash_audit.audit.static_vocab import usable_d2t
+from dflash_audit.audit.static_vocab import mapping_problem, usable_d2t
 from dflash_audit.progress import NoProgress
 from dflash_audit.ranks import Ranks
 from impl import offline
@@ -138,6 +138,10 @@ def why_not_runnable(side: Side, target) -> str | None:
         return f"built for a target of {spec.num_target_layers} layers, this one has {depth}"
     if spec.vocab_size != config.vocab_size:
         return f"vocabulary of {spec.vocab_size} but the target's is {config.vocab_size}"
+    unmapped = mapping_problem(side)
+    if unmapped is not None:  # the static draft_vocab finding says what is wrong; no run would be the drafter's
+        return (f"its reduced head of {unmapped[0]} tokens has no usable draft-to-target map "
+                f"({'; '.join(unmapped[2])})")
     bad = [k for k, t in side.state_dict.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
         return f"non-finite values in {bad[0]}"

@@ -28,17 +28,25 @@ def usable_d2t(side: Side) -> torch.Tensor | None:
     return d2t
 
 
-def mapping_findings(side: Side, name: str) -> list[Finding]:
-    """A reduced draft vocabulary without a usable map: engines would read draft ids as target ids."""
+def mapping_problem(side: Side) -> tuple[int, int, list[str]] | None:
+    """(draft vocabulary, target vocabulary, why its map is unusable) for a side whose head is reduced (declared,
+    or a stored `lm_head` with fewer rows than the vocabulary) without a usable `d2t`; None otherwise."""
     size, vocab = side.value("draft_vocab_size"), side.value("vocab_size")
     head = side.state_dict.get("lm_head.weight", side.verifier_tensors.get("lm_head.weight"))
     if size is None and vocab is not None and head is not None and head.dim() == 2 and head.shape[0] < vocab:
         size = head.shape[0]  # a reduced head whose config lost its draft_vocab_size (and so its mapping)
     if size is None or vocab is None:
-        return []
+        return None
     problems = mapping_problems(side.state_dict.get("d2t"), size, vocab)
-    if not problems:
+    return (size, vocab, problems) if problems else None
+
+
+def mapping_findings(side: Side, name: str) -> list[Finding]:
+    """A reduced draft vocabulary without a usable map: engines would read draft ids as target ids."""
+    problem = mapping_problem(side)
+    if problem is None:
         return []
+    size, vocab, problems = problem
     values = (problems if name == "ours" else None, problems if name == "ref" else None)
     if side.state_dict.get("d2t") is None:
         message = (f"{name} drafts over a reduced vocabulary of {size} of the target's {vocab} tokens but carries no "
