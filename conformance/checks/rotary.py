@@ -17,6 +17,7 @@ from conformance.comparator import Comparator
 from conformance.strategies import RotaryCase
 from conformance.tolerances import for_dtype
 from conformance.world import reference_state_dict
+from impl.interface import Unsupported
 
 
 def inputs(case: RotaryCase) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,6 +27,8 @@ def inputs(case: RotaryCase) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def run(impl, case: RotaryCase) -> torch.Tensor:
+    if not hasattr(impl, "apply_rotary"):  # an optional operation: n/a, not a failure
+        raise Unsupported(f"{impl.name}: no rotary operation of its own to run alone")
     drafter = impl.build_drafter(case.spec, reference_state_dict(case.spec, case.seed))
     return impl.apply_rotary(drafter, *inputs(case))
 
@@ -33,7 +36,10 @@ def run(impl, case: RotaryCase) -> torch.Tensor:
 def transformers_rotary(case: RotaryCase) -> torch.Tensor:
     """transformers' partial-rotary path (Qwen3-Next) with the spec's rope parameters."""
     from transformers import Qwen3NextConfig
-    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRotaryEmbedding, apply_rotary_pos_emb
+    from transformers.models.qwen3_next.modeling_qwen3_next import (
+        Qwen3NextRotaryEmbedding,
+        apply_rotary_pos_emb,
+    )
 
     spec = case.spec
     # Qwen3NextConfig's own default factor is 0.25: the spec's is always stated.
