@@ -23,7 +23,17 @@ import impl.masks
 import impl.model
 import impl.slot_layout
 import impl.train_step
-from conformance.checks import dflash2, draft_vocab, layers, losses, masks, rotary, slot_layout, training, vocab
+from conformance.checks import (
+    dflash2,
+    draft_vocab,
+    layers,
+    losses,
+    masks,
+    rotary,
+    slot_layout,
+    training,
+    vocab,
+)
 from conformance.checks.slot_layout import SlotCase
 from conformance.strategies import (
     ConvCase,
@@ -115,14 +125,19 @@ def _patch(target, name, make):
     return plant
 
 
-def _patch_training_mask(make):
-    """Our training mask lives in impl.masks and is imported by name into impl.model: mutate both."""
+def _patch_imported(home, name, importers, make):
+    """Replace a function that `importers` import by name from `home`: mutate it in every one of them."""
     def plant(monkeypatch, ours):
-        mutated = make(impl.masks.training_mask)
-        monkeypatch.setattr(impl.masks, "training_mask", mutated)
-        monkeypatch.setattr(impl.model, "training_mask", mutated)
+        mutated = make(getattr(home, name))
+        for module in (home, *importers):
+            monkeypatch.setattr(module, name, mutated)
         return ours
     return plant
+
+
+def _patch_training_mask(make):
+    """Our training mask lives in impl.masks and is imported by name into impl.model."""
+    return _patch_imported(impl.masks, "training_mask", (impl.model,), make)
 
 
 def _fc_misses_last_layer(_original):
@@ -261,13 +276,8 @@ def _scaling_dropped(original):
 
 
 def _patch_decode(make):
-    """Our live loop lives in impl.decoding and is imported by name into impl.implementation: mutate both."""
-    def plant(monkeypatch, ours):
-        mutated = make(impl.decoding.dflash_decode)
-        monkeypatch.setattr(impl.decoding, "dflash_decode", mutated)
-        monkeypatch.setattr(impl.implementation, "dflash_decode", mutated)
-        return ours
-    return plant
+    """Our live loop lives in impl.decoding and is imported by name into impl.implementation."""
+    return _patch_imported(impl.decoding, "dflash_decode", (impl.implementation,), make)
 
 
 def _mask_ids_dropped(original):
