@@ -18,7 +18,7 @@ SPECULATORS_DEPS := "pydantic>=2" "pydantic-settings>=2" "loguru>=0.7.2,<=0.7.3"
 # only torch, transformers and pydantic, so it too is installed with --no-deps.
 SPECFORGE_DEPS := "pydantic>=2"
 
-# vllm==0.33.0 and sglang==0.5.23 (the serving engines `serve-check` holds a drafter against, held/serving/)
+# vllm==0.33.0 and sglang==0.5.23 (the serving engines `serve-check` holds a drafter against, serving_engines/)
 # declare CUDA torch, flashinfer, triton and more; their DFlash config code needs none of it, so both are
 # installed with --no-deps. What vLLM's speculators config, config utils and aux-layer resolution import
 # on a CPU machine is listed here; SGLang's DFlash modules import its GPU kernels (triton) whatever else is
@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import held.specforge; print('setup: specforge imports OK')"
 	$(PIP) install --no-deps $(VLLM_DEPS) $(SGLANG_DEPS)
 	$(PIP) install --no-deps vllm==0.33.0 sglang==0.5.23
-	$(PY) -c "import held.serving.vllm_engine, held.serving.sglang_engine; from held.serving.rules import check_installed; check_installed(); print('setup: engines import OK')"
+	$(PY) -c "import serving_engines.vllm_engine, serving_engines.sglang_engine; from serving_engines.rules import check_installed; check_installed(); print('setup: engines import OK')"
 	touch $(STAMP)
 
 # Headless Chromium for tests/test_report_browser.py; installed only when absent.

@@ -23,11 +23,11 @@ from tabulate import tabulate
 from dflash_audit.prompts import load_prompts, tokenize_prompts
 from dflash_world import cached_test_world
 from dflash_world.drafter import cached_test_drafter
+from foundation.atomic import atomic_write_bytes
+from foundation.target import load_target
 from held.specforge import SpecForgeImplementation
-from impl.atomic import atomic_write_bytes
 from impl.checkpoint import load_checkpoint
 from impl.decoding import mean_acceptance
-from impl.target import load_target
 from reference_adapters.zlab_adapter import ZlabImplementation
 
 

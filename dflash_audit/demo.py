@@ -36,13 +36,13 @@ from dflash_audit.audit.report import AuditReport
 from dflash_audit.outputs import check_outputs
 from dflash_world import DEMO_TARGET, build_world, stdlib_corpus
 from dflash_world.world_cache import WORLD_FORMAT
-from held.serving import ENGINES
-from impl.atomic import atomic_write_bytes
-from impl.cache_dir import cache_root
+from foundation.atomic import atomic_write_bytes
+from foundation.cache_dir import cache_root
+from foundation.errors import AuditError
 from impl.checkpoint import load_checkpoint
-from impl.errors import AuditError
 from impl.layers import build_target_layer_ids
 from impl.zlab_format import save_zlab_dir
+from serving_engines import ENGINES
 
 
 @dataclass
@@ -196,7 +196,7 @@ def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path | None 
              config: DemoConfig | None = None, device: str = "auto", dtype: str = "auto") -> AuditReport:
     """`device`/`dtype`: the τ audit's `--device`/`--dtype` (a comma list of dtypes as `compare` takes)."""
     from dflash_audit.commands.compare import run_compare
-    from impl.placement import parse_dtype_list, resolve_placement
+    from foundation.placement import parse_dtype_list, resolve_placement
 
     config = config or DemoConfig()
     family_settings(config)  # an unknown family fails before anything is built

@@ -77,7 +77,7 @@ def divergence_table(dirs: dict[str, Path], target_dir: Path) -> str:
 
 def tables(root: Path) -> str:
     from dflash_world.target_training import random_qwen3
-    from held.serving.rules import markdown
+    from serving_engines.rules import markdown
 
     target = root / "target"
     random_qwen3(SPEC.num_target_layers, SPEC.hidden_size, SPEC.vocab_size).save_pretrained(target)

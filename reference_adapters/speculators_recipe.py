@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-from impl.packages import installed_version
+from foundation.packages import installed_version
 from impl.spec import DFLASH2_FIELDS, Recipe
 
 MODEL_LEVEL = "model-level"

@@ -18,9 +18,9 @@ from dflash_audit.serving_readme import (
     reference_written,
     zlab_save_pretrained,
 )
-from held.serving import TargetFacts, resolve
-from held.serving.rules import PINNED, RULES, installed_sha256, markdown, rule_module
-from held.serving.source_exec import installed_file, line_of
+from serving_engines import TargetFacts, resolve
+from serving_engines.rules import PINNED, RULES, installed_sha256, markdown, rule_module
+from serving_engines.source_exec import installed_file, line_of
 
 ENGINES = ["vllm", "sglang"]
 
@@ -83,7 +83,7 @@ def test_commands_carry_each_engines_speculative_token_convention(written, targe
 
 def test_engine_rules_are_the_installed_code():
     """Executed rules run the installed file's own bytes (its path and line); restated ones are pinned."""
-    from held.serving.vllm_engine import _attention_rules
+    from serving_engines.vllm_engine import _attention_rules
 
     defs, _runner = _attention_rules()
     code = defs["_dflash_layer_causal"].__code__
@@ -94,7 +94,7 @@ def test_engine_rules_are_the_installed_code():
         if rule.how == "restated":
             assert rule.module in PINNED, f"{rule.module} is restated but not pinned"
     for module, sha in PINNED.items():
-        assert installed_sha256(module) == sha, f"{module} changed: re-read the restated rules in held/serving/rules.py"
+        assert installed_sha256(module) == sha, f"{module} changed: re-read the restated rules in serving_engines/rules.py"
 
 
 def test_mask_token_equal_to_eos_is_a_divergence(tmp_path, spec, target_dir):

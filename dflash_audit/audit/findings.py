@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from impl.pitfalls import PITFALLS as CATALOGUE
+from catalogue.pitfalls import PITFALLS as CATALOGUE
 
 COMPONENTS = ("fc_dims", "target_layers", "layer_types", "window_direction", "block_size", "mask_token", "serving",
               "architecture", "conv", "selector", "weights", "recipe", "tau", "mask_token_validity", "vocab_sizes",
               "slot_layout", "rotary", "draft_vocab")
 SEVERITIES = ("divergence", "warning", "info")
 
-# What each catalogue entry (impl/pitfalls.py, PITFALLS.md) is about, for the report's "see entry #n" links.
+# What each catalogue entry (catalogue/pitfalls.py, PITFALLS.md) is about, for the report's "see entry #n" links.
 PITFALLS = {n: p.title for n, p in CATALOGUE.items()}
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.sides import Side
-from impl.atomic import atomic_write_bytes
-from impl.packages import installed_versions
+from foundation.atomic import atomic_write_bytes
+from foundation.packages import installed_versions
 
 SCHEMA = "dflash-audit/1"
 
