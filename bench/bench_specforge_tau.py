@@ -4,7 +4,7 @@ The test world's trained drafter (one sliding layer, window 48, and one full lay
 conformance/test_live_decoding.py) decodes the same prompts greedily through each loop, as trained
 and with every layer made full attention (which is what SpecForge's loop runs either way: it calls
 the drafter with no mask). Both loops must emit the same tokens (greedy decoding is lossless); the
-τ gap is the cost of the unmasked sliding layer (README "SpecForge 0.2.0 against the references").
+τ gap is the cost of the unmasked sliding layer (docs/held.md, "SpecForge 0.2.0 against the references").
 
     python bench/bench_specforge_tau.py [--prompts N] [--max-new-tokens 96]
 """

@@ -155,7 +155,7 @@ def build_demo(cache: Path, config: DemoConfig, rebuild: bool = False) -> dict[s
     trained = (cache / "ref" / "config.json").is_file() and (cache / "ours.pt").is_file()
     if not trained and os.environ.get("ATEN_CPU_CAPABILITY") != "avx2":
         print("note: training with this CPU's own kernels; `make demo` pins the AVX2 ones, with which every "
-              "x86-64 machine trains the same world (the README's figures)", file=sys.stderr)
+              "x86-64 machine trains the same world (the figures of docs/results.md)", file=sys.stderr)
     world = build_world(cache, config.target_preset, n_prompts=config.n_prompts, max_bytes=config.corpus_bytes)
     paths = {"target": world.target, "prompts": world.prompts, "ref": cache / "ref", "ours": cache / "ours.pt",
              "offline": cache / "offline"}

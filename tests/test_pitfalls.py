@@ -1,4 +1,4 @@
-"""One catalogue: catalogue/pitfalls.py feeds the findings, the conformance recorder and PITFALLS.md."""
+"""One catalogue: catalogue/pitfalls.py feeds the findings, the conformance recorder and docs/pitfalls.md."""
 
 from pathlib import Path
 
@@ -12,7 +12,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_committed_pitfalls_md_is_generated_from_the_catalogue():
-    assert (REPO / "PITFALLS.md").read_text() == markdown(), "run: python -m catalogue.pitfalls > PITFALLS.md"
+    assert (REPO / "docs" / "pitfalls.md").read_text() == markdown(), \
+        "run: python -m catalogue.pitfalls > docs/pitfalls.md"
 
 
 def test_findings_and_the_suite_read_the_one_catalogue():
@@ -31,8 +32,8 @@ def test_every_suite_marker_names_a_catalogue_entry_of_its_component():
     assert markers and markers <= set(SUITE)
 
 
-def test_the_readme_rule_table_is_generated_from_the_rule_locations():
-    assert rule_table() in (REPO / "README.md").read_text(encoding="utf-8"), "run: python -m catalogue.rule_locations"
+def test_the_docs_rule_table_is_generated_from_the_rule_locations():
+    assert rule_table() in (REPO / "docs" / "layout.md").read_text(encoding="utf-8"), "run: python -m catalogue.rule_locations"
 
 
 def test_every_rule_outside_the_serving_table_has_a_row():

@@ -1,4 +1,4 @@
-"""`report.json`, schema `dflash-audit/1` (README, "The report"), plus extra keys the HTML report also shows."""
+"""`report.json`, schema `dflash-audit/1` (docs/reports.md), plus extra keys the HTML report also shows."""
 
 from __future__ import annotations
 
