@@ -16,7 +16,7 @@ from torch import nn
 
 from impl.errors import CheckpointError
 from impl.families import config_family
-from impl.interface import GenerationResult, Unsupported
+from impl.interface import INTERFACE_VERSION, GenerationResult, Unsupported
 from impl.param_names import codebook_module_name, strip_wrapper_prefixes
 from impl.placement import built_for
 from impl.spec import DraftSpec
@@ -90,6 +90,7 @@ def refuse_rotary(spec: DraftSpec) -> None:
 
 class ZlabImplementation:
     name = "zlab"
+    interface_version = INTERFACE_VERSION  # kept current with the interface
     # No training code, and no slot-layout setting (n/a, not a failure): see `_no_slot_layout`; no draft vocabulary.
     unsupported: frozenset[str] = (frozenset(TRAINING_OPERATIONS + ("speculative_tokens", "proposal_logits"))
                                    | DRAFT_VOCAB_OPERATIONS)
