@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 import torch
 
+from catalogue.pitfalls import PITFALLS
 from conformance.plug import PlugMismatch
 from conformance.tolerances import EXACT, Tolerance
 from impl.interface import Unsupported
-from impl.pitfalls import PITFALLS
 
 WINDOW = 4  # elements either side of the first difference shown in a diff entry
 

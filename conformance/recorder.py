@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from catalogue.pitfalls import PITFALLS as CATALOGUE
 from conformance.comparator import DiffEntry
-from impl.atomic import atomic_write_bytes
+from foundation.atomic import atomic_write_bytes
 from impl.interface_versions import CURRENT as INTERFACE_VERSION
-from impl.pitfalls import PITFALLS as CATALOGUE
 
 SCHEMA = "dflash-audit-conformance/1"
 # When one comparison key sees several outcomes (hypothesis runs many examples), the worst wins. A plug
