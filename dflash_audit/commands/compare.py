@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import re
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from dflash_audit.audit.report_json import write_report_json
 from dflash_audit.audit.report_terminal import terminal_summary
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
+from dflash_audit.chat_template import CHAT_TEMPLATE_HELP, ChatTemplate
 from dflash_audit.commands.serve_check import parse_engines
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable
@@ -72,13 +75,14 @@ def default_out_dir(ours: Path, ref: Path) -> Path:
     return Path("reports") / f"{name(ours)}-vs-{name(ref)}"
 
 
-def load_prompt_ids(prompts_file: Path | None, tokenizer) -> tuple[list[tuple[str, torch.Tensor]], str]:
-    """[(id, input_ids)] from a prompts file (JSON lines) or the built-in coding prompts."""
+def load_prompt_ids(prompts_file: Path | None, tokenizer, chat=None) -> tuple[list[tuple[str, torch.Tensor]], str]:
+    """[(id, input_ids)] from a prompts file (JSON lines) or the built-in coding prompts, rendered by `chat`
+    (a `ChatTemplate`; None: the tokenizer's own template when it has one)."""
     if prompts_file is None:
         prompts, source = BUILTIN_PROMPTS, "built-in"
     else:
         prompts, source = load_prompts(prompts_file), str(prompts_file)
-    return tokenize_prompts(tokenizer, prompts), source
+    return tokenize_prompts(tokenizer, prompts, chat if chat is not None else "auto"), source
 
 
 def check_compare_outputs(out: Path, json_path: Path | None, inputs: dict[str, Path | None]) -> None:
@@ -95,7 +99,7 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
                 cache_dir: Path | None = None, console: Console | None = None, truncate: bool = False,
                 ours_options: LoadOptions | None = None, ref_options: LoadOptions | None = None,
                 placement: Placement = CPU_FLOAT32, dtypes: list[str] | None = None,
-                serve: list[str] | None = None) -> AuditReport:
+                serve: list[str] | None = None, chat=None) -> AuditReport:
     """Load, audit, write `out/index.html` + `out/report.json` (+ `json_path`), print the summary.
 
     `dtypes` (`--dtype a,b`): the τ audit once per dtype, the first one the report's main run."""
@@ -120,7 +124,7 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
     if target is not None and not static_only:
         ranks = Ranks()  # under torchrun: prompts sharded, one cache, every rank on its own GPU
         report.dynamic = dynamic_audits(ours_side, ref_side, target, prompts, max_new_tokens, budget, cache_dir,
-                                        console, truncate, placement, dtypes or [None], report.notes, ranks)
+                                        console, truncate, placement, dtypes or [None], report.notes, ranks, chat)
         ranks.close()
         attach_proposable_share(static.findings, report.dynamic.proposable_share)
     elif target is None:
@@ -141,11 +145,14 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
 
 def dynamic_audits(ours_side, ref_side, target: Path, prompts: Path | None, max_new_tokens: int, budget: int,
                    cache_dir: Path | None, console: Console, truncate: bool, placement: Placement,
-                   dtypes: list[str | None], notes: list[str], ranks: Ranks):
+                   dtypes: list[str | None], notes: list[str], ranks: Ranks, chat=None):
     """The τ audit in each dtype (None: the placement's own), after a memory plan that fits; the first
     dtype's audit carries every dtype's summary and the findings of a drop between them."""
     tokenizer, config = load_tokenizer(target)
-    prompt_list, source = load_prompt_ids(prompts, tokenizer)
+    if chat is not None:
+        chat.check_kwargs(tokenizer)
+        notes.append(f"chat template: {json.dumps(chat.describe(tokenizer))}")
+    prompt_list, source = load_prompt_ids(prompts, tokenizer, chat)
     prompt_list, fit_notes = fit_prompts(prompt_list, max_new_tokens, config.max_position_embeddings, truncate,
                                          source)
     notes.extend(fit_notes)
@@ -214,9 +221,13 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP + "; a comma list (bfloat16,float32) "
                                   "measures τ in each"),
         device_map: str | None = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP),
+        chat_template: str = typer.Option("auto", "--chat-template", help=CHAT_TEMPLATE_HELP),
+        chat_template_kwargs: str | None = typer.Option(None, "--chat-template-kwargs",
+                                                        help='JSON for apply_chat_template, e.g. {"enable_thinking": false}'),
     ) -> int:
         """Audit --ours against --ref: findings, spec and tensor diff, per-prompt τ. Exit 1 on divergence."""
         dtypes = parse_dtype_list(dtype)
+        chat = ChatTemplate.parse(chat_template, chat_template_kwargs)
         placement = resolve_placement(device, dtypes[0], device_map, target) if target is not None else CPU_FLOAT32
         report = run_compare(ours, ref, target, prompts, static_only, out, json_path, expect_identical,
                              max_new_tokens, budget, truncate=truncate,
@@ -224,5 +235,5 @@ def register(app: typer.Typer) -> None:
                              ours_options=LoadOptions(ours_entry, key_map, list(ours_spec), "--ours"),
                              ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"),
                              placement=placement, dtypes=[None, *dtypes[1:]],
-                             serve=parse_engines(serve) if serve is not None else None)
+                             serve=parse_engines(serve) if serve is not None else None, chat=chat)
         return report.exit_status
