@@ -129,13 +129,15 @@ def test_bad_benchmark_files_on_the_command_line_exit_2_in_one_line(tmp_path):
     bad.write_bytes(b"not parquet at all")
     missing_field = tmp_path / "gsm.jsonl"
     missing_field.write_text('{"problem": "wrong set"}\n')
-    for prompts in (f"gsm8k:{bad}", f"gsm8k:{missing_field}", f"nosuchset:{missing_field}"):
+    for prompts, named in ((f"gsm8k:{bad}", "not a readable parquet file"), (f"gsm8k:{missing_field}", "'question'"),
+                           (f"nosuchset:{missing_field}", "unknown benchmark")):
         run = subprocess.run([sys.executable, "-m", "dflash_audit.cli", "eval", "--drafter", str(tmp_path / "d.pt"),
                               "--target", str(tmp_path), "--prompts", prompts, "--table"],
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 2, run.stderr
         lines = run.stderr.strip().split("\n")
         assert len(lines) == 1 and lines[0].startswith("dflash-audit: error:") and "Traceback" not in run.stderr
+        assert named in lines[0], lines[0]
 
 
 def test_chat_template_flags(tmp_path):

@@ -13,11 +13,26 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
 def _parquet_rows(path: Path) -> list[dict]:
-    """Parquet through `datasets`' local parquet loader, as the references load these sets."""
+    """Parquet through `datasets`' local parquet loader, as the references load these sets; its Arrow cache
+    goes to a folder dropped afterwards (nothing left in the user's Hugging Face cache), its logging muted
+    (a bad file is this tool's one line)."""
+    import tempfile
+
+    import datasets
     from datasets import load_dataset
 
+    with path.open("rb") as handle:  # a parquet file starts and ends with its magic bytes
+        head = handle.read(4)
+        handle.seek(max(0, path.stat().st_size - 4))
+        tail = handle.read(4)
+    if head != b"PAR1" or tail != b"PAR1":
+        raise AuditError(f"{path}: not a readable parquet file (no PAR1 magic bytes at its start and end)")
+    datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)
+    datasets.disable_progress_bars()
     try:
-        return [dict(row) for row in load_dataset("parquet", data_files=str(path), split="train")]
+        with tempfile.TemporaryDirectory(prefix="dflash-audit-parquet-") as cache:
+            return [dict(row) for row in load_dataset("parquet", data_files=str(path), split="train",
+                                                      cache_dir=cache)]
     except Exception as exc:  # noqa: BLE001 -- any reader failure is this file's problem, said in one line
         reason = " ".join(str(exc).split())[:160] or type(exc).__name__
         raise AuditError(f"{path}: not a readable parquet file ({reason})") from exc

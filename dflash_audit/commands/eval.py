@@ -256,16 +256,18 @@ def register(app: typer.Typer) -> None:
 
         chat = ChatTemplate.parse(chat_template, chat_template_kwargs)
         options = LoadOptions(entry, key_map, list(spec), flag_prefix="")
-        placement = resolve_placement(device, dtype, device_map, target)
         if uses_table(prompts, method, budget, temperature, tau_method, tau_by, max_samples, table, html_path):
+            from dflash_audit.benchmarks.sets import prompt_set_from_flag
+            from dflash_audit.commands.eval_table import run_table
+
             if mode != "live":
                 raise AuditError("--mode offline replays plain prompts files; the τ table runs its τ methods "
                                  "(--tau-method)")
-            from dflash_audit.commands.eval_table import run_table
-
-            run_table(drafter, target, prompts, tau_method, method, budget, temperature, seeds or str(seed),
+            prompt_sets = [prompt_set_from_flag(value, max_samples) for value in prompts]  # before any model
+            run_table(drafter, target, prompt_sets, tau_method, method, budget, temperature, seeds or str(seed),
                       max_new_tokens, chat, tau_by, max_samples, json_path, html_path, published, trained_kwargs,
-                      options, placement)
+                      options, resolve_placement(device, dtype, device_map, target))
             return
+        placement = resolve_placement(device, dtype, device_map, target)
         run_eval(drafter, target, Path(prompts[0]), method[0], budget[0], mode, max_new_tokens, temperature[0], seed,
                  json_path, cache, chat, truncate=truncate, load_options=options, placement=placement)

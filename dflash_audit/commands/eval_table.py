@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dflash_audit.benchmarks.sets import prompt_set_from_flag
+from dflash_audit.benchmarks.sets import PromptSet, prompt_set_from_flag
 from dflash_audit.chat_template import ChatTemplate, thinking_settings
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.tau.declared import declared_settings, template_findings
@@ -62,7 +62,7 @@ def check_table_options(tau_methods, temperatures, budgets, max_new_tokens, tau_
             check_writable(flag, path)
 
 
-def run_table(drafter_path: Path, target_dir: Path, prompts: list[str], tau_methods: list[str] | None = None,
+def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: list[str] | None = None,
               methods: list[str] | None = None, budgets: list[int] | None = None,
               temperatures: list[float] | None = None, seeds: str = "0", max_new_tokens: int = 256,
               chat: ChatTemplate | None = None, tau_by: str | None = None, max_samples: int | None = None,
@@ -81,7 +81,8 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list[str], tau_meth
     check_table_options(tau_methods, temperatures, budgets, max_new_tokens, tau_by, html_path, json_path, inputs)
     seed_list = parse_seeds(seeds)
     decodings = decodings_of(methods, budgets)
-    prompt_sets = [prompt_set_from_flag(value, max_samples) for value in prompts]  # bad input before any model
+    # Bad input before any model; the command line hands them over already read.
+    prompt_sets = [v if isinstance(v, PromptSet) else prompt_set_from_flag(v, max_samples) for v in prompts]
     published_target = resolve_published(published, target_dir)
     tokenizer, config = load_tokenizer(target_dir)
     chat.check_kwargs(tokenizer)
