@@ -31,6 +31,10 @@ def cells_plan(prompt_sets, methods, decodings, temperatures, chats: dict[str, C
     plan, skipped = [], []
     for prompt_set in prompt_sets:
         for method in methods:
+            if method == "teacher-forced" and not any(p.reference is not None and len(p.turns) == 1
+                                                      for p in prompt_set.prompts):
+                skipped.append(f"{prompt_set.name} × teacher-forced: no single-turn prompt with a reference answer")
+                continue
             for decoding in decodings:
                 for temperature in temperatures:
                     for label, chat in chats.items():
