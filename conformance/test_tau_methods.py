@@ -37,8 +37,8 @@ def world_pair():
     from dflash_world.drafter import cached_test_drafter
     from dflash_world.suite_placement import audit_placement, world_in_suite_dtype
     from impl.checkpoint import build_drafter, load_checkpoint
-    from impl.placement import built_in
-    from impl.target import load_target_model
+    from foundation.placement import built_in
+    from foundation.target import load_target_model
 
     world = world_in_suite_dtype(cached_test_world())
     placement = audit_placement()
@@ -49,15 +49,25 @@ def world_pair():
 
 
 def chat(kwargs: str | None = None):
-    from dflash_audit.chat_template import ChatTemplate
+    from foundation.chat_template import ChatTemplate
 
     return ChatTemplate.parse(str(TEMPLATE), kwargs)
 
 
 def prompt_set(name: str, count: int | None = None):
-    from dflash_audit.benchmarks.sets import read_prompt_set
+    from foundation.benchmarks.sets import read_prompt_set
 
     return read_prompt_set(name, FIXTURES / SETS[name], count)
+
+
+def run_method(method: str, drafter, target, tokenizer, prompt_set, template, setting) -> list[dict]:
+    """One τ method's per-response results: ours (impl/tau_methods.py) or z-lab's (reference_adapters)."""
+    from impl.tau_methods import RUNNERS
+    from reference_adapters.zlab_benchmark import zlab_benchmark, zlab_loop
+
+    runners = {**RUNNERS, "zlab-loop": zlab_loop, "zlab-benchmark": zlab_benchmark}
+    with torch.inference_mode():
+        return runners[method](drafter, target, tokenizer, prompt_set, template, setting)
 
 
 def rounds_by_id(results: list[dict]) -> dict[str, list[int]]:
@@ -66,7 +76,7 @@ def rounds_by_id(results: list[dict]) -> dict[str, list[int]]:
 
 @pytest.mark.parametrize("temperature,seed", [(0.0, 0), (0.8, 3)])
 def test_live_equals_zlab_loop_per_prompt_p17(conform, world_pair, temperature, seed):
-    from dflash_audit.tau.methods import Setting, run_method
+    from impl.tau_methods import Setting
 
     drafter, target, tokenizer = world_pair
     setting = Setting("dflash", 32, MAX_NEW_TOKENS, temperature, seed)
@@ -110,13 +120,13 @@ def zlab_teacher_forced(twin, target, prompt_ids: torch.Tensor, answer: list[int
 
 
 def test_teacher_forced_equals_zlab_models_fixed_ground_truth_walk_p17(conform, world_pair):
-    from dflash_audit.tau.methods import Setting, run_method
+    from impl.tau_methods import Setting
     from reference_adapters.zlab_adapter import ZlabImplementation
 
     drafter, target, tokenizer = world_pair
     twin = ZlabImplementation().build_drafter(drafter.spec, drafter.state_dict(), target)
     for name, file in (("humaneval", "humaneval.jsonl"), ("mbpp", "mbpp.jsonl")):
-        from dflash_audit.benchmarks.sets import read_prompt_set
+        from foundation.benchmarks.sets import read_prompt_set
 
         prompts = read_prompt_set(name, FIXTURES / file)
         ours = rounds_by_id(run_method("teacher-forced", drafter, target, tokenizer, prompts, chat(),
@@ -134,7 +144,7 @@ def test_teacher_forced_equals_zlab_models_fixed_ground_truth_walk_p17(conform, 
 
 @pytest.mark.parametrize("thinking", [None, "off"])
 def test_zlab_benchmark_method_equals_zlabs_own_benchmark_run_p17(conform, world_pair, thinking):
-    from dflash_audit.tau.methods import Setting, run_method
+    from impl.tau_methods import Setting
     from reference_adapters.zlab_adapter import ZlabImplementation
     from reference_adapters.zlab_benchmark import run_zlab_benchmark
 

@@ -62,7 +62,7 @@ def uses_chat_template(tokenizer, mode: str = "auto") -> bool:
 
 def tokenize_prompt(tokenizer, prompt: dict[str, str] | str, mode="auto") -> torch.Tensor:
     """Token ids [1, T] of one prompt (a `{"id", "prompt"}` record or its text); `mode` is a chat-template
-    mode or a `dflash_audit.chat_template.ChatTemplate` (`--chat-template FILE`, `--chat-template-kwargs`)."""
+    mode or a `foundation.chat_template.ChatTemplate` (`--chat-template FILE`, `--chat-template-kwargs`)."""
     text = prompt["prompt"] if isinstance(prompt, dict) else prompt
     if not isinstance(mode, str):
         return mode.ids(tokenizer, [{"role": "user", "content": text}])

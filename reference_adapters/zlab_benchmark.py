@@ -1,5 +1,12 @@
-"""z-lab's own benchmark, `dflash.benchmark._run_transformers`, run on local rows and given models.
+"""z-lab's two τ methods: its loop (`zlab-loop`) and its benchmark procedure (`zlab-benchmark`), and the reference
+of the latter, z-lab's own benchmark, `dflash.benchmark._run_transformers`, run on local rows and given models.
 
+`zlab_loop`: our walk over a prompt set (impl/tau_methods.py) with each turn decoded by z-lab's `dflash_generate`
+on a z-lab twin of the drafter. `zlab_benchmark`: z-lab's benchmark procedure (its chat rendering with its
+`--reasoning` switch, ids encoded without special tokens, its stop ids) with *our* loop decoding; held per
+response to `run_zlab_benchmark` below.
+
+`run_zlab_benchmark`:
 The reference of the `zlab-benchmark` τ method. Everything in its run is z-lab's: the formatter of the
 set (through its `load_and_process_dataset`), its seeded selection, its chat rendering and `--reasoning`
 switch, its stop ids, its warm-up calls and its per-turn `dflash_generate` (block 1 and the drafter's
@@ -17,12 +24,19 @@ import contextlib
 import io
 from unittest import mock
 
+import torch
+
+from foundation.benchmarks.sets import PromptSet
+from foundation.chat_template import ChatTemplate
+from foundation.errors import AuditError
+from impl.decoding import dflash_decode
+from impl.tau_methods import Setting, conversations, stop_ids_of
 from reference_adapters.version_guard import check_reference
-from reference_adapters.zlab_adapter import cpu_timer
+from reference_adapters.zlab_adapter import ZlabImplementation, cpu_timer
 
 check_reference("dflash")
 
-import dflash.benchmark as zlab_benchmark  # noqa: E402  (after the version guard on purpose)
+import dflash.benchmark as zlab_bench  # noqa: E402  (after the version guard on purpose)
 
 
 class _IdsOnTargetDevice:
@@ -53,7 +67,7 @@ def run_zlab_benchmark(rows: list[dict], dataset: str, target, zlab_drafter, tok
     """Per-response acceptance lengths (the drafter's block) in z-lab's own order: every turn of every
     selected row. `rows` are the set's raw rows (as the Hub would give them)."""
     recorded: list = []
-    summary = zlab_benchmark._print_decode_summary
+    summary = zlab_bench._print_decode_summary
 
     def record(responses, block_size):
         recorded.extend(r[block_size].acceptance_lengths for r in responses)
@@ -67,8 +81,55 @@ def run_zlab_benchmark(rows: list[dict], dataset: str, target, zlab_drafter, tok
     wrapped = _TokenizerOnTargetDevice(tokenizer, device)
     with (cpu_timer(),
           mock.patch("datasets.load_dataset", lambda *a, **k: rows),
-          mock.patch.object(zlab_benchmark, "load_transformers_models", lambda *a: (target, zlab_drafter, wrapped)),
-          mock.patch.object(zlab_benchmark, "_print_decode_summary", record),
-          mock.patch.object(zlab_benchmark, "tqdm", lambda it, **k: it)):
-        zlab_benchmark._run_transformers(args)
+          mock.patch.object(zlab_bench, "load_transformers_models", lambda *a: (target, zlab_drafter, wrapped)),
+          mock.patch.object(zlab_bench, "_print_decode_summary", record),
+          mock.patch.object(zlab_bench, "tqdm", lambda it, **k: it)):
+        zlab_bench._run_transformers(args)
     return [[int(n) for n in lengths] for lengths in recorded]
+
+
+def zlab_loop(drafter, target, tokenizer, prompt_set: PromptSet, template: ChatTemplate,
+              setting: Setting) -> list[dict]:
+    zlab = ZlabImplementation()
+    twin = zlab.build_drafter(drafter.spec, drafter.state_dict(), target)
+    stops = stop_ids_of(tokenizer)
+
+    def generate(ids):
+        run = zlab.generate(twin, target, ids.to(target.device), setting.max_new_tokens, stops, setting.temperature,
+                            setting.seed)
+        return run.output_ids, run.acceptance_lengths
+
+    return conversations(prompt_set, tokenizer, lambda m: template.ids(tokenizer, m), generate)
+
+
+def reasoning_of(template: ChatTemplate) -> str | None:
+    """The chat-template kwargs as z-lab's `--reasoning` value (it has no other way to take them)."""
+    extra = {k: v for k, v in template.kwargs.items() if k != "enable_thinking"}
+    if extra:
+        raise AuditError(f"--tau-method zlab-benchmark: z-lab's benchmark passes only its --reasoning switch "
+                         f"(enable_thinking) to the chat template, not {sorted(extra)}")
+    if "enable_thinking" not in template.kwargs:
+        return None
+    return "on" if template.kwargs["enable_thinking"] else "off"
+
+
+def zlab_benchmark(drafter, target, tokenizer, prompt_set: PromptSet, template: ChatTemplate,
+                   setting: Setting) -> list[dict]:
+    from dflash.benchmark import apply_chat_template, stop_token_ids
+
+    if template.template(tokenizer) is None:
+        raise AuditError("--tau-method zlab-benchmark renders every prompt through a chat template: the target "
+                         "tokenizer has none (give one with --chat-template FILE)")
+    reasoning = reasoning_of(template)
+    template.install(tokenizer)
+    stops = stop_token_ids(target, tokenizer)
+
+    def render(messages):
+        text = apply_chat_template(tokenizer, messages, reasoning)
+        return torch.tensor([tokenizer.encode(text, add_special_tokens=False)], dtype=torch.long)
+
+    def generate(ids):
+        run = dflash_decode(drafter, target, ids, setting.max_new_tokens, stops, setting.temperature, setting.seed)
+        return run.output_ids, run.acceptance_lengths
+
+    return conversations(prompt_set, tokenizer, render, generate)

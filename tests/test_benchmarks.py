@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from dflash.benchmark import DATASETS, _select_dataset
 
-from dflash_audit.benchmarks.sets import BENCHMARKS, parse_prompts_flag, prompt_set_from_flag, read_prompt_set
-from dflash_audit.chat_template import ChatTemplate, thinking_settings
-from impl.errors import AuditError
+from dflash_audit.tau.prompt_sets import prompt_set_from_flag
+from foundation.benchmarks.sets import BENCHMARKS, parse_prompts_flag, read_prompt_set
+from foundation.chat_template import ChatTemplate, thinking_settings
+from foundation.errors import AuditError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "benchmarks"
 FILES = {"gsm8k": "gsm8k.jsonl", "math500": "math500.jsonl", "aime": "aime.jsonl", "humaneval": "humaneval.jsonl",

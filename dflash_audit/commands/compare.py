@@ -30,7 +30,7 @@ from dflash_audit.audit.report_json import write_report_json
 from dflash_audit.audit.report_terminal import terminal_summary
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
-from dflash_audit.chat_template import CHAT_TEMPLATE_HELP, ChatTemplate
+from foundation.chat_template import CHAT_TEMPLATE_HELP, ChatTemplate
 from dflash_audit.commands.serve_check import parse_engines
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable

@@ -15,9 +15,10 @@ import typer
 from rich.console import Console
 from tabulate import tabulate
 
+from dflash_audit.commands.eval_drafter import load_drafter, place_drafter, read_drafter  # noqa: F401 (load_drafter: API)
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.progress import progress
-from dflash_audit.chat_template import CHAT_TEMPLATE_HELP, ChatTemplate
+from foundation.chat_template import CHAT_TEMPLATE_HELP, ChatTemplate
 from dflash_audit.prompts import (
     fit_prompts,
     load_prompts,
@@ -27,7 +28,7 @@ from dflash_audit.ranks import Ranks
 from foundation.atomic import atomic_write_bytes
 from foundation.cache_dir import cache_root
 from foundation.errors import AuditError
-from foundation.inputs import check_finite_weights, check_generation_flags
+from foundation.inputs import check_generation_flags
 from impl.checkpoint import build_drafter
 from impl.ddtree import ddtree_decode, require_dflash_family
 from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
@@ -39,44 +40,12 @@ from foundation.placement import (
     DEVICE_MAP_HELP,
     DTYPE_HELP,
     Placement,
-    built_in,
-    model_dtype,
     resolve_placement,
-    target_device,
 )
 from foundation.target_vocab import TargetVocabulary, mask_token_problems
 
 METHODS = ("dflash", "ddtree")
 MODES = ("live", "offline")
-
-
-def read_drafter(path: Path, target_dir: Path, config, options=None):
-    """The drafter's checked (spec, state dict), against the target's config: no target weights needed."""
-    from dflash_audit.formats import LoadOptions, load_any, require_spec
-
-    loaded = load_any(path, target_dir, options or LoadOptions(flag_prefix=""))
-    spec = require_spec(loaded, "eval")
-    check_finite_weights(loaded.state_dict, str(path))  # NaN weights would "measure" τ 1.0, not fail
-    if spec.hidden_size != config.hidden_size:
-        raise AuditError(f"{path}: drafter hidden size {spec.hidden_size}, the target's is {config.hidden_size}")
-    depth = config.num_hidden_layers
-    if spec.num_target_layers != depth:
-        raise AuditError(f"{path}: drafter built for a target of {spec.num_target_layers} layers, "
-                         f"{target_dir} has {depth}")
-    if spec.vocab_size != config.vocab_size:
-        raise AuditError(f"{path}: drafter vocabulary {spec.vocab_size}, the target's is {config.vocab_size}")
-    return spec, loaded.state_dict
-
-
-def place_drafter(spec, state_dict, path: Path, target):
-    """The drafter where the target reads its inputs, in the target's dtype (its serving dtype)."""
-    return built_in(target_device(target), model_dtype(target),
-                    lambda: build_drafter(spec, state_dict, source=str(path))).eval()
-
-
-def load_drafter(path: Path, target_dir: Path, target, options=None):
-    spec, state_dict = read_drafter(path, target_dir, target.config, options)
-    return place_drafter(spec, state_dict, path, target)
 
 
 def mask_token_notes(mask_token_id: int, target: TargetVocabulary) -> list[str]:
@@ -197,7 +166,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
 def uses_table(prompts: list[str], methods, budgets, temperatures, tau_methods, tau_by, max_samples, table,
                html_path) -> bool:
     """Whether eval runs the τ table (dflash_audit/commands/eval_table.py) rather than one plain prompts file."""
-    from dflash_audit.benchmarks.sets import parse_prompts_flag
+    from foundation.benchmarks.sets import parse_prompts_flag
 
     many = any(len(values) > 1 for values in (prompts, methods, budgets, temperatures))
     named = any(parse_prompts_flag(value)[0] is not None for value in prompts)
@@ -257,7 +226,7 @@ def register(app: typer.Typer) -> None:
         chat = ChatTemplate.parse(chat_template, chat_template_kwargs)
         options = LoadOptions(entry, key_map, list(spec), flag_prefix="")
         if uses_table(prompts, method, budget, temperature, tau_method, tau_by, max_samples, table, html_path):
-            from dflash_audit.benchmarks.sets import prompt_set_from_flag
+            from dflash_audit.tau.prompt_sets import prompt_set_from_flag
             from dflash_audit.commands.eval_table import run_table
 
             if mode != "live":

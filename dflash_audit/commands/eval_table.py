@@ -11,17 +11,18 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dflash_audit.benchmarks.sets import PromptSet, prompt_set_from_flag
-from dflash_audit.chat_template import ChatTemplate, thinking_settings
+from dflash_audit.tau.prompt_sets import prompt_set_from_flag
+from foundation.benchmarks.sets import PromptSet
+from foundation.chat_template import ChatTemplate, thinking_settings
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.tau.declared import declared_settings, template_findings
 from dflash_audit.tau.grid import Decoding, run_grid
 from dflash_audit.tau.methods import TAU_METHODS
 from dflash_audit.tau.published import resolve_published
 from dflash_audit.tau.table_out import payload, terminal_table, write_html, write_json
-from impl.errors import AuditError
-from impl.inputs import check_generation_flags
-from impl.placement import CPU_FLOAT32, Placement
+from foundation.errors import AuditError
+from foundation.inputs import check_generation_flags
+from foundation.placement import CPU_FLOAT32, Placement
 
 TAU_BY = ("thinking",)
 
@@ -69,9 +70,9 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: 
               json_path: Path | None = None, html_path: Path | None = None, published: str | None = None,
               trained_kwargs: str | None = None, load_options=None, placement: Placement = CPU_FLOAT32,
               console: Console | None = None) -> dict:
-    from dflash_audit.commands.eval import place_drafter, read_drafter
+    from dflash_audit.commands.eval_drafter import place_drafter, read_drafter
     from dflash_audit.formats import LoadOptions, load_any
-    from impl.target import load_target_model, load_tokenizer
+    from foundation.target import load_target_model, load_tokenizer
 
     console = console or Console(stderr=True)
     tau_methods, methods = tau_methods or ["live"], methods or ["dflash"]

@@ -8,7 +8,7 @@ the top or inside `dflash_config` / `speculators_config`; or given with `--train
 
 from __future__ import annotations
 
-from dflash_audit.chat_template import parse_kwargs
+from foundation.chat_template import parse_kwargs
 
 SECTIONS = ("dflash_config", "speculators_config")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from dflash_audit.benchmarks.sets import PromptSet
-from dflash_audit.chat_template import ChatTemplate
+from foundation.benchmarks.sets import PromptSet
+from foundation.chat_template import ChatTemplate
 from dflash_audit.tau.methods import Setting, check_method, mean_tau, run_method
 from dflash_audit.tau.published import figures_for
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from impl.errors import AuditError
+from foundation.errors import AuditError
 
 PUBLISHED = Path(__file__).with_name("published.json")
 LIVE_LIKE = ("live", "zlab-loop", "zlab-benchmark")  # decoding methods; teacher-forced is its own measurement

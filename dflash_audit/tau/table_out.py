@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from impl.atomic import atomic_write_bytes
+from foundation.atomic import atomic_write_bytes
 
 SCHEMA = "dflash-audit/tau-table-1"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from impl.errors import AuditError
-from impl.inputs import read_utf8, regular_file
-from impl.jsonl import json_lines
+from foundation.errors import AuditError
+from foundation.inputs import read_utf8, regular_file
+from foundation.jsonl import json_lines
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 

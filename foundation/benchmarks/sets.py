@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_audit.benchmarks.files import read_rows
-from impl.errors import AuditError
+from foundation.benchmarks.files import read_rows
+from foundation.errors import AuditError
 
 
 def zlab_datasets() -> dict:
@@ -215,20 +215,3 @@ def read_prompt_set(name: str, path: str | Path, max_samples: int | None = None)
         chosen = select(prompts, max_samples)
         selection = f"{len(chosen)} of {len(prompts)} by z-lab's seeded selection (_select_dataset, seed 42)"
     return PromptSet(benchmark_name(name), path, chosen, benchmark.rendering, rows=len(rows), selection=selection)
-
-
-def plain_prompt_set(path: str | Path, max_samples: int | None = None) -> PromptSet:
-    """A plain prompts file (`{"id", "prompt"}` or `{"turns"}` lines), through the existing reader."""
-    from dflash_audit.prompts import load_prompts
-
-    records = load_prompts(path)
-    prompts = [BenchmarkPrompt(r["id"], [r["prompt"]], None) for r in records]
-    chosen = prompts if max_samples is None else select(prompts, max_samples)
-    return PromptSet("prompts", Path(path), chosen, "the 'prompt' field (or first of 'turns') as written",
-                     rows=len(prompts), selection="all rows, file order" if max_samples is None else
-                     f"{len(chosen)} of {len(prompts)} by z-lab's seeded selection (_select_dataset, seed 42)")
-
-
-def prompt_set_from_flag(value: str, max_samples: int | None = None) -> PromptSet:
-    name, path = parse_prompts_flag(value)
-    return plain_prompt_set(path, max_samples) if name is None else read_prompt_set(name, path, max_samples)

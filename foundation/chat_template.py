@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from impl.errors import AuditError
-from impl.inputs import read_utf8
+from foundation.errors import AuditError
+from foundation.inputs import read_utf8
 
 CHAT_TEMPLATE_HELP = "auto | none | FILE (a Jinja chat template); on/off: the older names of auto-required/none"
 

@@ -16,7 +16,7 @@ from impl.extract import output_head
 from impl.layers import hidden_state_index
 from impl.offline.cache import CachedPrompt
 from impl.offline.walks import play_ddtree, play_dflash, replay_walks
-from impl.placement import target_device
+from foundation.placement import target_device
 
 
 @torch.inference_mode()

@@ -5,6 +5,6 @@ loader); `sets.py` turns a benchmark's rows into prompts the way the references'
 renders them (fields, few-shot, instruction): z-lab's own formatters where z-lab has the set.
 """
 
-from dflash_audit.benchmarks.sets import BENCHMARKS, BenchmarkPrompt, PromptSet, parse_prompts_flag, read_prompt_set
+from foundation.benchmarks.sets import BENCHMARKS, BenchmarkPrompt, PromptSet, parse_prompts_flag, read_prompt_set
 
 __all__ = ["BENCHMARKS", "BenchmarkPrompt", "PromptSet", "parse_prompts_flag", "read_prompt_set"]
