@@ -87,6 +87,9 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: 
     published_target = resolve_published(published, target_dir)
     tokenizer, config = load_tokenizer(target_dir)
     chat.check_kwargs(tokenizer)
+    if "zlab-benchmark" in tau_methods and chat.template(tokenizer) is None:  # said before any model loads
+        raise AuditError("--tau-method zlab-benchmark renders every prompt through a chat template: the target "
+                         "tokenizer has none (give one with --chat-template FILE)")
     chats = {"default": chat} if tau_by is None else {f"thinking {k}": v
                                                       for k, v in thinking_settings(chat, tokenizer).items()}
     options = load_options or LoadOptions(flag_prefix="")
