@@ -1,0 +1,5 @@
+"""The live serving check: the drafter run in a real vLLM engine (its own environment, a subprocess), every
+served round held to the audit's own replay of the drafter as trained, and each difference localized.
+
+`engine_driver.py` runs in vLLM's environment and captures; everything else runs here, in the audit's.
+"""
