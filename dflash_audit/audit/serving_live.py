@@ -1,4 +1,4 @@
-"""`--live`: the served rounds (held.serving.live) attached to a serve-check section as `vllm.live`, its
+"""`--live`: the served rounds (serving_engines.live) attached to a serve-check section as `vllm.live`, its
 findings joined to the engine's own (severity divergence: each one changes what the engine serves)."""
 
 from __future__ import annotations

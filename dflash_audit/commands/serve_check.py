@@ -1,6 +1,6 @@
 """`dflash-audit serve-check --drafter PATH [--engine vllm,sglang] [--target DIR] [--spec KEY=VALUE ...]
 [--json FILE] [--out DIR] [--live [--prompts F] [--max-new-tokens N] [--vllm-python PATH]]`: will the drafter serve
-as trained? `--live` also runs it in a real vLLM engine (held/serving/live/). Exit 0 none, 1 divergences, 2 trouble."""
+as trained? `--live` also runs it in a real vLLM engine (serving_engines/live/, dflash_audit/audit/live_check.py). Exit 0 none, 1 divergences, 2 trouble."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from tabulate import tabulate
 from dflash_audit.audit.serving import divergence_count, section_dict, serving_section
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable
-from impl.atomic import atomic_write_bytes
-from impl.errors import AuditError
+from foundation.atomic import atomic_write_bytes
+from foundation.errors import AuditError
 
 SCHEMA = "dflash-audit-serving/1"
 
 
 def parse_engines(text: str) -> list[str]:
-    from held.serving import ENGINES
+    from serving_engines import ENGINES
 
     engines = [e.strip() for e in text.split(",") if e.strip()]
     unknown = [e for e in engines if e not in ENGINES]
@@ -92,7 +92,7 @@ def run_serve_check(drafter: Path, engines: list[str], target: Path | None = Non
                                                                                  flag_prefix="")))
     if live:
         from dflash_audit.audit.serving_live import attach_live
-        from held.serving.live.check import live_check
+        from dflash_audit.audit.live_check import live_check
 
         attach_live(section, live_check({"drafter": drafter}, target, prompts, max_new_tokens, vllm_python)["drafter"])
     count = sum(f["severity"] == "divergence" for r in section.values() for f in r["findings"])

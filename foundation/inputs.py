@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from impl.errors import AuditError
+from foundation.errors import AuditError
 
 # Target config fields that must be positive integers (transformers' own errors name no file,
 # or divide by zero).

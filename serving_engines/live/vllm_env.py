@@ -9,9 +9,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from impl.errors import AuditError
+from foundation.errors import AuditError
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 DRIVER = Path(__file__).with_name("engine_driver.py")
 PROBE = ("import json, pathlib, vllm; from vllm import LLM; "

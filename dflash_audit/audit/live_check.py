@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from held.serving.live import localize
-from held.serving.live.rounds import match_rounds, per_position, served_drafts, served_rounds
-from held.serving.live.vllm_env import DRIVER, VllmEnvironment, find_vllm
-from impl.errors import AuditError
+from serving_engines.live import localize
+from serving_engines.live.rounds import match_rounds, per_position, served_drafts, served_rounds
+from serving_engines.live.vllm_env import DRIVER, VllmEnvironment, find_vllm
+from foundation.errors import AuditError
 
 MAX_MODEL_LEN = 512
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
@@ -200,8 +200,8 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
                workdir: Path | None = None) -> dict[str, dict]:
     """{drafter name: the `serving.vllm.live` section} for every drafter, one engine process for all."""
     from dflash_audit.commands.eval import load_drafter
-    from impl.target import load_target
-    from impl.target_vocab import TargetVocabulary
+    from foundation.target import load_target
+    from foundation.target_vocab import TargetVocabulary
 
     env = find_vllm(vllm_python)
     workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="dflash-live-"))
