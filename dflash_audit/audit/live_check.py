@@ -76,11 +76,12 @@ def engine_command(env: VllmEnvironment, target: Path, drafter: ServedDrafter) -
 
 
 def run_engine(env: VllmEnvironment, target: Path, prompts: list[dict], drafters: list[ServedDrafter],
-               max_new_tokens: int, stop_ids: list[int], dtype: str, workdir: Path, capture: bool = True) -> dict:
+               max_new_tokens: int, stop_ids: list[int], dtype: str, workdir: Path, capture: bool = True,
+               plant_prompts: int = 1) -> dict:
     """One engine process: the target alone, then every drafter (and its planted variants). Returns driver.json."""
     runs = [{"name": "greedy"}]
     runs += [{"name": d.name, "drafter": d.served_path, "num_speculative_tokens": d.spec.block_size - 1,
-              "plants": d.plants, "capture": capture} for d in drafters]
+              "plants": d.plants, "plant_prompts": plant_prompts, "capture": capture} for d in drafters]
     request = {"target": str(target), "dtype": dtype, "max_model_len": MAX_MODEL_LEN,
                "max_new_tokens": max_new_tokens, "stop_ids": stop_ids, "out": str(workdir), "prompts": prompts,
                "runs": runs}
@@ -197,8 +198,10 @@ def load_prompts_for(target_dir: Path, prompts_path: Path | None, tokenizer) -> 
 
 def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | None = None, max_new_tokens: int = 64,
                vllm_python: Path | None = None, plants: dict[str, list[str]] | None = None,
-               workdir: Path | None = None) -> dict[str, dict]:
-    """{drafter name: the `serving.vllm.live` section} for every drafter, one engine process for all."""
+               workdir: Path | None = None, plant_prompts: int = 1) -> dict[str, dict]:
+    """{drafter name: the `serving.vllm.live` section} for every drafter, one engine process for all.
+    `plants`: per drafter, engine variants (serving_engines/live/engine_driver.py PATCHES, `+`-joined) run on
+    its first `plant_prompts` prompts, each assessed like the served run (section["planted"][variant])."""
     from dflash_audit.commands.eval import load_drafter
     from foundation.target import load_target
     from foundation.target_vocab import TargetVocabulary
@@ -213,7 +216,8 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
     for d in served:
         d.plants = list((plants or {}).get(d.name, []))
     dtype = str(target_model.dtype).removeprefix("torch.")
-    engine = run_engine(env, target, prompts, served, max_new_tokens, stop_ids, dtype, workdir)
+    engine = run_engine(env, target, prompts, served, max_new_tokens, stop_ids, dtype, workdir,
+                        plant_prompts=plant_prompts)
     runs = {run["name"]: run for run in engine["runs"]}
     greedy = runs["greedy"]["variants"]["served"]["outputs"] if "variants" in runs.get("greedy", {}) else []
     sections = {}

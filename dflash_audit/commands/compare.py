@@ -36,6 +36,7 @@ from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
 from dflash_audit.ranks import Ranks
 from dflash_world import BUILTIN_PROMPTS
 from foundation.cache_dir import cache_root
+from foundation.errors import AuditError
 from foundation.inputs import TOKENIZER_FILES, check_generation_flags, check_target_dir
 from impl.memory_plan import check_plan, plan_memory
 from foundation.placement import (
@@ -95,7 +96,8 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
                 cache_dir: Path | None = None, console: Console | None = None, truncate: bool = False,
                 ours_options: LoadOptions | None = None, ref_options: LoadOptions | None = None,
                 placement: Placement = CPU_FLOAT32, dtypes: list[str] | None = None,
-                serve: list[str] | None = None) -> AuditReport:
+                serve: list[str] | None = None, live: bool = False,
+                vllm_python: Path | None = None) -> AuditReport:
     """Load, audit, write `out/index.html` + `out/report.json` (+ `json_path`), print the summary.
 
     `dtypes` (`--dtype a,b`): the τ audit once per dtype, the first one the report's main run."""
@@ -114,8 +116,17 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
         static = static_audit(ours_side, ref_side, expect_identical, advance=lambda: bar.advance(task),
                               target=target_vocabulary(target) if target is not None else None)
     report = AuditReport(ours_side, ref_side, static)
+    if live and (not serve or "vllm" not in serve or target is None):
+        raise AuditError("--live runs both drafters in vLLM on the target: give --serve vllm and --target")
     if serve:
         report.serving = serving_sections(ours, ref, serve, target, ours_options, ref_options)
+    if live:
+        from dflash_audit.audit.live_check import live_check
+        from dflash_audit.audit.serving_live import attach_live
+
+        served = live_check({"ours": ours, "ref": ref}, target, prompts, max_new_tokens, vllm_python)
+        for side in ("ours", "ref"):
+            attach_live(report.serving[side], served[side])
     ranks = Ranks.single()
     if target is not None and not static_only:
         ranks = Ranks()  # under torchrun: prompts sharded, one cache, every rank on its own GPU
@@ -207,6 +218,9 @@ def register(app: typer.Typer) -> None:
         truncate: bool = typer.Option(False, "--truncate",
                                       help="keep a too-long prompt's last tokens (default: refuse it)"),
         serve: str | None = typer.Option(None, "--serve", help="also check how vllm,sglang would serve each drafter"),
+        live: bool = typer.Option(False, "--live", help="with --serve vllm: run both drafters in a real vLLM engine"),
+        vllm_python: Path | None = typer.Option(None, "--vllm-python",
+                                                help="--live: a Python with vLLM (default .venv-vllm/bin/python)"),
         cache_dir: Path | None = typer.Option(None, "--cache-dir",
                                               help="cache root; hidden states go to <root>/offline "
                                                    "(default $XDG_CACHE_HOME/dflash-audit)"),
@@ -224,5 +238,6 @@ def register(app: typer.Typer) -> None:
                              ours_options=LoadOptions(ours_entry, key_map, list(ours_spec), "--ours"),
                              ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"),
                              placement=placement, dtypes=[None, *dtypes[1:]],
-                             serve=parse_engines(serve) if serve is not None else None)
+                             serve=parse_engines(serve) if serve is not None else None, live=live,
+                             vllm_python=vllm_python)
         return report.exit_status

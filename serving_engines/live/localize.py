@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from impl.extract import output_head
+from impl.masks import inference_mask
 from impl.model import rms_norm
 
 SAME = 1e-3  # max |a - b| / max |b|: two float32 kernels computing the same tensor stay far below it
@@ -30,6 +31,7 @@ SITES = {
     "positions": ("v1/spec_decode/dflash.py", "out_query_positions_ptr=self.positions"),
     "fc": ("model_executor/models/qwen3_dflash.py", "result = self.model.fc(hidden_states)"),
     "layers": ("model_executor/models/qwen3_dflash.py", "hidden_states, residual = layer("),
+    "causal": ("model_executor/models/qwen3_dflash.py", "def _dflash_layer_causal"),
     "context_keys": ("model_executor/models/qwen3_dflash.py", "all_k_normed = self._normalize_context_k(all_k)"),
     "context_k_norm": ("model_executor/models/qwen3_dflash.py", "self._k_norm_weights,"),
     "norm": ("model_executor/models/qwen3_dflash.py", "hidden_states, _ = self.norm(hidden_states, residual)"),
@@ -145,8 +147,9 @@ def input_findings(inputs: StepInputs, states: TargetStates, spec, tokens: list[
     return findings
 
 
-def replay(drafter, target, inputs: StepInputs) -> dict[str, torch.Tensor]:
-    """The trained drafter's module outputs on the engine's own inputs (context features, block, positions)."""
+def replay(drafter, target, inputs: StepInputs, causal: bool | None = None) -> dict[str, torch.Tensor]:
+    """The trained drafter's module outputs on the engine's own inputs (context features, block, positions);
+    `causal` forces every layer's attention within the block causal (True) or bidirectional (False)."""
     outputs, handles = {}, []
 
     def keep(name):
@@ -159,9 +162,13 @@ def replay(drafter, target, inputs: StepInputs) -> dict[str, torch.Tensor]:
         handles.append(layer.register_forward_hook(keep(f"layers.{i}")))
     block = torch.tensor([inputs.block_tokens])
     positions = torch.tensor([inputs.context_positions + inputs.block_positions])
+    masks = None
+    if causal is not None:
+        masks = [inference_mask(len(inputs.context_positions), len(inputs.block_tokens), drafter.spec.window_of(i),
+                                causal) for i in range(len(drafter.layers))]
     try:
         with torch.inference_mode():
-            hidden = drafter(drafter.embed(target, block), inputs.features[None].to(block.device), positions)
+            hidden = drafter(drafter.embed(target, block), inputs.features[None].to(block.device), positions, masks)
             outputs["norm"] = hidden[0]
             logits = drafter.compute_logits(hidden[0, drafter.spec.first_proposing_slot:], output_head(target))
     finally:
@@ -174,65 +181,88 @@ def replay(drafter, target, inputs: StepInputs) -> dict[str, torch.Tensor]:
     return outputs
 
 
-def context_key_findings(drafter, inputs: StepInputs, cite, prompt: str, round_no: int) -> list[Finding]:
-    """Each draft layer's context keys (the engine projects and norms them for all layers at once, apart from
-    the layer's forward): before their k_norm, then after; a key normed with another layer's weight is named."""
+def context_key_finding(drafter, inputs: StepInputs, i: int, cite, prompt: str, round_no: int) -> Finding | None:
+    """Draft layer i's context keys (the engine projects and norms them for all layers at once, apart from the
+    layer's forward): before their k_norm, then after; keys normed with another layer's weight are named."""
     engine_in, engine_out = inputs.modules.get("context_k_in"), inputs.modules.get("context_k")
     context = inputs.modules.get("context")
     if engine_in is None or engine_out is None or context is None:
-        return []
+        return None
+    attn = drafter.layers[i].self_attn
     with torch.inference_mode():
         normed = rms_norm(drafter.hidden_norm, context)
-        for i, layer in enumerate(drafter.layers):
-            attn = layer.self_attn
-            keys = attn.k_proj(normed).view(normed.shape[0], attn.kv_heads, attn.head_dim)
-            size = relative(engine_in[i], keys)
-            if size > SAME:
-                return [Finding("module", f"layers.{i}.self_attn.k_proj", f"same inputs, different output: the "
-                                f"engine's context keys of draft layer {i} (before k_norm) differ from the trained "
-                                f"drafter's k_proj by {size:.3g} (relative)", size, cite("context_keys"), prompt,
-                                round_no)]
-            mine = rms_norm(attn.k_norm, keys)
-            size = relative(engine_out[i], mine)
-            if size <= SAME:
-                continue
-            other = [j for j, o in enumerate(drafter.layers) if j != i
-                     and relative(engine_out[i], rms_norm(o.self_attn.k_norm, keys)) <= SAME]
-            why = f"normed with draft layer {other[0]}'s k_norm weight, not its own" if other else "differ"
-            return [Finding("module", f"layers.{i}.self_attn.k_norm",
-                            f"same inputs, different output: the engine's context keys of draft layer {i} are {why} "
-                            f"(relative difference {size:.3g}); the engine norms every layer's context keys in one "
-                            f"rms_norm call over the stacked k_norm weights", size, cite("context_k_norm"), prompt,
-                            round_no)]
-    return []
+        keys = attn.k_proj(normed).view(normed.shape[0], attn.kv_heads, attn.head_dim)
+        size = relative(engine_in[i], keys)
+        if size > SAME:
+            return Finding("module", f"layers.{i}.self_attn.k_proj", f"same inputs, different output: the engine's "
+                           f"context keys of draft layer {i} (before k_norm) differ from the trained drafter's k_proj "
+                           f"by {size:.3g} (relative)", size, cite("context_keys"), prompt, round_no)
+        size = relative(engine_out[i], rms_norm(attn.k_norm, keys))
+        if size <= SAME:
+            return None
+        other = [j for j, o in enumerate(drafter.layers) if j != i
+                 and relative(engine_out[i], rms_norm(o.self_attn.k_norm, keys)) <= SAME]
+    why = f"normed with draft layer {other[0]}'s k_norm weight, not its own" if other else "not the trained ones"
+    return Finding("module", f"layers.{i}.self_attn.k_norm", f"same inputs, different output: the engine's context "
+                   f"keys of draft layer {i} are {why} (relative difference {size:.3g}); the engine norms every "
+                   f"layer's context keys in one rms_norm call over the stacked k_norm weights", size,
+                   cite("context_k_norm"), prompt, round_no)
+
+
+def causality_finding(drafter, target, inputs: StepInputs, i: int, engine: torch.Tensor, size: float, cite,
+                      prompt: str, round_no: int) -> Finding | None:
+    """Draft layer i's output equals the trained drafter's run with the other block causality: named."""
+    flipped = not drafter.spec.block_is_causal(i)
+    other = replay(drafter, target, inputs, causal=flipped)
+    if relative(engine, other[f"layers.{i}"].float()) > SAME:
+        return None
+    trained, served = ("bidirectional", "causally") if flipped else ("causal", "bidirectionally")
+    return Finding("module", f"layers.{i}.self_attn", f"same inputs, different output: the engine's draft layer {i} "
+                   f"attends {served} within the block; trained {trained} (relative difference as served "
+                   f"{size:.3g}; run {served}, the trained drafter gives the engine's output)", size, cite("causal"),
+                   prompt, round_no)
 
 
 def module_findings(drafter, target, inputs: StepInputs, cite, prompt: str, round_no: int) -> list[Finding]:
+    """In data-flow order (fc; each layer's context keys, then its output; the final norm): every difference
+    whose cause is named, until one that is not (reported, then stop: what follows it is downstream)."""
     ours = replay(drafter, target, inputs)
+    found: list[Finding] = []
     engine_fc = inputs.modules.get("fc")
     if engine_fc is not None:
         size = relative(engine_fc[: ours["fc"].shape[0]], ours["fc"].float())
         if size > SAME:
             return [Finding("module", "fc", f"same inputs, different output: the engine's fc differs from the trained "
                                             f"drafter's by {size:.3g} (relative)", size, cite("fc"), prompt, round_no)]
-    keys = context_key_findings(drafter, inputs, cite, prompt, round_no)
-    if keys:
-        return keys
-    for name in [*[f"layers.{i}" for i in range(len(drafter.layers))], "norm"]:
-        engine = inputs.modules.get(name)
-        if engine is None or name not in ours:
-            continue
-        mine = ours[name].float()
-        if name == "fc":
-            engine = engine[: mine.shape[0]]
-        if engine.shape != mine.shape:
+    for i in range(len(drafter.layers)):
+        keys = context_key_finding(drafter, inputs, i, cite, prompt, round_no)
+        if keys is not None:
+            found.append(keys)
+            if keys.what.endswith("k_proj"):
+                return found
+        name = f"layers.{i}"
+        engine, mine = inputs.modules.get(name), ours[name].float()
+        if engine is None or engine.shape != mine.shape:
             continue  # a block of another length: its input finding says so
         size = relative(engine, mine)
+        if size <= SAME or found:  # a named cause upstream explains it
+            continue
+        named = causality_finding(drafter, target, inputs, i, engine, size, cite, prompt, round_no)
+        if named is not None:
+            found.append(named)
+            continue
+        return [Finding("module", name, f"same inputs, different output: the engine's {name} differs from the "
+                                        f"trained drafter's by {size:.3g} (relative)", size, cite("layers"), prompt,
+                        round_no)]
+    engine = inputs.modules.get("norm")
+    if not found and engine is not None and engine.shape == ours["norm"].shape:
+        size = relative(engine, ours["norm"].float())
         if size > SAME:
-            site = cite("layers" if name.startswith("layers") else name)
-            return [Finding("module", name, f"same inputs, different output: the engine's {name} differs from the "
-                                            f"trained drafter's by {size:.3g} (relative)", size, site, prompt,
-                            round_no)]
+            return [Finding("module", "norm", f"same inputs, different output: the engine's final norm differs from "
+                                              f"the trained drafter's by {size:.3g} (relative)", size, cite("norm"),
+                            prompt, round_no)]
+    if found:
+        return found
     drafts = ours["logits"].argmax(-1).tolist()
     engine_drafts = inputs.step.get("drafts", [[]])[0]
     if drafts != engine_drafts[: len(drafts)]:
