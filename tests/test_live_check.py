@@ -48,7 +48,7 @@ def live(tmp_path_factory):
     drafters = {"ours": full, "zlab": root / "zlab", "speculators": root / "speculators",
                 "mixed": cached_test_drafter(world)}
     sections = live_check(drafters, world.target, world.prompts, 64, plants={"zlab": [FIXED, *PLANTED]},
-                          workdir=root / "engine", plant_prompts=2)
+                          workdir=root / "engine", plant_prompts=8)
     return sections, world
 
 

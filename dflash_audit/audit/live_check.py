@@ -136,7 +136,7 @@ def assess_variant(drafter: ServedDrafter, model, target, variant: dict, greedy:
         row = {"id": prompt["id"], "served_tau": round(sum(s_rounds) / len(s_rounds), 4) if s_rounds else 0.0,
                "audited_tau": round(run.tau, 4), "rounds": match.rounds, "rounds_equal": match.rounds_equal,
                "blocks_equal": match.blocks_equal, "first_diff_round": match.first_diff_round,
-               "last_block_apart": match.last_block_apart,
+               "last_block_apart": match.last_block_apart, "rounds_apart": match.apart,
                "greedy_identical": output == greedy[p] if p < len(greedy) else None}
         if match.first_diff_round is not None and tensors:
             local = localize_round(drafter, model, target, steps, tensors, prompt, output, match.first_diff_round,
@@ -162,10 +162,10 @@ def localize_round(drafter, model, target, steps, tensors, prompt, output, round
     if len(inputs.block_tokens) == drafter.spec.block_size:  # replayed on the engine's own inputs, whatever they are
         found += localize.module_findings(model, target, inputs, cite, prompt["id"], round_no)
     if not found:
-        found = [localize.Finding("unlocalized", "verification",
-                                  "same drafter inputs and drafts; the engine's target accepted a different number of "
-                                  "them (its verification differs from transformers' on this block)", None, "",
-                                  prompt["id"], round_no)]
+        found = [localize.Finding("unlocalized", "round", "the engine fed the drafter the trained inputs and its "
+                                  "modules computed what the trained drafter computes on them, yet the round differs "
+                                  "from the audit's (the target's verification, or the audit's own earlier rounds)",
+                                  None, "", prompt["id"], round_no)]
     return [f.to_dict() for f in found]
 
 

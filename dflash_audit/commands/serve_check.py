@@ -52,7 +52,7 @@ def live_table(live: dict[str, Any]) -> str:
     """The served rounds per prompt, as `serve-check --live` prints them (and the README shows them)."""
     if not live.get("ran"):
         return f"  live: not run: {live.get('refused')}"
-    rows = [[p["id"], f"{p['served_tau']:.3f}", f"{p['audited_tau']:.3f}", f"{p['rounds_equal']}/{p['rounds']}",
+    rows = [[p["id"], f"{p['served_tau']:.3f}", f"{p['audited_tau']:.3f}", f"{p['rounds_equal']}/{p['rounds']}" + (f" ({p['rounds_apart']} apart)" if p.get("rounds_apart") else ""),
              p["first_diff_round"] or "-", ", ".join(p.get("explained_by", [])) or "-",
              "yes" if p["greedy_identical"] else "NO"] for p in live["prompts"]]
     head = f"  live: vLLM {live['version']} ({live['python']}), greedy output identical: " \

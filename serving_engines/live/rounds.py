@@ -48,30 +48,32 @@ class RoundMatch:
     rounds_equal: int  # rounds whose length and drafted block are the audit's
     rounds: int  # rounds compared
     first_diff_round: int | None  # 1-based; None when every compared round agrees
-    last_block_apart: bool  # the only difference is the last block, which the audit shrinks to the tokens left
+    last_block_apart: bool  # rounds near the end differ only as the audit shrinks its block to the tokens left
     blocks_equal: int  # drafted blocks identical token for token
-    differing: list[int] = field(default_factory=list)  # 1-based rounds that differ (the last block excluded)
+    apart: int = 0  # rounds counted apart (the audit's shrunk blocks)
+    differing: list[int] = field(default_factory=list)  # 1-based rounds that differ (those apart excluded)
 
 
 def match_rounds(served: list[int], served_blocks: list[list[int]], audited: list[int],
                  audited_blocks: list[list[int]], speculative_tokens: int) -> RoundMatch:
-    """Round i of the engine against round i of the audit (length and drafted block). A last audited block
-    shorter than the engine's K is the audit's own shrinking near max_new_tokens, not a served difference."""
+    """Round i of the engine against round i of the audit (length and drafted block). Near max_new_tokens the
+    audit drafts fewer than K tokens (z-lab's `min(B, max_length - start)`) while the engine always drafts K and
+    cuts the output: from the audit's first shrunk block on, rounds are counted apart, not as differences."""
     n = max(len(served), len(audited))
-    equal, blocks_equal, differing, apart = 0, 0, [], False
-    for i in range(n):
-        s_len = served[i] if i < len(served) else None
-        a_len = audited[i] if i < len(audited) else None
+    shrunk_from = next((i for i, block in enumerate(audited_blocks) if len(block) < speculative_tokens), n)
+    equal, blocks_equal, differing = 0, 0, []
+    for i in range(min(n, shrunk_from)):
         s_block = served_blocks[i] if i < len(served_blocks) else None
         a_block = audited_blocks[i] if i < len(audited_blocks) else None
-        same_block = s_block is not None and a_block is not None and s_block == a_block
+        same_block = s_block is not None and s_block == a_block
         blocks_equal += same_block
-        if s_len == a_len and same_block:
+        same_length = i < len(served) and i < len(audited) and served[i] == audited[i]
+        if same_length and same_block:
             equal += 1
-            continue
-        shrunk = a_block is not None and len(a_block) < speculative_tokens and i == len(audited) - 1
-        if shrunk and not differing:  # the audit drafted fewer tokens than the engine: counted apart
-            apart = True
-            continue
-        differing.append(i + 1)
-    return RoundMatch(equal, n, differing[0] if differing else None, apart, blocks_equal, differing)
+        else:
+            differing.append(i + 1)
+    apart = n - min(n, shrunk_from) if not differing else 0
+    if differing:  # after a real difference the later rounds are downstream of it: compared, not counted apart
+        for i in range(shrunk_from, n):
+            differing.append(i + 1)
+    return RoundMatch(equal, n, differing[0] if differing else None, apart > 0, blocks_equal, apart, differing)
