@@ -13,6 +13,7 @@ import typer
 from tabulate import tabulate
 
 from dflash_audit.audit.serving import divergence_count, section_dict, serving_section
+from dflash_audit.commands import VERBS
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable
 from foundation.atomic import atomic_write_bytes
@@ -111,7 +112,7 @@ def run_serve_check(drafter: Path, engines: list[str], target: Path | None = Non
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("serve-check")
+    @app.command("serve-check", help=VERBS["serve-check"])
     def serve_check(
         drafter: Path = typer.Option(..., "--drafter", help="drafter directory (z-lab or speculators format)"),
         engine: str = typer.Option("vllm,sglang", "--engine", help="engines to hold it against: vllm,sglang"),
@@ -125,7 +126,6 @@ def register(app: typer.Typer) -> None:
         vllm_python: Path | None = typer.Option(None, "--vllm-python",
                                                 help="--live: a Python with vLLM (default .venv-vllm/bin/python)"),
     ) -> int:
-        """Will it serve as trained? Hold the drafter against vLLM and SGLang through their own code."""
         return run_serve_check(drafter, parse_engines(engine), target, spec, json_path, out, live, prompts,
                                max_new_tokens, vllm_python)
 
