@@ -19,7 +19,8 @@ from foundation.atomic import atomic_write_bytes
 from foundation.errors import CheckpointError
 from impl.body_shapes import body_shapes
 from impl.param_names import strip_wrapper_prefixes
-from impl.spec import DraftSpec, Recipe, SpecError
+from impl.recipe import Recipe
+from impl.spec import DraftSpec, SpecError
 
 if TYPE_CHECKING:
     from impl.model import DFlashDrafter

@@ -29,11 +29,6 @@ from foundation.atomic import atomic_write_bytes
 from foundation.cache_dir import cache_root
 from foundation.errors import AuditError
 from foundation.inputs import check_finite_weights, check_generation_flags
-from impl.checkpoint import build_drafter
-from impl.ddtree import ddtree_decode, require_dflash_family
-from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
-from impl.memory_plan import check_plan, plan_memory
-from impl.offline import load_or_build_cache, offline_rounds_each
 from foundation.placement import (
     CPU_FLOAT32,
     DEVICE_HELP,
@@ -45,7 +40,13 @@ from foundation.placement import (
     resolve_placement,
     target_device,
 )
+from foundation.target import stop_token_ids
 from foundation.target_vocab import TargetVocabulary, mask_token_problems
+from impl.checkpoint import build_drafter
+from impl.ddtree import ddtree_decode, require_dflash_family
+from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
+from impl.memory_plan import check_plan, plan_memory
+from impl.offline import load_or_build_cache, offline_rounds_each
 
 METHODS = ("dflash", "ddtree")
 MODES = ("live", "offline")
@@ -73,11 +74,6 @@ def place_drafter(spec, state_dict, path: Path, target):
     """The drafter where the target reads its inputs, in the target's dtype (its serving dtype)."""
     return built_in(target_device(target), model_dtype(target),
                     lambda: build_drafter(spec, state_dict, source=str(path))).eval()
-
-
-def load_drafter(path: Path, target_dir: Path, target, options=None):
-    spec, state_dict = read_drafter(path, target_dir, target.config, options)
-    return place_drafter(spec, state_dict, path, target)
 
 
 def mask_token_notes(mask_token_id: int, target: TargetVocabulary) -> list[str]:
@@ -153,7 +149,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     drafter = place_drafter(spec, state_dict, drafter_path, target)
     for note in notes:
         console.print(f"note: {note}", soft_wrap=True)
-    stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    stop_ids = stop_token_ids(tokenizer)
     ranks = Ranks()
     order = {prompt_id: i for i, (prompt_id, _) in enumerate(prompts)}
     mine, cache, entries = ranks.shard(prompts), None, None
@@ -174,7 +170,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
         return None
 
     all_rounds = [length for r in results for length in r["rounds"]]
-    longest = drafter.spec.speculative_tokens + 1  # every proposal accepted, plus the bonus
+    longest = drafter.spec.longest_round
     payload = {"method": method, "mode": mode, "budget": budget if method == "ddtree" else None,
                "max_new_tokens": max_new_tokens, "placement": placement.describe(), "prompts": results,
                "mean_tau": mean_acceptance([r["tau"] for r in results]),
