@@ -202,16 +202,15 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
     """{drafter name: the `serving.vllm.live` section} for every drafter, one engine process for all.
     `plants`: per drafter, engine variants (serving_engines/live/engine_driver.py PATCHES, `+`-joined) run on
     its first `plant_prompts` prompts, each assessed like the served run (section["planted"][variant])."""
-    from dflash_audit.commands.eval import load_drafter
-    from foundation.target import load_target
-    from foundation.target_vocab import TargetVocabulary
+    from dflash_audit.commands.eval import place_drafter, read_drafter
+    from foundation.target import load_target, stop_token_ids
 
     env = find_vllm(vllm_python)
     workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="dflash-live-"))
     workdir.mkdir(parents=True, exist_ok=True)
     target_model, tokenizer = load_target(target)
     prompts = load_prompts_for(target, prompts_path, tokenizer)
-    stop_ids = TargetVocabulary.read(target).special_ids.get("eos", [])  # the one reader compare uses too
+    stop_ids = stop_token_ids(tokenizer)  # eval's and compare's: the engine stops at these and no others
     served = [prepare(name, Path(path), target, workdir) for name, path in drafters.items()]
     for d in served:
         d.plants = list((plants or {}).get(d.name, []))
@@ -233,7 +232,8 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
                                 "greedy_identical": None, "prompts": [], "per_position": {"served": [], "audited": []},
                                 "findings": []}
             continue
-        model = load_drafter(Path(d.source), target, target_model)
+        model = place_drafter(*read_drafter(Path(d.source), target, target_model.config), Path(d.source),
+                              target_model)
         audited = audited_runs(model, target_model, prompts, max_new_tokens, stop_ids)
         section = {**base, "ran": True, "load_s": round(run["load_s"], 1)}
         for label, variant in run["variants"].items():

@@ -212,8 +212,8 @@ def planted(runner, variant: str | None):
 def generate(llm, prompts, max_new_tokens, stop_ids):
     from vllm import SamplingParams, TokensPrompt
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=list(stop_ids),
-                            ignore_eos=not stop_ids)
+    # The audit's stop ids and no others (vLLM would add its generation config's eos ids to the tokenizer's).
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=list(stop_ids), ignore_eos=True)
     outputs = []
     for prompt in prompts:  # one request at a time: batch 1, as the audit decodes
         (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt["ids"])], params, use_tqdm=False)
