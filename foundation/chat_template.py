@@ -13,8 +13,6 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from foundation.errors import AuditError
 from foundation.inputs import read_utf8
 
@@ -90,7 +88,10 @@ class ChatTemplate:
         # The template holds any BOS; adding special tokens again would double it.
         return tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
-    def ids(self, tokenizer, messages: list[dict]) -> torch.Tensor:
+    def ids(self, tokenizer, messages: list[dict]):
+        """Token ids [1, T] (a torch tensor) of the conversation."""
+        import torch  # here: a static compare imports this module and never torch (tests/test_start_fast.py)
+
         ids = self.render(tokenizer, messages)
         if not ids:
             raise AuditError(f"prompt {messages[-1]['content'][:40]!r} tokenizes to nothing")

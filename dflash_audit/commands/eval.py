@@ -15,10 +15,10 @@ import typer
 from rich.console import Console
 from tabulate import tabulate
 
+from dflash_audit.commands import VERBS
 from dflash_audit.commands.eval_drafter import load_drafter, place_drafter, read_drafter  # noqa: F401 (load_drafter: API)
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.progress import progress
-from foundation.chat_template import CHAT_TEMPLATE_HELP, ChatTemplate
 from dflash_audit.prompts import (
     fit_prompts,
     load_prompts,
@@ -27,13 +27,9 @@ from dflash_audit.prompts import (
 from dflash_audit.ranks import Ranks
 from foundation.atomic import atomic_write_bytes
 from foundation.cache_dir import cache_root
+from foundation.chat_template import CHAT_TEMPLATE_HELP, ChatTemplate
 from foundation.errors import AuditError
 from foundation.inputs import check_generation_flags
-from impl.checkpoint import build_drafter
-from impl.ddtree import ddtree_decode, require_dflash_family
-from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
-from impl.memory_plan import check_plan, plan_memory
-from impl.offline import load_or_build_cache, offline_rounds_each
 from foundation.placement import (
     CPU_FLOAT32,
     DEVICE_HELP,
@@ -42,7 +38,13 @@ from foundation.placement import (
     Placement,
     resolve_placement,
 )
+from foundation.target import stop_token_ids
 from foundation.target_vocab import TargetVocabulary, mask_token_problems
+from impl.checkpoint import build_drafter
+from impl.ddtree import ddtree_decode, require_dflash_family
+from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
+from impl.memory_plan import check_plan, plan_memory
+from impl.offline import load_or_build_cache, offline_rounds_each
 
 METHODS = ("dflash", "ddtree")
 MODES = ("live", "offline")
@@ -123,7 +125,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     drafter = place_drafter(spec, state_dict, drafter_path, target)
     for note in notes:
         console.print(f"note: {note}", soft_wrap=True)
-    stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    stop_ids = stop_token_ids(tokenizer)
     ranks = Ranks()
     order = {prompt_id: i for i, (prompt_id, _) in enumerate(prompts)}
     mine, cache, entries = ranks.shard(prompts), None, None
@@ -144,7 +146,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
         return None
 
     all_rounds = [length for r in results for length in r["rounds"]]
-    longest = drafter.spec.speculative_tokens + 1  # every proposal accepted, plus the bonus
+    longest = drafter.spec.longest_round
     payload = {"method": method, "mode": mode, "budget": budget if method == "ddtree" else None,
                "max_new_tokens": max_new_tokens, "placement": placement.describe(),
                "chat_template": chat.describe(tokenizer), "prompts": results,
@@ -174,7 +176,7 @@ def uses_table(prompts: list[str], methods, budgets, temperatures, tau_methods, 
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("eval")
+    @app.command("eval", help=VERBS["eval"])
     def eval_command(
         drafter: Path = typer.Option(..., "--drafter", help="ours ckpt.pt, z-lab dir or speculators dir"),
         target: Path = typer.Option(..., "--target", help="Hugging Face target model directory"),
@@ -220,7 +222,6 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP),
         device_map: str | None = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP),
     ) -> None:
-        """Per-prompt τ and per-round acceptance lengths of one drafter; with --table, τ over benchmark sets."""
         from dflash_audit.formats import LoadOptions
 
         chat = ChatTemplate.parse(chat_template, chat_template_kwargs)
