@@ -22,8 +22,9 @@ import torch
 
 from foundation.benchmarks.sets import PromptSet
 from foundation.chat_template import ChatTemplate
-from impl.decoding import dflash_decode, mean_acceptance
 from foundation.errors import AuditError
+from foundation.target import stop_token_ids
+from impl.decoding import dflash_decode, mean_acceptance
 
 
 
@@ -46,10 +47,6 @@ def reply_text(tokenizer, output_ids: torch.Tensor, prompt_len: int) -> str:
     return tokenizer.decode(output_ids[0, prompt_len:].tolist(), skip_special_tokens=True)
 
 
-def stop_ids_of(tokenizer) -> list[int]:
-    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-
-
 def conversations(prompt_set: PromptSet, tokenizer, render, generate) -> list[dict]:
     """Each prompt's turns in order, each after the reply `generate(ids)` gave the previous one."""
     results = []
@@ -67,7 +64,7 @@ def conversations(prompt_set: PromptSet, tokenizer, render, generate) -> list[di
 def live(drafter, target, tokenizer, prompt_set: PromptSet, template: ChatTemplate, setting: Setting) -> list[dict]:
     from impl.ddtree import ddtree_decode
 
-    stops = stop_ids_of(tokenizer)
+    stops = stop_token_ids(tokenizer)
 
     def generate(ids):
         if setting.decode == "ddtree":

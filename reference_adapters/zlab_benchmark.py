@@ -30,7 +30,8 @@ from foundation.benchmarks.sets import PromptSet
 from foundation.chat_template import ChatTemplate
 from foundation.errors import AuditError
 from impl.decoding import dflash_decode
-from impl.tau_methods import Setting, conversations, stop_ids_of
+from foundation.target import stop_token_ids as tokenizer_stop_ids
+from impl.tau_methods import Setting, conversations
 from reference_adapters.version_guard import check_reference
 from reference_adapters.zlab_adapter import ZlabImplementation, cpu_timer
 
@@ -92,7 +93,7 @@ def zlab_loop(drafter, target, tokenizer, prompt_set: PromptSet, template: ChatT
               setting: Setting) -> list[dict]:
     zlab = ZlabImplementation()
     twin = zlab.build_drafter(drafter.spec, drafter.state_dict(), target)
-    stops = stop_ids_of(tokenizer)
+    stops = tokenizer_stop_ids(tokenizer)
 
     def generate(ids):
         run = zlab.generate(twin, target, ids.to(target.device), setting.max_new_tokens, stops, setting.temperature,
@@ -115,17 +116,15 @@ def reasoning_of(template: ChatTemplate) -> str | None:
 
 def zlab_benchmark(drafter, target, tokenizer, prompt_set: PromptSet, template: ChatTemplate,
                    setting: Setting) -> list[dict]:
-    from dflash.benchmark import apply_chat_template, stop_token_ids
-
     if template.template(tokenizer) is None:
         raise AuditError("--tau-method zlab-benchmark renders every prompt through a chat template: the target "
                          "tokenizer has none (give one with --chat-template FILE)")
     reasoning = reasoning_of(template)
     template.install(tokenizer)
-    stops = stop_token_ids(target, tokenizer)
+    stops = zlab_bench.stop_token_ids(target, tokenizer)
 
     def render(messages):
-        text = apply_chat_template(tokenizer, messages, reasoning)
+        text = zlab_bench.apply_chat_template(tokenizer, messages, reasoning)
         return torch.tensor([tokenizer.encode(text, add_special_tokens=False)], dtype=torch.long)
 
     def generate(ids):
