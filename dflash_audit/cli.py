@@ -13,6 +13,7 @@ import traceback
 
 import typer
 
+from dflash_audit.faults import clean, os_fault, unforeseen
 from impl.atomic import OutputError
 from impl.errors import AuditError, CheckpointError
 from impl.packages import PACKAGES, installed_version
@@ -71,7 +72,7 @@ def root(version: bool = typer.Option(False, "--version", is_eager=True, callbac
     """Reference-parity audit and conformance harness for DFlash drafters."""
 
 
-EXPECTED_ERRORS = (AuditError, CheckpointError, SpecError, OutputError, FileNotFoundError)
+EXPECTED_ERRORS = (AuditError, CheckpointError, SpecError, OutputError)
 
 
 def one_line(text: str) -> str:
@@ -93,10 +94,10 @@ def error_message(exc: BaseException) -> str:
     if "NoArgsIsHelpError" in names:
         return f"no command given; one of {', '.join(VERBS)} (see the usage above)"
     if isinstance(exc, EXPECTED_ERRORS):
-        return one_line(str(exc)) or type(exc).__name__
+        return clean(str(exc)) or "bad input (rerun with --debug for the details)"
     if "ClickException" in names:
-        return one_line(exc.format_message()) or type(exc).__name__
-    return f"{type(exc).__name__}: {one_line(str(exc))[:300]} (rerun with --debug for the traceback)"
+        return clean(exc.format_message()) or "bad usage (see --help)"
+    return os_fault(exc) or unforeseen(exc)
 
 
 def main(argv: list[str] | None = None) -> int:

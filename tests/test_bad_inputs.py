@@ -67,7 +67,11 @@ def _write_jsonl(path: Path, records: list[dict]) -> None:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("inputs")
+    return build_world(tmp_path_factory.mktemp("inputs"))
+
+
+def build_world(root: Path) -> Path:
+    """The hostile-input world under `root` (also built once per session by tests/bad_inputs/)."""
     tokenizer = train_tokenizer(TEXTS, vocab_size=300)
     _save_target(root / "target", tokenizer)
     drafter = _drafter(tokenizer)

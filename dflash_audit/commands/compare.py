@@ -30,7 +30,7 @@ from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.commands.serve_check import parse_engines
 from dflash_audit.formats import LoadOptions
-from dflash_audit.outputs import check_outputs, check_writable
+from dflash_audit.outputs import check_cache_dir, check_not_foreign, check_outputs, check_writable
 from dflash_audit.progress import progress
 from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
 from dflash_audit.ranks import Ranks
@@ -81,12 +81,20 @@ def load_prompt_ids(prompts_file: Path | None, tokenizer) -> tuple[list[tuple[st
     return tokenize_prompts(tokenizer, prompts), source
 
 
-def check_compare_outputs(out: Path, json_path: Path | None, inputs: dict[str, Path | None]) -> None:
-    """The report directory and --json are no input (nor contain one) and are writable, before any work."""
+REPORT_FILES = ("index.html", "report.json")
+
+
+def check_compare_outputs(out: Path, json_path: Path | None, inputs: dict[str, Path | None], force: bool = False,
+                          cache_dir: Path | None = None) -> None:
+    """The report directory and --json are no input (nor contain one), replace nothing the tool did not
+    write (unless --force) and are writable; --cache-dir lies outside the inputs; all before any work."""
     check_outputs({"--out": out, "--json": json_path}, inputs)
+    check_cache_dir(cache_dir, inputs)
     check_writable("--out", out, "dir")
+    check_not_foreign("--out", out, force, REPORT_FILES)
     if json_path is not None:
         check_writable("--json", json_path)
+        check_not_foreign("--json", json_path, force)
 
 
 def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path | None = None,
@@ -95,14 +103,15 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
                 cache_dir: Path | None = None, console: Console | None = None, truncate: bool = False,
                 ours_options: LoadOptions | None = None, ref_options: LoadOptions | None = None,
                 placement: Placement = CPU_FLOAT32, dtypes: list[str] | None = None,
-                serve: list[str] | None = None) -> AuditReport:
+                serve: list[str] | None = None, force: bool = False) -> AuditReport:
     """Load, audit, write `out/index.html` + `out/report.json` (+ `json_path`), print the summary.
 
     `dtypes` (`--dtype a,b`): the τ audit once per dtype, the first one the report's main run."""
     console = console or Console(stderr=True)
     check_generation_flags(max_new_tokens, budget)
     out = out or default_out_dir(ours, ref)
-    check_compare_outputs(out, json_path, {"--ours": ours, "--ref": ref, "--target": target, "--prompts": prompts})
+    check_compare_outputs(out, json_path, {"--ours": ours, "--ref": ref, "--target": target, "--prompts": prompts},
+                          force)
     ours_side = load_side(ours, target, ours_options or LoadOptions(flag_prefix="--ours"))
     ref_side = load_side(ref, target, ref_options or LoadOptions(flag_prefix="--ref"))
     if target is not None and not static_only:
@@ -214,8 +223,11 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP + "; a comma list (bfloat16,float32) "
                                   "measures τ in each"),
         device_map: str | None = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP),
+        force: bool = typer.Option(False, "--force", help="replace report files at --out / --json that the tool "
+                                                          "did not write"),
     ) -> int:
         """Audit --ours against --ref: findings, spec and tensor diff, per-prompt τ. Exit 1 on divergence."""
+        check_cache_dir(cache_dir, {"--ours": ours, "--ref": ref, "--target": target, "--prompts": prompts})
         dtypes = parse_dtype_list(dtype)
         placement = resolve_placement(device, dtypes[0], device_map, target) if target is not None else CPU_FLOAT32
         report = run_compare(ours, ref, target, prompts, static_only, out, json_path, expect_identical,
@@ -224,5 +236,5 @@ def register(app: typer.Typer) -> None:
                              ours_options=LoadOptions(ours_entry, key_map, list(ours_spec), "--ours"),
                              ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"),
                              placement=placement, dtypes=[None, *dtypes[1:]],
-                             serve=parse_engines(serve) if serve is not None else None)
+                             serve=parse_engines(serve) if serve is not None else None, force=force)
         return report.exit_status
