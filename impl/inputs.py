@@ -134,5 +134,8 @@ def check_finite_flags(**flags: float | None) -> None:
 def check_finite_weights(state_dict: dict[str, torch.Tensor], source: str) -> None:
     """A drafter with NaN or inf weights drafts garbage that is always rejected: refuse it, naming the tensor."""
     for name, tensor in state_dict.items():
+        if not tensor.is_floating_point() and name.endswith((".weight", ".bias")):
+            raise AuditError(f"{source}: tensor {name!r} holds {str(tensor.dtype).removeprefix('torch.')} values "
+                             "where a drafter has floating-point weights")
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise AuditError(f"{source}: tensor {name!r} has non-finite values (NaN or inf)")

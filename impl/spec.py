@@ -41,6 +41,11 @@ class SpecError(ValueError):
         super().__init__(f"{field_name}: {message}")
 
 
+def _is_number(value: Any) -> bool:
+    """An int or float (numpy's too), not a bool: `true` is no gamma."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _require(condition: bool, field_name: str, message: str) -> None:
     if not condition:
         raise SpecError(field_name, message)
@@ -247,6 +252,8 @@ class DraftSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DraftSpec:
+        _require(isinstance(data, dict), "spec", f"expected a mapping of fields, got {type(data).__name__} "
+                                                 f"{str(data)[:60]!r}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         _require(not unknown, "spec", f"unknown fields {unknown}")
@@ -307,6 +314,18 @@ class Recipe:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name in ("gamma", "noise_std", "dpace_alpha", "selector_loss_alpha"):
+            value = getattr(self, name)
+            _require(_is_number(value), name, f"must be a number, got {value!r}")
+        _require(isinstance(self.max_anchors, numbers.Integral) and not isinstance(self.max_anchors, bool), "max_anchors", f"must be an integer, got {self.max_anchors!r}")
+        _require(self.verifier_source_layer is None or (isinstance(self.verifier_source_layer, numbers.Integral)
+                                                        and not isinstance(self.verifier_source_layer, bool)),
+                 "verifier_source_layer", f"must be a layer index or null, got {self.verifier_source_layer!r}")
+        _require(isinstance(self.sample_from_anchor, bool), "sample_from_anchor",
+                 f"must be true or false, got {self.sample_from_anchor!r}")
+        for name in ("loss_fn", "per_position_loss_weight", "data_hash"):
+            _require(isinstance(getattr(self, name), str), name, f"must be a string, got {getattr(self, name)!r}")
+        _require(isinstance(self.extra, dict), "extra", f"must be a mapping, got {type(self.extra).__name__}")
         _require(self.gamma > 0, "gamma", f"must be positive, got {self.gamma}")
         _require(self.loss_fn in LOSS_KINDS, "loss_fn", f"{self.loss_fn!r} not in {list(LOSS_KINDS)}")
         _require(self.per_position_loss_weight in LOSS_WEIGHTINGS, "per_position_loss_weight",
@@ -334,6 +353,8 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Recipe:
+        _require(isinstance(data, dict), "recipe", f"expected a mapping of fields, got {type(data).__name__} "
+                                                   f"{str(data)[:60]!r}")
         data = dict(data)
         if "loss_kind" in data and "loss_fn" not in data:
             data["loss_fn"] = data.pop("loss_kind")  # checkpoints written before the rename

@@ -42,6 +42,13 @@ __all__ = ["FORMATS", "MODULES", "VERIFIER_OWNED_KEYS", "LoadOptions", "LoadedCh
 
 
 # -- detection ---------------------------------------------------------------------------
+def check_no_special_files(folder: Path) -> None:
+    """A FIFO or device in a drafter folder (as its config.json or weights) would block a read or be
+    skipped as absent: refused, named."""
+    for entry in sorted(folder.iterdir()):
+        if entry.exists() and not (entry.is_file() or entry.is_dir()):
+            raise AuditError(f"{entry}: not a regular file (a FIFO, socket or device) in the drafter directory")
+
 def _config_of(path: Path) -> dict[str, Any] | None:
     config_path = path / "config.json"
     if not config_path.is_file():
@@ -69,6 +76,7 @@ def detect_format(path: str | Path) -> str:
                          "*.nemo, or a z-lab / speculators / framework checkpoint directory)")
     if not path.is_dir():
         raise AuditError(f"{path}: neither a file nor a directory")
+    check_no_special_files(path)
     config = _config_of(path)
     if config is not None:
         if speculators.detect(config):

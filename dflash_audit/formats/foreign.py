@@ -116,10 +116,11 @@ def read_weight_file(path: Path, entry: str | None, entry_flag: str) -> Payload:
 
 
 def first_line(exc: BaseException) -> str:
-    import re
+    """The reason a library gave, without torch's weights-only advice, terminal colours or class names."""
+    from dflash_audit.faults import clean
+    from impl.pickle_limits import load_failure_reason
 
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # torch colours some messages
-    return (text.splitlines()[0] if text else "no details given")[:200]
+    return clean(load_failure_reason(exc)) or "truncated or corrupt"
 
 
 def read_payloads(files: list[Path], entry: str | None, entry_flag: str) -> Payload:

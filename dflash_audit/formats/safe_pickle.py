@@ -30,6 +30,8 @@ from typing import Any
 import numpy
 import torch
 
+from impl.pickle_limits import PickleBomb, check_graph
+
 try:  # numpy 2 moved its core; pickles name either place
     from numpy._core import multiarray
 except ImportError:  # pragma: no cover - numpy 1.x
@@ -70,6 +72,14 @@ class UnsafePickle(ValueError):
     def __init__(self, name: str, why: str):
         self.name = name
         super().__init__(f"it pickles {name}, {why}; refusing to load it (nothing was run)")
+
+
+class PickleTooLarge(UnsafePickle):
+    """An unpickled graph past impl.pickle_limits' limits (a reference bomb, a loop, absurd nesting)."""
+
+    def __init__(self, why: str):
+        self.name = ""
+        ValueError.__init__(self, f"{why}; refusing to read it further (nothing was run)")
 
 
 class Opaque:
@@ -124,7 +134,12 @@ def safe_load(path: Path) -> Any:
         allowed = _allowed() + [(cls, name) for name, cls in stand_ins.items()]
         try:
             with torch.serialization.safe_globals(allowed):
-                return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+                data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            try:
+                check_graph(data)  # before any reader walks it
+            except PickleBomb as exc:
+                raise PickleTooLarge(str(exc)) from None
+            return data
         except pickle.UnpicklingError as exc:
             # Legacy (non-zip) files cannot be scanned ahead: learn their globals one refusal at a time.
             match = GLOBAL_NAME.search(str(exc))
@@ -195,4 +210,9 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 def restricted_load(path: Path, allowed: dict[tuple[str, str], Any]) -> Any:
     with open(path, "rb") as stream:
-        return RestrictedUnpickler(stream, allowed).load()
+        data = RestrictedUnpickler(stream, allowed).load()
+    try:
+        check_graph(data)
+    except PickleBomb as exc:
+        raise PickleTooLarge(str(exc)) from None
+    return data
