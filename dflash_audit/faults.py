@@ -53,10 +53,15 @@ def clean(text: str) -> str:
     return " ".join(text.split()).strip(" :;,")
 
 
+def fault_words(exc: OSError) -> str:
+    """What an OSError's errno means, in words."""
+    return FAULTS.get(exc.errno) or clean(exc.strerror or "") or errno.errorcode.get(exc.errno, "fault")
+
+
 def os_fault(exc: BaseException) -> str | None:
     """`PATH: FAULT` for an OSError (or a library's text for one), None when it is none."""
     if isinstance(exc, OSError) and exc.errno is not None:
-        fault = FAULTS.get(exc.errno) or clean(exc.strerror or "") or errno.errorcode.get(exc.errno, "fault")
+        fault = fault_words(exc)
         where = " -> ".join(str(name) for name in (exc.filename, exc.filename2) if name is not None)
         return f"{where}: {fault}" if where else fault
     text = str(exc)

@@ -51,7 +51,15 @@ def check_outputs(outputs: dict[str, Path | None], inputs: dict[str, Path | None
 def check_writable(flag: str, path: Path, kind: str = "file") -> None:
     """One line naming the flag if `path` (a `file` or a `dir` to write) cannot be written;
     also clears its leftover temp files."""
-    path = Path(path)
+    try:
+        _check_writable(flag, Path(path), kind)
+    except OSError as exc:  # a loop, a name too long, a file where a folder should be: named, with the flag
+        from dflash_audit.faults import fault_words
+
+        raise AuditError(f"{flag} {path}: cannot write there ({fault_words(exc)})") from None
+
+
+def _check_writable(flag: str, path: Path, kind: str) -> None:
     if path.is_symlink():
         raise AuditError(f"{flag} {path}: a symbolic link; give the real path to write")
     if path.exists() and kind == "file" and not path.is_file():

@@ -23,6 +23,8 @@ from impl.errors import AuditError
 # or divide by zero).
 POSITIVE_INT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                        "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")
+MAX_TARGET_DIMENSION = 1 << 24  # no model is wider; sizing a tensor by more only fails in the allocator
+MAX_TARGET_POSITIONS = 1 << 30
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 MAX_NEW_TOKENS = 1 << 20  # beyond any target's context window
 MAX_BUDGET = 1 << 16  # DDTree verifies the whole tree in one target pass
@@ -75,6 +77,9 @@ def _check_config_fields(config: dict, config_path: Path) -> None:
         value = text.get(name)
         if name in text and value is not None and not (type(value) is int and value > 0):
             raise AuditError(f"{config_path}: field {name!r} must be a positive integer, got {value!r}")
+        top = MAX_TARGET_POSITIONS if name == "max_position_embeddings" else MAX_TARGET_DIMENSION
+        if type(value) is int and value > top:
+            raise AuditError(f"{config_path}: field {name!r} is {value}, past any real model's (at most {top:,})")
     act = text.get("hidden_act")
     if act is not None and (not isinstance(act, str) or act not in ACT2FN):
         raise AuditError(f"{config_path}: field 'hidden_act' is {act!r}, not an activation transformers knows "

@@ -51,12 +51,19 @@ def check_graph(root: Any) -> None:
         if key in expanded:
             continue
         if key in on_path:
-            raise PickleBomb("an object in it contains itself (a reference loop); no checkpoint needs one")
+            if _is_object(node):  # an object's back-reference (OmegaConf's `_parent`): readers stop there
+                expanded[key] = 1
+                continue
+            raise PickleBomb("a list or dict in it contains itself (a reference loop); no checkpoint needs one")
         if depth > MAX_DEPTH:
             raise PickleBomb(f"its data nests deeper than {MAX_DEPTH} levels")
         on_path.add(key)
         stack.append((node, depth, True))
         stack.extend((child, depth + 1, False) for child in children)
+
+
+def _is_object(node: Any) -> bool:
+    return not isinstance(node, (dict, list, tuple, set, frozenset))
 
 
 def _children(node: Any) -> list | None:

@@ -41,6 +41,11 @@ class SpecError(ValueError):
         super().__init__(f"{field_name}: {message}")
 
 
+# Sizes past these are no model's: a typo or a hostile config, refused before any tensor is sized by them.
+MAX_DIMENSION = 1 << 24
+MAX_POSITIONS = 1 << 30
+
+
 def _is_number(value: Any) -> bool:
     """An int or float (numpy's too), not a bool: `true` is no gamma."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
@@ -120,7 +125,12 @@ class DraftSpec:
                      "head_dim", "num_hidden_layers", "vocab_size", "num_target_layers", "block_size",
                      "max_position_embeddings"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value > 0, name, f"must be a positive integer, got {value!r}")
+            _require(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
+                     f"must be a positive integer, got {value!r}")
+            top = MAX_POSITIONS if name == "max_position_embeddings" else MAX_DIMENSION
+            _require(value <= top, name, f"{value} is past any real model's (at most {top:,})")
+        _require(isinstance(self.mask_token_id, int) and not isinstance(self.mask_token_id, bool), "mask_token_id",
+                 f"must be a token id, got {self.mask_token_id!r}")
         _require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
                  f"{self.num_attention_heads} attention heads are not divisible by "
                  f"{self.num_key_value_heads} key/value heads")

@@ -42,6 +42,10 @@ __all__ = ["FORMATS", "MODULES", "VERIFIER_OWNED_KEYS", "LoadOptions", "LoadedCh
 
 
 # -- detection ---------------------------------------------------------------------------
+# The sections of a drafter's config.json that every reader takes for objects.
+CONFIG_SECTIONS = ("dflash_config", "speculators_config", "transformer_layer_config", "text_config",
+                   "rope_parameters", "rope_scaling")
+
 def check_no_special_files(folder: Path) -> None:
     """A FIFO or device in a drafter folder (as its config.json or weights) would block a read or be
     skipped as absent: refused, named."""
@@ -59,6 +63,10 @@ def _config_of(path: Path) -> dict[str, Any] | None:
         raise AuditError(f"{config_path}: not valid JSON ({exc})") from exc
     if not isinstance(config, dict):
         raise AuditError(f"{config_path}: expected a JSON object, found {type(config).__name__}")
+    for section in CONFIG_SECTIONS:
+        if config.get(section) is not None and not isinstance(config[section], dict):
+            raise AuditError(f"{config_path}: field {section!r} must be a JSON object, found "
+                             f"{type(config[section]).__name__} {str(config[section])[:60]}")
     return config
 
 
