@@ -100,12 +100,39 @@ def error_message(exc: BaseException) -> str:
     return os_fault(exc) or unforeseen(exc)
 
 
+def printable(text: str) -> str:
+    """`text` with undecodable bytes of a file name (surrogate escapes) shown as \\xNN, not a codec error."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace") \
+            if all(not 0xD800 <= ord(c) <= 0xDC7F for c in text) else text.encode("utf-8", "backslashreplace").decode()
+
+
+def check_arguments(argv: list[str]) -> None:
+    """Values no flag can take, refused before a flag reads them: an empty one (`--ours ''` is the current
+    folder to pathlib) and one that is not UTF-8 (a file name in another encoding: reports are UTF-8)."""
+    for index, value in enumerate(argv):
+        flag, _, inline = value.partition("=") if value.startswith("--") else ("", "", "")
+        if value == "" or (flag and _ and inline == ""):
+            named = flag or (argv[index - 1] if index and argv[index - 1].startswith("-") else "an argument")
+            raise AuditError(f"{named}: an empty value; give a path or value")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            named = argv[index - 1] if index and argv[index - 1].startswith("-") else "an argument"
+            raise AuditError(f"{named} {printable(value)}: not valid UTF-8 (a file name in another encoding); "
+                             "rename it or give it through a UTF-8 named link") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     if debug:
         argv.remove("--debug")
     try:
+        check_arguments(argv)
         result = app(args=argv, prog_name="dflash-audit", standalone_mode=False)
     except typer.Exit as exc:
         return exc.exit_code
@@ -118,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         proposal = getattr(exc, "proposal", None)
         if proposal:  # a key map for names no known scheme fits: on stdout, ready to save
             print(proposal, end="")
-        print(f"{error_prefix()}{error_message(exc)}", file=sys.stderr)
+        print(printable(f"{error_prefix()}{error_message(exc)}"), file=sys.stderr)
         return 2
     return int(result or 0)
 

@@ -9,6 +9,7 @@ other new file would (0666 / 0777 masked by the umask), not mkstemp's private 06
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -17,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 TMP_DIR = ".dflash-audit-tmp"
-TMP_TAG = ".tmp-"  # `<name>.tmp-<mkstemp's 8 random chars>`
+TMP_TAG = ".tmp-"  # `<name>.tmp-<writer's pid>-<mkstemp's 8 random chars>`
 
 
 class OutputError(ValueError):
@@ -35,7 +36,7 @@ def temp_folder(path: Path) -> Path:
 
 
 NAME_MAX = 255  # bytes in one file name on every Linux file system we write to
-TEMP_SUFFIX_LEN = len(TMP_TAG) + 8
+TEMP_SUFFIX_LEN = len(TMP_TAG) + 8 + 8  # the tag, a pid of up to 7 digits and a dash, mkstemp's 8 characters
 
 
 def temp_stem(name: str) -> str:
@@ -48,7 +49,26 @@ def temp_stem(name: str) -> str:
 
 
 def _is_leftover(entry: str, name: str) -> bool:
-    return re.fullmatch(re.escape(temp_stem(name)) + re.escape(TMP_TAG) + r"[a-z0-9_]{8}", entry) is not None
+    """A temp entry for `name` whose writer is gone (killed mid-write). One whose writer still runs (a
+    concurrent write to the same destination) is its, not a leftover: removing it would break that write."""
+    match = re.fullmatch(re.escape(temp_stem(name)) + re.escape(TMP_TAG) + r"(?:(\d+)-)?[a-z0-9_]{8}", entry)
+    return match is not None and (match.group(1) is None or not _alive(int(match.group(1))))
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process writes one destination at a time: its own entry here is a leftover
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def _prefix(path: Path) -> str:
+    return f"{temp_stem(path.name)}{TMP_TAG}{os.getpid()}-"
 
 
 def _name_max(folder: Path) -> int:
@@ -126,6 +146,9 @@ def _default_modes(root: Path) -> None:
 
 
 def _fail(path: Path, exc: BaseException) -> OutputError:
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+        return OutputError(f"{path}: cannot write (another process wrote it at the same moment; it holds that "
+                           "write, whole)")
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else write_fault(exc)
     return OutputError(f"{path}: cannot write ({reason or 'the write failed'})")
 
@@ -148,7 +171,7 @@ def write_fault(exc: BaseException) -> str | None:
 def _make_temp(folder: Path, path: Path, make):
     """`make(folder, prefix)` (mkstemp / mkdtemp); on failure the temp folder is tidied and the fault named."""
     try:
-        return _in_temp_folder(folder, lambda where: make(prefix=temp_stem(path.name) + TMP_TAG, dir=where))
+        return _in_temp_folder(folder, lambda where: make(prefix=_prefix(path), dir=where))
     except OSError as exc:
         _tidy(folder)
         raise _fail(path, exc) from None
@@ -188,7 +211,7 @@ def atomic_directory(path: str | Path, fill) -> None:
         fill(tmp)
         _default_modes(tmp)
         if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=temp_stem(path.name) + TMP_TAG, dir=folder))
+            old = Path(tempfile.mkdtemp(prefix=_prefix(path), dir=folder))
             os.replace(path, old / "old")
             try:
                 os.replace(tmp, path)

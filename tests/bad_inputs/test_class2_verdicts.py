@@ -58,13 +58,3 @@ def test_a_drafter_config_that_is_a_fifo_is_refused(world, tmp_path):
     done = _cli(["compare", "--ours", world / "ours.pt", "--ref", fifo, "--out", tmp_path / "r"], tmp_path)
     assert_refused(done.returncode, done.stderr, "fifo-zlab/config.json", "not a regular file")
     assert tree_digest(fifo) == before
-
-
-def test_a_fifo_safetensors_is_named_not_missing(world, tmp_path):
-    fifo = tmp_path / "fifo-weights"
-    shutil.copytree(world / "zref", fifo)
-    (fifo / "model.safetensors").unlink()
-    os.mkfifo(fifo / "model.safetensors")
-    done = _cli(["compare", "--ours", world / "ours.pt", "--ref", fifo, "--out", tmp_path / "r"], tmp_path)
-    line = assert_refused(done.returncode, done.stderr, "fifo-weights/model.safetensors", "not a regular file")
-    assert "no model.safetensors" not in line
