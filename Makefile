@@ -26,7 +26,7 @@ SPECFORGE_DEPS := "pydantic>=2"
 VLLM_DEPS := "pyzmq==27.3.0" "cbor2==6.3.0" "orjson==3.13.0" "openai-harmony==0.0.8"
 SGLANG_DEPS :=
 
-.PHONY: setup test demo quick clean browser bench gpu-check
+.PHONY: setup test demo quick clean browser bench gpu-check fuzz
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -61,6 +61,14 @@ test: setup browser
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests conformance
 	DFLASH_AUDIT_DTYPE=bfloat16 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m dynamic \
 		--report-dir reports/conformance/bfloat16 $(DYNAMIC_TESTS)
+
+# The fuzz of every reader (tests/bad_inputs/test_fuzz.py) beyond the bounded, derandomized run `make test` does:
+# fresh examples each time, FUZZ_EXAMPLES a reader; the shrunk example of anything it finds is added to
+# tests/bad_inputs/fuzz_regressions.json, which every `make test` replays.
+FUZZ_EXAMPLES ?= 300
+fuzz: setup
+	OMP_NUM_THREADS=1 DFLASH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) DFLASH_FUZZ_RECORD=1 $(PY) -m pytest -q \
+		tests/bad_inputs/test_fuzz.py
 
 quick: setup
 	$(PY) -m pytest -q tests conformance -m quick

@@ -34,7 +34,7 @@ def register_verbs(app: typer.Typer, verbs=VERBS) -> None:
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:  # noqa: BLE001 -- any import failure is reported when the verb is used
-            register_unloadable(app, verb, f"{module_name} failed to import ({type(exc).__name__}: "
+            register_unloadable(app, verb, f"{module_name} failed to import ("
                                            f"{one_line(str(exc))[:300]})")
         else:
             module.register(app)

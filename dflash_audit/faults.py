@@ -11,9 +11,7 @@ from __future__ import annotations
 import errno
 import re
 
-# An exception class name as Python prints it (`ValueError`, `SafetensorError`, `torch.OutOfMemoryError`).
-CLASS_NAME = re.compile(r"\b(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b:?")
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+from impl.errors import plain_reason
 
 FAULTS = {
     errno.EROFS: "read-only file system",
@@ -48,9 +46,7 @@ TEXT_FAULTS = (
 
 def clean(text: str) -> str:
     """One line, no terminal escapes, no exception class names."""
-    text = ANSI.sub("", text)
-    text = CLASS_NAME.sub("", text)
-    return " ".join(text.split()).strip(" :;,")
+    return plain_reason(text, limit=2000)
 
 
 def fault_words(exc: OSError) -> str:

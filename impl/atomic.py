@@ -115,14 +115,16 @@ def prepare_destination(path: str | Path) -> Path:
     returns the temp folder. OutputError naming `path` if it cannot be written there."""
     path = Path(path).absolute()
     folder = temp_folder(path)
-    if path.parent.is_dir() and len(os.fsencode(path.name)) > _name_max(path.parent):
-        raise OutputError(f"{path}: cannot write there (file name too long: {len(os.fsencode(path.name))} bytes, "
-                          f"the file system allows {_name_max(path.parent)})")
+    longest = max((part for part in path.parts), key=lambda part: len(os.fsencode(part)))
+    limit = _name_max(path.parent) if path.parent.is_dir() else NAME_MAX
+    if len(os.fsencode(longest)) > limit:
+        raise OutputError(f"{path}: cannot write there (file name too long: {len(os.fsencode(longest))} bytes in "
+                          f"one name, the file system allows {limit})")
     try:
         # A concurrent writer's tidy may remove the empty folder between our mkdir and listdir.
         entries = _in_temp_folder(folder, _created_and_listed)
     except OSError as exc:
-        raise OutputError(f"{path}: cannot write there ({exc.strerror or type(exc).__name__})") from None
+        raise OutputError(f"{path}: cannot write there ({exc.strerror or 'the folder cannot be made'})") from None
     for entry in entries:
         if _is_leftover(entry, path.name):
             _remove(folder / entry)

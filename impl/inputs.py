@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from impl.errors import AuditError
+from impl.errors import AuditError, plain_reason
 
 # Target config fields that must be positive integers (transformers' own errors name no file,
 # or divide by zero).
@@ -92,11 +92,11 @@ def _check_transformers_accepts(directory: Path, config_path: Path) -> None:
     try:
         AutoConfig.from_pretrained(directory)
     except Exception as exc:  # noqa: BLE001 -- strict-dataclass, KeyError, ValueError...: name the field
-        text = " ".join(str(exc).split())
+        text = plain_reason(str(exc), 400)
         field = re.search(r"field '(\w+)'", text) or re.search(r"`(\w+)`", text)
         where = f"field {field.group(1)!r}: " if field else ""
         raise AuditError(f"{config_path}: {where}not accepted by transformers "
-                         f"({type(exc).__name__}: {text[:200]})") from None
+                         f"({text[:200]})") from None
 
 
 def check_target_dir(directory: Path, flag: str = "--target", tokenizer: bool = True) -> dict:

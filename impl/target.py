@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from impl.errors import AuditError
+from impl.errors import AuditError, plain_reason
 from impl.inputs import check_target_dir
 from impl.placement import CPU_FLOAT32, Placement
 
@@ -30,7 +30,7 @@ def load_tokenizer(target_dir: str | Path, flag: str = "--target"):
         tokenizer = AutoTokenizer.from_pretrained(target_dir)
     except Exception as exc:  # noqa: BLE001 -- any tokenizer failure is the target's, not the prompt's
         raise AuditError(f"{target_dir}: cannot load the target's tokenizer "
-                         f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+                         f"({plain_reason(str(exc)) or 'no reason given'})") from None
     return tokenizer, AutoConfig.from_pretrained(target_dir)
 
 
@@ -56,7 +56,7 @@ def load_target_model(target_dir: str | Path, placement: Placement = CPU_FLOAT32
             raise AuditError(f"{target_dir}: its weights do not fit its config.json ({mismatch})") from exc
         if not isinstance(exc, (OSError, ValueError, KeyError, TypeError)):
             raise
-        raise AuditError(f"{target_dir}: cannot load the target ({' '.join(str(exc).split())[:200]})") from exc
+        raise AuditError(f"{target_dir}: cannot load the target ({plain_reason(str(exc))})") from exc
     return model.eval().requires_grad_(False)
 
 

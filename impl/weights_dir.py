@@ -22,7 +22,7 @@ def index_shards(index: Path) -> list[Path]:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         names = sorted(set(weight_map.values()))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{index}: invalid JSON ({exc.__class__.__name__})") from exc
+        raise CheckpointError(f"{index}: not valid UTF-8 JSON ({' '.join(str(exc).split())[:120]})") from exc
     except RecursionError:
         raise CheckpointError(f"{index}: JSON nested too deeply to read") from None
     except (KeyError, TypeError, AttributeError) as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -67,7 +68,9 @@ def progress_bar(console: Console) -> Progress:
 
 def default_out_dir(ours: Path, ref: Path) -> Path:
     def name(path: Path) -> str:
-        return re.sub(r"[^A-Za-z0-9_.-]+", "_", path.resolve().stem or path.resolve().name) or "drafter"
+        real = Path(os.path.realpath(path))  # realpath: a symbolic link loop is refused where it is read
+        # At most 100 characters a side: the folder name stays within the file system's 255.
+        return (re.sub(r"[^A-Za-z0-9_.-]+", "_", real.stem or real.name) or "drafter")[:100]
 
     return Path("reports") / f"{name(ours)}-vs-{name(ref)}"
 

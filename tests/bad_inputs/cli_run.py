@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from pathlib import Path
 
 from dflash_audit.cli import main
-
-# A Python exception class name as a traceback prints it; no refusal may contain one.
-CLASS_NAME = re.compile(r"\b(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\b|Traceback")
+from tests.refusal_scan import CLASS_NAME
 
 
 def run(argv: list, capsys) -> tuple[int, str, str]:

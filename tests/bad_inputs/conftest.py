@@ -13,3 +13,9 @@ from tests.test_bad_inputs import build_world
 @pytest.fixture(scope="session")
 def world(tmp_path_factory) -> Path:
     return build_world(tmp_path_factory.mktemp("hostile"))
+
+
+def pytest_sessionfinish(session):
+    from tests.bad_inputs import test_fuzz
+
+    test_fuzz.save_findings()
