@@ -40,7 +40,7 @@ def main() -> None:
     from impl.extract import HiddenStateExtractor
     from impl.layers import speculators_to_zlab
     from impl.spec import Recipe
-    from impl.target import load_target
+    from foundation.target import load_target
     from impl.train_step import training_step
     from reference_adapters.speculators_adapter import SpeculatorsImplementation, resolve_loss_config
 

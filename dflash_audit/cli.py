@@ -14,9 +14,9 @@ import traceback
 import typer
 
 from dflash_audit.faults import clean, os_fault, unforeseen
-from impl.atomic import OutputError
-from impl.errors import AuditError, CheckpointError
-from impl.packages import PACKAGES, installed_version
+from foundation.atomic import OutputError
+from foundation.errors import AuditError, CheckpointError
+from foundation.packages import PACKAGES, installed_version
 from impl.spec import SpecError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -48,7 +48,7 @@ def register_unloadable(app: typer.Typer, verb: str, reason: str) -> None:
 
 
 def version_text() -> str:
-    """The tool's version and every package of impl/packages.py, one per line."""
+    """The tool's version and every package of foundation/packages.py, one per line."""
     lines = []
     for package in PACKAGES:
         found = installed_version(package.distribution) or "not installed"

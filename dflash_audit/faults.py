@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import re
 
-from impl.errors import plain_reason
+from foundation.errors import plain_reason
 
 FAULTS = {
     errno.EROFS: "read-only file system",

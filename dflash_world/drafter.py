@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from impl.cache_dir import build_once
+from foundation.cache_dir import build_once
 
 from .world_cache import WorldPaths
 from .corpus import stdlib_corpus

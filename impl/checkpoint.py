@@ -3,7 +3,7 @@ building a drafter from one.
 
 Every write is atomic (temp file, then rename), so a crash never leaves a half-written
 checkpoint. `ckpt.pt` is only ever read with `torch.load(weights_only=True)`. The z-lab folder
-format is impl/zlab_format.py; weights folders on disk are impl/weights_dir.py.
+format is impl/zlab_format.py; weights folders on disk are foundation/weights_dir.py.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from impl.atomic import atomic_write_bytes
-from impl.errors import CheckpointError
+from foundation.atomic import atomic_write_bytes
+from foundation.errors import CheckpointError
 from impl.param_names import strip_wrapper_prefixes
-from impl.pickle_limits import PickleBomb, check_graph, load_failure_reason
+from foundation.pickle_limits import PickleBomb, check_graph, load_failure_reason
 from impl.spec import DraftSpec, Recipe, SpecError
 
 if TYPE_CHECKING:

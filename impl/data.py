@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from impl.jsonl import check_text, json_lines
+from foundation.jsonl import check_text, json_lines
 
 
 class DataError(ValueError):

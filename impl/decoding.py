@@ -22,9 +22,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from foundation.placement import target_device
 from impl.extract import context_features, output_head
 from impl.model import DFlashDrafter, DraftCache
-from impl.placement import target_device
 from impl.slot_layout import draft_block_size
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import impl.model
+from foundation.placement import built_for
 from impl import anchors as anchor_rules
 from impl import decoding, dflash2, layers, losses, masks, slot_layout, vocab_mapping
 from impl.checkpoint import build_drafter
@@ -15,7 +16,6 @@ from impl.decoding import Sampler, dflash_decode
 from impl.extract import context_features, output_head
 from impl.interface import GenerationResult, TrainingOutputs
 from impl.model import DFlashDrafter, DraftCache
-from impl.placement import built_for
 from impl.spec import DraftSpec, Recipe
 from impl.train import default_recipe
 from impl.train_step import training_step

@@ -24,13 +24,13 @@ import torch
 import torch.distributed as dist
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from foundation.target import load_target_model, load_tokenizer
 from impl.checkpoint import load_checkpoint, save_checkpoint
 from impl.data import PackedData, load_packed, pack_records
 from impl.extract import output_head
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
 from impl.spec import DFLASH2_FIELDS, FAMILIES, DraftSpec, LossFn, LossWeighting, Recipe, SpecError
-from impl.target import load_target_model, load_tokenizer
 from impl.train_step import training_step
 from impl.vocab_mapping import MappingError, check_mapping, count_token_frequencies, mapping_from_frequencies
 from impl.zlab_format import rotary_settings

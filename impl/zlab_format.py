@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from impl.atomic import atomic_directory
+from foundation.atomic import atomic_directory
 from impl.config_values import as_bool, as_float, as_int
 from impl.defaults import (
     BLOCK_SIZE_DEFAULTS,
@@ -25,7 +25,7 @@ from impl.defaults import (
     ROTARY_DEFAULTS,
     ZLAB_EXTRAS,
 )
-from impl.errors import CheckpointError
+from foundation.errors import CheckpointError
 from impl.families import ZLAB_ARCHITECTURES, config_family
 from impl.layers import build_target_layer_ids
 from impl.param_names import strip_wrapper_prefixes

@@ -20,9 +20,10 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.atomic import atomic_directory
+from foundation.atomic import atomic_directory
+from foundation.errors import CheckpointError
+from foundation.weights_dir import read_config
 from impl.dflash2 import SelectorTraining
-from impl.errors import CheckpointError
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.families import config_family
 from impl.interface import TrainingOutputs, Unsupported
@@ -30,7 +31,6 @@ from impl.layers import hidden_state_index, speculators_to_zlab
 from impl.param_names import VERIFIER_OWNED_KEYS, strip_wrapper_prefixes
 from impl.spec import DFLASH2_FIELDS, DraftSpec
 from impl.vocab_mapping import t2d_from_d2t
-from impl.weights_dir import read_config
 from reference_adapters.version_guard import check_reference
 
 check_reference("speculators")

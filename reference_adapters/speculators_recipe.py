@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-from impl.packages import installed_version
+from foundation.packages import installed_version
 from impl.spec import DFLASH2_FIELDS, Recipe
 
 MODEL_LEVEL = "model-level"
@@ -55,7 +55,7 @@ class ReferenceRecipe:
         return values
 
     def table_value(self, name: str):
-        """A field's value in the README table; None where this reference does not set it."""
+        """A field's value in the table of docs/training.md; None where this reference does not set it."""
         if name == "selector_loss_alpha":
             return self.recipe.selector_loss_alpha if "selector_rank" in self.architecture else None
         if name == "draft_vocab_size":
@@ -65,11 +65,11 @@ class ReferenceRecipe:
         return self.settings()[name]
 
 
-# DFlash2's selector weight and drafter shape, after the recipe rows of the README's table.
+# DFlash2's selector weight and drafter shape, after the recipe rows of the table of docs/training.md.
 ARCHITECTURE_TABLE_FIELDS = ("sliding_window_non_causal", "selector_loss_alpha", *DFLASH2_FIELDS)
 # The draft vocabulary (#32): the model config's default against the trainer's.
 VOCAB_TABLE_FIELDS = ("draft_vocab_size",)
-# The fields the README's reference table and the trainer's --recipe flag cover, in that order.
+# The fields the reference table (docs/training.md) and the trainer's --recipe flag cover, in that order.
 RECIPE_TABLE_FIELDS = ("loss_fn", "per_position_loss_weight", "dpace_alpha", "gamma", "max_anchors",
                        "sample_from_anchor", "verifier_source_layer", "noise_std")
 
@@ -206,7 +206,7 @@ def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = fro
 
 
 def reference_table() -> list[dict[str, str]]:
-    """Rows of the README's reference recipe table: every value with the file it was read from."""
+    """Rows of the reference recipe table (docs/training.md): every value with the file it was read from."""
     base, dflash, dflash2 = model_level(), trainer("dflash"), trainer("dflash2")
     rows = []
     for name in (*RECIPE_TABLE_FIELDS, "block_size", "draft_layers", *ARCHITECTURE_TABLE_FIELDS, *VOCAB_TABLE_FIELDS):
@@ -223,7 +223,7 @@ def reference_table() -> list[dict[str, str]]:
 
 
 def reference_table_markdown() -> str:
-    """The README table, generated (tests/test_reference_recipe.py checks the README holds it verbatim)."""
+    """The reference recipe table of docs/training.md, generated (tests/test_reference_recipe.py checks it is there verbatim)."""
     lines = ["| field | TrainConfig `dflash` | TrainConfig `dflash2` | model-level | read from (TrainConfig) "
              "| read from (model-level) |", "|---|---|---|---|---|---|"]
     for row in reference_table():

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from dflash_audit import cli
-from impl.packages import PACKAGES, Package, installed_version
+from foundation.packages import PACKAGES, Package, installed_version
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,16 +58,18 @@ def test_one_implementation_registry():
     assert suite.DEFAULT_IMPL == reference_adapters.IMPLEMENTATIONS["ours"]
     assert set(suite.REFERENCES) == set(reference_adapters.REFERENCES)
     spelled = re.compile(r"[\"'](impl|reference_adapters|held)\.[\w.]+:\w+Implementation[\"']")
-    sources = [p for d in ("impl", "reference_adapters", "held", "conformance", "dflash_audit", "bench")
+    sources = [p for d in ("foundation", "impl", "reference_adapters", "held", "serving_engines", "conformance", "dflash_audit",
+                         "bench")
                for p in (REPO / d).rglob("*.py")]
     where = sorted(str(p.relative_to(REPO)) for p in sources if spelled.search(p.read_text()))
     assert where == ["held/__init__.py", "reference_adapters/__init__.py"]
 
 
 def test_one_package_version_table():
-    """Only impl/packages.py asks package metadata for a version; every other module reads its table."""
+    """Only foundation/packages.py asks package metadata for a version; every other module reads its table."""
     asks = re.compile(r"metadata\.version\(|from importlib\.metadata import version|from importlib import metadata")
-    sources = [p for d in ("impl", "reference_adapters", "held", "conformance", "dflash_audit", "dflash_world")
+    sources = [p for d in ("foundation", "catalogue", "impl", "reference_adapters", "held", "serving_engines", "conformance",
+                         "dflash_audit", "dflash_world")
                for p in (REPO / d).rglob("*.py")]
     where = sorted(str(p.relative_to(REPO)) for p in sources if asks.search(p.read_text()))
-    assert where == ["impl/packages.py"]
+    assert where == ["foundation/packages.py"]

@@ -248,7 +248,7 @@ def test_live_equals_offline_through_the_mapping(written, trained_pair, test_wor
 
 # -- train --draft-vocab-size ------------------------------------------------------------------------------------
 def test_train_with_a_reduced_vocabulary_and_with_a_d2t_file(tiny_world, tmp_path):
-    from impl.target import load_target_model, load_tokenizer
+    from foundation.target import load_target_model, load_tokenizer
     from impl.train import TrainConfig, load_data
 
     target, data = tiny_world / "target", tiny_world / "data.jsonl"
@@ -290,8 +290,8 @@ def test_train_refuses_bad_draft_vocabularies_in_one_line(tiny_world, tmp_path, 
 def test_vllm_serves_the_map_only_when_d2t_is_shipped(written, test_world, tmp_path):
     """serve-check: vLLM reads `draft_vocab_size` and `d2t` from a z-lab directory; without `d2t` its zero offsets
     read draft id k as target id k, one `draft_to_target` divergence (#32)."""
-    from held.serving import TargetFacts
-    from held.serving.verdict import engine_report
+    from serving_engines import TargetFacts
+    from serving_engines.verdict import engine_report
 
     root, _ = written
     spec = load_side(root / "zlab").spec

@@ -5,8 +5,8 @@ import torch
 from dflash.model import DFlashDraftModel
 
 from dflash_audit.formats import load_any
+from foundation.errors import CheckpointError
 from impl.checkpoint import build_drafter, load_checkpoint, save_checkpoint
-from impl.errors import CheckpointError
 from impl.model import DFlashDrafter
 from impl.spec import Recipe
 from impl.zlab_format import save_zlab_dir

@@ -23,13 +23,13 @@ from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_vocab import mapping_problem, usable_d2t
 from dflash_audit.progress import NoProgress
 from dflash_audit.ranks import Ranks
+from foundation.cache_dir import cache_root
+from foundation.errors import CheckpointError
+from foundation.placement import built_in, dtype_name, model_dtype, target_device
 from impl import offline
-from impl.cache_dir import cache_root
 from impl.checkpoint import build_drafter
 from impl.ddtree import DDTREE_NEEDS_DFLASH
-from impl.errors import CheckpointError
 from impl.extract import decoder_layers
-from impl.placement import built_in, dtype_name, model_dtype, target_device
 from impl.vocab_mapping import target_ids
 
 METHODS = {"dflash": "DFlash", "ddtree": "DDTree"}

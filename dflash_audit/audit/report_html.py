@@ -15,7 +15,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.report_json import report_dict
-from impl.atomic import atomic_write_bytes
+from foundation.atomic import atomic_write_bytes
 
 COLORS = {"ours": "#d9534f", "ref": "#2b7bb9"}
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any
 
+from catalogue.pitfalls import ARCHITECTURE_ENTRIES, ARCHITECTURE_WARNINGS, DFLASH2_SPEC_ENTRIES, SLOT_LAYOUT_ENTRY
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from impl.checkpoint import implied_shapes
 from impl.families import spec_family
-from impl.pitfalls import ARCHITECTURE_ENTRIES, ARCHITECTURE_WARNINGS, DFLASH2_SPEC_ENTRIES, SLOT_LAYOUT_ENTRY
 from impl.slot_layout import describe as describe_layout
 from impl.slot_layout import speculative_tokens
 from impl.spec import ROTARY_FIELDS, DraftSpec

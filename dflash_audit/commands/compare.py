@@ -36,10 +36,10 @@ from dflash_audit.progress import progress
 from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
 from dflash_audit.ranks import Ranks
 from dflash_world import BUILTIN_PROMPTS
-from impl.cache_dir import cache_root
-from impl.inputs import TOKENIZER_FILES, check_generation_flags, check_target_dir
+from foundation.cache_dir import cache_root
+from foundation.inputs import TOKENIZER_FILES, check_generation_flags, check_target_dir
 from impl.memory_plan import check_plan, plan_memory
-from impl.placement import (
+from foundation.placement import (
     CPU_FLOAT32,
     DEVICE_HELP,
     DEVICE_MAP_HELP,
@@ -49,8 +49,8 @@ from impl.placement import (
     resolve_dtype,
     resolve_placement,
 )
-from impl.target import load_target_model, load_tokenizer
-from impl.target_vocab import TargetVocabulary
+from foundation.target import load_target_model, load_tokenizer
+from foundation.target_vocab import TargetVocabulary
 
 
 def target_vocabulary(target: Path) -> TargetVocabulary:

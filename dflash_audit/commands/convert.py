@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from dflash_audit.conversion import convert, convert_for
-from impl.errors import AuditError
+from foundation.errors import AuditError
 
 
 class Format(str, Enum):

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from dflash_audit.demo import DemoConfig, run_demo
-from impl.placement import DEVICE_HELP, DTYPE_HELP
+from foundation.placement import DEVICE_HELP, DTYPE_HELP
 
 
 def register(app: typer.Typer) -> None:

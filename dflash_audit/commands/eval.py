@@ -24,16 +24,16 @@ from dflash_audit.prompts import (
     tokenize_prompts,
 )
 from dflash_audit.ranks import Ranks
-from impl.atomic import atomic_write_bytes
-from impl.cache_dir import cache_root
+from foundation.atomic import atomic_write_bytes
+from foundation.cache_dir import cache_root
+from foundation.errors import AuditError
+from foundation.inputs import check_finite_weights, check_generation_flags
 from impl.checkpoint import build_drafter
 from impl.ddtree import ddtree_decode, require_dflash_family
 from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
-from impl.errors import AuditError
-from impl.inputs import check_finite_weights, check_generation_flags
 from impl.memory_plan import check_plan, plan_memory
 from impl.offline import load_or_build_cache, offline_rounds_each
-from impl.placement import (
+from foundation.placement import (
     CPU_FLOAT32,
     DEVICE_HELP,
     DEVICE_MAP_HELP,
@@ -44,7 +44,7 @@ from impl.placement import (
     resolve_placement,
     target_device,
 )
-from impl.target_vocab import TargetVocabulary, mask_token_problems
+from foundation.target_vocab import TargetVocabulary, mask_token_problems
 
 METHODS = ("dflash", "ddtree")
 MODES = ("live", "offline")
@@ -134,7 +134,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
 
     `memory`: free memory handed to the memory plan (`free_on_devices`, `free_on_host`) instead of
     the machine's own, for tests."""
-    from impl.target import load_target_model, load_tokenizer
+    from foundation.target import load_target_model, load_tokenizer
 
     check_options(method, mode, budget, max_new_tokens, temperature)
     inputs = {"--drafter": drafter_path, "--target": target_dir, "--prompts": prompts_path}

@@ -14,14 +14,14 @@ from tabulate import tabulate
 from dflash_audit.audit.serving import divergence_count, section_dict, serving_section
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable
-from impl.atomic import atomic_write_bytes
-from impl.errors import AuditError
+from foundation.atomic import atomic_write_bytes
+from foundation.errors import AuditError
 
 SCHEMA = "dflash-audit-serving/1"
 
 
 def parse_engines(text: str) -> list[str]:
-    from held.serving import ENGINES
+    from serving_engines import ENGINES
 
     engines = [e.strip() for e in text.split(",") if e.strip()]
     unknown = [e for e in engines if e not in ENGINES]

@@ -9,8 +9,8 @@ import typer
 
 from dflash_audit.formats.vocabulary import DeclarationError, convert
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
-from impl.errors import AuditError
-from impl.inputs import check_finite_flags, check_target_dir, regular_file
+from foundation.errors import AuditError
+from foundation.inputs import check_finite_flags, check_target_dir, regular_file
 from impl.spec import FAMILIES
 
 
@@ -196,7 +196,7 @@ def _layer_types(value: str | None) -> list[str] | None:
 def report_run(stats: dict, json_out: Path | None) -> None:
     """The run's stats as JSON (atomically) and its one summary line."""
     if json_out is not None:
-        from impl.atomic import atomic_write_bytes
+        from foundation.atomic import atomic_write_bytes
 
         text = json.dumps({"schema": "dflash-audit/train/1", **stats}, indent=2)
         atomic_write_bytes(json_out, lambda tmp: Path(tmp).write_text(text))

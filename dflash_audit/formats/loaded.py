@@ -13,8 +13,8 @@ import torch
 
 from dflash_audit.formats.inference import Provenance, parse_cli_spec
 from dflash_audit.formats.vocabulary import DeclarationError
+from foundation.errors import AuditError
 from impl.checkpoint import Checkpoint
-from impl.errors import AuditError
 from impl.spec import DraftSpec, Recipe, SpecError
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy
 import torch
 
-from impl.pickle_limits import PickleBomb, check_graph
+from foundation.pickle_limits import PickleBomb, check_graph
 
 try:  # numpy 2 moved its core; pickles name either place
     from numpy._core import multiarray
@@ -75,7 +75,7 @@ class UnsafePickle(ValueError):
 
 
 class PickleTooLarge(UnsafePickle):
-    """An unpickled graph past impl.pickle_limits' limits (a reference bomb, a loop, absurd nesting)."""
+    """An unpickled graph past foundation.pickle_limits' limits (a reference bomb, a loop, absurd nesting)."""
 
     def __init__(self, why: str):
         self.name = ""

@@ -20,7 +20,7 @@ import torch
 from hypothesis import strategies as st
 
 from dflash_audit import cli
-from impl.atomic import TMP_DIR
+from foundation.atomic import TMP_DIR
 from tests.bad_inputs.cli_run import tree_digest
 from tests.refusal_scan import offences
 

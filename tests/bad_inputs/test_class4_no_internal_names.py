@@ -14,7 +14,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from impl import atomic
+from foundation import atomic
 from tests.bad_inputs.cli_run import CLASS_NAME, assert_refused, run, tree_digest
 
 

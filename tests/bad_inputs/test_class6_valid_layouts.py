@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dflash_audit.formats import load_any
-from impl import atomic
+from foundation import atomic
 from tests.bad_inputs.cli_run import CLASS_NAME, assert_refused, run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from impl.errors import CheckpointError
+from foundation.errors import CheckpointError
 
 
 def index_shards(index: Path) -> list[Path]:

@@ -13,11 +13,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from held.serving import rules
-from held.serving.served import Served, TargetFacts
-from held.serving.source_exec import compile_definitions
-from impl.packages import installed_version
+from foundation.packages import installed_version
 from impl.param_names import codebook_name
+from serving_engines import rules
+from serving_engines.served import Served, TargetFacts
+from serving_engines.source_exec import compile_definitions
 
 ENGINE = "sglang"
 UTILS_NAMES = ["DEFAULT_DFLASH_MASK_TOKEN", "build_target_layer_ids", "get_dflash_layer_types",
@@ -57,7 +57,7 @@ def _rope_config():
 def _mask_resolver():
     parallel = SimpleNamespace(tp_rank=0)
     return compile_definitions(rules.SGL_WORKER, ["DFlashWorkerV2._resolve_mask_token_id"],
-                               {"logger": logging.getLogger("held.serving.sglang"),
+                               {"logger": logging.getLogger("serving_engines.sglang"),
                                 "get_parallel": lambda: parallel})["_resolve_mask_token_id"]
 
 

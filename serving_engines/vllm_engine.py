@@ -16,13 +16,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from held.serving import rules
-from held.serving.served import Served, TargetFacts
-from held.serving.source_exec import compile_definitions
+from foundation.packages import installed_version
 from impl.families import config_family
 from impl.layers import speculators_to_zlab
-from impl.packages import installed_version
 from impl.param_names import codebook_name
+from serving_engines import rules
+from serving_engines.served import Served, TargetFacts
+from serving_engines.source_exec import compile_definitions
 
 ENGINE = "vllm"
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")

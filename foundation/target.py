@@ -1,6 +1,6 @@
 """Loading the target (verifier) model and its tokenizer: the one place every verb does it.
 
-The directory is checked first (`impl.inputs.check_target_dir`: config fields by name, no
+The directory is checked first (`foundation.inputs.check_target_dir`: config fields by name, no
 FIFOs, a tokenizer), so a broken target is one line naming its file and field, before any
 weights are read.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from impl.errors import AuditError, plain_reason
-from impl.inputs import check_target_dir
-from impl.placement import CPU_FLOAT32, Placement
+from foundation.errors import AuditError, plain_reason
+from foundation.inputs import check_target_dir
+from foundation.placement import CPU_FLOAT32, Placement
 
 
 def quiet_transformers() -> None:

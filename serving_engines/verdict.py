@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from held.serving.rules import source as engine_source
-from held.serving.served import TargetFacts
+from foundation.target_vocab import mask_token_problems
 from impl.spec import DraftSpec
-from impl.target_vocab import mask_token_problems
+from serving_engines.rules import source as engine_source
+from serving_engines.served import TargetFacts
 
 # Spec fields whose "default" provenance is our loader's guess, not the format's documented meaning.
 GUESSED_DEFAULTS = {"target_layer_ids": "target_layer_ids", "rope_theta": "rope_theta",
@@ -150,7 +150,7 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
                   trained: tuple[dict[str, Any], dict[str, str]] | None = None) -> EngineReport:
     """How `engine` serves the drafter directory `path` that was trained as `spec` (`trained`: the values
     and unknowns from `trained_values`, when the caller knows more than the spec)."""
-    from held.serving.served import resolve
+    from serving_engines.dispatch import resolve
 
     trained, unknown = trained or trained_values(spec)
     served = resolve(engine, path, target, spec.block_size, spec.num_target_layers)

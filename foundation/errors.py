@@ -1,6 +1,6 @@
 """The error every layer raises for bad input; the CLI turns it into one line and exit status 2.
 
-It lives at the bottom (impl) so that the adapters, the conformance suite and the CLI can
+It lives at the bottom (foundation) so that our drafter, the adapters, the conformance suite and the CLI can
 all raise it without importing upward.
 """
 

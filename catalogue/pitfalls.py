@@ -1,7 +1,7 @@
 """The DFlash divergence catalogue: the known ways a home-grown drafter silently diverges from
 the references, one entry per rule. The single source for the audit's findings, the
-conformance suite's components and the repository's PITFALLS.md (generated from this table by
-`python -m impl.pitfalls`; tests/test_pitfalls.py keeps the two equal).
+conformance suite's components and the repository's docs/pitfalls.md (generated from this table by
+`python -m catalogue.pitfalls`; tests/test_pitfalls.py keeps the two equal).
 
 Facts were read from the pinned reference packages (speculators 0.9.0, dflash 0.1.0,
 transformers 5.19); where a fact here is wrong, the conformance test that checks it wins.
@@ -215,9 +215,9 @@ DFLASH2_SPEC_ENTRIES = {
 
 
 def markdown() -> str:
-    """PITFALLS.md, as committed in the repository."""
+    """docs/pitfalls.md, as committed in the repository."""
     lines = ["# DFlash divergence catalogue", "",
-             "Generated from `impl/pitfalls.py` (`python -m impl.pitfalls > PITFALLS.md`); edit the table there.",
+             "Generated from `catalogue/pitfalls.py` (`python -m catalogue.pitfalls > docs/pitfalls.md`); edit the table there.",
              "Every entry is a check the conformance suite runs or a finding the audit reports.", "",
              "Notation: N = target decoder layers, H = hidden size, B = block size, `hs` = the tuple a Hugging",
              "Face model returns with `output_hidden_states=True`.", "",

@@ -3,14 +3,14 @@
 rewrote; `PINNED` holds the file's sha256 so that an engine upgrade fails tests/test_serving.py).
 
 `needle` is text on the cited line; the line number is looked up in the installed file, never written here.
-The README's "Will it serve as trained?" table is generated from `RULES` (`python -m held.serving.rules`).
+The "Will it serve as trained?" table of docs/serving.md is generated from `RULES` (`python -m serving_engines.rules`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from held.serving.source_exec import cite, file_sha256, installed_file
+from serving_engines.source_exec import cite, file_sha256, installed_file
 
 
 @dataclass(frozen=True)

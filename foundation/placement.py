@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from impl.errors import AuditError
-from impl.inputs import check_target_dir
+from foundation.errors import AuditError
+from foundation.inputs import check_target_dir
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DEVICE_MAPS = ("auto",)

@@ -107,7 +107,7 @@ def compile_definitions(module: str, names: list[str], supplied: dict[str, Any] 
     source = path.read_text(encoding="utf-8")
     tree = ast.parse(source, str(path))
     # A module object of its own (dataclasses look their class's module up in sys.modules).
-    holder = types.ModuleType(f"held.serving.source.{module}")
+    holder = types.ModuleType(f"serving_engines.source.{module}")
     holder.__file__ = str(path)
     sys.modules[holder.__name__] = holder
     namespace = holder.__dict__

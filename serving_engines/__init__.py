@@ -7,6 +7,7 @@ otherwise (`source_exec.py`); `rules.RULES` says which, per field. Beside `refer
 
 from __future__ import annotations
 
-from held.serving.served import ENGINES, Served, TargetFacts, resolve
+from serving_engines.dispatch import check_engine, resolve
+from serving_engines.served import ENGINES, Served, TargetFacts
 
-__all__ = ["ENGINES", "Served", "TargetFacts", "resolve"]
+__all__ = ["ENGINES", "Served", "TargetFacts", "check_engine", "resolve"]

@@ -149,7 +149,7 @@ def _json_object(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}  # the target checks (impl.inputs) name a broken config.json; here it only means "not said"
+        return {}  # the target checks (foundation.inputs) name a broken config.json; here it only means "not said"
     return value if isinstance(value, dict) else {}
 
 
@@ -173,7 +173,7 @@ def mask_token_problems(token_id: int, limits: dict[str, int | None],
     """Why `token_id` cannot serve as the mask token: [(kind, phrase)], kind "outside" (at or past one of
     `limits`, e.g. {"vocabulary": 151936, "embedding": 151936}; None = unknown, not checked) or "special" (it is
     one of the target's eos/pad/bos ids). The one rule the static audit (mask_token_validity) and the serving
-    verdict (held/serving) both apply."""
+    verdict (serving_engines) both apply."""
     past: dict[int, list[str]] = {}  # size -> the limits of that size the id is past (one phrase per size)
     for what, size in limits.items():
         if size is not None and token_id >= size:

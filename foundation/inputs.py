@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from impl.errors import AuditError, plain_reason
+from foundation.errors import AuditError, plain_reason
 
 # Target config fields that must be positive integers (transformers' own errors name no file,
 # or divide by zero).
