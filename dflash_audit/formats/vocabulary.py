@@ -198,7 +198,10 @@ def as_int(value: Any, fail, expected: str) -> int:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
+        try:
+            return int(value.strip())
+        except ValueError:  # digits int() does not read (superscripts)
+            raise fail(expected) from None
     raise fail(expected)
 
 

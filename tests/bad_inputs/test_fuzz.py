@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from tests.bad_inputs.fuzz_readers import check_example, strategies
 
 REGRESSIONS = Path(__file__).with_name("fuzz_regressions.json")
-EXAMPLES = int(os.environ.get("DFLASH_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("DFLASH_FUZZ_EXAMPLES", "30"))
 RECORD = os.environ.get("DFLASH_FUZZ_RECORD") == "1"
 FOUND: dict[str, dict] = {}  # reader -> its last failing mutation (hypothesis replays the shrunk one last)
 
