@@ -102,8 +102,8 @@ def check_replaceable(flag: str, destination: Path, fmt: str, force: bool) -> No
 
 
 # -- files the tool writes over: only its own ---------------------------------------------------
-OWN_SCHEMA_PREFIX = "dflash-audit/"
-HTML_MARK = "<title>dflash-audit:"  # every report page the tool writes starts its <head> with this title
+OWN_SCHEMA_PREFIX = "dflash-audit"  # dflash-audit/1, dflash-audit/eval/1, dflash-audit-serving/1 ...
+HTML_MARK = "<title>dflash-audit"  # every report page the tool writes has this title (compare, serve-check)
 # Keys of JSON files written before they carried a schema tag (eval --json, train --json).
 LEGACY_JSON_KEYS = ({"method", "mode", "prompts", "mean_tau"}, {"out", "steps", "seconds", "final"})
 SNIFF_BYTES = 1 << 16

@@ -58,6 +58,8 @@ def read_json_object(path: Path, what: str = "JSON file") -> dict:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise AuditError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise AuditError(f"{path}: JSON nested too deeply to read") from None
     if not isinstance(value, dict):
         raise AuditError(f"{path}: expected a JSON object, found {type(value).__name__}")
     return value

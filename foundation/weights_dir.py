@@ -86,6 +86,11 @@ def read_config(path: Path) -> dict[str, Any]:
     if not config_path.is_file():
         raise CheckpointError(f"{path}: no config.json")
     try:
-        return json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{config_path}: invalid JSON ({exc})") from exc
+    except RecursionError:
+        raise CheckpointError(f"{config_path}: JSON nested too deeply to read") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path}: expected a JSON object, found {type(config).__name__}")
+    return config

@@ -87,12 +87,11 @@ def load_prompt_ids(prompts_file: Path | None, tokenizer) -> tuple[list[tuple[st
 REPORT_FILES = ("index.html", "report.json")
 
 
-def check_compare_outputs(out: Path, json_path: Path | None, inputs: dict[str, Path | None], force: bool = False,
-                          cache_dir: Path | None = None) -> None:
+def check_compare_outputs(out: Path, json_path: Path | None, inputs: dict[str, Path | None],
+                          force: bool = False) -> None:
     """The report directory and --json are no input (nor contain one), replace nothing the tool did not
-    write (unless --force) and are writable; --cache-dir lies outside the inputs; all before any work."""
+    write (unless --force) and are writable; all before any work."""
     check_outputs({"--out": out, "--json": json_path}, inputs)
-    check_cache_dir(cache_dir, inputs)
     check_writable("--out", out, "dir")
     check_not_foreign("--out", out, force, REPORT_FILES)
     if json_path is not None:

@@ -13,7 +13,7 @@ from tabulate import tabulate
 
 from dflash_audit.audit.serving import divergence_count, section_dict, serving_section
 from dflash_audit.formats import LoadOptions
-from dflash_audit.outputs import check_outputs, check_writable
+from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
 
@@ -59,12 +59,14 @@ def write_text(path: Path, text: str) -> None:
 
 
 def run_serve_check(drafter: Path, engines: list[str], target: Path | None = None, spec: list[str] | None = None,
-                    json_path: Path | None = None, out: Path | None = None) -> int:
+                    json_path: Path | None = None, out: Path | None = None, force: bool = False) -> int:
     check_outputs({"--json": json_path, "--out": out}, {"--drafter": drafter, "--target": target})
     if json_path is not None:
         check_writable("--json", json_path)
+        check_not_foreign("--json", json_path, force)
     if out is not None:
         check_writable("--out", out, "dir")
+        check_not_foreign("--out", out, force, ("serving.json", "index.html"))
     if target is not None and not (target / "config.json").is_file():
         raise AuditError(f"{target}: not a Hugging Face model directory (no config.json) to use as the target")
     section = section_dict(serving_section(drafter, engines, target, LoadOptions(spec=list(spec or []),
@@ -93,9 +95,10 @@ def register(app: typer.Typer) -> None:
         spec: list[str] = typer.Option([], "--spec", help="KEY=VALUE trained spec field (repeatable)"),
         json_path: Path | None = typer.Option(None, "--json", help="write the JSON here"),
         out: Path | None = typer.Option(None, "--out", help="report dir: serving.json + index.html"),
+        force: bool = typer.Option(False, "--force", help="replace report files the tool did not write"),
     ) -> int:
         """Will it serve as trained? Hold the drafter against vLLM and SGLang through their own code."""
-        return run_serve_check(drafter, parse_engines(engine), target, spec, json_path, out)
+        return run_serve_check(drafter, parse_engines(engine), target, spec, json_path, out, force)
 
 
 __all__ = ["divergence_count", "register", "run_serve_check"]

@@ -61,6 +61,8 @@ def _config_of(path: Path) -> dict[str, Any] | None:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise AuditError(f"{config_path}: not valid JSON ({exc})") from exc
+    except RecursionError:
+        raise AuditError(f"{config_path}: JSON nested too deeply to read") from None
     if not isinstance(config, dict):
         raise AuditError(f"{config_path}: expected a JSON object, found {type(config).__name__}")
     for section in CONFIG_SECTIONS:

@@ -27,6 +27,7 @@ from dflash_audit.formats.key_map import (
 from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.loaded import LoadedCheckpoint, LoadOptions, RawRecord
 from dflash_audit.formats.payload import Payload
+from dflash_audit.formats.safe_yaml import load_yaml
 from dflash_audit.formats.vocabulary import DeclarationError
 from dflash_audit.formats.weight_file import first_line, read_weight_file
 from foundation.errors import CheckpointError
@@ -118,9 +119,7 @@ def read_declaration_file(path: Path) -> dict[str, Any]:
         if path.suffix == ".json":
             data = json.loads(text)
         else:
-            import yaml
-
-            data = yaml.safe_load(text)
+            data = load_yaml(text)  # size, depth and alias limits before anything is built
     except UnicodeDecodeError as exc:
         raise CheckpointError(f"{path}: not UTF-8 text") from exc
     except Exception as exc:  # JSON or YAML syntax
