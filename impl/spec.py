@@ -56,6 +56,23 @@ def _require(condition: bool, field_name: str, message: str) -> None:
         raise SpecError(field_name, message)
 
 
+# Activations transformers' ACT2FN holds (tests/test_spec.py checks each): these are accepted without importing
+# transformers.activations, which takes seconds (it pulls the hub kernels) that a static audit never needs; any
+# other name is looked up there.
+COMMON_ACTIVATIONS = frozenset({"silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu"})
+
+
+def is_known_activation(name: object) -> bool:
+    """Whether a Qwen3 layer can be built with this `hidden_act` (a key of transformers' ACT2FN)."""
+    if not isinstance(name, str):
+        return False
+    if name in COMMON_ACTIVATIONS:
+        return True
+    from transformers.activations import ACT2FN
+
+    return name in ACT2FN
+
+
 @dataclass(frozen=True)
 class DraftSpec:
     hidden_size: int
@@ -152,9 +169,8 @@ class DraftSpec:
                      f"sliding_attention layers need a positive sliding_window, got {self.sliding_window!r}")
         _require(self.rope_theta > 0, "rope_theta", f"must be positive, got {self.rope_theta}")
         self._validate_rotary()
-        from transformers.activations import ACT2FN  # the activations a Qwen3 layer can be built with
-
-        _require(self.hidden_act in ACT2FN, "hidden_act", f"{self.hidden_act!r} is not an activation transformers knows")
+        _require(is_known_activation(self.hidden_act), "hidden_act",
+                 f"{self.hidden_act!r} is not an activation transformers knows")
         _require(self.rms_norm_eps > 0, "rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
         _require(isinstance(self.sample_from_anchor, bool), "sample_from_anchor",
                  f"must be true or false, got {self.sample_from_anchor!r}")
@@ -176,8 +192,6 @@ class DraftSpec:
         """Rows of the drafter's head: the draft vocabulary when reduced, else the target's."""
         return self.draft_vocab_size or self.vocab_size
     def _validate_rotary(self) -> None:
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # the scalings transformers computes
-
         factor = self.partial_rotary_factor
         _require(isinstance(factor, numbers.Real) and not isinstance(factor, bool) and 0 < factor <= 1,
                  "partial_rotary_factor", f"must be in (0, 1], got {factor!r}")
@@ -188,6 +202,8 @@ class DraftSpec:
         if scaling is None:
             return
         _require(isinstance(scaling, dict), "rope_scaling", f"{scaling!r} is not a mapping")
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # the scalings transformers computes
+
         kind = scaling.get("rope_type")
         _require(kind in ROPE_INIT_FUNCTIONS, "rope_scaling",
                  f"rope_type {kind!r} is not a scaling transformers computes ({sorted(ROPE_INIT_FUNCTIONS)})")

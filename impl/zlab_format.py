@@ -93,7 +93,8 @@ def rotary_settings(config: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(neox, bool):
         raise SpecError("is_neox_style", f"{neox!r} is not true or false")
     return {
-        "rope_theta": as_float("rope_theta", rope.get("rope_theta", config.get("rope_theta", transformers_theta()))),
+        "rope_theta": as_float("rope_theta", rope["rope_theta"] if "rope_theta" in rope
+                               else config["rope_theta"] if "rope_theta" in config else transformers_theta()),
         "rope_scaling": scaling,
         "partial_rotary_factor": as_float("partial_rotary_factor", rope.get(
             "partial_rotary_factor", config.get("partial_rotary_factor", ROTARY_DEFAULTS["partial_rotary_factor"]))),

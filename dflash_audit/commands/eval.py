@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from tabulate import tabulate
 
+from dflash_audit.commands import VERBS
 from dflash_audit.outputs import check_cache_dir, check_not_foreign, check_outputs, check_writable
 from dflash_audit.progress import progress
 from dflash_audit.prompts import (
@@ -196,7 +197,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("eval")
+    @app.command("eval", help=VERBS["eval"])
     def eval_command(
         drafter: Path = typer.Option(..., "--drafter", help="ours ckpt.pt, z-lab dir or speculators dir"),
         target: Path = typer.Option(..., "--target", help="Hugging Face target model directory"),
@@ -222,7 +223,6 @@ def register(app: typer.Typer) -> None:
         device_map: str | None = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP),
         force: bool = typer.Option(False, "--force", help="replace a --json file the tool did not write"),
     ) -> None:
-        """Per-prompt τ and per-round acceptance lengths of one drafter."""
         from dflash_audit.formats import LoadOptions
 
         run_eval(drafter, target, prompts, method, budget, mode, max_new_tokens, temperature, seed, json_path,

@@ -12,6 +12,7 @@ import typer
 from tabulate import tabulate
 
 from dflash_audit.audit.serving import divergence_count, section_dict, serving_section
+from dflash_audit.commands import VERBS
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from foundation.atomic import atomic_write_bytes
@@ -87,7 +88,7 @@ def run_serve_check(drafter: Path, engines: list[str], target: Path | None = Non
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("serve-check")
+    @app.command("serve-check", help=VERBS["serve-check"])
     def serve_check(
         drafter: Path = typer.Option(..., "--drafter", help="drafter directory (z-lab or speculators format)"),
         engine: str = typer.Option("vllm,sglang", "--engine", help="engines to hold it against: vllm,sglang"),
@@ -97,7 +98,6 @@ def register(app: typer.Typer) -> None:
         out: Path | None = typer.Option(None, "--out", help="report dir: serving.json + index.html"),
         force: bool = typer.Option(False, "--force", help="replace report files the tool did not write"),
     ) -> int:
-        """Will it serve as trained? Hold the drafter against vLLM and SGLang through their own code."""
         return run_serve_check(drafter, parse_engines(engine), target, spec, json_path, out, force)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from dflash_audit.commands import VERBS
 from dflash_audit.formats.vocabulary import DeclarationError, convert
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from foundation.errors import AuditError
@@ -123,7 +124,6 @@ def train(
         help="Slot layout: every slot proposes the next token, B per block (DSpark), or the anchor slot proposes "
              "nothing, B - 1 per block [default: anchor as bonus]."),
 ) -> None:
-    """Train a DFlash drafter online against a Hugging Face target."""
     from transformers.utils import logging as hf_logging
 
     from impl.data import DataError
@@ -206,4 +206,4 @@ def report_run(stats: dict, json_out: Path | None) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("train")(train)
+    app.command("train", help=VERBS["train"])(train)
