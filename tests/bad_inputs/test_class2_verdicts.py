@@ -58,3 +58,12 @@ def test_a_drafter_config_that_is_a_fifo_is_refused(world, tmp_path):
     done = _cli(["compare", "--ours", world / "ours.pt", "--ref", fifo, "--out", tmp_path / "r"], tmp_path)
     assert_refused(done.returncode, done.stderr, "fifo-zlab/config.json", "not a regular file")
     assert tree_digest(fifo) == before
+
+
+def test_a_fifo_config_beside_a_foreign_checkpoint_is_refused(world, tmp_path):
+    (tmp_path / "run").mkdir()
+    shutil.copy(world / "plain.pt", tmp_path / "run" / "model.pt")
+    os.mkfifo(tmp_path / "run" / "config.json")
+    done = _cli(["compare", "--ours", tmp_path / "run" / "model.pt", "--ref", world / "zref", "--out",
+                 tmp_path / "r"], tmp_path)
+    assert_refused(done.returncode, done.stderr, "run/config.json", "not a regular file")
