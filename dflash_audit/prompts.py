@@ -61,9 +61,12 @@ def uses_chat_template(tokenizer, mode: str = "auto") -> bool:
     return has_template if mode == "auto" else mode == "on"
 
 
-def tokenize_prompt(tokenizer, prompt: dict[str, str] | str, mode: str = "auto") -> torch.Tensor:
-    """Token ids [1, T] of one prompt (a `{"id", "prompt"}` record or its text)."""
+def tokenize_prompt(tokenizer, prompt: dict[str, str] | str, mode="auto") -> torch.Tensor:
+    """Token ids [1, T] of one prompt (a `{"id", "prompt"}` record or its text); `mode` is a chat-template
+    mode or a `foundation.chat_template.ChatTemplate` (`--chat-template FILE`, `--chat-template-kwargs`)."""
     text = prompt["prompt"] if isinstance(prompt, dict) else prompt
+    if not isinstance(mode, str):
+        return mode.ids(tokenizer, [{"role": "user", "content": text}])
     if uses_chat_template(tokenizer, mode):
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                  add_generation_prompt=True)
@@ -76,7 +79,7 @@ def tokenize_prompt(tokenizer, prompt: dict[str, str] | str, mode: str = "auto")
     return torch.tensor([ids], dtype=torch.long)
 
 
-def tokenize_prompts(tokenizer, prompts: list[dict[str, str]], mode: str = "auto") -> list[tuple[str, torch.Tensor]]:
+def tokenize_prompts(tokenizer, prompts: list[dict[str, str]], mode="auto") -> list[tuple[str, torch.Tensor]]:
     """`[(id, ids [1, T])]` for every prompt."""
     return [(p["id"], tokenize_prompt(tokenizer, p, mode)) for p in prompts]
 

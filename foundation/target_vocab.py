@@ -52,10 +52,6 @@ class TargetVocabulary:
             return None
         return self.padded_size - self.tokenizer_length
 
-    def roles_of(self, token_id: int) -> list[str]:
-        """Which special tokens (eos, pad, bos) `token_id` is, as far as the target says."""
-        return [role for role, ids in self.special_ids.items() if token_id in ids]
-
     def to_dict(self) -> dict[str, Any]:
         return {"config_vocab_size": self.config_vocab_size, "tokenizer_length": self.tokenizer_length,
                 "embedding_rows": self.embedding_rows, "special_ids": self.special_ids, "sources": self.sources}

@@ -20,7 +20,8 @@ from foundation.errors import CheckpointError
 from impl.body_shapes import body_shapes
 from impl.param_names import strip_wrapper_prefixes
 from foundation.pickle_limits import PickleBomb, check_graph, load_failure_reason
-from impl.spec import DraftSpec, Recipe, SpecError
+from impl.recipe import Recipe
+from impl.spec import DraftSpec, SpecError
 
 if TYPE_CHECKING:
     from impl.model import DFlashDrafter

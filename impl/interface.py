@@ -12,6 +12,10 @@ Conventions shared by every operation:
 - training layout (speculators'): queries are `A` anchor blocks of `B` slots, keys are
   `[packed base sequence (T) | all blocks (A*B)]`;
 - inference layout (z-lab's): queries are one block, keys are `[context | block]`.
+
+The interface is versioned (`INTERFACE_VERSION`; what each version added: impl/interface_versions.py). A plug
+declares the version it implements as a class attribute, `interface_version = N`; a call of a later version
+that it cannot take is reported as a plug mismatch naming that change, never as a divergence.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from torch import nn
 
 from impl.dflash2 import SelectorTraining
+from impl.interface_versions import CURRENT as INTERFACE_VERSION
 from impl.spec import DraftSpec
 
 
@@ -66,6 +71,7 @@ class GenerationResult:
 @runtime_checkable
 class DFlashImplementation(Protocol):
     name: str
+    interface_version: int  # the INTERFACE_VERSION the plug was written against
 
     def default_target_layer_ids(self, num_target_layers: int, num_draft_layers: int) -> list[int]:
         """Layer ids (z-lab convention) used when a drafter names none."""
@@ -136,6 +142,8 @@ class DFlashImplementation(Protocol):
         `temperature` > 0 with the global torch generator seeded with `seed` (z-lab's draw order)."""
 
 
+# The operations beyond DFlash, each group one Protocol: conformance/plug.py reads the current signatures of every
+# operation from these (to name the interface change behind a call a plug cannot take).
 class DraftVocabOperations(Protocol):
     """A reduced draft vocabulary (catalogue #32); an implementation without one declares them `unsupported`."""
 

@@ -1,4 +1,4 @@
-"""The normalized description of a DFlash drafter (`DraftSpec`) and of how it was trained (`Recipe`).
+"""The normalized description of a DFlash drafter (`DraftSpec`); how it was trained is `impl/recipe.py`.
 
 Every format (ours, z-lab, speculators) is translated into a `DraftSpec` by its loader.
 Target layer ids are always in the z-lab convention: the 0-based decoder layer whose
@@ -9,20 +9,13 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Literal, get_args
+from typing import Any
 
 from impl import slot_layout
 from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import spec_family
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
-# One vocabulary for every knob (CLI, TrainConfig, Recipe, checkpoint, report, foreign arg names):
-# speculators' names, and these choices.
-LossFn = Literal["kl_div", "ce"]  # speculators' loss_fn names
-# speculators' per_position_loss_weight: fixed exponential decay (gamma) or D-PACE (dpace_alpha).
-LossWeighting = Literal["fixed-exp-decay", "dpace"]
-LOSS_KINDS = get_args(LossFn)
-LOSS_WEIGHTINGS = get_args(LossWeighting)
 FAMILIES = ("dflash", "dflash2")
 # The DFlash2-only architecture fields, in speculators' names (set together or not at all).
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
@@ -283,6 +276,11 @@ class DraftSpec:
         return slot_layout.speculative_tokens(self.block_size, self.sample_from_anchor)
 
     @property
+    def longest_round(self) -> int:
+        """Tokens the longest round accepts: every proposal and the target's bonus."""
+        return slot_layout.longest_round(self.block_size, self.sample_from_anchor)
+
+    @property
     def first_proposing_slot(self) -> int:
         return slot_layout.first_proposing_slot(self.sample_from_anchor)
 
@@ -338,82 +336,3 @@ class DraftSpec:
             layer_types=list(self.layer_types),
             tie_word_embeddings=False,
         )
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How a drafter was trained, in speculators' vocabulary (`loss_fn`, `per_position_loss_weight`,
-    `dpace_alpha`). Defaults are speculators' model-level defaults (`DFlashDraftModel.forward`,
-    `compute_metrics`): KL, fixed exponential decay. A checkpoint written before a field existed
-    is read with that default, which is what it was trained with."""
-
-    gamma: float = 4.0  # fixed-exp-decay: w(k) = exp(-(k-1)/gamma), w(0) = 0
-    loss_fn: LossFn = "kl_div"
-    # 0-based target decoder layer whose raw output gives the target logits;
-    # None means the final decoder layer (the reference recipe).
-    verifier_source_layer: int | None = None
-    noise_std: float = 0.0  # gaussian noise on the drafter's context features only
-    max_anchors: int = 512
-    # The slot layout training applied; the drafter's own is `DraftSpec.sample_from_anchor`. Our trainer
-    # refuses a recipe that disagrees with its drafter; the audit reports a checkpoint whose two disagree.
-    sample_from_anchor: bool = False
-    per_position_loss_weight: LossWeighting = "fixed-exp-decay"
-    dpace_alpha: float = 0.5  # D-PACE confidence smoothing, used when per_position_loss_weight = dpace
-    selector_loss_alpha: float = 1.0  # DFlash2: weight of the selector's K-way CE beside the unary loss
-    data_hash: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name in ("gamma", "noise_std", "dpace_alpha", "selector_loss_alpha"):
-            value = getattr(self, name)
-            _require(_is_number(value), name, f"must be a number, got {value!r}")
-        _require(isinstance(self.max_anchors, numbers.Integral) and not isinstance(self.max_anchors, bool), "max_anchors", f"must be an integer, got {self.max_anchors!r}")
-        _require(self.verifier_source_layer is None or (isinstance(self.verifier_source_layer, numbers.Integral)
-                                                        and not isinstance(self.verifier_source_layer, bool)),
-                 "verifier_source_layer", f"must be a layer index or null, got {self.verifier_source_layer!r}")
-        _require(isinstance(self.sample_from_anchor, bool), "sample_from_anchor",
-                 f"must be true or false, got {self.sample_from_anchor!r}")
-        for name in ("loss_fn", "per_position_loss_weight", "data_hash"):
-            _require(isinstance(getattr(self, name), str), name, f"must be a string, got {getattr(self, name)!r}")
-        _require(isinstance(self.extra, dict), "extra", f"must be a mapping, got {type(self.extra).__name__}")
-        _require(self.gamma > 0, "gamma", f"must be positive, got {self.gamma}")
-        _require(self.loss_fn in LOSS_KINDS, "loss_fn", f"{self.loss_fn!r} not in {list(LOSS_KINDS)}")
-        _require(self.per_position_loss_weight in LOSS_WEIGHTINGS, "per_position_loss_weight",
-                 f"{self.per_position_loss_weight!r} not in {list(LOSS_WEIGHTINGS)}")
-        _require(0.0 < self.dpace_alpha <= 1.0, "dpace_alpha", f"must be in (0, 1], got {self.dpace_alpha}")
-        _require(self.selector_loss_alpha >= 0, "selector_loss_alpha",
-                 f"must be non-negative, got {self.selector_loss_alpha}")
-        _require(self.noise_std >= 0, "noise_std", f"must be non-negative, got {self.noise_std}")
-        _require(self.max_anchors > 0, "max_anchors", f"must be positive, got {self.max_anchors}")
-
-    def check_trainable(self, num_target_layers: int | None = None) -> None:
-        """The rules a recipe must also meet to be trained with; a recipe a checkpoint declares is
-        audited as it is, never refused. D-PACE reads the drafter's confidence as exp(-CE), so it
-        needs the ce loss (speculators refuses it with KL too); the source layer must exist."""
-        _require(self.per_position_loss_weight != "dpace" or self.loss_fn == "ce", "per_position_loss_weight",
-                 f"dpace needs loss_fn ce (it reads exp(-CE) as the drafter's confidence), got loss_fn "
-                 f"{self.loss_fn!r}")
-        source = self.verifier_source_layer
-        if num_target_layers is not None and source is not None:
-            _require(0 <= source < num_target_layers, "verifier_source_layer",
-                     f"{source} outside the target's decoder layers 0..{num_target_layers - 1}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Recipe:
-        _require(isinstance(data, dict), "recipe", f"expected a mapping of fields, got {type(data).__name__} "
-                                                   f"{str(data)[:60]!r}")
-        data = dict(data)
-        if "loss_kind" in data and "loss_fn" not in data:
-            data["loss_fn"] = data.pop("loss_kind")  # checkpoints written before the rename
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        _require(not unknown, "recipe", f"unknown fields {unknown}")
-        return cls(**data)
-
-
-# The recipe's declared settings (what a checkpoint can say it was trained with; the run's hash and extras
-# are not compared): the one list the vocabulary, the CLI and the audit read.
-RECIPE_FIELDS = tuple(f.name for f in fields(Recipe) if f.name not in ("data_hash", "extra"))

@@ -16,7 +16,7 @@ from dflash_audit.cli import main
 from foundation.packages import PACKAGES
 from impl.checkpoint import save_checkpoint
 from impl.model import DFlashDrafter
-from impl.spec import Recipe
+from impl.recipe import Recipe
 from impl.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec, tiny_target
 

@@ -8,7 +8,7 @@ from dflash_audit.formats import load_any
 from foundation.errors import CheckpointError
 from impl.checkpoint import build_drafter, load_checkpoint, save_checkpoint
 from impl.model import DFlashDrafter
-from impl.spec import Recipe
+from impl.recipe import Recipe
 from impl.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec, zlab_model_for
 

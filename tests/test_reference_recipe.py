@@ -105,9 +105,9 @@ def test_dpace_with_kl_is_refused(tiny_world, tmp_path, capsys):  # noqa: F811
 
 
 def test_our_dflash2_defaults_are_speculators_dflash2_defaults():
-    from impl.train import TrainConfig
+    from impl.train import RunConfig
 
-    resolved, ours = refs.trainer("dflash2"), TrainConfig(target="", out="", family="dflash2")
+    resolved, ours = refs.trainer("dflash2"), RunConfig(target="", out="", family="dflash2")
     for name, value in resolved.architecture.items():
         if name != "sliding_window_non_causal":  # ours: None = the family's default, checked below
             assert getattr(ours, name) == value, name

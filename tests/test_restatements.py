@@ -356,9 +356,9 @@ def knob_rule_copies(source: str, path: str = "<module>") -> list[str]:
 
 def test_knobs_are_validated_only_by_the_recipe_type():
     sources = {path: source for path, source in repo_sources().items()
-               if path != "impl/spec.py" and not path.startswith(("tests/", "bench/"))}
+               if path != "impl/recipe.py" and not path.startswith(("tests/", "bench/"))}
     assert [hit for path, source in sources.items() for hit in knob_rule_copies(source, path)] == []
-    assert knob_rule_copies((REPO / "impl/spec.py").read_text(), "impl/spec.py") != []
+    assert knob_rule_copies((REPO / "impl/recipe.py").read_text(), "impl/recipe.py") != []
 
 
 @pytest.mark.parametrize("planted", [
@@ -390,7 +390,7 @@ def test_entry_maps_and_recipe_fields_are_one_table_each():
     import dflash_audit.formats.inference as inference
     import dflash_audit.formats.vocabulary as vocabulary
     import catalogue.pitfalls as pitfalls
-    import impl.spec as spec
+    import impl.recipe as spec
 
     assert static_spec.ARCHITECTURE_ENTRIES is pitfalls.ARCHITECTURE_ENTRIES
     assert static_spec.ARCHITECTURE_WARNINGS is pitfalls.ARCHITECTURE_WARNINGS

@@ -18,7 +18,8 @@ from impl.checkpoint import save_checkpoint
 from impl.decoding import dflash_decode
 from impl.model import DFlashDrafter
 from impl.offline import load_or_build_cache
-from impl.spec import Recipe, SpecError
+from impl.recipe import Recipe
+from impl.spec import SpecError
 from impl.train_step import trained_layout
 from impl.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec

@@ -1,6 +1,7 @@
 import pytest
 
-from impl.spec import DraftSpec, Recipe, SpecError
+from impl.recipe import Recipe
+from impl.spec import DraftSpec, SpecError
 from tests.helpers import tiny_spec
 
 

@@ -9,7 +9,7 @@ from catalogue.pitfalls import RECIPE_ENTRIES
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_spec import family_of
-from impl.spec import Recipe
+from impl.recipe import Recipe
 
 # Fields that only mean something under one weighting: compared only when both sides use it
 # (under different weightings the one finding is per_position_loss_weight).

@@ -28,6 +28,8 @@ from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_cache_dir, check_not_foreign, check_outputs, check_writable
 from dflash_audit.ranks import Ranks
 from foundation.cache_dir import cache_root
+from foundation.chat_template import CHAT_TEMPLATE_HELP, ChatTemplate
+from foundation.errors import AuditError
 from foundation.inputs import TOKENIZER_FILES, check_generation_flags, check_target_dir
 from foundation.placement import (
     CPU_FLOAT32,
@@ -85,7 +87,8 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
                 cache_dir: Path | None = None, console: Console | None = None, truncate: bool = False,
                 ours_options: LoadOptions | None = None, ref_options: LoadOptions | None = None,
                 placement: Placement = CPU_FLOAT32, dtypes: list[str] | None = None,
-                serve: list[str] | None = None, force: bool = False) -> AuditReport:
+                serve: list[str] | None = None, live: bool = False,
+                vllm_python: Path | None = None, chat=None, force: bool = False) -> AuditReport:
     """Load, audit, write `out/index.html` + `out/report.json` (+ `json_path`), print the summary.
 
     `dtypes` (`--dtype a,b`): the τ audit once per dtype, the first one the report's main run."""
@@ -105,8 +108,17 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
         static = static_audit(ours_side, ref_side, expect_identical, advance=lambda: bar.advance(task),
                               target=target_vocabulary(target) if target is not None else None)
     report = AuditReport(ours_side, ref_side, static)
+    if live and (not serve or "vllm" not in serve or target is None):
+        raise AuditError("--live runs both drafters in vLLM on the target: give --serve vllm and --target")
     if serve:
         report.serving = serving_sections(ours, ref, serve, target, ours_options, ref_options)
+    if live:
+        from dflash_audit.audit.live_check import live_check
+        from dflash_audit.audit.serving_live import attach_live
+
+        served = live_check({"ours": ours, "ref": ref}, target, prompts, max_new_tokens, vllm_python)
+        for side in ("ours", "ref"):
+            attach_live(report.serving[side], served[side])
     ranks = Ranks.single()
     if target is not None and not static_only:
         from dflash_audit.audit.dynamic import attach_proposable_share
@@ -114,7 +126,7 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
 
         ranks = Ranks()  # under torchrun: prompts sharded, one cache, every rank on its own GPU
         report.dynamic = dynamic_audits(ours_side, ref_side, target, prompts, max_new_tokens, budget, cache_dir,
-                                        console, truncate, placement, dtypes or [None], report.notes, ranks)
+                                        console, truncate, placement, dtypes or [None], report.notes, ranks, chat)
         ranks.close()
         attach_proposable_share(static.findings, report.dynamic.proposable_share)
     elif target is None:
@@ -168,6 +180,9 @@ def register(app: typer.Typer) -> None:
         truncate: bool = typer.Option(False, "--truncate",
                                       help="keep a too-long prompt's last tokens (default: refuse it)"),
         serve: str | None = typer.Option(None, "--serve", help="also check how vllm,sglang would serve each drafter"),
+        live: bool = typer.Option(False, "--live", help="with --serve vllm: run both drafters in a real vLLM engine"),
+        vllm_python: Path | None = typer.Option(None, "--vllm-python",
+                                                help="--live: a Python with vLLM (default .venv-vllm/bin/python)"),
         cache_dir: Path | None = typer.Option(None, "--cache-dir",
                                               help="cache root; hidden states go to <root>/offline "
                                                    "(default $XDG_CACHE_HOME/dflash-audit)"),
@@ -175,11 +190,15 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP + "; a comma list (bfloat16,float32) "
                                   "measures τ in each"),
         device_map: str | None = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP),
+        chat_template: str = typer.Option("auto", "--chat-template", help=CHAT_TEMPLATE_HELP),
+        chat_template_kwargs: str | None = typer.Option(None, "--chat-template-kwargs",
+                                                        help='JSON for apply_chat_template, e.g. {"enable_thinking": false}'),
         force: bool = typer.Option(False, "--force", help="replace report files at --out / --json that the tool "
                                                           "did not write"),
     ) -> int:
         check_cache_dir(cache_dir, {"--ours": ours, "--ref": ref, "--target": target, "--prompts": prompts})
         dtypes = parse_dtype_list(dtype)
+        chat = ChatTemplate.parse(chat_template, chat_template_kwargs)
         placement = resolve_placement(device, dtypes[0], device_map, target) if target is not None else CPU_FLOAT32
         report = run_compare(ours, ref, target, prompts, static_only, out, json_path, expect_identical,
                              max_new_tokens, budget, truncate=truncate,
@@ -187,5 +206,6 @@ def register(app: typer.Typer) -> None:
                              ours_options=LoadOptions(ours_entry, key_map, list(ours_spec), "--ours"),
                              ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"),
                              placement=placement, dtypes=[None, *dtypes[1:]],
-                             serve=parse_engines(serve) if serve is not None else None, force=force)
+                             serve=parse_engines(serve) if serve is not None else None, live=live,
+                             vllm_python=vllm_python, chat=chat, force=force)
         return report.exit_status
