@@ -14,7 +14,7 @@ import torch
 
 from foundation.errors import AuditError
 from foundation.inputs import read_utf8
-from foundation.jsonl import json_lines
+from foundation.jsonl import check_text, json_lines
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 
@@ -33,7 +33,8 @@ def _prompt_from_record(record, where: str, line_no: int) -> dict[str, str]:
         raise AuditError(f"{where}: needs a 'prompt' or a 'turns' field")
     if not isinstance(text, str) or not text:
         raise AuditError(f"{where}: the prompt must be a non-empty string")
-    return {"id": str(record.get("id", line_no)), "prompt": text}
+    check_text(text, f"{where}: the prompt", AuditError)
+    return {"id": check_text(str(record.get("id", line_no)), f"{where}: the id", AuditError), "prompt": text}
 
 
 def load_prompts(path: str | Path) -> list[dict[str, str]]:

@@ -17,7 +17,7 @@ from tabulate import tabulate
 
 from dflash_audit.commands import VERBS
 from dflash_audit.commands.eval_drafter import load_drafter, place_drafter, read_drafter  # noqa: F401 (load_drafter: API)
-from dflash_audit.outputs import check_outputs, check_writable
+from dflash_audit.outputs import check_cache_dir, check_not_foreign, check_outputs, check_writable
 from dflash_audit.progress import progress
 from dflash_audit.prompts import (
     fit_prompts,
@@ -68,11 +68,13 @@ def check_options(method: str, mode: str, budget: int, max_new_tokens: int, temp
         raise AuditError("--temperature > 0 needs --method dflash --mode live (DDTree and offline replay are greedy)")
 
 
-def check_json_output(json_path: Path | None, inputs: dict[str, Path]) -> None:
-    """--json is no input, and writable, before any model loads."""
+def check_json_output(json_path: Path | None, inputs: dict[str, Path], force: bool = False) -> None:
+    """--json is no input, replaces no file the tool did not write (unless --force), and is writable,
+    before any model loads."""
     if json_path is not None:
         check_outputs({"--json": json_path}, inputs)
         check_writable("--json", json_path)
+        check_not_foreign("--json", json_path, force)
 
 
 def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new_tokens: int, temperature: float,
@@ -98,7 +100,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
              mode: str = "live", max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0,
              json_path: Path | None = None, cache_dir: Path | None = None, chat_template="auto",
              console: Console | None = None, truncate: bool = False, load_options=None,
-             placement: Placement = CPU_FLOAT32, memory: dict | None = None) -> dict | None:
+             placement: Placement = CPU_FLOAT32, memory: dict | None = None, force: bool = False) -> dict | None:
     """Evaluate, print the table and write `json_path` (rank 0); returns the JSON payload there.
 
     `memory`: free memory handed to the memory plan (`free_on_devices`, `free_on_host`) instead of
@@ -106,7 +108,9 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     from foundation.target import load_target_model, load_tokenizer
 
     check_options(method, mode, budget, max_new_tokens, temperature)
-    check_json_output(json_path, {"--drafter": drafter_path, "--target": target_dir, "--prompts": prompts_path})
+    inputs = {"--drafter": drafter_path, "--target": target_dir, "--prompts": prompts_path}
+    check_json_output(json_path, inputs, force)
+    check_cache_dir(cache_dir, inputs)
     console = console or Console(stderr=True)
     records = load_prompts(prompts_path)  # bad input fails before any model loads
     chat = chat_template if isinstance(chat_template, ChatTemplate) else ChatTemplate.parse(chat_template)
@@ -147,7 +151,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
 
     all_rounds = [length for r in results for length in r["rounds"]]
     longest = drafter.spec.longest_round
-    payload = {"method": method, "mode": mode, "budget": budget if method == "ddtree" else None,
+    payload = {"schema": "dflash-audit/eval/1", "method": method, "mode": mode, "budget": budget if method == "ddtree" else None,
                "max_new_tokens": max_new_tokens, "placement": placement.describe(),
                "chat_template": chat.describe(tokenizer), "prompts": results,
                "mean_tau": mean_acceptance([r["tau"] for r in results]),
@@ -221,6 +225,7 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
         dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP),
         device_map: str | None = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP),
+        force: bool = typer.Option(False, "--force", help="replace a --json file the tool did not write"),
     ) -> None:
         from dflash_audit.formats import LoadOptions
 
@@ -236,8 +241,9 @@ def register(app: typer.Typer) -> None:
             prompt_sets = [prompt_set_from_flag(value, max_samples) for value in prompts]  # before any model
             run_table(drafter, target, prompt_sets, tau_method, method, budget, temperature, seeds or str(seed),
                       max_new_tokens, chat, tau_by, max_samples, json_path, html_path, published, trained_kwargs,
-                      options, resolve_placement(device, dtype, device_map, target))
+                      options, resolve_placement(device, dtype, device_map, target), force=force)
             return
         placement = resolve_placement(device, dtype, device_map, target)
         run_eval(drafter, target, Path(prompts[0]), method[0], budget[0], mode, max_new_tokens, temperature[0], seed,
-                 json_path, cache, chat, truncate=truncate, load_options=options, placement=placement)
+                 json_path, cache, chat, truncate=truncate, load_options=options, placement=placement,
+                 force=force)

@@ -14,7 +14,7 @@ from rich.console import Console
 from dflash_audit.tau.prompt_sets import prompt_set_from_flag
 from foundation.benchmarks.sets import PromptSet
 from foundation.chat_template import ChatTemplate, thinking_settings
-from dflash_audit.outputs import check_outputs, check_writable
+from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from dflash_audit.tau.declared import declared_settings, template_findings
 from dflash_audit.tau.grid import Decoding, run_grid
 from dflash_audit.tau.methods import TAU_METHODS
@@ -46,7 +46,8 @@ def parse_seeds(text: str) -> list[int]:
     return list(dict.fromkeys(seeds))
 
 
-def check_table_options(tau_methods, temperatures, budgets, max_new_tokens, tau_by, html_path, json_path, inputs):
+def check_table_options(tau_methods, temperatures, budgets, max_new_tokens, tau_by, html_path, json_path, inputs,
+                        force: bool = False):
     for method in tau_methods:
         if method not in TAU_METHODS:
             raise AuditError(f"--tau-method must be one of {list(TAU_METHODS)}, got {method!r}")
@@ -61,6 +62,7 @@ def check_table_options(tau_methods, temperatures, budgets, max_new_tokens, tau_
     for flag, path in outputs.items():
         if path is not None:
             check_writable(flag, path)
+            check_not_foreign(flag, path, force)  # a user's file is never replaced silently
 
 
 def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: list[str] | None = None,
@@ -69,7 +71,7 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: 
               chat: ChatTemplate | None = None, tau_by: str | None = None, max_samples: int | None = None,
               json_path: Path | None = None, html_path: Path | None = None, published: str | None = None,
               trained_kwargs: str | None = None, load_options=None, placement: Placement = CPU_FLOAT32,
-              console: Console | None = None) -> dict:
+              console: Console | None = None, force: bool = False) -> dict:
     from dflash_audit.commands.eval_drafter import place_drafter, read_drafter
     from dflash_audit.formats import LoadOptions, load_any
     from foundation.target import load_target_model, load_tokenizer
@@ -79,7 +81,8 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: 
     budgets, temperatures = budgets or [32], temperatures or [0.0]
     chat = chat or ChatTemplate.parse("auto")
     inputs = {"--drafter": drafter_path, "--target": target_dir}
-    check_table_options(tau_methods, temperatures, budgets, max_new_tokens, tau_by, html_path, json_path, inputs)
+    check_table_options(tau_methods, temperatures, budgets, max_new_tokens, tau_by, html_path, json_path, inputs,
+                        force)
     seed_list = parse_seeds(seeds)
     decodings = decodings_of(methods, budgets)
     # Bad input before any model; the command line hands them over already read.

@@ -76,7 +76,7 @@ def bar_chart(set_name: str, cells: list[dict]) -> str:
 
 def html_page(data: dict) -> str:
     esc = html.escape
-    out = ["<!doctype html><html><head><meta charset='utf-8'><title>τ table</title>",
+    out = ["<!doctype html><html><head><meta charset='utf-8'><title>dflash-audit: τ table</title>",
            f"<style>{CSS}</style></head><body><h1>τ table</h1>",
            f"<p>drafter <code>{esc(str(data['drafter']))}</code>, target <code>{esc(str(data['target']))}</code>, "
            f"max new tokens {data['max_new_tokens']}; published figures for: "
