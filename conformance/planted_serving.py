@@ -22,7 +22,7 @@ from serving_engines.verdict import EngineReport, engine_report
 # Two sliding layers around a full one, ids of a 6-layer target: every serving rule has something to act on.
 SPEC = DraftSpec(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                  num_hidden_layers=3, vocab_size=96, target_layer_ids=(1, 3, 4), num_target_layers=6,
-                 mask_token_id=95, block_size=4,
+                 mask_token_id=95, block_size=4, rope_theta=1e6,  # Qwen3's own θ, as published drafters declare
                  layer_types=("sliding_attention", "full_attention", "sliding_attention"), sliding_window=5)
 
 
