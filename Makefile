@@ -114,10 +114,10 @@ quick: setup
 	$(PY) -m pytest -q tests conformance -m quick
 
 # The demo's figures (docs/results.md) are the same on every x86-64 machine with AVX2: torch's own
-# kernels, MKL (in its conditional-numerical-reproducibility mode) and oneDNN take their AVX2 code
+# kernels, MKL (in its strict conditional-numerical-reproducibility mode, the same bits at any thread count) and oneDNN take their AVX2 code
 # paths, whatever wider instructions the CPU has (AVX-512 kernels round differently; thread counts do not
 # change the result). `dflash-audit demo` alone works too, with this CPU's own kernels.
-DEMO_ENV := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+DEMO_ENV := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2,STRICT ONEDNN_MAX_CPU_ISA=AVX2
 demo: setup
 	$(DEMO_ENV) $(VENV)/bin/dflash-audit demo
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 from dataclasses import asdict
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from dflash_audit.demo import KEY_FILE, DemoConfig, demo_key, prepare_cache, run_demo
 from dflash_world import TEST_TARGET
 from foundation.errors import AuditError
+
+REPO = Path(__file__).resolve().parents[1]
 
 PLANTED = [("fc_dims", ""), ("recipe", "gamma"), ("recipe", "verifier_source_layer")]
 
@@ -107,26 +110,42 @@ def test_the_demo_key_has_no_time_budget():
     assert "drafter_seconds" not in asdict(DemoConfig())
 
 
+def _demo_env() -> dict[str, str]:
+    """`make demo`'s kernel pins (the Makefile's DEMO_ENV line, their one home)."""
+    line = next(l for l in (REPO / "Makefile").read_text().splitlines() if l.startswith("DEMO_ENV"))
+    return dict(item.split("=", 1) for item in line.split(":=", 1)[1].split())
+
+
+_TRAIN_AT_THREADS = """
+import sys, torch
+from dflash_world import stdlib_corpus
+from impl.train import train_drafter
+torch.set_num_threads(int(sys.argv[3]))
+train_drafter(sys.argv[1], stdlib_corpus("train", max_bytes=60_000), sys.argv[2], steps=3, block_size=4,
+              draft_layers=1, target_layer_ids=[1, 2], seq_len=64, batch_size=2, max_anchors=8, warmup=1, seed=0,
+              loss_fn="kl_div", per_position_loss_weight="fixed-exp-decay")
+"""
+
+
 def test_the_same_training_at_any_thread_count(test_world, tmp_path):
-    """The demo's figures do not depend on how many cores a machine has: a drafter trained with 1 and with 2
-    torch threads is the same bit for bit (the CPU's instruction set is pinned by `make demo`, see Makefile)."""
+    """The demo's figures do not depend on how many cores a machine has: under `make demo`'s kernel pins (the
+    AVX2 code paths, MKL's strict reproducibility mode), a drafter trained with 1 and with 2 torch threads is the
+    same bit for bit. Each training runs in its own process, since the pins are read when the libraries load."""
+    import os
+    import subprocess
+    import sys
+
     import torch
 
-    from dflash_world import stdlib_corpus
     from impl.checkpoint import load_checkpoint
-    from impl.train import train_drafter
 
-    texts = stdlib_corpus("train", max_bytes=60_000)
-    threads, weights = torch.get_num_threads(), {}
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            train_drafter(test_world.target, texts, tmp_path / f"{count}.pt", steps=3, block_size=4, draft_layers=1,
-                          target_layer_ids=[1, 2], seq_len=64, batch_size=2, max_anchors=8, warmup=1, seed=0,
-                          loss_fn="kl_div", per_position_loss_weight="fixed-exp-decay")
-            weights[count] = load_checkpoint(tmp_path / f"{count}.pt").state_dict
-    finally:
-        torch.set_num_threads(threads)
+    env = {**os.environ, **_demo_env(), "PYTHONPATH": str(REPO)}
+    weights = {}
+    for count in (1, 2):
+        out = tmp_path / f"{count}.pt"
+        subprocess.run([sys.executable, "-c", _TRAIN_AT_THREADS, str(test_world.target), str(out), str(count)],
+                       env=env, cwd=tmp_path, check=True, capture_output=True)
+        weights[count] = load_checkpoint(out).state_dict
     assert weights[1].keys() == weights[2].keys()
     for name, value in weights[1].items():
         assert torch.equal(value, weights[2][name]), name
