@@ -82,8 +82,16 @@ def main() -> None:
         rows.append(Row(f"vLLM {sections['zlab']['version']} serving the all-full test drafter ({name}): rounds equal "
                         f"to the audit's or explained by a named finding", covered / total, 1.0, ">=", unit="",
                         detail=f"{equal}/{total} equal; findings: {', '.join(summary[name]['findings']) or 'none'}"))
-    print(tabulate(table, headers=["drafter", "prompt", "served τ", "audited τ", "rounds equal", "apart (last blocks)", "first diff",
-                                   "explained by"], tablefmt="github"))
+    print(tabulate(table, headers=["drafter", "prompt", "served τ", "audited τ", "rounds equal", "apart (last blocks)",
+                                   "first diff", "explained by"], tablefmt="github"))
+    print()
+    print(tabulate([[name, f"{sum(p['served_tau'] for p in v['prompts']) / len(v['prompts']):.3f}",
+                     f"{sum(p['audited_tau'] for p in v['prompts']) / len(v['prompts']):.3f}",
+                     f"{v['equal']}/{v['rounds']}", f"{v['explained']}/{v['rounds']}",
+                     "yes" if v["greedy_identical"] else "NO", ", ".join(v["findings"]) or "-"]
+                    for name, v in summary.items()],
+                   headers=["drafter", "served τ", "audited τ", "rounds equal", "equal or explained",
+                            "greedy output unchanged", "findings"], tablefmt="github"))
     engine = sections["ours"]
     rows.append(Row("live check (one engine process, 3 drafters + fixed variant, replay and localization) / "
                     "dflash-audit eval, wall time", live_wall / eval_wall, 20.0, "<=",
