@@ -33,7 +33,7 @@ DOCS_DEPS := "mkdocs==1.6.1" "mkdocs-material==9.8.1"
 VLLM_DEPS := "pyzmq==27.3.0" "cbor2==6.3.0" "orjson==3.13.0" "openai-harmony==0.0.8"
 SGLANG_DEPS :=
 
-.PHONY: setup test docs demo quick clean browser bench gpu-check
+.PHONY: setup test docs demo quick clean browser bench gpu-check fuzz
 setup: $(STAMP) $(VLLM_STAMP)
 
 # The live serving check (`serve-check --live`) runs a real vLLM engine in its own environment, a subprocess:
@@ -85,6 +85,14 @@ test: setup browser docs
 # The docs site, strictly: a broken link, a missing anchor or a page left out of mkdocs.yml's nav fails it.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site  # not --quiet: it hides the warnings strict counts
+
+# The fuzz of every reader (tests/bad_inputs/test_fuzz.py) beyond the bounded, derandomized run `make test` does:
+# fresh examples each time, FUZZ_EXAMPLES a reader; the shrunk example of anything it finds is added to
+# tests/bad_inputs/fuzz_regressions.json, which every `make test` replays.
+FUZZ_EXAMPLES ?= 300
+fuzz: setup
+	OMP_NUM_THREADS=1 DFLASH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) DFLASH_FUZZ_RECORD=1 $(PY) -m pytest -q \
+		tests/bad_inputs/test_fuzz.py
 
 quick: setup
 	$(PY) -m pytest -q tests conformance -m quick

@@ -112,6 +112,7 @@ def recorded_caches():
 
 class SpecForgeImplementation:
     name = "specforge"
+    interface_version = 8  # impl/interface_versions.py
     # No inference mask: spec_generate calls the drafter with attention_mask=None (is_causal=False).
     # No block metrics: the DFlash objective reports one overall accuracy, no per-position accuracy or EAL.
     unsupported: frozenset[str] = frozenset({"inference_mask", "block_metrics"})

@@ -12,7 +12,7 @@ from impl import decoding, dflash2, layers, losses, masks, slot_layout, vocab_ma
 from impl.checkpoint import build_drafter
 from impl.decoding import Sampler, dflash_decode
 from impl.extract import context_features, output_head
-from impl.interface import GenerationResult, TrainingOutputs
+from impl.interface import INTERFACE_VERSION, GenerationResult, TrainingOutputs
 from impl.model import DFlashDrafter, DraftCache
 from impl.recipe import Recipe
 from impl.recipe import train_recipe
@@ -22,6 +22,7 @@ from impl.train_step import training_step
 
 class OursImplementation:
     name = "ours"
+    interface_version = INTERFACE_VERSION  # kept current with the interface
     unsupported: frozenset[str] = frozenset()
 
     def __init__(self, recipe: Recipe | None = None):

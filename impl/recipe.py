@@ -130,6 +130,8 @@ class Recipe(BaseModel):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Recipe:
+        if not isinstance(data, dict):  # a string would be read as a list of one-letter fields
+            raise SpecError("recipe", f"expected a mapping of fields, got {type(data).__name__} {str(data)[:60]!r}")
         data = dict(data)
         if "loss_kind" in data and "loss_fn" not in data:
             data["loss_fn"] = data.pop("loss_kind")  # checkpoints written before the rename

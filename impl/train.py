@@ -328,6 +328,13 @@ def check_run(cfg: RunConfig, world: int) -> None:
     if cfg.draft_vocab_size is not None and cfg.family == "dflash2":
         raise TrainError("a reduced draft vocabulary needs --family dflash: DFlash2 drafts over the full target "
                          "vocabulary (speculators' DFlash2DraftModel refuses one too)")
+    if not cfg.lr > 0:  # torch's own "Invalid learning rate" names no flag
+        raise TrainError(f"lr must be a positive learning rate, got {cfg.lr}")
+    for name in ("warmup", "eval_sequences", "eval_every", "save_every"):
+        if getattr(cfg, name) < 0:
+            raise TrainError(f"{name} must be zero or more, got {getattr(cfg, name)}")
+    if cfg.max_seconds is not None and not cfg.max_seconds > 0:
+        raise TrainError(f"max_seconds must be positive, got {cfg.max_seconds}")
     if cfg.batch_size % world:
         raise TrainError(f"batch size {cfg.batch_size} does not split across {world} ranks")
     knob_recipe(cfg)
@@ -353,6 +360,10 @@ class Run:
 def set_up(cfg: RunConfig, device: torch.device) -> Run:
     """Data and knobs first (one-line errors before the target is loaded), then target, drafter, optimizer."""
     tokenizer, target_config = load_tokenizer(cfg.target)
+    longest = getattr(target_config, "max_position_embeddings", None)
+    if isinstance(longest, int) and cfg.seq_len > longest:  # a huge row would only fail in the allocator
+        raise TrainError(f"seq_len {cfg.seq_len} is longer than the target's context window "
+                         f"(max_position_embeddings {longest} in {cfg.target}/config.json)")
     train_data, eval_data = load_data(cfg, tokenizer, target_config.vocab_size)
     d2t = vocab_mapping(cfg, train_data, target_config.vocab_size)
     try:
