@@ -14,9 +14,9 @@ from typing import Any
 from impl import slot_layout
 from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import spec_family
+from impl.layers import layers_outside
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
-FAMILIES = ("dflash", "dflash2")
 # The DFlash2-only architecture fields, in speculators' names (set together or not at all).
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # Rotary styles, in vLLM's terms (`is_neox_style`): neox rotates the two halves of the head (transformers'
@@ -172,9 +172,8 @@ class DraftSpec:
         _require(len(self.target_layer_ids) > 0, "target_layer_ids", "is empty: fc needs at least one target layer")
         _require(len(set(self.target_layer_ids)) == len(self.target_layer_ids), "target_layer_ids",
                  f"has duplicates: {list(self.target_layer_ids)}")
-        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
-        _require(not bad, "target_layer_ids",
-                 f"{bad} outside the target's decoder layers 0..{self.num_target_layers - 1}")
+        outside = layers_outside(self.target_layer_ids, self.num_target_layers)
+        _require(not outside, "target_layer_ids", outside)
         _require(0 <= self.mask_token_id < self.vocab_size, "mask_token_id",
                  f"{self.mask_token_id} is not a token id of a vocabulary of {self.vocab_size}")
         _require(len(self.layer_types) == self.num_hidden_layers, "layer_types",

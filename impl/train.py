@@ -28,10 +28,11 @@ from foundation.target import load_target_model, load_tokenizer
 from impl.checkpoint import load_checkpoint, save_checkpoint
 from impl.data import PackedData, load_packed, pack_records
 from impl.extract import output_head
-from impl.layers import build_target_layer_ids
+from impl.families import FAMILIES
+from impl.layers import build_target_layer_ids, final_layer
 from impl.model import DFlashDrafter
 from impl.recipe import KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe
-from impl.spec import DFLASH2_FIELDS, FAMILIES, DraftSpec, SpecError
+from impl.spec import DFLASH2_FIELDS, DraftSpec, SpecError
 from impl.train_step import training_step
 from impl.vocab_mapping import MappingError, check_mapping, count_token_frequencies, mapping_from_frequencies
 from impl.zlab_format import rotary_settings
@@ -196,7 +197,7 @@ def knob_recipe(cfg: RunConfig, num_target_layers: int | None = None) -> Recipe:
 def make_recipe(cfg: RunConfig, num_target_layers: int, digest: str) -> Recipe:
     recipe = knob_recipe(cfg, num_target_layers)
     # None is the reference recipe (the final layer); any other layer is recorded as given.
-    source = None if recipe.verifier_source_layer == num_target_layers - 1 else recipe.verifier_source_layer
+    source = None if recipe.verifier_source_layer == final_layer(num_target_layers) else recipe.verifier_source_layer
     schedule = {k: getattr(cfg, k) for k in ("steps", "lr", "warmup", "weight_decay", "grad_clip", "batch_size",
                                              "grad_accum", "seq_len", "dtype", "seed")}
     return recipe.replace(verifier_source_layer=source, data_hash=digest, extra={**schedule, **cfg.extra})

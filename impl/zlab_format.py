@@ -94,20 +94,12 @@ def rotary_settings(config: dict[str, Any]) -> dict[str, Any]:
         raise SpecError("is_neox_style", f"{neox!r} is not true or false")
     return {
         "rope_theta": as_float("rope_theta", rope["rope_theta"] if "rope_theta" in rope
-                               else config["rope_theta"] if "rope_theta" in config else transformers_theta()),
+                               else config.get("rope_theta", QWEN3_DEFAULTS["rope_theta"])),
         "rope_scaling": scaling,
         "partial_rotary_factor": as_float("partial_rotary_factor", rope.get(
             "partial_rotary_factor", config.get("partial_rotary_factor", ROTARY_DEFAULTS["partial_rotary_factor"]))),
         "rope_style": "neox" if neox else "gptj",
     }
-
-
-def transformers_theta() -> float:
-    """The theta transformers' Qwen3Config fills when a config states none: what z-lab's DFlashDraftModel (and
-    speculators, which builds its layer config with it) run such a drafter at."""
-    from transformers import Qwen3Config
-
-    return float(Qwen3Config.default_theta)
 
 
 def declared_rotary(config: dict[str, Any]) -> set[str]:

@@ -124,3 +124,19 @@ def test_bad_table_flags_exit_2_in_one_line(test_world, tmp_path):
                        "--max-new-tokens", 8, *args)
         lines = run.stderr.strip().split("\n")
         assert run.returncode == 2 and len(lines) == 1 and named in lines[0], (args, run.stderr[-1500:])
+
+
+def test_compare_records_the_chat_template(test_world, tmp_path):
+    """compare --chat-template FILE --chat-template-kwargs: the τ audit's prompts rendered by it, and it is in the
+    report."""
+    drafter = cached_test_drafter(test_world)
+    run = subprocess.run([sys.executable, "-m", "dflash_audit.cli", "compare", "--ours", str(drafter), "--ref",
+                          str(drafter), "--target", str(test_world.target), "--prompts", str(test_world.prompts),
+                          "--max-new-tokens", "8", "--budget", "4", "--out", str(tmp_path / "report"),
+                          "--cache-dir", str(tmp_path / "cache"), "--chat-template", str(TEMPLATE),
+                          "--chat-template-kwargs", '{"enable_thinking": false}'],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode in (0, 1), run.stderr[-3000:]
+    notes = json.loads((tmp_path / "report" / "report.json").read_text())["notes"]
+    recorded = [json.loads(n.split(": ", 1)[1]) for n in notes if n.startswith("chat template: ")]
+    assert recorded and recorded[0]["kwargs"] == {"enable_thinking": False} and recorded[0]["file"] == str(TEMPLATE)

@@ -16,7 +16,7 @@ from rich.console import Console
 from tabulate import tabulate
 
 from dflash_audit.commands import VERBS
-from dflash_audit.commands.eval_drafter import load_drafter, place_drafter, read_drafter  # noqa: F401 (load_drafter: API)
+from dflash_audit.commands.eval_drafter import place_drafter, read_drafter
 from dflash_audit.outputs import check_cache_dir, check_not_foreign, check_outputs, check_writable
 from dflash_audit.progress import progress
 from dflash_audit.prompts import (

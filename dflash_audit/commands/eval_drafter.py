@@ -32,8 +32,3 @@ def place_drafter(spec, state_dict, path: Path, target):
     """The drafter where the target reads its inputs, in the target's dtype (its serving dtype)."""
     return built_in(target_device(target), model_dtype(target),
                     lambda: build_drafter(spec, state_dict, source=str(path))).eval()
-
-
-def load_drafter(path: Path, target_dir: Path, target, options=None):
-    spec, state_dict = read_drafter(path, target_dir, target.config, options)
-    return place_drafter(spec, state_dict, path, target)

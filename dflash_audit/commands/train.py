@@ -9,12 +9,12 @@ import typer
 
 from dflash_audit.commands import VERBS
 from dflash_audit.commands.train_options import with_knob_options
-from dflash_audit.formats.vocabulary import DeclarationError, convert
+from dflash_audit.formats.setting_names import DeclarationError, convert
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from foundation.errors import AuditError
 from foundation.inputs import check_finite_flags, check_target_dir, regular_file
+from impl.families import FAMILIES
 from impl.recipe import KNOBS
-from impl.spec import FAMILIES
 
 
 def _layer_ids(value: str | None, flag: str) -> list[int] | None:

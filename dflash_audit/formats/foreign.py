@@ -28,7 +28,7 @@ from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.loaded import LoadedCheckpoint, LoadOptions, RawRecord
 from dflash_audit.formats.payload import Payload
 from dflash_audit.formats.safe_yaml import load_yaml
-from dflash_audit.formats.vocabulary import DeclarationError
+from dflash_audit.formats.setting_names import DeclarationError
 from dflash_audit.formats.weight_file import first_line, read_weight_file
 from foundation.errors import CheckpointError
 from foundation.weights_dir import index_shards

@@ -28,6 +28,7 @@ from torch import nn
 from foundation.atomic import atomic_write_bytes
 from foundation.cache_dir import build_once
 from impl.extract import decoder_layers
+from impl.layers import layers_outside
 from impl.offline.capture import DEFAULT_BATCH, capture, target_device
 from impl.offline.speculative import capture_speculative
 
@@ -203,9 +204,9 @@ def load_or_build_cache(cache_dir: str | Path, target_dir: str | Path, target: n
     notify = notify or (lambda line: print(line, file=sys.stderr))
     num_layers = len(decoder_layers(target))
     wanted = sorted(set(range(num_layers) if layer_ids is None else layer_ids))
-    bad = [i for i in wanted if not 0 <= i < num_layers]
-    if bad:
-        raise ValueError(f"layer ids {bad} outside the target's decoder layers 0..{num_layers - 1}")
+    outside = layers_outside(wanted, num_layers)
+    if outside:
+        raise ValueError(f"layer ids {outside}")
     key = cache_key(target_dir, [ids.reshape(-1).tolist() for _, ids in prompts], max_new_tokens, stop_token_ids,
                     target_dtype(target), target_device(target).type)
     path = Path(cache_dir) / f"{key}.safetensors"
