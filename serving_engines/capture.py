@@ -12,6 +12,8 @@ final norm's output. The engines capture inside their own forward (read from the
 
 from __future__ import annotations
 
+from impl.layers import hidden_state_index, names_final_layer
+
 
 def _after(layer_id: int) -> str:
     return f"after layer {layer_id}"
@@ -20,17 +22,17 @@ def _after(layer_id: int) -> str:
 def trained_capture(layer_ids: list[int] | None, num_layers: int | None) -> list[str] | None:
     if layer_ids is None or num_layers is None:
         return None
-    return [_after(i) + (", after the final norm" if i == num_layers - 1 else "") for i in layer_ids]
+    return [_after(i) + (", after the final norm" if names_final_layer(i, num_layers) else "") for i in layer_ids]
 
 
 def vllm_capture(layer_ids: list[int] | None, num_layers: int | None) -> list[str] | None:
     if layer_ids is None or num_layers is None:
         return None
-    return [_after(i) + (", before the final norm" if i == num_layers - 1 else "") for i in layer_ids]
+    return [_after(i) + (", before the final norm" if names_final_layer(i, num_layers) else "") for i in layer_ids]
 
 
 def sglang_capture(layer_ids: list[int] | None, num_layers: int | None) -> list[str] | None:
     if layer_ids is None or num_layers is None:
         return None
-    return [f"not captured (captured before layer {i + 1}, which does not exist)" if i == num_layers - 1
-            else _after(i) for i in layer_ids]
+    return [f"not captured (captured before layer {hidden_state_index(i)}, which does not exist)"
+            if names_final_layer(i, num_layers) else _after(i) for i in layer_ids]
