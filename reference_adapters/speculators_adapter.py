@@ -24,13 +24,14 @@ from impl.atomic import atomic_directory
 from impl.dflash2 import SelectorTraining
 from impl.errors import CheckpointError
 from impl.extract import HiddenStateExtractor, final_norm, output_head
-from impl.families import config_family
+from impl.families import FAMILIES, config_family
 from impl.interface import TrainingOutputs, Unsupported
 from impl.layers import hidden_state_index, speculators_to_zlab
 from impl.param_names import VERIFIER_OWNED_KEYS, strip_wrapper_prefixes
-from impl.spec import DFLASH2_FIELDS, DraftSpec
+from impl.spec import FAMILY_FIELDS, DraftSpec
 from impl.vocab_mapping import t2d_from_d2t
 from impl.weights_dir import read_config
+from reference_adapters.speculators_classes import config_class, model_class
 from reference_adapters.version_guard import check_reference
 
 check_reference("speculators")
@@ -50,7 +51,7 @@ from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig  
 from speculators.models.dflash.attention import create_anchor_block_mask_mod  # noqa: E402
 from speculators.models.dflash.metrics import compute_metrics  # noqa: E402
 from speculators.models.dflash.utils import select_anchors  # noqa: E402
-from speculators.models.dflash2 import DFlash2DraftModel, DFlash2SpeculatorConfig  # noqa: E402
+from speculators.models.dflash2 import DFlash2DraftModel  # noqa: E402
 from speculators.models.dflash2 import core as dflash2_core  # noqa: E402
 from speculators.models.dflash2.metrics import (  # noqa: E402
     compute_selector_loss,
@@ -74,8 +75,8 @@ def verifier_config(verifier_dir: str | Path | None) -> VerifierConfig:
     return VerifierConfig.from_pretrained(str(verifier_dir))
 
 
-MODEL_CLASSES = {"dflash": DFlashDraftModel, "dflash2": DFlash2DraftModel}
-CONFIG_CLASSES = {"dflash": DFlashSpeculatorConfig, "dflash2": DFlash2SpeculatorConfig}
+MODEL_CLASSES = {family: model_class(family) for family in FAMILIES}
+CONFIG_CLASSES = {family: config_class(family) for family in FAMILIES}
 
 
 def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None,
@@ -83,9 +84,9 @@ def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None,
     """The `DFlashSpeculatorConfig` (`DFlash2SpeculatorConfig`) of a spec, laid out as speculators' own
     `_build_base_config_kwargs` lays out a DFlash one (the slot layout as `sample_from_anchor` and the
     greedy proposal's `speculative_tokens`)."""
-    dflash2 = {name: getattr(spec, name) for name in DFLASH2_FIELDS} if spec.family == "dflash2" else {}
+    own = {name: getattr(spec, name) for name in FAMILY_FIELDS[spec.family]}
     return CONFIG_CLASSES[spec.family](
-        **dflash2,
+        **own,
         transformer_layer_config=spec.qwen3_config(),
         draft_vocab_size=spec.head_size,
         block_size=spec.block_size,
