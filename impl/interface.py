@@ -186,6 +186,28 @@ class DFlash2Operations(Protocol):
         """The scalar K-way selector loss, weighted and reduced as the implementation trains."""
 
 
+class FamilyHeadOperations(Protocol):
+    """What DSpark (#37) and XPress (#38) add; an implementation without the family lacks them (n/a)."""
+
+    def markov_bias(self, drafter: Any, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """DSpark: teacher-forced Markov biases [N, B, V] of blocks from each slot's previous token [N, B] and its
+        hidden state [N, B, H]."""
+
+    def confidence_logits(self, drafter: Any, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """DSpark: the confidence head's logit of each slot [N, B]."""
+
+    def markov_path(self, drafter: Any, hidden: torch.Tensor, base_logits: torch.Tensor, anchor: int) -> torch.Tensor:
+        """DSpark: the greedy proposals [n] of one whole block (hidden [1, B, H], base logits [1, B, V]), drafted
+        left to right from the anchor."""
+
+    def refiner_bias(self, drafter: Any, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """XPress: the refiner's biases [N, B, V] of blocks from each slot's previous token and hidden state."""
+
+    def jacobi_tokens(self, drafter: Any, hidden: torch.Tensor, base_logits: torch.Tensor, anchor: int,
+                      before_anchor: int) -> torch.Tensor:
+        """XPress: the proposals [n] of one whole block after the drafter's `num_jacobi_passes` passes."""
+
+
 def supports(implementation: Any, operation: str) -> bool:
     """Whether `operation` is implemented: not declared in `implementation.unsupported`, and there at all
     (an implementation written before DFlash2 has none of its operations)."""

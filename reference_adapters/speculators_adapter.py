@@ -167,10 +167,22 @@ def load_speculators_model(path: str | Path, verifier_dir: str | Path | None = N
         elif not _is_local_dir(config.speculators_config.verifier.name_or_path):
             config.speculators_config.verifier = verifier_config(None)  # never reach for the network
         model = MODEL_CLASSES[family].from_pretrained(str(path), config=config, dtype=torch.float32)
+        if family == "xpress":
+            model = rebuilt_with_buffers(model)
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}: speculators' DFlashDraftModel cannot load it "
                               f"({' '.join(str(exc).split())[:200]})") from exc
     return model.eval()
+
+
+def rebuilt_with_buffers(model: DFlashDraftModel) -> DFlashDraftModel:
+    """The same weights in a model its own constructor built. speculators 0.9.0's `XPressRefinerHead` keeps its
+    causal mask `causal_tril` as a non-persistent buffer; under transformers 5.19 `from_pretrained` builds the
+    model on the meta device and leaves that buffer as uninitialized memory (its refiner then mixes garbage,
+    often NaN). The class's own `__init__` fills it; its own `load_state_dict` takes the loaded weights."""
+    built = type(model)(model.config)
+    built.load_state_dict(model.state_dict())
+    return built.to(next(model.parameters()).dtype)
 
 
 def save_speculators_model(model: DFlashDraftModel, path: str | Path) -> None:
@@ -397,6 +409,33 @@ class SpeculatorsImplementation:
         trained = dflash_loss_decay(torch.arange(block_size), gamma=4.0,
                                     sample_from_anchor=drafter.config.sample_from_anchor) > 0
         return drafter.lm_head(hidden)[0][trained]
+
+    # -- DSpark and XPress: its own heads -----------------------------------------------------
+    def markov_bias(self, drafter, prev_ids, hidden):
+        return drafter.markov_head.block_bias(prev_token_ids=prev_ids, hidden_states=hidden)
+
+    def confidence_logits(self, drafter, prev_ids, hidden):
+        """As `DSparkDraftModel.forward` builds the head's input: [hidden ; markov embedding] when configured."""
+        features = hidden
+        if drafter.config.confidence_head_with_markov:
+            features = torch.cat([hidden, drafter.markov_head.prev_embeddings(prev_ids).to(hidden.dtype)], dim=-1)
+        return drafter.confidence_head(features)
+
+    def markov_path(self, drafter, hidden, base_logits, anchor):
+        """No inference loop in speculators: its own `block_bias` over the chain so far, slot by slot, as vLLM's
+        runner chains the head (reference_adapters/speculators_family_decode.py)."""
+        from reference_adapters.speculators_family_decode import markov_tokens
+
+        first = 0 if drafter.config.sample_from_anchor else 1
+        return torch.tensor(markov_tokens(drafter, hidden, base_logits, anchor, first))
+
+    def refiner_bias(self, drafter, prev_ids, hidden):
+        return drafter.refiner_head.block_bias(prev_ids, hidden_states=hidden)
+
+    def jacobi_tokens(self, drafter, hidden, base_logits, anchor, before_anchor):
+        from reference_adapters.speculators_family_decode import jacobi_tokens
+
+        return torch.tensor(jacobi_tokens(drafter, hidden, base_logits.clone(), anchor, before_anchor))
 
     # -- DFlash2 ----------------------------------------------------------------------------
     def dynamic_conv(self, drafter: DFlash2DraftModel, layer_idx, sublayer, x, y, block_size):

@@ -219,7 +219,8 @@ def family_of(side: Side) -> str | None:
     return None
 
 
-def describe_family(side: Side) -> str:
+def describe_family(side: Side, other: str | None = None) -> str:
+    """The side's family and what it has; a DFlash side says what the `other` family's drafter has and it lacks."""
     family, value = family_of(side), side.value
     if family == "dflash2":
         return (f"DFlash2 ({value('conv_kernel_size')}-tap convolutions in groups of {value('conv_group_size')} "
@@ -234,7 +235,8 @@ def describe_family(side: Side) -> str:
     if family == "xpress":
         return (f"XPress (a rank-{value('xpress_rank')} causal refiner, MLP x{value('xpress_mlp_ratio')}, resolved "
                 f"by {value('num_jacobi_passes')} Jacobi passes)")
-    return "DFlash (no convolutions, no selector, no Markov, confidence or refiner head)"
+    lacks = {"dspark": "no Markov or confidence head", "xpress": "no refiner head"}
+    return f"DFlash ({lacks.get(other, 'no convolutions, no selector')})"
 
 
 FAMILY_TENSORS = {"dflash2": "convolution and selector", "dspark": "Markov and confidence head",
@@ -250,7 +252,8 @@ def family_findings(ours: Side, ref: Side) -> list[Finding]:
     if families[0] != families[1]:
         own = " and ".join(FAMILY_TENSORS[f] for f in dict.fromkeys(families) if f in FAMILY_TENSORS)
         return [Finding("architecture", "divergence",
-                        f"ours is {describe_family(ours)}, ref is {describe_family(ref)}: drafters of different "
+                        f"ours is {describe_family(ours, families[1])}, ref is {describe_family(ref, families[0])}: "
+                        "drafters of different "
                         f"families compute different functions and propose tokens differently; their {own} "
                         "tensors exist on one side only.", families[0], families[1],
                         pitfall=FAMILY_ENTRY.get(families[1] if families[0] == "dflash" else families[0], 19),
