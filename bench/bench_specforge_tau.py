@@ -4,7 +4,7 @@ The test world's trained drafter (one sliding layer, window 48, and one full lay
 conformance/test_live_decoding.py) decodes the same prompts greedily through each loop, as trained
 and with every layer made full attention (which is what SpecForge's loop runs either way: it calls
 the drafter with no mask). Both loops must emit the same tokens (greedy decoding is lossless); the
-τ gap is the cost of the unmasked sliding layer (README "SpecForge 0.2.0 against the references").
+τ gap is the cost of the unmasked sliding layer (docs/held.md, "SpecForge 0.2.0 against the references").
 
     python bench/bench_specforge_tau.py [--prompts N] [--max-new-tokens 96]
 """
@@ -23,11 +23,11 @@ from tabulate import tabulate
 from dflash_audit.prompts import load_prompts, tokenize_prompts
 from dflash_world import cached_test_world
 from dflash_world.drafter import cached_test_drafter
+from foundation.atomic import atomic_write_bytes
+from foundation.target import load_target
 from held.specforge import SpecForgeImplementation
-from impl.atomic import atomic_write_bytes
 from impl.checkpoint import load_checkpoint
 from impl.decoding import mean_acceptance
-from impl.target import load_target
 from reference_adapters.zlab_adapter import ZlabImplementation
 
 

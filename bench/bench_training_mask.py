@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from results import RESULTS, Row, record  # noqa: E402
 
-from impl.jsonl import split_json_lines  # noqa: E402
+from foundation.jsonl import split_json_lines  # noqa: E402
 
 ANCHORS, BLOCK = 512, 16
 REPEATS = 2

@@ -13,7 +13,6 @@ loss (float32 rounding); tokens/s ratio ours / speculators >= 1.0.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -39,8 +38,8 @@ def main() -> None:
     from impl.checkpoint import build_drafter
     from impl.extract import HiddenStateExtractor
     from impl.layers import speculators_to_zlab
-    from impl.spec import Recipe
-    from impl.target import load_target
+    from impl.recipe import Recipe
+    from foundation.target import load_target
     from impl.train_step import training_step
     from reference_adapters.speculators_adapter import SpeculatorsImplementation, resolve_loss_config
 
@@ -49,7 +48,7 @@ def main() -> None:
     loaded = load_any(world.root / "test-drafter.pt", world.target)
     ours = build_drafter(loaded.spec, loaded.state_dict).float().train()
     theirs = SpeculatorsImplementation().build_drafter(loaded.spec, loaded.state_dict, target).float().train()
-    recipe = dataclasses.replace(Recipe(), loss_fn="kl_div", per_position_loss_weight="fixed-exp-decay", gamma=4.0,
+    recipe = Recipe().replace(loss_fn="kl_div", per_position_loss_weight="fixed-exp-decay", gamma=4.0,
                                  max_anchors=args.anchors)
     gen = torch.Generator().manual_seed(0)
     input_ids = torch.randint(0, target.config.vocab_size, (1, args.length), generator=gen)

@@ -1,7 +1,7 @@
 """One place for every benchmark's verdict: a ratio (or figure) next to its goal, PASS or FAIL.
 
 Each benchmark prints its rows as `name: value (goal ...) PASS|FAIL` plus one JSON line, and
-merges them into `bench/results.json` (the last run of each benchmark); the README's results
+merges them into `bench/results.json` (the last run of each benchmark); the results
 table is generated from that file (`python -m bench.results_table`).
 """
 

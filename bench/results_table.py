@@ -1,6 +1,6 @@
-"""The README's benchmark table, generated from bench/results.json (`python -m bench.results_table`).
+"""The benchmark table of docs/results.md, generated from bench/results.json (`python -m bench.results_table`).
 
-tests/test_bench_results.py checks that the README holds this table verbatim.
+tests/test_bench_results.py checks that docs/results.md holds this table verbatim.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ from typing import Any, Callable
 
 import torch
 
+from catalogue.pitfalls import PITFALLS
 from conformance.tolerances import EXACT, Tolerance
 from impl.interface import Unsupported
-from impl.pitfalls import PITFALLS
 
 WINDOW = 4  # elements either side of the first difference shown in a diff entry
 

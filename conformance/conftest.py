@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 import reference_adapters as registry
+from catalogue.pitfalls import PITFALLS
 from conformance.comparator import Comparator
 from conformance.recorder import Recorder
+from foundation.packages import installed_version, installed_versions
 from held import HELD
 from impl.interface import supports
-from impl.packages import installed_version, installed_versions
-from impl.pitfalls import PITFALLS
 
 DEFAULT_IMPL = registry.IMPLEMENTATIONS["ours"]
 REFERENCES = {name: registry.IMPLEMENTATIONS[name] for name in registry.REFERENCES}
@@ -50,7 +50,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "quick: fast subset of the conformance suite (under 2 minutes)")
     config.addinivalue_line("markers", "slow: trains or decodes real models; part of the full suite")
-    config.addinivalue_line("markers", "pitfall(n): the catalogue entry a test checks (impl/pitfalls.py); its "
+    config.addinivalue_line("markers", "pitfall(n): the catalogue entry a test checks (catalogue/pitfalls.py); its "
                                        "comparisons report under that entry's component")
     config.addinivalue_line("markers", "compare(operation, references, cross): pairs of implementations compared")
     config.stash[IMPLEMENTATIONS] = {}
@@ -135,7 +135,7 @@ def conform(request, recorder) -> Comparator:
 
 
 def versions() -> dict[str, str]:
-    """Every package of the one table (impl/packages.py), and hypothesis, which draws the cases."""
+    """Every package of the one table (foundation/packages.py), and hypothesis, which draws the cases."""
     found = {**installed_versions(), "hypothesis": installed_version("hypothesis")}
     return {name: version or "not installed" for name, version in found.items()}
 

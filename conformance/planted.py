@@ -44,10 +44,10 @@ from conformance.strategies import (
     SelectorCase,
     TrainingCase,
 )
+from catalogue.pitfalls import PITFALLS
 from impl.dflash2 import CandidateSelector
 from impl.extract import HiddenStateExtractor, final_norm
 from impl.model import DFlashDrafter
-from impl.pitfalls import PITFALLS
 from impl.spec import DraftSpec
 from impl.target_alignment import TargetAligner
 
@@ -113,7 +113,7 @@ class PlantedBug:
 
 def _with_recipe(**changes):
     def plant(_monkeypatch, ours):
-        return type(ours)(recipe=dataclasses.replace(ours.recipe, **changes))
+        return type(ours)(recipe=ours.recipe.replace(**changes))
     return plant
 
 

@@ -1,5 +1,5 @@
 """Planted serving bugs: a drafter directory written correctly (z-lab format, our writer) and then broken the way
-users' checkpoints are, each caught by the serving check (`held.serving.verdict`) for the engine and field named.
+users' checkpoints are, each caught by the serving check (`serving_engines.verdict`) for the engine and field named.
 The trained spec is the one the directory was written from: the check must find what the engine runs differently.
 """
 
@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from held.serving import TargetFacts
-from held.serving.verdict import EngineReport, engine_report
 from impl.families import ZLAB_ARCHITECTURES
 from impl.layers import zlab_to_speculators
 from impl.spec import DraftSpec
 from impl.zlab_format import save_zlab_dir
+from serving_engines import TargetFacts
+from serving_engines.verdict import EngineReport, engine_report
 
 # Two sliding layers around a full one, ids of a 6-layer target: every serving rule has something to act on.
 SPEC = DraftSpec(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,

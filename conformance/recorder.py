@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from catalogue.pitfalls import PITFALLS as CATALOGUE
 from conformance.comparator import DiffEntry
-from impl.atomic import atomic_write_bytes
-from impl.pitfalls import PITFALLS as CATALOGUE
+from foundation.atomic import atomic_write_bytes
 
 SCHEMA = "dflash-audit-conformance/1"
 # When one comparison key sees several outcomes (hypothesis runs many examples), the worst wins.

@@ -19,9 +19,9 @@ import torch
 from conformance.tolerances import EXACT
 from conformance.world import target_for
 from dflash_world.suite_placement import placed_target
-from impl.jsonl import split_json_lines
+from foundation.jsonl import split_json_lines
+from foundation.placement import target_device
 from impl.model import DFlashDrafter
-from impl.placement import target_device
 from impl.spec import DraftSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.dynamic, pytest.mark.pitfall(17)]
@@ -69,7 +69,7 @@ def trained_pair(request):
     from dflash_world.drafter import cached_dflash2_drafter, cached_test_drafter
     from dflash_world.suite_placement import audit_placement, world_in_suite_dtype
     from impl.checkpoint import load_checkpoint
-    from impl.target import load_target_model
+    from foundation.target import load_target_model
 
     world = world_in_suite_dtype(cached_test_world())
     out = cached_dflash2_drafter(world) if request.param == "dflash2" else cached_test_drafter(world)

@@ -36,9 +36,9 @@ def trained_case():
     from dflash_world.drafter import cached_test_drafter
     from dflash_world.suite_placement import audit_placement, world_in_suite_dtype
     from impl.checkpoint import load_checkpoint
-    from impl.jsonl import split_json_lines
-    from impl.placement import target_device
-    from impl.target import load_target
+    from foundation.jsonl import split_json_lines
+    from foundation.placement import target_device
+    from foundation.target import load_target
 
     world = world_in_suite_dtype(cached_test_world())  # the suite's device and dtype (make test's bf16 pass)
     ckpt = load_checkpoint(cached_test_drafter(world))

@@ -1,4 +1,4 @@
-"""`dflash-audit`: compare, eval, train, convert, demo; `--version`.
+"""`dflash-audit`: compare, eval, train, convert, demo, serve-check; `--version`.
 
 Exit status like diff(1): 0 no divergence, 1 divergences, 2 trouble (bad input, usage)
 with a one-line error; `--debug` prints the traceback above it (same exit status).
@@ -12,31 +12,58 @@ import sys
 import traceback
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
-from impl.atomic import OutputError
-from impl.errors import AuditError, CheckpointError
-from impl.packages import PACKAGES, installed_version
+from dflash_audit.commands import VERBS, module_of
+from foundation.atomic import OutputError
+from foundation.errors import AuditError, CheckpointError
+from foundation.packages import PACKAGES, installed_version
 from impl.spec import SpecError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+class LazyVerbs(TyperGroup):
+    """The verbs, each imported only when it runs: listing them (`--help`) reads `VERBS`, and `--version` needs
+    none, so neither imports torch or a verb's modules."""
+
+    def __init__(self, **attrs):
+        super().__init__(**attrs)
+        self.loaded: dict[str, TyperCommand] = {}
+        self.listing = False
+        for verb, summary in VERBS.items():  # what `--help` and "did you mean" see
+            self.commands[verb] = TyperCommand(verb, help=summary)
+
+    def format_help(self, ctx: typer.Context, formatter) -> None:
+        self.listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.listing = False
+
+    def get_command(self, ctx: typer.Context, name: str) -> TyperCommand | None:
+        if name not in VERBS or self.listing:
+            return self.commands.get(name)
+        if name not in self.loaded:
+            self.loaded[name] = load_verb(name)
+        return self.loaded[name]
+
+
+app = typer.Typer(cls=LazyVerbs, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Reference-parity audit and conformance harness for DFlash drafters.")
 
-# Each verb lives in dflash_audit/commands/<verb>.py and exposes `register(app)`.
-VERBS = ("compare", "eval", "train", "convert", "demo", "serve-check")
 
-
-def register_verbs(app: typer.Typer, verbs=VERBS) -> None:
-    """Every verb is registered; one whose module fails to import stays listed and answers every
-    call with that failure (exit 2), instead of vanishing from the CLI."""
-    for verb in verbs:
-        module_name = f"dflash_audit.commands.{verb.replace('-', '_')}"
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # noqa: BLE001 -- any import failure is reported when the verb is used
-            register_unloadable(app, verb, f"{module_name} failed to import ({type(exc).__name__}: "
-                                           f"{one_line(str(exc))[:300]})")
-        else:
-            module.register(app)
+def load_verb(verb: str) -> TyperCommand:
+    """The verb's command, from its module's `register(app)`; a module that fails to import gives a command that
+    answers every call with that failure (exit 2), so the verb never vanishes from the CLI."""
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    module_name = module_of(verb)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 -- any import failure is reported when the verb is used
+        register_unloadable(single, verb, f"{module_name} failed to import ({type(exc).__name__}: "
+                                          f"{one_line(str(exc))[:300]})")
+    else:
+        module.register(single)
+    return typer.main.get_command(single)
 
 
 def register_unloadable(app: typer.Typer, verb: str, reason: str) -> None:
@@ -47,7 +74,7 @@ def register_unloadable(app: typer.Typer, verb: str, reason: str) -> None:
 
 
 def version_text() -> str:
-    """The tool's version and every package of impl/packages.py, one per line."""
+    """The tool's version and every package of foundation/packages.py, one per line."""
     lines = []
     for package in PACKAGES:
         found = installed_version(package.distribution) or "not installed"
@@ -78,7 +105,6 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-register_verbs(app)
 
 
 def error_prefix() -> str:

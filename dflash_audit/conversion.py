@@ -14,12 +14,12 @@ from pathlib import Path
 
 from dflash_audit.formats import FORMATS, MODULES, LoadedCheckpoint, LoadOptions, load_any, require_spec
 from dflash_audit.outputs import check_outputs, check_replaceable, check_writable
+from foundation.errors import AuditError
+from foundation.inputs import check_target_dir
 from impl.defaults import ZLAB_EXTRAS
-from impl.errors import AuditError
 from impl.families import TITLES, ZLAB_ARCHITECTURES
-from impl.inputs import check_target_dir
 from impl.layers import names_final_layer
-from impl.packages import PINNED
+from foundation.packages import PINNED
 
 
 @dataclass
@@ -135,8 +135,8 @@ def unservable_fields(spec, engine: str) -> list[str]:
 def convert_for(source: str | Path, destination: str | Path, engine: str, target: str | Path | None = None,
                 force: bool = False, options: LoadOptions | None = None) -> ConversionResult:
     """Write the drafter so that `engine` serves it as trained, then prove it with the serving check."""
-    from held.serving import ENGINES, TargetFacts
-    from held.serving.verdict import engine_report
+    from serving_engines import ENGINES, TargetFacts
+    from serving_engines.verdict import engine_report
 
     if engine not in ENGINES:
         raise AuditError(f"--for: unknown engine {engine!r}; expected one of {list(ENGINES)}")

@@ -36,13 +36,13 @@ from dflash_audit.audit.report import AuditReport
 from dflash_audit.outputs import check_outputs
 from dflash_world import DEMO_TARGET, build_world, stdlib_corpus
 from dflash_world.world_cache import WORLD_FORMAT
-from held.serving import ENGINES
-from impl.atomic import atomic_write_bytes
-from impl.cache_dir import cache_root
+from foundation.atomic import atomic_write_bytes
+from foundation.cache_dir import cache_root
+from foundation.errors import AuditError
 from impl.checkpoint import load_checkpoint
-from impl.errors import AuditError
 from impl.layers import build_target_layer_ids
 from impl.zlab_format import save_zlab_dir
+from serving_engines import ENGINES
 
 
 @dataclass
@@ -155,7 +155,7 @@ def build_demo(cache: Path, config: DemoConfig, rebuild: bool = False) -> dict[s
     trained = (cache / "ref" / "config.json").is_file() and (cache / "ours.pt").is_file()
     if not trained and os.environ.get("ATEN_CPU_CAPABILITY") != "avx2":
         print("note: training with this CPU's own kernels; `make demo` pins the AVX2 ones, with which every "
-              "x86-64 machine trains the same world (the README's figures)", file=sys.stderr)
+              "x86-64 machine trains the same world (the figures of docs/results.md)", file=sys.stderr)
     world = build_world(cache, config.target_preset, n_prompts=config.n_prompts, max_bytes=config.corpus_bytes)
     paths = {"target": world.target, "prompts": world.prompts, "ref": cache / "ref", "ours": cache / "ours.pt",
              "offline": cache / "offline"}
@@ -196,7 +196,7 @@ def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path | None 
              config: DemoConfig | None = None, device: str = "auto", dtype: str = "auto") -> AuditReport:
     """`device`/`dtype`: the τ audit's `--device`/`--dtype` (a comma list of dtypes as `compare` takes)."""
     from dflash_audit.commands.compare import run_compare
-    from impl.placement import parse_dtype_list, resolve_placement
+    from foundation.placement import parse_dtype_list, resolve_placement
 
     config = config or DemoConfig()
     family_settings(config)  # an unknown family fails before anything is built

@@ -5,7 +5,7 @@ or anything else the tool did not make.
   lie inside an input directory (compared through symlinks: `Path.resolve`);
 - an existing destination is replaced only when it is a drafter of the format being
   written, holding nothing but that drafter's files, and `--force` is given;
-- the destination must be writable (probed by creating its temp folder; see impl.atomic).
+- the destination must be writable (probed by creating its temp folder; see foundation.atomic).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import fnmatch
 from pathlib import Path
 
-from impl.atomic import TMP_DIR, probe_destination
-from impl.errors import AuditError
+from foundation.atomic import TMP_DIR, probe_destination
+from foundation.errors import AuditError
 
 # The files a drafter directory of each format consists of; anything else there is someone else's.
 DRAFTER_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json")
@@ -58,7 +58,7 @@ def check_writable(flag: str, path: Path, kind: str = "file") -> None:
         raise AuditError(f"{flag} {path}: exists and is not a directory")
     try:
         probe_destination(path.absolute())
-    except ValueError as exc:  # impl.atomic.OutputError
+    except ValueError as exc:  # foundation.atomic.OutputError
         raise AuditError(f"{flag} {exc}") from None
 
 

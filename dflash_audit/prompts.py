@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from impl.errors import AuditError
-from impl.inputs import read_utf8
-from impl.jsonl import json_lines
+from foundation.errors import AuditError
+from foundation.inputs import read_utf8
+from foundation.jsonl import json_lines
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 

@@ -1,6 +1,6 @@
 """This process's share of the work under torchrun: prompts sharded over the ranks (gloo), the
 hidden-state cache built once by rank 0 and read by the others, results gathered on rank 0.
-Each rank's device is its own GPU (`LOCAL_RANK`, `impl.placement.resolve_device`)."""
+Each rank's device is its own GPU (`LOCAL_RANK`, `foundation.placement.resolve_device`)."""
 
 from __future__ import annotations
 

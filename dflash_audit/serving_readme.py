@@ -1,8 +1,8 @@
-"""The README's "Will it serve as trained?" tables, generated: which engine rule gives each field (called,
+"""The "Will it serve as trained?" tables of docs/serving.md, generated: which engine rule gives each field (called,
 executed from source or restated) and what each engine runs differently from training on drafters written by
 the references' own writers (z-lab's `save_pretrained`, speculators' converter) and by our `convert`.
 
-`python -m dflash_audit.serving_readme` prints both tables; tests/test_serving.py keeps the README equal to them.
+`python -m dflash_audit.serving_readme` prints both tables; tests/test_serving.py keeps docs/serving.md equal to them.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def divergence_table(dirs: dict[str, Path], target_dir: Path) -> str:
 
 def tables(root: Path) -> str:
     from dflash_world.target_training import random_qwen3
-    from held.serving.rules import markdown
+    from serving_engines.rules import markdown
 
     target = root / "target"
     random_qwen3(SPEC.num_target_layers, SPEC.hidden_size, SPEC.vocab_size).save_pretrained(target)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from impl.cache_dir import build_once
+from foundation.cache_dir import build_once
 
 from .world_cache import WorldPaths
 from .corpus import stdlib_corpus
@@ -32,6 +32,10 @@ DRAFTER_FILES = {"kl_div": "test-drafter.pt", "ce": "test-drafter-ce.pt"}
 DFLASH2_DRAFTER = dict(TEST_DRAFTER, family="dflash2", conv_kernel_size=2, conv_group_size=16, selector_rank=32,
                        selector_top_k=8, loss_fn="kl_div")
 DFLASH2_DRAFTER_FILE = "test-drafter-dflash2.pt"
+# The all-full-attention twin, for the live vLLM check: vLLM's CPU (V1) runner refuses drafters that mix sliding
+# and full layers, so the served drafter is the same recipe with both layers full.
+FULL_DRAFTER = dict(TEST_DRAFTER, layer_types=["full_attention", "full_attention"], sliding_window=None)
+FULL_DRAFTER_FILE = "test-drafter-full.pt"
 
 
 def cached_test_drafter(world: WorldPaths, loss: str = "kl_div") -> Path:
@@ -57,6 +61,19 @@ def cached_dflash2_drafter(world: WorldPaths) -> Path:
 
     def train() -> Path:
         train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **DFLASH2_DRAFTER)
+        return path
+
+    return build_once(world.root / f".{path.stem}.lock", lambda: path if path.is_file() else None, train)
+
+
+def cached_full_drafter(world: WorldPaths) -> Path:
+    """`<world>/test-drafter-full.pt`: the all-full-attention test drafter (vLLM's CPU runner serves it)."""
+    from impl.train import train_drafter
+
+    path = world.root / FULL_DRAFTER_FILE
+
+    def train() -> Path:
+        train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **FULL_DRAFTER, loss_fn="kl_div")
         return path
 
     return build_once(world.root / f".{path.stem}.lock", lambda: path if path.is_file() else None, train)

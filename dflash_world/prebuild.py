@@ -1,4 +1,4 @@
-"""Build the test suites' world before pytest starts: the target first, then its three trained drafters
+"""Build the test suites' world before pytest starts: the target first, then its four trained drafters
 two at a time (one per core, the longest first), so that no test worker sits waiting on another's training.
 
 `make test` runs `python -m dflash_world.prebuild`; the fixtures then find every artefact built (each one is
@@ -14,7 +14,7 @@ from multiprocessing import get_context
 import torch
 
 from .world_cache import WorldPaths, cached_test_world
-from .drafter import DRAFTER_FILES, cached_dflash2_drafter, cached_test_drafter
+from .drafter import DRAFTER_FILES, cached_dflash2_drafter, cached_full_drafter, cached_test_drafter
 
 # Each training process runs single-threaded, exactly as the test fixtures do (the root conftest.py): the
 # drafters are the same files whichever process trains them.
@@ -27,13 +27,15 @@ def _single_threaded() -> None:
 
 def build_drafter(world: WorldPaths, name: str) -> str:
     _single_threaded()
+    if name == "full":
+        return str(cached_full_drafter(world))
     return str(cached_dflash2_drafter(world) if name == "dflash2" else cached_test_drafter(world, name))
 
 
 def main() -> None:
     _single_threaded()
     world = cached_test_world()
-    names = ["dflash2", *DRAFTER_FILES]  # the longest training first: it runs beside the two others in turn
+    names = ["dflash2", *DRAFTER_FILES, "full"]  # the longest training first: it runs beside the two others in turn
     workers = max(1, min(len(names), len(os.sched_getaffinity(0))))
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                              initializer=_single_threaded) as pool:

@@ -14,7 +14,7 @@ import shutil
 
 import torch
 
-from impl.placement import DTYPES, Placement, dtype_name
+from foundation.placement import DTYPES, Placement, dtype_name
 
 from .world_cache import WorldPaths
 
@@ -40,8 +40,8 @@ def audit_placement() -> Placement:
 def world_in_suite_dtype(world: WorldPaths) -> WorldPaths:
     """`world` itself in float32 (its target's own dtype); in another dtype the same world with its
     target re-saved in that dtype next to it (`<root>/target-<dtype>/`, built once, atomically)."""
-    from impl.atomic import atomic_directory
-    from impl.cache_dir import build_once
+    from foundation.atomic import atomic_directory
+    from foundation.cache_dir import build_once
 
     dtype = audit_dtype()
     if dtype == torch.float32:
@@ -72,7 +72,7 @@ def placed_target(model):
     rotary buffers left in float32, eager attention below float32)."""
     import tempfile
 
-    from impl.target import load_target_model
+    from foundation.target import load_target_model
 
     placement = audit_placement()
     if placement.dtype == torch.float32 and placement.device.type == "cpu":
@@ -86,7 +86,7 @@ def placed_drafter(drafter):
     """A drafter as the suites' switch places it: rebuilt in the suite's dtype on its device
     (`built_in`, as `compare` and `eval` build one)."""
     from impl.checkpoint import build_drafter
-    from impl.placement import built_in
+    from foundation.placement import built_in
 
     placement = audit_placement()
     return built_in(placement.device, placement.dtype,

@@ -13,7 +13,7 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
-from impl.atomic import atomic_directory
+from foundation.atomic import atomic_directory
 
 # The embedded demo: about 3 minutes on 2 idle CPU cores (0.29 s a step), final loss 4.3.
 # lr 3e-3 beat 2e-3 and 5e-3; at equal tokens, batch 4 beat batch 8 (steps count most here).

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from impl.cache_dir import build_once, cache_root
+from foundation.cache_dir import build_once, cache_root
 
 from .corpus import DEFAULT_MAX_BYTES, stdlib_corpus
 from .world_prompts import heldout_prompts, write_prompts_jsonl
@@ -64,7 +64,7 @@ def world_key(preset: dict, **builder_args) -> str:
 
 def cached_test_world(root: str | Path | None = None) -> WorldPaths:
     """The test-suite's world (TEST_TARGET), built on first use under
-    `root/<hash of builder params>/` (default root: `<cache root>/test-world`, see `impl.cache_dir`)."""
+    `root/<hash of builder params>/` (default root: `<cache root>/test-world`, see `foundation.cache_dir`)."""
     builder_args = {"vocab_size": DEFAULT_VOCAB_SIZE, "max_bytes": DEFAULT_MAX_BYTES,
                     "n_prompts": DEFAULT_HELDOUT_PROMPTS}
     root = Path(root) if root is not None else cache_root() / "test-world"

@@ -69,8 +69,8 @@ def _cut_prefix(text: str, rng: random.Random, min_chars: int, max_chars: int) -
 
 
 def write_prompts_jsonl(path: str | os.PathLike, prompts: Iterable[dict]) -> None:
-    """Write one JSON object a line, atomically (impl.atomic: temp file, then rename)."""
-    from impl.atomic import atomic_write_bytes
+    """Write one JSON object a line, atomically (foundation.atomic: temp file, then rename)."""
+    from foundation.atomic import atomic_write_bytes
 
     text = "".join(json.dumps(prompt, ensure_ascii=False) + "\n" for prompt in prompts)
     atomic_write_bytes(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

@@ -21,8 +21,8 @@ from unittest import mock
 import torch
 from torch import nn
 
+from foundation.packages import PINNED, installed_version
 from impl.interface import GenerationResult, TrainingOutputs, Unsupported
-from impl.packages import PINNED, installed_version
 from impl.param_names import strip_wrapper_prefixes
 from impl.spec import DraftSpec
 from impl.zlab_format import zlab_config

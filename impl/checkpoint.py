@@ -3,7 +3,7 @@ building a drafter from one.
 
 Every write is atomic (temp file, then rename), so a crash never leaves a half-written
 checkpoint. `ckpt.pt` is only ever read with `torch.load(weights_only=True)`. The z-lab folder
-format is impl/zlab_format.py; weights folders on disk are impl/weights_dir.py.
+format is impl/zlab_format.py; weights folders on disk are foundation/weights_dir.py.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from impl.atomic import atomic_write_bytes
-from impl.errors import CheckpointError
+from foundation.atomic import atomic_write_bytes
+from foundation.errors import CheckpointError
+from impl.body_shapes import body_shapes
 from impl.param_names import strip_wrapper_prefixes
-from impl.spec import DraftSpec, Recipe, SpecError
+from impl.recipe import Recipe
+from impl.spec import DraftSpec, SpecError
 
 if TYPE_CHECKING:
     from impl.model import DFlashDrafter
@@ -40,19 +42,11 @@ class Checkpoint:
     spec_written: frozenset[str] | None = None  # the spec fields the file states (None: not a ckpt.pt read back)
 
 
-def implied_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
-    """Each body tensor's shape, in the spec's parameter order (a model built on the meta device: no memory)."""
-    from impl.model import DFlashDrafter
-
-    with torch.device("meta"):
-        return {key: tuple(tensor.shape) for key, tensor in DFlashDrafter(spec).state_dict().items()}
-
-
 def check_body(spec: DraftSpec, state_dict: dict[str, torch.Tensor],
                source: str = "checkpoint") -> dict[str, torch.Tensor]:
     """The body without wrapper prefixes, in the spec's parameter order, checked against the shapes the
     spec implies; one-line error naming the first bad tensor."""
-    expected = implied_shapes(spec)
+    expected = body_shapes(spec)
     state_dict = strip_wrapper_prefixes(state_dict)
     missing = [k for k in expected if k not in state_dict]
     unexpected = [k for k in state_dict if k not in expected]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from impl.jsonl import json_lines
+from foundation.jsonl import json_lines
 
 
 class DataError(ValueError):

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from foundation.errors import AuditError
+from foundation.placement import target_device
 from impl.decoding import DecodeResult, StopTokens, TargetSession, draft_block, round_size
-from impl.errors import AuditError
 from impl.extract import output_head
 from impl.model import DFlashDrafter, DraftCache
-from impl.placement import target_device
 
 DDTREE_NEEDS_DFLASH = ("DDTree is defined on DFlash drafters only: a DFlash2 drafter's selector scores each "
                        "slot given the token before it (as DSpark's Markov head and XPress's refiner do), so its "

@@ -22,10 +22,10 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from foundation.placement import target_device
 from impl.dspark import draft_left_to_right
 from impl.extract import context_features, output_head
 from impl.model import DFlashDrafter, DraftCache
-from impl.placement import target_device
 from impl.slot_layout import draft_block_size
 from impl.xpress import jacobi_resolve
 
@@ -285,10 +285,12 @@ def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     start = prompt_len  # position of the last known token, which the target has not seen yet
     stopped = tokens[start] in stops.ids
     rounds: list[int] = []
+    drafted: list[list[int]] = []  # each round's proposals: the live serving check matches them block by block
     while not stopped and start + 1 < max_length:
         _, size = round_size(drafter, start, max_length)
         _, draft_hidden = draft_block(drafter, target, draft_cache, new_features, tokens[start], start, size)
         proposals, draft_probs = propose(drafter, head, draft_hidden, tokens[start], sampler, tokens[start - 1])
+        drafted.append(proposals.tolist())
 
         target_logits, block_features = session.forward(verify_block(tokens[start], proposals), start)
         if sampler.greedy:
@@ -305,7 +307,8 @@ def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
         session.keep(start)
 
     output_ids = torch.tensor([tokens[:max_length]], device=input_ids.device)
-    return DecodeResult(output_ids=output_ids, num_prompt_tokens=prompt_len, acceptance_lengths=rounds)
+    return DecodeResult(output_ids=output_ids, num_prompt_tokens=prompt_len, acceptance_lengths=rounds,
+                        extra={"proposals": drafted})
 
 
 @torch.inference_mode()

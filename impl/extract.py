@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from foundation.placement import target_device
 from impl.layers import hidden_state_index
-from impl.placement import target_device
 
 
 def decoder_layers(target: nn.Module) -> nn.ModuleList:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import nn
 
 import impl.model
+from foundation.placement import built_for
 from impl import anchors as anchor_rules
 from impl import decoding, dflash2, layers, losses, masks, slot_layout, vocab_mapping
 from impl.checkpoint import build_drafter
@@ -16,9 +15,9 @@ from impl.dspark import confidence_features, draft_left_to_right
 from impl.extract import context_features, output_head
 from impl.interface import GenerationResult, TrainingOutputs
 from impl.model import DFlashDrafter, DraftCache
-from impl.placement import built_for
-from impl.spec import DraftSpec, Recipe
-from impl.train import default_recipe
+from impl.recipe import Recipe
+from impl.recipe import train_recipe
+from impl.spec import DraftSpec
 from impl.train_step import training_step
 from impl.xpress import jacobi_resolve
 
@@ -29,7 +28,7 @@ class OursImplementation:
 
     def __init__(self, recipe: Recipe | None = None):
         # Our trainer's default recipe: the conformance suite holds it to speculators' trainer.
-        self.recipe = recipe or default_recipe()
+        self.recipe = recipe or train_recipe()
 
     def default_target_layer_ids(self, num_target_layers, num_draft_layers):
         return layers.build_target_layer_ids(num_target_layers, num_draft_layers)
@@ -73,7 +72,7 @@ class OursImplementation:
         # The trainer's own step, so the conformance suite checks the code that trains.
         torch.manual_seed(seed)
         # The trainer records the drafter's own slot layout (`trained_layout` refuses any other).
-        recipe = dataclasses.replace(self.recipe, max_anchors=max_anchors,
+        recipe = self.recipe.replace(max_anchors=max_anchors,
                                      sample_from_anchor=drafter.spec.sample_from_anchor)
         step = training_step(drafter, target, input_ids, loss_mask, document_ids, recipe, with_loss=False,
                              anchors=None if anchors is None else [anchors])

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from impl.recipe import DEFAULTS  # the recipe's declared defaults (model-level: KL, fixed decay)
 from impl.slot_layout import first_proposing_slot
 
 
-def decay_weights(block_size: int, gamma: float = 4.0, sample_from_anchor: bool = False,
+def decay_weights(block_size: int, gamma: float = DEFAULTS["gamma"], sample_from_anchor: bool = False,
                   device: torch.device | None = None) -> torch.Tensor:
     """[B] weights: DFlash w(0) = 0, w(k) = exp(-(k-1)/gamma); sample-from-anchor w(k) = exp(-k/gamma)."""
     k = torch.arange(block_size, dtype=torch.float32, device=device)
@@ -17,7 +18,7 @@ def decay_weights(block_size: int, gamma: float = 4.0, sample_from_anchor: bool 
     return torch.exp(-(k - 1).clamp(min=0) / gamma) * (k != 0)
 
 
-def elementwise_loss(logits: torch.Tensor, targets: torch.Tensor, loss_fn: str = "kl_div") -> torch.Tensor:
+def elementwise_loss(logits: torch.Tensor, targets: torch.Tensor, loss_fn: str = DEFAULTS["loss_fn"]) -> torch.Tensor:
     """[1, N] per-slot loss: KL(target || draft) or CE against the target's argmax."""
     if loss_fn == "kl_div":
         log_q = F.log_softmax(logits, dim=-1, dtype=torch.float32)
@@ -49,7 +50,7 @@ def suffix_sum(x: torch.Tensor) -> torch.Tensor:
 
 
 def dpace_weights(per_slot_loss: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
-                  dpace_alpha: float = 0.5) -> torch.Tensor:
+                  dpace_alpha: float = DEFAULTS["dpace_alpha"]) -> torch.Tensor:
     """[b, A*B] D-PACE weights. Detached: they reweight the loss and carry no gradient of their own."""
     return dpace_weights_of(per_slot_loss.detach(), loss_mask, block_size, dpace_alpha)
 
@@ -91,16 +92,18 @@ def slot_weights(per_slot: torch.Tensor, loss_mask: torch.Tensor, block_size: in
 
 
 def dflash_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
-                gamma: float = 4.0, loss_fn: str = "kl_div", sample_from_anchor: bool = False,
-                per_position_loss_weight: str = "fixed-exp-decay", dpace_alpha: float = 0.5) -> torch.Tensor:
+                gamma: float = DEFAULTS["gamma"], loss_fn: str = DEFAULTS["loss_fn"], sample_from_anchor: bool = False,
+                per_position_loss_weight: str = DEFAULTS["per_position_loss_weight"],
+                dpace_alpha: float = DEFAULTS["dpace_alpha"]) -> torch.Tensor:
     per_slot = elementwise_loss(logits, targets, loss_fn)
     return reduce_loss(per_slot, loss_mask, slot_weights(per_slot, loss_mask, block_size, gamma, sample_from_anchor,
                                                          per_position_loss_weight, dpace_alpha))
 
 
 def selector_loss(candidate_scores: torch.Tensor, label_positions: torch.Tensor, loss_mask: torch.Tensor,
-                  block_size: int, gamma: float = 4.0, sample_from_anchor: bool = False,
-                  per_position_loss_weight: str = "fixed-exp-decay", dpace_alpha: float = 0.5) -> torch.Tensor:
+                  block_size: int, gamma: float = DEFAULTS["gamma"], sample_from_anchor: bool = False,
+                  per_position_loss_weight: str = DEFAULTS["per_position_loss_weight"],
+                  dpace_alpha: float = DEFAULTS["dpace_alpha"]) -> torch.Tensor:
     """DFlash2's selector loss: K-way CE of the candidate scores [1, N, k] against the label
     positions [1, N], weighted per slot as the unary loss is and reduced the same way."""
     per_slot = F.cross_entropy(candidate_scores.float().flatten(0, 1), label_positions.flatten(),

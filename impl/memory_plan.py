@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from impl.errors import AuditError
+from foundation.errors import AuditError
+from foundation.placement import Placement, dtype_name
 from impl.offline.cache import cache_bytes_estimate
 from impl.offline.walks import DEFAULT_PROMPT_GROUP
-from impl.placement import Placement, dtype_name
 
 GB = 1e9
 

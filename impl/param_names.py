@@ -15,7 +15,7 @@ a real name; tests/test_restatements.py fails on a second copy of this tuple.
 
 from __future__ import annotations
 
-from impl.errors import CheckpointError
+from foundation.errors import CheckpointError
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "model.", "draft_model.", "drafter.")
 # Tensors a speculators drafter holds that are copies of the verifier's (embeddings, head, final

@@ -33,7 +33,7 @@ def draft_block_size(proposals: int, sample_from_anchor: bool) -> int:
     return proposals + first_proposing_slot(sample_from_anchor)
 
 
-def max_acceptance(block_size: int, sample_from_anchor: bool) -> int:
+def longest_round(block_size: int, sample_from_anchor: bool) -> int:
     """The longest round: every proposal accepted plus the target's bonus token."""
     return speculative_tokens(block_size, sample_from_anchor) + 1
 

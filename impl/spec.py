@@ -1,4 +1,4 @@
-"""The normalized description of a DFlash drafter (`DraftSpec`) and of how it was trained (`Recipe`).
+"""The normalized description of a DFlash drafter (`DraftSpec`); how it was trained is `impl/recipe.py`.
 
 Every format (ours, z-lab, speculators) is translated into a `DraftSpec` by its loader.
 Target layer ids are always in the z-lab convention: the 0-based decoder layer whose
@@ -9,20 +9,13 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Literal, get_args
+from typing import Any
 
 from impl import slot_layout
 from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import FAMILIES, TITLES, spec_family
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
-# One vocabulary for every knob (CLI, TrainConfig, Recipe, checkpoint, report, foreign arg names):
-# speculators' names, and these choices.
-LossFn = Literal["kl_div", "ce"]  # speculators' loss_fn names
-# speculators' per_position_loss_weight: fixed exponential decay (gamma) or D-PACE (dpace_alpha).
-LossWeighting = Literal["fixed-exp-decay", "dpace"]
-LOSS_KINDS = get_args(LossFn)
-LOSS_WEIGHTINGS = get_args(LossWeighting)
 # The DFlash2-only architecture fields, in speculators' names (set together or not at all).
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # DSpark's head settings (speculators' DSparkSpeculatorConfig), set together or not at all.
@@ -55,6 +48,23 @@ def _require(condition: bool, field_name: str, message: str) -> None:
 def _count(value: Any, field_name: str, least: int) -> None:
     _require(isinstance(value, int) and not isinstance(value, bool) and value >= least, field_name,
              f"must be an integer >= {least}, got {value!r}")
+
+
+# Activations transformers' ACT2FN holds (tests/test_spec.py checks each): these are accepted without importing
+# transformers.activations, which takes seconds (it pulls the hub kernels) that a static audit never needs; any
+# other name is looked up there.
+COMMON_ACTIVATIONS = frozenset({"silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu"})
+
+
+def is_known_activation(name: object) -> bool:
+    """Whether a Qwen3 layer can be built with this `hidden_act` (a key of transformers' ACT2FN)."""
+    if not isinstance(name, str):
+        return False
+    if name in COMMON_ACTIVATIONS:
+        return True
+    from transformers.activations import ACT2FN
+
+    return name in ACT2FN
 
 
 @dataclass(frozen=True)
@@ -160,9 +170,8 @@ class DraftSpec:
                      f"sliding_attention layers need a positive sliding_window, got {self.sliding_window!r}")
         _require(self.rope_theta > 0, "rope_theta", f"must be positive, got {self.rope_theta}")
         self._validate_rotary()
-        from transformers.activations import ACT2FN  # the activations a Qwen3 layer can be built with
-
-        _require(self.hidden_act in ACT2FN, "hidden_act", f"{self.hidden_act!r} is not an activation transformers knows")
+        _require(is_known_activation(self.hidden_act), "hidden_act",
+                 f"{self.hidden_act!r} is not an activation transformers knows")
         _require(self.rms_norm_eps > 0, "rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
         _require(isinstance(self.sample_from_anchor, bool), "sample_from_anchor",
                  f"must be true or false, got {self.sample_from_anchor!r}")
@@ -187,8 +196,6 @@ class DraftSpec:
         """Rows of the drafter's head: the draft vocabulary when reduced, else the target's."""
         return self.draft_vocab_size or self.vocab_size
     def _validate_rotary(self) -> None:
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # the scalings transformers computes
-
         factor = self.partial_rotary_factor
         _require(isinstance(factor, numbers.Real) and not isinstance(factor, bool) and 0 < factor <= 1,
                  "partial_rotary_factor", f"must be in (0, 1], got {factor!r}")
@@ -199,6 +206,8 @@ class DraftSpec:
         if scaling is None:
             return
         _require(isinstance(scaling, dict), "rope_scaling", f"{scaling!r} is not a mapping")
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # the scalings transformers computes
+
         kind = scaling.get("rope_type")
         _require(kind in ROPE_INIT_FUNCTIONS, "rope_scaling",
                  f"rope_type {kind!r} is not a scaling transformers computes ({sorted(ROPE_INIT_FUNCTIONS)})")
@@ -288,6 +297,11 @@ class DraftSpec:
         return slot_layout.speculative_tokens(self.block_size, self.sample_from_anchor)
 
     @property
+    def longest_round(self) -> int:
+        """Tokens the longest round accepts: every proposal and the target's bonus."""
+        return slot_layout.longest_round(self.block_size, self.sample_from_anchor)
+
+    @property
     def first_proposing_slot(self) -> int:
         return slot_layout.first_proposing_slot(self.sample_from_anchor)
 
@@ -341,68 +355,3 @@ class DraftSpec:
             layer_types=list(self.layer_types),
             tie_word_embeddings=False,
         )
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How a drafter was trained, in speculators' vocabulary (`loss_fn`, `per_position_loss_weight`,
-    `dpace_alpha`). Defaults are speculators' model-level defaults (`DFlashDraftModel.forward`,
-    `compute_metrics`): KL, fixed exponential decay. A checkpoint written before a field existed
-    is read with that default, which is what it was trained with."""
-
-    gamma: float = 4.0  # fixed-exp-decay: w(k) = exp(-(k-1)/gamma), w(0) = 0
-    loss_fn: LossFn = "kl_div"
-    # 0-based target decoder layer whose raw output gives the target logits;
-    # None means the final decoder layer (the reference recipe).
-    verifier_source_layer: int | None = None
-    noise_std: float = 0.0  # gaussian noise on the drafter's context features only
-    max_anchors: int = 512
-    # The slot layout training applied; the drafter's own is `DraftSpec.sample_from_anchor`. Our trainer
-    # refuses a recipe that disagrees with its drafter; the audit reports a checkpoint whose two disagree.
-    sample_from_anchor: bool = False
-    per_position_loss_weight: LossWeighting = "fixed-exp-decay"
-    dpace_alpha: float = 0.5  # D-PACE confidence smoothing, used when per_position_loss_weight = dpace
-    selector_loss_alpha: float = 1.0  # DFlash2: weight of the selector's K-way CE beside the unary loss
-    data_hash: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        _require(self.gamma > 0, "gamma", f"must be positive, got {self.gamma}")
-        _require(self.loss_fn in LOSS_KINDS, "loss_fn", f"{self.loss_fn!r} not in {list(LOSS_KINDS)}")
-        _require(self.per_position_loss_weight in LOSS_WEIGHTINGS, "per_position_loss_weight",
-                 f"{self.per_position_loss_weight!r} not in {list(LOSS_WEIGHTINGS)}")
-        _require(0.0 < self.dpace_alpha <= 1.0, "dpace_alpha", f"must be in (0, 1], got {self.dpace_alpha}")
-        _require(self.selector_loss_alpha >= 0, "selector_loss_alpha",
-                 f"must be non-negative, got {self.selector_loss_alpha}")
-        _require(self.noise_std >= 0, "noise_std", f"must be non-negative, got {self.noise_std}")
-        _require(self.max_anchors > 0, "max_anchors", f"must be positive, got {self.max_anchors}")
-
-    def check_trainable(self, num_target_layers: int | None = None) -> None:
-        """The rules a recipe must also meet to be trained with; a recipe a checkpoint declares is
-        audited as it is, never refused. D-PACE reads the drafter's confidence as exp(-CE), so it
-        needs the ce loss (speculators refuses it with KL too); the source layer must exist."""
-        _require(self.per_position_loss_weight != "dpace" or self.loss_fn == "ce", "per_position_loss_weight",
-                 f"dpace needs loss_fn ce (it reads exp(-CE) as the drafter's confidence), got loss_fn "
-                 f"{self.loss_fn!r}")
-        source = self.verifier_source_layer
-        if num_target_layers is not None and source is not None:
-            _require(0 <= source < num_target_layers, "verifier_source_layer",
-                     f"{source} outside the target's decoder layers 0..{num_target_layers - 1}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Recipe:
-        data = dict(data)
-        if "loss_kind" in data and "loss_fn" not in data:
-            data["loss_fn"] = data.pop("loss_kind")  # checkpoints written before the rename
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        _require(not unknown, "recipe", f"unknown fields {unknown}")
-        return cls(**data)
-
-
-# The recipe's declared settings (what a checkpoint can say it was trained with; the run's hash and extras
-# are not compared): the one list the vocabulary, the CLI and the audit read.
-RECIPE_FIELDS = tuple(f.name for f in fields(Recipe) if f.name not in ("data_hash", "extra"))

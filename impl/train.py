@@ -17,20 +17,21 @@ import contextlib
 import math
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from foundation.target import load_target_model, load_tokenizer
 from impl.checkpoint import load_checkpoint, save_checkpoint
 from impl.data import PackedData, load_packed, pack_records
 from impl.extract import output_head
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
-from impl.spec import DFLASH2_FIELDS, FAMILIES, DraftSpec, LossFn, LossWeighting, Recipe, SpecError
-from impl.target import load_target_model, load_tokenizer
+from impl.recipe import KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe
+from impl.spec import DFLASH2_FIELDS, FAMILIES, DraftSpec, SpecError
 from impl.train_step import training_step
 from impl.vocab_mapping import MappingError, check_mapping, count_token_frequencies, mapping_from_frequencies
 from impl.zlab_format import rotary_settings
@@ -44,7 +45,10 @@ class TrainError(ValueError):
 
 
 @dataclass
-class TrainConfig:
+class RunSettings:
+    """A training run's settings other than the recipe knobs: data, schedule, the drafter's shape, bookkeeping.
+    (Not speculators' `TrainConfig`, whose resolution `--recipe speculators` reads.)"""
+
     target: str
     out: str
     data: str | None = None  # JSON-lines file ...
@@ -62,7 +66,6 @@ class TrainConfig:
     block_size: int = 16
     draft_layers: int = 1
     target_layer_ids: list[int] | None = None  # default: z-lab's build_target_layer_ids
-    verifier_source_layer: int | None = None  # default: the final decoder layer
     layer_types: list[str] | None = None
     sliding_window: int | None = None
     mask_token_id: int | None = None  # default: the tokenizer's <|mask|>
@@ -70,23 +73,13 @@ class TrainConfig:
     # training data (impl.vocab_mapping), or the map in `d2t` (a .npy of offsets, as speculators writes d2t-N.npy).
     draft_vocab_size: int | None = None
     d2t: str | None = None
-    max_anchors: int = 512
-    # speculators' trainer resolution of a dflash run (CE, D-PACE, alpha 0.5); the conformance suite
-    # holds these defaults to the installed speculators' TrainConfig.
-    loss_fn: LossFn = "ce"
-    per_position_loss_weight: LossWeighting = "dpace"
-    dpace_alpha: float = 0.5
-    gamma: float = 4.0  # fixed-exp-decay only
-    # DFlash2 (speculators' `from_training_args` defaults): convolutions, selector, its loss weight.
+    # DFlash2 (speculators' `from_training_args` defaults): convolutions and selector.
     family: str = "dflash"
     conv_kernel_size: int = 2
     conv_group_size: int = 16
     selector_rank: int = 256
     selector_top_k: int = 16
-    selector_loss_alpha: float = 1.0
     sliding_window_non_causal: bool | None = None  # default: the family's (dflash2: bidirectional, as speculators)
-    sample_from_anchor: bool = False  # the drafter's slot layout (impl/slot_layout.py); the recipe records the same
-    noise_std: float = 0.0
     dtype: str = "fp32"
     eval_every: int = 0  # 0: only at the end
     save_every: int = 0  # 0: only at the end
@@ -96,6 +89,14 @@ class TrainConfig:
     stop_at: int | None = None  # leave after this step with a checkpoint, schedule unchanged (preemption)
     progress: bool = True
     extra: dict = field(default_factory=dict)
+
+
+# A run: its settings and every recipe knob (impl/recipe.py), each at `dflash-audit train`'s default (speculators'
+# trainer resolution of a dflash run: CE, D-PACE, alpha 0.5; the conformance suite holds these to the installed
+# speculators). Built from the declarations, so a knob added there is a field here.
+RunConfig = make_dataclass("RunConfig", [(name, info.annotation, field(default=TRAIN_DEFAULTS[name]))
+                                         for name, info in KNOBS.items()], bases=(RunSettings,))
+RunConfig.__module__ = __name__
 
 
 # -- setup ---------------------------------------------------------------------------------
@@ -108,7 +109,7 @@ def resolve_mask_token(tokenizer, override: int | None) -> int:
     return int(token_id)
 
 
-def draft_spec(config, tokenizer, cfg: TrainConfig, draft_vocab_size: int | None = None) -> DraftSpec:
+def draft_spec(config, tokenizer, cfg: RunConfig, draft_vocab_size: int | None = None) -> DraftSpec:
     """The drafter's spec: sizes from the target's config (hidden sizes must match), the rest from cfg."""
     num_layers = config.num_hidden_layers
     ids = cfg.target_layer_ids if cfg.target_layer_ids is not None else build_target_layer_ids(num_layers, cfg.draft_layers)
@@ -147,7 +148,7 @@ def draft_spec(config, tokenizer, cfg: TrainConfig, draft_vocab_size: int | None
     )
 
 
-def vocab_mapping(cfg: TrainConfig, data: PackedData, target_vocab_size: int) -> torch.Tensor | None:
+def vocab_mapping(cfg: RunConfig, data: PackedData, target_vocab_size: int) -> torch.Tensor | None:
     """The run's d2t: read from `cfg.d2t`, else built from the training data's token frequencies; None
     without a reduced draft vocabulary."""
     if cfg.d2t is not None:
@@ -181,35 +182,27 @@ def read_d2t(path: Path) -> torch.Tensor:
     return torch.from_numpy(array.astype(np.int64))
 
 
-def knob_recipe(cfg: TrainConfig, num_target_layers: int | None = None) -> Recipe:
-    """The recipe of `cfg`'s knobs, checked by the recipe type's own rules (`Recipe.__post_init__` and
+def knob_recipe(cfg: RunConfig, num_target_layers: int | None = None) -> Recipe:
+    """The recipe of `cfg`'s knobs, checked by the recipe type's own rules (its declared bounds and
     `check_trainable`): the one place a knob is validated, in speculators' names."""
     try:
-        recipe = Recipe(gamma=cfg.gamma, loss_fn=cfg.loss_fn, verifier_source_layer=cfg.verifier_source_layer,
-                        noise_std=cfg.noise_std, max_anchors=cfg.max_anchors,
-                        per_position_loss_weight=cfg.per_position_loss_weight, dpace_alpha=cfg.dpace_alpha,
-                        selector_loss_alpha=cfg.selector_loss_alpha, sample_from_anchor=cfg.sample_from_anchor)
+        recipe = Recipe(**{name: getattr(cfg, name) for name in RECIPE_FIELDS})
         recipe.check_trainable(num_target_layers)
     except SpecError as exc:
         raise TrainError(str(exc)) from None
     return recipe
 
 
-def make_recipe(cfg: TrainConfig, num_target_layers: int, digest: str) -> Recipe:
+def make_recipe(cfg: RunConfig, num_target_layers: int, digest: str) -> Recipe:
     recipe = knob_recipe(cfg, num_target_layers)
     # None is the reference recipe (the final layer); any other layer is recorded as given.
     source = None if recipe.verifier_source_layer == num_target_layers - 1 else recipe.verifier_source_layer
     schedule = {k: getattr(cfg, k) for k in ("steps", "lr", "warmup", "weight_decay", "grad_clip", "batch_size",
                                              "grad_accum", "seq_len", "dtype", "seed")}
-    return replace(recipe, verifier_source_layer=source, data_hash=digest, extra={**schedule, **cfg.extra})
+    return recipe.replace(verifier_source_layer=source, data_hash=digest, extra={**schedule, **cfg.extra})
 
 
-def default_recipe() -> Recipe:
-    """The recipe a run with no recipe flags records (what the conformance suite compares)."""
-    return knob_recipe(TrainConfig(target="", out=""))
-
-
-def load_data(cfg: TrainConfig, tokenizer, vocab_size: int) -> tuple[PackedData, PackedData | None]:
+def load_data(cfg: RunConfig, tokenizer, vocab_size: int) -> tuple[PackedData, PackedData | None]:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     if cfg.records is not None:
         data = pack_records(cfg.records, tokenizer, vocab_size, cfg.seq_len, pad)
@@ -313,7 +306,7 @@ def _training_state(optimizer, scheduler, history, evals) -> dict:
             "rng": torch.get_rng_state(), "history": list(history), "evals": list(evals)}
 
 
-def train(cfg: TrainConfig) -> dict:
+def train(cfg: RunConfig) -> dict:
     """Run (or resume) training; returns stats. Every rank calls it; rank 0 writes."""
     rank, world, owns_group = init_distributed()
     try:
@@ -323,7 +316,7 @@ def train(cfg: TrainConfig) -> dict:
             dist.destroy_process_group()
 
 
-def check_run(cfg: TrainConfig, world: int) -> None:
+def check_run(cfg: RunConfig, world: int) -> None:
     """Every setting that needs no file: before the tokenizer, the data or the (possibly large) target is read."""
     if cfg.dtype not in ("fp32", "bf16"):
         raise TrainError(f"dtype must be fp32 or bf16, got {cfg.dtype!r}")
@@ -357,7 +350,7 @@ class Run:
     device: torch.device
 
 
-def set_up(cfg: TrainConfig, device: torch.device) -> Run:
+def set_up(cfg: RunConfig, device: torch.device) -> Run:
     """Data and knobs first (one-line errors before the target is loaded), then target, drafter, optimizer."""
     tokenizer, target_config = load_tokenizer(cfg.target)
     train_data, eval_data = load_data(cfg, tokenizer, target_config.vocab_size)
@@ -379,7 +372,7 @@ def set_up(cfg: TrainConfig, device: torch.device) -> Run:
     return Run(spec, recipe, train_data, eval_data, target, drafter, optimizer, scheduler, schedule, device)
 
 
-def autocast_for(cfg: TrainConfig, device: torch.device):
+def autocast_for(cfg: RunConfig, device: torch.device):
     """A context factory: bf16 autocast (fp32 master weights) or nothing."""
     def autocast():
         if cfg.dtype == "bf16":
@@ -388,7 +381,7 @@ def autocast_for(cfg: TrainConfig, device: torch.device):
     return autocast
 
 
-def optimizer_step(cfg: TrainConfig, run: Run, model, sampler: RowSampler, step: int, rank: int, world: int,
+def optimizer_step(cfg: RunConfig, run: Run, model, sampler: RowSampler, step: int, rank: int, world: int,
                    autocast) -> dict:
     """One optimizer step over `grad_accum` micro-batches; the step's loss, EAL and per-position accuracy,
     averaged over ranks."""
@@ -416,13 +409,13 @@ def optimizer_step(cfg: TrainConfig, run: Run, model, sampler: RowSampler, step:
     return {"loss": logged[0].item(), "eal": logged[1].item(), "position_acc": logged[2:].tolist()}
 
 
-def progress_bar(cfg: TrainConfig, rank: int) -> Progress:
+def progress_bar(cfg: RunConfig, rank: int) -> Progress:
     return Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
                     TextColumn("acc {task.fields[acc]}"), TextColumn("EAL {task.fields[eal]}"), TimeElapsedColumn(),
                     disable=not (cfg.progress and rank == 0))
 
 
-def _train(cfg: TrainConfig, rank: int, world: int) -> dict:
+def _train(cfg: RunConfig, rank: int, world: int) -> dict:
     check_run(cfg, world)
     started = time.monotonic()
     run = set_up(cfg, device_for_rank())
@@ -465,7 +458,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> dict:
             "world_size": world, "rank": rank}
 
 
-def _evaluate_now(cfg: TrainConfig, run: Run, step: int, autocast, bar: Progress) -> dict:
+def _evaluate_now(cfg: RunConfig, run: Run, step: int, autocast, bar: Progress) -> dict:
     """Held-out loss, EAL and accuracy at `step` (rank 0), printed under the progress bar."""
     result = {"step": step, **evaluate(run.drafter, run.target, run.eval_data, run.recipe, cfg.batch_size, cfg.seed,
                                        autocast)}
@@ -475,7 +468,7 @@ def _evaluate_now(cfg: TrainConfig, run: Run, step: int, autocast, bar: Progress
     return result
 
 
-def _fit_budget(cfg: TrainConfig, step: int, first_step: int, loop_started: float, started: float, world: int) -> int:
+def _fit_budget(cfg: RunConfig, step: int, first_step: int, loop_started: float, started: float, world: int) -> int:
     """Total steps that fit the time budget, from the first steps' pace (rank 0 decides)."""
     per_step = (time.monotonic() - loop_started) / (step - first_step)
     remaining = cfg.max_seconds - (time.monotonic() - started)
@@ -504,10 +497,10 @@ def _resume(path: Path, drafter, optimizer, scheduler, spec: DraftSpec, recipe: 
 def train_drafter(target_dir: str | Path, texts_or_data, out_path: str | Path, **config) -> dict:
     """Train a drafter without a subprocess: `texts_or_data` is a list of texts, a list of
     records (`{"text"}`, `{"input_ids"}`, `{"messages"}`) or a JSON-lines path. `config`
-    takes any `TrainConfig` field, e.g. `max_seconds=120`."""
+    takes any `RunConfig` field, e.g. `max_seconds=120`."""
     if isinstance(texts_or_data, (str, Path)):
-        cfg = TrainConfig(target=str(target_dir), out=str(out_path), data=str(texts_or_data), **config)
+        cfg = RunConfig(target=str(target_dir), out=str(out_path), data=str(texts_or_data), **config)
     else:
         records = [{"text": item} if isinstance(item, str) else item for item in texts_or_data]
-        cfg = TrainConfig(target=str(target_dir), out=str(out_path), records=records, **config)
+        cfg = RunConfig(target=str(target_dir), out=str(out_path), records=records, **config)
     return train(cfg)

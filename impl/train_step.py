@@ -22,7 +22,8 @@ from impl.dflash2 import selector_training, teacher_forced_predecessors
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.interface import TrainingOutputs
 from impl.model import DFlashDrafter
-from impl.spec import Recipe, SpecError
+from impl.recipe import Recipe
+from impl.spec import SpecError
 from impl.target_alignment import TargetAligner
 
 

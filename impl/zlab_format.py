@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from impl.atomic import atomic_directory
+from foundation.atomic import atomic_directory
 from impl.config_values import as_bool, as_float, as_int
 from impl.defaults import (
     BLOCK_SIZE_DEFAULTS,
@@ -25,7 +25,7 @@ from impl.defaults import (
     ROTARY_DEFAULTS,
     ZLAB_EXTRAS,
 )
-from impl.errors import CheckpointError
+from foundation.errors import CheckpointError
 from impl.families import ZLAB_ARCHITECTURES, config_family
 from impl.layers import build_target_layer_ids
 from impl.param_names import strip_wrapper_prefixes
@@ -93,7 +93,8 @@ def rotary_settings(config: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(neox, bool):
         raise SpecError("is_neox_style", f"{neox!r} is not true or false")
     return {
-        "rope_theta": as_float("rope_theta", rope.get("rope_theta", config.get("rope_theta", transformers_theta()))),
+        "rope_theta": as_float("rope_theta", rope["rope_theta"] if "rope_theta" in rope
+                               else config["rope_theta"] if "rope_theta" in config else transformers_theta()),
         "rope_scaling": scaling,
         "partial_rotary_factor": as_float("partial_rotary_factor", rope.get(
             "partial_rotary_factor", config.get("partial_rotary_factor", ROTARY_DEFAULTS["partial_rotary_factor"]))),

@@ -8,7 +8,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from impl.errors import AuditError
+from foundation.errors import AuditError
 
 # The one registry of implementations by short name (`package.module:object`); the conformance
 # suite's `--impl` names are this table plus the held codebases (held/__init__.py).

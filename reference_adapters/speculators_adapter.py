@@ -20,17 +20,18 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.atomic import atomic_directory
+from foundation.atomic import atomic_directory
+from foundation.errors import CheckpointError
+from foundation.weights_dir import read_config
 from impl.dflash2 import SelectorTraining
-from impl.errors import CheckpointError
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.families import FAMILIES, config_family
 from impl.interface import TrainingOutputs, Unsupported
 from impl.layers import hidden_state_index, speculators_to_zlab
 from impl.param_names import VERIFIER_OWNED_KEYS, strip_wrapper_prefixes
+from impl.recipe import DEFAULTS
 from impl.spec import FAMILY_FIELDS, DraftSpec
 from impl.vocab_mapping import t2d_from_d2t
-from impl.weights_dir import read_config
 from reference_adapters.speculators_classes import config_class, model_class
 from reference_adapters.version_guard import check_reference
 
@@ -349,7 +350,7 @@ class SpeculatorsImplementation:
     def loss_weights(self, block_size, gamma, sample_from_anchor):
         return dflash_loss_decay(torch.arange(block_size), gamma=gamma, sample_from_anchor=sample_from_anchor)
 
-    def _metrics(self, logits, targets, loss_mask, block_size, gamma=4.0, loss_fn="kl_div",
+    def _metrics(self, logits, targets, loss_mask, block_size, gamma=DEFAULTS["gamma"], loss_fn=DEFAULTS["loss_fn"],
                  sample_from_anchor=False):
         return compute_metrics(logits, targets, loss_mask, block_size, gamma=gamma,
                                loss_config=resolve_loss_config(loss_fn, "eager"), sample_from_anchor=sample_from_anchor)
@@ -406,7 +407,7 @@ class SpeculatorsImplementation:
         block[0, 0] = input_ids[0, -1]
         positions = torch.arange(start + block_size)[None]
         hidden = self.draft_forward(drafter, drafter.embed_tokens(block), features, positions)
-        trained = dflash_loss_decay(torch.arange(block_size), gamma=4.0,
+        trained = dflash_loss_decay(torch.arange(block_size), gamma=DEFAULTS["gamma"],
                                     sample_from_anchor=drafter.config.sample_from_anchor) > 0
         return drafter.lm_head(hidden)[0][trained]
 

@@ -17,12 +17,13 @@ Which one a checkpoint without a recipe is held to is `yardstick_for` (the rule 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from impl.packages import installed_version
-from impl.spec import DFLASH2_FIELDS, Recipe
+from foundation.packages import installed_version
+from impl.recipe import KNOBS, Recipe
+from impl.spec import DFLASH2_FIELDS
 
 MODEL_LEVEL = "model-level"
 TRAINCONFIG = "trainconfig"
@@ -55,7 +56,7 @@ class ReferenceRecipe:
         return values
 
     def table_value(self, name: str):
-        """A field's value in the README table; None where this reference does not set it."""
+        """A field's value in the table of docs/training.md; None where this reference does not set it."""
         if name == "selector_loss_alpha":
             return self.recipe.selector_loss_alpha if "selector_rank" in self.architecture else None
         if name == "draft_vocab_size":
@@ -65,11 +66,11 @@ class ReferenceRecipe:
         return self.settings()[name]
 
 
-# DFlash2's selector weight and drafter shape, after the recipe rows of the README's table.
+# DFlash2's selector weight and drafter shape, after the recipe rows of the table of docs/training.md.
 ARCHITECTURE_TABLE_FIELDS = ("sliding_window_non_causal", "selector_loss_alpha", *DFLASH2_FIELDS)
 # The draft vocabulary (#32): the model config's default against the trainer's.
 VOCAB_TABLE_FIELDS = ("draft_vocab_size",)
-# The fields the README's reference table and the trainer's --recipe flag cover, in that order.
+# The fields the reference table (docs/training.md) and the trainer's --recipe flag cover, in that order.
 RECIPE_TABLE_FIELDS = ("loss_fn", "per_position_loss_weight", "dpace_alpha", "gamma", "max_anchors",
                        "sample_from_anchor", "verifier_source_layer", "noise_std")
 
@@ -169,7 +170,7 @@ def trainer(speculator_type: str = "dflash") -> ReferenceRecipe:
     architecture = {"sliding_window_non_causal": bool(flat["sliding_window_non_causal"])}
     sources["sliding_window_non_causal"] = resolved
     if "selector_loss_alpha" in kwargs:  # a DFlash2 trainer: the selector's loss weight and its shape
-        recipe = replace(recipe, selector_loss_alpha=float(kwargs["selector_loss_alpha"]))
+        recipe = recipe.replace(selector_loss_alpha=float(kwargs["selector_loss_alpha"]))
         sources["selector_loss_alpha"] = field_source("dflash2", "selector_loss_alpha")
         for name in DFLASH2_FIELDS:
             architecture[name] = int(flat[name])
@@ -206,7 +207,7 @@ def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = fro
 
 
 def reference_table() -> list[dict[str, str]]:
-    """Rows of the README's reference recipe table: every value with the file it was read from."""
+    """Rows of the reference recipe table (docs/training.md): every value with the file it was read from."""
     base, dflash, dflash2 = model_level(), trainer("dflash"), trainer("dflash2")
     rows = []
     for name in (*RECIPE_TABLE_FIELDS, "block_size", "draft_layers", *ARCHITECTURE_TABLE_FIELDS, *VOCAB_TABLE_FIELDS):
@@ -223,7 +224,7 @@ def reference_table() -> list[dict[str, str]]:
 
 
 def reference_table_markdown() -> str:
-    """The README table, generated (tests/test_reference_recipe.py checks the README holds it verbatim)."""
+    """The reference recipe table of docs/training.md, generated (tests/test_reference_recipe.py checks it is there verbatim)."""
     lines = ["| field | TrainConfig `dflash` | TrainConfig `dflash2` | model-level | read from (TrainConfig) "
              "| read from (model-level) |", "|---|---|---|---|---|---|"]
     for row in reference_table():
@@ -233,16 +234,15 @@ def reference_table_markdown() -> str:
 
 
 def train_settings(speculator_type: str = "dflash") -> dict:
-    """The TrainConfig-resolved recipe as `impl.train.TrainConfig` fields (`train --recipe speculators`)."""
+    """The TrainConfig-resolved recipe as `impl.train.RunConfig` fields (`train --recipe speculators`)."""
     ref = trainer(speculator_type)
     recipe = ref.recipe
     if recipe.verifier_source_layer is not None:
         raise ValueError(f"speculators' {speculator_type} recipe reads targets from another layer; our trainer "
                          "does not")
-    settings = {"sample_from_anchor": recipe.sample_from_anchor,"loss_fn": recipe.loss_fn, "per_position_loss_weight": recipe.per_position_loss_weight,
-                "dpace_alpha": recipe.dpace_alpha, "gamma": recipe.gamma, "max_anchors": recipe.max_anchors,
-                "noise_std": recipe.noise_std, "block_size": ref.block_size, "draft_layers": ref.draft_layers,
-                **ref.architecture}
-    if "selector_rank" in ref.architecture:
-        settings["selector_loss_alpha"] = recipe.selector_loss_alpha
+    # Every recipe knob (the source layer is the final one, checked above), a DFlash2 knob only for dflash2.
+    family = "dflash2" if "selector_rank" in ref.architecture else "dflash"
+    settings = {name: getattr(recipe, name) for name, info in KNOBS.items()
+                if name != "verifier_source_layer" and info.json_schema_extra["family"] in (None, family)}
+    settings.update(block_size=ref.block_size, draft_layers=ref.draft_layers, **ref.architecture)
     return settings

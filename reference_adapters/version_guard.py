@@ -1,13 +1,13 @@
 """Version guard for the two reference packages.
 
 The adapters call private functions of `dflash` and `speculators`, so they only hold for
-the pinned releases (impl/packages.py); anything else is refused with the exact commands that fix it.
+the pinned releases (foundation/packages.py); anything else is refused with the exact commands that fix it.
 """
 
 from __future__ import annotations
 
-from impl.errors import AuditError
-from impl.packages import BY_NAME, PINNED, installed_version
+from foundation.errors import AuditError
+from foundation.packages import BY_NAME, PINNED, installed_version
 
 INSTALL_HINT = {
     "dflash": f"pip install dflash=={PINNED['dflash']}",

@@ -14,11 +14,11 @@ from unittest import mock
 import torch
 from torch import nn
 
-from impl.errors import CheckpointError
+from foundation.errors import CheckpointError
+from foundation.placement import built_for
 from impl.families import config_family
 from impl.interface import GenerationResult, Unsupported
 from impl.param_names import codebook_module_name, strip_wrapper_prefixes
-from impl.placement import built_for
 from impl.spec import DraftSpec
 from impl.zlab_format import zlab_config
 from reference_adapters.version_guard import check_reference

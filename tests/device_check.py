@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 from dflash_world.suite_placement import audit_device  # noqa: F401 -- the tests' one device switch
 
 REPO = Path(__file__).resolve().parents[1]
-WATCHED = (REPO / "impl", REPO / "dflash_audit")  # the dynamic path's code
+WATCHED = (REPO / "foundation", REPO / "impl", REPO / "dflash_audit")  # the dynamic path's code
 FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.tensor, torch.as_tensor,
              torch.rand, torch.randn, torch.randint, torch.eye, torch.linspace, torch.logspace,
              torch.empty_strided, torch.randperm, torch.scalar_tensor}

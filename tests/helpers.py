@@ -58,7 +58,7 @@ def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budge
     from dflash_audit.commands.compare import run_compare
     from dflash_world.suite_placement import audit_device
     from impl.checkpoint import save_checkpoint
-    from impl.placement import resolve_placement
+    from foundation.placement import resolve_placement
     from impl.zlab_format import save_zlab_dir
 
     save_checkpoint(tmp_path / "ours.pt", ours, recipe=recipe)
@@ -78,8 +78,8 @@ def load_trained_pair(world, loss: str = "kl_div", family: str = "dflash"):
     from dflash_world.drafter import cached_dflash2_drafter, cached_test_drafter
     from dflash_world.suite_placement import audit_placement
     from impl.checkpoint import build_drafter, load_checkpoint
-    from impl.placement import built_in
-    from impl.target import load_target
+    from foundation.placement import built_in
+    from foundation.target import load_target
 
     placement = audit_placement()
     target, tokenizer = load_target(world.target, placement)

@@ -12,7 +12,7 @@ import torch
 
 import reference_adapters.speculators_adapter as spec_adapter
 import reference_adapters.zlab_adapter as zlab_adapter
-from impl.errors import AuditError
+from foundation.errors import AuditError
 from impl.interface import DFlashImplementation, Unsupported, supports
 from impl.model import DFlashDrafter
 from reference_adapters import IMPLEMENTATIONS, get_implementation, version_guard

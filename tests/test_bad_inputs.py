@@ -511,7 +511,7 @@ def test_a_temp_folder_tidied_away_by_a_concurrent_writer_is_recreated(tmp_path,
     other's mkdir and mkstemp. The write still lands (this was a CI flake under torchrun)."""
     import tempfile
 
-    from impl import atomic
+    from foundation import atomic
 
     real = tempfile.mkstemp
     calls = []

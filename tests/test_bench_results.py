@@ -1,4 +1,4 @@
-"""The README's benchmark table is bench/results.json as `python -m bench.results_table` renders it, verbatim."""
+"""The benchmark table of docs/results.md is bench/results.json as `python -m bench.results_table` renders it, verbatim."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from pathlib import Path
 
 from bench.results_table import RESULTS, table_markdown
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+RESULTS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "results.md"
 
 
-def test_readme_bench_table_matches_results_json():
+def test_docs_bench_table_matches_results_json():
     results = json.loads(RESULTS.read_text())
     assert results, "bench/results.json holds no run"
-    assert table_markdown(results) in README.read_text(encoding="utf-8")
+    assert table_markdown(results) in RESULTS_PAGE.read_text(encoding="utf-8")
 
 
 def test_every_bench_script_is_in_results_json():

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from dflash_audit import cli
-from impl.packages import PACKAGES, Package, installed_version
+from foundation.packages import PACKAGES, Package, installed_version
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,10 +33,9 @@ def test_version_says_not_installed_and_a_pin_not_met(capsys, monkeypatch):
 
 def test_a_verb_whose_module_fails_to_import_is_an_error_not_a_missing_command(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "dflash_audit.commands.eval", None)  # importing it now raises
-    app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
-    app.callback()(lambda: None)
-    cli.register_verbs(app)
-    monkeypatch.setattr(cli, "app", app)
+    monkeypatch.setattr(cli, "app", typer.Typer(cls=cli.LazyVerbs, add_completion=False, no_args_is_help=True,
+                                                pretty_exceptions_enable=False))
+    cli.app.callback()(lambda: None)
     for argv in (["eval", "--drafter", "x.pt"], ["eval", "--help"], ["eval"]):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
@@ -44,8 +43,18 @@ def test_a_verb_whose_module_fails_to_import_is_an_error_not_a_missing_command(c
         assert err.startswith("dflash-audit: error: the eval command cannot run: dflash_audit.commands.eval "
                               "failed to import (ModuleNotFoundError")
     assert cli.main(["--help"]) == 0
-    assert re.search(r"eval\s+\(cannot run", capsys.readouterr().out)
+    assert re.search(r"eval\s+Per-prompt", capsys.readouterr().out)  # still listed, from VERBS
     assert cli.main(["convert", "--help"]) == 0  # the other verbs still work
+
+
+def test_each_verbs_help_is_its_listing():
+    """A verb's own `--help` and the listing read one line (`commands.VERBS`), the listing without importing it."""
+    from dflash_audit.commands import VERBS
+
+    group = typer.main.get_command(cli.app)
+    for verb, summary in VERBS.items():
+        command = group.get_command(typer.Context(group), verb)
+        assert command.help == summary, verb
 
 
 def test_one_implementation_registry():
@@ -58,16 +67,18 @@ def test_one_implementation_registry():
     assert suite.DEFAULT_IMPL == reference_adapters.IMPLEMENTATIONS["ours"]
     assert set(suite.REFERENCES) == set(reference_adapters.REFERENCES)
     spelled = re.compile(r"[\"'](impl|reference_adapters|held)\.[\w.]+:\w+Implementation[\"']")
-    sources = [p for d in ("impl", "reference_adapters", "held", "conformance", "dflash_audit", "bench")
+    sources = [p for d in ("foundation", "impl", "reference_adapters", "held", "serving_engines", "conformance",
+                           "dflash_audit", "bench")
                for p in (REPO / d).rglob("*.py")]
     where = sorted(str(p.relative_to(REPO)) for p in sources if spelled.search(p.read_text()))
     assert where == ["held/__init__.py", "reference_adapters/__init__.py"]
 
 
 def test_one_package_version_table():
-    """Only impl/packages.py asks package metadata for a version; every other module reads its table."""
+    """Only foundation/packages.py asks package metadata for a version; every other module reads its table."""
     asks = re.compile(r"metadata\.version\(|from importlib\.metadata import version|from importlib import metadata")
-    sources = [p for d in ("impl", "reference_adapters", "held", "conformance", "dflash_audit", "dflash_world")
+    sources = [p for d in ("foundation", "catalogue", "impl", "reference_adapters", "held", "serving_engines",
+                           "conformance", "dflash_audit", "dflash_world")
                for p in (REPO / d).rglob("*.py")]
     where = sorted(str(p.relative_to(REPO)) for p in sources if asks.search(p.read_text()))
-    assert where == ["impl/packages.py"]
+    assert where == ["foundation/packages.py"]

@@ -10,7 +10,7 @@ import torch
 from dflash_audit.audit import tau_stats
 from dflash_audit.audit.dynamic import MethodResult, PromptTau, tau_finding
 from dflash_world.suite_placement import audit_dtype
-from impl.placement import dtype_name
+from foundation.placement import dtype_name
 from tests.helpers import compare_on_world, world_drafter
 
 

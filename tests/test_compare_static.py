@@ -13,10 +13,10 @@ from dflash_audit.audit.report_html import render_html
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
+from foundation.packages import PACKAGES
 from impl.checkpoint import save_checkpoint
 from impl.model import DFlashDrafter
-from impl.packages import PACKAGES
-from impl.spec import Recipe
+from impl.recipe import Recipe
 from impl.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec, tiny_target
 
@@ -139,7 +139,7 @@ def test_exit_codes_and_report_files(tmp_path, capsys):
     report = json.loads((out / "report.json").read_text())
     assert set(report) >= {"schema", "ours", "ref", "findings", "tau", "versions"}
     assert report["schema"] == "dflash-audit/1" and set(report["ours"]) >= {"path", "format", "spec"}
-    assert list(report["versions"]) == [package.name for package in PACKAGES]  # impl/packages.py, the one table
+    assert list(report["versions"]) == [package.name for package in PACKAGES]  # foundation/packages.py, the one table
     assert json.loads((tmp_path / "extra.json").read_text())["findings"] == report["findings"]
     assert (out / "index.html").is_file()
     assert main(["compare", "--ours", str(tmp_path / "a.pt"), "--ref", str(tmp_path / "other"), "--out", str(out)]) == 1

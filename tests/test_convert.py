@@ -12,10 +12,10 @@ from safetensors import safe_open
 from dflash_audit.cli import main
 from dflash_audit.conversion import convert
 from dflash_audit.formats import load_any
+from foundation.errors import AuditError
 from impl.checkpoint import save_checkpoint
-from impl.errors import AuditError
 from impl.model import DFlashDrafter
-from impl.spec import Recipe
+from impl.recipe import Recipe
 from impl.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec, tiny_target
 

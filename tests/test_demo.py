@@ -10,7 +10,7 @@ import pytest
 
 from dflash_audit.demo import KEY_FILE, DemoConfig, demo_key, prepare_cache, run_demo
 from dflash_world import TEST_TARGET
-from impl.errors import AuditError
+from foundation.errors import AuditError
 
 PLANTED = [("fc_dims", ""), ("recipe", "gamma"), ("recipe", "verifier_source_layer")]
 

@@ -129,7 +129,7 @@ def test_each_dflash2_setting_is_its_own_finding(tmp_path, change, expected, exp
 
 
 def test_selector_loss_weight_is_a_recipe_finding_between_dflash2_drafters_only(tmp_path):
-    from impl.spec import Recipe
+    from impl.recipe import Recipe
 
     model = dflash2_drafter(seed=5)
     save_checkpoint(tmp_path / "a.pt", model, recipe=Recipe(selector_loss_alpha=0.5))

@@ -248,8 +248,8 @@ def test_live_equals_offline_through_the_mapping(written, trained_pair, test_wor
 
 # -- train --draft-vocab-size ------------------------------------------------------------------------------------
 def test_train_with_a_reduced_vocabulary_and_with_a_d2t_file(tiny_world, tmp_path):
-    from impl.target import load_target_model, load_tokenizer
-    from impl.train import TrainConfig, load_data
+    from foundation.target import load_target_model, load_tokenizer
+    from impl.train import RunConfig, load_data
 
     target, data = tiny_world / "target", tiny_world / "data.jsonl"
     common = ["train", "--target", str(target), "--data", str(data), "--steps", "2", "--seq-len", "64",
@@ -257,7 +257,7 @@ def test_train_with_a_reduced_vocabulary_and_with_a_d2t_file(tiny_world, tmp_pat
     assert main([*common, "--out", str(tmp_path / "a.pt"), "--draft-vocab-size", "40"]) == 0
     ckpt = load_checkpoint(tmp_path / "a.pt")
     tokenizer, config = load_tokenizer(str(target))
-    train_rows, _ = load_data(TrainConfig(target=str(target), out="", data=str(data), seq_len=64, eval_sequences=1),
+    train_rows, _ = load_data(RunConfig(target=str(target), out="", data=str(data), seq_len=64, eval_sequences=1),
                               tokenizer, config.vocab_size)
     expected = mapping_from_frequencies(count_token_frequencies(zip(train_rows.input_ids, train_rows.loss_mask)), 40,
                                         config.vocab_size)
@@ -290,8 +290,8 @@ def test_train_refuses_bad_draft_vocabularies_in_one_line(tiny_world, tmp_path, 
 def test_vllm_serves_the_map_only_when_d2t_is_shipped(written, test_world, tmp_path):
     """serve-check: vLLM reads `draft_vocab_size` and `d2t` from a z-lab directory; without `d2t` its zero offsets
     read draft id k as target id k, one `draft_to_target` divergence (#32)."""
-    from held.serving import TargetFacts
-    from held.serving.verdict import engine_report
+    from serving_engines import TargetFacts
+    from serving_engines.verdict import engine_report
 
     root, _ = written
     spec = load_side(root / "zlab").spec

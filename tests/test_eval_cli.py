@@ -16,8 +16,8 @@ from dflash_audit.cli import main
 from dflash_audit.prompts import load_prompts, tokenize_prompt, uses_chat_template
 from dflash_world.drafter import cached_test_drafter
 from dflash_world.suite_placement import audit_dtype
-from impl.errors import AuditError
-from impl.placement import dtype_name
+from foundation.errors import AuditError
+from foundation.placement import dtype_name
 
 REPO = Path(__file__).resolve().parents[1]
 

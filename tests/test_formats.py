@@ -10,8 +10,8 @@ from safetensors.torch import save_file
 
 from dflash_audit.cli import main
 from dflash_audit.formats import LoadedCheckpoint, detect_format, load_any
+from foundation.errors import AuditError, CheckpointError
 from impl.checkpoint import Checkpoint, save_checkpoint
-from impl.errors import AuditError, CheckpointError
 from impl.zlab_format import save_zlab_dir
 
 

@@ -1,22 +1,28 @@
-"""The packages import one way: dflash_audit → conformance → reference_adapters | held → dflash_world → impl.
+"""The packages import one way:
+dflash_audit → conformance → reference_adapters | held | serving_engines → dflash_world → impl → foundation | catalogue.
 
 A module may import its own package and any package below it, never one above or beside it
-(`held`, the third-party codebases under test, sits beside `reference_adapters`: neither imports the other). The check
-parses every module's imports (function-level ones too), so a back edge fails here, in CI.
+(`held`, the third-party codebases under test, and `serving_engines`, vLLM and SGLang reading a drafter, sit beside
+`reference_adapters`: none imports another). The check parses every module's imports (function-level ones too), so a
+back edge fails here, in CI. Inside the packages no two modules import each other, however far round (no circles).
 """
 
 from __future__ import annotations
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# Lowest first. `dflash_world` (the tiny trained target the demo and the tests run on) needs only impl.
-# `held` (SpecForge and other codebases held to the references, and the serving engines in held/serving/)
-# shares reference_adapters' rank.
-LAYERS = (("impl",), ("dflash_world",), ("reference_adapters", "held"), ("conformance",), ("dflash_audit",))
+# Lowest first. `foundation`: what every verb shares (errors, input checks, JSON lines, atomic writes, cache
+# folders, package versions, placement, loading a target). `catalogue`: the divergence rules and where each lives.
+# `impl`: our drafter, trainer and evaluator. `dflash_world` (the tiny trained target the demo and the tests run on)
+# needs only impl. `held` (SpecForge and other codebases held to the references) and `serving_engines` (vLLM and
+# SGLang reading a drafter) share reference_adapters' rank.
+LAYERS = (("foundation", "catalogue"), ("impl",), ("dflash_world",), ("reference_adapters", "held", "serving_engines"),
+          ("conformance",), ("dflash_audit",))
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 
 
@@ -46,6 +52,64 @@ def repo_sources() -> dict[str, str]:
     return {str(p.relative_to(REPO)): p.read_text() for layer in RANK for p in (REPO / layer).rglob("*.py")}
 
 
+def module_name(path: str) -> str:
+    parts = path[:-len(".py")].split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(sources: dict[str, str]) -> dict[str, set[str]]:
+    """module -> the modules of `sources` it imports (function-level too); `from pkg import sub` is the submodule."""
+    modules = {module_name(path): path for path in sources}
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(sources[path], path)):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package, `level - 1` packages up
+                    base = ".".join(filter(None, [package.rsplit(".", node.level - 1)[0] if node.level > 1
+                                                  else package, base]))
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                           for alias in node.names]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def import_circles(sources: dict[str, str]) -> list[list[str]]:
+    """Every strongly connected set of more than one module (Tarjan), each sorted: modules that import each other."""
+    graph, index, low, stack, on_stack, circles = module_imports(sources), {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                members.append(member)
+                if member == node:
+                    break
+            if len(members) > 1:
+                circles.append(sorted(members))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(circles)
+
+
 def test_every_import_points_down_the_layers():
     sources = repo_sources()
     assert len(sources) > 50  # the packages were found
@@ -60,13 +124,34 @@ def test_every_import_points_down_the_layers():
     ("held/specforge.py", "import reference_adapters.version_guard\n"),
     ("reference_adapters/speculators_adapter.py", "from held.specforge import SpecForgeImplementation\n"),
     ("held/specforge.py", "from conformance.comparator import Comparator\n"),
-    # The serving engines (held/serving/) hold drafters to vLLM and SGLang: no reference, no audit above them.
-    ("held/serving/verdict.py", "from dflash_audit.formats import load_any\n"),
-    ("held/serving/vllm_engine.py", "import reference_adapters.speculators_adapter\n"),
-    ("reference_adapters/zlab_adapter.py", "from held.serving import resolve\n"),
+    # The serving engines (serving_engines/) hold drafters to vLLM and SGLang: no reference, no audit above them.
+    ("serving_engines/verdict.py", "from dflash_audit.formats import load_any\n"),
+    ("serving_engines/vllm_engine.py", "import reference_adapters.speculators_adapter\n"),
+    ("reference_adapters/zlab_adapter.py", "from serving_engines import resolve\n"),
 ])
 def test_a_deliberate_back_edge_fails_the_check(path, source):
     sources = repo_sources()
     sources[path] = sources.get(path, "") + source
     edges = back_edges(sources)
     assert len(edges) == 1 and edges[0].startswith(path)
+
+
+def test_no_module_imports_itself_round_a_circle():
+    sources = repo_sources()
+    assert import_circles(sources) == []
+
+
+@pytest.mark.parametrize("path, source, circle", [
+    # the two circles there were: the layouts read a weight file through foreign.py, which reads the layouts;
+    # the engines built `Served`, whose module picked the engine
+    ("dflash_audit/formats/layouts/__init__.py", "def f():\n    from dflash_audit.formats.foreign import load_foreign\n",
+     ["dflash_audit.formats.foreign", "dflash_audit.formats.layouts"]),
+    ("serving_engines/served.py", "def f():\n    from serving_engines import vllm_engine\n",
+     ["serving_engines.served", "serving_engines.vllm_engine"]),
+    ("foundation/errors.py", "from foundation import placement\n",
+     ["foundation.errors", "foundation.inputs", "foundation.placement"]),
+])
+def test_a_planted_circle_is_caught(path, source, circle):
+    sources = repo_sources()
+    sources[path] += source
+    assert circle in import_circles(sources)

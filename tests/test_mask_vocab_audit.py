@@ -13,9 +13,9 @@ from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from dflash_world.tokenizer import train_tokenizer
+from foundation.target_vocab import TargetVocabulary, embedding_tensor, row_norms
 from impl.checkpoint import save_checkpoint
 from impl.model import DFlashDrafter
-from impl.target_vocab import TargetVocabulary, embedding_tensor, row_norms
 from impl.zlab_format import save_zlab_dir
 from tests.helpers import TEXTS, tiny_spec, tiny_target
 
@@ -137,11 +137,11 @@ def test_bos_and_unknowns_are_read_never_guessed(tmp_path, padded_target):
 
 
 def test_row_norms_stream_the_embedding_in_slices(padded_target, monkeypatch):
-    import impl.target_vocab
+    import foundation.target_vocab
 
     embedding = embedding_tensor(padded_target)
     whole = row_norms(embedding, [3, PADDING_ROW, ROWS])
-    monkeypatch.setattr(impl.target_vocab, "ROWS_PER_SLICE", 7)  # 46 slices, the last one short
+    monkeypatch.setattr(foundation.target_vocab, "ROWS_PER_SLICE", 7)  # 46 slices, the last one short
     assert row_norms(embedding, [3, PADDING_ROW, ROWS]) == whole and set(whole) == {3, PADDING_ROW}
     weights = tiny_target(vocab=ROWS).get_input_embeddings().weight.detach().clone()
     weights[PADDING_ROW] = 0.0

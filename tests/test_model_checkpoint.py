@@ -5,10 +5,10 @@ import torch
 from dflash.model import DFlashDraftModel
 
 from dflash_audit.formats import load_any
+from foundation.errors import CheckpointError
 from impl.checkpoint import build_drafter, load_checkpoint, save_checkpoint
-from impl.errors import CheckpointError
 from impl.model import DFlashDrafter
-from impl.spec import Recipe
+from impl.recipe import Recipe
 from impl.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec, zlab_model_for
 
@@ -106,3 +106,24 @@ def test_zlab_config_errors_name_the_field(tmp_path):
     (tmp_path / "z" / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="unreadable safetensors"):
         load_any(tmp_path / "z")
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"attention_bias": True},
+    {"num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 8, "intermediate_size": 96},
+    {"target_layer_ids": (2,), "num_hidden_layers": 1, "layer_types": ("full_attention",)},
+    {"draft_vocab_size": 50},
+    {"conv_kernel_size": 3, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4,
+     "sliding_window_non_causal": True},
+    {"conv_kernel_size": 2, "conv_group_size": 32, "selector_rank": 4, "selector_top_k": 2, "attention_bias": True},
+])
+def test_body_shapes_are_the_built_drafters(overrides):
+    """`impl.body_shapes` (what a static audit reads, without transformers' modelling) is the model's own table:
+    the meta-built drafter's state_dict, key for key, in order, shape for shape."""
+    from impl.body_shapes import body_shapes
+
+    spec = tiny_spec(**overrides)
+    with torch.device("meta"):
+        built = {key: tuple(tensor.shape) for key, tensor in DFlashDrafter(spec).state_dict().items()}
+    assert list(body_shapes(spec).items()) == list(built.items())

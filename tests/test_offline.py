@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from dflash_world.suite_placement import placed_drafter
+from foundation.errors import AuditError
 from impl.ddtree import ddtree_decode
 from impl.decoding import dflash_decode
-from impl.errors import AuditError
 from impl.masks import inference_mask
 from impl.model import DFlashDrafter
 from impl.offline import (
@@ -19,8 +19,8 @@ from impl.offline import (
     load_or_build_cache,
     offline_rounds,
 )
+from foundation.placement import target_device
 from impl.offline.cache import target_dtype
-from impl.placement import target_device
 from tests.helpers import tiny_spec
 
 MAX_NEW_TOKENS = 96
@@ -95,8 +95,8 @@ def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, tmp_pa
 def bf16_pairs(trained_pair, dflash2_pair, test_world):
     """The world's target loaded in bfloat16 (as `--dtype bfloat16` loads it) and both drafters in bfloat16."""
     from impl.checkpoint import build_drafter
-    from impl.placement import Placement, built_in
-    from impl.target import load_target_model
+    from foundation.placement import Placement, built_in
+    from foundation.target import load_target_model
 
     target = load_target_model(test_world.target, Placement(torch.device("cpu"), torch.bfloat16, "test"))
     # Built as `compare`/`eval` build them; the fixtures' float32 drafters stay as they are.

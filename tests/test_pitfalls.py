@@ -1,18 +1,19 @@
-"""One catalogue: impl/pitfalls.py feeds the findings, the conformance recorder and PITFALLS.md."""
+"""One catalogue: catalogue/pitfalls.py feeds the findings, the conformance recorder and docs/pitfalls.md."""
 
 from pathlib import Path
 
+from catalogue.pitfalls import PITFALLS, markdown
+from catalogue.rule_locations import LOCATIONS
+from catalogue.rule_locations import markdown as rule_table
 from conformance.recorder import PITFALLS as SUITE
 from dflash_audit.audit.findings import PITFALLS as REPORT
-from impl.pitfalls import PITFALLS, markdown
-from impl.rule_locations import LOCATIONS
-from impl.rule_locations import markdown as rule_table
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_committed_pitfalls_md_is_generated_from_the_catalogue():
-    assert (REPO / "PITFALLS.md").read_text() == markdown(), "run: python -m impl.pitfalls > PITFALLS.md"
+    assert (REPO / "docs" / "pitfalls.md").read_text() == markdown(), \
+        "run: python -m catalogue.pitfalls > docs/pitfalls.md"
 
 
 def test_findings_and_the_suite_read_the_one_catalogue():
@@ -31,8 +32,8 @@ def test_every_suite_marker_names_a_catalogue_entry_of_its_component():
     assert markers and markers <= set(SUITE)
 
 
-def test_the_readme_rule_table_is_generated_from_the_rule_locations():
-    assert rule_table() in (REPO / "README.md").read_text(encoding="utf-8"), "run: python -m impl.rule_locations"
+def test_the_docs_rule_table_is_generated_from_the_rule_locations():
+    assert rule_table() in (REPO / "docs" / "layout.md").read_text(encoding="utf-8"), "run: python -m catalogue.rule_locations"
 
 
 def test_every_rule_outside_the_serving_table_has_a_row():
@@ -40,4 +41,4 @@ def test_every_rule_outside_the_serving_table_has_a_row():
     assert len(located) == len(set(located)), "an entry has two rows"
     assert set(located) <= set(PITFALLS)
     serving = {n for n, p in PITFALLS.items() if p.component == "serving"}
-    assert set(PITFALLS) - serving == set(located), "add a row to impl/rule_locations.py"
+    assert set(PITFALLS) - serving == set(located), "add a row to catalogue/rule_locations.py"

@@ -17,11 +17,11 @@ from dflash_audit.commands.eval import run_eval
 from dflash_audit.progress import PlainProgress, TokenCount
 from dflash_world.drafter import cached_test_drafter
 from dflash_world.suite_placement import audit_dtype
+from foundation.errors import AuditError
+from foundation.placement import CPU_FLOAT32, Placement, parse_dtype_list, resolve_placement
+from foundation.target import load_target_model
 from impl.checkpoint import load_checkpoint
-from impl.errors import AuditError
 from impl.memory_plan import GB, check_plan, plan_memory, target_bytes
-from impl.placement import CPU_FLOAT32, Placement, parse_dtype_list, resolve_placement
-from impl.target import load_target_model
 
 TORCHRUN_RANK_1 = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
 
@@ -114,7 +114,7 @@ def test_eval_refuses_before_the_target_loads(test_world, tmp_path, monkeypatch)
     def no_target(*args, **kwargs):
         raise AssertionError("the target's weights were read although the plan does not fit")
 
-    monkeypatch.setattr("impl.target.load_target_model", no_target)
+    monkeypatch.setattr("foundation.target.load_target_model", no_target)
     with pytest.raises(AuditError, match="memory plan does not fit.*the host has 0.00 GB available"):
         run_eval(cached_test_drafter(test_world), test_world.target, test_world.prompts, max_new_tokens=8,
                  memory={"free_on_host": 1000, "cuda_count": 0})

@@ -1,4 +1,4 @@
-"""The reference recipe as speculators resolves it: in the README, in our trainer and in the recipe audit.
+"""The reference recipe as speculators resolves it: in docs/training.md, in our trainer and in the recipe audit.
 
 Tiny drafters trained for two steps by `dflash-audit train` on a tiny random target: what is
 checked is the recipe they record and how the audit holds it, not what they learned.
@@ -18,7 +18,7 @@ from impl.checkpoint import load_checkpoint
 from impl.zlab_format import save_zlab_dir
 from reference_adapters import speculators_recipe as refs
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+RECIPE_PAGE = Path(__file__).resolve().parent.parent / "docs" / "training.md"
 # Two steps in seconds. Block size, draft layers and the loss come from --recipe; 512 anchors of 16
 # slots would make every step 100x slower, so every run says --max-anchors 8 (an explicit flag wins).
 RUN = ["--steps", "2", "--seq-len", "48", "--fc-layers", "0,1,2", "--batch-size", "2", "--lr", "3e-3",
@@ -52,8 +52,8 @@ def checkpoints(tiny_world, tmp_path_factory):  # noqa: F811
     }
 
 
-def test_readme_reference_table_is_the_generated_one():
-    text = README.read_text()
+def test_docs_reference_table_is_the_generated_one():
+    text = RECIPE_PAGE.read_text()
     assert refs.reference_table_markdown() in text  # regenerate with reference_table_markdown() when it fails
 
 
@@ -105,9 +105,9 @@ def test_dpace_with_kl_is_refused(tiny_world, tmp_path, capsys):  # noqa: F811
 
 
 def test_our_dflash2_defaults_are_speculators_dflash2_defaults():
-    from impl.train import TrainConfig
+    from impl.train import RunConfig
 
-    resolved, ours = refs.trainer("dflash2"), TrainConfig(target="", out="", family="dflash2")
+    resolved, ours = refs.trainer("dflash2"), RunConfig(target="", out="", family="dflash2")
     for name, value in resolved.architecture.items():
         if name != "sliding_window_non_causal":  # ours: None = the family's default, checked below
             assert getattr(ours, name) == value, name

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from impl.spec import Recipe
+from impl.recipe import Recipe
 from tests.helpers import compare_on_world, world_drafter
 
 CHROMIUM = "/usr/bin/chromium"

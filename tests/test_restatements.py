@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("impl", "dflash_world", "reference_adapters", "held", "conformance", "dflash_audit", "tests", "bench")
+PACKAGES = ("foundation", "catalogue", "impl", "dflash_world", "reference_adapters", "held", "serving_engines", "conformance",
+            "dflash_audit", "tests", "bench")
 
 
 def repo_sources() -> dict[str, str]:
@@ -32,7 +33,7 @@ def _calls(node: ast.AST, name: str) -> bool:
     return False
 
 
-# -- 1. JSON lines are cut at "\n" only (impl/jsonl.py) ----------------------------------------------------
+# -- 1. JSON lines are cut at "\n" only (foundation/jsonl.py) ----------------------------------------------------
 def jsonl_splitlines(source: str, path: str = "<module>") -> list[str]:
     """`path:line` of each JSON parse fed by `str.splitlines()`: directly (`json.loads(t.splitlines()[i])`,
     `json_lines(t.splitlines(), ...)`) or through a loop over split lines (also via a name bound to them)."""
@@ -68,7 +69,7 @@ def test_no_json_lines_are_cut_with_splitlines():
 @pytest.mark.parametrize("planted", [
     "import json\ndef f(t):\n    return [json.loads(x) for x in t.splitlines()]\n",
     "import json\ndef f(t):\n    lines = t.read_text().splitlines()\n    return [json.loads(x) for x in lines]\n",
-    "from impl.jsonl import json_lines\ndef f(t, p, e):\n    return list(json_lines(t.splitlines(), p, e))\n",
+    "from foundation.jsonl import json_lines\ndef f(t, p, e):\n    return list(json_lines(t.splitlines(), p, e))\n",
     "import json\ndef f(t):\n    out = []\n    for x in t.splitlines():\n        out.append(json.loads(x))\n    return out\n",
     "import json\ndef f(out):\n    return json.loads(out.strip().splitlines()[-1])\n",
 ])
@@ -78,7 +79,8 @@ def test_a_planted_splitlines_on_json_lines_is_caught(planted):
 
 # -- 2. the z-lab/speculators layer-id shift (impl/layers.py) ---------------------------------------------
 OFFSET_HOME = "impl/layers.py"
-OFFSET_SCANNED = ("impl", "reference_adapters", "held", "conformance", "dflash_audit", "dflash_world", "bench")
+OFFSET_SCANNED = ("foundation", "impl", "reference_adapters", "held", "serving_engines", "conformance", "dflash_audit",
+                  "dflash_world", "bench")
 # Names that hold a layer id (or a list of them): `layer_id`, `target_layer_ids`, `aux_ids`, `source_layer`...
 LAYER_ID_NAME = re.compile(r"(^|_)(ids|layer_?ids?|aux(_layer)?_?ids?|source_layer|layer)$")
 HIDDEN_STATES_NAME = re.compile(r"^(hs|hidden_states?|all_hidden_states)$")
@@ -326,7 +328,7 @@ def test_atomic_writers_are_imported_from_impl_atomic_only():
     hits = []
     for path, source in repo_sources().items():
         for node in ast.walk(ast.parse(source, path)):
-            if isinstance(node, ast.ImportFrom) and node.module not in ("impl.atomic", None) and \
+            if isinstance(node, ast.ImportFrom) and node.module not in ("foundation.atomic", None) and \
                     {a.name for a in node.names} & {"atomic_write_bytes", "atomic_directory"}:
                 hits.append(f"{path}:{node.lineno}")
     assert hits == []
@@ -354,9 +356,9 @@ def knob_rule_copies(source: str, path: str = "<module>") -> list[str]:
 
 def test_knobs_are_validated_only_by_the_recipe_type():
     sources = {path: source for path, source in repo_sources().items()
-               if path != "impl/spec.py" and not path.startswith(("tests/", "bench/"))}
+               if path != "impl/recipe.py" and not path.startswith(("tests/", "bench/"))}
     assert [hit for path, source in sources.items() for hit in knob_rule_copies(source, path)] == []
-    assert knob_rule_copies((REPO / "impl/spec.py").read_text(), "impl/spec.py") != []
+    assert knob_rule_copies((REPO / "impl/recipe.py").read_text(), "impl/recipe.py") != []
 
 
 @pytest.mark.parametrize("planted", [
@@ -387,8 +389,8 @@ def test_entry_maps_and_recipe_fields_are_one_table_each():
     import dflash_audit.audit.static_spec as static_spec
     import dflash_audit.formats.inference as inference
     import dflash_audit.formats.vocabulary as vocabulary
-    import impl.pitfalls as pitfalls
-    import impl.spec as spec
+    import catalogue.pitfalls as pitfalls
+    import impl.recipe as spec
 
     assert static_spec.ARCHITECTURE_ENTRIES is pitfalls.ARCHITECTURE_ENTRIES
     assert static_spec.ARCHITECTURE_WARNINGS is pitfalls.ARCHITECTURE_WARNINGS

@@ -18,7 +18,8 @@ from impl.checkpoint import save_checkpoint
 from impl.decoding import dflash_decode
 from impl.model import DFlashDrafter
 from impl.offline import load_or_build_cache
-from impl.spec import Recipe, SpecError
+from impl.recipe import Recipe
+from impl.spec import SpecError
 from impl.train_step import trained_layout
 from impl.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec
@@ -60,7 +61,7 @@ def test_every_format_records_the_layout_and_convert_is_exact_both_ways(tmp_path
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_no_engine_serves_a_sample_from_anchor_drafter_as_dflash(tmp_path, target_dir, engine):
     from dflash_audit.conversion import convert_for
-    from impl.errors import AuditError
+    from foundation.errors import AuditError
 
     save_checkpoint(tmp_path / "ours.pt", drafter(True), recipe=Recipe(sample_from_anchor=True))
     with pytest.raises(AuditError, match="sample_from_anchor = True"):
@@ -71,8 +72,8 @@ def test_no_engine_serves_a_sample_from_anchor_drafter_as_dflash(tmp_path, targe
 def test_serve_check_reports_each_engines_layout_once(tmp_path, target_dir):
     """vLLM reads dflash_config.sample_from_anchor and its DFlash runner refuses it; SGLang's DFlash worker has no
     such setting and drafts the anchor-as-bonus way: one slot-layout finding per engine, no block-size one."""
-    from held.serving import TargetFacts
-    from held.serving.verdict import engine_report
+    from serving_engines import TargetFacts
+    from serving_engines.verdict import engine_report
 
     anchor = drafter(True)
     save_zlab_dir(tmp_path / "zlab", anchor.spec, anchor.state_dict())

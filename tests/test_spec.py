@@ -1,6 +1,7 @@
 import pytest
 
-from impl.spec import DraftSpec, Recipe, SpecError
+from impl.recipe import Recipe
+from impl.spec import DraftSpec, SpecError
 from tests.helpers import tiny_spec
 
 
@@ -79,3 +80,14 @@ def test_dpace_needs_ce_is_a_rule_of_the_recipe_type():
     Recipe(loss_fn="ce", per_position_loss_weight="dpace").check_trainable()
     with pytest.raises(SpecError, match="verifier_source_layer: 7 outside the target's decoder layers 0..3"):
         Recipe(verifier_source_layer=7).check_trainable(num_target_layers=4)
+
+
+def test_the_activations_accepted_without_transformers_are_transformers_own():
+    """`COMMON_ACTIVATIONS` spares a static audit the import of transformers.activations: each must be in ACT2FN,
+    and a name outside it is still looked up there."""
+    from transformers.activations import ACT2FN
+
+    from impl.spec import COMMON_ACTIVATIONS, is_known_activation
+
+    assert COMMON_ACTIVATIONS <= set(ACT2FN)
+    assert is_known_activation("gelu_fast") and not is_known_activation("wibble") and not is_known_activation(["silu"])

@@ -11,7 +11,7 @@ from dflash_audit.cli import main
 from impl.checkpoint import load_checkpoint
 from impl.data import DataError, Document, load_packed, pack_documents, pack_records
 from impl.model import DFlashDrafter
-from impl.spec import Recipe
+from impl.recipe import Recipe
 from impl.train import TrainError, lr_factor, train_drafter
 from impl.train_step import training_step
 from tests.helpers import TEXTS, tiny_spec, tiny_target

@@ -22,7 +22,7 @@ from dflash_world import (
 )
 from dflash_world.suite_placement import world_in_suite_dtype
 from dflash_world.target_training import STATS_FILE, pack_tokens
-from impl.jsonl import split_json_lines
+from foundation.jsonl import split_json_lines
 
 SMALL = 300_000  # bytes of corpus for the tests that build their own pieces
 

@@ -18,6 +18,7 @@ from conformance.comparator import Comparator
 from conformance.strategies import TrainingCase
 from conformance.tolerances import EXACT, for_dtype
 from conformance.world import packed_sequence, reference_state_dict, target_for
+from impl.recipe import Recipe
 
 FP32 = for_dtype(torch.float32)
 
@@ -139,11 +140,13 @@ def training_forward(cmp: Comparator, a, b, case: TrainingCase) -> None:
 
 def noise_stays_out_of_targets(cmp: Comparator, a, b, case: TrainingCase) -> None:
     """With input noise switched on, targets stay the clean ones (n/a for an implementation with no noise)."""
-    if not (dataclasses.is_dataclass(getattr(a, "recipe", None)) and hasattr(a.recipe, "noise_std")):
+    recipe = getattr(a, "recipe", None)
+    if not ((isinstance(recipe, Recipe) or dataclasses.is_dataclass(recipe)) and hasattr(recipe, "noise_std")):
         cmp.not_applicable((a.name, b.name), f"{a.name} has no hidden-state noise (no recipe noise_std)")
         return
     noisy = copy.copy(a)
-    noisy.recipe = dataclasses.replace(a.recipe, noise_std=0.5)
+    noisy.recipe = (recipe.replace(noise_std=0.5) if isinstance(recipe, Recipe)
+                    else dataclasses.replace(recipe, noise_std=0.5))
     outs = on_reference_anchors(cmp, noisy, b, case)
     if outs is None:
         return

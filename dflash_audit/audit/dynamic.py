@@ -23,14 +23,15 @@ from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_vocab import mapping_problem, usable_d2t
 from dflash_audit.progress import NoProgress
 from dflash_audit.ranks import Ranks
+from foundation.cache_dir import cache_root
+from foundation.errors import CheckpointError
+from foundation.placement import built_in, dtype_name, model_dtype, target_device
+from foundation.target import stop_token_ids
 from impl import offline
-from impl.cache_dir import cache_root
 from impl.checkpoint import build_drafter
 from impl.ddtree import DDTREE_NEEDS_DFLASH
 from impl.families import TITLES
-from impl.errors import CheckpointError
 from impl.extract import decoder_layers
-from impl.placement import built_in, dtype_name, model_dtype, target_device
 from impl.vocab_mapping import target_ids
 
 METHODS = {"dflash": "DFlash", "ddtree": "DDTree"}
@@ -174,7 +175,7 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     drafters = {name: built_in(device, dtype, lambda side=side: build_drafter(side.spec, side.state_dict)).eval()
                 for name, side in sides.items() if name not in not_measured}
     watches = {name: OverflowWatch(drafter) for name, drafter in drafters.items()}
-    stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    stop_ids = stop_token_ids(tokenizer)
     layer_ids = sorted({i for drafter in drafters.values() for i in drafter.target_layer_ids})
     built = []  # the new tokens of each prompt the target generated (none when the cache was found)
     cache = ranks.rank_zero_first(lambda: offline.load_or_build_cache(
@@ -204,7 +205,7 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     methods = {}
     dflash2 = dflash2_sides(sides)
     for method, method_budget in plan:
-        result = MethodResult(method, method_budget, {n: s.spec.speculative_tokens + 1 for n, s in sides.items()},
+        result = MethodResult(method, method_budget, {n: s.spec.longest_round for n, s in sides.items()},
                               measured=not not_measured)
         for i, entry in enumerate(cache.prompts):
             rounds = {name: replays[method, name, i] for name in drafters}

@@ -1,18 +1,18 @@
-"""A finding: one root cause of a difference between two drafters, in the report's vocabulary (README, "The report")."""
+"""A finding: one root cause of a difference between two drafters, in the report's vocabulary (docs/reports.md)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from impl.pitfalls import PITFALLS as CATALOGUE
+from catalogue.pitfalls import PITFALLS as CATALOGUE
 
 COMPONENTS = ("fc_dims", "target_layers", "layer_types", "window_direction", "block_size", "mask_token", "serving",
               "architecture", "conv", "selector", "dspark_heads", "xpress_refiner", "weights", "recipe", "tau", "mask_token_validity", "vocab_sizes",
               "slot_layout", "rotary", "draft_vocab")
 SEVERITIES = ("divergence", "warning", "info")
 
-# What each catalogue entry (impl/pitfalls.py, PITFALLS.md) is about, for the report's "see entry #n" links.
+# What each catalogue entry (catalogue/pitfalls.py, docs/pitfalls.md) is about, for the report's "see entry #n" links.
 PITFALLS = {n: p.title for n, p in CATALOGUE.items()}
 
 
@@ -23,7 +23,7 @@ class Finding:
     message: str  # one plain-language sentence: what differs and what it does
     ours: Any  # normalized values (z-lab layer-id convention)
     ref: Any
-    pitfall: int | None = None  # PITFALLS.md entry number
+    pitfall: int | None = None  # docs/pitfalls.md entry number
     key: str = ""  # which field / tensor group, so findings of one component stay distinct
     raw: dict[str, Any] = field(default_factory=dict)  # {"ours": ..., "ref": ...} as stored on disk
     explanation: str = ""  # why it matters, for the HTML report

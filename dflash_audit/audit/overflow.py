@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from impl.placement import model_device
+from foundation.placement import model_device
 
 
 class OverflowWatch:

@@ -15,9 +15,9 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.report_json import report_dict
-from impl.atomic import atomic_write_bytes
+from foundation.atomic import atomic_write_bytes
 
-COLORS = {"ours": "#d9534f", "ref": "#2b7bb9"}
+COLORS = {"ours": "#d9534f", "ref": "#2b7bb9", "served": "#7a4bb9", "audited": "#3a9a5b"}
 
 
 @dataclass
@@ -90,7 +90,17 @@ def environment() -> Environment:
                       autoescape=select_autoescape(["html", "j2"], default=True),
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["compact"] = lambda value: json.dumps(value, default=str) if not isinstance(value, str) else value
+    env.globals["served_chart"] = served_chart
     return env
+
+
+def served_chart(live: dict) -> Chart:
+    """`serve-check --live`: per-position acceptance, served by the engine beside the audit's replay."""
+    served, audited = live["per_position"]["served"], live["per_position"]["audited"]
+    n = max(len(served), len(audited))
+    series = {"served": served + [0.0] * (n - len(served)), "audited": audited + [0.0] * (n - len(audited))}
+    return grouped_bars("Per-position acceptance — served (vLLM) vs audited", "served-position-chart",
+                        [str(k) for k in range(1, n + 1)], series, "accepted fraction", y_max=1.0)
 
 
 def render_html(report: AuditReport) -> str:

@@ -1,4 +1,4 @@
-"""`report.json`, schema `dflash-audit/1` (README, "The report"), plus extra keys the HTML report also shows."""
+"""`report.json`, schema `dflash-audit/1` (docs/reports.md), plus extra keys the HTML report also shows."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.sides import Side
-from impl.atomic import atomic_write_bytes
-from impl.packages import installed_versions
+from foundation.atomic import atomic_write_bytes
+from foundation.packages import installed_versions
 
 SCHEMA = "dflash-audit/1"
 

@@ -1,5 +1,5 @@
 """Will it serve as trained? A drafter directory loaded by its format's loader (its trained spec, and the
-provenance that says which values the file really declares), held against each engine (`held.serving`)."""
+provenance that says which values the file really declares), held against each engine (`serving_engines`)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from dflash_audit.formats import LoadedCheckpoint, LoadOptions, detect_format, load_any
-from held.serving import ENGINES, TargetFacts
-from held.serving.verdict import (
+from serving_engines import ENGINES, TargetFacts
+from serving_engines.verdict import (
     EngineReport,
     ServingFinding,
     engine_report,
     trained_values,
 )
-from impl.errors import AuditError
+from foundation.errors import AuditError
 
 __all__ = ["EngineReport", "ServingFinding", "divergence_count", "section_dict", "serving_section"]
 

@@ -14,14 +14,12 @@ from typing import Any
 
 import torch
 
-from dflash_audit.formats import VERIFIER_OWNED_KEYS, LoadOptions
+from dflash_audit.formats import LoadOptions
 from dflash_audit.formats.inference import fc_layer_count
 from impl.families import spec_family
 from impl.param_names import verifier_owned_keys
-from impl.spec import DraftSpec, Recipe
-
-# Copied from the verifier by speculators (PITFALLS #13): never trained, never draft body.
-VERIFIER_OWNED = frozenset(VERIFIER_OWNED_KEYS)
+from impl.recipe import Recipe
+from impl.spec import DraftSpec
 
 
 @dataclass

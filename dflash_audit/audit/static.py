@@ -29,7 +29,7 @@ from dflash_audit.audit.static_tensors import (
     weight_findings,
 )
 from dflash_audit.audit.static_vocab import draft_vocab_findings
-from impl.target_vocab import TargetVocabulary
+from foundation.target_vocab import TargetVocabulary
 
 
 @dataclass

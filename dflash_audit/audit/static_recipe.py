@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from catalogue.pitfalls import RECIPE_ENTRIES
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_spec import family_of
-from impl.pitfalls import RECIPE_ENTRIES
-from impl.spec import Recipe
+from impl.recipe import Recipe
 
 # Fields that only mean something under one weighting: compared only when both sides use it
 # (under different weightings the one finding is per_position_loss_weight).

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from catalogue.pitfalls import ROTARY_CONSEQUENCES
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_spec import default_aware
-from impl.pitfalls import ROTARY_CONSEQUENCES
 from impl.spec import ROTARY_FIELDS
 
 # The reference each format is written for (the code that trains or runs a drafter in it).

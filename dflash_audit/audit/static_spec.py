@@ -7,17 +7,17 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any
 
-from dflash_audit.audit.findings import Finding
-from dflash_audit.audit.sides import Side
-from impl.checkpoint import implied_shapes
-from impl.families import spec_family
-from impl.pitfalls import (
+from catalogue.pitfalls import (
     ARCHITECTURE_ENTRIES,
     ARCHITECTURE_WARNINGS,
     FAMILY_ENTRY,
     FAMILY_SPEC_ENTRIES,
     SLOT_LAYOUT_ENTRY,
 )
+from dflash_audit.audit.findings import Finding
+from dflash_audit.audit.sides import Side
+from impl.body_shapes import body_shapes
+from impl.families import spec_family
 from impl.slot_layout import describe as describe_layout
 from impl.slot_layout import speculative_tokens
 from impl.spec import ROTARY_FIELDS, DraftSpec
@@ -339,6 +339,6 @@ def spec_rows(ours: Side, ref: Side) -> list[SpecRow]:
 
 @lru_cache(maxsize=8)  # asked per side by the contradiction check and the tensor table: built once
 def expected_shapes(spec: DraftSpec | None) -> dict[str, tuple[int, ...]]:
-    """Draft-body tensor shapes a spec implies (built on the meta device: no memory); {} if unknown.
+    """Draft-body tensor shapes a spec implies (`impl.body_shapes`: no model built); {} if unknown.
     Callers only read the result."""
-    return {} if spec is None else implied_shapes(spec)
+    return {} if spec is None else body_shapes(spec)

@@ -1,5 +1,5 @@
 """Static audit against the target (`compare --target`): each drafter's vocabulary and mask token held to the
-target's vocabulary (`impl.target_vocab`), without loading a model.
+target's vocabulary (`foundation.target_vocab`), without loading a model.
 
 - `vocab_sizes` (#36): the target's padded vocabulary (embedding rows beyond the tokenizer) is info; a drafter
   whose vocabulary differs from the target's padded one is a divergence. A reduced draft head (`draft_vocab_size`
@@ -16,7 +16,7 @@ from typing import Any
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_vocab import head_size
-from impl.target_vocab import TargetVocabulary, mask_token_problems, row_norms
+from foundation.target_vocab import TargetVocabulary, mask_token_problems, row_norms
 
 MASK_CONSEQUENCES = {
     "outside": "the block's mask slots index past the target's embedding: an engine refuses the drafter or reads "

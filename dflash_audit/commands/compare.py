@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import torch
 import typer
 from rich.console import Console
 from rich.progress import (
@@ -16,40 +15,31 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from dflash_audit.audit.dynamic import (
-    attach_proposable_share,
-    dtype_findings,
-    dynamic_audit,
-    progress_passes,
-)
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.report_html import write_report_html
 from dflash_audit.audit.report_json import write_report_json
 from dflash_audit.audit.report_terminal import terminal_summary
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
+from dflash_audit.commands import VERBS
 from dflash_audit.commands.serve_check import parse_engines
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable
-from dflash_audit.progress import progress
-from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
 from dflash_audit.ranks import Ranks
-from dflash_world import BUILTIN_PROMPTS
-from impl.cache_dir import cache_root
-from impl.inputs import TOKENIZER_FILES, check_generation_flags, check_target_dir
-from impl.memory_plan import check_plan, plan_memory
-from impl.placement import (
+from foundation.cache_dir import cache_root
+from foundation.errors import AuditError
+from foundation.inputs import TOKENIZER_FILES, check_generation_flags, check_target_dir
+from foundation.placement import (
     CPU_FLOAT32,
     DEVICE_HELP,
     DEVICE_MAP_HELP,
     DTYPE_HELP,
     Placement,
     parse_dtype_list,
-    resolve_dtype,
     resolve_placement,
 )
-from impl.target import load_target_model, load_tokenizer
-from impl.target_vocab import TargetVocabulary
+from foundation.target import load_tokenizer
+from foundation.target_vocab import TargetVocabulary
 
 
 def target_vocabulary(target: Path) -> TargetVocabulary:
@@ -72,15 +62,6 @@ def default_out_dir(ours: Path, ref: Path) -> Path:
     return Path("reports") / f"{name(ours)}-vs-{name(ref)}"
 
 
-def load_prompt_ids(prompts_file: Path | None, tokenizer) -> tuple[list[tuple[str, torch.Tensor]], str]:
-    """[(id, input_ids)] from a prompts file (JSON lines) or the built-in coding prompts."""
-    if prompts_file is None:
-        prompts, source = BUILTIN_PROMPTS, "built-in"
-    else:
-        prompts, source = load_prompts(prompts_file), str(prompts_file)
-    return tokenize_prompts(tokenizer, prompts), source
-
-
 def check_compare_outputs(out: Path, json_path: Path | None, inputs: dict[str, Path | None]) -> None:
     """The report directory and --json are no input (nor contain one) and are writable, before any work."""
     check_outputs({"--out": out, "--json": json_path}, inputs)
@@ -95,7 +76,8 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
                 cache_dir: Path | None = None, console: Console | None = None, truncate: bool = False,
                 ours_options: LoadOptions | None = None, ref_options: LoadOptions | None = None,
                 placement: Placement = CPU_FLOAT32, dtypes: list[str] | None = None,
-                serve: list[str] | None = None) -> AuditReport:
+                serve: list[str] | None = None, live: bool = False,
+                vllm_python: Path | None = None) -> AuditReport:
     """Load, audit, write `out/index.html` + `out/report.json` (+ `json_path`), print the summary.
 
     `dtypes` (`--dtype a,b`): the τ audit once per dtype, the first one the report's main run."""
@@ -114,10 +96,22 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
         static = static_audit(ours_side, ref_side, expect_identical, advance=lambda: bar.advance(task),
                               target=target_vocabulary(target) if target is not None else None)
     report = AuditReport(ours_side, ref_side, static)
+    if live and (not serve or "vllm" not in serve or target is None):
+        raise AuditError("--live runs both drafters in vLLM on the target: give --serve vllm and --target")
     if serve:
         report.serving = serving_sections(ours, ref, serve, target, ours_options, ref_options)
+    if live:
+        from dflash_audit.audit.live_check import live_check
+        from dflash_audit.audit.serving_live import attach_live
+
+        served = live_check({"ours": ours, "ref": ref}, target, prompts, max_new_tokens, vllm_python)
+        for side in ("ours", "ref"):
+            attach_live(report.serving[side], served[side])
     ranks = Ranks.single()
     if target is not None and not static_only:
+        from dflash_audit.audit.dynamic import attach_proposable_share
+        from dflash_audit.commands.compare_tau import dynamic_audits  # only here: it imports the decoding loops
+
         ranks = Ranks()  # under torchrun: prompts sharded, one cache, every rank on its own GPU
         report.dynamic = dynamic_audits(ours_side, ref_side, target, prompts, max_new_tokens, budget, cache_dir,
                                         console, truncate, placement, dtypes or [None], report.notes, ranks)
@@ -139,39 +133,6 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
     return report
 
 
-def dynamic_audits(ours_side, ref_side, target: Path, prompts: Path | None, max_new_tokens: int, budget: int,
-                   cache_dir: Path | None, console: Console, truncate: bool, placement: Placement,
-                   dtypes: list[str | None], notes: list[str], ranks: Ranks):
-    """The τ audit in each dtype (None: the placement's own), after a memory plan that fits; the first
-    dtype's audit carries every dtype's summary and the findings of a drop between them."""
-    tokenizer, config = load_tokenizer(target)
-    prompt_list, source = load_prompt_ids(prompts, tokenizer)
-    prompt_list, fit_notes = fit_prompts(prompt_list, max_new_tokens, config.max_position_embeddings, truncate,
-                                         source)
-    notes.extend(fit_notes)
-    runs = [placement if name is None else placement.with_dtype(*resolve_dtype(name, target)) for name in dtypes]
-    audits = {}
-    for run in runs:
-        check_plan(plan_memory(config, run.dtype, [ours_side.spec, ref_side.spec],
-                               [ids.shape[1] for _, ids in prompt_list], max_new_tokens), run)
-        target_model = load_target_model(target, run)
-        # In tokens: the target's pass over each prompt (none when cached), then each drafter's per method.
-        with progress(console, f"dynamic audit ({run.describe()['dtype']})", len(prompt_list), max_new_tokens,
-                      progress_passes(ours_side, ref_side, budget), enabled=ranks.rank == 0) as bar:
-            audit = dynamic_audit(ours_side, ref_side, target, target_model, tokenizer, prompt_list, source,
-                                  max_new_tokens, budget, cache_dir, progress=bar, ranks=ranks)
-        audit.precision.update({k: v for k, v in run.describe().items() if k not in ("dtype", "device")})
-        audits[audit.precision["target_dtype"]] = audit
-        del target_model  # one target in memory at a time
-    main = next(iter(audits.values()))
-    if len(audits) > 1:
-        main.by_dtype = {name: audit.summary() for name, audit in audits.items()}
-        main.findings += [f for audit in list(audits.values())[1:] for f in audit.findings
-                          if f.key.startswith("overflow")]
-        main.findings += dtype_findings(audits)
-    return main
-
-
 def serving_sections(ours: Path, ref: Path, engines: list[str], target: Path | None,
                      ours_options: LoadOptions | None, ref_options: LoadOptions | None) -> dict:
     """`--serve`: will each drafter serve as trained on each engine (the serve-check section, both sides)."""
@@ -183,7 +144,7 @@ def serving_sections(ours: Path, ref: Path, engines: list[str], target: Path | N
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("compare")
+    @app.command("compare", help=VERBS["compare"])
     def compare(
         ours: Path = typer.Option(..., "--ours", help="our drafter: ckpt.pt, z-lab dir or speculators dir"),
         ref: Path = typer.Option(..., "--ref", help="the reference drafter, any format"),
@@ -207,6 +168,9 @@ def register(app: typer.Typer) -> None:
         truncate: bool = typer.Option(False, "--truncate",
                                       help="keep a too-long prompt's last tokens (default: refuse it)"),
         serve: str | None = typer.Option(None, "--serve", help="also check how vllm,sglang would serve each drafter"),
+        live: bool = typer.Option(False, "--live", help="with --serve vllm: run both drafters in a real vLLM engine"),
+        vllm_python: Path | None = typer.Option(None, "--vllm-python",
+                                                help="--live: a Python with vLLM (default .venv-vllm/bin/python)"),
         cache_dir: Path | None = typer.Option(None, "--cache-dir",
                                               help="cache root; hidden states go to <root>/offline "
                                                    "(default $XDG_CACHE_HOME/dflash-audit)"),
@@ -215,7 +179,6 @@ def register(app: typer.Typer) -> None:
                                   "measures τ in each"),
         device_map: str | None = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP),
     ) -> int:
-        """Audit --ours against --ref: findings, spec and tensor diff, per-prompt τ. Exit 1 on divergence."""
         dtypes = parse_dtype_list(dtype)
         placement = resolve_placement(device, dtypes[0], device_map, target) if target is not None else CPU_FLOAT32
         report = run_compare(ours, ref, target, prompts, static_only, out, json_path, expect_identical,
@@ -224,5 +187,6 @@ def register(app: typer.Typer) -> None:
                              ours_options=LoadOptions(ours_entry, key_map, list(ours_spec), "--ours"),
                              ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"),
                              placement=placement, dtypes=[None, *dtypes[1:]],
-                             serve=parse_engines(serve) if serve is not None else None)
+                             serve=parse_engines(serve) if serve is not None else None, live=live,
+                             vllm_python=vllm_python)
         return report.exit_status

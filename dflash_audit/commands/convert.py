@@ -8,8 +8,9 @@ from pathlib import Path
 
 import typer
 
+from dflash_audit.commands import VERBS
 from dflash_audit.conversion import convert, convert_for
-from impl.errors import AuditError
+from foundation.errors import AuditError
 
 
 class Format(str, Enum):
@@ -30,7 +31,6 @@ def convert_command(
     spec: list[str] = typer.Option([], "--spec", help="KEY=VALUE spec/recipe field of the source (repeatable)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing drafter of the same format at --to."),
 ) -> int:
-    """Convert a drafter between ours, z-lab and speculators formats (layer ids translated)."""
     from loguru import logger
 
     logger.disable("speculators")  # its per-tensor INFO lines would bury the one-line result
@@ -51,4 +51,4 @@ def convert_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("convert")(convert_command)
+    app.command("convert", help=VERBS["convert"])(convert_command)

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import typer
 
+from dflash_audit.commands import VERBS
 from dflash_audit.demo import DemoConfig, run_demo
-from impl.placement import DEVICE_HELP, DTYPE_HELP
+from foundation.placement import DEVICE_HELP, DTYPE_HELP
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("demo")
+    @app.command("demo", help=VERBS["demo"])
     def demo(
         world_dir: Path | None = typer.Option(None, "--world-dir",
                                               help="the demo world's folder (default <cache-dir>/demo)"),
@@ -27,7 +28,6 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
         dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP + "; a comma list measures τ in each"),
     ) -> int:
-        """Build (once) the demo world and compare its buggy drafter with the reference; report in reports/demo/."""
         run_demo(world_dir or old_world_dir, rebuild, out, cache_dir=cache_dir, config=DemoConfig(family=family),
                  device=device, dtype=dtype)
         # Finding the planted divergences is the demo's point: compare's exit status 1

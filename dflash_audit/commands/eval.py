@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from tabulate import tabulate
 
+from dflash_audit.commands import VERBS
 from dflash_audit.outputs import check_outputs, check_writable
 from dflash_audit.progress import progress
 from dflash_audit.prompts import (
@@ -24,16 +25,11 @@ from dflash_audit.prompts import (
     tokenize_prompts,
 )
 from dflash_audit.ranks import Ranks
-from impl.atomic import atomic_write_bytes
-from impl.cache_dir import cache_root
-from impl.checkpoint import build_drafter
-from impl.ddtree import ddtree_decode, require_dflash_family
-from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
-from impl.errors import AuditError
-from impl.inputs import check_finite_weights, check_generation_flags
-from impl.memory_plan import check_plan, plan_memory
-from impl.offline import load_or_build_cache, offline_rounds_each
-from impl.placement import (
+from foundation.atomic import atomic_write_bytes
+from foundation.cache_dir import cache_root
+from foundation.errors import AuditError
+from foundation.inputs import check_finite_weights, check_generation_flags
+from foundation.placement import (
     CPU_FLOAT32,
     DEVICE_HELP,
     DEVICE_MAP_HELP,
@@ -44,7 +40,13 @@ from impl.placement import (
     resolve_placement,
     target_device,
 )
-from impl.target_vocab import TargetVocabulary, mask_token_problems
+from foundation.target import stop_token_ids
+from foundation.target_vocab import TargetVocabulary, mask_token_problems
+from impl.checkpoint import build_drafter
+from impl.ddtree import ddtree_decode, require_dflash_family
+from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
+from impl.memory_plan import check_plan, plan_memory
+from impl.offline import load_or_build_cache, offline_rounds_each
 
 METHODS = ("dflash", "ddtree")
 MODES = ("live", "offline")
@@ -72,11 +74,6 @@ def place_drafter(spec, state_dict, path: Path, target):
     """The drafter where the target reads its inputs, in the target's dtype (its serving dtype)."""
     return built_in(target_device(target), model_dtype(target),
                     lambda: build_drafter(spec, state_dict, source=str(path))).eval()
-
-
-def load_drafter(path: Path, target_dir: Path, target, options=None):
-    spec, state_dict = read_drafter(path, target_dir, target.config, options)
-    return place_drafter(spec, state_dict, path, target)
 
 
 def mask_token_notes(mask_token_id: int, target: TargetVocabulary) -> list[str]:
@@ -132,7 +129,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
 
     `memory`: free memory handed to the memory plan (`free_on_devices`, `free_on_host`) instead of
     the machine's own, for tests."""
-    from impl.target import load_target_model, load_tokenizer
+    from foundation.target import load_target_model, load_tokenizer
 
     check_options(method, mode, budget, max_new_tokens, temperature)
     check_json_output(json_path, {"--drafter": drafter_path, "--target": target_dir, "--prompts": prompts_path})
@@ -152,7 +149,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     drafter = place_drafter(spec, state_dict, drafter_path, target)
     for note in notes:
         console.print(f"note: {note}", soft_wrap=True)
-    stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    stop_ids = stop_token_ids(tokenizer)
     ranks = Ranks()
     order = {prompt_id: i for i, (prompt_id, _) in enumerate(prompts)}
     mine, cache, entries = ranks.shard(prompts), None, None
@@ -173,7 +170,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
         return None
 
     all_rounds = [length for r in results for length in r["rounds"]]
-    longest = drafter.spec.speculative_tokens + 1  # every proposal accepted, plus the bonus
+    longest = drafter.spec.longest_round
     payload = {"method": method, "mode": mode, "budget": budget if method == "ddtree" else None,
                "max_new_tokens": max_new_tokens, "placement": placement.describe(), "prompts": results,
                "mean_tau": mean_acceptance([r["tau"] for r in results]),
@@ -192,7 +189,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("eval")
+    @app.command("eval", help=VERBS["eval"])
     def eval_command(
         drafter: Path = typer.Option(..., "--drafter", help="ours ckpt.pt, z-lab dir or speculators dir"),
         target: Path = typer.Option(..., "--target", help="Hugging Face target model directory"),
@@ -217,7 +214,6 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP),
         device_map: str | None = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP),
     ) -> None:
-        """Per-prompt τ and per-round acceptance lengths of one drafter."""
         from dflash_audit.formats import LoadOptions
 
         run_eval(drafter, target, prompts, method, budget, mode, max_new_tokens, temperature, seed, json_path,

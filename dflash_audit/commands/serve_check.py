@@ -1,5 +1,6 @@
 """`dflash-audit serve-check --drafter PATH [--engine vllm,sglang] [--target DIR] [--spec KEY=VALUE ...]
-[--json FILE] [--out DIR]`: will the drafter serve as trained? Exit 0 none, 1 divergences, 2 trouble."""
+[--json FILE] [--out DIR] [--live [--prompts F] [--max-new-tokens N] [--vllm-python PATH]]`: will the drafter serve
+as trained? `--live` also runs it in a real vLLM engine (serving_engines/live/, dflash_audit/audit/live_check.py). Exit 0 none, 1 divergences, 2 trouble."""
 
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ import typer
 from tabulate import tabulate
 
 from dflash_audit.audit.serving import divergence_count, section_dict, serving_section
+from dflash_audit.commands import VERBS
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_outputs, check_writable
-from impl.atomic import atomic_write_bytes
-from impl.errors import AuditError
+from foundation.atomic import atomic_write_bytes
+from foundation.errors import AuditError
 
 SCHEMA = "dflash-audit-serving/1"
 
 
 def parse_engines(text: str) -> list[str]:
-    from held.serving import ENGINES
+    from serving_engines import ENGINES
 
     engines = [e.strip() for e in text.split(",") if e.strip()]
     unknown = [e for e in engines if e not in ENGINES]
@@ -42,7 +44,22 @@ def terminal_section(section: dict[str, Any], width: int = 70) -> str:
         if report["command"]:
             lines.append(f"  serve with: {report['command']}")
         lines += [f"  note: {note}" for note in report["notes"]]
+        if report.get("live"):
+            lines.append(live_table(report["live"]))
     return "\n".join(lines)
+
+
+def live_table(live: dict[str, Any]) -> str:
+    """The served rounds per prompt, as `serve-check --live` prints them (and the README shows them)."""
+    if not live.get("ran"):
+        return f"  live: not run: {live.get('refused')}"
+    rows = [[p["id"], f"{p['served_tau']:.3f}", f"{p['audited_tau']:.3f}", f"{p['rounds_equal']}/{p['rounds']}" + (f" ({p['rounds_apart']} apart)" if p.get("rounds_apart") else ""),
+             p["first_diff_round"] or "-", ", ".join(p.get("explained_by", [])) or "-",
+             "yes" if p["greedy_identical"] else "NO"] for p in live["prompts"]]
+    head = f"  live: vLLM {live['version']} ({live['python']}), greedy output identical: " \
+           f"{'yes' if live['greedy_identical'] else 'NO'}"
+    return head + "\n" + tabulate(rows, headers=["prompt", "served τ", "audited τ", "rounds equal", "first diff",
+                                                 "explained by", "greedy same"], tablefmt="simple")
 
 
 def render_html(drafter: str, data: dict[str, Any]) -> str:
@@ -59,7 +76,8 @@ def write_text(path: Path, text: str) -> None:
 
 
 def run_serve_check(drafter: Path, engines: list[str], target: Path | None = None, spec: list[str] | None = None,
-                    json_path: Path | None = None, out: Path | None = None) -> int:
+                    json_path: Path | None = None, out: Path | None = None, live: bool = False,
+                    prompts: Path | None = None, max_new_tokens: int = 64, vllm_python: Path | None = None) -> int:
     check_outputs({"--json": json_path, "--out": out}, {"--drafter": drafter, "--target": target})
     if json_path is not None:
         check_writable("--json", json_path)
@@ -67,8 +85,17 @@ def run_serve_check(drafter: Path, engines: list[str], target: Path | None = Non
         check_writable("--out", out, "dir")
     if target is not None and not (target / "config.json").is_file():
         raise AuditError(f"{target}: not a Hugging Face model directory (no config.json) to use as the target")
+    if live and (target is None or "vllm" not in engines):
+        raise AuditError("--live runs the drafter in vLLM on the target: give --target and keep vllm in --engine")
+    if live and max_new_tokens < 1:
+        raise AuditError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     section = section_dict(serving_section(drafter, engines, target, LoadOptions(spec=list(spec or []),
                                                                                  flag_prefix="")))
+    if live:
+        from dflash_audit.audit.serving_live import attach_live
+        from dflash_audit.audit.live_check import live_check
+
+        attach_live(section, live_check({"drafter": drafter}, target, prompts, max_new_tokens, vllm_python)["drafter"])
     count = sum(f["severity"] == "divergence" for r in section.values() for f in r["findings"])
     data = {"schema": SCHEMA, "drafter": str(drafter), "target": str(target) if target else None,
             "serving": section, "exit_status": 1 if count else 0}
@@ -85,7 +112,7 @@ def run_serve_check(drafter: Path, engines: list[str], target: Path | None = Non
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("serve-check")
+    @app.command("serve-check", help=VERBS["serve-check"])
     def serve_check(
         drafter: Path = typer.Option(..., "--drafter", help="drafter directory (z-lab or speculators format)"),
         engine: str = typer.Option("vllm,sglang", "--engine", help="engines to hold it against: vllm,sglang"),
@@ -93,9 +120,14 @@ def register(app: typer.Typer) -> None:
         spec: list[str] = typer.Option([], "--spec", help="KEY=VALUE trained spec field (repeatable)"),
         json_path: Path | None = typer.Option(None, "--json", help="write the JSON here"),
         out: Path | None = typer.Option(None, "--out", help="report dir: serving.json + index.html"),
+        live: bool = typer.Option(False, "--live", help="also run it in a real vLLM engine, round by round"),
+        prompts: Path | None = typer.Option(None, "--prompts", help="--live: prompts JSONL (default: built-in)"),
+        max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="--live: tokens per prompt"),
+        vllm_python: Path | None = typer.Option(None, "--vllm-python",
+                                                help="--live: a Python with vLLM (default .venv-vllm/bin/python)"),
     ) -> int:
-        """Will it serve as trained? Hold the drafter against vLLM and SGLang through their own code."""
-        return run_serve_check(drafter, parse_engines(engine), target, spec, json_path, out)
+        return run_serve_check(drafter, parse_engines(engine), target, spec, json_path, out, live, prompts,
+                               max_new_tokens, vllm_python)
 
 
 __all__ = ["divergence_count", "register", "run_serve_check"]

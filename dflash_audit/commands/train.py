@@ -7,10 +7,13 @@ from pathlib import Path
 
 import typer
 
+from dflash_audit.commands import VERBS
+from dflash_audit.commands.train_options import with_knob_options
 from dflash_audit.formats.vocabulary import DeclarationError, convert
 from dflash_audit.outputs import check_outputs, check_writable
-from impl.errors import AuditError
-from impl.inputs import check_finite_flags, check_target_dir, regular_file
+from foundation.errors import AuditError
+from foundation.inputs import check_finite_flags, check_target_dir, regular_file
+from impl.recipe import KNOBS
 from impl.spec import FAMILIES
 
 
@@ -62,28 +65,16 @@ def train(
                                           "--speculator-type dflash (loss_fn, per_position_loss_weight, dpace_alpha, "
                                           "gamma, max_anchors, block_size, draft layers), read from the installed "
                                           "package; flags given explicitly still win."),
-    block_size: int = typer.Option(None, help="Draft block size B [default: 16]."),
-    draft_layers: int = typer.Option(None, help="Drafter decoder layers [default: 1]."),
-    max_anchors: int = typer.Option(None, help="Anchors per row [default: 512]."),
-    loss_fn: str = typer.Option(None, "--loss-fn", "--loss", help="kl_div or ce [default: ce]."),
-    per_position_loss_weight: str = typer.Option(
-        None, "--per-position-loss-weight", "--loss-weighting",
-        help="Per-position loss weights: dpace (D-PACE, needs ce) or fixed-exp-decay [default: dpace]."),
-    dpace_alpha: float = typer.Option(None, help="D-PACE confidence smoothing, in (0, 1] [default: 0.5]."),
-    gamma: float = typer.Option(None, help="fixed-exp-decay: w(k) = exp(-(k-1)/gamma) [default: 4.0]."),
-    noise_std: float = typer.Option(None, help="Gaussian noise on the drafter's context features only "
-                                               "[default: 0.0]."),
+    block_size: int = typer.Option(None, help="Draft block size B (default: 16)."),
+    draft_layers: int = typer.Option(None, help="Drafter decoder layers (default: 1)."),
     target_layer_ids: str = typer.Option(None, "--target-layer-ids", "--fc-layers",
                                          help="Target layers feeding fc, e.g. '1,2' (default: z-lab's rule)."),
-    verifier_source_layer: int = typer.Option(None, "--verifier-source-layer", "--target-source-layer",
-                                              help="Decoder layer whose raw output gives targets "
-                                                   "(default: the final one)."),
     layer_types: str = typer.Option(None, help="Per draft layer: full_attention or sliding_attention, comma-separated."),
     sliding_window: int = typer.Option(None, help="Window of the sliding_attention layers."),
     mask_token_id: int = typer.Option(None, help="Default: the tokenizer's <|mask|> token."),
     draft_vocab_size: int = typer.Option(None, help="Reduced draft vocabulary: the head proposes only the N most "
                                                      "frequent loss-masked tokens of --data (speculators' rule), "
-                                                     "mapped to target ids by d2t [default: the whole vocabulary]."),
+                                                     "mapped to target ids by d2t (default: the whole vocabulary)."),
     d2t: Path = typer.Option(None, "--d2t", help="The draft-to-target map to use instead: a .npy of offsets "
                                                  "(target id = draft id + d2t[draft id]), as speculators writes."),
     dtype: str = typer.Option("fp32", help="fp32, or bf16 (autocast, fp32 master weights)."),
@@ -96,24 +87,19 @@ def train(
     max_seconds: float = typer.Option(None, help="Shrink the schedule to fit this wall-clock budget."),
     json_out: Path = typer.Option(None, "--json", help="Write the run's stats as JSON."),
     family: str = typer.Option("dflash", help="dflash, or dflash2 (convolutions + candidate selector)."),
-    conv_kernel_size: int = typer.Option(None, help="DFlash2: causal taps per convolution [default: 2]."),
-    conv_group_size: int = typer.Option(None, help="DFlash2: channels sharing one dynamic kernel [default: 16]."),
-    selector_rank: int = typer.Option(None, help="DFlash2: rank of the selector's bilinear term [default: 256]."),
-    selector_top_k: int = typer.Option(None, help="DFlash2: unary candidates the selector reranks [default: 16]."),
-    selector_loss_alpha: float = typer.Option(None, help="DFlash2: weight of the selector loss [default: 1.0]."),
+    conv_kernel_size: int = typer.Option(None, help="DFlash2: causal taps per convolution (default: 2)."),
+    conv_group_size: int = typer.Option(None, help="DFlash2: channels sharing one dynamic kernel (default: 16)."),
+    selector_rank: int = typer.Option(None, help="DFlash2: rank of the selector's bilinear term (default: 256)."),
+    selector_top_k: int = typer.Option(None, help="DFlash2: unary candidates the selector reranks (default: 16)."),
     sliding_window_non_causal: bool = typer.Option(
         None, "--sliding-window-non-causal/--sliding-window-causal",
-        help="Sliding layers see their whole block [default: dflash2 yes, dflash no]."),
-    sample_from_anchor: bool = typer.Option(
-        None, "--sample-from-anchor/--anchor-as-bonus",
-        help="Slot layout: every slot proposes the next token, B per block (DSpark), or the anchor slot proposes "
-             "nothing, B - 1 per block [default: anchor as bonus]."),
+        help="Sliding layers see their whole block (default: dflash2 yes, dflash no)."),
+    **knobs,  # one option per recipe knob, generated from impl/recipe.py (train_options.with_knob_options)
 ) -> None:
-    """Train a DFlash drafter online against a Hugging Face target."""
     from transformers.utils import logging as hf_logging
 
     from impl.data import DataError
-    from impl.train import TrainConfig, TrainError
+    from impl.train import RunConfig, TrainError
     from impl.train import train as run_training
 
     check_train_paths(target, data, eval_data, out, json_out, resume)
@@ -121,28 +107,28 @@ def train(
         regular_file(d2t, "file", "--d2t")
     if draft_vocab_size is not None and draft_vocab_size <= 0:
         raise AuditError(f"--draft-vocab-size must be a positive number of tokens, got {draft_vocab_size}")
-    check_finite_flags(lr=lr, gamma=gamma, dpace_alpha=dpace_alpha, noise_std=noise_std, max_seconds=max_seconds,
-                       selector_loss_alpha=selector_loss_alpha)
+    check_finite_flags(lr=lr, max_seconds=max_seconds,
+                       **{name: value for name, value in knobs.items() if KNOBS[name].annotation is float})
     dflash2_flags = dict(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size,
                          selector_rank=selector_rank, selector_top_k=selector_top_k,
-                         selector_loss_alpha=selector_loss_alpha)
+                         **{name: value for name, value in knobs.items()
+                            if KNOBS[name].json_schema_extra["family"] == "dflash2"})
     check_family_flags(family, dflash2_flags)
     if dtype not in ("fp32", "bf16"):
         raise AuditError(f"--dtype must be fp32 or bf16, got {dtype!r}")
     # The recipe knobs are checked once, by the recipe type, when the run starts (impl.train.check_run).
-    knobs = recipe_settings(recipe, family, dict(
-        **dflash2_flags, sliding_window_non_causal=sliding_window_non_causal, block_size=block_size,
-        sample_from_anchor=sample_from_anchor,
-        draft_layers=draft_layers, max_anchors=max_anchors, loss_fn=loss_fn,
-        per_position_loss_weight=per_position_loss_weight, dpace_alpha=dpace_alpha, gamma=gamma, noise_std=noise_std))
-    cfg = TrainConfig(
+    settings = recipe_settings(recipe, family, dict(
+        conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size, selector_rank=selector_rank,
+        selector_top_k=selector_top_k, sliding_window_non_causal=sliding_window_non_causal, block_size=block_size,
+        draft_layers=draft_layers, **knobs))
+    cfg = RunConfig(
         target=str(target), out=str(out), data=str(data), eval_data=str(eval_data) if eval_data else None,
         eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
         grad_accum=grad_accum, seq_len=seq_len, target_layer_ids=_layer_ids(target_layer_ids, "--target-layer-ids"),
-        verifier_source_layer=verifier_source_layer, layer_types=_layer_types(layer_types),
+        layer_types=_layer_types(layer_types),
         sliding_window=sliding_window, mask_token_id=mask_token_id, draft_vocab_size=draft_vocab_size,
         d2t=str(d2t) if d2t is not None else None, dtype=dtype, eval_every=eval_every,
-        save_every=save_every, resume=resume, seed=seed, max_seconds=max_seconds, family=family, **knobs)
+        save_every=save_every, resume=resume, seed=seed, max_seconds=max_seconds, family=family, **settings)
     hf_logging.disable_progress_bar()  # one progress bar: the trainer's
     try:
         stats = run_training(cfg)
@@ -182,7 +168,7 @@ def _layer_types(value: str | None) -> list[str] | None:
 def report_run(stats: dict, json_out: Path | None) -> None:
     """The run's stats as JSON (atomically) and its one summary line."""
     if json_out is not None:
-        from impl.atomic import atomic_write_bytes
+        from foundation.atomic import atomic_write_bytes
 
         atomic_write_bytes(json_out, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
     final = stats["eval"] or stats["final"]
@@ -191,4 +177,4 @@ def report_run(stats: dict, json_out: Path | None) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("train")(train)
+    app.command("train", help=VERBS["train"])(with_knob_options(train))

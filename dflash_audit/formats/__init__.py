@@ -31,7 +31,7 @@ from dflash_audit.formats.loaded import (
     incomplete_spec,
     require_spec,
 )
-from impl.errors import AuditError
+from foundation.errors import AuditError
 from impl.param_names import VERIFIER_OWNED_KEYS
 
 FORMATS = ("ours", "zlab", "speculators")  # the formats `convert` writes

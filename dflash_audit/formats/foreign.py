@@ -10,14 +10,11 @@ configs beside it, the target's config and the command line.
 from __future__ import annotations
 
 import json
-import pickle
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from dflash_audit.formats import layouts
 from dflash_audit.formats.inference import Inference, infer, parse_cli_spec, shapes_of
@@ -29,13 +26,13 @@ from dflash_audit.formats.key_map import (
 )
 from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.loaded import LoadedCheckpoint, LoadOptions, RawRecord
-from dflash_audit.formats.payload import EntryError, Payload, split_payload
-from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
+from dflash_audit.formats.payload import Payload
 from dflash_audit.formats.vocabulary import DeclarationError
-from impl.errors import CheckpointError
+from dflash_audit.formats.weight_file import first_line, read_weight_file
+from foundation.errors import CheckpointError
+from foundation.weights_dir import index_shards
 from impl.param_names import verifier_owned_keys
 from impl.spec import SpecError
-from impl.weights_dir import index_shards
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WEIGHT_SUFFIXES = PICKLE_SUFFIXES + (".safetensors",)
@@ -87,39 +84,6 @@ def weight_files_of(folder: Path) -> list[Path]:
                               f"(found {names or 'nothing'})")
     raise CheckpointError(f"{folder}: several weight files ({', '.join(p.name for p in found[:6])}) and no index; "
                           "pass the one to audit")
-
-
-def read_weight_file(path: Path, entry: str | None, entry_flag: str) -> Payload:
-    if path.name.endswith(".safetensors"):
-        try:
-            tensors: dict[str, torch.Tensor] = {}
-            with safe_open(str(path), framework="pt") as handle:
-                metadata = handle.metadata() or {}
-                for key in handle.keys():
-                    tensors[key] = handle.get_tensor(key)
-        except Exception as exc:
-            raise CheckpointError(f"{path}: unreadable safetensors file ({first_line(exc)})") from exc
-        declared = {k: v for k, v in metadata.items() if k != "format"}
-        return Payload(tensors=tensors, entry=None, declarations=[("safetensors metadata", declared)] if declared
-                       else [])
-    try:
-        payload = safe_load(path)
-    except UnsafePickle as exc:
-        raise CheckpointError(f"{path}: {exc}") from exc
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile,
-            AttributeError, ImportError, TypeError, KeyError, IndexError) as exc:
-        raise CheckpointError(f"{path}: not a readable torch checkpoint ({first_line(exc)})") from exc
-    try:
-        return split_payload(payload, entry, entry_flag)
-    except EntryError as exc:
-        raise CheckpointError(f"{path}: {exc}") from exc
-
-
-def first_line(exc: BaseException) -> str:
-    import re
-
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # torch colours some messages
-    return (text.splitlines()[0] if text else "no details given")[:200]
 
 
 def read_payloads(files: list[Path], entry: str | None, entry_flag: str) -> Payload:

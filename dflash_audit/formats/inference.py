@@ -27,7 +27,8 @@ from dflash_audit.formats.vocabulary import (
 )
 from impl.defaults import QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import DFLASH2_MARKERS, body_is_dflash2, spec_family
-from impl.spec import RECIPE_FIELDS, DraftSpec, Recipe, SpecError
+from impl.recipe import RECIPE_FIELDS, Recipe
+from impl.spec import DraftSpec, SpecError
 
 # What a config that omits a Qwen3 layer setting, a rotary setting or a z-lab extra gets.
 CONFIG_DEFAULTS = {**QWEN3_DEFAULTS, **ROTARY_DEFAULTS, **ZLAB_EXTRAS}
@@ -73,7 +74,7 @@ class Inference:
 
     @property
     def recipe_unknown(self) -> list[str]:
-        return [f.name for f in fields(Recipe) if f.name not in self.recipe_values and f.name not in ("data_hash", "extra")]
+        return [name for name in RECIPE_FIELDS if name not in self.recipe_values]
 
 
 # -- shapes ----------------------------------------------------------------------------------

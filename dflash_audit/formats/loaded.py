@@ -13,9 +13,10 @@ import torch
 
 from dflash_audit.formats.inference import Provenance, parse_cli_spec
 from dflash_audit.formats.vocabulary import DeclarationError
+from foundation.errors import AuditError
 from impl.checkpoint import Checkpoint
-from impl.errors import AuditError
-from impl.spec import DraftSpec, Recipe, SpecError
+from impl.recipe import Recipe
+from impl.spec import DraftSpec, SpecError
 
 
 @dataclass
@@ -115,7 +116,7 @@ def apply_cli_spec(loaded: LoadedCheckpoint, options: LoadOptions) -> LoadedChec
     try:
         loaded.spec = dataclasses.replace(loaded.spec, **spec_changes)
         if recipe_changes:
-            loaded.recipe = dataclasses.replace(loaded.recipe or Recipe(), **recipe_changes)
+            loaded.recipe = (loaded.recipe or Recipe()).replace(**recipe_changes)
     except SpecError as exc:
         raise AuditError(f"{loaded.path}: {options.flag('spec')}: {exc}") from exc
     for name, (_, detail) in cli.items():

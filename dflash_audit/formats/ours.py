@@ -9,7 +9,8 @@ from dflash_audit.formats.foreign import PICKLE_SUFFIXES
 from dflash_audit.formats.inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
 from impl.checkpoint import CKPT_FORMAT, check_body, load_checkpoint, save_state, weights_dtype
-from impl.spec import ROTARY_FIELDS, Recipe
+from impl.recipe import Recipe
+from impl.spec import ROTARY_FIELDS
 
 
 def detect(path: Path) -> bool:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from impl.layers import speculators_to_zlab
-from impl.spec import LAYER_TYPES, LOSS_KINDS, LOSS_WEIGHTINGS, ROPE_STYLES
+from impl.recipe import KNOBS, LOSS_KINDS, LOSS_WEIGHTINGS, choices
+from impl.spec import LAYER_TYPES, ROPE_STYLES
 
 SPEC_NAMES = {
     "hidden_size": ("hidden_size", "hidden_dim", "d_model", "n_embd", "dim"),
@@ -53,18 +54,8 @@ SPEC_NAMES = {
     "selector_top_k": ("selector_top_k",),
     "draft_vocab_size": ("draft_vocab_size",),
 }
-RECIPE_NAMES = {
-    "gamma": ("gamma", "loss_decay_gamma", "dflash_decay_gamma", "decay_gamma", "loss_gamma"),
-    "loss_fn": ("loss_fn", "loss_kind", "loss", "loss_type"),
-    "verifier_source_layer": ("verifier_source_layer", "target_source_layer", "target_layer", "target_hidden_layer",
-                              "label_layer", "target_logits_layer"),
-    "noise_std": ("noise_std", "hidden_noise_std"),
-    "max_anchors": ("max_anchors", "num_anchors"),
-    "sample_from_anchor": ("sample_from_anchor",),
-    "per_position_loss_weight": ("per_position_loss_weight", "loss_weighting", "position_loss_weight"),
-    "dpace_alpha": ("dpace_alpha",),
-    "selector_loss_alpha": ("selector_loss_alpha",),
-}
+# Every name a recipe knob is declared under, from its declaration (impl/recipe.py).
+RECIPE_NAMES = {name: tuple(info.json_schema_extra["names"]) for name, info in KNOBS.items()}
 ALIASES = {alias: name for table in (SPEC_NAMES, RECIPE_NAMES) for name, aliases in table.items() for alias in aliases}
 # Path components that scope a key to the target model rather than the drafter.
 TARGET_SCOPES = {"target", "verifier", "target_config", "verifier_config", "target_model", "base_model", "teacher"}
@@ -77,13 +68,15 @@ SPECULATORS_IDS = "aux_hidden_state_layer_ids"
 # a value of the wrong type under one of them is listed as unrecognized, not refused.
 GENERIC_ALIASES = {"loss", "loss_type", "dim", "mask_token", "layer_ids", "num_layers", "n_layers"}
 
+# The value types: the spec's written here, the recipe knobs' from their declared types.
+RECIPE_TYPES = {name: info.annotation for name, info in KNOBS.items() if not choices(name)}
 INT_FIELDS = {"hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "num_hidden_layers", "vocab_size", "num_target_layers", "mask_token_id", "block_size",
-              "max_position_embeddings", "max_anchors", "verifier_source_layer", "sliding_window",
-              "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "draft_vocab_size"}
-FLOAT_FIELDS = {"rope_theta", "partial_rotary_factor", "rms_norm_eps", "input_embedding_scale", "output_multiplier", "final_logit_softcapping",
-                "gamma", "noise_std", "dpace_alpha", "selector_loss_alpha"}
-BOOL_FIELDS = {"attention_bias", "sample_from_anchor", "sliding_window_non_causal"}
+              "max_position_embeddings", "sliding_window", "conv_kernel_size", "conv_group_size", "selector_rank",
+              "selector_top_k", "draft_vocab_size"} | {n for n, t in RECIPE_TYPES.items() if t in (int, int | None)}
+FLOAT_FIELDS = {"rope_theta", "partial_rotary_factor", "rms_norm_eps", "input_embedding_scale", "output_multiplier",
+                "final_logit_softcapping"} | {n for n, t in RECIPE_TYPES.items() if t is float}
+BOOL_FIELDS = {"attention_bias", "sliding_window_non_causal"} | {n for n, t in RECIPE_TYPES.items() if t is bool}
 LOSS_SPELLINGS = {"ce": "ce", "cross_entropy": "ce", "crossentropy": "ce", "xent": "ce", "kl": "kl_div",
                   "kl_div": "kl_div", "kld": "kl_div", "forward_kl": "kl_div", "kl_divergence": "kl_div"}
 

@@ -23,8 +23,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from impl.atomic import atomic_write_bytes
-from impl.cache_dir import build_once
+from foundation.atomic import atomic_write_bytes
+from foundation.cache_dir import build_once
 from impl.extract import decoder_layers
 from impl.offline.capture import DEFAULT_BATCH, capture, target_device
 from impl.offline.speculative import capture_speculative

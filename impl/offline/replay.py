@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from foundation.placement import model_device, model_dtype
 from impl.masks import inference_mask, within_window
 from impl.model import DFlashDrafter, convolved, rms_norm
 from impl.offline.cache import CachedPrompt
-from impl.placement import model_device, model_dtype
 
 
 def block_key_mask(anchors: torch.Tensor, key_positions: torch.Tensor, sizes: torch.Tensor, block_len: int,

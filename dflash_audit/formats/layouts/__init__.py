@@ -27,6 +27,7 @@ from dflash_audit.formats.layouts import (
     nested_config,
 )
 from dflash_audit.formats.payload import Payload
+from dflash_audit.formats.weight_file import read_weight_file
 
 # Files whose presence means a folder holds full model weights (read as such, before any layout).
 MODEL_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
@@ -76,8 +77,6 @@ def open_layout(path: Path, entry: str | None, entry_flag: str) -> Opened | None
             payload, files = dcp.read(resolved, entry, entry_flag)
             declarations, common = megatron.common_state(resolved, payload)
             return Opened(payload, files + common, "Megatron torch_dist (torch.distributed.checkpoint)", declarations)
-        from dflash_audit.formats.foreign import read_weight_file
-
         return Opened(read_weight_file(resolved, entry, entry_flag), [resolved],
                       f"Megatron ({resolved.parent.name}/{resolved.name})")
     if layout == "DeepSpeed":

@@ -1,0 +1,138 @@
+"""Input checks done before any work, outside the drafter loaders: each failure is one line
+naming the file and the field (or the flag), exit 2.
+
+- a path given as a file must be a regular file: a FIFO or device would block `open` forever;
+- text files must be UTF-8;
+- a target directory: a config.json transformers accepts (fields checked by name), no
+  FIFOs or devices inside, and a tokenizer when one is needed;
+- generation flags finite and in range; drafter weights finite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import torch
+
+from foundation.errors import AuditError
+
+# Target config fields that must be positive integers (transformers' own errors name no file,
+# or divide by zero).
+POSITIVE_INT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                       "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
+MAX_NEW_TOKENS = 1 << 20  # beyond any target's context window
+MAX_BUDGET = 1 << 16  # DDTree verifies the whole tree in one target pass
+MAX_TEMPERATURE = 100.0  # already uniform sampling; larger is a typo
+
+
+def regular_file(path: Path, what: str = "file", flag: str | None = None) -> Path:
+    """`path` if it is a regular file; opening anything else (a FIFO) could hang."""
+    path = Path(path)
+    named = f"{flag} {path}" if flag else str(path)
+    if not path.exists():
+        raise AuditError(f"{named}: no such {what}")
+    if not path.is_file():
+        raise AuditError(f"{named}: not a regular file (a directory, FIFO or device); expected a {what}")
+    return path
+
+
+def read_utf8(path: Path, what: str = "file") -> str:
+    """The text of a regular UTF-8 file; the first bad byte's line is named otherwise."""
+    data = regular_file(path, what).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise AuditError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
+
+
+def read_json_object(path: Path, what: str = "JSON file") -> dict:
+    text = read_utf8(path, what)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AuditError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise AuditError(f"{path}: expected a JSON object, found {type(value).__name__}")
+    return value
+
+
+def _check_no_special_files(directory: Path) -> None:
+    for entry in sorted(directory.iterdir()):
+        if entry.exists() and not (entry.is_file() or entry.is_dir()):
+            raise AuditError(f"{entry}: not a regular file (a FIFO or device) inside the model directory")
+
+
+def _check_config_fields(config: dict, config_path: Path) -> None:
+    from transformers.activations import ACT2FN
+
+    text = config.get("text_config", config)  # multimodal targets nest the language model's config
+    for name in POSITIVE_INT_FIELDS:
+        value = text.get(name)
+        if name in text and value is not None and not (type(value) is int and value > 0):
+            raise AuditError(f"{config_path}: field {name!r} must be a positive integer, got {value!r}")
+    act = text.get("hidden_act")
+    if act is not None and (not isinstance(act, str) or act not in ACT2FN):
+        raise AuditError(f"{config_path}: field 'hidden_act' is {act!r}, not an activation transformers knows "
+                         "(e.g. 'silu', 'gelu')")
+
+
+def _check_transformers_accepts(directory: Path, config_path: Path) -> None:
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(directory)
+    except Exception as exc:  # noqa: BLE001 -- strict-dataclass, KeyError, ValueError...: name the field
+        text = " ".join(str(exc).split())
+        field = re.search(r"field '(\w+)'", text) or re.search(r"`(\w+)`", text)
+        where = f"field {field.group(1)!r}: " if field else ""
+        raise AuditError(f"{config_path}: {where}not accepted by transformers "
+                         f"({type(exc).__name__}: {text[:200]})") from None
+
+
+def check_target_dir(directory: Path, flag: str = "--target", tokenizer: bool = True) -> dict:
+    """The target's config.json, after every check that needs no model loading."""
+    directory = Path(directory)
+    if not directory.exists():
+        raise AuditError(f"{flag} {directory}: no such directory")
+    if not directory.is_dir():
+        raise AuditError(f"{flag} {directory}: not a directory; expected a Hugging Face model directory")
+    config_path = directory / "config.json"
+    if not config_path.exists():
+        raise AuditError(f"{flag} {directory}: not a Hugging Face model directory (no config.json)")
+    _check_no_special_files(directory)
+    config = read_json_object(config_path, "config.json")
+    _check_config_fields(config, config_path)
+    _check_transformers_accepts(directory, config_path)
+    if tokenizer and not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise AuditError(f"{flag} {directory}: no tokenizer ({', '.join(TOKENIZER_FILES)}); "
+                         "save the target's tokenizer with it")
+    return config
+
+
+def check_generation_flags(max_new_tokens: int | None = None, budget: int | None = None,
+                           temperature: float | None = None) -> None:
+    """Finite and in range, before any model loads."""
+    for flag, value, top in (("--max-new-tokens", max_new_tokens, MAX_NEW_TOKENS), ("--budget", budget, MAX_BUDGET)):
+        if value is not None and not 1 <= value <= top:
+            raise AuditError(f"{flag} must be between 1 and {top}, got {value}")
+    if temperature is not None and not (math.isfinite(temperature) and 0 <= temperature <= MAX_TEMPERATURE):
+        raise AuditError(f"--temperature must be a finite number between 0 and {MAX_TEMPERATURE:g}, got {temperature}")
+
+
+def check_finite_flags(**flags: float | None) -> None:
+    """`--lr nan` and the like: every given float must be finite."""
+    for name, value in flags.items():
+        if value is not None and not math.isfinite(value):
+            raise AuditError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+
+
+def check_finite_weights(state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """A drafter with NaN or inf weights drafts garbage that is always rejected: refuse it, naming the tensor."""
+    for name, tensor in state_dict.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise AuditError(f"{source}: tensor {name!r} has non-finite values (NaN or inf)")

@@ -1,0 +1,47 @@
+"""The draft body's tensors and their shapes, as a spec implies them, without building the drafter.
+
+`DFlashDrafter(spec)` on the meta device gives the same table, but building it imports transformers' Qwen3
+modelling (seconds), and a static audit or `convert` only needs names and shapes. The model (`impl/model.py`)
+stays the one home of the architecture: tests/test_model_checkpoint.py holds this table equal to the meta-built
+model's `state_dict()`, keys, order and shapes, for every family and option, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from impl.spec import DraftSpec
+
+
+def body_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
+    """Each body tensor's shape in the model's `state_dict()` order (a module's own tensors, then its children's)."""
+    hidden, head_dim = spec.hidden_size, spec.head_dim
+    q_width, kv_width = spec.num_attention_heads * head_dim, spec.num_key_value_heads * head_dim
+    shapes: dict[str, tuple[int, ...]] = {}
+    if spec.reduced_vocab:
+        shapes["d2t"] = (spec.draft_vocab_size,)  # a buffer of the drafter itself: before its children
+    projections = {"q_proj": (q_width, hidden), "k_proj": (kv_width, hidden), "v_proj": (kv_width, hidden),
+                   "o_proj": (hidden, q_width)}
+    for layer in range(spec.num_hidden_layers):
+        at = f"layers.{layer}."
+        for name, (out_features, in_features) in projections.items():
+            shapes[f"{at}self_attn.{name}.weight"] = (out_features, in_features)
+            if spec.attention_bias:
+                shapes[f"{at}self_attn.{name}.bias"] = (out_features,)
+        shapes[f"{at}self_attn.q_norm.weight"] = shapes[f"{at}self_attn.k_norm.weight"] = (head_dim,)
+        shapes[f"{at}mlp.gate_proj.weight"] = shapes[f"{at}mlp.up_proj.weight"] = (spec.intermediate_size, hidden)
+        shapes[f"{at}mlp.down_proj.weight"] = (hidden, spec.intermediate_size)
+        shapes[f"{at}input_layernorm.weight"] = shapes[f"{at}post_attention_layernorm.weight"] = (hidden,)
+        if spec.family == "dflash2":
+            groups = hidden // spec.conv_group_size
+            for conv in ("attention_conv", "mlp_conv"):
+                shapes[f"{at}{conv}.base_kernel"] = (2, spec.conv_kernel_size, hidden)
+                shapes[f"{at}{conv}.kernel_projection.weight"] = (2 * spec.conv_kernel_size * groups, hidden)
+    shapes["norm.weight"] = (hidden,)
+    shapes["fc.weight"] = (hidden, spec.fc_in_features)
+    shapes["hidden_norm.weight"] = (hidden,)
+    if spec.reduced_vocab:
+        shapes["lm_head.weight"] = (spec.draft_vocab_size, hidden)
+    if spec.family == "dflash2":
+        shapes["candidate_selector.predecessor_codebook"] = (spec.vocab_size, spec.selector_rank)
+        shapes["candidate_selector.successor_codebook"] = (spec.vocab_size, spec.selector_rank)
+        shapes["candidate_selector.hidden_projection.weight"] = (spec.selector_rank, hidden)
+    return shapes

@@ -1,0 +1,227 @@
+"""How a drafter is trained (`Recipe`): every training knob declared once, as a pydantic field.
+
+Each field carries its type, its default, its bounds and its description, and in `json_schema_extra`:
+- `speculators`: the name speculators 0.9.0 gives it (None: speculators has no such setting);
+- `zlab`: the name z-lab's dflash 0.1.0 gives it (None for every recipe knob: z-lab ships no trainer);
+- `default_of`: whose default the field's default is (the one a checkpoint that does not say was trained with);
+- `train_default` / `train_default_of`: what `dflash-audit train` uses when no flag is given, where it differs;
+- `flags`: the `train` option and its older spellings; `names`: every key a checkpoint or config declares it under;
+- `family`: "dflash2" for a knob only a DFlash2 drafter has.
+
+Everything else is derived from these declarations, never written again: the `train` options and their help
+(`dflash_audit/commands/train_options.py`), `RunConfig`'s recipe fields (`impl/train.py`), the setting names the
+format readers recognize (`dflash_audit/formats/vocabulary.py`), every range check and its message
+(`knob_problem`), and the flag table of docs/training.md (`python -m impl.recipe`; tests/test_recipe_knobs.py keeps
+the page equal to it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from impl.spec import SpecError
+
+LossFn = Literal["kl_div", "ce"]  # speculators' loss_fn names
+# speculators' per_position_loss_weight: fixed exponential decay (gamma) or D-PACE (dpace_alpha).
+LossWeighting = Literal["fixed-exp-decay", "dpace"]
+MODEL_LEVEL = "speculators' model-level default (DFlashDraftModel.forward, compute_metrics)"
+TRAINER = "speculators' TrainConfig for --speculator-type dflash"
+
+
+def knob(default: Any, description: str, *, speculators: str | None, default_of: str, names: tuple[str, ...],
+         flags: tuple[str, ...], zlab: str | None = None, train_default: Any = None,
+         train_default_of: str | None = None, family: str | None = None, **bounds: Any) -> Any:
+    """A recipe field with everything the rest of the tool derives from it."""
+    extra = {"speculators": speculators, "zlab": zlab, "default_of": default_of, "names": list(names),
+             "flags": list(flags), "family": family}
+    if train_default_of is not None:
+        extra.update(train_default=train_default, train_default_of=train_default_of)
+    return Field(default, description=description, json_schema_extra=extra, **bounds)
+
+
+class Recipe(BaseModel):
+    """How a drafter was trained, in speculators' vocabulary. Defaults are speculators' model-level defaults
+    (KL, fixed exponential decay): a checkpoint written before a field existed is read with that default, which is
+    what it was trained with. `dflash-audit train` starts from `train_recipe()` instead (its trainer's defaults)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gamma: float = knob(
+        4.0, "fixed-exp-decay loss weights: w(k) = exp(-(k-1)/gamma), w(0) = 0", gt=0,
+        speculators="dflash_decay_gamma", default_of="speculators (DFlashDraftModel.forward gamma, DFlashArgs)",
+        names=("gamma", "loss_decay_gamma", "dflash_decay_gamma", "decay_gamma", "loss_gamma"), flags=("--gamma",))
+    loss_fn: LossFn = knob(
+        "kl_div", "kl_div (distil the verifier's logits) or ce (its argmax)", speculators="loss_fn",
+        default_of=MODEL_LEVEL, train_default="ce", train_default_of=TRAINER,
+        names=("loss_fn", "loss_kind", "loss", "loss_type"), flags=("--loss-fn", "--loss"))
+    # 0-based target decoder layer whose raw output gives the target logits; None means the final decoder layer.
+    verifier_source_layer: int | None = knob(
+        None, "decoder layer whose raw output gives the targets (default: the final one)", speculators=None,
+        default_of="speculators (targets from verifier_last_hidden_states, the final layer)",
+        names=("verifier_source_layer", "target_source_layer", "target_layer", "target_hidden_layer", "label_layer",
+               "target_logits_layer"), flags=("--verifier-source-layer", "--target-source-layer"))
+    noise_std: float = knob(
+        0.0, "Gaussian noise on the drafter's context features only", ge=0, speculators=None,
+        default_of="speculators (no hidden-state noise)", names=("noise_std", "hidden_noise_std"),
+        flags=("--noise-std",))
+    max_anchors: int = knob(
+        512, "anchors (blocks) sampled per packed row", gt=0, speculators="max_anchors",
+        default_of="speculators (DataArgs.max_anchors, DFlashDraftModel.forward)",
+        names=("max_anchors", "num_anchors"), flags=("--max-anchors",))
+    # The slot layout training applied; the drafter's own is `DraftSpec.sample_from_anchor`. Our trainer refuses a
+    # recipe that disagrees with its drafter; the audit reports a checkpoint whose two disagree.
+    sample_from_anchor: bool = knob(
+        False, "slot layout: every slot proposes the next token, B per block (DSpark), or the anchor slot proposes "
+        "nothing, B - 1 per block", speculators="sample_from_anchor",
+        default_of="speculators (DFlashSpeculatorConfig.sample_from_anchor)", names=("sample_from_anchor",),
+        flags=("--sample-from-anchor/--anchor-as-bonus",))
+    per_position_loss_weight: LossWeighting = knob(
+        "fixed-exp-decay", "per-position loss weights: dpace (D-PACE, needs ce) or fixed-exp-decay",
+        speculators="per_position_loss_weight", default_of=MODEL_LEVEL, train_default="dpace",
+        train_default_of=TRAINER, names=("per_position_loss_weight", "loss_weighting", "position_loss_weight"),
+        flags=("--per-position-loss-weight", "--loss-weighting"))
+    dpace_alpha: float = knob(
+        0.5, "D-PACE confidence smoothing, used when per_position_loss_weight is dpace", gt=0, le=1,
+        speculators="dpace_alpha", default_of="speculators (DFlashArgs.dpace_alpha, DFlashDraftModel.forward)",
+        names=("dpace_alpha",), flags=("--dpace-alpha",))
+    selector_loss_alpha: float = knob(
+        1.0, "DFlash2: weight of the selector's K-way CE beside the unary loss", ge=0,
+        speculators="selector_loss_alpha", default_of="speculators (DFlash2Args.selector_loss_alpha)",
+        names=("selector_loss_alpha",), flags=("--selector-loss-alpha",), family="dflash2")
+    # The run, not a knob: the hash of the training data and the schedule (steps, lr, ...), recorded as they were.
+    data_hash: str = ""
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    def __init__(self, **data: Any) -> None:
+        unknown = sorted(set(data) - set(type(self).model_fields))
+        if unknown:
+            raise SpecError("recipe", f"unknown fields {unknown}")
+        for name, value in data.items():
+            problem = knob_problem(name, value)
+            if problem:
+                raise SpecError(name, problem)
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:  # a type the bounds did not catch: one line naming the field
+            error = exc.errors()[0]
+            name = ".".join(str(part) for part in error["loc"]) or "recipe"
+            raise SpecError(name, f"{error['input']!r}: {error['msg']}") from None
+
+    def check_trainable(self, num_target_layers: int | None = None) -> None:
+        """The rules a recipe must also meet to be trained with; a recipe a checkpoint declares is
+        audited as it is, never refused. D-PACE reads the drafter's confidence as exp(-CE), so it
+        needs the ce loss (speculators refuses it with KL too); the source layer must exist."""
+        if self.per_position_loss_weight == "dpace" and self.loss_fn != "ce":
+            raise SpecError("per_position_loss_weight", f"dpace needs loss_fn ce (it reads exp(-CE) as the drafter's "
+                                                        f"confidence), got loss_fn {self.loss_fn!r}")
+        source = self.verifier_source_layer
+        if num_target_layers is not None and source is not None and not 0 <= source < num_target_layers:
+            raise SpecError("verifier_source_layer",
+                            f"{source} outside the target's decoder layers 0..{num_target_layers - 1}")
+
+    def replace(self, **changes: Any) -> Recipe:
+        """A copy with `changes`, checked like any new recipe."""
+        return Recipe(**{**self.to_dict(), **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Recipe:
+        data = dict(data)
+        if "loss_kind" in data and "loss_fn" not in data:
+            data["loss_fn"] = data.pop("loss_kind")  # checkpoints written before the rename
+        return cls(**data)
+
+
+LOSS_KINDS = get_args(LossFn)
+LOSS_WEIGHTINGS = get_args(LossWeighting)
+# The recipe's declared settings (what a checkpoint can say it was trained with; the run's hash and extras are
+# not compared): the one list the vocabulary, the CLI and the audit read.
+RECIPE_FIELDS = tuple(name for name, info in Recipe.model_fields.items() if info.json_schema_extra)
+KNOBS = {name: Recipe.model_fields[name] for name in RECIPE_FIELDS}
+# What a checkpoint that does not say was trained with, and what `dflash-audit train` uses without a flag.
+DEFAULTS = {name: info.default for name, info in KNOBS.items()}
+TRAIN_DEFAULTS = {name: info.json_schema_extra.get("train_default", info.default) for name, info in KNOBS.items()}
+
+
+def choices(name: str) -> tuple[Any, ...]:
+    """The values a Literal knob takes; () for any other."""
+    annotation = Recipe.model_fields[name].annotation
+    return get_args(annotation) if getattr(annotation, "__origin__", None) is Literal else ()
+
+
+def bounds(name: str) -> dict[str, float]:
+    """{"gt": 0, "le": 1, ...}: the bounds a field declares."""
+    found = {}
+    for item in Recipe.model_fields[name].metadata:
+        for key in ("gt", "ge", "lt", "le"):
+            if getattr(item, key, None) is not None:
+                found[key] = getattr(item, key)
+    return found
+
+
+def bounds_text(name: str) -> str:
+    """The declared range in words: "positive", "non-negative", "in (0, 1]"."""
+    found = bounds(name)
+    if found == {"gt": 0}:
+        return "positive"
+    if found == {"ge": 0}:
+        return "non-negative"
+    low = f"({found['gt']:g}" if "gt" in found else f"[{found['ge']:g}" if "ge" in found else "(-inf"
+    high = f"{found['lt']:g})" if "lt" in found else f"{found['le']:g}]" if "le" in found else "inf)"
+    return f"in {low}, {high}" if found else ""
+
+
+def knob_problem(name: str, value: Any) -> str | None:
+    """What is wrong with `value` for the knob `name` (its choices, its bounds), or None: the one range check of
+    every knob, and its message."""
+    if name not in KNOBS:
+        return None
+    allowed = choices(name)
+    if allowed:
+        return None if value in allowed else f"{value!r} not in {list(allowed)}"
+    found = bounds(name)
+    if not found or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None  # a type pydantic checks
+    inside = (("gt" not in found or value > found["gt"]) and ("ge" not in found or value >= found["ge"])
+              and ("lt" not in found or value < found["lt"]) and ("le" not in found or value <= found["le"]))
+    return None if inside else f"must be {bounds_text(name)}, got {value}"
+
+
+def train_recipe() -> Recipe:
+    """The recipe `dflash-audit train` records when no recipe flag is given: speculators' trainer resolution
+    (CE + D-PACE), where `Recipe()` is the model-level one (KL + fixed decay)."""
+    return Recipe(**TRAIN_DEFAULTS)
+
+
+def flag_table() -> str:
+    """The `train` recipe flags, generated for docs/training.md."""
+    lines = ["| flag | setting | type | default (`train`) | range | speculators | z-lab | whose default |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, info in KNOBS.items():
+        extra = info.json_schema_extra
+        allowed = choices(name)
+        kind = " \\| ".join(f"`{c}`" for c in allowed) if allowed else _type_name(info.annotation)
+        whose = extra.get("train_default_of") or extra["default_of"]
+        if "train_default" in extra:
+            whose += f"; a checkpoint that does not say: `{info.default}` ({extra['default_of']})"
+        flags = ", ".join(f"`{flag}`" for flag in extra["flags"])
+        lines.append(f"| {flags} | `{name}`: {info.description} | {kind} | `{TRAIN_DEFAULTS[name]}` | "
+                     f"{bounds_text(name) or '—'} | {_code(extra['speculators'])} | {_code(extra['zlab'])} | "
+                     f"{whose} |")
+    return "\n".join(lines)
+
+
+def _type_name(annotation: Any) -> str:
+    return {float: "number", int: "integer", bool: "true/false"}.get(annotation, "integer or none")
+
+
+def _code(name: str | None) -> str:
+    return f"`{name}`" if name else "—"
+
+
+if __name__ == "__main__":
+    print(flag_table())

@@ -1,0 +1,274 @@
+"""Localize a served round that differs: what the engine fed the drafter, and what the drafter computed.
+
+Inputs, held to training: each declared target layer's captured hidden state against the target's own
+`hidden_states[id + 1]` (transformers, as z-lab and our trainer read it) on the same tokens; the block's tokens
+and positions against `[last token, mask x (B - 1)]` at `start..start + B - 1`. A captured layer that is another
+tensor is named by the one it equals: the layer below or above, or the last layer before the final norm.
+Modules: the trained drafter replayed here on the engine's own captured inputs; the first module whose output
+is not the engine's is named, with its size. A difference neither explains is reported as such.
+
+"Equal" means a relative difference within float32 kernel noise (`SAME`); every size is reported as measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from impl.extract import output_head
+from impl.masks import inference_mask
+from impl.model import rms_norm
+
+SAME = 1e-3  # max |a - b| / max |b|: two float32 kernels computing the same tensor stay far below it
+
+# Where, in the engine, each kind of input or module is made (needle looked up in the installed file).
+SITES = {
+    "captured_layer": ("model_executor/models/interfaces.py", "value = hidden_states + residual if residual"),
+    "aux_layer_ids": ("v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "def get_eagle3_aux_layers_from_config"),
+    "mask_token": ("v1/spec_decode/llm_base_proposer.py", 'self.parallel_drafting_token_id = dflash_config["mask'),
+    "block_length": ("v1/spec_decode/dflash.py", "num_query_per_req = 1 + self.num_speculative_tokens"),
+    "positions": ("v1/spec_decode/dflash.py", "out_query_positions_ptr=self.positions"),
+    "fc": ("model_executor/models/qwen3_dflash.py", "result = self.model.fc(hidden_states)"),
+    "layers": ("model_executor/models/qwen3_dflash.py", "hidden_states, residual = layer("),
+    "causal": ("model_executor/models/qwen3_dflash.py", "def _dflash_layer_causal"),
+    "context_keys": ("model_executor/models/qwen3_dflash.py", "all_k_normed = self._normalize_context_k(all_k)"),
+    "context_k_norm": ("model_executor/models/qwen3_dflash.py", "self._k_norm_weights,"),
+    "norm": ("model_executor/models/qwen3_dflash.py", "hidden_states, _ = self.norm(hidden_states, residual)"),
+    "drafts": ("v1/spec_decode/llm_base_proposer.py", "draft_token_ids, draft_probs = self._sample_draft_tokens("),
+}
+
+
+@dataclass
+class Finding:
+    kind: str  # input | module | unlocalized | last_block
+    what: str  # target_layer:<id> | block_tokens | block_length | positions | fc | layers.<i> | norm | drafts
+    message: str
+    size: float | None
+    source: str
+    prompt: str
+    round: int
+
+    def to_dict(self) -> dict:
+        return {"field": "serving", **asdict(self)}
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+class TargetStates:
+    """The target's hidden states (transformers) on one token sequence, and the last layer before its final norm."""
+
+    def __init__(self, target, token_ids: list[int]):
+        captured = {}
+        handle = target.model.norm.register_forward_pre_hook(lambda m, args: captured.update(pre=args[0]))
+        try:
+            with torch.inference_mode():
+                out = target(torch.tensor([token_ids]), output_hidden_states=True)
+        finally:
+            handle.remove()
+        self.hidden = [h[0].float() for h in out.hidden_states]
+        self.pre_norm = captured["pre"][0].float()
+        self.layers = len(self.hidden) - 1
+
+    def candidates(self, layer_id: int) -> dict[str, torch.Tensor]:
+        """What a capture of z-lab layer `layer_id` may be instead of hidden_states[id + 1]."""
+        found = {f"the output of layer {layer_id - 1} (shifted by -1)": self.hidden[layer_id]}
+        if layer_id + 2 <= self.layers:
+            found[f"the output of layer {layer_id + 1} (shifted by +1)"] = self.hidden[layer_id + 2]
+        if layer_id == self.layers - 1:
+            found[f"the output of layer {layer_id} before the final norm (training reads it after)"] = self.pre_norm
+        return found
+
+
+class StepInputs:
+    """The drafter's inputs at one engine step, assembled from the captured steps up to it."""
+
+    def __init__(self, steps: list[dict], tensors: dict[str, torch.Tensor], index: int):
+        rows: dict[int, torch.Tensor] = {}
+        for step in steps[: index + 1]:
+            aux = tensors[step["tensors"]["aux"]]
+            keep = len(step["context_tokens"]) - sum(step["rejected"] or [0])
+            for row, position in enumerate(step["context_positions"][:keep]):
+                rows[position] = aux[row]
+        step = steps[index]
+        self.step = step
+        self.block_tokens = list(step["block_tokens"])
+        self.block_positions = list(step["block_positions"])
+        start = self.block_positions[0]
+        self.context_positions = [p for p in sorted(rows) if p < start]
+        self.features = torch.stack([rows[p] for p in self.context_positions])  # [c, F]
+        self.start = start
+        keep = len(step["context_tokens"]) - sum(step["rejected"] or [0])
+        self.step_positions = step["context_positions"][:keep]
+        self.modules = {name: tensors[key] for name, key in step["tensors"].items() if name not in ("aux",)}
+
+
+def input_findings(inputs: StepInputs, states: TargetStates, spec, tokens: list[int], cite, prompt: str,
+                   round_no: int) -> list[Finding]:
+    findings = []
+    hidden = spec.hidden_size
+    positions = torch.tensor(inputs.context_positions)
+    for j, layer_id in enumerate(spec.target_layer_ids):
+        engine = inputs.features[:, j * hidden:(j + 1) * hidden]
+        trained = states.hidden[layer_id + 1][positions]
+        size = relative(engine, trained)
+        if size <= SAME:
+            continue
+        named = [name for name, tensor in states.candidates(layer_id).items() if relative(engine, tensor[positions])
+                 <= SAME]
+        what = named[0] if named else "no tensor of the target's forward"
+        findings.append(Finding("input", f"target_layer:{layer_id}",
+                                f"target layer {layer_id}: the engine feeds the drafter {what}; trained on "
+                                f"hidden_states[{layer_id + 1}] (the output of layer {layer_id}"
+                                f"{', after the final norm' if layer_id == states.layers - 1 else ''}); relative "
+                                f"difference {size:.3g}", size,
+                                cite("captured_layer" if named else "aux_layer_ids"), prompt, round_no))
+    block = inputs.block_tokens
+    if len(block) != spec.block_size:
+        findings.append(Finding("input", "block_length",
+                                f"the engine drafts a block of {len(block)} tokens ({len(block) - 1} drafts); "
+                                f"trained with block size {spec.block_size} ({spec.block_size - 1} drafts)",
+                                float(len(block) - spec.block_size), cite("block_length"), prompt, round_no))
+    wrong = sorted({t for t in block[1:] if t != spec.mask_token_id})
+    if wrong:
+        findings.append(Finding("input", "block_tokens",
+                                f"the block's masked slots hold token {wrong[0]}; trained with mask token id "
+                                f"{spec.mask_token_id}", None, cite("mask_token"), prompt, round_no))
+    if block and block[0] != tokens[inputs.start]:
+        findings.append(Finding("input", "block_tokens", f"the block starts with token {block[0]}, not the last "
+                                f"known token {tokens[inputs.start]}", None, cite("positions"), prompt, round_no))
+    expected = list(range(inputs.start, inputs.start + len(block)))
+    if inputs.block_positions != expected or inputs.context_positions != list(range(inputs.start)):
+        findings.append(Finding("input", "positions", f"the block sits at positions {inputs.block_positions[:3]}...,"
+                                f" expected {expected[:3]}... after {inputs.start} context positions", None,
+                                cite("positions"), prompt, round_no))
+    return findings
+
+
+def replay(drafter, target, inputs: StepInputs, causal: bool | None = None) -> dict[str, torch.Tensor]:
+    """The trained drafter's module outputs on the engine's own inputs (context features, block, positions);
+    `causal` forces every layer's attention within the block causal (True) or bidirectional (False)."""
+    outputs, handles = {}, []
+
+    def keep(name):
+        def hook(module, args, out):
+            outputs[name] = out[0]  # returns None: a forward hook's return value would replace the output
+        return hook
+
+    handles.append(drafter.fc.register_forward_hook(keep("fc")))
+    for i, layer in enumerate(drafter.layers):
+        handles.append(layer.register_forward_hook(keep(f"layers.{i}")))
+    block = torch.tensor([inputs.block_tokens])
+    positions = torch.tensor([inputs.context_positions + inputs.block_positions])
+    masks = None
+    if causal is not None:
+        masks = [inference_mask(len(inputs.context_positions), len(inputs.block_tokens), drafter.spec.window_of(i),
+                                causal) for i in range(len(drafter.layers))]
+    try:
+        with torch.inference_mode():
+            hidden = drafter(drafter.embed(target, block), inputs.features[None].to(block.device), positions, masks)
+            outputs["norm"] = hidden[0]
+            logits = drafter.compute_logits(hidden[0, drafter.spec.first_proposing_slot:], output_head(target))
+    finally:
+        for handle in handles:
+            handle.remove()
+    outputs["logits"] = logits
+    # The engine's fc ran on this step's context rows only.
+    rows = [inputs.context_positions.index(p) for p in inputs.step_positions if p in inputs.context_positions]
+    outputs["fc"] = outputs["fc"][rows]
+    return outputs
+
+
+def context_key_finding(drafter, inputs: StepInputs, i: int, cite, prompt: str, round_no: int) -> Finding | None:
+    """Draft layer i's context keys (the engine projects and norms them for all layers at once, apart from the
+    layer's forward): before their k_norm, then after; keys normed with another layer's weight are named."""
+    engine_in, engine_out = inputs.modules.get("context_k_in"), inputs.modules.get("context_k")
+    context = inputs.modules.get("context")
+    if engine_in is None or engine_out is None or context is None:
+        return None
+    attn = drafter.layers[i].self_attn
+    with torch.inference_mode():
+        normed = rms_norm(drafter.hidden_norm, context)
+        keys = attn.k_proj(normed).view(normed.shape[0], attn.kv_heads, attn.head_dim)
+        size = relative(engine_in[i], keys)
+        if size > SAME:
+            return Finding("module", f"layers.{i}.self_attn.k_proj", f"same inputs, different output: the engine's "
+                           f"context keys of draft layer {i} (before k_norm) differ from the trained drafter's k_proj "
+                           f"by {size:.3g} (relative)", size, cite("context_keys"), prompt, round_no)
+        size = relative(engine_out[i], rms_norm(attn.k_norm, keys))
+        if size <= SAME:
+            return None
+        other = [j for j, o in enumerate(drafter.layers) if j != i
+                 and relative(engine_out[i], rms_norm(o.self_attn.k_norm, keys)) <= SAME]
+    why = f"normed with draft layer {other[0]}'s k_norm weight, not its own" if other else "not the trained ones"
+    return Finding("module", f"layers.{i}.self_attn.k_norm", f"same inputs, different output: the engine's context "
+                   f"keys of draft layer {i} are {why} (relative difference {size:.3g}); the engine norms every "
+                   f"layer's context keys in one rms_norm call over the stacked k_norm weights", size,
+                   cite("context_k_norm"), prompt, round_no)
+
+
+def causality_finding(drafter, target, inputs: StepInputs, i: int, engine: torch.Tensor, size: float, cite,
+                      prompt: str, round_no: int) -> Finding | None:
+    """Draft layer i's output equals the trained drafter's run with the other block causality: named."""
+    flipped = not drafter.spec.block_is_causal(i)
+    other = replay(drafter, target, inputs, causal=flipped)
+    if relative(engine, other[f"layers.{i}"].float()) > SAME:
+        return None
+    trained, served = ("bidirectional", "causally") if flipped else ("causal", "bidirectionally")
+    return Finding("module", f"layers.{i}.self_attn", f"same inputs, different output: the engine's draft layer {i} "
+                   f"attends {served} within the block; trained {trained} (relative difference as served "
+                   f"{size:.3g}; run {served}, the trained drafter gives the engine's output)", size, cite("causal"),
+                   prompt, round_no)
+
+
+def module_findings(drafter, target, inputs: StepInputs, cite, prompt: str, round_no: int) -> list[Finding]:
+    """In data-flow order (fc; each layer's context keys, then its output; the final norm): every difference
+    whose cause is named, until one that is not (reported, then stop: what follows it is downstream)."""
+    ours = replay(drafter, target, inputs)
+    found: list[Finding] = []
+    engine_fc = inputs.modules.get("fc")
+    if engine_fc is not None:
+        size = relative(engine_fc[: ours["fc"].shape[0]], ours["fc"].float())
+        if size > SAME:
+            return [Finding("module", "fc", f"same inputs, different output: the engine's fc differs from the trained "
+                                            f"drafter's by {size:.3g} (relative)", size, cite("fc"), prompt, round_no)]
+    for i in range(len(drafter.layers)):
+        keys = context_key_finding(drafter, inputs, i, cite, prompt, round_no)
+        if keys is not None:
+            found.append(keys)
+            if keys.what.endswith("k_proj"):
+                return found
+        name = f"layers.{i}"
+        engine, mine = inputs.modules.get(name), ours[name].float()
+        if engine is None or engine.shape != mine.shape:
+            continue  # a block of another length: its input finding says so
+        size = relative(engine, mine)
+        if size <= SAME or found:  # a named cause upstream explains it
+            continue
+        named = causality_finding(drafter, target, inputs, i, engine, size, cite, prompt, round_no)
+        if named is not None:
+            found.append(named)
+            continue
+        return [Finding("module", name, f"same inputs, different output: the engine's {name} differs from the "
+                                        f"trained drafter's by {size:.3g} (relative)", size, cite("layers"), prompt,
+                        round_no)]
+    engine = inputs.modules.get("norm")
+    if not found and engine is not None and engine.shape == ours["norm"].shape:
+        size = relative(engine, ours["norm"].float())
+        if size > SAME:
+            return [Finding("module", "norm", f"same inputs, different output: the engine's final norm differs from "
+                                              f"the trained drafter's by {size:.3g} (relative)", size, cite("norm"),
+                            prompt, round_no)]
+    if found:
+        return found
+    drafts = ours["logits"].argmax(-1).tolist()
+    engine_drafts = inputs.step.get("drafts", [[]])[0]
+    if drafts != engine_drafts[: len(drafts)]:
+        top2 = ours["logits"].float().topk(2, dim=-1).values
+        margin = float((top2[:, 0] - top2[:, 1]).min())
+        return [Finding("unlocalized", "drafts", f"same inputs and module outputs (within {SAME:g}), different "
+                                                  f"drafts {engine_drafts} vs {drafts}; smallest top-2 logit margin "
+                                                  f"{margin:.3g}", margin, cite("drafts"), prompt, round_no)]
+    return []

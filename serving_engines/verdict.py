@@ -1,0 +1,193 @@
+"""The verdict: a served spec held against the trained one. Every difference is a `serving` finding naming the
+engine, the field, the trained and served values and the engine's file:line; an unknown trained value stays
+unknown (a warning naming the `--spec KEY=VALUE` that supplies it). Needs only a DraftSpec, so the conformance
+self-test plants serving bugs through it too."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from foundation.target_vocab import mask_token_problems
+from impl.spec import DraftSpec
+from serving_engines.rules import source as engine_source
+from serving_engines.served import TargetFacts
+
+# Spec fields whose "default" provenance is our loader's guess, not the format's documented meaning.
+GUESSED_DEFAULTS = {"target_layer_ids": "target_layer_ids", "rope_theta": "rope_theta",
+                    "mask_token_id": "mask_token_id", "sliding_window": "layer_windows",
+                    "layer_types": "layer_types", "rms_norm_eps": "rms_norm_eps", "hidden_act": "hidden_act"}
+# Served fields compared with training, each with the catalogue entry that explains it.
+COMPARED = {"target_layer_ids": 26, "layer_types": 27, "layer_windows": 27, "layer_causal": 27,
+            "mask_token_id": 28, "block_size": 29, "rope_theta": 30, "rope_type": 30, "partial_rotary_factor": 30,
+            "is_neox_style": 30, "rms_norm_eps": 31, "hidden_act": 31, "vocab_size": 31, "draft_vocab_size": 31,
+            "input_embedding_scale": 31, "output_multiplier": 31, "final_logit_softcapping": 31,
+            "conv_kernel_size": 31, "conv_group_size": 31, "selector_rank": 31, "selector_top_k": 31,
+            "tensors_ignored": 31, "tensors_refused": 31, "sample_from_anchor": 33,
+            "draft_to_target": 32}
+
+
+LAYER_WORDS = {"layer_types": "attention type", "layer_windows": "sliding window", "layer_causal": "causality"}
+
+
+@dataclass
+class ServingFinding:
+    field: str
+    severity: str  # divergence | warning | info
+    trained: Any
+    served: Any
+    source: str  # engine file:line
+    message: str
+    component: str = "serving"
+    pitfall: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class EngineReport:
+    engine: str
+    version: str
+    loads: bool
+    error: str | None
+    served: dict[str, Any]
+    trained: dict[str, Any]
+    findings: list[ServingFinding]
+    command: str | None
+    sources: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["findings"] = [f.to_dict() for f in self.findings]
+        return data
+
+
+def trained_values(spec: DraftSpec, draft_vocab_size: int | None = None,
+                   defaulted: dict[str, str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """(served-field -> trained value, served-field -> why unknown). Unknown values are None. `defaulted`: spec
+    field -> why its value is a loader default (provenance), not what the drafter declares."""
+    n = spec.num_hidden_layers
+    values: dict[str, Any] = {
+        "target_layer_ids": list(spec.target_layer_ids), "layer_types": list(spec.layer_types),
+        "layer_windows": [spec.window_of(i) for i in range(n)],
+        "layer_causal": [spec.block_is_causal(i) for i in range(n)],
+        "mask_token_id": spec.mask_token_id, "block_size": spec.block_size, "rope_theta": float(spec.rope_theta),
+        # The spec's rotary settings as the drafter's config declares them (#35 compares them with what the
+        # references apply).
+        "rope_type": (spec.rope_scaling or {}).get("rope_type", "default"),
+        "partial_rotary_factor": float(spec.partial_rotary_factor), "is_neox_style": spec.rope_style == "neox",
+        "rms_norm_eps": float(spec.rms_norm_eps), "hidden_act": spec.hidden_act, "vocab_size": spec.vocab_size,
+        "draft_vocab_size": draft_vocab_size or spec.head_size,
+        # How draft ids become target ids (#32): a reduced head's own d2t offsets, else draft id = target id.
+        "draft_to_target": "d2t" if (draft_vocab_size or spec.head_size) != spec.vocab_size else "identity",
+        "input_embedding_scale": float(spec.input_embedding_scale), "tensors_ignored": [], "tensors_refused": [],
+        "sample_from_anchor": spec.sample_from_anchor,
+    }
+    if spec.family == "dflash2":
+        values.update(conv_kernel_size=spec.conv_kernel_size, conv_group_size=spec.conv_group_size,
+                      selector_rank=spec.selector_rank, selector_top_k=spec.selector_top_k,
+                      output_multiplier=float(spec.output_multiplier),
+                      final_logit_softcapping=spec.final_logit_softcapping)
+    unknown = {}
+    for spec_field, served_field in GUESSED_DEFAULTS.items():
+        if spec_field in (defaulted or {}):
+            unknown[served_field] = f"{defaulted[spec_field]}; give it with --spec {spec_field}=VALUE"
+            values[served_field] = None
+            if served_field == "layer_windows":
+                values["layer_causal"] = None
+    return values, unknown
+
+
+def _differing_layers(trained: list, served: list) -> list[int]:
+    return [i for i, (a, b) in enumerate(zip(trained, served)) if a != b]
+
+
+def compare_field(engine: str, name: str, trained: Any, served: Any) -> ServingFinding | None:
+    if trained == served or name not in COMPARED:
+        return None
+    if isinstance(trained, float) and isinstance(served, float) and abs(trained - served) <= 1e-12 * abs(trained):
+        return None
+    source = engine_source(engine, name)
+    pitfall = COMPARED[name]
+    if name.startswith("tensors_"):
+        verb = "drops silently" if name == "tensors_ignored" else "refuses to load the drafter over"
+        return ServingFinding(name, "divergence", trained, served, source,
+                              f"{engine} {verb} {len(served)} tensor(s) the drafter was trained with "
+                              f"({', '.join(served[:3])})", pitfall=pitfall)
+    if isinstance(trained, list) and isinstance(served, list) and name.startswith("layer_") \
+            and len(trained) == len(served):
+        layers = _differing_layers(trained, served)
+        detail = "; ".join(f"layer {i}: trained {trained[i]}, served {served[i]}" for i in layers)
+        return ServingFinding(name, "divergence", trained, served, source,
+                              f"{engine} runs draft layer(s) {layers} with a different {LAYER_WORDS[name]} "
+                              f"than training ({detail})", pitfall=pitfall)
+    return ServingFinding(name, "divergence", trained, served, source,
+                          f"{engine} runs {name} = {served!r}; the drafter was trained with {trained!r}",
+                          pitfall=pitfall)
+
+
+def mask_token_findings(engine: str, mask: int | None, target: TargetFacts) -> list[ServingFinding]:
+    source = engine_source(engine, "mask_token_id")
+    if mask is None:
+        return []
+    if target.vocab_size is None and target.embedding_rows is None and not target.eos_token_ids:
+        return [ServingFinding("mask_token_id", "warning", None, mask, source,
+                               f"whether mask token {mask} is inside the target's vocabulary and embedding and distinct "
+                               "from its eos/pad tokens is unknown without --target", pitfall=28)]
+    limits = {"vocabulary": target.vocab_size, "embedding": target.embedding_rows}
+    special = {"eos": target.eos_token_ids, "pad": target.pad_token_ids}
+    consequence = {"outside": "",
+                   "special": ": the engine feeds a real token as the mask and a decode loop that stops or drops on "
+                              "it misbehaves"}
+    return [ServingFinding("mask_token_id", "divergence", None, mask, source, f"mask token {mask} is {phrase}"
+                           + consequence[kind], pitfall=28)
+            for kind, phrase in mask_token_problems(mask, limits, special)]
+
+
+def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
+                  trained: tuple[dict[str, Any], dict[str, str]] | None = None) -> EngineReport:
+    """How `engine` serves the drafter directory `path` that was trained as `spec` (`trained`: the values
+    and unknowns from `trained_values`, when the caller knows more than the spec)."""
+    from serving_engines.dispatch import resolve
+
+    trained, unknown = trained or trained_values(spec)
+    served = resolve(engine, path, target, spec.block_size, spec.num_target_layers)
+    findings: list[ServingFinding] = []
+    if served.refused_for:  # a value the engine refuses: one finding, under that field's entry
+        name = served.refused_for
+        findings.append(ServingFinding(name, "divergence", trained.get(name), served.values.get(name),
+                                       served.sources.get(name, ""), f"{engine} refuses the drafter: {served.error}",
+                                       pitfall=COMPARED.get(name)))
+    elif not served.loads and not served.values.get("tensors_refused"):  # refused tensors: that finding says it
+        findings.append(ServingFinding("loads", "divergence", True, False, engine_source(engine, "loads"),
+                                       f"{engine} refuses the drafter: {served.error}", pitfall=31))
+    for name, trained_value in trained.items():
+        served_value = served.values.get(name)
+        if name not in served.values or not served.loads and served_value is None or name == served.refused_for:
+            continue
+        source = served.sources.get(name, "")
+        if name in unknown:
+            findings.append(ServingFinding(name, "warning", None, served_value, source,
+                                           f"the trained {name} is unknown ({unknown[name]}); {engine} will run "
+                                           f"{served_value!r}", pitfall=COMPARED.get(name)))
+        elif served_value is None and trained_value is not None:
+            findings.append(ServingFinding(name, "warning", trained_value, None, source,
+                                           f"what {engine} runs for {name} is unknown without --target",
+                                           pitfall=COMPARED.get(name)))
+        else:
+            finding = compare_field(engine, name, trained_value, served_value)
+            if finding is not None:
+                findings.append(finding)
+    if served.loads and served.values.get("target_layer_ids_declared") is False:
+        findings.append(ServingFinding("target_layer_ids_declared", "warning", True, False,
+                                       served.sources.get("target_layer_ids_declared", ""),
+                                       f"the config declares no target layer ids: {engine} guesses "
+                                       f"{served.values.get('target_layer_ids')}", pitfall=26))
+    if served.loads:
+        findings += mask_token_findings(engine, served.values.get("mask_token_id"), target)
+    return EngineReport(engine, served.version, served.loads, served.error, served.values, trained, findings,
+                        served.command, served.sources, served.notes)
+
+

@@ -1,0 +1,86 @@
+"""Every recipe knob is declared once (impl/recipe.py); the CLI, the run config, the format vocabulary, the range checks
+and the docs table are derived from that declaration, and these tests hold each derivation to it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import typer
+
+from dflash_audit.cli import load_verb
+from dflash_audit.formats.vocabulary import ALIASES, BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, convert
+from impl.recipe import DEFAULTS, KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe, flag_table, knob_problem, train_recipe
+from impl.spec import SpecError
+from impl.train import RunConfig, knob_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_docs_flag_table_is_the_generated_one():
+    assert flag_table() in (REPO / "docs" / "training.md").read_text(), "run: python -m impl.recipe"
+
+
+def test_every_knob_declares_its_names_and_whose_default():
+    for name, info in KNOBS.items():
+        extra = info.json_schema_extra
+        assert info.description and extra["default_of"] and extra["flags"], name
+        assert {"speculators", "zlab", "names", "family"} <= set(extra), name
+        assert name in extra["names"], name  # our own name is one a checkpoint may use
+    assert RECIPE_FIELDS == tuple(KNOBS)
+
+
+def test_train_has_one_option_per_knob_with_its_help_and_default():
+    command = load_verb("train")
+    options = {param.name: param for param in command.params}
+    for name, info in KNOBS.items():
+        option = options[name]
+        assert option.default is None  # "not given": --recipe speculators fills it
+        spelled = [flag for decl in info.json_schema_extra["flags"] for flag in decl.split("/")]
+        assert set(spelled) <= set(option.opts) | set(option.secondary_opts), name
+        assert f"(default: {TRAIN_DEFAULTS[name]})" in option.help and info.description in option.help, name
+
+
+def test_run_config_has_each_knob_at_trains_default():
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    for name in KNOBS:
+        assert fields[name].default == TRAIN_DEFAULTS[name], name
+    assert knob_recipe(RunConfig(target="", out="")) == train_recipe()
+    assert train_recipe() != Recipe() and Recipe().to_dict() == {**DEFAULTS, "data_hash": "", "extra": {}}
+
+
+def test_the_format_vocabulary_reads_every_knob_by_its_declared_names_and_type():
+    for name, info in KNOBS.items():
+        for alias in info.json_schema_extra["names"]:
+            assert ALIASES[alias] == name, alias
+        kind = info.annotation
+        assert (name in FLOAT_FIELDS) == (kind is float) and (name in BOOL_FIELDS) == (kind is bool), name
+        assert (name in INT_FIELDS) == (kind in (int, int | None)), name
+    assert convert("gamma", "7", "args.gamma") == 7.0
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("gamma", 0, "gamma: must be positive, got 0"),
+    ("dpace_alpha", 1.5, "dpace_alpha: must be in (0, 1], got 1.5"),
+    ("noise_std", -0.1, "noise_std: must be non-negative, got -0.1"),
+    ("max_anchors", 0, "max_anchors: must be positive, got 0"),
+    ("selector_loss_alpha", -1, "selector_loss_alpha: must be non-negative, got -1"),
+    ("loss_fn", "mse", "loss_fn: 'mse' not in ['kl_div', 'ce']"),
+    ("per_position_loss_weight", "uniform", "per_position_loss_weight: 'uniform' not in ['fixed-exp-decay', 'dpace']"),
+])
+def test_each_range_check_and_its_message_come_from_the_declaration(name, value, message):
+    with pytest.raises(SpecError) as caught:
+        Recipe(**{name: value})
+    assert str(caught.value) == message
+    assert knob_problem(name, value) == message.split(": ", 1)[1]
+    assert knob_problem(name, DEFAULTS[name]) is None
+
+
+def test_train_refuses_an_out_of_range_knob_in_one_line(tmp_path, capsys):
+    from dflash_audit.cli import main
+
+    assert main(["train", "--target", str(tmp_path), "--data", str(tmp_path / "d.jsonl"), "--out",
+                 str(tmp_path / "o.pt"), "--gamma", "nan"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert typer  # the CLI module under test is typer's
