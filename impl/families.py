@@ -16,6 +16,9 @@ from collections.abc import Iterable
 from typing import Any
 
 FAMILIES = ("dflash", "dflash2", "dspark", "xpress")
+# The families our trainer trains: DSpark's confidence/TV loss and XPress's consistency rounds are not implemented
+# in impl/train_step.py (their drafters are audited, decoded, replayed and converted, not trained here).
+TRAINED_FAMILIES = ("dflash", "dflash2")
 # The families speculators 0.9.0 writes (`speculators_model_type`); all four are DFlash drafters.
 SPECULATORS_TYPES = FAMILIES
 # z-lab's dflash 0.1.0 has DFlash and DFlash2 only: no z-lab format exists for DSpark or XPress.

@@ -424,8 +424,8 @@ class SpeculatorsImplementation:
 
     def markov_path(self, drafter, hidden, base_logits, anchor):
         """No inference loop in speculators: its own `block_bias` over the chain so far, slot by slot, as vLLM's
-        runner chains the head (reference_adapters/speculators_family_decode.py)."""
-        from reference_adapters.speculators_family_decode import markov_tokens
+        runner chains the head (reference_adapters/speculators_family_heads.py)."""
+        from reference_adapters.speculators_family_heads import markov_tokens
 
         first = 0 if drafter.config.sample_from_anchor else 1
         return torch.tensor(markov_tokens(drafter, hidden, base_logits, anchor, first))
@@ -434,7 +434,7 @@ class SpeculatorsImplementation:
         return drafter.refiner_head.block_bias(prev_ids, hidden_states=hidden)
 
     def jacobi_tokens(self, drafter, hidden, base_logits, anchor, before_anchor):
-        from reference_adapters.speculators_family_decode import jacobi_tokens
+        from reference_adapters.speculators_family_heads import jacobi_tokens
 
         return torch.tensor(jacobi_tokens(drafter, hidden, base_logits.clone(), anchor, before_anchor))
 

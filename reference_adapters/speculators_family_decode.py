@@ -5,10 +5,7 @@ speculators 0.9.0 has no inference loop: it trains, and vLLM serves (`DSparkSpec
 with nothing of ours in between:
 - the block `[anchor, mask x (B - 1)]` through its decoder layers after the target's context features
   (`SpeculatorsImplementation.draft_forward`: its own layers, masks and rotary), then its `lm_head`;
-- DSpark: left to right, slot s's bias from its own `markov_head.block_bias` over the chain so far
-  (an rnn head's state restarts with each call, so the whole prefix is passed and its last slot read);
-- XPress: its own `refiner_head.hidden_cache` once, then `num_jacobi_passes` calls of `block_bias` on the
-  previous pass's argmax, as its training's consistency rounds do.
+- its heads' proposals (reference_adapters/speculators_family_heads.py).
 The target is rerun on the whole sequence every round (no cache): slow, and independent of our loop's cache.
 τ per prompt from this loop is what `dflash_decode` must reproduce.
 """
@@ -19,35 +16,7 @@ import torch
 from torch import nn
 
 from reference_adapters.speculators_adapter import SpeculatorsImplementation
-
-
-def markov_tokens(model, hidden: torch.Tensor, base: torch.Tensor, anchor: int, first: int) -> list[int]:
-    prev, tokens = [anchor], []
-    for slot in range(hidden.shape[1]):
-        ids = torch.tensor([prev], device=hidden.device)
-        bias = model.markov_head.block_bias(prev_token_ids=ids, hidden_states=hidden[:, : slot + 1])[:, -1]
-        if slot < first:
-            prev.append(anchor)  # the anchor-as-bonus layout: slot 1 follows the anchor too
-            continue
-        choice = int((base[:, slot] + bias).argmax(-1))
-        tokens.append(choice)
-        prev.append(choice)
-    return tokens
-
-
-def jacobi_tokens(model, hidden: torch.Tensor, base: torch.Tensor, anchor: int, before: int) -> list[int]:
-    head, layout = model.refiner_head, model.config.sample_from_anchor
-    hcache = head.hidden_cache(hidden.to(head.down_h.weight.dtype))
-    pred = base.argmax(-1)
-    anchor_t, before_t = torch.tensor([[anchor]]), torch.tensor([[before]])
-    for _ in range(model.config.num_jacobi_passes):
-        if layout:
-            prev = torch.cat([anchor_t, pred[:, :-1]], dim=1)
-        else:
-            pred[:, :1] = anchor_t
-            prev = torch.cat([before_t, pred[:, :-1]], dim=1)
-        pred = (base + head.block_bias(prev, hcache=hcache)).argmax(-1)
-    return pred[0, 0 if layout else 1:].tolist()
+from reference_adapters.speculators_family_heads import jacobi_tokens, markov_tokens
 
 
 @torch.no_grad()
