@@ -77,6 +77,8 @@ def redrawn(name: str, t: torch.Tensor) -> torch.Tensor:
         return identity + 0.3 * torch.randn_like(t)
     if name.endswith("kernel_projection.weight"):
         return 0.2 * torch.randn_like(t)
+    if name.startswith(("refiner_head.down_h", "refiner_head.down_g")):
+        return 0.05 * torch.randn_like(t)  # the block's hidden summary: small beside the previous tokens' part
     if "candidate_selector" in name or name.startswith(("markov_head.", "refiner_head.")):
         return 0.5 * torch.randn_like(t)  # a transition term (a Markov or refiner bias) that can overturn the order
     return 0.05 * torch.randn_like(t)
