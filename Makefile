@@ -22,6 +22,15 @@ SPECULATORS_DEPS := "pydantic>=2" "pydantic-settings>=2" "loguru>=0.7.2,<=0.7.3"
 # only torch, transformers and pydantic, so it too is installed with --no-deps.
 SPECFORGE_DEPS := "pydantic>=2"
 
+# nvidia-modelopt==0.47.0 (NVIDIA Model-Optimizer, held by `pytest conformance --impl modelopt`) declares ninja,
+# nvidia-ml-py and more; its speculative modules import only pulp and scipy beyond what is here, so it is installed
+# with --no-deps. Its DFlash drafter cannot run on transformers 5.19 (held/modelopt.py: its rotary is built with a
+# `device` keyword 5.19 dropped), so it runs in its own environment, .venv/modelopt-env: transformers 5.14.1 (its
+# [hf] extra asks < 5.15) and the tokenizers that accepts, everything else read from this venv through a .pth file.
+MODELOPT_DEPS := "pulp==3.3.2" "scipy==1.17.1"
+MODELOPT_ENV := $(VENV)/modelopt-env
+MODELOPT_ENV_PACKAGES := "transformers==5.14.1" "tokenizers==0.22.2"
+
 # vllm==0.33.0 and sglang==0.5.23 (the serving engines `serve-check` holds a drafter against, serving_engines/)
 # declare CUDA torch, flashinfer, triton and more; their DFlash config code needs none of it, so both are
 # installed with --no-deps. What vLLM's speculators config, config utils and aux-layer resolution import
@@ -33,7 +42,7 @@ DOCS_DEPS := "mkdocs==1.6.1" "mkdocs-material==9.8.1"
 VLLM_DEPS := "pyzmq==27.3.0" "cbor2==6.3.0" "orjson==3.13.0" "openai-harmony==0.0.8"
 SGLANG_DEPS :=
 
-.PHONY: setup test docs demo quick clean browser bench gpu-check
+.PHONY: setup test docs demo quick clean browser bench gpu-check fuzz
 setup: $(STAMP) $(VLLM_STAMP)
 
 # The live serving check (`serve-check --live`) runs a real vLLM engine in its own environment, a subprocess:
@@ -59,6 +68,13 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --no-deps specforge==0.2.0
 	$(PY) -c "import speculators.models.dflash, speculators.models.dflash2, speculators.convert.dflash, dflash.model; print('setup: references import OK')"
 	$(PY) -c "import held.specforge; print('setup: specforge imports OK')"
+	$(PIP) install --no-deps $(MODELOPT_DEPS) nvidia-modelopt==0.47.0
+	rm -rf $(MODELOPT_ENV) && $(PY) -m venv --without-pip $(MODELOPT_ENV)
+	$(PIP) install --no-deps --target "$$($(MODELOPT_ENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+		$(MODELOPT_ENV_PACKAGES)
+	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+		"$$($(MODELOPT_ENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/shared-venv.pth"
+	PYTHONPATH=. $(MODELOPT_ENV)/bin/python -c "import transformers, held.modelopt_ops; assert transformers.__version__ == '5.14.1'; print('setup: modelopt imports OK')"
 	$(PIP) install --no-deps $(VLLM_DEPS) $(SGLANG_DEPS)
 	$(PIP) install --no-deps vllm==0.33.0 sglang==0.5.23
 	$(PIP) install $(DOCS_DEPS)
@@ -85,6 +101,14 @@ test: setup browser docs
 # The docs site, strictly: a broken link, a missing anchor or a page left out of mkdocs.yml's nav fails it.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site  # not --quiet: it hides the warnings strict counts
+
+# The fuzz of every reader (tests/bad_inputs/test_fuzz.py) beyond the bounded, derandomized run `make test` does:
+# fresh examples each time, FUZZ_EXAMPLES a reader; the shrunk example of anything it finds is added to
+# tests/bad_inputs/fuzz_regressions.json, which every `make test` replays.
+FUZZ_EXAMPLES ?= 300
+fuzz: setup
+	OMP_NUM_THREADS=1 DFLASH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) DFLASH_FUZZ_RECORD=1 $(PY) -m pytest -q \
+		tests/bad_inputs/test_fuzz.py
 
 quick: setup
 	$(PY) -m pytest -q tests conformance -m quick

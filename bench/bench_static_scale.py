@@ -6,7 +6,7 @@ with fc over 4 of its 5 target layers). The floor reads both files through safet
 lazy `safe_open` and `torch.equal`s every tensor: the least any audit of the pair must do.
 Every command runs in its own process, files warm in the page cache, floor and ours
 alternating, the faster of REPEATS runs counting; memory is the peak RssAnon sampled from
-/proc (file-backed pages of the mmap do not count). Goals: compare wall <= 2x the floor;
+/proc (file-backed pages of the mmap do not count). Goals: compare wall <= 1.2x the floor;
 peak RssAnon of compare and convert <= 2 x the largest tensor + 512 MB.
 
     python bench/bench_static_scale.py [--shape qwen3.6-27b|qwen3-8b|tiny] [--tmp DIR]
@@ -29,6 +29,7 @@ from results import RESULTS, Row, record  # noqa: E402
 from scale_drafters import SHAPES, body_shapes, write_pair  # noqa: E402
 
 REPEATS = 2
+WALL_GOAL = 1.2  # the CLI's start and the audit beyond the read itself: at most a fifth of the floor
 FLOOR = """
 import sys
 import torch
@@ -110,10 +111,10 @@ def main() -> None:
         same_ok = found_same == [] and all(m.returncode == 0 for m in ours_same)
         fc4_ok = found_fc4 == [("fc_dims", "divergence")] and all(m.returncode == 1 for m in ours_fc4)
         rows = [
-            Row(f"{args.shape} static compare, identical pair: ours / floor wall", same_s / floor_s, 2.0, "<=",
+            Row(f"{args.shape} static compare, identical pair: ours / floor wall", same_s / floor_s, WALL_GOAL, "<=",
                 detail=f"{same_s:.2f} s vs {floor_s:.2f} s, {2 * size_gb:.2f} GB read; findings {found_same} "
                        f"({'as expected' if same_ok else 'WRONG: expected none'})"),
-            Row(f"{args.shape} static compare, fc over 4 of 5: ours / floor wall", fc4_s / floor_s, 2.0, "<=",
+            Row(f"{args.shape} static compare, fc over 4 of 5: ours / floor wall", fc4_s / floor_s, WALL_GOAL, "<=",
                 detail=f"{fc4_s:.2f} s vs {floor_s:.2f} s; findings {found_fc4} "
                        f"({'as expected' if fc4_ok else 'WRONG: expected exactly fc_dims'})"),
         ]

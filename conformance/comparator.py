@@ -3,7 +3,8 @@
 A `Comparator` is handed to every check. Each comparison is reported to a sink (the
 session recorder, or the planted-bug harness) as pass / fail / reference-divergence.
 A failing comparison raises `Divergence` carrying its `DiffEntry`, so the test fails AND
-the entry is recorded; a difference between two references is recorded, not raised.
+the entry is recorded; a difference between two references is recorded, not raised; a call the plug
+under test cannot take (`PlugMismatch`, conformance/plug.py) is recorded `plug-mismatch`, never a divergence.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from catalogue.pitfalls import PITFALLS
+from conformance.plug import PlugMismatch
 from conformance.tolerances import EXACT, Tolerance
 from impl.interface import Unsupported
 
@@ -150,6 +152,14 @@ class Comparator:
         self.sink("n/a", None, {"component": component, "pitfall": pitfall, "implementations": list(names),
                                 "test": self.test, "reason": reason})
 
+    def plug_mismatch(self, names: tuple[str, str], message: str, *, pitfall: int | None = None) -> None:
+        """Record a call the plug cannot take; the test goes on (what it could not run is not compared)."""
+        component, pitfall = self._entry(pitfall)
+        entry = DiffEntry(component=component, pitfall=pitfall, implementations=names, message=message,
+                          example=self.example, test=self.test)
+        self.sink("plug-mismatch", entry, {"component": component, "pitfall": pitfall,
+                                           "implementations": list(names), "test": self.test})
+
     def compare(self, names: tuple[str, str], actual: Any, expected: Any, tolerance: Tolerance = EXACT,
                 what: str = "", *, pitfall: int | None = None) -> DiffEntry | None:
         """Compare `actual` (names[0]) with `expected` (names[1]); callables are evaluated here, and one
@@ -162,6 +172,10 @@ class Comparator:
         for name, error in ((names[0], a_error), (names[1], b_error)):
             if isinstance(error, Unsupported):  # a case this implementation cannot express: n/a, with its reason
                 self.not_applicable(names, f"{what + ': ' if what else ''}{name}: {error}", pitfall=pitfall)
+                return None
+        for error in (a_error, b_error):
+            if isinstance(error, PlugMismatch):  # the plug is older than the call: not the codebase's divergence
+                self.plug_mismatch(names, f"{what + ': ' if what else ''}{error}", pitfall=pitfall)
                 return None
         if a_error or b_error:
             fields = {"message": f"{what + ': ' if what else ''}"
@@ -186,12 +200,13 @@ class Comparator:
     def run(self, names: tuple[str, str], operation: Callable[[], Any], what: str = "", *,
             pitfall: int | None = None) -> tuple[bool, Any]:
         """Call one side's operation outside a comparison (its output feeds rule checks): `(True, value)`,
-        or `(False, None)` once an unsupported case is recorded n/a; any other error is a divergence."""
+        or `(False, None)` once an unsupported case is recorded n/a or a plug mismatch recorded; any other error is
+        a divergence."""
         value, error = _evaluate(operation)
         if error is None:
             return True, value
         self.compare(names, lambda: _reraise(error), None, EXACT, what, pitfall=pitfall)
-        return False, None  # only an Unsupported case gets here: compare raised for anything else
+        return False, None  # only an Unsupported case or a plug mismatch gets here: compare raised for anything else
 
 
 def _reraise(error: Exception):

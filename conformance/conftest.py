@@ -7,7 +7,10 @@
   fixture parametrized over (impl, reference) and, with `cross`, (speculators, zlab);
   a pair where either side declares the operation unsupported is recorded "n/a", not run;
 - `conform` is the `Comparator` of the running test; every outcome lands in the session
-  recorder, which writes reports/conformance/{results.json,index.html} at session end.
+  recorder, which writes reports/conformance/{results.json,index.html} at session end;
+- the implementation under test is seen through `Plug` (conformance/plug.py): a call of the current interface
+  it cannot take is a plug mismatch naming the interface change, listed at the end of the run (exit status 1),
+  never a divergence.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pytest
 import reference_adapters as registry
 from catalogue.pitfalls import PITFALLS
 from conformance.comparator import Comparator
+from conformance.plug import Plug, PlugMismatch, declared_version
 from conformance.recorder import Recorder
 from foundation.packages import installed_version, installed_versions
 from held import HELD
@@ -55,6 +59,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "compare(operation, references, cross): pairs of implementations compared")
     config.stash[IMPLEMENTATIONS] = {}
     config.stash[RECORDER] = Recorder(implementation=config.getoption("--impl"))
+    implementation(config, "impl")  # a plug that cannot load, or declares no version we know: one line, exit 4
 
 
 def load_object(path: str):
@@ -69,11 +74,21 @@ def load_object(path: str):
     return obj() if inspect.isclass(obj) else obj
 
 
+def plugged(config, obj) -> Plug:
+    """The implementation under test behind the plug boundary, its declared interface version recorded."""
+    try:
+        config.stash[RECORDER].interface_version = declared_version(obj)
+    except ValueError as error:
+        raise pytest.UsageError(f"--impl {config.getoption('--impl')!r}: {error}") from None
+    return Plug(obj)
+
+
 def implementation(config, role: str):
     """`role` is "impl" (the one under test) or a reference name; loaded once per session."""
     cache = config.stash[IMPLEMENTATIONS]
     if role not in cache:
-        cache[role] = load_object(config.getoption("--impl") if role == "impl" else REFERENCES[role])
+        cache[role] = (plugged(config, load_object(config.getoption("--impl"))) if role == "impl"
+                       else load_object(REFERENCES[role]))
     return cache[role]
 
 
@@ -134,6 +149,31 @@ def conform(request, recorder) -> Comparator:
     return Comparator(recorder.sink, request.node.nodeid, REFERENCE_NAMES, marker.args[0] if marker else None)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A plug mismatch raised outside a comparison (a test calling the plug directly) is recorded as one too."""
+    outcome = yield
+    if call.excinfo is None or not isinstance(call.excinfo.value, PlugMismatch):
+        return
+    marker = item.get_closest_marker("pitfall")
+    if marker is None:
+        return
+    roles = getattr(item, "callspec", None) and item.callspec.params.get("pair_roles")
+    names = tuple(implementation(item.config, role).name for role in roles) if roles else \
+        (implementation(item.config, "impl").name, "speculators")
+    Comparator(item.config.stash[RECORDER].sink, item.nodeid, REFERENCE_NAMES, marker.args[0]).plug_mismatch(
+        names, str(call.excinfo.value))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    mismatches = [r for r in config.stash[RECORDER].records.values() if r.status == "plug-mismatch"]
+    if mismatches:
+        terminalreporter.section("plug mismatches (calls the plug cannot take; not divergences)")
+        messages = (r.diff.message for r in mismatches if r.diff)  # one line per change, not per example
+        for message in sorted({m[m.find("plug mismatch:"):] for m in messages}):
+            terminalreporter.write_line(message)
+
+
 def versions() -> dict[str, str]:
     """Every package of the one table (foundation/packages.py), and hypothesis, which draws the cases."""
     found = {**installed_versions(), "hypothesis": installed_version("hypothesis")}
@@ -160,6 +200,8 @@ def pytest_sessionfinish(session, exitstatus):
         session.config.workeroutput["conformance"] = recorder.export()
     else:
         recorder.write(report_dir(session.config), versions())
+        if session.exitstatus == 0 and any(r.status == "plug-mismatch" for r in recorder.records.values()):
+            session.exitstatus = 1  # the plug is out of date: the run is not clean, though nothing diverged
 
 
 @pytest.hookimpl(optionalhook=True)

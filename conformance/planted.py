@@ -52,6 +52,7 @@ from catalogue.pitfalls import PITFALLS
 from impl.dflash2 import CandidateSelector
 from impl.extract import HiddenStateExtractor, final_norm
 from impl.model import DFlashDrafter
+from impl.recipe import DEFAULTS
 from impl.spec import DraftSpec
 from impl.target_alignment import TargetAligner
 
@@ -66,7 +67,7 @@ DPACE = DPaceCase(per_slot_loss=-torch.tensor([[0.9, 0.8, 0.3, 0.95, 0.9, 0.6, 0
                                                 0.9, 0.9, 0.9, 0.9]]).log(),
                   loss_mask=torch.tensor([[0, 1, 1, 1, 0, 1, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0]], dtype=torch.float32),
                   block_size=4, alpha=0.3)
-DPACE_LOSS = LossCase(num_anchors=4, block_size=4, vocab=16, gamma=4.0, kind="ce", sample_from_anchor=False,
+DPACE_LOSS = LossCase(num_anchors=4, block_size=4, vocab=16, gamma=DEFAULTS["gamma"], kind="ce", sample_from_anchor=False,
                       dtype=torch.float32, seed=5)
 # DFlash2: the same small drafter with 3-tap convolutions in groups of 8, a rank-8 selector over the top 5,
 # bidirectional sliding windows.
@@ -214,7 +215,7 @@ def _noisy_targets(original):
 
 
 def _slot0_weighted(original):
-    def weights(block_size, gamma=4.0, sample_from_anchor=False, device=None):
+    def weights(block_size, gamma=DEFAULTS["gamma"], sample_from_anchor=False, device=None):
         w = original(block_size, gamma, sample_from_anchor, device=device).clone()
         w[0] = 1.0
         return w

@@ -10,10 +10,12 @@ from typing import Any
 from catalogue.pitfalls import PITFALLS as CATALOGUE
 from conformance.comparator import DiffEntry
 from foundation.atomic import atomic_write_bytes
+from impl.interface_versions import CURRENT as INTERFACE_VERSION
 
 SCHEMA = "dflash-audit-conformance/1"
-# When one comparison key sees several outcomes (hypothesis runs many examples), the worst wins.
-SEVERITY = {"n/a": 0, "pass": 1, "reference-divergence": 2, "fail": 3}
+# When one comparison key sees several outcomes (hypothesis runs many examples), the worst wins. A plug
+# mismatch (a call the plug under test cannot take, conformance/plug.py) is worse than a pass and never a fail.
+SEVERITY = {"n/a": 0, "pass": 1, "reference-divergence": 2, "plug-mismatch": 3, "fail": 4}
 # Every catalogue entry the suite checks, with the component name it reports it under.
 PITFALLS = {n: p.component for n, p in CATALOGUE.items() if p.checked_by == "conformance"}
 
@@ -38,6 +40,7 @@ class Record:
 @dataclass
 class Recorder:
     implementation: str = "ours"
+    interface_version: int | None = None  # the version the plug under test declares (conformance/plug.py)
     records: dict[tuple, Record] = field(default_factory=dict)
     planted: list[dict[str, Any]] = field(default_factory=list)
 
@@ -107,6 +110,8 @@ class Recorder:
                          for n, name in PITFALLS.items()},
             "components": components,
             "reference_divergences": [r for r in components if r["status"] == "reference-divergence"],
+            "plug_mismatches": [r for r in components if r["status"] == "plug-mismatch"],
+            "interface": {"suite": INTERFACE_VERSION, "plug": self.interface_version},
             "planted": sorted(self.planted, key=lambda p: p["bug"]),
             "versions": versions,
         }

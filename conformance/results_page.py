@@ -15,12 +15,14 @@ TEMPLATE = """<!doctype html>
 body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}.pass{background:#e3f6e3}.fail{background:#fbe0e0}.n-a{background:#eee;color:#666}
-.reference-divergence{background:#fff3cd}.missing{background:#fbe0e0}code,pre{font:12px monospace}
+.reference-divergence{background:#fff3cd}.plug-mismatch{background:#e0e8fb}.missing{background:#fbe0e0}code,pre{font:12px monospace}
 pre{white-space:pre-wrap;margin:0}.caught{background:#e3f6e3}.missed{background:#fbe0e0}
 </style></head><body>
 <h1>DFlash conformance: {{ r.implementation }}</h1>
 <p>{{ s["pass"] }} pass, {{ s["fail"] }} fail, {{ s["reference-divergence"] }} reference divergence(s),
-{{ s["n/a"] }} not applicable.
+{{ s["n/a"] }} not applicable{% if s["plug-mismatch"] %}, {{ s["plug-mismatch"] }} plug mismatch(es): calls the
+plug (interface {{ r.interface.plug }}) cannot take in interface {{ r.interface.suite }}, not divergences of the codebase
+it wraps{% endif %}.
 {% if s["fail"] == 0 %}<strong>No divergence from the references.</strong>{% endif %}
 Planted bugs caught: {{ s.planted_caught }}/{{ s.planted_total }}.</p>
 

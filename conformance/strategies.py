@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from conformance.world import VOCAB
 from impl.defaults import QWEN3_DEFAULTS
+from impl.layers import final_layer
 from impl.spec import DraftSpec
 
 # Modest example counts: the full suite must run on 2 CPU cores in < 10 minutes.
@@ -44,7 +45,7 @@ def draft_specs(draw, max_layers: int = 6, sliding: bool | None = None, min_bloc
     layers = draw(st.integers(1, max_layers))
     kv_heads = draw(st.sampled_from([1, 2]))
     heads = kv_heads * draw(st.sampled_from([1, 2]))
-    ids = draw(st.lists(st.integers(0, num_target_layers - 1), min_size=1, max_size=min(6, num_target_layers),
+    ids = draw(st.lists(st.integers(0, final_layer(num_target_layers)), min_size=1, max_size=min(6, num_target_layers),
                         unique=True))
     use_sliding = draw(st.booleans()) if sliding is None else sliding
     types = tuple(draw(st.sampled_from(["sliding_attention", "full_attention"])) if use_sliding
@@ -345,7 +346,7 @@ def rotary_specs(draw, partial: bool | None = None, interleaved: bool | None = F
     max_positions = draw(st.sampled_from([64, QWEN3_DEFAULTS["max_position_embeddings"]]))
     factors = [f for f in (0.25, 0.5, 0.75) if int(spec.head_dim * f) % 2 == 0 and int(spec.head_dim * f) >= 2]
     use_partial = draw(st.booleans()) if partial is None else partial
-    return dataclasses.replace(spec, rope_theta=draw(st.sampled_from([10_000.0, 500_000.0, QWEN3_DEFAULTS["rope_theta"]])),
+    return dataclasses.replace(spec, rope_theta=draw(st.sampled_from([QWEN3_DEFAULTS["rope_theta"], 500_000.0, 1_000_000.0])),
                                max_position_embeddings=max_positions, rope_scaling=draw(rope_scalings(max_positions)),
                                partial_rotary_factor=draw(st.sampled_from(factors)) if use_partial else 1.0,
                                rope_style="gptj" if (draw(st.booleans()) if interleaved is None else interleaved)

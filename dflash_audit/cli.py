@@ -15,6 +15,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from dflash_audit.commands import VERBS, module_of
+from dflash_audit.faults import clean, os_fault, unforeseen
 from foundation.atomic import OutputError
 from foundation.errors import AuditError, CheckpointError
 from foundation.packages import PACKAGES, installed_version
@@ -59,7 +60,7 @@ def load_verb(verb: str) -> TyperCommand:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 -- any import failure is reported when the verb is used
-        register_unloadable(single, verb, f"{module_name} failed to import ({type(exc).__name__}: "
+        register_unloadable(single, verb, f"{module_name} failed to import ("
                                           f"{one_line(str(exc))[:300]})")
     else:
         module.register(single)
@@ -98,7 +99,7 @@ def root(version: bool = typer.Option(False, "--version", is_eager=True, callbac
     """Reference-parity audit and conformance harness for DFlash drafters."""
 
 
-EXPECTED_ERRORS = (AuditError, CheckpointError, SpecError, OutputError, FileNotFoundError)
+EXPECTED_ERRORS = (AuditError, CheckpointError, SpecError, OutputError)
 
 
 def one_line(text: str) -> str:
@@ -119,10 +120,36 @@ def error_message(exc: BaseException) -> str:
     if "NoArgsIsHelpError" in names:
         return f"no command given; one of {', '.join(VERBS)} (see the usage above)"
     if isinstance(exc, EXPECTED_ERRORS):
-        return one_line(str(exc)) or type(exc).__name__
+        return clean(str(exc)) or "bad input (rerun with --debug for the details)"
     if "ClickException" in names:
-        return one_line(exc.format_message()) or type(exc).__name__
-    return f"{type(exc).__name__}: {one_line(str(exc))[:300]} (rerun with --debug for the traceback)"
+        return clean(exc.format_message()) or "bad usage (see --help)"
+    return os_fault(exc) or unforeseen(exc)
+
+
+def printable(text: str) -> str:
+    """`text` with undecodable bytes of a file name (surrogate escapes) shown as \\xNN, not a codec error."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace") \
+            if all(not 0xD800 <= ord(c) <= 0xDC7F for c in text) else text.encode("utf-8", "backslashreplace").decode()
+
+
+def check_arguments(argv: list[str]) -> None:
+    """Values no flag can take, refused before a flag reads them: an empty one (`--ours ''` is the current
+    folder to pathlib) and one that is not UTF-8 (a file name in another encoding: reports are UTF-8)."""
+    for index, value in enumerate(argv):
+        flag, _, inline = value.partition("=") if value.startswith("--") else ("", "", "")
+        if value == "" or (flag and _ and inline == ""):
+            named = flag or (argv[index - 1] if index and argv[index - 1].startswith("-") else "an argument")
+            raise AuditError(f"{named}: an empty value; give a path or value")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            named = argv[index - 1] if index and argv[index - 1].startswith("-") else "an argument"
+            raise AuditError(f"{named} {printable(value)}: not valid UTF-8 (a file name in another encoding); "
+                             "rename it or give it through a UTF-8 named link") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if debug:
         argv.remove("--debug")
     try:
+        check_arguments(argv)
         result = app(args=argv, prog_name="dflash-audit", standalone_mode=False)
     except typer.Exit as exc:
         return exc.exit_code
@@ -143,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         proposal = getattr(exc, "proposal", None)
         if proposal:  # a key map for names no known scheme fits: on stdout, ready to save
             print(proposal, end="")
-        print(f"{error_prefix()}{error_message(exc)}", file=sys.stderr)
+        print(printable(f"{error_prefix()}{error_message(exc)}"), file=sys.stderr)
         return 2
     return int(result or 0)
 

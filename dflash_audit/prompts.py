@@ -14,7 +14,7 @@ import torch
 
 from foundation.errors import AuditError
 from foundation.inputs import read_utf8
-from foundation.jsonl import json_lines
+from foundation.jsonl import check_text, json_lines
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 
@@ -33,7 +33,8 @@ def _prompt_from_record(record, where: str, line_no: int) -> dict[str, str]:
         raise AuditError(f"{where}: needs a 'prompt' or a 'turns' field")
     if not isinstance(text, str) or not text:
         raise AuditError(f"{where}: the prompt must be a non-empty string")
-    return {"id": str(record.get("id", line_no)), "prompt": text}
+    check_text(text, f"{where}: the prompt", AuditError)
+    return {"id": check_text(str(record.get("id", line_no)), f"{where}: the id", AuditError), "prompt": text}
 
 
 def load_prompts(path: str | Path) -> list[dict[str, str]]:
@@ -60,9 +61,12 @@ def uses_chat_template(tokenizer, mode: str = "auto") -> bool:
     return has_template if mode == "auto" else mode == "on"
 
 
-def tokenize_prompt(tokenizer, prompt: dict[str, str] | str, mode: str = "auto") -> torch.Tensor:
-    """Token ids [1, T] of one prompt (a `{"id", "prompt"}` record or its text)."""
+def tokenize_prompt(tokenizer, prompt: dict[str, str] | str, mode="auto") -> torch.Tensor:
+    """Token ids [1, T] of one prompt (a `{"id", "prompt"}` record or its text); `mode` is a chat-template
+    mode or a `foundation.chat_template.ChatTemplate` (`--chat-template FILE`, `--chat-template-kwargs`)."""
     text = prompt["prompt"] if isinstance(prompt, dict) else prompt
+    if not isinstance(mode, str):
+        return mode.ids(tokenizer, [{"role": "user", "content": text}])
     if uses_chat_template(tokenizer, mode):
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                  add_generation_prompt=True)
@@ -75,7 +79,7 @@ def tokenize_prompt(tokenizer, prompt: dict[str, str] | str, mode: str = "auto")
     return torch.tensor([ids], dtype=torch.long)
 
 
-def tokenize_prompts(tokenizer, prompts: list[dict[str, str]], mode: str = "auto") -> list[tuple[str, torch.Tensor]]:
+def tokenize_prompts(tokenizer, prompts: list[dict[str, str]], mode="auto") -> list[tuple[str, torch.Tensor]]:
     """`[(id, ids [1, T])]` for every prompt."""
     return [(p["id"], tokenize_prompt(tokenizer, p, mode)) for p in prompts]
 

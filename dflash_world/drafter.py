@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from foundation.cache_dir import build_once
+from impl.recipe import DEFAULTS
 
 from .world_cache import WorldPaths
 from .corpus import stdlib_corpus
@@ -25,7 +26,7 @@ TEST_DRAFTER = dict(steps=400, max_anchors=48, block_size=8, draft_layers=2, tar
                     layer_types=["sliding_attention", "full_attention"], sliding_window=48, seq_len=256,
                     batch_size=4, lr=3e-3, warmup=20, progress=False,
                     # Pinned: the trainer now defaults to D-PACE; these drafters keep their fixed-decay training.
-                    per_position_loss_weight="fixed-exp-decay", gamma=4.0)
+                    per_position_loss_weight="fixed-exp-decay", gamma=DEFAULTS["gamma"])
 DRAFTER_FILES = {"kl_div": "test-drafter.pt", "ce": "test-drafter-ce.pt"}
 # The DFlash2 twin: the same run with convolutions and a selector, speculators' dflash2 loss (KL, fixed decay)
 # and its bidirectional sliding windows; a small selector, sized for the tiny world.

@@ -9,6 +9,8 @@ other new file would (0666 / 0777 masked by the umask), not mkstemp's private 06
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import re
 import shutil
@@ -16,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 TMP_DIR = ".dflash-audit-tmp"
-TMP_TAG = ".tmp-"  # `<name>.tmp-<mkstemp's 8 random chars>`
+TMP_TAG = ".tmp-"  # `<name>.tmp-<writer's pid>-<mkstemp's 8 random chars>`
 
 
 class OutputError(ValueError):
@@ -33,8 +35,47 @@ def temp_folder(path: Path) -> Path:
     return Path(path).parent / TMP_DIR
 
 
+NAME_MAX = 255  # bytes in one file name on every Linux file system we write to
+TEMP_SUFFIX_LEN = len(TMP_TAG) + 8 + 8  # the tag, a pid of up to 7 digits and a dash, mkstemp's 8 characters
+
+
+def temp_stem(name: str) -> str:
+    """The temp entries' prefix for destination `name`: the name itself, or for a name so long that the
+    temp suffix would push it past NAME_MAX (a legal name must stay writable), its start and a hash."""
+    if len(os.fsencode(name)) + TEMP_SUFFIX_LEN <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+    return name[:50] + "~" + digest  # at most 4 bytes a character: well under NAME_MAX
+
+
 def _is_leftover(entry: str, name: str) -> bool:
-    return re.fullmatch(re.escape(name) + re.escape(TMP_TAG) + r"[a-z0-9_]{8}", entry) is not None
+    """A temp entry for `name` whose writer is gone (killed mid-write). One whose writer still runs (a
+    concurrent write to the same destination) is its, not a leftover: removing it would break that write."""
+    match = re.fullmatch(re.escape(temp_stem(name)) + re.escape(TMP_TAG) + r"(?:(\d+)-)?[a-z0-9_]{8}", entry)
+    return match is not None and (match.group(1) is None or not _alive(int(match.group(1))))
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process writes one destination at a time: its own entry here is a leftover
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def _prefix(path: Path) -> str:
+    return f"{temp_stem(path.name)}{TMP_TAG}{os.getpid()}-"
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return NAME_MAX
 
 
 def _remove(path: Path) -> None:
@@ -74,11 +115,16 @@ def prepare_destination(path: str | Path) -> Path:
     returns the temp folder. OutputError naming `path` if it cannot be written there."""
     path = Path(path).absolute()
     folder = temp_folder(path)
+    longest = max((part for part in path.parts), key=lambda part: len(os.fsencode(part)))
+    limit = _name_max(path.parent) if path.parent.is_dir() else NAME_MAX
+    if len(os.fsencode(longest)) > limit:
+        raise OutputError(f"{path}: cannot write there (file name too long: {len(os.fsencode(longest))} bytes in "
+                          f"one name, the file system allows {limit})")
     try:
         # A concurrent writer's tidy may remove the empty folder between our mkdir and listdir.
         entries = _in_temp_folder(folder, _created_and_listed)
     except OSError as exc:
-        raise OutputError(f"{path}: cannot write there ({exc.strerror or type(exc).__name__})") from None
+        raise OutputError(f"{path}: cannot write there ({exc.strerror or 'the folder cannot be made'})") from None
     for entry in entries:
         if _is_leftover(entry, path.name):
             _remove(folder / entry)
@@ -101,15 +147,43 @@ def _default_modes(root: Path) -> None:
             os.chmod(os.path.join(folder, name), 0o666 & ~mask)
 
 
-def _fail(path: Path, exc: OSError) -> OutputError:
-    return OutputError(f"{path}: cannot write ({exc.strerror or type(exc).__name__})")
+def _fail(path: Path, exc: BaseException) -> OutputError:
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+        return OutputError(f"{path}: cannot write (another process wrote it at the same moment; it holds that "
+                           "write, whole)")
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else write_fault(exc)
+    return OutputError(f"{path}: cannot write ({reason or 'the write failed'})")
+
+
+# What libraries that write without raising OSError (safetensors' writer, torch's zip writer) say when
+# the disk is full or read-only.
+WRITE_FAULT_TEXTS = (("No space left on device", "No space left on device"),
+                     ("Read-only file system", "Read-only file system"),
+                     ("File name too long", "File name too long"),
+                     ("Disk quota exceeded", "Disk quota exceeded"),
+                     ("file write failed", "the write failed; is the disk full?"),
+                     ("unexpected pos", "the write failed; is the disk full?"))
+
+
+def write_fault(exc: BaseException) -> str | None:
+    text = str(exc)
+    return next((fault for needle, fault in WRITE_FAULT_TEXTS if needle in text), None)
+
+
+def _make_temp(folder: Path, path: Path, make):
+    """`make(folder, prefix)` (mkstemp / mkdtemp); on failure the temp folder is tidied and the fault named."""
+    try:
+        return _in_temp_folder(folder, lambda where: make(prefix=_prefix(path), dir=where))
+    except OSError as exc:
+        _tidy(folder)
+        raise _fail(path, exc) from None
 
 
 def atomic_write_bytes(path: str | Path, write) -> None:
     """Call `write(tmp_path)` then rename the temp file onto `path`."""
     path = Path(path)
     folder = prepare_destination(path)
-    fd, tmp = _in_temp_folder(folder, lambda where: tempfile.mkstemp(prefix=path.name + TMP_TAG, dir=where))
+    fd, tmp = _make_temp(folder, path, tempfile.mkstemp)
     os.close(fd)
     try:
         write(tmp)
@@ -118,8 +192,10 @@ def atomic_write_bytes(path: str | Path, write) -> None:
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise _fail(path, exc) from None
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, Exception) and write_fault(exc):
+            raise _fail(path, exc) from None
         raise
     finally:
         _tidy(folder)
@@ -131,13 +207,13 @@ def atomic_directory(path: str | Path, fill) -> None:
     folder between the two renames, so a crash there leaves it for the next write to remove."""
     path = Path(path)
     folder = prepare_destination(path)
-    tmp = Path(_in_temp_folder(folder, lambda where: tempfile.mkdtemp(prefix=path.name + TMP_TAG, dir=where)))
+    tmp = Path(_make_temp(folder, path, tempfile.mkdtemp))
     old = None
     try:
         fill(tmp)
         _default_modes(tmp)
         if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=path.name + TMP_TAG, dir=folder))
+            old = Path(tempfile.mkdtemp(prefix=_prefix(path), dir=folder))
             os.replace(path, old / "old")
             try:
                 os.replace(tmp, path)
@@ -149,8 +225,10 @@ def atomic_directory(path: str | Path, fill) -> None:
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _fail(path, exc) from None
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and write_fault(exc):
+            raise _fail(path, exc) from None
         raise
     finally:
         if old is not None:

@@ -4,6 +4,8 @@ It lives at the bottom (foundation) so that our drafter, the adapters, the confo
 all raise it without importing upward.
 """
 
+import re
+
 
 class AuditError(Exception):
     """Bad input or usage: reported as `dflash-audit: error: <message>`, exit status 2."""
@@ -11,3 +13,14 @@ class AuditError(Exception):
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read as what it claims to be; one line, naming the culprit."""
+
+
+# An exception class name as Python prints one (`TypeError:`, `safetensors_rust.SafetensorError`).
+CLASS_NAME = re.compile(r"\b(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b:?")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def plain_reason(text: str, limit: int = 200) -> str:
+    """A library's message as part of a one-line refusal: one line, no terminal escapes, no class names."""
+    text = CLASS_NAME.sub("", ANSI.sub("", str(text)))
+    return " ".join(text.split()).strip(" :;,")[:limit]

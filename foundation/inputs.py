@@ -17,12 +17,14 @@ from pathlib import Path
 
 import torch
 
-from foundation.errors import AuditError
+from foundation.errors import AuditError, plain_reason
 
 # Target config fields that must be positive integers (transformers' own errors name no file,
 # or divide by zero).
 POSITIVE_INT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                        "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")
+MAX_TARGET_DIMENSION = 1 << 24  # no model is wider; sizing a tensor by more only fails in the allocator
+MAX_TARGET_POSITIONS = 1 << 30
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 MAX_NEW_TOKENS = 1 << 20  # beyond any target's context window
 MAX_BUDGET = 1 << 16  # DDTree verifies the whole tree in one target pass
@@ -56,6 +58,8 @@ def read_json_object(path: Path, what: str = "JSON file") -> dict:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise AuditError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise AuditError(f"{path}: JSON nested too deeply to read") from None
     if not isinstance(value, dict):
         raise AuditError(f"{path}: expected a JSON object, found {type(value).__name__}")
     return value
@@ -75,6 +79,9 @@ def _check_config_fields(config: dict, config_path: Path) -> None:
         value = text.get(name)
         if name in text and value is not None and not (type(value) is int and value > 0):
             raise AuditError(f"{config_path}: field {name!r} must be a positive integer, got {value!r}")
+        top = MAX_TARGET_POSITIONS if name == "max_position_embeddings" else MAX_TARGET_DIMENSION
+        if type(value) is int and value > top:
+            raise AuditError(f"{config_path}: field {name!r} is {value}, past any real model's (at most {top:,})")
     act = text.get("hidden_act")
     if act is not None and (not isinstance(act, str) or act not in ACT2FN):
         raise AuditError(f"{config_path}: field 'hidden_act' is {act!r}, not an activation transformers knows "
@@ -87,11 +94,11 @@ def _check_transformers_accepts(directory: Path, config_path: Path) -> None:
     try:
         AutoConfig.from_pretrained(directory)
     except Exception as exc:  # noqa: BLE001 -- strict-dataclass, KeyError, ValueError...: name the field
-        text = " ".join(str(exc).split())
+        text = plain_reason(str(exc), 400)
         field = re.search(r"field '(\w+)'", text) or re.search(r"`(\w+)`", text)
         where = f"field {field.group(1)!r}: " if field else ""
         raise AuditError(f"{config_path}: {where}not accepted by transformers "
-                         f"({type(exc).__name__}: {text[:200]})") from None
+                         f"({text[:200]})") from None
 
 
 def check_target_dir(directory: Path, flag: str = "--target", tokenizer: bool = True) -> dict:
@@ -134,5 +141,8 @@ def check_finite_flags(**flags: float | None) -> None:
 def check_finite_weights(state_dict: dict[str, torch.Tensor], source: str) -> None:
     """A drafter with NaN or inf weights drafts garbage that is always rejected: refuse it, naming the tensor."""
     for name, tensor in state_dict.items():
+        if not tensor.is_floating_point() and name.endswith((".weight", ".bias")):
+            raise AuditError(f"{source}: tensor {name!r} holds {str(tensor.dtype).removeprefix('torch.')} values "
+                             "where a drafter has floating-point weights")
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise AuditError(f"{source}: tensor {name!r} has non-finite values (NaN or inf)")

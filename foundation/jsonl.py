@@ -12,6 +12,15 @@ import json
 from collections.abc import Iterator
 
 
+def check_text(text: str, where: str, error: type[Exception]) -> str:
+    """`text` if it is text: JSON's `\\ud800` escapes can smuggle a lone surrogate in, which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise error(f"{where}: holds a lone surrogate (\\u{ord(text[exc.start]):04x}), not text") from None
+    return text
+
+
 def split_json_lines(text: str) -> list[str]:
     """The lines of a JSON-lines text, cut at "\\n" only (a trailing "\\r" is JSON whitespace)."""
     return text.split("\n")
@@ -28,4 +37,6 @@ def json_lines(text: str, source, error: type[Exception]) -> Iterator[tuple[int,
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise error(f"{where}: invalid JSON ({exc.msg})") from exc
+        except RecursionError:  # `[[[[...` thousands deep: no record nests like that
+            raise error(f"{where}: JSON nested too deeply to read") from None
         yield number, where, record

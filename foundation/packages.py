@@ -27,6 +27,7 @@ PACKAGES = (
     Package("speculators", "speculators", "reference", "0.9.0"),
     Package("dflash", "dflash", "reference", "0.1.0"),
     Package("specforge", "specforge", "held", "0.2.0"),
+    Package("modelopt", "nvidia-modelopt", "held", "0.47.0"),
     Package("vllm", "vllm", "engine", "0.33.0"),
     Package("sglang", "sglang", "engine", "0.5.23"),
 )

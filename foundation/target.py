@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from foundation.errors import AuditError
+from foundation.errors import AuditError, plain_reason
 from foundation.inputs import check_target_dir
 from foundation.placement import CPU_FLOAT32, Placement
 
@@ -30,7 +30,7 @@ def load_tokenizer(target_dir: str | Path, flag: str = "--target"):
         tokenizer = AutoTokenizer.from_pretrained(target_dir)
     except Exception as exc:  # noqa: BLE001 -- any tokenizer failure is the target's, not the prompt's
         raise AuditError(f"{target_dir}: cannot load the target's tokenizer "
-                         f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+                         f"({plain_reason(str(exc)) or 'no reason given'})") from None
     return tokenizer, AutoConfig.from_pretrained(target_dir)
 
 
@@ -55,9 +55,37 @@ def load_target_model(target_dir: str | Path, placement: Placement = CPU_FLOAT32
         kwargs["device_map"] = {"": str(placement.device)}
     try:
         model = AutoModelForCausalLM.from_pretrained(Path(target_dir), **kwargs)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise AuditError(f"{target_dir}: cannot load the target ({' '.join(str(exc).split())[:200]})") from exc
+    except Exception as exc:  # noqa: BLE001 -- transformers' text names no tensor: find the one at fault
+        mismatch = first_shape_mismatch(Path(target_dir))
+        if mismatch is not None:
+            raise AuditError(f"{target_dir}: its weights do not fit its config.json ({mismatch})") from exc
+        if not isinstance(exc, (OSError, ValueError, KeyError, TypeError)):
+            raise
+        raise AuditError(f"{target_dir}: cannot load the target ({plain_reason(str(exc))})") from exc
     return model.eval().requires_grad_(False)
+
+
+def first_shape_mismatch(target_dir: Path) -> str | None:
+    """`tensor NAME is A in the weights, B by config.json` for the first weight whose stored shape is not
+    the one the config builds (read from the safetensors headers and a meta-device model); None if all fit."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(target_dir)).state_dict().items()}
+        for file in sorted(target_dir.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():
+                    stored = tuple(handle.get_slice(name).get_shape())
+                    if name in expected and stored != expected[name]:
+                        return (f"tensor {name} in {file.name} is {list(stored)}, config.json gives "
+                                f"{list(expected[name])}")
+    except Exception:  # noqa: BLE001 -- no clearer answer than the loader's own
+        return None
+    return None
 
 
 def load_target(target_dir: str | Path, placement: Placement = CPU_FLOAT32):

@@ -144,7 +144,7 @@ def _json_object(path: Path) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return {}  # the target checks (foundation.inputs) name a broken config.json; here it only means "not said"
     return value if isinstance(value, dict) else {}
 

@@ -2,4 +2,4 @@
 (`pytest conformance --impl NAME`). The serving engines a drafter is held to are `serving_engines/`."""
 
 # Short names for `pytest conformance --impl NAME`, beside reference_adapters.IMPLEMENTATIONS.
-HELD = {"specforge": "held.specforge:SpecForgeImplementation"}
+HELD = {"specforge": "held.specforge:SpecForgeImplementation", "modelopt": "held.modelopt:ModelOptImplementation"}

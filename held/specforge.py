@@ -63,10 +63,14 @@ def default_recipe() -> SpecForgeRecipe:
                            gamma=gamma, max_anchors=fields["num_anchors"].default)
 
 
-def objective(block_size: int, *, gamma: float | None = None, loss_type: str = "dflash", dpace_alpha: float = 0.5,
-              num_anchors: int = 512, draft_model: nn.Module | None = None, lm_head: nn.Module | None = None,
+def objective(block_size: int, *, gamma: float | None = None, loss_type: str = "dflash",
+              dpace_alpha: float | None = None, num_anchors: int | None = None, draft_model: nn.Module | None = None, lm_head: nn.Module | None = None,
               embed_tokens: nn.Module | None = None, mask_token_id: int = 0) -> OnlineDFlashModel:
-    """SpecForge's `OnlineDFlashModel`; with no drafter, its objective alone runs on logits (identity head)."""
+    """SpecForge's `OnlineDFlashModel`; with no drafter, its objective alone runs on logits (identity head). Alpha
+    and the anchor count not given are SpecForge's own defaults (its TrainingConfig)."""
+    fields = TrainingConfig.model_fields
+    dpace_alpha = fields["dpace_alpha"].default if dpace_alpha is None else dpace_alpha
+    num_anchors = fields["num_anchors"].default if num_anchors is None else num_anchors
     return OnlineDFlashModel(draft_model=draft_model, target_lm_head=lm_head or nn.Identity(),
                              target_embed_tokens=embed_tokens or nn.Identity(), mask_token_id=mask_token_id,
                              block_size=block_size, attention_backend=ATTENTION, num_anchors=num_anchors,
@@ -112,6 +116,7 @@ def recorded_caches():
 
 class SpecForgeImplementation:
     name = "specforge"
+    interface_version = 8  # impl/interface_versions.py
     # No inference mask: spec_generate calls the drafter with attention_mask=None (is_causal=False).
     # No block metrics: the DFlash objective reports one overall accuracy, no per-position accuracy or EAL.
     unsupported: frozenset[str] = frozenset({"inference_mask", "block_metrics"})

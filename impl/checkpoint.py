@@ -19,6 +19,7 @@ from foundation.atomic import atomic_write_bytes
 from foundation.errors import CheckpointError
 from impl.body_shapes import body_shapes
 from impl.param_names import strip_wrapper_prefixes
+from foundation.pickle_limits import PickleBomb, check_graph, load_failure_reason
 from impl.recipe import Recipe
 from impl.spec import DraftSpec, SpecError
 
@@ -111,8 +112,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         # mmap: the tensors stay pages of the file (read on use), so a 3 GB drafter costs no heap
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except Exception as exc:  # corrupt, truncated, or a pickle that is not plain data
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path}: not a readable ckpt.pt ({first_line[:200]})") from exc
+        raise CheckpointError(f"{path}: not a readable ckpt.pt ({load_failure_reason(exc)})") from exc
+    try:
+        check_graph(payload)  # before anything walks it
+    except PickleBomb as exc:
+        raise CheckpointError(f"{path}: {exc}; refusing to read it further (nothing was run)") from None
     if not isinstance(payload, dict):
         raise CheckpointError(f"{path}: expected a dict checkpoint, got {type(payload).__name__}")
     for key in ("model", "spec"):
@@ -123,11 +127,19 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         recipe = Recipe.from_dict(payload["recipe"]) if payload.get("recipe") else None
     except (SpecError, TypeError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
-    state = strip_wrapper_prefixes(payload["model"])
+    model = payload["model"]
+    if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in model.items()):
+        raise CheckpointError(f"{path}: entry 'model' must map parameter names to tensors, got "
+                              f"{type(model).__name__}")
+    state = strip_wrapper_prefixes(model)
     unknown = payload.get("recipe_unknown") or []
     if not isinstance(unknown, list) or not all(isinstance(name, str) for name in unknown):
         raise CheckpointError(f"{path}: recipe_unknown must be a list of recipe field names")
-    return Checkpoint(spec=spec, state_dict=state, recipe=recipe, step=int(payload.get("step", 0)),
+    step = payload.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"{path}: entry 'step' must be a non-negative integer, got {str(step)[:40]!r}")
+    return Checkpoint(spec=spec, state_dict=state, recipe=recipe, step=step,
                       # "optimizer": the entry's name in ckpt.pt files written before it was "training_state"
                       training_state=payload.get("training_state", payload.get("optimizer")),
                       recipe_unknown=list(unknown), spec_written=frozenset(payload["spec"]))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from foundation.jsonl import json_lines
+from foundation.jsonl import check_text, json_lines
 
 
 class DataError(ValueError):
@@ -67,6 +67,7 @@ def _token_ids(value, name: str, where: str) -> list[int]:
 def _text_document(text, tokenizer, where: str) -> Document:
     if not isinstance(text, str):
         raise DataError(f"{where}: 'text' must be a string, got {type(text).__name__}")
+    check_text(text, f"{where}: 'text'", DataError)
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)  # documents end the way the target saw them end
@@ -80,6 +81,8 @@ def _chat_document(messages, tokenizer, where: str) -> Document:
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages):
         raise DataError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
+    for message in messages:
+        check_text(message["content"], f"{where}: 'messages'", DataError)
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     # Assistant turns as character spans of the rendered text: from the end of the prompt that
     # asks for the turn to the end of the conversation that includes it.

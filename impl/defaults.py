@@ -5,8 +5,10 @@ tests/test_restatements.py checks that every reader holds these very tables.
 
 from __future__ import annotations
 
-# A Qwen3 decoder layer's settings, as `transformers.Qwen3Config` fills them in.
-QWEN3_DEFAULTS = {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+# A Qwen3 decoder layer's settings, as `transformers.Qwen3Config()` fills them in (tests/test_spec.py holds each to
+# it): what both references apply to a drafter config that states none (z-lab builds its DFlashDraftModel from a
+# Qwen3Config, speculators its layer config), hence the one rope theta and window every reader defaults to.
+QWEN3_DEFAULTS = {"rope_theta": 10_000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
                   "hidden_act": "silu", "attention_bias": False}
 # The rotary settings a config gets when it states none: transformers' `rope_type` "default" (unscaled), every
 # head dim rotated, neox style (rotate_half; vLLM's and SGLang's `is_neox_style` default True).

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from foundation.placement import target_device
-from impl.layers import hidden_state_index
+from impl.layers import final_layer, hidden_state_index, layers_outside
 
 
 def decoder_layers(target: nn.Module) -> nn.ModuleList:
@@ -59,10 +59,10 @@ class HiddenStateExtractor:
         self.layer_ids = list(layer_ids)
         self.num_layers = len(decoder_layers(target))
         # None -> the final decoder layer, the reference recipe.
-        self.source_layer = self.num_layers - 1 if source_layer is None else source_layer
-        bad = [i for i in [*self.layer_ids, self.source_layer] if not 0 <= i < self.num_layers]
-        if bad:
-            raise ValueError(f"layer ids {bad} outside the target's decoder layers 0..{self.num_layers - 1}")
+        self.source_layer = final_layer(self.num_layers) if source_layer is None else source_layer
+        outside = layers_outside([*self.layer_ids, self.source_layer], self.num_layers)
+        if outside:
+            raise ValueError(f"layer ids {outside}")
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, with_logits: bool = False, **forward_kwargs) -> TargetStates:
@@ -80,7 +80,7 @@ class HiddenStateExtractor:
         hs = out.hidden_states
         final_raw = captured["final_raw"].to(hs[0].device)  # the last shard's device otherwise
         # Intermediate layer outputs are raw in hs; the final one only via the hook.
-        source = (final_raw if self.source_layer == self.num_layers - 1
+        source = (final_raw if self.source_layer == final_layer(self.num_layers)
                   else hs[hidden_state_index(self.source_layer)].to(hs[0].device))
         return TargetStates(context=context_features(hs, self.layer_ids), final_raw=final_raw, source=source,
                             logits=out.logits if with_logits else None)

@@ -13,7 +13,7 @@ from impl.checkpoint import build_drafter
 from impl.decoding import Sampler, dflash_decode
 from impl.dspark import confidence_features, draft_left_to_right
 from impl.extract import context_features, output_head
-from impl.interface import GenerationResult, TrainingOutputs
+from impl.interface import INTERFACE_VERSION, GenerationResult, TrainingOutputs
 from impl.model import DFlashDrafter, DraftCache
 from impl.recipe import Recipe
 from impl.recipe import train_recipe
@@ -24,6 +24,7 @@ from impl.xpress import jacobi_resolve
 
 class OursImplementation:
     name = "ours"
+    interface_version = INTERFACE_VERSION  # kept current with the interface
     unsupported: frozenset[str] = frozenset()
 
     def __init__(self, recipe: Recipe | None = None):

@@ -12,6 +12,10 @@ Conventions shared by every operation:
 - training layout (speculators'): queries are `A` anchor blocks of `B` slots, keys are
   `[packed base sequence (T) | all blocks (A*B)]`;
 - inference layout (z-lab's): queries are one block, keys are `[context | block]`.
+
+The interface is versioned (`INTERFACE_VERSION`; what each version added: impl/interface_versions.py). A plug
+declares the version it implements as a class attribute, `interface_version = N`; a call of a later version
+that it cannot take is reported as a plug mismatch naming that change, never as a divergence.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from torch import nn
 
 from impl.dflash2 import SelectorTraining
+from impl.interface_versions import CURRENT as INTERFACE_VERSION
 from impl.spec import DraftSpec
 
 
@@ -66,6 +71,7 @@ class GenerationResult:
 @runtime_checkable
 class DFlashImplementation(Protocol):
     name: str
+    interface_version: int  # the INTERFACE_VERSION the plug was written against
 
     def default_target_layer_ids(self, num_target_layers: int, num_draft_layers: int) -> list[int]:
         """Layer ids (z-lab convention) used when a drafter names none."""
@@ -134,6 +140,58 @@ class DFlashImplementation(Protocol):
                  stop_token_ids: list[int] | None, temperature: float = 0.0, seed: int = 0) -> GenerationResult:
         """Live DFlash decoding with per-round acceptance lengths: greedy, or rejection sampling at
         `temperature` > 0 with the global torch generator seeded with `seed` (z-lab's draw order)."""
+
+
+# The operations beyond DFlash, each group one Protocol: conformance/plug.py reads the current signatures of every
+# operation from these (to name the interface change behind a call a plug cannot take).
+class DraftVocabOperations(Protocol):
+    """A reduced draft vocabulary (catalogue #32); an implementation without one declares them `unsupported`."""
+
+    def vocab_mapping(self, token_freq: dict[int, int], draft_vocab_size: int,
+                      target_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(d2t [draft] offsets, t2d [target] bool)` built from token frequencies."""
+
+    def proposed_ids(self, drafter: Any, hidden: torch.Tensor, target: nn.Module) -> torch.Tensor:
+        """The target token ids a drafter proposes (greedy) from draft hidden states [..., H], through its own
+        head and draft-to-target map."""
+
+
+class SlotLayoutOperations(Protocol):
+    """The slot layout (`DraftSpec.sample_from_anchor`, impl/slot_layout.py): how many tokens a block proposes
+    and which slots' logits propose them. An implementation without the layout raises `Unsupported`."""
+
+    def speculative_tokens(self, block_size: int, sample_from_anchor: bool) -> int:
+        """Tokens one block of `block_size` slots proposes under the layout."""
+
+    def proposal_logits(self, drafter: Any, target: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+        """[n, V]: the logits each proposal of one block is drawn from, in proposal order: the block
+        `[input_ids[-1], mask x (B-1)]` drafted after the target's features of `input_ids[:-1]` [1, T]."""
+
+
+class DFlash2Operations(Protocol):
+    """What a DFlash2 implementation adds; a DFlash-only one declares them `unsupported`."""
+
+    def dynamic_conv(self, drafter: Any, layer_idx: int, sublayer: str, x: torch.Tensor, y: torch.Tensor,
+                     block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(prepare(x), finish(y, delta))` of layer `layer_idx`'s `attention` or `mlp` convolution pair, the delta
+        being the output-side kernel `prepare(x)` projected; x, y [1, A*B, H] hold blocks of `block_size` slots."""
+
+    def selector_path(self, drafter: Any, hidden: torch.Tensor, unary_logits: torch.Tensor, first_token: int,
+                      temperature: float = 0.0, seed: int = 0):
+        """`(tokens [n], candidates [n, k], probs [n, k] or None)`: the selector's path through one block's
+        slots (hidden [1, n, H], unary logits [1, n, V]) from `first_token`; sampled after `manual_seed(seed)`."""
+
+    def selector_scores(self, drafter: Any, unary_logits: torch.Tensor, hidden: torch.Tensor,
+                        predecessors: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """[..., k] scores of `candidates` given each slot's predecessor (unary + transition)."""
+
+    def selector_training_candidates(self, candidate_ids: torch.Tensor, target_ids: torch.Tensor):
+        """`(candidates, label positions, contains target)` from the unary top-k (best first) and hard targets."""
+
+    def selector_loss(self, candidate_scores: torch.Tensor, label_positions: torch.Tensor, loss_mask: torch.Tensor,
+                      block_size: int, gamma: float, per_position_loss_weight: str,
+                      dpace_alpha: float) -> torch.Tensor:
+        """The scalar K-way selector loss, weighted and reduced as the implementation trains."""
 
 
 def supports(implementation: Any, operation: str) -> bool:

@@ -7,7 +7,8 @@ converter drops the id that would name the final layer (the final layer's output
 captured separately as `verifier_last_hidden_states`).
 
 This module is the only place the shift is written; every other module calls
-`hidden_state_index`, `names_final_layer`, `zlab_to_speculators` or `speculators_to_zlab`
+`hidden_state_index`, `names_final_layer`, `zlab_to_speculators` or `speculators_to_zlab`; the final layer
+and the layer range are written here too (`final_layer`, `layers_outside`)
 (tests/test_restatements.py fails on a copy).
 """
 
@@ -22,6 +23,22 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3
     return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def final_layer(num_target_layers: int) -> int:
+    """z-lab id of the target's final decoder layer: where the reference recipe's targets come from."""
+    return num_target_layers - 1
+
+
+def layer_range(num_target_layers: int) -> str:
+    """The ids a target's decoder layers have, in words."""
+    return f"the target's decoder layers 0..{final_layer(num_target_layers)}"
+
+
+def layers_outside(layer_ids, num_target_layers: int) -> str | None:
+    """"[ids] outside the target's decoder layers 0..N-1" for the ids that name no decoder layer, or None."""
+    bad = [i for i in layer_ids if not 0 <= i < num_target_layers]
+    return f"{bad} outside {layer_range(num_target_layers)}" if bad else None
 
 
 def hidden_state_index(layer_id: int) -> int:

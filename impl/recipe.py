@@ -10,7 +10,7 @@ Each field carries its type, its default, its bounds and its description, and in
 
 Everything else is derived from these declarations, never written again: the `train` options and their help
 (`dflash_audit/commands/train_options.py`), `RunConfig`'s recipe fields (`impl/train.py`), the setting names the
-format readers recognize (`dflash_audit/formats/vocabulary.py`), every range check and its message
+format readers recognize (`dflash_audit/formats/setting_names.py`), every range check and its message
 (`knob_problem`), and the flag table of docs/training.md (`python -m impl.recipe`; tests/test_recipe_knobs.py keeps
 the page equal to it).
 """
@@ -21,6 +21,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from impl.layers import layer_range, layers_outside
 from impl.spec import SpecError
 
 LossFn = Literal["kl_div", "ce"]  # speculators' loss_fn names
@@ -117,9 +118,9 @@ class Recipe(BaseModel):
             raise SpecError("per_position_loss_weight", f"dpace needs loss_fn ce (it reads exp(-CE) as the drafter's "
                                                         f"confidence), got loss_fn {self.loss_fn!r}")
         source = self.verifier_source_layer
-        if num_target_layers is not None and source is not None and not 0 <= source < num_target_layers:
+        if num_target_layers is not None and source is not None and layers_outside([source], num_target_layers):
             raise SpecError("verifier_source_layer",
-                            f"{source} outside the target's decoder layers 0..{num_target_layers - 1}")
+                            f"{source} outside {layer_range(num_target_layers)}")
 
     def replace(self, **changes: Any) -> Recipe:
         """A copy with `changes`, checked like any new recipe."""
@@ -130,6 +131,8 @@ class Recipe(BaseModel):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Recipe:
+        if not isinstance(data, dict):  # a string would be read as a list of one-letter fields
+            raise SpecError("recipe", f"expected a mapping of fields, got {type(data).__name__} {str(data)[:60]!r}")
         data = dict(data)
         if "loss_kind" in data and "loss_fn" not in data:
             data["loss_fn"] = data.pop("loss_kind")  # checkpoints written before the rename

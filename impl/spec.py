@@ -13,7 +13,8 @@ from typing import Any
 
 from impl import slot_layout
 from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
-from impl.families import FAMILIES, TITLES, spec_family
+from impl.families import TITLES, spec_family
+from impl.layers import layers_outside
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # The DFlash2-only architecture fields, in speculators' names (set together or not at all).
@@ -38,6 +39,16 @@ class SpecError(ValueError):
     def __init__(self, field_name: str, message: str):
         self.field = field_name
         super().__init__(f"{field_name}: {message}")
+
+
+# Sizes past these are no model's: a typo or a hostile config, refused before any tensor is sized by them.
+MAX_DIMENSION = 1 << 24
+MAX_POSITIONS = 1 << 30
+
+
+def _is_number(value: Any) -> bool:
+    """An int or float (numpy's too), not a bool: `true` is no gamma."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _require(condition: bool, field_name: str, message: str) -> None:
@@ -129,6 +140,7 @@ class DraftSpec:
     num_jacobi_passes: int | None = None
 
     def __post_init__(self) -> None:
+        self._check_types()
         # Normalize list-valued fields so specs compare and hash by value.
         ids = tuple(self.target_layer_ids)
         fractional = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral) and not
@@ -143,12 +155,40 @@ class DraftSpec:
             object.__setattr__(self, "partial_rotary_factor", float(self.partial_rotary_factor))
         self.validate()
 
+    def _check_types(self) -> None:
+        """Each field's kind, before any rule compares or hashes it (a list where a number belongs)."""
+        for name in ("target_layer_ids", "layer_types"):
+            value = getattr(self, name)
+            _require(isinstance(value, (list, tuple)), name, f"must be a list, got {value!r}")
+        _require(all(isinstance(t, str) for t in self.layer_types), "layer_types",
+                 f"must be a list of layer type names, got {list(self.layer_types)!r}")
+        for name in ("rope_theta", "rms_norm_eps", "input_embedding_scale", "output_multiplier"):
+            _require(_is_number(getattr(self, name)), name, f"must be a number, got {getattr(self, name)!r}")
+        for name in ("final_logit_softcapping",):
+            value = getattr(self, name)
+            _require(value is None or _is_number(value), name, f"must be a number or null, got {value!r}")
+        for name in ("sliding_window", "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k",
+                     "draft_vocab_size"):
+            value = getattr(self, name)
+            _require(value is None or (isinstance(value, int) and not isinstance(value, bool)), name,
+                     f"must be an integer or null, got {value!r}")
+        for name in ("attention_bias", "sliding_window_non_causal", "sample_from_anchor"):
+            _require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+        _require(self.rope_scaling is None or isinstance(self.rope_scaling, dict), "rope_scaling",
+                 f"must be a mapping or null, got {self.rope_scaling!r}")
+        _require(isinstance(self.rope_style, str), "rope_style", f"must be a name, got {self.rope_style!r}")
+
     def validate(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                      "head_dim", "num_hidden_layers", "vocab_size", "num_target_layers", "block_size",
                      "max_position_embeddings"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value > 0, name, f"must be a positive integer, got {value!r}")
+            _require(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
+                     f"must be a positive integer, got {value!r}")
+            top = MAX_POSITIONS if name == "max_position_embeddings" else MAX_DIMENSION
+            _require(value <= top, name, f"{value} is past any real model's (at most {top:,})")
+        _require(isinstance(self.mask_token_id, int) and not isinstance(self.mask_token_id, bool), "mask_token_id",
+                 f"must be a token id, got {self.mask_token_id!r}")
         _require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
                  f"{self.num_attention_heads} attention heads are not divisible by "
                  f"{self.num_key_value_heads} key/value heads")
@@ -156,9 +196,8 @@ class DraftSpec:
         _require(len(self.target_layer_ids) > 0, "target_layer_ids", "is empty: fc needs at least one target layer")
         _require(len(set(self.target_layer_ids)) == len(self.target_layer_ids), "target_layer_ids",
                  f"has duplicates: {list(self.target_layer_ids)}")
-        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
-        _require(not bad, "target_layer_ids",
-                 f"{bad} outside the target's decoder layers 0..{self.num_target_layers - 1}")
+        outside = layers_outside(self.target_layer_ids, self.num_target_layers)
+        _require(not outside, "target_layer_ids", outside)
         _require(0 <= self.mask_token_id < self.vocab_size, "mask_token_id",
                  f"{self.mask_token_id} is not a token id of a vocabulary of {self.vocab_size}")
         _require(len(self.layer_types) == self.num_hidden_layers, "layer_types",
@@ -321,6 +360,8 @@ class DraftSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DraftSpec:
+        _require(isinstance(data, dict), "spec", f"expected a mapping of fields, got {type(data).__name__} "
+                                                 f"{str(data)[:60]!r}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         _require(not unknown, "spec", f"unknown fields {unknown}")

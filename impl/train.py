@@ -29,7 +29,7 @@ from impl.checkpoint import load_checkpoint, save_checkpoint
 from impl.data import PackedData, load_packed, pack_records
 from impl.extract import output_head
 from impl.families import TRAINED_FAMILIES
-from impl.layers import build_target_layer_ids
+from impl.layers import build_target_layer_ids, final_layer
 from impl.model import DFlashDrafter
 from impl.recipe import KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe
 from impl.spec import DFLASH2_FIELDS, DraftSpec, SpecError
@@ -198,7 +198,7 @@ def knob_recipe(cfg: RunConfig, num_target_layers: int | None = None) -> Recipe:
 def make_recipe(cfg: RunConfig, num_target_layers: int, digest: str) -> Recipe:
     recipe = knob_recipe(cfg, num_target_layers)
     # None is the reference recipe (the final layer); any other layer is recorded as given.
-    source = None if recipe.verifier_source_layer == num_target_layers - 1 else recipe.verifier_source_layer
+    source = None if recipe.verifier_source_layer == final_layer(num_target_layers) else recipe.verifier_source_layer
     schedule = {k: getattr(cfg, k) for k in ("steps", "lr", "warmup", "weight_decay", "grad_clip", "batch_size",
                                              "grad_accum", "seq_len", "dtype", "seed")}
     return recipe.replace(verifier_source_layer=source, data_hash=digest, extra={**schedule, **cfg.extra})
@@ -330,6 +330,13 @@ def check_run(cfg: RunConfig, world: int) -> None:
     if cfg.draft_vocab_size is not None and cfg.family == "dflash2":
         raise TrainError("a reduced draft vocabulary needs --family dflash: DFlash2 drafts over the full target "
                          "vocabulary (speculators' DFlash2DraftModel refuses one too)")
+    if not cfg.lr > 0:  # torch's own "Invalid learning rate" names no flag
+        raise TrainError(f"lr must be a positive learning rate, got {cfg.lr}")
+    for name in ("warmup", "eval_sequences", "eval_every", "save_every"):
+        if getattr(cfg, name) < 0:
+            raise TrainError(f"{name} must be zero or more, got {getattr(cfg, name)}")
+    if cfg.max_seconds is not None and not cfg.max_seconds > 0:
+        raise TrainError(f"max_seconds must be positive, got {cfg.max_seconds}")
     if cfg.batch_size % world:
         raise TrainError(f"batch size {cfg.batch_size} does not split across {world} ranks")
     knob_recipe(cfg)
@@ -355,6 +362,10 @@ class Run:
 def set_up(cfg: RunConfig, device: torch.device) -> Run:
     """Data and knobs first (one-line errors before the target is loaded), then target, drafter, optimizer."""
     tokenizer, target_config = load_tokenizer(cfg.target)
+    longest = getattr(target_config, "max_position_embeddings", None)
+    if isinstance(longest, int) and cfg.seq_len > longest:  # a huge row would only fail in the allocator
+        raise TrainError(f"seq_len {cfg.seq_len} is longer than the target's context window "
+                         f"(max_position_embeddings {longest} in {cfg.target}/config.json)")
     train_data, eval_data = load_data(cfg, tokenizer, target_config.vocab_size)
     d2t = vocab_mapping(cfg, train_data, target_config.vocab_size)
     try:

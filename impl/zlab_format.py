@@ -25,7 +25,7 @@ from impl.defaults import (
     ROTARY_DEFAULTS,
     ZLAB_EXTRAS,
 )
-from foundation.errors import CheckpointError
+from foundation.errors import CheckpointError, plain_reason
 from impl.families import ZLAB_ARCHITECTURES, config_family
 from impl.layers import build_target_layer_ids
 from impl.param_names import strip_wrapper_prefixes
@@ -94,20 +94,12 @@ def rotary_settings(config: dict[str, Any]) -> dict[str, Any]:
         raise SpecError("is_neox_style", f"{neox!r} is not true or false")
     return {
         "rope_theta": as_float("rope_theta", rope["rope_theta"] if "rope_theta" in rope
-                               else config["rope_theta"] if "rope_theta" in config else transformers_theta()),
+                               else config.get("rope_theta", QWEN3_DEFAULTS["rope_theta"])),
         "rope_scaling": scaling,
         "partial_rotary_factor": as_float("partial_rotary_factor", rope.get(
             "partial_rotary_factor", config.get("partial_rotary_factor", ROTARY_DEFAULTS["partial_rotary_factor"]))),
         "rope_style": "neox" if neox else "gptj",
     }
-
-
-def transformers_theta() -> float:
-    """The theta transformers' Qwen3Config fills when a config states none: what z-lab's DFlashDraftModel (and
-    speculators, which builds its layer config with it) run such a drafter at."""
-    from transformers import Qwen3Config
-
-    return float(Qwen3Config.default_theta)
 
 
 def declared_rotary(config: dict[str, Any]) -> set[str]:
@@ -157,6 +149,9 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json",
         use_sliding = bool(config.get("use_sliding_window", False))
         window = config.get("sliding_window") if use_sliding else None
         layer_types = config.get("layer_types") or ["full_attention"] * layers
+        for name, listed in (("target_layer_ids", ids), ("layer_types", layer_types)):
+            if not isinstance(listed, list):
+                raise SpecError(name, f"must be a list, got {listed!r}")
         if "sliding_attention" in layer_types and window is None:
             # z-lab keeps such layers causal but unwindowed; an unreachable window says the same.
             window = as_int("max_position_embeddings", config.get("max_position_embeddings", QWEN3_DEFAULTS["max_position_embeddings"]))
@@ -197,6 +192,8 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json",
         raise CheckpointError(f"{source}: missing field {exc.args[0]!r}") from exc
     except SpecError as exc:
         raise CheckpointError(f"{source}: {exc}") from exc
+    except (TypeError, ValueError, AttributeError) as exc:  # a kind no check above foresaw: still named
+        raise CheckpointError(f"{source}: a field of the wrong kind ({plain_reason(str(exc))})") from exc
 
 
 def draft_vocab_size(config: dict[str, Any]) -> int | None:

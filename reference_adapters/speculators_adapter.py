@@ -26,7 +26,7 @@ from foundation.weights_dir import read_config
 from impl.dflash2 import SelectorTraining
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.families import FAMILIES, config_family
-from impl.interface import TrainingOutputs, Unsupported
+from impl.interface import INTERFACE_VERSION, TrainingOutputs, Unsupported
 from impl.layers import hidden_state_index, speculators_to_zlab
 from impl.param_names import VERIFIER_OWNED_KEYS, strip_wrapper_prefixes
 from impl.recipe import DEFAULTS
@@ -204,6 +204,7 @@ def _materialize(mask_mod, q_len: int, kv_len: int, device=None) -> torch.Tensor
 
 class SpeculatorsImplementation:
     name = "speculators"
+    interface_version = INTERFACE_VERSION  # kept current with the interface
     unsupported: frozenset[str] = frozenset({"inference_mask", "generate", "selector_path"})
 
     def __init__(self, verifier_dir: str | Path | None = None):

@@ -17,7 +17,7 @@ from torch import nn
 from foundation.errors import CheckpointError
 from foundation.placement import built_for
 from impl.families import config_family
-from impl.interface import GenerationResult, Unsupported
+from impl.interface import INTERFACE_VERSION, GenerationResult, Unsupported
 from impl.param_names import codebook_module_name, strip_wrapper_prefixes
 from impl.spec import DraftSpec
 from impl.zlab_format import zlab_config
@@ -90,6 +90,7 @@ def refuse_rotary(spec: DraftSpec) -> None:
 
 class ZlabImplementation:
     name = "zlab"
+    interface_version = INTERFACE_VERSION  # kept current with the interface
     # No training code, and no slot-layout setting (n/a, not a failure): see `_no_slot_layout`; no draft vocabulary.
     unsupported: frozenset[str] = (frozenset(TRAINING_OPERATIONS + ("speculative_tokens", "proposal_logits"))
                                    | DRAFT_VOCAB_OPERATIONS)

@@ -22,6 +22,32 @@ QUICK_MODULES = {"test_spec", "test_layers", "test_masks_anchors", "test_layerin
                  "test_compare_static", "test_team_checkpoint", "test_model_checkpoint", "test_extract"}
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "unforeseen: the test provokes an unforeseen fault on purpose "
+                                       "(tests/refusal_scan.py lets its 'rerun with --debug' line pass)")
+
+
+@pytest.fixture(autouse=True)
+def refusal_scan(request, monkeypatch):
+    """Every refusal the CLI gives in this test, checked by tests/refusal_scan.py after it."""
+    from dflash_audit import cli
+    from tests.refusal_scan import offences
+
+    seen = []
+    real = cli.error_message
+
+    def recording(exc):
+        line = real(exc)
+        seen.append((exc, line))
+        return line
+
+    monkeypatch.setattr(cli, "error_message", recording)
+    yield
+    if request.node.get_closest_marker("unforeseen") is None:
+        found = offences(seen)
+        assert not found, "refusals that are defects:\n" + "\n".join(found)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1] in QUICK_MODULES:

@@ -3,7 +3,11 @@ is touched: each case checks the status, that stderr is exactly one `dflash-audi
 naming the file or flag, no traceback, and that the input tree is byte-identical afterwards.
 
 Loader cases (broken drafters) live with the loaders; this matrix covers the CLI, outputs,
-limits, targets and prompts files. Cases that could block (FIFOs) run in a subprocess with a
+limits, targets and prompts files. The hostile inputs of issue #32 live in tests/bad_inputs/, one file per
+class: test_class1_outputs_kept (a user's files overwritten), test_class2_verdicts (wrong verdicts),
+test_class3_bombs (hangs and memory blow-ups), test_class4_no_internal_names (internal exception names),
+test_class5_named_messages (messages that name the wrong thing), test_class6_valid_layouts (valid inputs
+refused or left broken), and test_fuzz (every reader fuzzed). Cases that could block (FIFOs) run in a subprocess with a
 timeout, as do the SIGKILL tests of interrupted writes.
 """
 
@@ -67,7 +71,11 @@ def _write_jsonl(path: Path, records: list[dict]) -> None:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("inputs")
+    return build_world(tmp_path_factory.mktemp("inputs"))
+
+
+def build_world(root: Path) -> Path:
+    """The hostile-input world under `root` (also built once per session by tests/bad_inputs/)."""
     tokenizer = train_tokenizer(TEXTS, vocab_size=300)
     _save_target(root / "target", tokenizer)
     drafter = _drafter(tokenizer)

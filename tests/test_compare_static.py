@@ -62,7 +62,7 @@ def test_shifted_target_layers_point_at_the_index_convention(tmp_path):
     (dict(layer_types=("full_attention",) * 3), ("layer_types", ""), 11),
     (dict(sliding_window=4), ("layer_types", "sliding_window"), 11),
     (dict(intermediate_size=96), ("architecture", "intermediate_size"), None),
-    (dict(rope_theta=10_000.0), ("rotary", "rope_theta"), 35),
+    (dict(rope_theta=500_000.0), ("rotary", "rope_theta"), 35),
     (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), ("rotary", "rope_scaling"), 35),
 ])
 def test_each_config_difference_is_its_own_finding(tmp_path, overrides, expected, pitfall):

@@ -3,7 +3,7 @@
 
 import pytest
 
-from dflash_audit.formats.vocabulary import DeclarationError, convert
+from dflash_audit.formats.setting_names import DeclarationError, convert
 from impl.layers import (
     build_target_layer_ids,
     hidden_state_index,

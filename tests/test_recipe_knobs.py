@@ -10,7 +10,7 @@ import pytest
 import typer
 
 from dflash_audit.cli import load_verb
-from dflash_audit.formats.vocabulary import ALIASES, BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, convert
+from dflash_audit.formats.setting_names import ALIASES, BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, convert
 from impl.recipe import DEFAULTS, KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe, flag_table, knob_problem, train_recipe
 from impl.spec import SpecError
 from impl.train import RunConfig, knob_recipe

@@ -297,19 +297,19 @@ def test_defaults_are_one_table_each_imported_by_every_reader():
 
 
 def default_copies(source: str, path: str = "<module>") -> list[str]:
-    """`path:line` of each literal Qwen3 default that only a restated table would hold (rope theta 1e6,
-    40960 positions)."""
+    """`path:line` of each literal Qwen3 default that only a restated table would hold (rope theta 10000.0,
+    32768 positions)."""
     return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
-                   if isinstance(node, ast.Constant) and type(node.value) in (int, float)
-                   and node.value in (1_000_000.0, 40960) and not (type(node.value) is int and node.value == 1_000_000)})
+                   if isinstance(node, ast.Constant) and ((type(node.value) is float and node.value == 10_000.0)
+                                                          or (type(node.value) is int and node.value == 32768))})
 
 
 def test_qwen3_defaults_are_written_only_in_impl_defaults():
     sources = {path: source for path, source in repo_sources().items()
                if path != "impl/defaults.py" and not path.startswith(("tests/", "bench/"))}
     assert [hit for path, source in sources.items() for hit in default_copies(source, path)] == []
-    assert default_copies('rope = config.get("rope_theta", 1_000_000.0)\n') != []
-    assert default_copies('window = config.get("max_position_embeddings", 40960)\n') != []
+    assert default_copies('rope = config.get("rope_theta", 10_000.0)\n') != []
+    assert default_copies('window = config.get("max_position_embeddings", 32768)\n') != []
 
 
 # -- 5. impl/checkpoint.py split by concern; report writers start light -----------------------------------
@@ -388,7 +388,7 @@ def test_entry_maps_and_recipe_fields_are_one_table_each():
     import dflash_audit.audit.static_recipe as static_recipe
     import dflash_audit.audit.static_spec as static_spec
     import dflash_audit.formats.inference as inference
-    import dflash_audit.formats.vocabulary as vocabulary
+    import dflash_audit.formats.setting_names as vocabulary
     import catalogue.pitfalls as pitfalls
     import impl.recipe as spec
 
@@ -419,3 +419,132 @@ def test_no_audit_module_keeps_its_own_entry_map():
                                   for v in values):
                     hits.append(f"{path}:{node.lineno}")
     assert hits == []
+
+
+# -- 9. the families, the knob defaults and the longest round, each written once ----------------------------------
+NON_TEST_SOURCES = ("tests/", "bench/", "conformance/test_")
+
+
+def family_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each literal ("dflash", "dflash2") table: the families are impl/families.py's FAMILIES."""
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+                   if isinstance(node, (ast.Tuple, ast.List, ast.Set))
+                   and [getattr(e, "value", None) for e in node.elts] == ["dflash", "dflash2"]})
+
+
+def test_the_families_are_written_only_in_impl_families():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != "impl/families.py" and not path.startswith(NON_TEST_SOURCES)}
+    assert [hit for path, source in sources.items() for hit in family_copies(source, path)] == []
+    assert family_copies('FAMILIES = ("dflash", "dflash2")\n') != []
+    assert family_copies((REPO / "impl/families.py").read_text(), "impl/families.py") != []
+
+
+def knob_default_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each parameter default or keyword argument that writes a recipe knob's declared default as a
+    literal (`gamma=4.0`, `max_anchors: int = 512`, `dpace_alpha=0.5`): impl/recipe.py declares them."""
+    from impl.recipe import DEFAULTS, TRAIN_DEFAULTS
+
+    literal = {name: {v for v in (DEFAULTS[name], TRAIN_DEFAULTS[name]) if type(v) in (int, float) and v}
+               for name in DEFAULTS}  # the numbers (4.0, 512, 0.5, ...): a loss or layout named is a choice
+    hits = set()
+    for node in ast.walk(ast.parse(source, path)):
+        pairs = []
+        if isinstance(node, ast.arguments):
+            positional = node.posonlyargs + node.args
+            pairs += list(zip([a.arg for a in positional[len(positional) - len(node.defaults):]], node.defaults))
+            pairs += [(a.arg, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if d is not None]
+        elif isinstance(node, ast.Call):
+            pairs += [(k.arg, k.value) for k in node.keywords if k.arg]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            pairs.append((node.target.id, node.value))
+        for name, value in pairs:
+            if name in literal and isinstance(value, ast.Constant) and type(value.value) is not bool \
+                    and value.value in literal[name]:
+                hits.add(f"{path}:{value.lineno}")
+    return sorted(hits)
+
+
+def test_knob_defaults_are_written_only_in_their_declaration():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != "impl/recipe.py" and not path.startswith(NON_TEST_SOURCES)}
+    assert [hit for path, source in sources.items() for hit in knob_default_copies(source, path)] == []
+
+
+@pytest.mark.parametrize("planted", [
+    "def decay(block_size, gamma: float = 4.0):\n    pass\n",
+    "def f(recipe):\n    return g(max_anchors=512)\n",
+    "@dataclass\nclass Config:\n    dpace_alpha: float = 0.5\n",
+    "def select(ids, selector_loss_alpha=1.0):\n    pass\n",
+])
+def test_a_planted_knob_default_is_caught(planted):
+    assert knob_default_copies(planted, "impl/planted.py") != []
+
+
+def longest_round_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each `<...>.speculative_tokens + 1` (or `speculative_tokens(...) + 1`): the longest round is
+    impl/slot_layout.py's `longest_round`."""
+    def is_speculative_tokens(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "speculative_tokens") or \
+            (isinstance(node, ast.Call) and is_speculative_tokens(node.func)) or \
+            (isinstance(node, ast.Name) and node.id == "speculative_tokens")
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+                   if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)
+                   and is_speculative_tokens(node.left) and isinstance(node.right, ast.Constant)})
+
+
+def test_the_longest_round_has_one_home():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != "impl/slot_layout.py" and not path.startswith(NON_TEST_SOURCES)}
+    assert [hit for path, source in sources.items() for hit in longest_round_copies(source, path)] == []
+    assert longest_round_copies("longest = drafter.spec.speculative_tokens + 1\n") != []
+    assert longest_round_copies("n = speculative_tokens(block, layout) + 1\n") != []
+
+
+def stop_id_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each list built around a tokenizer's `eos_token_id`: the stop ids are
+    foundation/target.py's `stop_token_ids`."""
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+                   if isinstance(node, ast.List) and any(isinstance(e, ast.Attribute) and e.attr == "eos_token_id"
+                                                         for e in node.elts)})
+
+
+def test_the_stop_ids_have_one_home():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != "foundation/target.py" and not path.startswith(NON_TEST_SOURCES)}
+    assert [hit for path, source in sources.items() for hit in stop_id_copies(source, path)] == []
+    assert stop_id_copies("stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []\n") != []
+
+
+def layer_rule_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each "final layer is N - 1" (a layer count minus one) and each "decoder layers 0..N-1" message:
+    impl/layers.py's `final_layer`, `layer_range` and `layers_outside` are their one home."""
+    counts = ("num_layers", "num_target_layers", "depth")  # a target's; num_hidden_layers is the drafter's too
+    hits = set()
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and isinstance(node.right, ast.Constant) \
+                and node.right.value == 1:
+            left = node.left
+            name = left.attr if isinstance(left, ast.Attribute) else left.id if isinstance(left, ast.Name) else None
+            is_len_of_layers = isinstance(left, ast.Call) and getattr(left.func, "id", None) == "len" and \
+                any(isinstance(a, ast.Name) and a.id == "layers" for a in left.args)
+            if name in counts or is_len_of_layers:
+                hits.add(f"{path}:{node.lineno}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "decoder layers 0.." in node.value:
+            hits.add(f"{path}:{node.lineno}")
+    return sorted(hits)
+
+
+def test_the_final_layer_and_the_layer_range_have_one_home():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != "impl/layers.py" and not path.startswith(NON_TEST_SOURCES)}
+    assert [hit for path, source in sources.items() for hit in layer_rule_copies(source, path)] == []
+
+
+@pytest.mark.parametrize("planted", [
+    "def source(cfg, num_layers):\n    return num_layers - 1 if cfg.layer is None else cfg.layer\n",
+    "def last(layers):\n    return len(layers) - 1\n",
+    'def check(bad, n):\n    raise ValueError(f"{bad} outside the target\'s decoder layers 0..{n}")\n',
+])
+def test_a_planted_layer_rule_is_caught(planted):
+    assert layer_rule_copies(planted, "impl/planted.py") != []

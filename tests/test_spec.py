@@ -91,3 +91,17 @@ def test_the_activations_accepted_without_transformers_are_transformers_own():
 
     assert COMMON_ACTIVATIONS <= set(ACT2FN)
     assert is_known_activation("gelu_fast") and not is_known_activation("wibble") and not is_known_activation(["silu"])
+
+
+def test_the_qwen3_defaults_are_what_transformers_qwen3config_fills_in():
+    """One rope theta (and window) default, the one both references apply to a config that states none: z-lab builds
+    its drafter from a Qwen3Config, speculators its layer config."""
+    from transformers import Qwen3Config
+
+    from impl.defaults import QWEN3_DEFAULTS
+
+    config = Qwen3Config()
+    assert QWEN3_DEFAULTS["rope_theta"] == config.rope_parameters["rope_theta"] == Qwen3Config.default_theta
+    for name in ("rms_norm_eps", "max_position_embeddings", "hidden_act", "attention_bias"):
+        assert QWEN3_DEFAULTS[name] == getattr(config, name), name
+    assert DraftSpec.__dataclass_fields__["rope_theta"].default == QWEN3_DEFAULTS["rope_theta"]

@@ -58,6 +58,12 @@ def test_specforge_fails_exactly_its_known_divergences(specforge_results):
                                  f"no longer failing: {sorted(expected - failing)}")
 
 
+def test_specforge_plug_takes_every_call_of_the_interface(specforge_results):
+    """held/specforge.py declares the current interface version: no plug mismatch (conformance/plug.py)."""
+    assert specforge_results["interface"]["plug"] == specforge_results["interface"]["suite"]
+    assert specforge_results["plug_mismatches"] == []
+
+
 def test_specforge_unsupported_cases_are_na_with_a_reason(specforge_results):
     na = [r for r in specforge_results["components"] if r["status"] == "n/a"]
     assert na and all(r["reason"] for r in na)

@@ -60,8 +60,12 @@ def selector_path(cmp: Comparator, a, b, case: SelectorCase) -> None:
         probs = None if probs is None else probs.gather(-1, order)
         return tokens, candidates.gather(-1, order), probs
 
-    outputs = {impl.name: run(impl) for impl in (a, b)}
     names, where = (a.name, b.name), f"{case.slots} slots, top-{case.spec.selector_top_k}, T={case.temperature}"
+    outputs = {}
+    for impl in (a, b):  # through the comparator: an error is a divergence, a call the plug cannot take a mismatch
+        ok, outputs[impl.name] = cmp.run(names, lambda impl=impl: run(impl), what=f"{impl.name} selector path")
+        if not ok:
+            return
     cmp.compare(names, outputs[a.name][1], outputs[b.name][1], EXACT, what=f"candidate sets, {where}")
     cmp.compare(names, outputs[a.name][0], outputs[b.name][0], EXACT, what=f"selected path, {where}")
     if case.temperature > 0:
@@ -94,8 +98,12 @@ def training_candidates(cmp: Comparator, a, b, case: SelectorLossCase) -> None:
     inside = candidate_ids.gather(-1, torch.randint(0, case.top_k, (1, n, 1), generator=gen))[..., 0]
     target_ids = torch.where(torch.rand(1, n, generator=gen) < 0.5, inside,
                              torch.randint(0, VOCAB, (1, n), generator=gen))
-    results = {impl.name: impl.selector_training_candidates(candidate_ids, target_ids) for impl in (a, b)}
-    names = (a.name, b.name)
+    names, results = (a.name, b.name), {}
+    for impl in (a, b):
+        ok, results[impl.name] = cmp.run(names, lambda impl=impl: impl.selector_training_candidates(
+            candidate_ids, target_ids), what=f"{impl.name} selector training candidates")
+        if not ok:
+            return
     for index, what in enumerate(("training candidates", "label positions", "target in the unary top-k")):
         cmp.compare(names, results[a.name][index], results[b.name][index], EXACT,
                     what=f"{what}, {n} slots, top-{case.top_k}")

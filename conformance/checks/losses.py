@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from conformance.comparator import Comparator
+from conformance.plug import recipe_field
 from conformance.strategies import DPaceCase, LossCase
 from conformance.tolerances import EXACT, for_dtype
 
@@ -32,7 +33,7 @@ def recipe_defaults(cmp: Comparator, a, fields: tuple[str, ...]) -> None:
         return
     reference = speculators_trainer_defaults()
     for name in fields:
-        cmp.compare((a.name, "speculators"), getattr(a.recipe, name), reference[name], EXACT,
+        cmp.compare((a.name, "speculators"), lambda name=name: recipe_field(a, name), reference[name], EXACT,
                     what=f"default training recipe {name} vs speculators' TrainConfig-resolved dflash recipe")
 
 

@@ -12,6 +12,7 @@ from conformance.comparator import Comparator
 from conformance.strategies import TrainingCase
 from conformance.tolerances import EXACT, for_dtype
 from conformance.world import reference_state_dict, target_for
+from impl.recipe import DEFAULTS
 from impl.spec import DraftSpec
 
 FP32 = for_dtype(torch.float32)
@@ -53,7 +54,7 @@ def proposals(cmp: Comparator, a, b, case: SlotCase) -> None:
     cmp.compare(names, out_a, out_b, FP32, what=f"logits of each proposal, in order, sample_from_anchor={layout}")
 
 
-def trained_layout(cmp: Comparator, a, b, case: TrainingCase, gamma: float = 4.0) -> None:
+def trained_layout(cmp: Comparator, a, b, case: TrainingCase, gamma: float = DEFAULTS["gamma"]) -> None:
     """Training under the drafter's own layout: which positions' logits each slot is trained toward, the
     aligned loss mask (the anchor slot trained or not) and the per-slot loss weights."""
     training.target_alignment(cmp, a, b, case)

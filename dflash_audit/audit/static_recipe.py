@@ -9,6 +9,7 @@ from catalogue.pitfalls import RECIPE_ENTRIES
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_spec import family_of
+from impl.layers import final_layer
 from impl.recipe import Recipe
 
 # Fields that only mean something under one weighting: compared only when both sides use it
@@ -40,12 +41,12 @@ def source_layer(recipe: Recipe, side: Side) -> int | str:
     if recipe.verifier_source_layer is not None:
         return recipe.verifier_source_layer
     depth = side.value("num_target_layers")
-    return depth - 1 if depth is not None else "the final layer"
+    return final_layer(depth) if depth is not None else "the final layer"
 
 
 def is_final(layer: int | str, side: Side) -> bool:
     depth = side.value("num_target_layers")
-    return layer == "the final layer" or (depth is not None and layer == depth - 1)
+    return layer == "the final layer" or (depth is not None and layer == final_layer(depth))
 
 
 def recipe_findings(ours: Side, ref: Side) -> tuple[list[Finding], dict[str, dict[str, Any]]]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_spec import expected_shapes
@@ -105,6 +107,10 @@ def compare_tensors(ours: Side, ref: Side, findings: list[Finding], advance) -> 
     return rows
 
 
+def is_float_dtype(name: str | None) -> bool:
+    return name is not None and getattr(torch, name).is_floating_point
+
+
 def weight_findings(rows: list[TensorRow], ours: Side, ref: Side, expect_identical: bool) -> list[Finding]:
     found = []
     body = [r for r in rows if r.group != "verifier-owned"]
@@ -134,7 +140,15 @@ def weight_findings(rows: list[TensorRow], ours: Side, ref: Side, expect_identic
         found.append(Finding("weights", "divergence",
                              f"{len(shape)} tensor(s) differ in shape although the configs agree (first: {shape[0]}).",
                              shape, shape, key="shape"))
-    dtype = [r for r in body if r.status == "dtype"]
+    # Integers where the other side holds floating-point weights are other numbers, not a rounding of them.
+    kinds = [r for r in body if r.status == "dtype" and is_float_dtype(r.ours_dtype) != is_float_dtype(r.ref_dtype)]
+    if kinds:
+        found.append(Finding(
+            "weights", "divergence",
+            f"{len(kinds)} tensor(s) hold integers on one side and floating-point weights on the other (first: "
+            f"{kinds[0].key}, {kinds[0].ours_dtype} vs {kinds[0].ref_dtype}): a dtype-class mismatch, the values "
+            "are not weights of the same kind.", kinds[0].ours_dtype, kinds[0].ref_dtype, key="dtype-class"))
+    dtype = [r for r in body if r.status == "dtype" and r not in kinds]
     if dtype:
         found.append(Finding(
             "weights", "divergence" if expect_identical else "warning",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -24,9 +25,10 @@ from dflash_audit.audit.static import static_audit
 from dflash_audit.commands import VERBS
 from dflash_audit.commands.serve_check import parse_engines
 from dflash_audit.formats import LoadOptions
-from dflash_audit.outputs import check_outputs, check_writable
+from dflash_audit.outputs import check_cache_dir, check_not_foreign, check_outputs, check_writable
 from dflash_audit.ranks import Ranks
 from foundation.cache_dir import cache_root
+from foundation.chat_template import CHAT_TEMPLATE_HELP, ChatTemplate
 from foundation.errors import AuditError
 from foundation.inputs import TOKENIZER_FILES, check_generation_flags, check_target_dir
 from foundation.placement import (
@@ -57,17 +59,26 @@ def progress_bar(console: Console) -> Progress:
 
 def default_out_dir(ours: Path, ref: Path) -> Path:
     def name(path: Path) -> str:
-        return re.sub(r"[^A-Za-z0-9_.-]+", "_", path.resolve().stem or path.resolve().name) or "drafter"
+        real = Path(os.path.realpath(path))  # realpath: a symbolic link loop is refused where it is read
+        # At most 100 characters a side: the folder name stays within the file system's 255.
+        return (re.sub(r"[^A-Za-z0-9_.-]+", "_", real.stem or real.name) or "drafter")[:100]
 
     return Path("reports") / f"{name(ours)}-vs-{name(ref)}"
 
 
-def check_compare_outputs(out: Path, json_path: Path | None, inputs: dict[str, Path | None]) -> None:
-    """The report directory and --json are no input (nor contain one) and are writable, before any work."""
+REPORT_FILES = ("index.html", "report.json")
+
+
+def check_compare_outputs(out: Path, json_path: Path | None, inputs: dict[str, Path | None],
+                          force: bool = False) -> None:
+    """The report directory and --json are no input (nor contain one), replace nothing the tool did not
+    write (unless --force) and are writable; all before any work."""
     check_outputs({"--out": out, "--json": json_path}, inputs)
     check_writable("--out", out, "dir")
+    check_not_foreign("--out", out, force, REPORT_FILES)
     if json_path is not None:
         check_writable("--json", json_path)
+        check_not_foreign("--json", json_path, force)
 
 
 def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path | None = None,
@@ -77,14 +88,15 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
                 ours_options: LoadOptions | None = None, ref_options: LoadOptions | None = None,
                 placement: Placement = CPU_FLOAT32, dtypes: list[str] | None = None,
                 serve: list[str] | None = None, live: bool = False,
-                vllm_python: Path | None = None) -> AuditReport:
+                vllm_python: Path | None = None, chat=None, force: bool = False) -> AuditReport:
     """Load, audit, write `out/index.html` + `out/report.json` (+ `json_path`), print the summary.
 
     `dtypes` (`--dtype a,b`): the τ audit once per dtype, the first one the report's main run."""
     console = console or Console(stderr=True)
     check_generation_flags(max_new_tokens, budget)
     out = out or default_out_dir(ours, ref)
-    check_compare_outputs(out, json_path, {"--ours": ours, "--ref": ref, "--target": target, "--prompts": prompts})
+    check_compare_outputs(out, json_path, {"--ours": ours, "--ref": ref, "--target": target, "--prompts": prompts},
+                          force)
     ours_side = load_side(ours, target, ours_options or LoadOptions(flag_prefix="--ours"))
     ref_side = load_side(ref, target, ref_options or LoadOptions(flag_prefix="--ref"))
     if target is not None and not static_only:
@@ -114,7 +126,7 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
 
         ranks = Ranks()  # under torchrun: prompts sharded, one cache, every rank on its own GPU
         report.dynamic = dynamic_audits(ours_side, ref_side, target, prompts, max_new_tokens, budget, cache_dir,
-                                        console, truncate, placement, dtypes or [None], report.notes, ranks)
+                                        console, truncate, placement, dtypes or [None], report.notes, ranks, chat)
         ranks.close()
         attach_proposable_share(static.findings, report.dynamic.proposable_share)
     elif target is None:
@@ -178,8 +190,15 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP + "; a comma list (bfloat16,float32) "
                                   "measures τ in each"),
         device_map: str | None = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP),
+        chat_template: str = typer.Option("auto", "--chat-template", help=CHAT_TEMPLATE_HELP),
+        chat_template_kwargs: str | None = typer.Option(None, "--chat-template-kwargs",
+                                                        help='JSON for apply_chat_template, e.g. {"enable_thinking": false}'),
+        force: bool = typer.Option(False, "--force", help="replace report files at --out / --json that the tool "
+                                                          "did not write"),
     ) -> int:
+        check_cache_dir(cache_dir, {"--ours": ours, "--ref": ref, "--target": target, "--prompts": prompts})
         dtypes = parse_dtype_list(dtype)
+        chat = ChatTemplate.parse(chat_template, chat_template_kwargs)
         placement = resolve_placement(device, dtypes[0], device_map, target) if target is not None else CPU_FLOAT32
         report = run_compare(ours, ref, target, prompts, static_only, out, json_path, expect_identical,
                              max_new_tokens, budget, truncate=truncate,
@@ -188,5 +207,5 @@ def register(app: typer.Typer) -> None:
                              ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"),
                              placement=placement, dtypes=[None, *dtypes[1:]],
                              serve=parse_engines(serve) if serve is not None else None, live=live,
-                             vllm_python=vllm_python)
+                             vllm_python=vllm_python, chat=chat, force=force)
         return report.exit_status

@@ -4,6 +4,7 @@ target's modelling code (tests/test_start_fast.py pins what a static compare imp
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -19,22 +20,26 @@ from foundation.target import load_target_model, load_tokenizer
 from impl.memory_plan import check_plan, plan_memory
 
 
-def load_prompt_ids(prompts_file: Path | None, tokenizer) -> tuple[list[tuple[str, torch.Tensor]], str]:
-    """[(id, input_ids)] from a prompts file (JSON lines) or the built-in coding prompts."""
+def load_prompt_ids(prompts_file: Path | None, tokenizer, chat=None) -> tuple[list[tuple[str, torch.Tensor]], str]:
+    """[(id, input_ids)] from a prompts file (JSON lines) or the built-in coding prompts, rendered by `chat`
+    (a `ChatTemplate`; None: the tokenizer's own template when it has one)."""
     if prompts_file is None:
         prompts, source = BUILTIN_PROMPTS, "built-in"
     else:
         prompts, source = load_prompts(prompts_file), str(prompts_file)
-    return tokenize_prompts(tokenizer, prompts), source
+    return tokenize_prompts(tokenizer, prompts, chat if chat is not None else "auto"), source
 
 
 def dynamic_audits(ours_side, ref_side, target: Path, prompts: Path | None, max_new_tokens: int, budget: int,
                    cache_dir: Path | None, console: Console, truncate: bool, placement: Placement,
-                   dtypes: list[str | None], notes: list[str], ranks: Ranks):
+                   dtypes: list[str | None], notes: list[str], ranks: Ranks, chat=None):
     """The τ audit in each dtype (None: the placement's own), after a memory plan that fits; the first
     dtype's audit carries every dtype's summary and the findings of a drop between them."""
     tokenizer, config = load_tokenizer(target)
-    prompt_list, source = load_prompt_ids(prompts, tokenizer)
+    if chat is not None:  # recorded in the report: the template and its kwargs move τ as much as a bug
+        chat.check_kwargs(tokenizer)
+        notes.append(f"chat template: {json.dumps(chat.describe(tokenizer))}")
+    prompt_list, source = load_prompt_ids(prompts, tokenizer, chat)
     prompt_list, fit_notes = fit_prompts(prompt_list, max_new_tokens, config.max_position_embeddings, truncate,
                                          source)
     notes.extend(fit_notes)

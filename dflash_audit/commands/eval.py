@@ -16,10 +16,10 @@ from rich.console import Console
 from tabulate import tabulate
 
 from dflash_audit.commands import VERBS
-from dflash_audit.outputs import check_outputs, check_writable
+from dflash_audit.commands.eval_drafter import place_drafter, read_drafter
+from dflash_audit.outputs import check_cache_dir, check_not_foreign, check_outputs, check_writable
 from dflash_audit.progress import progress
 from dflash_audit.prompts import (
-    CHAT_TEMPLATE_MODES,
     fit_prompts,
     load_prompts,
     tokenize_prompts,
@@ -27,18 +27,16 @@ from dflash_audit.prompts import (
 from dflash_audit.ranks import Ranks
 from foundation.atomic import atomic_write_bytes
 from foundation.cache_dir import cache_root
+from foundation.chat_template import CHAT_TEMPLATE_HELP, ChatTemplate
 from foundation.errors import AuditError
-from foundation.inputs import check_finite_weights, check_generation_flags
+from foundation.inputs import check_generation_flags
 from foundation.placement import (
     CPU_FLOAT32,
     DEVICE_HELP,
     DEVICE_MAP_HELP,
     DTYPE_HELP,
     Placement,
-    built_in,
-    model_dtype,
     resolve_placement,
-    target_device,
 )
 from foundation.target import stop_token_ids
 from foundation.target_vocab import TargetVocabulary, mask_token_problems
@@ -50,30 +48,6 @@ from impl.offline import load_or_build_cache, offline_rounds_each
 
 METHODS = ("dflash", "ddtree")
 MODES = ("live", "offline")
-
-
-def read_drafter(path: Path, target_dir: Path, config, options=None):
-    """The drafter's checked (spec, state dict), against the target's config: no target weights needed."""
-    from dflash_audit.formats import LoadOptions, load_any, require_spec
-
-    loaded = load_any(path, target_dir, options or LoadOptions(flag_prefix=""))
-    spec = require_spec(loaded, "eval")
-    check_finite_weights(loaded.state_dict, str(path))  # NaN weights would "measure" τ 1.0, not fail
-    if spec.hidden_size != config.hidden_size:
-        raise AuditError(f"{path}: drafter hidden size {spec.hidden_size}, the target's is {config.hidden_size}")
-    depth = config.num_hidden_layers
-    if spec.num_target_layers != depth:
-        raise AuditError(f"{path}: drafter built for a target of {spec.num_target_layers} layers, "
-                         f"{target_dir} has {depth}")
-    if spec.vocab_size != config.vocab_size:
-        raise AuditError(f"{path}: drafter vocabulary {spec.vocab_size}, the target's is {config.vocab_size}")
-    return spec, loaded.state_dict
-
-
-def place_drafter(spec, state_dict, path: Path, target):
-    """The drafter where the target reads its inputs, in the target's dtype (its serving dtype)."""
-    return built_in(target_device(target), model_dtype(target),
-                    lambda: build_drafter(spec, state_dict, source=str(path))).eval()
 
 
 def mask_token_notes(mask_token_id: int, target: TargetVocabulary) -> list[str]:
@@ -94,11 +68,13 @@ def check_options(method: str, mode: str, budget: int, max_new_tokens: int, temp
         raise AuditError("--temperature > 0 needs --method dflash --mode live (DDTree and offline replay are greedy)")
 
 
-def check_json_output(json_path: Path | None, inputs: dict[str, Path]) -> None:
-    """--json is no input, and writable, before any model loads."""
+def check_json_output(json_path: Path | None, inputs: dict[str, Path], force: bool = False) -> None:
+    """--json is no input, replaces no file the tool did not write (unless --force), and is writable,
+    before any model loads."""
     if json_path is not None:
         check_outputs({"--json": json_path}, inputs)
         check_writable("--json", json_path)
+        check_not_foreign("--json", json_path, force)
 
 
 def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new_tokens: int, temperature: float,
@@ -122,9 +98,9 @@ def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new
 
 def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: str = "dflash", budget: int = 32,
              mode: str = "live", max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0,
-             json_path: Path | None = None, cache_dir: Path | None = None, chat_template: str = "auto",
+             json_path: Path | None = None, cache_dir: Path | None = None, chat_template="auto",
              console: Console | None = None, truncate: bool = False, load_options=None,
-             placement: Placement = CPU_FLOAT32, memory: dict | None = None) -> dict | None:
+             placement: Placement = CPU_FLOAT32, memory: dict | None = None, force: bool = False) -> dict | None:
     """Evaluate, print the table and write `json_path` (rank 0); returns the JSON payload there.
 
     `memory`: free memory handed to the memory plan (`free_on_devices`, `free_on_host`) instead of
@@ -132,14 +108,18 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     from foundation.target import load_target_model, load_tokenizer
 
     check_options(method, mode, budget, max_new_tokens, temperature)
-    check_json_output(json_path, {"--drafter": drafter_path, "--target": target_dir, "--prompts": prompts_path})
+    inputs = {"--drafter": drafter_path, "--target": target_dir, "--prompts": prompts_path}
+    check_json_output(json_path, inputs, force)
+    check_cache_dir(cache_dir, inputs)
     console = console or Console(stderr=True)
     records = load_prompts(prompts_path)  # bad input fails before any model loads
+    chat = chat_template if isinstance(chat_template, ChatTemplate) else ChatTemplate.parse(chat_template)
     tokenizer, config = load_tokenizer(target_dir)
+    chat.check_kwargs(tokenizer)
     spec, state_dict = read_drafter(drafter_path, target_dir, config, load_options)
     if method == "ddtree" and spec.family != "dflash":
         require_dflash_family(build_drafter(spec, state_dict))  # before any prompt is decoded or cached
-    prompts, notes = fit_prompts(tokenize_prompts(tokenizer, records, chat_template), max_new_tokens,
+    prompts, notes = fit_prompts(tokenize_prompts(tokenizer, records, chat), max_new_tokens,
                                  config.max_position_embeddings, truncate, str(prompts_path))
     notes += mask_token_notes(spec.mask_token_id, TargetVocabulary.read(target_dir, tokenizer))
     # Before any target weight is read: does it all fit?
@@ -171,8 +151,9 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
 
     all_rounds = [length for r in results for length in r["rounds"]]
     longest = drafter.spec.longest_round
-    payload = {"method": method, "mode": mode, "budget": budget if method == "ddtree" else None,
-               "max_new_tokens": max_new_tokens, "placement": placement.describe(), "prompts": results,
+    payload = {"schema": "dflash-audit/eval/1", "method": method, "mode": mode, "budget": budget if method == "ddtree" else None,
+               "max_new_tokens": max_new_tokens, "placement": placement.describe(),
+               "chat_template": chat.describe(tokenizer), "prompts": results,
                "mean_tau": mean_acceptance([r["tau"] for r in results]),
                "histogram": acceptance_histogram(all_rounds, longest)}
     rows = [[r["id"], len(r["rounds"]), sum(r["rounds"]) + 1, f"{r['tau']:.2f}"] for r in results]
@@ -188,23 +169,54 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     return payload
 
 
+def uses_table(prompts: list[str], methods, budgets, temperatures, tau_methods, tau_by, max_samples, table,
+               html_path) -> bool:
+    """Whether eval runs the τ table (dflash_audit/commands/eval_table.py) rather than one plain prompts file."""
+    from foundation.benchmarks.sets import parse_prompts_flag
+
+    many = any(len(values) > 1 for values in (prompts, methods, budgets, temperatures))
+    named = any(parse_prompts_flag(value)[0] is not None for value in prompts)
+    return bool(table or html_path or tau_methods or tau_by or max_samples is not None or many or named)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("eval", help=VERBS["eval"])
     def eval_command(
         drafter: Path = typer.Option(..., "--drafter", help="ours ckpt.pt, z-lab dir or speculators dir"),
         target: Path = typer.Option(..., "--target", help="Hugging Face target model directory"),
-        prompts: Path = typer.Option(..., "--prompts", help='JSON lines: {"id", "prompt"} or {"turns": [...]}'),
-        method: str = typer.Option("dflash", "--method", help="dflash | ddtree"),
-        budget: int = typer.Option(32, "--budget", help="DDTree node budget"),
+        prompts: list[str] = typer.Option(..., "--prompts",
+                                          help='JSON lines {"id", "prompt"} or {"turns": [...]}, or NAME:PATH, a '
+                                               "benchmark's own file (gsm8k, math500, aime, humaneval, mbpp, "
+                                               "mt-bench, alpaca, livecodebench; JSON lines or parquet); repeatable"),
+        method: list[str] = typer.Option(["dflash"], "--method", help="dflash | ddtree (repeatable with --table)"),
+        budget: list[int] = typer.Option([32], "--budget", help="DDTree node budget (repeatable with --table)"),
         mode: str = typer.Option("live", "--mode", help="live | offline (replay from cached hidden states)"),
         max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
-        temperature: float = typer.Option(0.0, "--temperature", help="> 0: rejection sampling (dflash, live)"),
+        temperature: list[float] = typer.Option([0.0], "--temperature",
+                                                help="> 0: rejection sampling (dflash, live); repeatable with --table"),
         seed: int = typer.Option(0, "--seed", help="sampling seed when --temperature > 0"),
+        seeds: str | None = typer.Option(None, "--seeds", help="comma-separated sampling seeds for the table at T > 0 "
+                                                               "(τ per seed and the range across them)"),
         json_path: Path | None = typer.Option(None, "--json", help="write the results as JSON here"),
         cache: Path | None = typer.Option(None, "--cache-dir",
                                           help="cache root; offline hidden states go to <root>/offline "
                                                "(default $XDG_CACHE_HOME/dflash-audit)"),
-        chat_template: str = typer.Option("auto", "--chat-template", help=" | ".join(CHAT_TEMPLATE_MODES)),
+        chat_template: str = typer.Option("auto", "--chat-template", help=CHAT_TEMPLATE_HELP),
+        chat_template_kwargs: str | None = typer.Option(None, "--chat-template-kwargs",
+                                                        help='JSON for apply_chat_template, e.g. {"enable_thinking": false}'),
+        tau_method: list[str] = typer.Option([], "--tau-method",
+                                             help="live | zlab-loop | teacher-forced | zlab-benchmark (repeatable)"),
+        tau_by: str | None = typer.Option(None, "--tau-by", help="thinking: τ with thinking on and off"),
+        table: bool = typer.Option(False, "--table", help="τ per set x method x temperature (terminal, --json, --html)"),
+        html_path: Path | None = typer.Option(None, "--html", help="write the τ table as HTML here"),
+        max_samples: int | None = typer.Option(None, "--max-samples",
+                                               help="prompts per set, chosen by z-lab's seeded selection"),
+        published: str | None = typer.Option(None, "--published",
+                                             help="set the published figures of this target beside the cells "
+                                                  "(default: when the target directory is named like one)"),
+        trained_kwargs: str | None = typer.Option(None, "--trained-chat-template-kwargs",
+                                                  help="the chat-template kwargs the drafter was trained with (JSON), "
+                                                       "when its config does not declare them"),
         entry: str | None = typer.Option(None, "--entry", help="entry of a training dict holding the state dict"),
         key_map: Path | None = typer.Option(None, "--key-map", help="parameter names: 'PATTERN => REPLACEMENT'"),
         spec: list[str] = typer.Option([], "--spec", help="KEY=VALUE spec/recipe field (repeatable)"),
@@ -213,10 +225,25 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
         dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP),
         device_map: str | None = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP),
+        force: bool = typer.Option(False, "--force", help="replace a --json file the tool did not write"),
     ) -> None:
         from dflash_audit.formats import LoadOptions
 
-        run_eval(drafter, target, prompts, method, budget, mode, max_new_tokens, temperature, seed, json_path,
-                 cache, chat_template, truncate=truncate,
-                 load_options=LoadOptions(entry, key_map, list(spec), flag_prefix=""),
-                 placement=resolve_placement(device, dtype, device_map, target))
+        chat = ChatTemplate.parse(chat_template, chat_template_kwargs)
+        options = LoadOptions(entry, key_map, list(spec), flag_prefix="")
+        if uses_table(prompts, method, budget, temperature, tau_method, tau_by, max_samples, table, html_path):
+            from dflash_audit.tau.prompt_sets import prompt_set_from_flag
+            from dflash_audit.commands.eval_table import run_table
+
+            if mode != "live":
+                raise AuditError("--mode offline replays plain prompts files; the τ table runs its τ methods "
+                                 "(--tau-method)")
+            prompt_sets = [prompt_set_from_flag(value, max_samples) for value in prompts]  # before any model
+            run_table(drafter, target, prompt_sets, tau_method, method, budget, temperature, seeds or str(seed),
+                      max_new_tokens, chat, tau_by, max_samples, json_path, html_path, published, trained_kwargs,
+                      options, resolve_placement(device, dtype, device_map, target), force=force)
+            return
+        placement = resolve_placement(device, dtype, device_map, target)
+        run_eval(drafter, target, Path(prompts[0]), method[0], budget[0], mode, max_new_tokens, temperature[0], seed,
+                 json_path, cache, chat, truncate=truncate, load_options=options, placement=placement,
+                 force=force)

@@ -15,7 +15,7 @@ from tabulate import tabulate
 from dflash_audit.audit.serving import divergence_count, section_dict, serving_section
 from dflash_audit.commands import VERBS
 from dflash_audit.formats import LoadOptions
-from dflash_audit.outputs import check_outputs, check_writable
+from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
 
@@ -77,12 +77,15 @@ def write_text(path: Path, text: str) -> None:
 
 def run_serve_check(drafter: Path, engines: list[str], target: Path | None = None, spec: list[str] | None = None,
                     json_path: Path | None = None, out: Path | None = None, live: bool = False,
-                    prompts: Path | None = None, max_new_tokens: int = 64, vllm_python: Path | None = None) -> int:
+                    prompts: Path | None = None, max_new_tokens: int = 64, vllm_python: Path | None = None,
+                    force: bool = False) -> int:
     check_outputs({"--json": json_path, "--out": out}, {"--drafter": drafter, "--target": target})
     if json_path is not None:
         check_writable("--json", json_path)
+        check_not_foreign("--json", json_path, force)
     if out is not None:
         check_writable("--out", out, "dir")
+        check_not_foreign("--out", out, force, ("serving.json", "index.html"))
     if target is not None and not (target / "config.json").is_file():
         raise AuditError(f"{target}: not a Hugging Face model directory (no config.json) to use as the target")
     if live and (target is None or "vllm" not in engines):
@@ -125,9 +128,10 @@ def register(app: typer.Typer) -> None:
         max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="--live: tokens per prompt"),
         vllm_python: Path | None = typer.Option(None, "--vllm-python",
                                                 help="--live: a Python with vLLM (default .venv-vllm/bin/python)"),
+        force: bool = typer.Option(False, "--force", help="replace report files the tool did not write"),
     ) -> int:
         return run_serve_check(drafter, parse_engines(engine), target, spec, json_path, out, live, prompts,
-                               max_new_tokens, vllm_python)
+                               max_new_tokens, vllm_python, force)
 
 
 __all__ = ["divergence_count", "register", "run_serve_check"]

@@ -9,12 +9,12 @@ import typer
 
 from dflash_audit.commands import VERBS
 from dflash_audit.commands.train_options import with_knob_options
-from dflash_audit.formats.vocabulary import DeclarationError, convert
-from dflash_audit.outputs import check_outputs, check_writable
+from dflash_audit.formats.setting_names import DeclarationError, convert
+from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from foundation.errors import AuditError
 from foundation.inputs import check_finite_flags, check_target_dir, regular_file
-from impl.recipe import KNOBS
 from impl.families import TRAINED_FAMILIES
+from impl.recipe import KNOBS
 
 
 def _layer_ids(value: str | None, flag: str) -> list[int] | None:
@@ -27,28 +27,40 @@ def _layer_ids(value: str | None, flag: str) -> list[int] | None:
         raise AuditError(str(exc)) from None
 
 
-def check_out(out: Path, resume: bool) -> None:
-    """--out is a checkpoint file: never a directory, never someone else's file."""
+def check_out(out: Path, resume: bool, force: bool = False) -> None:
+    """--out is a checkpoint file: never a directory, never someone else's file; an existing one is
+    only this run's own to --resume, or replaced with --force."""
+    from dflash_audit.formats import ours
+
     if out.is_dir():
         raise AuditError(f"--out {out}: a directory; --out is the checkpoint file to write (e.g. {out / 'ckpt.pt'})")
     if out.exists() and out.is_file() and out.suffix != ".pt":
         raise AuditError(f"--out {out}: an existing file that is not a *.pt checkpoint; refusing to overwrite it")
     if resume and out.exists() and not out.is_file():
         raise AuditError(f"--out {out}: not a checkpoint file to --resume from")
+    if not out.is_file() or force:
+        return
+    if not ours.detect(out):
+        raise AuditError(f"--out {out}: an existing file that is not a checkpoint dflash-audit wrote; refusing "
+                         "to overwrite it (choose another path, or pass --force to replace it)")
+    if not resume:
+        raise AuditError(f"--out {out}: a checkpoint already exists there; pass --resume to continue that run, "
+                         "or --force to replace it")
 
 
 def check_train_paths(target: Path, data: Path, eval_data: Path | None, out: Path, json_out: Path | None,
-                      resume: bool) -> None:
+                      resume: bool, force: bool = False) -> None:
     """Every path, before the tokenizer, the data or the target are read."""
     check_target_dir(target)
     regular_file(data, "file", "--data")
     if eval_data is not None:
         regular_file(eval_data, "file", "--eval-data")
     check_outputs({"--out": out, "--json": json_out}, {"--target": target, "--data": data, "--eval-data": eval_data})
-    check_out(out, resume)
+    check_out(out, resume, force)
     check_writable("--out", out)
     if json_out is not None:
         check_writable("--json", json_out)
+        check_not_foreign("--json", json_out, force)
 
 
 def train(
@@ -83,6 +95,8 @@ def train(
     eval_every: int = typer.Option(0, help="Evaluate every N steps (0: at the end only)."),
     save_every: int = typer.Option(0, help="Checkpoint every N steps (0: at the end only)."),
     resume: bool = typer.Option(False, help="Continue the run saved at --out."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file at --out / --json instead of "
+                                                      "refusing it."),
     seed: int = typer.Option(0),
     max_seconds: float = typer.Option(None, help="Shrink the schedule to fit this wall-clock budget."),
     json_out: Path = typer.Option(None, "--json", help="Write the run's stats as JSON."),
@@ -102,7 +116,7 @@ def train(
     from impl.train import RunConfig, TrainError
     from impl.train import train as run_training
 
-    check_train_paths(target, data, eval_data, out, json_out, resume)
+    check_train_paths(target, data, eval_data, out, json_out, resume, force)
     if d2t is not None:
         regular_file(d2t, "file", "--d2t")
     if draft_vocab_size is not None and draft_vocab_size <= 0:
@@ -171,7 +185,8 @@ def report_run(stats: dict, json_out: Path | None) -> None:
     if json_out is not None:
         from foundation.atomic import atomic_write_bytes
 
-        atomic_write_bytes(json_out, lambda tmp: Path(tmp).write_text(json.dumps(stats, indent=2)))
+        text = json.dumps({"schema": "dflash-audit/train/1", **stats}, indent=2)
+        atomic_write_bytes(json_out, lambda tmp: Path(tmp).write_text(text))
     final = stats["eval"] or stats["final"]
     typer.echo(f"trained {stats['steps']} steps in {stats['seconds']} s -> {stats['out']}  "
                f"loss {final['loss']:.4f}  EAL {final['eal']:.2f}")

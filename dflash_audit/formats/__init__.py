@@ -42,6 +42,17 @@ __all__ = ["FORMATS", "MODULES", "VERIFIER_OWNED_KEYS", "LoadOptions", "LoadedCh
 
 
 # -- detection ---------------------------------------------------------------------------
+# The sections of a drafter's config.json that every reader takes for objects.
+CONFIG_SECTIONS = ("dflash_config", "speculators_config", "transformer_layer_config", "text_config",
+                   "rope_parameters", "rope_scaling")
+
+def check_no_special_files(folder: Path) -> None:
+    """A FIFO or device in a drafter folder (as its config.json or weights) would block a read or be
+    skipped as absent: refused, named."""
+    for entry in sorted(folder.iterdir()):
+        if entry.exists() and not (entry.is_file() or entry.is_dir()):
+            raise AuditError(f"{entry}: not a regular file (a FIFO, socket or device) in the drafter directory")
+
 def _config_of(path: Path) -> dict[str, Any] | None:
     config_path = path / "config.json"
     if not config_path.is_file():
@@ -50,8 +61,14 @@ def _config_of(path: Path) -> dict[str, Any] | None:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise AuditError(f"{config_path}: not valid JSON ({exc})") from exc
+    except RecursionError:
+        raise AuditError(f"{config_path}: JSON nested too deeply to read") from None
     if not isinstance(config, dict):
         raise AuditError(f"{config_path}: expected a JSON object, found {type(config).__name__}")
+    for section in CONFIG_SECTIONS:
+        if config.get(section) is not None and not isinstance(config[section], dict):
+            raise AuditError(f"{config_path}: field {section!r} must be a JSON object, found "
+                             f"{type(config[section]).__name__} {str(config[section])[:60]}")
     return config
 
 
@@ -69,6 +86,7 @@ def detect_format(path: str | Path) -> str:
                          "*.nemo, or a z-lab / speculators / framework checkpoint directory)")
     if not path.is_dir():
         raise AuditError(f"{path}: neither a file nor a directory")
+    check_no_special_files(path)
     config = _config_of(path)
     if config is not None:
         if speculators.detect(config):

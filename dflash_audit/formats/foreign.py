@@ -27,7 +27,8 @@ from dflash_audit.formats.key_map import (
 from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.loaded import LoadedCheckpoint, LoadOptions, RawRecord
 from dflash_audit.formats.payload import Payload
-from dflash_audit.formats.vocabulary import DeclarationError
+from dflash_audit.formats.safe_yaml import load_yaml
+from dflash_audit.formats.setting_names import DeclarationError
 from dflash_audit.formats.weight_file import first_line, read_weight_file
 from foundation.errors import CheckpointError
 from foundation.weights_dir import index_shards
@@ -106,21 +107,29 @@ def declaration_files(path: Path) -> list[Path]:
     names = list(CONFIG_FILES) + list(YAML_FILES)
     if path.is_file():
         names += [f"{path.stem}.json", f"{path.stem}.yaml", f"{path.stem}.yml"]
+    for name in dict.fromkeys(names):  # a FIFO config would block the read, or be skipped as absent
+        if (folder / name).exists() and not (folder / name).is_file():
+            raise CheckpointError(f"{folder / name}: not a regular file (a directory, FIFO or device); a config "
+                                  "beside a checkpoint must be a file")
     found = [folder / n for n in dict.fromkeys(names) if (folder / n).is_file()]
     if path.is_dir():
         found += sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p not in found)
     return found
 
 
+MAX_DECLARATION_BYTES = 1 << 20  # a run's settings are kilobytes
+
+
 def read_declaration_file(path: Path) -> dict[str, Any]:
+    if path.stat().st_size > MAX_DECLARATION_BYTES:
+        raise CheckpointError(f"{path}: {path.stat().st_size} bytes, more than a config's "
+                              f"{MAX_DECLARATION_BYTES >> 20} MiB; refusing to read it")
     try:
         text = path.read_text(encoding="utf-8")
         if path.suffix == ".json":
             data = json.loads(text)
         else:
-            import yaml
-
-            data = yaml.safe_load(text)
+            data = load_yaml(text)  # size, depth and alias limits before anything is built
     except UnicodeDecodeError as exc:
         raise CheckpointError(f"{path}: not UTF-8 text") from exc
     except Exception as exc:  # JSON or YAML syntax

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dflash_audit.formats.vocabulary import (
+from dflash_audit.formats.setting_names import (
     ALIASES,
     Declaration,
     DeclarationError,

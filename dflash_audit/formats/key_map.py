@@ -53,13 +53,22 @@ class KeyMapRule:
     line: int
 
 
+MAX_KEY_MAP_BYTES = 1 << 20  # a few hundred rules at most; anything larger is not a key map
+
+
 def read_key_map(path: Path) -> list[KeyMapRule]:
-    if not path.is_file():
+    if not path.exists():
         raise KeyMapError(f"{path}: no such key-map file")
+    if not path.is_file():  # a directory, or a FIFO that would block the read
+        raise KeyMapError(f"{path}: not a regular file (a directory, FIFO or device); expected a key-map file")
+    if path.stat().st_size > MAX_KEY_MAP_BYTES:
+        raise KeyMapError(f"{path}: {path.stat().st_size} bytes, more than a key map's {MAX_KEY_MAP_BYTES >> 10} KiB")
     try:
         text = path.read_text(encoding="utf-8")
-    except (UnicodeDecodeError, OSError) as exc:
-        raise KeyMapError(f"{path}: unreadable key-map file ({exc.__class__.__name__})") from exc
+    except UnicodeDecodeError as exc:
+        raise KeyMapError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    except OSError as exc:
+        raise KeyMapError(f"{path}: unreadable key-map file ({exc.strerror or 'read failed'})") from exc
     rules = []
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()

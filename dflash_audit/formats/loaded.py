@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from dflash_audit.formats.inference import Provenance, parse_cli_spec
-from dflash_audit.formats.vocabulary import DeclarationError
+from dflash_audit.formats.setting_names import DeclarationError
 from foundation.errors import AuditError
 from impl.checkpoint import Checkpoint
 from impl.recipe import Recipe

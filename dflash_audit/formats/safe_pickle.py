@@ -30,6 +30,8 @@ from typing import Any
 import numpy
 import torch
 
+from foundation.pickle_limits import PickleBomb, check_graph
+
 try:  # numpy 2 moved its core; pickles name either place
     from numpy._core import multiarray
 except ImportError:  # pragma: no cover - numpy 1.x
@@ -70,6 +72,14 @@ class UnsafePickle(ValueError):
     def __init__(self, name: str, why: str):
         self.name = name
         super().__init__(f"it pickles {name}, {why}; refusing to load it (nothing was run)")
+
+
+class PickleTooLarge(UnsafePickle):
+    """An unpickled graph past foundation.pickle_limits' limits (a reference bomb, a loop, absurd nesting)."""
+
+    def __init__(self, why: str):
+        self.name = ""
+        ValueError.__init__(self, f"{why}; refusing to read it further (nothing was run)")
 
 
 class Opaque:
@@ -124,7 +134,12 @@ def safe_load(path: Path) -> Any:
         allowed = _allowed() + [(cls, name) for name, cls in stand_ins.items()]
         try:
             with torch.serialization.safe_globals(allowed):
-                return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+                data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            try:
+                check_graph(data)  # before any reader walks it
+            except PickleBomb as exc:
+                raise PickleTooLarge(str(exc)) from None
+            return data
         except pickle.UnpicklingError as exc:
             # Legacy (non-zip) files cannot be scanned ahead: learn their globals one refusal at a time.
             match = GLOBAL_NAME.search(str(exc))
@@ -133,16 +148,19 @@ def safe_load(path: Path) -> Any:
             stand_ins[match.group(1)] = stand_in(match.group(1))
 
 
-def to_plain(value: Any, depth: int = 0) -> Any:
-    """Plain JSON-like data (dicts, lists, numbers, strings) from what `safe_load` returned; tensors kept."""
-    if depth > 50:
+def to_plain(value: Any, depth: int = 0, path: frozenset = frozenset()) -> Any:
+    """Plain JSON-like data (dicts, lists, numbers, strings) from what `safe_load` returned; tensors kept.
+    An object met again on its own path (a back-reference such as OmegaConf's parent) is not followed."""
+    if depth > 50 or id(value) in path:
         return repr(value)
+    if isinstance(value, (dict, list, tuple, set, frozenset, Opaque, argparse.Namespace)):
+        path = path | {id(value)}
     if isinstance(value, numpy.generic):  # before float: numpy.float64 is a float
         return value.item()
     if isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, argparse.Namespace):
-        return {k: to_plain(v, depth + 1) for k, v in vars(value).items()}
+        return {k: to_plain(v, depth + 1, path) for k, v in vars(value).items()}
     if isinstance(value, pathlib.PurePath):
         return str(value)
     if isinstance(value, numpy.ndarray):
@@ -150,17 +168,17 @@ def to_plain(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (datetime.date, datetime.time, datetime.timedelta)):
         return str(value)
     if isinstance(value, dict):
-        return {str(k) if not isinstance(k, (int, str)) else k: to_plain(v, depth + 1) for k, v in value.items()}
+        return {str(k) if not isinstance(k, (int, str)) else k: to_plain(v, depth + 1, path) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
-        return [to_plain(v, depth + 1) for v in value]
+        return [to_plain(v, depth + 1, path) for v in value]
     if isinstance(value, Opaque):
-        return opaque_to_plain(value, depth)
+        return opaque_to_plain(value, depth, path)
     if isinstance(value, torch.dtype):
         return str(value).removeprefix("torch.")
     return repr(value)
 
 
-def opaque_to_plain(value: Opaque, depth: int) -> Any:
+def opaque_to_plain(value: Opaque, depth: int, path: frozenset = frozenset()) -> Any:
     state, args = value.__dict__.get("_opaque_state"), value.__dict__.get("_opaque_args") or ()
     extra = {k: v for k, v in value.__dict__.items() if not k.startswith("_opaque_")}
     if isinstance(state, tuple) and len(state) == 2 and (state[0] is None or isinstance(state[0], dict)):
@@ -168,14 +186,14 @@ def opaque_to_plain(value: Opaque, depth: int) -> Any:
     if isinstance(state, dict):
         extra.update(state)
     if "_content" in extra:  # an OmegaConf container: its values live in `_content`
-        return to_plain(extra["_content"], depth + 1)
+        return to_plain(extra["_content"], depth + 1, path)
     if "_val" in extra:  # an OmegaConf value node
-        return to_plain(extra["_val"], depth + 1)
+        return to_plain(extra["_val"], depth + 1, path)
     if extra:
-        return {k: to_plain(v, depth + 1) for k, v in extra.items() if not k.startswith("__")}
+        return {k: to_plain(v, depth + 1, path) for k, v in extra.items() if not k.startswith("__")}
     if len(args) == 1:  # an enum member or a one-value wrapper
-        return to_plain(args[0], depth + 1)
-    return {"class": value.qualified_name, "args": to_plain(list(args), depth + 1)}
+        return to_plain(args[0], depth + 1, path)
+    return {"class": value.qualified_name, "args": to_plain(list(args), depth + 1, path)}
 
 
 class RestrictedUnpickler(pickle.Unpickler):
@@ -195,4 +213,9 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 def restricted_load(path: Path, allowed: dict[tuple[str, str], Any]) -> Any:
     with open(path, "rb") as stream:
-        return RestrictedUnpickler(stream, allowed).load()
+        data = RestrictedUnpickler(stream, allowed).load()
+    try:
+        check_graph(data)
+    except PickleBomb as exc:
+        raise PickleTooLarge(str(exc)) from None
+    return data

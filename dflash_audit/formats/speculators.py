@@ -8,7 +8,6 @@ own `DFlashDraftModel.save_pretrained` and `load_verifier_weights`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,15 @@ from dflash_audit.formats.loaded import (
     rotary_provenance,
 )
 from foundation.errors import AuditError, CheckpointError
+from foundation.inputs import read_json_object
 from foundation.weights_dir import read_config, read_safetensors_dir
 from impl.checkpoint import weights_dtype
+from impl.config_values import as_int
 from impl.defaults import BLOCK_SIZE_DEFAULTS
 from impl.families import SPECULATORS_TYPES, ZLAB_ARCHITECTURES, config_family
 from impl.layers import names_final_layer, speculators_to_zlab, zlab_to_speculators
 from impl.param_names import verifier_owned_keys
-from impl.spec import DFLASH2_FIELDS, FAMILY_FIELDS
+from impl.spec import DFLASH2_FIELDS, FAMILY_FIELDS, SpecError
 from impl.vocab_mapping import mapping_problems, t2d_problems
 from impl.zlab_format import spec_from_zlab_config
 
@@ -62,12 +63,19 @@ def verifier_layer_count(config: dict[str, Any], target_dir: str | Path | None, 
     recorded = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     for candidate in (target_dir, recorded):
         if candidate and (Path(candidate) / "config.json").is_file():
-            verifier = json.loads((Path(candidate) / "config.json").read_text())
+            verifier_config = Path(candidate) / "config.json"
+            verifier = read_json_object(verifier_config, "config.json")
             verifier = verifier.get("text_config", verifier)  # multimodal verifiers nest it
-            if "num_hidden_layers" in verifier:
-                return int(verifier["num_hidden_layers"])
+            if isinstance(verifier, dict) and "num_hidden_layers" in verifier:
+                try:
+                    return as_int("num_hidden_layers", verifier["num_hidden_layers"])
+                except SpecError as exc:
+                    raise CheckpointError(f"{verifier_config}: {exc}") from None
     if "num_target_layers" in config:
-        return int(config["num_target_layers"])
+        try:
+            return as_int("num_target_layers", config["num_target_layers"])
+        except SpecError as exc:
+            raise CheckpointError(f"{source}: {exc}") from None
     raise CheckpointError(f"{source}: cannot tell the verifier's layer count: its verifier {recorded!r} is not a "
                           "local directory; pass the target directory (--target)")
 
@@ -165,8 +173,8 @@ def verifier_for(loaded: LoadedCheckpoint, target: str | Path | None) -> Path:
     path = Path(candidate)
     if not (path / "config.json").is_file():
         raise AuditError(f"{path}: not a Hugging Face model directory (no config.json) to use as the target")
-    config = json.loads((path / "config.json").read_text())
-    config = config.get("text_config", config)
+    config = read_json_object(path / "config.json", "config.json")
+    config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
     spec = loaded.spec
     if config.get("hidden_size") != spec.hidden_size:
         raise AuditError(f"{path}: target hidden_size {config.get('hidden_size')} != drafter hidden_size "

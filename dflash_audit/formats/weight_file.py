@@ -47,5 +47,8 @@ def read_weight_file(path: Path, entry: str | None, entry_flag: str) -> Payload:
 
 
 def first_line(exc: BaseException) -> str:
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # torch colours some messages
-    return (text.splitlines()[0] if text else "no details given")[:200]
+    """The reason a library gave, without torch's weights-only advice, terminal colours or class names."""
+    from dflash_audit.faults import clean
+    from foundation.pickle_limits import load_failure_reason
+
+    return clean(load_failure_reason(exc)) or "truncated or corrupt"

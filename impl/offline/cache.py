@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from torch import nn
 from foundation.atomic import atomic_write_bytes
 from foundation.cache_dir import build_once
 from impl.extract import decoder_layers
+from impl.layers import layers_outside
 from impl.offline.capture import DEFAULT_BATCH, capture, target_device
 from impl.offline.speculative import capture_speculative
 
@@ -92,6 +95,25 @@ class HiddenStateCache:
                     prompt.layers[layer_id] = handle.get_tensor(str(i))
         return cls(key=meta["key"], max_new_tokens=int(meta["max_new_tokens"]),
                    stop_token_ids=json.loads(meta["stop_token_ids"]), prompts=prompts)
+
+
+def unreadable(path: Path) -> str | None:
+    """What is wrong with the cache at `path` (a file cut short by a full disk or a copy, a foreign file), or
+    None. safetensors checks each header against the file's length on opening: no tensor is read."""
+    for file in [path] + [layer_path(path, i) for i in kept_layers(path)]:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                if (handle.metadata() or {}).get("format") != CACHE_FORMAT:
+                    return f"{file.name} is not a {CACHE_FORMAT} file"
+        except Exception as exc:  # noqa: BLE001 -- safetensors' own error type: any failure to open is damage
+            return f"{file.name} is truncated or corrupt: {' '.join(str(exc).split())[:120]}"
+    return None
+
+
+def discard(path: Path) -> None:
+    """Remove a damaged cache entry (the tool's own files, under its cache folder) before rebuilding it."""
+    path.unlink(missing_ok=True)
+    shutil.rmtree(path.with_suffix(".layers"), ignore_errors=True)
 
 
 def layer_path(path: Path, layer_id: int) -> Path:
@@ -175,25 +197,30 @@ def extend_cache(path: Path, target: nn.Module, layer_ids: list[int], batch: int
 def load_or_build_cache(cache_dir: str | Path, target_dir: str | Path, target: nn.Module,
                         prompts: list[tuple[str, torch.Tensor]], max_new_tokens: int,
                         stop_token_ids: list[int], layer_ids=None, on_prompt=None,
-                        batch: int = DEFAULT_BATCH, drafter=None) -> HiddenStateCache:
+                        batch: int = DEFAULT_BATCH, drafter=None, notify=None) -> HiddenStateCache:
     """The cache for (target, prompts, settings) holding at least `layer_ids` (default: every
     layer): read from `cache_dir`, extended there with the layers it lacks, or built once
     (by speculative decoding with `drafter` when one is given: the same greedy continuation)."""
+    notify = notify or (lambda line: print(line, file=sys.stderr))
     num_layers = len(decoder_layers(target))
     wanted = sorted(set(range(num_layers) if layer_ids is None else layer_ids))
-    bad = [i for i in wanted if not 0 <= i < num_layers]
-    if bad:
-        raise ValueError(f"layer ids {bad} outside the target's decoder layers 0..{num_layers - 1}")
+    outside = layers_outside(wanted, num_layers)
+    if outside:
+        raise ValueError(f"layer ids {outside}")
     key = cache_key(target_dir, [ids.reshape(-1).tolist() for _, ids in prompts], max_new_tokens, stop_token_ids,
                     target_dtype(target), target_device(target).type)
     path = Path(cache_dir) / f"{key}.safetensors"
 
     def found() -> HiddenStateCache | None:
-        if path.is_file() and set(wanted) <= set(kept_layers(path)):
+        if path.is_file() and set(wanted) <= set(kept_layers(path)) and unreadable(path) is None:
             return HiddenStateCache.load(path, wanted)
-        return None
+        return None  # absent, short of layers, or damaged: built (or rebuilt) under the lock
 
     def build() -> HiddenStateCache:
+        damage = unreadable(path) if path.is_file() else None
+        if damage is not None:
+            notify(f"the offline cache {path} is damaged ({damage}); rebuilding it")
+            discard(path)
         if path.is_file():
             extend_cache(path, target, wanted, batch, on_prompt)
             return HiddenStateCache.load(path, wanted)

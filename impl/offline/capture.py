@@ -17,6 +17,7 @@ from torch import nn
 
 from impl.decoding import make_target_cache
 from impl.extract import decoder_layers, output_head
+from impl.layers import final_layer
 
 DEFAULT_BATCH = 8  # prompts per target forward
 HEAD_ROWS = 256  # prompt positions per LM-head chunk when measuring the margin
@@ -47,7 +48,7 @@ class LayerTaps:
 
     def __init__(self, target: nn.Module, layer_ids: list[int]):
         layers = decoder_layers(target)
-        self.last = len(layers) - 1
+        self.last = final_layer(len(layers))
         self.layer_ids = list(layer_ids)
         self.outputs: dict[int, torch.Tensor] = {}
         self.handles = [layers[i].register_forward_hook(self._keep(i)) for i in self.layer_ids if i != self.last]

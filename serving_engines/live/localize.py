@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from impl.extract import output_head
+from impl.layers import final_layer, hidden_state_index
 from impl.masks import inference_mask
 from impl.model import rms_norm
 
@@ -74,10 +75,12 @@ class TargetStates:
 
     def candidates(self, layer_id: int) -> dict[str, torch.Tensor]:
         """What a capture of z-lab layer `layer_id` may be instead of hidden_states[id + 1]."""
-        found = {f"the output of layer {layer_id - 1} (shifted by -1)": self.hidden[layer_id]}
-        if layer_id + 2 <= self.layers:
-            found[f"the output of layer {layer_id + 1} (shifted by +1)"] = self.hidden[layer_id + 2]
-        if layer_id == self.layers - 1:
+        found = {}
+        for shift in (-1, +1):  # a neighbour's output (the one below may be the embeddings, index 0)
+            other = layer_id + shift
+            if shift < 0 or other < self.layers:
+                found[f"the output of layer {other} (shifted by {shift:+d})"] = self.hidden[hidden_state_index(other)]
+        if layer_id == final_layer(self.layers):
             found[f"the output of layer {layer_id} before the final norm (training reads it after)"] = self.pre_norm
         return found
 
@@ -112,7 +115,7 @@ def input_findings(inputs: StepInputs, states: TargetStates, spec, tokens: list[
     positions = torch.tensor(inputs.context_positions)
     for j, layer_id in enumerate(spec.target_layer_ids):
         engine = inputs.features[:, j * hidden:(j + 1) * hidden]
-        trained = states.hidden[layer_id + 1][positions]
+        trained = states.hidden[hidden_state_index(layer_id)][positions]
         size = relative(engine, trained)
         if size <= SAME:
             continue
@@ -121,8 +124,9 @@ def input_findings(inputs: StepInputs, states: TargetStates, spec, tokens: list[
         what = named[0] if named else "no tensor of the target's forward"
         findings.append(Finding("input", f"target_layer:{layer_id}",
                                 f"target layer {layer_id}: the engine feeds the drafter {what}; trained on "
-                                f"hidden_states[{layer_id + 1}] (the output of layer {layer_id}"
-                                f"{', after the final norm' if layer_id == states.layers - 1 else ''}); relative "
+                                f"hidden_states[{hidden_state_index(layer_id)}] (the output of layer {layer_id}"
+                                f"{', after the final norm' if layer_id == final_layer(states.layers) else ''}); "
+                                f"relative "
                                 f"difference {size:.3g}", size,
                                 cite("captured_layer" if named else "aux_layer_ids"), prompt, round_no))
     block = inputs.block_tokens

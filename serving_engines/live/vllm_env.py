@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from foundation.errors import AuditError
+from foundation.jsonl import split_json_lines
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
@@ -49,5 +50,5 @@ def find_vllm(python: str | Path | None = None) -> VllmEnvironment:
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise AuditError(f"{chosen}: `from vllm import LLM` fails: {last}")
-    probe = json.loads(done.stdout.strip().splitlines()[-1])
+    probe = json.loads(split_json_lines(done.stdout.strip())[-1])  # its last line is the JSON (foundation.jsonl)
     return VllmEnvironment(str(chosen), probe["version"], probe["root"])

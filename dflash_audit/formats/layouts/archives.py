@@ -18,6 +18,7 @@ from typing import Any
 from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
+from dflash_audit.formats.safe_yaml import load_yaml
 from impl.checkpoint import CheckpointError
 
 WEIGHTS = "model_weights.ckpt"
@@ -56,13 +57,11 @@ def copy_member(archive: tarfile.TarFile, member: tarfile.TarInfo, dest: Path, a
 
 
 def read_config(archive: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> dict[str, Any]:
-    import yaml
-
     if not member.isfile() or member.size > MAX_CONFIG_BYTES:
         raise CheckpointError(f"{path}: {CONFIG} is not a regular file of at most {MAX_CONFIG_BYTES >> 20} MiB")
     handle = archive.extractfile(member)
     try:
-        data = yaml.safe_load(handle.read(MAX_CONFIG_BYTES).decode("utf-8"))
+        data = load_yaml(handle.read(MAX_CONFIG_BYTES).decode("utf-8"))
     except Exception as exc:
         raise CheckpointError(f"{path}: {CONFIG} is not readable YAML ({describe(exc)})") from exc
     if not isinstance(data, dict):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_audit.formats.layouts.messages import describe
+from dflash_audit.formats.safe_yaml import MAX_BYTES, YamlLimit, load_yaml
 from impl.checkpoint import CheckpointError
 
 LEVELS_UP = 2
@@ -48,10 +49,11 @@ def label_of(config: Path, path: Path) -> str:
 
 
 def read_run_config(config: Path) -> dict[str, Any]:
-    import yaml
-
+    if config.stat().st_size > MAX_BYTES:
+        raise CheckpointError(f"{config}: {config.stat().st_size} bytes, more than a run config's "
+                              f"{MAX_BYTES >> 20} MiB; refusing to read it")
     try:
-        data = yaml.safe_load(config.read_text(encoding="utf-8"))
+        data = load_yaml(config.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
         raise CheckpointError(f"{config}: not UTF-8 text") from exc
     except Exception as exc:  # YAML syntax
@@ -62,7 +64,11 @@ def read_run_config(config: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise CheckpointError(f"{config}: expected a mapping of settings, found {type(data).__name__}")
-    return resolve_references(data, data)
+    budget = [MAX_RESOLVED]
+    resolved = resolve_references(data, data, budget=budget)
+    if budget[0] < 0:  # `${...}` references that copy each other: an expansion bomb
+        raise CheckpointError(f"{config}: its ${{...}} references expand past {MAX_RESOLVED:,} values; refusing it")
+    return resolved
 
 
 def overrides_as_settings(config: Path, data: Any) -> dict[str, Any]:
@@ -80,22 +86,31 @@ def overrides_as_settings(config: Path, data: Any) -> dict[str, Any]:
         if not sep or key.startswith("~") or key.startswith("hydra.") or not key:
             continue  # a deletion, a Hydra runtime setting or a group choice without a value
         try:
-            settings[key] = yaml.safe_load(raw) if raw else raw
+            settings[key] = load_yaml(raw) if raw else raw
+        except YamlLimit as exc:
+            raise CheckpointError(f"{config}: override {key!r}: {exc}") from None
         except yaml.YAMLError:
             settings[key] = raw
     return settings
 
 
-def resolve_references(node: Any, root: dict[str, Any], depth: int = 0) -> Any:
+MAX_RESOLVED = 100_000
+
+
+def resolve_references(node: Any, root: dict[str, Any], depth: int = 0, budget: list[int] | None = None) -> Any:
+    budget = budget if budget is not None else [MAX_RESOLVED]
+    budget[0] -= 1
+    if budget[0] < 0:
+        return UNRESOLVED
     if isinstance(node, dict):
         resolved = {}
         for key, value in node.items():
-            value = resolve_references(value, root, depth + 1)
+            value = resolve_references(value, root, depth + 1, budget)
             if value is not UNRESOLVED:
                 resolved[key] = value
         return resolved
     if isinstance(node, list):
-        return [resolve_references(v, root, depth + 1) for v in node]
+        return [resolve_references(v, root, depth + 1, budget) for v in node]
     if isinstance(node, str) and "${" in node:
         match = REFERENCE.match(node.strip())
         target: Any = root
@@ -103,7 +118,7 @@ def resolve_references(node: Any, root: dict[str, Any], depth: int = 0) -> Any:
             if not isinstance(target, dict) or part not in target:
                 return UNRESOLVED
             target = target[part]
-        return resolve_references(target, root, depth + 1)
+        return resolve_references(target, root, depth + 1, budget)
     return node
 
 

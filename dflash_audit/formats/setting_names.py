@@ -157,7 +157,7 @@ def convert(field: str, value: Any, where: str, speculators_ids: bool = False) -
     if field == "rope_scaling":  # on the command line: JSON, e.g. {"rope_type": "linear", "factor": 2.0}, or none
         try:
             parsed = json.loads(value) if isinstance(value, str) else value
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise fail("a JSON object of transformers' rope parameters") from None
         if parsed is not None and not isinstance(parsed, dict):
             raise fail("a JSON object of transformers' rope parameters")
@@ -191,7 +191,10 @@ def as_int(value: Any, fail, expected: str) -> int:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
+        try:
+            return int(value.strip())
+        except ValueError:  # digits int() does not read (superscripts)
+            raise fail(expected) from None
     raise fail(expected)
 
 

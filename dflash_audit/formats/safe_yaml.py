@@ -1,0 +1,75 @@
+"""YAML read with limits checked before anything is built: size, nesting depth, aliases and the size
+the document would have once its aliases are expanded.
+
+PyYAML builds an alias as a second reference to one object, so an "alias bomb" (`a: &a [1, 1]`,
+`b: &b [*a, *a]`, ...) loads in microseconds as a small graph; it explodes later, in whatever walks it
+(resolving `${...}` references, turning it into settings). The composed node graph is measured first,
+each distinct node once, and refused past the limits; only then is it constructed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_BYTES = 1 << 20  # a run config is a few kilobytes
+MAX_DEPTH = 64
+MAX_ALIASES = 1_000
+MAX_EXPANDED_NODES = 100_000
+
+
+class YamlLimit(ValueError):
+    """A YAML document past the limits; the message says which."""
+
+
+def load_yaml(text: str) -> Any:
+    """`yaml.safe_load(text)` within the limits; YamlLimit past them, yaml.YAMLError for bad syntax."""
+    import yaml
+
+    if len(text) > MAX_BYTES:
+        raise YamlLimit(f"{len(text)} characters, more than a run config's {MAX_BYTES >> 20} MiB")
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise YamlLimit(f"nested deeper than {MAX_DEPTH} levels") from None
+        if node is None:
+            return None
+        check_nodes(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def check_nodes(root) -> None:
+    """YamlLimit if the node graph nests too deep, has too many aliases, loops, or expands too far."""
+    import yaml
+
+    expanded: dict[int, int] = {}
+    on_path: set[int] = set()
+    aliases = 0
+    stack = [(root, 0, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        if isinstance(node, yaml.ScalarNode):
+            continue
+        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else list(node.value)
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            expanded[key] = 1 + sum(expanded.get(id(c), 1) for c in children)
+            if expanded[key] > MAX_EXPANDED_NODES:
+                raise YamlLimit(f"its aliases expand it past {MAX_EXPANDED_NODES:,} values (an alias bomb)")
+            continue
+        if key in expanded:  # a node reached again: an alias
+            aliases += 1
+            if aliases > MAX_ALIASES:
+                raise YamlLimit(f"more than {MAX_ALIASES} aliases")
+            continue
+        if key in on_path:
+            raise YamlLimit("an alias refers to a node that contains it (a recursive alias)")
+        if depth > MAX_DEPTH:
+            raise YamlLimit(f"nested deeper than {MAX_DEPTH} levels")
+        on_path.add(key)
+        stack.append((node, depth, True))
+        stack.extend((child, depth + 1, False) for child in children)

@@ -1,0 +1,77 @@
+"""τ over prompt sets × τ methods × temperatures × decodings (DFlash, DDTree per node budget) × chat settings.
+
+One cell = one (set, method, decoding, temperature, chat setting); at T > 0 it runs once per seed and
+reports each seed's τ, their mean and the range across seeds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from foundation.benchmarks.sets import PromptSet
+from foundation.chat_template import ChatTemplate
+from dflash_audit.tau.methods import Setting, check_method, mean_tau, run_method
+from dflash_audit.tau.published import figures_for
+
+
+@dataclass(frozen=True)
+class Decoding:
+    name: str  # "dflash" or "ddtree"
+    budget: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name if self.budget is None else f"{self.name}@{self.budget}"
+
+
+def cells_plan(prompt_sets, methods, decodings, temperatures, chats: dict[str, ChatTemplate]):
+    """Every cell of the grid that can run; a combination no method can run (teacher-forced at T > 0, a z-lab
+    loop with a tree) is left out, and said."""
+    plan, skipped = [], []
+    for prompt_set in prompt_sets:
+        for method in methods:
+            if method == "teacher-forced" and not any(p.reference is not None and len(p.turns) == 1
+                                                      for p in prompt_set.prompts):
+                skipped.append(f"{prompt_set.name} × teacher-forced: no single-turn prompt with a reference answer")
+                continue
+            for decoding in decodings:
+                for temperature in temperatures:
+                    for label, chat in chats.items():
+                        setting = Setting(decoding.name, decoding.budget or 32, 0, temperature)
+                        try:
+                            check_method(method, setting)
+                        except Exception as exc:  # noqa: BLE001 -- the reason is the note
+                            skipped.append(f"{prompt_set.name} × {method} × {decoding.label} × T={temperature}: {exc}")
+                            continue
+                        plan.append((prompt_set, method, decoding, temperature, label, chat))
+    return plan, list(dict.fromkeys(skipped))
+
+
+def run_cell(drafter, target, tokenizer, prompt_set: PromptSet, method: str, decoding: Decoding, temperature: float,
+             chat_label: str, chat: ChatTemplate, max_new_tokens: int, seeds: list[int],
+             published_target: str | None) -> dict:
+    runs = []
+    for seed in (seeds if temperature > 0 else seeds[:1]):
+        setting = Setting(decoding.name, decoding.budget or 32, max_new_tokens, temperature, seed)
+        results = run_method(method, drafter, target, tokenizer, prompt_set, chat, setting)
+        runs.append({"seed": seed if temperature > 0 else None, "tau": mean_tau(results), "prompts": results})
+    taus = [r["tau"] for r in runs]
+    return {"set": prompt_set.name, "method": method, "decoding": decoding.name, "budget": decoding.budget,
+            "temperature": temperature, "chat": chat_label, "chat_template": chat.describe(tokenizer),
+            "tau": statistics.mean(taus), "seeds": [r["seed"] for r in runs] if temperature > 0 else None,
+            "per_seed": taus if temperature > 0 else None,
+            "seed_range": [min(taus), max(taus)] if temperature > 0 else None,
+            "count": len(runs[0]["prompts"]), "runs": runs,
+            "published": figures_for(published_target, prompt_set.name, decoding.name, temperature, method)}
+
+
+def run_grid(drafter, target, tokenizer, prompt_sets, methods, decodings, temperatures, chats, max_new_tokens: int,
+             seeds: list[int], published_target: str | None, advance=lambda: None) -> tuple[list[dict], list[str]]:
+    plan, skipped = cells_plan(prompt_sets, methods, decodings, temperatures, chats)
+    cells = []
+    for prompt_set, method, decoding, temperature, label, chat in plan:
+        cells.append(run_cell(drafter, target, tokenizer, prompt_set, method, decoding, temperature, label, chat,
+                              max_new_tokens, seeds, published_target))
+        advance()
+    return cells, skipped

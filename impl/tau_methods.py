@@ -1,0 +1,105 @@
+"""Our τ methods (`--tau-method`; dflash_audit/tau/methods.py names all four), each another figure for one checkpoint.
+
+- `live`: our speculative decoding loop against the target (greedy, or rejection sampling at T > 0);
+  multi-turn sets answer each turn after the model's own reply to the previous one.
+- `zlab-loop` (reference_adapters/zlab_benchmark.py): the same walk through z-lab's own `dflash_generate`.
+- `teacher-forced`: fixed ground truth. The target reads prompt + the dataset's reference answer in
+  one forward; each round the drafter proposes from the anchor and keeps the proposals that match
+  the reference, then steps past the next reference token (Model-Optimizer's "fixed ground truth").
+  It never decodes, so it needs no target agreement with the reference: it asks how well the drafter
+  predicts the *dataset's* text, which the target itself may not write.
+- `zlab-benchmark` (reference_adapters/zlab_benchmark.py): z-lab's `dflash.benchmark` procedure run with our loop: its chat rendering
+  (`apply_chat_template` with its `--reasoning` switch), ids encoded without special tokens, its stop
+  ids (`stop_token_ids`: the generation config's eos), every MT-Bench turn, τ the mean of the
+  per-response means. Its reference is z-lab's own `_run_transformers` (reference_adapters/zlab_benchmark.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from foundation.benchmarks.sets import PromptSet
+from foundation.chat_template import ChatTemplate
+from foundation.errors import AuditError
+from foundation.target import stop_token_ids
+from impl.decoding import dflash_decode, mean_acceptance
+
+
+
+@dataclass
+class Setting:
+    decode: str = "dflash"  # "dflash" or "ddtree"
+    budget: int = 32
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0
+
+
+def unit(prompt_id: str, turn: int, rounds: list[int], prompt_tokens: int) -> dict:
+    return {"id": prompt_id if turn == 0 else f"{prompt_id}/turn{turn + 1}", "prompt": prompt_id, "turn": turn,
+            "prompt_tokens": prompt_tokens, "rounds": rounds, "tau": mean_acceptance(rounds)}
+
+
+def reply_text(tokenizer, output_ids: torch.Tensor, prompt_len: int) -> str:
+    """The assistant's reply as the next turn sees it (z-lab's benchmark decodes with skip_special_tokens)."""
+    return tokenizer.decode(output_ids[0, prompt_len:].tolist(), skip_special_tokens=True)
+
+
+def conversations(prompt_set: PromptSet, tokenizer, render, generate) -> list[dict]:
+    """Each prompt's turns in order, each after the reply `generate(ids)` gave the previous one."""
+    results = []
+    for prompt in prompt_set.prompts:
+        messages: list[dict] = []
+        for turn, text in enumerate(prompt.turns):
+            messages.append({"role": "user", "content": text})
+            ids = render(messages)
+            output_ids, rounds = generate(ids)
+            results.append(unit(prompt.id, turn, rounds, ids.shape[1]))
+            messages.append({"role": "assistant", "content": reply_text(tokenizer, output_ids, ids.shape[1])})
+    return results
+
+
+def live(drafter, target, tokenizer, prompt_set: PromptSet, template: ChatTemplate, setting: Setting) -> list[dict]:
+    from impl.ddtree import ddtree_decode
+
+    stops = stop_token_ids(tokenizer)
+
+    def generate(ids):
+        if setting.decode == "ddtree":
+            run = ddtree_decode(drafter, target, ids, setting.max_new_tokens, stops, setting.budget)
+        else:
+            run = dflash_decode(drafter, target, ids, setting.max_new_tokens, stops, setting.temperature, setting.seed)
+        return run.output_ids, run.acceptance_lengths
+
+    return conversations(prompt_set, tokenizer, lambda m: template.ids(tokenizer, m), generate)
+
+
+def teacher_forced(drafter, target, tokenizer, prompt_set: PromptSet, template: ChatTemplate,
+                   setting: Setting) -> list[dict]:
+    """Fixed ground truth: prompts without a reference answer (or multi-turn ones) are left out, and said."""
+    from impl.teacher_forced import teacher_forced_rounds
+
+    results = []
+    for prompt in prompt_set.prompts:
+        if prompt.reference is None or len(prompt.turns) != 1:
+            continue
+        ids = template.ids(tokenizer, [{"role": "user", "content": prompt.prompt}])
+        answer = tokenizer(prompt.reference, add_special_tokens=False)["input_ids"][: setting.max_new_tokens]
+        if not answer:
+            continue
+        rounds = teacher_forced_rounds(drafter, target, ids, answer, setting.decode, setting.budget)
+        results.append(unit(prompt.id, 0, rounds, ids.shape[1]))
+    if not results:
+        raise AuditError(f"--tau-method teacher-forced: {prompt_set.name} ({prompt_set.path}) has no single-turn "
+                         "prompt with a reference answer")
+    return results
+
+
+RUNNERS = {"live": live, "teacher-forced": teacher_forced}  # ours; z-lab's two: reference_adapters/zlab_benchmark.py
+
+
+def mean_tau(results: list[dict]) -> float:
+    """The mean of per-response τ over responses that ran a round (z-lab's 'Average Acceptance length')."""
+    return mean_acceptance([r["tau"] for r in results if r["rounds"]])

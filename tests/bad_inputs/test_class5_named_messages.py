@@ -1,0 +1,93 @@
+"""Class 5, messages that name the wrong thing: each refusal names what is actually wrong (a spec that is a
+string, a recipe value of the wrong type and its field, a FIFO or directory where a file is expected, an empty
+argument, a file name that is not UTF-8), not a symptom further on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from tests.bad_inputs.cli_run import assert_refused, run
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def static(world, ours, tmp_path, *extra):
+    return ["compare", "--ours", ours, "--ref", world / "zref", "--out", tmp_path / "report", *extra]
+
+
+def our_checkpoint_with(world, tmp_path, name, **entries):
+    payload = torch.load(world / "ours.pt", weights_only=True)
+    for key, value in entries.items():
+        if "." in key:
+            section, field = key.split(".")
+            payload[section] = dict(payload.get(section) or {}, **{field: value})
+        else:
+            payload[key] = value
+    torch.save(payload, tmp_path / name)
+    return tmp_path / name
+
+
+def test_a_spec_given_as_a_string_is_named_as_such(world, tmp_path, capsys):
+    ckpt = our_checkpoint_with(world, tmp_path, "string-spec.pt", spec="hello")
+    code, _, err = run(static(world, ckpt, tmp_path), capsys)
+    line = assert_refused(code, err, "string-spec.pt", "spec", "mapping", "hello")
+    assert "unknown fields" not in line
+
+
+def test_a_recipe_value_of_the_wrong_type_names_its_field(world, tmp_path, capsys):
+    for field, value in (("gamma", "four"), ("max_anchors", [1]), ("loss_fn", 3), ("dpace_alpha", None)):
+        ckpt = our_checkpoint_with(world, tmp_path, f"{field}.pt", **{f"recipe.{field}": value})
+        code, _, err = run(static(world, ckpt, tmp_path), capsys)
+        assert_refused(code, err, f"{field}.pt", field)
+
+
+def test_a_directory_or_fifo_key_map_is_not_called_missing(world, tmp_path, capsys):
+    os.mkfifo(tmp_path / "fifo.map")
+    for key_map in (world / "folder", tmp_path / "fifo.map"):
+        code, _, err = run(static(world, world / "plain.pt", tmp_path, "--key-map", key_map), capsys)
+        line = assert_refused(code, err, str(key_map), "not a regular file")
+        assert "no such" not in line
+
+
+def test_an_empty_path_is_named_empty(world, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for argv, flag in ((["compare", "--ours", "", "--ref", world / "zref"], "--ours"),
+                       (["compare", "--ours", world / "ours.pt", "--ref=", "--out", tmp_path / "r"], "--ref"),
+                       (["eval", "--drafter", world / "ours.pt", "--target", world / "target", "--prompts", ""],
+                        "--prompts")):
+        code, _, err = run(argv, capsys)
+        line = assert_refused(code, err, flag, "empty")
+        assert "inside" not in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_name_that_is_not_utf8_is_named_not_a_codec_error(world, tmp_path):
+    """Through a real process: the name reaches argv as bytes, as a shell passes it."""
+    name = os.fsencode(tmp_path) + b"/caf\xe9.pt"
+    with open(name, "wb") as handle:
+        handle.write((world / "ours.pt").read_bytes())
+    done = subprocess.run([os.fsencode(sys.executable), b"-m", b"dflash_audit.cli", b"compare", b"--ours", name,
+                           b"--ref", os.fsencode(world / "zref"), b"--out", os.fsencode(tmp_path / "r")],
+                          cwd=tmp_path, capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    err = done.stderr.decode("utf-8")
+    assert_refused(done.returncode, err, "--ours", "caf\\xe9.pt", "UTF-8")
+    assert "codec" not in err
+
+
+def test_a_fifo_safetensors_is_named_not_missing(world, tmp_path):
+    import shutil
+
+    fifo = tmp_path / "fifo-weights"
+    shutil.copytree(world / "zref", fifo)
+    (fifo / "model.safetensors").unlink()
+    os.mkfifo(fifo / "model.safetensors")
+    done = subprocess.run([sys.executable, "-m", "dflash_audit.cli", "compare", "--ours", str(world / "ours.pt"),
+                           "--ref", str(fifo), "--out", str(tmp_path / "r")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    line = assert_refused(done.returncode, done.stderr, "fifo-weights/model.safetensors", "not a regular file")
+    assert "no model.safetensors" not in line

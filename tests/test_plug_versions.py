@@ -1,0 +1,153 @@
+"""The versioned plug interface (impl/interface_versions.py, conformance/plug.py).
+
+A plug written against an earlier interface (tests/plugs/specforge_interface_1.py: SpecForge 0.2.0 as a plug of
+interface 1 holds it) gets a plug mismatch naming the interface change for every call it cannot take, and never
+a divergence: run under today's suite, its failures are SpecForge's known divergences and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from conformance.plug import Plug, PlugMismatch, current_parameters, declared_version, recipe_field
+from impl import interface_versions as versions
+from impl.interface import INTERFACE_VERSION
+
+REPO = Path(__file__).resolve().parents[1]
+OLD_PLUG = "tests.plugs.specforge_interface_1:SpecForgeInterface1"
+# Conformance files that reach every kind of interface change an interface-1 plug misses: a recipe field
+# (loss_fn, per_position_loss_weight, dpace_alpha), a keyword (training_outputs' anchors), operations added
+# later (dpace_weights, dpace_loss; apply_rotary), and calls it still takes (SpecForge's own divergences).
+SUBSET = ("conformance/test_loss.py", "conformance/test_dpace.py", "conformance/test_targets.py",
+          "conformance/test_loss_weights.py", "conformance/test_rotary.py")
+
+
+def old_plug():
+    from tests.plugs.specforge_interface_1 import SpecForgeInterface1
+
+    return SpecForgeInterface1()
+
+
+def test_versions_cover_the_protocol_once():
+    assert [v.number for v in versions.VERSIONS] == list(range(1, INTERFACE_VERSION + 1))
+    ops = versions.operations()
+    assert len(ops) == len(set(ops))
+    for operation in ops:  # every operation is the protocol's, and every keyword a version added is in it
+        parameters = current_parameters(operation)
+        for version in versions.VERSIONS:
+            assert set(version.keywords.get(operation, ())) <= set(parameters), (version.number, operation)
+    from impl import interface
+    from conformance.plug import PROTOCOLS
+    declared = {name for protocol in PROTOCOLS for name, value in vars(protocol).items()
+                if callable(value) and not name.startswith("_")}
+    assert declared == set(ops), declared ^ set(ops)
+    assert interface.INTERFACE_VERSION == versions.CURRENT
+    for field in ("loss_fn", "per_position_loss_weight", "dpace_alpha", "gamma", "max_anchors"):
+        assert versions.recipe_field_change(field) is not None, field
+
+
+def test_an_interface_1_plug_is_told_each_change_it_missed():
+    plug = Plug(old_plug())
+    assert declared_version(plug.wrapped) == 1
+    with pytest.raises(PlugMismatch, match=r"training_outputs\(\) takes no `anchors`: interface 4 added `anchors`"):
+        plug.training_outputs(None, None, None, None, None, 4, 0, anchors=(torch.zeros(4), torch.ones(4)))
+    with pytest.raises(PlugMismatch, match=r"generate\(\) takes no `temperature`: interface 3 added .*"
+                                           r"generate\(\) takes no `seed`: interface 3 added"):
+        plug.generate(None, None, None, 8, None, 0.8, 1)
+    with pytest.raises(PlugMismatch, match=r"recipe \(SpecForgeRecipeV1\) has no `loss_fn`: interface 2 renamed "
+                                           r"`loss_kind` to `loss_fn`.*declares no interface_version"):
+        recipe_field(plug, "loss_fn")
+    assert recipe_field(plug, "gamma") is None  # a field it has is its value
+    with pytest.raises(PlugMismatch, match=r"no `dpace_loss` operation: interface 2 added"):
+        plug.dpace_loss(None, None, None, 4, 0.5)
+    with pytest.raises(PlugMismatch, match=r"no `apply_rotary` operation: interface 7 added"):
+        plug.apply_rotary(None, None, None)
+    # Positional calls it takes run as they are (SpecForge's own loss weights here).
+    assert torch.equal(plug.loss_weights(4, None, False), Plug(plug.wrapped._today).loss_weights(4, None, False))
+
+
+def test_a_current_plug_lacking_an_operation_is_not_a_mismatch():
+    from held.specforge import SpecForgeImplementation
+
+    plug = Plug(SpecForgeImplementation())
+    assert declared_version(plug.wrapped) == INTERFACE_VERSION
+    assert not hasattr(plug, "apply_rotary")  # the optional operation it lacks: n/a, as the suite has it
+
+
+@pytest.mark.parametrize("declared", [0, INTERFACE_VERSION + 1, "8", True])
+def test_a_wrong_declaration_is_refused(declared):
+    class Plugged:
+        name = "x"
+        interface_version = declared
+
+    with pytest.raises(ValueError, match="interface_version"):
+        declared_version(Plugged())
+
+
+def test_a_wrong_declaration_is_one_line_exit_4():
+    """pytest's usage error: one line naming the versions, no traceback."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "conformance/test_loss.py",
+                          "--impl", "tests.plugs.wrong_version:Plugged"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f"this suite knows versions 1 to {INTERFACE_VERSION}" in run.stderr
+    assert "Traceback" not in run.stderr + run.stdout
+
+
+def specforge_known() -> set[tuple[str, int]]:
+    known = tomllib.loads((REPO / "held" / "specforge_known_divergences.toml").read_text())["divergence"]
+    return {(item["component"], item["pitfall"]) for item in known}
+
+
+@pytest.fixture(scope="module")
+def old_plug_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("old-plug-conformance")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUBSET,
+                          "--impl", OLD_PLUG, "--report-dir", str(out)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
+    assert run.returncode == 1 and not re.search(r"\d+ errors?\b", summary), run.stdout[-3000:] + run.stderr[-2000:]
+    return run.stdout, json.loads((out / "results.json").read_text())
+
+
+def test_an_old_plug_gets_plug_mismatches_never_divergences(old_plug_results):
+    stdout, results = old_plug_results
+    rows = results["components"]
+    mismatches = [r for r in rows if r["status"] == "plug-mismatch"]
+    failing = {(r["component"], r["pitfall"]) for r in rows if r["status"] == "fail"}
+    # What SpecForge really does differently still fails; nothing else does.
+    assert failing <= specforge_known(), sorted(failing - specforge_known())
+    for row in rows:
+        message = (row["diff"] or {}).get("message", "")
+        assert not re.search(r"TypeError|AttributeError|unexpected keyword|has no attribute", message), row
+    messages = "\n".join(r["diff"]["message"] for r in mismatches)
+    for change in ("training_outputs() takes no `anchors`: interface 4 added",
+                   "has no `loss_fn`: interface 2 renamed `loss_kind` to `loss_fn`",
+                   "has no `dpace_alpha`: interface 2 added", "no `dpace_weights` operation: interface 2 added",
+                   "no `dpace_loss` operation: interface 2 added", "no `apply_rotary` operation: interface 7 added"):
+        assert change in messages, change
+    assert results["interface"] == {"suite": INTERFACE_VERSION, "plug": 1}
+    assert results["summary"]["plug-mismatch"] == len(mismatches)
+    assert "plug mismatches (calls the plug cannot take; not divergences)" in stdout
+
+
+def test_conformance_readme_lists_what_each_version_added():
+    readme = (REPO / "conformance" / "README.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| (.+) \|$", readme, flags=re.M)
+    assert [int(number) for number, _ in rows] == [v.number for v in versions.VERSIONS]
+    for (_, text), version in zip(rows, versions.VERSIONS):
+        for operation in version.operations:
+            assert f"`{operation}" in text, (version.number, operation)
+        for commit in filter(None, version.commit.split(", ")):
+            assert commit in text, (version.number, commit)
