@@ -17,7 +17,9 @@ from dflash_audit.outputs import check_outputs, check_replaceable, check_writabl
 from foundation.errors import AuditError
 from foundation.inputs import check_target_dir
 from impl.defaults import ZLAB_EXTRAS
+from impl.families import TITLES, ZLAB_ARCHITECTURES
 from impl.layers import names_final_layer
+from foundation.packages import PINNED
 
 
 @dataclass
@@ -82,6 +84,10 @@ def convert(source: str | Path, destination: str | Path, fmt: str, target: str |
         check_verifier_weights(target)  # before the drafter is loaded: what speculators will read is there
     loaded = load_any(source, target_dir=target, options=options or LoadOptions(flag_prefix=""))
     require_spec(loaded, "convert")
+    if fmt == "zlab" and loaded.spec.family not in ZLAB_ARCHITECTURES:
+        raise AuditError(f"{source}: a {TITLES[loaded.spec.family]} drafter has no z-lab format (dflash "
+                         f"{PINNED['dflash']} defines DFlashDraftModel and DFlash2DraftModel only); convert it to "
+                         "ours or speculators")
     if loaded.contradictions:
         raise AuditError(f"{source}: contradicts itself ({loaded.contradictions[0]}); settle it with --spec "
                          "before converting")

@@ -27,6 +27,7 @@ from torch import nn
 from dflash_world.target_training import random_qwen3
 from impl.interface import TrainingOutputs, Unsupported
 from impl.param_names import strip_wrapper_prefixes
+from impl.recipe import DEFAULTS
 from impl.spec import DraftSpec
 
 RECIPE = Path(modelopt.__file__).parents[1] / "modelopt_recipes" / "general" / "speculative_decoding" / "dflash.yaml"
@@ -227,7 +228,7 @@ class ModelOptOperations:
                           "weights to read alone); its weighted reduction is held by the loss component")
 
     def _reduced(self, logits, targets, loss_mask, block_size, *, gamma=0.0, loss_fn="ce", objective="decay",
-                 dpace_alpha=0.5):
+                 dpace_alpha=DEFAULTS["dpace_alpha"]):  # alpha only matters to the dpace objective
         """`_compute_loss` on the interface's [1, A*B] slots: block a's anchor at a*B in a row of A*B tokens whose
         ids are the targets' argmax (CE) and whose logits shifted one place are the teacher (KD)."""
         slots = logits.shape[1]

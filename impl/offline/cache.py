@@ -27,9 +27,10 @@ from torch import nn
 
 from foundation.atomic import atomic_write_bytes
 from foundation.cache_dir import build_once
+from foundation.placement import target_device
 from impl.extract import decoder_layers
 from impl.layers import layers_outside
-from impl.offline.capture import DEFAULT_BATCH, capture, target_device
+from impl.offline.capture import DEFAULT_BATCH, capture
 from impl.offline.speculative import capture_speculative
 
 CACHE_FORMAT = "dflash-audit/offline-2"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from foundation.placement import target_device
 from impl.decoding import make_target_cache
 from impl.extract import decoder_layers, output_head
 from impl.layers import final_layer
@@ -29,11 +30,6 @@ class Captured:
     prompt_len: int
     layers: dict[int, torch.Tensor]  # layer id -> [T, H] in the target's dtype, on the CPU
     margin: torch.Tensor | None  # [T] float32 top-1 minus top-2 target logit (None when forced)
-
-
-def target_device(target: nn.Module) -> torch.device:
-    """Where the target's inputs go: its input embedding's device (the first shard of a sharded target)."""
-    return target.get_input_embeddings().weight.device
 
 
 def top2_margin(logits: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from foundation.placement import target_device
 from impl.decoding import (
     Sampler,
     StopTokens,
@@ -24,7 +25,7 @@ from impl.decoding import (
 )
 from impl.extract import output_head
 from impl.model import DFlashDrafter, DraftCache
-from impl.offline.capture import Captured, target_device, top2_margin
+from impl.offline.capture import Captured, top2_margin
 
 
 @torch.inference_mode()
