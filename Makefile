@@ -137,6 +137,7 @@ bench: setup
 	$(BENCH_ENV) $(PY) bench/bench_ddtree_vs_dflash.py
 	$(BENCH_ENV) $(PY) bench/bench_slot_layout.py
 	$(BENCH_ENV) $(PY) bench/bench_specforge_tau.py
+	$(BENCH_ENV) $(PY) bench/bench_served_tau.py
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape tiny
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b
 	@# On a GPU (16 GB of bf16 target): $(PY) bench/bench_dynamic_scale.py --shape qwen3-8b --device cuda
@@ -144,7 +145,8 @@ bench: setup
 
 # The dynamic path on CUDA: the same tests with the models on the GPU (DFLASH_AUDIT_DEVICE=cuda;
 # the CLI's --device auto picks CUDA by itself), in float32 and then the dynamic ones in bfloat16, then the
-# dynamic bench. Without a GPU: one line, exit 0.
+# dynamic bench; with VLLM_PYTHON (a Python whose vLLM runs on CUDA), the live serving check on CUDA, the V2 runner
+# serving the mixed sliding/full drafter. Without a GPU: one line, exit 0.
 DYNAMIC_TESTS := tests/test_device_consistency.py tests/test_offline.py tests/test_offline_cache.py tests/test_decoding.py \
 	tests/test_ddtree.py tests/test_compare_dynamic.py tests/test_eval_cli.py tests/test_placement.py \
 	conformance/test_live_decoding.py conformance/test_mask_token_validity.py
@@ -153,7 +155,9 @@ gpu-check: setup
 		DFLASH_AUDIT_DEVICE=cuda $(PY) -m pytest -q --report-dir reports/conformance/cuda-float32 $(DYNAMIC_TESTS) && \
 		DFLASH_AUDIT_DEVICE=cuda DFLASH_AUDIT_DTYPE=bfloat16 $(PY) -m pytest -q -m dynamic \
 			--report-dir reports/conformance/cuda-bfloat16 $(DYNAMIC_TESTS) && \
-		if [ -f bench/bench_dynamic_scale.py ]; then $(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b; fi; \
+		if [ -f bench/bench_dynamic_scale.py ]; then $(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b; fi && \
+		if [ -n "$(VLLM_PYTHON)" ]; then $(BENCH_ENV) $(PY) bench/bench_served_tau.py --vllm-python $(VLLM_PYTHON); \
+		else echo "gpu-check: live serving check not run: name a CUDA vLLM with VLLM_PYTHON=/path/to/python"; fi; \
 	else \
 		echo "gpu-check: not run: torch sees no CUDA device here (torch.cuda.is_available() is False)"; \
 	fi

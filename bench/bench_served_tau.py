@@ -53,6 +53,7 @@ def explained(section: dict) -> tuple[int, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--vllm-python", type=Path, default=None, help="a Python with vLLM (default .venv-vllm)")
     parser.add_argument("--out", type=Path, default=Path("reports") / "bench" / "served_tau.json")
     args = parser.parse_args()
     world = cached_test_world()
@@ -64,7 +65,8 @@ def main() -> None:
         convert(full, root / "speculators", "speculators", target=world.target, allow_lossy=True)
         started = time.monotonic()
         sections = live_check({"ours": full, "zlab": root / "zlab", "speculators": root / "speculators"},
-                              world.target, world.prompts, args.max_new_tokens, plants={"zlab": [FIXED]},
+                              world.target, world.prompts, args.max_new_tokens, args.vllm_python,
+                              plants={"zlab": [FIXED]},
                               workdir=root / "engine", plant_prompts=8)
         live_wall = time.monotonic() - started
     table, rows, summary = [], [], {}
@@ -82,8 +84,16 @@ def main() -> None:
         rows.append(Row(f"vLLM {sections['zlab']['version']} serving the all-full test drafter ({name}): rounds equal "
                         f"to the audit's or explained by a named finding", covered / total, 1.0, ">=", unit="",
                         detail=f"{equal}/{total} equal; findings: {', '.join(summary[name]['findings']) or 'none'}"))
-    print(tabulate(table, headers=["drafter", "prompt", "served τ", "audited τ", "rounds equal", "apart (last blocks)", "first diff",
-                                   "explained by"], tablefmt="github"))
+    print(tabulate(table, headers=["drafter", "prompt", "served τ", "audited τ", "rounds equal", "apart",
+                                   "first diff", "explained by"], tablefmt="github"))
+    print()
+    print(tabulate([[name, f"{sum(p['served_tau'] for p in v['prompts']) / len(v['prompts']):.3f}",
+                     f"{sum(p['audited_tau'] for p in v['prompts']) / len(v['prompts']):.3f}",
+                     f"{v['equal']}/{v['rounds']}", f"{v['explained']}/{v['rounds']}",
+                     "yes" if v["greedy_identical"] else "NO", ", ".join(v["findings"]) or "-"]
+                    for name, v in summary.items()],
+                   headers=["drafter", "served τ", "audited τ", "rounds equal", "equal or explained",
+                            "greedy output unchanged", "findings"], tablefmt="github"))
     engine = sections["ours"]
     rows.append(Row("live check (one engine process, 3 drafters + fixed variant, replay and localization) / "
                     "dflash-audit eval, wall time", live_wall / eval_wall, 20.0, "<=",

@@ -161,6 +161,28 @@ CATALOGUE = (
             "`t2d`/`d2t` buffers until a mapping is loaded (model.py:44-53).",
             "a head sized to the tokenizer's length instead of the padded vocabulary; a reduced head with no mapping "
             "(that one is #32's); a padded target reported as a divergence"),
+    Pitfall(37, 'dspark_heads', 'dspark_heads (DSpark Markov and confidence heads)',
+            "speculators 0.9.0 `models/dspark`: DFlash plus a Markov logit bias `markov_w2(markov_w1[prev])` of rank "
+            "`markov_rank` (default 256; 0 = none), `markov_head_type` vanilla / gated (`sigmoid(gate_proj([h; e])) * "
+            "e`) / rnn (a gated state over the block, `joint_proj`), added to the slot's logits; slot k's `prev` is "
+            "the true token at the position before the one it proposes (sample-from-anchor, DSpark's default: the "
+            "block's own token k). A confidence head `proj([h; e])` (`enable_confidence_head`, "
+            "`confidence_head_with_markov`, both default true) trained by BCE toward 1 - TV(draft, target) on fixed "
+            "decay, weighted `confidence_head_alpha` (1.0). Defaults: `sample_from_anchor` true, 3072 anchors. "
+            "vLLM 0.33.0 (`DSparkSpeculator._sample_sequential`) drafts left to right: prev starts at the anchor, each "
+            "pick is the next slot's prev; its `Qwen3DSparkModel` builds the vanilla head only.",
+            "the Markov bias fed the slot's own proposal instead of the previous token; the bias added in parallel "
+            "from the backbone's argmax instead of the sequential picks; the confidence target from the wrong slot"),
+    Pitfall(38, 'xpress_refiner', 'xpress_refiner (XPress causal refiner and Jacobi passes)',
+            "speculators 0.9.0 `models/xpress`: DFlash plus a refiner `readout(x + mlp(x))`, `x = in_proj([down_h(h); "
+            "down_g(mean h); token_embed(prev)])` mixed causally by `tril(mix_l)`, rank `xpress_rank` (256), MLP "
+            "`xpress_mlp_ratio` (2); anchor-as-bonus layout (slot 0's prev is the token before the anchor). "
+            "Training: a teacher-forced pass, `consistency_passes` (3) free-running rounds seeded by the backbone's "
+            "argmax (weight 0.3) and a base-logits anchor term (0.6); loss `{\"ce\": 0.1, \"tv\": 0.9}` by default. "
+            "Inference: `num_jacobi_passes` (6) parallel passes from the backbone's argmax. vLLM 0.33.0 reads "
+            "`xpress_head.*` names and `xpress_num_passes`, not speculators' `refiner_head.*` and `num_jacobi_passes`.",
+            "the consistency rounds fed the true tokens; the mixer not masked to its lower triangle; one pass too "
+            "few or too many at inference"),
 )
 PITFALLS = {p.number: p for p in CATALOGUE}
 
@@ -212,6 +234,26 @@ DFLASH2_SPEC_ENTRIES = {
     "selector_top_k": ("selector", 23, "the selector reranks a different number of unary candidates, so it can "
                        "propose tokens the other never considers (or not)"),
 }
+# DSpark's and XPress's own fields, as DFLASH2_SPEC_ENTRIES.
+DSPARK_SPEC_ENTRIES = {
+    "markov_rank": ("dspark_heads", 37, "the Markov logit bias has a different rank (0: none), so each slot's "
+                    "proposal depends differently on the token before it"),
+    "markov_head_type": ("dspark_heads", 37, "the Markov bias is computed by a different rule (vanilla, gated by "
+                         "the hidden state, or a recurrent state over the block)"),
+    "enable_confidence_head": ("dspark_heads", 37, "one drafter predicts each slot's acceptance and the other does "
+                               "not (no token changes; the engine's adaptive verification does)"),
+    "confidence_head_with_markov": ("dspark_heads", 37, "the confidence head reads a different input (with or "
+                                    "without the Markov embedding)"),
+}
+XPRESS_SPEC_ENTRIES = {
+    "xpress_rank": ("xpress_refiner", 38, "the refiner works in a different rank"),
+    "xpress_mlp_ratio": ("xpress_refiner", 38, "the refiner's MLP has a different width"),
+    "num_jacobi_passes": ("xpress_refiner", 38, "the block is resolved with a different number of Jacobi passes, so "
+                          "the proposals (and τ) differ from the same weights"),
+}
+FAMILY_SPEC_ENTRIES = {"dflash2": DFLASH2_SPEC_ENTRIES, "dspark": DSPARK_SPEC_ENTRIES, "xpress": XPRESS_SPEC_ENTRIES}
+# The entry a family difference cites (DFlash vs DFlash2 is #19's).
+FAMILY_ENTRY = {"dflash2": 19, "dspark": 37, "xpress": 38}
 
 
 def markdown() -> str:

@@ -140,6 +140,14 @@ LOCATIONS = (
                  '`foundation.target_vocab.TargetVocabulary`, `model.DFlashDrafter.compute_logits`',
                  '`DFlashDraftModel.compute_logits`', '`DFlashSpeculatorConfig.draft_vocab_size`',
                  '`conformance/test_vocab_sizes.py`'),
+    RuleLocation((37,), 'DSpark Markov and confidence heads',
+                 '`dspark.MarkovHead.block_bias`, `dspark.draft_left_to_right`, `decoding.whole_block_proposals`',
+                 '— (no DSpark)', '`models.dspark.model_definitions.MarkovHead/ConfidenceHead`, `DSparkDraftModel.forward`',
+                 '`conformance/test_dspark_heads.py`'),
+    RuleLocation((38,), 'XPress refiner and Jacobi passes',
+                 '`xpress.RefinerHead.block_bias`, `xpress.jacobi_resolve`, `decoding.whole_block_proposals`',
+                 '— (no XPress)', '`models.xpress.model_definitions.XPressRefinerHead`, `XPressDraftModel.forward`',
+                 '`conformance/test_xpress_refiner.py`'),
 )
 
 

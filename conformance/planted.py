@@ -16,6 +16,7 @@ import torch
 
 import impl.decoding
 import impl.dflash2
+import impl.dspark
 import impl.extract
 import impl.implementation
 import impl.losses
@@ -23,7 +24,9 @@ import impl.masks
 import impl.model
 import impl.slot_layout
 import impl.train_step
+import impl.xpress
 from conformance.checks import (
+    family_heads,
     dflash2,
     draft_vocab,
     layers,
@@ -36,6 +39,7 @@ from conformance.checks import (
 )
 from conformance.checks.slot_layout import SlotCase
 from conformance.strategies import (
+    HeadCase,
     ConvCase,
     DPaceCase,
     LossCase,
@@ -90,6 +94,55 @@ PARTIAL_ROTARY = RotaryCase(spec=dataclasses.replace(ROTARY_SPEC, partial_rotary
 INTERLEAVED_ROTARY = dataclasses.replace(PARTIAL_ROTARY, spec=dataclasses.replace(ROTARY_SPEC, rope_style="gptj"))
 SCALED_ROTARY = RotaryCase(spec=dataclasses.replace(ROTARY_SPEC, rope_scaling={"rope_type": "linear", "factor": 2.0}),
                            length=6, position_offset=9, seed=2)
+
+
+# DSpark (#37) and XPress (#38) on the same full-attention drafter: an rnn Markov head with a confidence head
+# reading its embedding, every slot proposing; a rank-8 refiner resolved by one Jacobi pass (a second finds the
+# same tokens on these weights, so a pass short shows only from one).
+DSPARK_HEADS = HeadCase(spec=dataclasses.replace(FULL_ATTENTION, markov_rank=8, markov_head_type="rnn",
+                                                 enable_confidence_head=True, confidence_head_with_markov=True,
+                                                 sample_from_anchor=True), num_blocks=3, anchor=7, before_anchor=11,
+                        seed=3)
+XPRESS_HEADS = HeadCase(spec=dataclasses.replace(FULL_ATTENTION, xpress_rank=8, xpress_mlp_ratio=2, num_jacobi_passes=1),
+                        num_blocks=3, anchor=7, before_anchor=11, seed=3)
+
+
+def _chain_never_advances(original):
+    def draft(head, hidden, base_logits, anchor, first, pick):
+        tokens, probs = [], []
+        for slot in range(first, hidden.shape[1]):  # every slot follows the anchor: the picks never fed back
+            slot_tokens, slot_probs = original(head, hidden[:, : slot + 1], base_logits[:, : slot + 1], anchor, slot,
+                                               pick)
+            tokens.append(slot_tokens[:, -1])
+        return torch.stack(tokens, dim=1), None
+    return draft
+
+
+def _rnn_state_reset(original):
+    return lambda self, embedded, hidden, state: original(self, embedded, hidden, None)
+
+
+def _confidence_input_swapped(_original):
+    return lambda hidden, embedded: hidden if embedded is None else torch.cat([embedded.to(hidden.dtype), hidden], -1)
+
+
+def _one_pass_short(original):
+    return lambda head, hidden, base, anchor, before, passes, layout: original(head, hidden, base, anchor, before,
+                                                                               max(passes - 1, 0), layout)
+
+
+def _anchor_as_its_own_predecessor(original):
+    return lambda head, hidden, base, anchor, before, passes, layout: original(head, hidden, base, anchor, anchor,
+                                                                               passes, layout)
+
+
+def _mixer_unmasked(_original):
+    def block_bias(self, prev_ids, hcache):
+        x = self.in_proj(torch.cat([hcache, self.token_embed(prev_ids.long()).to(hcache.dtype)], dim=-1))
+        size = x.shape[1]
+        x = x + torch.einsum("rkj,njr->nkr", self.mix_l[:, :size, :size].to(x.dtype), x)  # later slots leak back
+        return self.readout(x + self.mlp_down(torch.nn.functional.silu(self.mlp_gate(x)) * self.mlp_up(x)))
+    return block_bias
 
 
 def _anchor_slot_proposes(_original):
@@ -372,4 +425,29 @@ BUGS = [
     PlantedBug("draft head sized to the tokenizer, not the padded vocabulary", 36,
                _patch(DFlashDrafter, "draft_logits", _head_sized_to_tokenizer),
                lambda cmp, ours, refs: vocab.padded_vocabulary(cmp, ours, refs["speculators"])),
+    PlantedBug("Markov chain never fed its own picks (every slot follows the anchor)", 37,
+               _patch_imported(impl.dspark, "draft_left_to_right", (impl.decoding, impl.implementation),
+                               _chain_never_advances),
+               lambda cmp, ours, refs: family_heads.decoding_round(cmp, ours, refs["speculators"], DSPARK_HEADS,
+                                                                   "markov_path")),
+    PlantedBug("rnn Markov state reset at every slot", 37, _patch(impl.dspark.MarkovHead, "step", _rnn_state_reset),
+               lambda cmp, ours, refs: family_heads.head_forward(cmp, ours, refs["speculators"], DSPARK_HEADS,
+                                                                 ("markov_bias",))),
+    PlantedBug("confidence input as [markov embedding ; hidden]", 37,
+               _patch_imported(impl.dspark, "confidence_features", (impl.implementation,), _confidence_input_swapped),
+               lambda cmp, ours, refs: family_heads.head_forward(cmp, ours, refs["speculators"], DSPARK_HEADS,
+                                                                 ("confidence_logits",))),
+    PlantedBug("refiner mixer not masked to its lower triangle", 38,
+               _patch(impl.xpress.RefinerHead, "block_bias", _mixer_unmasked),
+               lambda cmp, ours, refs: family_heads.head_forward(cmp, ours, refs["speculators"], XPRESS_HEADS,
+                                                                 ("refiner_bias",))),
+    PlantedBug("one Jacobi pass short", 38,
+               _patch_imported(impl.xpress, "jacobi_resolve", (impl.decoding, impl.implementation), _one_pass_short),
+               lambda cmp, ours, refs: family_heads.decoding_round(cmp, ours, refs["speculators"], XPRESS_HEADS,
+                                                                   "jacobi_tokens")),
+    PlantedBug("slot 0 follows the anchor itself, not the token before it (vLLM 0.33.0's stand-in)", 38,
+               _patch_imported(impl.xpress, "jacobi_resolve", (impl.decoding, impl.implementation),
+                               _anchor_as_its_own_predecessor),
+               lambda cmp, ours, refs: family_heads.decoding_round(cmp, ours, refs["speculators"], XPRESS_HEADS,
+                                                                   "jacobi_tokens")),
 ]

@@ -357,3 +357,35 @@ def rotary_specs(draw, partial: bool | None = None, interleaved: bool | None = F
 def rotary_cases(draw, partial: bool | None = None, interleaved: bool | None = False) -> RotaryCase:
     return RotaryCase(draw(rotary_specs(partial, interleaved)), draw(st.integers(1, 24)),
                       draw(st.integers(0, 300)), draw(st.integers(0, 2**16)))
+
+
+# DSpark (#37) and XPress (#38): tiny drafters of each family and the cases their heads run on.
+@st.composite
+def dspark_specs(draw) -> DraftSpec:
+    spec = draw(draft_specs(max_layers=1, sliding=False))
+    rank = draw(st.integers(1, 12))
+    return dataclasses.replace(spec, markov_rank=rank, markov_head_type=draw(st.sampled_from(["vanilla", "gated", "rnn"])),
+                               enable_confidence_head=True, confidence_head_with_markov=draw(st.booleans()),
+                               sample_from_anchor=draw(st.booleans()))
+
+
+@st.composite
+def xpress_specs(draw) -> DraftSpec:
+    spec = draw(draft_specs(max_layers=1, sliding=False))
+    return dataclasses.replace(spec, xpress_rank=draw(st.integers(1, 12)), xpress_mlp_ratio=draw(st.integers(1, 3)),
+                               num_jacobi_passes=draw(st.integers(0, 6)), sample_from_anchor=draw(st.booleans()))
+
+
+@dataclass(frozen=True)
+class HeadCase:
+    spec: DraftSpec
+    num_blocks: int
+    anchor: int
+    before_anchor: int
+    seed: int
+
+
+@st.composite
+def head_cases(draw, specs) -> HeadCase:
+    return HeadCase(draw(specs), draw(st.integers(1, 4)), draw(st.integers(0, VOCAB - 1)),
+                    draw(st.integers(0, VOCAB - 1)), draw(st.integers(0, 2**16)))

@@ -42,12 +42,30 @@ def reference_state_dict(spec: DraftSpec, seed: int = 0) -> dict[str, torch.Tens
     `from_pretrained` maps them)."""
     from dflash.model import DFlash2DraftModel, DFlashDraftModel
 
+    if spec.family in ("dspark", "xpress"):
+        return family_state_dict(spec, seed)
     torch.manual_seed(seed)
     model_class = DFlash2DraftModel if spec.family == "dflash2" else DFlashDraftModel
     model = model_class(Qwen3Config(**zlab_config(spec)))
     # Keys and shapes are z-lab's; values are redrawn so norms are not all ones and the
     # convolutions are clearly not the identity (tap 0 near 1, later taps and deltas well away from 0).
     return {codebook_name(name): redrawn(name, t) for name, t in model.state_dict().items()}
+
+
+def family_state_dict(spec: DraftSpec, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A DSpark or XPress body: the DFlash backbone z-lab's class makes, the heads speculators' own class makes
+    (z-lab has neither family), redrawn at a scale where the heads change proposals."""
+    import dataclasses
+
+    from impl.spec import FAMILY_FIELDS
+    from reference_adapters.speculators_adapter import MODEL_CLASSES, speculators_config
+
+    backbone = reference_state_dict(dataclasses.replace(spec, **dict.fromkeys(FAMILY_FIELDS[spec.family])), seed)
+    torch.manual_seed(seed + 1)
+    model = MODEL_CLASSES[spec.family](speculators_config(spec))
+    heads = {name: redrawn(name, t) for name, t in model.state_dict().items() if name.startswith(
+        ("markov_head.", "confidence_head.", "refiner_head."))}
+    return {**backbone, **heads}
 
 
 def redrawn(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -59,8 +77,10 @@ def redrawn(name: str, t: torch.Tensor) -> torch.Tensor:
         return identity + 0.3 * torch.randn_like(t)
     if name.endswith("kernel_projection.weight"):
         return 0.2 * torch.randn_like(t)
-    if "candidate_selector" in name:
-        return 0.5 * torch.randn_like(t)  # a transition term that can overturn the unary order
+    if name.startswith(("refiner_head.down_h", "refiner_head.down_g")):
+        return 0.05 * torch.randn_like(t)  # the block's hidden summary: small beside the previous tokens' part
+    if "candidate_selector" in name or name.startswith(("markov_head.", "refiner_head.")):
+        return 0.5 * torch.randn_like(t)  # a transition term (a Markov or refiner bias) that can overturn the order
     return 0.05 * torch.randn_like(t)
 
 

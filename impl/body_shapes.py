@@ -44,4 +44,32 @@ def body_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
         shapes["candidate_selector.predecessor_codebook"] = (spec.vocab_size, spec.selector_rank)
         shapes["candidate_selector.successor_codebook"] = (spec.vocab_size, spec.selector_rank)
         shapes["candidate_selector.hidden_projection.weight"] = (spec.selector_rank, hidden)
+    shapes.update(head_shapes(spec))
+    return shapes
+
+
+def head_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
+    """DSpark's Markov and confidence heads, XPress's refiner (impl/dspark.py, impl/xpress.py), in module order."""
+    hidden, vocab, head = spec.hidden_size, spec.vocab_size, spec.head_size
+    shapes: dict[str, tuple[int, ...]] = {}
+    if spec.has_markov_head:
+        rank = spec.markov_rank
+        shapes["markov_head.markov_w1.weight"] = (vocab, rank)
+        shapes["markov_head.markov_w2.weight"] = (head, rank)
+        extra = {"gated": ("gate_proj", rank, hidden + rank), "rnn": ("joint_proj", 3 * rank, 2 * rank + hidden)}
+        if spec.markov_head_type in extra:
+            name, out_features, in_features = extra[spec.markov_head_type]
+            shapes[f"markov_head.{name}.weight"] = (out_features, in_features)
+            shapes[f"markov_head.{name}.bias"] = (out_features,)
+    if spec.has_confidence_head:
+        shapes["confidence_head.proj.weight"] = (1, hidden + (spec.markov_rank if spec.confidence_head_with_markov
+                                                              else 0))
+        shapes["confidence_head.proj.bias"] = (1,)
+    if spec.family == "xpress":
+        rank, wide = spec.xpress_rank, spec.xpress_rank * spec.xpress_mlp_ratio
+        shapes["refiner_head.mix_l"] = (rank, spec.block_size, spec.block_size)  # a parameter of its own: first
+        shapes.update({"refiner_head.token_embed.weight": (vocab, rank), "refiner_head.down_h.weight": (rank, hidden),
+                       "refiner_head.down_g.weight": (rank, hidden), "refiner_head.in_proj.weight": (rank, 3 * rank),
+                       "refiner_head.mlp_gate.weight": (wide, rank), "refiner_head.mlp_up.weight": (wide, rank),
+                       "refiner_head.mlp_down.weight": (rank, wide), "refiner_head.readout.weight": (head, rank)})
     return shapes

@@ -29,8 +29,8 @@ from impl.extract import output_head
 from impl.model import DFlashDrafter, DraftCache
 
 DDTREE_NEEDS_DFLASH = ("DDTree is defined on DFlash drafters only: a DFlash2 drafter's selector scores each "
-                       "slot given the token before it, so its slots are not the independent marginals a tree is "
-                       "built from")
+                       "slot given the token before it (as DSpark's Markov head and XPress's refiner do), so its "
+                       "slots are not the independent marginals a tree is built from")
 
 
 def require_dflash_family(drafter: DFlashDrafter) -> None:

@@ -23,9 +23,11 @@ from torch import nn
 from transformers import DynamicCache
 
 from foundation.placement import target_device
+from impl.dspark import draft_left_to_right
 from impl.extract import context_features, output_head
 from impl.model import DFlashDrafter, DraftCache
 from impl.slot_layout import draft_block_size
+from impl.xpress import jacobi_resolve
 
 
 @dataclass
@@ -188,6 +190,8 @@ def round_size(drafter: DFlashDrafter, start: int, max_length: int) -> tuple[int
     """(proposals, drafted block size) of a round from `start`: the layout's speculative tokens, no more than
     are left to generate, the block shrunk to match near `max_length` (z-lab's `min(B, max_length - start)`)."""
     proposals = min(drafter.spec.speculative_tokens, max_length - start - 1)
+    if drafter.reads_whole_block:  # DSpark's chain and XPress's refiner read the block whole: never shrunk
+        return proposals, drafter.block_size
     return proposals, draft_block_size(proposals, drafter.spec.sample_from_anchor)
 
 
@@ -206,7 +210,7 @@ def draft_block(drafter: DFlashDrafter, target: nn.Module, draft_cache: DraftCac
     positions = torch.arange(start - new_features.shape[1], start + size, device=device)[None]
     hidden = drafter(drafter.embed(target, block), new_features, positions, cache=draft_cache)
     draft_cache.crop(start)  # keep context only: the block is redrawn next round
-    return block, hidden[:, drafter.spec.first_proposing_slot:]
+    return block, hidden if drafter.reads_whole_block else hidden[:, drafter.spec.first_proposing_slot:]
 
 
 def verify_block(last_token: int, proposals: torch.Tensor) -> torch.Tensor:
@@ -215,12 +219,19 @@ def verify_block(last_token: int, proposals: torch.Tensor) -> torch.Tensor:
 
 
 def propose(drafter: DFlashDrafter, head: nn.Module, hidden: torch.Tensor, last_token: int,
-            sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(proposals [n], draft distribution [n, V] or None when greedy) from the proposing slots of a block [1, n, H].
+            sampler: Sampler, before_last: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(proposals [n], draft distribution [n, V] or None when greedy) from the proposing slots of a block [1, n, H]
+    (every slot, for a drafter that reads the whole block).
 
     DFlash takes each slot's own choice; DFlash2 walks its selector through the unary top-k,
-    each choice the next slot's predecessor (z-lab's `DFlash2DraftModel.propose`).
+    each choice the next slot's predecessor (z-lab's `DFlash2DraftModel.propose`); DSpark walks its Markov
+    chain and XPress resolves the block by Jacobi passes (`whole_block_proposals`).
     """
+    if drafter.reads_whole_block:
+        anchor = torch.tensor([last_token], device=hidden.device)
+        before = torch.tensor([last_token if before_last is None else before_last], device=hidden.device)
+        tokens, probs = whole_block_proposals(drafter, head, hidden, anchor, before, sampler.pick_index)
+        return tokens[0], probs[0] if probs is not None else None
     logits = drafter.compute_logits(hidden[0], head)
     if drafter.candidate_selector is None:
         if sampler.greedy:
@@ -236,10 +247,31 @@ def propose(drafter: DFlashDrafter, head: nn.Module, hidden: torch.Tensor, last_
     return path.tokens[0], dense
 
 
+def whole_block_proposals(drafter: DFlashDrafter, head: nn.Module, hidden: torch.Tensor, anchors: torch.Tensor,
+                          before_anchors: torch.Tensor, pick):
+    """(tokens [b, n], probs [b, n, V] or None) of whole blocks [b, S, H]: DSpark's Markov chain left to right, or
+    XPress's Jacobi passes (greedy only; `pick` must then be an argmax)."""
+    base = drafter.compute_logits(hidden, head)
+    first = drafter.spec.first_proposing_slot
+    if drafter.markov_head is not None:
+        return draft_left_to_right(drafter.markov_head, hidden, base, anchors, first, pick)
+    tokens = jacobi_resolve(drafter.refiner_head, hidden, base, anchors, before_anchors, drafter.spec.num_jacobi_passes,
+                            drafter.spec.sample_from_anchor)
+    return tokens, None
+
+
+def check_sampling(drafter: DFlashDrafter, temperature: float) -> None:
+    """XPress resolves a block by argmax passes only (speculators' rounds, vLLM's `jacobi_refine_greedy`)."""
+    if drafter.refiner_head is not None and temperature > 0:
+        raise ValueError(f"temperature {temperature}: an XPress drafter resolves its blocks greedily (argmax Jacobi "
+                         "passes, as vLLM's XPressSpeculator); sampling from it is not defined")
+
+
 @torch.inference_mode()
 def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
                   stop_token_ids: list[int] | None = None, temperature: float = 0.0, seed: int = 0) -> DecodeResult:
     """Speculative decoding of one prompt (`input_ids` [1, T]); greedy unless `temperature` > 0."""
+    check_sampling(drafter, temperature)
     sampler, stops = Sampler(temperature, seed), StopTokens(stop_token_ids)
     head = output_head(target)
     input_ids = input_ids.to(target_device(target))
@@ -257,7 +289,7 @@ def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     while not stopped and start + 1 < max_length:
         _, size = round_size(drafter, start, max_length)
         _, draft_hidden = draft_block(drafter, target, draft_cache, new_features, tokens[start], start, size)
-        proposals, draft_probs = propose(drafter, head, draft_hidden, tokens[start], sampler)
+        proposals, draft_probs = propose(drafter, head, draft_hidden, tokens[start], sampler, tokens[start - 1])
         drafted.append(proposals.tolist())
 
         target_logits, block_features = session.forward(verify_block(tokens[start], proposals), start)

@@ -11,6 +11,7 @@ from impl import anchors as anchor_rules
 from impl import decoding, dflash2, layers, losses, masks, slot_layout, vocab_mapping
 from impl.checkpoint import build_drafter
 from impl.decoding import Sampler, dflash_decode
+from impl.dspark import confidence_features, draft_left_to_right
 from impl.extract import context_features, output_head
 from impl.interface import INTERFACE_VERSION, GenerationResult, TrainingOutputs
 from impl.model import DFlashDrafter, DraftCache
@@ -18,6 +19,7 @@ from impl.recipe import Recipe
 from impl.recipe import train_recipe
 from impl.spec import DraftSpec
 from impl.train_step import training_step
+from impl.xpress import jacobi_resolve
 
 
 class OursImplementation:
@@ -133,6 +135,28 @@ class OursImplementation:
                       dpace_alpha):
         return losses.selector_loss(candidate_scores, label_positions, loss_mask, block_size, gamma,
                                     per_position_loss_weight=per_position_loss_weight, dpace_alpha=dpace_alpha)
+
+    # -- DSpark and XPress --------------------------------------------------------------------
+    def markov_bias(self, drafter: DFlashDrafter, prev_ids, hidden):
+        return drafter.markov_head.block_bias(prev_ids, hidden)
+
+    def confidence_logits(self, drafter: DFlashDrafter, prev_ids, hidden):
+        embedded = drafter.markov_head.embed(prev_ids) if drafter.spec.confidence_head_with_markov else None
+        return drafter.confidence_head(confidence_features(hidden, embedded))
+
+    def markov_path(self, drafter: DFlashDrafter, hidden, base_logits, anchor):
+        tokens, _ = draft_left_to_right(drafter.markov_head, hidden, base_logits, torch.tensor([anchor]),
+                                        drafter.spec.first_proposing_slot, lambda logits: (logits.argmax(-1), None))
+        return tokens[0]
+
+    def refiner_bias(self, drafter: DFlashDrafter, prev_ids, hidden):
+        head = drafter.refiner_head
+        return head.block_bias(prev_ids, head.hidden_cache(hidden))
+
+    def jacobi_tokens(self, drafter: DFlashDrafter, hidden, base_logits, anchor, before_anchor):
+        return jacobi_resolve(drafter.refiner_head, hidden, base_logits, torch.tensor([anchor]),
+                              torch.tensor([before_anchor]), drafter.spec.num_jacobi_passes,
+                              drafter.spec.sample_from_anchor)[0]
 
     def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids, temperature=0.0,
                  seed=0) -> GenerationResult:

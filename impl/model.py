@@ -38,9 +38,11 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRotaryEmbedding
 
 from impl.dflash2 import CandidateSelector, GroupedDynamicCausalConv
+from impl.dspark import ConfidenceHead, MarkovHead
 from impl.masks import inference_mask, training_mask
 from impl.spec import DraftSpec
 from impl.vocab_mapping import target_ids
+from impl.xpress import RefinerHead
 
 
 class DraftCache:
@@ -213,11 +215,28 @@ class DFlashDrafter(nn.Module):
         if spec.family == "dflash2":
             self.candidate_selector = CandidateSelector(spec.vocab_size, spec.hidden_size, spec.selector_rank,
                                                         spec.selector_top_k)
+        # DSpark's Markov and confidence heads, XPress's refiner (impl/dspark.py, impl/xpress.py).
+        self.markov_head = self.confidence_head = self.refiner_head = None
+        if spec.has_markov_head:
+            self.markov_head = MarkovHead(spec.vocab_size, spec.head_size, spec.markov_rank, spec.hidden_size,
+                                          spec.markov_head_type)
+        if spec.has_confidence_head:
+            self.confidence_head = ConfidenceHead(
+                spec.hidden_size + (spec.markov_rank if spec.confidence_head_with_markov else 0))
+        if spec.family == "xpress":
+            self.refiner_head = RefinerHead(spec.vocab_size, spec.head_size, spec.hidden_size, spec.block_size,
+                                            spec.xpress_rank, spec.xpress_mlp_ratio)
         self.reset_parameters()
 
     @property
     def block_size(self) -> int:
         return self.spec.block_size
+
+    @property
+    def reads_whole_block(self) -> bool:
+        """Whether proposals read every slot of the block (DSpark's Markov chain, XPress's refiner): the block is
+        then always drafted whole, as vLLM drafts it, and its slots are handed over together."""
+        return self.markov_head is not None or self.refiner_head is not None
 
     @property
     def mask_token_id(self) -> int:
@@ -235,7 +254,7 @@ class DFlashDrafter(nn.Module):
                     nn.init.zeros_(module.bias)
         # DFlash2 starts as DFlash: identity convolutions (speculators' initialization).
         for module in self.modules():
-            if isinstance(module, (GroupedDynamicCausalConv, CandidateSelector)):
+            if isinstance(module, (GroupedDynamicCausalConv, CandidateSelector, MarkovHead, RefinerHead)):
                 module.reset_parameters()
 
     # -- masks ---------------------------------------------------------------------------

@@ -13,12 +13,19 @@ from typing import Any
 
 from impl import slot_layout
 from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
-from impl.families import spec_family
+from impl.families import TITLES, spec_family
 from impl.layers import layers_outside
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # The DFlash2-only architecture fields, in speculators' names (set together or not at all).
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# DSpark's head settings (speculators' DSparkSpeculatorConfig), set together or not at all.
+DSPARK_FIELDS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+# XPress's refiner settings (speculators' XPressSpeculatorConfig), set together or not at all.
+XPRESS_FIELDS = ("xpress_rank", "xpress_mlp_ratio", "num_jacobi_passes")
+# Each family's own fields (DFlash has none).
+FAMILY_FIELDS = {"dflash": (), "dflash2": DFLASH2_FIELDS, "dspark": DSPARK_FIELDS, "xpress": XPRESS_FIELDS}
 # Rotary styles, in vLLM's terms (`is_neox_style`): neox rotates the two halves of the head (transformers'
 # `rotate_half`, what Qwen3 and both references do); gptj rotates interleaved pairs (even, odd dims).
 ROPE_STYLES = ("neox", "gptj")
@@ -47,6 +54,11 @@ def _is_number(value: Any) -> bool:
 def _require(condition: bool, field_name: str, message: str) -> None:
     if not condition:
         raise SpecError(field_name, message)
+
+
+def _count(value: Any, field_name: str, least: int) -> None:
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= least, field_name,
+             f"must be an integer >= {least}, got {value!r}")
 
 
 # Activations transformers' ACT2FN holds (tests/test_spec.py checks each): these are accepted without importing
@@ -114,6 +126,18 @@ class DraftSpec:
     # A reduced draft vocabulary (speculators' `draft_vocab_size`): the drafter's own head has this many rows
     # and its `d2t` maps draft id k to target id k + d2t[k]. None: the head is the target's whole vocabulary.
     draft_vocab_size: int | None = None
+    # DSpark (speculators' models/dspark): a Markov logit-bias head of rank `markov_rank` (0: none) over the
+    # previous block token, of type vanilla / gated / rnn, and a per-slot confidence head (its input the slot's
+    # hidden state, plus the Markov embedding with `confidence_head_with_markov`). All four set, or all None.
+    markov_rank: int | None = None
+    markov_head_type: str | None = None
+    enable_confidence_head: bool | None = None
+    confidence_head_with_markov: bool | None = None
+    # XPress (speculators' models/xpress): a causal refiner head of rank `xpress_rank` (MLP `xpress_mlp_ratio`
+    # times wider) resolved at inference by `num_jacobi_passes` parallel Jacobi passes. All three, or all None.
+    xpress_rank: int | None = None
+    xpress_mlp_ratio: int | None = None
+    num_jacobi_passes: int | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -192,6 +216,7 @@ class DraftSpec:
                  f"must be true or false, got {self.sample_from_anchor!r}")
         self._validate_draft_vocab()
         self._validate_dflash2()
+        self._validate_family_fields()
 
     def _validate_draft_vocab(self) -> None:
         size = self.draft_vocab_size
@@ -201,6 +226,8 @@ class DraftSpec:
                  "draft_vocab_size", f"must be an integer in 1..{self.vocab_size} (the target vocabulary), got {size!r}")
         # speculators' DFlash2DraftModel refuses a reduced vocabulary too ("requires the full verifier vocabulary").
         _require(self.family == "dflash", "draft_vocab_size",
+                 f"{size} of {self.vocab_size}: a {TITLES[self.family]} drafter is audited over the full target "
+                 "vocabulary only" if self.family != "dflash2" else
                  f"{size} of {self.vocab_size}: a DFlash2 drafter drafts over the full target vocabulary")
 
     @property
@@ -256,10 +283,44 @@ class DraftSpec:
         _require(self.selector_top_k <= self.vocab_size, "selector_top_k",
                  f"{self.selector_top_k} candidates exceed the vocabulary of {self.vocab_size}")
 
+    def _validate_family_fields(self) -> None:
+        """DSpark's and XPress's fields: all of a family's or none, one family at a time, in speculators' ranges."""
+        given = {family: [n for n in names if getattr(self, n) is not None] for family, names in FAMILY_FIELDS.items()}
+        families = [family for family, names in given.items() if names]
+        _require(len(families) <= 1, given[families[-1]][0] if families else "",
+                 f"settings of {' and '.join(TITLES[f] for f in families)} at once; a drafter is of one family")
+        for family in ("dspark", "xpress"):
+            if given[family]:
+                missing = [n for n in FAMILY_FIELDS[family] if n not in given[family]]
+                _require(not missing, missing[0] if missing else "",
+                         f"a {TITLES[family]} drafter needs all of {list(FAMILY_FIELDS[family])}; only "
+                         f"{given[family]} are set")
+        if given["dspark"]:
+            _count(self.markov_rank, "markov_rank", 0)
+            _require(self.markov_head_type in MARKOV_HEAD_TYPES, "markov_head_type",
+                     f"{self.markov_head_type!r} not in {list(MARKOV_HEAD_TYPES)}")
+            for name in ("enable_confidence_head", "confidence_head_with_markov"):
+                _require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+            _require(not (self.enable_confidence_head and self.confidence_head_with_markov and self.markov_rank == 0),
+                     "confidence_head_with_markov", "needs a Markov head (markov_rank > 0), as speculators requires")
+        if given["xpress"]:
+            _count(self.xpress_rank, "xpress_rank", 1)
+            _count(self.xpress_mlp_ratio, "xpress_mlp_ratio", 1)
+            _count(self.num_jacobi_passes, "num_jacobi_passes", 0)
+
     @property
     def family(self) -> str:
-        """`dflash2` when the spec carries the convolutions and the selector, else `dflash`."""
-        return spec_family(self.conv_kernel_size)
+        """`dflash2` with convolutions and a selector, `dspark` with Markov/confidence heads, `xpress` with a
+        refiner head, else `dflash`."""
+        return spec_family(self.conv_kernel_size, self.markov_rank, self.xpress_rank)
+
+    @property
+    def has_markov_head(self) -> bool:
+        return bool(self.markov_rank)
+
+    @property
+    def has_confidence_head(self) -> bool:
+        return bool(self.enable_confidence_head)
 
     @property
     def reduced_vocab(self) -> bool:

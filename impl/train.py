@@ -28,7 +28,7 @@ from foundation.target import load_target_model, load_tokenizer
 from impl.checkpoint import load_checkpoint, save_checkpoint
 from impl.data import PackedData, load_packed, pack_records
 from impl.extract import output_head
-from impl.families import FAMILIES
+from impl.families import TRAINED_FAMILIES
 from impl.layers import build_target_layer_ids, final_layer
 from impl.model import DFlashDrafter
 from impl.recipe import KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe
@@ -120,8 +120,9 @@ def draft_spec(config, tokenizer, cfg: RunConfig, draft_vocab_size: int | None =
     # speculators' trainer copies the verifier's rope_parameters (theta, scaling) into the draft config and drops
     # partial_rotary_factor (train/cli.py create_transformer_layer_config): every head dim is rotated.
     rotary = rotary_settings(config.to_dict())
-    if cfg.family not in FAMILIES:
-        raise TrainError(f"family must be one of {list(FAMILIES)}, got {cfg.family!r}")
+    if cfg.family not in TRAINED_FAMILIES:
+        raise TrainError(f"family must be one of {list(TRAINED_FAMILIES)} (DSpark and XPress drafters are audited, "
+                         f"decoded and converted, not trained here), got {cfg.family!r}")
     dflash2 = {name: getattr(cfg, name) for name in DFLASH2_FIELDS} if cfg.family == "dflash2" else {}
     non_causal = cfg.sliding_window_non_causal
     return DraftSpec(

@@ -123,8 +123,10 @@ def save_zlab_dir(path: str | Path, spec: DraftSpec, state_dict: dict[str, torch
     atomic_directory(Path(path), fill)
 
 
-def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -> DraftSpec:
-    """Normalize a z-lab config.json the way `dflash.model.DFlashDraftModel` reads it."""
+def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json",
+                          family_fields: dict[str, Any] | None = None) -> DraftSpec:
+    """Normalize a z-lab config.json the way `dflash.model.DFlashDraftModel` reads it. `family_fields`: a
+    DSpark or XPress drafter's own settings (a speculators directory read through its z-lab shape)."""
     dflash = config.get("dflash_config") or {}
 
     def value(name, default=None):
@@ -159,6 +161,7 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json") -
             raise SpecError(next(n for n, v in dflash2.items() if v is None), "missing from a DFlash2DraftModel config")
         return DraftSpec(
             **(dflash2 if family == "dflash2" else {}),
+            **(family_fields or {}),
             sliding_window_non_causal=zlab_non_causal(config.get("is_causal"), layer_types),
             hidden_size=hidden,
             intermediate_size=as_int("intermediate_size", config["intermediate_size"]),

@@ -25,13 +25,14 @@ from foundation.errors import CheckpointError
 from foundation.weights_dir import read_config
 from impl.dflash2 import SelectorTraining
 from impl.extract import HiddenStateExtractor, final_norm, output_head
-from impl.families import config_family
+from impl.families import FAMILIES, config_family
 from impl.interface import INTERFACE_VERSION, TrainingOutputs, Unsupported
 from impl.layers import hidden_state_index, speculators_to_zlab
 from impl.param_names import VERIFIER_OWNED_KEYS, strip_wrapper_prefixes
 from impl.recipe import DEFAULTS
-from impl.spec import DFLASH2_FIELDS, DraftSpec
+from impl.spec import FAMILY_FIELDS, DraftSpec
 from impl.vocab_mapping import t2d_from_d2t
+from reference_adapters.speculators_classes import config_class, model_class
 from reference_adapters.version_guard import check_reference
 
 check_reference("speculators")
@@ -51,7 +52,7 @@ from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig  
 from speculators.models.dflash.attention import create_anchor_block_mask_mod  # noqa: E402
 from speculators.models.dflash.metrics import compute_metrics  # noqa: E402
 from speculators.models.dflash.utils import select_anchors  # noqa: E402
-from speculators.models.dflash2 import DFlash2DraftModel, DFlash2SpeculatorConfig  # noqa: E402
+from speculators.models.dflash2 import DFlash2DraftModel  # noqa: E402
 from speculators.models.dflash2 import core as dflash2_core  # noqa: E402
 from speculators.models.dflash2.metrics import (  # noqa: E402
     compute_selector_loss,
@@ -75,8 +76,8 @@ def verifier_config(verifier_dir: str | Path | None) -> VerifierConfig:
     return VerifierConfig.from_pretrained(str(verifier_dir))
 
 
-MODEL_CLASSES = {"dflash": DFlashDraftModel, "dflash2": DFlash2DraftModel}
-CONFIG_CLASSES = {"dflash": DFlashSpeculatorConfig, "dflash2": DFlash2SpeculatorConfig}
+MODEL_CLASSES = {family: model_class(family) for family in FAMILIES}
+CONFIG_CLASSES = {family: config_class(family) for family in FAMILIES}
 
 
 def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None,
@@ -84,9 +85,9 @@ def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None,
     """The `DFlashSpeculatorConfig` (`DFlash2SpeculatorConfig`) of a spec, laid out as speculators' own
     `_build_base_config_kwargs` lays out a DFlash one (the slot layout as `sample_from_anchor` and the
     greedy proposal's `speculative_tokens`)."""
-    dflash2 = {name: getattr(spec, name) for name in DFLASH2_FIELDS} if spec.family == "dflash2" else {}
+    own = {name: getattr(spec, name) for name in FAMILY_FIELDS[spec.family]}
     return CONFIG_CLASSES[spec.family](
-        **dflash2,
+        **own,
         transformer_layer_config=spec.qwen3_config(),
         draft_vocab_size=spec.head_size,
         block_size=spec.block_size,
@@ -167,10 +168,22 @@ def load_speculators_model(path: str | Path, verifier_dir: str | Path | None = N
         elif not _is_local_dir(config.speculators_config.verifier.name_or_path):
             config.speculators_config.verifier = verifier_config(None)  # never reach for the network
         model = MODEL_CLASSES[family].from_pretrained(str(path), config=config, dtype=torch.float32)
+        if family == "xpress":
+            model = rebuilt_with_buffers(model)
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}: speculators' DFlashDraftModel cannot load it "
                               f"({' '.join(str(exc).split())[:200]})") from exc
     return model.eval()
+
+
+def rebuilt_with_buffers(model: DFlashDraftModel) -> DFlashDraftModel:
+    """The same weights in a model its own constructor built. speculators 0.9.0's `XPressRefinerHead` keeps its
+    causal mask `causal_tril` as a non-persistent buffer; under transformers 5.19 `from_pretrained` builds the
+    model on the meta device and leaves that buffer as uninitialized memory (its refiner then mixes garbage,
+    often NaN). The class's own `__init__` fills it; its own `load_state_dict` takes the loaded weights."""
+    built = type(model)(model.config)
+    built.load_state_dict(model.state_dict())
+    return built.to(next(model.parameters()).dtype)
 
 
 def save_speculators_model(model: DFlashDraftModel, path: str | Path) -> None:
@@ -398,6 +411,33 @@ class SpeculatorsImplementation:
         trained = dflash_loss_decay(torch.arange(block_size), gamma=DEFAULTS["gamma"],
                                     sample_from_anchor=drafter.config.sample_from_anchor) > 0
         return drafter.lm_head(hidden)[0][trained]
+
+    # -- DSpark and XPress: its own heads -----------------------------------------------------
+    def markov_bias(self, drafter, prev_ids, hidden):
+        return drafter.markov_head.block_bias(prev_token_ids=prev_ids, hidden_states=hidden)
+
+    def confidence_logits(self, drafter, prev_ids, hidden):
+        """As `DSparkDraftModel.forward` builds the head's input: [hidden ; markov embedding] when configured."""
+        features = hidden
+        if drafter.config.confidence_head_with_markov:
+            features = torch.cat([hidden, drafter.markov_head.prev_embeddings(prev_ids).to(hidden.dtype)], dim=-1)
+        return drafter.confidence_head(features)
+
+    def markov_path(self, drafter, hidden, base_logits, anchor):
+        """No inference loop in speculators: its own `block_bias` over the chain so far, slot by slot, as vLLM's
+        runner chains the head (reference_adapters/speculators_family_heads.py)."""
+        from reference_adapters.speculators_family_heads import markov_tokens
+
+        first = 0 if drafter.config.sample_from_anchor else 1
+        return torch.tensor(markov_tokens(drafter, hidden, base_logits, anchor, first))
+
+    def refiner_bias(self, drafter, prev_ids, hidden):
+        return drafter.refiner_head.block_bias(prev_ids, hidden_states=hidden)
+
+    def jacobi_tokens(self, drafter, hidden, base_logits, anchor, before_anchor):
+        from reference_adapters.speculators_family_heads import jacobi_tokens
+
+        return torch.tensor(jacobi_tokens(drafter, hidden, base_logits.clone(), anchor, before_anchor))
 
     # -- DFlash2 ----------------------------------------------------------------------------
     def dynamic_conv(self, drafter: DFlash2DraftModel, layer_idx, sublayer, x, y, block_size):

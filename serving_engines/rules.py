@@ -59,6 +59,10 @@ RULES = (
     Rule("vllm", "partial_rotary_factor", "restated", "vllm.model_executor.layers.rotary_embedding",
          'partial_rotary_factor = rope_parameters.get("partial_rotary_factor", 1.0)',
          "rotary width = head_dim * rope_parameters.partial_rotary_factor"),
+    Rule("vllm", "target_layer_capture", "restated", "vllm.model_executor.models.interfaces",
+         "value = hidden_states + residual if residual is not None else hidden_states",
+         "after each captured layer, the residual stream: the last layer's before the final norm (training reads it "
+         "after); the live check observes it"),
     Rule("vllm", "is_neox_style", "restated", VLLM_DFLASH, 'is_neox_style = getattr(config, "is_neox_style", True)',
          "is_neox_style, default True"),
     Rule("vllm", "mask_token_id", "restated", VLLM_DFLASH, '"mask_token_id", getattr(self.config, "mask_token_id", None)',
@@ -100,6 +104,8 @@ RULES = (
          "rope_is_neox_style, else is_neox_style, default True"),
     Rule("sglang", "mask_token_id", "executed", SGL_WORKER, "def _resolve_mask_token_id",
          "mask_token_id < target vocab; without one, the tokenizer's <|MASK|> (added if absent)"),
+    Rule("sglang", "target_layer_capture", "restated", "sglang.srt.models.qwen3", "if i in self.layers_to_capture",
+         "captured before layer id + 1, inside the layer loop: the target's last layer is never captured"),
     Rule("sglang", "hidden_act", "restated", SGL_MODEL, 'hidden_act = getattr(config, "hidden_act", "silu")',
          "silu or swigluoai, anything else refused"),
     Rule("sglang", "input_embedding_scale", "restated", SGL_WORKER, "get_dflash_noise_embedding_scale",
@@ -110,6 +116,8 @@ RULES = (
 
 # sha256 of every installed file a `restated` rule was read from: an engine upgrade changes it and the pin test fails.
 PINNED = {
+    "vllm.model_executor.models.interfaces": "f3eb476c960b27cc18edeed31e391412e39d525e269d16f6fee26ebdbd01e8cf",
+    "sglang.srt.models.qwen3": "bc6b5d40731d21d9be6ba287fd9983810ca7998f2ff394a251bc6ee357ad1121",
     VLLM_DFLASH: "2f3b8ea98345f06a30d41596d0b6b738049f483fbc8961b9267d7ba771bb658d",
     VLLM_DFLASH2: "11ac6ba8c6db702375970e68cd042b98783a5c43b87f9bfa27e88463316bf499",
     VLLM_DFLASH_RUNNER: "27368c98791397625603ba45782119e4d306880841900a9d07587a6d6757d3ee",

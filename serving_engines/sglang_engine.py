@@ -16,6 +16,7 @@ from typing import Any
 from foundation.packages import installed_version
 from impl.param_names import codebook_name
 from serving_engines import rules
+from serving_engines.capture import sglang_capture
 from serving_engines.served import Served, TargetFacts
 from serving_engines.source_exec import compile_definitions
 
@@ -157,6 +158,7 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
         **rope(hf), "rms_norm_eps": float(getattr(hf, "rms_norm_eps", 1e-6)),
         "hidden_act": getattr(hf, "hidden_act", "silu"), "vocab_size": hf.vocab_size, "draft_vocab_size": hf.vocab_size,
         "sample_from_anchor": False,  # its DFlash config has no slot layout (parse_dflash_draft_config)
+        "target_layer_capture": sglang_capture(ids, runtime_layers),
     }
     family = "dflash2" if draft.conv_kernel_size or draft.selector_rank else "dflash"
     if family == "dflash2":

@@ -10,6 +10,7 @@ from typing import Any
 
 from foundation.target_vocab import mask_token_problems
 from impl.spec import DraftSpec
+from serving_engines.capture import trained_capture
 from serving_engines.rules import source as engine_source
 from serving_engines.served import TargetFacts
 
@@ -24,7 +25,7 @@ COMPARED = {"target_layer_ids": 26, "layer_types": 27, "layer_windows": 27, "lay
             "input_embedding_scale": 31, "output_multiplier": 31, "final_logit_softcapping": 31,
             "conv_kernel_size": 31, "conv_group_size": 31, "selector_rank": 31, "selector_top_k": 31,
             "tensors_ignored": 31, "tensors_refused": 31, "sample_from_anchor": 33,
-            "draft_to_target": 32}
+            "draft_to_target": 32, "target_layer_capture": 26}
 
 
 LAYER_WORDS = {"layer_types": "attention type", "layer_windows": "sliding window", "layer_causal": "causality"}
@@ -84,6 +85,7 @@ def trained_values(spec: DraftSpec, draft_vocab_size: int | None = None,
         "draft_to_target": "d2t" if (draft_vocab_size or spec.head_size) != spec.vocab_size else "identity",
         "input_embedding_scale": float(spec.input_embedding_scale), "tensors_ignored": [], "tensors_refused": [],
         "sample_from_anchor": spec.sample_from_anchor,
+        "target_layer_capture": trained_capture(list(spec.target_layer_ids), spec.num_target_layers),
     }
     if spec.family == "dflash2":
         values.update(conv_kernel_size=spec.conv_kernel_size, conv_group_size=spec.conv_group_size,
@@ -116,6 +118,12 @@ def compare_field(engine: str, name: str, trained: Any, served: Any) -> ServingF
         return ServingFinding(name, "divergence", trained, served, source,
                               f"{engine} {verb} {len(served)} tensor(s) the drafter was trained with "
                               f"({', '.join(served[:3])})", pitfall=pitfall)
+    if name == "target_layer_capture" and isinstance(trained, list) and isinstance(served, list):
+        ids = [i for i, (a, b) in enumerate(zip(trained, served, strict=True)) if a != b]
+        detail = "; ".join(f"trained on the residual stream {trained[i]}, served {served[i]}" for i in ids)
+        return ServingFinding(name, "divergence", trained, served, source,
+                              f"{engine} feeds the drafter another tensor than training for {len(ids)} declared "
+                              f"target layer(s) ({detail})", pitfall=pitfall)
     if isinstance(trained, list) and isinstance(served, list) and name.startswith("layer_") \
             and len(trained) == len(served):
         layers = _differing_layers(trained, served)

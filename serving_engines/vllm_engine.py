@@ -21,6 +21,7 @@ from impl.families import config_family
 from impl.layers import speculators_to_zlab
 from impl.param_names import codebook_name
 from serving_engines import rules
+from serving_engines.capture import vllm_capture
 from serving_engines.served import Served, TargetFacts
 from serving_engines.source_exec import compile_definitions
 
@@ -159,6 +160,7 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
         "rms_norm_eps": float(hf.rms_norm_eps), "hidden_act": hf.hidden_act, "vocab_size": hf.vocab_size,
         "draft_vocab_size": getattr(hf, "draft_vocab_size", None) or hf.vocab_size,
         "sample_from_anchor": anchor_sampled,
+        "target_layer_capture": vllm_capture(ids, target.num_layers or num_target_layers),
     }
     if family == "dflash2":
         softcap = float(dflash.get("final_logit_softcapping") or 0.0)

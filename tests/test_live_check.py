@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,19 @@ def test_serve_check_live_report(live, tmp_path, monkeypatch):
     assert 'class="served"' in dom.stdout and 'class="chart served-position-chart"' in dom.stdout
     assert dom.stdout.count("<tr") >= 1 + 8 and dom.stdout.count("<rect") >= 2 * 7
     assert 'class="greedy-identical">yes<' in dom.stdout
+
+
+@pytest.mark.parametrize("extra, words", [([], "give --target"),
+                                          (["--target", "{t}", "--vllm-python", "{t}/no-python"], "does not exist")])
+def test_live_bad_input_is_one_line(tmp_path, extra, words):
+    """No engine starts: a missing --target or an absent --vllm-python is one line, exit 2."""
+    from dflash_world import cached_test_world
+    from dflash_world.drafter import cached_full_drafter
+
+    world = cached_test_world()
+    args = [a.format(t=tmp_path) if "no-python" in a else a.format(t=world.target) for a in extra]
+    drafter = cached_full_drafter(world)
+    done = subprocess.run([sys.executable, "-m", "dflash_audit.cli", "serve-check", "--drafter", str(drafter),
+                           "--engine", "vllm", "--live", *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and words in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

@@ -117,6 +117,11 @@ def test_zlab_config_errors_name_the_field(tmp_path):
     {"conv_kernel_size": 3, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4,
      "sliding_window_non_causal": True},
     {"conv_kernel_size": 2, "conv_group_size": 32, "selector_rank": 4, "selector_top_k": 2, "attention_bias": True},
+    *({"markov_rank": 8, "markov_head_type": kind, "enable_confidence_head": True, "confidence_head_with_markov": with_markov}
+      for kind, with_markov in (("vanilla", True), ("gated", False), ("rnn", True))),
+    {"markov_rank": 0, "markov_head_type": "vanilla", "enable_confidence_head": True,
+     "confidence_head_with_markov": False},
+    {"xpress_rank": 8, "xpress_mlp_ratio": 3, "num_jacobi_passes": 2},
 ])
 def test_body_shapes_are_the_built_drafters(overrides):
     """`impl.body_shapes` (what a static audit reads, without transformers' modelling) is the model's own table:

@@ -394,12 +394,12 @@ def test_entry_maps_and_recipe_fields_are_one_table_each():
 
     assert static_spec.ARCHITECTURE_ENTRIES is pitfalls.ARCHITECTURE_ENTRIES
     assert static_spec.ARCHITECTURE_WARNINGS is pitfalls.ARCHITECTURE_WARNINGS
-    assert static_spec.DFLASH2_SPEC_ENTRIES is pitfalls.DFLASH2_SPEC_ENTRIES
+    assert static_spec.FAMILY_SPEC_ENTRIES is pitfalls.FAMILY_SPEC_ENTRIES
     assert static_recipe.RECIPE_ENTRIES is pitfalls.RECIPE_ENTRIES
     assert inference.RECIPE_FIELDS is spec.RECIPE_FIELDS
     assert set(pitfalls.RECIPE_ENTRIES) == set(spec.RECIPE_FIELDS) == set(vocabulary.RECIPE_NAMES)
     numbers = [n for n in pitfalls.ARCHITECTURE_ENTRIES.values() if n is not None]
-    numbers += [n for n, _, _ in pitfalls.RECIPE_ENTRIES.values()] + [n for _, n, _ in pitfalls.DFLASH2_SPEC_ENTRIES.values()]
+    numbers += [n for n, _, _ in pitfalls.RECIPE_ENTRIES.values()] + [n for entries in pitfalls.FAMILY_SPEC_ENTRIES.values() for _, n, _ in entries.values()]
     assert all(n in pitfalls.PITFALLS for n in numbers)
 
 

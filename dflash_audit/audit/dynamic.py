@@ -30,6 +30,7 @@ from foundation.target import stop_token_ids
 from impl import offline
 from impl.checkpoint import build_drafter
 from impl.ddtree import DDTREE_NEEDS_DFLASH
+from impl.families import TITLES
 from impl.extract import decoder_layers
 from impl.vocab_mapping import target_ids
 
@@ -220,8 +221,8 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
                 for name, why in not_measured.items()]
     findings += [f for result in methods.values() if (f := tau_finding(result))]
     if dflash2:
-        findings.append(Finding("tau", "info", f"DDTree τ not measured: {' and '.join(dflash2)} "
-                                f"{'is a DFlash2 drafter' if len(dflash2) == 1 else 'are DFlash2 drafters'}. "
+        which = " and ".join(f"{name} is a {TITLES[sides[name].spec.family]} drafter" for name in dflash2)
+        findings.append(Finding("tau", "info", f"DDTree τ not measured: {which}. "
                                 f"{DDTREE_NEEDS_DFLASH}.", None, None, pitfall=17, key="ddtree not measured"))
     # A drafter that overflows in a dtype cannot be served in it (fc fusion in float16 is the known case): a
     # divergence, in whichever dtype of `compare --dtype` it happens.
@@ -298,7 +299,8 @@ def dtype_findings(audits: dict[str, DynamicAudit]) -> list[Finding]:
 
 
 def dflash2_sides(sides: dict[str, Side]) -> list[str]:
-    return [name for name, side in sides.items() if side.spec is not None and side.spec.family == "dflash2"]
+    """The sides DDTree cannot run on: every family but DFlash (each slot depends on the tokens chosen before it)."""
+    return [name for name, side in sides.items() if side.spec is not None and side.spec.family != "dflash"]
 
 
 def methods_for(sides: dict[str, Side], budget: int) -> list[tuple[str, int | None]]:

@@ -8,7 +8,7 @@ from typing import Any
 from catalogue.pitfalls import PITFALLS as CATALOGUE
 
 COMPONENTS = ("fc_dims", "target_layers", "layer_types", "window_direction", "block_size", "mask_token", "serving",
-              "architecture", "conv", "selector", "weights", "recipe", "tau", "mask_token_validity", "vocab_sizes",
+              "architecture", "conv", "selector", "dspark_heads", "xpress_refiner", "weights", "recipe", "tau", "mask_token_validity", "vocab_sizes",
               "slot_layout", "rotary", "draft_vocab")
 SEVERITIES = ("divergence", "warning", "info")
 

@@ -89,10 +89,11 @@ def run_engine(env: VllmEnvironment, target: Path, prompts: list[dict], drafters
     request_file.write_text(json.dumps(request))
     log = workdir / "engine.log"
     started = time.monotonic()
+    extra = {"VLLM_USE_V2_MODEL_RUNNER": "1"} if env.cuda and any(mixed_layers(d.spec) for d in drafters) else {}
     with log.open("w") as sink:
         try:
             done = subprocess.run([env.python, str(DRIVER), str(request_file)], stdout=sink, stderr=subprocess.STDOUT,
-                                  env={**os.environ, **ENGINE_ENV}, timeout=ENGINE_TIMEOUT_S)
+                                  env={**os.environ, **ENGINE_ENV, **extra}, timeout=ENGINE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise AuditError(f"the vLLM engine ran past {ENGINE_TIMEOUT_S} s (log: {log})") from None
     result_file = workdir / "driver.json"

@@ -7,7 +7,13 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any
 
-from catalogue.pitfalls import ARCHITECTURE_ENTRIES, ARCHITECTURE_WARNINGS, DFLASH2_SPEC_ENTRIES, SLOT_LAYOUT_ENTRY
+from catalogue.pitfalls import (
+    ARCHITECTURE_ENTRIES,
+    ARCHITECTURE_WARNINGS,
+    FAMILY_ENTRY,
+    FAMILY_SPEC_ENTRIES,
+    SLOT_LAYOUT_ENTRY,
+)
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from impl.body_shapes import body_shapes
@@ -202,38 +208,58 @@ def layer_type_findings(ours: Side, ref: Side) -> list[Finding]:
 
 
 def family_of(side: Side) -> str | None:
-    """`dflash` or `dflash2` from the side's spec fields; None when its DFlash2 fields are unknown."""
+    """`dflash`, `dflash2`, `dspark` or `xpress` from the side's spec fields; None when its family fields are
+    unknown."""
     if side.spec is not None:
         return side.spec.family
     if side.is_known("conv_kernel_size"):
-        return spec_family(side.value("conv_kernel_size"))
+        return spec_family(side.value("conv_kernel_size"),
+                           side.value("markov_rank") if side.is_known("markov_rank") else None,
+                           side.value("xpress_rank") if side.is_known("xpress_rank") else None)
     return None
 
 
-def describe_family(side: Side) -> str:
-    if family_of(side) != "dflash2":
-        return "DFlash (no convolutions, no selector)"
-    value = side.value
-    return (f"DFlash2 ({value('conv_kernel_size')}-tap convolutions in groups of {value('conv_group_size')} around "
-            f"attention and MLP, a rank-{value('selector_rank')} selector reranking the top {value('selector_top_k')})")
+def describe_family(side: Side, other: str | None = None) -> str:
+    """The side's family and what it has; a DFlash side says what the `other` family's drafter has and it lacks."""
+    family, value = family_of(side), side.value
+    if family == "dflash2":
+        return (f"DFlash2 ({value('conv_kernel_size')}-tap convolutions in groups of {value('conv_group_size')} "
+                f"around attention and MLP, a rank-{value('selector_rank')} selector reranking the top "
+                f"{value('selector_top_k')})")
+    if family == "dspark":
+        markov = (f"a rank-{value('markov_rank')} {value('markov_head_type')} Markov head" if value("markov_rank")
+                  else "no Markov head")
+        confidence = ("a confidence head" + (" reading the Markov embedding" if value("confidence_head_with_markov")
+                                             else "") if value("enable_confidence_head") else "no confidence head")
+        return f"DSpark ({markov}, {confidence})"
+    if family == "xpress":
+        return (f"XPress (a rank-{value('xpress_rank')} causal refiner, MLP x{value('xpress_mlp_ratio')}, resolved "
+                f"by {value('num_jacobi_passes')} Jacobi passes)")
+    lacks = {"dspark": "no Markov or confidence head", "xpress": "no refiner head"}
+    return f"DFlash ({lacks.get(other, 'no convolutions, no selector')})"
+
+
+FAMILY_TENSORS = {"dflash2": "convolution and selector", "dspark": "Markov and confidence head",
+                  "xpress": "refiner head"}
 
 
 def family_findings(ours: Side, ref: Side) -> list[Finding]:
-    """DFlash vs DFlash2 is one architecture finding; between two DFlash2 drafters each differing
-    convolution or selector setting is a `conv` or `selector` finding."""
+    """Two families are one architecture finding naming both; between two drafters of one family each
+    differing setting of its own is a finding of its component, with both sides' provenance."""
     families = family_of(ours), family_of(ref)
     if None in families:
         return []
     if families[0] != families[1]:
+        own = " and ".join(FAMILY_TENSORS[f] for f in dict.fromkeys(families) if f in FAMILY_TENSORS)
         return [Finding("architecture", "divergence",
-                        f"ours is {describe_family(ours)}, ref is {describe_family(ref)}: drafters of different "
-                        "families compute different functions and propose tokens differently; their convolution "
-                        "and selector tensors exist on one side only.", families[0], families[1], pitfall=19,
+                        f"ours is {describe_family(ours, families[1])}, ref is {describe_family(ref, families[0])}: "
+                        "drafters of different "
+                        f"families compute different functions and propose tokens differently; their {own} "
+                        "tensors exist on one side only.", families[0], families[1],
+                        pitfall=FAMILY_ENTRY.get(families[1] if families[0] == "dflash" else families[0], 19),
                         key="family")]
-    if families[0] == "dflash":
-        return []
     found = []
-    for name, (component, pitfall, consequence) in DFLASH2_SPEC_ENTRIES.items():
+    for name, (component, pitfall, consequence) in FAMILY_SPEC_ENTRIES.get(families[0], {}).items():
         a, b = ours.value(name), ref.value(name)
         if ours.is_known(name) and ref.is_known(name) and a != b:
             found.append(default_aware(ours, ref, name, Finding(

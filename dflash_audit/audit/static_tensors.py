@@ -13,6 +13,7 @@ from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_spec import expected_shapes
 from dflash_audit.audit.static_vocab import explained_by_draft_vocab
 from dflash_audit.audit.stream_stats import is_finite, pair_stats_all
+from impl.families import head_family
 
 
 @dataclass
@@ -41,8 +42,13 @@ def shape_cause(key: str, findings: list[Finding]) -> str:
     components = {f.component for f in findings}
     if key.startswith("fc.") and "fc_dims" in components:
         return "fc_dims"
-    if any(f.key == "family" for f in findings) and ("_conv." in key or key.startswith("candidate_selector.")):
+    if any(f.key == "family" for f in findings) and ("_conv." in key or key.startswith("candidate_selector.")
+                                                     or head_family(key)):
         return "architecture"
+    if head_family(key) == "dspark" and "dspark_heads" in components:
+        return "dspark_heads"
+    if head_family(key) == "xpress" and "xpress_refiner" in components:
+        return "xpress_refiner"
     if "_conv." in key and "conv" in components:
         return "conv"
     if key.startswith("candidate_selector.") and "selector" in components:
@@ -174,7 +180,9 @@ def weight_findings(rows: list[TensorRow], ours: Side, ref: Side, expect_identic
 
 
 # Tensor-name tokens of drafter families other than DFlash (an extra tensor of one names the family).
-FAMILY_TOKENS = {"DFlash2 (grouped causal convolutions, candidate selector)": ("conv", "selector", "codebook")}
+FAMILY_TOKENS = {"DFlash2 (grouped causal convolutions, candidate selector)": ("conv", "selector", "codebook"),
+                 "DSpark (Markov and confidence heads)": ("markov_head.", "confidence_head."),
+                 "XPress (causal refiner head)": ("refiner_head.",)}
 
 
 def unexpected_findings(rows: list[TensorRow], ours: Side, ref: Side) -> list[Finding]:

@@ -1,6 +1,7 @@
 """`dflash-audit serve-check --drafter PATH [--engine vllm,sglang] [--target DIR] [--spec KEY=VALUE ...]
 [--json FILE] [--out DIR] [--live [--prompts F] [--max-new-tokens N] [--vllm-python PATH]]`: will the drafter serve
-as trained? `--live` also runs it in a real vLLM engine (serving_engines/live/, dflash_audit/audit/live_check.py). Exit 0 none, 1 divergences, 2 trouble."""
+as trained? `--live` also runs it in a real vLLM engine (serving_engines/live/, dflash_audit/audit/live_check.py).
+Exit 0 none, 1 divergences, 2 trouble."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def live_table(live: dict[str, Any]) -> str:
     """The served rounds per prompt, as `serve-check --live` prints them (and the README shows them)."""
     if not live.get("ran"):
         return f"  live: not run: {live.get('refused')}"
-    rows = [[p["id"], f"{p['served_tau']:.3f}", f"{p['audited_tau']:.3f}", f"{p['rounds_equal']}/{p['rounds']}" + (f" ({p['rounds_apart']} apart)" if p.get("rounds_apart") else ""),
+    rows = [[p["id"], f"{p['served_tau']:.3f}", f"{p['audited_tau']:.3f}",
+             f"{p['rounds_equal']}/{p['rounds']}" + (f" ({p['rounds_apart']} apart)" if p.get("rounds_apart") else ""),
              p["first_diff_round"] or "-", ", ".join(p.get("explained_by", [])) or "-",
              "yes" if p["greedy_identical"] else "NO"] for p in live["prompts"]]
     head = f"  live: vLLM {live['version']} ({live['python']}), greedy output identical: " \

@@ -13,7 +13,7 @@ from dflash_audit.formats.setting_names import DeclarationError, convert
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from foundation.errors import AuditError
 from foundation.inputs import check_finite_flags, check_target_dir, regular_file
-from impl.families import FAMILIES
+from impl.families import TRAINED_FAMILIES
 from impl.recipe import KNOBS
 
 
@@ -154,8 +154,9 @@ def train(
 
 def check_family_flags(family: str, dflash2_flags: dict) -> None:
     """--family names one of the families; DFlash2-only flags need --family dflash2."""
-    if family not in FAMILIES:
-        raise AuditError(f"--family must be {' or '.join(FAMILIES)}, got {family!r}")
+    if family not in TRAINED_FAMILIES:
+        raise AuditError(f"--family must be {' or '.join(TRAINED_FAMILIES)} (DSpark and XPress drafters are audited, "
+                         f"decoded and converted, not trained here), got {family!r}")
     if family == "dflash":
         stray = [name for name, value in dflash2_flags.items() if value is not None]
         if stray:

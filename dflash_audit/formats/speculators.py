@@ -26,24 +26,36 @@ from foundation.weights_dir import read_config, read_safetensors_dir
 from impl.checkpoint import weights_dtype
 from impl.config_values import as_int
 from impl.defaults import BLOCK_SIZE_DEFAULTS
-from impl.families import ZLAB_ARCHITECTURES, config_family
+from impl.families import SPECULATORS_TYPES, ZLAB_ARCHITECTURES, config_family
 from impl.layers import names_final_layer, speculators_to_zlab, zlab_to_speculators
 from impl.param_names import verifier_owned_keys
-from impl.spec import DFLASH2_FIELDS, SpecError
+from impl.spec import DFLASH2_FIELDS, FAMILY_FIELDS, SpecError
 from impl.vocab_mapping import mapping_problems, t2d_problems
 from impl.zlab_format import spec_from_zlab_config
 
-FAMILY_DEFAULT_NON_CAUSAL = {"dflash": False, "dflash2": True}  # each config class's sliding_window_non_causal default
-
-
 def detect(config: dict[str, Any]) -> bool:
-    return config.get("speculators_model_type") in FAMILY_DEFAULT_NON_CAUSAL
+    return config.get("speculators_model_type") in SPECULATORS_TYPES
+
+
+def class_default(config: dict[str, Any], name: str) -> Any:
+    """A field's default in the config class of the directory's family (speculators' own, never restated)."""
+    from reference_adapters.speculators_classes import config_class
+
+    return config_class(config_family(config)).model_fields[name].default
 
 
 def non_causal(config: dict[str, Any]) -> bool:
     """`sliding_window_non_causal` as written, else the default of the directory's config class."""
     value = config.get("sliding_window_non_causal")
-    return FAMILY_DEFAULT_NON_CAUSAL[config["speculators_model_type"]] if value is None else bool(value)
+    return class_default(config, "sliding_window_non_causal") if value is None else bool(value)
+
+
+def family_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """A DSpark or XPress directory's head settings, as written or its config class's defaults."""
+    family = config_family(config)
+    if family not in ("dspark", "xpress"):
+        return {}
+    return {name: config.get(name, class_default(config, name)) for name in FAMILY_FIELDS[family]}
 
 
 def verifier_layer_count(config: dict[str, Any], target_dir: str | Path | None, source: str) -> int:
@@ -95,7 +107,7 @@ def zlab_shaped_config(config: dict[str, Any], num_target_layers: int, source: s
     full.update(num_target_layers=num_target_layers, dflash_config={
         "target_layer_ids": ids, "mask_token_id": config.get("mask_token_id"),
         "block_size": config.get("block_size", BLOCK_SIZE_DEFAULTS["speculators"]),
-        "sample_from_anchor": config.get("sample_from_anchor", False)})  # DFlashSpeculatorConfig's default
+        "sample_from_anchor": config.get("sample_from_anchor", class_default(config, "sample_from_anchor"))})
     if config_family(config) == "dflash2":
         from speculators.models.dflash2 import DFlash2SpeculatorConfig
 
@@ -112,7 +124,8 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     source = str(path / "config.json")
     config = read_config(path)
     num_target_layers = verifier_layer_count(config, target_dir, source)
-    spec = spec_from_zlab_config(zlab_shaped_config(config, num_target_layers, source), source=source)
+    spec = spec_from_zlab_config(zlab_shaped_config(config, num_target_layers, source), source=source,
+                                 family_fields=family_fields(config))
     tensors = read_safetensors_dir(path)
     verifier = {k: tensors.pop(k) for k in verifier_owned_keys(spec.reduced_vocab) if k in tensors}
     contradictions = mapping_contradictions(spec, tensors.get("d2t"), verifier.get("t2d"))
@@ -131,7 +144,7 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     if "block_size" not in config:
         provenance["block_size"] = Provenance("default", "not in config.json; speculators' default "
                                                          f"{BLOCK_SIZE_DEFAULTS['speculators']}")
-    for name in ("sliding_window_non_causal", "sample_from_anchor", *(DFLASH2_FIELDS if spec.family == "dflash2" else ())):
+    for name in ("sliding_window_non_causal", "sample_from_anchor", *FAMILY_FIELDS[spec.family]):
         if name not in config:
             provenance[name] = Provenance("default", f"not in config.json; speculators' "
                                                      f"{config['speculators_model_type']} default")

@@ -78,7 +78,8 @@ class BlockReplay:
     def hidden(self, prompts: torch.Tensor, anchors: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
         """Final-norm hidden states [A, n, H] of the proposing slots of the block of `prompts[j]` at
         `anchors[j]` with `sizes[j]` slots: slots 1.. (B - 1; slot 0 holds the known token and no one reads
-        its output), or every slot under the sample-from-anchor layout (impl/slot_layout.py)."""
+        its output), or every slot under the sample-from-anchor layout (impl/slot_layout.py), or every slot
+        of a drafter that reads the whole block (DSpark's Markov chain, XPress's refiner)."""
         drafter, block_len, device = self.drafter, self.drafter.block_size, self.device
         prompts, anchors, sizes = prompts.to(device), anchors.to(device), sizes.to(device)
         block = torch.full((anchors.numel(), block_len), drafter.mask_token_id, dtype=torch.long, device=device)
@@ -129,6 +130,8 @@ class BlockReplay:
             h = convolved(layer.attention_conv, attention, rms_norm(layer.input_layernorm, x))
             x = (x[:, skip:] if i == last else x) + h
             x = x + convolved(layer.mlp_conv, layer.mlp, rms_norm(layer.post_attention_layernorm, x))
+        if drafter.reads_whole_block:
+            return rms_norm(drafter.norm, x)
         return rms_norm(drafter.norm, x if last >= 0 else x[:, skip:])
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from impl.ddtree import build_tree, require_dflash_family
-from impl.decoding import round_size
+from impl.decoding import round_size, whole_block_proposals
 from impl.extract import output_head
 from impl.model import DFlashDrafter
 from impl.offline.cache import CachedPrompt, HiddenStateCache
@@ -45,6 +45,8 @@ def play_dflash(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, cou
     proposing `counts[i]` tokens; the LM head reads later slots only while all earlier match."""
     if drafter.candidate_selector is not None:
         return play_dflash2(drafter, head, rows, counts, tokens, starts, lasts)
+    if drafter.reads_whole_block:
+        return play_whole_blocks(drafter, head, rows, counts, tokens, starts, lasts)
     early = DFLASH_EARLY_SLOTS
     proposals = drafter.compute_logits(rows[:, :early], head).argmax(-1).tolist()
     more = [i for i, (t, s, last) in enumerate(zip(tokens, starts, lasts))
@@ -63,6 +65,17 @@ def play_dflash2(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, co
                                              lambda scores: (scores.argmax(-1), None))
     return [dflash_round(t, s, last, p[:n])
             for t, s, last, p, n in zip(tokens, starts, lasts, path.tokens.tolist(), counts)]
+
+
+def play_whole_blocks(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, counts: list[int],
+                      tokens: list[list[int]], starts: list[int], lasts: list[int]) -> list[int]:
+    """DSpark and XPress rounds: every slot of each block [n, B, H], greedily, from its known token (and the one
+    before it, XPress's first previous token)."""
+    device = rows.device
+    anchors = torch.tensor([t[s] for t, s in zip(tokens, starts)], device=device)
+    before = torch.tensor([t[s - 1] for t, s in zip(tokens, starts)], device=device)
+    proposals, _ = whole_block_proposals(drafter, head, rows, anchors, before, lambda logits: (logits.argmax(-1), None))
+    return [dflash_round(t, s, last, p[:n]) for t, s, last, p, n in zip(tokens, starts, lasts, proposals.tolist(), counts)]
 
 
 def play_ddtree(drafter: DFlashDrafter, head: nn.Module, rows: torch.Tensor, counts: list[int],

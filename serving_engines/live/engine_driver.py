@@ -190,7 +190,8 @@ def patch_draft_length(runner, undo):  # every block drafted one token short
     override(proposer, "propose", shorter, undo)
 
 
-PATCHES = {"final_norm": patch_final_norm, "k_norm": patch_k_norm, "norm_swap": patch_norm_swap, "layer_shift": patch_layer_shift,
+PATCHES = {"final_norm": patch_final_norm, "k_norm": patch_k_norm, "norm_swap": patch_norm_swap,
+           "layer_shift": patch_layer_shift,
            "last_before_norm": patch_last_before_norm, "mask_id": patch_mask_id, "draft_length": patch_draft_length}
 
 

@@ -15,8 +15,9 @@ from foundation.jsonl import split_json_lines
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 DRIVER = Path(__file__).with_name("engine_driver.py")
-PROBE = ("import json, pathlib, vllm; from vllm import LLM; "
-         "print(json.dumps({'version': vllm.__version__, 'root': str(pathlib.Path(vllm.__file__).parent)}))")
+PROBE = ("import json, pathlib, torch, vllm; from vllm import LLM; "
+         "print(json.dumps({'version': vllm.__version__, 'root': str(pathlib.Path(vllm.__file__).parent), "
+         "'cuda': torch.cuda.is_available()}))")
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class VllmEnvironment:
     python: str
     version: str
     package_root: str  # the installed `vllm/` folder: engine file:line citations are looked up there
+    cuda: bool = False  # its torch sees a GPU: mixed sliding/full drafters run on the V2 runner there
 
     def cite(self, relative: str, needle: str) -> str:
         """`vllm/<relative>:<line>` of the first line holding `needle` in the installed engine ('' if absent)."""
@@ -51,4 +53,4 @@ def find_vllm(python: str | Path | None = None) -> VllmEnvironment:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise AuditError(f"{chosen}: `from vllm import LLM` fails: {last}")
     probe = json.loads(split_json_lines(done.stdout.strip())[-1])  # its last line is the JSON (foundation.jsonl)
-    return VllmEnvironment(str(chosen), probe["version"], probe["root"])
+    return VllmEnvironment(str(chosen), probe["version"], probe["root"], bool(probe.get("cuda")))
