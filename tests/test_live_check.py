@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,9 @@ import pytest
 
 from serving_engines.live.vllm_env import DEFAULT_PYTHON
 
-pytestmark = pytest.mark.skipif(not DEFAULT_PYTHON.is_file(), reason="run `make setup` to build .venv-vllm")
+# Outside CI a checkout without `make setup` skips these; in CI (which runs `make setup`) a missing engine fails.
+pytestmark = pytest.mark.skipif(not DEFAULT_PYTHON.is_file() and not os.environ.get("CI"),
+                                reason="run `make setup` to build .venv-vllm")
 
 CHROMIUM = "/usr/bin/chromium"
 FIXED = "final_norm+k_norm"  # the engine with both findings fixed (engine_driver.PATCHES)
