@@ -13,7 +13,6 @@ timeout, as do the SIGKILL tests of interrupted writes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ from dflash_world.tokenizer import mask_token_id, train_tokenizer
 from impl.checkpoint import load_checkpoint, save_checkpoint
 from impl.model import DFlashDrafter
 from impl.zlab_format import save_zlab_dir
+from tests.bad_inputs.cli_run import tree_digest
 from tests.helpers import tiny_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -166,20 +166,6 @@ def _broken_drafters(root: Path, drafter: DFlashDrafter) -> None:
     (root / "bad-regex.map").write_text("^blocks\\.(\\d+ => layers.\\1\n")
     (root / "no-arrow.map").write_text("blocks layers\n")
     (root / "latin1-data.jsonl").write_bytes('{"text": "caf\xe9"}\n'.encode("latin-1"))
-
-
-def tree_digest(root: Path) -> dict[str, str]:
-    """Every entry under `root` (files by content, links by target, FIFOs and folders by kind)."""
-    digest = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            digest[rel] = "link:" + os.readlink(path)
-        elif path.is_file():
-            digest[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-        else:
-            digest[rel] = "dir" if path.is_dir() else "special"
-    return digest
 
 
 def assert_one_line_error(code: int, err: str, *names: str) -> None:
