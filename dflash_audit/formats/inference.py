@@ -26,9 +26,9 @@ from dflash_audit.formats.setting_names import (
     read_declarations,
 )
 from impl.defaults import QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
-from impl.families import DFLASH2_MARKERS, body_is_dflash2, spec_family
+from impl.families import DFLASH2_MARKERS, HEAD_PREFIXES, TITLES, body_is_dflash2, head_family, spec_family
 from impl.recipe import RECIPE_FIELDS, Recipe
-from impl.spec import DraftSpec, SpecError
+from impl.spec import DSPARK_FIELDS, XPRESS_FIELDS, DraftSpec, SpecError
 
 # What a config that omits a Qwen3 layer setting, a rotary setting or a z-lab extra gets.
 CONFIG_DEFAULTS = {**QWEN3_DEFAULTS, **ROTARY_DEFAULTS, **ZLAB_EXTRAS}
@@ -122,7 +122,18 @@ def shape_facts(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[Any, str]
             facts["vocab_size"] = (shape(name)[0], f"{name} shape {list(shape(name))}")
             break
     facts.update(dflash2_facts(shapes, facts.get("hidden_size", (None,))[0]))
+    facts.update(absent_head_facts(shapes))
     return facts
+
+
+def absent_head_facts(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[Any, str]]:
+    """A body without a family's head tensors is not of that family: its head settings are none, as read from
+    the weights (a body with them keeps its settings to be declared)."""
+    heads = {head_family(name) for name in shapes} - {None}
+    return {name: (None, f"no {TITLES[family]} head tensors ({', '.join(HEAD_PREFIXES[family])}): "
+                         f"not a {TITLES[family]} drafter")
+            for family, names in (("dspark", DSPARK_FIELDS), ("xpress", XPRESS_FIELDS)) if family not in heads
+            for name in names}
 
 
 def dflash2_facts(shapes: dict[str, tuple[int, ...]], hidden: int | None) -> dict[str, tuple[Any, str]]:
