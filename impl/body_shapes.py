@@ -41,8 +41,8 @@ def body_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
     if spec.reduced_vocab:
         shapes["lm_head.weight"] = (spec.draft_vocab_size, hidden)
     if spec.family == "dflash2":
-        shapes["candidate_selector.predecessor_codebook"] = (spec.vocab_size, spec.selector_rank)
-        shapes["candidate_selector.successor_codebook"] = (spec.vocab_size, spec.selector_rank)
+        shapes["candidate_selector.predecessor_codebook"] = (spec.target_vocab_size, spec.selector_rank)
+        shapes["candidate_selector.successor_codebook"] = (spec.target_vocab_size, spec.selector_rank)
         shapes["candidate_selector.hidden_projection.weight"] = (spec.selector_rank, hidden)
     shapes.update(head_shapes(spec))
     return shapes
@@ -50,7 +50,7 @@ def body_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
 
 def head_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
     """DSpark's Markov and confidence heads, XPress's refiner (impl/dspark.py, impl/xpress.py), in module order."""
-    hidden, vocab, head = spec.hidden_size, spec.vocab_size, spec.head_size
+    hidden, vocab, head = spec.hidden_size, spec.target_vocab_size, spec.head_size
     shapes: dict[str, tuple[int, ...]] = {}
     if spec.has_markov_head:
         rank = spec.markov_rank

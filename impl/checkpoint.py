@@ -104,6 +104,18 @@ def save_state(path: str | Path, spec: DraftSpec, state_dict: dict[str, torch.Te
     atomic_write_bytes(Path(path), lambda tmp: torch.save(payload, tmp))
 
 
+# Spec fields renamed since ckpt.pt files were first written: the old key -> the field it is now.
+RENAMED_SPEC_FIELDS = {"vocab_size": "target_vocab_size"}
+
+
+def spec_entry(spec: Any) -> Any:
+    """The `spec` entry with the fields' current names (a file written before a rename still loads)."""
+    if not isinstance(spec, dict):
+        return spec  # DraftSpec.from_dict names what is wrong with it
+    renamed = {RENAMED_SPEC_FIELDS.get(key, key): value for key, value in spec.items()}
+    return renamed if len(renamed) == len(spec) else spec  # both spellings at once: from_dict refuses the old one
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     if not path.is_file():
@@ -122,8 +134,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     for key in ("model", "spec"):
         if key not in payload:
             raise CheckpointError(f"{path}: checkpoint has no {key!r} entry")
+    written = spec_entry(payload["spec"])
     try:
-        spec = DraftSpec.from_dict(payload["spec"])
+        spec = DraftSpec.from_dict(written)
         recipe = Recipe.from_dict(payload["recipe"]) if payload.get("recipe") else None
     except (SpecError, TypeError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
@@ -142,6 +155,6 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(spec=spec, state_dict=state, recipe=recipe, step=step,
                       # "optimizer": the entry's name in ckpt.pt files written before it was "training_state"
                       training_state=payload.get("training_state", payload.get("optimizer")),
-                      recipe_unknown=list(unknown), spec_written=frozenset(payload["spec"]))
+                      recipe_unknown=list(unknown), spec_written=frozenset(written))
 
 

@@ -14,7 +14,7 @@ TEXTS = [f"def add_{i}(x, y):\n    total = x + y * {i}\n    return total\n" for 
 
 def tiny_spec(**overrides) -> DraftSpec:
     fields = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                  num_hidden_layers=3, vocab_size=128, target_layer_ids=(1, 3, 4), num_target_layers=6,
+                  num_hidden_layers=3, target_vocab_size=128, target_layer_ids=(1, 3, 4), num_target_layers=6,
                   mask_token_id=127, block_size=8,
                   layer_types=("sliding_attention", "full_attention", "sliding_attention"), sliding_window=6)
     fields.update(overrides)
@@ -48,7 +48,7 @@ def world_drafter(world, layer_ids, seed):
     torch.manual_seed(seed)
     return DFlashDrafter(DraftSpec(
         hidden_size=config.hidden_size, intermediate_size=2 * config.hidden_size, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, num_hidden_layers=1, vocab_size=config.vocab_size,
+        num_key_value_heads=2, head_dim=32, num_hidden_layers=1, target_vocab_size=config.vocab_size,
         target_layer_ids=layer_ids, num_target_layers=config.num_hidden_layers,
         mask_token_id=mask_token_id(AutoTokenizer.from_pretrained(world.target)), block_size=8))
 

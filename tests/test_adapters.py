@@ -74,7 +74,7 @@ def test_speculators_cannot_make_full_attention_blocks_causal(impls):
 def test_zlab_generate_runs_on_cpu_and_is_lossless(impls, spec, weights, target):
     drafter = impls["zlab"].build_drafter(spec, weights)
     torch.manual_seed(4)
-    prompt = torch.randint(0, spec.vocab_size - 1, (1, 7))
+    prompt = torch.randint(0, spec.target_vocab_size - 1, (1, 7))
     result = impls["zlab"].generate(drafter, target, prompt, max_new_tokens=20, stop_token_ids=None)
     generated = result.output_ids.shape[1] - prompt.shape[1]
     # The prefill emits the first token; every round then adds accepted drafts + the bonus token.

@@ -61,7 +61,7 @@ def _broken_target(world: Path, name: str, **fields) -> None:
 def _drafter(tokenizer) -> DFlashDrafter:
     torch.manual_seed(0)
     return DFlashDrafter(tiny_spec(num_hidden_layers=1, layer_types=("full_attention",), sliding_window=None,
-                                   vocab_size=len(tokenizer), target_layer_ids=(0, 1), num_target_layers=2,
+                                   target_vocab_size=len(tokenizer), target_layer_ids=(0, 1), num_target_layers=2,
                                    mask_token_id=mask_token_id(tokenizer), block_size=4))
 
 
@@ -466,7 +466,7 @@ def test_sigkill_during_convert_keeps_the_old_drafter_and_the_next_write_cleans_
             f"'--to', {str(dest)!r}, '--format', 'zlab', '--force'])")
     _kill_mid_write(tmp_path, patch, call)
     assert tree_digest(dest) == before  # the old drafter, whole
-    assert load_any(dest).spec.vocab_size > 0
+    assert load_any(dest).spec.target_vocab_size > 0
     assert _leftovers(tmp_path) and all(name.startswith("z.tmp-") for name in _leftovers(tmp_path))
 
     assert main(["convert", "--from", str(world / "ours.pt"), "--to", str(dest), "--format", "zlab", "--force"]) == 0

@@ -142,7 +142,7 @@ def test_a_foreign_declaration_of_the_layout_sets_the_drafter_and_its_recipe(tmp
     spec = ours.spec
     (tmp_path / "args.json").write_text(json.dumps({
         "target_layer_ids": list(spec.target_layer_ids), "num_target_layers": spec.num_target_layers,
-        "mask_token_id": spec.mask_token_id, "block_size": spec.block_size, "vocab_size": spec.vocab_size,
+        "mask_token_id": spec.mask_token_id, "block_size": spec.block_size, "vocab_size": spec.target_vocab_size,
         "layer_types": list(spec.layer_types), "sliding_window": spec.sliding_window, "sample_from_anchor": True}))
     loaded = load_any(tmp_path / "drafter.pt")
     assert loaded.spec == spec and loaded.recipe.sample_from_anchor is True

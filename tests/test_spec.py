@@ -44,8 +44,8 @@ def test_from_dict_rejects_unknown_and_missing_fields():
     data = tiny_spec().to_dict()
     with pytest.raises(SpecError, match="unknown fields"):
         DraftSpec.from_dict({**data, "wat": 1})
-    del data["vocab_size"]
-    with pytest.raises(SpecError, match="missing fields.*vocab_size"):
+    del data["target_vocab_size"]
+    with pytest.raises(SpecError, match="missing fields.*target_vocab_size"):
         DraftSpec.from_dict(data)
 
 

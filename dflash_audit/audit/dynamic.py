@@ -138,8 +138,8 @@ def why_not_runnable(side: Side, target) -> str | None:
     depth = len(decoder_layers(target))
     if spec.num_target_layers != depth:
         return f"built for a target of {spec.num_target_layers} layers, this one has {depth}"
-    if spec.vocab_size != config.vocab_size:
-        return f"vocabulary of {spec.vocab_size} but the target's is {config.vocab_size}"
+    if spec.target_vocab_size != config.vocab_size:
+        return f"vocabulary of {spec.target_vocab_size} but the target's is {config.vocab_size}"
     unmapped = mapping_problem(side)
     if unmapped is not None:  # the static draft_vocab finding says what is wrong; no run would be the drafter's
         return (f"its reduced head of {unmapped[0]} tokens has no usable draft-to-target map "

@@ -23,8 +23,8 @@ def read_drafter(path: Path, target_dir: Path, config, options=None):
     if spec.num_target_layers != depth:
         raise AuditError(f"{path}: drafter built for a target of {spec.num_target_layers} layers, "
                          f"{target_dir} has {depth}")
-    if spec.vocab_size != config.vocab_size:
-        raise AuditError(f"{path}: drafter vocabulary {spec.vocab_size}, the target's is {config.vocab_size}")
+    if spec.target_vocab_size != config.vocab_size:
+        raise AuditError(f"{path}: drafter vocabulary {spec.target_vocab_size}, the target's is {config.vocab_size}")
     return spec, loaded.state_dict
 
 

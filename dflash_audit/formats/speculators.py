@@ -131,7 +131,7 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     contradictions = mapping_contradictions(spec, tensors.get("d2t"), verifier.get("t2d"))
     raw = RawRecord(config=config, layer_ids=list(config["aux_hidden_state_layer_ids"]),
                     layer_id_convention="speculators",
-                    draft_vocab_size=config.get("draft_vocab_size", spec.vocab_size),
+                    draft_vocab_size=config.get("draft_vocab_size", spec.target_vocab_size),
                     verifier=((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path"))
     present = set(config) | set(config.get("transformer_layer_config") or {}) | {"target_layer_ids",
                                                                                   "num_target_layers"}
@@ -158,9 +158,9 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
 def mapping_contradictions(spec, d2t: torch.Tensor | None, t2d: torch.Tensor | None) -> list[str]:
     """speculators stores the mapping twice (d2t offsets, t2d mask): where the two disagree."""
     if not spec.reduced_vocab or d2t is None or t2d is None or mapping_problems(d2t, spec.draft_vocab_size,
-                                                                                 spec.vocab_size):
+                                                                                 spec.target_vocab_size):
         return []  # a missing or malformed d2t is the audit's draft_vocab finding, not a contradiction
-    return [f"draft_vocab_size: {problem}" for problem in t2d_problems(t2d, d2t, spec.vocab_size)]
+    return [f"draft_vocab_size: {problem}" for problem in t2d_problems(t2d, d2t, spec.target_vocab_size)]
 
 
 def verifier_for(loaded: LoadedCheckpoint, target: str | Path | None) -> Path:
