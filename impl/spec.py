@@ -26,6 +26,8 @@ MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 XPRESS_FIELDS = ("xpress_rank", "xpress_mlp_ratio", "num_jacobi_passes")
 # Each family's own fields (DFlash has none).
 FAMILY_FIELDS = {"dflash": (), "dflash2": DFLASH2_FIELDS, "dspark": DSPARK_FIELDS, "xpress": XPRESS_FIELDS}
+# The key a z-lab or speculators config.json writes a field under, where it is not the field's own name.
+CONFIG_KEYS = {"target_vocab_size": "vocab_size"}
 # Rotary styles, in vLLM's terms (`is_neox_style`): neox rotates the two halves of the head (transformers'
 # `rotate_half`, what Qwen3 and both references do); gptj rotates interleaved pairs (even, odd dims).
 ROPE_STYLES = ("neox", "gptj")

@@ -16,7 +16,7 @@ from dflash_audit.formats.setting_names import DeclarationError
 from foundation.errors import AuditError
 from impl.checkpoint import Checkpoint
 from impl.recipe import Recipe
-from impl.spec import DraftSpec, SpecError
+from impl.spec import CONFIG_KEYS, DraftSpec, SpecError
 
 
 @dataclass
@@ -76,6 +76,7 @@ def declared_provenance(spec: DraftSpec, detail: str, present: set[str] | None =
                         defaulted_detail: str = "not in the config; the format's default") -> dict[str, Provenance]:
     """Every field declared by the file, except those absent from it (`present` given) which took a default."""
     return {f.name: Provenance("declared", detail) if present is None or f.name in present
+            or CONFIG_KEYS.get(f.name) in present
             else Provenance("default", defaulted_detail) for f in dataclasses.fields(DraftSpec)}
 
 
