@@ -18,7 +18,7 @@ import torch
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec
-from impl.zlab_format import zlab_config
+from drafter_files.zlab_format import zlab_config
 
 # Qwen3.6-27B-DFlash (z-lab) and Qwen3-8B-DFlash-b16 (z-lab): 5 draft layers over the target's
 # hidden size; head_dim 128, 32 query / 8 KV heads; fc reads 5 target layers.

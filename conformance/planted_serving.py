@@ -15,7 +15,7 @@ from typing import Callable
 from impl.families import ZLAB_ARCHITECTURES
 from impl.layers import zlab_to_speculators
 from impl.spec import DraftSpec
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from serving_engines import TargetFacts
 from serving_engines.verdict import EngineReport, engine_report
 

@@ -68,7 +68,7 @@ def trained_pair(request):
     from dflash_world import cached_test_world
     from dflash_world.drafter import cached_dflash2_drafter, cached_test_drafter
     from dflash_world.suite_placement import audit_placement, world_in_suite_dtype
-    from impl.checkpoint import load_checkpoint
+    from drafter_files.checkpoint import load_checkpoint
     from foundation.target import load_target_model
 
     world = world_in_suite_dtype(cached_test_world())

@@ -31,7 +31,7 @@ def zlab_save_pretrained(spec: DraftSpec, path: Path) -> Path:
     from dflash.model import DFlash2DraftModel, DFlashDraftModel
     from transformers import Qwen3Config
 
-    from impl.zlab_format import zlab_config
+    from drafter_files.zlab_format import zlab_config
 
     model = (DFlash2DraftModel if spec.family == "dflash2" else DFlashDraftModel)(Qwen3Config(**zlab_config(spec)))
     model.save_pretrained(path)

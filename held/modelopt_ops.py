@@ -26,7 +26,7 @@ from torch import nn
 
 from dflash_world.target_training import random_qwen3
 from impl.interface import TrainingOutputs, Unsupported
-from impl.param_names import strip_wrapper_prefixes
+from foundation.param_names import strip_wrapper_prefixes
 from impl.recipe import DEFAULTS
 from impl.spec import DraftSpec
 

@@ -11,6 +11,7 @@ import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
+from foundation.errors import SpecError  # the spec's error; foundation's so config readers below impl raise it
 from impl import slot_layout
 from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import TITLES, spec_family
@@ -33,14 +34,6 @@ CONFIG_KEYS = {"target_vocab_size": "vocab_size"}
 ROPE_STYLES = ("neox", "gptj")
 # The rotary settings of a spec, as `rotary` findings and the conformance component name them.
 ROTARY_FIELDS = ("rope_theta", "rope_scaling", "partial_rotary_factor", "rope_style")
-
-
-class SpecError(ValueError):
-    """An inconsistent or invalid drafter description; the message names the field."""
-
-    def __init__(self, field_name: str, message: str):
-        self.field = field_name
-        super().__init__(f"{field_name}: {message}")
 
 
 # Sizes past these are no model's: a typo or a hostile config, refused before any tensor is sized by them.

@@ -30,7 +30,7 @@ def zlab_model_for(spec: DraftSpec):
     """z-lab's own DFlashDraftModel (real `dflash` package) for this spec, random weights."""
     from dflash.model import DFlashDraftModel
 
-    from impl.zlab_format import zlab_config
+    from drafter_files.zlab_format import zlab_config
 
     config = Qwen3Config(**zlab_config(spec))
     config._attn_implementation = "sdpa"
@@ -57,9 +57,9 @@ def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budge
     """Save `ours` as ckpt.pt (with `recipe`) and `ref` as a z-lab dir, then `compare` them on the world."""
     from dflash_audit.commands.compare import run_compare
     from dflash_world.suite_placement import audit_device
-    from impl.checkpoint import save_checkpoint
+    from drafter_files.checkpoint import save_checkpoint
     from foundation.placement import resolve_placement
-    from impl.zlab_format import save_zlab_dir
+    from drafter_files.zlab_format import save_zlab_dir
 
     save_checkpoint(tmp_path / "ours.pt", ours, recipe=recipe)
     save_zlab_dir(tmp_path / "ref", ref.spec, ref.state_dict())
@@ -77,7 +77,8 @@ def load_trained_pair(world, loss: str = "kl_div", family: str = "dflash"):
     from dflash_audit.prompts import load_prompts, tokenize_prompts
     from dflash_world.drafter import cached_dflash2_drafter, cached_test_drafter
     from dflash_world.suite_placement import audit_placement
-    from impl.checkpoint import build_drafter, load_checkpoint
+    from impl.body_shapes import build_drafter
+    from drafter_files.checkpoint import load_checkpoint
     from foundation.placement import built_in
     from foundation.target import load_target
 

@@ -139,7 +139,7 @@ def test_version_guard_says_how_to_install_the_pinned_release(package, found, hi
 def test_saved_directories_load_through_the_packages(tmp_path, impls, spec, weights, target):
     from transformers import Qwen3ForCausalLM
 
-    from impl.zlab_format import save_zlab_dir
+    from drafter_files.zlab_format import save_zlab_dir
 
     target.save_pretrained(tmp_path / "target")
     local_target = Qwen3ForCausalLM.from_pretrained(tmp_path / "target").eval()

@@ -30,9 +30,9 @@ from dflash_audit.cli import main
 from dflash_audit.formats import load_any
 from dflash_world.target_training import random_qwen3
 from dflash_world.tokenizer import mask_token_id, train_tokenizer
-from impl.checkpoint import load_checkpoint, save_checkpoint
+from drafter_files.checkpoint import load_checkpoint, save_checkpoint
 from impl.model import DFlashDrafter
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.bad_inputs.cli_run import tree_digest
 from tests.helpers import tiny_spec
 
@@ -454,7 +454,7 @@ def test_sigkill_during_convert_keeps_the_old_drafter_and_the_next_write_cleans_
     assert main(["convert", "--from", str(world / "zref"), "--to", str(dest), "--format", "zlab"]) == 0
     before = tree_digest(dest)
     patch = "\n".join([
-        "import impl.zlab_format as ckpt",
+        "import drafter_files.zlab_format as ckpt",
         "real = ckpt.save_file",
         "def stalled(*args, **kwargs):",
         "    real(*args, **kwargs)",

@@ -15,9 +15,9 @@ from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from dflash_audit.conversion import convert
 from dflash_audit.formats import load_any
-from impl.checkpoint import save_checkpoint
+from drafter_files.checkpoint import save_checkpoint
 from impl.model import DFlashDrafter
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec
 
 DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4,

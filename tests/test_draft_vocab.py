@@ -16,7 +16,7 @@ from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from dflash_audit.conversion import convert
-from impl.checkpoint import load_checkpoint, save_checkpoint
+from drafter_files.checkpoint import load_checkpoint, save_checkpoint
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, SpecError
 from impl.vocab_mapping import (
@@ -226,7 +226,7 @@ def test_reduced_drafter_with_its_mapping_stripped_is_one_divergence(written, te
 
 
 def test_live_equals_offline_through_the_mapping(written, trained_pair, test_world, tmp_path):
-    from impl.checkpoint import build_drafter
+    from impl.body_shapes import build_drafter
     from impl.ddtree import ddtree_decode
     from impl.decoding import dflash_decode
     from impl.offline import find_mismatch, load_or_build_cache, offline_rounds

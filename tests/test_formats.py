@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 from dflash_audit.cli import main
 from dflash_audit.formats import LoadedCheckpoint, detect_format, load_any
 from foundation.errors import AuditError, CheckpointError
-from impl.checkpoint import Checkpoint, save_checkpoint
-from impl.zlab_format import save_zlab_dir
+from drafter_files.checkpoint import Checkpoint, save_checkpoint
+from drafter_files.zlab_format import save_zlab_dir
 
 
 @pytest.fixture(scope="module")

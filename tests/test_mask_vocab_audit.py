@@ -14,9 +14,9 @@ from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from dflash_world.tokenizer import train_tokenizer
 from foundation.target_vocab import TargetVocabulary, embedding_tensor, row_norms
-from impl.checkpoint import save_checkpoint
+from drafter_files.checkpoint import save_checkpoint
 from impl.model import DFlashDrafter
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.helpers import TEXTS, tiny_spec, tiny_target
 
 ROWS, PADDING_ROW = 320, 319

@@ -94,7 +94,7 @@ def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, tmp_pa
 @pytest.fixture(scope="module")
 def bf16_pairs(trained_pair, dflash2_pair, test_world):
     """The world's target loaded in bfloat16 (as `--dtype bfloat16` loads it) and both drafters in bfloat16."""
-    from impl.checkpoint import build_drafter
+    from impl.body_shapes import build_drafter
     from foundation.placement import Placement, built_in
     from foundation.target import load_target_model
 

@@ -26,7 +26,7 @@ from dflash_audit.formats.inference import infer
 from dflash_audit.formats.key_map import map_names, propose_key_map, read_key_map
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 
 # Qwen3.6-27B-DFlash (z-lab): the published drafter's dimensions.
 REAL = DraftSpec(hidden_size=5120, intermediate_size=17408, num_attention_heads=32, num_key_value_heads=8,

@@ -17,7 +17,7 @@ import torch
 from dflash_audit.formats import LoadOptions
 from dflash_audit.formats.inference import fc_layer_count
 from impl.families import spec_family
-from impl.param_names import verifier_owned_keys
+from foundation.param_names import verifier_owned_keys
 from impl.recipe import Recipe
 from impl.spec import DraftSpec
 

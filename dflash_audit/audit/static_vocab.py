@@ -9,7 +9,7 @@ import torch
 
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
-from impl.param_names import DRAFT_VOCAB_KEYS
+from foundation.param_names import DRAFT_VOCAB_KEYS
 from impl.vocab_mapping import differing_ids, mapping_problems
 
 PITFALL = 32

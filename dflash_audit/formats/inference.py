@@ -193,7 +193,7 @@ def parse_cli_spec(pairs: list[str], flag: str) -> dict[str, tuple[Any, str]]:
 def declared_rope_dict(unrecognized: dict[str, Any]) -> tuple[dict[str, Any] | None, str] | None:
     """A rope dict a checkpoint declares (`rope_scaling.type`, `rope_parameters.rope_type` and their keys), read as
     transformers reads it: (the scaling, None for the default rope; where). None when none is declared."""
-    from impl.zlab_format import rotary_settings
+    from impl.rotary_config import rotary_settings
 
     for where, value in unrecognized.items():
         prefix, _, last = where.rpartition(".")

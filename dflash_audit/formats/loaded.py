@@ -14,7 +14,7 @@ import torch
 from dflash_audit.formats.inference import Provenance, parse_cli_spec
 from dflash_audit.formats.setting_names import DeclarationError
 from foundation.errors import AuditError
-from impl.checkpoint import Checkpoint
+from drafter_files.checkpoint import Checkpoint
 from impl.recipe import Recipe
 from impl.spec import CONFIG_KEYS, DraftSpec, SpecError
 
@@ -92,7 +92,7 @@ def rotary_provenance(provenance: dict[str, Provenance], config: dict[str, Any],
                       theta_default: str) -> None:
     """The rotary fields of `provenance`: declared where `config` states them, else whose default each took."""
     from impl.spec import ROTARY_FIELDS
-    from impl.zlab_format import declared_rotary
+    from impl.rotary_config import declared_rotary
 
     declared = declared_rotary(config)
     details = {**ROTARY_DEFAULT_DETAILS, "rope_theta": theta_default}

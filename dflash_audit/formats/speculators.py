@@ -23,15 +23,15 @@ from dflash_audit.formats.loaded import (
 from foundation.errors import AuditError, CheckpointError
 from foundation.inputs import read_json_object
 from foundation.weights_dir import read_config, read_safetensors_dir
-from impl.checkpoint import weights_dtype
-from impl.config_values import as_int
+from impl.body_shapes import weights_dtype
+from foundation.config_values import as_int
 from impl.defaults import BLOCK_SIZE_DEFAULTS
 from impl.families import SPECULATORS_TYPES, ZLAB_ARCHITECTURES, config_family
 from impl.layers import names_final_layer, speculators_to_zlab, zlab_to_speculators
-from impl.param_names import verifier_owned_keys
+from foundation.param_names import verifier_owned_keys
 from impl.spec import DFLASH2_FIELDS, FAMILY_FIELDS, SpecError
 from impl.vocab_mapping import mapping_problems, t2d_problems
-from impl.zlab_format import spec_from_zlab_config
+from drafter_files.zlab_format import spec_from_zlab_config
 
 def detect(config: dict[str, Any]) -> bool:
     return config.get("speculators_model_type") in SPECULATORS_TYPES
