@@ -12,6 +12,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from foundation.errors import SpecError  # the spec's error; foundation's so config readers below impl raise it
+from foundation.token_ids import is_token_id
 from impl import slot_layout
 from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import TITLES, spec_family
@@ -193,7 +194,7 @@ class DraftSpec:
                  f"has duplicates: {list(self.target_layer_ids)}")
         outside = layers_outside(self.target_layer_ids, self.num_target_layers)
         _require(not outside, "target_layer_ids", outside)
-        _require(0 <= self.mask_token_id < self.target_vocab_size, "mask_token_id",
+        _require(is_token_id(self.mask_token_id, self.target_vocab_size), "mask_token_id",
                  f"{self.mask_token_id} is not a token id of a vocabulary of {self.target_vocab_size}")
         _require(len(self.layer_types) == self.num_hidden_layers, "layer_types",
                  f"has {len(self.layer_types)} entries for {self.num_hidden_layers} draft layers")
