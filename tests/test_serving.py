@@ -46,6 +46,13 @@ EXPECTED = {
     "our convert --format zlab, dflash2": {"vllm": set(), "sglang": set()},
     "our convert --format speculators, dflash": {"vllm": {"layer_causal"}, "sglang": {"loads"}},
     "our convert --format speculators, dflash2": {"vllm": set(), "sglang": {"loads"}},
+    # speculators' DSpark and XPress classes: vLLM's DSpark model builds the vanilla Markov head only; its speculators
+    # translation has no XPress (and its XPress files read other names); SGLang reads no speculators directory.
+    "speculators save_pretrained, dspark": {"vllm": set(), "sglang": {"loads"}},
+    "speculators save_pretrained, dspark (rnn head)": {"vllm": {"markov_head_type"}, "sglang": {"loads"}},
+    "speculators save_pretrained, xpress": {"vllm": {"loads", "tensors_refused", "num_jacobi_passes",
+                                                     "xpress_mlp_hidden", "refiner_block_size", "refiner_slot0"},
+                                            "sglang": {"loads"}},
 }
 
 
