@@ -12,7 +12,6 @@ the drafter with no mask). Both loops must emit the same tokens (greedy decoding
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
@@ -44,7 +43,7 @@ def main() -> None:
     prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))[:args.prompts]
     stop = [tokenizer.eos_token_id]
     variants = {"as trained": ckpt.spec,
-                "every layer full": dataclasses.replace(ckpt.spec, layer_types=("full_attention",) * len(
+                "every layer full": ckpt.spec.replace(layer_types=("full_attention",) * len(
                     ckpt.spec.layer_types), sliding_window=None)}
     rows, results = [], []
     for label, spec in variants.items():

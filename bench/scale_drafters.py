@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -99,7 +98,7 @@ def write_pair(root: Path, shape: str) -> dict[str, Path]:
         with open(ref / name, "rb") as src, open(same / name, "wb") as dst:
             while chunk := src.read(1 << 24):
                 dst.write(chunk)
-    fc4 = replace(spec, target_layer_ids=spec.target_layer_ids[:-1])
+    fc4 = spec.replace(target_layer_ids=spec.target_layer_ids[:-1])
     width = spec.hidden_size * (len(spec.target_layer_ids) - 1)
     with safe_open(str(ref / "model.safetensors"), framework="pt") as handle:
         def take(key):

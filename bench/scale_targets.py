@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -101,11 +101,11 @@ def drafter_spec(name: str) -> DraftSpec:
     target by z-lab's rule) at the target's width; the 8B target gets the published drafter's shape."""
     shape = TARGETS[name]
     if name == "tiny":
-        return replace(DRAFTER_SHAPES["tiny"], target_vocab_size=shape.vocab_size, mask_token_id=shape.vocab_size - 1)
+        return DRAFTER_SHAPES["tiny"].replace(target_vocab_size=shape.vocab_size, mask_token_id=shape.vocab_size - 1)
     if name in DRAFTER_SHAPES:
         return DRAFTER_SHAPES[name]
     recipe = DRAFTER_SHAPES["qwen3-8b"]
-    return replace(recipe, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+    return recipe.replace(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
                    num_attention_heads=shape.num_attention_heads, num_key_value_heads=shape.num_key_value_heads,
                    head_dim=shape.head_dim, num_target_layers=shape.num_hidden_layers,
                    target_layer_ids=tuple(build_target_layer_ids(shape.num_hidden_layers,

@@ -71,16 +71,16 @@ DPACE_LOSS = LossCase(num_anchors=4, block_size=4, vocab=16, gamma=DEFAULTS["gam
                       dtype=torch.float32, seed=5)
 # DFlash2: the same small drafter with 3-tap convolutions in groups of 8, a rank-8 selector over the top 5,
 # bidirectional sliding windows.
-DFLASH2_SPEC = dataclasses.replace(SPEC, conv_kernel_size=3, conv_group_size=8, selector_rank=8, selector_top_k=5,
+DFLASH2_SPEC = SPEC.replace(conv_kernel_size=3, conv_group_size=8, selector_rank=8, selector_top_k=5,
                                    sliding_window_non_causal=True)
 CONV = ConvCase(spec=DFLASH2_SPEC, layer=1, sublayer="mlp", num_blocks=3, seed=4)
 SELECTOR = SelectorCase(spec=DFLASH2_SPEC, slots=10, first_token=7, temperature=0.0, seed=6)
 DFLASH2_TRAINING = dataclasses.replace(TRAINING, spec=DFLASH2_SPEC)
 # A reduced draft vocabulary of 20 of the 96 target tokens: its d2t offsets are far from zero.
-DRAFT_VOCAB = dataclasses.replace(TRAINING, spec=dataclasses.replace(SPEC, draft_vocab_size=20))
+DRAFT_VOCAB = dataclasses.replace(TRAINING, spec=SPEC.replace(draft_vocab_size=20))
 # The anchor-as-bonus layout on full attention: the slot layout alone (speculators' block masks window the
 # context from the anchor, decoding's from each query: a sliding layer would add that difference, #25).
-FULL_ATTENTION = dataclasses.replace(SPEC, layer_types=("full_attention",) * SPEC.num_hidden_layers,
+FULL_ATTENTION = SPEC.replace(layer_types=("full_attention",) * SPEC.num_hidden_layers,
                                      sliding_window=None)
 SLOT = SlotCase(spec=FULL_ATTENTION, context_len=9, seed=11)
 MASK = MaskCase(document_ids=torch.tensor([[0] * 8 + [1] * 8 + [-1] * 2]), anchors=torch.tensor([0, 5, 9, 15]),
@@ -88,22 +88,22 @@ MASK = MaskCase(document_ids=torch.tensor([[0] * 8 + [1] * 8 + [-1] * 2]), ancho
 
 # Rotary (#35): half of each head rotated (held to transformers' partial rotary), interleaved pairs (held to
 # transformers' GPT-J rotary), and a linear scaling (held to z-lab's rotary), at positions well past 0.
-ROTARY_SPEC = dataclasses.replace(SPEC, layer_types=("full_attention",) * SPEC.num_hidden_layers, sliding_window=None)
-PARTIAL_ROTARY = RotaryCase(spec=dataclasses.replace(ROTARY_SPEC, partial_rotary_factor=0.5), length=6,
+ROTARY_SPEC = SPEC.replace(layer_types=("full_attention",) * SPEC.num_hidden_layers, sliding_window=None)
+PARTIAL_ROTARY = RotaryCase(spec=ROTARY_SPEC.replace(partial_rotary_factor=0.5), length=6,
                             position_offset=9, seed=2)
-INTERLEAVED_ROTARY = dataclasses.replace(PARTIAL_ROTARY, spec=dataclasses.replace(ROTARY_SPEC, rope_style="gptj"))
-SCALED_ROTARY = RotaryCase(spec=dataclasses.replace(ROTARY_SPEC, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+INTERLEAVED_ROTARY = dataclasses.replace(PARTIAL_ROTARY, spec=ROTARY_SPEC.replace(rope_style="gptj"))
+SCALED_ROTARY = RotaryCase(spec=ROTARY_SPEC.replace(rope_scaling={"rope_type": "linear", "factor": 2.0}),
                            length=6, position_offset=9, seed=2)
 
 
 # DSpark (#37) and XPress (#38) on the same full-attention drafter: an rnn Markov head with a confidence head
 # reading its embedding, every slot proposing; a rank-8 refiner resolved by one Jacobi pass (a second finds the
 # same tokens on these weights, so a pass short shows only from one).
-DSPARK_HEADS = HeadCase(spec=dataclasses.replace(FULL_ATTENTION, markov_rank=8, markov_head_type="rnn",
+DSPARK_HEADS = HeadCase(spec=FULL_ATTENTION.replace(markov_rank=8, markov_head_type="rnn",
                                                  enable_confidence_head=True, confidence_head_with_markov=True,
                                                  sample_from_anchor=True), num_blocks=3, anchor=7, before_anchor=11,
                         seed=3)
-XPRESS_HEADS = HeadCase(spec=dataclasses.replace(FULL_ATTENTION, xpress_rank=8, xpress_mlp_ratio=2, num_jacobi_passes=1),
+XPRESS_HEADS = HeadCase(spec=FULL_ATTENTION.replace(xpress_rank=8, xpress_mlp_ratio=2, num_jacobi_passes=1),
                         num_blocks=3, anchor=7, before_anchor=11, seed=3)
 
 
@@ -326,7 +326,7 @@ def _pairs_as_halves(original):
 
 
 def _scaling_dropped(original):
-    return lambda spec: original(dataclasses.replace(spec, rope_scaling=None))
+    return lambda spec: original(spec.replace(rope_scaling=None))
 
 
 def _patch_decode(make):

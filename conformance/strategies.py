@@ -248,8 +248,8 @@ def dflash2_specs(draw, max_layers: int = 3, sliding: bool | None = None, min_bl
     (one group per channel up to one for all), any selector rank and top-k up to the vocabulary,
     sliding windows bidirectional or causal."""
     spec = draw(draft_specs(max_layers=max_layers, sliding=sliding, min_block=min_block))
-    return dataclasses.replace(
-        spec, conv_kernel_size=draw(st.integers(1, min(4, spec.block_size))),
+    return spec.replace(
+        conv_kernel_size=draw(st.integers(1, min(4, spec.block_size))),
         conv_group_size=draw(st.sampled_from([d for d in (1, 4, 8, 16, 32) if spec.hidden_size % d == 0])),
         selector_rank=draw(st.integers(1, 16)), selector_top_k=draw(st.integers(1, 12)),
         sliding_window_non_causal=draw(st.booleans()))
@@ -311,7 +311,7 @@ def selector_loss_cases(draw) -> SelectorLossCase:
 def dflash2_training_cases(draw, sliding: bool | None = None) -> TrainingCase:
     case = draw(training_cases(sliding=sliding))
     spec = draw(dflash2_specs(max_layers=3, sliding=sliding))
-    spec = dataclasses.replace(spec, block_size=case.spec.block_size,
+    spec = spec.replace(block_size=case.spec.block_size,
                                conv_kernel_size=min(spec.conv_kernel_size, case.spec.block_size))
     return dataclasses.replace(case, spec=spec)
 
@@ -346,7 +346,7 @@ def rotary_specs(draw, partial: bool | None = None, interleaved: bool | None = F
     max_positions = draw(st.sampled_from([64, QWEN3_DEFAULTS["max_position_embeddings"]]))
     factors = [f for f in (0.25, 0.5, 0.75) if int(spec.head_dim * f) % 2 == 0 and int(spec.head_dim * f) >= 2]
     use_partial = draw(st.booleans()) if partial is None else partial
-    return dataclasses.replace(spec, rope_theta=draw(st.sampled_from([QWEN3_DEFAULTS["rope_theta"], 500_000.0, 1_000_000.0])),
+    return spec.replace(rope_theta=draw(st.sampled_from([QWEN3_DEFAULTS["rope_theta"], 500_000.0, 1_000_000.0])),
                                max_position_embeddings=max_positions, rope_scaling=draw(rope_scalings(max_positions)),
                                partial_rotary_factor=draw(st.sampled_from(factors)) if use_partial else 1.0,
                                rope_style="gptj" if (draw(st.booleans()) if interleaved is None else interleaved)
@@ -364,7 +364,7 @@ def rotary_cases(draw, partial: bool | None = None, interleaved: bool | None = F
 def dspark_specs(draw) -> DraftSpec:
     spec = draw(draft_specs(max_layers=1, sliding=False))
     rank = draw(st.integers(1, 12))
-    return dataclasses.replace(spec, markov_rank=rank, markov_head_type=draw(st.sampled_from(["vanilla", "gated", "rnn"])),
+    return spec.replace(markov_rank=rank, markov_head_type=draw(st.sampled_from(["vanilla", "gated", "rnn"])),
                                enable_confidence_head=True, confidence_head_with_markov=draw(st.booleans()),
                                sample_from_anchor=draw(st.booleans()))
 
@@ -372,7 +372,7 @@ def dspark_specs(draw) -> DraftSpec:
 @st.composite
 def xpress_specs(draw) -> DraftSpec:
     spec = draw(draft_specs(max_layers=1, sliding=False))
-    return dataclasses.replace(spec, xpress_rank=draw(st.integers(1, 12)), xpress_mlp_ratio=draw(st.integers(1, 3)),
+    return spec.replace(xpress_rank=draw(st.integers(1, 12)), xpress_mlp_ratio=draw(st.integers(1, 3)),
                                num_jacobi_passes=draw(st.integers(0, 6)), sample_from_anchor=draw(st.booleans()))
 
 

@@ -35,5 +35,5 @@ def test_spec_default_block_size_p16(conform, under_test):
         return
     from impl.spec import DraftSpec
 
-    conform.compare(("ours", "zlab"), DraftSpec.__dataclass_fields__["block_size"].default,
+    conform.compare(("ours", "zlab"), DraftSpec.model_fields["block_size"].default,
                     zlab_default_block_size(), EXACT, what="DraftSpec default block size vs z-lab's")

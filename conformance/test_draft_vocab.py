@@ -17,7 +17,7 @@ from conformance.world import VOCAB
 def reduced_cases(draw, single_document: bool = False):
     case = draw(training_cases(single_document=single_document))
     size = draw(st.integers(2, VOCAB - 1))
-    return dataclasses.replace(case, spec=dataclasses.replace(case.spec, draft_vocab_size=size))
+    return dataclasses.replace(case, spec=case.spec.replace(draft_vocab_size=size))
 
 
 @pytest.mark.quick

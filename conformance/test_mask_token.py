@@ -16,6 +16,6 @@ from conformance.strategies import MODEL, training_cases
 @MODEL
 @given(training_cases(sliding=False, single_document=True), st.integers(0, 95))
 def test_mask_token_in_training_p14(conform, pair, case, mask_token_id):
-    case = dataclasses.replace(case, spec=dataclasses.replace(case.spec, mask_token_id=mask_token_id))
+    case = dataclasses.replace(case, spec=case.spec.replace(mask_token_id=mask_token_id))
     conform.describe(case)
     training.training_forward(conform, *pair, case)

@@ -1,7 +1,6 @@
 """Planted-bug self-test: every bug class in `planted.BUGS` must make its component check fail (and the
 unmutated implementation must pass the same check). Results feed the report's detection table."""
 
-import dataclasses
 
 import pytest
 import torch
@@ -44,15 +43,15 @@ def test_planted_bug_is_caught(bug, under_test, speculators, zlab, recorder, mon
 # The one draft-forward check, in each entry's form: #10 the plain forward, #12 a later position, #11 a
 # sliding layer, #25 bidirectional sliding blocks, #22 DFlash2's convolutions (on full attention), #35 a scaled
 # rotary at a later position.
-FULL = dataclasses.replace(SPEC, layer_types=("full_attention",) * SPEC.num_hidden_layers, sliding_window=None)
+FULL = SPEC.replace(layer_types=("full_attention",) * SPEC.num_hidden_layers, sliding_window=None)
 FORWARD_CASES = {
     10: ForwardCase(FULL, 6, 0, torch.float32, 1),
     12: ForwardCase(FULL, 6, 9, torch.float32, 1),
     11: ForwardCase(SPEC, 8, 0, torch.float32, 1),
-    25: ForwardCase(dataclasses.replace(SPEC, sliding_window_non_causal=True), 8, 0, torch.float32, 1),
-    22: ForwardCase(dataclasses.replace(FULL, conv_kernel_size=3, conv_group_size=8, selector_rank=8,
+    25: ForwardCase(SPEC.replace(sliding_window_non_causal=True), 8, 0, torch.float32, 1),
+    22: ForwardCase(FULL.replace(conv_kernel_size=3, conv_group_size=8, selector_rank=8,
                                         selector_top_k=5), 6, 0, torch.float32, 1),
-    35: ForwardCase(dataclasses.replace(FULL, rope_scaling={"rope_type": "linear", "factor": 2.0}), 6, 9,
+    35: ForwardCase(FULL.replace(rope_scaling={"rope_type": "linear", "factor": 2.0}), 6, 9,
                     torch.float32, 1),
 }
 

@@ -48,7 +48,7 @@ def test_inference_positions_with_partial_rotary_p12(conform, pair):
     import dataclasses
 
     import torch
-    spec = dataclasses.replace(PARTIAL_SPEC, partial_rotary_factor=0.5)
+    spec = PARTIAL_SPEC.replace(partial_rotary_factor=0.5)
     forward.draft_forward(conform, *pair, ForwardCase(spec, 5, 40, torch.float32, 0))
 
 
@@ -58,5 +58,5 @@ def test_training_positions_with_partial_rotary_p12(conform, pair):
     """The same in the training layout: n/a at speculators (`reference_adapters/speculators_adapter.py`)."""
     import dataclasses
 
-    case = TrainingCase(dataclasses.replace(PARTIAL_SPEC, partial_rotary_factor=0.5), (12,), 1, 3, 0)
+    case = TrainingCase(PARTIAL_SPEC.replace(partial_rotary_factor=0.5), (12,), 1, 3, 0)
     training.training_forward(conform, *pair, case)

@@ -25,7 +25,7 @@ def test_speculative_tokens_p33(conform, pair, sample_from_anchor):
 @pytest.mark.compare("proposal_logits", references=("speculators",))
 @LAYOUTS
 def test_proposals_per_slot_p33(conform, pair, sample_from_anchor):
-    case = dataclasses.replace(SLOT, spec=dataclasses.replace(SLOT.spec, sample_from_anchor=sample_from_anchor))
+    case = dataclasses.replace(SLOT, spec=SLOT.spec.replace(sample_from_anchor=sample_from_anchor))
     conform.describe(case)
     slot_layout.proposals(conform, *pair, case)
 
@@ -33,7 +33,7 @@ def test_proposals_per_slot_p33(conform, pair, sample_from_anchor):
 @pytest.mark.compare("training_outputs", references=("speculators",))
 @LAYOUTS
 def test_training_follows_the_drafter_layout_p33(conform, pair, sample_from_anchor):
-    case = dataclasses.replace(TRAINING, spec=dataclasses.replace(SPEC, sample_from_anchor=sample_from_anchor))
+    case = dataclasses.replace(TRAINING, spec=SPEC.replace(sample_from_anchor=sample_from_anchor))
     conform.describe(case)
     slot_layout.trained_layout(conform, *pair, case)
 

@@ -57,6 +57,6 @@ def test_bidirectional_window_training_layout_vs_inference_layout_p25(conform, s
 @given(draft_specs(sliding=True), st.integers(1, 12), dtypes, st.integers(0, 2**16))
 def test_bidirectional_window_draft_forward_p25(conform, pair, spec, context_len, dtype, seed):
     """A DFlash drafter with bidirectional sliding blocks, in the inference layout."""
-    case = ForwardCase(dataclasses.replace(spec, sliding_window_non_causal=True), context_len, 0, dtype, seed)
+    case = ForwardCase(spec.replace(sliding_window_non_causal=True), context_len, 0, dtype, seed)
     conform.describe(case)
     forward.draft_forward(conform, *pair, case)

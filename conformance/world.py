@@ -60,7 +60,7 @@ def family_state_dict(spec: DraftSpec, seed: int = 0) -> dict[str, torch.Tensor]
     from impl.spec import FAMILY_FIELDS
     from reference_adapters.speculators_adapter import MODEL_CLASSES, speculators_config
 
-    backbone = reference_state_dict(dataclasses.replace(spec, **dict.fromkeys(FAMILY_FIELDS[spec.family])), seed)
+    backbone = reference_state_dict(spec.replace(**dict.fromkeys(FAMILY_FIELDS[spec.family])), seed)
     torch.manual_seed(seed + 1)
     model = MODEL_CLASSES[spec.family](speculators_config(spec))
     heads = {name: redrawn(name, t) for name, t in model.state_dict().items() if name.startswith(

@@ -8,7 +8,6 @@ the references' own writers (z-lab's `save_pretrained`, speculators' converter a
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -23,7 +22,7 @@ SPEC = DraftSpec(hidden_size=64, intermediate_size=128, num_attention_heads=4, n
 
 
 def dflash2(spec: DraftSpec) -> DraftSpec:
-    return dataclasses.replace(spec, conv_kernel_size=3, conv_group_size=8, selector_rank=8, selector_top_k=5,
+    return spec.replace(conv_kernel_size=3, conv_group_size=8, selector_rank=8, selector_top_k=5,
                                sliding_window_non_causal=True)
 
 
@@ -76,7 +75,7 @@ def reference_written(root: Path, target_dir: Path, spec: DraftSpec = SPEC) -> d
             dirs[f"our convert --format {fmt}, {family}"] = root / f"ours-{fmt}-{family}"
     for label, heads in FAMILY_WRITERS.items():
         dirs[f"speculators save_pretrained, {label}"] = speculators_save_pretrained(
-            dataclasses.replace(spec, **heads), root / f"speculators-{label.split()[0]}-{len(dirs)}", target_dir)
+            spec.replace(**heads), root / f"speculators-{label.split()[0]}-{len(dirs)}", target_dir)
     return dirs
 
 

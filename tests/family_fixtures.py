@@ -7,7 +7,6 @@ change proposals, written by the class's own `save_pretrained` beside the world'
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ def family_spec(base, family: str, **overrides):
     loops then see the same keys; the sliding-window rules are #11's and #25's, held elsewhere)."""
     own = DSPARK if family == "dspark" else XPRESS if family == "xpress" else {}
     full = dict(layer_types=("full_attention",) * base.num_hidden_layers, sliding_window=None)
-    return dataclasses.replace(base, **{**NO_FAMILY, **full, **own, **overrides})
+    return base.replace(**{**NO_FAMILY, **full, **own, **overrides})
 
 
 def write_speculators_drafter(path: Path, spec, body: dict[str, torch.Tensor], verifier: Path, seed: int = 0) -> Path:
@@ -59,5 +58,5 @@ def without_final_layer(spec, body: dict[str, torch.Tensor]):
     keep = [k for k, i in enumerate(spec.target_layer_ids) if i != spec.num_target_layers - 1]
     h = spec.hidden_size
     columns = torch.cat([torch.arange(k * h, (k + 1) * h) for k in keep])
-    return (dataclasses.replace(spec, target_layer_ids=tuple(spec.target_layer_ids[k] for k in keep)),
+    return (spec.replace(target_layer_ids=tuple(spec.target_layer_ids[k] for k in keep)),
             {**body, "fc.weight": body["fc.weight"][:, columns].contiguous()})

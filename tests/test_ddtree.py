@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import pytest
@@ -126,6 +125,6 @@ def test_ddtree_beats_dflash_with_sharpened_kl_trained_weights(trained_pair):  #
     give the tree real depth.
     """
     drafter, target, prompts, stop_ids = trained_pair
-    sharp = built_for(target, lambda: build_drafter(dataclasses.replace(drafter.spec, output_multiplier=8.0),
+    sharp = built_for(target, lambda: build_drafter(drafter.spec.replace(output_multiplier=8.0),
                                                     drafter.state_dict())).eval()
     assert_tree_beats_chain(sharp, target, prompts, stop_ids)

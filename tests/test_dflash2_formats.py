@@ -3,7 +3,6 @@ loadable by the reference's own `from_pretrained`, and what `compare` says of DF
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -174,7 +173,7 @@ def test_a_dflash2_spec_with_half_its_fields_is_refused_by_name():
     from impl.spec import SpecError
 
     with pytest.raises(SpecError, match="selector_rank"):
-        dataclasses.replace(tiny_spec(), conv_kernel_size=2, conv_group_size=16)
+        tiny_spec().replace(conv_kernel_size=2, conv_group_size=16)
 
 
 def test_compare_a_trained_dflash2_drafter_with_its_zlab_twin_on_the_world(tmp_path, test_world):

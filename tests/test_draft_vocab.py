@@ -4,7 +4,6 @@ written by speculators' own code against its z-lab twin."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -137,7 +136,7 @@ def speculators_written(world, path, draft_vocab_size: int = 512):
     from reference_adapters.speculators_adapter import on_cpu_attention, speculators_config
 
     ckpt = load_checkpoint(cached_test_drafter(world))
-    spec = dataclasses.replace(ckpt.spec, draft_vocab_size=draft_vocab_size)
+    spec = ckpt.spec.replace(draft_vocab_size=draft_vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(world.target)
     texts = [record["prompt"] for record in load_prompts(world.prompts)]
     ids = torch.tensor(tokenizer("\n".join(texts))["input_ids"])

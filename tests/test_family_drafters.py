@@ -4,7 +4,6 @@ own model decoding (its modules chained as vLLM's runners chain them); their for
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -40,7 +39,7 @@ def written(test_world, tmp_path_factory):
             "self": write_speculators_drafter(root / family, spec, body, test_world.target),
             "twin": write_speculators_drafter(root / f"{family}-twin", family_spec(base, "dflash",
                                               sample_from_anchor=spec.sample_from_anchor), body, test_world.target),
-            "changed": write_speculators_drafter(root / f"{family}-changed", dataclasses.replace(spec, **{name: value}),
+            "changed": write_speculators_drafter(root / f"{family}-changed", spec.replace(**{name: value}),
                                                  body, test_world.target),
         }
     return out

@@ -241,7 +241,7 @@ def test_undeclared_fields_stay_unknown_and_name_their_flag(tmp_path, drafter, r
 
 def test_fc_width_is_a_divergence_even_when_the_layers_are_unknown(tmp_path, ref_dir):
     torch.manual_seed(1)
-    four_of_five = DFlashDrafter(dataclasses.replace(SPEC, target_layer_ids=(1, 3)))
+    four_of_five = DFlashDrafter(SPEC.replace(target_layer_ids=(1, 3)))
     torch.save({"model_state_dict": state(four_of_five)}, tmp_path / "ckpt.pt")
     status = main(["compare", "--ours", str(tmp_path / "ckpt.pt"), "--ref", str(ref_dir), "--static-only",
                    "--out", str(tmp_path / "r")])

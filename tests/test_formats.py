@@ -162,7 +162,7 @@ def test_a_config_its_own_fc_contradicts_is_one_finding_of_that_side(tmp_path, s
 
     save_zlab_dir(tmp_path / "ref", spec, drafter.state_dict())
     tensors = dict(drafter.state_dict())
-    tensors["fc.weight"] = DFlashDrafter(dataclasses.replace(spec, target_layer_ids=(1, 3))).state_dict()["fc.weight"]
+    tensors["fc.weight"] = DFlashDrafter(spec.replace(target_layer_ids=(1, 3))).state_dict()["fc.weight"]
     save_zlab_dir(tmp_path / "bad", spec, tensors)
     assert main(["compare", "--ours", str(tmp_path / "bad"), "--ref", str(tmp_path / "ref"), "--static-only",
                  "--out", str(tmp_path / "r")]) == 1

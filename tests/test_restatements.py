@@ -273,8 +273,6 @@ def test_every_config_reader_asks_the_one_family_function():
 
 # -- 7. defaults (impl/defaults.py) ----------------------------------------------------------------------
 def test_defaults_are_one_table_each_imported_by_every_reader():
-    from dataclasses import fields
-
     import dflash_audit.conversion
     import dflash_audit.formats.inference
     import dflash_audit.formats.speculators
@@ -292,7 +290,7 @@ def test_defaults_are_one_table_each_imported_by_every_reader():
         assert module.ZLAB_EXTRAS is impl.defaults.ZLAB_EXTRAS, module.__name__
     for module in (drafter_files.zlab_format, impl.spec, dflash_audit.formats.speculators):
         assert module.BLOCK_SIZE_DEFAULTS is impl.defaults.BLOCK_SIZE_DEFAULTS, module.__name__
-    spec_defaults = {f.name: f.default for f in fields(impl.spec.DraftSpec)}
+    spec_defaults = {name: info.default for name, info in impl.spec.SETTINGS.items()}
     for name, value in {**impl.defaults.QWEN3_DEFAULTS, **impl.defaults.ROTARY_DEFAULTS,
                         **impl.defaults.ZLAB_EXTRAS}.items():
         assert spec_defaults[name] == value, name

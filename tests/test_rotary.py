@@ -3,7 +3,6 @@ drafter's partial rotary, and the static `rotary` finding (drafter vs drafter, d
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -78,7 +77,7 @@ def test_zlab_format_round_trip_and_provenance(tmp_path):
         {"rope_theta": "declared", "rope_scaling": "declared", "partial_rotary_factor": "declared",
          "rope_style": "default"}
     # gptj is written the engines' way, and read back
-    config = zlab_config(dataclasses.replace(model.spec, rope_style="gptj"))
+    config = zlab_config(model.spec.replace(rope_style="gptj"))
     assert config["is_neox_style"] is False and spec_from_zlab_config(config).rope_style == "gptj"
 
 

@@ -4,7 +4,6 @@ through the engines' own code: exactly the fields each engine runs differently f
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -187,7 +186,7 @@ def test_convert_for_a_checkpoint_file(tmp_path, drafter, target_dir):
 def test_convert_for_names_the_field_no_format_can_carry(tmp_path, spec, drafter, capsys):
     from drafter_files.zlab_format import save_zlab_dir
 
-    save_zlab_dir(tmp_path / "z", dataclasses.replace(spec, input_embedding_scale=2.0), drafter.state_dict())
+    save_zlab_dir(tmp_path / "z", spec.replace(input_embedding_scale=2.0), drafter.state_dict())
     assert main(["convert", "--from", str(tmp_path / "z"), "--to", str(tmp_path / "s"), "--for", "sglang"]) == 2
     assert "input_embedding_scale" in capsys.readouterr().err and not (tmp_path / "s").exists()
     assert main(["convert", "--from", str(tmp_path / "z"), "--to", str(tmp_path / "v"), "--for", "vllm"]) == 0

@@ -4,7 +4,6 @@ converts it exactly, training refuses a recipe that contradicts it, decoding pro
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -112,7 +111,7 @@ def test_offline_tau_equals_live_tau_under_both_layouts(trained_pair, test_world
     prompts = prompts[:3]
     cache = load_or_build_cache(tmp_path, test_world.target, target, prompts, 48, stop_ids)
     # The trained weights under the sample-from-anchor layout: every slot proposes, B tokens per block.
-    anchor = DFlashDrafter(dataclasses.replace(trained.spec, sample_from_anchor=True)).eval()
+    anchor = DFlashDrafter(trained.spec.replace(sample_from_anchor=True)).eval()
     anchor.load_state_dict(trained.state_dict())
     anchor.to(next(trained.parameters()).device)
     for model in (trained, anchor):

@@ -104,7 +104,7 @@ def test_the_qwen3_defaults_are_what_transformers_qwen3config_fills_in():
     assert QWEN3_DEFAULTS["rope_theta"] == config.rope_parameters["rope_theta"] == Qwen3Config.default_theta
     for name in ("rms_norm_eps", "max_position_embeddings", "hidden_act", "attention_bias"):
         assert QWEN3_DEFAULTS[name] == getattr(config, name), name
-    assert DraftSpec.__dataclass_fields__["rope_theta"].default == QWEN3_DEFAULTS["rope_theta"]
+    assert DraftSpec.model_fields["rope_theta"].default == QWEN3_DEFAULTS["rope_theta"]
 
 
 def test_a_ckpt_written_before_the_target_vocab_size_rename_still_loads(tmp_path):

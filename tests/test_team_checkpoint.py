@@ -12,7 +12,6 @@ the files are written at scaled-down width (same layer counts, heads and ids).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 
@@ -51,7 +50,7 @@ def team_name(key: str) -> str:
 
 
 def team_spec(spec: DraftSpec) -> DraftSpec:
-    return dataclasses.replace(spec, target_layer_ids=(1, 16, 31, 46))  # layer 61 kept for the loss only
+    return spec.replace(target_layer_ids=(1, 16, 31, 46))  # layer 61 kept for the loss only
 
 
 def test_the_real_shape_is_read_from_the_team_names_on_the_meta_device(tmp_path):
@@ -89,7 +88,7 @@ def test_the_real_shape_is_read_from_the_team_names_on_the_meta_device(tmp_path)
 
 def test_the_team_checkpoint_audits_to_exactly_fc_dims_and_recipe(tmp_path, capsys):
     # Scaled-down width, real structure: 5 layers, 32 heads of 128, 8 kv heads, 64 target layers, block 16.
-    scaled = dataclasses.replace(REAL, hidden_size=160, intermediate_size=544)
+    scaled = REAL.replace(hidden_size=160, intermediate_size=544)
     torch.manual_seed(0)
     reference = DFlashDrafter(scaled)
     save_zlab_dir(tmp_path / "zlab", scaled, reference.state_dict())

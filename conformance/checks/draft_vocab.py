@@ -6,7 +6,6 @@ target head's rows of the mapped ids, as speculators' `load_verifier_weights` ta
 
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 
@@ -27,7 +26,7 @@ def case_frequencies(case: TrainingCase) -> dict[int, int]:
 
 def reduced_state_dict(spec, seed: int) -> dict[str, torch.Tensor]:
     """The reference's draft body plus the reduced head and its map, for a spec with `draft_vocab_size`."""
-    full = dataclasses.replace(spec, draft_vocab_size=None)
+    full = spec.replace(draft_vocab_size=None)
     state = reference_state_dict(full, seed)
     gen = torch.Generator().manual_seed(seed)
     freq = {i: int(n) for i, n in enumerate(torch.randint(0, 5, (spec.target_vocab_size,), generator=gen).tolist()) if n}
@@ -80,7 +79,7 @@ def proposals(cmp: Comparator, a, b, case: TrainingCase) -> None:
     from the reference's hidden states through its head and d2t offsets (ids exactly: the map is no float)."""
     names = (a.name, b.name)
     # Full attention from position 0: the plain forward (#10); windows and positions are other entries' checks.
-    spec = dataclasses.replace(case.spec, layer_types=("full_attention",) * case.spec.num_hidden_layers,
+    spec = case.spec.replace(layer_types=("full_attention",) * case.spec.num_hidden_layers,
                                sliding_window=None, sliding_window_non_causal=False)
     target, noise, features, positions = inputs(ForwardCase(spec, 6, 0, torch.float32, case.seed))
     state = reduced_state_dict(spec, case.seed)

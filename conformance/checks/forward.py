@@ -45,14 +45,14 @@ def without_property(case: ForwardCase, pitfall: int | None) -> tuple[ForwardCas
     """The case without what entry `pitfall` adds, and the entry that checks that simpler case."""
     spec = case.spec
     if pitfall == 22:
-        simpler = replace(case, spec=replace(spec, **dict.fromkeys(DFLASH2_FIELDS)))
+        simpler = replace(case, spec=spec.replace(**dict.fromkeys(DFLASH2_FIELDS)))
     elif pitfall == 25:
-        simpler = replace(case, spec=replace(spec, sliding_window_non_causal=False))
+        simpler = replace(case, spec=spec.replace(sliding_window_non_causal=False))
     elif pitfall == 11:
-        simpler = replace(case, spec=replace(spec, layer_types=("full_attention",) * spec.num_hidden_layers,
+        simpler = replace(case, spec=spec.replace(layer_types=("full_attention",) * spec.num_hidden_layers,
                                              sliding_window=None, sliding_window_non_causal=False))
     elif pitfall == 35:
-        simpler = replace(case, spec=replace(spec, rope_scaling=None, partial_rotary_factor=1.0))
+        simpler = replace(case, spec=spec.replace(rope_scaling=None, partial_rotary_factor=1.0))
     elif pitfall == 12:
         simpler = replace(case, position_offset=0)
     else:

@@ -57,7 +57,7 @@ def with_generated_mask(spec: DraftSpec, weights, target, prompts, max_new_token
     expected = tuple(tuple(target_greedy(target, ids, max_new_tokens)) for ids in prompts)
     counts = Counter(token for cont in expected for token in cont[1:])
     mask = min(counts, key=lambda token: (-counts[token], token))
-    return MaskKeptCase(dataclasses.replace(spec, mask_token_id=mask), weights, target, tuple(prompts), expected)
+    return MaskKeptCase(spec.replace(mask_token_id=mask), weights, target, tuple(prompts), expected)
 
 
 @lru_cache(maxsize=1)

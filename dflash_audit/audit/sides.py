@@ -7,7 +7,6 @@ field, where its value came from or why it is unknown. The audit never fills a g
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from dflash_audit.formats.inference import fc_layer_count
 from impl.families import spec_family
 from foundation.param_names import verifier_owned_keys
 from impl.recipe import Recipe
-from impl.spec import DraftSpec
+from impl.spec import SPEC_FIELDS, DraftSpec
 
 
 @dataclass
@@ -86,7 +85,7 @@ class Side:
         if self.spec is not None:
             return self.spec
         count = self.fc_layer_count
-        names = {f.name for f in dataclasses.fields(DraftSpec)}
+        names = set(SPEC_FIELDS)
         values = {k: v for k, v in self.known.items() if k in names}
         if count is None:
             return None

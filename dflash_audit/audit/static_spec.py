@@ -3,7 +3,7 @@ layer types and windows, the DFlash family), and each side checked against its o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -20,7 +20,7 @@ from impl.body_shapes import body_shapes
 from impl.families import spec_family
 from impl.slot_layout import describe as describe_layout
 from impl.slot_layout import speculative_tokens
-from impl.spec import ROTARY_FIELDS, DraftSpec
+from impl.spec import ROTARY_FIELDS, SPEC_FIELDS, DraftSpec
 
 
 @dataclass
@@ -323,13 +323,13 @@ def window_direction_findings(ours: Side, ref: Side) -> list[Finding]:
 def spec_rows(ours: Side, ref: Side) -> list[SpecRow]:
     rows = [SpecRow("format", ours.format, ref.format, ours.format, ref.format),
             SpecRow("layer-id convention", ours.layer_id_convention, ref.layer_id_convention, "zlab", "zlab")]
-    for f in fields(DraftSpec):
-        a, b = (side.value(f.name) if side.is_known(f.name) else "unknown" for side in (ours, ref))
+    for name in SPEC_FIELDS:
+        a, b = (side.value(name) if side.is_known(name) else "unknown" for side in (ours, ref))
         a, b = (list(v) if isinstance(v, tuple) else v for v in (a, b))
         raw_a, raw_b = a, b
-        if f.name == "target_layer_ids":  # as stored, in the format's own convention
+        if name == "target_layer_ids":  # as stored, in the format's own convention
             raw_a, raw_b = (side.raw_layer_ids if side.raw_layer_ids is not None else "unknown" for side in (ours, ref))
-        rows.append(SpecRow(f.name, raw_a, raw_b, a, b, ours.provenance.get(f.name, {}), ref.provenance.get(f.name, {})))
+        rows.append(SpecRow(name, raw_a, raw_b, a, b, ours.provenance.get(name, {}), ref.provenance.get(name, {})))
     fc = [side.fc_in_features if side.fc_in_features is not None else "unknown" for side in (ours, ref)]
     rows.append(SpecRow("fc_in_features", fc[0], fc[1], fc[0], fc[1],
                         {"source": "inferred", "detail": "target layers x hidden size"},

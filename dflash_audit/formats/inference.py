@@ -13,7 +13,7 @@ checkpoint, and the field then follows the weights (shape fields) or stays unkno
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,11 +28,10 @@ from dflash_audit.formats.setting_names import (
 from impl.defaults import QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import DFLASH2_MARKERS, HEAD_PREFIXES, TITLES, body_is_dflash2, head_family, spec_family
 from impl.recipe import RECIPE_FIELDS, Recipe
-from impl.spec import DSPARK_FIELDS, XPRESS_FIELDS, DraftSpec, SpecError
+from impl.spec import DSPARK_FIELDS, SPEC_FIELDS, XPRESS_FIELDS, DraftSpec, SpecError
 
 # What a config that omits a Qwen3 layer setting, a rotary setting or a z-lab extra gets.
 CONFIG_DEFAULTS = {**QWEN3_DEFAULTS, **ROTARY_DEFAULTS, **ZLAB_EXTRAS}
-SPEC_FIELDS = [f.name for f in fields(DraftSpec)]
 LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
 
 

@@ -4,7 +4,6 @@ what a file says, and the one-line error when a verb needs a spec that is incomp
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from dflash_audit.formats.setting_names import DeclarationError
 from foundation.errors import AuditError
 from drafter_files.checkpoint import Checkpoint
 from impl.recipe import Recipe
-from impl.spec import CONFIG_KEYS, DraftSpec, SpecError
+from impl.spec import CONFIG_KEYS, SPEC_FIELDS, DraftSpec, SpecError
 
 
 @dataclass
@@ -66,7 +65,7 @@ def require_spec(loaded: LoadedCheckpoint, what: str) -> DraftSpec:
 
 
 def incomplete_spec(path: str, known: dict[str, Any], details: dict[str, str], what: str) -> AuditError:
-    missing = [name for name in (f.name for f in dataclasses.fields(DraftSpec)) if name not in known]
+    missing = [name for name in SPEC_FIELDS if name not in known]
     hints = "; ".join(f"{name}: {details.get(name, 'unknown')}" for name in missing)
     return AuditError(f"{path}: {what} needs the whole spec, and {len(missing)} field(s) are unknown "
                       f"({', '.join(missing)}). {hints}")
@@ -75,9 +74,9 @@ def incomplete_spec(path: str, known: dict[str, Any], details: dict[str, str], w
 def declared_provenance(spec: DraftSpec, detail: str, present: set[str] | None = None,
                         defaulted_detail: str = "not in the config; the format's default") -> dict[str, Provenance]:
     """Every field declared by the file, except those absent from it (`present` given) which took a default."""
-    return {f.name: Provenance("declared", detail) if present is None or f.name in present
-            or CONFIG_KEYS.get(f.name) in present
-            else Provenance("default", defaulted_detail) for f in dataclasses.fields(DraftSpec)}
+    return {name: Provenance("declared", detail) if present is None or name in present
+            or CONFIG_KEYS.get(name) in present
+            else Provenance("default", defaulted_detail) for name in SPEC_FIELDS}
 
 
 # Whose default a rotary setting a config leaves out takes (rope_theta's is the format's: see `rotary_provenance`).
@@ -111,11 +110,11 @@ def apply_cli_spec(loaded: LoadedCheckpoint, options: LoadOptions) -> LoadedChec
         cli = parse_cli_spec(options.spec, options.flag("spec"))
     except DeclarationError as exc:
         raise AuditError(str(exc)) from exc
-    spec_fields = {f.name for f in dataclasses.fields(DraftSpec)}
+    spec_fields = set(SPEC_FIELDS)
     spec_changes = {k: (tuple(v) if isinstance(v, list) else v) for k, (v, _) in cli.items() if k in spec_fields}
     recipe_changes = {k: v for k, (v, _) in cli.items() if k not in spec_fields}
     try:
-        loaded.spec = dataclasses.replace(loaded.spec, **spec_changes)
+        loaded.spec = loaded.spec.replace(**spec_changes)
         if recipe_changes:
             loaded.recipe = (loaded.recipe or Recipe()).replace(**recipe_changes)
     except SpecError as exc:

@@ -1,7 +1,8 @@
 """The names under which checkpoints, configs and training args declare a drafter's settings.
 
 One table maps every recognized name (z-lab's, speculators' `TrainConfig` and model config,
-and the common ones teams use) to a `DraftSpec` or `Recipe` field. Declared dicts are
+and the common ones teams use) to a `DraftSpec` or `Recipe` field, built from the fields' declarations
+(`names` in impl/spec.py and impl/recipe.py). Declared dicts are
 walked recursively; a key is recognized by its last path component, so `args.gamma`,
 `train.loss.gamma` and `dflash_config.block_size` all count. Keys under a target/verifier
 scope describe the target (`target.num_hidden_layers` is the target's depth). Whatever is
@@ -17,44 +18,10 @@ from typing import Any
 
 from impl.layers import speculators_to_zlab
 from impl.recipe import KNOBS, LOSS_KINDS, LOSS_WEIGHTINGS, choices
-from impl.spec import LAYER_TYPES, ROPE_STYLES
+from impl.settings import base_type
+from impl.spec import LAYER_TYPES, ROPE_STYLES, SETTINGS, SPEC_NAMES
 
-SPEC_NAMES = {
-    "hidden_size": ("hidden_size", "hidden_dim", "d_model", "n_embd", "dim"),
-    "intermediate_size": ("intermediate_size", "ffn_dim", "ffn_hidden_size", "mlp_dim"),
-    "num_attention_heads": ("num_attention_heads", "num_heads", "n_heads", "n_head"),
-    "num_key_value_heads": ("num_key_value_heads", "num_kv_heads", "n_kv_heads"),
-    "head_dim": ("head_dim",),
-    "num_hidden_layers": ("num_hidden_layers", "num_draft_layers", "draft_layers", "n_draft_layers", "num_layers",
-                          "n_layers", "draft_num_layers"),
-    "target_vocab_size": ("target_vocab_size", "vocab_size"),
-    "target_layer_ids": ("target_layer_ids", "target_layers", "fc_layers", "fc_layer_ids", "layer_ids",
-                         "feature_layers", "context_layers", "aux_hidden_state_layer_ids"),
-    "num_target_layers": ("num_target_layers", "target_num_layers", "num_target_hidden_layers",
-                          "target_num_hidden_layers", "verifier_num_layers"),
-    "mask_token_id": ("mask_token_id", "mask_id", "mask_token"),
-    "block_size": ("block_size", "draft_block_size", "block_len"),
-    "layer_types": ("layer_types",),
-    "sliding_window": ("sliding_window",),
-    "rope_theta": ("rope_theta",),
-    "partial_rotary_factor": ("partial_rotary_factor",),
-    "rms_norm_eps": ("rms_norm_eps",),
-    "max_position_embeddings": ("max_position_embeddings",),
-    "attention_bias": ("attention_bias",),
-    "hidden_act": ("hidden_act",),
-    "input_embedding_scale": ("input_embedding_scale",),
-    "output_multiplier": ("output_multiplier",),
-    "final_logit_softcapping": ("final_logit_softcapping",),
-    "sliding_window_non_causal": ("sliding_window_non_causal",),
-    # Both the drafter's slot layout (spec) and what training applied (recipe): one declaration says both.
-    "sample_from_anchor": ("sample_from_anchor",),
-    "conv_kernel_size": ("conv_kernel_size",),
-    "conv_group_size": ("conv_group_size",),
-    "selector_rank": ("selector_rank",),
-    "selector_top_k": ("selector_top_k",),
-    "draft_vocab_size": ("draft_vocab_size",),
-}
-# Every name a recipe knob is declared under, from its declaration (impl/recipe.py).
+# Every name a spec setting (impl/spec.py) or a recipe knob (impl/recipe.py) is declared under.
 RECIPE_NAMES = {name: tuple(info.json_schema_extra["names"]) for name, info in KNOBS.items()}
 ALIASES = {alias: name for table in (SPEC_NAMES, RECIPE_NAMES) for name, aliases in table.items() for alias in aliases}
 # Path components that scope a key to the target model rather than the drafter.
@@ -68,15 +35,13 @@ SPECULATORS_IDS = "aux_hidden_state_layer_ids"
 # a value of the wrong type under one of them is listed as unrecognized, not refused.
 GENERIC_ALIASES = {"loss", "loss_type", "dim", "mask_token", "layer_ids", "num_layers", "n_layers"}
 
-# The value types: the spec's written here, the recipe knobs' from their declared types.
+# The value types, from the declarations (impl/spec.py, impl/recipe.py) of the settings read by name.
 RECIPE_TYPES = {name: info.annotation for name, info in KNOBS.items() if not choices(name)}
-INT_FIELDS = {"hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-              "num_hidden_layers", "target_vocab_size", "num_target_layers", "mask_token_id", "block_size",
-              "max_position_embeddings", "sliding_window", "conv_kernel_size", "conv_group_size", "selector_rank",
-              "selector_top_k", "draft_vocab_size"} | {n for n, t in RECIPE_TYPES.items() if t in (int, int | None)}
-FLOAT_FIELDS = {"rope_theta", "partial_rotary_factor", "rms_norm_eps", "input_embedding_scale", "output_multiplier",
-                "final_logit_softcapping"} | {n for n, t in RECIPE_TYPES.items() if t is float}
-BOOL_FIELDS = {"attention_bias", "sliding_window_non_causal"} | {n for n, t in RECIPE_TYPES.items() if t is bool}
+SPEC_TYPES = {name: base_type(SETTINGS[name]) for name in SPEC_NAMES}
+INT_FIELDS = ({n for n, t in SPEC_TYPES.items() if t is int}
+              | {n for n, t in RECIPE_TYPES.items() if t in (int, int | None)})
+FLOAT_FIELDS = {n for n, t in SPEC_TYPES.items() if t is float} | {n for n, t in RECIPE_TYPES.items() if t is float}
+BOOL_FIELDS = {n for n, t in SPEC_TYPES.items() if t is bool} | {n for n, t in RECIPE_TYPES.items() if t is bool}
 LOSS_SPELLINGS = {"ce": "ce", "cross_entropy": "ce", "crossentropy": "ce", "xent": "ce", "kl": "kl_div",
                   "kl_div": "kl_div", "kld": "kl_div", "forward_kl": "kl_div", "kl_divergence": "kl_div"}
 
