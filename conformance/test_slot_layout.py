@@ -42,7 +42,7 @@ def test_training_follows_the_drafter_layout_p33(conform, pair, sample_from_anch
 def test_dflash2_selector_predecessors_under_sample_from_anchor_p33(conform, pair):
     """Sampling from the anchor, slot k proposes the token after position a + k, so the selector's teacher-forced
     predecessor is the token AT a + k (speculators' `_predecessor_ids` under its config's layout)."""
-    case = dataclasses.replace(DFLASH2_TRAINING, spec=dataclasses.replace(DFLASH2_TRAINING.spec,
+    case = dataclasses.replace(DFLASH2_TRAINING, spec=DFLASH2_TRAINING.spec.replace(
                                                                           sample_from_anchor=True))
     conform.describe(case)
     dflash2.selector_training(conform, *pair, case)

@@ -127,7 +127,7 @@ class DraftSpec(BaseModel):
         names=("vocab_size",),
         speculators="transformer_layer_config.vocab_size", zlab="vocab_size")
     target_layer_ids: tuple[int, ...] = setting(
-        ..., "target decoder layers whose outputs feed fc (0-based, z-lab's convention: hidden_states[id + 1])",
+        ..., "target decoder layers whose outputs feed fc (0-based, z-lab's convention: hidden state id + 1)",
         names=("target_layers", "fc_layers", "fc_layer_ids", "layer_ids", "feature_layers", "context_layers", "aux_hidden_state_layer_ids"),
         speculators="aux_hidden_state_layer_ids (id + 1)", zlab="dflash_config.target_layer_ids",
         default_of=REQUIRED, flags=("--target-layer-ids", "--fc-layers"),
@@ -241,7 +241,7 @@ class DraftSpec(BaseModel):
         None, "a reduced draft vocabulary: the head proposes only the N most frequent loss-masked tokens of the "
         "training data (speculators' rule), mapped to target ids by d2t", speculators="draft_vocab_size",
         zlab="draft_vocab_size (vLLM's)", default_of="both references (the head is the target's whole vocabulary)",
-        flags=("--draft-vocab-size",), train_default_of="the whole vocabulary")
+        gt=0, flags=("--draft-vocab-size",), train_default_of="the whole vocabulary")
     # DSpark (speculators' models/dspark): a Markov logit-bias head of rank `markov_rank` (0: none) over the
     # previous block token, of type vanilla / gated / rnn, and a per-slot confidence head (its input the slot's
     # hidden state, plus the Markov embedding with `confidence_head_with_markov`). All four set, or all None.
@@ -549,14 +549,20 @@ def settings_table() -> str:
             given = TRAIN_DEFAULTS[name]
             option = (", ".join(f"`{flag}`" for flag in meta["flags"]) + ": "
                       + (f"`{given!r}`" if given is not None else meta["train_default_of"]))
-        lines.append(f"| `{name}`: {info.description} | {settings.type_name(info)} | {default} | "
-                     f"{settings.bounds_text(info, settings.base_type(info) is int) if settings.bounds(info) else '—'} | "
-                     f"{_code(meta['speculators'])} | {_code(meta['zlab'])} | {meta['default_of']} | {option} |")
+        bound = settings.bounds_text(info, settings.base_type(info) is int) if settings.bounds(info) else "—"
+        lines.append(_cells(f"`{name}`: {info.description}", settings.type_name(info), default, bound,
+                            _code(meta["speculators"]), _code(meta["zlab"]), meta["default_of"], option))
     return "\n".join(lines)
 
 
 def _code(name: str | None) -> str:
     return f"`{name}`" if name else "—"
+
+
+def _cells(*cells: str) -> str:
+    """A table row; a `|` inside a cell (`<|mask|>`) escaped, the choices' own separators kept."""
+    return "| " + " | ".join(cell.replace(" \\| ", "\0").replace("|", "\\|").replace("\0", " \\| ")
+                             for cell in cells) + " |"
 
 
 if __name__ == "__main__":

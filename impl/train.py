@@ -19,6 +19,7 @@ import os
 import time
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,7 +34,8 @@ from impl.families import TRAINED_FAMILIES
 from impl.layers import build_target_layer_ids, final_layer
 from impl.model import DFlashDrafter
 from impl.recipe import KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe
-from impl.spec import DFLASH2_FIELDS, DraftSpec, SpecError
+from impl.spec import DFLASH2_FIELDS, RUN_FIELDS, TRAIN_SETTINGS, DraftSpec, SpecError
+from impl.spec import TRAIN_DEFAULTS as SPEC_TRAIN_DEFAULTS
 from impl.train_step import training_step
 from impl.vocab_mapping import MappingError, check_mapping, count_token_frequencies, mapping_from_frequencies
 from impl.rotary_config import rotary_settings
@@ -65,23 +67,11 @@ class RunSettings:
     batch_size: int = 4  # packed rows per micro-batch, across all ranks
     grad_accum: int = 1
     seq_len: int = 1024
-    block_size: int = 16
-    draft_layers: int = 1
-    target_layer_ids: list[int] | None = None  # default: z-lab's build_target_layer_ids
-    layer_types: list[str] | None = None
-    sliding_window: int | None = None
-    mask_token_id: int | None = None  # default: the tokenizer's <|mask|>
-    # A reduced draft vocabulary (speculators' --draft-vocab-size): the N most frequent loss-masked tokens of the
-    # training data (impl.vocab_mapping), or the map in `d2t` (a .npy of offsets, as speculators writes d2t-N.npy).
-    draft_vocab_size: int | None = None
+    # A reduced draft vocabulary (`draft_vocab_size`, a drafter setting below) is the N most frequent loss-masked
+    # tokens of the training data (impl.vocab_mapping), or the map in `d2t` (a .npy of offsets, as speculators
+    # writes d2t-N.npy).
     d2t: str | None = None
-    # DFlash2 (speculators' `from_training_args` defaults): convolutions and selector.
     family: str = "dflash"
-    conv_kernel_size: int = 2
-    conv_group_size: int = 16
-    selector_rank: int = 256
-    selector_top_k: int = 16
-    sliding_window_non_causal: bool | None = None  # default: the family's (dflash2: bidirectional, as speculators)
     dtype: str = "fp32"
     eval_every: int = 0  # 0: only at the end
     save_every: int = 0  # 0: only at the end
@@ -93,11 +83,15 @@ class RunSettings:
     extra: dict = field(default_factory=dict)
 
 
-# A run: its settings and every recipe knob (impl/recipe.py), each at `dflash-audit train`'s default (speculators'
-# trainer resolution of a dflash run: CE, D-PACE, alpha 0.5; the conformance suite holds these to the installed
-# speculators). Built from the declarations, so a knob added there is a field here.
-RunConfig = make_dataclass("RunConfig", [(name, info.annotation, field(default=TRAIN_DEFAULTS[name]))
-                                         for name, info in KNOBS.items()], bases=(RunSettings,))
+# A run: its settings, every drafter setting `train` takes (impl/spec.py: block size, draft layers, target layers,
+# DFlash2's sizes, ...; None: the default its declaration names, e.g. z-lab's target layers) and every recipe knob
+# (impl/recipe.py), each at `dflash-audit train`'s default (speculators' trainer resolution of a dflash run: CE,
+# D-PACE, alpha 0.5; the conformance suite holds these to the installed speculators). Built from the declarations,
+# so a setting or a knob added there is a field here.
+RunConfig = make_dataclass("RunConfig", [(RUN_FIELDS[name], Any, field(default=SPEC_TRAIN_DEFAULTS[name]))
+                                         for name in TRAIN_SETTINGS]
+                           + [(name, info.annotation, field(default=TRAIN_DEFAULTS[name]))
+                              for name, info in KNOBS.items()], bases=(RunSettings,))
 RunConfig.__module__ = __name__
 
 

@@ -119,3 +119,27 @@ def test_a_ckpt_written_before_the_target_vocab_size_rename_still_loads(tmp_path
     write_ckpt(tmp_path / "old.pt", old, {"fc.weight": torch.zeros(1)})
     ckpt = load_checkpoint(tmp_path / "old.pt")
     assert ckpt.spec == spec and "target_vocab_size" in ckpt.spec_written and "vocab_size" not in ckpt.spec_written
+
+
+def test_docs_settings_table_is_the_generated_one():
+    from pathlib import Path
+
+    from impl.spec import settings_table
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    assert settings_table() in page, "run: python -m impl.spec"
+
+
+def test_each_setting_is_checked_by_its_declaration():
+    """A setting's own range, from its Field alone: a planted bound is checked, with the declared words."""
+    from impl.spec import SETTINGS, setting_problem
+
+    assert setting_problem("block_size", 0) == "must be a positive integer, got 0"
+    assert setting_problem("block_size", 1 << 25) == f"{1 << 25} is past any real model's (at most {1 << 24:,})"
+    assert setting_problem("partial_rotary_factor", 1.5) == "must be in (0, 1], got 1.5"
+    assert setting_problem("markov_head_type", "lstm") == "'lstm' not in ['vanilla', 'gated', 'rnn']"
+    assert setting_problem("xpress_rank", 0) == "must be an integer >= 1, got 0"
+    assert setting_problem("conv_kernel_size", None) is None and setting_problem("hidden_size", None) is not None
+    with pytest.raises(SpecError, match="^rms_norm_eps: must be positive, got -1.0$"):
+        tiny_spec(rms_norm_eps=-1.0)
+    assert all(info.description for info in SETTINGS.values())

@@ -13,18 +13,33 @@ from dflash_audit.formats.setting_names import DeclarationError, convert
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from foundation.errors import AuditError
 from foundation.inputs import check_finite_flags, check_target_dir, regular_file
+from impl import spec
 from impl.families import TRAINED_FAMILIES
 from impl.recipe import KNOBS
 
 
-def _layer_ids(value: str | None, flag: str) -> list[int] | None:
-    """`--target-layer-ids 1,16,31`: read as the spec's target_layer_ids, the same way every other source is."""
-    if value is None:
-        return None
-    try:
-        return convert("target_layer_ids", value, flag)
-    except DeclarationError as exc:
-        raise AuditError(str(exc)) from None
+def drafter_settings(options: dict) -> dict:
+    """The trainable drafter settings given on the command line (popped from `options`), by run field, each
+    checked against its declaration: `--target-layer-ids 1,16,31` read as every other source reads the setting,
+    `--layer-types` split at commas."""
+    given = {}
+    for name in spec.TRAIN_SETTINGS:
+        field_name, flag = spec.RUN_FIELDS[name], spec.extra(name)["flags"][0].split("/")[0]
+        value = options.pop(field_name, None)
+        if value is None:
+            continue
+        if name == "target_layer_ids":
+            try:
+                value = convert(name, value, flag)
+            except DeclarationError as exc:
+                raise AuditError(str(exc)) from None
+        elif name == "layer_types":
+            value = [t.strip() for t in value.split(",")] if value else None
+        problem = spec.setting_problem(name, value)
+        if problem:
+            raise AuditError(f"{flag} {problem}")
+        given[field_name] = value
+    return given
 
 
 def check_out(out: Path, resume: bool, force: bool = False) -> None:
@@ -77,16 +92,6 @@ def train(
                                           "--speculator-type dflash (loss_fn, per_position_loss_weight, dpace_alpha, "
                                           "gamma, max_anchors, block_size, draft layers), read from the installed "
                                           "package; flags given explicitly still win."),
-    block_size: int = typer.Option(None, help="Draft block size B (default: 16)."),
-    draft_layers: int = typer.Option(None, help="Drafter decoder layers (default: 1)."),
-    target_layer_ids: str = typer.Option(None, "--target-layer-ids", "--fc-layers",
-                                         help="Target layers feeding fc, e.g. '1,2' (default: z-lab's rule)."),
-    layer_types: str = typer.Option(None, help="Per draft layer: full_attention or sliding_attention, comma-separated."),
-    sliding_window: int = typer.Option(None, help="Window of the sliding_attention layers."),
-    mask_token_id: int = typer.Option(None, help="Default: the tokenizer's <|mask|> token."),
-    draft_vocab_size: int = typer.Option(None, help="Reduced draft vocabulary: the head proposes only the N most "
-                                                     "frequent loss-masked tokens of --data (speculators' rule), "
-                                                     "mapped to target ids by d2t (default: the whole vocabulary)."),
     d2t: Path = typer.Option(None, "--d2t", help="The draft-to-target map to use instead: a .npy of offsets "
                                                  "(target id = draft id + d2t[draft id]), as speculators writes."),
     dtype: str = typer.Option("fp32", help="fp32, or bf16 (autocast, fp32 master weights)."),
@@ -101,14 +106,8 @@ def train(
     max_seconds: float = typer.Option(None, help="Shrink the schedule to fit this wall-clock budget."),
     json_out: Path = typer.Option(None, "--json", help="Write the run's stats as JSON."),
     family: str = typer.Option("dflash", help="dflash, or dflash2 (convolutions + candidate selector)."),
-    conv_kernel_size: int = typer.Option(None, help="DFlash2: causal taps per convolution (default: 2)."),
-    conv_group_size: int = typer.Option(None, help="DFlash2: channels sharing one dynamic kernel (default: 16)."),
-    selector_rank: int = typer.Option(None, help="DFlash2: rank of the selector's bilinear term (default: 256)."),
-    selector_top_k: int = typer.Option(None, help="DFlash2: unary candidates the selector reranks (default: 16)."),
-    sliding_window_non_causal: bool = typer.Option(
-        None, "--sliding-window-non-causal/--sliding-window-causal",
-        help="Sliding layers see their whole block (default: dflash2 yes, dflash no)."),
-    **knobs,  # one option per recipe knob, generated from impl/recipe.py (train_options.with_knob_options)
+    **knobs,  # one option per trainable drafter setting (impl/spec.py) and per recipe knob (impl/recipe.py),
+    # generated from their declarations (train_options.with_knob_options)
 ) -> None:
     from transformers.utils import logging as hf_logging
 
@@ -119,30 +118,23 @@ def train(
     check_train_paths(target, data, eval_data, out, json_out, resume, force)
     if d2t is not None:
         regular_file(d2t, "file", "--d2t")
-    if draft_vocab_size is not None and draft_vocab_size <= 0:
-        raise AuditError(f"--draft-vocab-size must be a positive number of tokens, got {draft_vocab_size}")
+    drafter = drafter_settings(knobs)  # the trainable spec settings given, by run field; the rest are recipe knobs
     check_finite_flags(lr=lr, max_seconds=max_seconds,
                        **{name: value for name, value in knobs.items() if KNOBS[name].annotation is float})
-    dflash2_flags = dict(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size,
-                         selector_rank=selector_rank, selector_top_k=selector_top_k,
-                         **{name: value for name, value in knobs.items()
-                            if KNOBS[name].json_schema_extra["family"] == "dflash2"})
+    dflash2_flags = {name: value for name, value in {**drafter, **knobs}.items()
+                     if name in spec.FAMILY_FIELDS["dflash2"] or name in KNOBS
+                     and KNOBS[name].json_schema_extra["family"] == "dflash2"}
     check_family_flags(family, dflash2_flags)
     if dtype not in ("fp32", "bf16"):
         raise AuditError(f"--dtype must be fp32 or bf16, got {dtype!r}")
     # The recipe knobs are checked once, by the recipe type, when the run starts (impl.train.check_run).
-    settings = recipe_settings(recipe, family, dict(
-        conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size, selector_rank=selector_rank,
-        selector_top_k=selector_top_k, sliding_window_non_causal=sliding_window_non_causal, block_size=block_size,
-        draft_layers=draft_layers, **knobs))
+    settings = recipe_settings(recipe, family, {**drafter, **knobs})
     cfg = RunConfig(
         target=str(target), out=str(out), data=str(data), eval_data=str(eval_data) if eval_data else None,
         eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
-        grad_accum=grad_accum, seq_len=seq_len, target_layer_ids=_layer_ids(target_layer_ids, "--target-layer-ids"),
-        layer_types=_layer_types(layer_types),
-        sliding_window=sliding_window, mask_token_id=mask_token_id, draft_vocab_size=draft_vocab_size,
-        d2t=str(d2t) if d2t is not None else None, dtype=dtype, eval_every=eval_every,
-        save_every=save_every, resume=resume, seed=seed, max_seconds=max_seconds, family=family, **settings)
+        grad_accum=grad_accum, seq_len=seq_len, d2t=str(d2t) if d2t is not None else None, dtype=dtype,
+        eval_every=eval_every, save_every=save_every, resume=resume, seed=seed, max_seconds=max_seconds,
+        family=family, **settings)
     hf_logging.disable_progress_bar()  # one progress bar: the trainer's
     try:
         stats = run_training(cfg)
@@ -174,10 +166,6 @@ def recipe_settings(recipe: str | None, family: str, given: dict) -> dict:
         settings = train_settings(family)
     settings.update({name: value for name, value in given.items() if value is not None})
     return settings
-
-
-def _layer_types(value: str | None) -> list[str] | None:
-    return [t.strip() for t in value.split(",")] if value else None
 
 
 def report_run(stats: dict, json_out: Path | None) -> None:

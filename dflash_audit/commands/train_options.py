@@ -1,5 +1,6 @@
-"""The `train` options of the recipe knobs, generated from their declarations (impl/recipe.py): each flag, its older
-spellings, its type, and its help with the default `train` uses. Adding a knob there adds its option here.
+"""The `train` options of the recipe knobs and of the drafter settings `train` takes, generated from their
+declarations (impl/recipe.py, impl/spec.py): each flag, its older spellings, its type, and its help with the
+default `train` uses. Adding a knob or a trainable setting there adds its option here.
 
 Every option defaults to None ("not given"): `--recipe speculators` fills what is not given, and the recipe's own
 checks (`impl.recipe.knob_problem`) judge the values when the run starts.
@@ -12,7 +13,9 @@ from collections.abc import Callable
 
 import typer
 
+from impl import spec
 from impl.recipe import KNOBS, TRAIN_DEFAULTS, bounds_text, choices
+from impl.settings import base_type
 
 
 def knob_help(name: str) -> str:
@@ -35,12 +38,31 @@ def knob_parameters() -> list[inspect.Parameter]:
     return parameters
 
 
+def setting_help(name: str) -> str:
+    """A drafter setting's help: its description and what `train` uses without it."""
+    given = spec.TRAIN_DEFAULTS[name]
+    default = given if given is not None else spec.extra(name)["train_default_of"]
+    return f"{spec.SETTINGS[name].description} (default: {default})."
+
+
+def setting_parameters() -> list[inspect.Parameter]:
+    """One keyword parameter per drafter setting `train` takes, named as its run field (`draft_layers`); a list
+    setting is given comma-separated (`--target-layer-ids 1,16,31`)."""
+    parameters = []
+    for name in spec.TRAIN_SETTINGS:
+        kind = base_type(spec.SETTINGS[name])
+        option = typer.Option(None, *spec.extra(name)["flags"], help=setting_help(name))
+        parameters.append(inspect.Parameter(spec.RUN_FIELDS[name], inspect.Parameter.KEYWORD_ONLY, default=option,
+                                            annotation=(kind if kind in (int, bool) else str) | None))
+    return parameters
+
+
 def with_knob_options(command: Callable) -> Callable:
-    """`command(..., **knobs)` with an option per recipe knob in place of `**knobs` (once: a verb may be
-    registered again)."""
+    """`command(..., **knobs)` with an option per recipe knob and per trainable drafter setting in place of
+    `**knobs` (once: a verb may be registered again)."""
     if hasattr(command, "__signature__"):
         return command
     signature = inspect.signature(command, eval_str=True)
     fixed = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    command.__signature__ = signature.replace(parameters=fixed + knob_parameters())
+    command.__signature__ = signature.replace(parameters=fixed + setting_parameters() + knob_parameters())
     return command
