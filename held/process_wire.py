@@ -57,7 +57,7 @@ def encode(value: Any, special=None) -> Any:
         if encoded is not None:
             return encoded
     if isinstance(value, DraftSpec):
-        return tagged("spec", fields=encode(dataclasses.asdict(value)))
+        return tagged("spec", fields=encode(value.to_dict()))
     if isinstance(value, (TrainingOutputs, GenerationResult)):
         kind = "training_outputs" if isinstance(value, TrainingOutputs) else "generation_result"
         return tagged(kind, fields=encode({f.name: getattr(value, f.name) for f in dataclasses.fields(value)}, special))
