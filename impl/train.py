@@ -34,7 +34,7 @@ from impl.families import TRAINED_FAMILIES
 from impl.layers import build_target_layer_ids, final_layer
 from impl.model import DFlashDrafter
 from impl.recipe import KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe
-from impl.spec import DFLASH2_FIELDS, RUN_FIELDS, TRAIN_SETTINGS, DraftSpec, SpecError
+from impl.spec import DFLASH2_FIELDS, RUN_FIELDS, TRAIN_SETTINGS, DraftSpec, SpecError, setting_problem
 from impl.spec import TRAIN_DEFAULTS as SPEC_TRAIN_DEFAULTS
 from impl.train_step import training_step
 from impl.vocab_mapping import MappingError, check_mapping, count_token_frequencies, mapping_from_frequencies
@@ -158,7 +158,7 @@ def vocab_mapping(cfg: RunConfig, data: PackedData, target_vocab_size: int) -> t
         return d2t
     if cfg.draft_vocab_size is None or cfg.draft_vocab_size == target_vocab_size:
         return None
-    if not 0 < cfg.draft_vocab_size < target_vocab_size:
+    if cfg.draft_vocab_size > target_vocab_size:  # its lower bound is its declaration's (check_run)
         raise TrainError(f"--draft-vocab-size must be in 1..{target_vocab_size} (the target's vocabulary), "
                          f"got {cfg.draft_vocab_size}")
     freq = count_token_frequencies(zip(data.input_ids, data.loss_mask))
@@ -317,11 +317,14 @@ def check_run(cfg: RunConfig, world: int) -> None:
     """Every setting that needs no file: before the tokenizer, the data or the (possibly large) target is read."""
     if cfg.dtype not in ("fp32", "bf16"):
         raise TrainError(f"dtype must be fp32 or bf16, got {cfg.dtype!r}")
-    for name in ("steps", "batch_size", "grad_accum", "seq_len", "block_size", "draft_layers"):
+    for name in ("steps", "batch_size", "grad_accum", "seq_len"):
         if getattr(cfg, name) <= 0:
             raise TrainError(f"{name} must be positive, got {getattr(cfg, name)}")
-    if cfg.draft_vocab_size is not None and (isinstance(cfg.draft_vocab_size, bool) or cfg.draft_vocab_size <= 0):
-        raise TrainError(f"draft_vocab_size must be a positive number of tokens, got {cfg.draft_vocab_size}")
+    for name in TRAIN_SETTINGS:  # the drafter settings given, each by its declaration (impl/spec.py)
+        value = getattr(cfg, RUN_FIELDS[name])
+        problem = setting_problem(name, list(value) if isinstance(value, tuple) else value)
+        if value is not None and problem:
+            raise TrainError(f"{RUN_FIELDS[name]} {problem}")
     if cfg.draft_vocab_size is not None and cfg.family == "dflash2":
         raise TrainError("a reduced draft vocabulary needs --family dflash: DFlash2 drafts over the full target "
                          "vocabulary (speculators' DFlash2DraftModel refuses one too)")

@@ -734,3 +734,92 @@ def test_no_function_restates_a_default_block_size():
 ])
 def test_a_planted_default_block_size_is_caught(planted):
     assert block_default_copies(planted, "impl/planted.py") != []
+
+
+# -- 13. a drafter setting's default and bounds: its declaration's (impl/spec.py) -----------------------------------
+SPEC_HOMES = ("impl/spec.py", "impl/settings.py")
+
+
+def _spec_defaults() -> dict[str, set]:
+    """Each spec setting's numeric default and `train`'s, under the setting's name and its run field's."""
+    from impl import spec
+
+    found: dict[str, set] = {}
+    for name, info in spec.SETTINGS.items():
+        values = {info.default} if not info.is_required() else set()
+        values |= {spec.TRAIN_DEFAULTS[name]} if name in spec.TRAIN_SETTINGS else set()
+        values = {v for v in values if type(v) in (int, float)}
+        if values:
+            found[name] = found.get(name, set()) | values
+            found[spec.RUN_FIELDS.get(name, name)] = found.get(spec.RUN_FIELDS.get(name, name), set()) | values
+    return found
+
+
+def spec_default_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of a drafter setting's default (or `train`'s) written again as a parameter's or a field's default
+    (`block_size: int = 16`, `def run(draft_layers=1)`, `conv_kernel_size: int = 2`)."""
+    defaults, hits = _spec_defaults(), set()
+    for node in ast.walk(ast.parse(source, path)):
+        pairs = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            positional = node.args.posonlyargs + node.args.args
+            pairs = [(a.arg, d) for a, d in zip(positional[len(positional) - len(node.args.defaults):],
+                                                node.args.defaults)]
+            pairs += [(a.arg, d) for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults) if d is not None]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            pairs = [(node.target.id, node.value)]
+        hits |= {f"{path}:{d.lineno}" for name, d in pairs if isinstance(d, ast.Constant)
+                 and type(d.value) in (int, float) and d.value in defaults.get(name, ())}
+    return sorted(hits)
+
+
+def spec_bound_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of a spec's or a run's setting compared by hand with one of its declared bounds
+    (`cfg.block_size <= 0`, `spec.partial_rotary_factor <= 1`, `spec.hidden_size > MAX_DIMENSION`). A function's
+    guard of its own argument (`block_size <= 0` in select_anchors) is its own contract, not the setting's."""
+    from impl import settings, spec
+
+    bounded = {name: set(settings.bounds(info).values()) for name, info in spec.SETTINGS.items()
+               if settings.bounds(info)}
+    bounded.update({spec.RUN_FIELDS[n]: bounded[n] for n in spec.TRAIN_SETTINGS if n in bounded})
+    hits = set()
+    for node in ast.walk(ast.parse(source, path)):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for a, op, b in zip(operands, node.ops, operands[1:]):
+            if not isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)):
+                continue
+            for setting, bound in ((a, b), (b, a)):
+                if isinstance(setting, ast.Attribute) and setting.attr in bounded and (
+                        (isinstance(bound, ast.Constant) and type(bound.value) in (int, float)
+                         and bound.value in bounded[setting.attr])
+                        or _last_name(bound) in ("MAX_DIMENSION", "MAX_POSITIONS")):
+                    hits.add(f"{path}:{node.lineno}")
+    return sorted(hits)
+
+
+def test_a_spec_setting_default_or_bound_is_written_only_in_its_declaration():
+    sources = {path: source for path, source in repo_sources().items()
+               if path not in SPEC_HOMES and not path.startswith(NON_TEST_SOURCES)}
+    assert [hit for path, source in sources.items() for hit in spec_default_copies(source, path)] == []
+    assert [hit for path, source in sources.items() for hit in spec_bound_copies(source, path)] == []
+
+
+@pytest.mark.parametrize("planted", [
+    "from dataclasses import dataclass\n@dataclass\nclass Run:\n    block_size: int = 16\n",
+    "def train(target, draft_layers=1):\n    pass\n",
+    "def dflash2(*, conv_kernel_size: int = 2, selector_top_k: int = 16):\n    pass\n",
+])
+def test_a_planted_spec_default_is_caught(planted):
+    assert spec_default_copies(planted, "impl/planted.py") != []
+
+
+@pytest.mark.parametrize("planted", [
+    "def check(cfg):\n    if cfg.block_size <= 0:\n        raise ValueError('block_size')\n",
+    "def check(spec):\n    assert 0 < spec.partial_rotary_factor <= 1\n",
+    "def check(spec):\n    return spec.hidden_size > MAX_DIMENSION\n",
+    "def check(cfg):\n    return cfg.draft_vocab_size is not None and cfg.draft_vocab_size <= 0\n",
+])
+def test_a_planted_spec_bound_is_caught(planted):
+    assert spec_bound_copies(planted, "dflash_audit/commands/planted.py") != []
