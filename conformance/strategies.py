@@ -8,10 +8,11 @@ larger than the context, fp32 and bf16. Sizes stay tiny so a CPU runs hundreds o
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from conformance.world import VOCAB
@@ -23,7 +24,11 @@ from impl.spec import DraftSpec
 settings.register_profile("conformance", max_examples=25, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                                  HealthCheck.data_too_large])
-settings.load_profile("conformance")
+# CONFORMANCE_NO_SHRINK=1 in the environment: for a run that needs only which components fail, not their minimal
+# examples (a golden record's run). Derandomized, the examples generated are the same, so the same ones fail.
+settings.register_profile("conformance-no-shrink", parent=settings.get_profile("conformance"),
+                          phases=tuple(phase for phase in Phase if phase is not Phase.shrink))
+settings.load_profile("conformance-no-shrink" if os.environ.get("CONFORMANCE_NO_SHRINK") else "conformance")
 FAST = settings(max_examples=40)  # pure index/mask operations
 MODEL = settings(max_examples=6)  # anything that runs a drafter
 
