@@ -125,7 +125,7 @@ def pytest_generate_tests(metafunc):
 def involves_impl(item) -> bool:
     """Whether a collected test runs the implementation under test: a pair including it, or `under_test`."""
     roles = item.callspec.params.get("pair_roles") if hasattr(item, "callspec") else None
-    if roles:
+    if isinstance(roles, tuple):  # not pytest's NOTSET of an empty pair set
         return "impl" in roles
     return bool({"pair", "under_test"} & set(item.fixturenames))  # an empty pair set stays (its n/a is recorded)
 
