@@ -59,7 +59,7 @@ def draft_specs(draw, max_layers: int = 6, sliding: bool | None = None, min_bloc
         types = ("sliding_attention",) + types[1:]
     return DraftSpec(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=heads,
                      num_key_value_heads=kv_heads, head_dim=draw(st.sampled_from([8, 16])), num_hidden_layers=layers,
-                     vocab_size=VOCAB, target_layer_ids=tuple(sorted(ids)), num_target_layers=num_target_layers,
+                     target_vocab_size=VOCAB, target_layer_ids=tuple(sorted(ids)), num_target_layers=num_target_layers,
                      mask_token_id=draw(st.integers(0, VOCAB - 1)), block_size=draw(st.integers(min_block, 16)),
                      layer_types=types, sliding_window=draw(st.integers(1, 24)) if use_sliding else None)
 

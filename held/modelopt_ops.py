@@ -26,7 +26,7 @@ from torch import nn
 
 from dflash_world.target_training import random_qwen3
 from impl.interface import TrainingOutputs, Unsupported
-from impl.param_names import strip_wrapper_prefixes
+from foundation.param_names import strip_wrapper_prefixes
 from impl.recipe import DEFAULTS
 from impl.spec import DraftSpec
 
@@ -128,7 +128,7 @@ def dspark_names(spec: DraftSpec, state: dict[str, torch.Tensor]) -> dict[str, t
 def stand_in_target(spec: DraftSpec) -> nn.Module:
     """Its drafter is built on a target (`mtsp.convert`); a drafter asked for alone gets a random one of the
     spec's shape (the target's own settings, rope included, then play no part)."""
-    return random_qwen3(spec.num_target_layers, spec.hidden_size, spec.vocab_size, 0,
+    return random_qwen3(spec.num_target_layers, spec.hidden_size, spec.target_vocab_size, 0,
                         head_dim=spec.head_dim, heads=spec.num_attention_heads, kv_heads=spec.num_key_value_heads)
 
 

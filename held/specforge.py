@@ -23,9 +23,9 @@ from torch import nn
 
 from foundation.packages import PINNED, installed_version
 from impl.interface import GenerationResult, TrainingOutputs, Unsupported
-from impl.param_names import strip_wrapper_prefixes
+from foundation.param_names import strip_wrapper_prefixes
 from impl.spec import DraftSpec
-from impl.zlab_format import zlab_config
+from drafter_files.zlab_format import zlab_config
 
 VERSION = PINNED["specforge"]
 if installed_version("specforge") != VERSION:

@@ -13,10 +13,10 @@ from dflash_audit.cli import main
 from dflash_audit.conversion import convert
 from dflash_audit.formats import load_any
 from foundation.errors import AuditError
-from impl.checkpoint import save_checkpoint
+from drafter_files.checkpoint import save_checkpoint
 from impl.model import DFlashDrafter
 from impl.recipe import Recipe
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec, tiny_target
 
 
@@ -109,4 +109,4 @@ def test_cli_convert_and_its_errors(tmp_path, ours_pt, target_dir, capsys):
     tiny_target(num_layers=4).save_pretrained(small)
     assert main(["convert", "--from", str(ours_pt), "--to", str(tmp_path / "s3"), "--format", "speculators",
                  "--target", str(small)]) == 2
-    assert "target has 4 decoder layers, the drafter was built for 6" in capsys.readouterr().err
+    assert "built for a target of 6 layers, this one has 4" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from dflash_audit.conversion import convert
-from impl.checkpoint import load_checkpoint, save_checkpoint
+from drafter_files.checkpoint import load_checkpoint, save_checkpoint
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, SpecError
 from impl.vocab_mapping import (
@@ -65,7 +65,7 @@ def test_mapping_from_token_frequencies_is_speculators_mapping(tmp_path, draft_v
 
 def test_spec_keeps_the_target_vocabulary_and_refuses_bad_sizes():
     spec = tiny_spec(draft_vocab_size=DRAFT_VOCAB)
-    assert spec.vocab_size == 128 and spec.head_size == DRAFT_VOCAB and spec.reduced_vocab
+    assert spec.target_vocab_size == 128 and spec.head_size == DRAFT_VOCAB and spec.reduced_vocab
     assert tiny_spec(draft_vocab_size=128).draft_vocab_size is None  # equal sizes: no reduced vocabulary
     with pytest.raises(SpecError, match="draft_vocab_size"):
         tiny_spec(draft_vocab_size=129)
@@ -142,7 +142,7 @@ def speculators_written(world, path, draft_vocab_size: int = 512):
     texts = [record["prompt"] for record in load_prompts(world.prompts)]
     ids = torch.tensor(tokenizer("\n".join(texts))["input_ids"])
     freq = count_token_frequencies([(ids, torch.ones_like(ids))])
-    d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, spec.vocab_size)
+    d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, spec.target_vocab_size)
     model = DFlashDraftModel(on_cpu_attention(speculators_config(spec, world.target)))
     model.load_state_dict(ckpt.state_dict, strict=False)
     model.load_vocab_mappings(t2d, d2t)
@@ -203,7 +203,8 @@ def test_twin_with_another_mapping_is_one_draft_vocab_finding_naming_the_ids(wri
 
 
 @pytest.mark.parametrize("strip_config", [False, True])
-def test_reduced_drafter_with_its_mapping_stripped_is_one_divergence(written, test_world, tmp_path, strip_config):
+def test_reduced_drafter_with_its_mapping_stripped_is_one_divergence(written, test_world, tmp_path, strip_config,
+                                                                      capsys):
     root, _ = written
     tensors = {k: v for k, v in load_file(root / "zlab" / "model.safetensors").items() if k != "d2t"}
     config = json.loads((root / "zlab" / "config.json").read_text())
@@ -215,6 +216,12 @@ def test_reduced_drafter_with_its_mapping_stripped_is_one_divergence(written, te
     result = static_audit(load_side(tmp_path / "stripped"), load_side(root / "zlab"))
     assert divergent(result) == [("draft_vocab", "mapping of ours")]
     assert "no d2t mapping" in result.findings[0].message
+    # eval refuses it in one line, for the reason compare leaves its τ unmeasured (dflash_audit/audit/drafter_fit.py)
+    code = main(["eval", "--drafter", str(tmp_path / "stripped"), "--target", str(test_world.target),
+                 "--prompts", str(test_world.prompts), "--max-new-tokens", "8"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "reduced head of 512 tokens has no usable draft-to-target map (no d2t mapping)" in err
     if strip_config:  # compare with τ: still the one divergence; the stripped side is not run as something else
         from dflash_audit.commands.compare import run_compare
 
@@ -223,10 +230,11 @@ def test_reduced_drafter_with_its_mapping_stripped_is_one_divergence(written, te
                              cache_dir=root / "offline")
         assert [(f.component, f.key) for f in report.divergences] == [("draft_vocab", "mapping of ours")]
         assert any(f.key == "not measured (ours)" and "draft-to-target map" in f.message for f in report.findings)
+        assert report.dynamic.not_measured["ours"] in err
 
 
 def test_live_equals_offline_through_the_mapping(written, trained_pair, test_world, tmp_path):
-    from impl.checkpoint import build_drafter
+    from impl.body_shapes import build_drafter
     from impl.ddtree import ddtree_decode
     from impl.decoding import dflash_decode
     from impl.offline import find_mismatch, load_or_build_cache, offline_rounds

@@ -70,7 +70,7 @@ def spec(**changes):
     from impl.spec import DraftSpec
 
     fields = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                  num_hidden_layers=2, vocab_size=96, target_layer_ids=(1, 3), num_target_layers=6,
+                  num_hidden_layers=2, target_vocab_size=96, target_layer_ids=(1, 3), num_target_layers=6,
                   mask_token_id=95, block_size=4)
     return DraftSpec(**{**fields, **changes})
 

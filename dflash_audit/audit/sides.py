@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from dflash_audit.formats import LoadOptions
+from dflash_audit.formats.loaded import LoadedCheckpoint
 from dflash_audit.formats.inference import fc_layer_count
 from impl.families import spec_family
-from impl.param_names import verifier_owned_keys
+from foundation.param_names import verifier_owned_keys
 from impl.recipe import Recipe
 from impl.spec import DraftSpec
 
@@ -90,7 +91,7 @@ class Side:
         if count is None:
             return None
         values.update(target_layer_ids=tuple(range(count)), num_target_layers=count, mask_token_id=0,
-                      vocab_size=values.get("vocab_size") or 1, block_size=values.get("block_size") or 1)
+                      target_vocab_size=values.get("target_vocab_size") or 1, block_size=values.get("block_size") or 1)
         if spec_family(values.get("conv_kernel_size")) == "dflash2":  # top-k and the block size shape nothing
             values["block_size"] = max(values["block_size"], values["conv_kernel_size"])
             values["selector_top_k"] = 1
@@ -105,7 +106,11 @@ def load_side(path: str | Path, target_dir: str | Path | None = None, options: L
     """Detect the format and load; a path that is none of them is a one-line AuditError."""
     from dflash_audit.formats import load_any
 
-    loaded = load_any(path, target_dir, options)
+    return side_of(load_any(path, target_dir, options), path)
+
+
+def side_of(loaded: LoadedCheckpoint, path: str | Path) -> Side:
+    """A loaded drafter as a side: verifier-owned tensors apart from its body."""
     raw = loaded.raw
     known = dict(loaded.known_spec) or (loaded.spec.to_dict() if loaded.spec is not None else {})
     # Belt and braces: a format loader that leaves verifier-owned tensors in the body.
