@@ -59,7 +59,7 @@ TABLE: dict[str, dict[str, Cell]] = {
         "ours": Cell(HELD, TAU),
         "speculators": Cell(HELD, "conformance/test_dspark_heads.py::test_markov_and_confidence_heads_p37"),
         "z-lab": Cell(NA, ZLAB_REFUSED),
-        "Model-Optimizer": Cell(NOT_HELD, FACTS),
+        "Model-Optimizer": Cell(HELD, "tests/test_modelopt_golden.py::test_the_run_held_modelopt_only"),
         "SpecForge": Cell(NOT_HELD, FACTS),
         "vLLM": Cell(HELD, f"{FAMILY}::test_serve_check_dspark_vllm_serves_the_vanilla_markov_head_only"),
         "SGLang": Cell(NOT_HELD, FACTS),
