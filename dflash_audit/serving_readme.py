@@ -1,6 +1,7 @@
 """The "Will it serve as trained?" tables of docs/serving.md, generated: which engine rule gives each field (called,
 executed from source or restated) and what each engine runs differently from training on drafters written by
-the references' own writers (z-lab's `save_pretrained`, speculators' converter) and by our `convert`.
+the references' own writers (z-lab's `save_pretrained`, speculators' converter and its DSpark and XPress classes'
+`save_pretrained`) and by our `convert`.
 
 `python -m dflash_audit.serving_readme` prints both tables; tests/test_serving.py keeps docs/serving.md equal to them.
 """
@@ -24,6 +25,23 @@ SPEC = DraftSpec(hidden_size=64, intermediate_size=128, num_attention_heads=4, n
 def dflash2(spec: DraftSpec) -> DraftSpec:
     return dataclasses.replace(spec, conv_kernel_size=3, conv_group_size=8, selector_rank=8, selector_top_k=5,
                                sliding_window_non_causal=True)
+
+
+# speculators' other two DFlash-family drafters, written by their own model classes (models/dspark, models/xpress).
+FAMILY_WRITERS = {"dspark": dict(markov_rank=16, markov_head_type="vanilla", enable_confidence_head=True,
+                                 confidence_head_with_markov=True),
+                  "dspark (rnn head)": dict(markov_rank=16, markov_head_type="rnn", enable_confidence_head=True,
+                                            confidence_head_with_markov=True),
+                  "xpress": dict(xpress_rank=16, xpress_mlp_ratio=2, num_jacobi_passes=3)}
+
+
+def speculators_save_pretrained(spec: DraftSpec, path: Path, verifier: Path) -> Path:
+    """speculators' own writer: its DFlash-family model class's `save_pretrained` (its own random weights)."""
+    from reference_adapters import speculators_adapter as adapter
+
+    model = adapter.MODEL_CLASSES[spec.family](adapter.speculators_config(spec, verifier))
+    adapter.save_speculators_model(model, path)
+    return path
 
 
 def zlab_save_pretrained(spec: DraftSpec, path: Path) -> Path:
@@ -56,6 +74,9 @@ def reference_written(root: Path, target_dir: Path, spec: DraftSpec = SPEC) -> d
         for fmt in ("zlab", "speculators"):
             convert(zlab, root / f"ours-{fmt}-{family}", fmt, target=target_dir)
             dirs[f"our convert --format {fmt}, {family}"] = root / f"ours-{fmt}-{family}"
+    for label, heads in FAMILY_WRITERS.items():
+        dirs[f"speculators save_pretrained, {label}"] = speculators_save_pretrained(
+            dataclasses.replace(spec, **heads), root / f"speculators-{label.split()[0]}-{len(dirs)}", target_dir)
     return dirs
 
 

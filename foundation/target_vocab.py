@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from foundation.token_ids import is_token_id
 EMBEDDING_SUFFIX = "embed_tokens.weight"
 ROWS_PER_SLICE = 4096  # 4096 rows of an 8192-wide embedding: 128 MiB at a time in float32
 # A row whose norm lies within this factor of the vocabulary's median row norm looks like the trained rows;
@@ -136,7 +137,7 @@ def row_norms(embedding: EmbeddingTensor, token_ids: list[int]) -> dict[int, Row
         norms = torch.cat([tensor[start:start + ROWS_PER_SLICE].float().norm(dim=-1)
                            for start in range(0, embedding.rows, ROWS_PER_SLICE)])
     median = float(norms.median())
-    return {i: RowNorm(i, float(norms[i]), median) for i in token_ids if 0 <= i < embedding.rows}
+    return {i: RowNorm(i, float(norms[i]), median) for i in token_ids if is_token_id(i, embedding.rows)}
 
 
 def _json_object(path: Path) -> dict[str, Any]:

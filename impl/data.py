@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from foundation.jsonl import check_text, json_lines
+from foundation.token_ids import is_token_id
 
 
 class DataError(ValueError):
@@ -119,7 +120,7 @@ def parse_record(record, tokenizer, vocab_size: int, where: str) -> Document:
         raise DataError(f"{where}: expected one of the keys 'text', 'input_ids', 'messages'")
     if not doc.input_ids:
         raise DataError(f"{where}: empty document")
-    bad = [i for i in doc.input_ids if not 0 <= i < vocab_size]
+    bad = [i for i in doc.input_ids if not is_token_id(i, vocab_size)]
     if bad:
         raise DataError(f"{where}: token id {bad[0]} outside the vocabulary of {vocab_size}")
     return doc

@@ -23,6 +23,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from foundation.placement import target_device
+from impl.blocks import anchor_blocks
 from impl.dspark import draft_left_to_right
 from impl.extract import context_features, output_head
 from impl.model import DFlashDrafter, DraftCache
@@ -204,8 +205,7 @@ def draft_block(drafter: DFlashDrafter, target: nn.Module, draft_cache: DraftCac
     being the token at start + k, resp. start + k + 1 (impl/slot_layout.py).
     """
     device = new_features.device
-    block = torch.full((1, size), drafter.mask_token_id, dtype=torch.long, device=device)
-    block[0, 0] = last_token
+    block = anchor_blocks(torch.tensor([last_token], device=device), size, drafter.mask_token_id)
     # The drafter's new keys are the context features it has not seen yet, then the block.
     positions = torch.arange(start - new_features.shape[1], start + size, device=device)[None]
     hidden = drafter(drafter.embed(target, block), new_features, positions, cache=draft_cache)

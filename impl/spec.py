@@ -11,6 +11,7 @@ import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
+from foundation.token_ids import is_token_id
 from impl import slot_layout
 from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import TITLES, spec_family
@@ -198,7 +199,7 @@ class DraftSpec:
                  f"has duplicates: {list(self.target_layer_ids)}")
         outside = layers_outside(self.target_layer_ids, self.num_target_layers)
         _require(not outside, "target_layer_ids", outside)
-        _require(0 <= self.mask_token_id < self.vocab_size, "mask_token_id",
+        _require(is_token_id(self.mask_token_id, self.vocab_size), "mask_token_id",
                  f"{self.mask_token_id} is not a token id of a vocabulary of {self.vocab_size}")
         _require(len(self.layer_types) == self.num_hidden_layers, "layer_types",
                  f"has {len(self.layer_types)} entries for {self.num_hidden_layers} draft layers")

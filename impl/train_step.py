@@ -19,6 +19,7 @@ from torch import nn
 
 from impl import anchors as anchor_rules
 from impl import losses
+from impl.blocks import anchor_blocks
 from impl.dflash2 import selector_training, teacher_forced_predecessors
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.family_losses import FamilyTraining, dspark_loss, xpress_loss
@@ -91,10 +92,7 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
         # Targets from clean verifier states only: noise below never reaches them.
         targets.append(aligner.target_logits(states.source[row: row + 1], norm, verifier_head, row_anchors))
         slot_mask.append(aligner.loss_mask(loss_mask[row: row + 1], row_anchors, row_valid))
-        ids = torch.full((block * row_anchors.numel(),), drafter.mask_token_id, dtype=torch.long,
-                         device=input_ids.device)
-        ids[::block] = input_ids[row, row_anchors]
-        slot_ids.append(ids)
+        slot_ids.append(anchor_blocks(input_ids[row, row_anchors], block, drafter.mask_token_id).reshape(-1))
         slot_pos.append(anchor_rules.block_indices(position_ids[row, row_anchors], block))
         block_tokens = input_ids[row, anchor_rules.block_indices(row_anchors, block)].view(-1, block)
         predecessors.append(teacher_forced_predecessors(block_tokens, layout).reshape(-1))

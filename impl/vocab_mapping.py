@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 import torch
 
+from foundation.token_ids import outside_vocabulary
 
 class MappingError(ValueError):
     """A d2t that cannot be a draft vocabulary's map (wrong shape, ids outside the target, repeats)."""
@@ -72,7 +73,7 @@ def mapping_problems(d2t: torch.Tensor | None, draft_vocab_size: int, target_voc
         return [f"d2t is {str(d2t.dtype).removeprefix('torch.')}, not integer offsets"]
     ids = target_ids(d2t)
     problems = []
-    outside = int(((ids < 0) | (ids >= target_vocab_size)).sum())
+    outside = int(outside_vocabulary(ids, target_vocab_size).sum())
     if outside:
         problems.append(f"{outside} draft id(s) map outside the target vocabulary 0..{target_vocab_size - 1}")
     repeated = ids.numel() - ids.unique().numel()

@@ -109,4 +109,4 @@ def test_cli_convert_and_its_errors(tmp_path, ours_pt, target_dir, capsys):
     tiny_target(num_layers=4).save_pretrained(small)
     assert main(["convert", "--from", str(ours_pt), "--to", str(tmp_path / "s3"), "--format", "speculators",
                  "--target", str(small)]) == 2
-    assert "target has 4 decoder layers, the drafter was built for 6" in capsys.readouterr().err
+    assert "built for a target of 6 layers, this one has 4" in capsys.readouterr().err

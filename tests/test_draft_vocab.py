@@ -203,7 +203,8 @@ def test_twin_with_another_mapping_is_one_draft_vocab_finding_naming_the_ids(wri
 
 
 @pytest.mark.parametrize("strip_config", [False, True])
-def test_reduced_drafter_with_its_mapping_stripped_is_one_divergence(written, test_world, tmp_path, strip_config):
+def test_reduced_drafter_with_its_mapping_stripped_is_one_divergence(written, test_world, tmp_path, strip_config,
+                                                                      capsys):
     root, _ = written
     tensors = {k: v for k, v in load_file(root / "zlab" / "model.safetensors").items() if k != "d2t"}
     config = json.loads((root / "zlab" / "config.json").read_text())
@@ -215,6 +216,12 @@ def test_reduced_drafter_with_its_mapping_stripped_is_one_divergence(written, te
     result = static_audit(load_side(tmp_path / "stripped"), load_side(root / "zlab"))
     assert divergent(result) == [("draft_vocab", "mapping of ours")]
     assert "no d2t mapping" in result.findings[0].message
+    # eval refuses it in one line, for the reason compare leaves its τ unmeasured (dflash_audit/audit/drafter_fit.py)
+    code = main(["eval", "--drafter", str(tmp_path / "stripped"), "--target", str(test_world.target),
+                 "--prompts", str(test_world.prompts), "--max-new-tokens", "8"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "reduced head of 512 tokens has no usable draft-to-target map (no d2t mapping)" in err
     if strip_config:  # compare with τ: still the one divergence; the stripped side is not run as something else
         from dflash_audit.commands.compare import run_compare
 
@@ -223,6 +230,7 @@ def test_reduced_drafter_with_its_mapping_stripped_is_one_divergence(written, te
                              cache_dir=root / "offline")
         assert [(f.component, f.key) for f in report.divergences] == [("draft_vocab", "mapping of ours")]
         assert any(f.key == "not measured (ours)" and "draft-to-target map" in f.message for f in report.findings)
+        assert report.dynamic.not_measured["ours"] in err
 
 
 def test_live_equals_offline_through_the_mapping(written, trained_pair, test_world, tmp_path):

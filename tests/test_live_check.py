@@ -138,6 +138,23 @@ def test_serve_check_live_report(live, tmp_path, monkeypatch):
     assert 'class="greedy-identical">yes<' in dom.stdout
 
 
+def test_compare_live_findings_set_its_exit_status(live, tmp_path, monkeypatch):
+    """`compare --serve vllm --live`: the live findings count toward compare's exit status as `serve-check --live`
+    counts them (the engine's result reused; both sides identical, so no audit divergence)."""
+    import dflash_audit.audit.live_check as live_module
+    from dflash_audit.commands.compare import run_compare
+
+    sections, world = live
+    zlab_dir = Path(sections["zlab"]["served_path"])
+    monkeypatch.setattr(live_module, "live_check",
+                        lambda drafters, *a, **k: {side: sections["zlab"] for side in drafters})
+    report = run_compare(zlab_dir, zlab_dir, world.target, static_only=True, out=tmp_path / "r", serve=["vllm"],
+                         live=True)
+    assert report.divergences == [] and report.exit_status == 1
+    live_fields = {f["field"] for f in report.serving["ours"]["vllm"]["findings"] if f["severity"] == "divergence"}
+    assert "live:target_layer:3" in live_fields
+
+
 @pytest.mark.parametrize("extra, words", [([], "give --target"),
                                           (["--target", "{t}", "--vllm-python", "{t}/no-python"], "does not exist")])
 def test_live_bad_input_is_one_line(tmp_path, extra, words):

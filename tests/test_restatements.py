@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("foundation", "catalogue", "impl", "dflash_world", "reference_adapters", "held", "serving_engines", "conformance",
@@ -548,3 +549,188 @@ def test_the_final_layer_and_the_layer_range_have_one_home():
 ])
 def test_a_planted_layer_rule_is_caught(planted):
     assert layer_rule_copies(planted, "impl/planted.py") != []
+
+
+# -- 10. the id range 0..N-1 (foundation/token_ids.py, impl/layers.py) -------------------------------------------
+RANGE_HOMES = ("foundation/token_ids.py", "impl/layers.py")
+
+
+def _minus_one(node: ast.AST) -> bool:
+    return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and isinstance(node.right, ast.Constant) \
+        and node.right.value == 1
+
+
+def id_range_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each "an id is one of 0..N-1" written by hand: `0 <= i < n` (or `0 <= i <= n - 1`) and the
+    tensor form `(ids < 0) | (ids >= n)`. Token ids are foundation/token_ids.py's, layer ids impl/layers.py's."""
+    hits = set()
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.Compare) and len(node.ops) == 2 and isinstance(node.left, ast.Constant) \
+                and node.left.value == 0 and isinstance(node.ops[0], ast.LtE) and (
+                    isinstance(node.ops[1], ast.Lt) or (isinstance(node.ops[1], ast.LtE) and _minus_one(node.comparators[1]))):
+            hits.add(f"{path}:{node.lineno}")  # 0..N-1; an inclusive 0..longest (a round, a temperature) is no id
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+            ops = {type(side.ops[0]) for side in (node.left, node.right)
+                   if isinstance(side, ast.Compare) and len(side.ops) == 1}
+            below_zero = any(isinstance(side, ast.Compare) and isinstance(side.ops[0], ast.Lt)
+                             and isinstance(side.comparators[0], ast.Constant) and side.comparators[0].value == 0
+                             for side in (node.left, node.right))
+            if below_zero and ops & {ast.GtE, ast.Gt}:
+                hits.add(f"{path}:{node.lineno}")
+    return sorted(hits)
+
+
+def test_the_id_range_has_one_home():
+    sources = {path: source for path, source in repo_sources().items()
+               if path not in RANGE_HOMES and not path.startswith(NON_TEST_SOURCES)}
+    assert [hit for path, source in sources.items() for hit in id_range_copies(source, path)] == []
+    assert all(id_range_copies((REPO / home).read_text(), home) for home in RANGE_HOMES)
+
+
+@pytest.mark.parametrize("planted", [
+    "def check(ids, vocab_size):\n    return [i for i in ids if not 0 <= i < vocab_size]\n",
+    "def check(spec):\n    assert 0 <= spec.mask_token_id < spec.vocab_size\n",
+    "def outside(ids, n):\n    return int(((ids < 0) | (ids >= n)).sum())\n",
+    "def bad(layer_ids, num_target_layers):\n    return [i for i in layer_ids if not 0 <= i <= num_target_layers - 1]\n",
+])
+def test_a_planted_id_range_is_caught(planted):
+    assert id_range_copies(planted, "impl/planted.py") != []
+
+
+# -- 11. the [anchor, mask...] block (impl/blocks.py) ---------------------------------------------------------------
+BLOCK_HOME = "impl/blocks.py"
+# The reference adapters build the block the way the reference package they wrap does, never through ours.
+BLOCK_EXEMPT = ("reference_adapters/",)
+
+
+def mask_block_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each block of mask tokens built by hand: `torch.full(..., mask_token_id, ...)` (also
+    `new_full`, `full_like`) or `[mask_token_id] * n`; impl/blocks.py's `anchor_blocks` builds it."""
+    def names_mask(node: ast.AST) -> bool:
+        return any(_last_name(n) in ("mask_token_id", "mask_id") for n in ast.walk(node))
+
+    hits = set()
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.Call) and _last_name(node.func) in ("full", "new_full", "full_like") and \
+                any(names_mask(arg) for arg in [*node.args, *(k.value for k in node.keywords)]):
+            hits.add(f"{path}:{node.lineno}")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and \
+                any(isinstance(side, ast.List) and names_mask(side) for side in (node.left, node.right)):
+            hits.add(f"{path}:{node.lineno}")
+    return sorted(hits)
+
+
+def test_the_mask_block_has_one_home():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != BLOCK_HOME and not path.startswith((*NON_TEST_SOURCES, *BLOCK_EXEMPT))}
+    assert [hit for path, source in sources.items() for hit in mask_block_copies(source, path)] == []
+    assert mask_block_copies((REPO / BLOCK_HOME).read_text(), BLOCK_HOME) != []
+
+
+@pytest.mark.parametrize("planted", [
+    "def block(drafter, last, size):\n    b = torch.full((1, size), drafter.mask_token_id, dtype=torch.long)\n"
+    "    b[0, 0] = last\n    return b\n",
+    "def block(spec, last):\n    return [last] + [spec.mask_token_id] * (spec.block_size - 1)\n",
+    "def block(ids, mask_token_id, size):\n    return ids.new_full((size,), mask_token_id)\n",
+])
+def test_a_planted_mask_block_is_caught(planted):
+    assert mask_block_copies(planted, "impl/planted.py") != []
+
+
+def test_the_reference_adapters_build_their_own_blocks():
+    """Exempt from the scan above because they do build it, each as its reference package does."""
+    import impl.blocks
+
+    for path in ("reference_adapters/speculators_adapter.py", "reference_adapters/speculators_family_decode.py"):
+        source = (REPO / path).read_text()
+        assert mask_block_copies(source, path) != [] and "anchor_blocks" not in source
+    assert impl.blocks.anchor_blocks(torch.tensor([5, 7]), 3, 1).tolist() == [[5, 1, 1], [7, 1, 1]]
+
+
+# -- 12. does a drafter fit the target (impl/target_fit.py) --------------------------------------------------------
+FIT_HOME = "impl/target_fit.py"
+FIT_QUANTITIES = {"hidden_size": "hidden", "vocab_size": "vocabulary", "num_target_layers": "depth",
+                  "num_hidden_layers": "depth", "depth": "depth"}
+
+
+def fit_check_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each drafter's hidden size, target depth or vocabulary compared with a target's by hand
+    (`spec.hidden_size != config.hidden_size`, `config.get("num_hidden_layers") != spec.num_target_layers`,
+    `spec.num_target_layers != len(decoder_layers(target))`): impl/target_fit.py's `spec_misfit` is the check."""
+    def quantity(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Call) and _last_name(node.func) == "get" and node.args and \
+                isinstance(node.args[0], ast.Constant):
+            return FIT_QUANTITIES.get(node.args[0].value)
+        if isinstance(node, ast.Call) and _last_name(node.func) == "len" and node.args and \
+                "layers" in (_last_name(node.args[0]) or getattr(node.args[0].func, "id", "") if
+                             isinstance(node.args[0], ast.Call) else _last_name(node.args[0]) or ""):
+            return "depth"
+        return FIT_QUANTITIES.get(_last_name(node) or "")
+
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+                   if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq))
+                   and quantity(node.left) is not None and quantity(node.left) == quantity(node.comparators[0])})
+
+
+def test_the_drafter_fits_check_has_one_home():
+    sources = {path: source for path, source in repo_sources().items()
+               if path != FIT_HOME and not path.startswith(NON_TEST_SOURCES)}
+    assert [hit for path, source in sources.items() for hit in fit_check_copies(source, path)] == []
+    assert fit_check_copies((REPO / FIT_HOME).read_text(), FIT_HOME) != []
+
+
+@pytest.mark.parametrize("planted", [
+    "def fits(spec, config):\n    return spec.hidden_size == config.hidden_size\n",
+    "def fits(spec, config):\n    if spec.vocab_size != config.vocab_size:\n        raise ValueError('vocabulary')\n",
+    "def fits(spec, config):\n    return config.get('num_hidden_layers') != spec.num_target_layers\n",
+    "def fits(spec, target):\n    return spec.num_target_layers == len(decoder_layers(target))\n",
+    "def fits(spec, config):\n    return spec.num_target_layers != config.num_hidden_layers\n",
+])
+def test_a_planted_drafter_fits_check_is_caught(planted):
+    assert fit_check_copies(planted, "dflash_audit/commands/planted.py") != []
+
+
+def test_eval_and_compare_ask_the_one_fit_check_and_run_the_one_offline_runner():
+    import dflash_audit.audit.drafter_fit as drafter_fit
+    import dflash_audit.audit.dynamic as dynamic
+    import dflash_audit.commands.eval as eval_command
+    import dflash_audit.commands.eval_drafter as eval_drafter
+    import dflash_audit.formats.speculators as speculators
+    import dflash_audit.offline_tau as offline_tau
+    import impl.target_fit
+
+    assert eval_drafter.misfit is dynamic.misfit is drafter_fit.misfit
+    assert drafter_fit.spec_misfit is speculators.spec_misfit is impl.target_fit.spec_misfit
+    assert eval_command.replay_offline is dynamic.replay_offline is offline_tau.replay_offline
+    for module in (eval_command, dynamic):  # neither replays on its own
+        assert not hasattr(module, "offline_rounds_each") and not hasattr(module, "load_or_build_cache")
+
+
+# -- 13. the block size's defaults as parameter defaults (impl/defaults.py) ---------------------------------------
+def block_default_copies(source: str, path: str = "<module>") -> list[str]:
+    """`path:line` of each `block_size` parameter defaulting to one of the formats' default block sizes (z-lab's 16,
+    speculators' 8): impl/defaults.py's BLOCK_SIZE_DEFAULTS holds them."""
+    from impl.defaults import BLOCK_SIZE_DEFAULTS
+
+    hits = set()
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.arguments):
+            positional = node.posonlyargs + node.args
+            pairs = list(zip([a.arg for a in positional[len(positional) - len(node.defaults):]], node.defaults))
+            pairs += [(a.arg, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if d is not None]
+            hits |= {f"{path}:{value.lineno}" for name, value in pairs if name == "block_size"
+                     and isinstance(value, ast.Constant) and value.value in BLOCK_SIZE_DEFAULTS.values()}
+    return sorted(hits)
+
+
+def test_no_function_restates_a_default_block_size():
+    sources = {path: source for path, source in repo_sources().items() if not path.startswith(NON_TEST_SOURCES)}
+    assert [hit for path, source in sources.items() for hit in block_default_copies(source, path)] == []
+
+
+@pytest.mark.parametrize("planted", [
+    "def draft(drafter, block_size=16):\n    pass\n",
+    "def convert(spec, *, block_size: int = 8):\n    pass\n",
+])
+def test_a_planted_default_block_size_is_caught(planted):
+    assert block_default_copies(planted, "impl/planted.py") != []

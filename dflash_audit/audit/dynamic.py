@@ -20,14 +20,15 @@ from dflash_audit.audit import tau_stats
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.overflow import OverflowWatch
 from dflash_audit.audit.sides import Side
-from dflash_audit.audit.static_vocab import mapping_problem, usable_d2t
+from dflash_audit.audit.drafter_fit import misfit
+from dflash_audit.audit.static_vocab import usable_d2t
+from dflash_audit.offline_tau import replay_offline
 from dflash_audit.progress import NoProgress
 from dflash_audit.ranks import Ranks
 from foundation.cache_dir import cache_root
 from foundation.errors import CheckpointError
 from foundation.placement import built_in, dtype_name, model_dtype, target_device
 from foundation.target import stop_token_ids
-from impl import offline
 from impl.checkpoint import build_drafter
 from impl.ddtree import DDTREE_NEEDS_DFLASH
 from impl.families import TITLES
@@ -131,24 +132,14 @@ class DynamicAudit:
 # -- running ---------------------------------------------------------------------------------
 def why_not_runnable(side: Side, target) -> str | None:
     """A reason this drafter cannot run against `target`, or None."""
-    config = target.config
-    spec = side.spec
-    if spec.hidden_size != config.hidden_size:
-        return f"hidden size {spec.hidden_size} but the target's is {config.hidden_size}"
-    depth = len(decoder_layers(target))
-    if spec.num_target_layers != depth:
-        return f"built for a target of {spec.num_target_layers} layers, this one has {depth}"
-    if spec.vocab_size != config.vocab_size:
-        return f"vocabulary of {spec.vocab_size} but the target's is {config.vocab_size}"
-    unmapped = mapping_problem(side)
-    if unmapped is not None:  # the static draft_vocab finding says what is wrong; no run would be the drafter's
-        return (f"its reduced head of {unmapped[0]} tokens has no usable draft-to-target map "
-                f"({'; '.join(unmapped[2])})")
+    why = misfit(side, target.config.hidden_size, len(decoder_layers(target)), target.config.vocab_size)
+    if why is not None:
+        return why
     bad = [k for k, t in side.state_dict.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
         return f"non-finite values in {bad[0]}"
     try:
-        build_drafter(spec, side.state_dict, source=side.path)
+        build_drafter(side.spec, side.state_dict, source=side.path)
     except CheckpointError as exc:
         return str(exc)
     return None
@@ -175,33 +166,25 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     drafters = {name: built_in(device, dtype, lambda side=side: build_drafter(side.spec, side.state_dict)).eval()
                 for name, side in sides.items() if name not in not_measured}
     watches = {name: OverflowWatch(drafter) for name, drafter in drafters.items()}
-    stop_ids = stop_token_ids(tokenizer)
-    layer_ids = sorted({i for drafter in drafters.values() for i in drafter.target_layer_ids})
-    built = []  # the new tokens of each prompt the target generated (none when the cache was found)
-    cache = ranks.rank_zero_first(lambda: offline.load_or_build_cache(
-        cache_dir or cache_root() / "offline", target_dir, target, prompts, max_new_tokens, stop_ids,
-        layer_ids=layer_ids, on_prompt=lambda tokens: (built.append(tokens), progress.advance(tokens))))
-    progress.skip(len(prompts) - len(built))
-    mine = ranks.shard(list(range(len(cache.prompts))))
-    local = []  # this rank's replays, then its overflows: gathered once
     plan = methods_for(sides, budget)
-    # Passes this rank does not run: another rank's prompts, a drafter that cannot run.
-    progress.skip(len(plan) * (len(drafters) * (len(prompts) - len(mine)) + len(not_measured) * len(prompts)))
-    for method, method_budget in plan:
-        for name, drafter in drafters.items():  # batched over prompts: one drafter pass per round of all
-            entries = [cache.prompts[i] for i in mine]
-            for i, (_, entry_rounds) in zip(mine, offline.offline_rounds_each(drafter, target, cache, entries,
-                                                                              method, method_budget)):
-                local.append({"method": method, "side": name, "index": i, "rounds": entry_rounds})
-                progress.advance(len(cache.prompts[i].token_ids) - cache.prompts[i].prompt_len)
-    local += [{"overflow": name, "module": module} for name, watch in watches.items()
-              if (module := watch.close()) is not None]
-    gathered = ranks.gather(local)
-    replays = {(r["method"], r["side"], r["index"]): r["rounds"] for r in gathered if "rounds" in r}
+    mine = len(ranks.shard(prompts))
+    built = []  # the new tokens of each prompt the target generated (none when the cache was found)
+
+    def skip_unrun(_cache) -> None:
+        progress.skip(len(prompts) - len(built))  # the target's passes over cached prompts
+        # Passes this rank does not run: another rank's prompts, a drafter that cannot run.
+        progress.skip(len(plan) * (len(drafters) * (len(prompts) - mine) + len(not_measured) * len(prompts)))
+
+    run = replay_offline(drafters, target, target_dir, prompts, max_new_tokens, stop_token_ids(tokenizer), plan,
+                         cache_dir or cache_root() / "offline", ranks, progress,
+                         on_prompt=lambda tokens: (built.append(tokens), progress.advance(tokens)),
+                         on_cache=skip_unrun,
+                         also_gather=lambda: [{"overflow": name, "module": module} for name, watch in watches.items()
+                                              if (module := watch.close()) is not None])
+    cache, replays = run.cache, run.rounds
     overflow: dict[str, str] = {}
-    for record in gathered:  # the lowest rank's culprit when several ranks saw one
-        if "overflow" in record:
-            overflow.setdefault(record["overflow"], record["module"])
+    for record in run.gathered:  # the lowest rank's culprit when several ranks saw one
+        overflow.setdefault(record["overflow"], record["module"])
     methods = {}
     dflash2 = dflash2_sides(sides)
     for method, method_budget in plan:

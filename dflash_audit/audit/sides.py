@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from dflash_audit.formats import LoadOptions
+from dflash_audit.formats.loaded import LoadedCheckpoint
 from dflash_audit.formats.inference import fc_layer_count
 from impl.families import spec_family
 from impl.param_names import verifier_owned_keys
@@ -105,7 +106,11 @@ def load_side(path: str | Path, target_dir: str | Path | None = None, options: L
     """Detect the format and load; a path that is none of them is a one-line AuditError."""
     from dflash_audit.formats import load_any
 
-    loaded = load_any(path, target_dir, options)
+    return side_of(load_any(path, target_dir, options), path)
+
+
+def side_of(loaded: LoadedCheckpoint, path: str | Path) -> Side:
+    """A loaded drafter as a side: verifier-owned tensors apart from its body."""
     raw = loaded.raw
     known = dict(loaded.known_spec) or (loaded.spec.to_dict() if loaded.spec is not None else {})
     # Belt and braces: a format loader that leaves verifier-owned tensors in the body.

@@ -17,6 +17,7 @@ from tabulate import tabulate
 
 from dflash_audit.commands import VERBS
 from dflash_audit.commands.eval_drafter import place_drafter, read_drafter
+from dflash_audit.offline_tau import replay_offline
 from dflash_audit.outputs import check_cache_dir, check_not_foreign, check_outputs, check_writable
 from dflash_audit.progress import progress
 from dflash_audit.prompts import (
@@ -44,7 +45,6 @@ from impl.checkpoint import build_drafter
 from impl.ddtree import ddtree_decode, require_dflash_family
 from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
 from impl.memory_plan import check_plan, plan_memory
-from impl.offline import load_or_build_cache, offline_rounds_each
 
 METHODS = ("dflash", "ddtree")
 MODES = ("live", "offline")
@@ -78,14 +78,9 @@ def check_json_output(json_path: Path | None, inputs: dict[str, Path], force: bo
 
 
 def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new_tokens: int, temperature: float,
-                     seed: int, stop_ids: list[int], advance, cache=None, entries=None) -> list[dict]:
-    """Live: decode `prompts`; offline: replay `entries` of the hidden-state `cache`."""
+                     seed: int, stop_ids: list[int], advance) -> list[dict]:
+    """Live: decode `prompts`, one by one."""
     results = []
-    if cache is not None:
-        for entry, rounds in offline_rounds_each(drafter, target, cache, entries, method, budget):
-            results.append({"id": entry.id, "tau": mean_acceptance(rounds), "rounds": rounds})
-            advance(len(entry.token_ids) - entry.prompt_len)
-        return results
     for prompt_id, ids in prompts:
         if method == "dflash":
             run = dflash_decode(drafter, target, ids, max_new_tokens, stop_ids, temperature, seed)
@@ -94,6 +89,16 @@ def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new
         results.append({"id": prompt_id, "tau": run.tau, "rounds": run.acceptance_lengths})
         advance(len(run.new_tokens))
     return results
+
+
+def replay_prompts(drafter, target, target_dir: Path, prompts, method: str, budget: int, max_new_tokens: int,
+                   stop_ids: list[int], cache_dir: Path | None, ranks: Ranks, bar) -> list[dict]:
+    """Offline: every prompt's rounds replayed from the hidden-state cache (the runner compare's τ uses too)."""
+    run = replay_offline({"drafter": drafter}, target, target_dir, prompts, max_new_tokens, stop_ids,
+                         [(method, budget if method == "ddtree" else None)], cache_root(cache_dir) / "offline", ranks,
+                         bar)
+    return [{"id": entry.id, "tau": mean_acceptance(rounds), "rounds": rounds}
+            for i, entry in enumerate(run.cache.prompts) for rounds in [run.rounds[method, "drafter", i]]]
 
 
 def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: str = "dflash", budget: int = 32,
@@ -132,19 +137,15 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     stop_ids = stop_token_ids(tokenizer)
     ranks = Ranks()
     order = {prompt_id: i for i, (prompt_id, _) in enumerate(prompts)}
-    mine, cache, entries = ranks.shard(prompts), None, None
-    if mode == "offline":
-        # One cache for all prompts, the same a single process builds and reuses: rank 0
-        # builds it (or finds it), the other ranks then read it and replay their share.
-        cache = ranks.rank_zero_first(lambda: load_or_build_cache(cache_root(cache_dir) / "offline", target_dir, target, prompts,
-                                                                  max_new_tokens, stop_ids,
-                                                                  layer_ids=drafter.target_layer_ids))
-        entries = ranks.shard(cache.prompts)
-
+    mine = ranks.shard(prompts)
     with progress(console, f"eval {method} ({mode})", len(mine), max_new_tokens, enabled=ranks.rank == 0) as bar:
-        results = evaluate_prompts(drafter, target, mine, method, budget, max_new_tokens, temperature, seed,
-                                   stop_ids, advance=bar.advance, cache=cache, entries=entries)
-    results = sorted(ranks.gather(results), key=lambda r: order[r["id"]])
+        if mode == "offline":  # one cache for all prompts, built by rank 0; every rank replays its share
+            results = replay_prompts(drafter, target, target_dir, prompts, method, budget, max_new_tokens, stop_ids,
+                                     cache_dir, ranks, bar)
+        else:
+            results = ranks.gather(evaluate_prompts(drafter, target, mine, method, budget, max_new_tokens,
+                                                    temperature, seed, stop_ids, advance=bar.advance))
+    results = sorted(results, key=lambda r: order[r["id"]])
     ranks.close()
     if ranks.rank != 0:
         return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dflash_audit.audit.drafter_fit import misfit
+from dflash_audit.audit.sides import side_of
 from foundation.errors import AuditError
 from foundation.inputs import check_finite_weights
 from foundation.placement import built_in, model_dtype, target_device
@@ -17,14 +19,9 @@ def read_drafter(path: Path, target_dir: Path, config, options=None):
     loaded = load_any(path, target_dir, options or LoadOptions(flag_prefix=""))
     spec = require_spec(loaded, "eval")
     check_finite_weights(loaded.state_dict, str(path))  # NaN weights would "measure" τ 1.0, not fail
-    if spec.hidden_size != config.hidden_size:
-        raise AuditError(f"{path}: drafter hidden size {spec.hidden_size}, the target's is {config.hidden_size}")
-    depth = config.num_hidden_layers
-    if spec.num_target_layers != depth:
-        raise AuditError(f"{path}: drafter built for a target of {spec.num_target_layers} layers, "
-                         f"{target_dir} has {depth}")
-    if spec.vocab_size != config.vocab_size:
-        raise AuditError(f"{path}: drafter vocabulary {spec.vocab_size}, the target's is {config.vocab_size}")
+    why = misfit(side_of(loaded, path), config.hidden_size, config.num_hidden_layers, config.vocab_size)
+    if why is not None:
+        raise AuditError(f"{path}: the drafter cannot run against {target_dir}: {why}")
     return spec, loaded.state_dict
 
 

@@ -30,6 +30,7 @@ from impl.families import SPECULATORS_TYPES, ZLAB_ARCHITECTURES, config_family
 from impl.layers import names_final_layer, speculators_to_zlab, zlab_to_speculators
 from impl.param_names import verifier_owned_keys
 from impl.spec import DFLASH2_FIELDS, FAMILY_FIELDS, SpecError
+from impl.target_fit import spec_misfit
 from impl.vocab_mapping import mapping_problems, t2d_problems
 from impl.zlab_format import spec_from_zlab_config
 
@@ -176,12 +177,9 @@ def verifier_for(loaded: LoadedCheckpoint, target: str | Path | None) -> Path:
     config = read_json_object(path / "config.json", "config.json")
     config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
     spec = loaded.spec
-    if config.get("hidden_size") != spec.hidden_size:
-        raise AuditError(f"{path}: target hidden_size {config.get('hidden_size')} != drafter hidden_size "
-                         f"{spec.hidden_size}")
-    if config.get("num_hidden_layers") != spec.num_target_layers:
-        raise AuditError(f"{path}: target has {config.get('num_hidden_layers')} decoder layers, the drafter was "
-                         f"built for {spec.num_target_layers}")
+    why = spec_misfit(spec, config.get("hidden_size"), config.get("num_hidden_layers"))
+    if why is not None:
+        raise AuditError(f"{path}: the drafter cannot run against this target: {why}")
     check_verifier_weights(path)
     return path.resolve()
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from foundation.placement import model_device, model_dtype
+from impl.blocks import anchor_blocks
 from impl.masks import inference_mask, within_window
 from impl.model import DFlashDrafter, convolved, rms_norm
 from impl.offline.cache import CachedPrompt
@@ -82,9 +83,8 @@ class BlockReplay:
         of a drafter that reads the whole block (DSpark's Markov chain, XPress's refiner)."""
         drafter, block_len, device = self.drafter, self.drafter.block_size, self.device
         prompts, anchors, sizes = prompts.to(device), anchors.to(device), sizes.to(device)
-        block = torch.full((anchors.numel(), block_len), drafter.mask_token_id, dtype=torch.long, device=device)
-        block[:, 0] = torch.tensor([self.tokens[p][a] for p, a in zip(prompts.tolist(), anchors.tolist())],
-                                   device=device)
+        block = anchor_blocks(torch.tensor([self.tokens[p][a] for p, a in zip(prompts.tolist(), anchors.tolist())],
+                                           device=device), block_len, drafter.mask_token_id)
         slot_positions = anchors[:, None] + torch.arange(block_len, device=device)[None]  # [A, S]
         cos, sin = self.cos[slot_positions], self.sin[slot_positions]  # [A, S, d]
         bank_rows = [self.bank_row[p] for p in prompts.tolist()]
