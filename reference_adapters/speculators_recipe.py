@@ -23,7 +23,7 @@ from pathlib import Path
 
 from foundation.packages import installed_version
 from impl.recipe import KNOBS, Recipe
-from impl.spec import DFLASH2_FIELDS, FAMILY_FIELDS
+from impl.spec import DFLASH2_FIELDS, DSPARK_FIELDS, FAMILY_FIELDS, XPRESS_FIELDS
 
 MODEL_LEVEL = "model-level"
 TRAINCONFIG = "trainconfig"
@@ -57,8 +57,9 @@ class ReferenceRecipe:
 
     def table_value(self, name: str):
         """A field's value in the table of docs/training.md; None where this reference does not set it."""
-        if name == "selector_loss_alpha":
-            return self.recipe.selector_loss_alpha if "selector_rank" in self.architecture else None
+        owner = KNOBS[name].json_schema_extra["family"] if name in KNOBS else None
+        if owner is not None:  # a family's own knob: only that family's trainer sets it
+            return getattr(self.recipe, name) if self.speculator_type == owner else None
         if name == "draft_vocab_size":
             return self.draft_vocab_size if self.draft_vocab_size is not None else "None (the verifier's vocabulary)"
         if name in ARCHITECTURE_TABLE_FIELDS:
@@ -66,8 +67,12 @@ class ReferenceRecipe:
         return self.settings()[name]
 
 
-# DFlash2's selector weight and drafter shape, after the recipe rows of the table of docs/training.md.
-ARCHITECTURE_TABLE_FIELDS = ("sliding_window_non_causal", "selector_loss_alpha", *DFLASH2_FIELDS)
+# Each family's own knobs and drafter shape (DFlash2's selector weight and convolutions, DSpark's heads, XPress's
+# refiner and rounds), after the recipe rows of the table of docs/training.md.
+FAMILY_KNOBS = tuple(name for name, info in KNOBS.items() if info.json_schema_extra["family"])
+ARCHITECTURE_TABLE_FIELDS = ("sliding_window_non_causal", *FAMILY_KNOBS, *DFLASH2_FIELDS, *DSPARK_FIELDS,
+                             *XPRESS_FIELDS)
+TABLE_TYPES = ("dflash", "dflash2", "dspark", "xpress")
 # The draft vocabulary (#32): the model config's default against the trainer's.
 VOCAB_TABLE_FIELDS = ("draft_vocab_size",)
 # The fields the reference table (docs/training.md) and the trainer's --recipe flag cover, in that order.
@@ -226,16 +231,16 @@ def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = fro
 
 def reference_table() -> list[dict[str, str]]:
     """Rows of the reference recipe table (docs/training.md): every value with the file it was read from."""
-    base, dflash, dflash2 = model_level(), trainer("dflash"), trainer("dflash2")
+    base, trainers = model_level(), {kind: trainer(kind) for kind in TABLE_TYPES}
     rows = []
     for name in (*RECIPE_TABLE_FIELDS, "block_size", "draft_layers", *ARCHITECTURE_TABLE_FIELDS, *VOCAB_TABLE_FIELDS):
         cells = {"field": name}
-        for key, ref in (("model-level", base), ("dflash", dflash), ("dflash2", dflash2)):
+        for key, ref in (("model-level", base), *trainers.items()):
             value = ref.table_value(name)
             if name == "verifier_source_layer" and value is None:
                 value = "final layer"
             cells[key] = "—" if value is None else str(value)
-        cells["source"] = dflash.sources.get(name) or dflash2.sources[name]
+        cells["source"] = next(ref.sources[name] for ref in trainers.values() if name in ref.sources)
         cells["model_source"] = base.sources.get(name, "— (fixed by the drafter's spec)")
         rows.append(cells)
     return rows
@@ -243,11 +248,11 @@ def reference_table() -> list[dict[str, str]]:
 
 def reference_table_markdown() -> str:
     """The reference recipe table of docs/training.md, generated (tests/test_reference_recipe.py checks it is there verbatim)."""
-    lines = ["| field | TrainConfig `dflash` | TrainConfig `dflash2` | model-level | read from (TrainConfig) "
-             "| read from (model-level) |", "|---|---|---|---|---|---|"]
+    lines = ["| field | " + " | ".join(f"TrainConfig `{kind}`" for kind in TABLE_TYPES) + " | model-level (dflash) | "
+             "read from (TrainConfig `dflash`, or the one family that sets it) | read from (model-level) |", "|---" * (len(TABLE_TYPES) + 4) + "|"]
     for row in reference_table():
-        lines.append(f"| `{row['field']}` | {row['dflash']} | {row['dflash2']} | {row['model-level']} | "
-                     f"`{row['source']}` | `{row['model_source']}` |")
+        lines.append(f"| `{row['field']}` | " + " | ".join(row[kind] for kind in TABLE_TYPES) +
+                     f" | {row['model-level']} | `{row['source']}` | `{row['model_source']}` |")
     return "\n".join(lines)
 
 
