@@ -191,7 +191,7 @@ PITFALLS = {p.number: p for p in CATALOGUE}
 # Architecture fields and the entry each maps to (None: no catalogue entry).
 ARCHITECTURE_ENTRIES = {
     "hidden_size": None, "intermediate_size": None, "num_attention_heads": None, "num_key_value_heads": None,
-    "head_dim": None, "num_hidden_layers": None, "vocab_size": 13, "num_target_layers": 1,
+    "head_dim": None, "num_hidden_layers": None, "target_vocab_size": 13, "num_target_layers": 1,
     "rms_norm_eps": None, "max_position_embeddings": 12, "attention_bias": None, "hidden_act": None,
     "input_embedding_scale": 13, "output_multiplier": 13, "final_logit_softcapping": 13,
 }

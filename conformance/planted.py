@@ -61,7 +61,7 @@ from impl.spec import DraftSpec
 from impl.target_alignment import TargetAligner
 
 SPEC = DraftSpec(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                 num_hidden_layers=2, vocab_size=96, target_layer_ids=(0, 1, 2), num_target_layers=4,
+                 num_hidden_layers=2, target_vocab_size=96, target_layer_ids=(0, 1, 2), num_target_layers=4,
                  mask_token_id=95, block_size=4, layer_types=("sliding_attention", "full_attention"),
                  sliding_window=5)
 TRAINING = TrainingCase(spec=SPEC, lengths=(12, 9), padding=2, max_anchors=6, seed=3)
@@ -287,7 +287,7 @@ def _positions_restart(original):
 
 
 def _other_mask_token(_original):
-    return property(lambda drafter: (drafter.spec.mask_token_id + 1) % drafter.spec.vocab_size)
+    return property(lambda drafter: (drafter.spec.mask_token_id + 1) % drafter.spec.target_vocab_size)
 
 
 def _unsmoothed(_original):

@@ -17,7 +17,7 @@ from impl.spec import DraftSpec
 ENGINES = ("vllm", "sglang")
 # Two sliding layers around a full one (window 6), ids (1, 3, 4) of a 6-layer target, block 8.
 SPEC = DraftSpec(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                 num_hidden_layers=3, vocab_size=128, target_layer_ids=(1, 3, 4), num_target_layers=6,
+                 num_hidden_layers=3, target_vocab_size=128, target_layer_ids=(1, 3, 4), num_target_layers=6,
                  mask_token_id=127, block_size=8,
                  layer_types=("sliding_attention", "full_attention", "sliding_attention"), sliding_window=6)
 
@@ -49,7 +49,7 @@ def zlab_save_pretrained(spec: DraftSpec, path: Path) -> Path:
     from dflash.model import DFlash2DraftModel, DFlashDraftModel
     from transformers import Qwen3Config
 
-    from impl.zlab_format import zlab_config
+    from drafter_files.zlab_format import zlab_config
 
     model = (DFlash2DraftModel if spec.family == "dflash2" else DFlashDraftModel)(Qwen3Config(**zlab_config(spec)))
     model.save_pretrained(path)
@@ -101,7 +101,7 @@ def tables(root: Path) -> str:
     from serving_engines.rules import markdown
 
     target = root / "target"
-    random_qwen3(SPEC.num_target_layers, SPEC.hidden_size, SPEC.vocab_size).save_pretrained(target)
+    random_qwen3(SPEC.num_target_layers, SPEC.hidden_size, SPEC.target_vocab_size).save_pretrained(target)
     return markdown() + "\n" + divergence_table(reference_written(root, target), target)
 
 

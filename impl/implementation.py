@@ -9,7 +9,7 @@ import impl.model
 from foundation.placement import built_for
 from impl import anchors as anchor_rules
 from impl import decoding, dflash2, layers, losses, masks, slot_layout, vocab_mapping
-from impl.checkpoint import build_drafter
+from impl.body_shapes import build_drafter
 from impl.decoding import Sampler, dflash_decode
 from impl.dspark import confidence_features, draft_left_to_right
 from impl.extract import context_features, output_head

@@ -198,6 +198,30 @@ class DFlash2Operations(Protocol):
         """The scalar K-way selector loss, weighted and reduced as the implementation trains."""
 
 
+class FamilyHeadOperations(Protocol):
+    """What DSpark (a Markov logit bias and a confidence head, #37) and XPress (a causal refiner resolved by Jacobi
+    passes, #38) add to a DFlash drafter; a codebase without a family declares its operations `unsupported`, and a
+    case it cannot express (a head setting it lacks) raises `Unsupported`."""
+
+    def markov_bias(self, drafter: Any, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, B, V] the Markov head's logit bias of teacher-forced blocks: previous tokens [N, B], hidden [N, B, H]."""
+
+    def confidence_logits(self, drafter: Any, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, B] the confidence head's logit per slot of teacher-forced blocks (inputs as `markov_bias`)."""
+
+    def markov_path(self, drafter: Any, hidden: torch.Tensor, base_logits: torch.Tensor, anchor: int) -> torch.Tensor:
+        """[n] the greedy proposals of one block (hidden [1, B, H], the drafter's own logits [1, B, V]) drafted left
+        to right through the Markov chain, its first slot following `anchor`."""
+
+    def refiner_bias(self, drafter: Any, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, B, V] the XPress refiner's logit bias of teacher-forced blocks (inputs as `markov_bias`)."""
+
+    def jacobi_tokens(self, drafter: Any, hidden: torch.Tensor, base_logits: torch.Tensor, anchor: int,
+                      before_anchor: int) -> torch.Tensor:
+        """[n] the greedy proposals of one block after the drafter's Jacobi passes; `before_anchor` is the token
+        before the anchor (the anchor-as-bonus layout's slot 0 follows it)."""
+
+
 def supports(implementation: Any, operation: str) -> bool:
     """Whether `operation` is implemented: not declared in `implementation.unsupported`, and there at all
     (an implementation written before DFlash2 has none of its operations)."""

@@ -25,7 +25,8 @@ import torch.distributed as dist
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from foundation.target import load_target_model, load_tokenizer
-from impl.checkpoint import load_checkpoint, save_checkpoint
+from foundation.ckpt_file import read_ckpt, write_ckpt
+from foundation.errors import CheckpointError
 from impl.data import PackedData, load_packed, pack_records
 from impl.extract import output_head
 from impl.families import TITLES, TRAINED_FAMILIES
@@ -35,7 +36,7 @@ from impl.recipe import KNOBS, RECIPE_FIELDS, Recipe, train_defaults
 from impl.spec import FAMILY_FIELDS, DraftSpec, SpecError
 from impl.train_step import training_step
 from impl.vocab_mapping import MappingError, check_mapping, count_token_frequencies, mapping_from_frequencies
-from impl.zlab_format import rotary_settings
+from impl.rotary_config import rotary_settings
 
 MASK_TOKEN = "<|mask|>"
 MIN_LR_RATIO = 0.1  # cosine decays to this fraction of the peak learning rate
@@ -147,7 +148,7 @@ def draft_spec(config, tokenizer, cfg: RunConfig, draft_vocab_size: int | None =
         num_key_value_heads=config.num_key_value_heads,
         head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
         num_hidden_layers=cfg.draft_layers,
-        vocab_size=config.vocab_size,
+        target_vocab_size=config.vocab_size,
         target_layer_ids=tuple(ids),
         num_target_layers=num_layers,
         mask_token_id=resolve_mask_token(tokenizer, cfg.mask_token_id),
@@ -476,8 +477,9 @@ def _train(cfg: RunConfig, rank: int, world: int) -> dict:
             if rank == 0 and run.eval_data is not None and (done or (cfg.eval_every and step % cfg.eval_every == 0)):
                 evals.append(_evaluate_now(cfg, run, step, autocast, bar))
             if rank == 0 and (done or (cfg.save_every and step % cfg.save_every == 0)):
-                save_checkpoint(out_path, run.drafter, run.recipe, step,
-                                training_state=_training_state(run.optimizer, run.scheduler, history, evals))
+                write_ckpt(out_path, run.spec.to_dict(), {k: v.detach().cpu() for k, v in run.drafter.state_dict().items()},
+                           run.recipe.to_dict(), step,
+                           training_state=_training_state(run.optimizer, run.scheduler, history, evals))
     if world > 1:
         dist.barrier()
     return {"out": str(out_path), "steps": step, "seconds": round(time.monotonic() - started, 1),
@@ -507,14 +509,18 @@ def _fit_budget(cfg: RunConfig, step: int, first_step: int, loop_started: float,
 
 
 def _resume(path: Path, drafter, optimizer, scheduler, spec: DraftSpec, recipe: Recipe):
-    ckpt = load_checkpoint(path)
-    if ckpt.spec != spec:
+    ckpt = read_ckpt(path)
+    try:
+        written, trained = DraftSpec.from_dict(ckpt.spec), Recipe.from_dict(ckpt.recipe) if ckpt.recipe else None
+    except SpecError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    if written != spec:
         raise TrainError(f"{path}: cannot resume, its drafter spec differs from this run's")
-    if ckpt.recipe is None or ckpt.recipe.data_hash != recipe.data_hash:
+    if trained is None or trained.data_hash != recipe.data_hash:
         raise TrainError(f"{path}: cannot resume, it was trained on different data (data hash differs)")
     if ckpt.training_state is None:
         raise TrainError(f"{path}: cannot resume, the checkpoint has no optimizer state")
-    drafter.load_state_dict(ckpt.state_dict)
+    drafter.load_state_dict(ckpt.model)
     state = ckpt.training_state
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])

@@ -28,7 +28,7 @@ from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.families import FAMILIES, config_family
 from impl.interface import INTERFACE_VERSION, TrainingOutputs, Unsupported
 from impl.layers import hidden_state_index, speculators_to_zlab
-from impl.param_names import VERIFIER_OWNED_KEYS, strip_wrapper_prefixes
+from foundation.param_names import VERIFIER_OWNED_KEYS, strip_wrapper_prefixes
 from impl.recipe import DEFAULTS, Recipe, train_recipe
 from impl.spec import FAMILY_FIELDS, DraftSpec
 from impl.vocab_mapping import t2d_from_d2t

@@ -16,7 +16,7 @@ from typing import Any
 
 from foundation.packages import installed_version
 from impl.families import config_family
-from impl.param_names import codebook_name
+from foundation.param_names import codebook_name
 from serving_engines import rules
 from serving_engines.capture import sglang_capture
 from serving_engines.served import Served, TargetFacts

@@ -85,10 +85,10 @@ def trained_values(spec: DraftSpec, draft_vocab_size: int | None = None,
         # references apply).
         "rope_type": (spec.rope_scaling or {}).get("rope_type", "default"),
         "partial_rotary_factor": float(spec.partial_rotary_factor), "is_neox_style": spec.rope_style == "neox",
-        "rms_norm_eps": float(spec.rms_norm_eps), "hidden_act": spec.hidden_act, "vocab_size": spec.vocab_size,
+        "rms_norm_eps": float(spec.rms_norm_eps), "hidden_act": spec.hidden_act, "vocab_size": spec.target_vocab_size,
         "draft_vocab_size": draft_vocab_size or spec.head_size,
         # How draft ids become target ids (#32): a reduced head's own d2t offsets, else draft id = target id.
-        "draft_to_target": "d2t" if (draft_vocab_size or spec.head_size) != spec.vocab_size else "identity",
+        "draft_to_target": "d2t" if (draft_vocab_size or spec.head_size) != spec.target_vocab_size else "identity",
         "input_embedding_scale": float(spec.input_embedding_scale), "tensors_ignored": [], "tensors_refused": [],
         "sample_from_anchor": spec.sample_from_anchor,
         "target_layer_capture": trained_capture(list(spec.target_layer_ids), spec.num_target_layers),
@@ -100,7 +100,7 @@ def trained_values(spec: DraftSpec, draft_vocab_size: int | None = None,
     if spec.family == "xpress":
         values.update(num_jacobi_passes=spec.num_jacobi_passes, xpress_rank=spec.xpress_rank,
                       xpress_mlp_hidden=spec.xpress_rank * spec.xpress_mlp_ratio, refiner_block_size=spec.block_size,
-                      refiner_candidates=spec.vocab_size,  # every pass scores the whole vocabulary
+                      refiner_candidates=spec.target_vocab_size,  # every pass scores the whole vocabulary
                       refiner_slot0=SLOT0_TRAINED[spec.sample_from_anchor])
     if spec.family == "dflash2":
         values.update(conv_kernel_size=spec.conv_kernel_size, conv_group_size=spec.conv_group_size,

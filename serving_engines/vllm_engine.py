@@ -20,7 +20,7 @@ from typing import Any
 from foundation.packages import installed_version
 from impl.families import config_family
 from impl.layers import speculators_to_zlab
-from impl.param_names import codebook_name
+from foundation.param_names import codebook_name
 from serving_engines import rules, vllm_family
 from serving_engines.capture import vllm_capture
 from serving_engines.served import Served, TargetFacts

@@ -137,7 +137,7 @@ def test_the_same_training_at_any_thread_count(test_world, tmp_path):
 
     import torch
 
-    from impl.checkpoint import load_checkpoint
+    from drafter_files.checkpoint import load_checkpoint
 
     env = {**os.environ, **_demo_env(), "PYTHONPATH": str(REPO)}
     weights = {}

@@ -15,7 +15,7 @@ from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from dflash_audit.conversion import convert
 from dflash_audit.formats import load_any
-from impl.checkpoint import build_drafter
+from impl.body_shapes import build_drafter
 from impl.decoding import dflash_decode
 from impl.offline import load_or_build_cache, offline_rounds
 from tests.family_fixtures import family_spec, without_final_layer, world_backbone, write_speculators_drafter

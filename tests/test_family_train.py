@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dflash_audit.cli import main
-from impl.checkpoint import load_checkpoint
+from drafter_files.checkpoint import load_checkpoint
 from impl.recipe import KNOBS, train_recipe
 from tests.family_fixtures import without_final_layer, world_backbone, write_speculators_drafter
 from tests.helpers import TEXTS

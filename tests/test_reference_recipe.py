@@ -14,9 +14,9 @@ import pytest
 from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
-from impl.checkpoint import load_checkpoint
+from drafter_files.checkpoint import load_checkpoint
+from drafter_files.zlab_format import save_zlab_dir
 from impl.recipe import KNOBS
-from impl.zlab_format import save_zlab_dir
 from reference_adapters import speculators_recipe as refs
 
 RECIPE_PAGE = Path(__file__).resolve().parent.parent / "docs" / "training.md"

@@ -159,7 +159,7 @@ def test_serve_check_cli_exit_status_json_and_html(tmp_path, written, target_dir
 
 
 def test_a_checkpoint_file_points_to_convert_for(tmp_path, spec, drafter):
-    from impl.checkpoint import save_checkpoint
+    from drafter_files.checkpoint import save_checkpoint
 
     save_checkpoint(tmp_path / "ckpt.pt", drafter)
     report = section_dict(serving_section(tmp_path / "ckpt.pt", ["vllm"]))["vllm"]
@@ -177,7 +177,7 @@ def test_convert_for_an_engine_passes_serve_check(writer, engine, written, targe
 
 
 def test_convert_for_a_checkpoint_file(tmp_path, drafter, target_dir):
-    from impl.checkpoint import save_checkpoint
+    from drafter_files.checkpoint import save_checkpoint
 
     save_checkpoint(tmp_path / "ckpt.pt", drafter)
     assert main(["convert", "--from", str(tmp_path / "ckpt.pt"), "--to", str(tmp_path / "v"), "--for", "vllm"]) == 0
@@ -185,7 +185,7 @@ def test_convert_for_a_checkpoint_file(tmp_path, drafter, target_dir):
 
 
 def test_convert_for_names_the_field_no_format_can_carry(tmp_path, spec, drafter, capsys):
-    from impl.zlab_format import save_zlab_dir
+    from drafter_files.zlab_format import save_zlab_dir
 
     save_zlab_dir(tmp_path / "z", dataclasses.replace(spec, input_embedding_scale=2.0), drafter.state_dict())
     assert main(["convert", "--from", str(tmp_path / "z"), "--to", str(tmp_path / "s"), "--for", "sglang"]) == 2

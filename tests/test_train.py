@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dflash_audit.cli import main
-from impl.checkpoint import load_checkpoint
+from drafter_files.checkpoint import load_checkpoint
 from impl.data import DataError, Document, load_packed, pack_documents, pack_records
 from impl.model import DFlashDrafter
 from impl.recipe import Recipe
