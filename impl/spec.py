@@ -247,27 +247,34 @@ class DraftSpec(BaseModel):
     # hidden state, plus the Markov embedding with `confidence_head_with_markov`). All four set, or all None.
     markov_rank: int | None = setting(
         None, "DSpark: rank of the Markov logit-bias head over the previous block token (0: none)", ge=0,
-        names=None, speculators="markov_rank", zlab=None, default_of="none: only a DSpark drafter has it", family="dspark")
+        names=None, speculators="markov_rank", zlab=None, default_of="none: only a DSpark drafter has it", family="dspark",
+        flags=("--markov-rank",), train_default=256, train_default_of="speculators (DSparkArgs.markov_rank)")
     markov_head_type: MarkovHeadType | None = setting(
         None, "DSpark: the Markov head's type", names=None, speculators="markov_head_type", zlab=None,
-        default_of="none: only a DSpark drafter has it", family="dspark")
+        default_of="none: only a DSpark drafter has it", family="dspark",
+        flags=("--markov-head-type",), train_default="vanilla", train_default_of="speculators (DSparkArgs.markov_head_type)")
     enable_confidence_head: bool | None = setting(
         None, "DSpark: a per-slot confidence head", names=None, speculators="enable_confidence_head", zlab=None,
-        default_of="none: only a DSpark drafter has it", family="dspark")
+        default_of="none: only a DSpark drafter has it", family="dspark",
+        flags=("--confidence-head/--no-confidence-head",), train_default=True, train_default_of="speculators (DSparkArgs.enable_confidence_head)")
     confidence_head_with_markov: bool | None = setting(
         None, "DSpark: the confidence head also reads the Markov embedding", names=None, speculators="confidence_head_with_markov",
-        zlab=None, default_of="none: only a DSpark drafter has it", family="dspark")
+        zlab=None, default_of="none: only a DSpark drafter has it", family="dspark",
+        flags=("--confidence-head-with-markov/--confidence-head-without-markov",), train_default=True, train_default_of="speculators (DSparkArgs.confidence_head_with_markov)")
     # XPress (speculators' models/xpress): a causal refiner head of rank `xpress_rank` (MLP `xpress_mlp_ratio`
     # times wider) resolved at inference by `num_jacobi_passes` parallel Jacobi passes. All three, or all None.
     xpress_rank: int | None = setting(
         None, "XPress: rank of the causal refiner head", ge=1, names=None, speculators="xpress_rank", zlab=None,
-        default_of="none: only an XPress drafter has it", family="xpress")
+        default_of="none: only an XPress drafter has it", family="xpress",
+        flags=("--xpress-rank",), train_default=256, train_default_of="speculators (XPressArgs.xpress_rank)")
     xpress_mlp_ratio: int | None = setting(
         None, "XPress: how many times wider the refiner's MLP is", ge=1, names=None, speculators="xpress_mlp_ratio", zlab=None,
-        default_of="none: only an XPress drafter has it", family="xpress")
+        default_of="none: only an XPress drafter has it", family="xpress",
+        flags=("--xpress-mlp-ratio",), train_default=2, train_default_of="speculators (XPressArgs.xpress_mlp_ratio)")
     num_jacobi_passes: int | None = setting(
         None, "XPress: parallel Jacobi passes resolving the refiner at inference", ge=0,
-        names=None, speculators="num_jacobi_passes", zlab=None, default_of="none: only an XPress drafter has it", family="xpress")
+        names=None, speculators="num_jacobi_passes", zlab=None, default_of="none: only an XPress drafter has it", family="xpress",
+        flags=("--num-jacobi-passes",), train_default=6, train_default_of="speculators (XPressArgs.num_jacobi_passes)")
 
     def __init__(self, **data: Any) -> None:
         fields = type(self).model_fields

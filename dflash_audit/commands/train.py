@@ -14,8 +14,9 @@ from dflash_audit.outputs import check_not_foreign, check_outputs, check_writabl
 from foundation.errors import AuditError
 from foundation.inputs import check_finite_flags, check_target_dir, regular_file
 from impl import spec
-from impl.families import TRAINED_FAMILIES
+from impl.families import TITLES, TRAINED_FAMILIES
 from impl.recipe import KNOBS
+from impl.spec import FAMILY_FIELDS
 
 
 def drafter_settings(options: dict) -> dict:
@@ -105,7 +106,9 @@ def train(
     seed: int = typer.Option(0),
     max_seconds: float = typer.Option(None, help="Shrink the schedule to fit this wall-clock budget."),
     json_out: Path = typer.Option(None, "--json", help="Write the run's stats as JSON."),
-    family: str = typer.Option("dflash", help="dflash, or dflash2 (convolutions + candidate selector)."),
+    family: str = typer.Option("dflash", help="dflash; dflash2 (convolutions + candidate selector); dspark (Markov and "
+                                              "confidence heads); xpress (causal refiner). Each trains with its loss "
+                                              "and its defaults as speculators' trainer resolves the family."),
     **knobs,  # one option per trainable drafter setting (impl/spec.py) and per recipe knob (impl/recipe.py),
     # generated from their declarations (train_options.with_knob_options)
 ) -> None:
@@ -121,10 +124,7 @@ def train(
     drafter = drafter_settings(knobs)  # the trainable spec settings given, by run field; the rest are recipe knobs
     check_finite_flags(lr=lr, max_seconds=max_seconds,
                        **{name: value for name, value in knobs.items() if KNOBS[name].annotation is float})
-    dflash2_flags = {name: value for name, value in {**drafter, **knobs}.items()
-                     if name in spec.FAMILY_FIELDS["dflash2"] or name in KNOBS
-                     and KNOBS[name].json_schema_extra["family"] == "dflash2"}
-    check_family_flags(family, dflash2_flags)
+    check_family_flags(family, {**drafter, **knobs})
     if dtype not in ("fp32", "bf16"):
         raise AuditError(f"--dtype must be fp32 or bf16, got {dtype!r}")
     # The recipe knobs are checked once, by the recipe type, when the run starts (impl.train.check_run).
@@ -144,15 +144,21 @@ def train(
         report_run(stats, json_out)
 
 
-def check_family_flags(family: str, dflash2_flags: dict) -> None:
-    """--family names one of the families; DFlash2-only flags need --family dflash2."""
+def check_family_flags(family: str, given: dict) -> None:
+    """--family names one of the families; a family's own flag (its drafter's shape, its loss knobs) needs it."""
     if family not in TRAINED_FAMILIES:
-        raise AuditError(f"--family must be {' or '.join(TRAINED_FAMILIES)} (DSpark and XPress drafters are audited, "
-                         f"decoded and converted, not trained here), got {family!r}")
-    if family == "dflash":
-        stray = [name for name, value in dflash2_flags.items() if value is not None]
-        if stray:
-            raise AuditError(f"--{stray[0].replace('_', '-')} is a DFlash2 setting; add --family dflash2")
+        raise AuditError(f"--family must be one of {', '.join(TRAINED_FAMILIES)}, got {family!r}")
+    for name, value in given.items():
+        owner = flag_family(name)
+        if value is not None and owner not in (None, family):
+            raise AuditError(f"--{name.replace('_', '-')} is a {TITLES[owner]} setting; add --family {owner}")
+
+
+def flag_family(name: str) -> str | None:
+    """The family a train setting belongs to: a drafter field of one family, or a recipe knob declared for one."""
+    if name in KNOBS:
+        return KNOBS[name].json_schema_extra["family"]
+    return next((family for family, names in FAMILY_FIELDS.items() if name in names), None)
 
 
 def recipe_settings(recipe: str | None, family: str, given: dict) -> dict:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from impl.layers import speculators_to_zlab
-from impl.recipe import KNOBS, LOSS_KINDS, LOSS_WEIGHTINGS, choices
+from impl.recipe import KNOBS, LOSS_KINDS, LOSS_WEIGHTINGS, canonical_loss_fn, choices
 from impl.settings import base_type
 from impl.spec import LAYER_TYPES, ROPE_STYLES, SETTINGS, SPEC_NAMES
 
@@ -43,7 +43,8 @@ INT_FIELDS = ({n for n, t in SPEC_TYPES.items() if t is int}
 FLOAT_FIELDS = {n for n, t in SPEC_TYPES.items() if t is float} | {n for n, t in RECIPE_TYPES.items() if t is float}
 BOOL_FIELDS = {n for n, t in SPEC_TYPES.items() if t is bool} | {n for n, t in RECIPE_TYPES.items() if t is bool}
 LOSS_SPELLINGS = {"ce": "ce", "cross_entropy": "ce", "crossentropy": "ce", "xent": "ce", "kl": "kl_div",
-                  "kl_div": "kl_div", "kld": "kl_div", "forward_kl": "kl_div", "kl_divergence": "kl_div"}
+                  "kl_div": "kl_div", "kld": "kl_div", "forward_kl": "kl_div", "kl_divergence": "kl_div",
+                  "tv": "tv", "total_variation": "tv"}
 
 
 class DeclarationError(ValueError):
@@ -108,9 +109,12 @@ def convert(field: str, value: Any, where: str, speculators_ids: bool = False) -
         return spelled
     if field == "loss_fn":
         spelled = LOSS_SPELLINGS.get(str(value).strip().lower().replace("-", "_"))
-        if spelled is None:
-            raise fail(f"a loss this tool knows ({sorted(LOSS_KINDS)})")
-        return spelled
+        if spelled is not None:
+            return spelled
+        try:  # speculators' weighted combination, e.g. '{"ce": 0.1, "tv": 0.9}' (XPress's)
+            return canonical_loss_fn(json.dumps(value) if isinstance(value, dict) else str(value))
+        except ValueError:
+            raise fail(f"a loss this tool knows ({sorted(LOSS_KINDS)}, or a JSON dict of them to weights)") from None
     if field == "hidden_act":
         if not isinstance(value, str):
             raise fail("an activation name")
