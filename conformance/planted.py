@@ -114,7 +114,7 @@ XPRESS_HEADS = HeadCase(spec=FULL_ATTENTION.replace(xpress_rank=8, xpress_mlp_ra
 # DSpark's and XPress's losses on the same drafter, anchor-as-bonus layout (slot k's previous token is then not the
 # one it proposes), every term switched on.
 DSPARK_LOSS = FamilyLossCase(
-    TrainingCase(dataclasses.replace(DSPARK_HEADS.spec, markov_head_type="vanilla", sample_from_anchor=False),
+    TrainingCase(DSPARK_HEADS.spec.replace(markov_head_type="vanilla", sample_from_anchor=False),
                  (12, 9), 2, 5, 3),
     Recipe(loss_fn="kl_div", per_position_loss_weight="fixed-exp-decay", max_anchors=5, confidence_head_alpha=0.7))
 XPRESS_LOSS_CASE = FamilyLossCase(
