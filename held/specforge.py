@@ -166,7 +166,8 @@ class SpecForgeImplementation:
         if spec.family == "dspark":
             raise Unsupported(NOT_WRAPPED_DSPARK)
         if spec.family != "dflash":
-            raise Unsupported(f"specforge: SpecForge 0.2.0 has no {spec.family} drafter")
+            # SpecForge 0.2.0's other drafters (modeling/draft/) are not held here.
+            raise Unsupported(f"specforge: this plug holds SpecForge 0.2.0's DFlash drafter only, not {spec.family}")
         if spec.sliding_window_non_causal and "sliding_attention" in spec.layer_types:
             raise Unsupported("specforge: SpecForge 0.2.0 has no sliding_window_non_causal setting (its training "
                               "mask keeps sliding blocks causal)")
