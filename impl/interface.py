@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from impl.dflash2 import SelectorTraining
+from impl.family_losses import FamilyTraining
 from impl.interface_versions import CURRENT as INTERFACE_VERSION
 from impl.spec import DraftSpec
 
@@ -49,6 +50,9 @@ class TrainingOutputs:
     loss_mask: torch.Tensor  # [1, A*B] aligned loss mask (slot 0 and padded anchors zeroed)
     hidden: torch.Tensor | None = None  # [1, A*B, H] drafter hidden states after the final norm
     selector: SelectorTraining | None = None  # DFlash2: the selector's candidates, labels and scores
+    # DSpark, XPress: what their heads add (confidence logits; the rounds' and the backbone's logits). `logits` are
+    # then the ones the family trains: Markov-corrected (DSpark), teacher-forced refined (XPress).
+    family: FamilyTraining | None = None
     # Hard-label trainers (CE on the data's next tokens) have no verifier logits: `targets` is
     # None, `target_ids` [1, A*B] the label of each slot, and `unsupported` says why.
     target_ids: torch.Tensor | None = None
