@@ -25,6 +25,7 @@ from modelopt.torch.speculative.plugins import hf_dflash, modeling_dflash
 from torch import nn
 
 from dflash_world.target_training import random_qwen3
+from held.dflash_layouts import refuse_missing_layouts
 from impl.interface import TrainingOutputs, Unsupported
 from impl.param_names import strip_wrapper_prefixes
 from impl.recipe import DEFAULTS
@@ -75,11 +76,7 @@ def _convert(base: nn.Module, spec: DraftSpec, num_anchors: int = 512) -> nn.Mod
     if spec.family != "dflash":
         raise Unsupported(f"modelopt: Model-Optimizer's DFlash plug takes DFlash drafters (not {spec.family}); "
                           "its DSpark is another projector_type")
-    if spec.sample_from_anchor:
-        raise Unsupported("modelopt: Model-Optimizer's DFlash has no sample-from-anchor layout (slot 0 is the anchor)")
-    if spec.draft_vocab_size is not None:
-        raise Unsupported("modelopt: Model-Optimizer's DFlash drafter has no reduced draft vocabulary (its head is "
-                          "the target's lm_head)")
+    refuse_missing_layouts(spec, "modelopt", "Model-Optimizer")
     if spec.partial_rotary_factor != 1.0 or spec.rope_style != "neox" or spec.rope_scaling is not None:
         raise Unsupported("modelopt: Model-Optimizer's drafter builds transformers' Qwen3RotaryEmbedding from "
                           "rope_theta alone (rope_scaling is added only at export)")

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from foundation.packages import PINNED, installed_version
+from held.dflash_layouts import refuse_missing_layouts
 from impl.interface import GenerationResult, TrainingOutputs, Unsupported
 from impl.param_names import strip_wrapper_prefixes
 from impl.spec import DraftSpec
@@ -158,11 +159,7 @@ class SpecForgeImplementation:
         if spec.sliding_window_non_causal and "sliding_attention" in spec.layer_types:
             raise Unsupported("specforge: SpecForge 0.2.0 has no sliding_window_non_causal setting (its training "
                               "mask keeps sliding blocks causal)")
-        if spec.sample_from_anchor:
-            raise Unsupported("specforge: SpecForge 0.2.0's DFlash objective has no sample-from-anchor layout")
-        if spec.draft_vocab_size is not None:
-            raise Unsupported("specforge: SpecForge 0.2.0's DFlash drafter has no reduced draft vocabulary (its head "
-                              "is the target's lm_head)")
+        refuse_missing_layouts(spec, "specforge", "SpecForge 0.2.0")
 
         config = Qwen3Config(**zlab_config(spec))
         config._attn_implementation = ATTENTION
