@@ -211,7 +211,7 @@ def load_models(target_dir: Path, ours_dir: Path, ref_dir: Path, device: str):
     from transformers import AutoModelForCausalLM
 
     from dflash_audit.formats import load_any
-    from impl.checkpoint import build_drafter
+    from impl.body_shapes import build_drafter
 
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16, device_map=device)
     target = target.eval().requires_grad_(False)
@@ -338,7 +338,8 @@ def speculative_rows(args, repeats: int) -> tuple[list[Row], dict]:
     from dflash_audit.prompts import load_prompts, tokenize_prompts
     from dflash_world import cached_test_world
     from dflash_world.drafter import cached_dflash2_drafter
-    from impl.checkpoint import build_drafter, load_checkpoint
+    from impl.body_shapes import build_drafter
+    from drafter_files.checkpoint import load_checkpoint
     from impl.offline.speculative import capture_speculative
     from foundation.target import load_target
 

@@ -26,7 +26,7 @@ from dflash_world.drafter import cached_test_drafter
 from foundation.atomic import atomic_write_bytes
 from foundation.target import load_target
 from held.specforge import SpecForgeImplementation
-from impl.checkpoint import load_checkpoint
+from drafter_files.checkpoint import load_checkpoint
 from impl.decoding import mean_acceptance
 from reference_adapters.zlab_adapter import ZlabImplementation
 

@@ -98,7 +98,7 @@ def main() -> None:
         config_only.mkdir()
         (config_only / "config.json").write_text(json.dumps({
             "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": spec.hidden_size,
-            "num_hidden_layers": spec.num_target_layers, "vocab_size": spec.vocab_size}))
+            "num_hidden_layers": spec.num_target_layers, "vocab_size": spec.target_vocab_size}))
         to_spec = measure(cli("convert", "--from", str(ref), "--to", str(spec_dir), "--format", "speculators",
                               "--target", str(config_only)), {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
         floor_s = min(m.wall_s for m in floor)

@@ -35,7 +35,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from dflash_audit.formats import load_any
     from dflash_world import cached_test_world
-    from impl.checkpoint import build_drafter
+    from impl.body_shapes import build_drafter
     from impl.extract import HiddenStateExtractor
     from impl.layers import speculators_to_zlab
     from impl.recipe import Recipe

@@ -17,7 +17,7 @@ import torch
 from dflash_audit.prompts import load_prompts, tokenize_prompts
 from foundation.atomic import atomic_write_bytes
 from foundation.target import load_target
-from impl.checkpoint import build_drafter
+from impl.body_shapes import build_drafter
 from reference_adapters.zlab_adapter import zlab_generate, zlab_twin  # noqa: F401  (used by the bench scripts)
 
 REPORT_DIR = Path("reports") / "bench"

@@ -18,21 +18,21 @@ import torch
 from impl.layers import build_target_layer_ids
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec
-from impl.zlab_format import zlab_config
+from drafter_files.zlab_format import zlab_config
 
 # Qwen3.6-27B-DFlash (z-lab) and Qwen3-8B-DFlash-b16 (z-lab): 5 draft layers over the target's
 # hidden size; head_dim 128, 32 query / 8 KV heads; fc reads 5 target layers.
 SHAPES = {
     "qwen3.6-27b": DraftSpec(hidden_size=5120, intermediate_size=17408, num_attention_heads=32, num_key_value_heads=8,
-                             head_dim=128, num_hidden_layers=5, vocab_size=248320,
+                             head_dim=128, num_hidden_layers=5, target_vocab_size=248320,
                              target_layer_ids=tuple(build_target_layer_ids(64, 5)), num_target_layers=64,
                              mask_token_id=248070, block_size=16),
     "qwen3-8b": DraftSpec(hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
-                          head_dim=128, num_hidden_layers=5, vocab_size=151936,
+                          head_dim=128, num_hidden_layers=5, target_vocab_size=151936,
                           target_layer_ids=tuple(build_target_layer_ids(36, 5)), num_target_layers=36,
                           mask_token_id=151669, block_size=16),
     "tiny": DraftSpec(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=16, num_hidden_layers=2, vocab_size=256, target_layer_ids=(1, 3), num_target_layers=6,
+                      head_dim=16, num_hidden_layers=2, target_vocab_size=256, target_layer_ids=(1, 3), num_target_layers=6,
                       mask_token_id=255, block_size=8),
 }
 DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}

@@ -101,7 +101,7 @@ def drafter_spec(name: str) -> DraftSpec:
     target by z-lab's rule) at the target's width; the 8B target gets the published drafter's shape."""
     shape = TARGETS[name]
     if name == "tiny":
-        return replace(DRAFTER_SHAPES["tiny"], vocab_size=shape.vocab_size, mask_token_id=shape.vocab_size - 1)
+        return replace(DRAFTER_SHAPES["tiny"], target_vocab_size=shape.vocab_size, mask_token_id=shape.vocab_size - 1)
     if name in DRAFTER_SHAPES:
         return DRAFTER_SHAPES[name]
     recipe = DRAFTER_SHAPES["qwen3-8b"]

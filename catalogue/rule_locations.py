@@ -130,7 +130,7 @@ LOCATIONS = (
                  '`dflash_generate` (keeps it)', '`train.utils.resolve_mask_token_id` (no decoding loop)',
                  '`conformance/test_mask_token_validity.py`'),
     RuleLocation((35,), 'rotary settings',
-                 '`model.DraftRotaryEmbedding`, `model.rotate` (partial, interleaved), `zlab_format.rotary_settings`; '
+                 '`model.DraftRotaryEmbedding`, `model.rotate` (partial, interleaved), `rotary_config.rotary_settings`; '
                  'the static `rotary` finding (`dflash_audit/audit/static_rotary.py`)',
                  '`Qwen3RotaryEmbedding(config)`, `apply_rotary_pos_emb`',
                  '`models.dflash.core` (`flatten_rope_parameters`), `model_definitions.apply_rotary_pos_emb`, '

@@ -46,6 +46,10 @@ def pytest_addoption(parser):
     parser.addoption("--impl", default=DEFAULT_IMPL, metavar="package.module:object",
                      help="DFlashImplementation under test (a class is instantiated without arguments), "
                           f"or one of {', '.join(KNOWN)}")
+    parser.addoption("--impl-only", action="store_true",
+                     help="run only what involves the implementation under test: the references' own pairs "
+                          "(speculators vs zlab) and tests of the references or of ours alone are deselected "
+                          "(a held codebase's golden run)")
     parser.addoption("--report-dir", default=None, metavar="DIR",
                      help="where results.json and index.html go (default reports/conformance/, "
                           "reports/conformance/<name>/ for an --impl other than ours)")
@@ -116,6 +120,22 @@ def pytest_generate_tests(metafunc):
         else:
             runnable.append(pytest.param((a_role, b_role), id=f"{names[0]}-vs-{names[1]}"))
     metafunc.parametrize("pair_roles", runnable)
+
+
+def involves_impl(item) -> bool:
+    """Whether a collected test runs the implementation under test: a pair including it, or `under_test`."""
+    roles = item.callspec.params.get("pair_roles") if hasattr(item, "callspec") else None
+    if isinstance(roles, tuple):  # not pytest's NOTSET of an empty pair set
+        return "impl" in roles
+    return bool({"pair", "under_test"} & set(item.fixturenames))  # an empty pair set stays (its n/a is recorded)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--impl-only"):
+        return
+    kept = [item for item in items if involves_impl(item)]
+    config.hook.pytest_deselected(items=[item for item in items if not involves_impl(item)])
+    items[:] = kept
 
 
 @pytest.fixture

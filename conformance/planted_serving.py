@@ -15,13 +15,13 @@ from typing import Callable
 from impl.families import ZLAB_ARCHITECTURES
 from impl.layers import zlab_to_speculators
 from impl.spec import DraftSpec
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from serving_engines import TargetFacts
 from serving_engines.verdict import EngineReport, engine_report
 
 # Two sliding layers around a full one, ids of a 6-layer target: every serving rule has something to act on.
 SPEC = DraftSpec(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                 num_hidden_layers=3, vocab_size=96, target_layer_ids=(1, 3, 4), num_target_layers=6,
+                 num_hidden_layers=3, target_vocab_size=96, target_layer_ids=(1, 3, 4), num_target_layers=6,
                  mask_token_id=95, block_size=4, rope_theta=1e6,  # Qwen3's own θ, as published drafters declare
                  layer_types=("sliding_attention", "full_attention", "sliding_attention"), sliding_window=5)
 
@@ -74,7 +74,7 @@ def _speculative_tokens_is_block(config: dict) -> None:
     config.clear()
     config.update(speculators_model_type="dflash", architectures=[ZLAB_ARCHITECTURES["dflash"]], transformer_layer_config=layer,
                   aux_hidden_state_layer_ids=aux, mask_token_id=SPEC.mask_token_id, block_size=SPEC.block_size,
-                  sliding_window_non_causal=False, draft_vocab_size=SPEC.vocab_size,
+                  sliding_window_non_causal=False, draft_vocab_size=SPEC.target_vocab_size,
                   speculators_config={"algorithm": "dflash", "proposal_methods": [
                       {"proposal_type": "greedy", "speculative_tokens": SPEC.block_size}],
                       "default_proposal_method": "greedy",
@@ -107,8 +107,8 @@ SERVING_BUGS = [
 
 def target_facts(**changes) -> TargetFacts:
     """The runtime target of SPEC: its depth and vocabulary (eos/pad none unless a bug plants one)."""
-    facts = TargetFacts(path=None, num_layers=SPEC.num_target_layers, vocab_size=SPEC.vocab_size,
-                        embedding_rows=SPEC.vocab_size)
+    facts = TargetFacts(path=None, num_layers=SPEC.num_target_layers, vocab_size=SPEC.target_vocab_size,
+                        embedding_rows=SPEC.target_vocab_size)
     return dataclasses.replace(facts, **changes)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from impl import interface, interface_versions as versions
 
 PROTOCOLS = (interface.DFlashImplementation, interface.DFlash2Operations, interface.SlotLayoutOperations,
-             interface.DraftVocabOperations)
+             interface.DraftVocabOperations, interface.FamilyHeadOperations)
 
 
 class PlugMismatch(Exception):
@@ -133,7 +133,16 @@ def _missing(name: str, message: str):
         raise PlugMismatch(message)
 
     operation.__name__ = name
+    operation.plug_mismatch = message
     return operation
+
+
+def require(implementation: Any, operation: str) -> None:
+    """Raise the plug mismatch of an operation added after the plug's version that the plug lacks, before anything
+    else the test would ask of it (an older plug's `build_drafter` refusing a DSpark spec must not hide it)."""
+    message = getattr(getattr(implementation, operation, None), "plug_mismatch", None)
+    if message is not None:
+        raise PlugMismatch(message)
 
 
 def _checked(method: Any, name: str, wrapped: Any):

@@ -68,7 +68,7 @@ def trained_pair(request):
     from dflash_world import cached_test_world
     from dflash_world.drafter import cached_dflash2_drafter, cached_test_drafter
     from dflash_world.suite_placement import audit_placement, world_in_suite_dtype
-    from impl.checkpoint import load_checkpoint
+    from drafter_files.checkpoint import load_checkpoint
     from foundation.target import load_target_model
 
     world = world_in_suite_dtype(cached_test_world())
@@ -139,7 +139,7 @@ def test_sampled_rounds_under_the_same_seed_p17(conform, pair, trained_pair):
 def random_pair():
     """A random drafter with sliding window 6 < block 8 < sequence, and a random tiny target."""
     spec = DraftSpec(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                     num_hidden_layers=3, vocab_size=96, target_layer_ids=(1, 3, 4), num_target_layers=6,
+                     num_hidden_layers=3, target_vocab_size=96, target_layer_ids=(1, 3, 4), num_target_layers=6,
                      mask_token_id=95, block_size=8,
                      layer_types=("sliding_attention", "full_attention", "sliding_attention"), sliding_window=6)
     torch.manual_seed(3)
@@ -153,7 +153,7 @@ def test_random_models_with_rolling_sliding_windows_p17(conform, pair, temperatu
     a, b = pair
     longest = 0
     for seed in range(3):
-        ids = torch.randint(0, spec.vocab_size - 1, (1, 12 + 4 * seed), generator=torch.Generator().manual_seed(seed))
+        ids = torch.randint(0, spec.target_vocab_size - 1, (1, 12 + 4 * seed), generator=torch.Generator().manual_seed(seed))
         conform.describe({"seed": seed, "temperature": temperature, "prompt_len": ids.shape[1]})
         runs = {}
         for impl in (a, b):

@@ -35,7 +35,7 @@ def trained_case():
     from dflash_world import cached_test_world
     from dflash_world.drafter import cached_test_drafter
     from dflash_world.suite_placement import audit_placement, world_in_suite_dtype
-    from impl.checkpoint import load_checkpoint
+    from drafter_files.checkpoint import load_checkpoint
     from foundation.jsonl import split_json_lines
     from foundation.placement import target_device
     from foundation.target import load_target

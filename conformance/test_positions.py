@@ -15,7 +15,7 @@ from impl.spec import DraftSpec
 
 # A tiny full-attention drafter for the partial-rotary cases.
 PARTIAL_SPEC = DraftSpec(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
-                         head_dim=16, num_hidden_layers=2, vocab_size=VOCAB, target_layer_ids=(0, 2),
+                         head_dim=16, num_hidden_layers=2, target_vocab_size=VOCAB, target_layer_ids=(0, 2),
                          num_target_layers=4, mask_token_id=VOCAB - 1, block_size=4)
 
 

@@ -36,7 +36,8 @@ def world_pair():
     from dflash_world import cached_test_world
     from dflash_world.drafter import cached_test_drafter
     from dflash_world.suite_placement import audit_placement, world_in_suite_dtype
-    from impl.checkpoint import build_drafter, load_checkpoint
+    from impl.body_shapes import build_drafter
+    from drafter_files.checkpoint import load_checkpoint
     from foundation.placement import built_in
     from foundation.target import load_target_model
 

@@ -13,9 +13,9 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dflash_world.target_training import random_qwen3
-from impl.param_names import codebook_name
+from foundation.param_names import codebook_name
 from impl.spec import DraftSpec
-from impl.zlab_format import zlab_config
+from drafter_files.zlab_format import zlab_config
 
 VOCAB = 96
 TARGET_HEADS, TARGET_KV_HEADS, TARGET_HEAD_DIM = 4, 2, 8

@@ -39,10 +39,10 @@ from dflash_world.world_cache import WORLD_FORMAT
 from foundation.atomic import atomic_write_bytes
 from foundation.cache_dir import cache_root
 from foundation.errors import AuditError
-from impl.checkpoint import load_checkpoint
-from impl.families import TRAINED_FAMILIES as FAMILIES
+from drafter_files.checkpoint import load_checkpoint
+from impl.families import DEMO_FAMILIES as FAMILIES
 from impl.layers import build_target_layer_ids
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from serving_engines import ENGINES
 
 

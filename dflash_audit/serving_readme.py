@@ -1,6 +1,7 @@
 """The "Will it serve as trained?" tables of docs/serving.md, generated: which engine rule gives each field (called,
 executed from source or restated) and what each engine runs differently from training on drafters written by
-the references' own writers (z-lab's `save_pretrained`, speculators' converter) and by our `convert`.
+the references' own writers (z-lab's `save_pretrained`, speculators' converter and its DSpark and XPress classes'
+`save_pretrained`) and by our `convert`.
 
 `python -m dflash_audit.serving_readme` prints both tables; tests/test_serving.py keeps docs/serving.md equal to them.
 """
@@ -16,7 +17,7 @@ from impl.spec import DraftSpec
 ENGINES = ("vllm", "sglang")
 # Two sliding layers around a full one (window 6), ids (1, 3, 4) of a 6-layer target, block 8.
 SPEC = DraftSpec(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                 num_hidden_layers=3, vocab_size=128, target_layer_ids=(1, 3, 4), num_target_layers=6,
+                 num_hidden_layers=3, target_vocab_size=128, target_layer_ids=(1, 3, 4), num_target_layers=6,
                  mask_token_id=127, block_size=8,
                  layer_types=("sliding_attention", "full_attention", "sliding_attention"), sliding_window=6)
 
@@ -26,12 +27,29 @@ def dflash2(spec: DraftSpec) -> DraftSpec:
                                sliding_window_non_causal=True)
 
 
+# speculators' other two DFlash-family drafters, written by their own model classes (models/dspark, models/xpress).
+FAMILY_WRITERS = {"dspark": dict(markov_rank=16, markov_head_type="vanilla", enable_confidence_head=True,
+                                 confidence_head_with_markov=True),
+                  "dspark (rnn head)": dict(markov_rank=16, markov_head_type="rnn", enable_confidence_head=True,
+                                            confidence_head_with_markov=True),
+                  "xpress": dict(xpress_rank=16, xpress_mlp_ratio=2, num_jacobi_passes=3)}
+
+
+def speculators_save_pretrained(spec: DraftSpec, path: Path, verifier: Path) -> Path:
+    """speculators' own writer: its DFlash-family model class's `save_pretrained` (its own random weights)."""
+    from reference_adapters import speculators_adapter as adapter
+
+    model = adapter.MODEL_CLASSES[spec.family](adapter.speculators_config(spec, verifier))
+    adapter.save_speculators_model(model, path)
+    return path
+
+
 def zlab_save_pretrained(spec: DraftSpec, path: Path) -> Path:
     """z-lab's own writer: its DFlash / DFlash2 model class's `save_pretrained` (random weights)."""
     from dflash.model import DFlash2DraftModel, DFlashDraftModel
     from transformers import Qwen3Config
 
-    from impl.zlab_format import zlab_config
+    from drafter_files.zlab_format import zlab_config
 
     model = (DFlash2DraftModel if spec.family == "dflash2" else DFlashDraftModel)(Qwen3Config(**zlab_config(spec)))
     model.save_pretrained(path)
@@ -56,6 +74,9 @@ def reference_written(root: Path, target_dir: Path, spec: DraftSpec = SPEC) -> d
         for fmt in ("zlab", "speculators"):
             convert(zlab, root / f"ours-{fmt}-{family}", fmt, target=target_dir)
             dirs[f"our convert --format {fmt}, {family}"] = root / f"ours-{fmt}-{family}"
+    for label, heads in FAMILY_WRITERS.items():
+        dirs[f"speculators save_pretrained, {label}"] = speculators_save_pretrained(
+            dataclasses.replace(spec, **heads), root / f"speculators-{label.split()[0]}-{len(dirs)}", target_dir)
     return dirs
 
 
@@ -80,7 +101,7 @@ def tables(root: Path) -> str:
     from serving_engines.rules import markdown
 
     target = root / "target"
-    random_qwen3(SPEC.num_target_layers, SPEC.hidden_size, SPEC.vocab_size).save_pretrained(target)
+    random_qwen3(SPEC.num_target_layers, SPEC.hidden_size, SPEC.target_vocab_size).save_pretrained(target)
     return markdown() + "\n" + divergence_table(reference_written(root, target), target)
 
 

@@ -85,7 +85,7 @@ def placed_target(model):
 def placed_drafter(drafter):
     """A drafter as the suites' switch places it: rebuilt in the suite's dtype on its device
     (`built_in`, as `compare` and `eval` build one)."""
-    from impl.checkpoint import build_drafter
+    from impl.body_shapes import build_drafter
     from foundation.placement import built_in
 
     placement = audit_placement()

@@ -11,6 +11,14 @@ class AuditError(Exception):
     """Bad input or usage: reported as `dflash-audit: error: <message>`, exit status 2."""
 
 
+class SpecError(ValueError):
+    """An inconsistent or invalid drafter description; the message names the field."""
+
+    def __init__(self, field_name: str, message: str):
+        self.field = field_name
+        super().__init__(f"{field_name}: {message}")
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read as what it claims to be; one line, naming the culprit."""
 

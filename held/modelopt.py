@@ -166,12 +166,13 @@ def _remote(op: str):
 
 class ModelOptImplementation:
     name = "modelopt"
-    interface_version = 8  # impl/interface_versions.py
+    interface_version = 9  # impl/interface_versions.py
     # No function of its own for these: context features are gathered inline in `HFDFlashModel.forward`
     # (hf_dflash.py:983); no decoding loop (its AR validation, `HFARValidation`, runs on CUDA against a precomputed
-    # greedy ground truth); no slot layout, DFlash2 or reduced draft vocabulary.
+    # greedy ground truth); no slot layout, DFlash2 or reduced draft vocabulary; no XPress (its projector types
+    # are dflash, domino and dspark: dflash/conversion.py:51).
     unsupported: frozenset[str] = frozenset({"context_features", "generate", "speculative_tokens", "proposal_logits",
-                                             "vocab_mapping", "proposed_ids"})
+                                             "vocab_mapping", "proposed_ids", "refiner_bias", "jacobi_tokens"})
 
     def __init__(self):
         if installed_version("nvidia-modelopt") != VERSION:
@@ -199,6 +200,10 @@ class ModelOptImplementation:
     dpace_weights = _remote("dpace_weights")
     dpace_loss = _remote_loss("dpace_loss")
     block_metrics = _remote("block_metrics")
+    # DSpark (`HFDSparkModel`, hf_dspark.py): its Markov and confidence heads, its AR-validation Markov loop.
+    markov_bias = _remote("markov_bias")
+    confidence_logits = _remote("confidence_logits")
+    markov_path = _remote("markov_path")
 
     def context_features(self, hidden_states, layer_ids):
         raise Unsupported("Model-Optimizer gathers context features inline in HFDFlashModel.forward")

@@ -25,9 +25,8 @@ from modelopt.torch.speculative.plugins import hf_dflash, modeling_dflash
 from torch import nn
 
 from dflash_world.target_training import random_qwen3
-from held.dflash_layouts import refuse_missing_layouts
 from impl.interface import TrainingOutputs, Unsupported
-from impl.param_names import strip_wrapper_prefixes
+from foundation.param_names import strip_wrapper_prefixes
 from impl.recipe import DEFAULTS
 from impl.spec import DraftSpec
 
@@ -73,10 +72,14 @@ def _padded(anchors: torch.Tensor, keep: torch.Tensor, max_anchors: int) -> tupl
 
 
 def _convert(base: nn.Module, spec: DraftSpec, num_anchors: int = 512) -> nn.Module:
-    if spec.family != "dflash":
-        raise Unsupported(f"modelopt: Model-Optimizer's DFlash plug takes DFlash drafters (not {spec.family}); "
-                          "its DSpark is another projector_type")
-    refuse_missing_layouts(spec, "modelopt", "Model-Optimizer")
+    if spec.family not in ("dflash", "dspark"):
+        raise Unsupported(f"modelopt: Model-Optimizer 0.47.0 has no {spec.family} drafter (its projector types are "
+                          "dflash, domino and dspark: dflash/conversion.py:51)")
+    if spec.family == "dflash" and spec.sample_from_anchor:
+        raise Unsupported("modelopt: Model-Optimizer's DFlash has no sample-from-anchor layout (slot 0 is the anchor)")
+    if spec.draft_vocab_size is not None:
+        raise Unsupported("modelopt: Model-Optimizer's DFlash drafter has no reduced draft vocabulary (its head is "
+                          "the target's lm_head)")
     if spec.partial_rotary_factor != 1.0 or spec.rope_style != "neox" or spec.rope_scaling is not None:
         raise Unsupported("modelopt: Model-Optimizer's drafter builds transformers' Qwen3RotaryEmbedding from "
                           "rope_theta alone (rope_scaling is added only at export)")
@@ -89,6 +92,9 @@ def _convert(base: nn.Module, spec: DraftSpec, num_anchors: int = 512) -> nn.Mod
     architecture["target_layer_ids"] = list(spec.target_layer_ids)
     if spec.layer_types:
         architecture.update(layer_types=list(spec.layer_types), sliding_window=spec.sliding_window)
+    if spec.family == "dspark":  # routed to HFDSparkModel / DSparkModule (dflash/conversion.py:54)
+        architecture.update(projector_type="dspark", markov_rank=spec.markov_rank,
+                            markov_head_type=spec.markov_head_type, use_confidence_head=_confidence_head(spec))
     config = {"dflash_block_size": spec.block_size, "dflash_mask_token_id": spec.mask_token_id,
               "dflash_num_anchors": num_anchors, "dflash_use_torch_compile": False,
               "dflash_self_logit_distillation": recipe_config().dflash_self_logit_distillation,
@@ -98,10 +104,31 @@ def _convert(base: nn.Module, spec: DraftSpec, num_anchors: int = 512) -> nn.Mod
     return model
 
 
+def _confidence_head(spec: DraftSpec) -> bool:
+    """Its confidence head always reads [hidden ; Markov embedding] (modeling_dspark.py:122): a head reading the
+    hidden state alone (confidence_head_with_markov false) is not one it can hold, so its drafter is built without
+    it (the Markov head is still held) and `confidence_logits` answers n/a."""
+    return spec.enable_confidence_head and spec.confidence_head_with_markov
+
+
+def dspark_names(spec: DraftSpec, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """speculators' DSpark tensor names for its `DSparkModule`: the Markov head's nested `markov_head.` keys its own
+    load hook flattens (modeling_draft_checkpoint_compat.py:38); the confidence head's `confidence_head.proj` is
+    its `confidence_proj` (modeling_dspark.py:122), left out where it builds none."""
+    renamed = {}
+    for name, tensor in state.items():
+        if name.startswith("confidence_head."):
+            if not _confidence_head(spec):
+                continue
+            name = name.replace("confidence_head.proj.", "confidence_proj.", 1)
+        renamed[name] = tensor
+    return renamed
+
+
 def stand_in_target(spec: DraftSpec) -> nn.Module:
     """Its drafter is built on a target (`mtsp.convert`); a drafter asked for alone gets a random one of the
     spec's shape (the target's own settings, rope included, then play no part)."""
-    return random_qwen3(spec.num_target_layers, spec.hidden_size, spec.vocab_size, 0,
+    return random_qwen3(spec.num_target_layers, spec.hidden_size, spec.target_vocab_size, 0,
                         head_dim=spec.head_dim, heads=spec.num_attention_heads, kv_heads=spec.num_key_value_heads)
 
 
@@ -144,7 +171,8 @@ class ModelOptOperations:
 
     def build_drafter(self, spec, state_dict, target=None):
         model = _convert(copy.deepcopy(target) if target is not None else stand_in_target(spec), spec)
-        model.dflash_module.load_state_dict(strip_wrapper_prefixes(state_dict), strict=True)
+        model.dflash_module.load_state_dict(dspark_names(spec, strip_wrapper_prefixes(state_dict)), strict=True)
+        model.spec = spec
         return model.float().eval()
 
     def project_context(self, drafter, context_features):
@@ -256,6 +284,55 @@ class ModelOptOperations:
     def dpace_loss(self, logits, targets, loss_mask, block_size, dpace_alpha):
         return _with_gradient(lambda leaf: self._reduced(leaf, targets, loss_mask, block_size, loss_fn="ce",
                                                          objective="dpace", dpace_alpha=dpace_alpha), logits)
+
+    # -- DSpark: HFDSparkModel (hf_dspark.py) and its DSparkModule (modeling_dspark.py) ----------------------
+    def _teacher_forced_heads(self, drafter, prev_ids, hidden):
+        """Its `_apply_markov_head` (hf_dspark.py:144) on N teacher-forced blocks: a row of the blocks' previous
+        tokens with an anchor at each block start, so its gather at anchor + k (hf_dspark.py:159) reads slot k's
+        previous token; base logits zero, so the final logits it returns are the bias alone."""
+        blocks, block = prev_ids.shape
+        if block != drafter.dflash_block_size:
+            raise ValueError(f"blocks of {block} slots for a drafter of block size {drafter.dflash_block_size}")
+        anchors = (torch.arange(blocks) * block).view(1, -1)
+        zeros = hidden.new_zeros(1, blocks, block, drafter.dflash_config.vocab_size)
+        final, confidence = drafter._apply_markov_head(hidden.reshape(1, blocks * block, -1), zeros,
+                                                       prev_ids.reshape(1, -1), anchors, blocks)
+        return final[0], None if confidence is None else confidence[0]
+
+    def markov_bias(self, drafter, prev_ids, hidden):
+        return self._teacher_forced_heads(drafter, prev_ids, hidden)[0]
+
+    def confidence_logits(self, drafter, prev_ids, hidden):
+        if not _confidence_head(drafter.spec):
+            raise Unsupported("modelopt: Model-Optimizer's confidence head always reads [hidden ; Markov embedding] "
+                              "(confidence_proj over hidden_size + rank, modeling_dspark.py:122, :226); it has no "
+                              "confidence_head_with_markov false")
+        return self._teacher_forced_heads(drafter, prev_ids, hidden)[1]
+
+    def markov_path(self, drafter, hidden, base_logits, anchor):
+        """Its own AR-validation loop, `pseudo_speculative_generate` (hf_dspark.py:420), on one block: the target's
+        forward answers with a next token of `anchor` and the backbone with the case's hidden states and base
+        logits, so what runs of it is the block input and its left-to-right Markov loop (hf_dspark.py:473-482)."""
+        if not drafter.spec.sample_from_anchor:
+            raise Unsupported("modelopt: Model-Optimizer's DSpark has no anchor-as-bonus layout: the anchor is block "
+                              "position 0 and predicts the first draft token (shift_label, modeling_dspark.py:95)")
+        block = hidden.shape[1]
+        context = SimpleNamespace(last_hidden_state=torch.zeros(1, 1, 1),
+                                  hidden_states=[torch.zeros(1, 1, 1)] * (max(drafter.target_layer_ids) + 2))
+        anchor_logits = torch.zeros(1, 1, base_logits.shape[-1])
+        anchor_logits[..., anchor] = 1.0
+
+        def lm_head(states):  # the target's next token after the context, then the backbone's block logits
+            return base_logits if states is hidden else anchor_logits
+
+        module, owner = drafter.dflash_module, type(drafter)
+        with mock.patch.object(owner, "_base_model", property(lambda self: lambda **kwargs: context)), \
+                mock.patch.object(owner, "_base_model_lm_head", property(lambda self: lm_head)), \
+                mock.patch.object(module, "forward", lambda **kwargs: hidden):
+            anchor_token, tokens = drafter.pseudo_speculative_generate(torch.tensor([[anchor]]), steps=block)
+        if int(anchor_token) != anchor:
+            raise RuntimeError(f"the stand-in target answered {int(anchor_token)}, not the anchor {anchor}")
+        return tokens[0]
 
     def block_metrics(self, logits, targets, loss_mask, block_size):
         raise Unsupported("Model-Optimizer's DFlash objective reports one overall accuracy (train_acc), no "

@@ -22,11 +22,10 @@ import torch
 from torch import nn
 
 from foundation.packages import PINNED, installed_version
-from held.dflash_layouts import refuse_missing_layouts
 from impl.interface import GenerationResult, TrainingOutputs, Unsupported
-from impl.param_names import strip_wrapper_prefixes
+from foundation.param_names import strip_wrapper_prefixes
 from impl.spec import DraftSpec
-from impl.zlab_format import zlab_config
+from drafter_files.zlab_format import zlab_config
 
 VERSION = PINNED["specforge"]
 if installed_version("specforge") != VERSION:
@@ -115,12 +114,22 @@ def recorded_caches():
         yield made
 
 
+NOT_WRAPPED_DSPARK = ("specforge: SpecForge 0.2.0's DSpark (specforge/modeling/draft/dspark.py: DSparkDraftModel) is "
+                      "not wrapped by this plug, which holds its DFlash only")
+
+
+def _dspark_not_wrapped(self, *args, **kwargs):
+    raise Unsupported(NOT_WRAPPED_DSPARK)
+
+
 class SpecForgeImplementation:
     name = "specforge"
-    interface_version = 8  # impl/interface_versions.py
+    interface_version = 9  # impl/interface_versions.py
     # No inference mask: spec_generate calls the drafter with attention_mask=None (is_causal=False).
     # No block metrics: the DFlash objective reports one overall accuracy, no per-position accuracy or EAL.
-    unsupported: frozenset[str] = frozenset({"inference_mask", "block_metrics"})
+    # No XPress (refiner_bias, jacobi_tokens): SpecForge 0.2.0 has none. Its DSpark
+    # (specforge/modeling/draft/dspark.py) is not wrapped here: the DSpark operations answer n/a saying so.
+    unsupported: frozenset[str] = frozenset({"inference_mask", "block_metrics", "refiner_bias", "jacobi_tokens"})
 
     def __init__(self):
         self.recipe = default_recipe()
@@ -154,12 +163,19 @@ class SpecForgeImplementation:
     def build_drafter(self, spec: DraftSpec, state_dict, target: nn.Module | None = None) -> sf_draft.DFlashDraftModel:
         from transformers import Qwen3Config
 
+        if spec.family == "dspark":
+            raise Unsupported(NOT_WRAPPED_DSPARK)
         if spec.family != "dflash":
-            raise Unsupported(f"specforge: SpecForge 0.2.0 has no {spec.family} drafter (DFlash only)")
+            # SpecForge 0.2.0's other drafters (modeling/draft/) are not held here.
+            raise Unsupported(f"specforge: this plug holds SpecForge 0.2.0's DFlash drafter only, not {spec.family}")
         if spec.sliding_window_non_causal and "sliding_attention" in spec.layer_types:
             raise Unsupported("specforge: SpecForge 0.2.0 has no sliding_window_non_causal setting (its training "
                               "mask keeps sliding blocks causal)")
-        refuse_missing_layouts(spec, "specforge", "SpecForge 0.2.0")
+        if spec.sample_from_anchor:
+            raise Unsupported("specforge: SpecForge 0.2.0's DFlash objective has no sample-from-anchor layout")
+        if spec.draft_vocab_size is not None:
+            raise Unsupported("specforge: SpecForge 0.2.0's DFlash drafter has no reduced draft vocabulary (its head "
+                              "is the target's lm_head)")
 
         config = Qwen3Config(**zlab_config(spec))
         config._attn_implementation = ATTENTION
@@ -251,6 +267,8 @@ class SpecForgeImplementation:
 
     def block_metrics(self, logits, targets, loss_mask, block_size):
         raise Unsupported("SpecForge's DFlash objective reports one overall accuracy, no per-position accuracy or EAL")
+
+    markov_bias = confidence_logits = markov_path = _dspark_not_wrapped
 
     def generate(self, drafter, target, input_ids, max_new_tokens, stop_token_ids, temperature=0.0,
                  seed=0) -> GenerationResult:

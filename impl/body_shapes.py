@@ -4,11 +4,21 @@
 modelling (seconds), and a static audit or `convert` only needs names and shapes. The model (`impl/model.py`)
 stays the one home of the architecture: tests/test_model_checkpoint.py holds this table equal to the meta-built
 model's `state_dict()`, keys, order and shapes, for every family and option, so the two cannot drift apart.
+A body read from any file is checked against this table (`check_body`) before a drafter is built from it.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import torch
+
+from foundation.errors import CheckpointError
+from foundation.param_names import strip_wrapper_prefixes
 from impl.spec import DraftSpec
+
+if TYPE_CHECKING:
+    from impl.model import DFlashDrafter
 
 
 def body_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
@@ -41,8 +51,8 @@ def body_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
     if spec.reduced_vocab:
         shapes["lm_head.weight"] = (spec.draft_vocab_size, hidden)
     if spec.family == "dflash2":
-        shapes["candidate_selector.predecessor_codebook"] = (spec.vocab_size, spec.selector_rank)
-        shapes["candidate_selector.successor_codebook"] = (spec.vocab_size, spec.selector_rank)
+        shapes["candidate_selector.predecessor_codebook"] = (spec.target_vocab_size, spec.selector_rank)
+        shapes["candidate_selector.successor_codebook"] = (spec.target_vocab_size, spec.selector_rank)
         shapes["candidate_selector.hidden_projection.weight"] = (spec.selector_rank, hidden)
     shapes.update(head_shapes(spec))
     return shapes
@@ -50,7 +60,7 @@ def body_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
 
 def head_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
     """DSpark's Markov and confidence heads, XPress's refiner (impl/dspark.py, impl/xpress.py), in module order."""
-    hidden, vocab, head = spec.hidden_size, spec.vocab_size, spec.head_size
+    hidden, vocab, head = spec.hidden_size, spec.target_vocab_size, spec.head_size
     shapes: dict[str, tuple[int, ...]] = {}
     if spec.has_markov_head:
         rank = spec.markov_rank
@@ -73,3 +83,38 @@ def head_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
                        "refiner_head.mlp_gate.weight": (wide, rank), "refiner_head.mlp_up.weight": (wide, rank),
                        "refiner_head.mlp_down.weight": (rank, wide), "refiner_head.readout.weight": (head, rank)})
     return shapes
+
+
+def check_body(spec: DraftSpec, state_dict: dict[str, torch.Tensor],
+               source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """The body without wrapper prefixes, in the spec's parameter order, checked against the shapes the
+    spec implies; one-line error naming the first bad tensor."""
+    expected = body_shapes(spec)
+    state_dict = strip_wrapper_prefixes(state_dict)
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    if missing:
+        raise CheckpointError(f"{source}: missing tensor {missing[0]!r} ({len(missing)} missing in all)")
+    if unexpected:
+        raise CheckpointError(f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in all)")
+    for key, shape in expected.items():
+        if tuple(state_dict[key].shape) != shape:
+            raise CheckpointError(f"{source}: tensor {key!r} has shape {tuple(state_dict[key].shape)}, "
+                                  f"the spec implies {shape}")
+    return {key: state_dict[key] for key in expected}
+
+
+def weights_dtype(state_dict: dict[str, torch.Tensor]) -> torch.dtype:
+    """The dtype a body's weights are stored in (integer tensors such as a draft vocabulary's `d2t` say nothing)."""
+    return next((t.dtype for t in state_dict.values() if t.is_floating_point()), torch.float32)
+
+
+def build_drafter(spec: DraftSpec, state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
+                  source: str = "checkpoint") -> DFlashDrafter:
+    """A drafter with exactly these weights; one-line error naming the first bad tensor."""
+    from impl.model import DFlashDrafter  # here, not above: transformers' Qwen3 modelling takes seconds
+
+    state_dict = check_body(spec, state_dict, source)
+    model = DFlashDrafter(spec)
+    model.load_state_dict(state_dict)
+    return model.to(dtype) if dtype is not None else model

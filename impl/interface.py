@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from impl.dflash2 import SelectorTraining
+from impl.family_losses import FamilyTraining
 from impl.interface_versions import CURRENT as INTERFACE_VERSION
 from impl.spec import DraftSpec
 
@@ -49,6 +50,9 @@ class TrainingOutputs:
     loss_mask: torch.Tensor  # [1, A*B] aligned loss mask (slot 0 and padded anchors zeroed)
     hidden: torch.Tensor | None = None  # [1, A*B, H] drafter hidden states after the final norm
     selector: SelectorTraining | None = None  # DFlash2: the selector's candidates, labels and scores
+    # DSpark, XPress: what their heads add (confidence logits; the rounds' and the backbone's logits). `logits` are
+    # then the ones the family trains: Markov-corrected (DSpark), teacher-forced refined (XPress).
+    family: FamilyTraining | None = None
     # Hard-label trainers (CE on the data's next tokens) have no verifier logits: `targets` is
     # None, `target_ids` [1, A*B] the label of each slot, and `unsupported` says why.
     target_ids: torch.Tensor | None = None
@@ -192,6 +196,30 @@ class DFlash2Operations(Protocol):
                       block_size: int, gamma: float, per_position_loss_weight: str,
                       dpace_alpha: float) -> torch.Tensor:
         """The scalar K-way selector loss, weighted and reduced as the implementation trains."""
+
+
+class FamilyHeadOperations(Protocol):
+    """What DSpark (a Markov logit bias and a confidence head, #37) and XPress (a causal refiner resolved by Jacobi
+    passes, #38) add to a DFlash drafter; a codebase without a family declares its operations `unsupported`, and a
+    case it cannot express (a head setting it lacks) raises `Unsupported`."""
+
+    def markov_bias(self, drafter: Any, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, B, V] the Markov head's logit bias of teacher-forced blocks: previous tokens [N, B], hidden [N, B, H]."""
+
+    def confidence_logits(self, drafter: Any, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, B] the confidence head's logit per slot of teacher-forced blocks (inputs as `markov_bias`)."""
+
+    def markov_path(self, drafter: Any, hidden: torch.Tensor, base_logits: torch.Tensor, anchor: int) -> torch.Tensor:
+        """[n] the greedy proposals of one block (hidden [1, B, H], the drafter's own logits [1, B, V]) drafted left
+        to right through the Markov chain, its first slot following `anchor`."""
+
+    def refiner_bias(self, drafter: Any, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, B, V] the XPress refiner's logit bias of teacher-forced blocks (inputs as `markov_bias`)."""
+
+    def jacobi_tokens(self, drafter: Any, hidden: torch.Tensor, base_logits: torch.Tensor, anchor: int,
+                      before_anchor: int) -> torch.Tensor:
+        """[n] the greedy proposals of one block after the drafter's Jacobi passes; `before_anchor` is the token
+        before the anchor (the anchor-as-bonus layout's slot 0 follows it)."""
 
 
 def supports(implementation: Any, operation: str) -> bool:

@@ -52,7 +52,10 @@ VERSIONS = (
     Version(7, "slot layout (speculative_tokens, proposal_logits), rotary (apply_rotary, optional), reduced draft "
                "vocabulary (vocab_mapping, proposed_ids)", "563c8d1, f013c08, 582263e",
             operations=("speculative_tokens", "proposal_logits", "apply_rotary", "vocab_mapping", "proposed_ids")),
-    Version(8, "versioned plugs: a plug declares interface_version; a call it cannot take is a plug mismatch", ""),
+    Version(8, "versioned plugs: a plug declares interface_version; a call it cannot take is a plug mismatch", "5c04d93"),
+    Version(9, "DSpark's and XPress's heads: markov_bias, confidence_logits, markov_path; refiner_bias, jacobi_tokens",
+            "",
+            operations=("markov_bias", "confidence_logits", "markov_path", "refiner_bias", "jacobi_tokens")),
 )
 CURRENT = VERSIONS[-1].number
 BY_NUMBER = {version.number: version for version in VERSIONS}

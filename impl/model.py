@@ -213,18 +213,18 @@ class DFlashDrafter(nn.Module):
             self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
         self.candidate_selector = None
         if spec.family == "dflash2":
-            self.candidate_selector = CandidateSelector(spec.vocab_size, spec.hidden_size, spec.selector_rank,
+            self.candidate_selector = CandidateSelector(spec.target_vocab_size, spec.hidden_size, spec.selector_rank,
                                                         spec.selector_top_k)
         # DSpark's Markov and confidence heads, XPress's refiner (impl/dspark.py, impl/xpress.py).
         self.markov_head = self.confidence_head = self.refiner_head = None
         if spec.has_markov_head:
-            self.markov_head = MarkovHead(spec.vocab_size, spec.head_size, spec.markov_rank, spec.hidden_size,
+            self.markov_head = MarkovHead(spec.target_vocab_size, spec.head_size, spec.markov_rank, spec.hidden_size,
                                           spec.markov_head_type)
         if spec.has_confidence_head:
             self.confidence_head = ConfidenceHead(
                 spec.hidden_size + (spec.markov_rank if spec.confidence_head_with_markov else 0))
         if spec.family == "xpress":
-            self.refiner_head = RefinerHead(spec.vocab_size, spec.head_size, spec.hidden_size, spec.block_size,
+            self.refiner_head = RefinerHead(spec.target_vocab_size, spec.head_size, spec.hidden_size, spec.block_size,
                                             spec.xpress_rank, spec.xpress_mlp_ratio)
         self.reset_parameters()
 
@@ -347,7 +347,7 @@ class DFlashDrafter(nn.Module):
         logits = self.draft_logits(hidden, head)
         if self.lm_head is None:
             return logits
-        full = logits.new_full((*logits.shape[:-1], self.spec.vocab_size), float("-inf"))
+        full = logits.new_full((*logits.shape[:-1], self.spec.target_vocab_size), float("-inf"))
         full[..., self.proposable_ids().to(logits.device)] = logits
         return full
 

@@ -11,6 +11,7 @@ import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
+from foundation.errors import SpecError  # the spec's error; foundation's so config readers below impl raise it
 from foundation.token_ids import is_token_id
 from impl import slot_layout
 from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
@@ -27,19 +28,13 @@ MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 XPRESS_FIELDS = ("xpress_rank", "xpress_mlp_ratio", "num_jacobi_passes")
 # Each family's own fields (DFlash has none).
 FAMILY_FIELDS = {"dflash": (), "dflash2": DFLASH2_FIELDS, "dspark": DSPARK_FIELDS, "xpress": XPRESS_FIELDS}
+# The key a z-lab or speculators config.json writes a field under, where it is not the field's own name.
+CONFIG_KEYS = {"target_vocab_size": "vocab_size"}
 # Rotary styles, in vLLM's terms (`is_neox_style`): neox rotates the two halves of the head (transformers'
 # `rotate_half`, what Qwen3 and both references do); gptj rotates interleaved pairs (even, odd dims).
 ROPE_STYLES = ("neox", "gptj")
 # The rotary settings of a spec, as `rotary` findings and the conformance component name them.
 ROTARY_FIELDS = ("rope_theta", "rope_scaling", "partial_rotary_factor", "rope_style")
-
-
-class SpecError(ValueError):
-    """An inconsistent or invalid drafter description; the message names the field."""
-
-    def __init__(self, field_name: str, message: str):
-        self.field = field_name
-        super().__init__(f"{field_name}: {message}")
 
 
 # Sizes past these are no model's: a typo or a hostile config, refused before any tensor is sized by them.
@@ -87,7 +82,7 @@ class DraftSpec:
     num_key_value_heads: int
     head_dim: int
     num_hidden_layers: int  # draft layers
-    vocab_size: int  # the TARGET's vocabulary: token ids, embeddings and the verifier's head
+    target_vocab_size: int  # the TARGET's vocabulary: token ids, embeddings and the verifier's head
     target_layer_ids: tuple[int, ...]  # z-lab convention; every one feeds fc
     num_target_layers: int  # decoder layers of the target (verifier)
     mask_token_id: int
@@ -150,7 +145,7 @@ class DraftSpec:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in ids))
         types = tuple(self.layer_types) or ("full_attention",) * self.num_hidden_layers
         object.__setattr__(self, "layer_types", types)
-        if self.draft_vocab_size == self.vocab_size:  # speculators' own rule: equal sizes map nothing
+        if self.draft_vocab_size == self.target_vocab_size:  # speculators' own rule: equal sizes map nothing
             object.__setattr__(self, "draft_vocab_size", None)
         if isinstance(self.partial_rotary_factor, numbers.Real) and not isinstance(self.partial_rotary_factor, bool):
             object.__setattr__(self, "partial_rotary_factor", float(self.partial_rotary_factor))
@@ -181,7 +176,7 @@ class DraftSpec:
 
     def validate(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                     "head_dim", "num_hidden_layers", "vocab_size", "num_target_layers", "block_size",
+                     "head_dim", "num_hidden_layers", "target_vocab_size", "num_target_layers", "block_size",
                      "max_position_embeddings"):
             value = getattr(self, name)
             _require(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
@@ -199,8 +194,8 @@ class DraftSpec:
                  f"has duplicates: {list(self.target_layer_ids)}")
         outside = layers_outside(self.target_layer_ids, self.num_target_layers)
         _require(not outside, "target_layer_ids", outside)
-        _require(is_token_id(self.mask_token_id, self.vocab_size), "mask_token_id",
-                 f"{self.mask_token_id} is not a token id of a vocabulary of {self.vocab_size}")
+        _require(is_token_id(self.mask_token_id, self.target_vocab_size), "mask_token_id",
+                 f"{self.mask_token_id} is not a token id of a vocabulary of {self.target_vocab_size}")
         _require(len(self.layer_types) == self.num_hidden_layers, "layer_types",
                  f"has {len(self.layer_types)} entries for {self.num_hidden_layers} draft layers")
         unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
@@ -223,18 +218,18 @@ class DraftSpec:
         size = self.draft_vocab_size
         if size is None:
             return
-        _require(isinstance(size, int) and not isinstance(size, bool) and 0 < size <= self.vocab_size,
-                 "draft_vocab_size", f"must be an integer in 1..{self.vocab_size} (the target vocabulary), got {size!r}")
+        _require(isinstance(size, int) and not isinstance(size, bool) and 0 < size <= self.target_vocab_size,
+                 "draft_vocab_size", f"must be an integer in 1..{self.target_vocab_size} (the target vocabulary), got {size!r}")
         # speculators' DFlash2DraftModel refuses a reduced vocabulary too ("requires the full verifier vocabulary").
         _require(self.family == "dflash", "draft_vocab_size",
-                 f"{size} of {self.vocab_size}: a {TITLES[self.family]} drafter is audited over the full target "
+                 f"{size} of {self.target_vocab_size}: a {TITLES[self.family]} drafter is audited over the full target "
                  "vocabulary only" if self.family != "dflash2" else
-                 f"{size} of {self.vocab_size}: a DFlash2 drafter drafts over the full target vocabulary")
+                 f"{size} of {self.target_vocab_size}: a DFlash2 drafter drafts over the full target vocabulary")
 
     @property
     def head_size(self) -> int:
         """Rows of the drafter's head: the draft vocabulary when reduced, else the target's."""
-        return self.draft_vocab_size or self.vocab_size
+        return self.draft_vocab_size or self.target_vocab_size
     def _validate_rotary(self) -> None:
         factor = self.partial_rotary_factor
         _require(isinstance(factor, numbers.Real) and not isinstance(factor, bool) and 0 < factor <= 1,
@@ -281,8 +276,8 @@ class DraftSpec:
                  f"hidden_size {self.hidden_size} is not divisible by conv_group_size {self.conv_group_size}")
         _require(self.conv_kernel_size <= self.block_size, "conv_kernel_size",
                  f"{self.conv_kernel_size} taps exceed the block of {self.block_size}")
-        _require(self.selector_top_k <= self.vocab_size, "selector_top_k",
-                 f"{self.selector_top_k} candidates exceed the vocabulary of {self.vocab_size}")
+        _require(self.selector_top_k <= self.target_vocab_size, "selector_top_k",
+                 f"{self.selector_top_k} candidates exceed the vocabulary of {self.target_vocab_size}")
 
     def _validate_family_fields(self) -> None:
         """DSpark's and XPress's fields: all of a family's or none, one family at a time, in speculators' ranges."""
@@ -379,7 +374,7 @@ class DraftSpec:
         style = {} if self.rope_style == ROTARY_DEFAULTS["rope_style"] else {"is_neox_style": False}
         return Qwen3Config(
             **style,
-            vocab_size=self.vocab_size,
+            vocab_size=self.target_vocab_size,
             hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size,
             num_hidden_layers=self.num_hidden_layers,

@@ -15,6 +15,6 @@ def spec_misfit(spec: DraftSpec, hidden_size: int | None, depth: int | None,
         return f"hidden size {spec.hidden_size} but the target's is {hidden_size}"
     if spec.num_target_layers != depth:
         return f"built for a target of {spec.num_target_layers} layers, this one has {depth}"
-    if vocab_size is not None and spec.vocab_size != vocab_size:
-        return f"vocabulary of {spec.vocab_size} but the target's is {vocab_size}"
+    if vocab_size is not None and spec.target_vocab_size != vocab_size:
+        return f"vocabulary of {spec.target_vocab_size} but the target's is {vocab_size}"
     return None

@@ -18,9 +18,9 @@ from foundation.errors import CheckpointError
 from foundation.placement import built_for
 from impl.families import config_family
 from impl.interface import INTERFACE_VERSION, GenerationResult, Unsupported
-from impl.param_names import codebook_module_name, strip_wrapper_prefixes
+from foundation.param_names import codebook_module_name, strip_wrapper_prefixes
 from impl.spec import DraftSpec
-from impl.zlab_format import zlab_config
+from drafter_files.zlab_format import zlab_config
 from reference_adapters.version_guard import check_reference
 
 check_reference("dflash")

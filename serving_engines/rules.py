@@ -21,15 +21,24 @@ class Rule:
     module: str
     needle: str
     what: str  # the rule, in a few words
+    family: str | None = None  # the family whose files give the rule (None: DFlash and DFlash2)
 
 
 VLLM_SPEC = "vllm.transformers_utils.configs.speculators"
 VLLM_DFLASH = "vllm.model_executor.models.qwen3_dflash"
 VLLM_DFLASH2 = "vllm.model_executor.models.qwen3_dflash2"
 VLLM_DFLASH_RUNNER = "vllm.v1.worker.gpu.spec_decode.dflash.speculator"
+VLLM_DSPARK = "vllm.model_executor.models.qwen3_dspark"
+VLLM_XPRESS = "vllm.model_executor.models.qwen3_xpress"
+VLLM_DSPARK_RUNNER = "vllm.v1.worker.gpu.spec_decode.dspark.speculator"
+VLLM_XPRESS_RUNNER = "vllm.v1.worker.gpu.spec_decode.xpress.speculator"
+VLLM_SPEC_UTILS = "vllm.v1.worker.gpu.spec_decode.utils"
+VLLM_SPEC_CONFIG = "vllm.config.speculative"
+VLLM_CONFIG = "vllm.config.vllm"
 SGL_UTILS = "sglang.srt.speculative.dflash_utils"
 SGL_MODEL = "sglang.srt.models.dflash"
 SGL_WORKER = "sglang.srt.speculative.dflash_worker_v2"
+SGL_SPEC_INFO = "sglang.srt.speculative.spec_info"
 
 RULES = (
     Rule("vllm", "loads", "called", f"{VLLM_SPEC}.base", "def extract_transformers_pre_trained_config",
@@ -79,6 +88,54 @@ RULES = (
          "dflash_config.output_multiplier / final_logit_softcapping on the candidate logits"),
     Rule("vllm", "tensors_refused", "restated", VLLM_DFLASH2, "self.predecessor_codebook = nn.Parameter(",
          "the codebooks are bare parameters: a `.weight` name is a nested weight, refused"),
+    # DSpark: update_dspark (called through SpeculatorsConfig) and the DFlash backbone's rules above, plus these.
+    Rule("vllm", "loads", "called", f"{VLLM_SPEC}.algos", '@register_speculator("dspark")',
+         "speculators dspark -> Qwen3DSparkModel: aux ids, sample_from_anchor (absent: false), the head keys "
+         "copied; sliding_window_non_causal dropped", "dspark"),
+    Rule("vllm", "sample_from_anchor", "restated", VLLM_DSPARK_RUNNER,
+         'self.draft_model_config.hf_config, "sample_from_anchor", True',
+         "true: K queries from the anchor on, each a prediction; false: the anchor as bonus token + K masks",
+         "dspark"),
+    Rule("vllm", "block_size", "restated", VLLM_DSPARK_RUNNER, "self.num_query_per_req = self.num_speculative_steps",
+         "block = K (sample_from_anchor) or 1 + K", "dspark"),
+    Rule("vllm", "mask_token_id", "executed", VLLM_SPEC_UTILS, "def get_parallel_drafting_token_id",
+         "dflash_config.mask_token_id, else mask_token_id, else dspark_noise_token_id, ...", "dspark"),
+    Rule("vllm", "markov_head_type", "restated", VLLM_DSPARK, "self.markov_head = DSparkMarkovHead(",
+         "the vanilla Markov head (markov_w1, markov_w2) whatever markov_head_type says: a gated or rnn head's "
+         "tensors have no parameter, refused", "dspark"),
+    Rule("vllm", "markov_rank", "restated", VLLM_DSPARK, "config.markov_rank,", "markov_rank", "dspark"),
+    Rule("vllm", "enable_confidence_head", "restated", VLLM_DSPARK, 'if getattr(config, "enable_confidence_head", '
+         'False):', "enable_confidence_head, default false; used only with enable_adaptive_verification", "dspark"),
+    Rule("vllm", "confidence_head_with_markov", "restated", VLLM_DSPARK,
+         'with_markov = getattr(config, "confidence_head_with_markov", False)',
+         "confidence_head_with_markov, default false (speculators: true); input [hidden, Markov embedding]", "dspark"),
+    Rule("vllm", "runner", "restated", VLLM_CONFIG, 'unsupported.append("dspark speculative decoding")',
+         "the V1 model runner refuses DSpark: the V2 runner (Triton, a GPU) serves it", "dspark"),
+    # XPress: no speculators translation; what its model file and runner read from a drafter's keys and tensors.
+    Rule("vllm", "loads", "called", f"{VLLM_SPEC}.base",
+         "if speculators_model_type not in SUPPORTED_SPECULATORS_TYPES:",
+         "no `xpress` among the translated speculators types: the directory is refused", "xpress"),
+    Rule("vllm", "architecture", "executed", VLLM_SPEC_CONFIG, "XPRESS_ARCHITECTURES = frozenset(",
+         "XPress is served under method dflash for these architectures only", "xpress"),
+    Rule("vllm", "num_jacobi_passes", "restated", VLLM_XPRESS_RUNNER, 'int(getattr(hf, "xpress_num_passes", 6))',
+         "xpress_num_passes, default 6 (speculators writes num_jacobi_passes)", "xpress"),
+    Rule("vllm", "xpress_rank", "restated", VLLM_XPRESS, 'rank=getattr(config, "xpress_rank", 256),',
+         "xpress_rank, default 256", "xpress"),
+    Rule("vllm", "xpress_mlp_hidden", "restated", VLLM_XPRESS, 'mlp_hidden=getattr(config, "xpress_mlp_hidden", 512),',
+         "xpress_mlp_hidden, default 512 (speculators writes xpress_mlp_ratio: hidden = rank x ratio)", "xpress"),
+    Rule("vllm", "refiner_block_size", "restated", VLLM_XPRESS, 'block_size=getattr(config, "xpress_block_size", None)',
+         "xpress_block_size, else num_speculative_steps (no vLLM file sets it: 15) + 1", "xpress"),
+    Rule("vllm", "refiner_candidates", "restated", VLLM_XPRESS, 'topc=getattr(config, "xpress_topc", 512),',
+         "each Jacobi pass scores the base logits' top xpress_topc (default 512) candidates only", "xpress"),
+    Rule("vllm", "refiner_slot0", "restated", VLLM_XPRESS_RUNNER, "tok_am1 = anchor_ids",
+         "slot 0's predecessor in the refiner is the anchor itself (speculators trains the token before it)",
+         "xpress"),
+    Rule("vllm", "sample_from_anchor", "restated", VLLM_XPRESS_RUNNER, 'if getattr(hf, "sample_from_anchor", False):',
+         "the XPress runner refuses sample_from_anchor=true", "xpress"),
+    Rule("vllm", "tensors_refused", "restated", VLLM_XPRESS, 'if name.startswith("xpress_head."):',
+         "refiner tensors are read under xpress_head.* only: speculators' refiner_head.* have no parameter", "xpress"),
+    Rule("vllm", "runner", "restated", VLLM_CONFIG, 'unsupported.append("xpress speculative decoding")',
+         "the V1 model runner refuses XPress: the V2 runner (Triton, a GPU) serves it", "xpress"),
     Rule("sglang", "loads", "restated", "sglang.srt.utils.hf_transformers.config", "config = AutoConfig.from_pretrained(",
          "the draft config is transformers' AutoConfig (no remote code): a speculators directory has no model_type"),
     Rule("sglang", "config", "executed", SGL_UTILS, "def parse_dflash_draft_config",
@@ -125,6 +182,11 @@ PINNED = {
     "sglang.srt.arg_groups.speculative_hook": "d10577c3b5f333ae560adc467e8ca8864196154da5a26683011328c6765a59f0",
     SGL_MODEL: "1c8307ba7f63fd41f53435fbdabdad8c9e9a04847bef4959f1f8fc16ea6db0ae",
     SGL_WORKER: "87a7f5808ea12bec0fb4abb8ffc0d2082963a79b5de9ab435063e0dfa8ce8431",
+    VLLM_DSPARK: "7be21c094a49520c41f418aceea71b338d5e15b14b3ddd052e6d6f7b7ac8ae79",
+    VLLM_XPRESS: "a42b9d19e5c9916d2a12e5b8419138946865f080528a6d1c72712fff602d5dcf",
+    VLLM_DSPARK_RUNNER: "3c22193d18f0d2f5f5dcd4ec907f52e10710a5b39b084dfa03eef254d3c174eb",
+    VLLM_XPRESS_RUNNER: "e805a2a5a254207967b35ff7f2526926503d18246b3d9ac71431091ce2d95019",
+    VLLM_CONFIG: "892088ef8dc5c7fa9d50cdf083dd776fd45e8d148d53b4a3279b2e79abeab0ca",
     "sglang.srt.utils.hf_transformers.config": "c094a72d75c298b6943b0ac30df7f4726eef5378fe0d6ed184780c2290d4493d",
 }
 
@@ -138,11 +200,12 @@ def rule_module(module: str) -> str:
         return f"{module}.__init__"
 
 
-def source(engine: str, field_name: str) -> str:
-    """engine file:line of the first rule for (engine, field)."""
-    for rule in RULES:
-        if rule.engine == engine and rule.field == field_name:
-            return cite(rule_module(rule.module), rule.needle)
+def source(engine: str, field_name: str, family: str | None = None) -> str:
+    """engine file:line of the first rule for (engine, field): the family's own rule, else the DFlash one."""
+    own = [r for r in RULES if r.engine == engine and r.field == field_name and r.family == family]
+    shared = [r for r in RULES if r.engine == engine and r.field == field_name and r.family is None]
+    for rule in (own or shared)[:1]:
+        return cite(rule_module(rule.module), rule.needle)
     return ""
 
 
@@ -152,8 +215,8 @@ def installed_sha256(module: str) -> str:
 
 def markdown() -> str:
     lines = ["| engine | field | how we use it | engine source | rule |", "|---|---|---|---|---|"]
-    lines += [f"| {r.engine} | {r.field} | {r.how} | `{cite(rule_module(r.module), r.needle)}` | {r.what} |"
-              for r in RULES]
+    lines += [f"| {r.engine} | {r.field}{f' ({r.family})' if r.family else ''} | {r.how} | "
+              f"`{cite(rule_module(r.module), r.needle)}` | {r.what} |" for r in RULES]
     return "\n".join(lines) + "\n"
 
 

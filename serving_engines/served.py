@@ -43,6 +43,8 @@ class Served:
     loads: bool
     error: str | None = None
     refused_for: str | None = None  # the served field whose value the engine refuses (its finding says why)
+    covered: list[str] = field(default_factory=list)  # served fields that refusal's finding already reports
+    config_refused: bool = False  # refused at its config, whatever its tensors: a `loads` finding of its own
     values: dict[str, Any] = field(default_factory=dict)  # field -> value the engine runs with (None: unknown)
     sources: dict[str, str] = field(default_factory=dict)  # field -> engine file:line
     notes: list[str] = field(default_factory=list)

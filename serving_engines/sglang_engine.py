@@ -6,6 +6,7 @@ its GPU kernels, so its rules are executed from the installed source (`source_ex
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import shlex
 from functools import lru_cache
@@ -14,11 +15,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from foundation.packages import installed_version
-from impl.param_names import codebook_name
+from impl.families import config_family
+from foundation.param_names import codebook_name
 from serving_engines import rules
 from serving_engines.capture import sglang_capture
 from serving_engines.served import Served, TargetFacts
-from serving_engines.source_exec import compile_definitions
+from serving_engines.source_exec import cite, compile_definitions
 
 ENGINE = "sglang"
 UTILS_NAMES = ["DEFAULT_DFLASH_MASK_TOKEN", "build_target_layer_ids", "get_dflash_layer_types",
@@ -126,9 +128,25 @@ def command(path: Path, target: str | None, block_size: int | None) -> str:
     return " ".join(shlex.quote(p) if not p.startswith("<") else p for p in parts)
 
 
+def family_note(path: Path) -> str | None:
+    """What SGLang has for a DSpark or XPress drafter (its DFLASH reading does not apply to them)."""
+    family = config_family(json.loads((path / "config.json").read_text()))
+    if family == "dspark":
+        return (f"SGLang 0.5.23 serves DSpark with --speculative-algorithm DSPARK "
+                f"({cite(rules.SGL_SPEC_INFO, 'DSPARK = auto()')}; models/dspark.py: vanilla, gated and rnn Markov "
+                "heads), its draft config read by transformers' AutoConfig as for DFLASH: a speculators directory has "
+                "no model_type, and speculators writes no other DSpark format")
+    if family == "xpress":
+        return "SGLang 0.5.23 has no XPress: no speculative algorithm, model file or config key of it"
+    return None
+
+
 def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
             num_target_layers: int | None = None) -> Served:
     served = Served(ENGINE, installed_version("sglang"), loads=True)
+    note = family_note(path)
+    if note:
+        served.notes.append(note)
     try:
         hf = hf_config(path)
         draft = _utils()["parse_dflash_draft_config"](draft_hf_config=hf)

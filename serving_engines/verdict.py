@@ -25,7 +25,13 @@ COMPARED = {"target_layer_ids": 26, "layer_types": 27, "layer_windows": 27, "lay
             "input_embedding_scale": 31, "output_multiplier": 31, "final_logit_softcapping": 31,
             "conv_kernel_size": 31, "conv_group_size": 31, "selector_rank": 31, "selector_top_k": 31,
             "tensors_ignored": 31, "tensors_refused": 31, "sample_from_anchor": 33,
-            "draft_to_target": 32, "target_layer_capture": 26}
+            "draft_to_target": 32, "target_layer_capture": 26,
+            # DSpark's heads (#37) and XPress's refiner (#38) as the engine builds and resolves them.
+            "markov_head_type": 37, "markov_rank": 37, "enable_confidence_head": 37,
+            "confidence_head_with_markov": 37, "num_jacobi_passes": 38, "xpress_rank": 38,
+            "xpress_mlp_hidden": 38, "refiner_block_size": 38, "refiner_candidates": 38, "refiner_slot0": 38}
+# What speculators' XPress trains slot 0's refiner on (models/xpress/core.py `am1_tokens`), per slot layout.
+SLOT0_TRAINED = {False: "the token before the anchor", True: "the anchor"}
 
 
 LAYER_WORDS = {"layer_types": "attention type", "layer_windows": "sliding window", "layer_causal": "causality"}
@@ -79,14 +85,23 @@ def trained_values(spec: DraftSpec, draft_vocab_size: int | None = None,
         # references apply).
         "rope_type": (spec.rope_scaling or {}).get("rope_type", "default"),
         "partial_rotary_factor": float(spec.partial_rotary_factor), "is_neox_style": spec.rope_style == "neox",
-        "rms_norm_eps": float(spec.rms_norm_eps), "hidden_act": spec.hidden_act, "vocab_size": spec.vocab_size,
+        "rms_norm_eps": float(spec.rms_norm_eps), "hidden_act": spec.hidden_act, "vocab_size": spec.target_vocab_size,
         "draft_vocab_size": draft_vocab_size or spec.head_size,
         # How draft ids become target ids (#32): a reduced head's own d2t offsets, else draft id = target id.
-        "draft_to_target": "d2t" if (draft_vocab_size or spec.head_size) != spec.vocab_size else "identity",
+        "draft_to_target": "d2t" if (draft_vocab_size or spec.head_size) != spec.target_vocab_size else "identity",
         "input_embedding_scale": float(spec.input_embedding_scale), "tensors_ignored": [], "tensors_refused": [],
         "sample_from_anchor": spec.sample_from_anchor,
         "target_layer_capture": trained_capture(list(spec.target_layer_ids), spec.num_target_layers),
     }
+    if spec.family == "dspark":
+        values.update(markov_head_type=spec.markov_head_type, markov_rank=spec.markov_rank,
+                      enable_confidence_head=spec.enable_confidence_head,
+                      confidence_head_with_markov=spec.confidence_head_with_markov)
+    if spec.family == "xpress":
+        values.update(num_jacobi_passes=spec.num_jacobi_passes, xpress_rank=spec.xpress_rank,
+                      xpress_mlp_hidden=spec.xpress_rank * spec.xpress_mlp_ratio, refiner_block_size=spec.block_size,
+                      refiner_candidates=spec.target_vocab_size,  # every pass scores the whole vocabulary
+                      refiner_slot0=SLOT0_TRAINED[spec.sample_from_anchor])
     if spec.family == "dflash2":
         values.update(conv_kernel_size=spec.conv_kernel_size, conv_group_size=spec.conv_group_size,
                       selector_rank=spec.selector_rank, selector_top_k=spec.selector_top_k,
@@ -106,12 +121,14 @@ def _differing_layers(trained: list, served: list) -> list[int]:
     return [i for i, (a, b) in enumerate(zip(trained, served)) if a != b]
 
 
-def compare_field(engine: str, name: str, trained: Any, served: Any) -> ServingFinding | None:
+def compare_field(engine: str, name: str, trained: Any, served: Any, source: str | None = None,
+                  refused: bool = False) -> ServingFinding | None:
+    """`refused`: the engine refuses the drafter anyway; the value is what its files would run it with."""
     if trained == served or name not in COMPARED:
         return None
     if isinstance(trained, float) and isinstance(served, float) and abs(trained - served) <= 1e-12 * abs(trained):
         return None
-    source = engine_source(engine, name)
+    source = source or engine_source(engine, name)
     pitfall = COMPARED[name]
     if name.startswith("tensors_"):
         verb = "drops silently" if name == "tensors_ignored" else "refuses to load the drafter over"
@@ -132,8 +149,8 @@ def compare_field(engine: str, name: str, trained: Any, served: Any) -> ServingF
                               f"{engine} runs draft layer(s) {layers} with a different {LAYER_WORDS[name]} "
                               f"than training ({detail})", pitfall=pitfall)
     return ServingFinding(name, "divergence", trained, served, source,
-                          f"{engine} runs {name} = {served!r}; the drafter was trained with {trained!r}",
-                          pitfall=pitfall)
+                          f"{engine} {'would run' if refused else 'runs'} {name} = {served!r}; the drafter was trained "
+                          f"with {trained!r}", pitfall=pitfall)
 
 
 def mask_token_findings(engine: str, mask: int | None, target: TargetFacts) -> list[ServingFinding]:
@@ -168,12 +185,15 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
         findings.append(ServingFinding(name, "divergence", trained.get(name), served.values.get(name),
                                        served.sources.get(name, ""), f"{engine} refuses the drafter: {served.error}",
                                        pitfall=COMPARED.get(name)))
-    elif not served.loads and not served.values.get("tensors_refused"):  # refused tensors: that finding says it
-        findings.append(ServingFinding("loads", "divergence", True, False, engine_source(engine, "loads"),
+    elif not served.loads and (served.config_refused or not served.values.get("tensors_refused")):
+        # (refused tensors alone: that finding says it)
+        findings.append(ServingFinding("loads", "divergence", True, False,
+                                       served.sources.get("loads") or engine_source(engine, "loads"),
                                        f"{engine} refuses the drafter: {served.error}", pitfall=31))
     for name, trained_value in trained.items():
         served_value = served.values.get(name)
-        if name not in served.values or not served.loads and served_value is None or name == served.refused_for:
+        if name not in served.values or not served.loads and served_value is None or name == served.refused_for \
+                or name in served.covered:
             continue
         source = served.sources.get(name, "")
         if name in unknown:
@@ -185,7 +205,7 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
                                            f"what {engine} runs for {name} is unknown without --target",
                                            pitfall=COMPARED.get(name)))
         else:
-            finding = compare_field(engine, name, trained_value, served_value)
+            finding = compare_field(engine, name, trained_value, served_value, source, refused=not served.loads)
             if finding is not None:
                 findings.append(finding)
     if served.loads and served.values.get("target_layer_ids_declared") is False:

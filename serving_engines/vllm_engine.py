@@ -1,4 +1,5 @@
-"""vLLM 0.33.0 reading a DFlash / DFlash2 drafter directory (z-lab or speculators format).
+"""vLLM 0.33.0 reading a DFlash / DFlash2 drafter directory (z-lab or speculators format), and speculators' DSpark
+and XPress directories (their heads' rules: `vllm_family.py`).
 
 Called: `SpeculatorsConfig` (config translation, `update_dflash` / `update_dflash2` through it, and
 `build_vllm_speculative_config`), `get_eagle3_aux_layers_from_config`, `set_default_rope_theta`.
@@ -19,8 +20,8 @@ from typing import Any
 from foundation.packages import installed_version
 from impl.families import config_family
 from impl.layers import speculators_to_zlab
-from impl.param_names import codebook_name
-from serving_engines import rules
+from foundation.param_names import codebook_name
+from serving_engines import rules, vllm_family
 from serving_engines.capture import vllm_capture
 from serving_engines.served import Served, TargetFacts
 from serving_engines.source_exec import compile_definitions
@@ -121,12 +122,24 @@ def tensors(path: Path, family: str) -> tuple[list[str], list[str]]:
     return [], sorted(refused)
 
 
-def command(path: Path, target: str | None, k: int | None, needs_v2: bool) -> str:
-    spec = {"method": "dflash", "model": str(path)}
+def command(path: Path, target: str | None, k: int | None, needs_v2: bool, method: str = "dflash") -> str:
+    spec = {"method": method, "model": str(path)}
     if k is not None:
         spec["num_speculative_tokens"] = k
     env = "VLLM_USE_V2_MODEL_RUNNER=1 " if needs_v2 else ""
     return f"{env}vllm serve {shlex.quote(target or '<target>')} --speculative-config {shlex.quote(json.dumps(spec))}"
+
+
+def xpress(path: Path, config: dict[str, Any], target: TargetFacts, served: Served, error: str) -> Served:
+    """A speculators XPress directory: refused by the config translation; what the XPress files would read."""
+    values = vllm_family.xpress_values(config, tensor_names(path),
+                                       target.vocab_size or config.get("transformer_layer_config", {}).get("vocab_size"))
+    served.loads, served.error, served.values, served.config_refused = False, error, values, True
+    served.notes += [*vllm_family.xpress_notes(config), vllm_family.v2_note("XPress")]
+    served.sources = {name: rules.source(ENGINE, name, "xpress") for name in ("loads", *values)}
+    k = speculative_tokens(config)
+    served.command = command(path, target.path, k, True)
+    return served
 
 
 def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
@@ -134,6 +147,13 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
     served = Served(ENGINE, installed_version("vllm"), loads=True)
     config = json.loads((path / "config.json").read_text())
     family = config_family(config)
+    refusal = vllm_family.untranslated(config["speculators_model_type"]) if config.get("speculators_model_type") \
+        else None
+    if refusal and family == "xpress":
+        return xpress(path, config, target, served, refusal)
+    if refusal:
+        served.loads, served.error = False, refusal
+        return served
     try:
         k_from_config = speculative_tokens(config)
         hf = hf_config(path, config)
@@ -145,7 +165,10 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
     ids, declared = captured_layer_ids(hf, target.num_layers or num_target_layers)
     dflash = dict(getattr(hf, "dflash_config", None) or {})
     anchor_sampled = bool(dflash.get("sample_from_anchor", False))
-    if anchor_sampled:  # the DFlash runner refuses it before drafting anything: no block is served
+    dspark, refused_heads = vllm_family.dspark_values(hf, k, tensor_names(path)) if family == "dspark" else ({}, [])
+    if family == "dspark":
+        anchor_sampled = dspark["sample_from_anchor"]
+    elif anchor_sampled:  # the DFlash runner refuses it before drafting anything: no block is served
         served.loads, served.refused_for = False, "sample_from_anchor"
         served.error = ("its DFlash runner refuses sample_from_anchor=True (only the DSpark runner samples from the "
                         "anchor)")
@@ -162,6 +185,7 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
         "sample_from_anchor": anchor_sampled,
         "target_layer_capture": vllm_capture(ids, target.num_layers or num_target_layers),
     }
+    values.update(dspark)
     if family == "dflash2":
         softcap = float(dflash.get("final_logit_softcapping") or 0.0)
         values.update({key: dflash.get(key) for key in DFLASH2_KEYS})
@@ -174,7 +198,11 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
     # zero-initialized offsets stay: draft id k is read as target token k.
     reduced = values["draft_vocab_size"] != (target.vocab_size or hf.vocab_size)
     values["draft_to_target"] = "d2t" if reduced and "d2t" in tensor_names(path) else "identity"
-    if refused:
+    if refused_heads:  # one root cause: the head vLLM builds; its refused tensors are that finding's detail
+        values["tensors_refused"] = refused_heads
+        served.loads, served.refused_for, served.covered = False, "markov_head_type", ["tensors_refused"]
+        served.error = vllm_family.dspark_refusal(refused_heads)
+    elif refused:
         served.loads = False
         served.error = (f"ValueError: Attempted to load nested weight 'model.{refused[0]}' into a single parameter "
                         f"'model.{refused[0].removesuffix('.weight')}' (vLLM's AutoWeightsLoader)")
@@ -183,7 +211,11 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
     if not declared and ids is not None:
         served.notes.append("the config declares no target layer ids: vLLM uses the target model's default aux "
                             "layers")
+    if family == "dspark":
+        served.notes.append(vllm_family.v2_note("DSpark"))
     served.values = values
-    served.sources = {name: rules.source(ENGINE, name) for name in values if rules.source(ENGINE, name)}
-    served.command = command(path, target.path, k, needs_v2)
+    own = family if family in ("dspark", "xpress") else None
+    served.sources = {name: rules.source(ENGINE, name, own) for name in values if rules.source(ENGINE, name, own)}
+    served.command = command(path, target.path, k, needs_v2 or family == "dspark",
+                             "dspark" if family == "dspark" else "dflash")
     return served

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from impl.checkpoint import load_checkpoint
+from drafter_files.checkpoint import load_checkpoint
 
 DSPARK = dict(markov_rank=16, markov_head_type="vanilla", enable_confidence_head=True,
               confidence_head_with_markov=True)

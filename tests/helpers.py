@@ -14,7 +14,7 @@ TEXTS = [f"def add_{i}(x, y):\n    total = x + y * {i}\n    return total\n" for 
 
 def tiny_spec(**overrides) -> DraftSpec:
     fields = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                  num_hidden_layers=3, vocab_size=128, target_layer_ids=(1, 3, 4), num_target_layers=6,
+                  num_hidden_layers=3, target_vocab_size=128, target_layer_ids=(1, 3, 4), num_target_layers=6,
                   mask_token_id=127, block_size=8,
                   layer_types=("sliding_attention", "full_attention", "sliding_attention"), sliding_window=6)
     fields.update(overrides)
@@ -30,7 +30,7 @@ def zlab_model_for(spec: DraftSpec):
     """z-lab's own DFlashDraftModel (real `dflash` package) for this spec, random weights."""
     from dflash.model import DFlashDraftModel
 
-    from impl.zlab_format import zlab_config
+    from drafter_files.zlab_format import zlab_config
 
     config = Qwen3Config(**zlab_config(spec))
     config._attn_implementation = "sdpa"
@@ -48,7 +48,7 @@ def world_drafter(world, layer_ids, seed):
     torch.manual_seed(seed)
     return DFlashDrafter(DraftSpec(
         hidden_size=config.hidden_size, intermediate_size=2 * config.hidden_size, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, num_hidden_layers=1, vocab_size=config.vocab_size,
+        num_key_value_heads=2, head_dim=32, num_hidden_layers=1, target_vocab_size=config.vocab_size,
         target_layer_ids=layer_ids, num_target_layers=config.num_hidden_layers,
         mask_token_id=mask_token_id(AutoTokenizer.from_pretrained(world.target)), block_size=8))
 
@@ -57,9 +57,9 @@ def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budge
     """Save `ours` as ckpt.pt (with `recipe`) and `ref` as a z-lab dir, then `compare` them on the world."""
     from dflash_audit.commands.compare import run_compare
     from dflash_world.suite_placement import audit_device
-    from impl.checkpoint import save_checkpoint
+    from drafter_files.checkpoint import save_checkpoint
     from foundation.placement import resolve_placement
-    from impl.zlab_format import save_zlab_dir
+    from drafter_files.zlab_format import save_zlab_dir
 
     save_checkpoint(tmp_path / "ours.pt", ours, recipe=recipe)
     save_zlab_dir(tmp_path / "ref", ref.spec, ref.state_dict())
@@ -77,7 +77,8 @@ def load_trained_pair(world, loss: str = "kl_div", family: str = "dflash"):
     from dflash_audit.prompts import load_prompts, tokenize_prompts
     from dflash_world.drafter import cached_dflash2_drafter, cached_test_drafter
     from dflash_world.suite_placement import audit_placement
-    from impl.checkpoint import build_drafter, load_checkpoint
+    from impl.body_shapes import build_drafter
+    from drafter_files.checkpoint import load_checkpoint
     from foundation.placement import built_in
     from foundation.target import load_target
 

@@ -74,7 +74,7 @@ def test_speculators_cannot_make_full_attention_blocks_causal(impls):
 def test_zlab_generate_runs_on_cpu_and_is_lossless(impls, spec, weights, target):
     drafter = impls["zlab"].build_drafter(spec, weights)
     torch.manual_seed(4)
-    prompt = torch.randint(0, spec.vocab_size - 1, (1, 7))
+    prompt = torch.randint(0, spec.target_vocab_size - 1, (1, 7))
     result = impls["zlab"].generate(drafter, target, prompt, max_new_tokens=20, stop_token_ids=None)
     generated = result.output_ids.shape[1] - prompt.shape[1]
     # The prefill emits the first token; every round then adds accepted drafts + the bonus token.
@@ -139,7 +139,7 @@ def test_version_guard_says_how_to_install_the_pinned_release(package, found, hi
 def test_saved_directories_load_through_the_packages(tmp_path, impls, spec, weights, target):
     from transformers import Qwen3ForCausalLM
 
-    from impl.zlab_format import save_zlab_dir
+    from drafter_files.zlab_format import save_zlab_dir
 
     target.save_pretrained(tmp_path / "target")
     local_target = Qwen3ForCausalLM.from_pretrained(tmp_path / "target").eval()

@@ -30,9 +30,9 @@ from dflash_audit.cli import main
 from dflash_audit.formats import load_any
 from dflash_world.target_training import random_qwen3
 from dflash_world.tokenizer import mask_token_id, train_tokenizer
-from impl.checkpoint import load_checkpoint, save_checkpoint
+from drafter_files.checkpoint import load_checkpoint, save_checkpoint
 from impl.model import DFlashDrafter
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.bad_inputs.cli_run import tree_digest
 from tests.helpers import tiny_spec
 
@@ -61,7 +61,7 @@ def _broken_target(world: Path, name: str, **fields) -> None:
 def _drafter(tokenizer) -> DFlashDrafter:
     torch.manual_seed(0)
     return DFlashDrafter(tiny_spec(num_hidden_layers=1, layer_types=("full_attention",), sliding_window=None,
-                                   vocab_size=len(tokenizer), target_layer_ids=(0, 1), num_target_layers=2,
+                                   target_vocab_size=len(tokenizer), target_layer_ids=(0, 1), num_target_layers=2,
                                    mask_token_id=mask_token_id(tokenizer), block_size=4))
 
 
@@ -454,7 +454,7 @@ def test_sigkill_during_convert_keeps_the_old_drafter_and_the_next_write_cleans_
     assert main(["convert", "--from", str(world / "zref"), "--to", str(dest), "--format", "zlab"]) == 0
     before = tree_digest(dest)
     patch = "\n".join([
-        "import impl.zlab_format as ckpt",
+        "import drafter_files.zlab_format as ckpt",
         "real = ckpt.save_file",
         "def stalled(*args, **kwargs):",
         "    real(*args, **kwargs)",
@@ -466,7 +466,7 @@ def test_sigkill_during_convert_keeps_the_old_drafter_and_the_next_write_cleans_
             f"'--to', {str(dest)!r}, '--format', 'zlab', '--force'])")
     _kill_mid_write(tmp_path, patch, call)
     assert tree_digest(dest) == before  # the old drafter, whole
-    assert load_any(dest).spec.vocab_size > 0
+    assert load_any(dest).spec.target_vocab_size > 0
     assert _leftovers(tmp_path) and all(name.startswith("z.tmp-") for name in _leftovers(tmp_path))
 
     assert main(["convert", "--from", str(world / "ours.pt"), "--to", str(dest), "--format", "zlab", "--force"]) == 0

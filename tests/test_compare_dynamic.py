@@ -83,7 +83,7 @@ def test_dtype_list_gives_tau_per_dtype_and_flags_an_fc_that_overflows_float16(t
     output passes float16's 65504 and turns to inf there."""
     from dflash_audit.cli import main
     from dflash_world.drafter import cached_test_drafter
-    from impl.checkpoint import load_checkpoint, save_state
+    from drafter_files.checkpoint import load_checkpoint, save_state
 
     ckpt = load_checkpoint(cached_test_drafter(test_world))
     scaled = dict(ckpt.state_dict, **{"fc.weight": ckpt.state_dict["fc.weight"] * 1e6})

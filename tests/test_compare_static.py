@@ -14,10 +14,10 @@ from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from foundation.packages import PACKAGES
-from impl.checkpoint import save_checkpoint
+from drafter_files.checkpoint import save_checkpoint
 from impl.model import DFlashDrafter
 from impl.recipe import Recipe
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec, tiny_target
 
 

@@ -13,10 +13,10 @@ from dflash_audit.cli import main
 from dflash_audit.conversion import convert
 from dflash_audit.formats import load_any
 from foundation.errors import AuditError
-from impl.checkpoint import save_checkpoint
+from drafter_files.checkpoint import save_checkpoint
 from impl.model import DFlashDrafter
 from impl.recipe import Recipe
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec, tiny_target
 
 

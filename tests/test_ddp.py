@@ -8,7 +8,7 @@ import socket
 import torch
 import torch.multiprocessing as mp
 
-from impl.checkpoint import load_checkpoint
+from drafter_files.checkpoint import load_checkpoint
 from impl.model import DFlashDrafter
 from impl.train import train_drafter
 from tests.helpers import TEXTS

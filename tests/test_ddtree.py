@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dflash_world.suite_placement import placed_drafter, placed_target
 from foundation.placement import built_for
-from impl.checkpoint import build_drafter
+from impl.body_shapes import build_drafter
 from impl.ddtree import build_tree, ddtree_decode, tree_attention_mask
 from impl.decoding import dflash_decode, greedy_decode, mean_acceptance
 from impl.model import DFlashDrafter

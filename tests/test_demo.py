@@ -24,7 +24,7 @@ def reduced_demo_cache(test_world, cache, **overrides) -> DemoConfig:
     shutil.copytree(test_world.target, cache / "target")
     shutil.copy(test_world.prompts, cache / "prompts.jsonl")
     config = DemoConfig(**{**dict(target_preset=dict(TEST_TARGET), draft_layers=1, target_layer_ids=[1, 2],
-                                  seq_len=128, drafter_steps=120, corpus_bytes=300_000, max_new_tokens=24, budget=8),
+                                  seq_len=128, drafter_steps=30, corpus_bytes=300_000, max_new_tokens=24, budget=8),
                            **overrides})
     (cache / KEY_FILE).write_text(demo_key(config))
     return config
@@ -137,7 +137,7 @@ def test_the_same_training_at_any_thread_count(test_world, tmp_path):
 
     import torch
 
-    from impl.checkpoint import load_checkpoint
+    from drafter_files.checkpoint import load_checkpoint
 
     env = {**os.environ, **_demo_env(), "PYTHONPATH": str(REPO)}
     weights = {}

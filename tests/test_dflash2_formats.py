@@ -15,9 +15,9 @@ from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from dflash_audit.conversion import convert
 from dflash_audit.formats import load_any
-from impl.checkpoint import save_checkpoint
+from drafter_files.checkpoint import save_checkpoint
 from impl.model import DFlashDrafter
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec
 
 DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4,
@@ -150,7 +150,7 @@ def test_a_foreign_dflash2_state_dict_needs_its_top_k_declared(tmp_path, capsys)
     torch.save({"model": model.state_dict(), "args": {
         "target_layer_ids": list(model.spec.target_layer_ids), "num_target_layers": model.spec.num_target_layers,
         "mask_token_id": model.spec.mask_token_id, "block_size": model.spec.block_size,
-        "vocab_size": model.spec.vocab_size, "layer_types": list(model.spec.layer_types),
+        "vocab_size": model.spec.target_vocab_size, "layer_types": list(model.spec.layer_types),
         "sliding_window": model.spec.sliding_window, "sliding_window_non_causal": True}}, tmp_path / "theirs.pt")
     side = load_side(tmp_path / "theirs.pt")
     assert side.value("conv_kernel_size") == 2 and side.value("conv_group_size") == 16

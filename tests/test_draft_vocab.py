@@ -16,7 +16,7 @@ from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from dflash_audit.conversion import convert
-from impl.checkpoint import load_checkpoint, save_checkpoint
+from drafter_files.checkpoint import load_checkpoint, save_checkpoint
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec, SpecError
 from impl.vocab_mapping import (
@@ -65,7 +65,7 @@ def test_mapping_from_token_frequencies_is_speculators_mapping(tmp_path, draft_v
 
 def test_spec_keeps_the_target_vocabulary_and_refuses_bad_sizes():
     spec = tiny_spec(draft_vocab_size=DRAFT_VOCAB)
-    assert spec.vocab_size == 128 and spec.head_size == DRAFT_VOCAB and spec.reduced_vocab
+    assert spec.target_vocab_size == 128 and spec.head_size == DRAFT_VOCAB and spec.reduced_vocab
     assert tiny_spec(draft_vocab_size=128).draft_vocab_size is None  # equal sizes: no reduced vocabulary
     with pytest.raises(SpecError, match="draft_vocab_size"):
         tiny_spec(draft_vocab_size=129)
@@ -142,7 +142,7 @@ def speculators_written(world, path, draft_vocab_size: int = 512):
     texts = [record["prompt"] for record in load_prompts(world.prompts)]
     ids = torch.tensor(tokenizer("\n".join(texts))["input_ids"])
     freq = count_token_frequencies([(ids, torch.ones_like(ids))])
-    d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, spec.vocab_size)
+    d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, spec.target_vocab_size)
     model = DFlashDraftModel(on_cpu_attention(speculators_config(spec, world.target)))
     model.load_state_dict(ckpt.state_dict, strict=False)
     model.load_vocab_mappings(t2d, d2t)
@@ -234,7 +234,7 @@ def test_reduced_drafter_with_its_mapping_stripped_is_one_divergence(written, te
 
 
 def test_live_equals_offline_through_the_mapping(written, trained_pair, test_world, tmp_path):
-    from impl.checkpoint import build_drafter
+    from impl.body_shapes import build_drafter
     from impl.ddtree import ddtree_decode
     from impl.decoding import dflash_decode
     from impl.offline import find_mismatch, load_or_build_cache, offline_rounds

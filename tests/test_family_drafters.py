@@ -15,7 +15,7 @@ from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from dflash_audit.conversion import convert
 from dflash_audit.formats import load_any
-from impl.checkpoint import build_drafter
+from impl.body_shapes import build_drafter
 from impl.decoding import dflash_decode
 from impl.offline import load_or_build_cache, offline_rounds
 from tests.family_fixtures import family_spec, without_final_layer, world_backbone, write_speculators_drafter
@@ -139,3 +139,74 @@ def test_tau_per_prompt_equals_speculators_own_model_live_and_offline(test_world
         assert live.output_ids[0].tolist() == theirs_ids
         taus.append(sum(theirs) / len(theirs))
     assert max(taus) > 1.5, f"the drafter accepts too little to test decoding: {taus}"
+
+
+def serve_check(path, target, tmp_path, name) -> tuple[int, dict]:
+    out = tmp_path / f"{name}.json"
+    code = main(["serve-check", "--drafter", str(path), "--engine", "vllm,sglang", "--target", str(target),
+                 "--json", str(out)])
+    return code, json.loads(out.read_text())["serving"]
+
+
+def divergent(report: dict) -> dict[str, dict]:
+    return {f["field"]: f for f in report["findings"] if f["severity"] == "divergence"}
+
+
+def test_serve_check_dspark_vllm_serves_the_vanilla_markov_head_only(written, test_world, tmp_path):
+    """speculators' DSpark through vLLM 0.33.0's own code: the vanilla head serves as trained (its runner's fill-in
+    layout, K = 7, method dspark on the V2 runner); a gated or rnn head is refused over that head's tensors, one
+    finding; SGLang reads no speculators directory."""
+    code, serving = serve_check(written["dspark"]["self"], test_world.target, tmp_path, "vanilla")
+    vllm, sglang = serving["vllm"], serving["sglang"]
+    assert code == 1 and divergent(vllm) == {} and list(divergent(sglang)) == ["loads"]
+    assert vllm["loads"] and vllm["served"]["markov_head_type"] == "vanilla" and vllm["served"]["markov_rank"] == 16
+    assert (vllm["served"]["block_size"], vllm["served"]["num_speculative_tokens"]) == (8, 7)
+    assert vllm["command"].startswith("VLLM_USE_V2_MODEL_RUNNER=1 vllm serve ") and '"method": "dspark"' in vllm["command"]
+    assert any("--speculative-algorithm DSPARK" in note for note in sglang["notes"])
+    base, body = without_final_layer(*world_backbone(test_world))
+    rnn = write_speculators_drafter(tmp_path / "rnn", family_spec(base, "dspark", markov_head_type="rnn"), body,
+                                    test_world.target)
+    for head, path in (("gated", written["dspark"]["changed"]), ("rnn", rnn)):
+        code, serving = serve_check(path, test_world.target, tmp_path, head)
+        found = divergent(serving["vllm"])
+        assert code == 1 and list(found) == ["markov_head_type"] and not serving["vllm"]["loads"]
+        assert (found["markov_head_type"]["trained"], found["markov_head_type"]["served"]) == (head, "vanilla")
+        extra = {"gated": "gate_proj", "rnn": "joint_proj"}[head]
+        assert serving["vllm"]["served"]["tensors_refused"] == [f"markov_head.{extra}.bias",
+                                                                f"markov_head.{extra}.weight"]
+        assert f"markov_head.{extra}.weight" in found["markov_head_type"]["message"]
+
+
+def test_serve_check_xpress_vllm_refuses_it_and_reads_other_names(written, test_world, tmp_path):
+    """speculators' XPress: vLLM 0.33.0 translates no `xpress` config; its XPress files read `xpress_head.*`,
+    `xpress_num_passes`, `xpress_mlp_hidden` where speculators writes `refiner_head.*`, `num_jacobi_passes`,
+    `xpress_mlp_ratio`, so their defaults would run; slot 0's refiner predecessor is the anchor itself."""
+    from safetensors import safe_open
+
+    path = written["xpress"]["self"]
+    code, serving = serve_check(path, test_world.target, tmp_path, "xpress")
+    found = divergent(serving["vllm"])
+    assert code == 1 and set(found) == {"loads", "tensors_refused", "num_jacobi_passes", "xpress_mlp_hidden",
+                                        "refiner_block_size", "refiner_candidates", "refiner_slot0"}
+    assert "'xpress'" in found["loads"]["message"] and "\n" not in found["loads"]["message"]
+    names = [n for f in sorted(path.glob("*.safetensors")) for n in safe_open(str(f), "pt").keys()]
+    assert found["tensors_refused"]["served"] == sorted(n for n in names if n.startswith("refiner_head."))
+    expected = {"num_jacobi_passes": (3, 6), "xpress_mlp_hidden": (32, 512), "refiner_block_size": (8, 16),
+                "refiner_candidates": (2048, 512), "refiner_slot0": ("the token before the anchor", "the anchor")}
+    assert {name: (found[name]["trained"], found[name]["served"]) for name in expected} == expected
+    assert list(divergent(serving["sglang"])) == ["loads"] and "no XPress" in serving["sglang"]["notes"][0]
+
+
+def test_vllm_reads_none_of_the_names_speculators_writes_for_xpress():
+    """Backs the XPress findings: no installed vLLM file reads speculators' XPress names; its XPress files read
+    their own."""
+    from serving_engines.source_exec import installed_file
+
+    root = installed_file("vllm.config.speculative").parents[1]
+    text = "\n".join(p.read_text(encoding="utf-8", errors="replace") for part in ("model_executor", "v1", "config",
+                                                                             "transformers_utils")
+                     for p in (root / part).rglob("*.py"))
+    for written_by_speculators in ('"num_jacobi_passes"', '"xpress_mlp_ratio"', "refiner_head", '"xpress"'):
+        assert written_by_speculators not in text, written_by_speculators
+    for read_by_vllm in ('"xpress_num_passes"', '"xpress_mlp_hidden"', '"xpress_head."'):
+        assert read_by_vllm in text, read_by_vllm

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 from dflash_audit.cli import main
 from dflash_audit.formats import detect_format, load_any
 from impl.model import DFlashDrafter
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec
 from tests.trainer_layouts import TRAINER_GALLERY
 
@@ -223,7 +223,7 @@ def test_undeclared_fields_stay_unknown_and_name_their_flag(tmp_path, drafter, r
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert status == 0 and not report["ours"]["spec_complete"]
     provenance = report["ours"]["provenance"]
-    for field in ("target_layer_ids", "num_target_layers", "mask_token_id", "block_size", "vocab_size"):
+    for field in ("target_layer_ids", "num_target_layers", "mask_token_id", "block_size", "target_vocab_size"):
         assert provenance[field]["source"] == "unknown" and report["ours"]["spec"][field] is None
     assert "--ours-spec target_layer_ids=" in provenance["target_layer_ids"]["detail"]
     warnings = {f["key"] for f in report["findings"] if f["severity"] == "warning"}

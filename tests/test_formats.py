@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 from dflash_audit.cli import main
 from dflash_audit.formats import LoadedCheckpoint, detect_format, load_any
 from foundation.errors import AuditError, CheckpointError
-from impl.checkpoint import Checkpoint, save_checkpoint
-from impl.zlab_format import save_zlab_dir
+from drafter_files.checkpoint import Checkpoint, save_checkpoint
+from drafter_files.zlab_format import save_zlab_dir
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_speculators_verifier_tensors_are_kept_apart(tmp_path, speculators_dir, 
     copy.mkdir()
     (copy / "config.json").write_text((speculators_dir / "config.json").read_text())
     tensors = {k: v.clone() for k, v in drafter.state_dict().items()}
-    tensors["embed_tokens.weight"] = torch.randn(spec.vocab_size, spec.hidden_size)
+    tensors["embed_tokens.weight"] = torch.randn(spec.target_vocab_size, spec.hidden_size)
     tensors["verifier_norm.weight"] = torch.ones(spec.hidden_size)
     save_file(tensors, str(copy / "model.safetensors"))
     loaded = load_any(copy)

@@ -1,5 +1,6 @@
 """The packages import one way:
-dflash_audit → conformance → reference_adapters | held | serving_engines → dflash_world → impl → foundation | catalogue.
+dflash_audit → conformance → reference_adapters | held | serving_engines → dflash_world → drafter_files → impl →
+foundation | catalogue.
 
 A module may import its own package and any package below it, never one above or beside it
 (`held`, the third-party codebases under test, and `serving_engines`, vLLM and SGLang reading a drafter, sit beside
@@ -18,10 +19,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # Lowest first. `foundation`: what every verb shares (errors, input checks, JSON lines, atomic writes, cache
 # folders, package versions, placement, loading a target). `catalogue`: the divergence rules and where each lives.
-# `impl`: our drafter, trainer and evaluator. `dflash_world` (the tiny trained target the demo and the tests run on)
-# needs only impl. `held` (SpecForge and other codebases held to the references) and `serving_engines` (vLLM and
+# `impl`: our drafter, trainer and evaluator. `drafter_files`: our drafter on disk (ckpt.pt read as a spec, a recipe
+# and a body; z-lab's folder format), which everything above reads and writes drafters through. `dflash_world` (the
+# tiny trained target the demo and the tests run on) needs only those. `held` (SpecForge and other codebases held to the references) and `serving_engines` (vLLM and
 # SGLang reading a drafter) share reference_adapters' rank.
-LAYERS = (("foundation", "catalogue"), ("impl",), ("dflash_world",), ("reference_adapters", "held", "serving_engines"),
+LAYERS = (("foundation", "catalogue"), ("impl",), ("drafter_files",), ("dflash_world",), ("reference_adapters", "held", "serving_engines"),
           ("conformance",), ("dflash_audit",))
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

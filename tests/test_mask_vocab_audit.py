@@ -14,9 +14,9 @@ from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from dflash_world.tokenizer import train_tokenizer
 from foundation.target_vocab import TargetVocabulary, embedding_tensor, row_norms
-from impl.checkpoint import save_checkpoint
+from drafter_files.checkpoint import save_checkpoint
 from impl.model import DFlashDrafter
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.helpers import TEXTS, tiny_spec, tiny_target
 
 ROWS, PADDING_ROW = 320, 319
@@ -63,7 +63,7 @@ def one(report, component, key):
 
 
 def test_mask_id_equal_to_eos_is_one_divergence(tmp_path, padded_target):
-    status, report = compare(tmp_path, padded_target, dict(vocab_size=ROWS, mask_token_id=0), None, "--static-only")
+    status, report = compare(tmp_path, padded_target, dict(target_vocab_size=ROWS, mask_token_id=0), None, "--static-only")
     assert status == 1
     assert found(report, "divergence") == [("mask_token_validity", "mask token 0")]  # both drafters: one root cause
     finding = one(report, "mask_token_validity", "mask token 0")
@@ -79,7 +79,7 @@ def test_mask_id_outside_the_embedding(tmp_path, padded_target):
     (each side says why), never a traceback."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"id": "p0", "prompt": "def add(x, y):"}) + "\n")
-    status, report = compare(tmp_path, padded_target, dict(vocab_size=400, mask_token_id=399), None,
+    status, report = compare(tmp_path, padded_target, dict(target_vocab_size=400, mask_token_id=399), None,
                              "--prompts", str(prompts), "--max-new-tokens", "4")
     assert status == 1
     assert found(report, "divergence") == [("mask_token_validity", "mask token 399"),
@@ -91,7 +91,7 @@ def test_mask_id_outside_the_embedding(tmp_path, padded_target):
 
 
 def test_padded_target_with_a_matching_drafter_is_info_only(tmp_path, padded_target):
-    status, report = compare(tmp_path, padded_target, dict(vocab_size=ROWS, mask_token_id=PADDING_ROW), None,
+    status, report = compare(tmp_path, padded_target, dict(target_vocab_size=ROWS, mask_token_id=PADDING_ROW), None,
                              "--static-only")
     assert status == 0 and found(report, "divergence", "warning") == []
     assert found(report, "info") == [("mask_token_validity", "mask token 319"), ("vocab_sizes", "target padding")]
@@ -105,17 +105,17 @@ def test_padded_target_with_a_matching_drafter_is_info_only(tmp_path, padded_tar
 def test_head_sized_to_the_tokenizer_is_the_vocab_sizes_root_cause(tmp_path, padded_target):
     """Ours built for the tokenizer's 258 tokens, ref for the padded 320: one vocab_sizes divergence for ours, and
     no second architecture finding for the drafters' differing vocab_size."""
-    ours, ref = drafters(tmp_path, dict(vocab_size=258, mask_token_id=200), dict(vocab_size=ROWS, mask_token_id=200))
+    ours, ref = drafters(tmp_path, dict(target_vocab_size=258, mask_token_id=200), dict(target_vocab_size=ROWS, mask_token_id=200))
     target = TargetVocabulary.read(padded_target, train_tokenizer(TEXTS, vocab_size=64))
     findings = static_audit(load_side(ours), load_side(ref), target=target).findings
     divergences = [(f.component, f.key) for f in findings if f.severity == "divergence"]
     assert divergences == [("vocab_sizes", "draft vocabulary 258")]
     finding = next(f for f in findings if f.component == "vocab_sizes" and f.severity == "divergence")
-    assert finding.ours == {"draft_head_rows": 258, "vocab_size": 258} and finding.ref is None
+    assert finding.ours == {"draft_head_rows": 258, "target_vocab_size": 258} and finding.ref is None
     assert "the tokenizer's length, not the target's padded vocabulary" in finding.message
     # Without a target the same pair is the architecture finding it always was.
     plain = static_audit(load_side(ours), load_side(ref)).findings
-    assert [(f.component, f.key) for f in plain if f.severity == "divergence"] == [("architecture", "vocab_size")]
+    assert [(f.component, f.key) for f in plain if f.severity == "divergence"] == [("architecture", "target_vocab_size")]
 
 
 def test_bos_and_unknowns_are_read_never_guessed(tmp_path, padded_target):
@@ -128,7 +128,7 @@ def test_bos_and_unknowns_are_read_never_guessed(tmp_path, padded_target):
     vocab = TargetVocabulary.read(target)
     assert vocab.tokenizer_length is None and vocab.padding is None and vocab.special_ids == {
         "eos": [], "pad": [], "bos": [200]}
-    ours, ref = drafters(tmp_path, dict(vocab_size=ROWS, mask_token_id=200))
+    ours, ref = drafters(tmp_path, dict(target_vocab_size=ROWS, mask_token_id=200))
     findings = static_audit(load_side(ours), load_side(ref), target=vocab).findings
     assert [(f.component, f.severity) for f in findings if f.component in ("vocab_sizes", "mask_token_validity")] \
         == [("mask_token_validity", "divergence")]
@@ -150,7 +150,7 @@ def test_row_norms_stream_the_embedding_in_slices(padded_target, monkeypatch):
 
 def test_eval_says_when_the_mask_id_is_the_targets_eos(tmp_path, padded_target, capsys):
     """eval still measures τ (the drafter is what it is) but names the clash, once."""
-    ours, _ = drafters(tmp_path, dict(vocab_size=ROWS, mask_token_id=0))
+    ours, _ = drafters(tmp_path, dict(target_vocab_size=ROWS, mask_token_id=0))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"id": "p0", "prompt": "def add(x, y):"}) + "\n")
     assert main(["eval", "--drafter", str(ours), "--target", str(padded_target), "--prompts", str(prompts),
@@ -160,16 +160,16 @@ def test_eval_says_when_the_mask_id_is_the_targets_eos(tmp_path, padded_target, 
 
 
 def test_the_report_carries_the_size_table(tmp_path, padded_target):
-    _, report = compare(tmp_path, padded_target, dict(vocab_size=258, mask_token_id=200), None, "--static-only")
+    _, report = compare(tmp_path, padded_target, dict(target_vocab_size=258, mask_token_id=200), None, "--static-only")
     table = report["target_vocabulary"]
     assert (table["config_vocab_size"], table["tokenizer_length"], table["embedding_rows"]) == (ROWS, 258, ROWS)
-    assert table["drafters"] == {side: {"draft_head_rows": 258, "vocab_size": 258} for side in ("ours", "ref")}
+    assert table["drafters"] == {side: {"draft_head_rows": 258, "target_vocab_size": 258} for side in ("ours", "ref")}
     html = (tmp_path / "out" / "index.html").read_text()
     assert "Vocabulary sizes" in html and "len(tokenizer)" in html
 
 
 def test_without_a_target_nothing_is_claimed(tmp_path):
-    ours, ref = drafters(tmp_path, dict(vocab_size=ROWS, mask_token_id=0))
+    ours, ref = drafters(tmp_path, dict(target_vocab_size=ROWS, mask_token_id=0))
     assert main(["compare", "--ours", str(ours), "--ref", str(ref), "--out", str(tmp_path / "out")]) == 0
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert not [f for f in report["findings"] if f["component"] in ("mask_token_validity", "vocab_sizes")]
@@ -182,7 +182,7 @@ def test_no_safetensors_embedding_leaves_the_row_unknown(tmp_path, padded_target
     (target / "config.json").write_text((padded_target / "config.json").read_text())
     vocab = TargetVocabulary.read(target)
     assert vocab.embedding_rows is None and vocab.padded_size == ROWS  # the config's vocab_size still counts
-    ours, ref = drafters(tmp_path, dict(vocab_size=ROWS, mask_token_id=PADDING_ROW))
+    ours, ref = drafters(tmp_path, dict(target_vocab_size=ROWS, mask_token_id=PADDING_ROW))
     mask = next(f for f in static_audit(load_side(ours), load_side(ref), target=vocab).findings
                 if f.component == "mask_token_validity")
     assert mask.severity == "info" and mask.ours["looks_trained"] is None
@@ -194,7 +194,7 @@ def reduced(vocab: int, seed: int) -> DFlashDrafter:
     from impl.vocab_mapping import d2t_from_target_ids
 
     torch.manual_seed(seed)
-    drafter = DFlashDrafter(tiny_spec(vocab_size=vocab, mask_token_id=200, draft_vocab_size=48))
+    drafter = DFlashDrafter(tiny_spec(target_vocab_size=vocab, mask_token_id=200, draft_vocab_size=48))
     drafter.set_vocab_mapping(d2t_from_target_ids(list(range(0, 96, 2))), tiny_target(vocab=vocab).lm_head)
     return drafter
 
@@ -211,4 +211,4 @@ def test_a_reduced_head_is_held_to_the_vocabulary_it_maps_into(tmp_path, padded_
     if expected:
         finding = next(f for f in findings if f.component == "vocab_sizes" and f.severity == "divergence")
         assert "a reduced draft head of 48 rows mapped into a vocabulary of 258" in finding.message
-        assert finding.ours == {"draft_head_rows": 48, "vocab_size": 258}
+        assert finding.ours == {"draft_head_rows": 48, "target_vocab_size": 258}

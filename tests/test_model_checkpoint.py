@@ -6,10 +6,11 @@ from dflash.model import DFlashDraftModel
 
 from dflash_audit.formats import load_any
 from foundation.errors import CheckpointError
-from impl.checkpoint import build_drafter, load_checkpoint, save_checkpoint
+from impl.body_shapes import build_drafter
+from drafter_files.checkpoint import load_checkpoint, save_checkpoint
 from impl.model import DFlashDrafter
 from impl.recipe import Recipe
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec, zlab_model_for
 
 

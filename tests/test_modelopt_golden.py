@@ -1,8 +1,11 @@
 """NVIDIA Model-Optimizer 0.47.0's known divergences as a golden record (held/modelopt_known_divergences.toml).
 
-`pytest conformance --impl modelopt` (a subprocess, results in a temp dir; the live-decoding file is left out:
-Model-Optimizer has no decoding loop, so it is n/a there) must fail exactly the recorded (component, PITFALLS
-entry) pairs, with no plug failure: no plug mismatch, no error. Each `[[claim]]` of the record (what its
+`pytest conformance --impl modelopt --impl-only` (a subprocess, results in a temp dir; the live-decoding file is
+left out: Model-Optimizer has no decoding loop, so it is n/a there) must fail exactly the recorded (component,
+PITFALLS entry) pairs, with no plug failure: no plug mismatch, no error. Only what runs Model-Optimizer runs
+(`--impl-only`: the references' own pairs and ours-only tests say nothing of it), and failing examples are not
+shrunk (CONFORMANCE_NO_SHRINK: derandomized, the same examples are generated, so the same components fail; only
+the minimal example in a diff entry is lost, which this test does not read). Each `[[claim]]` of the record (what its
 changelog and code say it does differently) is checked here against its own code, at the recorded file:line.
 """
 
@@ -67,7 +70,7 @@ def spec(**changes):
     from impl.spec import DraftSpec
 
     fields = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                  num_hidden_layers=2, vocab_size=96, target_layer_ids=(1, 3), num_target_layers=6,
+                  num_hidden_layers=2, target_vocab_size=96, target_layer_ids=(1, 3), num_target_layers=6,
                   mask_token_id=95, block_size=4)
     return DraftSpec(**{**fields, **changes})
 
@@ -123,9 +126,10 @@ def modelopt_results(tmp_path_factory):
     import held.modelopt  # noqa: F401 -- `make setup` installs Model-Optimizer and its environment: never skips
 
     out = tmp_path_factory.mktemp("modelopt-conformance")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           "CONFORMANCE_NO_SHRINK": "1"}  # read by conformance/strategies.py
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "conformance",
-                          "--ignore", "conformance/test_live_decoding.py", "--impl", "modelopt",
+                          "--ignore", "conformance/test_live_decoding.py", "--impl", "modelopt", "--impl-only",
                           "--report-dir", str(out)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
@@ -138,6 +142,15 @@ def test_modelopt_fails_exactly_its_known_divergences(modelopt_results):
     expected = {(item["component"], item["pitfall"]) for item in record()["divergence"]}
     assert failing == expected, (f"new failures: {sorted(failing - expected)}; "
                                  f"no longer failing: {sorted(expected - failing)}")
+
+
+def test_the_run_held_modelopt_only(modelopt_results):
+    """`--impl-only` ran no pair of the references alone and no test of ours alone; DSpark's heads were compared
+    (interface 9)."""
+    rows = modelopt_results["components"]
+    assert not [r["test"] for r in rows if r["test"].endswith("[speculators-vs-zlab]") or "ours" in r["implementations"]]
+    heads = [r for r in rows if r["component"] == "dspark_heads"]
+    assert {r["status"] for r in heads} == {"pass"} and all(r["comparisons"] > 0 for r in heads), heads
 
 
 def test_modelopt_plug_takes_every_call(modelopt_results):

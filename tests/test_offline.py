@@ -77,7 +77,7 @@ def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, tmp_pa
     # A second drafter reading other target layers replays from the same cache; its rotary is partial, scaled
     # and interleaved, which the replay's rotary (the drafter's own pieces) must follow too.
     other = placed_drafter(DFlashDrafter(tiny_spec(hidden_size=drafter.spec.hidden_size, intermediate_size=64,
-                                                   vocab_size=drafter.spec.vocab_size, num_target_layers=4,
+                                                   target_vocab_size=drafter.spec.target_vocab_size, num_target_layers=4,
                                                    target_layer_ids=(0, 3), mask_token_id=drafter.mask_token_id,
                                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                                    partial_rotary_factor=0.5,
@@ -94,7 +94,7 @@ def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, tmp_pa
 @pytest.fixture(scope="module")
 def bf16_pairs(trained_pair, dflash2_pair, test_world):
     """The world's target loaded in bfloat16 (as `--dtype bfloat16` loads it) and both drafters in bfloat16."""
-    from impl.checkpoint import build_drafter
+    from impl.body_shapes import build_drafter
     from foundation.placement import Placement, built_in
     from foundation.target import load_target_model
 

@@ -20,7 +20,7 @@ from dflash_world.suite_placement import audit_dtype
 from foundation.errors import AuditError
 from foundation.placement import CPU_FLOAT32, Placement, parse_dtype_list, resolve_placement
 from foundation.target import load_target_model
-from impl.checkpoint import load_checkpoint
+from drafter_files.checkpoint import load_checkpoint
 from impl.memory_plan import GB, check_plan, plan_memory, target_bytes
 
 TORCHRUN_RANK_1 = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}

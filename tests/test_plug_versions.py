@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance.plug import Plug, PlugMismatch, current_parameters, declared_version, recipe_field
+from conformance.plug import Plug, PlugMismatch, current_parameters, declared_version, recipe_field, require
 from impl import interface_versions as versions
 from impl.interface import INTERFACE_VERSION
 
@@ -26,9 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 OLD_PLUG = "tests.plugs.specforge_interface_1:SpecForgeInterface1"
 # Conformance files that reach every kind of interface change an interface-1 plug misses: a recipe field
 # (loss_fn, per_position_loss_weight, dpace_alpha), a keyword (training_outputs' anchors), operations added
-# later (dpace_weights, dpace_loss; apply_rotary), and calls it still takes (SpecForge's own divergences).
+# later (dpace_weights, dpace_loss; apply_rotary; DSpark's heads, which must be named before the test asks the
+# plug to build a DSpark drafter), and calls it still takes (SpecForge's own divergences).
 SUBSET = ("conformance/test_loss.py", "conformance/test_dpace.py", "conformance/test_targets.py",
-          "conformance/test_loss_weights.py", "conformance/test_rotary.py")
+          "conformance/test_loss_weights.py", "conformance/test_rotary.py", "conformance/test_dspark_heads.py")
 
 
 def old_plug():
@@ -71,16 +72,36 @@ def test_an_interface_1_plug_is_told_each_change_it_missed():
         plug.dpace_loss(None, None, None, 4, 0.5)
     with pytest.raises(PlugMismatch, match=r"no `apply_rotary` operation: interface 7 added"):
         plug.apply_rotary(None, None, None)
+    with pytest.raises(PlugMismatch, match=r"no `markov_bias` operation: interface 9 added"):
+        require(plug, "markov_bias")  # named before the test asks the plug for anything else
     # Positional calls it takes run as they are (SpecForge's own loss weights here).
     assert torch.equal(plug.loss_weights(4, None, False), Plug(plug.wrapped._today).loss_weights(4, None, False))
 
 
+def test_an_interface_8_plug_is_told_what_interface_9_added():
+    class Interface8:
+        name = "interface-8"
+        interface_version = 8
+
+    plug = Plug(Interface8())
+    for operation in ("markov_bias", "confidence_logits", "markov_path", "refiner_bias", "jacobi_tokens"):
+        with pytest.raises(PlugMismatch, match=rf"no `{operation}` operation: interface 9 added .*implements interface 8"):
+            require(plug, operation)
+    require(Plug(type("Interface9", (Interface8,), {"interface_version": 9})()), "markov_bias")  # lacking it: n/a
+
+
 def test_a_current_plug_lacking_an_operation_is_not_a_mismatch():
-    from held.specforge import SpecForgeImplementation
+    from held.specforge import NOT_WRAPPED_DSPARK, SpecForgeImplementation
+    from impl.interface import Unsupported, supports
 
     plug = Plug(SpecForgeImplementation())
     assert declared_version(plug.wrapped) == INTERFACE_VERSION
     assert not hasattr(plug, "apply_rotary")  # the optional operation it lacks: n/a, as the suite has it
+    assert not supports(plug, "refiner_bias")  # SpecForge 0.2.0 has no XPress: declared unsupported (n/a)
+    require(plug, "markov_bias")  # its DSpark, not wrapped: n/a saying so, never a mismatch
+    with pytest.raises(Unsupported, match="not wrapped by this plug"):
+        plug.markov_bias(None, None, None)
+    assert "specforge/modeling/draft/dspark.py" in NOT_WRAPPED_DSPARK
 
 
 @pytest.mark.parametrize("declared", [0, INTERFACE_VERSION + 1, "8", True])
@@ -135,7 +156,9 @@ def test_an_old_plug_gets_plug_mismatches_never_divergences(old_plug_results):
     for change in ("training_outputs() takes no `anchors`: interface 4 added",
                    "has no `loss_fn`: interface 2 renamed `loss_kind` to `loss_fn`",
                    "has no `dpace_alpha`: interface 2 added", "no `dpace_weights` operation: interface 2 added",
-                   "no `dpace_loss` operation: interface 2 added", "no `apply_rotary` operation: interface 7 added"):
+                   "no `dpace_loss` operation: interface 2 added", "no `apply_rotary` operation: interface 7 added",
+                   "no `confidence_logits` operation: interface 9 added",  # the heads test's last call
+                   "no `markov_path` operation: interface 9 added"):
         assert change in messages, change
     assert results["interface"] == {"suite": INTERFACE_VERSION, "plug": 1}
     assert results["summary"]["plug-mismatch"] == len(mismatches)

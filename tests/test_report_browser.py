@@ -51,8 +51,8 @@ def test_serving_section_renders_for_both_drafters(tmp_path, spec, drafter):
     """`compare --serve` (what the demo runs): the serving section of each drafter, each engine, in Chromium.
     Static only (no target): seconds."""
     from dflash_audit.commands.compare import run_compare
-    from impl.checkpoint import save_checkpoint
-    from impl.zlab_format import save_zlab_dir
+    from drafter_files.checkpoint import save_checkpoint
+    from drafter_files.zlab_format import save_zlab_dir
 
     save_checkpoint(tmp_path / "ours.pt", drafter)
     save_zlab_dir(tmp_path / "ref", spec, drafter.state_dict())

@@ -168,14 +168,14 @@ def test_a_planted_layer_id_shift_is_caught(planted):
     assert layer_offset_copies(planted, "dflash_audit/planted.py") != []
 
 
-# -- 3. wrapper prefixes (impl/param_names.py) ------------------------------------------------------------
-PREFIX_HOME = "impl/param_names.py"
+# -- 3. wrapper prefixes (foundation/param_names.py) ------------------------------------------------------------
+PREFIX_HOME = "foundation/param_names.py"
 
 
 def wrapper_prefix_copies(source: str, path: str = "<module>") -> list[str]:
     """`path:line` of each string constant that names a wrapper prefix (`"module."`, `"_orig_mod."`...), i.e.
-    a second table or strip loop; `impl.param_names.WRAPPER_PREFIXES` is the one table."""
-    from impl.param_names import WRAPPER_PREFIXES
+    a second table or strip loop; `foundation.param_names.WRAPPER_PREFIXES` is the one table."""
+    from foundation.param_names import WRAPPER_PREFIXES
 
     wrappers = {p for p in WRAPPER_PREFIXES if p != "model."}  # "model." also begins the target's own names
     return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
@@ -200,21 +200,22 @@ def test_a_planted_wrapper_prefix_table_is_caught(planted):
 
 def test_every_reader_strips_with_the_one_loop():
     import dflash_audit.formats.key_map as key_map
+    import foundation.ckpt_file
+    import foundation.param_names
     import held.specforge
-    import impl.checkpoint
-    import impl.param_names
+    import impl.body_shapes
     import reference_adapters.speculators_adapter
     import reference_adapters.zlab_adapter
 
-    for module in (impl.checkpoint, held.specforge, reference_adapters.speculators_adapter,
+    for module in (foundation.ckpt_file, impl.body_shapes, held.specforge, reference_adapters.speculators_adapter,
                    reference_adapters.zlab_adapter):
-        assert module.strip_wrapper_prefixes is impl.param_names.strip_wrapper_prefixes, module.__name__
-    assert key_map.strip_wrapper_prefix is impl.param_names.strip_wrapper_prefix
+        assert module.strip_wrapper_prefixes is foundation.param_names.strip_wrapper_prefixes, module.__name__
+    assert key_map.strip_wrapper_prefix is foundation.param_names.strip_wrapper_prefix
     assert key_map.strip_prefixes("module._orig_mod.draft_model.fc.weight") == "fc.weight"
 
 
-# -- 6. DFlash or DFlash2, and the codebook spelling (impl/families.py, impl/param_names.py) ---------------
-FAMILY_HOMES = ("impl/families.py", "impl/param_names.py")
+# -- 6. DFlash or DFlash2, and the codebook spelling (impl/families.py, foundation/param_names.py) ---------------
+FAMILY_HOMES = ("impl/families.py", "foundation/param_names.py")
 
 
 def family_rule_copies(source: str, path: str = "<module>") -> list[str]:
@@ -260,14 +261,14 @@ def test_a_planted_family_decision_is_caught(planted):
 def test_every_config_reader_asks_the_one_family_function():
     import dflash_audit.formats.speculators
     import impl.families
-    import impl.zlab_format
+    import drafter_files.zlab_format
     import reference_adapters.speculators_adapter
     import reference_adapters.zlab_adapter
 
-    for module in (impl.zlab_format, dflash_audit.formats.speculators, reference_adapters.speculators_adapter,
+    for module in (drafter_files.zlab_format, dflash_audit.formats.speculators, reference_adapters.speculators_adapter,
                    reference_adapters.zlab_adapter):
         assert module.config_family is impl.families.config_family, module.__name__
-    assert impl.zlab_format.ZLAB_ARCHITECTURES is impl.families.ZLAB_ARCHITECTURES
+    assert drafter_files.zlab_format.ZLAB_ARCHITECTURES is impl.families.ZLAB_ARCHITECTURES
 
 
 # -- 7. defaults (impl/defaults.py) ----------------------------------------------------------------------
@@ -277,18 +278,19 @@ def test_defaults_are_one_table_each_imported_by_every_reader():
     import dflash_audit.conversion
     import dflash_audit.formats.inference
     import dflash_audit.formats.speculators
+    import drafter_files.zlab_format
     import impl.defaults
+    import impl.rotary_config
     import impl.spec
     import impl.train
-    import impl.zlab_format
 
-    for module in (impl.zlab_format, impl.spec, dflash_audit.formats.inference):
+    for module in (drafter_files.zlab_format, impl.rotary_config, impl.spec, dflash_audit.formats.inference):
         assert module.QWEN3_DEFAULTS is impl.defaults.QWEN3_DEFAULTS, module.__name__
         assert module.ROTARY_DEFAULTS is impl.defaults.ROTARY_DEFAULTS, module.__name__
-    assert impl.train.rotary_settings is impl.zlab_format.rotary_settings  # the trainer reads a target's rope so too
-    for module in (impl.zlab_format, impl.spec, dflash_audit.conversion, dflash_audit.formats.inference):
+    assert impl.train.rotary_settings is impl.rotary_config.rotary_settings  # the trainer reads a target's rope so too
+    for module in (drafter_files.zlab_format, impl.spec, dflash_audit.conversion, dflash_audit.formats.inference):
         assert module.ZLAB_EXTRAS is impl.defaults.ZLAB_EXTRAS, module.__name__
-    for module in (impl.zlab_format, impl.spec, dflash_audit.formats.speculators):
+    for module in (drafter_files.zlab_format, impl.spec, dflash_audit.formats.speculators):
         assert module.BLOCK_SIZE_DEFAULTS is impl.defaults.BLOCK_SIZE_DEFAULTS, module.__name__
     spec_defaults = {f.name: f.default for f in fields(impl.spec.DraftSpec)}
     for name, value in {**impl.defaults.QWEN3_DEFAULTS, **impl.defaults.ROTARY_DEFAULTS,
@@ -313,7 +315,7 @@ def test_qwen3_defaults_are_written_only_in_impl_defaults():
     assert default_copies('window = config.get("max_position_embeddings", 32768)\n') != []
 
 
-# -- 5. impl/checkpoint.py split by concern; report writers start light -----------------------------------
+# -- 5. the checkpoint split by concern; report writers start light -----------------------------------
 def test_report_writers_do_not_pull_in_qwen3_modeling_at_start_up():
     import subprocess
     import sys
@@ -589,7 +591,7 @@ def test_the_id_range_has_one_home():
 
 @pytest.mark.parametrize("planted", [
     "def check(ids, vocab_size):\n    return [i for i in ids if not 0 <= i < vocab_size]\n",
-    "def check(spec):\n    assert 0 <= spec.mask_token_id < spec.vocab_size\n",
+    "def check(spec):\n    assert 0 <= spec.mask_token_id < spec.target_vocab_size\n",
     "def outside(ids, n):\n    return int(((ids < 0) | (ids >= n)).sum())\n",
     "def bad(layer_ids, num_target_layers):\n    return [i for i in layer_ids if not 0 <= i <= num_target_layers - 1]\n",
 ])
@@ -649,8 +651,8 @@ def test_the_reference_adapters_build_their_own_blocks():
 
 # -- 12. does a drafter fit the target (impl/target_fit.py) --------------------------------------------------------
 FIT_HOME = "impl/target_fit.py"
-FIT_QUANTITIES = {"hidden_size": "hidden", "vocab_size": "vocabulary", "num_target_layers": "depth",
-                  "num_hidden_layers": "depth", "depth": "depth"}
+FIT_QUANTITIES = {"hidden_size": "hidden", "vocab_size": "vocabulary", "target_vocab_size": "vocabulary",
+                  "num_target_layers": "depth", "num_hidden_layers": "depth", "depth": "depth"}
 
 
 def fit_check_copies(source: str, path: str = "<module>") -> list[str]:
@@ -681,7 +683,7 @@ def test_the_drafter_fits_check_has_one_home():
 
 @pytest.mark.parametrize("planted", [
     "def fits(spec, config):\n    return spec.hidden_size == config.hidden_size\n",
-    "def fits(spec, config):\n    if spec.vocab_size != config.vocab_size:\n        raise ValueError('vocabulary')\n",
+    "def fits(spec, config):\n    if spec.target_vocab_size != config.vocab_size:\n        raise ValueError('vocabulary')\n",
     "def fits(spec, config):\n    return config.get('num_hidden_layers') != spec.num_target_layers\n",
     "def fits(spec, target):\n    return spec.num_target_layers == len(decoder_layers(target))\n",
     "def fits(spec, config):\n    return spec.num_target_layers != config.num_hidden_layers\n",

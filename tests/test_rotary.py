@@ -13,10 +13,10 @@ from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from dflash_audit.formats.speculators import zlab_shaped_config
-from impl.checkpoint import save_checkpoint
+from drafter_files.checkpoint import save_checkpoint
 from impl.model import DFlashDrafter
 from impl.spec import SpecError
-from impl.zlab_format import save_zlab_dir, spec_from_zlab_config, zlab_config
+from drafter_files.zlab_format import save_zlab_dir, spec_from_zlab_config, zlab_config
 from tests.helpers import tiny_spec
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 10240}

@@ -46,6 +46,13 @@ EXPECTED = {
     "our convert --format zlab, dflash2": {"vllm": set(), "sglang": set()},
     "our convert --format speculators, dflash": {"vllm": {"layer_causal"}, "sglang": {"loads"}},
     "our convert --format speculators, dflash2": {"vllm": set(), "sglang": {"loads"}},
+    # speculators' DSpark and XPress classes: vLLM's DSpark model builds the vanilla Markov head only; its speculators
+    # translation has no XPress (and its XPress files read other names); SGLang reads no speculators directory.
+    "speculators save_pretrained, dspark": {"vllm": set(), "sglang": {"loads"}},
+    "speculators save_pretrained, dspark (rnn head)": {"vllm": {"markov_head_type"}, "sglang": {"loads"}},
+    "speculators save_pretrained, xpress": {"vllm": {"loads", "tensors_refused", "num_jacobi_passes",
+                                                     "xpress_mlp_hidden", "refiner_block_size", "refiner_slot0"},
+                                            "sglang": {"loads"}},
 }
 
 
@@ -152,7 +159,7 @@ def test_serve_check_cli_exit_status_json_and_html(tmp_path, written, target_dir
 
 
 def test_a_checkpoint_file_points_to_convert_for(tmp_path, spec, drafter):
-    from impl.checkpoint import save_checkpoint
+    from drafter_files.checkpoint import save_checkpoint
 
     save_checkpoint(tmp_path / "ckpt.pt", drafter)
     report = section_dict(serving_section(tmp_path / "ckpt.pt", ["vllm"]))["vllm"]
@@ -170,7 +177,7 @@ def test_convert_for_an_engine_passes_serve_check(writer, engine, written, targe
 
 
 def test_convert_for_a_checkpoint_file(tmp_path, drafter, target_dir):
-    from impl.checkpoint import save_checkpoint
+    from drafter_files.checkpoint import save_checkpoint
 
     save_checkpoint(tmp_path / "ckpt.pt", drafter)
     assert main(["convert", "--from", str(tmp_path / "ckpt.pt"), "--to", str(tmp_path / "v"), "--for", "vllm"]) == 0
@@ -178,9 +185,23 @@ def test_convert_for_a_checkpoint_file(tmp_path, drafter, target_dir):
 
 
 def test_convert_for_names_the_field_no_format_can_carry(tmp_path, spec, drafter, capsys):
-    from impl.zlab_format import save_zlab_dir
+    from drafter_files.zlab_format import save_zlab_dir
 
     save_zlab_dir(tmp_path / "z", dataclasses.replace(spec, input_embedding_scale=2.0), drafter.state_dict())
     assert main(["convert", "--from", str(tmp_path / "z"), "--to", str(tmp_path / "s"), "--for", "sglang"]) == 2
     assert "input_embedding_scale" in capsys.readouterr().err and not (tmp_path / "s").exists()
     assert main(["convert", "--from", str(tmp_path / "z"), "--to", str(tmp_path / "v"), "--for", "vllm"]) == 0
+
+
+def test_compare_exits_1_on_serving_divergences_as_serve_check_does(written, tmp_path, capsys):
+    """`compare --serve`: a drafter identical to its reference (no audit divergence) that an engine will not serve as
+    trained exits 1, its serving divergences counted as `serve-check` counts them; one that serves as trained, 0."""
+    causal = str(written["speculators converter, dflash"])  # vLLM runs its full layer causal
+    assert main(["compare", "--ours", causal, "--ref", causal, "--serve", "vllm", "--out", str(tmp_path / "a")]) == 1
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert report["exit_status"] == 1 and [f for f in report["findings"] if f["severity"] == "divergence"] == []
+    assert capsys.readouterr().out.splitlines()[-1] == "0 divergences, 2 serving divergences"  # one per drafter
+    assert main(["serve-check", "--drafter", causal, "--engine", "vllm"]) == 1
+    clean = str(written["z-lab save_pretrained, dflash"])
+    assert main(["compare", "--ours", clean, "--ref", clean, "--serve", "vllm,sglang", "--out", str(tmp_path / "b")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "0 divergences, 0 serving divergences"

@@ -14,14 +14,14 @@ from dflash_audit.audit.sides import load_side
 from dflash_audit.audit.static import static_audit
 from dflash_audit.conversion import convert
 from dflash_audit.formats import load_any
-from impl.checkpoint import save_checkpoint
+from drafter_files.checkpoint import save_checkpoint
 from impl.decoding import dflash_decode
 from impl.model import DFlashDrafter
 from impl.offline import load_or_build_cache
 from impl.recipe import Recipe
 from impl.spec import SpecError
 from impl.train_step import trained_layout
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec
 from tests.test_offline import replay_against_live
 
@@ -124,7 +124,7 @@ def test_offline_tau_equals_live_tau_under_both_layouts(trained_pair, test_world
 
 def test_the_trainer_trains_the_layout_it_writes(tiny_world, tmp_path):
     from dflash_audit.cli import main
-    from impl.checkpoint import load_checkpoint
+    from drafter_files.checkpoint import load_checkpoint
 
     out, stats = tmp_path / "anchor.pt", tmp_path / "stats.json"
     assert main(["train", "--target", str(tiny_world / "target"), "--data", str(tiny_world / "data.jsonl"),
@@ -142,7 +142,7 @@ def test_a_foreign_declaration_of_the_layout_sets_the_drafter_and_its_recipe(tmp
     spec = ours.spec
     (tmp_path / "args.json").write_text(json.dumps({
         "target_layer_ids": list(spec.target_layer_ids), "num_target_layers": spec.num_target_layers,
-        "mask_token_id": spec.mask_token_id, "block_size": spec.block_size, "vocab_size": spec.vocab_size,
+        "mask_token_id": spec.mask_token_id, "block_size": spec.block_size, "vocab_size": spec.target_vocab_size,
         "layer_types": list(spec.layer_types), "sliding_window": spec.sliding_window, "sample_from_anchor": True}))
     loaded = load_any(tmp_path / "drafter.pt")
     assert loaded.spec == spec and loaded.recipe.sample_from_anchor is True

@@ -44,8 +44,8 @@ def test_from_dict_rejects_unknown_and_missing_fields():
     data = tiny_spec().to_dict()
     with pytest.raises(SpecError, match="unknown fields"):
         DraftSpec.from_dict({**data, "wat": 1})
-    del data["vocab_size"]
-    with pytest.raises(SpecError, match="missing fields.*vocab_size"):
+    del data["target_vocab_size"]
+    with pytest.raises(SpecError, match="missing fields.*target_vocab_size"):
         DraftSpec.from_dict(data)
 
 
@@ -105,3 +105,17 @@ def test_the_qwen3_defaults_are_what_transformers_qwen3config_fills_in():
     for name in ("rms_norm_eps", "max_position_embeddings", "hidden_act", "attention_bias"):
         assert QWEN3_DEFAULTS[name] == getattr(config, name), name
     assert DraftSpec.__dataclass_fields__["rope_theta"].default == QWEN3_DEFAULTS["rope_theta"]
+
+
+def test_a_ckpt_written_before_the_target_vocab_size_rename_still_loads(tmp_path):
+    """ckpt.pt files name the target's vocabulary `vocab_size` from before the rename: read as target_vocab_size."""
+    import torch
+
+    from drafter_files.checkpoint import load_checkpoint
+    from foundation.ckpt_file import write_ckpt
+
+    spec = tiny_spec()
+    old = {("vocab_size" if name == "target_vocab_size" else name): value for name, value in spec.to_dict().items()}
+    write_ckpt(tmp_path / "old.pt", old, {"fc.weight": torch.zeros(1)})
+    ckpt = load_checkpoint(tmp_path / "old.pt")
+    assert ckpt.spec == spec and "target_vocab_size" in ckpt.spec_written and "vocab_size" not in ckpt.spec_written

@@ -18,7 +18,7 @@ import torch
 
 import held.specforge  # noqa: F401 -- `make setup` installs SpecForge: missing, this fails, never skips
 from dflash_audit.cli import main
-from impl.zlab_format import save_zlab_dir, zlab_config
+from drafter_files.zlab_format import save_zlab_dir, zlab_config
 from tests.helpers import load_trained_pair
 
 

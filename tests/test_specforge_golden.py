@@ -1,6 +1,7 @@
 """SpecForge 0.2.0's known divergences as a golden record.
 
-Runs `pytest conformance --impl specforge` (a subprocess, results in a temp dir) and asserts that
+Runs `pytest conformance --impl specforge --impl-only` (a subprocess, results in a temp dir; only what runs
+SpecForge, failing examples not shrunk: CONFORMANCE_NO_SHRINK, conformance/README.md) and asserts that
 the set of (component, PITFALLS entry) SpecForge fails equals the committed list
 `held/specforge_known_divergences.toml`, each item with its explanation and SpecForge file:line.
 CI stays green while SpecForge is what it is; any change in SpecForge, its wrapper or the suite
@@ -41,9 +42,10 @@ def test_every_known_divergence_says_why_and_where():
 def specforge_results(tmp_path_factory):
     import held.specforge  # noqa: F401 -- `make setup` installs SpecForge: missing, this fails, never skips
     out = tmp_path_factory.mktemp("specforge-conformance")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           "CONFORMANCE_NO_SHRINK": "1"}  # read by conformance/strategies.py
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "conformance",
-                          "--impl", "specforge", "--report-dir", str(out)],
+                          "--impl", "specforge", "--impl-only", "--report-dir", str(out)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
     # Failures are expected (exit 1); errors (a crash outside a comparison) or a usage error are not.

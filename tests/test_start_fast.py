@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from impl.checkpoint import save_checkpoint
+from drafter_files.checkpoint import save_checkpoint
 from impl.model import DFlashDrafter
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec
 
 REPO = Path(__file__).resolve().parents[1]

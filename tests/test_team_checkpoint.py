@@ -26,11 +26,11 @@ from dflash_audit.formats.inference import infer
 from dflash_audit.formats.key_map import map_names, propose_key_map, read_key_map
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 
 # Qwen3.6-27B-DFlash (z-lab): the published drafter's dimensions.
 REAL = DraftSpec(hidden_size=5120, intermediate_size=17408, num_attention_heads=32, num_key_value_heads=8,
-                 head_dim=128, num_hidden_layers=5, vocab_size=248320, target_layer_ids=(1, 16, 31, 46, 61),
+                 head_dim=128, num_hidden_layers=5, target_vocab_size=248320, target_layer_ids=(1, 16, 31, 46, 61),
                  num_target_layers=64, mask_token_id=248070, block_size=16)
 TEAM_RENAME = {"self_attn.q_proj": "attn.wq", "self_attn.k_proj": "attn.wk", "self_attn.v_proj": "attn.wv",
                "self_attn.o_proj": "attn.wo", "self_attn.q_norm": "attn.q_norm", "self_attn.k_norm": "attn.k_norm",

@@ -21,7 +21,7 @@ import torch
 from dflash_audit.cli import main
 from dflash_audit.prompts import load_prompts
 from dflash_world.drafter import cached_test_drafter
-from impl.checkpoint import load_checkpoint
+from drafter_files.checkpoint import load_checkpoint
 from impl.model import DFlashDrafter
 from tests.test_ddp import ATOL, RTOL
 from tests.test_ddp import RUN as DDP_RUN

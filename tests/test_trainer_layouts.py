@@ -18,7 +18,7 @@ import yaml
 from dflash_audit.cli import main
 from dflash_audit.formats import detect_format, load_any
 from impl.model import DFlashDrafter
-from impl.zlab_format import save_zlab_dir
+from drafter_files.zlab_format import save_zlab_dir
 from tests.helpers import tiny_spec
 from tests.trainer_layouts import (
     HYDRA_CONFIG,

@@ -30,8 +30,8 @@ def reduced_state_dict(spec, seed: int) -> dict[str, torch.Tensor]:
     full = dataclasses.replace(spec, draft_vocab_size=None)
     state = reference_state_dict(full, seed)
     gen = torch.Generator().manual_seed(seed)
-    freq = {i: int(n) for i, n in enumerate(torch.randint(0, 5, (spec.vocab_size,), generator=gen).tolist()) if n}
-    d2t = mapping_from_frequencies(freq, spec.draft_vocab_size, spec.vocab_size)
+    freq = {i: int(n) for i, n in enumerate(torch.randint(0, 5, (spec.target_vocab_size,), generator=gen).tolist()) if n}
+    d2t = mapping_from_frequencies(freq, spec.draft_vocab_size, spec.target_vocab_size)
     head = target_for(spec).lm_head.weight.detach()
     return {**state, "lm_head.weight": head[target_ids(d2t)].clone(), "d2t": d2t}
 
@@ -39,8 +39,8 @@ def reduced_state_dict(spec, seed: int) -> dict[str, torch.Tensor]:
 def mapping_construction(cmp: Comparator, a, b, case: TrainingCase) -> None:
     names = (a.name, b.name)
     freq, size = case_frequencies(case), case.spec.draft_vocab_size
-    ok_a, out_a = cmp.run(names, lambda: a.vocab_mapping(freq, size, case.spec.vocab_size), what="vocab mapping")
-    ok_b, out_b = cmp.run(names, lambda: b.vocab_mapping(freq, size, case.spec.vocab_size), what="vocab mapping")
+    ok_a, out_a = cmp.run(names, lambda: a.vocab_mapping(freq, size, case.spec.target_vocab_size), what="vocab mapping")
+    ok_b, out_b = cmp.run(names, lambda: b.vocab_mapping(freq, size, case.spec.target_vocab_size), what="vocab mapping")
     if ok_a and ok_b:
         cmp.compare(names, out_a[0], out_b[0], EXACT, what="d2t (offsets) from the data's token frequencies")
         cmp.compare(names, out_a[1], out_b[1], EXACT, what="t2d (mask of the mapped target ids)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from conformance.comparator import Comparator
+from conformance.plug import require
 from conformance.strategies import HeadCase
 from conformance.tolerances import EXACT, for_dtype
 from conformance.world import VOCAB, reference_state_dict, target_for
@@ -36,6 +37,7 @@ def head_forward(cmp: Comparator, a, b, case: HeadCase, operations: tuple[str, .
     prev, hidden, _ = _inputs(case)
 
     def run(impl, operation):
+        require(impl, operation)
         with torch.no_grad():
             return getattr(impl, operation)(_drafter(impl, case), prev, hidden)
 
@@ -50,6 +52,7 @@ def decoding_round(cmp: Comparator, a, b, case: HeadCase, operation: str) -> Non
     hidden = hidden[:1]
 
     def run(impl):
+        require(impl, operation)
         with torch.no_grad():
             drafter = _drafter(impl, case)
             if operation == "markov_path":

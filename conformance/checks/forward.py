@@ -34,7 +34,7 @@ def inputs(case: ForwardCase):
     spec, gen = case.spec, torch.Generator().manual_seed(case.seed)
     target = target_for(spec)
     # Block = [known token, mask x (B-1)], embedded with the target's own embeddings as every loop does.
-    block = anchor_blocks(torch.randint(0, spec.vocab_size, (1,), generator=gen), spec.block_size, spec.mask_token_id)
+    block = anchor_blocks(torch.randint(0, spec.target_vocab_size, (1,), generator=gen), spec.block_size, spec.mask_token_id)
     noise = torch.nn.functional.embedding(block, target.get_input_embeddings().weight.detach())
     features = torch.randn(1, case.context_len, len(spec.target_layer_ids) * spec.hidden_size, generator=gen)
     positions = case.position_offset + torch.arange(case.context_len + spec.block_size)[None]

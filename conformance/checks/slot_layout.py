@@ -34,7 +34,7 @@ def speculative_tokens(cmp: Comparator, a, b, block_size: int, sample_from_ancho
 def proposal_logits(impl, case: SlotCase) -> torch.Tensor:
     target = target_for(case.spec)
     gen = torch.Generator().manual_seed(case.seed)
-    input_ids = torch.randint(0, case.spec.vocab_size - 1, (1, case.context_len + 1), generator=gen)
+    input_ids = torch.randint(0, case.spec.target_vocab_size - 1, (1, case.context_len + 1), generator=gen)
     drafter = impl.build_drafter(case.spec, reference_state_dict(case.spec, case.seed), target)
     with torch.no_grad():
         return impl.proposal_logits(drafter, target, input_ids)

@@ -29,7 +29,7 @@ from foundation.cache_dir import cache_root
 from foundation.errors import CheckpointError
 from foundation.placement import built_in, dtype_name, model_dtype, target_device
 from foundation.target import stop_token_ids
-from impl.checkpoint import build_drafter
+from impl.body_shapes import build_drafter
 from impl.ddtree import DDTREE_NEEDS_DFLASH
 from impl.families import TITLES
 from impl.extract import decoder_layers

@@ -28,9 +28,14 @@ from foundation.errors import AuditError
 MAX_MODEL_LEN = 512
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
 ENGINE_TIMEOUT_S = 1800
-# What runs a drafter that mixes sliding and full layers, which vLLM's CPU (V1) runner refuses.
-MIXED_HINT = ("what would run it: a GPU and vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1); the V2 runner "
-              "needs Triton, which has no CPU build")
+# What runs a drafter vLLM's CPU (V1) runner refuses: one that mixes sliding and full layers, or a DSpark drafter.
+V2_HINT = ("what would run it: a GPU and vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1); the V2 runner "
+           "needs Triton, which has no CPU build")
+# The model file each family needs in the engine's vLLM (vllm-cpu 0.32.0 has DSpark's, not XPress's).
+FAMILY_MODEL_FILES = {"dspark": "model_executor/models/qwen3_dspark.py",
+                      "xpress": "model_executor/models/qwen3_xpress.py"}
+# The `method` vLLM serves each family under (vllm/config/speculative.py: XPress is a refiner under dflash).
+FAMILY_METHODS = {"dspark": "dspark"}
 
 
 @dataclass
@@ -68,8 +73,28 @@ def mixed_layers(spec) -> bool:
     return "sliding_attention" in types and "full_attention" in types
 
 
+def needs_v2(spec) -> bool:
+    """vLLM's V1 runner refuses it: mixed sliding/full layers, or DSpark (vllm/config/vllm.py)."""
+    return mixed_layers(spec) or spec.family == "dspark"
+
+
+def method(spec) -> str:
+    return FAMILY_METHODS.get(spec.family, "dflash")
+
+
+def missing_model_file(env: VllmEnvironment, spec) -> str | None:
+    """Why the engine cannot serve the drafter's family at all (its model file is not in that vLLM), else None."""
+    relative = FAMILY_MODEL_FILES.get(spec.family)
+    if relative is None or (Path(env.package_root) / relative).is_file():
+        return None
+    from impl.families import TITLES
+
+    return f"vLLM {env.version} has no {TITLES[spec.family]} model: no vllm/{relative} in {env.python}'s vLLM"
+
+
 def engine_command(env: VllmEnvironment, target: Path, drafter: ServedDrafter) -> str:
-    config = {"method": "dflash", "model": drafter.served_path, "num_speculative_tokens": drafter.spec.block_size - 1}
+    config = {"method": method(drafter.spec), "model": drafter.served_path,
+              "num_speculative_tokens": drafter.spec.speculative_tokens}
     return (f"{env.python} -c 'from vllm import LLM; LLM({str(target)!r}, speculative_config="
             f"{json.dumps(config)}, dtype=\"float32\", enforce_eager=True, max_model_len={MAX_MODEL_LEN})'  "
             f"# {' '.join(f'{k}={v}' for k, v in ENGINE_ENV.items())}; greedy, one prompt at a time")
@@ -80,7 +105,8 @@ def run_engine(env: VllmEnvironment, target: Path, prompts: list[dict], drafters
                plant_prompts: int = 1) -> dict:
     """One engine process: the target alone, then every drafter (and its planted variants). Returns driver.json."""
     runs = [{"name": "greedy"}]
-    runs += [{"name": d.name, "drafter": d.served_path, "num_speculative_tokens": d.spec.block_size - 1,
+    runs += [{"name": d.name, "drafter": d.served_path, "method": method(d.spec),
+              "num_speculative_tokens": d.spec.speculative_tokens,
               "plants": d.plants, "plant_prompts": plant_prompts, "capture": capture} for d in drafters]
     request = {"target": str(target), "dtype": dtype, "max_model_len": MAX_MODEL_LEN,
                "max_new_tokens": max_new_tokens, "stop_ids": stop_ids, "out": str(workdir), "prompts": prompts,
@@ -89,7 +115,7 @@ def run_engine(env: VllmEnvironment, target: Path, prompts: list[dict], drafters
     request_file.write_text(json.dumps(request))
     log = workdir / "engine.log"
     started = time.monotonic()
-    extra = {"VLLM_USE_V2_MODEL_RUNNER": "1"} if env.cuda and any(mixed_layers(d.spec) for d in drafters) else {}
+    extra = {"VLLM_USE_V2_MODEL_RUNNER": "1"} if env.cuda and any(needs_v2(d.spec) for d in drafters) else {}
     with log.open("w") as sink:
         try:
             done = subprocess.run([env.python, str(DRIVER), str(request_file)], stdout=sink, stderr=subprocess.STDOUT,
@@ -216,9 +242,13 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
     for d in served:
         d.plants = list((plants or {}).get(d.name, []))
     dtype = str(target_model.dtype).removeprefix("torch.")
-    engine = run_engine(env, target, prompts, served, max_new_tokens, stop_ids, dtype, workdir,
-                        plant_prompts=plant_prompts)
+    missing = {d.name: reason for d in served if (reason := missing_model_file(env, d.spec))}
+    runnable = [d for d in served if d.name not in missing]
+    # No engine starts when no drafter can run in it (each start costs the target's load).
+    engine = run_engine(env, target, prompts, runnable, max_new_tokens, stop_ids, dtype, workdir,
+                        plant_prompts=plant_prompts) if runnable else {"runs": [], "wall_s": 0.0}
     runs = {run["name"]: run for run in engine["runs"]}
+    runs.update({name: {"error": reason, "not_started": True} for name, reason in missing.items()})
     greedy = runs["greedy"]["variants"]["served"]["outputs"] if "variants" in runs.get("greedy", {}) else []
     sections = {}
     for d in served:
@@ -228,8 +258,9 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
                 "engine_peak_rss_mb": round(engine.get("peak_rss_mb", 0))}
         run = runs.get(d.name, {})
         if "error" in run:
-            hint = f"; {MIXED_HINT}" if mixed_layers(d.spec) else ""
-            sections[d.name] = {**base, "ran": False, "refused": f"vLLM {env.version} refuses it: {run['error']}{hint}",
+            hint = f"; {V2_HINT}" if needs_v2(d.spec) and not run.get("not_started") else ""
+            why = run["error"] if run.get("not_started") else f"vLLM {env.version} refuses it: {run['error']}"
+            sections[d.name] = {**base, "ran": False, "refused": f"{why}{hint}",
                                 "greedy_identical": None, "prompts": [], "per_position": {"served": [], "audited": []},
                                 "findings": []}
             continue

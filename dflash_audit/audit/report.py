@@ -30,6 +30,14 @@ class AuditReport:
         return divergences(self.findings)
 
     @property
+    def serving_divergences(self) -> int:
+        """`--serve` (and `--live`): serving divergences of either drafter on any engine, counted as `serve-check`
+        counts them (a drafter an engine will not serve as trained diverges from what was audited)."""
+        from dflash_audit.audit.serving import divergence_count
+
+        return sum(divergence_count(section) for section in (self.serving or {}).values())
+
+    @property
     def exit_status(self) -> int:
-        """Like diff(1): 0 no divergence, 1 divergences."""
-        return 1 if self.divergences else 0
+        """Like diff(1): 0 no divergence, 1 divergences (the audit's own, or with `--serve` the serving ones)."""
+        return 1 if self.divergences or self.serving_divergences else 0

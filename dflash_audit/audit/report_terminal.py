@@ -35,5 +35,9 @@ def terminal_summary(report: AuditReport, width: int = 60) -> str:
         for side, section in report.serving.items():
             lines += [f"will {side} serve as trained?", terminal_section(section)]
     count = len(report.divergences)
-    lines.append(f"{count} divergence{'s' if count != 1 else ''}")
+    line = f"{count} divergence{'s' if count != 1 else ''}"
+    if report.serving is not None:
+        serving = report.serving_divergences
+        line += f", {serving} serving divergence{'s' if serving != 1 else ''}"
+    lines.append(line)
     return "\n".join(lines)

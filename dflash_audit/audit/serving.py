@@ -53,5 +53,7 @@ def section_dict(section: dict[str, EngineReport]) -> dict[str, Any]:
     return {engine: report.to_dict() for engine, report in section.items()}
 
 
-def divergence_count(section: dict[str, EngineReport]) -> int:
-    return sum(f.severity == "divergence" for report in section.values() for f in report.findings)
+def divergence_count(section: dict[str, dict[str, Any]]) -> int:
+    """Serving divergences in a section as written (`section_dict`, with `--live`'s findings joined): the count
+    `serve-check` and `compare --serve` exit 1 on."""
+    return sum(f["severity"] == "divergence" for report in section.values() for f in report.get("findings", []))

@@ -18,7 +18,7 @@ from dflash_audit.formats import LoadOptions
 from dflash_audit.formats.loaded import LoadedCheckpoint
 from dflash_audit.formats.inference import fc_layer_count
 from impl.families import spec_family
-from impl.param_names import verifier_owned_keys
+from foundation.param_names import verifier_owned_keys
 from impl.recipe import Recipe
 from impl.spec import DraftSpec
 
@@ -91,7 +91,7 @@ class Side:
         if count is None:
             return None
         values.update(target_layer_ids=tuple(range(count)), num_target_layers=count, mask_token_id=0,
-                      vocab_size=values.get("vocab_size") or 1, block_size=values.get("block_size") or 1)
+                      target_vocab_size=values.get("target_vocab_size") or 1, block_size=values.get("block_size") or 1)
         if spec_family(values.get("conv_kernel_size")) == "dflash2":  # top-k and the block size shape nothing
             values["block_size"] = max(values["block_size"], values["conv_kernel_size"])
             values["selector_top_k"] = 1

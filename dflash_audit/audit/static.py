@@ -52,7 +52,7 @@ def static_audit(ours: Side, ref: Side, expect_identical: bool = False, advance=
         against_target = target_findings(ours, ref, target)
         if any(f.component == "vocab_sizes" and f.severity == "divergence" for f in against_target):
             # The drafters' vocab_size differs because one (or both) differs from the target's: that root cause.
-            findings = [f for f in findings if not (f.component == "architecture" and f.key == "vocab_size")]
+            findings = [f for f in findings if not (f.component == "architecture" and f.key == "target_vocab_size")]
         findings += against_target
     recipe_found, recipes = recipe_findings(ours, ref)
     tensor_rows = compare_tensors(ours, ref, findings, advance)

@@ -49,7 +49,7 @@ def who(labels: list[str]) -> str:
 
 
 def sizes(side: Side) -> dict[str, Any]:
-    return {"draft_head_rows": head_size(side), "vocab_size": side.value("vocab_size")}
+    return {"draft_head_rows": head_size(side), "target_vocab_size": side.value("target_vocab_size")}
 
 
 def vocab_size_findings(ours: Side, ref: Side, target: TargetVocabulary) -> list[Finding]:
@@ -78,7 +78,7 @@ def vocab_size_findings(ours: Side, ref: Side, target: TargetVocabulary) -> list
             key="target tokenizer beyond embedding", raw=table))
     if padded is None:
         return found
-    for vocab, labels in sides_by_value(ours, ref, "vocab_size").items():
+    for vocab, labels in sides_by_value(ours, ref, "target_vocab_size").items():
         if vocab == padded:
             continue
         side = ours if labels[0] == "ours" else ref

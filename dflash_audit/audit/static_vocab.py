@@ -9,7 +9,7 @@ import torch
 
 from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
-from impl.param_names import DRAFT_VOCAB_KEYS
+from foundation.param_names import DRAFT_VOCAB_KEYS
 from impl.vocab_mapping import differing_ids, mapping_problems
 
 PITFALL = 32
@@ -17,12 +17,12 @@ PITFALL = 32
 
 def head_size(side: Side) -> int | None:
     """Rows of the side's head: its draft vocabulary, else the target vocabulary (None: unknown)."""
-    return side.value("draft_vocab_size") or side.value("vocab_size")
+    return side.value("draft_vocab_size") or side.value("target_vocab_size")
 
 
 def usable_d2t(side: Side) -> torch.Tensor | None:
     """The side's d2t when it has a reduced draft vocabulary and the map is well formed."""
-    size, vocab, d2t = side.value("draft_vocab_size"), side.value("vocab_size"), side.state_dict.get("d2t")
+    size, vocab, d2t = side.value("draft_vocab_size"), side.value("target_vocab_size"), side.state_dict.get("d2t")
     if size is None or vocab is None or d2t is None or mapping_problems(d2t, size, vocab):
         return None
     return d2t
@@ -31,7 +31,7 @@ def usable_d2t(side: Side) -> torch.Tensor | None:
 def mapping_problem(side: Side) -> tuple[int, int, list[str]] | None:
     """(draft vocabulary, target vocabulary, why its map is unusable) for a side whose head is reduced (declared,
     or a stored `lm_head` with fewer rows than the vocabulary) without a usable `d2t`; None otherwise."""
-    size, vocab = side.value("draft_vocab_size"), side.value("vocab_size")
+    size, vocab = side.value("draft_vocab_size"), side.value("target_vocab_size")
     head = side.state_dict.get("lm_head.weight", side.verifier_tensors.get("lm_head.weight"))
     if size is None and vocab is not None and head is not None and head.dim() == 2 and head.shape[0] < vocab:
         size = head.shape[0]  # a reduced head whose config lost its draft_vocab_size (and so its mapping)
@@ -69,7 +69,7 @@ def draft_vocab_findings(ours: Side, ref: Side) -> list[Finding]:
         return []
     d2t_a, d2t_b = usable_d2t(ours), usable_d2t(ref)
     if a != b:
-        describe = {side: (f"a draft vocabulary of {size} mapped tokens" if size != s.value("vocab_size")
+        describe = {side: (f"a draft vocabulary of {size} mapped tokens" if size != s.value("target_vocab_size")
                            else f"the target's whole vocabulary of {size} tokens")
                     for side, s, size in (("ours", ours, a), ("ref", ref, b))}
         return [Finding("draft_vocab", "divergence",

@@ -41,7 +41,7 @@ from foundation.placement import (
 )
 from foundation.target import stop_token_ids
 from foundation.target_vocab import TargetVocabulary, mask_token_problems
-from impl.checkpoint import build_drafter
+from impl.body_shapes import build_drafter
 from impl.ddtree import ddtree_decode, require_dflash_family
 from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
 from impl.memory_plan import check_plan, plan_memory

@@ -9,7 +9,7 @@ from dflash_audit.audit.sides import side_of
 from foundation.errors import AuditError
 from foundation.inputs import check_finite_weights
 from foundation.placement import built_in, model_dtype, target_device
-from impl.checkpoint import build_drafter
+from impl.body_shapes import build_drafter
 
 
 def read_drafter(path: Path, target_dir: Path, config, options=None):

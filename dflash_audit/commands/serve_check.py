@@ -101,7 +101,7 @@ def run_serve_check(drafter: Path, engines: list[str], target: Path | None = Non
         from dflash_audit.audit.live_check import live_check
 
         attach_live(section, live_check({"drafter": drafter}, target, prompts, max_new_tokens, vllm_python)["drafter"])
-    count = sum(f["severity"] == "divergence" for r in section.values() for f in r["findings"])
+    count = divergence_count(section)
     data = {"schema": SCHEMA, "drafter": str(drafter), "target": str(target) if target else None,
             "serving": section, "exit_status": 1 if count else 0}
     text = json.dumps(data, indent=2, default=str) + "\n"

@@ -7,7 +7,7 @@ One module per format, each with `detect`, `load` and `save`:
 - `foreign.py`: any other checkpoint (`*.pt`, `*.pth`, `*.bin`, `*.ckpt`, `*.safetensors`, or a
   folder of them) with its own names, entries and training args; read only, never written.
 
-Every loader returns a `loaded.LoadedCheckpoint`: an `impl.checkpoint.Checkpoint` (normalized
+Every loader returns a `loaded.LoadedCheckpoint`: an `drafter_files.checkpoint.Checkpoint` (normalized
 `DraftSpec`, z-lab layer ids, draft-body tensors only) with its raw on-disk record, the
 verifier-owned tensors kept apart, and where each spec field came from (`provenance`). A
 foreign checkpoint whose spec is incomplete loads with `spec=None` (what is known sits in
@@ -31,8 +31,8 @@ from dflash_audit.formats.loaded import (
     require_spec,
 )
 from foundation.errors import AuditError
+from foundation.param_names import VERIFIER_OWNED_KEYS
 from foundation.weights_dir import config_object
-from impl.param_names import VERIFIER_OWNED_KEYS
 
 FORMATS = ("ours", "zlab", "speculators")  # the formats `convert` writes
 MODULES = {"ours": ours, "zlab": zlab, "speculators": speculators}

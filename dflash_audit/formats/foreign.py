@@ -32,7 +32,7 @@ from dflash_audit.formats.setting_names import DeclarationError
 from dflash_audit.formats.weight_file import first_line, read_weight_file
 from foundation.errors import CheckpointError
 from foundation.weights_dir import index_shards
-from impl.param_names import verifier_owned_keys
+from foundation.param_names import verifier_owned_keys
 from impl.spec import SpecError
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")

@@ -119,7 +119,7 @@ def shape_facts(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[Any, str]
         if name == "lm_head.weight" and draft:
             continue  # a reduced draft vocabulary's own head: its rows are the draft vocabulary, not the target's
         if shape(name) and len(shape(name)) == 2:
-            facts["vocab_size"] = (shape(name)[0], f"{name} shape {list(shape(name))}")
+            facts["target_vocab_size"] = (shape(name)[0], f"{name} shape {list(shape(name))}")
             break
     facts.update(dflash2_facts(shapes, facts.get("hidden_size", (None,))[0]))
     facts.update(absent_head_facts(shapes))
@@ -193,7 +193,7 @@ def parse_cli_spec(pairs: list[str], flag: str) -> dict[str, tuple[Any, str]]:
 def declared_rope_dict(unrecognized: dict[str, Any]) -> tuple[dict[str, Any] | None, str] | None:
     """A rope dict a checkpoint declares (`rope_scaling.type`, `rope_parameters.rope_type` and their keys), read as
     transformers reads it: (the scaling, None for the default rope; where). None when none is declared."""
-    from impl.zlab_format import rotary_settings
+    from impl.rotary_config import rotary_settings
 
     for where, value in unrecognized.items():
         prefix, _, last = where.rpartition(".")
@@ -243,7 +243,7 @@ def infer(shapes: dict[str, tuple[int, ...]], declaration_sources: list[tuple[st
             scaling, where = rope
             if scaling is None or scaling.get("rope_type") in ROPE_INIT_FUNCTIONS:
                 values[name], provenance[name] = scaling, Provenance("declared", where)
-        elif target_config is not None and name in ("num_target_layers", "vocab_size"):
+        elif target_config is not None and name in ("num_target_layers", "target_vocab_size"):
             key = "num_hidden_layers" if name == "num_target_layers" else "vocab_size"
             if isinstance(target_config.get(key), int):
                 values[name] = target_config[key]
@@ -282,7 +282,7 @@ def infer(shapes: dict[str, tuple[int, ...]], declaration_sources: list[tuple[st
         del values["target_layer_ids"]
     for name in SPEC_FIELDS:
         if name not in values:
-            flag_hint = f"{cli_flag} {name}=..." + (" or --target" if name in ("num_target_layers", "vocab_size")
+            flag_hint = f"{cli_flag} {name}=..." + (" or --target" if name in ("num_target_layers", "target_vocab_size")
                                                       else "")
             why = ("which target layers feed fc cannot be read from weights" if name == "target_layer_ids"
                    else "not declared and not visible in the weights")

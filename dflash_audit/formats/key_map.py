@@ -1,7 +1,7 @@
 """Parameter names: from a checkpoint's own scheme to the canonical (z-lab / ours / speculators) one.
 
 Known schemes need no help: the canonical names themselves, behind any stack of wrapper
-prefixes (`impl.param_names.WRAPPER_PREFIXES`). Any other scheme
+prefixes (`foundation.param_names.WRAPPER_PREFIXES`). Any other scheme
 takes a `--key-map FILE`: one `PATTERN => REPLACEMENT` rule per line (Python `re.sub`),
 applied in order to every name; blank lines and `#` comments are ignored. For a scheme
 that is neither, `propose_key_map` writes such a file from shapes and name tokens; it is
@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from impl.param_names import VERIFIER_OWNED_KEYS, codebook_name, strip_wrapper_prefix
+from foundation.param_names import VERIFIER_OWNED_KEYS, codebook_name, strip_wrapper_prefix
 
 TOP_LEVEL = ("fc.weight", "hidden_norm.weight", "norm.weight",
              # DFlash2's candidate selector

@@ -14,9 +14,9 @@ import torch
 from dflash_audit.formats.inference import Provenance, parse_cli_spec
 from dflash_audit.formats.setting_names import DeclarationError
 from foundation.errors import AuditError
-from impl.checkpoint import Checkpoint
+from drafter_files.checkpoint import Checkpoint
 from impl.recipe import Recipe
-from impl.spec import DraftSpec, SpecError
+from impl.spec import CONFIG_KEYS, DraftSpec, SpecError
 
 
 @dataclass
@@ -76,6 +76,7 @@ def declared_provenance(spec: DraftSpec, detail: str, present: set[str] | None =
                         defaulted_detail: str = "not in the config; the format's default") -> dict[str, Provenance]:
     """Every field declared by the file, except those absent from it (`present` given) which took a default."""
     return {f.name: Provenance("declared", detail) if present is None or f.name in present
+            or CONFIG_KEYS.get(f.name) in present
             else Provenance("default", defaulted_detail) for f in dataclasses.fields(DraftSpec)}
 
 
@@ -91,7 +92,7 @@ def rotary_provenance(provenance: dict[str, Provenance], config: dict[str, Any],
                       theta_default: str) -> None:
     """The rotary fields of `provenance`: declared where `config` states them, else whose default each took."""
     from impl.spec import ROTARY_FIELDS
-    from impl.zlab_format import declared_rotary
+    from impl.rotary_config import declared_rotary
 
     declared = declared_rotary(config)
     details = {**ROTARY_DEFAULT_DETAILS, "rope_theta": theta_default}

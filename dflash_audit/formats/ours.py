@@ -1,4 +1,4 @@
-"""Our own format: `ckpt.pt` as our trainer writes it (`impl.checkpoint`), spec and recipe inside."""
+"""Our own format: `ckpt.pt` as our trainer writes it (`drafter_files.checkpoint`), spec and recipe inside."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 from dflash_audit.formats.foreign import PICKLE_SUFFIXES
 from dflash_audit.formats.inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
-from impl.checkpoint import CKPT_FORMAT, check_body, load_checkpoint, save_state, weights_dtype
+from foundation.ckpt_file import CKPT_FORMAT
+from impl.body_shapes import check_body, weights_dtype
+from drafter_files.checkpoint import load_checkpoint, save_state
 from impl.recipe import Recipe
 from impl.spec import ROTARY_FIELDS
 

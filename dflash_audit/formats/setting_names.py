@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from impl.layers import speculators_to_zlab
-from impl.recipe import KNOBS, LOSS_KINDS, LOSS_WEIGHTINGS, choices
+from impl.recipe import KNOBS, LOSS_KINDS, LOSS_WEIGHTINGS, canonical_loss_fn, choices
 from impl.spec import LAYER_TYPES, ROPE_STYLES
 
 SPEC_NAMES = {
@@ -27,7 +27,7 @@ SPEC_NAMES = {
     "head_dim": ("head_dim",),
     "num_hidden_layers": ("num_hidden_layers", "num_draft_layers", "draft_layers", "n_draft_layers", "num_layers",
                           "n_layers", "draft_num_layers"),
-    "vocab_size": ("vocab_size", "target_vocab_size"),
+    "target_vocab_size": ("target_vocab_size", "vocab_size"),
     "target_layer_ids": ("target_layer_ids", "target_layers", "fc_layers", "fc_layer_ids", "layer_ids",
                          "feature_layers", "context_layers", "aux_hidden_state_layer_ids"),
     "num_target_layers": ("num_target_layers", "target_num_layers", "num_target_hidden_layers",
@@ -59,7 +59,7 @@ RECIPE_NAMES = {name: tuple(info.json_schema_extra["names"]) for name, info in K
 ALIASES = {alias: name for table in (SPEC_NAMES, RECIPE_NAMES) for name, aliases in table.items() for alias in aliases}
 # Path components that scope a key to the target model rather than the drafter.
 TARGET_SCOPES = {"target", "verifier", "target_config", "verifier_config", "target_model", "base_model", "teacher"}
-TARGET_SCOPED = {"num_hidden_layers": "num_target_layers", "vocab_size": "vocab_size"}
+TARGET_SCOPED = {"num_hidden_layers": "num_target_layers", "vocab_size": "target_vocab_size"}
 # Keys that only speculators' TrainConfig has: its `target_layer_ids` are then its own (id + 1) convention.
 SPECULATORS_MARKERS = {"speculator_type", "dflash_decay_gamma", "per_position_loss_weight", "dpace_alpha",
                        "loss_implementation", "ttt_steps", "speculators_model_type"}
@@ -71,14 +71,15 @@ GENERIC_ALIASES = {"loss", "loss_type", "dim", "mask_token", "layer_ids", "num_l
 # The value types: the spec's written here, the recipe knobs' from their declared types.
 RECIPE_TYPES = {name: info.annotation for name, info in KNOBS.items() if not choices(name)}
 INT_FIELDS = {"hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-              "num_hidden_layers", "vocab_size", "num_target_layers", "mask_token_id", "block_size",
+              "num_hidden_layers", "target_vocab_size", "num_target_layers", "mask_token_id", "block_size",
               "max_position_embeddings", "sliding_window", "conv_kernel_size", "conv_group_size", "selector_rank",
               "selector_top_k", "draft_vocab_size"} | {n for n, t in RECIPE_TYPES.items() if t in (int, int | None)}
 FLOAT_FIELDS = {"rope_theta", "partial_rotary_factor", "rms_norm_eps", "input_embedding_scale", "output_multiplier",
                 "final_logit_softcapping"} | {n for n, t in RECIPE_TYPES.items() if t is float}
 BOOL_FIELDS = {"attention_bias", "sliding_window_non_causal"} | {n for n, t in RECIPE_TYPES.items() if t is bool}
 LOSS_SPELLINGS = {"ce": "ce", "cross_entropy": "ce", "crossentropy": "ce", "xent": "ce", "kl": "kl_div",
-                  "kl_div": "kl_div", "kld": "kl_div", "forward_kl": "kl_div", "kl_divergence": "kl_div"}
+                  "kl_div": "kl_div", "kld": "kl_div", "forward_kl": "kl_div", "kl_divergence": "kl_div",
+                  "tv": "tv", "total_variation": "tv"}
 
 
 class DeclarationError(ValueError):
@@ -143,9 +144,12 @@ def convert(field: str, value: Any, where: str, speculators_ids: bool = False) -
         return spelled
     if field == "loss_fn":
         spelled = LOSS_SPELLINGS.get(str(value).strip().lower().replace("-", "_"))
-        if spelled is None:
-            raise fail(f"a loss this tool knows ({sorted(LOSS_KINDS)})")
-        return spelled
+        if spelled is not None:
+            return spelled
+        try:  # speculators' weighted combination, e.g. '{"ce": 0.1, "tv": 0.9}' (XPress's)
+            return canonical_loss_fn(json.dumps(value) if isinstance(value, dict) else str(value))
+        except ValueError:
+            raise fail(f"a loss this tool knows ({sorted(LOSS_KINDS)}, or a JSON dict of them to weights)") from None
     if field == "hidden_act":
         if not isinstance(value, str):
             raise fail("an activation name")

@@ -23,16 +23,16 @@ from dflash_audit.formats.loaded import (
 from foundation.errors import AuditError, CheckpointError
 from foundation.inputs import read_json_object
 from foundation.weights_dir import read_config, read_safetensors_dir
-from impl.checkpoint import weights_dtype
-from impl.config_values import as_int
+from impl.body_shapes import weights_dtype
+from foundation.config_values import as_int
 from impl.defaults import BLOCK_SIZE_DEFAULTS
 from impl.families import SPECULATORS_TYPES, ZLAB_ARCHITECTURES, config_family
 from impl.layers import names_final_layer, speculators_to_zlab, zlab_to_speculators
-from impl.param_names import verifier_owned_keys
+from foundation.param_names import verifier_owned_keys
 from impl.spec import DFLASH2_FIELDS, FAMILY_FIELDS, SpecError
 from impl.target_fit import spec_misfit
 from impl.vocab_mapping import mapping_problems, t2d_problems
-from impl.zlab_format import spec_from_zlab_config
+from drafter_files.zlab_format import spec_from_zlab_config
 
 def detect(config: dict[str, Any]) -> bool:
     return config.get("speculators_model_type") in SPECULATORS_TYPES
@@ -132,7 +132,7 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     contradictions = mapping_contradictions(spec, tensors.get("d2t"), verifier.get("t2d"))
     raw = RawRecord(config=config, layer_ids=list(config["aux_hidden_state_layer_ids"]),
                     layer_id_convention="speculators",
-                    draft_vocab_size=config.get("draft_vocab_size", spec.vocab_size),
+                    draft_vocab_size=config.get("draft_vocab_size", spec.target_vocab_size),
                     verifier=((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path"))
     present = set(config) | set(config.get("transformer_layer_config") or {}) | {"target_layer_ids",
                                                                                   "num_target_layers"}
@@ -159,9 +159,9 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
 def mapping_contradictions(spec, d2t: torch.Tensor | None, t2d: torch.Tensor | None) -> list[str]:
     """speculators stores the mapping twice (d2t offsets, t2d mask): where the two disagree."""
     if not spec.reduced_vocab or d2t is None or t2d is None or mapping_problems(d2t, spec.draft_vocab_size,
-                                                                                 spec.vocab_size):
+                                                                                 spec.target_vocab_size):
         return []  # a missing or malformed d2t is the audit's draft_vocab finding, not a contradiction
-    return [f"draft_vocab_size: {problem}" for problem in t2d_problems(t2d, d2t, spec.vocab_size)]
+    return [f"draft_vocab_size: {problem}" for problem in t2d_problems(t2d, d2t, spec.target_vocab_size)]
 
 
 def verifier_for(loaded: LoadedCheckpoint, target: str | Path | None) -> Path:

@@ -17,10 +17,10 @@ from dflash_audit.formats.loaded import (
     rotary_provenance,
 )
 from foundation.weights_dir import read_config, read_safetensors_dir
-from impl.checkpoint import check_body
+from impl.body_shapes import check_body
 from impl.families import is_zlab_architecture
-from impl.param_names import codebook_names
-from impl.zlab_format import save_zlab_dir, spec_from_zlab_config
+from foundation.param_names import codebook_names
+from drafter_files.zlab_format import save_zlab_dir, spec_from_zlab_config
 
 # A z-lab config without rope_theta runs at transformers' Qwen3Config default (not Qwen3's published 1e6).
 ZLAB_THETA_DEFAULT = "transformers' Qwen3Config default, which z-lab's DFlashDraftModel reads it with"

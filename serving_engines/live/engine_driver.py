@@ -251,7 +251,7 @@ def run_one(spec, request, out: Path) -> dict:
                   max_model_len=request["max_model_len"], seed=0, async_scheduling=False,
                   enable_prefix_caching=False)
     if spec.get("drafter"):
-        kwargs["speculative_config"] = {"method": "dflash", "model": spec["drafter"],
+        kwargs["speculative_config"] = {"method": spec.get("method", "dflash"), "model": spec["drafter"],
                                         "num_speculative_tokens": spec["num_speculative_tokens"]}
     started = time.monotonic()
     llm = LLM(**kwargs)

@@ -119,9 +119,9 @@ def test_a_full_disk_is_named_and_leaves_nothing(world, tmp_path, capsys, monkey
         raise fault
 
     if writer == "safetensors":
-        import impl.zlab_format
+        import drafter_files.zlab_format
 
-        monkeypatch.setattr(impl.zlab_format, "save_file", full)
+        monkeypatch.setattr(drafter_files.zlab_format, "save_file", full)
     else:
         monkeypatch.setattr(torch, "save", full)
     dest = tmp_path / ("z" if fmt == "zlab" else "o.pt")

@@ -19,7 +19,7 @@ from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
 from dflash_audit.formats.safe_yaml import load_yaml
-from impl.checkpoint import CheckpointError
+from foundation.errors import CheckpointError
 
 WEIGHTS = "model_weights.ckpt"
 CONFIG = "model_config.yaml"

@@ -21,7 +21,7 @@ import torch
 from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, restricted_load
-from impl.checkpoint import CheckpointError
+from foundation.errors import CheckpointError
 
 METADATA = ".metadata"
 NOT_PLAIN = "<not plain data: not read>"

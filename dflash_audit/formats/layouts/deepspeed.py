@@ -22,7 +22,7 @@ import torch
 from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load, to_plain
-from impl.checkpoint import CheckpointError
+from foundation.errors import CheckpointError
 
 MODEL_STATES = "model_states.pt"
 OPTIM_STATES = "optim_states.pt"

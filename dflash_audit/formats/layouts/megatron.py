@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from impl.checkpoint import CheckpointError
+from foundation.errors import CheckpointError
 
 TRACKER = "latest_checkpointed_iteration.txt"
 RANK_FOLDER = re.compile(r"^mp_rank_\d{2}(_\d{3})?$")

@@ -21,7 +21,7 @@ from typing import Any
 
 from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.safe_yaml import MAX_BYTES, YamlLimit, load_yaml
-from impl.checkpoint import CheckpointError
+from foundation.errors import CheckpointError
 
 LEVELS_UP = 2
 HYDRA_FILES = ("config.yaml", "overrides.yaml")

@@ -4,8 +4,8 @@
 `zlab_config` writes the config, `spec_from_zlab_config` reads one the way
 `dflash.model.DFlashDraftModel` does, `save_zlab_dir` writes the folder atomically. A DFlash2 folder
 says `architectures: ["DFlash2DraftModel"]` and keeps the convolution and selector sizes in
-`dflash_config`. It lives in impl because the adapters, the held codebases and the conformance world
-build z-lab models from our settings; dflash_audit/formats/zlab.py detects and loads such folders.
+`dflash_config`. It lives below the format readers because the adapters, the held codebases and the conformance
+world build z-lab models from our settings; dflash_audit/formats/zlab.py detects and loads such folders.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from foundation.atomic import atomic_directory
-from impl.config_values import as_bool, as_float, as_int
+from foundation.config_values import as_bool, as_float, as_int
 from impl.defaults import (
     BLOCK_SIZE_DEFAULTS,
     QWEN3_DEFAULTS,
@@ -28,8 +28,9 @@ from impl.defaults import (
 from foundation.errors import CheckpointError, plain_reason
 from impl.families import ZLAB_ARCHITECTURES, config_family
 from impl.layers import build_target_layer_ids
-from impl.param_names import strip_wrapper_prefixes
-from impl.spec import DFLASH2_FIELDS, LAYER_TYPES, DraftSpec, SpecError
+from impl.rotary_config import rotary_settings
+from foundation.param_names import strip_wrapper_prefixes
+from impl.spec import DFLASH2_FIELDS, DraftSpec, SpecError
 
 
 def zlab_config(spec: DraftSpec) -> dict[str, Any]:
@@ -64,53 +65,6 @@ def zlab_config(spec: DraftSpec) -> dict[str, Any]:
         # Beside rope_parameters' (transformers, vLLM): SGLang reads the top-level one (#30).
         config["partial_rotary_factor"] = spec.partial_rotary_factor
     return config
-
-
-def rope_mapping(config: dict[str, Any]) -> dict[str, Any]:
-    """The rope dict a config states: `rope_parameters` (transformers 5), else the older `rope_scaling`; {} if none."""
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if not isinstance(rope, dict):
-        raise SpecError("rope_parameters", f"{rope!r} is not a mapping")
-    if "rope_theta" not in rope and set(rope) & set(LAYER_TYPES):
-        # Per-layer-type rope (Laguna-style): speculators' `flatten_rope_parameters` runs the sliding one.
-        rope = rope.get("sliding_attention") or rope.get("full_attention") or {}
-        if not isinstance(rope, dict):
-            raise SpecError("rope_parameters", f"{rope!r} is not a mapping")
-    return rope
-
-
-def rotary_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """rope_theta, rope_scaling, partial_rotary_factor and rope_style as transformers reads a config's rope dict
-    (its values first, then the top-level fields, then Qwen3Config's defaults; `type` is the old spelling of
-    `rope_type`)."""
-    rope = rope_mapping(config)
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    scaling = None
-    if kind != "default":
-        scaling = {key: value for key, value in rope.items() if key not in ("rope_theta", "partial_rotary_factor", "type")}
-        scaling["rope_type"] = kind
-    neox = config.get("is_neox_style", True)
-    if not isinstance(neox, bool):
-        raise SpecError("is_neox_style", f"{neox!r} is not true or false")
-    return {
-        "rope_theta": as_float("rope_theta", rope["rope_theta"] if "rope_theta" in rope
-                               else config.get("rope_theta", QWEN3_DEFAULTS["rope_theta"])),
-        "rope_scaling": scaling,
-        "partial_rotary_factor": as_float("partial_rotary_factor", rope.get(
-            "partial_rotary_factor", config.get("partial_rotary_factor", ROTARY_DEFAULTS["partial_rotary_factor"]))),
-        "rope_style": "neox" if neox else "gptj",
-    }
-
-
-def declared_rotary(config: dict[str, Any]) -> set[str]:
-    """The rotary settings a config states itself (the others took a default)."""
-    rope = rope_mapping(config)
-    declared = {name for name in ("rope_theta", "partial_rotary_factor") if name in rope or name in config}
-    if "rope_type" in rope or "type" in rope:
-        declared.add("rope_scaling")
-    if "is_neox_style" in config:
-        declared.add("rope_style")
-    return declared
 
 
 def save_zlab_dir(path: str | Path, spec: DraftSpec, state_dict: dict[str, torch.Tensor]) -> None:
@@ -169,7 +123,7 @@ def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json",
             num_key_value_heads=as_int("num_key_value_heads", config.get("num_key_value_heads") or heads),
             head_dim=as_int("head_dim", config.get("head_dim") or hidden // heads),
             num_hidden_layers=layers,
-            vocab_size=as_int("vocab_size", config["vocab_size"]),
+            target_vocab_size=as_int("vocab_size", config["vocab_size"]),
             target_layer_ids=tuple(ids),
             num_target_layers=as_int("num_target_layers", num_target_layers),
             mask_token_id=as_int("mask_token_id", mask_token_id),

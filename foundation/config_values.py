@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from impl.spec import SpecError
+from foundation.errors import SpecError
 
 
 def as_int(name: str, value: Any) -> int:
