@@ -223,6 +223,17 @@ RECIPE_ENTRIES = {
     "selector_loss_alpha": (24, "divergence", "the candidate selector's loss is weighted differently against the "
                             "unary loss, so the drafter trades its own proposals against the selector's reranking "
                             "differently"),
+    "confidence_head_alpha": (37, "divergence", "the confidence head's BCE is weighted differently against the token "
+                              "loss, so the backbone and heads trade the two objectives differently"),
+    "consistency_weight": (38, "divergence", "the free-running Jacobi rounds are weighted differently, so the refiner "
+                           "is fitted differently to the inputs it meets at inference"),
+    "consistency_passes": (38, "divergence", "a different number of free-running Jacobi rounds was trained on"),
+    "base_anchor_weight": (38, "divergence", "the backbone's own logits (the Jacobi seed) are held to the target with "
+                           "a different weight"),
+    "base_anchor_full_weight": (38, "divergence", "the backbone's own loss is weighted per position differently "
+                                "(decayed vs mask only)"),
+    "ce_from_data": (38, "divergence", "the ce term trains toward different labels (the data's tokens vs the "
+                     "verifier's argmax)"),
 }
 # The slot layout's entry (`sample_from_anchor`: a drafter field, and what its recipe says training applied).
 SLOT_LAYOUT_ENTRY = 33

@@ -18,6 +18,8 @@ import impl.decoding
 import impl.dflash2
 import impl.dspark
 import impl.extract
+import impl.family_losses
+import impl.family_step
 import impl.implementation
 import impl.losses
 import impl.masks
@@ -27,6 +29,7 @@ import impl.train_step
 import impl.xpress
 from conformance.checks import (
     family_heads,
+    family_losses,
     dflash2,
     draft_vocab,
     layers,
@@ -39,6 +42,7 @@ from conformance.checks import (
 )
 from conformance.checks.slot_layout import SlotCase
 from conformance.strategies import (
+    FamilyLossCase,
     HeadCase,
     ConvCase,
     DPaceCase,
@@ -52,7 +56,7 @@ from catalogue.pitfalls import PITFALLS
 from impl.dflash2 import CandidateSelector
 from impl.extract import HiddenStateExtractor, final_norm
 from impl.model import DFlashDrafter
-from impl.recipe import DEFAULTS
+from impl.recipe import DEFAULTS, XPRESS_LOSS, Recipe
 from impl.spec import DraftSpec
 from impl.target_alignment import TargetAligner
 
@@ -105,6 +109,33 @@ DSPARK_HEADS = HeadCase(spec=dataclasses.replace(FULL_ATTENTION, markov_rank=8, 
                         seed=3)
 XPRESS_HEADS = HeadCase(spec=dataclasses.replace(FULL_ATTENTION, xpress_rank=8, xpress_mlp_ratio=2, num_jacobi_passes=1),
                         num_blocks=3, anchor=7, before_anchor=11, seed=3)
+
+
+# DSpark's and XPress's losses on the same drafter, anchor-as-bonus layout (slot k's previous token is then not the
+# one it proposes), every term switched on.
+DSPARK_LOSS = FamilyLossCase(
+    TrainingCase(dataclasses.replace(DSPARK_HEADS.spec, markov_head_type="vanilla", sample_from_anchor=False),
+                 (12, 9), 2, 5, 3),
+    Recipe(loss_fn="kl_div", per_position_loss_weight="fixed-exp-decay", max_anchors=5, confidence_head_alpha=0.7))
+XPRESS_LOSS_CASE = FamilyLossCase(
+    TrainingCase(XPRESS_HEADS.spec, (12, 9), 2, 5, 3),
+    Recipe(loss_fn=XPRESS_LOSS, per_position_loss_weight="fixed-exp-decay", max_anchors=5))
+
+
+def _confidence_toward_tv(original):
+    return lambda logits, targets: 1.0 - original(logits, targets)
+
+
+def _markov_prev_is_own_token(_original):
+    return lambda block_tokens, sample_from_anchor=False: block_tokens
+
+
+def _rounds_summed(_original):
+    return lambda rounds: torch.stack(rounds).sum()
+
+
+def _before_anchor_is_anchor(_original):
+    return lambda input_ids, document_ids, anchors: input_ids[anchors]
 
 
 def _chain_never_advances(original):
@@ -437,6 +468,18 @@ BUGS = [
                _patch_imported(impl.dspark, "confidence_features", (impl.implementation,), _confidence_input_swapped),
                lambda cmp, ours, refs: family_heads.head_forward(cmp, ours, refs["speculators"], DSPARK_HEADS,
                                                                  ("confidence_logits",))),
+    PlantedBug("confidence head trained toward TV instead of the acceptance rate 1 - TV", 37,
+               _patch(impl.family_losses, "acceptance_rate", _confidence_toward_tv),
+               lambda cmp, ours, refs: family_losses.loss_terms(cmp, ours, refs["speculators"], DSPARK_LOSS)),
+    PlantedBug("Markov bias in training fed the token the slot proposes", 37,
+               _patch(impl.family_step, "teacher_forced_predecessors", _markov_prev_is_own_token),
+               lambda cmp, ours, refs: family_losses.loss_terms(cmp, ours, refs["speculators"], DSPARK_LOSS)),
+    PlantedBug("consistency rounds' losses summed, not averaged", 38,
+               _patch(impl.family_losses, "consistency_loss", _rounds_summed),
+               lambda cmp, ours, refs: family_losses.loss_terms(cmp, ours, refs["speculators"], XPRESS_LOSS_CASE)),
+    PlantedBug("teacher-forced slot 0 follows the anchor itself in training", 38,
+               _patch_imported(impl.family_step, "token_before_anchor", (impl.train_step,), _before_anchor_is_anchor),
+               lambda cmp, ours, refs: family_losses.loss_terms(cmp, ours, refs["speculators"], XPRESS_LOSS_CASE)),
     PlantedBug("refiner mixer not masked to its lower triangle", 38,
                _patch(impl.xpress.RefinerHead, "block_bias", _mixer_unmasked),
                lambda cmp, ours, refs: family_heads.head_forward(cmp, ours, refs["speculators"], XPRESS_HEADS,

@@ -8,6 +8,7 @@ larger than the context, fp32 and bf16. Sizes stay tiny so a CPU runs hundreds o
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from conformance.world import VOCAB
 from impl.defaults import QWEN3_DEFAULTS
 from impl.layers import final_layer
+from impl.recipe import XPRESS_LOSS, Recipe
 from impl.spec import DraftSpec
 
 # Modest example counts: the full suite must run on 2 CPU cores in < 10 minutes.
@@ -396,3 +398,47 @@ class HeadCase:
 def head_cases(draw, specs) -> HeadCase:
     return HeadCase(draw(specs), draw(st.integers(1, 4)), draw(st.integers(0, VOCAB - 1)),
                     draw(st.integers(0, VOCAB - 1)), draw(st.integers(0, 2**16)))
+
+
+# DSpark's and XPress's training losses (#37, #38): a family drafter's training case and a recipe of every knob its
+# loss reads, drawn across speculators' ranges (a compound loss_fn, D-PACE only with ce as speculators requires).
+@dataclass(frozen=True)
+class FamilyLossCase:
+    training: TrainingCase
+    recipe: Recipe
+
+    def __repr__(self) -> str:
+        knobs = {name: getattr(self.recipe, name) for name in FAMILY_LOSS_KNOBS}
+        return f"FamilyLossCase(training={self.training!r}, recipe={knobs})"
+
+
+FAMILY_LOSS_KNOBS = ("loss_fn", "per_position_loss_weight", "gamma", "dpace_alpha", "max_anchors",
+                     "sample_from_anchor", "confidence_head_alpha", "consistency_weight", "consistency_passes",
+                     "base_anchor_weight", "base_anchor_full_weight", "ce_from_data")
+weights = st.one_of(st.just(0.0), st.floats(0.05, 2.0))
+
+
+@st.composite
+def loss_fns(draw) -> str:
+    named = st.sampled_from(["kl_div", "ce", "tv", XPRESS_LOSS])
+    terms = st.dictionaries(st.sampled_from(["kl_div", "ce", "tv"]), st.floats(0.05, 2.0), min_size=2, max_size=3)
+    return draw(st.one_of(named, terms.map(json.dumps)))
+
+
+@st.composite
+def family_loss_cases(draw, specs) -> FamilyLossCase:
+    spec = draw(specs)
+    lengths = tuple(draw(st.lists(st.integers(2, 12), min_size=1, max_size=2)))
+    padding = draw(st.integers(0, 2))
+    if sum(lengths) + padding <= spec.block_size:  # at least one anchor must fit before the last block
+        lengths = lengths[:-1] + (lengths[-1] + spec.block_size + 1,)
+    training = TrainingCase(spec, lengths, padding, draw(st.integers(1, 6)), draw(st.integers(0, 2**16)))
+    loss_fn = draw(loss_fns())
+    weighting = draw(st.sampled_from(["fixed-exp-decay", "dpace"])) if loss_fn == "ce" else "fixed-exp-decay"
+    recipe = Recipe(loss_fn=loss_fn, per_position_loss_weight=weighting, gamma=draw(st.floats(0.5, 8.0)),
+                    dpace_alpha=draw(st.floats(0.05, 1.0)), max_anchors=training.max_anchors,
+                    sample_from_anchor=spec.sample_from_anchor, confidence_head_alpha=draw(weights),
+                    consistency_weight=draw(weights), consistency_passes=draw(st.integers(0, 3)),
+                    base_anchor_weight=draw(weights), base_anchor_full_weight=draw(st.booleans()),
+                    ce_from_data=draw(st.booleans()))
+    return FamilyLossCase(training, recipe)

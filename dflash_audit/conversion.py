@@ -123,12 +123,34 @@ UNSERVABLE = {"sglang": {"input_embedding_scale": (1.0, "SGLang takes the noise-
                                                      "); only its DSpark runner samples from the anchor")}}
 
 
+# The other two families: what no format changes (the engine's own code), per (family, engine); the rest as above.
+FAMILY_UNSERVABLE = {
+    ("xpress", "vllm"): "vLLM's XPress runner feeds the refiner's slot 0 the anchor itself (tok_am1 = anchor_ids, "
+                        "vllm/v1/worker/gpu/spec_decode/xpress/speculator.py) where speculators trains it on the token "
+                        "before the anchor, and its speculators translation has no xpress",
+    ("xpress", "sglang"): "SGLang 0.5.23 has no XPress",
+    ("dspark", "sglang"): "SGLang 0.5.23's DSPARK reads a draft config transformers' AutoConfig knows, and no DSpark "
+                          "format of that kind exists (z-lab has none; speculators' has no model_type)",
+}
+# vLLM's DSpark runner samples from the anchor or not (the config's sample_from_anchor); its model builds the vanilla
+# Markov head only (vllm/model_executor/models/qwen3_dspark.py).
+FAMILY_FIELDS = {("dspark", "vllm"): {"sample_from_anchor": ((False, True), ""),
+                                      "markov_head_type": ("vanilla", "vLLM's Qwen3DSparkModel builds the vanilla "
+                                                                      "Markov head only")}}
+# The format each engine reads a family from (z-lab has no DSpark: vLLM translates speculators' own config).
+FAMILY_FORMATS = {("dspark", "vllm"): "speculators"}
+
 ENGINE_SIDE = ("target_layer_capture",)
 
 
 def unservable_fields(spec, engine: str) -> list[str]:
+    if (spec.family, engine) in FAMILY_UNSERVABLE:
+        from impl.families import TITLES
+
+        return [f"the {TITLES[spec.family]} family: {FAMILY_UNSERVABLE[spec.family, engine]}"]
     problems = []
-    for name, (allowed, why) in UNSERVABLE.get(engine, {}).items():
+    rules = {**UNSERVABLE.get(engine, {}), **FAMILY_FIELDS.get((spec.family, engine), {})}
+    for name, (allowed, why) in rules.items():
         value = getattr(spec, name)
         if value != allowed and not (isinstance(allowed, tuple) and value in allowed):
             problems.append(f"{name} = {value!r}: {why}")
@@ -149,7 +171,8 @@ def convert_for(source: str | Path, destination: str | Path, engine: str, target
     problems = unservable_fields(spec, engine)
     if problems:
         raise AuditError(f"{source}: no format makes {engine} serve this drafter as trained: {'; '.join(problems)}")
-    result = convert(source, destination, "zlab", target=target, force=force, options=options)
+    result = convert(source, destination, FAMILY_FORMATS.get((spec.family, engine), "zlab"), target=target,
+                     force=force, options=options)
     report = engine_report(engine, str(destination), spec, TargetFacts.read(target))
     # Which tensor the engine captures for each target layer is its forward's, not the file's: no format changes
     # it, so it is said, not refused.

@@ -40,7 +40,7 @@ from foundation.atomic import atomic_write_bytes
 from foundation.cache_dir import cache_root
 from foundation.errors import AuditError
 from drafter_files.checkpoint import load_checkpoint
-from impl.families import TRAINED_FAMILIES as FAMILIES
+from impl.families import DEMO_FAMILIES as FAMILIES
 from impl.layers import build_target_layer_ids
 from drafter_files.zlab_format import save_zlab_dir
 from serving_engines import ENGINES

@@ -16,9 +16,11 @@ from collections.abc import Iterable
 from typing import Any
 
 FAMILIES = ("dflash", "dflash2", "dspark", "xpress")
-# The families our trainer trains: DSpark's confidence/TV loss and XPress's consistency rounds are not implemented
-# in impl/train_step.py (their drafters are audited, decoded, replayed and converted, not trained here).
-TRAINED_FAMILIES = ("dflash", "dflash2")
+# The families our trainer trains: all four (DSpark's and XPress's heads and losses: impl/family_step.py,
+# impl/family_losses.py).
+TRAINED_FAMILIES = FAMILIES
+# The families `dflash-audit demo` builds its planted-bug story on.
+DEMO_FAMILIES = ("dflash", "dflash2")
 # The families speculators 0.9.0 writes (`speculators_model_type`); all four are DFlash drafters.
 SPECULATORS_TYPES = FAMILIES
 # z-lab's dflash 0.1.0 has DFlash and DFlash2 only: no z-lab format exists for DSpark or XPress.

@@ -73,13 +73,21 @@ class OursImplementation:
         # The trainer's own step, so the conformance suite checks the code that trains.
         torch.manual_seed(seed)
         # The trainer records the drafter's own slot layout (`trained_layout` refuses any other).
-        recipe = self.recipe.replace(max_anchors=max_anchors,
-                                     sample_from_anchor=drafter.spec.sample_from_anchor)
+        recipe = self.recipe.replace(max_anchors=max_anchors, sample_from_anchor=drafter.spec.sample_from_anchor)
         step = training_step(drafter, target, input_ids, loss_mask, document_ids, recipe, with_loss=False,
                              anchors=None if anchors is None else [anchors])
         out = step.outputs
         return TrainingOutputs(anchors=out.anchors[0], anchor_valid=out.anchor_valid[0], logits=out.logits,
-                               targets=out.targets, loss_mask=out.loss_mask, hidden=out.hidden, selector=out.selector)
+                               targets=out.targets, loss_mask=out.loss_mask, hidden=out.hidden, selector=out.selector,
+                               family=out.family)
+
+    def family_loss(self, drafter: DFlashDrafter, target, input_ids, loss_mask, document_ids, recipe: Recipe, seed,
+                    anchors=None):
+        """Every loss term of the trainer's own step on a DSpark or XPress drafter (speculators' metric names)."""
+        torch.manual_seed(seed)
+        step = training_step(drafter, target, input_ids, loss_mask, document_ids, recipe,
+                             anchors=None if anchors is None else [anchors])
+        return step.terms
 
     def loss_weights(self, block_size, gamma, sample_from_anchor):
         return losses.decay_weights(block_size, gamma, sample_from_anchor)

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from impl.dflash2 import SelectorTraining
+from impl.family_losses import FamilyTraining
 from impl.interface_versions import CURRENT as INTERFACE_VERSION
 from impl.spec import DraftSpec
 
@@ -49,6 +50,9 @@ class TrainingOutputs:
     loss_mask: torch.Tensor  # [1, A*B] aligned loss mask (slot 0 and padded anchors zeroed)
     hidden: torch.Tensor | None = None  # [1, A*B, H] drafter hidden states after the final norm
     selector: SelectorTraining | None = None  # DFlash2: the selector's candidates, labels and scores
+    # DSpark, XPress: what their heads add (confidence logits; the rounds' and the backbone's logits). `logits` are
+    # then the ones the family trains: Markov-corrected (DSpark), teacher-forced refined (XPress).
+    family: FamilyTraining | None = None
     # Hard-label trainers (CE on the data's next tokens) have no verifier logits: `targets` is
     # None, `target_ids` [1, A*B] the label of each slot, and `unsupported` says why.
     target_ids: torch.Tensor | None = None
@@ -216,6 +220,19 @@ class FamilyHeadOperations(Protocol):
                       before_anchor: int) -> torch.Tensor:
         """[n] the greedy proposals of one block after the drafter's Jacobi passes; `before_anchor` is the token
         before the anchor (the anchor-as-bonus layout's slot 0 follows it)."""
+
+
+class FamilyTrainingOperations(Protocol):
+    """DSpark's and XPress's training losses (#37, #38); a codebase that does not train them lacks the operation
+    (n/a) or declares it `unsupported`."""
+
+    def family_loss(self, drafter: Any, target: nn.Module, input_ids: torch.Tensor, loss_mask: torch.Tensor,
+                    document_ids: torch.Tensor, recipe: Any, seed: int,
+                    anchors: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Every loss term of one training forward of a DSpark or XPress drafter on a packed [1, T] sequence, under
+        speculators' metric names ("loss" the total; "confidence_loss"; "tf_loss", "consistency_loss",
+        "consistency_round{j}_loss", "base_anchor_loss"; "<name>_loss" of a weighted loss_fn), trained with
+        `recipe` (an `impl.recipe.Recipe`: every knob in speculators' names), anchors as `training_outputs`."""
 
 
 def supports(implementation: Any, operation: str) -> bool:

@@ -1,11 +1,12 @@
-"""Per-slot loss weights (fixed exponential decay, D-PACE), loss kinds and speculators' reduction."""
+"""Per-slot loss weights (fixed exponential decay, D-PACE), loss kinds, weighted sums of them and speculators'
+reduction."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from impl.recipe import DEFAULTS  # the recipe's declared defaults (model-level: KL, fixed decay)
+from impl.recipe import DEFAULTS, loss_terms  # the recipe's declared defaults (model-level: KL, fixed decay)
 from impl.slot_layout import first_proposing_slot
 
 
@@ -19,15 +20,24 @@ def decay_weights(block_size: int, gamma: float = DEFAULTS["gamma"], sample_from
 
 
 def elementwise_loss(logits: torch.Tensor, targets: torch.Tensor, loss_fn: str = DEFAULTS["loss_fn"]) -> torch.Tensor:
-    """[1, N] per-slot loss: KL(target || draft) or CE against the target's argmax."""
+    """[1, N] per-slot loss: KL(target || draft), CE against the target's argmax, or TV = 1 - sum min(q, p)."""
     if loss_fn == "kl_div":
         log_q = F.log_softmax(logits, dim=-1, dtype=torch.float32)
         p = F.softmax(targets, dim=-1, dtype=torch.float32)
         return F.kl_div(log_q, p, reduction="none").sum(-1)
     if loss_fn == "ce":
         labels = targets.argmax(-1)
-        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
-    raise ValueError(f"loss_fn: unknown loss {loss_fn!r}; expected 'kl_div' or 'ce'")
+        return hard_label_ce(logits, labels)
+    if loss_fn == "tv":
+        q = F.softmax(logits, dim=-1, dtype=torch.float32)
+        p = F.softmax(targets, dim=-1, dtype=torch.float32)
+        return 1.0 - torch.minimum(q, p).sum(-1)
+    raise ValueError(f"loss_fn: unknown loss {loss_fn!r}; expected 'kl_div', 'ce' or 'tv'")
+
+
+def hard_label_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[b, N] CE of logits [b, N, V] against token ids [b, N], in fp32."""
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
 
 
 # -- D-PACE ---------------------------------------------------------------------------------
@@ -67,17 +77,26 @@ def dpace_weights_of(per_slot_loss: torch.Tensor, loss_mask: torch.Tensor, block
     return (suffix_sum(prefix * trained) * trained).reshape(per_slot_loss.shape)
 
 
-def reduce_loss(per_slot: torch.Tensor, loss_mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum(w * mask * loss) / (sum(mask) + 1e-5) per sequence, then the mean.
+# speculators' reduction epsilons: its loss_function's, and the one of DSpark's confidence BCE and XPress's
+# hard-label CE (models/dspark/metrics.py _EPS, models/xpress/metrics.py _hard_label_ce).
+REDUCTION_EPS = 1e-5
+HEAD_REDUCTION_EPS = 1e-8
 
-    `weights` is one block's schedule [B] or per-slot weights shaped like `per_slot` (D-PACE).
+
+def reduce_loss(per_slot: torch.Tensor, loss_mask: torch.Tensor, weights: torch.Tensor | None,
+                eps: float = REDUCTION_EPS) -> torch.Tensor:
+    """sum(w * mask * loss) / (sum(mask) + eps) per sequence, then the mean.
+
+    `weights` is one block's schedule [B], per-slot weights shaped like `per_slot` (D-PACE), or None (mask only).
     The denominator counts masked slots, not weights (speculators' reduction).
     """
-    if weights.dim() == 1:
-        weights = weights.repeat(per_slot.shape[1] // weights.numel())[None]
     mask = loss_mask.to(per_slot.dtype)
-    total = (per_slot * mask * weights).sum(dim=1)
-    return (total / (mask.sum(dim=1) + 1e-5)).mean()
+    weighted = per_slot * mask
+    if weights is not None:
+        if weights.dim() == 1:
+            weights = weights.repeat(per_slot.shape[1] // weights.numel())[None]
+        weighted = weighted * weights
+    return (weighted.sum(dim=1) / (mask.sum(dim=1) + eps)).mean()
 
 
 def slot_weights(per_slot: torch.Tensor, loss_mask: torch.Tensor, block_size: int, gamma: float,
@@ -95,9 +114,29 @@ def dflash_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Te
                 gamma: float = DEFAULTS["gamma"], loss_fn: str = DEFAULTS["loss_fn"], sample_from_anchor: bool = False,
                 per_position_loss_weight: str = DEFAULTS["per_position_loss_weight"],
                 dpace_alpha: float = DEFAULTS["dpace_alpha"]) -> torch.Tensor:
-    per_slot = elementwise_loss(logits, targets, loss_fn)
-    return reduce_loss(per_slot, loss_mask, slot_weights(per_slot, loss_mask, block_size, gamma, sample_from_anchor,
-                                                         per_position_loss_weight, dpace_alpha))
+    return compound_loss(logits, targets, loss_mask, block_size, loss_fn, gamma, sample_from_anchor,
+                         per_position_loss_weight, dpace_alpha)[0]
+
+
+def compound_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, block_size: int,
+                  loss_fn: str, gamma: float, sample_from_anchor: bool, per_position_loss_weight: str | None,
+                  dpace_alpha: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(sum of weight * term, {"<name>_loss": term} when there are several terms): each term of `loss_fn` weighted
+    per slot and reduced on its own, D-PACE's weights from that term's own per-slot loss (speculators'
+    `compound_loss`). `per_position_loss_weight` None: mask only, no per-slot weights."""
+    total = torch.zeros((), dtype=torch.float32, device=logits.device)
+    terms = loss_terms(loss_fn)
+    named = {}
+    for name, weight in terms.items():
+        per_slot = elementwise_loss(logits, targets, name)
+        weights = None if per_position_loss_weight is None else slot_weights(
+            per_slot * loss_mask.to(per_slot.dtype), loss_mask, block_size, gamma, sample_from_anchor,
+            per_position_loss_weight, dpace_alpha)
+        term = reduce_loss(per_slot, loss_mask, weights)
+        if len(terms) > 1:
+            named[f"{name}_loss"] = term.detach()
+        total = total + weight * term
+    return total, named
 
 
 def selector_loss(candidate_scores: torch.Tensor, label_positions: torch.Tensor, loss_mask: torch.Tensor,

@@ -29,11 +29,11 @@ from foundation.ckpt_file import read_ckpt, write_ckpt
 from foundation.errors import CheckpointError
 from impl.data import PackedData, load_packed, pack_records
 from impl.extract import output_head
-from impl.families import TRAINED_FAMILIES
+from impl.families import TITLES, TRAINED_FAMILIES
 from impl.layers import build_target_layer_ids, final_layer
 from impl.model import DFlashDrafter
-from impl.recipe import KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe
-from impl.spec import DFLASH2_FIELDS, DraftSpec, SpecError
+from impl.recipe import KNOBS, RECIPE_FIELDS, Recipe, train_defaults
+from impl.spec import FAMILY_FIELDS, DraftSpec, SpecError
 from impl.train_step import training_step
 from impl.vocab_mapping import MappingError, check_mapping, count_token_frequencies, mapping_from_frequencies
 from impl.rotary_config import rotary_settings
@@ -82,6 +82,14 @@ class RunSettings:
     selector_rank: int = 256
     selector_top_k: int = 16
     sliding_window_non_causal: bool | None = None  # default: the family's (dflash2: bidirectional, as speculators)
+    # DSpark's heads and XPress's refiner (speculators' DSparkArgs / XPressArgs defaults).
+    markov_rank: int = 256
+    markov_head_type: str = "vanilla"
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+    xpress_rank: int = 256
+    xpress_mlp_ratio: int = 2
+    num_jacobi_passes: int = 6
     dtype: str = "fp32"
     eval_every: int = 0  # 0: only at the end
     save_every: int = 0  # 0: only at the end
@@ -93,10 +101,11 @@ class RunSettings:
     extra: dict = field(default_factory=dict)
 
 
-# A run: its settings and every recipe knob (impl/recipe.py), each at `dflash-audit train`'s default (speculators'
-# trainer resolution of a dflash run: CE, D-PACE, alpha 0.5; the conformance suite holds these to the installed
-# speculators). Built from the declarations, so a knob added there is a field here.
-RunConfig = make_dataclass("RunConfig", [(name, info.annotation, field(default=TRAIN_DEFAULTS[name]))
+# A run: its settings and every recipe knob (impl/recipe.py). A knob left None takes `dflash-audit train`'s default
+# for the run's family (`train_defaults`: speculators' trainer resolution of that family, e.g. dflash's CE, D-PACE,
+# alpha 0.5; the conformance suite holds these to the installed speculators). Built from the declarations, so a
+# knob added there is a field here.
+RunConfig = make_dataclass("RunConfig", [(name, info.annotation | None, field(default=None))
                                          for name, info in KNOBS.items()], bases=(RunSettings,))
 RunConfig.__module__ = __name__
 
@@ -111,8 +120,10 @@ def resolve_mask_token(tokenizer, override: int | None) -> int:
     return int(token_id)
 
 
-def draft_spec(config, tokenizer, cfg: RunConfig, draft_vocab_size: int | None = None) -> DraftSpec:
-    """The drafter's spec: sizes from the target's config (hidden sizes must match), the rest from cfg."""
+def draft_spec(config, tokenizer, cfg: RunConfig, draft_vocab_size: int | None = None,
+               sample_from_anchor: bool | None = None) -> DraftSpec:
+    """The drafter's spec: sizes from the target's config (hidden sizes must match), the rest from cfg (the slot
+    layout: the run's recipe's)."""
     num_layers = config.num_hidden_layers
     ids = cfg.target_layer_ids if cfg.target_layer_ids is not None else build_target_layer_ids(num_layers, cfg.draft_layers)
     if len(set(ids)) != len(ids) and cfg.target_layer_ids is None:
@@ -122,14 +133,15 @@ def draft_spec(config, tokenizer, cfg: RunConfig, draft_vocab_size: int | None =
     # partial_rotary_factor (train/cli.py create_transformer_layer_config): every head dim is rotated.
     rotary = rotary_settings(config.to_dict())
     if cfg.family not in TRAINED_FAMILIES:
-        raise TrainError(f"family must be one of {list(TRAINED_FAMILIES)} (DSpark and XPress drafters are audited, "
-                         f"decoded and converted, not trained here), got {cfg.family!r}")
-    dflash2 = {name: getattr(cfg, name) for name in DFLASH2_FIELDS} if cfg.family == "dflash2" else {}
+        raise TrainError(f"family must be one of {list(TRAINED_FAMILIES)}, got {cfg.family!r}")
+    own = {name: getattr(cfg, name) for name in FAMILY_FIELDS[cfg.family]}
     non_causal = cfg.sliding_window_non_causal
+    if sample_from_anchor is None:
+        sample_from_anchor = knob_recipe(cfg).sample_from_anchor
     return DraftSpec(
-        **dflash2,
+        **own,
         sliding_window_non_causal=cfg.family == "dflash2" if non_causal is None else non_causal,
-        sample_from_anchor=cfg.sample_from_anchor,
+        sample_from_anchor=sample_from_anchor,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
         num_attention_heads=config.num_attention_heads,
@@ -188,8 +200,10 @@ def read_d2t(path: Path) -> torch.Tensor:
 def knob_recipe(cfg: RunConfig, num_target_layers: int | None = None) -> Recipe:
     """The recipe of `cfg`'s knobs, checked by the recipe type's own rules (its declared bounds and
     `check_trainable`): the one place a knob is validated, in speculators' names."""
+    defaults = train_defaults(cfg.family)
+    given = {name: getattr(cfg, name) for name in RECIPE_FIELDS}
     try:
-        recipe = Recipe(**{name: getattr(cfg, name) for name in RECIPE_FIELDS})
+        recipe = Recipe(**{name: defaults[name] if value is None else value for name, value in given.items()})
         recipe.check_trainable(num_target_layers)
     except SpecError as exc:
         raise TrainError(str(exc)) from None
@@ -328,9 +342,10 @@ def check_run(cfg: RunConfig, world: int) -> None:
             raise TrainError(f"{name} must be positive, got {getattr(cfg, name)}")
     if cfg.draft_vocab_size is not None and (isinstance(cfg.draft_vocab_size, bool) or cfg.draft_vocab_size <= 0):
         raise TrainError(f"draft_vocab_size must be a positive number of tokens, got {cfg.draft_vocab_size}")
-    if cfg.draft_vocab_size is not None and cfg.family == "dflash2":
-        raise TrainError("a reduced draft vocabulary needs --family dflash: DFlash2 drafts over the full target "
-                         "vocabulary (speculators' DFlash2DraftModel refuses one too)")
+    if cfg.draft_vocab_size is not None and cfg.family != "dflash":
+        raise TrainError(f"a reduced draft vocabulary needs --family dflash: {TITLES.get(cfg.family, cfg.family)} "
+                         "drafts over the full target vocabulary here (speculators' DFlash2DraftModel refuses a "
+                         "reduced one; our DSpark and XPress drafters have the full vocabulary only)")
     if not cfg.lr > 0:  # torch's own "Invalid learning rate" names no flag
         raise TrainError(f"lr must be a positive learning rate, got {cfg.lr}")
     for name in ("warmup", "eval_sequences", "eval_every", "save_every"):

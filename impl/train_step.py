@@ -1,4 +1,5 @@
-"""One DFlash training forward: target states -> anchors -> targets -> drafter -> loss.
+"""One DFlash training forward: target states -> anchors -> targets -> drafter -> loss (DSpark's and XPress's heads
+and losses after the drafter: impl/family_step.py, impl/family_losses.py).
 
 The single code path shared by the trainer and the conformance suite (through
 `OursImplementation.training_outputs`). Every piece is impl's building block:
@@ -21,6 +22,8 @@ from impl import losses
 from impl.blocks import anchor_blocks
 from impl.dflash2 import selector_training, teacher_forced_predecessors
 from impl.extract import HiddenStateExtractor, final_norm, output_head
+from impl.family_losses import FamilyTraining, dspark_loss, xpress_loss
+from impl.family_step import data_labels, dspark_heads, token_before_anchor, xpress_heads
 from impl.interface import TrainingOutputs
 from impl.model import DFlashDrafter
 from impl.recipe import Recipe
@@ -35,6 +38,7 @@ class StepOutputs:
     metrics: dict[str, torch.Tensor] | None
     clean_context: torch.Tensor  # [b, T, F] the target's context features
     drafter_context: torch.Tensor  # [b, T, F] what fed fc (clean + noise)
+    terms: dict[str, torch.Tensor] | None = None  # DSpark, XPress: every loss term, in speculators' metric names
 
 
 def trained_layout(drafter: DFlashDrafter, recipe: Recipe) -> bool:
@@ -76,7 +80,7 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
 
     forced = anchors
     anchors, valid, targets, slot_mask, slot_ids, slot_pos, contexts, attn = [], [], [], [], [], [], [], []
-    predecessors = []
+    predecessors, blocks, before, labels = [], [], [], []
     for row in range(rows):
         if forced is not None:
             row_anchors, row_valid = (t.to(input_ids.device) for t in forced[row])
@@ -92,6 +96,9 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
         slot_pos.append(anchor_rules.block_indices(position_ids[row, row_anchors], block))
         block_tokens = input_ids[row, anchor_rules.block_indices(row_anchors, block)].view(-1, block)
         predecessors.append(teacher_forced_predecessors(block_tokens, layout).reshape(-1))
+        blocks.append(block_tokens)
+        before.append(token_before_anchor(input_ids[row], document_ids[row], row_anchors))
+        labels.append(data_labels(input_ids[row], anchor_rules.block_indices(row_anchors, block), layout))
         context = states.context[row]
         if recipe.noise_std > 0:
             noise = torch.randn(context.shape, generator=generators[row], dtype=context.dtype, device=context.device)
@@ -104,19 +111,39 @@ def training_step(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     positions = torch.cat([position_ids, torch.stack(slot_pos)], dim=1)
     hidden = forward(drafter.embed(target, torch.stack(slot_ids)), drafter_context, positions, masks=masks)
     logits = drafter.draft_logits(hidden, head)  # over the head's own vocabulary, as the targets
+    family = None
+    if drafter.spec.family == "dspark":  # the logits trained (and proposed from) are the Markov-corrected ones
+        logits, family = dspark_heads(drafter, hidden, logits, torch.cat(blocks), layout)
+    elif drafter.spec.family == "xpress":  # ... the teacher-forced refined ones
+        logits, family = xpress_heads(drafter, hidden, logits, torch.cat(blocks), torch.cat(before),
+                                      torch.stack(labels), recipe, layout)
     outputs = TrainingOutputs(anchors=torch.stack(anchors), anchor_valid=torch.stack(valid), logits=logits,
-                              targets=torch.cat(targets), loss_mask=torch.cat(slot_mask), hidden=hidden)
+                              targets=torch.cat(targets), loss_mask=torch.cat(slot_mask), hidden=hidden,
+                              family=family)
     if drafter.candidate_selector is not None:  # DFlash2: the selector trains on teacher-forced predecessors
         outputs.selector = selector_training(drafter.candidate_selector, hidden, logits, outputs.targets,
                                              torch.stack(predecessors))
-    loss = metrics = None
-    if with_loss:
+    loss = metrics = terms = None
+    if with_loss and family is not None:
+        terms = family_loss(outputs, family, block, recipe, layout, drafter.spec.family)
+        loss = terms["loss"]
+    elif with_loss:
         loss = losses.dflash_loss(logits, outputs.targets, outputs.loss_mask, block, recipe.gamma, recipe.loss_fn,
                                   layout, recipe.per_position_loss_weight, recipe.dpace_alpha)
         if outputs.selector is not None:
             loss = loss + recipe.selector_loss_alpha * losses.selector_loss(
                 outputs.selector.scores, outputs.selector.label_positions, outputs.loss_mask, block, recipe.gamma,
                 layout, recipe.per_position_loss_weight, recipe.dpace_alpha)
+    if with_loss:
         with torch.no_grad():
             metrics = losses.block_metrics(logits, outputs.targets, outputs.loss_mask, block, layout)
-    return StepOutputs(outputs, loss, metrics, states.context, drafter_context)
+    return StepOutputs(outputs, loss, metrics, states.context, drafter_context, terms)
+
+
+def family_loss(outputs: TrainingOutputs, family: FamilyTraining, block: int, recipe: Recipe, layout: bool,
+                name: str) -> dict[str, torch.Tensor]:
+    """Every loss term of a DSpark or XPress step (impl/family_losses.py), the total under "loss"."""
+    if name == "dspark":
+        return dspark_loss(outputs.logits, outputs.targets, family.confidence_logits, outputs.loss_mask, block,
+                           recipe, layout)
+    return xpress_loss(outputs.logits, family, outputs.targets, outputs.loss_mask, block, recipe, layout)

@@ -29,9 +29,10 @@ from impl.families import FAMILIES, config_family
 from impl.interface import INTERFACE_VERSION, TrainingOutputs, Unsupported
 from impl.layers import hidden_state_index, speculators_to_zlab
 from foundation.param_names import VERIFIER_OWNED_KEYS, strip_wrapper_prefixes
-from impl.recipe import DEFAULTS
+from impl.recipe import DEFAULTS, Recipe, train_recipe
 from impl.spec import FAMILY_FIELDS, DraftSpec
 from impl.vocab_mapping import t2d_from_d2t
+from reference_adapters import speculators_family_train as family_train
 from reference_adapters.speculators_classes import config_class, model_class
 from reference_adapters.version_guard import check_reference
 
@@ -191,6 +192,12 @@ def save_speculators_model(model: DFlashDraftModel, path: str | Path) -> None:
     atomic_directory(Path(path), lambda tmp: model.save_pretrained(str(tmp)))
 
 
+def family_recipe(drafter: DFlashDraftModel, max_anchors: int) -> Recipe:
+    """A DSpark or XPress drafter's training forward without a recipe given: its family's trainer defaults."""
+    family = drafter.config.speculators_model_type
+    return train_recipe(family).replace(max_anchors=max_anchors, sample_from_anchor=drafter.config.sample_from_anchor)
+
+
 def _is_local_dir(name_or_path: str | None) -> bool:
     return bool(name_or_path) and (Path(name_or_path) / "config.json").is_file()
 
@@ -294,10 +301,10 @@ class SpeculatorsImplementation:
                            position_ids=position_ids, use_cache=False, position_embeddings=position_embeddings)
         return drafter.norm(hidden)
 
-    def training_outputs(self, drafter: DFlashDraftModel, target, input_ids, loss_mask, document_ids,
-                         max_anchors, seed, anchors=None):
-        """speculators' `_backbone_forward` on the target's states, anchors drawn after `manual_seed(seed)`
-        (or `anchors` handed to it in place of its `select_anchors`)."""
+    @contextlib.contextmanager
+    def _training_forward(self, drafter: DFlashDraftModel, target, input_ids, seed, anchors):
+        """`(the target's states, what the forward drew)` for one training forward of speculators' model: anchors
+        drawn after `manual_seed(seed)` (or `anchors` handed to it in place of its `select_anchors`)."""
         # Its aux ids index `hidden_states` directly; the extractor reads the same entries
         # through the z-lab ids, and captures the raw final-layer output speculators trains on.
         states = HiddenStateExtractor(target, speculators_to_zlab(drafter.target_layer_ids))(input_ids)
@@ -312,7 +319,25 @@ class SpeculatorsImplementation:
         torch.manual_seed(seed)
         given = mock.patch.object(spec_core, "select_anchors", lambda *_a, **_k: anchors) if anchors is not None \
             else contextlib.nullcontext()
-        with torch.no_grad(), given, mock.patch.object(drafter, "_build_attention_mask", keep_anchors):
+        with given, mock.patch.object(drafter, "_build_attention_mask", keep_anchors):
+            yield states, captured
+
+    def training_outputs(self, drafter: DFlashDraftModel, target, input_ids, loss_mask, document_ids,
+                         max_anchors, seed, anchors=None):
+        """speculators' `_backbone_forward` on the target's states (DFlash2, DSpark, XPress: the model's own
+        forward), anchors drawn after `manual_seed(seed)` (or `anchors` handed to it in place of its
+        `select_anchors`)."""
+        family = drafter.config.speculators_model_type
+        if family in family_train.CORES:
+            recipe = family_recipe(drafter, max_anchors)
+            with torch.no_grad():
+                forward, captured = self._family_forward(drafter, target, input_ids, loss_mask, document_ids,
+                                                         recipe, seed, anchors)
+            hidden, _, targets, aligned_mask, _ = forward.backbone
+            logits, heads = forward.training(family)
+            return TrainingOutputs(anchors=captured["anchors"], anchor_valid=captured["valid"], logits=logits,
+                                   targets=targets, loss_mask=aligned_mask.float(), hidden=hidden, family=heads)
+        with torch.no_grad(), self._training_forward(drafter, target, input_ids, seed, anchors) as (states, captured):
             if isinstance(drafter, DFlash2DraftModel):
                 return self._dflash2_training_outputs(drafter, states, input_ids, loss_mask, document_ids,
                                                       max_anchors, captured)
@@ -320,6 +345,20 @@ class SpeculatorsImplementation:
                 states.context, input_ids, loss_mask, states.final_raw, document_ids, max_anchors=max_anchors)
         return TrainingOutputs(anchors=captured["anchors"], anchor_valid=captured["valid"], logits=logits,
                                targets=targets, loss_mask=aligned_mask.float(), hidden=hidden)
+
+    def _family_forward(self, drafter, target, input_ids, loss_mask, document_ids, recipe, seed, anchors):
+        with self._training_forward(drafter, target, input_ids, seed, anchors) as (states, captured):
+            forward = family_train.family_forward(drafter, drafter.config.speculators_model_type, states, input_ids,
+                                                  loss_mask, document_ids, family_train.trainer_kwargs(drafter, recipe))
+        return forward, captured
+
+    def family_loss(self, drafter, target, input_ids, loss_mask, document_ids, recipe: Recipe, seed, anchors=None):
+        """Every loss term of one DSpark or XPress training forward (speculators' metric names, the total under
+        "loss"), from the model's own forward with the knobs its own `get_trainer_kwargs` resolves from `recipe`."""
+        if drafter.config.speculators_model_type not in family_train.CORES:
+            raise Unsupported("speculators: family_loss is DSpark's and XPress's")
+        forward, _ = self._family_forward(drafter, target, input_ids, loss_mask, document_ids, recipe, seed, anchors)
+        return forward.terms()
 
     def _dflash2_training_outputs(self, drafter, states, input_ids, loss_mask, document_ids, max_anchors, captured):
         """DFlash2's own `forward`, read where it hands everything to `compute_metrics` (and its backbone)."""

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from foundation.packages import installed_version
 from impl.recipe import KNOBS, Recipe
-from impl.spec import DFLASH2_FIELDS
+from impl.spec import DFLASH2_FIELDS, DSPARK_FIELDS, FAMILY_FIELDS, XPRESS_FIELDS
 
 MODEL_LEVEL = "model-level"
 TRAINCONFIG = "trainconfig"
@@ -57,8 +57,9 @@ class ReferenceRecipe:
 
     def table_value(self, name: str):
         """A field's value in the table of docs/training.md; None where this reference does not set it."""
-        if name == "selector_loss_alpha":
-            return self.recipe.selector_loss_alpha if "selector_rank" in self.architecture else None
+        owner = KNOBS[name].json_schema_extra["family"] if name in KNOBS else None
+        if owner is not None:  # a family's own knob: only that family's trainer sets it
+            return getattr(self.recipe, name) if self.speculator_type == owner else None
         if name == "draft_vocab_size":
             return self.draft_vocab_size if self.draft_vocab_size is not None else "None (the verifier's vocabulary)"
         if name in ARCHITECTURE_TABLE_FIELDS:
@@ -66,8 +67,12 @@ class ReferenceRecipe:
         return self.settings()[name]
 
 
-# DFlash2's selector weight and drafter shape, after the recipe rows of the table of docs/training.md.
-ARCHITECTURE_TABLE_FIELDS = ("sliding_window_non_causal", "selector_loss_alpha", *DFLASH2_FIELDS)
+# Each family's own knobs and drafter shape (DFlash2's selector weight and convolutions, DSpark's heads, XPress's
+# refiner and rounds), after the recipe rows of the table of docs/training.md.
+FAMILY_KNOBS = tuple(name for name, info in KNOBS.items() if info.json_schema_extra["family"])
+ARCHITECTURE_TABLE_FIELDS = ("sliding_window_non_causal", *FAMILY_KNOBS, *DFLASH2_FIELDS, *DSPARK_FIELDS,
+                             *XPRESS_FIELDS)
+TABLE_TYPES = ("dflash", "dflash2", "dspark", "xpress")
 # The draft vocabulary (#32): the model config's default against the trainer's.
 VOCAB_TABLE_FIELDS = ("draft_vocab_size",)
 # The fields the reference table (docs/training.md) and the trainer's --recipe flag cover, in that order.
@@ -120,9 +125,12 @@ def trainer(speculator_type: str = "dflash") -> ReferenceRecipe:
     """The recipe `speculators train --speculator-type <type>` resolves with no other flag."""
     import speculators.models.dflash  # noqa: F401  (registers the DFlash family)
     import speculators.models.dflash2  # noqa: F401
+    import speculators.models.dspark  # noqa: F401
+    import speculators.models.xpress  # noqa: F401
     from speculators.model import SpeculatorModel
-    from speculators.models.dflash.config import DFlashSpeculatorConfig
     from speculators.train.config.schema import TrainConfig
+
+    from reference_adapters.speculators_classes import config_class
 
     config = TrainConfig(speculator_type=speculator_type)  # every other field at its default
     flat = config.flatten()
@@ -139,14 +147,15 @@ def trainer(speculator_type: str = "dflash") -> ReferenceRecipe:
 
     sample = flat["sample_from_anchor"]
     if sample is None:  # TrainConfig leaves it unset; the model config's default applies
-        sample = DFlashSpeculatorConfig.model_fields["sample_from_anchor"].default
-        sample_source = f"{_file(DFlashSpeculatorConfig)}: DFlashSpeculatorConfig.sample_from_anchor default " \
+        config_type = config_class(speculator_type)
+        sample = config_type.model_fields["sample_from_anchor"].default
+        sample_source = f"{_file(config_type)}: {config_type.__name__}.sample_from_anchor default " \
                         f"(TrainConfig leaves it unset)"
     else:
         sample_source = field_source("dflash", "sample_from_anchor")
     recipe = Recipe(
         gamma=float(kwargs["gamma"]),
-        loss_fn=next(iter(kwargs["loss_config"])),
+        loss_fn=flat["loss_fn"],  # the spec `get_trainer_kwargs` resolves (a name, or XPress's weighted JSON)
         verifier_source_layer=None,
         noise_std=0.0,
         max_anchors=int(kwargs["max_anchors"]),
@@ -175,14 +184,26 @@ def trainer(speculator_type: str = "dflash") -> ReferenceRecipe:
         for name in DFLASH2_FIELDS:
             architecture[name] = int(flat[name])
             sources[name] = field_source("dflash2", name)
+    # DSpark's and XPress's own knobs and head shapes, as their `get_trainer_kwargs` / `from_training_args` read them.
+    own = {name for name, info in KNOBS.items() if info.json_schema_extra["family"] == speculator_type}
+    if own:
+        recipe = recipe.replace(**{name: kwargs[name] for name in own})
+        sources.update({name: field_source(speculator_type, name) for name in own})
+    for name in FAMILY_FIELDS.get(speculator_type, ()) if speculator_type in ("dspark", "xpress") else ():
+        architecture[name] = flat[name]
+        sources[name] = field_source(speculator_type, name)
     # Unset, the trainer builds no mapping and keeps the verifier's vocabulary (speculators/train/cli.py).
     sources["draft_vocab_size"] = f"{schema}: DraftArgs.draft_vocab_size default"
     return ReferenceRecipe(TRAINCONFIG, speculator_type, recipe, int(flat["block_size"]), int(flat["num_layers"]),
                            sources, architecture, draft_vocab_size=flat["draft_vocab_size"])
 
 
-def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = frozenset()) -> tuple[ReferenceRecipe, str]:
+def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = frozenset(),
+                  family: str = "dflash") -> tuple[ReferenceRecipe, str]:
     """The reference recipe a side without a recipe is held to, and why.
+
+    A DSpark or XPress drafter (`family`) is held to its own family's TrainConfig-resolved recipe (its loss,
+    its slot layout and its own knobs are not DFlash's). For DFlash and DFlash2:
 
     Rule: the TrainConfig-resolved dflash recipe when the other side's recipe trains with one of
     the two settings in which that resolution departs from the model-level defaults — D-PACE
@@ -191,6 +212,8 @@ def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = fro
     which every DFlash trainer shares. Fields of the other side that are `unknown` (never
     declared) decide nothing.
     """
+    if family in ("dspark", "xpress"):
+        return trainer(family), f"a {family} drafter is held to its own family's trainer recipe"
     resolved, base = trainer("dflash"), model_level()
     deciding = [name for name in ("per_position_loss_weight", "loss_fn")
                 if getattr(resolved.recipe, name) != getattr(base.recipe, name)]
@@ -208,16 +231,16 @@ def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = fro
 
 def reference_table() -> list[dict[str, str]]:
     """Rows of the reference recipe table (docs/training.md): every value with the file it was read from."""
-    base, dflash, dflash2 = model_level(), trainer("dflash"), trainer("dflash2")
+    base, trainers = model_level(), {kind: trainer(kind) for kind in TABLE_TYPES}
     rows = []
     for name in (*RECIPE_TABLE_FIELDS, "block_size", "draft_layers", *ARCHITECTURE_TABLE_FIELDS, *VOCAB_TABLE_FIELDS):
         cells = {"field": name}
-        for key, ref in (("model-level", base), ("dflash", dflash), ("dflash2", dflash2)):
+        for key, ref in (("model-level", base), *trainers.items()):
             value = ref.table_value(name)
             if name == "verifier_source_layer" and value is None:
                 value = "final layer"
             cells[key] = "—" if value is None else str(value)
-        cells["source"] = dflash.sources.get(name) or dflash2.sources[name]
+        cells["source"] = next(ref.sources[name] for ref in trainers.values() if name in ref.sources)
         cells["model_source"] = base.sources.get(name, "— (fixed by the drafter's spec)")
         rows.append(cells)
     return rows
@@ -225,11 +248,11 @@ def reference_table() -> list[dict[str, str]]:
 
 def reference_table_markdown() -> str:
     """The reference recipe table of docs/training.md, generated (tests/test_reference_recipe.py checks it is there verbatim)."""
-    lines = ["| field | TrainConfig `dflash` | TrainConfig `dflash2` | model-level | read from (TrainConfig) "
-             "| read from (model-level) |", "|---|---|---|---|---|---|"]
+    lines = ["| field | " + " | ".join(f"TrainConfig `{kind}`" for kind in TABLE_TYPES) + " | model-level (dflash) | "
+             "read from (TrainConfig `dflash`, or the one family that sets it) | read from (model-level) |", "|---" * (len(TABLE_TYPES) + 4) + "|"]
     for row in reference_table():
-        lines.append(f"| `{row['field']}` | {row['dflash']} | {row['dflash2']} | {row['model-level']} | "
-                     f"`{row['source']}` | `{row['model_source']}` |")
+        lines.append(f"| `{row['field']}` | " + " | ".join(row[kind] for kind in TABLE_TYPES) +
+                     f" | {row['model-level']} | `{row['source']}` | `{row['model_source']}` |")
     return "\n".join(lines)
 
 
@@ -240,8 +263,8 @@ def train_settings(speculator_type: str = "dflash") -> dict:
     if recipe.verifier_source_layer is not None:
         raise ValueError(f"speculators' {speculator_type} recipe reads targets from another layer; our trainer "
                          "does not")
-    # Every recipe knob (the source layer is the final one, checked above), a DFlash2 knob only for dflash2.
-    family = "dflash2" if "selector_rank" in ref.architecture else "dflash"
+    # Every recipe knob (the source layer is the final one, checked above), a family's own knob only for it.
+    family = ref.speculator_type
     settings = {name: getattr(recipe, name) for name, info in KNOBS.items()
                 if name != "verifier_source_layer" and info.json_schema_extra["family"] in (None, family)}
     settings.update(block_size=ref.block_size, draft_layers=ref.draft_layers, **ref.architecture)

@@ -210,3 +210,23 @@ def test_vllm_reads_none_of_the_names_speculators_writes_for_xpress():
         assert written_by_speculators not in text, written_by_speculators
     for read_by_vllm in ('"xpress_num_passes"', '"xpress_mlp_hidden"', '"xpress_head."'):
         assert read_by_vllm in text, read_by_vllm
+
+
+def test_convert_for_vllm_writes_dspark_as_speculators_and_refuses_what_no_format_serves(written, test_world, tmp_path,
+                                                                                         capsys):
+    """vLLM serves DSpark from speculators' own config (z-lab has no DSpark): `convert --for vllm` writes that,
+    checked by serve-check; a gated head, XPress and SGLang are refused in one line before anything is written."""
+    target = str(test_world.target)
+    convert(written["dspark"]["self"], tmp_path / "ours.pt", "ours", target=test_world.target)
+    assert main(["convert", "--from", str(tmp_path / "ours.pt"), "--to", str(tmp_path / "v"), "--for", "vllm",
+                 "--target", target]) == 0
+    assert json.loads((tmp_path / "v" / "config.json").read_text())["speculators_model_type"] == "dspark"
+    assert main(["serve-check", "--drafter", str(tmp_path / "v"), "--engine", "vllm", "--target", target]) == 0
+    capsys.readouterr()
+    for source, engine, words in ((written["dspark"]["changed"], "vllm", "markov_head_type = 'gated'"),
+                                  (written["xpress"]["self"], "vllm", "slot 0 the anchor itself"),
+                                  (written["dspark"]["self"], "sglang", "SGLang 0.5.23's DSPARK")):
+        out = tmp_path / f"refused-{engine}"
+        assert main(["convert", "--from", str(source), "--to", str(out), "--for", engine, "--target", target]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0] and not out.exists()

@@ -11,7 +11,8 @@ import typer
 
 from dflash_audit.cli import load_verb
 from dflash_audit.formats.setting_names import ALIASES, BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, convert
-from impl.recipe import DEFAULTS, KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe, flag_table, knob_problem, train_recipe
+from impl.recipe import (DEFAULTS, KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe, flag_table, knob_problem,
+                         train_defaults, train_recipe)
 from impl.spec import SpecError
 from impl.train import RunConfig, knob_recipe
 
@@ -42,11 +43,18 @@ def test_train_has_one_option_per_knob_with_its_help_and_default():
         assert f"(default: {TRAIN_DEFAULTS[name]})" in option.help and info.description in option.help, name
 
 
-def test_run_config_has_each_knob_at_trains_default():
+def test_run_config_has_each_knob_at_its_familys_train_default():
     fields = {f.name: f for f in dataclasses.fields(RunConfig)}
     for name in KNOBS:
-        assert fields[name].default == TRAIN_DEFAULTS[name], name
-    assert knob_recipe(RunConfig(target="", out="")) == train_recipe()
+        assert fields[name].default is None, name  # not given: the family's train default
+    assert knob_recipe(RunConfig(target="", out="")) == train_recipe() == Recipe(**TRAIN_DEFAULTS)
+    for family in ("dspark", "xpress"):
+        resolved = knob_recipe(RunConfig(target="", out="", family=family))
+        assert resolved == train_recipe(family) == Recipe(**train_defaults(family))
+        assert resolved != train_recipe(), family  # each resolves something differently from dflash
+    assert train_recipe("dspark").sample_from_anchor and train_recipe("dspark").loss_fn == "kl_div"
+    assert train_recipe("xpress").loss_fn == '{"ce": 0.1, "tv": 0.9}'
+    assert knob_recipe(RunConfig(target="", out="", family="xpress", loss_fn="ce")).loss_fn == "ce"  # a flag wins
     assert train_recipe() != Recipe() and Recipe().to_dict() == {**DEFAULTS, "data_hash": "", "extra": {}}
 
 
@@ -66,7 +74,8 @@ def test_the_format_vocabulary_reads_every_knob_by_its_declared_names_and_type()
     ("noise_std", -0.1, "noise_std: must be non-negative, got -0.1"),
     ("max_anchors", 0, "max_anchors: must be positive, got 0"),
     ("selector_loss_alpha", -1, "selector_loss_alpha: must be non-negative, got -1"),
-    ("loss_fn", "mse", "loss_fn: 'mse' not in ['kl_div', 'ce']"),
+    ("loss_fn", "mse", "loss_fn: 'mse' is not one of ['kl_div', 'ce', 'tv'] nor a JSON dict of them to weights"),
+    ("loss_fn", '{"ce": 0.1, "mse": 0.9}', """loss_fn: '{"ce": 0.1, "mse": 0.9}': 'mse' not in ['kl_div', 'ce', 'tv']"""),
     ("per_position_loss_weight", "uniform", "per_position_loss_weight: 'uniform' not in ['fixed-exp-decay', 'dpace']"),
 ])
 def test_each_range_check_and_its_message_come_from_the_declaration(name, value, message):
@@ -84,3 +93,13 @@ def test_train_refuses_an_out_of_range_knob_in_one_line(tmp_path, capsys):
                  str(tmp_path / "o.pt"), "--gamma", "nan"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert typer  # the CLI module under test is typer's
+
+
+def test_loss_fn_takes_speculators_weighted_combinations_in_one_spelling():
+    from impl.recipe import XPRESS_LOSS
+
+    assert Recipe(loss_fn='{"ce":0.1,"tv":0.9}').loss_fn == XPRESS_LOSS == '{"ce": 0.1, "tv": 0.9}'
+    assert Recipe(loss_fn='{"ce": 1}').loss_fn == "ce"  # one term at weight 1 is the term (speculators: the same loss)
+    assert convert("loss_fn", {"tv": 0.9, "ce": 0.1}, "args.loss_fn") == '{"tv": 0.9, "ce": 0.1}'
+    assert convert("loss_fn", "TV", "args.loss_fn") == "tv"
+    assert knob_problem("loss_fn", '{"ce": true}') == """'{"ce": true}': the weight of ce must be a finite number"""

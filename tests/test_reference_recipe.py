@@ -16,6 +16,7 @@ from dflash_audit.audit.static import static_audit
 from dflash_audit.cli import main
 from drafter_files.checkpoint import load_checkpoint
 from drafter_files.zlab_format import save_zlab_dir
+from impl.recipe import KNOBS
 from reference_adapters import speculators_recipe as refs
 
 RECIPE_PAGE = Path(__file__).resolve().parent.parent / "docs" / "training.md"
@@ -104,14 +105,20 @@ def test_dpace_with_kl_is_refused(tiny_world, tmp_path, capsys):  # noqa: F811
     assert "per_position_loss_weight: dpace needs loss_fn ce" in capsys.readouterr().err
 
 
-def test_our_dflash2_defaults_are_speculators_dflash2_defaults():
-    from impl.train import RunConfig
+@pytest.mark.parametrize("family", ["dflash2", "dspark", "xpress"])
+def test_our_family_drafter_defaults_are_speculators_defaults(family):
+    from impl.train import RunConfig, knob_recipe
 
-    resolved, ours = refs.trainer("dflash2"), RunConfig(target="", out="", family="dflash2")
+    resolved, ours = refs.trainer(family), RunConfig(target="", out="", family=family)
     for name, value in resolved.architecture.items():
         if name != "sliding_window_non_causal":  # ours: None = the family's default, checked below
             assert getattr(ours, name) == value, name
-    assert ours.selector_loss_alpha == resolved.recipe.selector_loss_alpha
+    own = [name for name, info in KNOBS.items() if info.json_schema_extra["family"] == family]
+    assert own and all(getattr(knob_recipe(ours), name) == getattr(resolved.recipe, name) for name in own)
+
+
+def test_our_dflash2_defaults_are_speculators_dflash2_defaults():
+    resolved = refs.trainer("dflash2")
     assert resolved.architecture["sliding_window_non_causal"] is True
 
 

@@ -195,7 +195,7 @@ def test_cli_trains_and_writes_json(tiny_world, tmp_path):
     (["--fc-layers", "0,x"], "--target-layer-ids: '0,x' is not a list of integer layer ids"),
     (["--fc-layers", "0,9"], "target_layer_ids: [9] outside"),
     (["--target-source-layer", "7"], "verifier_source_layer: 7 outside"),
-    (["--loss", "mse"], "loss_fn: 'mse' not in ['kl_div', 'ce']"),
+    (["--loss", "mse"], "loss_fn: 'mse' is not one of ['kl_div', 'ce', 'tv'] nor a JSON dict of them to weights"),
     (["--loss-weighting", "uniform"], "per_position_loss_weight: 'uniform' not in"),
     (["--loss", "kl_div", "--loss-weighting", "dpace"], "per_position_loss_weight: dpace needs loss_fn ce"),
     (["--dpace-alpha", "1.5"], "dpace_alpha: must be in (0, 1]"),

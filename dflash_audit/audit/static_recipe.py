@@ -10,12 +10,15 @@ from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_spec import family_of
 from impl.layers import final_layer
-from impl.recipe import Recipe
+from impl.recipe import KNOBS, Recipe
 
 # Fields that only mean something under one weighting: compared only when both sides use it
 # (under different weightings the one finding is per_position_loss_weight).
 WEIGHTING_FIELDS = {"gamma": "fixed-exp-decay", "dpace_alpha": "dpace"}
-DFLASH2_RECIPE_FIELDS = {"selector_loss_alpha"}  # compared only between two DFlash2 drafters
+# A family's own knobs (DFlash2's selector weight, DSpark's confidence weight, XPress's rounds): compared only between
+# two drafters of that family (a family difference is one architecture finding, not one per knob).
+FAMILY_RECIPE_FIELDS = {name: info.json_schema_extra["family"] for name, info in KNOBS.items()
+                        if info.json_schema_extra["family"]}
 # The slot layout is the drafter's own: the `slot_layout` finding compares the specs, and each side's recipe
 # against its own spec (static_spec.py); comparing the recipes again would report one root cause twice.
 DRAFTER_FIELDS = {"sample_from_anchor"}
@@ -33,7 +36,7 @@ def recipe_of(side: Side, other: Side) -> tuple[Recipe, dict[str, str], bool, st
         return side.recipe or Recipe(), {}, True, ""
     from reference_adapters.speculators_recipe import yardstick_for
 
-    reference, why = yardstick_for(other.recipe, set(other.recipe_unknown))
+    reference, why = yardstick_for(other.recipe, set(other.recipe_unknown), family_of(side))
     return reference.recipe, reference.sources, False, f"held to {reference.title}: {why}"
 
 
@@ -59,8 +62,9 @@ def recipe_findings(ours: Side, ref: Side) -> tuple[list[Finding], dict[str, dic
     for name, (pitfall, severity, consequence) in RECIPE_ENTRIES.items():
         if name in unknown or name in DRAFTER_FIELDS:
             continue  # a side that never said it: listed as unknown in the recipe table, not compared
-        if name in DFLASH2_RECIPE_FIELDS and (family_of(ours), family_of(ref)) != ("dflash2", "dflash2"):
-            continue  # a DFlash drafter has no selector to weight
+        family = FAMILY_RECIPE_FIELDS.get(name)
+        if family and (family_of(ours), family_of(ref)) != (family, family):
+            continue  # e.g. a DFlash drafter has no selector to weight
         weighting = WEIGHTING_FIELDS.get(name)
         if weighting and any(weighting != r.per_position_loss_weight for r, side in ((ro, ours), (rr, ref))
                              if "per_position_loss_weight" not in side.recipe_unknown):

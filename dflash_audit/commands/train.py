@@ -13,8 +13,9 @@ from dflash_audit.formats.setting_names import DeclarationError, convert
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from foundation.errors import AuditError
 from foundation.inputs import check_finite_flags, check_target_dir, regular_file
-from impl.families import TRAINED_FAMILIES
+from impl.families import TITLES, TRAINED_FAMILIES
 from impl.recipe import KNOBS
+from impl.spec import FAMILY_FIELDS
 
 
 def _layer_ids(value: str | None, flag: str) -> list[int] | None:
@@ -100,7 +101,9 @@ def train(
     seed: int = typer.Option(0),
     max_seconds: float = typer.Option(None, help="Shrink the schedule to fit this wall-clock budget."),
     json_out: Path = typer.Option(None, "--json", help="Write the run's stats as JSON."),
-    family: str = typer.Option("dflash", help="dflash, or dflash2 (convolutions + candidate selector)."),
+    family: str = typer.Option("dflash", help="dflash; dflash2 (convolutions + candidate selector); dspark (Markov and "
+                                              "confidence heads); xpress (causal refiner). Each trains with its loss "
+                                              "and its defaults as speculators' trainer resolves the family."),
     conv_kernel_size: int = typer.Option(None, help="DFlash2: causal taps per convolution (default: 2)."),
     conv_group_size: int = typer.Option(None, help="DFlash2: channels sharing one dynamic kernel (default: 16)."),
     selector_rank: int = typer.Option(None, help="DFlash2: rank of the selector's bilinear term (default: 256)."),
@@ -108,6 +111,17 @@ def train(
     sliding_window_non_causal: bool = typer.Option(
         None, "--sliding-window-non-causal/--sliding-window-causal",
         help="Sliding layers see their whole block (default: dflash2 yes, dflash no)."),
+    markov_rank: int = typer.Option(None, help="DSpark: rank of the Markov logit bias, 0 for none (default: 256)."),
+    markov_head_type: str = typer.Option(None, help="DSpark: vanilla, gated or rnn Markov head (default: vanilla)."),
+    enable_confidence_head: bool = typer.Option(None, "--confidence-head/--no-confidence-head",
+                                                help="DSpark: the per-slot confidence head (default: on)."),
+    confidence_head_with_markov: bool = typer.Option(
+        None, "--confidence-head-with-markov/--confidence-head-without-markov",
+        help="DSpark: the confidence head also reads the Markov embedding (default: on)."),
+    xpress_rank: int = typer.Option(None, help="XPress: rank of the causal refiner (default: 256)."),
+    xpress_mlp_ratio: int = typer.Option(None, help="XPress: refiner MLP width over its rank (default: 2)."),
+    num_jacobi_passes: int = typer.Option(None, help="XPress: Jacobi passes at inference, stored with the drafter "
+                                                     "(default: 6)."),
     **knobs,  # one option per recipe knob, generated from impl/recipe.py (train_options.with_knob_options)
 ) -> None:
     from transformers.utils import logging as hf_logging
@@ -123,18 +137,19 @@ def train(
         raise AuditError(f"--draft-vocab-size must be a positive number of tokens, got {draft_vocab_size}")
     check_finite_flags(lr=lr, max_seconds=max_seconds,
                        **{name: value for name, value in knobs.items() if KNOBS[name].annotation is float})
-    dflash2_flags = dict(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size,
-                         selector_rank=selector_rank, selector_top_k=selector_top_k,
-                         **{name: value for name, value in knobs.items()
-                            if KNOBS[name].json_schema_extra["family"] == "dflash2"})
-    check_family_flags(family, dflash2_flags)
+    heads = dict(markov_rank=markov_rank, markov_head_type=markov_head_type,
+                 enable_confidence_head=enable_confidence_head,
+                 confidence_head_with_markov=confidence_head_with_markov, xpress_rank=xpress_rank,
+                 xpress_mlp_ratio=xpress_mlp_ratio, num_jacobi_passes=num_jacobi_passes)
+    check_family_flags(family, dict(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size,
+                                    selector_rank=selector_rank, selector_top_k=selector_top_k, **heads, **knobs))
     if dtype not in ("fp32", "bf16"):
         raise AuditError(f"--dtype must be fp32 or bf16, got {dtype!r}")
     # The recipe knobs are checked once, by the recipe type, when the run starts (impl.train.check_run).
     settings = recipe_settings(recipe, family, dict(
         conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size, selector_rank=selector_rank,
         selector_top_k=selector_top_k, sliding_window_non_causal=sliding_window_non_causal, block_size=block_size,
-        draft_layers=draft_layers, **knobs))
+        draft_layers=draft_layers, **heads, **knobs))
     cfg = RunConfig(
         target=str(target), out=str(out), data=str(data), eval_data=str(eval_data) if eval_data else None,
         eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
@@ -152,15 +167,21 @@ def train(
         report_run(stats, json_out)
 
 
-def check_family_flags(family: str, dflash2_flags: dict) -> None:
-    """--family names one of the families; DFlash2-only flags need --family dflash2."""
+def check_family_flags(family: str, given: dict) -> None:
+    """--family names one of the families; a family's own flag (its drafter's shape, its loss knobs) needs it."""
     if family not in TRAINED_FAMILIES:
-        raise AuditError(f"--family must be {' or '.join(TRAINED_FAMILIES)} (DSpark and XPress drafters are audited, "
-                         f"decoded and converted, not trained here), got {family!r}")
-    if family == "dflash":
-        stray = [name for name, value in dflash2_flags.items() if value is not None]
-        if stray:
-            raise AuditError(f"--{stray[0].replace('_', '-')} is a DFlash2 setting; add --family dflash2")
+        raise AuditError(f"--family must be one of {', '.join(TRAINED_FAMILIES)}, got {family!r}")
+    for name, value in given.items():
+        owner = flag_family(name)
+        if value is not None and owner not in (None, family):
+            raise AuditError(f"--{name.replace('_', '-')} is a {TITLES[owner]} setting; add --family {owner}")
+
+
+def flag_family(name: str) -> str | None:
+    """The family a train setting belongs to: a drafter field of one family, or a recipe knob declared for one."""
+    if name in KNOBS:
+        return KNOBS[name].json_schema_extra["family"]
+    return next((family for family, names in FAMILY_FIELDS.items() if name in names), None)
 
 
 def recipe_settings(recipe: str | None, family: str, given: dict) -> dict:

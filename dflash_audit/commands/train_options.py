@@ -28,7 +28,7 @@ def knob_parameters() -> list[inspect.Parameter]:
     """One keyword parameter per recipe knob, as typer reads a command's options."""
     parameters = []
     for name, info in KNOBS.items():
-        kind = str if choices(name) else {float: float, int: int, bool: bool}.get(info.annotation, int)
+        kind = str if choices(name) else {float: float, int: int, bool: bool, str: str}.get(info.annotation, int)
         option = typer.Option(None, *info.json_schema_extra["flags"], help=knob_help(name))
         parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                             annotation=kind | None))

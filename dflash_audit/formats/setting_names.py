@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from impl.layers import speculators_to_zlab
-from impl.recipe import KNOBS, LOSS_KINDS, LOSS_WEIGHTINGS, choices
+from impl.recipe import KNOBS, LOSS_KINDS, LOSS_WEIGHTINGS, canonical_loss_fn, choices
 from impl.spec import LAYER_TYPES, ROPE_STYLES
 
 SPEC_NAMES = {
@@ -78,7 +78,8 @@ FLOAT_FIELDS = {"rope_theta", "partial_rotary_factor", "rms_norm_eps", "input_em
                 "final_logit_softcapping"} | {n for n, t in RECIPE_TYPES.items() if t is float}
 BOOL_FIELDS = {"attention_bias", "sliding_window_non_causal"} | {n for n, t in RECIPE_TYPES.items() if t is bool}
 LOSS_SPELLINGS = {"ce": "ce", "cross_entropy": "ce", "crossentropy": "ce", "xent": "ce", "kl": "kl_div",
-                  "kl_div": "kl_div", "kld": "kl_div", "forward_kl": "kl_div", "kl_divergence": "kl_div"}
+                  "kl_div": "kl_div", "kld": "kl_div", "forward_kl": "kl_div", "kl_divergence": "kl_div",
+                  "tv": "tv", "total_variation": "tv"}
 
 
 class DeclarationError(ValueError):
@@ -143,9 +144,12 @@ def convert(field: str, value: Any, where: str, speculators_ids: bool = False) -
         return spelled
     if field == "loss_fn":
         spelled = LOSS_SPELLINGS.get(str(value).strip().lower().replace("-", "_"))
-        if spelled is None:
-            raise fail(f"a loss this tool knows ({sorted(LOSS_KINDS)})")
-        return spelled
+        if spelled is not None:
+            return spelled
+        try:  # speculators' weighted combination, e.g. '{"ce": 0.1, "tv": 0.9}' (XPress's)
+            return canonical_loss_fn(json.dumps(value) if isinstance(value, dict) else str(value))
+        except ValueError:
+            raise fail(f"a loss this tool knows ({sorted(LOSS_KINDS)}, or a JSON dict of them to weights)") from None
     if field == "hidden_act":
         if not isinstance(value, str):
             raise fail("an activation name")
