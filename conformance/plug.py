@@ -17,7 +17,7 @@ from typing import Any
 from impl import interface, interface_versions as versions
 
 PROTOCOLS = (interface.DFlashImplementation, interface.DFlash2Operations, interface.SlotLayoutOperations,
-             interface.DraftVocabOperations, interface.FamilyHeadOperations)
+             interface.DraftVocabOperations, interface.FamilyHeadOperations, interface.FamilyTrainingOperations)
 
 
 class PlugMismatch(Exception):

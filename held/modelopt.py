@@ -166,7 +166,7 @@ def _remote(op: str):
 
 class ModelOptImplementation:
     name = "modelopt"
-    interface_version = 9  # impl/interface_versions.py
+    interface_version = 10  # impl/interface_versions.py
     # No function of its own for these: context features are gathered inline in `HFDFlashModel.forward`
     # (hf_dflash.py:983); no decoding loop (its AR validation, `HFARValidation`, runs on CUDA against a precomputed
     # greedy ground truth); no slot layout, DFlash2 or reduced draft vocabulary; no XPress (its projector types

@@ -124,7 +124,7 @@ def _dspark_not_wrapped(self, *args, **kwargs):
 
 class SpecForgeImplementation:
     name = "specforge"
-    interface_version = 9  # impl/interface_versions.py
+    interface_version = 10  # impl/interface_versions.py
     # No inference mask: spec_generate calls the drafter with attention_mask=None (is_causal=False).
     # No block metrics: the DFlash objective reports one overall accuracy, no per-position accuracy or EAL.
     # No XPress (refiner_bias, jacobi_tokens): SpecForge 0.2.0 has none. Its DSpark

@@ -222,6 +222,19 @@ class FamilyHeadOperations(Protocol):
         before the anchor (the anchor-as-bonus layout's slot 0 follows it)."""
 
 
+class FamilyTrainingOperations(Protocol):
+    """DSpark's and XPress's training losses (#37, #38); a codebase that does not train them lacks the operation
+    (n/a) or declares it `unsupported`."""
+
+    def family_loss(self, drafter: Any, target: nn.Module, input_ids: torch.Tensor, loss_mask: torch.Tensor,
+                    document_ids: torch.Tensor, recipe: Any, seed: int,
+                    anchors: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Every loss term of one training forward of a DSpark or XPress drafter on a packed [1, T] sequence, under
+        speculators' metric names ("loss" the total; "confidence_loss"; "tf_loss", "consistency_loss",
+        "consistency_round{j}_loss", "base_anchor_loss"; "<name>_loss" of a weighted loss_fn), trained with
+        `recipe` (an `impl.recipe.Recipe`: every knob in speculators' names), anchors as `training_outputs`."""
+
+
 def supports(implementation: Any, operation: str) -> bool:
     """Whether `operation` is implemented: not declared in `implementation.unsupported`, and there at all
     (an implementation written before DFlash2 has none of its operations)."""

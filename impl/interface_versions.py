@@ -54,8 +54,11 @@ VERSIONS = (
             operations=("speculative_tokens", "proposal_logits", "apply_rotary", "vocab_mapping", "proposed_ids")),
     Version(8, "versioned plugs: a plug declares interface_version; a call it cannot take is a plug mismatch", "5c04d93"),
     Version(9, "DSpark's and XPress's heads: markov_bias, confidence_logits, markov_path; refiner_bias, jacobi_tokens",
-            "",
+            "3a66ea2",
             operations=("markov_bias", "confidence_logits", "markov_path", "refiner_bias", "jacobi_tokens")),
+    Version(10, "DSpark's and XPress's training losses: family_loss (every loss term, speculators' metric names); "
+                "TrainingOutputs.family", "",
+            operations=("family_loss",)),
 )
 CURRENT = VERSIONS[-1].number
 BY_NUMBER = {version.number: version for version in VERSIONS}

@@ -90,6 +90,16 @@ def test_an_interface_8_plug_is_told_what_interface_9_added():
     require(Plug(type("Interface9", (Interface8,), {"interface_version": 9})()), "markov_bias")  # lacking it: n/a
 
 
+def test_an_interface_9_plug_is_told_what_interface_10_added():
+    class Interface9:
+        name = "interface-9"
+        interface_version = 9
+
+    with pytest.raises(PlugMismatch, match=r"no `family_loss` operation: interface 10 added .*implements interface 9"):
+        require(Plug(Interface9()), "family_loss")
+    require(Plug(type("Interface10", (Interface9,), {"interface_version": 10})()), "family_loss")  # lacking it: n/a
+
+
 def test_a_current_plug_lacking_an_operation_is_not_a_mismatch():
     from held.specforge import NOT_WRAPPED_DSPARK, SpecForgeImplementation
     from impl.interface import Unsupported, supports

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from conformance.comparator import Comparator
+from conformance.plug import require
 from conformance.strategies import FamilyLossCase
 from conformance.tolerances import EXACT, for_dtype
 from conformance.world import packed_sequence, reference_state_dict, target_for
@@ -33,6 +34,7 @@ def loss_terms(cmp: Comparator, a, b, case: FamilyLossCase) -> None:
     anchors = b.select_anchors(loss_mask, training.max_anchors, spec.block_size, training.seed)
 
     def run(impl):
+        require(impl, "family_loss")
         drafter = impl.build_drafter(spec, reference_state_dict(spec, training.seed), target)
         with torch.no_grad():
             return impl.family_loss(drafter, target, input_ids, loss_mask, document_ids, case.recipe, training.seed,
