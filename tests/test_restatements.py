@@ -687,6 +687,7 @@ def test_the_drafter_fits_check_has_one_home():
     "def fits(spec, config):\n    return config.get('num_hidden_layers') != spec.num_target_layers\n",
     "def fits(spec, target):\n    return spec.num_target_layers == len(decoder_layers(target))\n",
     "def fits(spec, config):\n    return spec.num_target_layers != config.num_hidden_layers\n",
+    "def fits(spec, config):\n    return spec.target_vocab_size == config.vocab_size\n",
 ])
 def test_a_planted_drafter_fits_check_is_caught(planted):
     assert fit_check_copies(planted, "dflash_audit/commands/planted.py") != []
