@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from foundation.graph_walk import check_bounded
+
 MAX_EXPANDED_NODES = 2_000_000  # far beyond any training checkpoint's dicts, lists and args
 MAX_DEPTH = 200
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -23,6 +25,14 @@ BOILERPLATE = ("Weights only load failed", "weights_only", "trusted source", "tr
                "safe_globals", "https://")
 
 
+REFUSALS = {
+    "expanded": f"its objects reference each other so often that reading them would visit more than "
+                f"{MAX_EXPANDED_NODES:,} entries (a pickle reference bomb)",
+    "loop": "a list or dict in it contains itself (a reference loop); no checkpoint needs one",
+    "depth": f"its data nests deeper than {MAX_DEPTH} levels",
+}
+
+
 class PickleBomb(ValueError):
     """An unpickled object graph past the limits; the message says which."""
 
@@ -30,36 +40,9 @@ class PickleBomb(ValueError):
 def check_graph(root: Any) -> None:
     """PickleBomb if walking `root` (dicts, lists, tuples, sets; tensors are leaves) would visit more than
     MAX_EXPANDED_NODES nodes, nest deeper than MAX_DEPTH, or loop."""
-    expanded: dict[int, int] = {}
-    on_path: set[int] = set()
-    # Iterative post-order walk: a deep graph must not exhaust Python's own stack here either.
-    stack: list[tuple[Any, int, bool]] = [(root, 0, False)]
-    while stack:
-        node, depth, done = stack.pop()
-        key = id(node)
-        children = _children(node)
-        if children is None:
-            continue
-        if done:
-            on_path.discard(key)
-            total = 1 + sum(expanded.get(id(c), 1) for c in children)
-            expanded[key] = total
-            if total > MAX_EXPANDED_NODES:
-                raise PickleBomb(f"its objects reference each other so often that reading them would visit more "
-                                 f"than {MAX_EXPANDED_NODES:,} entries (a pickle reference bomb)")
-            continue
-        if key in expanded:
-            continue
-        if key in on_path:
-            if _is_object(node):  # an object's back-reference (OmegaConf's `_parent`): readers stop there
-                expanded[key] = 1
-                continue
-            raise PickleBomb("a list or dict in it contains itself (a reference loop); no checkpoint needs one")
-        if depth > MAX_DEPTH:
-            raise PickleBomb(f"its data nests deeper than {MAX_DEPTH} levels")
-        on_path.add(key)
-        stack.append((node, depth, True))
-        stack.extend((child, depth + 1, False) for child in children)
+    # An object's back-reference (OmegaConf's `_parent`) is no loop: readers stop there.
+    check_bounded(root, _children, MAX_DEPTH, MAX_EXPANDED_NODES, lambda kind: PickleBomb(REFUSALS[kind]),
+                  back_reference=_is_object)
 
 
 def _is_object(node: Any) -> bool:

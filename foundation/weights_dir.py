@@ -85,12 +85,18 @@ def read_config(path: Path) -> dict[str, Any]:
     config_path = path / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{path}: no config.json")
+    return config_object(config_path, CheckpointError)
+
+
+def config_object(config_path: Path, error: type[Exception]) -> dict[str, Any]:
+    """A config.json as a JSON object, or `error` in one line naming the file: the one reader of drafter and
+    target folders' configs."""
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{config_path}: invalid JSON ({exc})") from exc
+        raise error(f"{config_path}: not valid JSON ({exc})") from exc
     except RecursionError:
-        raise CheckpointError(f"{config_path}: JSON nested too deeply to read") from None
+        raise error(f"{config_path}: JSON nested too deeply to read") from None
     if not isinstance(config, dict):
-        raise CheckpointError(f"{config_path}: expected a JSON object, found {type(config).__name__}")
+        raise error(f"{config_path}: expected a JSON object, found {type(config).__name__}")
     return config

@@ -28,21 +28,12 @@ def pytest_configure(config):
 
 
 @pytest.fixture(autouse=True)
-def refusal_scan(request, monkeypatch):
+def refusal_scan(request):
     """Every refusal the CLI gives in this test, checked by tests/refusal_scan.py after it."""
-    from dflash_audit import cli
-    from tests.refusal_scan import offences
+    from tests.refusal_scan import offences, recorded_refusals
 
-    seen = []
-    real = cli.error_message
-
-    def recording(exc):
-        line = real(exc)
-        seen.append((exc, line))
-        return line
-
-    monkeypatch.setattr(cli, "error_message", recording)
-    yield
+    with recorded_refusals() as seen:
+        yield
     if request.node.get_closest_marker("unforeseen") is None:
         found = offences(seen)
         assert not found, "refusals that are defects:\n" + "\n".join(found)

@@ -5,6 +5,7 @@ unforeseen fault on purpose says so with `@pytest.mark.unforeseen`."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 # An exception class name as Python prints one (`KeyError`, `safetensors_rust.SafetensorError`), or a traceback.
@@ -24,3 +25,23 @@ def offences(seen: list[tuple[BaseException, str]]) -> list[str]:
         elif CLASS_NAME.search(raw_reason(exc)):
             found.append(f"an exception class name in the reason {raw_reason(exc)[:300]!r} (shown as {line!r})")
     return found
+
+
+@contextlib.contextmanager
+def recorded_refusals():
+    """Every refusal the CLI gives inside the block, as [(exception, the line shown)]."""
+    from dflash_audit import cli
+
+    seen: list[tuple[BaseException, str]] = []
+    real = cli.error_message
+
+    def recording(exc):
+        line = real(exc)
+        seen.append((exc, line))
+        return line
+
+    cli.error_message = recording
+    try:
+        yield seen
+    finally:
+        cli.error_message = real

@@ -12,7 +12,7 @@ from dflash_audit.audit.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_spec import expected_shapes
 from dflash_audit.audit.static_vocab import explained_by_draft_vocab
-from dflash_audit.audit.stream_stats import is_finite, pair_stats_all
+from dflash_audit.audit.stream_stats import stats_all
 from impl.families import head_family
 
 
@@ -62,7 +62,9 @@ def compare_tensors(ours: Side, ref: Side, findings: list[Finding], advance) -> 
     keys = sorted(set(ours.state_dict) | set(ref.state_dict))
     comparable = {key: (ours.state_dict[key], ref.state_dict[key]) for key in keys if key in ours.state_dict
                   and key in ref.state_dict and tuple(ours.state_dict[key].shape) == tuple(ref.state_dict[key].shape)}
-    all_stats = pair_stats_all(comparable)  # chunked float64: a tensor is never copied whole
+    singles = {(key, side): t for key in keys if key not in comparable
+               for side, t in (("ours", ours.state_dict.get(key)), ("ref", ref.state_dict.get(key))) if t is not None}
+    all_stats, finite = stats_all(comparable, singles)  # chunked float64: a tensor is never copied whole
     for key in keys:
         a, b = ours.state_dict.get(key), ref.state_dict.get(key)
         row = TensorRow(key, tensor_group(key), "equal",
@@ -71,7 +73,7 @@ def compare_tensors(ours: Side, ref: Side, findings: list[Finding], advance) -> 
                         ours_dtype=str(a.dtype).removeprefix("torch.") if a is not None else None,
                         ref_dtype=str(b.dtype).removeprefix("torch.") if b is not None else None)
         if a is None or b is None or tuple(a.shape) != tuple(b.shape):
-            row.non_finite = [side for side, t in (("ours", a), ("ref", b)) if t is not None and not is_finite(t)]
+            row.non_finite = [side for side in ("ours", "ref") if not finite.get((key, side), True)]
         if a is None or b is None:
             row.status = "missing in ours" if a is None else "missing in ref"
             holder, lacker = (exp_r, exp_o) if a is None else (exp_o, exp_r)

@@ -16,6 +16,7 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -79,10 +80,24 @@ def pair_stats(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK) -> PairStat
 
 def pair_stats_all(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]],
                    workers: int | None = None) -> dict[str, PairStats]:
-    """`pair_stats` of many pairs, two at a time on a machine with two cores: torch releases the GIL inside
-    each reduction, so the pairs overlap; memory stays a few chunks per worker."""
+    """`pair_stats` of many pairs (see `stats_all`)."""
+    return stats_all(pairs, {}, workers)[0]
+
+
+def stats_all(pairs: dict[Any, tuple[torch.Tensor, torch.Tensor]], singles: dict[Any, torch.Tensor],
+              workers: int | None = None) -> tuple[dict[Any, PairStats], dict[Any, bool]]:
+    """`pair_stats` of many pairs and `is_finite` of single tensors (those with no same-shape partner), two at a
+    time on a machine with two cores: torch releases the GIL inside each reduction, so the jobs overlap. The
+    largest go first, so that no worker is left alone with a long one at the end; memory stays a few chunks per
+    worker."""
+    jobs = [((True, key), pair_stats, ab, ab[0].numel()) for key, ab in pairs.items()]
+    jobs += [((False, key), is_finite, (tensor,), tensor.numel()) for key, tensor in singles.items()]
+    jobs.sort(key=lambda job: -job[3])
     workers = workers or min(2, os.cpu_count() or 1)
-    if workers <= 1 or len(pairs) <= 1:
-        return {key: pair_stats(a, b) for key, (a, b) in pairs.items()}
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(zip(pairs, pool.map(lambda ab: pair_stats(*ab), pairs.values())))
+    if workers <= 1 or len(jobs) <= 1:
+        results = [function(*args) for _, function, args, _ in jobs]
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(lambda job: job[1](*job[2]), jobs))
+    done = {job[0]: result for job, result in zip(jobs, results)}
+    return ({key: done[True, key] for key in pairs}, {key: done[False, key] for key in singles})

@@ -17,7 +17,6 @@ unpickled beyond plain data (`safe_pickle.py`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from dflash_audit.formats.loaded import (
 )
 from foundation.errors import AuditError
 from foundation.param_names import VERIFIER_OWNED_KEYS
+from foundation.weights_dir import config_object
 
 FORMATS = ("ours", "zlab", "speculators")  # the formats `convert` writes
 MODULES = {"ours": ours, "zlab": zlab, "speculators": speculators}
@@ -57,14 +57,7 @@ def _config_of(path: Path) -> dict[str, Any] | None:
     config_path = path / "config.json"
     if not config_path.is_file():
         return None
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise AuditError(f"{config_path}: not valid JSON ({exc})") from exc
-    except RecursionError:
-        raise AuditError(f"{config_path}: JSON nested too deeply to read") from None
-    if not isinstance(config, dict):
-        raise AuditError(f"{config_path}: expected a JSON object, found {type(config).__name__}")
+    config = config_object(config_path, AuditError)
     for section in CONFIG_SECTIONS:
         if config.get(section) is not None and not isinstance(config[section], dict):
             raise AuditError(f"{config_path}: field {section!r} must be a JSON object, found "

@@ -11,10 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from foundation.graph_walk import check_bounded
+
 MAX_BYTES = 1 << 20  # a run config is a few kilobytes
 MAX_DEPTH = 64
 MAX_ALIASES = 1_000
 MAX_EXPANDED_NODES = 100_000
+
+
+REFUSALS = {"expanded": f"its aliases expand it past {MAX_EXPANDED_NODES:,} values (an alias bomb)",
+            "loop": "an alias refers to a node that contains it (a recursive alias)",
+            "depth": f"nested deeper than {MAX_DEPTH} levels"}
 
 
 class YamlLimit(ValueError):
@@ -45,31 +52,18 @@ def check_nodes(root) -> None:
     """YamlLimit if the node graph nests too deep, has too many aliases, loops, or expands too far."""
     import yaml
 
-    expanded: dict[int, int] = {}
-    on_path: set[int] = set()
     aliases = 0
-    stack = [(root, 0, False)]
-    while stack:
-        node, depth, done = stack.pop()
+
+    def alias() -> None:  # a node reached again
+        nonlocal aliases
+        aliases += 1
+        if aliases > MAX_ALIASES:
+            raise YamlLimit(f"more than {MAX_ALIASES} aliases")
+
+    def children(node) -> list | None:
         if isinstance(node, yaml.ScalarNode):
-            continue
-        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else list(node.value)
-        key = id(node)
-        if done:
-            on_path.discard(key)
-            expanded[key] = 1 + sum(expanded.get(id(c), 1) for c in children)
-            if expanded[key] > MAX_EXPANDED_NODES:
-                raise YamlLimit(f"its aliases expand it past {MAX_EXPANDED_NODES:,} values (an alias bomb)")
-            continue
-        if key in expanded:  # a node reached again: an alias
-            aliases += 1
-            if aliases > MAX_ALIASES:
-                raise YamlLimit(f"more than {MAX_ALIASES} aliases")
-            continue
-        if key in on_path:
-            raise YamlLimit("an alias refers to a node that contains it (a recursive alias)")
-        if depth > MAX_DEPTH:
-            raise YamlLimit(f"nested deeper than {MAX_DEPTH} levels")
-        on_path.add(key)
-        stack.append((node, depth, True))
-        stack.extend((child, depth + 1, False) for child in children)
+            return None
+        return [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else list(node.value)
+
+    check_bounded(root, children, MAX_DEPTH, MAX_EXPANDED_NODES, lambda kind: YamlLimit(REFUSALS[kind]),
+                  on_shared=alias)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from dflash_audit import cli
 from foundation.atomic import TMP_DIR
 from tests.bad_inputs.cli_run import tree_digest
-from tests.refusal_scan import offences
+from tests.refusal_scan import offences, recorded_refusals
 
 TIME_BOUND = 60.0  # seconds per example: a refusal or a small audit, never a walk over a bomb
 
@@ -184,22 +184,10 @@ def check_example(reader: str, mutation: dict, world: Path) -> None:
         argv = [str(a) for a in build(reader, mutation, world, work)]
         inputs = {p: tree_digest(p) for p in (work, world)}
         inputs = {p: {k: v for k, v in d.items() if not k.startswith("report")} for p, d in inputs.items()}
-        seen = []
-        real = cli.error_message
-
-        def recording(exc):
-            line = real(exc)
-            seen.append((exc, line))
-            return line
-
         err, out = io.StringIO(), io.StringIO()
-        cli.error_message = recording
         started = time.monotonic()
-        try:
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-                code = cli.main(argv)
-        finally:
-            cli.error_message = real
+        with recorded_refusals() as seen, contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            code = cli.main(argv)
         elapsed = time.monotonic() - started
         text = err.getvalue()
         breach = f"{reader} {json.dumps(mutation, default=str)[:400]}"
