@@ -397,7 +397,7 @@ def head_cases(draw, specs) -> HeadCase:
     # The head checks never run the backbone: one target layer for the one draft layer lets every codebase build
     # the drafter (Model-Optimizer requires one per draft layer) at no cost to what the heads are held to.
     spec = draw(specs)
-    spec = dataclasses.replace(spec, target_layer_ids=spec.target_layer_ids[-1:])
+    spec = spec.replace(target_layer_ids=spec.target_layer_ids[-1:])
     return HeadCase(spec, draw(st.integers(1, 4)), draw(st.integers(0, VOCAB - 1)),
                     draw(st.integers(0, VOCAB - 1)), draw(st.integers(0, 2**16)))
 
