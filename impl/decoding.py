@@ -29,6 +29,7 @@ from impl.extract import context_features, output_head
 from impl.model import DFlashDrafter, DraftCache
 from impl.slot_layout import draft_block_size
 from impl.xpress import jacobi_resolve
+from impl.acceptance import acceptance_histogram, mean_acceptance  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -45,24 +46,6 @@ class DecodeResult:
     @property
     def tau(self) -> float:
         return mean_acceptance(self.acceptance_lengths)
-
-
-def mean_acceptance(lengths: list[int]) -> float:
-    """Per-prompt τ: the mean acceptance length over rounds (0 when no round ran)."""
-    return sum(lengths) / len(lengths) if lengths else 0.0
-
-
-def acceptance_histogram(lengths: list[int], longest: int) -> list[int]:
-    """Counts of acceptance lengths 0..`longest`, as z-lab's benchmark prints them (`longest` = the drafter's
-    speculative tokens + 1: B for the anchor-as-bonus layout, B + 1 for sample-from-anchor).
-
-    A length outside 0..longest cannot come from a correct decoder: it is an error, never clamped."""
-    counts = [0] * (longest + 1)
-    for length in lengths:
-        if not 0 <= length <= longest:
-            raise ValueError(f"acceptance length {length} outside 0..{longest} (the longest round)")
-        counts[length] += 1
-    return counts
 
 
 class StopTokens:

@@ -24,7 +24,7 @@ from foundation.benchmarks.sets import PromptSet
 from foundation.chat_template import ChatTemplate
 from foundation.errors import AuditError
 from foundation.target import stop_token_ids
-from impl.decoding import dflash_decode, mean_acceptance
+from impl.acceptance import mean_acceptance
 
 
 
@@ -62,7 +62,8 @@ def conversations(prompt_set: PromptSet, tokenizer, render, generate) -> list[di
 
 
 def live(drafter, target, tokenizer, prompt_set: PromptSet, template: ChatTemplate, setting: Setting) -> list[dict]:
-    from impl.ddtree import ddtree_decode
+    from impl.ddtree import ddtree_decode  # the decoding loops: imported by the run, not by the verb's checks
+    from impl.decoding import dflash_decode
 
     stops = stop_token_ids(tokenizer)
 

@@ -230,3 +230,18 @@ def test_convert_for_vllm_writes_dspark_as_speculators_and_refuses_what_no_forma
         assert main(["convert", "--from", str(source), "--to", str(out), "--for", engine, "--target", target]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0] and not out.exists()
+
+
+def test_vllm_translates_a_speculators_dspark_config_to_its_qwen3_model_only():
+    """vLLM's own `update_dspark`: a speculators DSpark config becomes Qwen3DSparkModel whatever architecture it
+    names (gemma4_dspark.py never reads one), keeps sample_from_anchor and drops sliding_window_non_causal (no
+    dflash_config: each layer then runs causal exactly when it slides, qwen3_dflash.py `_dflash_layer_causal`)."""
+    from vllm.transformers_utils.configs.speculators.algos import update_dspark
+
+    for architectures in ([], ["DSparkDraftModel"], ["Gemma4DSparkModel"]):
+        translated = {}
+        update_dspark({"architectures": architectures, "aux_hidden_state_layer_ids": [2, 4], "markov_rank": 8,
+                       "sample_from_anchor": True, "sliding_window_non_causal": True}, translated)
+        assert translated["architectures"] == ["Qwen3DSparkModel"]
+        assert translated["target_layer_ids"] == [1, 3] and translated["sample_from_anchor"] is True
+        assert "dflash_config" not in translated and "sliding_window_non_causal" not in translated

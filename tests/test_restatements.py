@@ -8,6 +8,7 @@ user holds the very same object.
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 from pathlib import Path
 
@@ -704,7 +705,9 @@ def test_eval_and_compare_ask_the_one_fit_check_and_run_the_one_offline_runner()
 
     assert eval_drafter.misfit is dynamic.misfit is drafter_fit.misfit
     assert drafter_fit.spec_misfit is speculators.spec_misfit is impl.target_fit.spec_misfit
-    assert eval_command.replay_offline is dynamic.replay_offline is offline_tau.replay_offline
+    assert dynamic.replay_offline is offline_tau.replay_offline
+    # eval imports the runner when it runs (its bad-input refusals come before any modelling import)
+    assert "from dflash_audit.offline_tau import replay_offline" in inspect.getsource(eval_command)
     for module in (eval_command, dynamic):  # neither replays on its own
         assert not hasattr(module, "offline_rounds_each") and not hasattr(module, "load_or_build_cache")
 

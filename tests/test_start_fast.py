@@ -76,3 +76,16 @@ def test_a_static_compare_imports_no_decoding_and_no_modelling(static_pair, tmp_
     assert not loaded, f"a static compare imported {sorted(loaded)}"
     assert not {m for m in modules if MODELLING.match(m)}, "a static compare imported transformers' modelling"
     assert "dflash_audit.commands.compare" in modules and "dflash_audit.commands.train" not in modules
+
+
+@pytest.mark.parametrize("table", [[], ["--table"]])
+def test_eval_refuses_a_bad_prompts_file_before_importing_the_decoding_loops(tmp_path, table):
+    """A bad input is one line in the seconds torch takes to import, not after the modelling code has loaded."""
+    prompts = tmp_path / "gsm8k.jsonl"
+    prompts.write_text('{"problem": "not a gsm8k row"}\n' if table else "not json\n")
+    status, modules, err = imported("eval", "--drafter", str(tmp_path / "d.pt"), "--target", str(tmp_path),
+                                    "--prompts", f"gsm8k:{prompts}" if table else str(prompts), *table)
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    loaded = {m for m in modules if any(m == d or m.startswith(d + ".") for d in DYNAMIC_ONLY)}
+    assert not loaded, f"eval's refusal imported {sorted(loaded)}"
+    assert not {m for m in modules if MODELLING.match(m)}, "eval's refusal imported transformers' modelling"

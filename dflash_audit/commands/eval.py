@@ -16,8 +16,6 @@ from rich.console import Console
 from tabulate import tabulate
 
 from dflash_audit.commands import VERBS
-from dflash_audit.commands.eval_drafter import place_drafter, read_drafter
-from dflash_audit.offline_tau import replay_offline
 from dflash_audit.outputs import check_cache_dir, check_not_foreign, check_outputs, check_writable
 from dflash_audit.progress import progress
 from dflash_audit.prompts import (
@@ -41,10 +39,6 @@ from foundation.placement import (
 )
 from foundation.target import stop_token_ids
 from foundation.target_vocab import TargetVocabulary, mask_token_problems
-from impl.body_shapes import build_drafter
-from impl.ddtree import ddtree_decode, require_dflash_family
-from impl.decoding import acceptance_histogram, dflash_decode, mean_acceptance
-from impl.memory_plan import check_plan, plan_memory
 
 METHODS = ("dflash", "ddtree")
 MODES = ("live", "offline")
@@ -80,6 +74,9 @@ def check_json_output(json_path: Path | None, inputs: dict[str, Path], force: bo
 def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new_tokens: int, temperature: float,
                      seed: int, stop_ids: list[int], advance) -> list[dict]:
     """Live: decode `prompts`, one by one."""
+    from impl.ddtree import ddtree_decode
+    from impl.decoding import dflash_decode
+
     results = []
     for prompt_id, ids in prompts:
         if method == "dflash":
@@ -94,6 +91,9 @@ def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new
 def replay_prompts(drafter, target, target_dir: Path, prompts, method: str, budget: int, max_new_tokens: int,
                    stop_ids: list[int], cache_dir: Path | None, ranks: Ranks, bar) -> list[dict]:
     """Offline: every prompt's rounds replayed from the hidden-state cache (the runner compare's τ uses too)."""
+    from dflash_audit.offline_tau import replay_offline
+    from impl.decoding import mean_acceptance
+
     run = replay_offline({"drafter": drafter}, target, target_dir, prompts, max_new_tokens, stop_ids,
                          [(method, budget if method == "ddtree" else None)], cache_root(cache_dir) / "offline", ranks,
                          bar)
@@ -110,14 +110,20 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
 
     `memory`: free memory handed to the memory plan (`free_on_devices`, `free_on_host`) instead of
     the machine's own, for tests."""
-    from foundation.target import load_target_model, load_tokenizer
-
+    # Bad flags and inputs are refused before the modelling code (seconds of transformers imports) is imported.
     check_options(method, mode, budget, max_new_tokens, temperature)
     inputs = {"--drafter": drafter_path, "--target": target_dir, "--prompts": prompts_path}
     check_json_output(json_path, inputs, force)
     check_cache_dir(cache_dir, inputs)
     console = console or Console(stderr=True)
     records = load_prompts(prompts_path)  # bad input fails before any model loads
+    from dflash_audit.commands.eval_drafter import place_drafter, read_drafter
+    from foundation.target import load_target_model, load_tokenizer
+    from impl.body_shapes import build_drafter
+    from impl.ddtree import require_dflash_family
+    from impl.decoding import acceptance_histogram, mean_acceptance
+    from impl.memory_plan import check_plan, plan_memory
+
     chat = chat_template if isinstance(chat_template, ChatTemplate) else ChatTemplate.parse(chat_template)
     tokenizer, config = load_tokenizer(target_dir)
     chat.check_kwargs(tokenizer)

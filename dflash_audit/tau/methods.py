@@ -8,11 +8,9 @@ import torch
 from foundation.benchmarks.sets import PromptSet
 from foundation.chat_template import ChatTemplate
 from foundation.errors import AuditError
-from impl.tau_methods import RUNNERS, Setting, mean_tau
-from reference_adapters.zlab_benchmark import zlab_benchmark, zlab_loop
+from impl.tau_methods import Setting, mean_tau
 
 TAU_METHODS = ("live", "zlab-loop", "teacher-forced", "zlab-benchmark")
-ALL_RUNNERS = {**RUNNERS, "zlab-loop": zlab_loop, "zlab-benchmark": zlab_benchmark}
 __all__ = ["TAU_METHODS", "Setting", "check_method", "mean_tau", "run_method"]
 
 
@@ -33,5 +31,10 @@ def run_method(method: str, drafter, target, tokenizer, prompt_set: PromptSet, t
                setting: Setting) -> list[dict]:
     """Per-response results `{"id", "prompt", "turn", "prompt_tokens", "rounds", "tau"}` of `method`."""
     check_method(method, setting)
+    # The runners (and z-lab's package) are imported when a method runs, not when eval checks its flags.
+    from impl.tau_methods import RUNNERS
+    from reference_adapters.zlab_benchmark import zlab_benchmark, zlab_loop
+
+    runners = {**RUNNERS, "zlab-loop": zlab_loop, "zlab-benchmark": zlab_benchmark}
     with torch.inference_mode():
-        return ALL_RUNNERS[method](drafter, target, tokenizer, prompt_set, template, setting)
+        return runners[method](drafter, target, tokenizer, prompt_set, template, setting)
