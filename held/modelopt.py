@@ -164,6 +164,12 @@ def _remote(op: str):
     return operation
 
 
+# Model-Optimizer trains DSpark (`_compute_dspark_loss`); this plug holds its DSpark heads and Markov loop, not its loss.
+NOT_WRAPPED_DSPARK_LOSS = ("modelopt: Model-Optimizer 0.47.0's DSpark loss (modelopt/torch/speculative/plugins/"
+                           "hf_dspark.py:170, _compute_dspark_loss) is not wrapped by this plug, which holds its "
+                           "DSpark heads and Markov loop")
+
+
 class ModelOptImplementation:
     name = "modelopt"
     interface_version = 10  # impl/interface_versions.py
@@ -185,6 +191,9 @@ class ModelOptImplementation:
         if self._recipe is None:
             self._recipe = ModelOptRecipe(worker().request({"op": "recipe"}))
         return self._recipe
+
+    def family_loss(self, drafter, target, input_ids, loss_mask, document_ids, recipe, seed, anchors=None):
+        raise Unsupported(NOT_WRAPPED_DSPARK_LOSS)  # it has one: not held here (n/a saying so, never "has none")
 
     default_target_layer_ids = _remote("default_target_layer_ids")
     select_anchors = _remote("select_anchors")

@@ -151,6 +151,11 @@ def test_the_run_held_modelopt_only(modelopt_results):
     assert not [r["test"] for r in rows if r["test"].endswith("[speculators-vs-zlab]") or "ours" in r["implementations"]]
     heads = [r for r in rows if r["test"].startswith("conformance/test_dspark_heads.py")]  # its loss: not held yet
     assert len(heads) == 2 and {r["status"] for r in heads} == {"pass"} and all(r["comparisons"] for r in heads), heads
+    # Its DSpark loss exists (hf_dspark.py:170) but is not wrapped: n/a saying so, never "modelopt has no family_loss".
+    losses = [r for r in rows if r["test"].startswith("conformance/test_family_losses.py")]
+    assert losses and {r["status"] for r in losses} == {"n/a"}, losses
+    assert any("_compute_dspark_loss) is not wrapped" in r["reason"] for r in losses), [r["reason"] for r in losses]
+    assert not any("has no family_loss" in r["reason"] for r in losses)
 
 
 def test_modelopt_plug_takes_every_call(modelopt_results):

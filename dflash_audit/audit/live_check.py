@@ -229,7 +229,7 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
     """{drafter name: the `serving.vllm.live` section} for every drafter, one engine process for all.
     `plants`: per drafter, engine variants (serving_engines/live/engine_driver.py PATCHES, `+`-joined) run on
     its first `plant_prompts` prompts, each assessed like the served run (section["planted"][variant])."""
-    from dflash_audit.commands.eval import place_drafter, read_drafter
+    from dflash_audit.commands.eval_drafter import place_drafter, read_drafter
     from foundation.target import load_target, stop_token_ids
 
     env = find_vllm(vllm_python)

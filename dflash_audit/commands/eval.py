@@ -92,7 +92,7 @@ def replay_prompts(drafter, target, target_dir: Path, prompts, method: str, budg
                    stop_ids: list[int], cache_dir: Path | None, ranks: Ranks, bar) -> list[dict]:
     """Offline: every prompt's rounds replayed from the hidden-state cache (the runner compare's τ uses too)."""
     from dflash_audit.offline_tau import replay_offline
-    from impl.decoding import mean_acceptance
+    from impl.acceptance import mean_acceptance
 
     run = replay_offline({"drafter": drafter}, target, target_dir, prompts, max_new_tokens, stop_ids,
                          [(method, budget if method == "ddtree" else None)], cache_root(cache_dir) / "offline", ranks,
@@ -121,7 +121,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     from foundation.target import load_target_model, load_tokenizer
     from impl.body_shapes import build_drafter
     from impl.ddtree import require_dflash_family
-    from impl.decoding import acceptance_histogram, mean_acceptance
+    from impl.acceptance import acceptance_histogram, mean_acceptance
     from impl.memory_plan import check_plan, plan_memory
 
     chat = chat_template if isinstance(chat_template, ChatTemplate) else ChatTemplate.parse(chat_template)
