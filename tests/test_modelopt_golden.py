@@ -151,11 +151,20 @@ def test_the_run_held_modelopt_only(modelopt_results):
     assert not [r["test"] for r in rows if r["test"].endswith("[speculators-vs-zlab]") or "ours" in r["implementations"]]
     heads = [r for r in rows if r["test"].startswith("conformance/test_dspark_heads.py")]  # its loss: not held yet
     assert len(heads) == 2 and {r["status"] for r in heads} == {"pass"} and all(r["comparisons"] for r in heads), heads
-    # Its DSpark loss exists (hf_dspark.py:170) but is not wrapped: n/a saying so, never "modelopt has no family_loss".
+    # Its DSpark loss exists (hf_dspark.py:170) but is not wrapped: n/a with a true reason, never "has no family_loss".
     losses = [r for r in rows if r["test"].startswith("conformance/test_family_losses.py")]
     assert losses and {r["status"] for r in losses} == {"n/a"}, losses
-    assert any("_compute_dspark_loss) is not wrapped" in r["reason"] for r in losses), [r["reason"] for r in losses]
-    assert not any("has no family_loss" in r["reason"] for r in losses)
+    assert not any("has no family_loss" in r["reason"] for r in losses), [r["reason"] for r in losses]
+
+
+def test_its_dspark_loss_is_said_not_wrapped(plug):
+    from held.modelopt import NOT_WRAPPED_DSPARK_LOSS
+    from impl.interface import Unsupported
+
+    where = NOT_WRAPPED_DSPARK_LOSS.split("(")[1].split(",")[0]  # the file:line the message names
+    assert "def _compute_dspark_loss(" in source_line(where)
+    with pytest.raises(Unsupported, match="DSpark loss .* is not wrapped by this plug"):
+        plug.family_loss(None, None, None, None, None, None, 0)
 
 
 def test_modelopt_plug_takes_every_call(modelopt_results):
