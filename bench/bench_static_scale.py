@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3.6-27b")
     parser.add_argument("--tmp", type=Path, default=None, help="where the pair is generated (default: the temp dir)")
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="runs of each side, the fastest counting")
     args = parser.parse_args()
     spec = SHAPES[args.shape]
     shapes = body_shapes(spec)
@@ -81,7 +82,7 @@ def main() -> None:
         floor_cmd = [sys.executable, "-c", FLOOR, str(ref / "model.safetensors"), str(same / "model.safetensors")]
         reports = root / "reports"
         floor, ours_same, ours_fc4 = [], [], []
-        for i in range(REPEATS):  # alternating, so machine load hits both alike
+        for i in range(args.repeats):  # alternating, so machine load hits both alike
             floor.append(run(floor_cmd))
             ours_same.append(run(cli("compare", "--ours", str(same), "--ref", str(ref), "--static-only",
                                      "--out", str(reports / f"same{i}"))))

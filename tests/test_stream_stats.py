@@ -69,7 +69,8 @@ def test_static_scale_bench_at_tiny_shape(tmp_path):
     """bench_static_scale end to end on the tiny shape: findings exact (none / fc_dims), memory rows recorded."""
     results = tmp_path / "results.json"
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_static_scale.py"), "--shape", "tiny",
-                          "--tmp", str(tmp_path), "--results", str(results)], capture_output=True, text=True,
+                          "--tmp", str(tmp_path), "--results", str(results),
+                          "--repeats", "1"], capture_output=True, text=True,
                          env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-2000:]
     entry = json.loads(results.read_text())["static_scale[tiny]"]
