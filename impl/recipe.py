@@ -25,6 +25,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from impl import settings
 from impl.layers import layer_range, layers_outside
 from impl.spec import SpecError
 
@@ -258,24 +259,12 @@ def choices(name: str) -> tuple[Any, ...]:
 
 def bounds(name: str) -> dict[str, float]:
     """{"gt": 0, "le": 1, ...}: the bounds a field declares."""
-    found = {}
-    for item in Recipe.model_fields[name].metadata:
-        for key in ("gt", "ge", "lt", "le"):
-            if getattr(item, key, None) is not None:
-                found[key] = getattr(item, key)
-    return found
+    return settings.bounds(Recipe.model_fields[name])
 
 
 def bounds_text(name: str) -> str:
     """The declared range in words: "positive", "non-negative", "in (0, 1]"."""
-    found = bounds(name)
-    if found == {"gt": 0}:
-        return "positive"
-    if found == {"ge": 0}:
-        return "non-negative"
-    low = f"({found['gt']:g}" if "gt" in found else f"[{found['ge']:g}" if "ge" in found else "(-inf"
-    high = f"{found['lt']:g})" if "lt" in found else f"{found['le']:g}]" if "le" in found else "inf)"
-    return f"in {low}, {high}" if found else ""
+    return settings.bounds_text(Recipe.model_fields[name])
 
 
 def knob_problem(name: str, value: Any) -> str | None:
