@@ -12,7 +12,7 @@ from foundation.target_vocab import mask_token_problems
 from impl.spec import DraftSpec
 from serving_engines.capture import trained_capture
 from serving_engines.rules import source as engine_source
-from serving_engines.served import TargetFacts
+from serving_engines.served import Served, TargetFacts
 
 # Spec fields whose "default" provenance is our loader's guess, not the format's documented meaning.
 GUESSED_DEFAULTS = {"target_layer_ids": "target_layer_ids", "rope_theta": "rope_theta",
@@ -171,14 +171,40 @@ def mask_token_findings(engine: str, mask: int | None, target: TargetFacts) -> l
             for kind, phrase in mask_token_problems(mask, limits, special)]
 
 
+def command_findings(served: Served, spec: DraftSpec) -> list[ServingFinding]:
+    """llama-server's command-line settings that change what is drafted: the draft length left at its default,
+    argmax drafts at T > 0, a draft KV cache that rounds keys and values."""
+    from serving_engines.llamacpp_engine import DEFAULT_N_MAX, EXACT_KV_TYPES
+
+    values, sources, found = served.values, served.sources, []
+    if values.get("spec_draft_n_max_given") is False and spec.block_size - 1 != DEFAULT_N_MAX:
+        found.append(ServingFinding(
+            "spec_draft_n_max", "warning", spec.block_size - 1, DEFAULT_N_MAX, sources.get("spec_draft_n_max", ""),
+            f"llama-server drafts {DEFAULT_N_MAX} tokens when --spec-draft-n-max is left out; this drafter was "
+            f"trained for blocks of {spec.block_size}: pass --spec-draft-n-max {spec.block_size - 1}", pitfall=29))
+    if values.get("draft_sampling") == "argmax":
+        found.append(ServingFinding(
+            "draft_sampling", "info", None, "argmax", sources.get("draft_sampling", ""),
+            "llama-server drafts the argmax at every temperature (unless --spec-draft-sampling probabilistic): at "
+            "T > 0 its acceptance is the sampled target's agreement with the greedy draft"))
+    kind = values.get("draft_kv_type")
+    if kind is not None and kind not in EXACT_KV_TYPES:
+        found.append(ServingFinding(
+            "draft_kv_type", "warning", "f16", kind, sources.get("draft_kv_type", ""),
+            f"a {kind} draft KV cache rounds the context keys and values the drafter was trained on exactly "
+            "(llama.cpp #25725: acceptance near 0 with q8_0)"))
+    return found
+
+
 def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
-                  trained: tuple[dict[str, Any], dict[str, str]] | None = None) -> EngineReport:
+                  trained: tuple[dict[str, Any], dict[str, str]] | None = None, **options) -> EngineReport:
     """How `engine` serves the drafter directory `path` that was trained as `spec` (`trained`: the values
-    and unknowns from `trained_values`, when the caller knows more than the spec)."""
+    and unknowns from `trained_values`, when the caller knows more than the spec). `options`: the engine's
+    command (llama.cpp: n_max, kv_type)."""
     from serving_engines.dispatch import resolve
 
     trained, unknown = trained or trained_values(spec)
-    served = resolve(engine, path, target, spec.block_size, spec.num_target_layers)
+    served = resolve(engine, path, target, spec.block_size, spec.num_target_layers, **options)
     findings: list[ServingFinding] = []
     if served.refused_for:  # a value the engine refuses: one finding, under that field's entry
         name = served.refused_for
@@ -215,6 +241,8 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
                                        f"{served.values.get('target_layer_ids')}", pitfall=26))
     if served.loads:
         findings += mask_token_findings(engine, served.values.get("mask_token_id"), target)
+    if engine == "llamacpp":
+        findings += command_findings(served, spec)
     return EngineReport(engine, served.version, served.loads, served.error, served.values, trained, findings,
                         served.command, served.sources, served.notes)
 
