@@ -179,7 +179,7 @@ def test_a_target_whose_weights_do_not_fit_its_config(world, tmp_path, capsys):
 
 @pytest.mark.unforeseen
 def test_an_unforeseen_fault_is_one_line_ending_rerun_with_debug(world, tmp_path, capsys, monkeypatch):
-    import dflash_audit.commands.compare as compare
+    import dflash_audit.audit.compare as compare
 
     def broken(*args, **kwargs):
         raise KeyError("something nobody foresaw")
