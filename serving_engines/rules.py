@@ -202,10 +202,6 @@ def rule_module(module: str) -> str:
 
 def source(engine: str, field_name: str, family: str | None = None) -> str:
     """engine file:line of the first rule for (engine, field): the family's own rule, else the DFlash one."""
-    if engine == "llamacpp":  # its rules are C++ lines in its tree (llamacpp_engine.RULES)
-        from serving_engines.llamacpp_engine import source as llamacpp_source
-
-        return llamacpp_source(field_name)
     own = [r for r in RULES if r.engine == engine and r.field == field_name and r.family == family]
     shared = [r for r in RULES if r.engine == engine and r.field == field_name and r.family is None]
     for rule in (own or shared)[:1]:

@@ -183,8 +183,8 @@ def target_layer_finding(engine: str, trained: list[int] | None, unknown: str | 
                           f"{runs}{count}; the drafter was trained on {list(trained)}", pitfall=26)
 
 
-def mask_token_findings(engine: str, mask: int | None, target: TargetFacts) -> list[ServingFinding]:
-    source = engine_source(engine, "mask_token_id")
+def mask_token_findings(engine: str, mask: int | None, target: TargetFacts, source: str = "") -> list[ServingFinding]:
+    source = source or engine_source(engine, "mask_token_id")
     if mask is None:
         return []
     if target.vocab_size is None and target.embedding_rows is None and not target.eos_token_ids:
@@ -275,7 +275,8 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
             if finding is not None:
                 findings.append(finding)
     if served.loads:
-        findings += mask_token_findings(engine, served.values.get("mask_token_id"), target)
+        findings += mask_token_findings(engine, served.values.get("mask_token_id"), target,
+                                        served.sources.get("mask_token_id", ""))
     if engine == "llamacpp":
         findings += command_findings(served, spec)
     return EngineReport(engine, served.version, served.loads, served.error, served.values, trained, findings,
