@@ -365,13 +365,11 @@ class StepAudit:
         label_source = None
         for n in labels:
             label_source = self.labels(n, draft, mapping, block)
-        w = None
+        factors = [n for n in weights if self.tensors[n].numel() == draft.shape[0]]
         for n in weights:
-            if self.tensors[n].numel() == draft.shape[0] or self.tensors[n].numel() in (
-                    (block or {}).get("length", -1), (block or {}).get("length", 0) - 1):
-                w = self.weights(n, mapping, block, draft.shape[0])
-            else:
+            if n not in factors:
                 self.account(n, f"a constant of the loss (node {self.entries[n]['node']})")
+        w = self.weights(factors, mapping, draft.shape[0]) if factors else None
         for n in scalars:
             self.account(n, f"a scalar of the loss's reduction (node {self.entries[n]['node']}, "
                             f"value {float(self.tensors[n].flatten()[0]):.6g})")
@@ -401,7 +399,7 @@ class StepAudit:
 
     def expected_position(self, b: int, j: int, k: int, block: dict) -> int | None:
         anchors = block.get("anchors")
-        if anchors is None:
+        if anchors is None or j >= len(anchors) or anchors[j] is None:
             return None
         from_anchor = bool(self.drafter_facts.get("sample_from_anchor", False))
         return b * self.cands.seq_len + anchors[j] + k - (0 if from_anchor else 1)
@@ -433,8 +431,32 @@ class StepAudit:
                              "(noise belongs on the drafter's inputs only)", round(named.residual_std, 4), 0.0,
                              pitfall=15, key="targets", raw={"relative": named.relative_noise}), edge="targets")
         if mapping is not None and block is not None and named.positions is not None:
+            if "anchors" not in block:
+                self.infer_anchors(named.positions.tolist(), mapping, block)
             self.alignment(named.positions.tolist(), mapping, block)
         return named
+
+    def infer_anchors(self, found: list[int], mapping: dict, block: dict) -> None:
+        """No position ids recorded: each block's anchor from where its first trained slot's target sits, the one
+        shift under which every block's first token is the data's token at its anchor."""
+        seq = self.cands.seq_len
+        tokens = self.cands.tokens.flatten().tolist()
+        row = block["ids"].flatten().tolist()
+        first = {}
+        for pos, (b, j, k) in zip(found, mapping["slots"]):
+            if k == 1:
+                first[(b, j)] = pos
+        fits = []
+        for shift in range(-2, 3):
+            anchors = {key: pos - shift - key[0] * seq for key, pos in first.items()}
+            if anchors and all(0 <= a < seq and tokens[b * seq + a] == row[b * len(row) // max(1, block["ids"].shape[0])
+                                                                               + block["anchor_slots"][j]]
+                               for (b, j), a in anchors.items()):
+                fits.append(anchors)
+        if len(fits) == 1:
+            by_block = {j: a for (b, j), a in fits[0].items() if b == 0}
+            block["anchors"] = [by_block.get(j) for j in range(len(block["anchor_slots"]))]
+            block["anchors_from"] = "the targets' positions"
 
     def alignment(self, found: list[int], mapping: dict, block: dict) -> None:
         shifts = Counter()
@@ -478,19 +500,28 @@ class StepAudit:
         self.account(name, f"hard labels: {best} ({share:.0%} of {len(truth)} rows)", 1 - share)
         return best if share == 1.0 else None
 
-    def weights(self, name: str, mapping: dict | None, block: dict | None, rows: int) -> torch.Tensor | None:
-        w = self.tensors[name].float().flatten()
-        if mapping is None or w.numel() != rows:
-            self.account(name, "per-position weights (slots unknown)")
-            return w if w.numel() == rows else None
+    def weights(self, names: list[str], mapping: dict | None, rows: int) -> torch.Tensor:
+        """The per-row weights: the product of every per-row constant the loss multiplies in (decay, mask)."""
+        w = torch.ones(rows)
+        for name in names:
+            w = w * self.tensors[name].float().flatten()
+        if mapping is None:
+            for name in names:
+                self.account(name, "a factor of the per-position loss weights (slots unknown)")
+            return w
         per_slot: dict[int, list[float]] = {}
         for value, (_, _, k) in zip(w.tolist(), mapping["slots"]):
             per_slot.setdefault(k, []).append(value)
-        means = {k: sum(v) / len(v) for k, v in sorted(per_slot.items())}
-        spread = max((max(v) - min(v) for v in per_slot.values() if v), default=0.0)
+        # Rows of weight 0 are masked out (padding, invalid anchors): the weighting is read from the others.
+        kept = {k: [x for x in v if x != 0] for k, v in per_slot.items()}
+        means = {k: sum(v) / len(v) if v else 0.0 for k, v in sorted(kept.items())}
+        spread = max((max(v) - min(v) for v in kept.values() if v), default=0.0)
         fit = fit_weights(means)
         self.flow["weights"] = fit["text"]
-        self.account(name, f"the per-position loss weights (times the loss mask): {fit['text']}")
+        for name in names:
+            own = fit_weights(slot_means(self.tensors[name].float().flatten(), mapping))["text"]
+            self.account(name, f"a factor of the per-position loss weights ({own}); all factors together: "
+                               f"{fit['text']}")
         if spread > 1e-6 * max(abs(x) for x in w.tolist()):
             self.findings.append(Finding("loss_weights", "warning", f"the loss weights vary between blocks at the same "
                                          f"slot (by {spread:.3g}): a per-block weighting (D-PACE?) or a mask, not "
@@ -611,6 +642,14 @@ def reductions(per_row: torch.Tensor, weights: torch.Tensor, batch: list[int]) -
              float((weights * per_row).sum() / weights.sum())),
             ("the mean of w * loss", float((weights * per_row).mean())),
             ("the sum of w * loss", float((weights * per_row).sum()))]
+
+
+def slot_means(w: torch.Tensor, mapping: dict) -> dict[int, float]:
+    per_slot: dict[int, list[float]] = {}
+    for value, (_, _, k) in zip(w.tolist(), mapping["slots"]):
+        if value != 0:
+            per_slot.setdefault(k, []).append(value)
+    return {k: sum(v) / len(v) for k, v in sorted(per_slot.items())}
 
 
 def fit_weights(means: dict[int, float]) -> dict[str, Any]:

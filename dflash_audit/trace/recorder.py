@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dflash_audit import trace as entry
-from dflash_audit.trace.recording import FORMAT, MANIFEST, TENSORS, ERROR, write_error, write_recording
+from dflash_audit.trace.recording import ENV_OPTIONS, ENV_OUT, MANIFEST, write_error, write_recording
+
+INSTALLED: list[Recorder] = []  # the recorder of this process (the bootstrap's, or a test's record_script)
 
 
 class TraceStop(SystemExit):
@@ -101,15 +102,15 @@ class Recorder:
 
         self.handles = [module_api.register_module_forward_pre_hook(self._enter),
                         module_api.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True)]
-        entry.recorder = self
+        INSTALLED[:] = [self]
         return self
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
-        if entry.recorder is self:
-            entry.recorder = None
+        if INSTALLED and INSTALLED[0] is self:
+            INSTALLED.clear()
 
     def _kind(self, module: nn.Module) -> tuple[bool, bool, bool, bool]:
         """(a target-like model, an embedding, has trainable weights of its own, any trainable weight below it)."""
@@ -423,9 +424,17 @@ def step_record(loss, graph, calls: StepCalls, drafter: nn.Module, drafter_name:
     return {"tensors": tensors, "meta": meta}
 
 
+def step_hook(loss) -> None:
+    """`trace.step` under the tool: the installed recorder records the step (installed now if the bootstrap did
+    not run, which it then reports: this step's forward was not seen)."""
+    if not INSTALLED:
+        install_from_env(late=True)
+    INSTALLED[0].step(loss)
+
+
 def install_from_env(late: bool = False) -> Recorder:
-    options = json.loads(os.environ.get(entry.ENV_OPTIONS) or "{}")
-    recorder = Recorder(Path(os.environ[entry.ENV_OUT]), steps=int(options.get("steps", 1)),
+    options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
+    recorder = Recorder(Path(os.environ[ENV_OUT]), steps=int(options.get("steps", 1)),
                         target=options.get("target"), drafter_class=options.get("drafter_class"), late=late)
     recorder.install()
     if int(options.get("steps", 1)) == 0:
@@ -434,5 +443,3 @@ def install_from_env(late: bool = False) -> Recorder:
         atexit.register(recorder.finish)
     return recorder
 
-
-__all__ = ["Recorder", "TraceStop", "TraceRefused", "install_from_env", "FORMAT", "MANIFEST", "TENSORS", "ERROR"]

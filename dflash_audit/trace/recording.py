@@ -13,6 +13,10 @@ from pathlib import Path
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
 
+# Set by the verb for the traced command: the recording folder, and the recorder's options (JSON: steps, target,
+# drafter_class). Only under `dflash-audit trace` is ENV_OUT set.
+ENV_OUT = "DFLASH_AUDIT_TRACE"
+ENV_OPTIONS = "DFLASH_AUDIT_TRACE_OPTIONS"
 FORMAT = 1
 SCHEMA = f"dflash-audit/trace-recording/{FORMAT}"
 MANIFEST = "manifest.json"
