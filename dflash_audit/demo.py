@@ -194,7 +194,7 @@ def timed(step, what: str) -> None:
 def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path | None = None, cache_dir=None,
              config: DemoConfig | None = None, device: str = "auto", dtype: str = "auto") -> AuditReport:
     """`device`/`dtype`: the τ audit's `--device`/`--dtype` (a comma list of dtypes as `compare` takes)."""
-    from dflash_audit.commands.compare import run_compare
+    from dflash_audit.audit.compare import run_compare
     from foundation.placement import parse_dtype_list, resolve_placement
 
     config = config or DemoConfig()

@@ -23,10 +23,8 @@ import torch
 from torch import nn
 
 from foundation.errors import AuditError
-from foundation.placement import target_device
-from impl.decoding import DecodeResult, StopTokens, TargetSession, draft_block, round_size
-from impl.extract import output_head
-from impl.model import DFlashDrafter, DraftCache
+from impl.decoding import DecodeResult, StopTokens, draft_block, round_size, start_decoding
+from impl.model import DFlashDrafter
 
 DDTREE_NEEDS_DFLASH = ("DDTree is defined on DFlash drafters only: a DFlash2 drafter's selector scores each "
                        "slot given the token before it (as DSpark's Markov head and XPress's refiner do), so its "
@@ -117,18 +115,13 @@ def ddtree_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
                   stop_token_ids: list[int] | None = None, budget: int = 32) -> DecodeResult:
     """Greedy tree speculative decoding of one prompt; `acceptance_lengths` as in `dflash_decode`."""
     require_dflash_family(drafter)
-    stops, head = StopTokens(stop_token_ids), output_head(target)
-    input_ids = input_ids.to(target_device(target))
-    prompt_len = input_ids.shape[1]
-    max_length = prompt_len + max_new_tokens
-    session = TargetSession(target, drafter.target_layer_ids)
-    draft_cache = DraftCache(drafter.spec.num_hidden_layers)
+    stops = StopTokens(stop_token_ids)
+    begun = start_decoding(drafter, target, input_ids, max_new_tokens, stops, lambda logits: logits.argmax())
+    input_ids, prompt_len, max_length, head = begun.input_ids, begun.prompt_len, begun.max_length, begun.head
+    session, draft_cache, new_features, tokens = begun.session, begun.draft_cache, begun.new_features, begun.tokens
     dtype = next(target.parameters()).dtype
-
-    logits, new_features = session.forward(input_ids, 0, logits_to_keep=1)
-    tokens = input_ids[0].tolist() + [int(logits[-1].argmax())]
     start = prompt_len
-    stopped = tokens[start] in stops.ids
+    stopped = begun.stopped
     rounds: list[int] = []
     while not stopped and start + 1 < max_length:
         _, size = round_size(drafter, start, max_length)

@@ -250,23 +250,48 @@ def check_sampling(drafter: DFlashDrafter, temperature: float) -> None:
                          "passes, as vLLM's XPressSpeculator); sampling from it is not defined")
 
 
+@dataclass
+class DecodeStart:
+    """What both decoding loops (this one and `ddtree.ddtree_decode`) begin with: the target run over the prompt
+    (its first token picked), its session and the drafter's cache, and the output's bound."""
+
+    input_ids: torch.Tensor  # the prompt, where the target reads its inputs
+    max_length: int  # prompt + max_new_tokens
+    head: nn.Module
+    session: TargetSession
+    draft_cache: DraftCache
+    new_features: torch.Tensor  # the target's features the drafter has not seen yet
+    tokens: list[int]  # prompt + the target's first token
+    stopped: bool
+
+    @property
+    def prompt_len(self) -> int:
+        return self.input_ids.shape[1]
+
+
+def start_decoding(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
+                   stops: StopTokens, pick) -> DecodeStart:
+    """The target over the prompt; `pick(logits)` chooses its first token (argmax, or the sampler's)."""
+    input_ids = input_ids.to(target_device(target))
+    session = TargetSession(target, drafter.target_layer_ids)
+    logits, new_features = session.forward(input_ids, 0, logits_to_keep=1)
+    tokens = input_ids[0].tolist() + [int(pick(logits[-1]))]
+    return DecodeStart(input_ids, input_ids.shape[1] + max_new_tokens, output_head(target), session,
+                       DraftCache(drafter.spec.num_hidden_layers), new_features, tokens,
+                       tokens[input_ids.shape[1]] in stops.ids)
+
+
 @torch.inference_mode()
 def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
                   stop_token_ids: list[int] | None = None, temperature: float = 0.0, seed: int = 0) -> DecodeResult:
     """Speculative decoding of one prompt (`input_ids` [1, T]); greedy unless `temperature` > 0."""
     check_sampling(drafter, temperature)
     sampler, stops = Sampler(temperature, seed), StopTokens(stop_token_ids)
-    head = output_head(target)
-    input_ids = input_ids.to(target_device(target))
-    prompt_len = input_ids.shape[1]
-    max_length = prompt_len + max_new_tokens
-    session = TargetSession(target, drafter.target_layer_ids)
-    draft_cache = DraftCache(drafter.spec.num_hidden_layers)
-
-    logits, new_features = session.forward(input_ids, 0, logits_to_keep=1)
-    tokens = input_ids[0].tolist() + [int(sampler.pick(logits[-1]))]
+    begun = start_decoding(drafter, target, input_ids, max_new_tokens, stops, sampler.pick)
+    input_ids, prompt_len, max_length, head = begun.input_ids, begun.prompt_len, begun.max_length, begun.head
+    session, draft_cache, new_features, tokens = begun.session, begun.draft_cache, begun.new_features, begun.tokens
     start = prompt_len  # position of the last known token, which the target has not seen yet
-    stopped = tokens[start] in stops.ids
+    stopped = begun.stopped
     rounds: list[int] = []
     drafted: list[list[int]] = []  # each round's proposals: the live serving check matches them block by block
     while not stopped and start + 1 < max_length:

@@ -21,8 +21,6 @@ import torch.nn.functional as F
 from impl import losses
 from impl.recipe import Recipe, loss_terms
 
-DEFAULT_WEIGHTING = "fixed-exp-decay"
-
 
 @dataclass
 class FamilyTraining:

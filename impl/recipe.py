@@ -199,13 +199,6 @@ def train_defaults(family: str = "dflash") -> dict[str, Any]:
             for name, info in KNOBS.items()}
 
 
-def family_default_of(name: str, family: str) -> str:
-    """Whose default `train_defaults(family)[name]` is."""
-    extra = KNOBS[name].json_schema_extra
-    own = extra["family_defaults"].get(family)
-    return own[1] if own else extra.get("train_default_of") or extra["default_of"]
-
-
 # -- loss_fn: speculators' spec --------------------------------------------------------------
 def loss_terms(spec: str) -> dict[str, float]:
     """{name: weight} of a loss_fn spec (a name, or a JSON dict of names to weights), as speculators'

@@ -519,7 +519,6 @@ def extra(name: str) -> dict[str, Any]:
 FAMILY_FIELDS = {family: tuple(name for name in SPEC_FIELDS if extra(name)["family"] == family)
                  for family in ("dflash", "dflash2", "dspark", "xpress")}
 DFLASH2_FIELDS, DSPARK_FIELDS, XPRESS_FIELDS = (FAMILY_FIELDS[f] for f in ("dflash2", "dspark", "xpress"))
-MARKOV_HEAD_TYPES = settings.choices(SETTINGS["markov_head_type"])
 ROPE_STYLES = settings.choices(SETTINGS["rope_style"])
 # The rotary settings of a spec, as `rotary` findings and the conformance component name them.
 ROTARY_FIELDS = ("rope_theta", "rope_scaling", "partial_rotary_factor", "rope_style")

@@ -34,7 +34,7 @@ from impl.spec import FAMILY_FIELDS, DraftSpec
 from impl.vocab_mapping import t2d_from_d2t
 from reference_adapters import speculators_family_train as family_train
 from reference_adapters.speculators_classes import config_class, model_class
-from reference_adapters.version_guard import check_reference
+from reference_adapters.version_guard import check_reference, refuse_rotary
 
 check_reference("speculators")
 
@@ -104,17 +104,6 @@ def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None,
             verifier=verifier_config(verifier_dir),
         ),
     )
-
-
-def refuse_rotary(spec: DraftSpec) -> None:
-    """What speculators' model cannot run: core.py builds transformers' `Qwen3RotaryEmbedding` from the layer
-    config and model_definitions.py's `apply_rotary_pos_emb` rotates the whole head (rotate_half)."""
-    if spec.partial_rotary_factor != 1.0:
-        raise Unsupported("speculators: 0.9.0 cannot run partial rotary: Qwen3RotaryEmbedding's default rope ignores "
-                          "partial_rotary_factor (it trains with all head dims rotated) and model_definitions.py "
-                          "apply_rotary_pos_emb has no pass-through dims")
-    if spec.rope_style != "neox":
-        raise Unsupported("speculators: 0.9.0 rotates neox style only (model_definitions.py apply_rotary_pos_emb)")
 
 
 def on_cpu_attention(config: DFlashSpeculatorConfig) -> DFlashSpeculatorConfig:
@@ -247,7 +236,7 @@ class SpeculatorsImplementation:
         raise Unsupported("speculators: no inference loop, hence no inference mask")
 
     def build_drafter(self, spec: DraftSpec, state_dict, target: nn.Module | None = None) -> DFlashDraftModel:
-        refuse_rotary(spec)
+        refuse_rotary(spec, "speculators: 0.9.0", "model_definitions.py")
         verifier_dir = self.verifier_dir
         if verifier_dir is None and target is not None and _is_local_dir(getattr(target, "name_or_path", None)):
             verifier_dir = target.name_or_path

@@ -21,7 +21,7 @@ from impl.interface import INTERFACE_VERSION, GenerationResult, Unsupported
 from foundation.param_names import codebook_module_name, strip_wrapper_prefixes
 from impl.spec import DraftSpec
 from drafter_files.zlab_format import zlab_config
-from reference_adapters.version_guard import check_reference
+from reference_adapters.version_guard import check_reference, refuse_rotary
 
 check_reference("dflash")
 
@@ -77,17 +77,6 @@ def load_zlab_model(path: str | Path) -> zlab.DFlashDraftModel:
     return model.eval()
 
 
-def refuse_rotary(spec: DraftSpec) -> None:
-    """What z-lab's model cannot run: it builds transformers' `Qwen3RotaryEmbedding(config)` and rotates with
-    model.py's `apply_rotary_pos_emb` (rotate_half over the whole head)."""
-    if spec.partial_rotary_factor != 1.0:
-        raise Unsupported("zlab: dflash 0.1.0 cannot run partial rotary: Qwen3RotaryEmbedding's default rope ignores "
-                          "partial_rotary_factor (all head dims rotated) and model.py apply_rotary_pos_emb has no "
-                          "pass-through dims (a scaled rope's narrower cos/sin does not fit the head)")
-    if spec.rope_style != "neox":
-        raise Unsupported("zlab: dflash 0.1.0 rotates neox style only (model.py apply_rotary_pos_emb: rotate_half)")
-
-
 class ZlabImplementation:
     name = "zlab"
     interface_version = INTERFACE_VERSION  # kept current with the interface
@@ -114,7 +103,8 @@ class ZlabImplementation:
             raise Unsupported("zlab: dflash 0.1.0 has one slot layout, the anchor as the bonus token "
                               "(`dflash_generate` proposes from slots 1..B-1); no sample_from_anchor")
 
-        refuse_rotary(spec)
+        refuse_rotary(spec, "zlab: dflash 0.1.0", "model.py",
+                      " (a scaled rope's narrower cos/sin does not fit the head)")
         # Made where and in what dtype the target runs, as `from_pretrained(dtype=...)` makes it.
         model = built_for(target, lambda: model_class(spec.family)(Qwen3Config(**zlab_config(spec))))
         model.load_state_dict(in_memory_names(strip_wrapper_prefixes(state_dict)), strict=True)

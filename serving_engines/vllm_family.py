@@ -25,7 +25,6 @@ DSPARK_MARKOV_PARAMS = ("markov_head.markov_w1.weight", "markov_head.markov_w2.w
 # the refiner's block defaults to `num_speculative_steps` (15, a key no vLLM file sets) + 1.
 XPRESS_DEFAULTS = {"xpress_num_passes": 6, "xpress_rank": 256, "xpress_mlp_hidden": 512, "xpress_block_size": 16,
                    "xpress_topc": 512}
-XPRESS_HEAD = "xpress_head."  # the only refiner prefix qwen3_xpress.py load_weights reads
 # Slot 0's predecessor in the refiner's latent pass: vLLM passes the anchor (`tok_am1 = anchor_ids`).
 SLOT0_SERVED = "the anchor"
 

@@ -24,10 +24,8 @@ from dflash_audit.formats import detect_format, load_any
 from impl.model import DFlashDrafter
 from impl.spec import SPEC_FIELDS
 from drafter_files.zlab_format import save_zlab_dir
-from tests.helpers import tiny_spec
-from tests.trainer_layouts import TRAINER_GALLERY
+from tests.trainer_layouts import SPEC, TRAINER_GALLERY, drafter, ref_dir  # noqa: F401 (module fixtures)
 
-SPEC = tiny_spec(layer_types=("full_attention",) * 3, sliding_window=None)
 # What a team's args declare, under names of their own choosing (z-lab convention ids).
 DECLARED = {"fc_layers": [1, 3, 4], "target_num_layers": 6, "mask_id": 127, "block_size": 8, "vocab_size": 128}
 
@@ -40,19 +38,6 @@ class TeamConfig:  # pickled as a class the loader cannot import: read as data, 
     block_size: int = 8
     vocab_size: int = 128
     gamma: float = 4.0
-
-
-@pytest.fixture(scope="module")
-def drafter():
-    torch.manual_seed(0)
-    return DFlashDrafter(SPEC)
-
-
-@pytest.fixture(scope="module")
-def ref_dir(tmp_path_factory, drafter):
-    path = tmp_path_factory.mktemp("ref") / "zlab"
-    save_zlab_dir(path, SPEC, drafter.state_dict())
-    return path
 
 
 def state(drafter, prefix: str = "") -> dict[str, torch.Tensor]:

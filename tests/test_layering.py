@@ -6,11 +6,17 @@ A module may import its own package and any package below it, never one above or
 (`held`, the third-party codebases under test, and `serving_engines`, vLLM and SGLang reading a drafter, sit beside
 `reference_adapters`: none imports another). The check parses every module's imports (function-level ones too), so a
 back edge fails here, in CI. Inside the packages no two modules import each other, however far round (no circles).
+
+`dflash_audit` is itself layered by its sub-packages and modules (`SUBLAYERS`): the entry point, then the verbs
+(`commands/`: parse flags, call one function, print), the demo and the generated pages, the audit, conversion and τ,
+the output checks, the formats, and the shared helpers; none imports one above or beside it, so the audit never
+imports a verb.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,12 +32,24 @@ REPO = Path(__file__).resolve().parents[1]
 LAYERS = (("foundation", "catalogue"), ("impl",), ("drafter_files",), ("dflash_world",), ("reference_adapters", "held", "serving_engines"),
           ("conformance",), ("dflash_audit",))
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+# Inside a package, highest first: each group is a sub-package or a module of it (`dflash_audit.<group>`).
+SUBLAYERS = {"dflash_audit": (("__main__",), ("cli",), ("commands",), ("demo", "serving_readme", "families_readme"),
+                              ("audit",), ("conversion", "offline_tau", "tau"), ("outputs",), ("formats",),
+                              ("faults", "progress", "prompts", "ranks"))}
+SUBRANK = {package: {name: -rank for rank, names in enumerate(groups) for name in names}
+           for package, groups in SUBLAYERS.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def parsed(source: str, filename: str) -> ast.Module:
+    """One parse per source text: every test below reads the whole repository."""
+    return ast.parse(source, filename)
 
 
 def imported_packages(source: str, filename: str = "<module>") -> list[tuple[int, str]]:
     """(line, top-level package) of every absolute import in `source`."""
     found = []
-    for node in ast.walk(ast.parse(source, filename)):
+    for node in ast.walk(parsed(source, filename)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -39,14 +57,46 @@ def imported_packages(source: str, filename: str = "<module>") -> list[tuple[int
     return found
 
 
+def imported_modules(source: str, path: str) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import in `source` (function-level too), relative ones resolved against `path`;
+    `from a.b import c` gives `a.b.c`, which is the submodule when c is one."""
+    parts = path[:-len(".py")].split("/")
+    package = parts[:-1]
+    found = []
+    for node in ast.walk(parsed(source, path)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]) if node.level \
+                else node.module or ""
+            found += [(node.lineno, f"{base.strip('.')}.{alias.name}") for alias in node.names]
+    return found
+
+
+def group_of(package: str, dotted: list[str]) -> str | None:
+    """The declared group of `package` a module path (its parts after the package) belongs to, else None."""
+    return dotted[0] if dotted and dotted[0] in SUBRANK[package] else None
+
+
 def back_edges(sources: dict[str, str]) -> list[str]:
-    """`path:line: pkg imports higher` for each import that points up the layers or sideways."""
+    """`path:line: pkg imports higher` for each import that points up the layers or sideways, between the top-level
+    packages and between the declared groups inside a package (`SUBLAYERS`)."""
     edges = []
     for path, source in sorted(sources.items()):
         own = path.split("/")[0]
         for line, package in imported_packages(source, path):
             if package in RANK and package != own and RANK[package] >= RANK[own]:
                 edges.append(f"{path}:{line}: {own} imports {package}")
+        if own not in SUBRANK:
+            continue
+        own_group = group_of(own, path[:-len(".py")].split("/")[1:])
+        for line, name in imported_modules(source, path):
+            parts = name.split(".")
+            group = group_of(own, parts[1:]) if parts[0] == own else None
+            edge = f"{path}:{line}: {own}.{own_group} imports {own}.{group}"
+            if group and own_group and group != own_group and SUBRANK[own][group] >= SUBRANK[own][own_group] \
+                    and edge not in edges:
+                edges.append(edge)
     return edges
 
 
@@ -65,7 +115,7 @@ def module_imports(sources: dict[str, str]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = defaultdict(set)
     for name, path in modules.items():
         package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(sources[path], path)):
+        for node in ast.walk(parsed(sources[path], path)):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -136,6 +186,32 @@ def test_a_deliberate_back_edge_fails_the_check(path, source):
     sources[path] = sources.get(path, "") + source
     edges = back_edges(sources)
     assert len(edges) == 1 and edges[0].startswith(path)
+
+
+@pytest.mark.parametrize("path, source", [
+    # the audit never calls up into a verb, at module level or inside a function
+    ("dflash_audit/audit/live_check.py", "def f():\n    from dflash_audit.commands.eval import register\n"),
+    ("dflash_audit/audit/report_terminal.py", "import dflash_audit.commands.serve_check\n"),
+    ("dflash_audit/demo.py", "from dflash_audit.commands import compare\n"),
+    ("dflash_audit/formats/zlab.py", "def f():\n    from dflash_audit.audit.sides import load_side\n"),
+    ("dflash_audit/formats/layouts/dcp.py", "from dflash_audit import conversion\n"),
+    ("dflash_audit/progress.py", "from dflash_audit.outputs import check_outputs\n"),
+    ("dflash_audit/tau/grid.py", "from dflash_audit.offline_tau import replay_offline\n"),  # sideways
+    ("dflash_audit/audit/static.py", "from ..commands import VERBS\n"),  # relative
+])
+def test_a_deliberate_back_edge_inside_dflash_audit_fails_the_check(path, source):
+    sources = repo_sources()
+    sources[path] = sources[path] + source
+    edges = back_edges(sources)
+    assert len(edges) == 1 and edges[0].startswith(path), edges
+
+
+def test_every_module_of_a_layered_package_has_a_declared_group():
+    for package, ranks in SUBRANK.items():
+        groups = {Path(p).relative_to(package).parts[0].removesuffix(".py") for p in repo_sources()
+                  if p.startswith(package + "/") and not p.endswith(f"{package}/__init__.py")}
+        assert groups - set(ranks) == set(), f"place these in SUBLAYERS[{package!r}]"
+        assert set(ranks) - groups == set(), "a declared group that no longer exists"
 
 
 def test_no_module_imports_itself_round_a_circle():

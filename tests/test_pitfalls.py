@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from catalogue.pitfalls import PITFALLS, markdown
-from catalogue.rule_locations import LOCATIONS
+from catalogue.rule_locations import AUDITED_BY, LOCATIONS
 from catalogue.rule_locations import markdown as rule_table
 from conformance.recorder import PITFALLS as SUITE
 from dflash_audit.audit.findings import PITFALLS as REPORT
@@ -42,3 +42,16 @@ def test_every_rule_outside_the_serving_table_has_a_row():
     assert set(located) <= set(PITFALLS)
     serving = {n for n, p in PITFALLS.items() if p.component == "serving"}
     assert set(PITFALLS) - serving == set(located), "add a row to catalogue/rule_locations.py"
+
+
+def test_every_rule_names_the_audit_code_that_detects_it_and_that_code_exists():
+    import importlib
+    import inspect
+
+    assert set(AUDITED_BY) == {location.entries[0] for location in LOCATIONS}, "each row says what audits it"
+    for entry, names in AUDITED_BY.items():
+        for name in names:
+            module, _, function = f"dflash_audit.{name}".rpartition(".")
+            found = getattr(importlib.import_module(module), function, None)
+            assert inspect.isfunction(found), f"#{entry}: {name} is no function under dflash_audit/"
+            assert "Finding(" in inspect.getsource(found) or "load_" in function, f"#{entry}: {name} makes no finding"

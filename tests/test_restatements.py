@@ -655,12 +655,12 @@ def test_eval_and_compare_ask_the_one_fit_check_and_run_the_one_offline_runner()
     import dflash_audit.audit.drafter_fit as drafter_fit
     import dflash_audit.audit.dynamic as dynamic
     import dflash_audit.commands.eval as eval_command
-    import dflash_audit.commands.eval_drafter as eval_drafter
     import dflash_audit.formats.speculators as speculators
     import dflash_audit.offline_tau as offline_tau
     import impl.target_fit
 
-    assert eval_drafter.misfit is dynamic.misfit is drafter_fit.misfit
+    assert dynamic.misfit is drafter_fit.misfit  # and eval reads its drafter through drafter_fit's misfit:
+    assert "from dflash_audit.audit.drafter_fit import place_drafter, read_drafter" in inspect.getsource(eval_command)
     assert drafter_fit.spec_misfit is speculators.spec_misfit is impl.target_fit.spec_misfit
     assert dynamic.replay_offline is offline_tau.replay_offline
     # eval imports the runner when it runs (its bad-input refusals come before any modelling import)

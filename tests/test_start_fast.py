@@ -35,7 +35,7 @@ sys.exit(status)
 """
 # Never imported by a static compare: the live and offline loops, the τ half of compare, our model.
 DYNAMIC_ONLY = ("impl.model", "impl.decoding", "impl.ddtree", "impl.offline", "impl.train", "impl.memory_plan",
-                "dflash_audit.audit.dynamic", "dflash_audit.commands.compare_tau", "dflash_world.target_training")
+                "dflash_audit.audit.dynamic", "dflash_world.target_training")
 MODELLING = re.compile(r"^transformers\.models\.[\w.]+\.modeling_\w+$|^transformers\.(modeling_utils|activations)$")
 
 

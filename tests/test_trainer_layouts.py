@@ -17,10 +17,10 @@ import yaml
 
 from dflash_audit.cli import main
 from dflash_audit.formats import detect_format, load_any
-from impl.model import DFlashDrafter
-from drafter_files.zlab_format import save_zlab_dir
-from tests.helpers import tiny_spec
-from tests.trainer_layouts import (
+from tests.trainer_layouts import (  # noqa: F401 (drafter, ref_dir: module fixtures)
+    SPEC,
+    drafter,
+    ref_dir,
     HYDRA_CONFIG,
     accelerate_folder_in_hydra_run,
     add_member,
@@ -33,21 +33,7 @@ from tests.trainer_layouts import (
     zero3_folder,
 )
 
-SPEC = tiny_spec(layer_types=("full_attention",) * 3, sliding_window=None)
 INTERNAL_NAME = re.compile(r"\b[A-Z][A-Za-z]*(Error|Exception)\b|Traceback")
-
-
-@pytest.fixture(scope="module")
-def drafter():
-    torch.manual_seed(0)
-    return DFlashDrafter(SPEC)
-
-
-@pytest.fixture(scope="module")
-def ref_dir(tmp_path_factory, drafter):
-    path = tmp_path_factory.mktemp("ref") / "zlab"
-    save_zlab_dir(path, SPEC, drafter.state_dict())
-    return path
 
 
 def compare(path, ref_dir, out, *flags) -> tuple[int, dict | None]:

@@ -29,9 +29,14 @@ import types
 from collections import OrderedDict
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from safetensors.torch import save_file
+
+from drafter_files.zlab_format import save_zlab_dir
+from impl.model import DFlashDrafter
+from tests.helpers import tiny_spec
 
 # z-lab convention ids, under the names each framework's configs would use.
 LAYERS, TARGET_LAYERS, MASK, BLOCK, VOCAB = [1, 3, 4], 6, 127, 8, 128
@@ -44,6 +49,21 @@ DS_CONFIG = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps":
              "zero_optimization": {"stage": 3}}
 CLIENT_ARGS = {"fc_layers": LAYERS, "target_num_layers": TARGET_LAYERS, "mask_id": MASK, "block_size": BLOCK,
                "vocab_size": VOCAB}
+# The drafter every layout holds, and its z-lab folder as the reference (the two test files' module fixtures).
+SPEC = tiny_spec(layer_types=("full_attention",) * 3, sliding_window=None)
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    torch.manual_seed(0)
+    return DFlashDrafter(SPEC)
+
+
+@pytest.fixture(scope="module")
+def ref_dir(tmp_path_factory, drafter):
+    path = tmp_path_factory.mktemp("ref") / "zlab"
+    save_zlab_dir(path, SPEC, drafter.state_dict())
+    return path
 
 
 def state(drafter, prefix: str = "") -> dict[str, torch.Tensor]:

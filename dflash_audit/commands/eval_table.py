@@ -72,7 +72,7 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: 
               json_path: Path | None = None, html_path: Path | None = None, published: str | None = None,
               trained_kwargs: str | None = None, load_options=None, placement: Placement = CPU_FLOAT32,
               console: Console | None = None, force: bool = False) -> dict:
-    from dflash_audit.commands.eval_drafter import place_drafter, read_drafter
+    from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
     from dflash_audit.formats import LoadOptions, load_any
     from foundation.target import load_target_model, load_tokenizer
 

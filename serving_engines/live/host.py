@@ -1,0 +1,196 @@
+"""The host side of a live run (`serve-check --live`): one vLLM engine process started on the request
+(`engine_driver.py` is its engine side), then each drafter's served rounds held to the audit's replay of it as trained
+(`impl.decoding.dflash_decode`, the same prompts and stop ids), matched one by one; the first differing round of every
+prompt localized (`localize.py`).
+
+One engine process serves the target alone (the greedy reference) and then each drafter, as `serve-check` prints its
+command (K = the trained block size - 1), greedy, on the audit's prompts, in the target's dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from foundation.errors import AuditError
+from serving_engines.live import localize
+from serving_engines.live.rounds import match_rounds, per_position, served_drafts, served_rounds
+from serving_engines.live.vllm_env import DRIVER, VllmEnvironment
+
+MAX_MODEL_LEN = 512
+ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+ENGINE_TIMEOUT_S = 1800
+# What runs a drafter vLLM's CPU (V1) runner refuses: one that mixes sliding and full layers, or a DSpark drafter.
+V2_HINT = ("what would run it: a GPU and vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1); the V2 runner "
+           "needs Triton, which has no CPU build")
+# The model file each family needs in the engine's vLLM (vllm-cpu 0.32.0 has DSpark's, not XPress's).
+FAMILY_MODEL_FILES = {"dspark": "model_executor/models/qwen3_dspark.py",
+                      "xpress": "model_executor/models/qwen3_xpress.py"}
+# The `method` vLLM serves each family under (vllm/config/speculative.py: XPress is a refiner under dflash).
+FAMILY_METHODS = {"dspark": "dspark"}
+
+
+@dataclass
+class ServedDrafter:
+    """A drafter as the engine reads it (a directory) and as it was trained (spec + the audit's loaded model)."""
+
+    name: str
+    source: str  # what the user named
+    served_path: str  # the directory vLLM loads
+    spec: Any
+    notes: list[str] = field(default_factory=list)
+    plants: list[str] = field(default_factory=list)
+
+
+def mixed_layers(spec) -> bool:
+    types = list(spec.layer_types or [])
+    return "sliding_attention" in types and "full_attention" in types
+
+
+def needs_v2(spec) -> bool:
+    """vLLM's V1 runner refuses it: mixed sliding/full layers, or DSpark (vllm/config/vllm.py)."""
+    return mixed_layers(spec) or spec.family == "dspark"
+
+
+def method(spec) -> str:
+    return FAMILY_METHODS.get(spec.family, "dflash")
+
+
+def missing_model_file(env: VllmEnvironment, spec) -> str | None:
+    """Why the engine cannot serve the drafter's family at all (its model file is not in that vLLM), else None."""
+    relative = FAMILY_MODEL_FILES.get(spec.family)
+    if relative is None or (Path(env.package_root) / relative).is_file():
+        return None
+    from impl.families import TITLES
+
+    return f"vLLM {env.version} has no {TITLES[spec.family]} model: no vllm/{relative} in {env.python}'s vLLM"
+
+
+def engine_command(env: VllmEnvironment, target: Path, drafter: ServedDrafter) -> str:
+    config = {"method": method(drafter.spec), "model": drafter.served_path,
+              "num_speculative_tokens": drafter.spec.speculative_tokens}
+    return (f"{env.python} -c 'from vllm import LLM; LLM({str(target)!r}, speculative_config="
+            f"{json.dumps(config)}, dtype=\"float32\", enforce_eager=True, max_model_len={MAX_MODEL_LEN})'  "
+            f"# {' '.join(f'{k}={v}' for k, v in ENGINE_ENV.items())}; greedy, one prompt at a time")
+
+
+def run_engine(env: VllmEnvironment, target: Path, prompts: list[dict], drafters: list[ServedDrafter],
+               max_new_tokens: int, stop_ids: list[int], dtype: str, workdir: Path, capture: bool = True,
+               plant_prompts: int = 1) -> dict:
+    """One engine process: the target alone, then every drafter (and its planted variants). Returns driver.json."""
+    runs = [{"name": "greedy"}]
+    runs += [{"name": d.name, "drafter": d.served_path, "method": method(d.spec),
+              "num_speculative_tokens": d.spec.speculative_tokens,
+              "plants": d.plants, "plant_prompts": plant_prompts, "capture": capture} for d in drafters]
+    request = {"target": str(target), "dtype": dtype, "max_model_len": MAX_MODEL_LEN,
+               "max_new_tokens": max_new_tokens, "stop_ids": stop_ids, "out": str(workdir), "prompts": prompts,
+               "runs": runs}
+    request_file = workdir / "request.json"
+    request_file.write_text(json.dumps(request))
+    log = workdir / "engine.log"
+    started = time.monotonic()
+    extra = {"VLLM_USE_V2_MODEL_RUNNER": "1"} if env.cuda and any(needs_v2(d.spec) for d in drafters) else {}
+    with log.open("w") as sink:
+        try:
+            done = subprocess.run([env.python, str(DRIVER), str(request_file)], stdout=sink, stderr=subprocess.STDOUT,
+                                  env={**os.environ, **ENGINE_ENV, **extra}, timeout=ENGINE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise AuditError(f"the vLLM engine ran past {ENGINE_TIMEOUT_S} s (log: {log})") from None
+    result_file = workdir / "driver.json"
+    if done.returncode != 0 or not result_file.is_file():
+        tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] or ["no output"]
+        raise AuditError(f"the vLLM engine failed (exit {done.returncode}): {tail[0][:300]} (log: {log})")
+    result = json.loads(result_file.read_text())
+    result["wall_s"] = time.monotonic() - started
+    return result
+
+
+def load_tensors(workdir: Path, name: str | None) -> dict[str, torch.Tensor]:
+    if not name:
+        return {}
+    from safetensors.torch import load_file
+
+    return load_file(str(workdir / name))
+
+
+def assess_variant(drafter: ServedDrafter, model, target, variant: dict, greedy: list[list[int]],
+                   prompts: list[dict], audited: list, env: VllmEnvironment, workdir: Path) -> dict:
+    """Served rounds against the audit's, per prompt; the first differing round of each localized."""
+    k = drafter.spec.block_size - 1
+    tensors = load_tensors(workdir, variant.get("tensors"))
+
+    def cite(kind: str) -> str:
+        return env.cite(*localize.SITES[kind])
+
+    rows, findings, served_all, served_k, audited_all, audited_k = [], [], [], [], [], []
+    for p, prompt in enumerate(prompts):
+        steps, output = variant["steps"][p], variant["outputs"][p]
+        run = audited[p]
+        s_rounds = served_rounds(steps, len(output))
+        s_blocks = served_drafts(steps, len(s_rounds))
+        a_rounds, a_blocks = run.acceptance_lengths, run.extra["proposals"]
+        match = match_rounds(s_rounds, s_blocks, a_rounds, a_blocks, k)
+        served_all += s_rounds
+        served_k += [len(b) for b in s_blocks]
+        audited_all += a_rounds
+        audited_k += [len(b) for b in a_blocks]
+        row = {"id": prompt["id"], "served_tau": round(sum(s_rounds) / len(s_rounds), 4) if s_rounds else 0.0,
+               "audited_tau": round(run.tau, 4), "rounds": match.rounds, "rounds_equal": match.rounds_equal,
+               "blocks_equal": match.blocks_equal, "first_diff_round": match.first_diff_round,
+               "last_block_apart": match.last_block_apart, "rounds_apart": match.apart,
+               "greedy_identical": output == greedy[p] if p < len(greedy) else None}
+        if match.first_diff_round is not None and tensors:
+            local = localize_round(drafter, model, target, steps, tensors, prompt, output, match.first_diff_round,
+                                   cite)
+            row["explained_by"] = [f["what"] for f in local]
+            findings += local
+        rows.append(row)
+    return {"prompts": rows, "per_position": {"served": per_position(served_all, served_k),
+                                              "audited": per_position(audited_all, audited_k)},
+            "findings": merge(findings), "greedy_identical": all(r["greedy_identical"] for r in rows),
+            "generate_s": variant.get("generate_s")}
+
+
+def localize_round(drafter, model, target, steps, tensors, prompt, output, round_no, cite) -> list[dict]:
+    tokens = list(prompt["ids"]) + list(output)
+    index = round_no - 1  # the step that drafted the block round `round_no` verified
+    if index >= len(steps) or "block_tokens" not in steps[index]:
+        return [localize.Finding("unlocalized", "capture", "the engine's step for this round was not captured",
+                                 None, "", prompt["id"], round_no).to_dict()]
+    inputs = localize.StepInputs(steps, tensors, index)
+    states = localize.TargetStates(target, tokens)
+    found = localize.input_findings(inputs, states, drafter.spec, tokens, cite, prompt["id"], round_no)
+    if len(inputs.block_tokens) == drafter.spec.block_size:  # replayed on the engine's own inputs, whatever they are
+        found += localize.module_findings(model, target, inputs, cite, prompt["id"], round_no)
+    if not found:
+        found = [localize.Finding("unlocalized", "round", "the engine fed the drafter the trained inputs and its "
+                                  "modules computed what the trained drafter computes on them, yet the round differs "
+                                  "from the audit's (the target's verification, or the audit's own earlier rounds)",
+                                  None, "", prompt["id"], round_no)]
+    return [f.to_dict() for f in found]
+
+
+def merge(findings: list[dict]) -> list[dict]:
+    """One finding per (kind, what, message shape): the prompts and rounds it explains listed."""
+    merged: dict[tuple, dict] = {}
+    for f in findings:
+        key = (f["kind"], f["what"])
+        if key not in merged:
+            merged[key] = {**f, "prompts": [f["prompt"]], "rounds": [f["round"]]}
+        else:
+            merged[key]["prompts"].append(f["prompt"])
+            merged[key]["rounds"].append(f["round"])
+    return list(merged.values())
+
+
+def audited_runs(model, target, prompts, max_new_tokens: int, stop_ids: list[int]):
+    from impl.decoding import dflash_decode
+
+    return [dflash_decode(model, target, torch.tensor([p["ids"]]), max_new_tokens, stop_ids) for p in prompts]
