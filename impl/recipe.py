@@ -232,11 +232,6 @@ def choices(name: str) -> tuple[Any, ...]:
     return settings.choices(KNOBS[name])
 
 
-def bounds_text(name: str) -> str:
-    """The knob's declared range, in its refusals' words: "positive", "non-negative", "in (0, 1]"."""
-    return settings.bound_text(Recipe, name)
-
-
 def knob_problem(name: str, value: Any) -> str | None:
     """What is wrong with `value` for the knob `name` on its own, by its declaration (choices, bounds, the loss
     spec), or None."""
@@ -264,7 +259,7 @@ def flag_table() -> str:
             whose += f"; `--family {family}`: `{value}` ({of})"
         flags = ", ".join(f"`{flag}`" for flag in extra["flags"])
         lines.append(f"| {flags} | `{name}`: {info.description} | {kind} | `{TRAIN_DEFAULTS[name]}` | "
-                     f"{bounds_text(name) or '—'} | {_code(extra['speculators'])} | {_code(extra['zlab'])} | "
+                     f"{settings.range_text(Recipe, name) or '—'} | {_code(extra['speculators'])} | {_code(extra['zlab'])} | "
                      f"{whose} |")
     return "\n".join(lines)
 

@@ -150,7 +150,7 @@ def range_words(found: dict[str, float]) -> str:
     return f"in {low}, {high}" if found else ""
 
 
-def bound_text(model: type[Declared], name: str) -> str:
+def range_text(model: type[Declared], name: str) -> str:
     """The setting's declared range, as its refusals say it ("" for none)."""
     found = declared_range(model, name)
     if not found:

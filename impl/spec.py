@@ -552,7 +552,7 @@ def settings_table() -> str:
             given = TRAIN_DEFAULTS[name]
             option = (", ".join(f"`{flag}`" for flag in meta["flags"]) + ": "
                       + (f"`{given!r}`" if given is not None else meta["train_default_of"]))
-        bound = settings.bound_text(DraftSpec, name) or "—"
+        bound = settings.range_text(DraftSpec, name) or "—"
         lines.append(_cells(f"`{name}`: {info.description}", settings.type_name(info), default, bound,
                             _code(meta["speculators"]), _code(meta["zlab"]), meta["default_of"], option))
     return "\n".join(lines)

@@ -15,9 +15,9 @@ from typing import Any
 import typer
 
 from impl import spec
-from impl.recipe import KNOBS, TRAIN_DEFAULTS, bounds_text, choices
+from impl.recipe import KNOBS, TRAIN_DEFAULTS, Recipe, choices
 from impl.run_settings import RunSettings
-from impl.settings import base_type
+from impl.settings import base_type, range_text
 
 
 def run_option(name: str) -> Any:
@@ -29,7 +29,7 @@ def run_option(name: str) -> Any:
 def knob_help(name: str) -> str:
     info = KNOBS[name]
     allowed = choices(name)
-    limits = f"; must be {bounds_text(name)}" if bounds_text(name) else ""
+    limits = f"; must be {range_text(Recipe, name)}" if range_text(Recipe, name) else ""
     one_of = f"; one of {', '.join(allowed)}" if allowed else ""
     # Round brackets: typer's rich help reads "[...]" as markup and drops it.
     return f"{info.description}{one_of}{limits} (default: {TRAIN_DEFAULTS[name]})."
