@@ -24,7 +24,8 @@ from serving_engines.live.host import (
 )
 from serving_engines.live.vllm_env import find_vllm
 
-LIVE_SEVERITY = {"input": "divergence", "module": "divergence", "unlocalized": "divergence"}
+ENGINE_NAMES = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
+LIVE_SEVERITY = {"quantization": "info", "input": "divergence", "module": "divergence", "unlocalized": "divergence"}
 
 
 def prepare(name: str, path: Path, target: Path, workdir: Path) -> ServedDrafter:
@@ -117,7 +118,7 @@ def live_findings(live: dict[str, Any]) -> list[dict[str, Any]]:
         differing = [p["id"] for p in live["prompts"] if p["greedy_identical"] is False]
         found.append({"field": "live:greedy_output", "severity": "divergence", "trained": "identical",
                       "served": f"{len(differing)} prompt(s) differ", "source": "", "component": "serving",
-                      "pitfall": None, "message": f"speculation changed vLLM's greedy output on prompt(s) "
+                      "pitfall": None, "message": f"speculation changed {ENGINE_NAMES.get(live.get('engine'), 'vLLM')}'s greedy output on prompt(s) "
                                                   f"{', '.join(differing)}: it must never change it"})
     for f in live.get("findings", []):
         rounds = ", ".join(f"{p} round {r}" for p, r in zip(f["prompts"], f["rounds"], strict=True))
