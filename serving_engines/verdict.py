@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from catalogue.findings import Finding
 from foundation.target_vocab import mask_token_problems
 from impl.spec import DraftSpec
 from serving_engines.capture import trained_capture
@@ -38,21 +39,6 @@ LAYER_WORDS = {"layer_types": "attention type", "layer_windows": "sliding window
 
 
 @dataclass
-class ServingFinding:
-    field: str
-    severity: str  # divergence | warning | info
-    trained: Any
-    served: Any
-    source: str  # engine file:line
-    message: str
-    component: str = "serving"
-    pitfall: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
 class EngineReport:
     engine: str
     version: str
@@ -60,7 +46,7 @@ class EngineReport:
     error: str | None
     served: dict[str, Any]
     trained: dict[str, Any]
-    findings: list[ServingFinding]
+    findings: list[Finding]
     command: str | None
     sources: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -122,7 +108,7 @@ def _differing_layers(trained: list, served: list) -> list[int]:
 
 
 def compare_field(engine: str, name: str, trained: Any, served: Any, source: str | None = None,
-                  refused: bool = False) -> ServingFinding | None:
+                  refused: bool = False) -> Finding | None:
     """`refused`: the engine refuses the drafter anyway; the value is what its files would run it with."""
     if trained == served or name not in COMPARED:
         return None
@@ -132,33 +118,33 @@ def compare_field(engine: str, name: str, trained: Any, served: Any, source: str
     pitfall = COMPARED[name]
     if name.startswith("tensors_"):
         verb = "drops silently" if name == "tensors_ignored" else "refuses to load the drafter over"
-        return ServingFinding(name, "divergence", trained, served, source,
+        return Finding.serving(name, "divergence", trained, served, source,
                               f"{engine} {verb} {len(served)} tensor(s) the drafter was trained with "
                               f"({', '.join(served[:3])})", pitfall=pitfall)
     if name == "target_layer_capture" and isinstance(trained, list) and isinstance(served, list):
         ids = [i for i, (a, b) in enumerate(zip(trained, served, strict=True)) if a != b]
         detail = "; ".join(f"trained on the residual stream {trained[i]}, served {served[i]}" for i in ids)
-        return ServingFinding(name, "divergence", trained, served, source,
+        return Finding.serving(name, "divergence", trained, served, source,
                               f"{engine} feeds the drafter another tensor than training for {len(ids)} declared "
                               f"target layer(s) ({detail})", pitfall=pitfall)
     if isinstance(trained, list) and isinstance(served, list) and name.startswith("layer_") \
             and len(trained) == len(served):
         layers = _differing_layers(trained, served)
         detail = "; ".join(f"layer {i}: trained {trained[i]}, served {served[i]}" for i in layers)
-        return ServingFinding(name, "divergence", trained, served, source,
+        return Finding.serving(name, "divergence", trained, served, source,
                               f"{engine} runs draft layer(s) {layers} with a different {LAYER_WORDS[name]} "
                               f"than training ({detail})", pitfall=pitfall)
-    return ServingFinding(name, "divergence", trained, served, source,
+    return Finding.serving(name, "divergence", trained, served, source,
                           f"{engine} {'would run' if refused else 'runs'} {name} = {served!r}; the drafter was trained "
                           f"with {trained!r}", pitfall=pitfall)
 
 
-def mask_token_findings(engine: str, mask: int | None, target: TargetFacts) -> list[ServingFinding]:
+def mask_token_findings(engine: str, mask: int | None, target: TargetFacts) -> list[Finding]:
     source = engine_source(engine, "mask_token_id")
     if mask is None:
         return []
     if target.vocab_size is None and target.embedding_rows is None and not target.eos_token_ids:
-        return [ServingFinding("mask_token_id", "warning", None, mask, source,
+        return [Finding.serving("mask_token_id", "warning", None, mask, source,
                                f"whether mask token {mask} is inside the target's vocabulary and embedding and distinct "
                                "from its eos/pad tokens is unknown without --target", pitfall=28)]
     limits = {"vocabulary": target.vocab_size, "embedding": target.embedding_rows}
@@ -166,7 +152,7 @@ def mask_token_findings(engine: str, mask: int | None, target: TargetFacts) -> l
     consequence = {"outside": "",
                    "special": ": the engine feeds a real token as the mask and a decode loop that stops or drops on "
                               "it misbehaves"}
-    return [ServingFinding("mask_token_id", "divergence", None, mask, source, f"mask token {mask} is {phrase}"
+    return [Finding.serving("mask_token_id", "divergence", None, mask, source, f"mask token {mask} is {phrase}"
                            + consequence[kind], pitfall=28)
             for kind, phrase in mask_token_problems(mask, limits, special)]
 
@@ -179,15 +165,15 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
 
     trained, unknown = trained or trained_values(spec)
     served = resolve(engine, path, target, spec.block_size, spec.num_target_layers)
-    findings: list[ServingFinding] = []
+    findings: list[Finding] = []
     if served.refused_for:  # a value the engine refuses: one finding, under that field's entry
         name = served.refused_for
-        findings.append(ServingFinding(name, "divergence", trained.get(name), served.values.get(name),
+        findings.append(Finding.serving(name, "divergence", trained.get(name), served.values.get(name),
                                        served.sources.get(name, ""), f"{engine} refuses the drafter: {served.error}",
                                        pitfall=COMPARED.get(name)))
     elif not served.loads and (served.config_refused or not served.values.get("tensors_refused")):
         # (refused tensors alone: that finding says it)
-        findings.append(ServingFinding("loads", "divergence", True, False,
+        findings.append(Finding.serving("loads", "divergence", True, False,
                                        served.sources.get("loads") or engine_source(engine, "loads"),
                                        f"{engine} refuses the drafter: {served.error}", pitfall=31))
     for name, trained_value in trained.items():
@@ -197,11 +183,11 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
             continue
         source = served.sources.get(name, "")
         if name in unknown:
-            findings.append(ServingFinding(name, "warning", None, served_value, source,
+            findings.append(Finding.serving(name, "warning", None, served_value, source,
                                            f"the trained {name} is unknown ({unknown[name]}); {engine} will run "
                                            f"{served_value!r}", pitfall=COMPARED.get(name)))
         elif served_value is None and trained_value is not None:
-            findings.append(ServingFinding(name, "warning", trained_value, None, source,
+            findings.append(Finding.serving(name, "warning", trained_value, None, source,
                                            f"what {engine} runs for {name} is unknown without --target",
                                            pitfall=COMPARED.get(name)))
         else:
@@ -209,7 +195,7 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
             if finding is not None:
                 findings.append(finding)
     if served.loads and served.values.get("target_layer_ids_declared") is False:
-        findings.append(ServingFinding("target_layer_ids_declared", "warning", True, False,
+        findings.append(Finding.serving("target_layer_ids_declared", "warning", True, False,
                                        served.sources.get("target_layer_ids_declared", ""),
                                        f"the config declares no target layer ids: {engine} guesses "
                                        f"{served.values.get('target_layer_ids')}", pitfall=26))

@@ -24,7 +24,7 @@ import torch
 from rich.console import Console
 
 from dflash_audit.audit import tau_stats
-from dflash_audit.audit.findings import Finding
+from catalogue.findings import Finding
 from dflash_audit.audit.overflow import OverflowWatch
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.drafter_fit import misfit

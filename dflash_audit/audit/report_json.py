@@ -25,7 +25,7 @@ def side_dict(side: Side) -> dict[str, Any]:
             "provenance": side.provenance, "raw_target_layer_ids": side.raw_layer_ids,
             "layer_id_convention": side.layer_id_convention}
     if side.contradictions:
-        data["contradictions"] = side.contradictions
+        data["contradictions"] = [str(c) for c in side.contradictions]
     if side.foreign:
         data["foreign"] = side.foreign
         data["recipe_unknown"] = side.recipe_unknown
