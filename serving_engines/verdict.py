@@ -11,7 +11,7 @@ from typing import Any
 from catalogue.findings import Finding
 from foundation.target_vocab import mask_token_problems
 from impl.spec import DraftSpec
-from serving_engines.capture import trained_capture
+from serving_engines.layer_capture import trained_capture
 from serving_engines.rules import source as engine_source
 from serving_engines.served import TargetFacts
 

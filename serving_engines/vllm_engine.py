@@ -22,7 +22,7 @@ from impl.families import config_family
 from impl.layers import speculators_to_zlab
 from foundation.param_names import codebook_name
 from serving_engines import rules, vllm_family
-from serving_engines.capture import vllm_capture
+from serving_engines.layer_capture import vllm_capture
 from serving_engines.served import Served, TargetFacts
 from serving_engines.source_exec import compile_definitions
 

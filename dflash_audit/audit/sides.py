@@ -15,7 +15,7 @@ import torch
 
 from dflash_audit.formats import LoadOptions
 from dflash_audit.formats.loaded import LoadedCheckpoint
-from dflash_audit.formats.inference import Contradiction, fc_layer_count
+from dflash_audit.formats.shape_inference import Contradiction, fc_layer_count
 from impl.families import spec_family
 from foundation.param_names import verifier_owned_keys
 from impl.recipe import Recipe

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from dflash_audit.formats.inference import Contradiction, Provenance, parse_cli_spec
+from dflash_audit.formats.shape_inference import Contradiction, Provenance, parse_cli_spec
 from dflash_audit.formats.setting_names import DeclarationError
 from foundation.errors import AuditError
 from drafter_files.checkpoint import Checkpoint

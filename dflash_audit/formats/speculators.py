@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from dflash_audit.formats.inference import Contradiction, Provenance
+from dflash_audit.formats.shape_inference import Contradiction, Provenance
 from dflash_audit.formats.loaded import (
     LoadedCheckpoint,
     RawRecord,
@@ -30,7 +30,7 @@ from impl.families import SPECULATORS_TYPES, ZLAB_ARCHITECTURES, config_family
 from impl.layers import names_final_layer, speculators_to_zlab, zlab_to_speculators
 from foundation.param_names import verifier_owned_keys
 from impl.spec import DFLASH2_FIELDS, FAMILY_FIELDS, SpecError
-from impl.target_fit import spec_misfit
+from impl.spec_fit import spec_misfit
 from impl.vocab_mapping import mapping_problems, t2d_problems
 from drafter_files.zlab_format import spec_from_zlab_config
 
