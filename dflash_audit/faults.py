@@ -9,6 +9,7 @@ net under those checks, not a replacement for them.
 from __future__ import annotations
 
 import errno
+import os
 import re
 
 from foundation.errors import plain_reason
@@ -72,7 +73,17 @@ def os_fault(exc: BaseException) -> str | None:
     return None
 
 
+# A file to which every unforeseen fault appends its line: the test suite names one, so that a subprocess (a demo
+# run, a CLI run, a fuzz example) reaching this net fails the test that ran it, as an in-process one does.
+UNFORESEEN_LOG = "DFLASH_AUDIT_UNFORESEEN_LOG"
+
+
 def unforeseen(exc: BaseException) -> str:
     """The line for a fault nobody foresaw: what it said, cleaned, and how to see more."""
     said = clean(str(exc))[:300]
-    return f"unexpected failure{': ' + said if said else ''}; rerun with --debug"
+    line = f"unexpected failure{': ' + said if said else ''}; rerun with --debug"
+    log = os.environ.get(UNFORESEEN_LOG)
+    if log:
+        with open(log, "a", encoding="utf-8") as record:  # one short append; never the user's file
+            record.write(f"{os.getpid()}: {line}\n")
+    return line

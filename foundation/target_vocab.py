@@ -36,6 +36,7 @@ class TargetVocabulary:
     embedding: EmbeddingTensor | None = None
     special_ids: dict[str, list[int]] = field(default_factory=dict)  # "eos" | "pad" | "bos" -> ids (empty: none)
     sources: dict[str, str] = field(default_factory=dict)  # what -> where it was read, or why it is unknown
+    id_sources: dict[str, dict[int, list[str]]] = field(default_factory=dict)  # role -> id -> the files saying it
 
     @property
     def embedding_rows(self) -> int | None:
@@ -76,13 +77,9 @@ class TargetVocabulary:
         vocab.embedding = embedding_tensor(path)
         vocab.sources["embedding_rows"] = (f"{Path(vocab.embedding.file).name}: {vocab.embedding.name}"
                                            if vocab.embedding else f"no *{EMBEDDING_SUFFIX} in a safetensors file")
-        for role in ("eos", "pad", "bos"):
-            found: dict[int, list[str]] = {}
-            for where, source in (("config.json", text), ("generation_config.json", generation),
-                                  ("tokenizer", _tokenizer_ids(tokenizer))):
-                for token_id in _ids(source.get(f"{role}_token_id")):
-                    found.setdefault(token_id, []).append(where)
+        for role, found in special_token_ids(path, text, generation, tokenizer).items():
             vocab.special_ids[role] = sorted(found)
+            vocab.id_sources[role] = {i: found[i] for i in sorted(found)}
             vocab.sources[role] = "; ".join(f"{i} ({', '.join(w)})" for i, w in sorted(found.items())) or \
                 "declared nowhere"
         return vocab
@@ -159,10 +156,68 @@ def _ids(value: Any) -> list[int]:
     return [v for v in values if _int_or_none(v) is not None]
 
 
-def _tokenizer_ids(tokenizer) -> dict[str, Any]:
-    if tokenizer is None:
-        return {}
-    return {f"{role}_token_id": getattr(tokenizer, f"{role}_token_id", None) for role in ("eos", "pad", "bos")}
+SPECIAL_ROLES = ("eos", "pad", "bos")
+TOKENIZER_JSON_LIMIT = 64 << 20  # a real tokenizer.json is a few MiB (Qwen3's 11); past this, its ids stay unread
+
+
+def special_token_ids(path: Path, config: dict[str, Any], generation: dict[str, Any],
+                      tokenizer=None) -> dict[str, dict[int, list[str]]]:
+    """role (eos, pad, bos) -> id -> every place the target declares it: config.json and generation_config.json
+    (`<role>_token_id`), tokenizer_config.json and special_tokens_map.json (`<role>_token`, a token string or an
+    AddedToken dict, resolved to its id through the tokenizer's added tokens and vocabulary), and a loaded
+    `tokenizer`'s own ids. Read from the files, no tokenizer code run: a target whose eos is declared only in its
+    tokenizer_config.json has that eos (what the engines' tokenizers stop at)."""
+    strings = {where: _json_object(path / where) for where in ("tokenizer_config.json", "special_tokens_map.json")}
+    token_ids = _token_string_ids(path, strings["tokenizer_config.json"])
+    found: dict[str, dict[int, list[str]]] = {role: {} for role in SPECIAL_ROLES}
+    for role in SPECIAL_ROLES:
+        declared = [(where, token_id) for where, source in (("config.json", config),
+                                                            ("generation_config.json", generation))
+                    for token_id in _ids(source.get(f"{role}_token_id"))]
+        for where, source in strings.items():
+            for token in _token_strings(source.get(f"{role}_token")):
+                if token in token_ids:
+                    declared.append((f"{where} {role}_token {token!r}", token_ids[token]))
+        if tokenizer is not None:
+            declared += [("tokenizer", token_id) for token_id in _ids(getattr(tokenizer, f"{role}_token_id", None))]
+        for where, token_id in declared:
+            found[role].setdefault(token_id, []).append(where)
+    return found
+
+
+def _token_strings(value: Any) -> list[str]:
+    """A `<role>_token` entry: a string, an AddedToken dict ({"content": ...}) or a list of them."""
+    values = value if isinstance(value, list) else [value]
+    strings = [v.get("content") if isinstance(v, dict) else v for v in values]
+    return [v for v in strings if isinstance(v, str)]
+
+
+def _token_string_ids(path: Path, tokenizer_config: dict[str, Any]) -> dict[str, int]:
+    """token string -> id from tokenizer_config.json's added_tokens_decoder and tokenizer.json's added tokens and
+    vocabulary (the files a tokenizer is built from)."""
+    ids: dict[str, int] = {}
+    decoder = tokenizer_config.get("added_tokens_decoder")
+    for key, token in (decoder.items() if isinstance(decoder, dict) else ()):
+        if isinstance(token, dict) and isinstance(token.get("content"), str) and str(key).isdigit():
+            ids.setdefault(token["content"], int(key))
+    file = path / "tokenizer.json"
+    try:
+        if not file.is_file() or file.stat().st_size > TOKENIZER_JSON_LIMIT:
+            return ids
+    except OSError:
+        return ids
+    data = _json_object(file)
+    added = data.get("added_tokens")
+    for token in added if isinstance(added, list) else ():
+        if isinstance(token, dict) and isinstance(token.get("content"), str) and _int_or_none(token.get("id")) \
+                is not None:
+            ids.setdefault(token["content"], token["id"])
+    model = data.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    for token, token_id in vocab.items() if isinstance(vocab, dict) else ():
+        if _int_or_none(token_id) is not None:
+            ids.setdefault(token, token_id)
+    return ids
 
 
 def mask_token_problems(token_id: int, limits: dict[str, int | None],

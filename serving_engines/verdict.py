@@ -13,7 +13,7 @@ from foundation.target_vocab import mask_token_problems
 from impl.spec import DraftSpec
 from serving_engines.layer_capture import trained_capture
 from serving_engines.rules import source as engine_source
-from serving_engines.served import TargetFacts
+from serving_engines.served import Served, TargetFacts
 
 # Spec fields whose "default" provenance is our loader's guess, not the format's documented meaning.
 GUESSED_DEFAULTS = {"target_layer_ids": "target_layer_ids", "rope_theta": "rope_theta",
@@ -100,6 +100,8 @@ def trained_values(spec: DraftSpec, draft_vocab_size: int | None = None,
             values[served_field] = None
             if served_field == "layer_windows":
                 values["layer_causal"] = None
+            if served_field == "target_layer_ids":  # which tensors fed those layers: as unknown as the ids
+                values["target_layer_capture"] = None
     return values, unknown
 
 
@@ -121,8 +123,9 @@ def compare_field(engine: str, name: str, trained: Any, served: Any, source: str
         return Finding.serving(name, "divergence", trained, served, source,
                               f"{engine} {verb} {len(served)} tensor(s) the drafter was trained with "
                               f"({', '.join(served[:3])})", pitfall=pitfall)
-    if name == "target_layer_capture" and isinstance(trained, list) and isinstance(served, list):
-        ids = [i for i, (a, b) in enumerate(zip(trained, served, strict=True)) if a != b]
+    if name == "target_layer_capture" and isinstance(trained, list) and isinstance(served, list) \
+            and len(trained) == len(served):  # (ids of another count: the target_layer_ids finding says it)
+        ids = [i for i, (a, b) in enumerate(zip(trained, served)) if a != b]
         detail = "; ".join(f"trained on the residual stream {trained[i]}, served {served[i]}" for i in ids)
         return Finding.serving(name, "divergence", trained, served, source,
                               f"{engine} feeds the drafter another tensor than training for {len(ids)} declared "
@@ -137,6 +140,33 @@ def compare_field(engine: str, name: str, trained: Any, served: Any, source: str
     return Finding.serving(name, "divergence", trained, served, source,
                           f"{engine} {'would run' if refused else 'runs'} {name} = {served!r}; the drafter was trained "
                           f"with {trained!r}", pitfall=pitfall)
+
+
+def target_layer_finding(engine: str, trained: list[int] | None, unknown: str | None, served: Served,
+                         trained_count: int | None = None) -> Finding | None:
+    """The ids the engine feeds the drafter against the trained ones, as one finding: the capture of those ids
+    follows from them. Ids the config leaves undeclared are the engine's guess (z-lab #156/#157, sglang #37475),
+    of whatever count it guesses, cited where the engine guesses them. `unknown`: why the trained ids are unknown;
+    `trained_count`: how many the drafter's fc reads, known even then."""
+    ids = served.values["target_layer_ids"]
+    guessed = served.values.get("target_layer_ids_declared") is False
+    source = served.sources.get("target_layer_ids_declared" if guessed else "target_layer_ids", "")
+    runs = f"the config declares no target layer ids: {engine} guesses {ids}" if guessed \
+        else f"{engine} feeds the drafter target layers {ids}"
+    if (unknown is not None or trained is None) and trained_count not in (None, len(ids)):
+        return Finding.serving("target_layer_ids", "divergence", None, ids, source,
+                              f"{runs}: {len(ids)} layer(s), where the drafter's fc reads {trained_count} (which ones "
+                              f"is unknown: {unknown or 'not recorded'})", pitfall=26)
+    if unknown is not None or trained is None:
+        return Finding.serving("target_layer_ids", "warning", None, ids, source,
+                              f"{runs}; the trained ids are unknown ({unknown or 'not recorded'})", pitfall=26)
+    if list(trained) == list(ids):
+        return Finding.serving("target_layer_ids", "warning", list(trained), ids, source,
+                              f"{runs}, as training did; declare them so that no engine has to guess",
+                              pitfall=26) if guessed else None
+    count = "" if len(trained) == len(ids) else f": {len(ids)} layer(s), where the drafter's fc reads {len(trained)}"
+    return Finding.serving("target_layer_ids", "divergence", list(trained), ids, source,
+                          f"{runs}{count}; the drafter was trained on {list(trained)}", pitfall=26)
 
 
 def mask_token_findings(engine: str, mask: int | None, target: TargetFacts) -> list[Finding]:
@@ -176,11 +206,21 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
         findings.append(Finding.serving("loads", "divergence", True, False,
                                        served.sources.get("loads") or engine_source(engine, "loads"),
                                        f"{engine} refuses the drafter: {served.error}", pitfall=31))
+    ids_judged = served.loads and served.values.get("target_layer_ids") is not None
+    ids_differ = False
+    if ids_judged:
+        finding = target_layer_finding(engine, trained.get("target_layer_ids"), unknown.get("target_layer_ids"),
+                                       served, trained.get("target_layer_count"))
+        findings += [finding] if finding is not None else []
+        # the capture of ids that differ from training, or of unknown trained ids, is that one finding's
+        ids_differ = finding is not None and (finding.severity == "divergence" or finding.trained is None)
     for name, trained_value in trained.items():
         served_value = served.values.get(name)
         if name not in served.values or not served.loads and served_value is None or name == served.refused_for \
                 or name in served.covered:
             continue
+        if ids_judged and name == "target_layer_ids" or ids_differ and name == "target_layer_capture":
+            continue  # judged above, as one finding
         source = served.sources.get(name, "")
         if name in unknown:
             findings.append(Finding.serving(name, "warning", None, served_value, source,
@@ -194,11 +234,6 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
             finding = compare_field(engine, name, trained_value, served_value, source, refused=not served.loads)
             if finding is not None:
                 findings.append(finding)
-    if served.loads and served.values.get("target_layer_ids_declared") is False:
-        findings.append(Finding.serving("target_layer_ids_declared", "warning", True, False,
-                                       served.sources.get("target_layer_ids_declared", ""),
-                                       f"the config declares no target layer ids: {engine} guesses "
-                                       f"{served.values.get('target_layer_ids')}", pitfall=26))
     if served.loads:
         findings += mask_token_findings(engine, served.values.get("mask_token_id"), target)
     return EngineReport(engine, served.version, served.loads, served.error, served.values, trained, findings,

@@ -27,15 +27,42 @@ def pytest_configure(config):
                                        "(tests/refusal_scan.py lets its 'rerun with --debug' line pass)")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def unforeseen_log(tmp_path_factory):
+    """The file every unforeseen fault of this session appends to, in-process or in a subprocess the suite
+    starts (a demo, a CLI run): `dflash_audit/faults.py` reads its name from the environment."""
+    import os
+
+    from dflash_audit.faults import UNFORESEEN_LOG
+
+    log = tmp_path_factory.mktemp("unforeseen") / "faults.log"
+    log.touch()
+    before = os.environ.get(UNFORESEEN_LOG)
+    os.environ[UNFORESEEN_LOG] = str(log)
+    yield log
+    if before is None:
+        os.environ.pop(UNFORESEEN_LOG, None)
+    else:
+        os.environ[UNFORESEEN_LOG] = before
+
+
 @pytest.fixture(autouse=True)
-def refusal_scan(request):
-    """Every refusal the CLI gives in this test, checked by tests/refusal_scan.py after it."""
+def refusal_scan(request, unforeseen_log):
+    """Every refusal the CLI gives in this test, checked by tests/refusal_scan.py after it; and no unforeseen
+    fault in any process the test ran (the session's log grows by none)."""
+    import os
+
     from tests.refusal_scan import offences, recorded_refusals
 
+    start = unforeseen_log.stat().st_size
     with recorded_refusals() as seen:
         yield
     if request.node.get_closest_marker("unforeseen") is None:
         found = offences(seen)
+        with unforeseen_log.open(encoding="utf-8") as log:
+            log.seek(start)
+            found += [f"an unforeseen fault in a process the test ran: {line}" for line in log.read().splitlines()
+                      if not line.startswith(f"{os.getpid()}: ")]  # (this process's: the scan above has them)
         assert not found, "refusals that are defects:\n" + "\n".join(found)
 
 

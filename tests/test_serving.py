@@ -204,3 +204,90 @@ def test_compare_exits_1_on_serving_divergences_as_serve_check_does(written, tmp
     clean = str(written["z-lab save_pretrained, dflash"])
     assert main(["compare", "--ours", clean, "--ref", clean, "--serve", "vllm,sglang", "--out", str(tmp_path / "b")]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "0 divergences, 0 serving divergences"
+
+
+@pytest.fixture(scope="module")
+def undeclared_ids(tmp_path_factory):
+    """z-lab's writer, a one-layer drafter trained on ids 1,3,5,7,9 of a 12-layer target, its config stripped of
+    the ids (z-lab #156/#157, sglang #37475): each engine guesses them, of another count."""
+    from tests.helpers import tiny_spec, tiny_target
+
+    root = tmp_path_factory.mktemp("undeclared")
+    tiny_target(num_layers=12).save_pretrained(root / "target")
+    drafters = {}
+    for ids in ((1, 3, 5, 7, 9), (1, 5, 8)):
+        spec = tiny_spec(num_hidden_layers=1, target_layer_ids=ids, num_target_layers=12,
+                         layer_types=("full_attention",), sliding_window=None)
+        drafter = drafters[ids] = zlab_save_pretrained(spec, root / f"zlab-{len(ids)}")
+        config = json.loads((drafter / "config.json").read_text())
+        del config["dflash_config"]["target_layer_ids"]
+        (drafter / "config.json").write_text(json.dumps(config))
+    return drafters, root / "target"
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_ids_an_engine_guesses_are_one_target_layers_finding(undeclared_ids, given, capsys):
+    """Given or not, each engine's guess is one divergence citing where it guesses: against the trained ids when
+    `--spec` gives them, else against the count fc reads; the capture of those ids is not a second finding."""
+    from dflash_audit.formats import LoadOptions
+
+    drafters, target = undeclared_ids
+    drafter = drafters[(1, 3, 5, 7, 9)]
+    options = LoadOptions(spec=["target_layer_ids=1,3,5,7,9"] if given else [], flag_prefix="")
+    section = section_dict(serving_section(drafter, ENGINES, target, options))
+    guesses = {"vllm": ([1, 5, 8], "vllm/model_executor/models/interfaces.py:"),
+               "sglang": ([6], "sglang/srt/speculative/dflash_utils.py:")}
+    for engine, (guess, where) in guesses.items():
+        (finding,) = section[engine]["findings"]
+        assert (finding["field"], finding["severity"], finding["served"]) == ("target_layer_ids", "divergence", guess)
+        assert finding["source"].startswith(where) and f"{engine} guesses {guess}" in finding["message"]
+        assert ("trained on [1, 3, 5, 7, 9]" if given else "fc reads 5") in finding["message"]
+        assert finding["trained"] == ([1, 3, 5, 7, 9] if given else None)
+    argv = ["serve-check", "--drafter", str(drafter), "--target", str(target), "--engine", "vllm,sglang"]
+    assert main(argv + (["--spec", "target_layer_ids=1,3,5,7,9"] if given else [])) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "2 serving divergences"
+
+
+def test_guessed_ids_equal_to_training_are_one_warning(undeclared_ids):
+    from dflash_audit.formats import LoadOptions
+
+    drafters, target = undeclared_ids
+    report = section_dict(serving_section(drafters[(1, 5, 8)], ["vllm"], target,
+                                          LoadOptions(spec=["target_layer_ids=1,5,8"], flag_prefix="")))["vllm"]
+    assert [(f["field"], f["severity"]) for f in report["findings"]] == [("target_layer_ids", "warning")]
+    assert "vllm guesses [1, 5, 8], as training did" in report["findings"][0]["message"]
+
+
+def test_a_mask_id_equal_to_an_eos_declared_only_by_the_tokenizer_is_found(tmp_path, capsys):
+    """The target's eos is id 0, declared only in tokenizer_config.json (`eos_token`, no `eos_token_id` in
+    config.json or generation_config.json); a z-lab drafter with mask id 0: each engine feeds that eos as the mask,
+    and serve-check says so as compare does, through the one reader of the target's special ids."""
+    from dflash_world.tokenizer import train_tokenizer
+    from foundation.target_vocab import TargetVocabulary
+    from tests.helpers import TEXTS, tiny_spec, tiny_target
+
+    target = tmp_path / "target"
+    tiny_target(vocab=300).save_pretrained(target)
+    tokenizer = train_tokenizer(TEXTS, vocab_size=300)
+    tokenizer.save_pretrained(target)
+    for name in ("config.json", "generation_config.json"):
+        data = json.loads((target / name).read_text())
+        (target / name).write_text(json.dumps({k: v for k, v in data.items()
+                                               if k not in ("eos_token_id", "pad_token_id", "bos_token_id")}))
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    (target / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<|endoftext|>",
+                                                              "pad_token": None}))
+    (target / "special_tokens_map.json").unlink(missing_ok=True)
+    vocab = TargetVocabulary.read(target)
+    assert vocab.special_ids["eos"] == [0] and vocab.special_ids["pad"] == []
+    assert vocab.id_sources["eos"] == {0: ["tokenizer_config.json eos_token '<|endoftext|>'"]}
+    zlab = zlab_save_pretrained(tiny_spec(target_vocab_size=300, mask_token_id=0), tmp_path / "zlab")
+    found = section_dict(serving_section(zlab, ENGINES, target))
+    for engine in ENGINES:
+        (finding,) = [f for f in found[engine]["findings"] if f["severity"] == "divergence"]
+        assert finding["field"] == "mask_token_id" and "mask token 0 is the target's eos token" in finding["message"]
+    assert main(["compare", "--ours", str(zlab), "--ref", str(zlab), "--target", str(target), "--serve", "vllm",
+                 "--out", str(tmp_path / "report")]) == 1
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert any(f["component"] == "mask_token_validity" and "eos" in f["message"] for f in report["findings"])
+    capsys.readouterr()

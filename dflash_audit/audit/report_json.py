@@ -26,6 +26,8 @@ def side_dict(side: Side) -> dict[str, Any]:
             "layer_id_convention": side.layer_id_convention}
     if side.contradictions:
         data["contradictions"] = [str(c) for c in side.contradictions]
+    if side.gguf:
+        data["gguf"] = {k: v for k, v in side.gguf.items() if k != "metadata"}
     if side.foreign:
         data["foreign"] = side.foreign
         data["recipe_unknown"] = side.recipe_unknown

@@ -26,7 +26,12 @@ SCHEMA = "dflash-audit-serving/1"
 
 def trained_of(loaded: LoadedCheckpoint) -> tuple[dict[str, Any], dict[str, str]]:
     defaulted = {name: p.detail for name, p in loaded.provenance.items() if p.source == "default"}
-    return trained_values(loaded.spec, loaded.raw.draft_vocab_size, defaulted)
+    values, unknown = trained_values(loaded.spec, loaded.raw.draft_vocab_size, defaulted)
+    fc = loaded.state_dict.get("fc.weight")
+    if "target_layer_ids" in unknown and fc is not None and fc.ndim == 2 and fc.shape[1] % loaded.spec.hidden_size == 0:
+        # ids undeclared, their count is not: fc reads one hidden state per target layer
+        values["target_layer_count"] = fc.shape[1] // loaded.spec.hidden_size
+    return values, unknown
 
 
 def not_a_directory(engine: str, path: Path, fmt: str) -> EngineReport:

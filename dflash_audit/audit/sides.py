@@ -37,6 +37,7 @@ class Side:
     recipe_unknown: list[str] = field(default_factory=list)
     contradictions: list[Contradiction] = field(default_factory=list)
     foreign: dict[str, Any] = field(default_factory=dict)
+    gguf: dict[str, Any] = field(default_factory=dict)  # a GGUF side: its version, converter, tensor types
 
     def __post_init__(self) -> None:
         if self.spec is not None and not self.known:
@@ -125,4 +126,4 @@ def side_of(loaded: LoadedCheckpoint, path: str | Path) -> Side:
                 known=known,
                 provenance={k: p.to_dict() for k, p in loaded.provenance.items()},
                 recipe_unknown=list(loaded.recipe_unknown), contradictions=list(loaded.contradictions),
-                foreign=dict(loaded.foreign))
+                foreign=dict(loaded.foreign), gguf=dict(loaded.gguf))

@@ -30,6 +30,8 @@ class TensorRow:
     cosine: float | None = None
     explained_by: str = ""  # the config finding a shape/missing difference follows from
     non_finite: list[str] = field(default_factory=list)  # sides holding NaN/inf
+    relative_error: float | None = None
+    quantized: str = ""  # "ours Q8_0": a GGUF side stores this tensor quantized (or rounded to F16/BF16)
 
 
 
@@ -97,6 +99,11 @@ def compare_tensors(ours: Side, ref: Side, findings: list[Finding], advance) -> 
             row.non_finite = [side for side, finite in (("ours", stats.finite_a), ("ref", stats.finite_b)) if not finite]
             if row.status == "equal" and stats.max_abs_diff != 0.0:
                 row.status = "values differ"
+                row.relative_error = stats.relative_error
+                quantized = [f"{name} {side.gguf['quantized'][key]}" for name, side in (("ours", ours), ("ref", ref))
+                             if key in side.gguf.get("quantized", {})]
+                if quantized:  # the GGUF side's own rounding: a quantization finding, not a weight difference
+                    row.quantized, row.explained_by = quantized[0], "quantization"
         if row.status not in ("equal", "dtype") and explained_by_draft_vocab(key, findings):
             row.explained_by = "draft_vocab"
         rows.append(row)
@@ -170,6 +177,7 @@ def weight_findings(rows: list[TensorRow], ours: Side, ref: Side, expect_identic
             f"{worst.max_abs_diff:.3g} in {worst.key}; lowest cosine {least.cosine:.4f} in {least.key}): {expected}.",
             {"max_abs_diff": worst.max_abs_diff, "tensor": worst.key},
             {"min_cosine": least.cosine, "tensor": least.key}, key="values"))
+    found += quantization_findings(body)
     found += ignored_entry_findings(ours, ref)
     owned = {side: sorted(s.verifier_tensors) for side, s in (("ours", ours), ("ref", ref)) if s.verifier_tensors}
     if owned:
@@ -178,6 +186,22 @@ def weight_findings(rows: list[TensorRow], ours: Side, ref: Side, expect_identic
             "Verifier-owned tensors (" + "; ".join(f"{side}: {', '.join(k)}" for side, k in owned.items())
             + ") are copies of the target's embeddings, head and norm, not trained draft weights; not compared.",
             owned.get("ours"), owned.get("ref"), pitfall=13, key="verifier-owned"))
+    return found
+
+
+def quantization_findings(rows: list[TensorRow]) -> list[Finding]:
+    """Each tensor a GGUF side stores quantized, against its source: its type and what the rounding costs."""
+    found = []
+    for row in rows:
+        if row.explained_by != "quantization":
+            continue
+        side, kind = row.quantized.split()
+        found.append(Finding(
+            "quantization", "info",
+            f"{row.key} is stored as {kind} in the GGUF ({side}): dequantized, it differs from the other side's by a "
+            f"relative error of {row.relative_error:.3g} (largest |Δ| {row.max_abs_diff:.3g}, cosine "
+            f"{row.cosine:.6f}).", kind if side == "ours" else None, kind if side == "ref" else None, key=row.key,
+            raw={"type": kind, "relative_error": row.relative_error, "max_abs_diff": row.max_abs_diff}))
     return found
 
 

@@ -29,6 +29,7 @@ class PairStats:
     cosine: float  # clamped to [-1, 1]
     finite_a: bool = True  # no NaN / inf in a
     finite_b: bool = True
+    relative_error: float = 0.0  # |a - b| / |b| (Frobenius): what a quantization of b costs
 
 
 @torch.no_grad()
@@ -67,15 +68,18 @@ def pair_stats(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK) -> PairStat
         if finite:
             return PairStats(0.0, 1.0)
     finite_a, finite_b = is_finite(a), is_finite(b)
-    diff, dot, norm_a, norm_b = 0.0, 0.0, 0.0, 0.0
+    diff, dot, norm_a, norm_b, error = 0.0, 0.0, 0.0, 0.0, 0.0
     for start in range(0, a.numel(), chunk):
         x, y = a[start:start + chunk].double(), b[start:start + chunk].double()
-        part = float((x - y).abs().max())
+        delta = x - y
+        part = float(delta.abs().max())
         diff = math.nan if math.isnan(part) or math.isnan(diff) else max(diff, part)
         dot += float(x @ y)
         norm_a += float(x @ x)
         norm_b += float(y @ y)
-    return PairStats(diff, clamp_cosine(dot, norm_a, norm_b, identical=diff == 0.0), finite_a, finite_b)
+        error += float(delta @ delta)
+    relative = math.sqrt(error / norm_b) if norm_b > 0 else (0.0 if error == 0 else math.inf)
+    return PairStats(diff, clamp_cosine(dot, norm_a, norm_b, identical=diff == 0.0), finite_a, finite_b, relative)
 
 
 def pair_stats_all(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]],

@@ -4,6 +4,8 @@ One module per format, each with `detect`, `load` and `save`:
 - `ours.py`: a `*.pt` file our trainer wrote (`torch.load(weights_only=True)`);
 - `zlab.py`: a directory whose config.json has `dflash_config` or architecture `DFlashDraftModel`;
 - `speculators.py`: a directory whose config.json has `speculators_model_type: dflash`;
+- `gguf_file.py`: a `.gguf` file (llama.cpp's format, detected by its magic), read only here (llama.cpp's own
+  converter writes it: `convert --for llamacpp`);
 - `foreign.py`: any other checkpoint (`*.pt`, `*.pth`, `*.bin`, `*.ckpt`, `*.safetensors`, or a
   folder of them) with its own names, entries and training args; read only, never written.
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dflash_audit.formats import layouts, ours, speculators, zlab
+from dflash_audit.formats import gguf_file, layouts, ours, speculators, zlab
 from dflash_audit.formats.foreign import WEIGHT_SUFFIXES, UnknownScheme, load_foreign
 from dflash_audit.formats.loaded import (
     LoadedCheckpoint,
@@ -61,10 +63,12 @@ def _config_of(path: Path) -> dict[str, Any] | None:
 
 
 def detect_format(path: str | Path) -> str:
-    """`ours`, `zlab`, `speculators` or `foreign`; an AuditError saying what was found otherwise."""
+    """`ours`, `zlab`, `speculators`, `gguf` or `foreign`; an AuditError saying what was found otherwise."""
     path = Path(path)
     if not path.exists():
         raise AuditError(f"{path}: no such file or directory")
+    if path.is_file() and (gguf_file.detect(path) or path.name.endswith(".gguf")):
+        return "gguf"  # by its magic; a `.gguf` name without it is read and refused as not GGUF
     if layouts.detect(path) is not None:  # a framework's layout (DCP, DeepSpeed, Megatron, NeMo)
         return "foreign"
     if path.is_file():
@@ -108,5 +112,8 @@ def load_any(path: str | Path, target_dir: str | Path | None = None,
     if options.entry is not None or options.key_map is not None:
         flag = options.flag("entry") if options.entry is not None else "--key-map"
         raise AuditError(f"{path}: a {fmt} drafter has one known layout; {flag} applies to other checkpoints only")
-    loaded = speculators.load(path, target_dir) if fmt == "speculators" else MODULES[fmt].load(path)
+    if fmt == "gguf":
+        loaded = gguf_file.load(path, target_dir)
+    else:
+        loaded = speculators.load(path, target_dir) if fmt == "speculators" else MODULES[fmt].load(path)
     return apply_cli_spec(loaded, options)

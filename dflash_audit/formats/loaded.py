@@ -54,6 +54,7 @@ class LoadedCheckpoint(Checkpoint):
     recipe_unknown: list[str] = field(default_factory=list)  # recipe fields nobody declared
     contradictions: list[Contradiction] = field(default_factory=list)  # the checkpoint disagreeing with itself
     foreign: dict[str, Any] = field(default_factory=dict)  # entry used, ignored entries, key map, unrecognized keys
+    gguf: dict[str, Any] = field(default_factory=dict)  # a GGUF file's version, converter, each tensor's type
 
 
 def require_spec(loaded: LoadedCheckpoint, what: str) -> DraftSpec:

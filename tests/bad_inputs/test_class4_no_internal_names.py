@@ -190,3 +190,20 @@ def test_an_unforeseen_fault_is_one_line_ending_rerun_with_debug(world, tmp_path
     assert code == 2 and len(lines) == 1 and lines[0].endswith("rerun with --debug"), err
     assert "something nobody foresaw" in lines[0] and not CLASS_NAME.search(lines[0])
     assert tree_digest(world)  # the world is still there to read
+
+
+@pytest.mark.unforeseen
+def test_an_unforeseen_fault_in_a_subprocess_is_recorded_for_the_test_that_ran_it(unforeseen_log):
+    """A demo or CLI run in a subprocess that reaches the catch-all appends its line to the session's log (the
+    environment names it), and the suite's refusal scan fails the test that ran it (this one is marked)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    start = unforeseen_log.stat().st_size
+    subprocess.run([sys.executable, "-c", "from dflash_audit.faults import unforeseen; "
+                    "unforeseen(ValueError('planted'))"], check=True, cwd=Path(__file__).resolve().parents[2])
+    with unforeseen_log.open(encoding="utf-8") as log:
+        log.seek(start)
+        (line,) = log.read().splitlines()
+    assert line.endswith("unexpected failure: planted; rerun with --debug")
