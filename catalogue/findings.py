@@ -13,7 +13,10 @@ from catalogue.pitfalls import PITFALLS as CATALOGUE
 
 COMPONENTS = ("fc_dims", "target_layers", "layer_types", "window_direction", "block_size", "mask_token", "serving",
               "architecture", "conv", "selector", "dspark_heads", "xpress_refiner", "weights", "recipe", "tau",
-              "mask_token_validity", "vocab_sizes", "slot_layout", "rotary", "draft_vocab", "quantization")
+              "mask_token_validity", "vocab_sizes", "slot_layout", "rotary", "draft_vocab", "quantization",
+              # `trace`: what one recorded training step computed (dflash_audit/trace/audit.py)
+              "targets", "target_alignment", "noise", "loss_weights", "loss", "positions", "training_mask",
+              "anchors", "unexplained")
 SEVERITIES = ("divergence", "warning", "info")
 # An audit finding's words in report.json (docs/reports.md), in order.
 AUDIT_WORDS = ("component", "severity", "message", "ours", "ref", "pitfall", "key", "raw", "explanation")

@@ -1,4 +1,4 @@
-"""`dflash-audit`: compare, eval, train, convert, demo, serve-check; `--version`.
+"""`dflash-audit`: compare, eval, train, convert, demo, serve-check, trace; `--version`.
 
 Exit status like diff(1): 0 no divergence, 1 divergences, 2 trouble (bad input, usage)
 with a one-line error; `--debug` prints the traceback above it (same exit status).
@@ -154,11 +154,13 @@ def check_arguments(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
+    own = argv[:argv.index("--")] if "--" in argv else argv  # after `--`: a traced command's own arguments
+    debug = "--debug" in own
     if debug:
         argv.remove("--debug")
+        own = argv[:argv.index("--")] if "--" in argv else argv
     try:
-        check_arguments(argv)
+        check_arguments(own)
         result = app(args=argv, prog_name="dflash-audit", standalone_mode=False)
     except typer.Exit as exc:
         return exc.exit_code

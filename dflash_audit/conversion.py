@@ -157,14 +157,73 @@ def unservable_fields(spec, engine: str) -> list[str]:
     return problems
 
 
+def convert_for_llamacpp(source: str | Path, destination: str | Path, target: str | Path | None,
+                         quant: str = "f32", force: bool = False, options: LoadOptions | None = None,
+                         bin_dir: str | Path | None = None) -> ConversionResult:
+    """`DIR/drafter-<quant>.gguf` by llama.cpp's own converter (and llama-quantize), the target's GGUF converted once
+    into the engine cache; a drafter in another format goes through our z-lab format first. Then the static check
+    reads the file as b11434 does."""
+    import tempfile
+
+    from serving_engines import TargetFacts
+    from serving_engines.live.llamacpp_convert import QUANT_TYPES, QUANTIZER_TYPES, drafter_gguf, target_gguf
+    from serving_engines.live.llamacpp_env import find_llamacpp
+    from serving_engines.verdict import engine_report
+
+    if quant not in QUANT_TYPES:
+        raise AuditError(f"--quant: {quant!r} is not one of {', '.join(QUANT_TYPES)}")
+    if target is None:
+        raise AuditError("--for llamacpp: give --target (llama.cpp's converter takes the tokenizer, and the "
+                         "drafter's embeddings and head, from the target)")
+    check_target_dir(Path(target))
+    loaded = load_any(source, target_dir=target, options=options or LoadOptions(flag_prefix=""))
+    spec = require_spec(loaded, "convert --for llamacpp")
+    out_dir = Path(destination)
+    out = out_dir / f"drafter-{quant}.gguf"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise AuditError(f"--to: {out_dir} is a file; --for llamacpp writes a directory (drafter-{quant}.gguf in it)")
+    if out.exists() and not force:
+        raise AuditError(f"--to: {out} exists; give --force to replace it")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    engine = find_llamacpp(bin_dir) if quant in QUANTIZER_TYPES or bin_dir is not None else None
+    result = ConversionResult(str(source), loaded.format, str(out), "gguf")
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".zlab-") as scratch:
+        zlab_dir = Path(source)
+        if loaded.format != "zlab":
+            zlab_dir = Path(scratch) / "zlab"
+            step = convert(source, zlab_dir, "zlab", target=target, options=options)
+            result.notes.append(f"converted through our z-lab format first ({loaded.format} -> zlab): llama.cpp's "
+                                "converter reads z-lab's DFlashDraftModel, not " +
+                                ("speculators' DFlashSpeculator" if loaded.format == "speculators" else
+                                 "our ckpt.pt" if loaded.format == "ours" else f"a {loaded.format} checkpoint"))
+            result.notes += step.notes
+        result.notes += drafter_gguf(zlab_dir, Path(target), out, quant, engine)
+    target_file, notes = target_gguf(Path(target))
+    result.notes += [f"target: {note}" for note in notes]
+    result.notes.append(f"the target's GGUF (f32, converted once, cached): {target_file}")
+    report = engine_report("llamacpp", str(out), spec, TargetFacts.read(target))
+    engine_side = [f for f in report.findings if f.severity == "divergence" and f.field in ENGINE_SIDE]
+    wrong = [f for f in report.findings if f.severity == "divergence" and f.field not in ENGINE_SIDE]
+    if wrong:
+        raise AuditError(f"{out}: written, but llama.cpp b11434 would still serve it differently from training: "
+                         f"{wrong[0].field}: {wrong[0].message} ({wrong[0].source})")
+    result.notes.append(f"verified: llama.cpp {report.version} reads its settings as trained; serve it with: "
+                        f"{report.command}")
+    result.notes += [f"llamacpp (its own forward, no format changes it): {f.message} ({f.source})"
+                     for f in engine_side]
+    return result
+
+
 def convert_for(source: str | Path, destination: str | Path, engine: str, target: str | Path | None = None,
                 force: bool = False, options: LoadOptions | None = None) -> ConversionResult:
     """Write the drafter so that `engine` serves it as trained, then prove it with the serving check."""
     from serving_engines import ENGINES, TargetFacts
     from serving_engines.verdict import engine_report
 
+    if engine == "llamacpp":
+        return convert_for_llamacpp(source, destination, target, force=force, options=options)
     if engine not in ENGINES:
-        raise AuditError(f"--for: unknown engine {engine!r}; expected one of {list(ENGINES)}")
+        raise AuditError(f"--for: unknown engine {engine!r}; expected one of {[*ENGINES, 'llamacpp']}")
     options = options or LoadOptions(flag_prefix="")
     loaded = load_any(source, target_dir=target, options=options)
     spec = require_spec(loaded, f"convert --for {engine}")

@@ -11,9 +11,9 @@ Each field carries its type, its default, its bounds and its description, and in
   dflash's `train_default` (`train_defaults(family)`; the conformance suite holds each to the installed speculators).
 
 Everything else is derived from these declarations, never written again: the `train` options and their help
-(`dflash_audit/commands/train_options.py`), `RunConfig`'s recipe fields (`impl/train.py`), the setting names the
+(`dflash_audit/commands/train_options.py`), `RunSettings`' recipe fields (`impl/run_settings.py`), the setting names the
 format readers recognize (`dflash_audit/formats/setting_names.py`), every range check and its message
-(`knob_problem`), and the flag table of docs/training.md (`python -m impl.recipe`; tests/test_recipe_knobs.py keeps
+(pydantic's, worded by impl/settings.py), and the flag table of docs/training.md (`python -m impl.recipe`; tests/test_recipe_knobs.py keeps
 the page equal to it).
 """
 
@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, Field
 
 from impl import settings
 from impl.layers import layer_range, layers_outside
+from impl.settings import Declared
 from impl.spec import SpecError
 
 # speculators' loss_fn: one loss name, or a JSON dict of names to weights (`resolve_loss_config`): XPress trains with
@@ -37,6 +38,8 @@ LossWeighting = Literal["fixed-exp-decay", "dpace"]
 MODEL_LEVEL = "speculators' model-level default (DFlashDraftModel.forward, compute_metrics)"
 TRAINER = "speculators' TrainConfig for --speculator-type dflash"
 XPRESS_LOSS = '{"ce": 0.1, "tv": 0.9}'
+# A loss spec, in its one spelling (`canonical_loss_fn`; its ValueError is the refusal).
+LossFn = Annotated[str, AfterValidator(lambda spec: canonical_loss_fn(spec))]
 
 
 def trainer_of(family: str) -> str:
@@ -56,18 +59,18 @@ def knob(default: Any, description: str, *, speculators: str | None, default_of:
     return Field(default, description=description, json_schema_extra=extra, **bounds)
 
 
-class Recipe(BaseModel):
+class Recipe(Declared):
     """How a drafter was trained, in speculators' vocabulary. Defaults are speculators' model-level defaults
     (KL, fixed exponential decay): a checkpoint written before a field existed is read with that default, which is
     what it was trained with. `dflash-audit train` starts from `train_recipe()` instead (its trainer's defaults)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    SUBJECT = "recipe"
 
     gamma: float = knob(
         4.0, "fixed-exp-decay loss weights: w(k) = exp(-(k-1)/gamma), w(0) = 0", gt=0,
         speculators="dflash_decay_gamma", default_of="speculators (DFlashDraftModel.forward gamma, DFlashArgs)",
         names=("gamma", "loss_decay_gamma", "dflash_decay_gamma", "decay_gamma", "loss_gamma"), flags=("--gamma",))
-    loss_fn: str = knob(
+    loss_fn: LossFn = knob(
         "kl_div", "kl_div (distil the verifier's logits), ce (its argmax), tv (1 - their overlap), or a JSON dict of "
         "them to weights, as speculators takes it", speculators="loss_fn",
         default_of=MODEL_LEVEL, train_default="ce", train_default_of=TRAINER,
@@ -149,26 +152,6 @@ class Recipe(BaseModel):
     data_hash: str = ""
     extra: dict[str, Any] = Field(default_factory=dict)
 
-    def __init__(self, **data: Any) -> None:
-        unknown = sorted(set(data) - set(type(self).model_fields))
-        if unknown:
-            raise SpecError("recipe", f"unknown fields {unknown}")
-        for name, value in data.items():
-            problem = knob_problem(name, value)
-            if problem:
-                raise SpecError(name, problem)
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:  # a type the bounds did not catch: one line naming the field
-            error = exc.errors()[0]
-            name = ".".join(str(part) for part in error["loc"]) or "recipe"
-            raise SpecError(name, f"{error['input']!r}: {error['msg']}") from None
-
-    @field_validator("loss_fn")
-    @classmethod
-    def _one_spelling(cls, value: str) -> str:
-        return canonical_loss_fn(value)
-
     def check_trainable(self, num_target_layers: int | None = None) -> None:
         """The rules a recipe must also meet to be trained with; a recipe a checkpoint declares is
         audited as it is, never refused. D-PACE reads the drafter's confidence as exp(-CE), so it
@@ -246,40 +229,13 @@ def canonical_loss_fn(spec: str) -> str:
 
 def choices(name: str) -> tuple[Any, ...]:
     """The values a Literal knob takes; () for any other."""
-    annotation = Recipe.model_fields[name].annotation
-    return get_args(annotation) if getattr(annotation, "__origin__", None) is Literal else ()
-
-
-def bounds(name: str) -> dict[str, float]:
-    """{"gt": 0, "le": 1, ...}: the bounds a field declares."""
-    return settings.bounds(Recipe.model_fields[name])
-
-
-def bounds_text(name: str) -> str:
-    """The declared range in words: "positive", "non-negative", "in (0, 1]"."""
-    return settings.bounds_text(Recipe.model_fields[name])
+    return settings.choices(KNOBS[name])
 
 
 def knob_problem(name: str, value: Any) -> str | None:
-    """What is wrong with `value` for the knob `name` (its choices, its bounds), or None: the one range check of
-    every knob, and its message."""
-    if name not in KNOBS:
-        return None
-    if name == "loss_fn":
-        try:
-            loss_terms(value)
-        except ValueError as exc:
-            return str(exc)
-        return None
-    allowed = choices(name)
-    if allowed:
-        return None if value in allowed else f"{value!r} not in {list(allowed)}"
-    found = bounds(name)
-    if not found or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None  # a type pydantic checks
-    inside = (("gt" not in found or value > found["gt"]) and ("ge" not in found or value >= found["ge"])
-              and ("lt" not in found or value < found["lt"]) and ("le" not in found or value <= found["le"]))
-    return None if inside else f"must be {bounds_text(name)}, got {value}"
+    """What is wrong with `value` for the knob `name` on its own, by its declaration (choices, bounds, the loss
+    spec), or None."""
+    return settings.problem_with(Recipe, name, value) if name in KNOBS else None
 
 
 def train_recipe(family: str = "dflash") -> Recipe:
@@ -303,7 +259,7 @@ def flag_table() -> str:
             whose += f"; `--family {family}`: `{value}` ({of})"
         flags = ", ".join(f"`{flag}`" for flag in extra["flags"])
         lines.append(f"| {flags} | `{name}`: {info.description} | {kind} | `{TRAIN_DEFAULTS[name]}` | "
-                     f"{bounds_text(name) or '—'} | {_code(extra['speculators'])} | {_code(extra['zlab'])} | "
+                     f"{settings.range_text(Recipe, name) or '—'} | {_code(extra['speculators'])} | {_code(extra['zlab'])} | "
                      f"{whose} |")
     return "\n".join(lines)
 

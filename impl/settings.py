@@ -1,15 +1,106 @@
-"""How a declared setting reads (a pydantic `Field` of `DraftSpec` or `Recipe`): the values it takes, its bounds,
-and what is wrong with a value, in the words every message and every help line use."""
+"""The declared settings (`DraftSpec`, `Recipe`, a command's `RunSettings`): pydantic validates every value against
+its `Field` (kind, choices, bounds), and this module words what pydantic refuses, the one line every refusal, help
+line and docs table reads. A rule between settings is its model's own."""
 
 from __future__ import annotations
 
-import numbers
 import types
-from typing import Any, Literal, Union, get_args, get_origin
+from functools import cache
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 
-BOUND_KEYS = ("gt", "ge", "lt", "le")
+from foundation.errors import SpecError
+
+# Strict: `true` is no size, "4" no gamma and 3.5 no layer count (an int stands for a float, as JSON writes it).
+STRICT = ConfigDict(frozen=True, extra="forbid", strict=True)
+# pydantic's JSON-schema words for the four bounds, as a Field declares them.
+SCHEMA_BOUNDS = {"exclusiveMinimum": "gt", "minimum": "ge", "exclusiveMaximum": "lt", "maximum": "le"}
+BOUND_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
+class Declared(BaseModel):
+    """A model whose values pydantic validates; a refusal is one line naming the field, in `refused`'s error."""
+
+    model_config = STRICT
+    SUBJECT: ClassVar[str] = "settings"  # who is named for unknown or missing fields ("spec", "recipe", ...)
+    # Sizes and ids say their bound as an integer's ("a positive integer", "at most 16,777,216"); others "positive".
+    INTEGER_WORDS: ClassVar[bool] = False
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise type(self).refusal(exc, data) from None
+
+    @classmethod
+    def refused(cls, field_name: str, message: str) -> Exception:
+        return SpecError(field_name, message)
+
+    @classmethod
+    def refusal(cls, exc: ValidationError, data: dict[str, Any]) -> Exception:
+        """The one error to raise for pydantic's refusal: unknown fields first, then missing ones, then the first
+        bad value in the order given."""
+        errors = exc.errors()
+        for kind, words in (("extra_forbidden", "unknown"), ("missing", "missing")):
+            names = sorted(str(e["loc"][0]) for e in errors if e["type"] == kind)
+            if names:
+                return cls.refused(cls.SUBJECT, f"{words} fields {names}")
+        order = list(data)
+        first = min(errors, key=lambda e: order.index(e["loc"][0]) if e["loc"] and e["loc"][0] in order else len(order))
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, SpecError):  # a validator's own refusal, already one line naming its field
+            return cause
+        name = str(first["loc"][0]) if first["loc"] else cls.SUBJECT
+        return cls.refused(name, problem(cls, name, first))
+
+
+def problem(model: type[Declared], name: str, error: ErrorDetails) -> str:
+    """pydantic's refusal of one value of the setting `name`, in the tool's words."""
+    info, kind, value = model.model_fields[name], error["type"], error["input"]
+    if kind in ("value_error", "assertion_error"):
+        return str(error["ctx"]["error"])
+    if kind == "literal_error":
+        return f"{value!r} not in {list(choices(info))}"
+    if len(error["loc"]) > 1:  # an item of a list
+        item = get_args(base_type(info))[0]
+        return f"item {error['loc'][1]} must be {KIND_WORDS.get(item, 'valid')}, got {value!r}"
+    if kind in BOUND_ERRORS:
+        found = declared_range(model, name)
+        if base_type(info) is int and model.INTEGER_WORDS:
+            if kind.startswith("less"):  # an upper bound on an integer is a size no real model has
+                return f"{value} is past any real model's (at most {found['le']:,})"
+            return f"must be {integer_words(found)}, got {value}"
+        return f"must be {range_words(found)}, got {value}"
+    words = kind_text(model, name)
+    if is_optional(info) and (words in ("a number", "a mapping", "an integer")):
+        words += " or null"
+    return f"must be {words}, got {value!r}"
+
+
+def problem_with(model: type[Declared], name: str, value: Any) -> str | None:
+    """What is wrong with `value` for the setting `name` of `model` on its own (kind, choices, bounds), or None;
+    pydantic judges it by the field's declaration."""
+    if name not in model.model_fields:
+        return None
+    try:
+        _adapter(model, name).validate_python(value)
+    except ValidationError as exc:
+        return problem(model, name, exc.errors()[0])
+    return None
+
+
+@cache
+def _adapter(model: type[Declared], name: str) -> TypeAdapter:
+    info = model.model_fields[name]  # its type, bounds, strictness and validators (the rest is the model's)
+    declared = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+    return TypeAdapter(declared, config=ConfigDict(strict=True))
+
+
+# -- the words --------------------------------------------------------------------------------------------------------
+KIND_WORDS = {float: "a number", bool: "true or false", str: "a name", int: "an integer"}
 
 
 def choices(info: FieldInfo) -> tuple[Any, ...]:
@@ -31,24 +122,25 @@ def base_type(info: FieldInfo) -> Any:
     return info.annotation
 
 
-def bounds(info: FieldInfo) -> dict[str, float]:
-    """{"gt": 0, "le": 1, ...}: the bounds a field declares."""
-    found = {}
-    for item in info.metadata:
-        for key in BOUND_KEYS:
-            if getattr(item, key, None) is not None:
-                found[key] = getattr(item, key)
-    return found
+@cache
+def declared_range(model: type[Declared], name: str) -> dict[str, float]:
+    """{"gt": 0, "le": 1, ...}: the setting's bounds, as pydantic's JSON schema of its Field states them."""
+    schema = _adapter(model, name).json_schema()
+    for option in schema.get("anyOf", [schema]):
+        found = {SCHEMA_BOUNDS[key]: value for key, value in option.items() if key in SCHEMA_BOUNDS}
+        if found:
+            return found
+    return {}
 
 
-def bounds_text(info: FieldInfo, integer: bool = False) -> str:
-    """The declared range in words: "positive", "non-negative", "in (0, 1]"; for an integer "a positive integer",
-    "an integer >= 1" (an upper bound on an integer is a size no real model has: `past_text`)."""
-    found = bounds(info)
-    if integer:
-        low = {key: value for key, value in found.items() if key in ("gt", "ge")}
-        return ("a positive integer" if low == {"gt": 0} else f"an integer >= {low['ge']}" if "ge" in low
-                else f"an integer > {low['gt']}" if "gt" in low else "an integer")
+def integer_words(found: dict[str, float]) -> str:
+    """An integer's lower bound in words: "a positive integer", "an integer >= 1"."""
+    return ("a positive integer" if found.get("gt") == 0 else f"an integer >= {found['ge']}" if "ge" in found
+            else f"an integer > {found['gt']}" if "gt" in found else "an integer")
+
+
+def range_words(found: dict[str, float]) -> str:
+    """A range in words: "positive", "non-negative", "in (0, 1]"; "" for none."""
     if found == {"gt": 0}:
         return "positive"
     if found == {"ge": 0}:
@@ -58,71 +150,27 @@ def bounds_text(info: FieldInfo, integer: bool = False) -> str:
     return f"in {low}, {high}" if found else ""
 
 
-def _inside(value: float, found: dict[str, float]) -> bool:
-    return (("gt" not in found or value > found["gt"]) and ("ge" not in found or value >= found["ge"])
-            and ("lt" not in found or value < found["lt"]) and ("le" not in found or value <= found["le"]))
+def range_text(model: type[Declared], name: str) -> str:
+    """The setting's declared range, as its refusals say it ("" for none)."""
+    found = declared_range(model, name)
+    if not found:
+        return ""
+    return integer_words(found) if base_type(model.model_fields[name]) is int and model.INTEGER_WORDS \
+        else range_words(found)
 
 
-def is_number(value: Any) -> bool:
-    """An int or float (numpy's too), not a bool: `true` is no gamma."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def is_integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def value_problem(info: FieldInfo, value: Any) -> str | None:
-    """What is wrong with `value` for this declared setting (its kind, its choices, its bounds), or None: the one
-    check of a setting's own range, and its message (a rule between settings is its model's own)."""
-    optional = is_optional(info)
-    if value is None:
-        return None if optional else f"must be {kind_text(info)}, got None"
-    allowed = choices(info)
-    if allowed:
-        return None if value in allowed else f"{value!r} not in {list(allowed)}"
-    kind = base_type(info)
-    found = bounds(info)
-    if kind is bool:
-        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
-    if kind is int:
-        words = bounds_text(info, integer=True)
-        if not is_integer(value):
-            return f"must be {words}{' or null' if optional and words == 'an integer' else ''}, got {value!r}"
-        low = {key: v for key, v in found.items() if key in ("gt", "ge")}
-        if not _inside(value, low):
-            return f"must be {words}, got {value!r}"
-        return None if _inside(value, found) else f"{value} is past any real model's (at most {found['le']:,})"
-    if kind is float:
-        if not is_number(value):
-            return f"must be a number{' or null' if optional else ''}, got {value!r}"
-        return None if _inside(value, found) else f"must be {bounds_text(info)}, got {value}"
-    if kind is str:
-        return None if isinstance(value, str) else f"must be a name, got {value!r}"
-    if get_origin(kind) is tuple:
-        return None if isinstance(value, (list, tuple)) else f"must be a list, got {value!r}"
-    if get_origin(kind) is dict or kind is dict:
-        return None if isinstance(value, dict) else f"must be a mapping{' or null' if optional else ''}, got {value!r}"
-    return None
-
-
-def kind_text(info: FieldInfo) -> str:
+def kind_text(model: type[Declared], name: str) -> str:
     """What the setting holds, in words ("a positive integer", "a number", "true or false", ...)."""
+    info = model.model_fields[name]
     allowed = choices(info)
     if allowed:
         return "one of " + ", ".join(str(choice) for choice in allowed)
     kind = base_type(info)
     if kind is int:
-        return bounds_text(info, integer=True)
-    if kind is float:
-        return "a number"
-    if kind is bool:
-        return "true or false"
-    if kind is str:
-        return "a name"
-    if get_origin(kind) is tuple:
-        return "a list"
-    return "a mapping"
+        return integer_words(declared_range(model, name))
+    if kind in KIND_WORDS:
+        return KIND_WORDS[kind]
+    return "a list" if get_origin(kind) in (tuple, list) else "a mapping"
 
 
 def type_name(info: FieldInfo) -> str:
@@ -131,5 +179,5 @@ def type_name(info: FieldInfo) -> str:
     kind = base_type(info)
     name = (" \\| ".join(f"`{c}`" for c in allowed) if allowed else
             {int: "integer", float: "number", bool: "true/false", str: "name"}.get(kind)
-            or ("list" if get_origin(kind) is tuple else "mapping"))
+            or ("list" if get_origin(kind) in (tuple, list) else "mapping"))
     return f"{name} or none" if is_optional(info) else name

@@ -16,10 +16,10 @@ Each field carries its type, its default, its bounds and its description, and in
 - `flags`, `train_default`, `train_default_of`, `train_field`: for a setting `dflash-audit train` takes, its
   option, what `train` uses without it, whose that is, and the run field it fills (when not the setting's name).
 
-Derived from these declarations, never written again: each setting's own range check and its message
-(`setting_problem`, impl/settings.py), the family tables (`FAMILY_FIELDS`), the config keys the readers
+Derived from these declarations, never written again: each setting's own range check (pydantic's) and its message
+(impl/settings.py; `setting_problem` for one value), the family tables (`FAMILY_FIELDS`), the config keys the readers
 recognize (dflash_audit/formats/setting_names.py), the `train` options of the spec settings and their help
-(dflash_audit/commands/train_options.py), `RunSettings`' spec fields (impl/train.py), and the spec table of
+(dflash_audit/commands/train_options.py), `RunSettings`' spec fields (impl/run_settings.py), and the spec table of
 docs/training.md (`python -m impl.spec`; tests/test_spec_settings.py keeps the page equal to it). The rules between
 settings (heads divisible, layer ids inside the target, one family at a time, ...) are `DraftSpec.validate`'s.
 """
@@ -29,12 +29,13 @@ from __future__ import annotations
 import numbers
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 
 from foundation.errors import SpecError  # the spec's error; foundation's so config readers below impl raise it
 from foundation.token_ids import is_token_id
 from impl import settings, slot_layout
+from impl.settings import Declared
 from impl.defaults import BLOCK_SIZE_DEFAULTS, QWEN3_DEFAULTS, ROTARY_DEFAULTS, ZLAB_EXTRAS
 from impl.families import TITLES, spec_family
 from impl.layers import layers_outside
@@ -95,12 +96,13 @@ def _require(condition: bool, field_name: str, message: str) -> None:
 
 
 
-class DraftSpec(BaseModel):
+class DraftSpec(Declared):
     """A drafter's architecture, in the z-lab layer-id convention. Built only through its checks: a bad value is a
     SpecError naming the field (never a pydantic error); list-valued settings are tuples, so specs compare and
     hash by value."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    SUBJECT = "spec"
+    INTEGER_WORDS = True
 
     hidden_size: int = size("the drafter's hidden size (the target's: fc maps the target's features into it)",
                             names=("hidden_dim", "d_model", "n_embd", "dim"),
@@ -131,7 +133,7 @@ class DraftSpec(BaseModel):
         names=("target_layers", "fc_layers", "fc_layer_ids", "layer_ids", "feature_layers", "context_layers", "aux_hidden_state_layer_ids"),
         speculators="aux_hidden_state_layer_ids (id + 1)", zlab="dflash_config.target_layer_ids",
         default_of=REQUIRED, flags=("--target-layer-ids", "--fc-layers"),
-        train_default_of="z-lab's build_target_layer_ids")
+        train_default_of="z-lab's build_target_layer_ids", strict=False)  # a list too; each id checked below
     num_target_layers: int = size("decoder layers of the target (verifier)",
                                   names=("target_num_layers", "num_target_hidden_layers", "target_num_hidden_layers", "verifier_num_layers"),
         speculators="the verifier's num_hidden_layers", zlab="num_target_layers")
@@ -149,7 +151,8 @@ class DraftSpec(BaseModel):
     layer_types: tuple[str, ...] = setting(
         (), "per draft layer: full_attention or sliding_attention, comma-separated (empty: all full attention)",
         speculators="transformer_layer_config.layer_types", zlab="layer_types", default_of=QWEN3,
-        flags=("--layer-types",), train_default_of="every layer full attention (Qwen3's default)")
+        flags=("--layer-types",), train_default_of="every layer full attention (Qwen3's default)",
+        strict=False, validate_default=True)  # a list too, each name checked below; empty: all full attention
     sliding_window: int | None = setting(
         None, "the window of the sliding_attention layers", speculators="transformer_layer_config.sliding_window",
         zlab="sliding_window", default_of=QWEN3, flags=("--sliding-window",),
@@ -277,19 +280,35 @@ class DraftSpec(BaseModel):
         flags=("--num-jacobi-passes",), train_default=6, train_default_of="speculators (XPressArgs.num_jacobi_passes)")
 
     def __init__(self, **data: Any) -> None:
-        fields = type(self).model_fields
-        unknown = sorted(set(data) - set(fields))
-        if unknown:
-            raise SpecError("spec", f"unknown fields {unknown}")
-        missing = sorted(name for name, info in fields.items() if info.is_required() and name not in data)
-        if missing:
-            raise SpecError("spec", f"missing fields {missing}")
-        for name, value in data.items():
-            problem = setting_problem(name, value)
-            if problem:
-                raise SpecError(name, problem)
-        super().__init__(**normalized(data))
+        super().__init__(**data)  # every setting's own kind, choices and bounds: pydantic's, by its declaration
         self.validate()
+
+    @field_validator("target_layer_ids", mode="before")
+    @classmethod
+    def _integer_ids(cls, ids: Any) -> Any:
+        """Layer ids as integers (a JSON `2.0` is layer 2); a fractional one is refused by name."""
+        if not isinstance(ids, (list, tuple)):
+            return ids  # pydantic refuses it: not a list
+        fractional = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral) and not
+                      (isinstance(i, float) and i.is_integer())]
+        _require(not fractional, "target_layer_ids", f"{fractional} are not integer layer ids")
+        return tuple(int(i) for i in ids)
+
+    @field_validator("layer_types", mode="before")
+    @classmethod
+    def _every_layer_typed(cls, types: Any, info: ValidationInfo) -> Any:
+        """Empty layer types: every layer full attention."""
+        if not isinstance(types, (list, tuple)):
+            return types
+        _require(all(isinstance(t, str) for t in types), "layer_types",
+                 f"must be a list of layer type names, got {list(types)!r}")
+        return tuple(types) or ("full_attention",) * info.data.get("num_hidden_layers", 0)
+
+    @field_validator("draft_vocab_size")
+    @classmethod
+    def _reduced_only(cls, size: int | None, info: ValidationInfo) -> int | None:
+        """A draft vocabulary the size of the target's is none (speculators' own rule: equal sizes map nothing)."""
+        return None if size == info.data.get("target_vocab_size") else size
 
     def __hash__(self) -> int:
         # rope_scaling is a dict: compared by value, not hashed
@@ -517,30 +536,8 @@ TRAIN_DEFAULTS = {name: extra(name)["train_default"] for name in TRAIN_SETTINGS}
 
 
 def setting_problem(name: str, value: Any) -> str | None:
-    """What is wrong with `value` for the setting `name`, from its declaration (kind, choices, bounds), or None."""
-    return settings.value_problem(SETTINGS[name], value) if name in SETTINGS else None
-
-
-def normalized(data: dict[str, Any]) -> dict[str, Any]:
-    """The settings as the spec holds them: lists as tuples of integer ids and type names (empty layer types: all
-    full attention), numbers as floats, a draft vocabulary the size of the target's as none (speculators' own rule:
-    equal sizes map nothing)."""
-    data = dict(data)
-    ids = tuple(data["target_layer_ids"])
-    fractional = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral) and not
-                  (isinstance(i, float) and i.is_integer())]
-    _require(not fractional, "target_layer_ids", f"{fractional} are not integer layer ids")
-    data["target_layer_ids"] = tuple(int(i) for i in ids)
-    types = tuple(data.get("layer_types", ()))
-    _require(all(isinstance(t, str) for t in types), "layer_types",
-             f"must be a list of layer type names, got {list(types)!r}")
-    data["layer_types"] = types or ("full_attention",) * data["num_hidden_layers"]
-    if data.get("draft_vocab_size") is not None and data["draft_vocab_size"] == data["target_vocab_size"]:
-        data["draft_vocab_size"] = None
-    for name, value in data.items():
-        if value is not None and settings.base_type(SETTINGS[name]) is float:
-            data[name] = float(value)
-    return data
+    """What is wrong with `value` for the setting `name` on its own, by its declaration (kind, choices, bounds)."""
+    return settings.problem_with(DraftSpec, name, value)
 
 
 def settings_table() -> str:
@@ -555,7 +552,7 @@ def settings_table() -> str:
             given = TRAIN_DEFAULTS[name]
             option = (", ".join(f"`{flag}`" for flag in meta["flags"]) + ": "
                       + (f"`{given!r}`" if given is not None else meta["train_default_of"]))
-        bound = settings.bounds_text(info, settings.base_type(info) is int) if settings.bounds(info) else "—"
+        bound = settings.range_text(DraftSpec, name) or "—"
         lines.append(_cells(f"`{name}`: {info.description}", settings.type_name(info), default, bound,
                             _code(meta["speculators"]), _code(meta["zlab"]), meta["default_of"], option))
     return "\n".join(lines)

@@ -17,9 +17,8 @@ import contextlib
 import math
 import os
 import time
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,67 +32,15 @@ from impl.extract import output_head
 from impl.families import TITLES, TRAINED_FAMILIES
 from impl.layers import build_target_layer_ids, final_layer
 from impl.model import DFlashDrafter
-from impl.recipe import KNOBS, RECIPE_FIELDS, Recipe, train_defaults
-from impl.spec import FAMILY_FIELDS, RUN_FIELDS, TRAIN_SETTINGS, DraftSpec, SpecError, setting_problem
-from impl.spec import TRAIN_DEFAULTS as SPEC_TRAIN_DEFAULTS
+from impl.recipe import RECIPE_FIELDS, Recipe, train_defaults
+from impl.run_settings import RunSettings, TrainError
+from impl.spec import FAMILY_FIELDS, DraftSpec, SpecError
 from impl.train_step import training_step
 from impl.vocab_mapping import MappingError, check_mapping, count_token_frequencies, mapping_from_frequencies
 from impl.rotary_config import rotary_settings
 
 MASK_TOKEN = "<|mask|>"
 MIN_LR_RATIO = 0.1  # cosine decays to this fraction of the peak learning rate
-
-
-class TrainError(ValueError):
-    """A training run that cannot start as asked; one line."""
-
-
-@dataclass
-class RunSettings:
-    """A training run's settings other than the recipe knobs: data, schedule, the drafter's shape, bookkeeping.
-    (Not speculators' `TrainConfig`, whose resolution `--recipe speculators` reads.)"""
-
-    target: str
-    out: str
-    data: str | None = None  # JSON-lines file ...
-    records: list[dict] | None = None  # ... or the same records in memory
-    eval_data: str | None = None  # held-out file; else the last `eval_sequences` packed rows
-    eval_sequences: int = 2
-    steps: int = 1000
-    lr: float = 6e-4
-    warmup: int = 50
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    batch_size: int = 4  # packed rows per micro-batch, across all ranks
-    grad_accum: int = 1
-    seq_len: int = 1024
-    # A reduced draft vocabulary (`draft_vocab_size`, a drafter setting below) is the N most frequent loss-masked
-    # tokens of the training data (impl.vocab_mapping), or the map in `d2t` (a .npy of offsets, as speculators
-    # writes d2t-N.npy).
-    d2t: str | None = None
-    family: str = "dflash"
-    dtype: str = "fp32"
-    eval_every: int = 0  # 0: only at the end
-    save_every: int = 0  # 0: only at the end
-    resume: bool = False
-    seed: int = 0
-    max_seconds: float | None = None  # shrink the schedule to fit this wall-clock budget
-    stop_at: int | None = None  # leave after this step with a checkpoint, schedule unchanged (preemption)
-    progress: bool = True
-    extra: dict = field(default_factory=dict)
-
-
-# A run: its settings, every drafter setting `train` takes (impl/spec.py: block size, draft layers, target layers,
-# each family's sizes, ...; None: the default its declaration names, e.g. z-lab's target layers) and every recipe
-# knob (impl/recipe.py). A knob left None takes `dflash-audit train`'s default for the run's family
-# (`train_defaults`: speculators' trainer resolution of that family, e.g. dflash's CE, D-PACE, alpha 0.5; the
-# conformance suite holds these to the installed speculators). Built from the declarations, so a setting or a knob
-# added there is a field here.
-RunConfig = make_dataclass("RunConfig", [(RUN_FIELDS[name], Any, field(default=SPEC_TRAIN_DEFAULTS[name]))
-                                         for name in TRAIN_SETTINGS]
-                           + [(name, info.annotation | None, field(default=None))
-                              for name, info in KNOBS.items()], bases=(RunSettings,))
-RunConfig.__module__ = __name__
 
 
 # -- setup ---------------------------------------------------------------------------------
@@ -106,7 +53,7 @@ def resolve_mask_token(tokenizer, override: int | None) -> int:
     return int(token_id)
 
 
-def draft_spec(config, tokenizer, cfg: RunConfig, draft_vocab_size: int | None = None,
+def draft_spec(config, tokenizer, cfg: RunSettings, draft_vocab_size: int | None = None,
                sample_from_anchor: bool | None = None) -> DraftSpec:
     """The drafter's spec: sizes from the target's config (hidden sizes must match), the rest from cfg (the slot
     layout: the run's recipe's)."""
@@ -149,7 +96,7 @@ def draft_spec(config, tokenizer, cfg: RunConfig, draft_vocab_size: int | None =
     )
 
 
-def vocab_mapping(cfg: RunConfig, data: PackedData, target_vocab_size: int) -> torch.Tensor | None:
+def vocab_mapping(cfg: RunSettings, data: PackedData, target_vocab_size: int) -> torch.Tensor | None:
     """The run's d2t: read from `cfg.d2t`, else built from the training data's token frequencies; None
     without a reduced draft vocabulary."""
     if cfg.d2t is not None:
@@ -162,7 +109,7 @@ def vocab_mapping(cfg: RunConfig, data: PackedData, target_vocab_size: int) -> t
         return d2t
     if cfg.draft_vocab_size is None or cfg.draft_vocab_size == target_vocab_size:
         return None
-    if cfg.draft_vocab_size > target_vocab_size:  # its lower bound is its declaration's (check_run)
+    if cfg.draft_vocab_size > target_vocab_size:  # its lower bound is its declaration's (RunSettings)
         raise TrainError(f"--draft-vocab-size must be in 1..{target_vocab_size} (the target's vocabulary), "
                          f"got {cfg.draft_vocab_size}")
     freq = count_token_frequencies(zip(data.input_ids, data.loss_mask))
@@ -183,7 +130,7 @@ def read_d2t(path: Path) -> torch.Tensor:
     return torch.from_numpy(array.astype(np.int64))
 
 
-def knob_recipe(cfg: RunConfig, num_target_layers: int | None = None) -> Recipe:
+def knob_recipe(cfg: RunSettings, num_target_layers: int | None = None) -> Recipe:
     """The recipe of `cfg`'s knobs, checked by the recipe type's own rules (its declared bounds and
     `check_trainable`): the one place a knob is validated, in speculators' names."""
     defaults = train_defaults(cfg.family)
@@ -196,7 +143,7 @@ def knob_recipe(cfg: RunConfig, num_target_layers: int | None = None) -> Recipe:
     return recipe
 
 
-def make_recipe(cfg: RunConfig, num_target_layers: int, digest: str) -> Recipe:
+def make_recipe(cfg: RunSettings, num_target_layers: int, digest: str) -> Recipe:
     recipe = knob_recipe(cfg, num_target_layers)
     # None is the reference recipe (the final layer); any other layer is recorded as given.
     source = None if recipe.verifier_source_layer == final_layer(num_target_layers) else recipe.verifier_source_layer
@@ -205,7 +152,7 @@ def make_recipe(cfg: RunConfig, num_target_layers: int, digest: str) -> Recipe:
     return recipe.replace(verifier_source_layer=source, data_hash=digest, extra={**schedule, **cfg.extra})
 
 
-def load_data(cfg: RunConfig, tokenizer, vocab_size: int) -> tuple[PackedData, PackedData | None]:
+def load_data(cfg: RunSettings, tokenizer, vocab_size: int) -> tuple[PackedData, PackedData | None]:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     if cfg.records is not None:
         data = pack_records(cfg.records, tokenizer, vocab_size, cfg.seq_len, pad)
@@ -309,7 +256,7 @@ def _training_state(optimizer, scheduler, history, evals) -> dict:
             "rng": torch.get_rng_state(), "history": list(history), "evals": list(evals)}
 
 
-def train(cfg: RunConfig) -> dict:
+def train(cfg: RunSettings) -> dict:
     """Run (or resume) training; returns stats. Every rank calls it; rank 0 writes."""
     rank, world, owns_group = init_distributed()
     try:
@@ -319,29 +266,13 @@ def train(cfg: RunConfig) -> dict:
             dist.destroy_process_group()
 
 
-def check_run(cfg: RunConfig, world: int) -> None:
+def check_run(cfg: RunSettings, world: int) -> None:
     """Every setting that needs no file: before the tokenizer, the data or the (possibly large) target is read."""
-    if cfg.dtype not in ("fp32", "bf16"):
-        raise TrainError(f"dtype must be fp32 or bf16, got {cfg.dtype!r}")
-    for name in ("steps", "batch_size", "grad_accum", "seq_len"):
-        if getattr(cfg, name) <= 0:
-            raise TrainError(f"{name} must be positive, got {getattr(cfg, name)}")
-    for name in TRAIN_SETTINGS:  # the drafter settings given, each by its declaration (impl/spec.py)
-        value = getattr(cfg, RUN_FIELDS[name])
-        problem = setting_problem(name, list(value) if isinstance(value, tuple) else value)
-        if value is not None and problem:
-            raise TrainError(f"{RUN_FIELDS[name]} {problem}")
+    # Each setting's own kind and range is its declaration's, checked when the run settings were made.
     if cfg.draft_vocab_size is not None and cfg.family != "dflash":
         raise TrainError(f"a reduced draft vocabulary needs --family dflash: {TITLES.get(cfg.family, cfg.family)} "
                          "drafts over the full target vocabulary here (speculators' DFlash2DraftModel refuses a "
                          "reduced one; our DSpark and XPress drafters have the full vocabulary only)")
-    if not cfg.lr > 0:  # torch's own "Invalid learning rate" names no flag
-        raise TrainError(f"lr must be a positive learning rate, got {cfg.lr}")
-    for name in ("warmup", "eval_sequences", "eval_every", "save_every"):
-        if getattr(cfg, name) < 0:
-            raise TrainError(f"{name} must be zero or more, got {getattr(cfg, name)}")
-    if cfg.max_seconds is not None and not cfg.max_seconds > 0:
-        raise TrainError(f"max_seconds must be positive, got {cfg.max_seconds}")
     if cfg.batch_size % world:
         raise TrainError(f"batch size {cfg.batch_size} does not split across {world} ranks")
     knob_recipe(cfg)
@@ -364,7 +295,7 @@ class Run:
     device: torch.device
 
 
-def set_up(cfg: RunConfig, device: torch.device) -> Run:
+def set_up(cfg: RunSettings, device: torch.device) -> Run:
     """Data and knobs first (one-line errors before the target is loaded), then target, drafter, optimizer."""
     tokenizer, target_config = load_tokenizer(cfg.target)
     longest = getattr(target_config, "max_position_embeddings", None)
@@ -390,7 +321,7 @@ def set_up(cfg: RunConfig, device: torch.device) -> Run:
     return Run(spec, recipe, train_data, eval_data, target, drafter, optimizer, scheduler, schedule, device)
 
 
-def autocast_for(cfg: RunConfig, device: torch.device):
+def autocast_for(cfg: RunSettings, device: torch.device):
     """A context factory: bf16 autocast (fp32 master weights) or nothing."""
     def autocast():
         if cfg.dtype == "bf16":
@@ -399,7 +330,7 @@ def autocast_for(cfg: RunConfig, device: torch.device):
     return autocast
 
 
-def optimizer_step(cfg: RunConfig, run: Run, model, sampler: RowSampler, step: int, rank: int, world: int,
+def optimizer_step(cfg: RunSettings, run: Run, model, sampler: RowSampler, step: int, rank: int, world: int,
                    autocast) -> dict:
     """One optimizer step over `grad_accum` micro-batches; the step's loss, EAL and per-position accuracy,
     averaged over ranks."""
@@ -427,13 +358,13 @@ def optimizer_step(cfg: RunConfig, run: Run, model, sampler: RowSampler, step: i
     return {"loss": logged[0].item(), "eal": logged[1].item(), "position_acc": logged[2:].tolist()}
 
 
-def progress_bar(cfg: RunConfig, rank: int) -> Progress:
+def progress_bar(cfg: RunSettings, rank: int) -> Progress:
     return Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
                     TextColumn("acc {task.fields[acc]}"), TextColumn("EAL {task.fields[eal]}"), TimeElapsedColumn(),
                     disable=not (cfg.progress and rank == 0))
 
 
-def _train(cfg: RunConfig, rank: int, world: int) -> dict:
+def _train(cfg: RunSettings, rank: int, world: int) -> dict:
     check_run(cfg, world)
     started = time.monotonic()
     run = set_up(cfg, device_for_rank())
@@ -477,7 +408,7 @@ def _train(cfg: RunConfig, rank: int, world: int) -> dict:
             "world_size": world, "rank": rank}
 
 
-def _evaluate_now(cfg: RunConfig, run: Run, step: int, autocast, bar: Progress) -> dict:
+def _evaluate_now(cfg: RunSettings, run: Run, step: int, autocast, bar: Progress) -> dict:
     """Held-out loss, EAL and accuracy at `step` (rank 0), printed under the progress bar."""
     result = {"step": step, **evaluate(run.drafter, run.target, run.eval_data, run.recipe, cfg.batch_size, cfg.seed,
                                        autocast)}
@@ -487,7 +418,7 @@ def _evaluate_now(cfg: RunConfig, run: Run, step: int, autocast, bar: Progress) 
     return result
 
 
-def _fit_budget(cfg: RunConfig, step: int, first_step: int, loop_started: float, started: float, world: int) -> int:
+def _fit_budget(cfg: RunSettings, step: int, first_step: int, loop_started: float, started: float, world: int) -> int:
     """Total steps that fit the time budget, from the first steps' pace (rank 0 decides)."""
     per_step = (time.monotonic() - loop_started) / (step - first_step)
     remaining = cfg.max_seconds - (time.monotonic() - started)
@@ -520,10 +451,10 @@ def _resume(path: Path, drafter, optimizer, scheduler, spec: DraftSpec, recipe: 
 def train_drafter(target_dir: str | Path, texts_or_data, out_path: str | Path, **config) -> dict:
     """Train a drafter without a subprocess: `texts_or_data` is a list of texts, a list of
     records (`{"text"}`, `{"input_ids"}`, `{"messages"}`) or a JSON-lines path. `config`
-    takes any `RunConfig` field, e.g. `max_seconds=120`."""
+    takes any `RunSettings` field, e.g. `max_seconds=120`."""
     if isinstance(texts_or_data, (str, Path)):
-        cfg = RunConfig(target=str(target_dir), out=str(out_path), data=str(texts_or_data), **config)
+        cfg = RunSettings(target=str(target_dir), out=str(out_path), data=str(texts_or_data), **config)
     else:
         records = [{"text": item} if isinstance(item, str) else item for item in texts_or_data]
-        cfg = RunConfig(target=str(target_dir), out=str(out_path), records=records, **config)
+        cfg = RunSettings(target=str(target_dir), out=str(out_path), records=records, **config)
     return train(cfg)

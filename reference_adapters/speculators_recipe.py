@@ -257,7 +257,7 @@ def reference_table_markdown() -> str:
 
 
 def train_settings(speculator_type: str = "dflash") -> dict:
-    """The TrainConfig-resolved recipe as `impl.train.RunConfig` fields (`train --recipe speculators`)."""
+    """The TrainConfig-resolved recipe as `impl.train.RunSettings` fields (`train --recipe speculators`)."""
     ref = trainer(speculator_type)
     recipe = ref.recipe
     if recipe.verifier_source_layer is not None:

@@ -8,6 +8,6 @@ otherwise (`source_exec.py`); `rules.RULES` says which, per field. Beside `refer
 from __future__ import annotations
 
 from serving_engines.dispatch import check_engine, resolve
-from serving_engines.served import ENGINES, Served, TargetFacts
+from serving_engines.served import ALL_ENGINES, ENGINES, Served, TargetFacts
 
-__all__ = ["ENGINES", "Served", "TargetFacts", "check_engine", "resolve"]
+__all__ = ["ALL_ENGINES", "ENGINES", "Served", "TargetFacts", "check_engine", "resolve"]

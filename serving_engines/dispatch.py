@@ -16,6 +16,10 @@ def check_engine(engine: str) -> str:
     from foundation.errors import AuditError
     from foundation.packages import BY_NAME, installed_version
 
+    if engine == "llamacpp":
+        from serving_engines.llamacpp_engine import check_tree
+
+        return check_tree()
     if engine not in BY_NAME:
         raise AuditError(f"unknown engine {engine!r}; expected one of {list(ENGINES)}")
     found, wanted = installed_version(BY_NAME[engine].distribution), BY_NAME[engine].pinned
@@ -27,10 +31,14 @@ def check_engine(engine: str) -> str:
 
 
 def resolve(engine: str, path: str | Path, target: TargetFacts, trained_block_size: int | None,
-            num_target_layers: int | None = None) -> Served:
+            num_target_layers: int | None = None, **options) -> Served:
     """How `engine` reads the drafter directory `path`. `num_target_layers` stands in for the target's depth when
-    no target is given (the drafter's own record of it)."""
+    no target is given (the drafter's own record of it). `options`: llama.cpp's command (n_max, kv_type)."""
     check_engine(engine)
+    if engine == "llamacpp":
+        from serving_engines import llamacpp_engine
+
+        return llamacpp_engine.resolve(Path(path), target, trained_block_size, num_target_layers, **options)
     if engine == "vllm":
         from serving_engines import vllm_engine as module  # lazily: only the engine asked for
     elif engine == "sglang":

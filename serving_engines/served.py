@@ -9,7 +9,9 @@ from typing import Any
 
 from foundation.target_vocab import TargetVocabulary
 
-ENGINES = ("vllm", "sglang")
+ENGINES = ("vllm", "sglang")  # read through their Python; the demo and the README hold every drafter against these
+# llama.cpp b11434 (serving_engines/llamacpp_engine.py): its rules restated from its C++ tree, a GGUF drafter.
+ALL_ENGINES = (*ENGINES, "llamacpp")
 
 @dataclass
 class TargetFacts:

@@ -169,8 +169,8 @@ def target_layer_finding(engine: str, trained: list[int] | None, unknown: str | 
                           f"{runs}{count}; the drafter was trained on {list(trained)}", pitfall=26)
 
 
-def mask_token_findings(engine: str, mask: int | None, target: TargetFacts) -> list[Finding]:
-    source = engine_source(engine, "mask_token_id")
+def mask_token_findings(engine: str, mask: int | None, target: TargetFacts, source: str = "") -> list[Finding]:
+    source = source or engine_source(engine, "mask_token_id")
     if mask is None:
         return []
     if target.vocab_size is None and target.embedding_rows is None and not target.eos_token_ids:
@@ -187,14 +187,40 @@ def mask_token_findings(engine: str, mask: int | None, target: TargetFacts) -> l
             for kind, phrase in mask_token_problems(mask, limits, special)]
 
 
+def command_findings(served: Served, spec: DraftSpec) -> list[Finding]:
+    """llama-server's command-line settings that change what is drafted: the draft length left at its default,
+    argmax drafts at T > 0, a draft KV cache that rounds keys and values."""
+    from serving_engines.llamacpp_engine import DEFAULT_N_MAX, EXACT_KV_TYPES
+
+    values, sources, found = served.values, served.sources, []
+    if values.get("spec_draft_n_max_given") is False and spec.block_size - 1 != DEFAULT_N_MAX:
+        found.append(Finding.serving(
+            "spec_draft_n_max", "warning", spec.block_size - 1, DEFAULT_N_MAX, sources.get("spec_draft_n_max", ""),
+            f"llama-server drafts {DEFAULT_N_MAX} tokens when --spec-draft-n-max is left out; this drafter was "
+            f"trained for blocks of {spec.block_size}: pass --spec-draft-n-max {spec.block_size - 1}", pitfall=29))
+    if values.get("draft_sampling") == "argmax":
+        found.append(Finding.serving(
+            "draft_sampling", "info", None, "argmax", sources.get("draft_sampling", ""),
+            "llama-server drafts the argmax at every temperature (unless --spec-draft-sampling probabilistic): at "
+            "T > 0 its acceptance is the sampled target's agreement with the greedy draft"))
+    kind = values.get("draft_kv_type")
+    if kind is not None and kind not in EXACT_KV_TYPES:
+        found.append(Finding.serving(
+            "draft_kv_type", "warning", "f16", kind, sources.get("draft_kv_type", ""),
+            f"a {kind} draft KV cache rounds the context keys and values the drafter was trained on exactly "
+            "(llama.cpp #25725: acceptance near 0 with q8_0)"))
+    return found
+
+
 def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
-                  trained: tuple[dict[str, Any], dict[str, str]] | None = None) -> EngineReport:
+                  trained: tuple[dict[str, Any], dict[str, str]] | None = None, **options) -> EngineReport:
     """How `engine` serves the drafter directory `path` that was trained as `spec` (`trained`: the values
-    and unknowns from `trained_values`, when the caller knows more than the spec)."""
+    and unknowns from `trained_values`, when the caller knows more than the spec). `options`: the engine's
+    command (llama.cpp: n_max, kv_type)."""
     from serving_engines.dispatch import resolve
 
     trained, unknown = trained or trained_values(spec)
-    served = resolve(engine, path, target, spec.block_size, spec.num_target_layers)
+    served = resolve(engine, path, target, spec.block_size, spec.num_target_layers, **options)
     findings: list[Finding] = []
     if served.refused_for:  # a value the engine refuses: one finding, under that field's entry
         name = served.refused_for
@@ -235,7 +261,10 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
             if finding is not None:
                 findings.append(finding)
     if served.loads:
-        findings += mask_token_findings(engine, served.values.get("mask_token_id"), target)
+        findings += mask_token_findings(engine, served.values.get("mask_token_id"), target,
+                                        served.sources.get("mask_token_id", ""))
+    if engine == "llamacpp":
+        findings += command_findings(served, spec)
     return EngineReport(engine, served.version, served.loads, served.error, served.values, trained, findings,
                         served.command, served.sources, served.notes)
 

@@ -256,7 +256,8 @@ def test_live_equals_offline_through_the_mapping(written, trained_pair, test_wor
 # -- train --draft-vocab-size ------------------------------------------------------------------------------------
 def test_train_with_a_reduced_vocabulary_and_with_a_d2t_file(tiny_world, tmp_path):
     from foundation.target import load_target_model, load_tokenizer
-    from impl.train import RunConfig, load_data
+    from impl.run_settings import RunSettings
+    from impl.train import load_data
 
     target, data = tiny_world / "target", tiny_world / "data.jsonl"
     common = ["train", "--target", str(target), "--data", str(data), "--steps", "2", "--seq-len", "64",
@@ -264,7 +265,7 @@ def test_train_with_a_reduced_vocabulary_and_with_a_d2t_file(tiny_world, tmp_pat
     assert main([*common, "--out", str(tmp_path / "a.pt"), "--draft-vocab-size", "40"]) == 0
     ckpt = load_checkpoint(tmp_path / "a.pt")
     tokenizer, config = load_tokenizer(str(target))
-    train_rows, _ = load_data(RunConfig(target=str(target), out="", data=str(data), seq_len=64, eval_sequences=1),
+    train_rows, _ = load_data(RunSettings(target=str(target), out="", data=str(data), seq_len=64, eval_sequences=1),
                               tokenizer, config.vocab_size)
     expected = mapping_from_frequencies(count_token_frequencies(zip(train_rows.input_ids, train_rows.loss_mask)), 40,
                                         config.vocab_size)

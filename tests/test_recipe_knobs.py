@@ -1,9 +1,8 @@
-"""Every recipe knob is declared once (impl/recipe.py); the CLI, the run config, the format vocabulary, the range checks
+"""Every recipe knob is declared once (impl/recipe.py); the CLI, the run settings, the format vocabulary, the range checks
 and the docs table are derived from that declaration, and these tests hold each derivation to it."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,8 @@ from dflash_audit.formats.setting_names import ALIASES, BOOL_FIELDS, FLOAT_FIELD
 from impl.recipe import (DEFAULTS, KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe, flag_table, knob_problem,
                          train_defaults, train_recipe)
 from impl.spec import SpecError
-from impl.train import RunConfig, knob_recipe
+from impl.run_settings import RunSettings
+from impl.train import knob_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,19 +43,37 @@ def test_train_has_one_option_per_knob_with_its_help_and_default():
         assert f"(default: {TRAIN_DEFAULTS[name]})" in option.help and info.description in option.help, name
 
 
-def test_run_config_has_each_knob_at_its_familys_train_default():
-    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
-    for name in KNOBS:
+def test_run_settings_have_each_knob_at_its_familys_train_default():
+    fields = RunSettings.model_fields
+    for name, info in KNOBS.items():
         assert fields[name].default is None, name  # not given: the family's train default
-    assert knob_recipe(RunConfig(target="", out="")) == train_recipe() == Recipe(**TRAIN_DEFAULTS)
+        assert fields[name].annotation == info.annotation | None and fields[name].description == info.description
+    assert knob_recipe(RunSettings(target="", out="")) == train_recipe() == Recipe(**TRAIN_DEFAULTS)
     for family in ("dspark", "xpress"):
-        resolved = knob_recipe(RunConfig(target="", out="", family=family))
+        resolved = knob_recipe(RunSettings(target="", out="", family=family))
         assert resolved == train_recipe(family) == Recipe(**train_defaults(family))
         assert resolved != train_recipe(), family  # each resolves something differently from dflash
     assert train_recipe("dspark").sample_from_anchor and train_recipe("dspark").loss_fn == "kl_div"
     assert train_recipe("xpress").loss_fn == '{"ce": 0.1, "tv": 0.9}'
-    assert knob_recipe(RunConfig(target="", out="", family="xpress", loss_fn="ce")).loss_fn == "ce"  # a flag wins
+    assert knob_recipe(RunSettings(target="", out="", family="xpress", loss_fn="ce")).loss_fn == "ce"  # a flag wins
     assert train_recipe() != Recipe() and Recipe().to_dict() == {**DEFAULTS, "data_hash": "", "extra": {}}
+
+
+def test_run_settings_take_each_trainable_drafter_setting_from_its_declaration():
+    """Each drafter setting `train` takes is one run field, under its run name, of its declared kind and range, at
+    `train`'s default: a default or a bound is never written again (pydantic checks the run's values)."""
+    from impl import spec
+    from impl.settings import base_type
+
+    fields = RunSettings.model_fields
+    for name in spec.TRAIN_SETTINGS:
+        run, declared = fields[spec.RUN_FIELDS[name]], spec.SETTINGS[name]
+        assert run.default == spec.TRAIN_DEFAULTS[name] and run.metadata == declared.metadata, name
+        assert base_type(run) == base_type(declared) and run.description == declared.description, name
+    taken = set(spec.RUN_FIELDS.values()) | set(KNOBS)
+    assert {name for name in fields if name in spec.SETTINGS or name in KNOBS} <= taken
+    with pytest.raises(ValueError, match="^block_size: must be a positive integer, got 0$"):
+        RunSettings(target="", out="", block_size=0)
 
 
 def test_the_format_vocabulary_reads_every_knob_by_its_declared_names_and_type():

@@ -107,9 +107,10 @@ def test_dpace_with_kl_is_refused(tiny_world, tmp_path, capsys):  # noqa: F811
 
 @pytest.mark.parametrize("family", ["dflash2", "dspark", "xpress"])
 def test_our_family_drafter_defaults_are_speculators_defaults(family):
-    from impl.train import RunConfig, knob_recipe
+    from impl.run_settings import RunSettings
+    from impl.train import knob_recipe
 
-    resolved, ours = refs.trainer(family), RunConfig(target="", out="", family=family)
+    resolved, ours = refs.trainer(family), RunSettings(target="", out="", family=family)
     for name, value in resolved.architecture.items():
         if name != "sliding_window_non_causal":  # ours: None = the family's default, checked below
             assert getattr(ours, name) == value, name

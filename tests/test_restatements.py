@@ -423,7 +423,7 @@ def test_no_audit_module_keeps_its_own_entry_map():
     assert hits == []
 
 
-# -- 9. the families, the knob defaults and the longest round, each written once ----------------------------------
+# -- 9. the families and the longest round, each written once ----------------------------------
 NON_TEST_SOURCES = ("tests/", "bench/", "conformance/test_")
 
 
@@ -440,47 +440,6 @@ def test_the_families_are_written_only_in_impl_families():
     assert [hit for path, source in sources.items() for hit in family_copies(source, path)] == []
     assert family_copies('FAMILIES = ("dflash", "dflash2")\n') != []
     assert family_copies((REPO / "impl/families.py").read_text(), "impl/families.py") != []
-
-
-def knob_default_copies(source: str, path: str = "<module>") -> list[str]:
-    """`path:line` of each parameter default or keyword argument that writes a recipe knob's declared default as a
-    literal (`gamma=4.0`, `max_anchors: int = 512`, `dpace_alpha=0.5`): impl/recipe.py declares them."""
-    from impl.recipe import DEFAULTS, TRAIN_DEFAULTS
-
-    literal = {name: {v for v in (DEFAULTS[name], TRAIN_DEFAULTS[name]) if type(v) in (int, float) and v}
-               for name in DEFAULTS}  # the numbers (4.0, 512, 0.5, ...): a loss or layout named is a choice
-    hits = set()
-    for node in ast.walk(ast.parse(source, path)):
-        pairs = []
-        if isinstance(node, ast.arguments):
-            positional = node.posonlyargs + node.args
-            pairs += list(zip([a.arg for a in positional[len(positional) - len(node.defaults):]], node.defaults))
-            pairs += [(a.arg, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if d is not None]
-        elif isinstance(node, ast.Call):
-            pairs += [(k.arg, k.value) for k in node.keywords if k.arg]
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-            pairs.append((node.target.id, node.value))
-        for name, value in pairs:
-            if name in literal and isinstance(value, ast.Constant) and type(value.value) is not bool \
-                    and value.value in literal[name]:
-                hits.add(f"{path}:{value.lineno}")
-    return sorted(hits)
-
-
-def test_knob_defaults_are_written_only_in_their_declaration():
-    sources = {path: source for path, source in repo_sources().items()
-               if path != "impl/recipe.py" and not path.startswith(NON_TEST_SOURCES)}
-    assert [hit for path, source in sources.items() for hit in knob_default_copies(source, path)] == []
-
-
-@pytest.mark.parametrize("planted", [
-    "def decay(block_size, gamma: float = 4.0):\n    pass\n",
-    "def f(recipe):\n    return g(max_anchors=512)\n",
-    "@dataclass\nclass Config:\n    dpace_alpha: float = 0.5\n",
-    "def select(ids, selector_loss_alpha=1.0):\n    pass\n",
-])
-def test_a_planted_knob_default_is_caught(planted):
-    assert knob_default_copies(planted, "impl/planted.py") != []
 
 
 def longest_round_copies(source: str, path: str = "<module>") -> list[str]:
@@ -740,41 +699,10 @@ def test_a_planted_default_block_size_is_caught(planted):
     assert block_default_copies(planted, "impl/planted.py") != []
 
 
-# -- 13. a drafter setting's default and bounds: its declaration's (impl/spec.py) -----------------------------------
+# -- 13. a drafter setting's bounds: its declaration's, checked by pydantic (impl/spec.py) ----------------------------
+# (A setting's or a knob's default is never restated: every user derives it from the declaration, the run settings'
+# fields included, which tests/test_recipe_knobs.py holds to it.)
 SPEC_HOMES = ("impl/spec.py", "impl/settings.py")
-
-
-def _spec_defaults() -> dict[str, set]:
-    """Each spec setting's numeric default and `train`'s, under the setting's name and its run field's."""
-    from impl import spec
-
-    found: dict[str, set] = {}
-    for name, info in spec.SETTINGS.items():
-        values = {info.default} if not info.is_required() else set()
-        values |= {spec.TRAIN_DEFAULTS[name]} if name in spec.TRAIN_SETTINGS else set()
-        values = {v for v in values if type(v) in (int, float)}
-        if values:
-            found[name] = found.get(name, set()) | values
-            found[spec.RUN_FIELDS.get(name, name)] = found.get(spec.RUN_FIELDS.get(name, name), set()) | values
-    return found
-
-
-def spec_default_copies(source: str, path: str = "<module>") -> list[str]:
-    """`path:line` of a drafter setting's default (or `train`'s) written again as a parameter's or a field's default
-    (`block_size: int = 16`, `def run(draft_layers=1)`, `conv_kernel_size: int = 2`)."""
-    defaults, hits = _spec_defaults(), set()
-    for node in ast.walk(ast.parse(source, path)):
-        pairs = []
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            positional = node.args.posonlyargs + node.args.args
-            pairs = [(a.arg, d) for a, d in zip(positional[len(positional) - len(node.args.defaults):],
-                                                node.args.defaults)]
-            pairs += [(a.arg, d) for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults) if d is not None]
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-            pairs = [(node.target.id, node.value)]
-        hits |= {f"{path}:{d.lineno}" for name, d in pairs if isinstance(d, ast.Constant)
-                 and type(d.value) in (int, float) and d.value in defaults.get(name, ())}
-    return sorted(hits)
 
 
 def spec_bound_copies(source: str, path: str = "<module>") -> list[str]:
@@ -782,10 +710,14 @@ def spec_bound_copies(source: str, path: str = "<module>") -> list[str]:
     (`cfg.block_size <= 0`, `spec.partial_rotary_factor <= 1`, `spec.hidden_size > MAX_DIMENSION`). A function's
     guard of its own argument (`block_size <= 0` in select_anchors) is its own contract, not the setting's."""
     from impl import settings, spec
+    from impl.run_settings import RunSettings
 
-    bounded = {name: set(settings.bounds(info).values()) for name, info in spec.SETTINGS.items()
-               if settings.bounds(info)}
+    bounded = {name: set(found.values()) for name in spec.SETTINGS
+               if (found := settings.declared_range(spec.DraftSpec, name))}
     bounded.update({spec.RUN_FIELDS[n]: bounded[n] for n in spec.TRAIN_SETTINGS if n in bounded})
+    # The run's own positive settings (steps, lr, ...); a count that may be 0 (`eval_sequences > 0`) means "some".
+    bounded.update({name: {found["gt"]} for name in RunSettings.model_fields
+                    if "gt" in (found := settings.declared_range(RunSettings, name)) and name not in bounded})
     hits = set()
     for node in ast.walk(ast.parse(source, path)):
         if not isinstance(node, ast.Compare):
@@ -803,20 +735,10 @@ def spec_bound_copies(source: str, path: str = "<module>") -> list[str]:
     return sorted(hits)
 
 
-def test_a_spec_setting_default_or_bound_is_written_only_in_its_declaration():
+def test_a_spec_setting_bound_is_checked_only_by_its_declaration():
     sources = {path: source for path, source in repo_sources().items()
                if path not in SPEC_HOMES and not path.startswith(NON_TEST_SOURCES)}
-    assert [hit for path, source in sources.items() for hit in spec_default_copies(source, path)] == []
     assert [hit for path, source in sources.items() for hit in spec_bound_copies(source, path)] == []
-
-
-@pytest.mark.parametrize("planted", [
-    "from dataclasses import dataclass\n@dataclass\nclass Run:\n    block_size: int = 16\n",
-    "def train(target, draft_layers=1):\n    pass\n",
-    "def dflash2(*, conv_kernel_size: int = 2, selector_top_k: int = 16):\n    pass\n",
-])
-def test_a_planted_spec_default_is_caught(planted):
-    assert spec_default_copies(planted, "impl/planted.py") != []
 
 
 @pytest.mark.parametrize("planted", [
@@ -824,6 +746,7 @@ def test_a_planted_spec_default_is_caught(planted):
     "def check(spec):\n    assert 0 < spec.partial_rotary_factor <= 1\n",
     "def check(spec):\n    return spec.hidden_size > MAX_DIMENSION\n",
     "def check(cfg):\n    return cfg.draft_vocab_size is not None and cfg.draft_vocab_size <= 0\n",
+    "def check(cfg):\n    if cfg.steps <= 0 or not cfg.lr > 0:\n        raise TrainError('steps')\n",
 ])
 def test_a_planted_spec_bound_is_caught(planted):
     assert spec_bound_copies(planted, "dflash_audit/commands/planted.py") != []

@@ -13,8 +13,8 @@ from dflash_audit.audit.report_html import serving_page_html
 from dflash_audit.audit.report_terminal import terminal_section
 from dflash_audit.formats import LoadedCheckpoint, LoadOptions, detect_format, load_any
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
-from serving_engines import ENGINES, TargetFacts
 from catalogue.findings import Finding
+from serving_engines import ALL_ENGINES, TargetFacts
 from serving_engines.verdict import EngineReport, engine_report, trained_values
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
@@ -35,28 +35,39 @@ def trained_of(loaded: LoadedCheckpoint) -> tuple[dict[str, Any], dict[str, str]
 
 
 def not_a_directory(engine: str, path: Path, fmt: str) -> EngineReport:
-    message = (f"{engine} serves a drafter directory; {path} is a {fmt} checkpoint file it cannot read: write one "
+    wants = "a GGUF file" if engine == "llamacpp" else "a drafter directory"
+    message = (f"{engine} serves {wants}; {path} is a {fmt} checkpoint it cannot read: write one "
                f"with `dflash-audit convert --from {path} --to DIR --for {engine}`")
     return EngineReport(engine, "", False, message, {}, {},
                         [Finding.serving("loads", "divergence", None, False, "", message, pitfall=31)], None)
 
 
+def servable(engine: str, fmt: str) -> bool:
+    """vLLM and SGLang serve a drafter directory; llama.cpp a GGUF, or the z-lab directory its converter reads."""
+    return fmt in (("gguf", "zlab", "speculators") if engine == "llamacpp" else ("zlab", "speculators"))
+
+
 def serving_section(drafter: str | Path, engines: list[str], target: str | Path | None = None,
-                    options: LoadOptions | None = None) -> dict[str, EngineReport]:
-    """{engine: EngineReport} for one drafter."""
-    unknown = sorted(set(engines) - set(ENGINES))
+                    options: LoadOptions | None = None, **engine_options) -> dict[str, EngineReport]:
+    """{engine: EngineReport} for one drafter. `engine_options`: llama-server's command (n_max, kv_type)."""
+    unknown = sorted(set(engines) - set(ALL_ENGINES))
     if unknown:
-        raise AuditError(f"unknown engine(s) {unknown}; expected {', '.join(ENGINES)}")
+        raise AuditError(f"unknown engine(s) {unknown}; expected {', '.join(ALL_ENGINES)}")
     drafter = Path(drafter)
     fmt = detect_format(drafter)
-    if not drafter.is_dir() or fmt not in ("zlab", "speculators"):
-        return {engine: not_a_directory(engine, drafter, fmt) for engine in engines}
+    served = [engine for engine in engines if servable(engine, fmt)]
+    section = {engine: not_a_directory(engine, drafter, fmt) for engine in engines if engine not in served}
+    if not served:
+        return section
     loaded = load_any(drafter, target_dir=target, options=options or LoadOptions(flag_prefix=""))
     if loaded.spec is None:
         raise AuditError(f"{drafter}: the drafter's spec is incomplete; give the missing fields with --spec")
     facts = TargetFacts.read(target)
     trained = trained_of(loaded)
-    return {engine: engine_report(engine, str(drafter), loaded.spec, facts, trained) for engine in engines}
+    for engine in served:
+        section[engine] = engine_report(engine, str(drafter), loaded.spec, facts, trained,
+                                        **(engine_options if engine == "llamacpp" else {}))
+    return {engine: section[engine] for engine in engines}
 
 
 def section_dict(section: dict[str, EngineReport]) -> dict[str, Any]:
@@ -70,7 +81,7 @@ def write_text(path: Path, text: str) -> None:
 def run_serve_check(drafter: Path, engines: list[str], target: Path | None = None, spec: list[str] | None = None,
                     json_path: Path | None = None, out: Path | None = None, live: bool = False,
                     prompts: Path | None = None, max_new_tokens: int = 64, vllm_python: Path | None = None,
-                    force: bool = False) -> int:
+                    force: bool = False, **engine_options) -> int:
     check_outputs({"--json": json_path, "--out": out}, {"--drafter": drafter, "--target": target})
     if json_path is not None:
         check_writable("--json", json_path)
@@ -85,7 +96,7 @@ def run_serve_check(drafter: Path, engines: list[str], target: Path | None = Non
     if live and max_new_tokens < 1:
         raise AuditError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     section = section_dict(serving_section(drafter, engines, target, LoadOptions(spec=list(spec or []),
-                                                                                 flag_prefix="")))
+                                                                                 flag_prefix=""), **engine_options))
     if live:
         from dflash_audit.audit.live_check import attach_live, live_check
 

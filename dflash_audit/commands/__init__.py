@@ -12,6 +12,7 @@ VERBS = {
     "convert": "Convert a drafter between ours, z-lab and speculators formats (layer ids translated).",
     "demo": "Build (once) the demo world and compare its buggy drafter with the reference; report in reports/demo/.",
     "serve-check": "Will it serve as trained? Hold the drafter against vLLM and SGLang through their own code.",
+    "trace": "Run your own training script for a step (-- COMMAND) and audit what flowed through it, by value.",
 }
 
 

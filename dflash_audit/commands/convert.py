@@ -23,7 +23,11 @@ def convert_command(
     source: Path = typer.Option(..., "--from", help="Drafter to read (ours *.pt, z-lab or speculators directory)."),
     destination: Path = typer.Option(..., "--to", help="Where to write (a *.pt file for ours, a directory otherwise)."),
     fmt: Format = typer.Option(None, "--format", help="Destination format."),
-    engine: str = typer.Option(None, "--for", help="Serving engine (vllm or sglang): write what it serves as trained."),
+    engine: str = typer.Option(None, "--for", help="Serving engine (vllm, sglang or llamacpp): write what it serves "
+                                                   "as trained (llamacpp: DIR/drafter-<quant>.gguf)."),
+    quant: str = typer.Option(None, "--quant", help="--for llamacpp: f32 (default), f16, bf16, q8_0 or q4_k_m."),
+    llamacpp_bin: Path = typer.Option(None, "--llamacpp-bin", help="--for llamacpp: a folder with your own "
+                                                                   "llama-server and llama-quantize."),
     target: Path = typer.Option(None, "--target", help="Target (verifier) directory; required for speculators."),
     allow_lossy: bool = typer.Option(False, "--allow-lossy", help="Convert even if the drafter would change."),
     entry: str = typer.Option(None, "--entry", help="Entry of a training dict holding the state dict."),
@@ -38,8 +42,15 @@ def convert_command(
 
     options = LoadOptions(entry, key_map, list(spec), flag_prefix="")
     if (fmt is None) == (engine is None):
-        raise AuditError("give exactly one of --format (ours, zlab, speculators) and --for (vllm, sglang)")
-    if engine is not None:
+        raise AuditError("give exactly one of --format (ours, zlab, speculators) and --for (vllm, sglang, llamacpp)")
+    if quant is not None and engine != "llamacpp":
+        raise AuditError("--quant applies to --for llamacpp only")
+    if engine == "llamacpp":
+        from dflash_audit.conversion import convert_for_llamacpp
+
+        result = convert_for_llamacpp(source, destination, target, quant or "f32", force=force, options=options,
+                                      bin_dir=llamacpp_bin)
+    elif engine is not None:
         result = convert_for(source, destination, engine, target=target, force=force, options=options)
     else:
         result = convert(source, destination, fmt.value, target=target, allow_lossy=allow_lossy, force=force,

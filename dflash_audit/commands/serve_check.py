@@ -15,12 +15,12 @@ from foundation.errors import AuditError
 
 
 def parse_engines(text: str) -> list[str]:
-    from serving_engines import ENGINES
+    from serving_engines import ALL_ENGINES
 
     engines = [e.strip() for e in text.split(",") if e.strip()]
-    unknown = [e for e in engines if e not in ENGINES]
+    unknown = [e for e in engines if e not in ALL_ENGINES]
     if not engines or unknown:
-        raise AuditError(f"--engine: expected a comma-separated list of {', '.join(ENGINES)}, got {text!r}")
+        raise AuditError(f"--engine: expected a comma-separated list of {', '.join(ALL_ENGINES)}, got {text!r}")
     return list(dict.fromkeys(engines))
 
 
@@ -39,9 +39,16 @@ def register(app: typer.Typer) -> None:
         vllm_python: Path | None = typer.Option(None, "--vllm-python",
                                                 help="--live: a Python with vLLM (default .venv-vllm/bin/python)"),
         force: bool = typer.Option(False, "--force", help="replace report files the tool did not write"),
+        n_max: int | None = typer.Option(None, "--spec-draft-n-max",
+                                         help="llamacpp: the llama-server --spec-draft-n-max you run (default: "
+                                              "block - 1, and its absence flagged)"),
+        kv_type: str | None = typer.Option(None, "--draft-kv-type", help="llamacpp: the draft KV cache type you run"),
     ) -> int:
+        if n_max is not None and n_max < 1:
+            raise AuditError(f"--spec-draft-n-max must be at least 1, got {n_max}")
+        options = {k: v for k, v in (("n_max", n_max), ("kv_type", kv_type)) if v is not None}
         return run_serve_check(drafter, parse_engines(engine), target, spec, json_path, out, live, prompts,
-                               max_new_tokens, vllm_python, force)
+                               max_new_tokens, vllm_python, force, **options)
 
 
 __all__ = ["divergence_count", "register", "run_serve_check"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from dflash_audit.commands import VERBS
-from dflash_audit.commands.train_options import with_knob_options
+from dflash_audit.commands.train_options import run_option, with_knob_options
 from dflash_audit.formats.setting_names import DeclarationError, convert
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from foundation.errors import AuditError
@@ -16,6 +16,7 @@ from foundation.inputs import check_finite_flags, check_target_dir, regular_file
 from impl import spec
 from impl.families import TITLES, TRAINED_FAMILIES
 from impl.recipe import KNOBS
+from impl.run_settings import RunSettings, TrainError
 from impl.spec import FAMILY_FIELDS
 
 
@@ -83,39 +84,36 @@ def train(
     target: Path = typer.Option(..., help="Hugging Face target directory (model + tokenizer)."),
     data: Path = typer.Option(..., help="JSON lines: {'text'}, {'input_ids'[, 'loss_mask']} or {'messages'}."),
     out: Path = typer.Option(..., help="Checkpoint to write (ckpt.pt)."),
-    steps: int = typer.Option(1000, help="Optimizer steps."),
-    lr: float = typer.Option(6e-4, help="Peak learning rate."),
-    warmup: int = typer.Option(50, help="Linear warmup steps before the cosine decay."),
-    batch_size: int = typer.Option(4, help="Packed rows per micro-batch, across all ranks."),
-    grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
-    seq_len: int = typer.Option(1024, help="Packed row length."),
+    steps: int = run_option("steps"),
+    lr: float = run_option("lr"),
+    warmup: int = run_option("warmup"),
+    batch_size: int = run_option("batch_size"),
+    grad_accum: int = run_option("grad_accum"),
+    seq_len: int = run_option("seq_len"),
     recipe: str = typer.Option(None, help="'speculators': the whole recipe speculators' TrainConfig resolves for "
                                           "--speculator-type dflash (loss_fn, per_position_loss_weight, dpace_alpha, "
                                           "gamma, max_anchors, block_size, draft layers), read from the installed "
                                           "package; flags given explicitly still win."),
     d2t: Path = typer.Option(None, "--d2t", help="The draft-to-target map to use instead: a .npy of offsets "
                                                  "(target id = draft id + d2t[draft id]), as speculators writes."),
-    dtype: str = typer.Option("fp32", help="fp32, or bf16 (autocast, fp32 master weights)."),
+    dtype: str = run_option("dtype"),
     eval_data: Path = typer.Option(None, help="Held-out JSON lines (default: the last --eval-sequences rows)."),
-    eval_sequences: int = typer.Option(2, help="Rows held out when no --eval-data is given."),
-    eval_every: int = typer.Option(0, help="Evaluate every N steps (0: at the end only)."),
-    save_every: int = typer.Option(0, help="Checkpoint every N steps (0: at the end only)."),
-    resume: bool = typer.Option(False, help="Continue the run saved at --out."),
+    eval_sequences: int = run_option("eval_sequences"),
+    eval_every: int = run_option("eval_every"),
+    save_every: int = run_option("save_every"),
+    resume: bool = run_option("resume"),
     force: bool = typer.Option(False, "--force", help="Replace an existing file at --out / --json instead of "
                                                       "refusing it."),
-    seed: int = typer.Option(0),
-    max_seconds: float = typer.Option(None, help="Shrink the schedule to fit this wall-clock budget."),
+    seed: int = run_option("seed"),
+    max_seconds: float = run_option("max_seconds"),
     json_out: Path = typer.Option(None, "--json", help="Write the run's stats as JSON."),
-    family: str = typer.Option("dflash", help="dflash; dflash2 (convolutions + candidate selector); dspark (Markov and "
-                                              "confidence heads); xpress (causal refiner). Each trains with its loss "
-                                              "and its defaults as speculators' trainer resolves the family."),
+    family: str = run_option("family"),
     **knobs,  # one option per trainable drafter setting (impl/spec.py) and per recipe knob (impl/recipe.py),
     # generated from their declarations (train_options.with_knob_options)
 ) -> None:
     from transformers.utils import logging as hf_logging
 
     from impl.data import DataError
-    from impl.train import RunConfig, TrainError
     from impl.train import train as run_training
 
     check_train_paths(target, data, eval_data, out, json_out, resume, force)
@@ -127,16 +125,16 @@ def train(
     check_family_flags(family, {**drafter, **knobs})
     if dtype not in ("fp32", "bf16"):
         raise AuditError(f"--dtype must be fp32 or bf16, got {dtype!r}")
-    # The recipe knobs are checked once, by the recipe type, when the run starts (impl.train.check_run).
+    # The run settings are validated when made; the recipe knobs by the recipe type when the run starts.
     settings = recipe_settings(recipe, family, {**drafter, **knobs})
-    cfg = RunConfig(
-        target=str(target), out=str(out), data=str(data), eval_data=str(eval_data) if eval_data else None,
-        eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
-        grad_accum=grad_accum, seq_len=seq_len, d2t=str(d2t) if d2t is not None else None, dtype=dtype,
-        eval_every=eval_every, save_every=save_every, resume=resume, seed=seed, max_seconds=max_seconds,
-        family=family, **settings)
     hf_logging.disable_progress_bar()  # one progress bar: the trainer's
     try:
+        cfg = RunSettings(
+            target=str(target), out=str(out), data=str(data), eval_data=str(eval_data) if eval_data else None,
+            eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
+            grad_accum=grad_accum, seq_len=seq_len, d2t=str(d2t) if d2t is not None else None, dtype=dtype,
+            eval_every=eval_every, save_every=save_every, resume=resume, seed=seed, max_seconds=max_seconds,
+            family=family, **settings)
         stats = run_training(cfg)
     except (DataError, TrainError) as exc:
         raise AuditError(str(exc)) from exc

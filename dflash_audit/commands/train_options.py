@@ -2,26 +2,34 @@
 declarations (impl/recipe.py, impl/spec.py): each flag, its older spellings, its type, and its help with the
 default `train` uses. Adding a knob or a trainable setting there adds its option here.
 
-Every option defaults to None ("not given"): `--recipe speculators` fills what is not given, and the recipe's own
-checks (`impl.recipe.knob_problem`) judge the values when the run starts.
+Every option defaults to None ("not given"): `--recipe speculators` fills what is not given, and each setting's
+declaration (pydantic's, impl/settings.py) judges the values when the run starts.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 import typer
 
 from impl import spec
-from impl.recipe import KNOBS, TRAIN_DEFAULTS, bounds_text, choices
-from impl.settings import base_type
+from impl.recipe import KNOBS, TRAIN_DEFAULTS, Recipe, choices
+from impl.run_settings import RunSettings
+from impl.settings import base_type, range_text
+
+
+def run_option(name: str) -> Any:
+    """The option of a run setting (impl/train.py `RunSettings`): its declared default and description as help."""
+    info = RunSettings.model_fields[name]
+    return typer.Option(info.default, help=info.description)
 
 
 def knob_help(name: str) -> str:
     info = KNOBS[name]
     allowed = choices(name)
-    limits = f"; must be {bounds_text(name)}" if bounds_text(name) else ""
+    limits = f"; must be {range_text(Recipe, name)}" if range_text(Recipe, name) else ""
     one_of = f"; one of {', '.join(allowed)}" if allowed else ""
     # Round brackets: typer's rich help reads "[...]" as markup and drops it.
     return f"{info.description}{one_of}{limits} (default: {TRAIN_DEFAULTS[name]})."

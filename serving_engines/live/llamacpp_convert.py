@@ -97,11 +97,18 @@ def target_key(target_dir: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def target_gguf_path(target_dir: Path, cache: str | Path | None = None) -> Path:
+    """Where the target's f32 GGUF is kept (a GGUF the user gave is itself)."""
+    if target_dir.is_file():
+        return target_dir
+    return engine_dir(cache) / "targets" / target_key(target_dir) / "target-f32.gguf"
+
+
 def target_gguf(target_dir: Path, cache: str | Path | None = None) -> tuple[Path, list[str]]:
     """The target as an f32 GGUF, converted once and kept in the engine's cache."""
-    if target_dir.is_file():
-        return target_dir, []  # already a GGUF the user gave
-    out = engine_dir(cache) / "targets" / target_key(target_dir) / "target-f32.gguf"
+    out = target_gguf_path(target_dir, cache)
+    if out == target_dir:
+        return out, []
     notes: list[str] = []
 
     def convert() -> Path:

@@ -53,7 +53,7 @@ class TargetReplay:
         handle = target.model.norm.register_forward_pre_hook(lambda m, args: captured.update(pre=args[0]))
         try:
             with torch.inference_mode():
-                out = target(torch.tensor([token_ids]), output_hidden_states=True)
+                out = target(torch.tensor([token_ids], device=target.device), output_hidden_states=True)
         finally:
             handle.remove()
         self.hidden = [h[0].float() for h in out.hidden_states]

@@ -1,0 +1,22 @@
+"""The one line a training script adds: `from dflash_audit import trace` ... `trace.step(loss)`.
+
+Run without the tool, `step` does nothing, and importing this module imports no torch (only the standard library
+and the recording's file names). Under `dflash-audit trace -- COMMAND` the environment names the recording folder
+and a bootstrap installs the recorder before the script runs (dflash_audit/trace/bootstrap/sitecustomize.py);
+`step` hands it the step's loss.
+"""
+
+from __future__ import annotations
+
+import os
+
+from dflash_audit.trace.recording import ENV_OUT
+
+
+def step(loss) -> None:
+    """Record this training step (its scalar loss, before `backward`); a no-op without the tool."""
+    if not os.environ.get(ENV_OUT):
+        return
+    from dflash_audit.trace.recorder import step_hook
+
+    step_hook(loss)

@@ -1,0 +1,445 @@
+"""The recorder inside the traced script: what flowed through one training step, kept by reference while the step
+runs and written at `trace.step(loss)` as one safetensors file plus a JSON manifest (dflash_audit/trace/recording.py).
+
+One global forward hook (every module call, with its keyword arguments) keeps, by reference only:
+- every call of a Hugging Face model that has an output head (a target candidate) and its input ids;
+- every embedding call (its ids and output) and the models enclosing it;
+- every tensor that enters a module with trainable weights from outside the autograd graph (fc's context features,
+  the block's embeddings: what the drafter consumed);
+- every head-like linear output that carries gradient (the draft logits).
+At `step(loss)` the loss's autograd graph is walked: its trainable leaves name the drafter (the module owning them),
+and the tensors its nodes saved name the loss-side inputs no module produced (targets, labels, weights, masks).
+Only then is anything copied; the script's own names for its tensors are never needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dflash_audit.trace.recording import ENV_OPTIONS, ENV_OUT, MANIFEST, write_error, write_recording
+
+INSTALLED: list[Recorder] = []  # the recorder of this process (the bootstrap's, or a test's record_script)
+
+
+class TraceStop(SystemExit):
+    """Raised from `trace.step` once the steps asked for are recorded: the script ends cleanly (status 0)."""
+
+    def __init__(self, code: int = 0):
+        super().__init__(code)
+
+
+class TraceRefused(Exception):
+    """The step cannot be audited (no drafter parameter in the loss, two targets, ...): one line for the verb."""
+
+
+@dataclass
+class ModelCall:
+    model: nn.Module
+    input_ids: torch.Tensor | None
+    attention_mask: torch.Tensor | None
+
+
+@dataclass
+class StepCalls:
+    models: list[ModelCall] = field(default_factory=list)
+    embeds: list[tuple[nn.Module, torch.Tensor, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    fed: list[tuple[nn.Module, torch.Tensor]] = field(default_factory=list)
+    heads: list[tuple[nn.Module, torch.Tensor]] = field(default_factory=list)
+    kwargs: list[tuple[nn.Module, str, torch.Tensor]] = field(default_factory=list)
+
+
+def is_target_like(module: nn.Module) -> bool:
+    """A Hugging Face model with an output head and a stack of decoder layers (a causal LM)."""
+    get_out = getattr(module, "get_output_embeddings", None)
+    if get_out is None or getattr(module, "config", None) is None:
+        return False
+    try:
+        head = get_out()
+        decoder = module.get_decoder() if hasattr(module, "get_decoder") else None
+    except Exception:  # noqa: BLE001 -- a model without these is not a target
+        return False
+    return head is not None and decoder is not None and hasattr(decoder, "layers")
+
+
+def _tensors(value, prefix: str = ""):
+    if isinstance(value, torch.Tensor):
+        yield prefix, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _tensors(item, f"{prefix}[{i}]")
+
+
+def _key(t: torch.Tensor) -> tuple:
+    return (t.device, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+class Recorder:
+    def __init__(self, out: Path, steps: int = 1, target: str | None = None, drafter_class: str | None = None,
+                 late: bool = False):
+        self.out = Path(out)
+        self.steps = steps
+        self.target_dir = target
+        self.drafter_class = drafter_class
+        self.late = late  # installed at the first step(): that step's forward was not seen
+        self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.seen = 0
+        self.calls = StepCalls()
+        self.recorded: list[dict] = []
+        self.stack: list[nn.Module] = []
+        self.kinds: dict[int, tuple[bool, bool, bool, bool]] = {}
+        self.handles = []
+
+    # -- hooks ---------------------------------------------------------------------------------------------------
+    def install(self) -> Recorder:
+        from torch.nn.modules import module as module_api
+
+        self.handles = [module_api.register_module_forward_pre_hook(self._enter),
+                        module_api.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True)]
+        INSTALLED[:] = [self]
+        return self
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        if INSTALLED and INSTALLED[0] is self:
+            INSTALLED.clear()
+
+    def _kind(self, module: nn.Module) -> tuple[bool, bool, bool, bool]:
+        """(a target-like model, an embedding, has trainable weights of its own, any trainable weight below it)."""
+        kind = self.kinds.get(id(module))
+        if kind is None:
+            kind = (is_target_like(module), isinstance(module, nn.Embedding),
+                    any(p.requires_grad for p in module.parameters(recurse=False)),
+                    any(p.requires_grad for p in module.parameters()))
+            self.kinds[id(module)] = kind
+        return kind
+
+    def _enter(self, module, args):
+        if self._kind(module)[0]:
+            self.stack.append(module)
+
+    def _leave(self, module, args, kwargs, output):
+        target_like, embedding, own_trainable, trainable = self._kind(module)
+        calls = self.calls
+        if target_like:
+            if self.stack and self.stack[-1] is module:
+                self.stack.pop()
+            ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
+            calls.models.append(ModelCall(module, ids, kwargs.get("attention_mask")))
+            return
+        if embedding and args and isinstance(output, torch.Tensor):
+            calls.embeds.append((module, args[0], tuple(output.shape), tuple(id(m) for m in self.stack)))
+        if not torch.is_grad_enabled():
+            return  # a forward outside training (the target under no_grad): nothing of the drafter's
+        if own_trainable:
+            for _, t in (*_tensors(args), *_tensors(list(kwargs.values()))):
+                if t.is_floating_point() and not t.requires_grad:
+                    calls.fed.append((module, t))
+        if trainable and not own_trainable:  # a container of trainable modules: its own keyword inputs
+            for name, value in kwargs.items():
+                for suffix, t in _tensors(value):
+                    if not t.is_floating_point() or t.dtype == torch.bool:
+                        calls.kwargs.append((module, name + suffix, t))
+        if isinstance(module, nn.Linear) and isinstance(output, torch.Tensor) and output.requires_grad \
+                and module.out_features > module.in_features:
+            calls.heads.append((module, output))
+
+    # -- the step ------------------------------------------------------------------------------------------------
+    def step(self, loss) -> None:
+        self.seen += 1
+        calls, self.calls = self.calls, StepCalls()
+        if self.rank == 0:
+            try:
+                if self.late:
+                    raise TraceRefused("the tool's hooks were not installed before the script ran (was Python "
+                                       "started with -S or -I?): the step's forward was not seen")
+                self.recorded.append(self._capture(loss, calls))
+                if self.seen >= self.steps > 0:
+                    write_recording(self.out, self.recorded, self._context())
+            except TraceRefused as exc:
+                write_error(self.out, str(exc), self.seen)
+                self.remove()
+                raise TraceStop(3) from None
+        if self.steps > 0 and self.seen >= self.steps:
+            self.remove()
+            raise TraceStop(0)
+
+    def finish(self) -> None:
+        """`--steps 0`: the script ran to its end; write what was recorded."""
+        if self.rank == 0 and self.recorded and not (self.out / MANIFEST).exists():
+            write_recording(self.out, self.recorded, self._context())
+
+    def _context(self) -> dict:
+        import torch.distributed as dist
+
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        return {"rank": self.rank, "world_size": world, "argv": sys.argv, "steps_requested": self.steps}
+
+    def _capture(self, loss, calls: StepCalls) -> dict:
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TraceRefused(f"trace.step(loss): the loss must be a scalar tensor, got "
+                               f"{type(loss).__name__}{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
+        if loss.grad_fn is None:
+            raise TraceRefused("trace.step(loss): the loss does not depend on any trainable parameter (it has no "
+                               "autograd graph; call step before backward, outside torch.no_grad)")
+        graph = walk_graph(loss)
+        drafter, drafter_name = self._drafter(graph["params"], calls)
+        target_call, target = self._target(calls, drafter)
+        return step_record(loss, graph, calls, drafter, drafter_name, target, target_call, self.seen)
+
+    def _drafter(self, params: list[torch.Tensor], calls: StepCalls) -> tuple[nn.Module, str]:
+        wanted = {id(p) for p in params}
+        if not wanted:
+            raise TraceRefused("the loss does not depend on any trainable parameter")
+        seen: dict[int, nn.Module] = {}
+        for m in [c.model for c in calls.models] + [m for m, _ in calls.fed] + [m for m, _ in calls.heads] + \
+                [m for m, _, _ in calls.kwargs]:
+            seen[id(m)] = m
+        candidates = []
+        for m in seen.values():
+            own = {id(p) for p in m.parameters() if p.requires_grad}
+            covered = len(own & wanted)
+            if covered:
+                candidates.append((covered, -len(own), m))
+        if self.drafter_class:
+            module_name, _, class_name = self.drafter_class.partition(":")
+            cls = getattr(sys.modules.get(module_name), class_name, None)
+            if cls is None:
+                raise TraceRefused(f"--drafter-class {self.drafter_class}: no class {class_name} in a loaded "
+                                   f"module {module_name}")
+            candidates = [c for c in candidates if isinstance(c[2], cls)]
+            if not candidates:
+                raise TraceRefused(f"--drafter-class {self.drafter_class}: no module of that class owns a parameter "
+                                   "the loss depends on")
+        if not candidates:
+            raise TraceRefused("the loss depends on trainable parameters of no module that ran forward in this step")
+        best = max(c[0] for c in candidates)
+        top = [c for c in candidates if c[0] == best]
+        top.sort(key=lambda c: c[1], reverse=True)  # the smallest module holding them all
+        drafter = unwrap(top[0][2])
+        others = [unwrap(c[2]) for c in candidates if c[0] < best and not _contains(drafter, c[2])
+                  and not _contains(c[2], drafter)]
+        if others and not self.drafter_class:
+            names = sorted({type(m).__name__ for m in [drafter, *others]})
+            raise TraceRefused(f"the loss depends on trainable parameters of {len(others) + 1} separate modules "
+                               f"({', '.join(names)}): name the drafter with --drafter-class MODULE:CLASS")
+        return drafter, f"{type(drafter).__module__}:{type(drafter).__qualname__}"
+
+    def _target(self, calls: StepCalls, drafter: nn.Module) -> tuple[list[ModelCall], nn.Module]:
+        drafter_params = {id(p) for p in drafter.parameters()}
+        models: dict[int, nn.Module] = {}
+        for call in calls.models:
+            m = call.model
+            if m is drafter or _contains(m, drafter) or _contains(drafter, m) or call.input_ids is None:
+                continue
+            if any(id(p) in drafter_params for p in m.parameters()):
+                continue
+            models[id(m)] = m
+        if self.target_dir:
+            wanted = os.path.realpath(self.target_dir)
+            models = {k: m for k, m in models.items() if os.path.realpath(model_path(m)) == wanted}
+            if not models:
+                raise TraceRefused(f"--target {self.target_dir}: no model loaded from it ran forward in the step")
+        if not models:
+            raise TraceRefused("no Hugging Face causal LM ran forward in the step: the target's forward was not seen")
+        if len(models) > 1:
+            paths = ", ".join(sorted(model_path(m) or type(m).__name__ for m in models.values()))
+            raise TraceRefused(f"two or more candidate targets ran forward in the step ({paths}): name the target's "
+                               "folder with --target")
+        target = next(iter(models.values()))
+        return [c for c in calls.models if c.model is target], target
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """A drafter inside DistributedDataParallel / accelerate's wrappers: the model itself."""
+    while hasattr(module, "module") and isinstance(module.module, nn.Module) and \
+            type(module).__name__ in ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"):
+        module = module.module
+    return module
+
+
+def _contains(outer: nn.Module, inner: nn.Module) -> bool:
+    return outer is not inner and any(m is inner for m in outer.modules())
+
+
+def model_path(model: nn.Module) -> str:
+    return str(getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", ""))
+
+
+def walk_graph(loss: torch.Tensor) -> dict:
+    """Every node of the loss's autograd graph once: its trainable leaves, and the tensors each node saved."""
+    params, saved, nodes = [], [], []
+    order: dict[int, int] = {}
+    queue = [loss.grad_fn]
+    while queue:
+        node = queue.pop(0)
+        if node is None or id(node) in order:
+            continue
+        order[id(node)] = len(nodes)
+        name = type(node).__name__
+        entry_ = {"name": name, "next": []}
+        nodes.append(entry_)
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            params.append(variable)
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, attr)
+            except RuntimeError:  # freed, or not a tensor attribute of this node
+                continue
+            for suffix, t in _tensors(value):
+                saved.append((len(nodes) - 1, attr[len("_saved_"):] + suffix, t))
+        for child, _ in node.next_functions:
+            if child is not None:
+                queue.append(child)
+                entry_["next"].append(id(child))
+    for entry_ in nodes:
+        entry_["next"] = [order[c] for c in entry_["next"] if c in order]
+    return {"params": params, "saved": saved, "nodes": nodes, "node_ids": order}
+
+
+def drafter_interior(graph: dict, draft_logits: list[torch.Tensor], vocab: int | None) -> set[int]:
+    """The nodes that compute the draft logits (reachable from them): the drafter's own graph. The rest, between
+    them and the loss, is the loss side, whose saved tensors are recorded. Without a head seen, the boundary is
+    each node that saved a vocabulary-wide tensor carrying gradient (the draft log-probabilities)."""
+    index = graph["node_ids"]
+    starts = [index[id(t.grad_fn)] for t in draft_logits if t.grad_fn is not None and id(t.grad_fn) in index]
+    if not starts:
+        for node_index, _, t in graph["saved"]:
+            if t.requires_grad and vocab is not None and t.dim() and t.shape[-1] == vocab:
+                starts.extend(graph["nodes"][node_index]["next"])
+    seen: set[int] = set()
+    stack = list(starts)
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        stack.extend(graph["nodes"][i]["next"])
+    return seen
+
+
+def _placement(module: nn.Module) -> list[str]:
+    return sorted({str(p.device) for p in module.parameters()} | {str(b.device) for b in module.buffers()})
+
+
+def _config_facts(module: nn.Module) -> dict:
+    config = getattr(module, "config", None)
+    facts = {}
+    if config is not None:
+        nested = getattr(config, "dflash_config", None) or {}
+        for name in ("num_hidden_layers", "num_target_layers", "hidden_size", "vocab_size", "block_size",
+                     "mask_token_id", "target_layer_ids", "aux_hidden_state_layer_ids", "pad_token_id",
+                     "sample_from_anchor"):
+            value = nested.get(name, getattr(config, name, None)) if isinstance(nested, dict) else \
+                getattr(config, name, None)
+            if value is not None:
+                facts[name] = list(value) if isinstance(value, (list, tuple)) else value
+    for name in ("block_size", "mask_token_id", "target_layer_ids"):
+        value = getattr(module, name, None)
+        if name not in facts and isinstance(value, (int, list, tuple)):
+            facts[name] = list(value) if isinstance(value, (list, tuple)) else value
+    layers = getattr(module, "layers", None)
+    if isinstance(layers, nn.ModuleList) and "num_hidden_layers" not in facts:
+        facts["num_hidden_layers"] = len(layers)
+    return facts
+
+
+def step_record(loss, graph, calls: StepCalls, drafter: nn.Module, drafter_name: str, target: nn.Module,
+                target_calls: list[ModelCall], step_no: int) -> dict:
+    """What one step is recorded as: {tensors: {name: cpu tensor}, meta: {...}} (recording.py writes it)."""
+    tensors: dict[str, torch.Tensor] = {}
+    meta: dict = {"step": step_no, "loss": float(loss.detach().float()), "entries": {}}
+    kept: dict[tuple, str] = {}
+
+    def keep(name: str, t: torch.Tensor, role: str, **extra) -> str:
+        key = _key(t)
+        if key in kept:
+            return kept[key]
+        kept[key] = name
+        tensors[name] = t.detach().to("cpu", copy=True).contiguous()
+        meta["entries"][name] = {"role": role, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                                 "device": str(t.device), **extra}
+        return name
+
+    owned = {id(m): n for n, m in drafter.named_modules()}
+    target_modules = {id(m) for m in target.modules()}
+    skip = {_key(p) for m in (drafter, target) for p in (*m.parameters(), *m.buffers())}
+    for i, call in enumerate(target_calls):
+        keep(f"tokens.{i}", call.input_ids, "tokens")
+        if call.attention_mask is not None:
+            keep(f"attention_mask.{i}", call.attention_mask, "target_attention_mask")
+    for module, t in calls.fed:
+        if id(module) in owned and _key(t) not in skip:
+            keep(f"fed.{len(kept)}", t, "drafter_input", module=owned[id(module)] or "(the drafter)",
+                 module_class=type(module).__name__)
+    drafter_calls = {id(drafter)} | {id(m) for m, _, _ in calls.kwargs if unwrap(m) is drafter}
+    for module, name, t in calls.kwargs:
+        if id(module) in drafter_calls:
+            keep(f"drafter_kwarg.{name}", t, "drafter_kwarg", kwarg=name)
+    inside_target = {id(target)}
+    for i, (module, ids, out, enclosing) in enumerate(calls.embeds):
+        if inside_target & set(enclosing):
+            continue
+        keep(f"embed_ids.{i}", ids, "embedding_ids", module="target" if id(module) in target_modules else
+             owned.get(id(module), type(module).__name__), output_shape=list(out))
+    vocab = getattr(target.config, "vocab_size", None)
+    for i, (module, out) in enumerate(calls.heads):
+        if out.shape[-1] == vocab and (id(module) in owned or id(module) in target_modules):
+            keep(f"draft_logits.{i}", out, "draft_logits",
+                 module="target.lm_head" if id(module) in target_modules else owned[id(module)])
+    interior = drafter_interior(graph, [out for _, out in calls.heads if out.shape[-1] == vocab], vocab)
+    for node_index, attr, t in graph["saved"]:
+        if node_index in interior or _key(t) in skip:
+            continue
+        node = graph["nodes"][node_index]["name"]
+        if t.requires_grad:
+            if vocab is not None and t.dim() and t.shape[-1] == vocab:
+                keep(f"loss_draft.{node_index}.{attr}", t, "loss_draft_side", node=node, node_index=node_index,
+                     attr=attr)
+            continue
+        keep(f"loss_input.{node_index}.{attr}", t, "loss_input", node=node, node_index=node_index, attr=attr)
+    meta["graph"] = [{"index": i, "name": n["name"], "next": [c for c in n["next"] if c not in interior]}
+                     for i, n in enumerate(graph["nodes"]) if i not in interior]
+    meta["graph_nodes"] = len(graph["nodes"])
+    meta["drafter"] = {"class": drafter_name, "placement": _placement(drafter), "facts": _config_facts(drafter),
+                       "trainable_in_loss": len(graph["params"]),
+                       "fc_like": [{"module": n, "in_features": m.in_features, "out_features": m.out_features}
+                                   for n, m in drafter.named_modules() if isinstance(m, nn.Linear)
+                                   and m.in_features > m.out_features]}
+    meta["target"] = {"path": model_path(target), "class": type(target).__qualname__,
+                      "placement": _placement(target), "facts": _config_facts(target),
+                      "dtype": str(next(target.parameters()).dtype).replace("torch.", ""),
+                      "layers_placement": [_placement(layer) for layer in target.get_decoder().layers]}
+    return {"tensors": tensors, "meta": meta}
+
+
+def step_hook(loss) -> None:
+    """`trace.step` under the tool: the installed recorder records the step (installed now if the bootstrap did
+    not run, which it then reports: this step's forward was not seen)."""
+    if not INSTALLED:
+        install_from_env(late=True)
+    INSTALLED[0].step(loss)
+
+
+def install_from_env(late: bool = False) -> Recorder:
+    options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
+    recorder = Recorder(Path(os.environ[ENV_OUT]), steps=int(options.get("steps", 1)),
+                        target=options.get("target"), drafter_class=options.get("drafter_class"), late=late)
+    recorder.install()
+    if int(options.get("steps", 1)) == 0:
+        import atexit
+
+        atexit.register(recorder.finish)
+    return recorder
+

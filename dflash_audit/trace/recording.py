@@ -1,0 +1,148 @@
+"""A trace recording on disk: `recording.safetensors` (every tensor, `step<k>/<name>`) and `manifest.json` (format
+version, what each tensor is, the step's graph, placement), each written atomically, the manifest last with the
+tensor file's size and hash, so a half-written or truncated recording is refused rather than audited.
+`trace-error.json` is what the recorder writes instead when the step cannot be audited."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from foundation.atomic import atomic_write_bytes
+from foundation.errors import AuditError
+
+# Set by the verb for the traced command: the recording folder, and the recorder's options (JSON: steps, target,
+# drafter_class). Only under `dflash-audit trace` is ENV_OUT set.
+ENV_OUT = "DFLASH_AUDIT_TRACE"
+ENV_OPTIONS = "DFLASH_AUDIT_TRACE_OPTIONS"
+FORMAT = 1
+SCHEMA = f"dflash-audit/trace-recording/{FORMAT}"
+MANIFEST = "manifest.json"
+TENSORS = "recording.safetensors"
+ERROR = "trace-error.json"
+ERROR_SCHEMA = "dflash-audit/trace-error/1"
+# What the tool writes in --out: anything else there is the user's, and the folder is refused.
+OWN_FILES = (MANIFEST, TENSORS, ERROR, "report.json", "index.html")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_recording(out: Path, steps: list[dict], context: dict) -> None:
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {f"step{i}/{name}": t for i, record in enumerate(steps) for name, t in record["tensors"].items()}
+    atomic_write_bytes(out / TENSORS, lambda tmp: save_file(tensors, tmp, metadata={"schema": SCHEMA}))
+    import torch
+    import transformers
+
+    manifest = {"schema": SCHEMA, "format": FORMAT, "tensors_file": TENSORS,
+                "tensors_bytes": (out / TENSORS).stat().st_size, "tensors_sha256": _sha256(out / TENSORS),
+                "tensor_payload_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+                "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+                "context": context, "steps": [record["meta"] for record in steps]}
+    text = json.dumps(manifest, indent=1, default=str) + "\n"
+    atomic_write_bytes(out / MANIFEST, lambda tmp: Path(tmp).write_text(text))
+
+
+def write_error(out: Path, message: str, step: int) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"schema": ERROR_SCHEMA, "error": message, "step": step}) + "\n"
+    atomic_write_bytes(out / ERROR, lambda tmp: Path(tmp).write_text(text))
+
+
+def read_error(out: Path) -> str | None:
+    path = Path(out) / ERROR
+    if not path.is_file():
+        return None
+    try:
+        return str(json.loads(path.read_text())["error"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{path}: unreadable"
+
+
+@dataclass
+class Recording:
+    folder: Path
+    manifest: dict
+    tensors: dict  # name -> cpu tensor
+
+    @property
+    def steps(self) -> list[dict]:
+        return self.manifest["steps"]
+
+    def step_tensors(self, index: int) -> dict:
+        prefix = f"step{index}/"
+        return {name[len(prefix):]: t for name, t in self.tensors.items() if name.startswith(prefix)}
+
+
+def read_recording(folder: Path, flag: str = "--from") -> Recording:
+    """The recording in `folder`, checked whole: its format version, and its tensor file's size and hash."""
+    folder = Path(folder)
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise AuditError(f"{flag} {folder}: no recording there ({MANIFEST} missing)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise AuditError(f"{flag} {folder}: {MANIFEST} is not readable JSON ({exc})") from None
+    if not isinstance(manifest, dict) or not str(manifest.get("schema", "")).startswith("dflash-audit/trace-recording"):
+        raise AuditError(f"{flag} {folder}: {MANIFEST} is not a dflash-audit trace recording")
+    if manifest.get("format") != FORMAT:
+        raise AuditError(f"{flag} {folder}: a recording of format {manifest.get('format')!r}; this version of "
+                         f"dflash-audit reads format {FORMAT} (record it again)")
+    tensors_path = folder / str(manifest.get("tensors_file", TENSORS))
+    if not tensors_path.is_file():
+        raise AuditError(f"{flag} {folder}: {tensors_path.name} missing")
+    size = tensors_path.stat().st_size
+    if size != manifest.get("tensors_bytes") or _sha256(tensors_path) != manifest.get("tensors_sha256"):
+        raise AuditError(f"{flag} {folder}: {tensors_path.name} is truncated or changed ({size} bytes, the "
+                         f"manifest recorded {manifest.get('tensors_bytes')})")
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(tensors_path)
+    except Exception as exc:  # noqa: BLE001 -- any unreadable file is one line
+        raise AuditError(f"{flag} {folder}: {tensors_path.name} is not readable ({exc})") from None
+    return Recording(folder, manifest, tensors)
+
+
+def foreign_entries(out: Path) -> list[str]:
+    """Entries of `out` the tool did not write (a recording, an error, a report of its own)."""
+    from dflash_audit.outputs import written_by_us
+
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    foreign = []
+    for entry in sorted(out.iterdir()):
+        if entry.name not in OWN_FILES or not entry.is_file():
+            foreign.append(entry.name)
+        elif entry.name == TENSORS:
+            if not str(_schema_of_safetensors(entry)).startswith("dflash-audit/trace-recording"):
+                foreign.append(entry.name)
+        elif not written_by_us(entry):
+            foreign.append(entry.name)
+    return foreign
+
+
+def _schema_of_safetensors(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            if length <= 0 or length > 100 << 20:
+                return None
+            header = json.loads(handle.read(length))
+        return header.get("__metadata__", {}).get("schema")
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,158 @@
+"""Running the traced command: as a child process with the bootstrap first on its PYTHONPATH (what the verb does,
+torchrun and accelerate included), or a Python script in this process (`record_script`, for tests and benches)."""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+import threading
+from collections import deque
+from pathlib import Path
+
+from dflash_audit.trace.recording import ENV_OPTIONS, ENV_OUT, MANIFEST, read_error
+from foundation.errors import AuditError
+
+BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def trace_env(out: Path, steps: int, target: Path | None, drafter_class: str | None, env=None) -> dict:
+    env = dict(os.environ if env is None else env)
+    env[ENV_OUT] = str(Path(out).resolve())
+    env[ENV_OPTIONS] = json.dumps({"steps": steps, "target": str(target) if target else None,
+                                          "drafter_class": drafter_class})
+    env["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP), str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def run_command(command: list[str], out: Path, steps: int = 1, target: Path | None = None,
+                drafter_class: str | None = None) -> None:
+    """Run COMMAND under the recorder; raise AuditError (one line) unless it left a recording in `out`."""
+    if not command:
+        raise AuditError("give the training command after --, e.g. dflash-audit trace -- python train.py")
+    env = trace_env(out, steps, target, drafter_class)
+    last: deque[str] = deque(maxlen=20)
+    try:
+        process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+    except OSError as exc:
+        raise AuditError(f"{command[0]}: cannot run it ({exc.strerror or exc})") from None
+
+    def forward() -> None:  # the script's stderr still reaches the user; its last lines are kept for the error
+        for line in process.stderr:
+            sys.stderr.write(line)
+            if line.strip():
+                last.append(line.rstrip())
+
+    reader = threading.Thread(target=forward, daemon=True)
+    reader.start()
+    status = process.wait()
+    reader.join(timeout=5)
+    check_outcome(out, status, list(last), " ".join(command))
+
+
+def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str) -> None:
+    refused = read_error(out)
+    if refused is not None:
+        raise AuditError(f"{what}: {refused}")
+    if (Path(out) / MANIFEST).is_file() and status == 0:
+        return
+    if status != 0:
+        tail = stderr_tail[-1] if stderr_tail else "(nothing on stderr)"
+        raise AuditError(f"{what}: exited with status {status} before a step was recorded; its last stderr line: "
+                         f"{tail[:300]}")
+    raise AuditError(f"{what}: finished without calling trace.step(loss): add `from dflash_audit import trace` and "
+                     "`trace.step(loss)` once the step's loss exists")
+
+
+def record_script(script: Path, argv: list[str], out: Path, steps: int = 1, target: Path | None = None,
+                  drafter_class: str | None = None) -> None:
+    """Run a Python training script in this process under the recorder (the same hooks as the bootstrap)."""
+    from dflash_audit.trace.recorder import Recorder, TraceStop
+
+    recorder = Recorder(Path(out), steps=steps, target=str(target) if target else None,
+                        drafter_class=drafter_class).install()
+    saved_argv, saved_env = sys.argv, os.environ.get(ENV_OUT)
+    sys.argv = [str(script), *argv]
+    os.environ[ENV_OUT] = str(Path(out).resolve())  # as in the verb's child: `trace.step` hands the loss over
+    status = 0
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+        recorder.finish()
+    except TraceStop as stop:
+        status = int(stop.code or 0)
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = saved_argv
+        if saved_env is None:
+            os.environ.pop(ENV_OUT, None)
+        else:
+            os.environ[ENV_OUT] = saved_env
+        recorder.remove()
+    check_outcome(out, status if status != 3 else 0, [], str(script))
+
+
+def check_out(out: Path) -> None:
+    """--out holds nothing the tool did not write (a recording or report of its own), and can be written."""
+    from dflash_audit.outputs import check_writable
+    from dflash_audit.trace.recording import foreign_entries
+
+    if out.exists() and not out.is_dir():
+        raise AuditError(f"--out {out}: exists and is not a folder")
+    foreign = foreign_entries(out)
+    if foreign:
+        raise AuditError(f"--out {out}: holds files dflash-audit did not write ({', '.join(foreign[:3])}"
+                         f"{'...' if len(foreign) > 3 else ''}); refusing to write there (choose an empty folder)")
+    check_writable("--out", out, "dir")
+
+
+def clear_recording(out: Path) -> None:
+    """The tool's own earlier recording in --out, removed before a new one is made (never a user's file)."""
+    from dflash_audit.trace.recording import ERROR, MANIFEST, TENSORS
+
+    for name in (MANIFEST, ERROR, TENSORS):
+        (out / name).unlink(missing_ok=True)
+
+
+def run_trace(command: list[str], out: Path | None = None, from_dir: Path | None = None, steps: int = 1,
+              target: Path | None = None, ref: Path | None = None, json_path: Path | None = None,
+              drafter_class: str | None = None):
+    """Record COMMAND's first steps into --out (or read --from), audit the recording, write report.json and
+    index.html beside it (and --json); the TraceReport."""
+    from dflash_audit.outputs import check_not_foreign, check_writable
+    from dflash_audit.trace.audit import audit_recording
+    from dflash_audit.trace.recording import read_recording
+    from dflash_audit.trace.report import write_report_html, write_report_json
+
+    if steps < 0:
+        raise AuditError(f"--steps {steps}: give 0 (let the script finish) or a number of steps to record")
+    if drafter_class is not None and ":" not in drafter_class:
+        raise AuditError(f"--drafter-class {drafter_class}: give MODULE:CLASS, e.g. dflash.model:DFlashDraftModel")
+    if target is not None and not (Path(target) / "config.json").is_file():
+        raise AuditError(f"--target {target}: no Hugging Face model folder there (config.json missing)")
+    if ref is not None and not Path(ref).exists():
+        raise AuditError(f"--ref {ref}: no such file or folder")
+    if from_dir is not None:
+        if command:
+            raise AuditError("--from re-audits a recording: give it without a command")
+        folder = Path(from_dir)
+    else:
+        folder = Path(out or "reports/trace")
+        check_out(folder)
+        clear_recording(folder)
+        run_command(command, folder, steps, target, drafter_class)
+    report_dir = Path(out) if out is not None else folder
+    if report_dir != folder:
+        check_out(report_dir)
+    if json_path is not None:
+        check_writable("--json", json_path)
+        check_not_foreign("--json", json_path, False)
+    report = audit_recording(read_recording(folder, "--from" if from_dir is not None else "--out"), target, ref)
+    write_report_json(report, report_dir / "report.json")
+    write_report_html(report, report_dir / "index.html")
+    if json_path is not None:
+        write_report_json(report, json_path)
+    return report

@@ -1,0 +1,88 @@
+"""`serve-check --engine llamacpp` (static) and `convert --for llamacpp`: the drafter read the way llama.cpp b11434
+reads it, each rule cited at its line in the pinned tree (every rule file pinned by sha256)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from dflash_audit.cli import main
+from serving_engines.live.llamacpp_env import source_tree
+
+pytestmark = pytest.mark.skipif(not (source_tree() / "convert_hf_to_gguf.py").is_file() and not os.environ.get("CI"),
+                                reason="run `make setup` to unpack and build llama.cpp b11434")
+
+
+def test_every_rule_file_is_the_pinned_one_and_every_rule_line_is_in_it():
+    from serving_engines.llamacpp_engine import PINNED, RULES, check_tree, cite
+
+    assert check_tree() == "b11434"
+    assert {rule.path for rule in RULES} <= set(PINNED)
+    for rule in RULES:
+        assert re.fullmatch(rf"llama\.cpp/{re.escape(rule.path)}:\d+", cite(rule.path, rule.needle))
+
+
+@pytest.fixture(scope="module")
+def full_gguf(test_world, tmp_path_factory):
+    """The all-full drafter written by `convert --for llamacpp` (ours -> z-lab -> llama.cpp's converter)."""
+    from dflash_world.drafter import cached_full_drafter
+
+    out = tmp_path_factory.mktemp("llamacpp")
+    code = main(["convert", "--from", str(cached_full_drafter(test_world)), "--to", str(out / "full"),
+                 "--for", "llamacpp", "--target", str(test_world.target)])
+    assert code == 0
+    return out / "full" / "drafter-f32.gguf", test_world
+
+
+def serve_check(tmp_path, drafter, target, *extra) -> tuple[int, dict]:
+    out = tmp_path / "serving.json"
+    code = main(["serve-check", "--drafter", str(drafter), "--engine", "llamacpp", "--target", str(target),
+                 "--json", str(out), *extra])
+    return code, json.loads(out.read_text())["serving"]["llamacpp"]
+
+
+def by_field(report: dict) -> dict:
+    return {f["field"]: f for f in report["findings"]}
+
+
+def test_the_last_target_layer_is_a_capture_finding_and_the_command_is_the_full_line(full_gguf, tmp_path, capsys):
+    drafter, world = full_gguf
+    code, report = serve_check(tmp_path, drafter, world.target)
+    assert code == 1
+    found = by_field(report)
+    capture = found["target_layer_capture"]
+    assert capture["severity"] == "divergence" and "layer input tensor is null" in capture["message"]
+    assert re.fullmatch(r"llama\.cpp/src/llama-graph\.cpp:\d+", capture["source"])
+    assert found["spec_draft_n_max"]["severity"] == "warning"  # left out: the default of 3 is flagged
+    assert found["draft_sampling"]["severity"] == "info"
+    assert set(found) == {"target_layer_capture", "spec_draft_n_max", "draft_sampling"}
+    assert report["command"].startswith("llama-server -m ") and f"-md {drafter}" in report["command"]
+    assert "--spec-type draft-dflash --spec-draft-n-max 7" in report["command"]
+
+
+def test_a_short_draft_length_and_a_rounding_draft_kv_cache_are_findings(full_gguf, tmp_path):
+    drafter, world = full_gguf
+    _, report = serve_check(tmp_path, drafter, world.target, "--spec-draft-n-max", "3", "--draft-kv-type", "q8_0")
+    found = by_field(report)
+    assert found["block_size"]["served"] == 4 and found["block_size"]["trained"] == 8
+    assert found["draft_kv_type"]["severity"] == "warning" and "spec_draft_n_max" not in found
+
+
+def test_a_mixed_drafter_has_its_sliding_layer_served_non_causal_and_speculators_does_not_convert(test_world, tmp_path):
+    from dflash_audit.conversion import convert
+    from dflash_world.drafter import cached_test_drafter
+
+    zlab = tmp_path / "zlab"
+    convert(cached_test_drafter(test_world), zlab, "zlab")
+    _, report = serve_check(tmp_path, zlab, test_world.target, "--spec-draft-n-max", "7")
+    causal = by_field(report)["layer_causal"]
+    assert causal["trained"] == [True, False] and causal["served"] == [False, False]
+    assert re.fullmatch(r"llama\.cpp/common/speculative\.cpp:\d+", causal["source"])
+    speculators = tmp_path / "speculators"
+    convert(cached_test_drafter(test_world), speculators, "speculators", target=test_world.target, allow_lossy=True)
+    _, refused = serve_check(tmp_path, speculators, test_world.target)
+    assert refused["loads"] is False and "DFlashSpeculator" in refused["error"]

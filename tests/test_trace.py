@@ -1,0 +1,209 @@
+"""`dflash-audit trace`: a team's own trainer traced for one step, each planted bug found as exactly its own finding.
+
+`examples/own_trainer.py` (z-lab's DFlashDraftModel, no project code) is recorded once per variant in this process
+(`record_script`, the recorder the verb's bootstrap installs), on a 12-layer random Qwen3 whose layers, norms and head
+differ enough to be told apart by value (the test world's 4-layer target gives z-lab's layer rule a single layer).
+One run goes through the CLI and a child process, as a user runs it; the bad inputs of the issue each get one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_audit.cli import main
+from dflash_audit.trace.audit import audit_recording
+from dflash_audit.trace.recording import MANIFEST, TENSORS, read_recording
+from dflash_audit.trace.run import record_script
+from dflash_world.target_training import random_qwen3
+from foundation.errors import AuditError
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINER = REPO / "examples" / "own_trainer.py"
+SCRIPTS = Path(__file__).resolve().parent / "trace_scripts"
+
+# The issue's ten planted bugs: flags, and the one finding (component, key) each must give.
+BUGS = {
+    "fc fed 4 of 5": (["--fc-drop-last"], ("fc_dims", "fc_layers")),
+    "targets from layer n-3": (["--target-layer", "9"], ("targets", "target_source")),
+    "targets from the raw last layer": (["--raw-targets"], ("targets", "target_source")),
+    "targets shifted by one": (["--target-shift", "1"], ("target_alignment", "shift")),
+    "gamma 7": (["--gamma", "7"], ("recipe", "gamma")),
+    "noise 0.5 on the targets": (["--target-noise", "0.5"], ("noise", "targets")),
+    "noise on the targets, not the inputs": (["--noise-to-targets", "0.1"], ("noise", "targets")),
+    "CE on the data's next tokens": (["--ce-from-data"], ("recipe", "loss_fn")),
+    "mask token is the pad id": (["--mask-is-pad"], ("mask_token_validity", "mask_is_pad")),
+    "block one slot short": (["--block-short"], ("block_size", "block_length")),
+}
+EXTRA = {"sound": [], "input noise": ["--input-noise", "0.05"]}
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    """12 decoder layers, hidden 64; embeddings, norms and head scaled as a trained model's are."""
+    path = tmp_path_factory.mktemp("trace-target")
+    model = random_qwen3(12, 64, 512, seed=0, head_dim=16)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+        model.model.embed_tokens.weight.mul_(50)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=generator))
+    model.config.pad_token_id = 0
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def traced(target_dir, tmp_path_factory):
+    """Every variant recorded (one step) and audited once."""
+    reports = {}
+    for name, argv in {**{k: v[0] for k, v in BUGS.items()}, **EXTRA}.items():
+        out = tmp_path_factory.mktemp("rec")
+        record_script(TRAINER, ["--target", str(target_dir), *argv], out)
+        reports[name] = audit_recording(read_recording(out))
+    return reports
+
+
+def real(findings):
+    return [f for f in findings if f.severity != "info"]
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_each_planted_bug_is_exactly_its_own_finding(traced, bug):
+    report = traced[bug]
+    found = [(f.component, f.key) for f in real(report.findings)]
+    assert found == [BUGS[bug][1]], [f.message for f in report.findings]
+    assert report.exit_status == 1
+    assert report.findings[0].pitfall is not None
+
+
+def test_the_numbers_are_the_planted_ones(traced):
+    fc = traced["fc fed 4 of 5"].findings[0]
+    assert (fc.ours, fc.ref) == ([1, 3, 5, 7], [1, 3, 5, 7, 9])
+    assert "build_target_layer_ids" in fc.message
+    layer = traced["targets from layer n-3"].findings[0]
+    assert "layer 9" in layer.ours and layer.pitfall == 3
+    gamma = traced["gamma 7"].findings[0]
+    assert gamma.ours == pytest.approx(7.0, rel=1e-4) and gamma.ref == 4.0
+    noise = traced["noise 0.5 on the targets"].findings[0]
+    assert noise.ours == pytest.approx(0.5, rel=0.05) and noise.pitfall == 15
+    assert traced["targets shifted by one"].findings[0].ours == 1
+
+
+def test_sound_trainer_has_no_finding(traced):
+    report = traced["sound"]
+    assert report.findings == [] and report.exit_status == 0
+    assert not [row for row in report.tensors if row.what.startswith("unexplained")]
+    assert report.flow["fc_layers"] == [1, 3, 5, 7, 9] and report.flow["target_shift"] == 0
+
+
+def test_noise_on_the_drafters_inputs_is_augmentation(traced):
+    report = traced["input noise"]
+    assert report.exit_status == 0
+    (finding,) = report.findings
+    assert (finding.component, finding.severity, finding.pitfall) == ("noise", "info", 15)
+    assert finding.ours == pytest.approx(0.05, rel=0.05)
+
+
+def test_speculators_own_training_step_traces_clean(target_dir, tmp_path):
+    record_script(SCRIPTS / "speculators_step.py", ["--target", str(target_dir)], tmp_path)
+    report = audit_recording(read_recording(tmp_path))
+    assert report.findings == [], [f.message for f in report.findings]
+    assert report.flow["target_shift"] == 0 and "exp(-(k-1)/4)" in report.flow["weights"]
+    assert not [row for row in report.tensors if row.what.startswith("unexplained")]
+
+
+def test_the_verb_runs_the_command_and_rereads_its_recording(target_dir, tmp_path, capsys):
+    out = tmp_path / "trace"
+    status = main(["trace", "--out", str(out), "--json", str(tmp_path / "r.json"), "--", sys.executable, str(TRAINER),
+                   "--target", str(target_dir), "--gamma", "7", "--fc-drop-last"])
+    printed = capsys.readouterr().out
+    assert status == 1, printed
+    assert "recipe:gamma" in printed and "fc_dims:fc_layers" in printed and "2 divergences" in printed
+    data = json.loads((out / "report.json").read_text())
+    assert data["schema"] == "dflash-audit/trace/1" and data == json.loads((tmp_path / "r.json").read_text())
+    assert data["facts"]["target"]["placement"] == ["cpu"] and data["facts"]["drafter"]["placement"] == ["cpu"]
+    page = (out / "index.html").read_text()
+    assert "<title>dflash-audit trace" in page and page.count('class="bad"') == 2
+    assert main(["trace", "--from", str(out)]) == 1  # re-audited without retraining: the same findings
+    assert json.loads((out / "report.json").read_text())["findings"] == data["findings"]
+
+
+def test_the_one_line_is_a_no_op_without_the_tool_and_imports_no_torch():
+    code = ("import sys; from dflash_audit import trace; trace.step(None); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'numpy')))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_AUDIT_TRACE")}
+    env["PYTHONPATH"] = str(REPO)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("import torch\nfrom transformers import AutoModelForCausalLM\nfrom dflash_audit import trace\n"
+                    + body)
+    return path
+
+
+def test_bad_scripts_are_one_line(target_dir, tmp_path):
+    never = script(tmp_path, "print('no step')\n")
+    with pytest.raises(AuditError, match="without calling trace.step"):
+        record_script(never, [], tmp_path / "a")
+    frozen = script(tmp_path, f"t = AutoModelForCausalLM.from_pretrained({str(target_dir)!r})\n"
+                              "loss = t(torch.tensor([[1, 2, 3]])).logits.sum() * 0\n"
+                              "t.requires_grad_(False)\n"
+                              "trace.step(t(torch.tensor([[1, 2, 3]])).logits.sum())\n")
+    with pytest.raises(AuditError, match="does not depend on any trainable parameter"):
+        record_script(frozen, [], tmp_path / "b")
+    second = tmp_path / "second-target"
+    second.mkdir()
+    for f in target_dir.iterdir():
+        (second / f.name).write_bytes(f.read_bytes())
+    two = script(tmp_path, f"a = AutoModelForCausalLM.from_pretrained({str(target_dir)!r}).requires_grad_(False)\n"
+                           f"b = AutoModelForCausalLM.from_pretrained({str(second)!r}).requires_grad_(False)\n"
+                           "w = torch.nn.Linear(512, 512)\n"
+                           "ids = torch.tensor([[1, 2, 3]])\n"
+                           "trace.step(w(a(ids).logits + b(ids).logits).sum())\n")
+    with pytest.raises(AuditError, match="two or more candidate targets.*--target"):
+        record_script(two, [], tmp_path / "c")
+
+
+def test_a_script_failing_before_step_one_shows_its_status_and_last_line(tmp_path, capsys):
+    failing = tmp_path / "fail.py"
+    failing.write_text("import sys\nsys.stderr.write('cannot open the data shard\\n')\nsys.exit(3)\n")
+    assert main(["trace", "--out", str(tmp_path / "o"), "--", sys.executable, str(failing)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("dflash-audit: error: ") and "status 3" in err and "cannot open the data shard" in err
+
+
+def test_recordings_of_another_version_or_truncated_and_foreign_outs_are_refused(traced, target_dir, tmp_path,
+                                                                                 capsys):
+    out = tmp_path / "rec"
+    record_script(TRAINER, ["--target", str(target_dir)], out)
+    manifest = json.loads((out / MANIFEST).read_text())
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / TENSORS).write_bytes((out / TENSORS).read_bytes())
+    (other / MANIFEST).write_text(json.dumps({**manifest, "format": 99}))
+    assert main(["trace", "--from", str(other)]) == 2
+    assert "format 99" in capsys.readouterr().err
+    data = (out / TENSORS).read_bytes()
+    (out / TENSORS).write_bytes(data[: len(data) // 2])
+    assert main(["trace", "--from", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "truncated" in err and len(err.splitlines()) == 1
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    assert main(["trace", "--out", str(mine), "--", sys.executable, str(TRAINER)]) == 2
+    assert "did not write" in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "the user's" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
