@@ -192,8 +192,10 @@ def timed(step, what: str) -> None:
 
 
 def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path | None = None, cache_dir=None,
-             config: DemoConfig | None = None, device: str = "auto", dtype: str = "auto") -> AuditReport:
-    """`device`/`dtype`: the τ audit's `--device`/`--dtype` (a comma list of dtypes as `compare` takes)."""
+             config: DemoConfig | None = None, device: str = "auto", dtype: str = "auto",
+             trace_trainer: bool = False) -> AuditReport:
+    """`device`/`dtype`: the τ audit's `--device`/`--dtype` (a comma list of dtypes as `compare` takes);
+    `trace_trainer` (the verb's default): first trace examples/own_trainer.py with the seed's four bugs."""
     from dflash_audit.audit.compare import run_compare
     from foundation.placement import parse_dtype_list, resolve_placement
 
@@ -205,11 +207,34 @@ def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path | None 
     dtypes = parse_dtype_list(dtype)
     resolve_placement(device, "float32" if dtypes[0] == "auto" else dtypes[0])  # bad flags fail before the build
     paths = build_demo(cache, config, rebuild)
+    if trace_trainer and config.family == "dflash":
+        trace_own_trainer(paths["target"], out / "trace")
     return run_compare(paths["ours"], paths["ref"], target=paths["target"], prompts=paths["prompts"], out=out,
                        max_new_tokens=config.max_new_tokens, budget=config.budget, cache_dir=paths["offline"],
                        placement=resolve_placement(device, dtypes[0], None, paths["target"]),
                        dtypes=[None, *dtypes[1:]],
                        serve=list(ENGINES))  # will each drafter serve as trained on vLLM and SGLang?
+
+
+# The seed team's four bugs planted in examples/own_trainer.py (a trainer of its own, no project code), scaled to the
+# demo's 6-layer target: fc fed all but the deepest of its 3 layers, targets from layer n - 3, gamma 7, noise 0.5 on
+# the target logits. `trace` finds each from one recorded step.
+SEED_BUGS = ["--draft-layers", "3", "--fc-drop-last", "--target-layer", "3", "--gamma", "7", "--target-noise", "0.5"]
+OWN_TRAINER = Path(__file__).resolve().parents[1] / "examples" / "own_trainer.py"
+
+
+def trace_own_trainer(target: Path, out: Path) -> None:
+    """Act zero: the team's own trainer, traced for one step (`dflash-audit trace -- python own_trainer.py ...`)."""
+    from dflash_audit.trace.report import terminal_summary
+    from dflash_audit.trace.run import run_trace
+
+    if not OWN_TRAINER.is_file():
+        print(f"note: {OWN_TRAINER} is not installed here; the trace act is skipped")
+        return
+    command = [sys.executable, str(OWN_TRAINER), "--target", str(target), *SEED_BUGS]
+    print("dflash-audit trace -- python examples/own_trainer.py --target <demo target> " + " ".join(SEED_BUGS))
+    print(terminal_summary(run_trace(command, out)))
+    print(f"report: {out / 'index.html'}")
 
 
 def _remove(path: Path) -> None:

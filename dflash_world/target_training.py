@@ -43,6 +43,23 @@ def random_qwen3(num_layers: int, hidden: int, vocab: int, seed: int = 0, head_d
     return Qwen3ForCausalLM(config).eval()
 
 
+def distinct_random_qwen3(num_layers: int, hidden: int, vocab: int, seed: int = 0) -> Qwen3ForCausalLM:
+    """A random Qwen3 whose tensors are told apart by value as a trained model's are: embeddings of unit scale,
+    norm weights away from 1 (a final norm applied twice is not the norm applied once), a head whose logits spread
+    over several units. `trace`'s tests and bench run a team's trainer on it (12 layers: z-lab's layer rule picks
+    five distinct ones, where the test world's 4-layer target gives it a single one)."""
+    model = random_qwen3(num_layers, hidden, vocab, seed=seed, head_dim=16)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20 * (64 / hidden) ** 0.5)
+        model.model.embed_tokens.weight.mul_(50)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=generator))
+    model.config.pad_token_id = 0
+    return model
+
+
 def pack_tokens(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], seq_len: int) -> torch.Tensor:
     """All texts as one EOS-separated token stream, cut into rows of `seq_len` tokens."""
     stream: list[int] = []

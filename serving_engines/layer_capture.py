@@ -25,14 +25,21 @@ def trained_capture(layer_ids: list[int] | None, num_layers: int | None) -> list
     return [_after(i) + (", after the final norm" if names_final_layer(i, num_layers) else "") for i in layer_ids]
 
 
+EMBEDDING = "the embedding output"  # z-lab id -1: aux id 0, what both engines capture before layer 0
+
+
 def vllm_capture(layer_ids: list[int] | None, num_layers: int | None) -> list[str] | None:
+    """(vLLM adds aux id j after layer j - 1, and j = 0 before layer 0: any other j is never captured.)"""
     if layer_ids is None or num_layers is None:
         return None
-    return [_after(i) + (", before the final norm" if names_final_layer(i, num_layers) else "") for i in layer_ids]
+    return [EMBEDDING if i == -1 else f"not captured (the target has no layer {i})" if not 0 <= i < num_layers
+            else _after(i) + (", before the final norm" if names_final_layer(i, num_layers) else "")
+            for i in layer_ids]
 
 
 def sglang_capture(layer_ids: list[int] | None, num_layers: int | None) -> list[str] | None:
     if layer_ids is None or num_layers is None:
         return None
-    return [f"not captured (captured before layer {hidden_state_index(i)}, which does not exist)"
+    return [EMBEDDING if i == -1 else f"not captured (the target has no layer {i})" if not 0 <= i < num_layers
+            else f"not captured (captured before layer {hidden_state_index(i)}, which does not exist)"
             if names_final_layer(i, num_layers) else _after(i) for i in layer_ids]

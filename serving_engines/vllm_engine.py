@@ -19,7 +19,6 @@ from typing import Any
 
 from foundation.packages import installed_version
 from impl.families import config_family
-from impl.layers import speculators_to_zlab
 from foundation.param_names import codebook_name
 from serving_engines import rules, vllm_family
 from serving_engines.layer_capture import vllm_capture
@@ -90,11 +89,17 @@ def captured_layer_ids(hf, target_layers: int | None) -> tuple[list[int] | None,
     spec_config = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf))
     aux = get_eagle3_aux_layers_from_config(spec_config)
     if aux:
-        return speculators_to_zlab(list(aux)), True
+        return aux_to_zlab(aux), True
     if target_layers is None:
         return None, False
     model = SimpleNamespace(model=SimpleNamespace(layers=range(target_layers)))
-    return speculators_to_zlab(list(_default_aux_layers()(model))), False
+    return aux_to_zlab(_default_aux_layers()(model)), False
+
+
+def aux_to_zlab(aux) -> list[int]:
+    """vLLM's aux ids as z-lab ids (aux - 1), whatever they are: aux 0 is the embedding output (z-lab -1), and an aux
+    id outside 0..N (the default (2, N//2, N-3) of a shallow target) is never captured (`capture.vllm_capture`)."""
+    return [int(j) - 1 for j in aux]
 
 
 def rope(hf) -> dict[str, Any]:

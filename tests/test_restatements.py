@@ -710,14 +710,10 @@ def spec_bound_copies(source: str, path: str = "<module>") -> list[str]:
     (`cfg.block_size <= 0`, `spec.partial_rotary_factor <= 1`, `spec.hidden_size > MAX_DIMENSION`). A function's
     guard of its own argument (`block_size <= 0` in select_anchors) is its own contract, not the setting's."""
     from impl import settings, spec
-    from impl.run_settings import RunSettings
 
     bounded = {name: set(found.values()) for name in spec.SETTINGS
                if (found := settings.declared_range(spec.DraftSpec, name))}
     bounded.update({spec.RUN_FIELDS[n]: bounded[n] for n in spec.TRAIN_SETTINGS if n in bounded})
-    # The run's own positive settings (steps, lr, ...); a count that may be 0 (`eval_sequences > 0`) means "some".
-    bounded.update({name: {found["gt"]} for name in RunSettings.model_fields
-                    if "gt" in (found := settings.declared_range(RunSettings, name)) and name not in bounded})
     hits = set()
     for node in ast.walk(ast.parse(source, path)):
         if not isinstance(node, ast.Compare):
@@ -746,7 +742,6 @@ def test_a_spec_setting_bound_is_checked_only_by_its_declaration():
     "def check(spec):\n    assert 0 < spec.partial_rotary_factor <= 1\n",
     "def check(spec):\n    return spec.hidden_size > MAX_DIMENSION\n",
     "def check(cfg):\n    return cfg.draft_vocab_size is not None and cfg.draft_vocab_size <= 0\n",
-    "def check(cfg):\n    if cfg.steps <= 0 or not cfg.lr > 0:\n        raise TrainError('steps')\n",
 ])
 def test_a_planted_spec_bound_is_caught(planted):
     assert spec_bound_copies(planted, "dflash_audit/commands/planted.py") != []

@@ -291,3 +291,13 @@ def test_a_mask_id_equal_to_an_eos_declared_only_by_the_tokenizer_is_found(tmp_p
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert any(f["component"] == "mask_token_validity" and "eos" in f["message"] for f in report["findings"])
     capsys.readouterr()
+
+
+def test_vllms_default_aux_layers_of_a_shallow_target_are_reported_as_it_captures_them(undeclared_ids):
+    """vLLM's default (2, N//2, N-3) on a 2-layer target is aux (2, 1, -1): after layer 1, after layer 0, and an id
+    it never captures (interfaces.py `_maybe_add_hidden_state`), reported so, never refused by our conversion."""
+    drafters, _ = undeclared_ids
+    served = resolve("vllm", drafters[(1, 5, 8)], TargetFacts(num_layers=2), 8, 2)
+    assert served.values["target_layer_ids"] == [1, 0, -2] and not served.values["target_layer_ids_declared"]
+    assert served.values["target_layer_capture"] == ["after layer 1, before the final norm", "after layer 0",
+                                                     "not captured (the target has no layer -2)"]

@@ -15,13 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from dflash_audit.cli import main
 from dflash_audit.trace.audit import audit_recording
 from dflash_audit.trace.recording import MANIFEST, TENSORS, read_recording
 from dflash_audit.trace.run import record_script
-from dflash_world.target_training import random_qwen3
+from dflash_world.target_training import distinct_random_qwen3
 from foundation.errors import AuditError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,17 +45,9 @@ EXTRA = {"sound": [], "input noise": ["--input-noise", "0.05"]}
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory) -> Path:
-    """12 decoder layers, hidden 64; embeddings, norms and head scaled as a trained model's are."""
+    """12 decoder layers, hidden 64, its tensors told apart by value as a trained model's are."""
     path = tmp_path_factory.mktemp("trace-target")
-    model = random_qwen3(12, 64, 512, seed=0, head_dim=16)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20)
-        model.model.embed_tokens.weight.mul_(50)
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=generator))
-    model.config.pad_token_id = 0
+    model = distinct_random_qwen3(12, 64, 512)
     model.save_pretrained(path)
     return path
 
@@ -207,3 +198,35 @@ def test_recordings_of_another_version_or_truncated_and_foreign_outs_are_refused
     assert main(["trace", "--out", str(mine), "--", sys.executable, str(TRAINER)]) == 2
     assert "did not write" in capsys.readouterr().err
     assert (mine / "notes.txt").read_text() == "the user's" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def findings_of(report):
+    return [(f.component, f.key, f.message) for f in report.findings]
+
+
+def test_steps_zero_lets_the_script_finish_and_every_step_is_audited(target_dir, tmp_path, traced):
+    record_script(TRAINER, ["--target", str(target_dir), "--gamma", "7", "--steps", "2"], tmp_path, steps=0)
+    recording = read_recording(tmp_path)
+    assert len(recording.steps) == 2
+    assert findings_of(audit_recording(recording)) == findings_of(traced["gamma 7"])
+
+
+def test_a_drafter_prepared_by_accelerate_is_found_inside_its_wrapper(target_dir, tmp_path, traced):
+    record_script(TRAINER, ["--target", str(target_dir), "--fc-drop-last", "--accelerate"], tmp_path)
+    report = audit_recording(read_recording(tmp_path))
+    assert findings_of(report) == findings_of(traced["fc fed 4 of 5"])
+
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+@pytest.mark.slow
+def test_under_torchrun_rank_zero_records_what_a_single_process_does(target_dir, tmp_path, traced, capsys):
+    """Two gloo ranks, the drafter in DDP: rank 0 records, and its findings are the single process's."""
+    out = tmp_path / "trace"
+    assert main(["trace", "--out", str(out), "--", str(TORCHRUN), "--standalone", "--nproc-per-node", "2",
+                 str(TRAINER), "--ddp", "--target", str(target_dir), "--gamma", "7"]) == 1
+    capsys.readouterr()
+    recording = read_recording(out)
+    assert recording.manifest["context"]["world_size"] == 2 and recording.manifest["context"]["rank"] == 0
+    assert findings_of(audit_recording(recording)) == findings_of(traced["gamma 7"])

@@ -25,7 +25,8 @@ from serving_engines.live.host import (
 )
 from serving_engines.live.vllm_env import find_vllm
 
-LIVE_SEVERITY = {"input": "divergence", "module": "divergence", "unlocalized": "divergence"}
+ENGINE_NAMES = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
+LIVE_SEVERITY = {"quantization": "info", "input": "divergence", "module": "divergence", "unlocalized": "divergence"}
 
 
 def prepare(name: str, path: Path, target: Path, workdir: Path) -> ServedDrafter:
@@ -119,8 +120,8 @@ def live_findings(live: dict[str, Any]) -> list[Finding]:
         differing = [p["id"] for p in live["prompts"] if p["greedy_identical"] is False]
         found.append(Finding.serving("live:greedy_output", "divergence", "identical",
                                      f"{len(differing)} prompt(s) differ", "",
-                                     f"speculation changed vLLM's greedy output on prompt(s) {', '.join(differing)}: "
-                                     "it must never change it"))
+                                     f"speculation changed {ENGINE_NAMES.get(live.get('engine'), 'vLLM')}'s greedy "
+                                     f"output on prompt(s) {', '.join(differing)}: it must never change it"))
     for f in live.get("findings", []):
         rounds = ", ".join(f"{p} round {r}" for p, r in zip(f["prompts"], f["rounds"], strict=True))
         found.append(Finding.serving(f"live:{f['what']}", LIVE_SEVERITY.get(f["kind"], "divergence"), None, f["size"],

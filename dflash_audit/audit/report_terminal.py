@@ -67,7 +67,7 @@ def live_table(live: dict[str, Any]) -> str:
              f"{p['rounds_equal']}/{p['rounds']}" + (f" ({p['rounds_apart']} apart)" if p.get("rounds_apart") else ""),
              p["first_diff_round"] or "-", ", ".join(p.get("explained_by", [])) or "-",
              "yes" if p["greedy_identical"] else "NO"] for p in live["prompts"]]
-    head = f"  live: vLLM {live['version']} ({live['python']}), greedy output identical: " \
+    head = f"  live: {'llama.cpp' if live.get('engine') == 'llamacpp' else 'vLLM'} {live['version']} ({live['python']}), greedy output identical: " \
            f"{'yes' if live['greedy_identical'] else 'NO'}"
     return head + "\n" + tabulate(rows, headers=["prompt", "served τ", "audited τ", "rounds equal", "first diff",
                                                  "explained by", "greedy same"], tablefmt="simple")

@@ -91,16 +91,26 @@ def run_serve_check(drafter: Path, engines: list[str], target: Path | None = Non
         check_not_foreign("--out", out, force, ("serving.json", "index.html"))
     if target is not None and not (target / "config.json").is_file():
         raise AuditError(f"{target}: not a Hugging Face model directory (no config.json) to use as the target")
-    if live and (target is None or "vllm" not in engines):
-        raise AuditError("--live runs the drafter in vLLM on the target: give --target and keep vllm in --engine")
+    if live and (target is None or not {"vllm", "llamacpp"} & set(engines)):
+        raise AuditError("--live runs the drafter in vLLM or llama.cpp on the target: give --target and keep vllm "
+                         "or llamacpp in --engine")
+    quant, bin_dir = engine_options.pop("quant", None), engine_options.pop("bin_dir", None)
     if live and max_new_tokens < 1:
         raise AuditError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     section = section_dict(serving_section(drafter, engines, target, LoadOptions(spec=list(spec or []),
                                                                                  flag_prefix=""), **engine_options))
-    if live:
+    if live and "vllm" in engines:
         from dflash_audit.audit.live_check import attach_live, live_check
 
         attach_live(section, live_check({"drafter": drafter}, target, prompts, max_new_tokens, vllm_python)["drafter"])
+    if live and "llamacpp" in engines:
+        from dflash_audit.audit.live_check import live_findings
+        from dflash_audit.audit.live_llamacpp import live_llamacpp
+
+        live = live_llamacpp(drafter, target, prompts, max_new_tokens, quant, bin_dir, **engine_options)
+        engine = section["llamacpp"]
+        engine["live"] = live
+        engine["findings"] = list(engine.get("findings", [])) + live_findings(live)
     count = divergence_count(section)
     data = {"schema": SCHEMA, "drafter": str(drafter), "target": str(target) if target else None,
             "serving": section, "exit_status": 1 if count else 0}

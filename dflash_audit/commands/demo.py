@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP + "; a comma list measures τ in each"),
     ) -> int:
         run_demo(world_dir or old_world_dir, rebuild, out, cache_dir=cache_dir, config=DemoConfig(family=family),
-                 device=device, dtype=dtype)
+                 device=device, dtype=dtype, trace_trainer=True)
         # Finding the planted divergences is the demo's point: compare's exit status 1
         # ("divergences found") is success here; trouble still raises and exits 2.
         return 0

@@ -43,10 +43,17 @@ def register(app: typer.Typer) -> None:
                                          help="llamacpp: the llama-server --spec-draft-n-max you run (default: "
                                               "block - 1, and its absence flagged)"),
         kv_type: str | None = typer.Option(None, "--draft-kv-type", help="llamacpp: the draft KV cache type you run"),
+        quant: str | None = typer.Option(None, "--quant", help="llamacpp --live: serve the drafter quantized "
+                                                               "(f32, f16, bf16, q8_0, q4_k_m)"),
+        llamacpp_bin: Path | None = typer.Option(None, "--llamacpp-bin",
+                                                 help="llamacpp --live: a folder with your own llama-server build"),
     ) -> int:
         if n_max is not None and n_max < 1:
             raise AuditError(f"--spec-draft-n-max must be at least 1, got {n_max}")
-        options = {k: v for k, v in (("n_max", n_max), ("kv_type", kv_type)) if v is not None}
+        if quant is not None and not live:
+            raise AuditError("--quant applies to --live (the quantized drafter is served and held to its training)")
+        options = {k: v for k, v in (("n_max", n_max), ("kv_type", kv_type), ("quant", quant),
+                                     ("bin_dir", llamacpp_bin)) if v is not None}
         return run_serve_check(drafter, parse_engines(engine), target, spec, json_path, out, live, prompts,
                                max_new_tokens, vllm_python, force, **options)
 

@@ -2,7 +2,9 @@
 in fuzz_regressions.json) applied to a copy of a sound input, then the real CLI run in-process on it.
 
 Readers: safetensors headers, config.json values and types, `.pt` pickles within the allowed classes, YAML run
-configs and JSON declaration files, index files, prompts files, key maps. Every outcome must be exit 0, 1 or
+configs and JSON declaration files, index files, prompts files, key maps; and what a drafter means to the engines
+(`serving`: its ids, layer types, block size and mask id, the target's tokenizer files) for serve-check and
+compare --serve. Every outcome must be exit 0, 1 or
 2, with no traceback, no exception class name and no unforeseen-fault line, every input unmodified, no temp
 entry left, within TIME_BOUND seconds.
 """
@@ -43,9 +45,40 @@ PLAIN = st.recursive(SCALARS | TENSORS, lambda inner: st.lists(inner, max_size=3
                      | st.dictionaries(KEYS, inner, max_size=4), max_leaves=8)
 
 
+# The serving reader mutates what a drafter means, not its bytes: the fields an engine reads (ids present, absent or
+# of another count; layer types of other lengths; block sizes; mask ids at the vocabulary's edges and its specials)
+# and the target's tokenizer files, for `serve-check` and `compare --serve`. "vocab-1" etc. name ids by the
+# target's vocabulary size; "eos" its eos id.
+ABSENT, KEEP = "absent", "keep"
+
+
+def _mostly_kept(values) -> st.SearchStrategy:
+    """The sound value half the time, so that examples reach the engines and not only the loader's refusals."""
+    return st.just(KEEP) | (values if isinstance(values, st.SearchStrategy) else st.sampled_from(values))
+
+
+MASK_IDS = _mostly_kept([ABSENT, None, 0, 1, 2, -1, "vocab-1", "vocab", "vocab+1", "eos", 2**31, "1", 1.5])
+LAYER_IDS = _mostly_kept(st.sampled_from([ABSENT, None, [0], [1], [0, 1, 1], [1, 0], [-1, 1], [0, 1, 2]])
+                         | st.lists(st.integers(-2, 4), max_size=5))
+LAYER_TYPES = _mostly_kept(st.sampled_from([ABSENT, None, "full_attention", ["sliding_attention"]]) | st.lists(
+    st.sampled_from(["full_attention", "sliding_attention", "linear_attention", ""]), max_size=3))
+BLOCK_SIZES = _mostly_kept([ABSENT, None, -1, 0, 1, 2, 16, 2**31, "4", 4.0])
+WINDOWS = _mostly_kept([ABSENT, 0, 1, 3, 64, -1])
+TARGET_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
+SERVING = st.fixed_dictionaries({
+    "verb": st.sampled_from(["serve-check", "compare --serve"]), "target": st.booleans(),
+    "where": st.sampled_from(["dflash_config", "", "both"]), "target_layer_ids": LAYER_IDS,
+    "layer_types": LAYER_TYPES, "sliding_window": WINDOWS, "block_size": BLOCK_SIZES, "mask_token_id": MASK_IDS,
+    "num_target_layers": _mostly_kept([ABSENT, 1, 12]),
+    "spec_ids": st.sampled_from([None, None, "0,1", "1", "0,1,1", "0,1,2,3,4"]),
+    "removed": st.lists(st.sampled_from(TARGET_FILES), max_size=4, unique=True),
+    "eos_only_in_tokenizer": st.booleans()})
+
+
 def strategies() -> dict:
     """Mutation strategies, one per reader."""
     return {
+        "serving": SERVING,
         "config": st.fixed_dictionaries({"section": st.sampled_from(["", "dflash_config"]), "key": KEYS,
                                          "value": JSON_VALUES, "delete": st.booleans()}),
         "safetensors": st.one_of(
@@ -115,9 +148,56 @@ def _rewrite_header(path: Path, mutation: dict) -> None:
     path.write_bytes(struct.pack("<Q", len(text)) + text + body)
 
 
+def _serving_value(value, vocab: int, eos: int):
+    symbols = {"vocab-1": vocab - 1, "vocab": vocab, "vocab+1": vocab + 1, "eos": eos}
+    return symbols.get(value, value) if isinstance(value, str) else value
+
+
+def build_serving(mutation: dict, world: Path, work: Path) -> list:
+    """A z-lab drafter whose serving fields are `mutation`'s, and a target copy without some tokenizer files."""
+    shutil.copytree(world / "zref", work / "z")
+    shutil.copytree(world / "target", work / "target")
+    target_config = json.loads((work / "target" / "config.json").read_text())
+    vocab, eos = target_config["vocab_size"], target_config.get("eos_token_id") or 0
+    config = json.loads((work / "z" / "config.json").read_text())
+    for key in ("target_layer_ids", "layer_types", "sliding_window", "block_size", "mask_token_id",
+                "num_target_layers"):
+        value = _serving_value(mutation[key], vocab, eos)
+        if value == KEEP:
+            continue
+        places = {"dflash_config": [config["dflash_config"]], "": [config],
+                  "both": [config, config["dflash_config"]]}[mutation["where"]]
+        if key in ("layer_types", "sliding_window", "num_target_layers"):
+            places = [config]  # top-level fields of a z-lab config
+        for place in places:
+            if value == ABSENT:
+                place.pop(key, None)
+            else:
+                place[key] = value
+    (work / "z" / "config.json").write_text(json.dumps(config))
+    for name in mutation["removed"]:
+        (work / "target" / name).unlink(missing_ok=True)
+    if mutation["eos_only_in_tokenizer"]:
+        for name in ("config.json", "generation_config.json"):
+            if (work / "target" / name).is_file():
+                data = json.loads((work / "target" / name).read_text())
+                data.pop("eos_token_id", None)
+                (work / "target" / name).write_text(json.dumps(data))
+    spec = ["--spec", f"target_layer_ids={mutation['spec_ids']}"] if mutation["spec_ids"] else []
+    target = ["--target", work / "target"] if mutation["target"] else []
+    if mutation["verb"] == "serve-check":
+        return ["serve-check", "--drafter", work / "z", "--engine", "vllm,sglang", *target, *spec,
+                "--json", work / "report.json"]
+    specs = [flag if flag != "--spec" else side for side in ("--ours-spec", "--ref-spec") for flag in spec]
+    return ["compare", "--ours", work / "z", "--ref", world / "zref", "--serve", "vllm,sglang", *target, *specs,
+            "--max-new-tokens", "2", "--out", work / "report"]
+
+
 def build(reader: str, mutation: dict, world: Path, work: Path) -> list:
     """The hostile input for `mutation` under `work`, and the CLI arguments that read it."""
     static = ["--out", work / "report"]
+    if reader == "serving":
+        return build_serving(mutation, world, work)
     if reader == "config":
         shutil.copytree(world / "zref", work / "z")
         config = json.loads((work / "z" / "config.json").read_text())

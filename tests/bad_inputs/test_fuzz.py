@@ -69,4 +69,5 @@ def test_fuzz_regression(case, world):
 
 
 def test_every_reader_is_fuzzed():
-    assert set(READERS) == {"config", "safetensors", "pickle", "yaml", "declaration", "index", "prompts", "key_map"}
+    assert set(READERS) == {"config", "safetensors", "pickle", "yaml", "declaration", "index", "prompts", "key_map",
+                            "serving"}

@@ -1,0 +1,274 @@
+"""`serve-check --engine llamacpp --live [--quant TYPE]`: the drafter's GGUF served by a real llama-server (b11434),
+every served round held to the audit's replay of the drafter as trained; the section is `serving.llamacpp.live`,
+in the shape of vLLM's (`live_check.py`).
+
+The engine runs the target alone (the greedy reference) and then with the drafter, on the audit's token ids, greedy.
+A served round comes from the engine's own trace line (`accepted X/ Y draft tokens`): X + 1 tokens. llama.cpp has no
+Python to hook, so a prompt whose rounds differ is localized by counterfactual replays in the audit, each changing
+one thing to what the engine has: the GGUF's dequantized weights, the block the engine drafted, the target layers
+the GGUF declares, its mask token. The first variant whose rounds equal the engine's through the first round where
+the engine and the audit part names the finding; a difference no variant reproduces stays `unlocalized`, with its
+first differing round.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from foundation.errors import AuditError
+
+# The counterfactual replays, in the order they are tried, and the rule that each one names.
+VARIANTS = (
+    ("quantization", None, "the GGUF's own (dequantized) weights"),
+    ("block_length", "block_size", "the block the engine drafted (1 + --spec-draft-n-max, clamped to the GGUF's "
+                                   "dflash.block_size - 1)"),
+    ("target_layer_ids", "target_layer_ids", "the target layers the GGUF declares (dflash.target_layers - 1)"),
+    ("mask_token_id", "mask_token_id", "the GGUF's mask token (tokenizer.ggml.mask_token_id)"),
+)
+
+
+@dataclass
+class Served:
+    """The GGUF the engine serves, as trained (the source's spec and weights) and as written (the GGUF's)."""
+
+    gguf: Path
+    spec: Any  # trained
+    state: dict[str, torch.Tensor]  # trained
+    gguf_spec: Any  # the GGUF's, read back
+    gguf_state: dict[str, torch.Tensor]
+    quantized: dict[str, str]
+    notes: list[str]
+
+
+def prepare(drafter: Path, target: Path, workdir: Path, quant: str | None, bin_dir: Path | None) -> Served:
+    """The GGUF to serve: the drafter itself when it is one, else its `convert --for llamacpp` copy (a step the
+    report names); the trained side is the source as loaded."""
+    from dflash_audit.conversion import convert_for_llamacpp
+    from dflash_audit.formats import LoadOptions, detect_format, load_any, require_spec
+
+    fmt = detect_format(drafter)
+    options = LoadOptions(flag_prefix="")
+    trained = load_any(drafter, target_dir=target, options=options)
+    spec = require_spec(trained, "serve-check --live")
+    notes = []
+    if fmt == "gguf" and quant is None:
+        gguf = drafter
+    else:
+        out = workdir / "gguf"
+        result = convert_for_llamacpp(drafter, out, target, quant or "f32", force=True, options=options,
+                                      bin_dir=bin_dir, verify=False)
+        gguf = Path(result.destination)
+        notes.append(f"served from its conversion `dflash-audit convert --from {drafter} --to DIR --for llamacpp "
+                     f"--quant {quant or 'f32'} --target {target}`")
+        notes += [n for n in result.notes if "z-lab format first" in n or "pre-tokenizer" in n or "llama-quantize" in n]
+    written = load_any(gguf, target_dir=target, options=options)
+    from dflash_audit.formats.gguf_file import quantized_tensors
+
+    return Served(gguf, spec, trained.state_dict, written.spec, written.state_dict, quantized_tensors(written), notes)
+
+
+def replay(spec, state, target_model, prompts, max_new_tokens, stop_ids) -> list:
+    from impl.body_shapes import build_drafter
+    from impl.decoding import dflash_decode
+
+    model = build_drafter(spec, state, dtype=target_model.dtype).eval()
+    return [dflash_decode(model, target_model, torch.tensor([p["ids"]]), max_new_tokens, stop_ids) for p in prompts]
+
+
+def variant_of(name: str, served: Served, block: int):
+    """(spec, state) of the counterfactual `name`: the trained drafter with one thing as the engine has it."""
+    spec, state = served.spec, served.state
+    if name == "quantization":
+        return spec, {k: served.gguf_state.get(k, v) for k, v in state.items()}
+    if name == "block_length":
+        return spec.replace(block_size=block), state
+    if name == "target_layer_ids":
+        return spec.replace(target_layer_ids=served.gguf_spec.target_layer_ids), state
+    return spec.replace(mask_token_id=served.gguf_spec.mask_token_id), state
+
+
+def differs(name: str, served: Served, block: int) -> bool:
+    """Whether the engine's side differs from training in what `name` changes (else replaying it proves nothing)."""
+    if name == "quantization":
+        return any(not torch.equal(served.gguf_state[k], v.to(served.gguf_state[k].dtype))
+                   for k, v in served.state.items() if k in served.gguf_state)
+    if name == "block_length":
+        return block != served.spec.block_size
+    field = {"target_layer_ids": "target_layer_ids", "mask_token_id": "mask_token_id"}[name]
+    return getattr(served.gguf_spec, field) != getattr(served.spec, field)
+
+
+def abort_source() -> str:
+    from serving_engines.llamacpp_engine import RULES, cite
+
+    graph = next(rule for rule in RULES if rule.path == "src/llama-graph.cpp")
+    return cite(graph.path, graph.needle)
+
+
+def first_difference(served_rounds: list[int], audited_rounds: list[int]) -> int | None:
+    for i in range(max(len(served_rounds), len(audited_rounds))):
+        if i >= len(served_rounds) or i >= len(audited_rounds) or served_rounds[i] != audited_rounds[i]:
+            return i + 1
+    return None
+
+
+def per_position(rounds: list[int], k: int) -> list[float]:
+    return [round(sum(r - 1 > j for r in rounds) / len(rounds), 4) if rounds else 0.0 for j in range(k)]
+
+
+def run_and_assess(engine, target_gguf: Path, served: Served, target_model, prompts, max_new_tokens, stop_ids,
+                   greedy: list[list[int]], audited: list, workdir: Path, label: str, n_max: int,
+                   kv_type: str | None = None) -> dict:
+    """One llama-server with the drafter; its rounds against the audit's, each differing prompt localized."""
+    from serving_engines.live.llamacpp_server import LlamaServer, served_rounds
+    from serving_engines.llamacpp_engine import source
+
+    gguf_block = served.gguf_spec.block_size
+    block = 1 + min(n_max, gguf_block - 1)
+    rows, findings, served_all, audited_all = [], {}, [], []
+    started = time.monotonic()
+    try:
+        with LlamaServer(engine, target_gguf, workdir / f"{label}.log", served.gguf, n_max, kv_type) as server:
+            results = [server.complete(p["ids"], max_new_tokens) for p in prompts]
+    except AuditError as exc:
+        if "layer input tensor is null" in str(exc):
+            return {"ran": False, "refused": str(exc), "findings": [{
+                "field": "serving", "kind": "input", "what": "target_layer_capture", "size": None,
+                "message": "llama-server aborts on the first request: the drafter reads the target's last layer, "
+                           "whose output the Qwen3 graph never records (it records each layer's input)",
+                "source": abort_source(),
+                "prompts": [prompts[0]["id"]], "rounds": [1]}], "prompts": [], "greedy_identical": None,
+                "per_position": {"served": [], "audited": []}}
+        raise
+    wall = time.monotonic() - started
+    variant_runs: dict[str, list] = {}
+    for p, (prompt, result, run) in enumerate(zip(prompts, results, audited, strict=True)):
+        output = result["tokens"]
+        s_rounds = served_rounds(result["accepted"], len(output))
+        a_rounds = run.acceptance_lengths
+        first = first_difference(s_rounds, a_rounds)
+        served_all += s_rounds
+        audited_all += a_rounds
+        row = {"id": prompt["id"], "served_tau": round(len(output) / max(1, len(s_rounds) + 1), 4) if output else 0.0,
+               "audited_tau": round(run.tau, 4), "rounds": max(len(s_rounds), len(a_rounds)),
+               "rounds_equal": sum(a == b for a, b in zip(s_rounds, a_rounds)), "first_diff_round": first,
+               "greedy_identical": output == greedy[p], "draft_n": result["timings"].get("draft_n"),
+               "draft_n_accepted": result["timings"].get("draft_n_accepted"), "served_rounds": s_rounds,
+               "audited_rounds": a_rounds}
+        row["served_tau"] = round(sum(s_rounds) / len(s_rounds), 4) if s_rounds else 0.0
+        if first is not None:
+            explained = None
+            for name, rule, words in VARIANTS:
+                if not differs(name, served, block):
+                    continue
+                if name not in variant_runs:
+                    variant_runs[name] = replay(*variant_of(name, served, block), target_model, prompts,
+                                                max_new_tokens, stop_ids)
+                replayed = variant_runs[name][p].acceptance_lengths
+                # It reproduces the engine through the first round the audit and the engine part at (a quantized
+                # kernel's rounding may part them again later: those rounds are downstream, counted in the row).
+                if replayed[:first] == s_rounds[:first]:
+                    explained = (name, rule, words)
+                    row["variant_rounds_equal"] = replayed == s_rounds
+                    break
+            if explained is None:
+                key = ("unlocalized", "rounds")
+                findings.setdefault(key, {"field": "serving", "kind": "unlocalized", "what": "rounds", "size": None,
+                                          "source": source("rounds"), "prompts": [], "rounds": [],
+                                          "message": "no counterfactual replay (dequantized weights, the engine's "
+                                                     "block, its target layers, its mask token) reproduces the "
+                                                     "engine's rounds"})
+            else:
+                name, rule, words = explained
+                key = ("input", name)
+                findings.setdefault(key, {"field": "serving", "kind": "input", "what": name, "size": None,
+                                          "source": source(rule) if rule else "the GGUF's tensor types "
+                                          f"({', '.join(sorted(set(served.quantized.values())))})",
+                                          "prompts": [], "rounds": [],
+                                          "message": f"the audit's replay with {words} gives the engine's rounds"})
+                row["explained_by"] = [name]
+            findings[key]["prompts"].append(prompt["id"])
+            findings[key]["rounds"].append(first)
+        rows.append(row)
+    k = block - 1
+    return {"ran": True, "prompts": rows, "greedy_identical": all(r["greedy_identical"] for r in rows),
+            "per_position": {"served": per_position(served_all, k), "audited": per_position(audited_all, k)},
+            "findings": list(findings.values()), "generate_s": round(wall, 2), "block_size": block}
+
+
+def quantization_finding(served: Served, rows: list[dict], target_model, prompts, max_new_tokens, stop_ids,
+                         quant: str) -> dict:
+    """The τ the quantized drafter costs per prompt (served against the audited τ as trained), confirmed by the
+    audit's replay with the GGUF's dequantized weights."""
+    dequantized = replay(*variant_of("quantization", served, served.spec.block_size), target_model, prompts,
+                         max_new_tokens, stop_ids)
+    per_prompt = [{"id": r["id"], "served_tau": r["served_tau"], "audited_tau": r["audited_tau"],
+                   "dequantized_tau": round(run.tau, 4), "cost": round(r["audited_tau"] - r["served_tau"], 4)}
+                  for r, run in zip(rows, dequantized, strict=True)]
+    mean = sum(p["cost"] for p in per_prompt) / len(per_prompt)
+    confirmed = all(abs(p["dequantized_tau"] - p["served_tau"]) < 1e-9 for p in per_prompt)
+    types = ", ".join(sorted(set(served.quantized.values()))) or "none"
+    return {"field": "serving", "kind": "quantization", "what": "quantization", "size": round(mean, 4),
+            "source": f"llama-quantize / the GGUF's tensor types ({types})", "per_prompt": per_prompt,
+            "prompts": [p["id"] for p in per_prompt], "rounds": [0] * len(per_prompt),
+            "message": f"served {quant} ({types}) costs {mean:.4f} τ per prompt on average against the drafter as "
+                       f"trained; the audit's replay with the dequantized GGUF weights "
+                       f"{'gives the served τ on every prompt' if confirmed else 'differs from the served τ on some prompt'}"}
+
+
+def live_llamacpp(drafter: Path, target: Path, prompts_path: Path | None = None, max_new_tokens: int = 64,
+                  quant: str | None = None, bin_dir: Path | None = None, n_max: int | None = None,
+                  kv_type: str | None = None, plants: dict[str, dict] | None = None,
+                  workdir: Path | None = None) -> dict:
+    """The `serving.llamacpp.live` section. `plants`: label -> {gguf: a GGUF to serve instead, n_max: ...}: each
+    planted run is assessed like the served one (section["planted"][label])."""
+    from dflash_audit.audit.live_check import load_prompts_for
+    from foundation.target import load_target, stop_token_ids
+    from serving_engines.live.llamacpp_convert import target_gguf
+    from serving_engines.live.llamacpp_env import find_llamacpp
+    from serving_engines.live.llamacpp_server import LlamaServer
+
+    engine = find_llamacpp(bin_dir)
+    workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="dflash-llamacpp-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    served = prepare(Path(drafter), Path(target), workdir, quant, bin_dir)
+    target_file, _ = target_gguf(Path(target))
+    target_model, tokenizer = load_target(target)
+    prompts = load_prompts_for(Path(target), prompts_path, tokenizer)
+    stop_ids = stop_token_ids(tokenizer)
+    started = time.monotonic()
+    with LlamaServer(engine, target_file, workdir / "greedy.log") as server:
+        greedy = [server.complete(p["ids"], max_new_tokens)["tokens"] for p in prompts]
+    audited = replay(served.spec, served.state, target_model, prompts, max_new_tokens, stop_ids)
+    chosen = n_max if n_max is not None else served.spec.block_size - 1
+    from serving_engines.llamacpp_engine import command
+
+    section = {"engine": "llamacpp", "version": engine.version, "python": engine.bin_dir,
+               "command": command(str(target_file), str(served.gguf), chosen, False, kv_type),
+               "served_path": str(served.gguf), "notes": served.notes, "max_new_tokens": max_new_tokens,
+               "stop_ids": stop_ids, "quant": quant, "quantized_tensors": served.quantized}
+    section.update(run_and_assess(engine, target_file, served, target_model, prompts, max_new_tokens, stop_ids, greedy,
+                                  audited, workdir, "served", chosen, kv_type))
+    if quant is not None and section.get("ran"):
+        section["findings"].append(quantization_finding(served, section["prompts"], target_model, prompts,
+                                                        max_new_tokens, stop_ids, quant))
+    for label, plant in (plants or {}).items():
+        planted = Served(Path(plant.get("gguf", served.gguf)), served.spec, served.state, served.gguf_spec,
+                         served.gguf_state, served.quantized, [])
+        if "gguf" in plant:
+            from dflash_audit.formats import LoadOptions, load_any
+
+            written = load_any(planted.gguf, target_dir=target, options=LoadOptions(flag_prefix=""))
+            planted.gguf_spec, planted.gguf_state = written.spec, written.state_dict
+        count = plant.get("prompts", len(prompts))
+        section.setdefault("planted", {})[label] = run_and_assess(
+            engine, target_file, planted, target_model, prompts[:count], max_new_tokens, stop_ids, greedy[:count],
+            audited[:count], workdir, label, plant.get("n_max", chosen))
+    section["engine_wall_s"] = round(time.monotonic() - started, 1)
+    return section

@@ -1,0 +1,136 @@
+"""One `llama-server` process for the live llama.cpp check: on a loopback port the tool picks, bounded in time, always
+stopped (a context manager: terminate, then kill), its log kept. Requests are the audit's token ids, greedy,
+`cache_prompt` off, one at a time (`-np 1`); with `LLAMA_TRACE=1` the server logs one line per verification step,
+`accepted X/ Y draft tokens` (tools/server/server-context.cpp), which is how each served round is read.
+
+A server that exits, never listens or hangs is one line naming the engine's own last message (AuditError).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from foundation.errors import AuditError
+from serving_engines.live.llamacpp_env import LlamacppEngine
+
+ACCEPTED = re.compile(r"accepted\s+(\d+)/\s*(\d+) draft tokens")
+START_TIMEOUT_S = 120
+REQUEST_TIMEOUT_S = 300
+CONTEXT = 2048
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def last_message(log: Path) -> str:
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    # An abort's assertion is the message; the backtrace after it is not.
+    for line in reversed(lines):
+        if "GGML_ASSERT" in line or " E " in f" {line} " or "error" in line.lower():
+            return line[:300]
+    return (lines or ["no output"])[-1][:300]
+
+
+class LlamaServer:
+    """`with LlamaServer(engine, target_gguf, log, drafter_gguf, n_max) as server: server.complete(ids, n)`."""
+
+    def __init__(self, engine: LlamacppEngine, target_gguf: Path, log: Path, drafter_gguf: Path | None = None,
+                 n_max: int | None = None, kv_type: str | None = None, threads: int = 1):
+        self.command = [engine.server, "-m", str(target_gguf), "-np", "1", "-c", str(CONTEXT), "-t", str(threads),
+                        "--host", "127.0.0.1"]
+        if drafter_gguf is not None:
+            self.command += ["-md", str(drafter_gguf), "--spec-type", "draft-dflash"]
+            if n_max is not None:
+                self.command += ["--spec-draft-n-max", str(n_max)]
+            if kv_type is not None:
+                self.command += ["-ctkd", kv_type, "-ctvd", kv_type]
+        self.log = log
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+        self.read_upto = 0
+
+    def __enter__(self) -> LlamaServer:
+        self.port = free_port()
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        sink = self.log.open("w")
+        self.process = subprocess.Popen([*self.command, "--port", str(self.port)], stdout=sink, stderr=subprocess.STDOUT,
+                                        env={**os.environ, "LLAMA_TRACE": "1"})
+        sink.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.stop()
+                raise AuditError(f"llama-server exited ({self.process.returncode}) before listening: "
+                                 f"{last_message(self.log)} (log: {self.log})")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                time.sleep(0.1)
+        self.stop()
+        raise AuditError(f"llama-server did not listen on 127.0.0.1:{self.port} within {START_TIMEOUT_S} s: "
+                         f"{last_message(self.log)} (log: {self.log})")
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def new_log(self) -> str:
+        text = self.log.read_text(errors="replace")
+        new, self.read_upto = text[self.read_upto:], len(text)
+        return new
+
+    def complete(self, ids: list[int], max_new_tokens: int) -> dict:
+        """{tokens, accepted (per verification step), drafted, timings} of one greedy request."""
+        self.new_log()
+        body = {"prompt": ids, "n_predict": max_new_tokens, "temperature": 0, "top_k": 1, "cache_prompt": False,
+                "return_tokens": True, "seed": 0}
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as reply:
+                result = json.loads(reply.read())
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+            time.sleep(0.5)  # an abort's message reaches the log as the process dies
+            state = (f"exited ({self.process.returncode})" if self.process.poll() is not None
+                     else f"did not answer within {REQUEST_TIMEOUT_S} s ({exc})")
+            self.stop()
+            raise AuditError(f"llama-server {state}: {last_message(self.log)} (log: {self.log})") from None
+        steps = [(int(m.group(1)), int(m.group(2))) for m in ACCEPTED.finditer(self.new_log())]
+        return {"tokens": list(result.get("tokens") or []), "accepted": [a for a, _ in steps],
+                "drafted": [d for _, d in steps], "timings": result.get("timings", {})}
+
+
+def served_rounds(accepted: list[int], output_length: int) -> list[int]:
+    """Tokens added per verification step (accepted + the target's own), the audit's way: the first token is the
+    prefill's; a last step that drafted nothing (the server's budget spent) adds what the output holds beyond."""
+    left = output_length - 1
+    rounds = []
+    for count in accepted:
+        if left <= 0:
+            break
+        rounds.append(min(count + 1, left))
+        left -= rounds[-1]
+    if left > 0:
+        rounds.append(left)
+    return rounds
