@@ -143,3 +143,22 @@ def test_each_setting_is_checked_by_its_declaration():
     with pytest.raises(SpecError, match="^rms_norm_eps: must be positive, got -1.0$"):
         tiny_spec(rms_norm_eps=-1.0)
     assert all(info.description for info in SETTINGS.values())
+
+
+@pytest.mark.parametrize("value", ["x", [1.5], None, True, 1 << 40, -1, 0.5, {"a": 1}])
+def test_every_refused_value_is_one_line_naming_its_setting(value):
+    """pydantic judges every value; what it refuses reaches the user as one SpecError line naming the setting, in the
+    tool's words (never pydantic's own "Input should be ..."), for every setting of the spec and of the recipe."""
+    from impl.recipe import KNOBS, knob_problem
+    from impl.spec import setting_problem
+
+    base = tiny_spec().to_dict()
+    for name, own, build in [*((n, setting_problem(n, value), lambda n: DraftSpec(**{**base, n: value})) for n in base),
+                             *((n, knob_problem(n, value), lambda n: Recipe(**{n: value})) for n in KNOBS)]:
+        try:
+            build(name)
+        except SpecError as exc:
+            assert "\n" not in str(exc) and "Input should" not in str(exc), (name, str(exc))
+            assert exc.field == name or own is None and exc.field in base, (name, str(exc))  # else a rule between
+        else:
+            assert own is None, (name, own)
