@@ -113,7 +113,7 @@ def test_speculators_own_training_step_traces_clean(target_dir, tmp_path):
 
 
 def test_the_verb_runs_the_command_and_rereads_its_recording(target_dir, tmp_path, capsys):
-    out = tmp_path / "trace"
+    out = tmp_path / "tr<i>ace"  # user text on the page is escaped
     status = main(["trace", "--out", str(out), "--json", str(tmp_path / "r.json"), "--", sys.executable, str(TRAINER),
                    "--target", str(target_dir), "--gamma", "7", "--fc-drop-last"])
     printed = capsys.readouterr().out
@@ -124,6 +124,7 @@ def test_the_verb_runs_the_command_and_rereads_its_recording(target_dir, tmp_pat
     assert data["facts"]["target"]["placement"] == ["cpu"] and data["facts"]["drafter"]["placement"] == ["cpu"]
     page = (out / "index.html").read_text()
     assert "<title>dflash-audit trace" in page and page.count('class="bad"') == 2
+    assert "tr<i>ace" not in page and "tr&lt;i&gt;ace" in page
     assert main(["trace", "--from", str(out)]) == 1  # re-audited without retraining: the same findings
     assert json.loads((out / "report.json").read_text())["findings"] == data["findings"]
 
@@ -230,3 +231,15 @@ def test_under_torchrun_rank_zero_records_what_a_single_process_does(target_dir,
     recording = read_recording(out)
     assert recording.manifest["context"]["world_size"] == 2 and recording.manifest["context"]["rank"] == 0
     assert findings_of(audit_recording(recording)) == findings_of(traced["gamma 7"])
+
+
+ACCELERATE = Path(sys.executable).with_name("accelerate")
+
+
+@pytest.mark.slow
+def test_under_accelerate_launch_the_findings_are_the_single_process_ones(target_dir, tmp_path, traced, capsys):
+    out = tmp_path / "trace"
+    assert main(["trace", "--out", str(out), "--", str(ACCELERATE), "launch", "--cpu", "--num_processes", "1",
+                 str(TRAINER), "--accelerate", "--target", str(target_dir), "--gamma", "7"]) == 1
+    capsys.readouterr()
+    assert findings_of(audit_recording(read_recording(out))) == findings_of(traced["gamma 7"])

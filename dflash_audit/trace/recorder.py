@@ -413,10 +413,7 @@ def step_record(loss, graph, calls: StepCalls, drafter: nn.Module, drafter_name:
                      for i, n in enumerate(graph["nodes"]) if i not in interior]
     meta["graph_nodes"] = len(graph["nodes"])
     meta["drafter"] = {"class": drafter_name, "placement": _placement(drafter), "facts": _config_facts(drafter),
-                       "trainable_in_loss": len(graph["params"]),
-                       "fc_like": [{"module": n, "in_features": m.in_features, "out_features": m.out_features}
-                                   for n, m in drafter.named_modules() if isinstance(m, nn.Linear)
-                                   and m.in_features > m.out_features]}
+                       "trainable_in_loss": len(graph["params"])}
     meta["target"] = {"path": model_path(target), "class": type(target).__qualname__,
                       "placement": _placement(target), "facts": _config_facts(target),
                       "dtype": str(next(target.parameters()).dtype).replace("torch.", ""),
