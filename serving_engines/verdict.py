@@ -64,6 +64,7 @@ class EngineReport:
     command: str | None
     sources: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    step: str | None = None  # what had to be done first for the engine to read the drafter (a step, not a defect)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

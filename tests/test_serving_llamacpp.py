@@ -86,3 +86,19 @@ def test_a_mixed_drafter_has_its_sliding_layer_served_non_causal_and_speculators
     convert(cached_test_drafter(test_world), speculators, "speculators", target=test_world.target, allow_lossy=True)
     _, refused = serve_check(tmp_path, speculators, test_world.target)
     assert refused["loads"] is False and "DFlashSpeculator" in refused["error"]
+
+
+@pytest.mark.parametrize("case", ["missing", "not_executable"])
+def test_a_missing_or_non_executable_llamacpp_bin_is_one_line_and_exit_2(full_gguf, tmp_path, capsys, case):
+    drafter, world = full_gguf
+    bin_dir = tmp_path / "bin"
+    if case == "not_executable":
+        bin_dir.mkdir()
+        for name in ("llama-server", "llama-quantize"):
+            (bin_dir / name).write_text("#!/bin/sh\n")
+    capsys.readouterr()
+    code = main(["serve-check", "--drafter", str(drafter), "--engine", "llamacpp", "--target", str(world.target),
+                 "--live", "--llamacpp-bin", str(bin_dir)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--llamacpp-bin" in err, err
+    assert ("does not exist" if case == "missing" else "is not executable") in err

@@ -30,6 +30,8 @@ VARIANTS = (
                                    "dflash.block_size - 1)"),
     ("target_layer_ids", "target_layer_ids", "the target layers the GGUF declares (dflash.target_layers - 1)"),
     ("mask_token_id", "mask_token_id", "the GGUF's mask token (tokenizer.ggml.mask_token_id)"),
+    ("layer_causal", "layer_causal", "every draft layer non-causal, as the engine runs a GGUF without "
+                                     "dflash.attention.causal = true"),
 )
 
 
@@ -44,6 +46,7 @@ class Served:
     gguf_state: dict[str, torch.Tensor]
     quantized: dict[str, str]
     notes: list[str]
+    causal: bool = False  # the GGUF's dflash.attention.causal (absent: false, as llama.cpp reads it)
 
 
 def prepare(drafter: Path, target: Path, workdir: Path, quant: str | None, bin_dir: Path | None) -> Served:
@@ -70,7 +73,8 @@ def prepare(drafter: Path, target: Path, workdir: Path, quant: str | None, bin_d
     written = load_any(gguf, target_dir=target, options=options)
     from dflash_audit.formats.gguf_file import quantized_tensors
 
-    return Served(gguf, spec, trained.state_dict, written.spec, written.state_dict, quantized_tensors(written), notes)
+    return Served(gguf, spec, trained.state_dict, written.spec, written.state_dict, quantized_tensors(written), notes,
+                  bool(written.gguf["metadata"].get("dflash.attention.causal", False)))
 
 
 def replay(spec, state, target_model, prompts, max_new_tokens, stop_ids) -> list:
@@ -90,6 +94,8 @@ def variant_of(name: str, served: Served, block: int):
         return spec.replace(block_size=block), state
     if name == "target_layer_ids":
         return spec.replace(target_layer_ids=served.gguf_spec.target_layer_ids), state
+    if name == "layer_causal":
+        return spec.replace(sliding_window_non_causal=True), state
     return spec.replace(mask_token_id=served.gguf_spec.mask_token_id), state
 
 
@@ -100,6 +106,8 @@ def differs(name: str, served: Served, block: int) -> bool:
                    for k, v in served.state.items() if k in served.gguf_state)
     if name == "block_length":
         return block != served.spec.block_size
+    if name == "layer_causal":
+        return not served.causal and any(served.spec.block_is_causal(i) for i in range(served.spec.num_hidden_layers))
     field = {"target_layer_ids": "target_layer_ids", "mask_token_id": "mask_token_id"}[name]
     return getattr(served.gguf_spec, field) != getattr(served.spec, field)
 
@@ -260,7 +268,7 @@ def live_llamacpp(drafter: Path, target: Path, prompts_path: Path | None = None,
                                                         max_new_tokens, stop_ids, quant))
     for label, plant in (plants or {}).items():
         planted = Served(Path(plant.get("gguf", served.gguf)), served.spec, served.state, served.gguf_spec,
-                         served.gguf_state, served.quantized, [])
+                         served.gguf_state, served.quantized, [], served.causal)
         if "gguf" in plant:
             from dflash_audit.formats import LoadOptions, load_any
 

@@ -47,6 +47,8 @@ def terminal_section(section: dict[str, Any], width: int = 70) -> str:
     for engine, report in section.items():
         state = "loads" if report["loads"] else "REFUSES"
         lines.append(f"{engine} {report['version']}: {state}")
+        if report.get("step"):
+            lines.append(f"  step: {report['step']}")
         rows = [[f["severity"], f["field"], textwrap.fill(f["message"], width), f["source"]]
                 for f in report["findings"]]
         lines.append(tabulate(rows, headers=["severity", "field", "message", "engine source"],

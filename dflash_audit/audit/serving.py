@@ -13,7 +13,7 @@ from dflash_audit.audit.report_html import serving_page_html
 from dflash_audit.audit.report_terminal import terminal_section
 from dflash_audit.formats import LoadedCheckpoint, LoadOptions, detect_format, load_any
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
-from serving_engines import ALL_ENGINES, TargetFacts
+from serving_engines import ALL_ENGINES, ENGINES, TargetFacts
 from serving_engines.verdict import (
     EngineReport,
     ServingFinding,
@@ -60,10 +60,13 @@ def serving_section(drafter: str | Path, engines: list[str], target: str | Path 
     drafter = Path(drafter)
     fmt = detect_format(drafter)
     served = [engine for engine in engines if servable(engine, fmt)]
-    section = {engine: not_a_directory(engine, drafter, fmt) for engine in engines if engine not in served}
-    if not served:
+    converted = [engine for engine in engines if engine not in served and engine in ENGINES]
+    section = {engine: not_a_directory(engine, drafter, fmt) for engine in engines
+               if engine not in served and engine not in converted}
+    if not served and not converted:
         return section
-    loaded = load_any(drafter, target_dir=target, options=options or LoadOptions(flag_prefix=""))
+    options = options or LoadOptions(flag_prefix="")
+    loaded = load_any(drafter, target_dir=target, options=options)
     if loaded.spec is None:
         raise AuditError(f"{drafter}: the drafter's spec is incomplete; give the missing fields with --spec")
     facts = TargetFacts.read(target)
@@ -71,7 +74,38 @@ def serving_section(drafter: str | Path, engines: list[str], target: str | Path 
     for engine in served:
         section[engine] = engine_report(engine, str(drafter), loaded.spec, facts, trained,
                                         **(engine_options if engine == "llamacpp" else {}))
+    for engine in converted:
+        section[engine] = converted_report(engine, drafter, fmt, loaded, facts, trained, target, options)
     return {engine: section[engine] for engine in engines}
+
+
+def converted_report(engine: str, drafter: Path, fmt: str, loaded: LoadedCheckpoint, facts: TargetFacts,
+                     trained: tuple[dict[str, Any], dict[str, str]], target: str | Path | None,
+                     options: LoadOptions) -> EngineReport:
+    """A checkpoint no engine reads (`ckpt.pt`, a foreign trainer's file): not a defect but a step. The verdict is
+    that of its conversion, written to a temporary directory as the live check does and judged like any drafter;
+    the step names the command. A drafter no format can carry is the conversion's refusal, a `loads` divergence."""
+    import tempfile
+
+    from dflash_audit.conversion import FAMILY_FORMATS, convert
+
+    step = (f"not an engine format: {drafter} is a {fmt} checkpoint {engine} cannot read; convert with "
+            f"`dflash-audit convert --from {drafter} --to DIR --for {engine}"
+            f"{f' --target {target}' if target is not None else ''}`; judged here as converted")
+    with tempfile.TemporaryDirectory(prefix="dflash-serve-") as scratch:
+        written = Path(scratch) / f"for-{engine}"
+        try:
+            convert(drafter, written, FAMILY_FORMATS.get((loaded.spec.family, engine), "zlab"), target=target,
+                    options=options)
+        except AuditError as exc:
+            report = not_a_directory(engine, drafter, fmt)
+            report.findings[0].message += f" (and its conversion refuses: {exc})"
+            return report
+        report = engine_report(engine, str(written), loaded.spec, facts, trained)
+    if report.command:
+        report.command = report.command.replace(str(written), "DIR")
+    report.step = step
+    return report
 
 
 def section_dict(section: dict[str, EngineReport]) -> dict[str, Any]:

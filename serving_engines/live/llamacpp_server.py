@@ -25,6 +25,7 @@ ACCEPTED = re.compile(r"accepted\s+(\d+)/\s*(\d+) draft tokens")
 START_TIMEOUT_S = 120
 REQUEST_TIMEOUT_S = 300
 CONTEXT = 2048
+LOG_WAIT_S = 10
 
 
 def free_port() -> int:
@@ -116,9 +117,23 @@ class LlamaServer:
                      else f"did not answer within {REQUEST_TIMEOUT_S} s ({exc})")
             self.stop()
             raise AuditError(f"llama-server {state}: {last_message(self.log)} (log: {self.log})") from None
-        steps = [(int(m.group(1)), int(m.group(2))) for m in ACCEPTED.finditer(self.new_log())]
+        timings = result.get("timings", {})
+        # The server logs from its own thread: a request's trace lines may land after its reply. They are read
+        # until they account for the reply's own totals (draft_n, draft_n_accepted), within a bound.
+        text, deadline = self.new_log(), time.monotonic() + LOG_WAIT_S
+        while True:
+            steps = [(int(m.group(1)), int(m.group(2))) for m in ACCEPTED.finditer(text)]
+            totals = (sum(d for _, d in steps), sum(a for a, _ in steps))
+            if totals == (timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)):
+                break
+            if time.monotonic() > deadline:
+                raise AuditError(f"llama-server's trace lines account for {totals[0]} drafted / {totals[1]} accepted "
+                                 f"tokens, its reply for {timings.get('draft_n')} / {timings.get('draft_n_accepted')} "
+                                 f"(log: {self.log})")
+            time.sleep(0.05)
+            text += self.new_log()
         return {"tokens": list(result.get("tokens") or []), "accepted": [a for a, _ in steps],
-                "drafted": [d for _, d in steps], "timings": result.get("timings", {})}
+                "drafted": [d for _, d in steps], "timings": timings}
 
 
 def served_rounds(accepted: list[int], output_length: int) -> list[int]:
