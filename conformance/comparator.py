@@ -1,7 +1,7 @@
 """Compare two implementations' outputs and describe any difference as a diff entry.
 
 A `Comparator` is handed to every check. Each comparison is reported to a sink (the
-session recorder, or the planted-bug harness) as pass / fail / reference-divergence.
+session recorder, or the planted-bug harness) as pass / fail / references differ.
 A failing comparison raises `Divergence` carrying its `DiffEntry`, so the test fails AND
 the entry is recorded; a difference between two references is recorded, not raised; a call the plug
 under test cannot take (`PlugMismatch`, conformance/plug.py) is recorded `plug-mismatch`, never a divergence.
@@ -20,6 +20,7 @@ from conformance.tolerances import EXACT, Tolerance
 from impl.interface import Unsupported
 
 WINDOW = 4  # elements either side of the first difference shown in a diff entry
+REFERENCES_DIFFER = "references differ"  # the status of two references that disagree
 
 
 @dataclass
@@ -190,8 +191,10 @@ class Comparator:
         entry = DiffEntry(component=component, pitfall=pitfall, implementations=names, example=self.example,
                           test=self.test, **fields)
         if set(names) <= self.reference_names:
-            # Two references disagreeing is a finding about the references, not a failure of ours.
-            self.sink("reference-divergence", entry, key)
+            # Two references disagreeing is a finding about the references, not a failure of ours: a status of its
+            # own, reported by the test (REFERENCES DIFFER, never PASSED) and held to a golden list
+            # (conformance/references_differ.toml), so a disagreement gained or lost fails the run.
+            self.sink(REFERENCES_DIFFER, entry, key)
             return entry
         self.sink("fail", entry, key)
         raise Divergence(entry)

@@ -10,7 +10,10 @@
   recorder, which writes reports/conformance/{results.json,index.html} at session end;
 - the implementation under test is seen through `Plug` (conformance/plug.py): a call of the current interface
   it cannot take is a plug mismatch naming the interface change, listed at the end of the run (exit status 1),
-  never a divergence.
+  never a divergence;
+- a test where two references disagree reports REFERENCES DIFFER (never PASSED), and the set of those
+  disagreements is held to the golden list `references_differ.toml`: one gained or lost is listed at the end of
+  the run (exit status 1).
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ import pytest
 
 import reference_adapters as registry
 from catalogue.pitfalls import PITFALLS
-from conformance.comparator import Comparator
+from conformance.comparator import REFERENCES_DIFFER, Comparator
 from conformance.plug import Plug, PlugMismatch, declared_version
-from conformance.recorder import Recorder
+from conformance.recorder import Recorder, golden_changes, known_differences
 from foundation.packages import installed_version, installed_versions
 from held import HELD
 from impl.interface import supports
@@ -171,8 +174,14 @@ def conform(request, recorder) -> Comparator:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A plug mismatch raised outside a comparison (a test calling the plug directly) is recorded as one too."""
+    """A plug mismatch raised outside a comparison (a test calling the plug directly) is recorded as one too;
+    a passing test whose comparisons found two references disagreeing is marked so (`pytest_report_teststatus`)."""
     outcome = yield
+    if call.when == "call" and call.excinfo is None:
+        report = outcome.get_result()
+        for record in item.config.stash[RECORDER].records.values():
+            if record.test == item.nodeid and record.status == REFERENCES_DIFFER:
+                report.user_properties.append((REFERENCES_DIFFER, record.diff.message if record.diff else ""))
     if call.excinfo is None or not isinstance(call.excinfo.value, PlugMismatch):
         return
     marker = item.get_closest_marker("pitfall")
@@ -185,7 +194,30 @@ def pytest_runtest_makereport(item, call):
         names, str(call.excinfo.value))
 
 
+def pytest_report_teststatus(report, config):
+    """REFERENCES DIFFER (`R`), counted apart in the run's last line: such a test never shows as PASSED."""
+    if report.when == "call" and report.passed and any(name == REFERENCES_DIFFER for name, _ in report.user_properties):
+        return REFERENCES_DIFFER, "R", "REFERENCES DIFFER"
+    return None
+
+
+def reference_changes(config) -> dict[str, list[dict]]:
+    """The session's reference disagreements against the golden list (conformance/recorder.py)."""
+    components = [r.to_dict() for r in config.stash[RECORDER].records.values()]
+    return golden_changes(components, known_differences())
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    changes = reference_changes(config)
+    if changes["gained"] or changes["lost"]:
+        terminalreporter.section("the references' disagreements changed (conformance/references_differ.toml)")
+        for row in changes["gained"]:
+            terminalreporter.write_line(f"new: {row['test']} ({' vs '.join(row['implementations'])}, "
+                                        f"#{row['pitfall']} {row['component']}): "
+                                        f"{(row['diff'] or {}).get('message', '')}")
+        for item in changes["lost"]:
+            terminalreporter.write_line(f"no longer differ: {item['test']} ({' vs '.join(item['implementations'])}, "
+                                        f"#{item['pitfall']} {item['component']})")
     mismatches = [r for r in config.stash[RECORDER].records.values() if r.status == "plug-mismatch"]
     if mismatches:
         terminalreporter.section("plug mismatches (calls the plug cannot take; not divergences)")
@@ -222,6 +254,9 @@ def pytest_sessionfinish(session, exitstatus):
         recorder.write(report_dir(session.config), versions())
         if session.exitstatus == 0 and any(r.status == "plug-mismatch" for r in recorder.records.values()):
             session.exitstatus = 1  # the plug is out of date: the run is not clean, though nothing diverged
+        changes = reference_changes(session.config)
+        if session.exitstatus == 0 and (changes["gained"] or changes["lost"]):
+            session.exitstatus = 1  # the references' disagreements are not the listed ones
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -3,21 +3,43 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from catalogue.pitfalls import PITFALLS as CATALOGUE
-from conformance.comparator import DiffEntry
+from conformance.comparator import REFERENCES_DIFFER, DiffEntry
 from foundation.atomic import atomic_write_bytes
 from impl.interface_versions import CURRENT as INTERFACE_VERSION
 
-SCHEMA = "dflash-audit-conformance/1"
+SCHEMA = "dflash-audit-conformance/2"  # /2: `reference-divergence` became `references differ` (README.md)
 # When one comparison key sees several outcomes (hypothesis runs many examples), the worst wins. A plug
 # mismatch (a call the plug under test cannot take, conformance/plug.py) is worse than a pass and never a fail.
-SEVERITY = {"n/a": 0, "pass": 1, "reference-divergence": 2, "plug-mismatch": 3, "fail": 4}
+SEVERITY = {"n/a": 0, "pass": 1, REFERENCES_DIFFER: 2, "plug-mismatch": 3, "fail": 4}
 # Every catalogue entry the suite checks, with the component name it reports it under.
 PITFALLS = {n: p.component for n, p in CATALOGUE.items() if p.checked_by == "conformance"}
+# The golden list: every comparison where the two references disagree, with why and where in each.
+REFERENCES_DIFFER_LIST = Path(__file__).with_name("references_differ.toml")
+
+
+def known_differences(path: Path = REFERENCES_DIFFER_LIST) -> list[dict[str, Any]]:
+    return tomllib.loads(path.read_text()).get("difference", [])
+
+
+def identity(row: dict[str, Any]) -> tuple:
+    return row["component"], row["pitfall"], row["test"], tuple(row["implementations"])
+
+
+def golden_changes(components: list[dict[str, Any]], known: list[dict[str, Any]]) -> dict[str, list[dict]]:
+    """The references' disagreements against the golden list, either way: `gained` (a disagreement not on the list)
+    and `lost` (one on the list whose comparison ran and now agrees). A listed comparison that did not run here (a
+    file or `-k` left out) is not judged."""
+    listed = {identity(item) for item in known}
+    ran = {identity(r): r for r in components if r["comparisons"]}
+    gained = [r for key, r in ran.items() if r["status"] == REFERENCES_DIFFER and key not in listed]
+    lost = [item for item in known if identity(item) in ran and ran[identity(item)]["status"] != REFERENCES_DIFFER]
+    return {"gained": gained, "lost": lost}
 
 
 @dataclass
@@ -109,7 +131,8 @@ class Recorder:
                                                                        if r["pitfall"] == n)}
                          for n, name in PITFALLS.items()},
             "components": components,
-            "reference_divergences": [r for r in components if r["status"] == "reference-divergence"],
+            "references_differ": [r for r in components if r["status"] == REFERENCES_DIFFER],
+            "references_differ_changes": golden_changes(components, known_differences()),
             "plug_mismatches": [r for r in components if r["status"] == "plug-mismatch"],
             "interface": {"suite": INTERFACE_VERSION, "plug": self.interface_version},
             "planted": sorted(self.planted, key=lambda p: p["bug"]),

@@ -15,11 +15,11 @@ TEMPLATE = """<!doctype html>
 body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}.pass{background:#e3f6e3}.fail{background:#fbe0e0}.n-a{background:#eee;color:#666}
-.reference-divergence{background:#fff3cd}.plug-mismatch{background:#e0e8fb}.missing{background:#fbe0e0}code,pre{font:12px monospace}
+.references-differ{background:#fff3cd}.plug-mismatch{background:#e0e8fb}.missing{background:#fbe0e0}code,pre{font:12px monospace}
 pre{white-space:pre-wrap;margin:0}.caught{background:#e3f6e3}.missed{background:#fbe0e0}
 </style></head><body>
 <h1>DFlash conformance: {{ r.implementation }}</h1>
-<p>{{ s["pass"] }} pass, {{ s["fail"] }} fail, {{ s["reference-divergence"] }} reference divergence(s),
+<p>{{ s["pass"] }} pass, {{ s["fail"] }} fail, {{ s["references differ"] }} where the references differ,
 {{ s["n/a"] }} not applicable{% if s["plug-mismatch"] %}, {{ s["plug-mismatch"] }} plug mismatch(es): calls the
 plug (interface {{ r.interface.plug }}) cannot take in interface {{ r.interface.suite }}, not divergences of the codebase
 it wraps{% endif %}.
@@ -38,6 +38,17 @@ Planted bugs caught: {{ s.planted_caught }}/{{ s.planted_total }}.</p>
 <td>{{ c.implementations|join(" vs ") }}</td><td><code>{{ c.test }}</code></td><td>{{ c.status }}</td>
 <td>{{ c.comparisons }}</td><td>{{ c.reason }}{% if c.diff %}{{ c.diff.message }}{% endif %}</td></tr>{% endfor %}
 </table>
+
+<h2>Where the references differ</h2>
+{% set changes = r.references_differ_changes %}
+{% if r.references_differ %}<table><tr><th>#</th><th>component</th><th>references</th><th>test</th><th>difference</th></tr>
+{% for c in r.references_differ %}<tr class="references-differ"><td>{{ c.pitfall }}</td><td>{{ c.component }}</td>
+<td>{{ c.implementations|join(" vs ") }}</td><td><code>{{ c.test }}</code></td><td>{{ c.diff.message if c.diff }}</td></tr>
+{% endfor %}</table>{% else %}<p>No comparison of two references differed in this run.</p>{% endif %}
+{% if changes.gained or changes.lost %}<p class="fail"><strong>Not the known set</strong> (references_differ.toml):
+{% for c in changes.gained %}new: <code>{{ c.test }}</code>; {% endfor %}
+{% for c in changes.lost %}no longer differ: <code>{{ c.test }}</code>; {% endfor %}</p>
+{% else %}<p>Exactly the known disagreements (references_differ.toml) among the comparisons run.</p>{% endif %}
 
 {% set diffs = r.components|selectattr("diff")|list %}
 {% if diffs %}<h2>Diff entries</h2>{% endif %}
@@ -67,7 +78,7 @@ Planted bugs caught: {{ s.planted_caught }}/{{ s.planted_total }}.</p>
 """
 
 _ENV = Environment(autoescape=True)
-_ENV.filters["css"] = lambda status: str(status).replace("/", "-")
+_ENV.filters["css"] = lambda status: str(status).replace("/", "-").replace(" ", "-")
 
 
 def render(results: dict[str, Any]) -> str:

@@ -65,10 +65,12 @@ def read_json_object(path: Path, what: str = "JSON file") -> dict:
     return value
 
 
-def _check_no_special_files(directory: Path) -> None:
-    for entry in sorted(directory.iterdir()):
+def check_no_special_files(folder: Path, where: str) -> None:
+    """A FIFO, socket or device in a model folder (a target's or a drafter's, as its config.json or weights) would
+    block a read or be skipped as absent: refused, named. `where`: the folder, in words."""
+    for entry in sorted(folder.iterdir()):
         if entry.exists() and not (entry.is_file() or entry.is_dir()):
-            raise AuditError(f"{entry}: not a regular file (a FIFO or device) inside the model directory")
+            raise AuditError(f"{entry}: not a regular file (a FIFO, socket or device) {where}")
 
 
 def _check_config_fields(config: dict, config_path: Path) -> None:
@@ -111,7 +113,7 @@ def check_target_dir(directory: Path, flag: str = "--target", tokenizer: bool = 
     config_path = directory / "config.json"
     if not config_path.exists():
         raise AuditError(f"{flag} {directory}: not a Hugging Face model directory (no config.json)")
-    _check_no_special_files(directory)
+    check_no_special_files(directory, "inside the model directory")
     config = read_json_object(config_path, "config.json")
     _check_config_fields(config, config_path)
     _check_transformers_accepts(directory, config_path)

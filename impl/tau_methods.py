@@ -80,8 +80,6 @@ def live(drafter, target, tokenizer, prompt_set: PromptSet, template: ChatTempla
 def teacher_forced(drafter, target, tokenizer, prompt_set: PromptSet, template: ChatTemplate,
                    setting: Setting) -> list[dict]:
     """Fixed ground truth: prompts without a reference answer (or multi-turn ones) are left out, and said."""
-    from impl.teacher_forced import teacher_forced_rounds
-
     results = []
     for prompt in prompt_set.prompts:
         if prompt.reference is None or len(prompt.turns) != 1:
@@ -96,6 +94,40 @@ def teacher_forced(drafter, target, tokenizer, prompt_set: PromptSet, template: 
         raise AuditError(f"--tau-method teacher-forced: {prompt_set.name} ({prompt_set.path}) has no single-turn "
                          "prompt with a reference answer")
     return results
+
+
+@torch.inference_mode()
+def ground_truth_entry(target, prompt_ids: torch.Tensor, answer_ids: list[int], layer_ids: list[int],
+                       prompt_id: str = "0"):
+    """prompt + answer as an offline cache entry (impl/offline: the replay walks a cached greedy continuation; here
+    the cached sequence is the dataset's reference answer instead): the target's states of every position, from one
+    forward."""
+    from foundation.placement import target_device
+    from impl.layers import hidden_state_index
+    from impl.offline.cache import CachedPrompt
+
+    device = target_device(target)
+    tokens = torch.cat([prompt_ids[0].to(device), torch.tensor(answer_ids, dtype=torch.long, device=device)])
+    out = target(tokens[None], output_hidden_states=True, logits_to_keep=1)
+    layers = {i: out.hidden_states[hidden_state_index(i)][0] for i in layer_ids}
+    return CachedPrompt(prompt_id, tokens, prompt_ids.shape[1], layers, torch.zeros(len(tokens)))
+
+
+def teacher_forced_rounds(drafter, target, prompt_ids: torch.Tensor, answer_ids: list[int], decode: str = "dflash",
+                          budget: int = 32) -> list[int]:
+    """Per-round accepted lengths (bonus included) walking the reference answer `answer_ids`: the offline replay's
+    walk (the drafter's blocks at each anchor, the prefix match, the bonus step, the block shrinking near the end)
+    over prompt + answer."""
+    import functools
+
+    from impl.extract import output_head
+    from impl.offline.walks import play_ddtree, play_dflash, replay_walks
+
+    entry = ground_truth_entry(target, prompt_ids, answer_ids, drafter.target_layer_ids)
+    head = output_head(target)
+    play = (functools.partial(play_ddtree, drafter, head, budget=budget) if decode == "ddtree"
+            else functools.partial(play_dflash, drafter, head))
+    return replay_walks(drafter, target, [entry], len(answer_ids), play)[0]
 
 
 RUNNERS = {"live": live, "teacher-forced": teacher_forced}  # ours; z-lab's two: reference_adapters/zlab_benchmark.py

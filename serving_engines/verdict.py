@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from catalogue.findings import Finding
 from foundation.target_vocab import mask_token_problems
 from impl.spec import DraftSpec
-from serving_engines.capture import trained_capture
+from serving_engines.layer_capture import trained_capture
 from serving_engines.rules import source as engine_source
 from serving_engines.served import Served, TargetFacts
 
@@ -38,21 +39,6 @@ LAYER_WORDS = {"layer_types": "attention type", "layer_windows": "sliding window
 
 
 @dataclass
-class ServingFinding:
-    field: str
-    severity: str  # divergence | warning | info
-    trained: Any
-    served: Any
-    source: str  # engine file:line
-    message: str
-    component: str = "serving"
-    pitfall: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
 class EngineReport:
     engine: str
     version: str
@@ -60,7 +46,7 @@ class EngineReport:
     error: str | None
     served: dict[str, Any]
     trained: dict[str, Any]
-    findings: list[ServingFinding]
+    findings: list[Finding]
     command: str | None
     sources: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -125,7 +111,7 @@ def _differing_layers(trained: list, served: list) -> list[int]:
 
 
 def compare_field(engine: str, name: str, trained: Any, served: Any, source: str | None = None,
-                  refused: bool = False) -> ServingFinding | None:
+                  refused: bool = False) -> Finding | None:
     """`refused`: the engine refuses the drafter anyway; the value is what its files would run it with."""
     if trained == served or name not in COMPARED:
         return None
@@ -135,30 +121,30 @@ def compare_field(engine: str, name: str, trained: Any, served: Any, source: str
     pitfall = COMPARED[name]
     if name.startswith("tensors_"):
         verb = "drops silently" if name == "tensors_ignored" else "refuses to load the drafter over"
-        return ServingFinding(name, "divergence", trained, served, source,
+        return Finding.serving(name, "divergence", trained, served, source,
                               f"{engine} {verb} {len(served)} tensor(s) the drafter was trained with "
                               f"({', '.join(served[:3])})", pitfall=pitfall)
     if name == "target_layer_capture" and isinstance(trained, list) and isinstance(served, list) \
             and len(trained) == len(served):  # (ids of another count: the target_layer_ids finding says it)
         ids = [i for i, (a, b) in enumerate(zip(trained, served)) if a != b]
         detail = "; ".join(f"trained on the residual stream {trained[i]}, served {served[i]}" for i in ids)
-        return ServingFinding(name, "divergence", trained, served, source,
+        return Finding.serving(name, "divergence", trained, served, source,
                               f"{engine} feeds the drafter another tensor than training for {len(ids)} declared "
                               f"target layer(s) ({detail})", pitfall=pitfall)
     if isinstance(trained, list) and isinstance(served, list) and name.startswith("layer_") \
             and len(trained) == len(served):
         layers = _differing_layers(trained, served)
         detail = "; ".join(f"layer {i}: trained {trained[i]}, served {served[i]}" for i in layers)
-        return ServingFinding(name, "divergence", trained, served, source,
+        return Finding.serving(name, "divergence", trained, served, source,
                               f"{engine} runs draft layer(s) {layers} with a different {LAYER_WORDS[name]} "
                               f"than training ({detail})", pitfall=pitfall)
-    return ServingFinding(name, "divergence", trained, served, source,
+    return Finding.serving(name, "divergence", trained, served, source,
                           f"{engine} {'would run' if refused else 'runs'} {name} = {served!r}; the drafter was trained "
                           f"with {trained!r}", pitfall=pitfall)
 
 
 def target_layer_finding(engine: str, trained: list[int] | None, unknown: str | None, served: Served,
-                         trained_count: int | None = None) -> ServingFinding | None:
+                         trained_count: int | None = None) -> Finding | None:
     """The ids the engine feeds the drafter against the trained ones, as one finding: the capture of those ids
     follows from them. Ids the config leaves undeclared are the engine's guess (z-lab #156/#157, sglang #37475),
     of whatever count it guesses, cited where the engine guesses them. `unknown`: why the trained ids are unknown;
@@ -169,27 +155,27 @@ def target_layer_finding(engine: str, trained: list[int] | None, unknown: str | 
     runs = f"the config declares no target layer ids: {engine} guesses {ids}" if guessed \
         else f"{engine} feeds the drafter target layers {ids}"
     if (unknown is not None or trained is None) and trained_count not in (None, len(ids)):
-        return ServingFinding("target_layer_ids", "divergence", None, ids, source,
+        return Finding.serving("target_layer_ids", "divergence", None, ids, source,
                               f"{runs}: {len(ids)} layer(s), where the drafter's fc reads {trained_count} (which ones "
                               f"is unknown: {unknown or 'not recorded'})", pitfall=26)
     if unknown is not None or trained is None:
-        return ServingFinding("target_layer_ids", "warning", None, ids, source,
+        return Finding.serving("target_layer_ids", "warning", None, ids, source,
                               f"{runs}; the trained ids are unknown ({unknown or 'not recorded'})", pitfall=26)
     if list(trained) == list(ids):
-        return ServingFinding("target_layer_ids", "warning", list(trained), ids, source,
+        return Finding.serving("target_layer_ids", "warning", list(trained), ids, source,
                               f"{runs}, as training did; declare them so that no engine has to guess",
                               pitfall=26) if guessed else None
     count = "" if len(trained) == len(ids) else f": {len(ids)} layer(s), where the drafter's fc reads {len(trained)}"
-    return ServingFinding("target_layer_ids", "divergence", list(trained), ids, source,
+    return Finding.serving("target_layer_ids", "divergence", list(trained), ids, source,
                           f"{runs}{count}; the drafter was trained on {list(trained)}", pitfall=26)
 
 
-def mask_token_findings(engine: str, mask: int | None, target: TargetFacts, source: str = "") -> list[ServingFinding]:
+def mask_token_findings(engine: str, mask: int | None, target: TargetFacts, source: str = "") -> list[Finding]:
     source = source or engine_source(engine, "mask_token_id")
     if mask is None:
         return []
     if target.vocab_size is None and target.embedding_rows is None and not target.eos_token_ids:
-        return [ServingFinding("mask_token_id", "warning", None, mask, source,
+        return [Finding.serving("mask_token_id", "warning", None, mask, source,
                                f"whether mask token {mask} is inside the target's vocabulary and embedding and distinct "
                                "from its eos/pad tokens is unknown without --target", pitfall=28)]
     limits = {"vocabulary": target.vocab_size, "embedding": target.embedding_rows}
@@ -197,30 +183,30 @@ def mask_token_findings(engine: str, mask: int | None, target: TargetFacts, sour
     consequence = {"outside": "",
                    "special": ": the engine feeds a real token as the mask and a decode loop that stops or drops on "
                               "it misbehaves"}
-    return [ServingFinding("mask_token_id", "divergence", None, mask, source, f"mask token {mask} is {phrase}"
+    return [Finding.serving("mask_token_id", "divergence", None, mask, source, f"mask token {mask} is {phrase}"
                            + consequence[kind], pitfall=28)
             for kind, phrase in mask_token_problems(mask, limits, special)]
 
 
-def command_findings(served: Served, spec: DraftSpec) -> list[ServingFinding]:
+def command_findings(served: Served, spec: DraftSpec) -> list[Finding]:
     """llama-server's command-line settings that change what is drafted: the draft length left at its default,
     argmax drafts at T > 0, a draft KV cache that rounds keys and values."""
     from serving_engines.llamacpp_engine import DEFAULT_N_MAX, EXACT_KV_TYPES
 
     values, sources, found = served.values, served.sources, []
     if values.get("spec_draft_n_max_given") is False and spec.block_size - 1 != DEFAULT_N_MAX:
-        found.append(ServingFinding(
+        found.append(Finding.serving(
             "spec_draft_n_max", "warning", spec.block_size - 1, DEFAULT_N_MAX, sources.get("spec_draft_n_max", ""),
             f"llama-server drafts {DEFAULT_N_MAX} tokens when --spec-draft-n-max is left out; this drafter was "
             f"trained for blocks of {spec.block_size}: pass --spec-draft-n-max {spec.block_size - 1}", pitfall=29))
     if values.get("draft_sampling") == "argmax":
-        found.append(ServingFinding(
+        found.append(Finding.serving(
             "draft_sampling", "info", None, "argmax", sources.get("draft_sampling", ""),
             "llama-server drafts the argmax at every temperature (unless --spec-draft-sampling probabilistic): at "
             "T > 0 its acceptance is the sampled target's agreement with the greedy draft"))
     kind = values.get("draft_kv_type")
     if kind is not None and kind not in EXACT_KV_TYPES:
-        found.append(ServingFinding(
+        found.append(Finding.serving(
             "draft_kv_type", "warning", "f16", kind, sources.get("draft_kv_type", ""),
             f"a {kind} draft KV cache rounds the context keys and values the drafter was trained on exactly "
             "(llama.cpp #25725: acceptance near 0 with q8_0)"))
@@ -236,15 +222,15 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
 
     trained, unknown = trained or trained_values(spec)
     served = resolve(engine, path, target, spec.block_size, spec.num_target_layers, **options)
-    findings: list[ServingFinding] = []
+    findings: list[Finding] = []
     if served.refused_for:  # a value the engine refuses: one finding, under that field's entry
         name = served.refused_for
-        findings.append(ServingFinding(name, "divergence", trained.get(name), served.values.get(name),
+        findings.append(Finding.serving(name, "divergence", trained.get(name), served.values.get(name),
                                        served.sources.get(name, ""), f"{engine} refuses the drafter: {served.error}",
                                        pitfall=COMPARED.get(name)))
     elif not served.loads and (served.config_refused or not served.values.get("tensors_refused")):
         # (refused tensors alone: that finding says it)
-        findings.append(ServingFinding("loads", "divergence", True, False,
+        findings.append(Finding.serving("loads", "divergence", True, False,
                                        served.sources.get("loads") or engine_source(engine, "loads"),
                                        f"{engine} refuses the drafter: {served.error}", pitfall=31))
     ids_judged = served.loads and served.values.get("target_layer_ids") is not None
@@ -264,11 +250,11 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
             continue  # judged above, as one finding
         source = served.sources.get(name, "")
         if name in unknown:
-            findings.append(ServingFinding(name, "warning", None, served_value, source,
+            findings.append(Finding.serving(name, "warning", None, served_value, source,
                                            f"the trained {name} is unknown ({unknown[name]}); {engine} will run "
                                            f"{served_value!r}", pitfall=COMPARED.get(name)))
         elif served_value is None and trained_value is not None:
-            findings.append(ServingFinding(name, "warning", trained_value, None, source,
+            findings.append(Finding.serving(name, "warning", trained_value, None, source,
                                            f"what {engine} runs for {name} is unknown without --target",
                                            pitfall=COMPARED.get(name)))
         else:

@@ -21,7 +21,7 @@ from foundation.packages import installed_version
 from impl.families import config_family
 from foundation.param_names import codebook_name
 from serving_engines import rules, vllm_family
-from serving_engines.capture import vllm_capture
+from serving_engines.layer_capture import vllm_capture
 from serving_engines.served import Served, TargetFacts
 from serving_engines.source_exec import compile_definitions
 

@@ -233,3 +233,20 @@ def test_a_planted_circle_is_caught(path, source, circle):
     sources = repo_sources()
     sources[path] += source
     assert circle in import_circles(sources)
+
+
+
+def finding_classes(sources: dict[str, str]) -> list[str]:
+    return sorted(path for path, source in sources.items() for node in ast.walk(parsed(source, path))
+                  if isinstance(node, ast.ClassDef) and node.name.endswith("Finding"))
+
+
+def test_every_producer_makes_the_one_finding():
+    """One typed finding (catalogue/findings.py) for the static audit, the recipe, τ, serving and the live check."""
+    assert finding_classes(repo_sources()) == ["catalogue/findings.py"]
+
+
+def test_a_second_finding_class_is_caught():
+    sources = repo_sources()
+    sources["serving_engines/verdict.py"] += "\n\nclass ServingFinding:\n    pass\n"
+    assert finding_classes(sources) == ["catalogue/findings.py", "serving_engines/verdict.py"]

@@ -6,7 +6,7 @@ from catalogue.pitfalls import PITFALLS, markdown
 from catalogue.rule_locations import AUDITED_BY, LOCATIONS
 from catalogue.rule_locations import markdown as rule_table
 from conformance.recorder import PITFALLS as SUITE
-from dflash_audit.audit.findings import PITFALLS as REPORT
+from catalogue.findings import PITFALLS as REPORT
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -275,7 +275,7 @@ def test_every_config_reader_asks_the_one_family_function():
 # -- 7. defaults (impl/defaults.py) ----------------------------------------------------------------------
 def test_defaults_are_one_table_each_imported_by_every_reader():
     import dflash_audit.conversion
-    import dflash_audit.formats.inference
+    import dflash_audit.formats.shape_inference
     import dflash_audit.formats.speculators
     import drafter_files.zlab_format
     import impl.defaults
@@ -283,11 +283,11 @@ def test_defaults_are_one_table_each_imported_by_every_reader():
     import impl.spec
     import impl.train
 
-    for module in (drafter_files.zlab_format, impl.rotary_config, impl.spec, dflash_audit.formats.inference):
+    for module in (drafter_files.zlab_format, impl.rotary_config, impl.spec, dflash_audit.formats.shape_inference):
         assert module.QWEN3_DEFAULTS is impl.defaults.QWEN3_DEFAULTS, module.__name__
         assert module.ROTARY_DEFAULTS is impl.defaults.ROTARY_DEFAULTS, module.__name__
     assert impl.train.rotary_settings is impl.rotary_config.rotary_settings  # the trainer reads a target's rope so too
-    for module in (drafter_files.zlab_format, impl.spec, dflash_audit.conversion, dflash_audit.formats.inference):
+    for module in (drafter_files.zlab_format, impl.spec, dflash_audit.conversion, dflash_audit.formats.shape_inference):
         assert module.ZLAB_EXTRAS is impl.defaults.ZLAB_EXTRAS, module.__name__
     for module in (drafter_files.zlab_format, impl.spec, dflash_audit.formats.speculators):
         assert module.BLOCK_SIZE_DEFAULTS is impl.defaults.BLOCK_SIZE_DEFAULTS, module.__name__
@@ -389,7 +389,7 @@ def test_the_loss_functions_speak_the_recipe_vocabulary():
 def test_entry_maps_and_recipe_fields_are_one_table_each():
     import dflash_audit.audit.static_recipe as static_recipe
     import dflash_audit.audit.static_spec as static_spec
-    import dflash_audit.formats.inference as inference
+    import dflash_audit.formats.shape_inference as inference
     import dflash_audit.formats.setting_names as vocabulary
     import catalogue.pitfalls as pitfalls
     import impl.recipe as spec
@@ -607,8 +607,8 @@ def test_the_reference_adapters_build_their_own_blocks():
     assert impl.blocks.anchor_blocks(torch.tensor([5, 7]), 3, 1).tolist() == [[5, 1, 1], [7, 1, 1]]
 
 
-# -- 12. does a drafter fit the target (impl/target_fit.py) --------------------------------------------------------
-FIT_HOME = "impl/target_fit.py"
+# -- 12. does a drafter fit the target (impl/spec_fit.py) --------------------------------------------------------
+FIT_HOME = "impl/spec_fit.py"
 FIT_QUANTITIES = {"hidden_size": "hidden", "vocab_size": "vocabulary", "target_vocab_size": "vocabulary",
                   "num_target_layers": "depth", "num_hidden_layers": "depth", "depth": "depth"}
 
@@ -616,7 +616,7 @@ FIT_QUANTITIES = {"hidden_size": "hidden", "vocab_size": "vocabulary", "target_v
 def fit_check_copies(source: str, path: str = "<module>") -> list[str]:
     """`path:line` of each drafter's hidden size, target depth or vocabulary compared with a target's by hand
     (`spec.hidden_size != config.hidden_size`, `config.get("num_hidden_layers") != spec.num_target_layers`,
-    `spec.num_target_layers != len(decoder_layers(target))`): impl/target_fit.py's `spec_misfit` is the check."""
+    `spec.num_target_layers != len(decoder_layers(target))`): impl/spec_fit.py's `spec_misfit` is the check."""
     def quantity(node: ast.AST) -> str | None:
         if isinstance(node, ast.Call) and _last_name(node.func) == "get" and node.args and \
                 isinstance(node.args[0], ast.Constant):
@@ -657,11 +657,11 @@ def test_eval_and_compare_ask_the_one_fit_check_and_run_the_one_offline_runner()
     import dflash_audit.commands.eval as eval_command
     import dflash_audit.formats.speculators as speculators
     import dflash_audit.offline_tau as offline_tau
-    import impl.target_fit
+    import impl.spec_fit
 
     assert dynamic.misfit is drafter_fit.misfit  # and eval reads its drafter through drafter_fit's misfit:
     assert "from dflash_audit.audit.drafter_fit import place_drafter, read_drafter" in inspect.getsource(eval_command)
-    assert drafter_fit.spec_misfit is speculators.spec_misfit is impl.target_fit.spec_misfit
+    assert drafter_fit.spec_misfit is speculators.spec_misfit is impl.spec_fit.spec_misfit
     assert dynamic.replay_offline is offline_tau.replay_offline
     # eval imports the runner when it runs (its bad-input refusals come before any modelling import)
     assert "from dflash_audit.offline_tau import replay_offline" in inspect.getsource(eval_command)

@@ -21,7 +21,7 @@ from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_recipe import recipe_findings
 from dflash_audit.audit.static_spec import layer_id_findings, spec_findings
 from dflash_audit.cli import main
-from dflash_audit.formats.inference import infer
+from dflash_audit.formats.shape_inference import infer
 from dflash_audit.formats.key_map import map_names, propose_key_map, read_key_map
 from impl.model import DFlashDrafter
 from impl.spec import DraftSpec

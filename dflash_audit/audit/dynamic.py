@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from torch import nn
 
 from dflash_audit.audit import tau_stats
-from dflash_audit.audit.findings import Finding
-from dflash_audit.audit.overflow import OverflowWatch
+from catalogue.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.drafter_fit import misfit
 from dflash_audit.audit.static_vocab import usable_d2t
@@ -36,7 +36,15 @@ from dflash_audit.ranks import Ranks
 from dflash_world import BUILTIN_PROMPTS
 from foundation.cache_dir import cache_root
 from foundation.errors import CheckpointError
-from foundation.placement import Placement, built_in, dtype_name, model_dtype, resolve_dtype, target_device
+from foundation.placement import (
+    Placement,
+    built_in,
+    dtype_name,
+    model_device,
+    model_dtype,
+    resolve_dtype,
+    target_device,
+)
 from foundation.target import load_target_model, load_tokenizer, stop_token_ids
 from impl.body_shapes import build_drafter
 from impl.ddtree import DDTREE_NEEDS_DFLASH
@@ -140,6 +148,37 @@ class DynamicAudit:
 
 
 # -- running ---------------------------------------------------------------------------------
+class OverflowWatch:
+    """Non-finite activations of a drafter while it runs: fc fusion overflowing float16 is the known case.
+
+    Forward hooks on every submodule keep one flag each, on the drafter's device, and never synchronise while the
+    drafter runs; the flags are read once at the end. The culprit is the first module, in the order they ran, whose
+    output was ever non-finite: the ones after it only inherit its inf or NaN."""
+
+    def __init__(self, model: nn.Module):
+        device = model_device(model)
+        modules = [(name, module) for name, module in model.named_modules() if name]
+        self.flags = {name: torch.zeros((), dtype=torch.bool, device=device) for name, _ in modules}
+        self.order: dict[str, None] = {}  # module names in the order they first ran
+        self.handles = [module.register_forward_hook(self._hook(name)) for name, module in modules]
+
+    def _hook(self, name: str):
+        flag = self.flags[name]
+
+        def check(_module, _inputs, output):
+            self.order.setdefault(name)
+            out = output[0] if isinstance(output, tuple) else output
+            if isinstance(out, torch.Tensor) and out.is_floating_point():
+                flag.logical_or_(~torch.isfinite(out).all())
+        return check
+
+    def close(self) -> str | None:
+        """Remove the hooks; the first module (in the order they ran) whose output was ever non-finite, or None."""
+        for handle in self.handles:
+            handle.remove()
+        return next((name for name in self.order if bool(self.flags[name])), None)
+
+
 def why_not_runnable(side: Side, target) -> str | None:
     """A reason this drafter cannot run against `target`, or None."""
     why = misfit(side, target.config.hidden_size, len(decoder_layers(target)), target.config.vocab_size)

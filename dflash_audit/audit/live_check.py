@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from catalogue.findings import Finding
 from serving_engines.live.host import (
     V2_HINT,
     ServedDrafter,
@@ -112,22 +113,21 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
 
 
 
-def live_findings(live: dict[str, Any]) -> list[dict[str, Any]]:
+def live_findings(live: dict[str, Any]) -> list[Finding]:
+    """The live section's findings as the engine's own serving findings (`live:<what>`)."""
     found = []
     if live.get("ran") and live.get("greedy_identical") is False:
         differing = [p["id"] for p in live["prompts"] if p["greedy_identical"] is False]
-        found.append({"field": "live:greedy_output", "severity": "divergence", "trained": "identical",
-                      "served": f"{len(differing)} prompt(s) differ", "source": "", "component": "serving",
-                      "pitfall": None, "message": f"speculation changed {ENGINE_NAMES.get(live.get('engine'), 'vLLM')}'s greedy output on prompt(s) "
-                                                  f"{', '.join(differing)}: it must never change it"})
+        found.append(Finding.serving("live:greedy_output", "divergence", "identical",
+                                     f"{len(differing)} prompt(s) differ", "",
+                                     f"speculation changed {ENGINE_NAMES.get(live.get('engine'), 'vLLM')}'s greedy "
+                                     f"output on prompt(s) {', '.join(differing)}: it must never change it"))
     for f in live.get("findings", []):
         rounds = ", ".join(f"{p} round {r}" for p, r in zip(f["prompts"], f["rounds"], strict=True))
-        found.append({"field": f"live:{f['what']}", "severity": LIVE_SEVERITY.get(f["kind"], "divergence"),
-                      "trained": None, "served": f["size"], "source": f["source"], "component": "serving",
-                      "pitfall": None, "message": f"{f['kind']}: {f['message']} (first differing round of {rounds})"})
+        found.append(Finding.serving(f"live:{f['what']}", LIVE_SEVERITY.get(f["kind"], "divergence"), None, f["size"],
+                                     f["source"], f"{f['kind']}: {f['message']} (first differing round of {rounds})"))
     if not live.get("ran") and live.get("refused"):
-        found.append({"field": "live:not_run", "severity": "warning", "trained": None, "served": None, "source": "",
-                      "component": "serving", "pitfall": None, "message": live["refused"]})
+        found.append(Finding.serving("live:not_run", "warning", None, None, "", live["refused"]))
     return found
 
 
@@ -141,4 +141,4 @@ def attach_live(section: dict[str, Any], live: dict[str, Any]) -> None:
             if f["field"] == "loads" and "convert" in f["message"]:
                 f["severity"] = "info"
                 f["message"] = f"served from its conversion (a step, not a defect): {f['message']}"
-    engine["findings"] = list(engine.get("findings", [])) + live_findings(live)
+    engine["findings"] = list(engine.get("findings", [])) + [f.to_dict() for f in live_findings(live)]

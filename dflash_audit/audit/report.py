@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflash_audit.audit.findings import Finding, divergences, sort_findings
+from catalogue.findings import Finding, divergences, sort_findings
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static import StaticAudit
 

@@ -25,7 +25,7 @@ def side_dict(side: Side) -> dict[str, Any]:
             "provenance": side.provenance, "raw_target_layer_ids": side.raw_layer_ids,
             "layer_id_convention": side.layer_id_convention}
     if side.contradictions:
-        data["contradictions"] = side.contradictions
+        data["contradictions"] = [str(c) for c in side.contradictions]
     if side.gguf:
         data["gguf"] = {k: v for k, v in side.gguf.items() if k != "metadata"}
     if side.foreign:

@@ -13,17 +13,13 @@ from dflash_audit.audit.report_html import serving_page_html
 from dflash_audit.audit.report_terminal import terminal_section
 from dflash_audit.formats import LoadedCheckpoint, LoadOptions, detect_format, load_any
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
+from catalogue.findings import Finding
 from serving_engines import ALL_ENGINES, ENGINES, TargetFacts
-from serving_engines.verdict import (
-    EngineReport,
-    ServingFinding,
-    engine_report,
-    trained_values,
-)
+from serving_engines.verdict import EngineReport, engine_report, trained_values
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
 
-__all__ = ["EngineReport", "ServingFinding", "divergence_count", "run_serve_check", "section_dict", "serving_section",
+__all__ = ["EngineReport", "Finding", "divergence_count", "run_serve_check", "section_dict", "serving_section",
            "terminal_section"]
 SCHEMA = "dflash-audit-serving/1"
 
@@ -43,7 +39,7 @@ def not_a_directory(engine: str, path: Path, fmt: str) -> EngineReport:
     message = (f"{engine} serves {wants}; {path} is a {fmt} checkpoint it cannot read: write one "
                f"with `dflash-audit convert --from {path} --to DIR --for {engine}`")
     return EngineReport(engine, "", False, message, {}, {},
-                        [ServingFinding("loads", "divergence", None, False, "", message, pitfall=31)], None)
+                        [Finding.serving("loads", "divergence", None, False, "", message, pitfall=31)], None)
 
 
 def servable(engine: str, fmt: str) -> bool:

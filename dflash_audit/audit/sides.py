@@ -15,7 +15,7 @@ import torch
 
 from dflash_audit.formats import LoadOptions
 from dflash_audit.formats.loaded import LoadedCheckpoint
-from dflash_audit.formats.inference import fc_layer_count
+from dflash_audit.formats.shape_inference import Contradiction, fc_layer_count
 from impl.families import spec_family
 from foundation.param_names import verifier_owned_keys
 from impl.recipe import Recipe
@@ -35,7 +35,7 @@ class Side:
     known: dict[str, Any] = field(default_factory=dict)  # spec field -> value, known fields only
     provenance: dict[str, dict[str, str]] = field(default_factory=dict)  # field -> {"source", "detail"}
     recipe_unknown: list[str] = field(default_factory=list)
-    contradictions: list[str] = field(default_factory=list)
+    contradictions: list[Contradiction] = field(default_factory=list)
     foreign: dict[str, Any] = field(default_factory=dict)
     gguf: dict[str, Any] = field(default_factory=dict)  # a GGUF side: its version, converter, tensor types
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_audit.audit.findings import Finding
+from catalogue.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_recipe import recipe_findings
 from dflash_audit.audit.static_rotary import rotary_findings

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from catalogue.pitfalls import RECIPE_ENTRIES
-from dflash_audit.audit.findings import Finding
+from catalogue.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_spec import family_of
 from impl.layers import final_layer

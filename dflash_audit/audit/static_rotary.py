@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from catalogue.pitfalls import ROTARY_CONSEQUENCES
-from dflash_audit.audit.findings import Finding
+from catalogue.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_spec import default_aware
 from impl.spec import ROTARY_FIELDS

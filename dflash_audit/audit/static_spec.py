@@ -14,7 +14,7 @@ from catalogue.pitfalls import (
     FAMILY_SPEC_ENTRIES,
     SLOT_LAYOUT_ENTRY,
 )
-from dflash_audit.audit.findings import Finding
+from catalogue.findings import Finding
 from dflash_audit.audit.sides import Side
 from impl.body_shapes import body_shapes
 from impl.families import spec_family
@@ -130,8 +130,8 @@ def self_findings(side: Side, name: str) -> list[Finding]:
                              None if name == "ref" else "unknown", None if name == "ours" else "unknown",
                              key=f"unknown in {name}: {field_name}"))
     found += trained_layout_findings(side, name)
-    for text in side.contradictions:
-        field_name = text.split(" ", 1)[0].rstrip(":")
+    for said in side.contradictions:
+        field_name, text = said.spec_field, said.text
         component = "fc_dims" if field_name == "target_layer_ids" else FIELD_COMPONENT.get(field_name, "architecture")
         found.append(Finding(component, "divergence", f"{name} contradicts itself: {text}.",
                              text if name == "ours" else None, text if name == "ref" else None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflash_audit.audit.findings import Finding
+from catalogue.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_vocab import head_size
 from foundation.target_vocab import TargetVocabulary, mask_token_problems, row_norms

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash_audit.audit.findings import Finding
+from catalogue.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_spec import expected_shapes
 from dflash_audit.audit.static_vocab import explained_by_draft_vocab

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_audit.audit.findings import Finding
+from catalogue.findings import Finding
 from dflash_audit.audit.sides import Side
 from foundation.param_names import DRAFT_VOCAB_KEYS
 from impl.vocab_mapping import differing_ids, mapping_problems

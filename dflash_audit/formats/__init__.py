@@ -33,6 +33,7 @@ from dflash_audit.formats.loaded import (
     require_spec,
 )
 from foundation.errors import AuditError
+from foundation.inputs import check_no_special_files
 from foundation.param_names import VERIFIER_OWNED_KEYS
 from foundation.weights_dir import config_object
 
@@ -48,12 +49,6 @@ __all__ = ["FORMATS", "MODULES", "VERIFIER_OWNED_KEYS", "LoadOptions", "LoadedCh
 CONFIG_SECTIONS = ("dflash_config", "speculators_config", "transformer_layer_config", "text_config",
                    "rope_parameters", "rope_scaling")
 
-def check_no_special_files(folder: Path) -> None:
-    """A FIFO or device in a drafter folder (as its config.json or weights) would block a read or be
-    skipped as absent: refused, named."""
-    for entry in sorted(folder.iterdir()):
-        if entry.exists() and not (entry.is_file() or entry.is_dir()):
-            raise AuditError(f"{entry}: not a regular file (a FIFO, socket or device) in the drafter directory")
 
 def _config_of(path: Path) -> dict[str, Any] | None:
     config_path = path / "config.json"
@@ -83,7 +78,7 @@ def detect_format(path: str | Path) -> str:
                          "*.nemo, or a z-lab / speculators / framework checkpoint directory)")
     if not path.is_dir():
         raise AuditError(f"{path}: neither a file nor a directory")
-    check_no_special_files(path)
+    check_no_special_files(path, "in the drafter directory")
     config = _config_of(path)
     if config is not None:
         if speculators.detect(config):

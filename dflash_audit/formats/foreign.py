@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from dflash_audit.formats import layouts
-from dflash_audit.formats.inference import Inference, infer, parse_cli_spec, shapes_of
+from dflash_audit.formats.shape_inference import Inference, infer, parse_cli_spec, shapes_of
 from dflash_audit.formats.key_map import (
     KeyMapError,
     map_names,

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dflash_audit.formats.inference import Provenance
+from dflash_audit.formats.shape_inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
 from foundation.errors import AuditError
 from impl.spec import SPEC_FIELDS, SpecError

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from dflash_audit.formats.inference import Provenance, parse_cli_spec
+from dflash_audit.formats.shape_inference import Contradiction, Provenance, parse_cli_spec
 from dflash_audit.formats.setting_names import DeclarationError
 from foundation.errors import AuditError
 from drafter_files.checkpoint import Checkpoint
@@ -52,7 +52,7 @@ class LoadedCheckpoint(Checkpoint):
     provenance: dict[str, Provenance] = field(default_factory=dict)  # spec field / "recipe.<field>" -> source
     known_spec: dict[str, Any] = field(default_factory=dict)  # every known spec field (all of them when spec is set)
     recipe_unknown: list[str] = field(default_factory=list)  # recipe fields nobody declared
-    contradictions: list[str] = field(default_factory=list)  # the checkpoint disagreeing with itself
+    contradictions: list[Contradiction] = field(default_factory=list)  # the checkpoint disagreeing with itself
     foreign: dict[str, Any] = field(default_factory=dict)  # entry used, ignored entries, key map, unrecognized keys
     gguf: dict[str, Any] = field(default_factory=dict)  # a GGUF file's version, converter, each tensor's type
 

@@ -6,7 +6,7 @@ import zipfile
 from pathlib import Path
 
 from dflash_audit.formats.foreign import PICKLE_SUFFIXES
-from dflash_audit.formats.inference import Provenance
+from dflash_audit.formats.shape_inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
 from foundation.ckpt_file import CKPT_FORMAT
 from impl.body_shapes import check_body, weights_dtype

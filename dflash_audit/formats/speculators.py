@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from dflash_audit.formats.inference import Provenance
+from dflash_audit.formats.shape_inference import Contradiction, Provenance
 from dflash_audit.formats.loaded import (
     LoadedCheckpoint,
     RawRecord,
@@ -30,7 +30,7 @@ from impl.families import SPECULATORS_TYPES, ZLAB_ARCHITECTURES, config_family
 from impl.layers import names_final_layer, speculators_to_zlab, zlab_to_speculators
 from foundation.param_names import verifier_owned_keys
 from impl.spec import DFLASH2_FIELDS, FAMILY_FIELDS, SpecError
-from impl.target_fit import spec_misfit
+from impl.spec_fit import spec_misfit
 from impl.vocab_mapping import mapping_problems, t2d_problems
 from drafter_files.zlab_format import spec_from_zlab_config
 
@@ -156,12 +156,13 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
                             verifier_tensors=verifier, provenance=provenance, contradictions=contradictions)
 
 
-def mapping_contradictions(spec, d2t: torch.Tensor | None, t2d: torch.Tensor | None) -> list[str]:
+def mapping_contradictions(spec, d2t: torch.Tensor | None, t2d: torch.Tensor | None) -> list[Contradiction]:
     """speculators stores the mapping twice (d2t offsets, t2d mask): where the two disagree."""
     if not spec.reduced_vocab or d2t is None or t2d is None or mapping_problems(d2t, spec.draft_vocab_size,
                                                                                  spec.target_vocab_size):
         return []  # a missing or malformed d2t is the audit's draft_vocab finding, not a contradiction
-    return [f"draft_vocab_size: {problem}" for problem in t2d_problems(t2d, d2t, spec.target_vocab_size)]
+    return [Contradiction("draft_vocab_size", f"draft_vocab_size: {problem}")
+            for problem in t2d_problems(t2d, d2t, spec.target_vocab_size)]
 
 
 def verifier_for(loaded: LoadedCheckpoint, target: str | Path | None) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dflash_audit.formats.inference import Provenance
+from dflash_audit.formats.shape_inference import Provenance
 from dflash_audit.formats.loaded import (
     LoadedCheckpoint,
     RawRecord,

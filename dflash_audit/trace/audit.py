@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from catalogue.pitfalls import RECIPE_ENTRIES
-from dflash_audit.audit.findings import Finding, divergences, sort_findings
+from catalogue.findings import Finding, divergences, sort_findings
 from dflash_audit.trace.loss_fit import REFERENCE_REDUCTION, fit_weights, reductions, slot_means
 from dflash_audit.trace.matcher import Named, TargetCandidates, centered_log_probs, name_rows, tolerance
 from dflash_audit.trace.recording import Recording

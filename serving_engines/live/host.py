@@ -13,12 +13,13 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from catalogue.findings import Finding
 from foundation.errors import AuditError
 from serving_engines.live import localize
 from serving_engines.live.rounds import match_rounds, per_position, served_drafts, served_rounds
@@ -149,44 +150,44 @@ def assess_variant(drafter: ServedDrafter, model, target, variant: dict, greedy:
         if match.first_diff_round is not None and tensors:
             local = localize_round(drafter, model, target, steps, tensors, prompt, output, match.first_diff_round,
                                    cite)
-            row["explained_by"] = [f["what"] for f in local]
+            row["explained_by"] = [f.key for f in local]
             findings += local
         rows.append(row)
     return {"prompts": rows, "per_position": {"served": per_position(served_all, served_k),
                                               "audited": per_position(audited_all, audited_k)},
-            "findings": merge(findings), "greedy_identical": all(r["greedy_identical"] for r in rows),
+            "findings": [f.to_dict() for f in merge(findings)],
+            "greedy_identical": all(r["greedy_identical"] for r in rows),
             "generate_s": variant.get("generate_s")}
 
 
-def localize_round(drafter, model, target, steps, tensors, prompt, output, round_no, cite) -> list[dict]:
+def localize_round(drafter, model, target, steps, tensors, prompt, output, round_no, cite) -> list[Finding]:
     tokens = list(prompt["ids"]) + list(output)
     index = round_no - 1  # the step that drafted the block round `round_no` verified
     if index >= len(steps) or "block_tokens" not in steps[index]:
-        return [localize.Finding("unlocalized", "capture", "the engine's step for this round was not captured",
-                                 None, "", prompt["id"], round_no).to_dict()]
+        return [Finding.localization("unlocalized", "capture", "the engine's step for this round was not captured",
+                                     None, "", prompt["id"], round_no)]
     inputs = localize.StepInputs(steps, tensors, index)
-    states = localize.TargetStates(target, tokens)
+    states = localize.TargetReplay(target, tokens)
     found = localize.input_findings(inputs, states, drafter.spec, tokens, cite, prompt["id"], round_no)
     if len(inputs.block_tokens) == drafter.spec.block_size:  # replayed on the engine's own inputs, whatever they are
         found += localize.module_findings(model, target, inputs, cite, prompt["id"], round_no)
     if not found:
-        found = [localize.Finding("unlocalized", "round", "the engine fed the drafter the trained inputs and its "
-                                  "modules computed what the trained drafter computes on them, yet the round differs "
-                                  "from the audit's (the target's verification, or the audit's own earlier rounds)",
-                                  None, "", prompt["id"], round_no)]
-    return [f.to_dict() for f in found]
+        found = [Finding.localization("unlocalized", "round", "the engine fed the drafter the trained inputs and its "
+                                      "modules computed what the trained drafter computes on them, yet the round "
+                                      "differs from the audit's (the target's verification, or the audit's own "
+                                      "earlier rounds)", None, "", prompt["id"], round_no)]
+    return found
 
 
-def merge(findings: list[dict]) -> list[dict]:
-    """One finding per (kind, what, message shape): the prompts and rounds it explains listed."""
-    merged: dict[tuple, dict] = {}
+def merge(findings: list[Finding]) -> list[Finding]:
+    """One finding per (kind, what): the prompts and rounds it explains listed."""
+    merged: dict[tuple, Finding] = {}
     for f in findings:
-        key = (f["kind"], f["what"])
+        key = (f.kind, f.key)
         if key not in merged:
-            merged[key] = {**f, "prompts": [f["prompt"]], "rounds": [f["round"]]}
-        else:
-            merged[key]["prompts"].append(f["prompt"])
-            merged[key]["rounds"].append(f["round"])
+            merged[key] = replace(f, localized={**f.localized, "prompts": [], "rounds": []})
+        merged[key].localized["prompts"].append(f.localized["prompt"])
+        merged[key].localized["rounds"].append(f.localized["round"])
     return list(merged.values())
 
 

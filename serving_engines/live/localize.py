@@ -12,15 +12,16 @@ is not the engine's is named, with its size. A difference neither explains is re
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 
 import torch
 
+from catalogue.findings import Finding
 from impl.extract import output_head
 from impl.layers import final_layer, hidden_state_index
 from impl.masks import inference_mask
 from impl.model import rms_norm
 
+localized = Finding.localization  # each finding below: (kind, what, message, size, engine file:line, prompt, round)
 SAME = 1e-3  # max |a - b| / max |b|: two float32 kernels computing the same tensor stay far below it
 
 # Where, in the engine, each kind of input or module is made (needle looked up in the installed file).
@@ -40,25 +41,11 @@ SITES = {
 }
 
 
-@dataclass
-class Finding:
-    kind: str  # input | module | unlocalized | last_block
-    what: str  # target_layer:<id> | block_tokens | block_length | positions | fc | layers.<i> | norm | drafts
-    message: str
-    size: float | None
-    source: str
-    prompt: str
-    round: int
-
-    def to_dict(self) -> dict:
-        return {"field": "serving", **asdict(self)}
-
-
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
-class TargetStates:
+class TargetReplay:
     """The target's hidden states (transformers) on one token sequence, and the last layer before its final norm."""
 
     def __init__(self, target, token_ids: list[int]):
@@ -108,7 +95,7 @@ class StepInputs:
         self.modules = {name: tensors[key] for name, key in step["tensors"].items() if name not in ("aux",)}
 
 
-def input_findings(inputs: StepInputs, states: TargetStates, spec, tokens: list[int], cite, prompt: str,
+def input_findings(inputs: StepInputs, states: TargetReplay, spec, tokens: list[int], cite, prompt: str,
                    round_no: int) -> list[Finding]:
     findings = []
     hidden = spec.hidden_size
@@ -122,32 +109,32 @@ def input_findings(inputs: StepInputs, states: TargetStates, spec, tokens: list[
         named = [name for name, tensor in states.candidates(layer_id).items() if relative(engine, tensor[positions])
                  <= SAME]
         what = named[0] if named else "no tensor of the target's forward"
-        findings.append(Finding("input", f"target_layer:{layer_id}",
-                                f"target layer {layer_id}: the engine feeds the drafter {what}; trained on "
-                                f"hidden_states[{hidden_state_index(layer_id)}] (the output of layer {layer_id}"
-                                f"{', after the final norm' if layer_id == final_layer(states.layers) else ''}); "
-                                f"relative "
-                                f"difference {size:.3g}", size,
-                                cite("captured_layer" if named else "aux_layer_ids"), prompt, round_no))
+        findings.append(localized("input", f"target_layer:{layer_id}",
+                                  f"target layer {layer_id}: the engine feeds the drafter {what}; trained on "
+                                  f"hidden_states[{hidden_state_index(layer_id)}] (the output of layer {layer_id}"
+                                  f"{', after the final norm' if layer_id == final_layer(states.layers) else ''}); "
+                                  f"relative "
+                                  f"difference {size:.3g}", size,
+                                  cite("captured_layer" if named else "aux_layer_ids"), prompt, round_no))
     block = inputs.block_tokens
     if len(block) != spec.block_size:
-        findings.append(Finding("input", "block_length",
-                                f"the engine drafts a block of {len(block)} tokens ({len(block) - 1} drafts); "
-                                f"trained with block size {spec.block_size} ({spec.block_size - 1} drafts)",
-                                float(len(block) - spec.block_size), cite("block_length"), prompt, round_no))
+        findings.append(localized("input", "block_length",
+                                  f"the engine drafts a block of {len(block)} tokens ({len(block) - 1} drafts); "
+                                  f"trained with block size {spec.block_size} ({spec.block_size - 1} drafts)",
+                                  float(len(block) - spec.block_size), cite("block_length"), prompt, round_no))
     wrong = sorted({t for t in block[1:] if t != spec.mask_token_id})
     if wrong:
-        findings.append(Finding("input", "block_tokens",
-                                f"the block's masked slots hold token {wrong[0]}; trained with mask token id "
-                                f"{spec.mask_token_id}", None, cite("mask_token"), prompt, round_no))
+        findings.append(localized("input", "block_tokens",
+                                  f"the block's masked slots hold token {wrong[0]}; trained with mask token id "
+                                  f"{spec.mask_token_id}", None, cite("mask_token"), prompt, round_no))
     if block and block[0] != tokens[inputs.start]:
-        findings.append(Finding("input", "block_tokens", f"the block starts with token {block[0]}, not the last "
-                                f"known token {tokens[inputs.start]}", None, cite("positions"), prompt, round_no))
+        findings.append(localized("input", "block_tokens", f"the block starts with token {block[0]}, not the last "
+                                  f"known token {tokens[inputs.start]}", None, cite("positions"), prompt, round_no))
     expected = list(range(inputs.start, inputs.start + len(block)))
     if inputs.block_positions != expected or inputs.context_positions != list(range(inputs.start)):
-        findings.append(Finding("input", "positions", f"the block sits at positions {inputs.block_positions[:3]}...,"
-                                f" expected {expected[:3]}... after {inputs.start} context positions", None,
-                                cite("positions"), prompt, round_no))
+        findings.append(localized("input", "positions", f"the block sits at positions {inputs.block_positions[:3]}...,"
+                                  f" expected {expected[:3]}... after {inputs.start} context positions", None,
+                                  cite("positions"), prompt, round_no))
     return findings
 
 
@@ -198,19 +185,19 @@ def context_key_finding(drafter, inputs: StepInputs, i: int, cite, prompt: str, 
         keys = attn.k_proj(normed).view(normed.shape[0], attn.kv_heads, attn.head_dim)
         size = relative(engine_in[i], keys)
         if size > SAME:
-            return Finding("module", f"layers.{i}.self_attn.k_proj", f"same inputs, different output: the engine's "
-                           f"context keys of draft layer {i} (before k_norm) differ from the trained drafter's k_proj "
-                           f"by {size:.3g} (relative)", size, cite("context_keys"), prompt, round_no)
+            return localized("module", f"layers.{i}.self_attn.k_proj", f"same inputs, different output: the engine's "
+                             f"context keys of draft layer {i} (before k_norm) differ from the trained drafter's k_proj "
+                             f"by {size:.3g} (relative)", size, cite("context_keys"), prompt, round_no)
         size = relative(engine_out[i], rms_norm(attn.k_norm, keys))
         if size <= SAME:
             return None
         other = [j for j, o in enumerate(drafter.layers) if j != i
                  and relative(engine_out[i], rms_norm(o.self_attn.k_norm, keys)) <= SAME]
     why = f"normed with draft layer {other[0]}'s k_norm weight, not its own" if other else "not the trained ones"
-    return Finding("module", f"layers.{i}.self_attn.k_norm", f"same inputs, different output: the engine's context "
-                   f"keys of draft layer {i} are {why} (relative difference {size:.3g}); the engine norms every "
-                   f"layer's context keys in one rms_norm call over the stacked k_norm weights", size,
-                   cite("context_k_norm"), prompt, round_no)
+    return localized("module", f"layers.{i}.self_attn.k_norm", f"same inputs, different output: the engine's context "
+                     f"keys of draft layer {i} are {why} (relative difference {size:.3g}); the engine norms every "
+                     f"layer's context keys in one rms_norm call over the stacked k_norm weights", size,
+                     cite("context_k_norm"), prompt, round_no)
 
 
 def causality_finding(drafter, target, inputs: StepInputs, i: int, engine: torch.Tensor, size: float, cite,
@@ -221,10 +208,10 @@ def causality_finding(drafter, target, inputs: StepInputs, i: int, engine: torch
     if relative(engine, other[f"layers.{i}"].float()) > SAME:
         return None
     trained, served = ("bidirectional", "causally") if flipped else ("causal", "bidirectionally")
-    return Finding("module", f"layers.{i}.self_attn", f"same inputs, different output: the engine's draft layer {i} "
-                   f"attends {served} within the block; trained {trained} (relative difference as served "
-                   f"{size:.3g}; run {served}, the trained drafter gives the engine's output)", size, cite("causal"),
-                   prompt, round_no)
+    return localized("module", f"layers.{i}.self_attn", f"same inputs, different output: the engine's draft layer {i} "
+                     f"attends {served} within the block; trained {trained} (relative difference as served "
+                     f"{size:.3g}; run {served}, the trained drafter gives the engine's output)", size, cite("causal"),
+                     prompt, round_no)
 
 
 def module_findings(drafter, target, inputs: StepInputs, cite, prompt: str, round_no: int) -> list[Finding]:
@@ -236,13 +223,13 @@ def module_findings(drafter, target, inputs: StepInputs, cite, prompt: str, roun
     if engine_fc is not None:
         size = relative(engine_fc[: ours["fc"].shape[0]], ours["fc"].float())
         if size > SAME:
-            return [Finding("module", "fc", f"same inputs, different output: the engine's fc differs from the trained "
-                                            f"drafter's by {size:.3g} (relative)", size, cite("fc"), prompt, round_no)]
+            return [localized("module", "fc", f"same inputs, different output: the engine's fc differs from the "
+                              f"trained drafter's by {size:.3g} (relative)", size, cite("fc"), prompt, round_no)]
     for i in range(len(drafter.layers)):
         keys = context_key_finding(drafter, inputs, i, cite, prompt, round_no)
         if keys is not None:
             found.append(keys)
-            if keys.what.endswith("k_proj"):
+            if keys.key.endswith("k_proj"):
                 return found
         name = f"layers.{i}"
         engine, mine = inputs.modules.get(name), ours[name].float()
@@ -255,14 +242,14 @@ def module_findings(drafter, target, inputs: StepInputs, cite, prompt: str, roun
         if named is not None:
             found.append(named)
             continue
-        return [Finding("module", name, f"same inputs, different output: the engine's {name} differs from the "
+        return [localized("module", name, f"same inputs, different output: the engine's {name} differs from the "
                                         f"trained drafter's by {size:.3g} (relative)", size, cite("layers"), prompt,
                         round_no)]
     engine = inputs.modules.get("norm")
     if not found and engine is not None and engine.shape == ours["norm"].shape:
         size = relative(engine, ours["norm"].float())
         if size > SAME:
-            return [Finding("module", "norm", f"same inputs, different output: the engine's final norm differs from "
+            return [localized("module", "norm", f"same inputs, different output: the engine's final norm differs from "
                                               f"the trained drafter's by {size:.3g} (relative)", size, cite("norm"),
                             prompt, round_no)]
     if found:
@@ -272,7 +259,7 @@ def module_findings(drafter, target, inputs: StepInputs, cite, prompt: str, roun
     if drafts != engine_drafts[: len(drafts)]:
         top2 = ours["logits"].float().topk(2, dim=-1).values
         margin = float((top2[:, 0] - top2[:, 1]).min())
-        return [Finding("unlocalized", "drafts", f"same inputs and module outputs (within {SAME:g}), different "
+        return [localized("unlocalized", "drafts", f"same inputs and module outputs (within {SAME:g}), different "
                                                   f"drafts {engine_drafts} vs {drafts}; smallest top-2 logit margin "
                                                   f"{margin:.3g}", margin, cite("drafts"), prompt, round_no)]
     return []

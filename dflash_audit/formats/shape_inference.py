@@ -44,12 +44,23 @@ class Provenance:
         return {"source": self.source, "detail": self.detail}
 
 
+@dataclass(frozen=True)
+class Contradiction:
+    """A checkpoint disagreeing with itself: the spec field it concerns and, in words, what says what."""
+
+    spec_field: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
 @dataclass
 class Inference:
     values: dict[str, Any]  # known spec fields
     provenance: dict[str, Provenance]  # every spec field and every recipe field
     recipe_values: dict[str, Any]
-    contradictions: list[str] = field(default_factory=list)
+    contradictions: list[Contradiction] = field(default_factory=list)
     unrecognized: dict[str, Any] = field(default_factory=dict)
     fc_layer_count: int | None = None
 
@@ -213,14 +224,14 @@ def infer(shapes: dict[str, tuple[int, ...]], declaration_sources: list[tuple[st
     facts = shape_facts(shapes)
     values: dict[str, Any] = {}
     provenance: dict[str, Provenance] = {}
-    contradictions: list[str] = []
+    contradictions: list[Contradiction] = []
 
     def settle(name: str, candidates: list[Declaration]) -> Declaration | None:
         """The one declared value; two sources that disagree are a contradiction of this checkpoint."""
         distinct = {repr(d.value) for d in candidates}
         if len(distinct) > 1:
-            contradictions.append(f"{name} is declared as " + " and as ".join(
-                f"{d.value!r} ({d.where})" for d in candidates))
+            contradictions.append(Contradiction(name, f"{name} is declared as " + " and as ".join(
+                f"{d.value!r} ({d.where})" for d in candidates)))
             return None
         return candidates[0] if candidates else None
 
@@ -232,7 +243,8 @@ def infer(shapes: dict[str, tuple[int, ...]], declaration_sources: list[tuple[st
         if name in facts:
             value, how = facts[name]
             if said is not None and said.value != value:
-                contradictions.append(f"{name}: {said.where} declares {said.value!r}, but {how} says {value!r}")
+                contradictions.append(Contradiction(name, f"{name}: {said.where} declares {said.value!r}, but {how} "
+                                                          f"says {value!r}"))
             values[name], provenance[name] = value, Provenance("inferred", how)
         elif said is not None:
             values[name], provenance[name] = said.value, Provenance("declared", said.where)
@@ -276,8 +288,9 @@ def infer(shapes: dict[str, tuple[int, ...]], declaration_sources: list[tuple[st
     count = fc_layer_count(shapes, values.get("hidden_size"))
     ids = values.get("target_layer_ids")
     if count and ids is not None and len(ids) != count[0]:
-        contradictions.append(f"target_layer_ids: {provenance['target_layer_ids'].detail} names {len(ids)} layers "
-                              f"{list(ids)}, but {count[1]} = {count[0]} layers")
+        contradictions.append(Contradiction("target_layer_ids", f"target_layer_ids: "
+                                            f"{provenance['target_layer_ids'].detail} names {len(ids)} layers "
+                                            f"{list(ids)}, but {count[1]} = {count[0]} layers"))
         del values["target_layer_ids"]
     for name in SPEC_FIELDS:
         if name not in values:

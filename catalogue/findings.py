@@ -1,0 +1,108 @@
+"""A finding: one root cause, in the report's vocabulary (docs/reports.md), whoever finds it: the static audit and the
+recipe's (`dflash_audit/audit/`), the τ audit, serving (`serving_engines/verdict.py`), the live check's localization
+(`serving_engines/live/localize.py`). One typed record, and its one serialization (`Finding.to_dict`), which
+report.json, serving.json and the HTML pages (rendered from those dicts) all read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from catalogue.pitfalls import PITFALLS as CATALOGUE
+
+COMPONENTS = ("fc_dims", "target_layers", "layer_types", "window_direction", "block_size", "mask_token", "serving",
+              "architecture", "conv", "selector", "dspark_heads", "xpress_refiner", "weights", "recipe", "tau",
+              "mask_token_validity", "vocab_sizes", "slot_layout", "rotary", "draft_vocab", "quantization",
+              # `trace`: what one recorded training step computed (dflash_audit/trace/audit.py)
+              "targets", "target_alignment", "noise", "loss_weights", "loss", "positions", "training_mask",
+              "anchors", "unexplained")
+SEVERITIES = ("divergence", "warning", "info")
+# An audit finding's words in report.json (docs/reports.md), in order.
+AUDIT_WORDS = ("component", "severity", "message", "ours", "ref", "pitfall", "key", "raw", "explanation")
+
+# What each catalogue entry (catalogue/pitfalls.py, docs/pitfalls.md) is about, for the report's "see entry #n" links.
+PITFALLS = {n: p.title for n, p in CATALOGUE.items()}
+
+
+@dataclass
+class Finding:
+    component: str
+    severity: str
+    message: str  # one plain-language sentence: what differs and what it does
+    # The evidence, side by side: ours vs ref, normalized (z-lab layer-id convention); serving: trained vs served;
+    # a live localization: the size measured (as `ref`, what the engine did).
+    ours: Any = None
+    ref: Any = None
+    pitfall: int | None = None  # docs/pitfalls.md entry number
+    key: str = ""  # which field / tensor group, so findings of one component stay distinct (serving: the field)
+    raw: dict[str, Any] = field(default_factory=dict)  # {"ours": ..., "ref": ...} as stored on disk
+    explanation: str = ""  # why it matters, for the HTML report
+    source: str = ""  # the engine's or the reference's file:line the finding rests on
+    # A live localization's place: {"kind": input | module | unlocalized, "prompt", "round"} (merged: the lists
+    # "prompts", "rounds" of every round it explains).
+    localized: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.component not in COMPONENTS:
+            raise ValueError(f"unknown finding component {self.component!r}")
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"unknown severity {self.severity!r}")
+
+    @classmethod
+    def serving(cls, field_name: str, severity: str, trained: Any, served: Any, source: str, message: str,
+                pitfall: int | None = None) -> Finding:
+        """An engine serving a drafter otherwise than it was trained (`serving_engines`)."""
+        return cls("serving", severity, message, trained, served, pitfall=pitfall, key=field_name, source=source)
+
+    @classmethod
+    def localization(cls, kind: str, what: str, message: str, size: float | None, source: str, prompt: str,
+                     round_no: int) -> Finding:
+        """What the live check found the engine feeding or computing otherwise at a differing round."""
+        return cls("serving", "divergence", message, None, size, key=what, source=source,
+                   localized={"kind": kind, "prompt": prompt, "round": round_no})
+
+    # The serving tables' words for the same fields (docs/serving.md).
+    @property
+    def field(self) -> str:
+        return self.key
+
+    @property
+    def trained(self) -> Any:
+        return self.ours
+
+    @property
+    def served(self) -> Any:
+        return self.ref
+
+    @property
+    def kind(self) -> str | None:
+        return self.localized.get("kind")
+
+    @property
+    def pitfall_title(self) -> str:
+        return PITFALLS.get(self.pitfall, "") if self.pitfall else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The one serialization, in the words of the section it is written to: a live localization
+        (`serving.vllm.live.findings`), a serving finding (`serving.<engine>.findings`), an audit finding
+        (report.json `findings`)."""
+        data = asdict(self)  # values copied, as every writer has always had them
+        if self.localized:
+            place = {k: v for k, v in data["localized"].items() if k != "kind"}
+            return {"field": "serving", "kind": self.kind, "what": data["key"], "message": data["message"],
+                    "size": data["ref"], "source": data["source"], **place}
+        if self.component == "serving":
+            return {"field": data["key"], "severity": data["severity"], "trained": data["ours"],
+                    "served": data["ref"], "source": data["source"], "message": data["message"],
+                    "component": data["component"], "pitfall": data["pitfall"]}
+        return {name: data[name] for name in AUDIT_WORDS}
+
+
+def divergences(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == "divergence"]
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    """Divergences first, then warnings, then info; stable within a severity."""
+    return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
