@@ -145,9 +145,20 @@ def require(implementation: Any, operation: str) -> None:
         raise PlugMismatch(message)
 
 
+def _spec_problem(name: str, version: int, args: tuple, kwargs: dict) -> str | None:
+    """A case newer than the plug: a drafter spec (or a drafter built from one) needing a later interface."""
+    for value in (*args, *kwargs.values()):
+        spec = value if hasattr(value, "block_size") and hasattr(value, "family") else getattr(value, "spec", None)
+        needs = versions.spec_needs(spec) if spec is not None else None
+        if needs is not None and needs[0] > version:
+            return f"{name}() given {needs[1]}"
+    return None
+
+
 def _checked(method: Any, name: str, wrapped: Any):
     def operation(*args, **kwargs):
-        problem = _binding_problem(method, name, args, kwargs)
+        problem = _binding_problem(method, name, args, kwargs) or \
+            _spec_problem(name, declared_version(wrapped), args, kwargs)
         if problem is not None:
             raise PlugMismatch(f"plug mismatch: {problem}; {_implements(wrapped)}")
         return method(*args, **kwargs)

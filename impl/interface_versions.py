@@ -86,3 +86,18 @@ def recipe_field_change(name: str) -> Version | None:
 
 def renamed_from(version: Version, scope: str, new: str) -> str | None:
     return next((old for (where, old), to in version.renamed.items() if where == scope and to == new), None)
+
+
+def spec_needs(spec) -> tuple[int, str] | None:
+    """The interface version a case needs for the drafter spec it hands a plug, and what that version brought: a
+    DFlash2 spec 5, a reduced draft vocabulary 7, DSpark's and XPress's heads 9. An older plug given one cannot
+    build it (its `build_drafter` predates the fields): a plug mismatch naming the version, never a divergence."""
+    family = getattr(spec, "family", None)
+    if family in ("dspark", "xpress"):
+        return 9, f"a {family} spec: interface 9 added DSpark's and XPress's heads"
+    if family == "dflash2":
+        return 5, "a DFlash2 spec: interface 5 added DFlash2 (convolutions and the candidate selector)"
+    draft_vocab = getattr(spec, "draft_vocab_size", None)
+    if draft_vocab is not None and draft_vocab != getattr(spec, "target_vocab_size", draft_vocab):
+        return 7, "a spec with a reduced draft vocabulary: interface 7 added it (vocab_mapping, proposed_ids)"
+    return None
