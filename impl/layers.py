@@ -35,9 +35,14 @@ def layer_range(num_target_layers: int) -> str:
     return f"the target's decoder layers 0..{final_layer(num_target_layers)}"
 
 
+def is_layer_id(layer_id: int, num_target_layers: int) -> bool:
+    """Whether `layer_id` names one of the target's decoder layers 0..N-1."""
+    return 0 <= layer_id < num_target_layers
+
+
 def layers_outside(layer_ids, num_target_layers: int) -> str | None:
     """"[ids] outside the target's decoder layers 0..N-1" for the ids that name no decoder layer, or None."""
-    bad = [i for i in layer_ids if not 0 <= i < num_target_layers]
+    bad = [i for i in layer_ids if not is_layer_id(i, num_target_layers)]
     return f"{bad} outside {layer_range(num_target_layers)}" if bad else None
 
 

@@ -12,7 +12,7 @@ final norm's output. The engines capture inside their own forward (read from the
 
 from __future__ import annotations
 
-from impl.layers import hidden_state_index, names_final_layer
+from impl.layers import hidden_state_index, is_layer_id, names_final_layer
 
 
 def _after(layer_id: int) -> str:
@@ -32,7 +32,7 @@ def vllm_capture(layer_ids: list[int] | None, num_layers: int | None) -> list[st
     """(vLLM adds aux id j after layer j - 1, and j = 0 before layer 0: any other j is never captured.)"""
     if layer_ids is None or num_layers is None:
         return None
-    return [EMBEDDING if i == -1 else f"not captured (the target has no layer {i})" if not 0 <= i < num_layers
+    return [EMBEDDING if i == -1 else f"not captured (the target has no layer {i})" if not is_layer_id(i, num_layers)
             else _after(i) + (", before the final norm" if names_final_layer(i, num_layers) else "")
             for i in layer_ids]
 
@@ -40,6 +40,6 @@ def vllm_capture(layer_ids: list[int] | None, num_layers: int | None) -> list[st
 def sglang_capture(layer_ids: list[int] | None, num_layers: int | None) -> list[str] | None:
     if layer_ids is None or num_layers is None:
         return None
-    return [EMBEDDING if i == -1 else f"not captured (the target has no layer {i})" if not 0 <= i < num_layers
+    return [EMBEDDING if i == -1 else f"not captured (the target has no layer {i})" if not is_layer_id(i, num_layers)
             else f"not captured (captured before layer {hidden_state_index(i)}, which does not exist)"
             if names_final_layer(i, num_layers) else _after(i) for i in layer_ids]

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from impl.defaults import QWEN3_DEFAULTS
+from impl.layers import hidden_state_index, is_layer_id
 from serving_engines.served import Served, TargetFacts
 
 ENGINE = "llamacpp"
@@ -180,7 +182,8 @@ def capture(ids: list[int] | None, num_layers: int | None) -> list[str] | None:
     if ids is None or num_layers is None:
         return None
     return ["not captured (the input of layer %d, which does not exist: the server aborts, 'layer input tensor is "
-            "null')" % (i + 1) if i + 1 >= num_layers else f"after layer {i}" for i in ids]
+            "null')" % hidden_state_index(i) if not is_layer_id(hidden_state_index(i), num_layers) else f"after layer {i}"
+            for i in ids]
 
 
 def values_of(keys: dict[str, Any], shapes: dict[str, tuple[int, ...]], target: TargetFacts,
@@ -212,7 +215,7 @@ def values_of(keys: dict[str, Any], shapes: dict[str, tuple[int, ...]], target: 
         "layer_windows": windows, "layer_causal": [causal] * layers,
         "mask_token_id": None if mask is None else int(mask),
         "spec_draft_n_max": n_max, "block_size": 1 + served_n,
-        "rope_theta": as_float32(key("rope.freq_base", 10000.0)),
+        "rope_theta": as_float32(key("rope.freq_base", QWEN3_DEFAULTS["rope_theta"])),
         "rope_type": "default", "is_neox_style": True,
         "partial_rotary_factor": (float(key("rope.dimension_count")) / float(key("attention.key_length"))
                                   if key("rope.dimension_count") is not None else 1.0),

@@ -32,6 +32,7 @@ import torch
 from dflash_audit.formats.shape_inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
 from foundation.errors import AuditError
+from impl.families import ZLAB_ARCHITECTURES, spec_family
 from impl.spec import SPEC_FIELDS, SpecError
 
 MAGIC = b"GGUF"
@@ -221,7 +222,7 @@ def zlab_shaped_config(keys: dict[str, Any], tensors: dict[str, torch.Tensor], d
     written = key("target_layers")
     if written is not None:
         dflash["target_layer_ids"] = [int(i) - 1 for i in written]  # the converter's +1 undone
-    dflash2 = key("conv_kernel_size") is not None
+    family = spec_family(key("conv_kernel_size"))
     for name in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
         if key(name) is not None:
             dflash[name] = key(name)
@@ -232,7 +233,7 @@ def zlab_shaped_config(keys: dict[str, Any], tensors: dict[str, torch.Tensor], d
                    else ["full_attention"] * (layers or 0))
     vocab = keys.get("tokenizer.ggml.tokens")
     config = {
-        "architectures": ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"], "model_type": "qwen3",
+        "architectures": [ZLAB_ARCHITECTURES[family]], "model_type": "qwen3",
         "hidden_size": key("embedding_length"), "num_hidden_layers": layers,
         "intermediate_size": key("feed_forward_length"), "num_attention_heads": key("attention.head_count"),
         "num_key_value_heads": key("attention.head_count_kv"), "head_dim": key("attention.key_length"),

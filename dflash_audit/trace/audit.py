@@ -448,7 +448,7 @@ class StepAudit:
         fits = []
         for shift in range(-2, 3):
             anchors = {key: pos - shift - key[0] * seq for key, pos in first.items()}
-            if anchors and all(0 <= a < seq and tokens[b * seq + a] == row[b * len(row) // max(1, block["ids"].shape[0])
+            if anchors and all(a in range(seq) and tokens[b * seq + a] == row[b * len(row) // max(1, block["ids"].shape[0])
                                                                                + block["anchor_slots"][j]]
                                for (b, j), a in anchors.items()):
                 fits.append(anchors)
@@ -487,11 +487,11 @@ class StepAudit:
             return None
         for shift in (0, 1, -1):
             options[f"the data's next tokens{'' if not shift else f' (shifted by {shift:+d})'}"] = [
-                int(tokens[e + 1 + shift]) if 0 <= e + 1 + shift < tokens.numel() else -1 for e in expected]
+                int(tokens[e + 1 + shift]) if e + 1 + shift in range(tokens.numel()) else -1 for e in expected]
             for c, logits in self.cands.logits.items():
                 top = logits.argmax(-1)
                 options[f"the argmax of {c.name}{'' if not shift else f' (shifted by {shift:+d})'}"] = [
-                    int(top[e + shift]) if 0 <= e + shift < top.numel() else -1 for e in expected]
+                    int(top[e + shift]) if e + shift in range(top.numel()) else -1 for e in expected]
         truth = labels.tolist()
         scored = sorted(((sum(a == b for a, b in zip(truth, v)) / len(truth), k) for k, v in options.items()),
                         reverse=True)
@@ -591,8 +591,7 @@ class StepAudit:
             found["per_position_loss_weight"] = "uniform"
         else:
             unknown.add("per_position_loss_weight")
-        recipe = Recipe(**{k: v for k, v in found.items() if k in ("loss_fn", "gamma") or
-                           (k == "per_position_loss_weight" and v in ("fixed-exp-decay", "dpace"))})
+        recipe = Recipe(**{k: v for k, v in found.items() if (k, v) != ("per_position_loss_weight", "uniform")})
         reference, why = yardstick_for(recipe, unknown)
         ref = reference.recipe
         self.flow["reference"] = reference.title

@@ -185,7 +185,7 @@ class Recorder:
 
     def _capture(self, loss, calls: StepCalls) -> dict:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise TraceRefused(f"trace.step(loss): the loss must be a scalar tensor, got "
+            raise TraceRefused(f"trace.step(loss): takes the step's scalar loss tensor, got "
                                f"{type(loss).__name__}{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
         if loss.grad_fn is None:
             raise TraceRefused("trace.step(loss): the loss does not depend on any trainable parameter (it has no "
