@@ -52,16 +52,24 @@ def read_utf8(path: Path, what: str = "file") -> str:
         raise AuditError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
 
 
-def read_json_object(path: Path, what: str = "JSON file") -> dict:
-    text = read_utf8(path, what)
+def read_json_object(path: Path, what: str = "JSON file", error: type[Exception] = AuditError) -> dict:
+    """A JSON object from a regular UTF-8 file, or `error` in one line naming the file (and its line): the one
+    reader of JSON configs (a target's, a drafter's, a verifier's)."""
     try:
-        value = json.loads(text)
+        data = regular_file(path, what).read_bytes()
+    except AuditError as exc:
+        raise error(str(exc)) from None
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise error(f"{path}:{line}: not valid JSON: not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
     except json.JSONDecodeError as exc:
-        raise AuditError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+        raise error(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     except RecursionError:
-        raise AuditError(f"{path}: JSON nested too deeply to read") from None
+        raise error(f"{path}: JSON nested too deeply to read") from None
     if not isinstance(value, dict):
-        raise AuditError(f"{path}: expected a JSON object, found {type(value).__name__}")
+        raise error(f"{path}: expected a JSON object, found {type(value).__name__}")
     return value
 
 

@@ -12,6 +12,7 @@ import torch
 from safetensors import safe_open
 
 from foundation.errors import CheckpointError
+from foundation.inputs import read_json_object
 
 
 def index_shards(index: Path) -> list[Path]:
@@ -85,18 +86,4 @@ def read_config(path: Path) -> dict[str, Any]:
     config_path = path / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{path}: no config.json")
-    return config_object(config_path, CheckpointError)
-
-
-def config_object(config_path: Path, error: type[Exception]) -> dict[str, Any]:
-    """A config.json as a JSON object, or `error` in one line naming the file: the one reader of drafter and
-    target folders' configs."""
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise error(f"{config_path}: not valid JSON ({exc})") from exc
-    except RecursionError:
-        raise error(f"{config_path}: JSON nested too deeply to read") from None
-    if not isinstance(config, dict):
-        raise error(f"{config_path}: expected a JSON object, found {type(config).__name__}")
-    return config
+    return read_json_object(config_path, "config.json", CheckpointError)

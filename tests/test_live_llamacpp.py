@@ -114,3 +114,22 @@ def test_a_mixed_sliding_full_drafter_runs_with_its_sliding_layer_non_causal_and
     assert section["ran"] and section["greedy_identical"] is True
     assert {(f["kind"], f["what"]) for f in section["findings"]} <= {("input", "layer_causal")}
     assert all(p["first_diff_round"] is None or p["explained_by"] == ["layer_causal"] for p in section["prompts"])
+
+
+def test_compare_serve_llamacpp_live_runs_both_drafters(live, test_world, tmp_path):
+    import json
+
+    from dflash_audit.cli import main
+
+    gguf = live[0]["served_path"]
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text(Path(test_world.prompts).read_text().splitlines()[0] + "\n")
+    out = tmp_path / "report.json"
+    code = main(["compare", "--ours", gguf, "--ref", gguf, "--target", str(test_world.target), "--static-only",
+                 "--serve", "llamacpp", "--live", "--prompts", str(prompts), "--max-new-tokens", "16",
+                 "--out", str(tmp_path / "report"), "--json", str(out)])
+    assert code == 0
+    serving = json.loads(out.read_text())["serving"]
+    for side in ("ours", "ref"):
+        section = serving[side]["llamacpp"]["live"]
+        assert section["ran"] and section["greedy_identical"] is True and section["findings"] == []

@@ -167,6 +167,8 @@ def test_bad_scripts_are_one_line(target_dir, tmp_path):
                            "trace.step(w(a(ids).logits + b(ids).logits).sum())\n")
     with pytest.raises(AuditError, match="two or more candidate targets.*--target"):
         record_script(two, [], tmp_path / "c")
+    record_script(two, [], tmp_path / "d", target=second)  # --target settles it
+    assert read_recording(tmp_path / "d").steps[0]["target"]["path"] == str(second)
 
 
 def test_a_script_failing_before_step_one_shows_its_status_and_last_line(tmp_path, capsys):

@@ -96,11 +96,17 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
         static = static_audit(ours_side, ref_side, expect_identical, advance=lambda: bar.advance(task),
                               target=target_vocabulary(target) if target is not None else None)
     report = AuditReport(ours_side, ref_side, static)
-    if live and (not serve or "vllm" not in serve or target is None):
-        raise AuditError("--live runs both drafters in vLLM on the target: give --serve vllm and --target")
+    if live and (not serve or not {"vllm", "llamacpp"} & set(serve) or target is None):
+        raise AuditError("--live runs both drafters in vLLM or llama.cpp on the target: give --serve vllm (or "
+                         "llamacpp) and --target")
     if serve:
         report.serving = serving_sections(ours, ref, serve, target, ours_options, ref_options)
-    if live:
+    if live and "llamacpp" in serve:
+        from dflash_audit.audit.live_llamacpp import attach_llamacpp_live, live_llamacpp
+
+        for side, path in (("ours", ours), ("ref", ref)):
+            attach_llamacpp_live(report.serving[side], live_llamacpp(Path(path), target, prompts, max_new_tokens))
+    if live and "vllm" in serve:
         from dflash_audit.audit.live_check import attach_live, live_check
 
         served = live_check({"ours": ours, "ref": ref}, target, prompts, max_new_tokens, vllm_python)

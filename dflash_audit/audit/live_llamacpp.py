@@ -280,3 +280,12 @@ def live_llamacpp(drafter: Path, target: Path, prompts_path: Path | None = None,
             audited[:count], workdir, label, plant.get("n_max", chosen))
     section["engine_wall_s"] = round(time.monotonic() - started, 1)
     return section
+
+
+def attach_llamacpp_live(section: dict[str, Any], live: dict[str, Any]) -> None:
+    """Put `live` under section["llamacpp"]["live"], its findings joined to the static check's."""
+    from dflash_audit.audit.live_check import live_findings
+
+    engine = section.setdefault("llamacpp", {"engine": "llamacpp", "findings": [], "notes": []})
+    engine["live"] = live
+    engine["findings"] = list(engine.get("findings", [])) + live_findings(live)

@@ -138,13 +138,10 @@ def run_serve_check(drafter: Path, engines: list[str], target: Path | None = Non
 
         attach_live(section, live_check({"drafter": drafter}, target, prompts, max_new_tokens, vllm_python)["drafter"])
     if live and "llamacpp" in engines:
-        from dflash_audit.audit.live_check import live_findings
-        from dflash_audit.audit.live_llamacpp import live_llamacpp
+        from dflash_audit.audit.live_llamacpp import attach_llamacpp_live, live_llamacpp
 
-        live = live_llamacpp(drafter, target, prompts, max_new_tokens, quant, bin_dir, **engine_options)
-        engine = section["llamacpp"]
-        engine["live"] = live
-        engine["findings"] = list(engine.get("findings", [])) + live_findings(live)
+        attach_llamacpp_live(section, live_llamacpp(drafter, target, prompts, max_new_tokens, quant, bin_dir,
+                                                    **engine_options))
     count = divergence_count(section)
     data = {"schema": SCHEMA, "drafter": str(drafter), "target": str(target) if target else None,
             "serving": section, "exit_status": 1 if count else 0}

@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         truncate: bool = typer.Option(False, "--truncate",
                                       help="keep a too-long prompt's last tokens (default: refuse it)"),
         serve: str | None = typer.Option(None, "--serve", help="also check how vllm,sglang would serve each drafter"),
-        live: bool = typer.Option(False, "--live", help="with --serve vllm: run both drafters in a real vLLM engine"),
+        live: bool = typer.Option(False, "--live", help="with --serve vllm or llamacpp: run both drafters in a real engine"),
         vllm_python: Path | None = typer.Option(None, "--vllm-python",
                                                 help="--live: a Python with vLLM (default .venv-vllm/bin/python)"),
         cache_dir: Path | None = typer.Option(None, "--cache-dir",

@@ -33,9 +33,8 @@ from dflash_audit.formats.loaded import (
     require_spec,
 )
 from foundation.errors import AuditError
-from foundation.inputs import check_no_special_files
+from foundation.inputs import check_no_special_files, read_json_object
 from foundation.param_names import VERIFIER_OWNED_KEYS
-from foundation.weights_dir import config_object
 
 FORMATS = ("ours", "zlab", "speculators")  # the formats `convert` writes
 MODULES = {"ours": ours, "zlab": zlab, "speculators": speculators}
@@ -54,7 +53,7 @@ def _config_of(path: Path) -> dict[str, Any] | None:
     config_path = path / "config.json"
     if not config_path.is_file():
         return None
-    config = config_object(config_path, AuditError)
+    config = read_json_object(config_path, "config.json")
     for section in CONFIG_SECTIONS:
         if config.get(section) is not None and not isinstance(config[section], dict):
             raise AuditError(f"{config_path}: field {section!r} must be a JSON object, found "

@@ -9,7 +9,6 @@ configs beside it, the target's config and the command line.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,12 +23,11 @@ from dflash_audit.formats.key_map import (
     propose_key_map,
     read_key_map,
 )
-from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.loaded import LoadedCheckpoint, LoadOptions, RawRecord
 from dflash_audit.formats.payload import Payload
-from dflash_audit.formats.safe_yaml import load_yaml
+from dflash_audit.formats.safe_yaml import describe, read_settings, settings_mapping
 from dflash_audit.formats.setting_names import DeclarationError
-from dflash_audit.formats.weight_file import first_line, read_weight_file
+from dflash_audit.formats.weight_file import read_weight_file
 from foundation.errors import CheckpointError
 from foundation.weights_dir import index_shards
 from foundation.param_names import verifier_owned_keys
@@ -121,22 +119,11 @@ MAX_DECLARATION_BYTES = 1 << 20  # a run's settings are kilobytes
 
 
 def read_declaration_file(path: Path) -> dict[str, Any]:
-    if path.stat().st_size > MAX_DECLARATION_BYTES:
+    if path.stat().st_size > MAX_DECLARATION_BYTES:  # before reading it
         raise CheckpointError(f"{path}: {path.stat().st_size} bytes, more than a config's "
                               f"{MAX_DECLARATION_BYTES >> 20} MiB; refusing to read it")
-    try:
-        text = path.read_text(encoding="utf-8")
-        if path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            data = load_yaml(text)  # size, depth and alias limits before anything is built
-    except UnicodeDecodeError as exc:
-        raise CheckpointError(f"{path}: not UTF-8 text") from exc
-    except Exception as exc:  # JSON or YAML syntax
-        raise CheckpointError(f"{path}: unreadable {path.suffix.lstrip('.')} ({first_line(exc)})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a mapping of settings, found {type(data).__name__}")
-    return data
+    kind = "json" if path.suffix == ".json" else path.suffix.lstrip(".")
+    return settings_mapping(read_settings(path.read_bytes(), str(path), kind), str(path))
 
 
 def read_target_config(target_dir: str | Path | None) -> dict[str, Any] | None:

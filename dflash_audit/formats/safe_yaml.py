@@ -5,12 +5,19 @@ PyYAML builds an alias as a second reference to one object, so an "alias bomb" (
 `b: &b [*a, *a]`, ...) loads in microseconds as a small graph; it explodes later, in whatever walks it
 (resolving `${...}` references, turning it into settings). The composed node graph is measured first,
 each distinct node once, and refused past the limits; only then is it constructed.
+
+`read_settings` is the one reader of the settings files foreign checkpoints carry (args.json, a Hydra run's
+config.yaml, a .nemo archive's model_config.yaml); `describe` is what a library's exception may add to a one-line
+refusal: its first line, never an exception's name.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
+from foundation.errors import CheckpointError
 from foundation.graph_walk import check_bounded
 
 MAX_BYTES = 1 << 20  # a run config is a few kilobytes
@@ -67,3 +74,34 @@ def check_nodes(root) -> None:
 
     check_bounded(root, children, MAX_DEPTH, MAX_EXPANDED_NODES, lambda kind: YamlLimit(REFUSALS[kind]),
                   on_shared=alias)
+
+
+INTERNAL_NAME = re.compile(r"\b[A-Z]\w*(Error|Exception)\b|Traceback")
+
+
+def describe(exc: BaseException, fallback: str = "truncated or corrupt") -> str:
+    lines = str(exc).strip().splitlines()
+    line = lines[0][:160] if lines else ""
+    return fallback if not line or INTERNAL_NAME.search(line) else line
+
+
+def read_settings(data: bytes, where: str, kind: str, limit: int = MAX_BYTES) -> Any:
+    """A settings file's content (`kind` "json" or "yaml") parsed within the limits; CheckpointError naming
+    `where` (the file, or the archive and its member) when it is too large, not UTF-8 or not readable."""
+    if len(data) > limit:
+        raise CheckpointError(f"{where}: {len(data)} bytes, more than a run config's {limit >> 20} MiB; refusing "
+                              "to read it")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{where}: not UTF-8 text") from None
+    try:
+        return json.loads(text) if kind == "json" else load_yaml(text)
+    except Exception as exc:  # JSON or YAML syntax, or past the limits
+        raise CheckpointError(f"{where}: unreadable {kind} ({describe(exc)})") from exc
+
+
+def settings_mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{where}: expected a mapping of settings, found {type(value).__name__}")
+    return value

@@ -625,7 +625,7 @@ class StepAudit:
 def audit_recording(recording: Recording, target_dir: Path | None = None, ref: Path | None = None,
                     placement=None) -> TraceReport:
     """Every recorded step audited; a finding seen at several steps is reported once (its first step's numbers)."""
-    from foundation.placement import CPU_FLOAT32
+    from foundation.placement import CPU_FLOAT32, Placement
     from foundation.target import load_target_model
 
     steps = recording.steps
@@ -635,7 +635,12 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
         raise AuditError(f"--target {target_path}: no Hugging Face model folder there (the recorded target was "
                          f"{target_meta['path']!r}; name its folder with --target)")
     ref_data = read_ref(ref)
-    target = load_target_model(target_path, placement or CPU_FLOAT32)
+    if placement is None:  # the target rerun in the dtype it ran in, so "equal" means one kernel's rounding
+        import torch
+
+        dtype = getattr(torch, str(target_meta.get("dtype", "float32")), torch.float32)
+        placement = CPU_FLOAT32 if dtype == torch.float32 else Placement(torch.device("cpu"), dtype, "the recording")
+    target = load_target_model(target_path, placement)
     pad_id = target.config.pad_token_id
     findings: list[Finding] = []
     rows: list[TensorRow] = []

@@ -15,10 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
-from dflash_audit.formats.safe_yaml import load_yaml
+from dflash_audit.formats.safe_yaml import describe, read_settings, settings_mapping
 from foundation.errors import CheckpointError
 
 WEIGHTS = "model_weights.ckpt"
@@ -59,14 +58,8 @@ def copy_member(archive: tarfile.TarFile, member: tarfile.TarInfo, dest: Path, a
 def read_config(archive: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> dict[str, Any]:
     if not member.isfile() or member.size > MAX_CONFIG_BYTES:
         raise CheckpointError(f"{path}: {CONFIG} is not a regular file of at most {MAX_CONFIG_BYTES >> 20} MiB")
-    handle = archive.extractfile(member)
-    try:
-        data = load_yaml(handle.read(MAX_CONFIG_BYTES).decode("utf-8"))
-    except Exception as exc:
-        raise CheckpointError(f"{path}: {CONFIG} is not readable YAML ({describe(exc)})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: {CONFIG} holds a {type(data).__name__}, not a mapping of settings")
-    return data
+    where = f"{path}: {CONFIG}"
+    return settings_mapping(read_settings(archive.extractfile(member).read(MAX_CONFIG_BYTES), where, "yaml"), where)
 
 
 def read(path: Path, entry: str | None, entry_flag: str) -> tuple[Payload, list[tuple[str, dict[str, Any]]]]:

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, restricted_load
+from dflash_audit.formats.safe_yaml import describe
 from foundation.errors import CheckpointError
 
 METADATA = ".metadata"

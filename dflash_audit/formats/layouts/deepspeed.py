@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from dflash_audit.formats.layouts.messages import describe
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load, to_plain
+from dflash_audit.formats.safe_yaml import describe
 from foundation.errors import CheckpointError
 
 MODEL_STATES = "model_states.pt"

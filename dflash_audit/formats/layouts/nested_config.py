@@ -19,8 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dflash_audit.formats.layouts.messages import describe
-from dflash_audit.formats.safe_yaml import MAX_BYTES, YamlLimit, load_yaml
+from dflash_audit.formats.safe_yaml import MAX_BYTES, YamlLimit, load_yaml, read_settings, settings_mapping
 from foundation.errors import CheckpointError
 
 LEVELS_UP = 2
@@ -52,18 +51,12 @@ def read_run_config(config: Path) -> dict[str, Any]:
     if config.stat().st_size > MAX_BYTES:
         raise CheckpointError(f"{config}: {config.stat().st_size} bytes, more than a run config's "
                               f"{MAX_BYTES >> 20} MiB; refusing to read it")
-    try:
-        data = load_yaml(config.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise CheckpointError(f"{config}: not UTF-8 text") from exc
-    except Exception as exc:  # YAML syntax
-        raise CheckpointError(f"{config}: unreadable yaml ({describe(exc)})") from exc
+    data = read_settings(config.read_bytes(), str(config), "yaml")
     if config.name == "overrides.yaml":
         return overrides_as_settings(config, data)
     if data is None:
         return {}
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{config}: expected a mapping of settings, found {type(data).__name__}")
+    settings_mapping(data, str(config))
     budget = [MAX_RESOLVED]
     resolved = resolve_references(data, data, budget=budget)
     if budget[0] < 0:  # `${...}` references that copy each other: an expansion bomb
