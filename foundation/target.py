@@ -53,6 +53,10 @@ def load_target_model(target_dir: str | Path, placement: Placement = CPU_FLOAT32
         kwargs["device_map"] = placement.device_map
     elif placement.device.type != "cpu":
         kwargs["device_map"] = {"": str(placement.device)}
+    # Before the load: transformers would print its many-line load report of the misfit tensors, then fail.
+    mismatch = first_shape_mismatch(Path(target_dir))
+    if mismatch is not None:
+        raise AuditError(f"{target_dir}: its weights do not fit its config.json ({mismatch})")
     try:
         model = AutoModelForCausalLM.from_pretrained(Path(target_dir), **kwargs)
     except Exception as exc:  # noqa: BLE001 -- transformers' text names no tensor: find the one at fault

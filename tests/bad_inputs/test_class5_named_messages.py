@@ -91,3 +91,21 @@ def test_a_fifo_safetensors_is_named_not_missing(world, tmp_path):
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     line = assert_refused(done.returncode, done.stderr, "fifo-weights/model.safetensors", "not a regular file")
     assert "no model.safetensors" not in line
+
+
+def test_a_target_whose_weights_do_not_fit_its_config_is_one_line(world, tmp_path):
+    """Checked from the safetensors headers before the load, so that transformers' many-line load report of the
+    misfit tensors never reaches stderr: one line naming the first tensor and both shapes."""
+    import json
+    import shutil
+
+    target = tmp_path / "misfit"
+    shutil.copytree(world / "target", target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] - 32}))
+    done = subprocess.run([sys.executable, "-m", "dflash_audit.cli", "eval", "--drafter", str(world / "ours.pt"),
+                           "--target", str(target), "--prompts", str(world / "prompts.jsonl"), "--max-new-tokens",
+                           "2"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # (transformers logs to the real stderr)
+    line = assert_refused(done.returncode, done.stderr, target, "its weights do not fit its config.json", "mlp")
+    assert "config.json gives" in line
