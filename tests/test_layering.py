@@ -8,7 +8,7 @@ A module may import its own package and any package below it, never one above or
 back edge fails here, in CI. Inside the packages no two modules import each other, however far round (no circles).
 
 `dflash_audit` is itself layered by its sub-packages and modules (`SUBLAYERS`): the entry point, then the verbs
-(`commands/`: parse flags, call one function, print), the demo and the generated pages, `trace` (a training step recorded and audited), the audit, conversion and τ,
+(`commands/`: parse flags, call one function, print), the demo and the generated pages, `trace` (a training step recorded and audited), the audit, conversion, τ and training,
 the output checks, the formats, and the shared helpers; none imports one above or beside it, so the audit never
 imports a verb.
 """
@@ -34,7 +34,7 @@ LAYERS = (("foundation", "catalogue"), ("impl",), ("drafter_files",), ("dflash_w
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 # Inside a package, highest first: each group is a sub-package or a module of it (`dflash_audit.<group>`).
 SUBLAYERS = {"dflash_audit": (("__main__",), ("cli",), ("commands",), ("demo", "serving_readme", "families_readme"),
-                              ("trace",), ("audit",), ("conversion", "offline_tau", "tau"), ("outputs",), ("formats",),
+                              ("trace",), ("audit",), ("conversion", "offline_tau", "tau", "training"), ("outputs",), ("formats",),
                               ("faults", "progress", "prompts", "ranks"))}
 SUBRANK = {package: {name: -rank for rank, names in enumerate(groups) for name in names}
            for package, groups in SUBLAYERS.items()}
