@@ -12,6 +12,7 @@ from pathlib import Path
 
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
+from foundation.inputs import read_json_object
 
 # Set by the verb for the traced command: the recording folder, and the recorder's options (JSON: steps, target,
 # drafter_class). Only under `dflash-audit trace` is ENV_OUT set.
@@ -92,11 +93,8 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         raise AuditError(f"{flag} {folder}: no recording there ({MANIFEST} missing)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise AuditError(f"{flag} {folder}: {MANIFEST} is not readable JSON ({exc})") from None
-    if not isinstance(manifest, dict) or not str(manifest.get("schema", "")).startswith("dflash-audit/trace-recording"):
+    manifest = read_json_object(manifest_path, MANIFEST, lambda message: AuditError(f"{flag} {message}"))
+    if not str(manifest.get("schema", "")).startswith("dflash-audit/trace-recording"):
         raise AuditError(f"{flag} {folder}: {MANIFEST} is not a dflash-audit trace recording")
     if manifest.get("format") != FORMAT:
         raise AuditError(f"{flag} {folder}: a recording of format {manifest.get('format')!r}; this version of "
