@@ -24,11 +24,10 @@ from dflash_audit.ranks import Ranks
 from dflash_audit.tau.declared import declared_settings, template_findings
 from dflash_audit.tau.grid import Decoding, run_grid
 from dflash_audit.tau.methods import TAU_METHODS
-from dflash_audit.tau.prompt_sets import prompt_set_from_flag
 from dflash_audit.tau.published import resolve_published
 from dflash_audit.tau.table_out import payload, terminal_table, write_html, write_json
 from foundation.atomic import atomic_write_bytes
-from foundation.benchmarks.sets import PromptSet
+from foundation.benchmarks.sets import BenchmarkPrompt, PromptSet, parse_prompts_flag, read_prompt_set, select
 from foundation.cache_dir import cache_root
 from foundation.chat_template import ChatTemplate, thinking_settings
 from foundation.errors import AuditError
@@ -39,6 +38,7 @@ from foundation.target_vocab import TargetVocabulary, mask_token_problems
 
 METHODS = ("dflash", "ddtree")
 MODES = ("live", "offline")
+TAU_BY = ("thinking",)
 
 
 def mask_token_notes(mask_token_id: int, target: TargetVocabulary) -> list[str]:
@@ -176,15 +176,25 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
 def uses_table(prompts: list[str], methods, budgets, temperatures, tau_methods, tau_by, max_samples, table,
                html_path) -> bool:
     """Whether eval runs the τ table (`run_table`) rather than one plain prompts file."""
-    from foundation.benchmarks.sets import parse_prompts_flag
-
     many = any(len(values) > 1 for values in (prompts, methods, budgets, temperatures))
     named = any(parse_prompts_flag(value)[0] is not None for value in prompts)
     return bool(table or html_path or tau_methods or tau_by or max_samples is not None or many or named)
 
 
+def plain_prompt_set(path: str | Path, max_samples: int | None = None) -> PromptSet:
+    """A plain prompts file (`{"id", "prompt"}` or `{"turns"}` lines), through the existing reader."""
+    records = load_prompts(path)
+    prompts = [BenchmarkPrompt(r["id"], [r["prompt"]], None) for r in records]
+    chosen = prompts if max_samples is None else select(prompts, max_samples)
+    return PromptSet("prompts", Path(path), chosen, "the 'prompt' field (or first of 'turns') as written",
+                     rows=len(prompts), selection="all rows, file order" if max_samples is None else
+                     f"{len(chosen)} of {len(prompts)} by z-lab's seeded selection (_select_dataset, seed 42)")
 
-TAU_BY = ("thinking",)
+
+def prompt_set_from_flag(value: str, max_samples: int | None = None) -> PromptSet:
+    """A `--prompts` value as a prompt set: a benchmark's own file (`NAME:PATH`) or a plain prompts file (`PATH`)."""
+    name, path = parse_prompts_flag(value)
+    return plain_prompt_set(path, max_samples) if name is None else read_prompt_set(name, path, max_samples)
 
 
 def decodings_of(methods: list[str], budgets: list[int]) -> list[Decoding]:
