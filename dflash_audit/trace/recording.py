@@ -12,7 +12,6 @@ from pathlib import Path
 
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
-from foundation.inputs import read_json_object
 
 # Set by the verb for the traced command: the recording folder, and the recorder's options (JSON: steps, target,
 # drafter_class). Only under `dflash-audit trace` is ENV_OUT set.
@@ -93,6 +92,8 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         raise AuditError(f"{flag} {folder}: no recording there ({MANIFEST} missing)")
+    from foundation.inputs import read_json_object  # not at import: `trace.step` imports this module, and no torch
+
     manifest = read_json_object(manifest_path, MANIFEST, lambda message: AuditError(f"{flag} {message}"))
     if not str(manifest.get("schema", "")).startswith("dflash-audit/trace-recording"):
         raise AuditError(f"{flag} {folder}: {MANIFEST} is not a dflash-audit trace recording")
