@@ -30,9 +30,9 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.outputs import check_outputs
@@ -76,8 +76,7 @@ class DemoConfig(Declared):
     max_new_tokens: int = Field(128, gt=0, description="Tokens per prompt in the τ audit.")
     budget: int = Field(16, gt=0, description="DDTree node budget in the τ audit.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate of both drafters.")
-    family: str = Field("dflash", description="dflash, or dflash2: the second act (checked by family_settings, "
-                                              "whose refusal names --family).")
+    family: Literal[FAMILIES] = Field("dflash", description="dflash, or dflash2: the second act.")
     # DFlash2 act: a small selector for the small world, a sliding layer whose window is below seq_len.
     dflash2: dict[str, int] = Field(default_factory=lambda: dict(conv_kernel_size=2, conv_group_size=16,
                                                                  selector_rank=32, selector_top_k=8),
@@ -87,6 +86,13 @@ class DemoConfig(Declared):
     @classmethod
     def refused(cls, field_name: str, message: str) -> Exception:
         return AuditError(f"{field_name}: {message}")
+
+    @classmethod
+    def refusal(cls, exc: ValidationError, data: dict[str, Any]) -> Exception:
+        """The family is `demo --family`'s: its refusal names the flag."""
+        if any(error["loc"] == ("family",) for error in exc.errors()):
+            return AuditError(f"--family must be one of {list(FAMILIES)}, got {data['family']!r}")
+        return super().refusal(exc, data)
 
 
 def default_cache_dir(root: str | Path | None = None, family: str = "dflash") -> Path:
@@ -101,8 +107,6 @@ def family_settings(config: DemoConfig) -> tuple[dict, dict]:
     """(trainer settings both drafters share, the act's own planted bug) of the demo's family."""
     if config.family == "dflash":
         return {}, {}
-    if config.family != "dflash2":
-        raise AuditError(f"--family must be one of {list(FAMILIES)}, got {config.family!r}")
     types = (["sliding_attention"] + ["full_attention"] * (config.draft_layers - 1))
     shared = dict(family="dflash2", layer_types=types, sliding_window=config.sliding_window,
                   sliding_window_non_causal=True, **config.dflash2)
