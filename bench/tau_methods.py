@@ -20,7 +20,7 @@ FILES = {"mt-bench": "mt_bench.jsonl"}
 
 
 def main() -> None:
-    from dflash_audit.commands.eval_table import run_table
+    from dflash_audit.audit.eval import run_table
     from dflash_world import cached_test_world
     from dflash_world.drafter import cached_test_drafter
     from foundation.chat_template import ChatTemplate

@@ -29,8 +29,10 @@ import os
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
 
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.outputs import check_outputs
@@ -42,32 +44,55 @@ from foundation.errors import AuditError
 from drafter_files.checkpoint import load_checkpoint
 from impl.families import DEMO_FAMILIES as FAMILIES
 from impl.layers import build_target_layer_ids
+from impl.settings import Declared
 from drafter_files.zlab_format import save_zlab_dir
 from serving_engines import ENGINES
 
 
-@dataclass
-class DemoConfig:
-    target_preset: dict = field(default_factory=lambda: dict(DEMO_TARGET))
-    draft_layers: int = 2
-    target_layer_ids: list[int] | None = None  # the reference's target layers; default z-lab's selection
-    block_size: int = 8
-    seq_len: int = 256
-    batch_size: int = 4
-    drafter_steps: int = 400  # fixed: no time cap, so the same world (and τ) on every machine
-    max_anchors: int = 48  # blocks per packed row: ~10x cheaper steps than speculators' 512, same recipe otherwise
-    warmup: int = 20
-    corpus_bytes: int = 1_500_000
-    n_prompts: int = 16  # 16 x 128 tokens: the τ gap of the planted bugs clears the bootstrap noise
-    max_new_tokens: int = 128
-    budget: int = 16
-    lr: float = 3e-3
-    family: str = "dflash"  # or "dflash2": the second act
-    # DFlash2 act: a small selector for the small world, a sliding layer whose window is below seq_len.
-    dflash2: dict = field(default_factory=lambda: dict(conv_kernel_size=2, conv_group_size=16, selector_rank=32,
-                                                       selector_top_k=8))
-    sliding_window: int = 64
+class DemoConfig(Declared):
+    """The demo world's settings, each validated by pydantic; every one is part of the cache key (`demo_key`), so a
+    world built for other settings is rebuilt, never reused. Step counts are fixed, never time budgets."""
 
+    SUBJECT = "demo settings"
+    INTEGER_WORDS = True
+
+    target_preset: dict[str, Any] = Field(default_factory=lambda: dict(DEMO_TARGET),
+                                          description="The target's size (dflash_world presets).")
+    draft_layers: int = Field(2, gt=0, description="Drafter decoder layers.")
+    target_layer_ids: list[int] | None = Field(None, description="The reference's target layers (None: z-lab's "
+                                                                 "selection for the target's depth).")
+    block_size: int = Field(8, gt=1, description="Drafter block size.")
+    seq_len: int = Field(256, gt=0, description="Packed training row length.")
+    batch_size: int = Field(4, gt=0, description="Packed rows per training step.")
+    drafter_steps: int = Field(400, gt=0, description="Training steps per drafter: fixed, no time cap, so the same "
+                                                      "world (and τ) on every machine.")
+    max_anchors: int = Field(48, gt=0, description="Blocks per packed row: ~10x cheaper steps than speculators' "
+                                                   "512, same recipe otherwise.")
+    warmup: int = Field(20, ge=0, description="Linear warmup steps.")
+    corpus_bytes: int = Field(1_500_000, gt=0, description="Standard-library source the target and drafters "
+                                                           "train on.")
+    n_prompts: int = Field(16, gt=0, description="Held-out prompts: 16 x 128 tokens, so the τ gap of the planted "
+                                                 "bugs clears the bootstrap noise.")
+    max_new_tokens: int = Field(128, gt=0, description="Tokens per prompt in the τ audit.")
+    budget: int = Field(16, gt=0, description="DDTree node budget in the τ audit.")
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate of both drafters.")
+    family: Literal[FAMILIES] = Field("dflash", description="dflash, or dflash2: the second act.")
+    # DFlash2 act: a small selector for the small world, a sliding layer whose window is below seq_len.
+    dflash2: dict[str, int] = Field(default_factory=lambda: dict(conv_kernel_size=2, conv_group_size=16,
+                                                                 selector_rank=32, selector_top_k=8),
+                                    description="The DFlash2 act's convolution and selector sizes.")
+    sliding_window: int = Field(64, gt=0, description="The DFlash2 act's sliding window, below seq_len.")
+
+    @classmethod
+    def refused(cls, field_name: str, message: str) -> Exception:
+        return AuditError(f"{field_name}: {message}")
+
+    @classmethod
+    def refusal(cls, exc: ValidationError, data: dict[str, Any]) -> Exception:
+        """The family is `demo --family`'s: its refusal names the flag."""
+        if any(error["loc"] == ("family",) for error in exc.errors()):
+            return AuditError(f"--family must be one of {list(FAMILIES)}, got {data['family']!r}")
+        return super().refusal(exc, data)
 
 
 def default_cache_dir(root: str | Path | None = None, family: str = "dflash") -> Path:
@@ -82,8 +107,6 @@ def family_settings(config: DemoConfig) -> tuple[dict, dict]:
     """(trainer settings both drafters share, the act's own planted bug) of the demo's family."""
     if config.family == "dflash":
         return {}, {}
-    if config.family != "dflash2":
-        raise AuditError(f"--family must be one of {list(FAMILIES)}, got {config.family!r}")
     types = (["sliding_attention"] + ["full_attention"] * (config.draft_layers - 1))
     shared = dict(family="dflash2", layer_types=types, sliding_window=config.sliding_window,
                   sliding_window_non_causal=True, **config.dflash2)
@@ -110,7 +133,7 @@ SLOW_SECONDS = 600  # per drafter; about 2 minutes on the development machine
 
 def demo_key(config: DemoConfig) -> str:
     """Hash of everything the cached artefacts depend on."""
-    identity = asdict(config)
+    identity = config.model_dump()
     identity["world_format"] = WORLD_FORMAT
     identity["python"] = sys.version  # the corpus is this Python's standard library
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

@@ -11,7 +11,7 @@ Each field carries its type, its default, its bounds and its description, and in
   dflash's `train_default` (`train_defaults(family)`; the conformance suite holds each to the installed speculators).
 
 Everything else is derived from these declarations, never written again: the `train` options and their help
-(`dflash_audit/commands/train_options.py`), `RunSettings`' recipe fields (`impl/run_settings.py`), the setting names the
+(`dflash_audit/commands/train.py`), `RunSettings`' recipe fields (`impl/run_settings.py`), the setting names the
 format readers recognize (`dflash_audit/formats/setting_names.py`), every range check and its message
 (pydantic's, worded by impl/settings.py), and the flag table of docs/training.md (`python -m impl.recipe`; tests/test_recipe_knobs.py keeps
 the page equal to it).

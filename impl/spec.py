@@ -19,7 +19,7 @@ Each field carries its type, its default, its bounds and its description, and in
 Derived from these declarations, never written again: each setting's own range check (pydantic's) and its message
 (impl/settings.py; `setting_problem` for one value), the family tables (`FAMILY_FIELDS`), the config keys the readers
 recognize (dflash_audit/formats/setting_names.py), the `train` options of the spec settings and their help
-(dflash_audit/commands/train_options.py), `RunSettings`' spec fields (impl/run_settings.py), and the spec table of
+(dflash_audit/commands/train.py), `RunSettings`' spec fields (impl/run_settings.py), and the spec table of
 docs/training.md (`python -m impl.spec`; tests/test_spec_settings.py keeps the page equal to it). The rules between
 settings (heads divisible, layer ids inside the target, one family at a time, ...) are `DraftSpec.validate`'s.
 """
@@ -528,7 +528,7 @@ CONFIG_KEYS = {name: key for name in SPEC_FIELDS
 # Every name a config, a checkpoint or training args declare a setting under (dflash_audit/formats/setting_names.py);
 # a setting declared with `names=None` is read by its format's reader only, never by name.
 SPEC_NAMES = {name: (name, *extra(name)["names"]) for name in SPEC_FIELDS if extra(name)["names"] is not None}
-# The settings `dflash-audit train` takes (dflash_audit/commands/train_options.py), the run field each fills and
+# The settings `dflash-audit train` takes (dflash_audit/commands/train.py), the run field each fills and
 # what `train` uses without its option.
 TRAIN_SETTINGS = tuple(name for name in SPEC_FIELDS if extra(name)["flags"])
 RUN_FIELDS = {name: extra(name)["train_field"] or name for name in TRAIN_SETTINGS}

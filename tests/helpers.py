@@ -55,7 +55,7 @@ def world_drafter(world, layer_ids, seed):
 
 def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budget: int, recipe=None):
     """Save `ours` as ckpt.pt (with `recipe`) and `ref` as a z-lab dir, then `compare` them on the world."""
-    from dflash_audit.commands.compare import run_compare
+    from dflash_audit.audit.compare import run_compare
     from dflash_world.suite_placement import audit_device
     from drafter_files.checkpoint import save_checkpoint
     from foundation.placement import resolve_placement

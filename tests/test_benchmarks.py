@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from dflash.benchmark import DATASETS, _select_dataset
 
-from dflash_audit.tau.prompt_sets import prompt_set_from_flag
+from dflash_audit.audit.eval import prompt_set_from_flag
 from foundation.benchmarks.sets import BENCHMARKS, parse_prompts_flag, read_prompt_set
 from foundation.chat_template import ChatTemplate, thinking_settings
 from foundation.errors import AuditError

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from dataclasses import asdict
 
 import pytest
 
@@ -111,7 +110,7 @@ def test_a_folder_without_a_demo_key_is_never_emptied(tmp_path, key):
 
 
 def test_the_demo_key_has_no_time_budget():
-    assert "drafter_seconds" not in asdict(DemoConfig())
+    assert "drafter_seconds" not in DemoConfig().model_dump()
 
 
 def _demo_env() -> dict[str, str]:

@@ -178,7 +178,7 @@ def test_a_dflash2_spec_with_half_its_fields_is_refused_by_name():
 
 def test_compare_a_trained_dflash2_drafter_with_its_zlab_twin_on_the_world(tmp_path, test_world):
     """Dynamic compare on DFlash2: τ per prompt through the selector, equal for the identical pair; DDTree n/a."""
-    from dflash_audit.commands.compare import run_compare
+    from dflash_audit.audit.compare import run_compare
     from dflash_world.drafter import cached_dflash2_drafter
 
     ckpt = cached_dflash2_drafter(test_world)

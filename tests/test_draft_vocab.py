@@ -160,7 +160,7 @@ def written(test_world, tmp_path_factory):
 
 def test_speculators_written_reduced_drafter_and_its_zlab_twin_have_no_finding_and_equal_tau(test_world, written,
                                                                                                  tmp_path):
-    from dflash_audit.commands.compare import run_compare
+    from dflash_audit.audit.compare import run_compare
 
     root, d2t = written
     assert set(load_file(root / "spec" / "model.safetensors")) >= {"d2t", "t2d", "lm_head.weight"}
@@ -176,7 +176,7 @@ def test_speculators_written_reduced_drafter_and_its_zlab_twin_have_no_finding_a
 
 
 def test_twin_with_another_mapping_is_one_draft_vocab_finding_naming_the_ids(written, test_world, tmp_path):
-    from dflash_audit.commands.compare import run_compare
+    from dflash_audit.audit.compare import run_compare
 
     root, d2t = written
     tensors = load_file(root / "zlab" / "model.safetensors")
@@ -222,7 +222,7 @@ def test_reduced_drafter_with_its_mapping_stripped_is_one_divergence(written, te
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
     assert "reduced head of 512 tokens has no usable draft-to-target map (no d2t mapping)" in err
     if strip_config:  # compare with τ: still the one divergence; the stripped side is not run as something else
-        from dflash_audit.commands.compare import run_compare
+        from dflash_audit.audit.compare import run_compare
 
         report = run_compare(tmp_path / "stripped", root / "zlab", target=test_world.target,
                              prompts=test_world.prompts, out=tmp_path / "out", max_new_tokens=24, budget=8,

@@ -8,9 +8,9 @@ A module may import its own package and any package below it, never one above or
 back edge fails here, in CI. Inside the packages no two modules import each other, however far round (no circles).
 
 `dflash_audit` is itself layered by its sub-packages and modules (`SUBLAYERS`): the entry point, then the verbs
-(`commands/`: parse flags, call one function, print), the demo and the generated pages, `trace` (a training step recorded and audited), the audit, conversion and τ,
+(`commands/`: parse flags, call one function, print), the demo and the generated pages, `trace` (a training step recorded and audited), the audit, conversion, τ and training,
 the output checks, the formats, and the shared helpers; none imports one above or beside it, so the audit never
-imports a verb.
+imports a verb. Nothing but the CLI imports a verb, tests and benchmarks included: they call what the verb runs.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ LAYERS = (("foundation", "catalogue"), ("impl",), ("drafter_files",), ("dflash_w
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 # Inside a package, highest first: each group is a sub-package or a module of it (`dflash_audit.<group>`).
 SUBLAYERS = {"dflash_audit": (("__main__",), ("cli",), ("commands",), ("demo", "serving_readme", "families_readme"),
-                              ("trace",), ("audit",), ("conversion", "offline_tau", "tau"), ("outputs",), ("formats",),
+                              ("trace",), ("audit",), ("conversion", "offline_tau", "tau", "training"), ("outputs",), ("formats",),
                               ("faults", "progress", "prompts", "ranks"))}
 SUBRANK = {package: {name: -rank for rank, names in enumerate(groups) for name in names}
            for package, groups in SUBLAYERS.items()}
@@ -204,6 +204,39 @@ def test_a_deliberate_back_edge_inside_dflash_audit_fails_the_check(path, source
     sources[path] = sources[path] + source
     edges = back_edges(sources)
     assert len(edges) == 1 and edges[0].startswith(path), edges
+
+
+VERB_MODULES = {f"dflash_audit.commands.{p.stem}" for p in (REPO / "dflash_audit" / "commands").glob("*.py")
+                if p.stem != "__init__"}
+
+
+def verb_imports(sources: dict[str, str]) -> list[str]:
+    """`path:line: imports <verb>` for each import of a verb module from outside the CLI (`cli.py`, `commands/`):
+    a verb parses its flags, calls one function and prints, so its runner is what others (tests too) call."""
+    return [f"{path}:{line}: imports {name}" for path, source in sorted(sources.items())
+            if not path.startswith(("dflash_audit/cli.py", "dflash_audit/commands/"))
+            for line, name in imported_modules(source, path)
+            if name in VERB_MODULES or name.rpartition(".")[0] in VERB_MODULES]
+
+
+def all_sources() -> dict[str, str]:
+    return {**repo_sources(), **{str(p.relative_to(REPO)): p.read_text() for folder in ("tests", "bench")
+                                 for p in (REPO / folder).rglob("*.py")}}
+
+
+def test_only_the_cli_imports_a_verb():
+    assert verb_imports(all_sources()) == []
+
+
+@pytest.mark.parametrize("path, source", [
+    ("tests/helpers.py", "def f():\n    from dflash_audit.commands.compare import register\n"),
+    ("bench/tau_methods.py", "import dflash_audit.commands.eval\n"),
+    ("dflash_audit/audit/eval.py", "from dflash_audit.commands import train\n"),
+])
+def test_a_planted_verb_import_is_caught(path, source):
+    sources = all_sources()
+    sources[path] += source
+    assert len(verb_imports(sources)) == 1 and verb_imports(sources)[0].startswith(path)
 
 
 def test_every_module_of_a_layered_package_has_a_declared_group():

@@ -135,7 +135,7 @@ def test_serve_check_live_report(live, tmp_path, monkeypatch):
     """`serve-check --live`: the JSON's serving.vllm.live, the exit status, and the HTML's Served section in
     headless Chromium (the engine's result reused: one engine process per test session)."""
     import dflash_audit.audit.live_check as live_module
-    from dflash_audit.commands.serve_check import run_serve_check
+    from dflash_audit.audit.serving import run_serve_check
 
     sections, world = live
     zlab_dir = Path(sections["zlab"]["served_path"])
@@ -163,7 +163,7 @@ def test_compare_live_findings_set_its_exit_status(live, tmp_path, monkeypatch):
     """`compare --serve vllm --live`: the live findings count toward compare's exit status as `serve-check --live`
     counts them (the engine's result reused; both sides identical, so no audit divergence)."""
     import dflash_audit.audit.live_check as live_module
-    from dflash_audit.commands.compare import run_compare
+    from dflash_audit.audit.compare import run_compare
 
     sections, world = live
     zlab_dir = Path(sections["zlab"]["served_path"])

@@ -13,7 +13,7 @@ from rich.console import Console
 from transformers import AutoConfig
 
 from dflash_audit.cli import main
-from dflash_audit.commands.eval import run_eval
+from dflash_audit.audit.eval import run_eval
 from dflash_audit.progress import PlainProgress, TokenCount
 from dflash_world.drafter import cached_test_drafter
 from dflash_world.suite_placement import audit_dtype

@@ -50,7 +50,7 @@ def test_report_renders_in_chromium(test_world, tmp_path):
 def test_serving_section_renders_for_both_drafters(tmp_path, spec, drafter):
     """`compare --serve` (what the demo runs): the serving section of each drafter, each engine, in Chromium.
     Static only (no target): seconds."""
-    from dflash_audit.commands.compare import run_compare
+    from dflash_audit.audit.compare import run_compare
     from drafter_files.checkpoint import save_checkpoint
     from drafter_files.zlab_format import save_zlab_dir
 

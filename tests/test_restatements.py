@@ -654,7 +654,7 @@ def test_a_planted_drafter_fits_check_is_caught(planted):
 def test_eval_and_compare_ask_the_one_fit_check_and_run_the_one_offline_runner():
     import dflash_audit.audit.drafter_fit as drafter_fit
     import dflash_audit.audit.dynamic as dynamic
-    import dflash_audit.commands.eval as eval_command
+    import dflash_audit.audit.eval as eval_command
     import dflash_audit.formats.speculators as speculators
     import dflash_audit.offline_tau as offline_tau
     import impl.spec_fit

@@ -78,5 +78,3 @@ def register(app: typer.Typer) -> None:
                              vllm_python=vllm_python, chat=chat, force=force)
         return report.exit_status
 
-
-__all__ = ["register", "run_compare"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from dflash_audit.audit.serving import divergence_count, run_serve_check
+from dflash_audit.audit.serving import run_serve_check
 from dflash_audit.commands import VERBS
 from foundation.errors import AuditError
 
@@ -57,5 +57,3 @@ def register(app: typer.Typer) -> None:
         return run_serve_check(drafter, parse_engines(engine), target, spec, json_path, out, live, prompts,
                                max_new_tokens, vllm_python, force, **options)
 
-
-__all__ = ["divergence_count", "register", "run_serve_check"]

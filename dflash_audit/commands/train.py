@@ -1,83 +1,83 @@
-"""`dflash-audit train`: our online DFlash trainer (also under `torchrun --nproc_per_node=N`)."""
+"""`dflash-audit train`: our online DFlash trainer (also under `torchrun --nproc_per_node=N`); what it runs is
+`dflash_audit/training.py`.
+
+The options of the recipe knobs and of the drafter settings `train` takes are generated from their declarations
+(impl/recipe.py, impl/spec.py): each flag, its older spellings, its type, and its help with the default `train` uses.
+Adding a knob or a trainable setting there adds its option here. Every such option defaults to None ("not given"):
+`--recipe speculators` fills what is not given, and each setting's declaration (pydantic's, impl/settings.py) judges
+the values when the run starts.
+"""
 
 from __future__ import annotations
 
-import json
+import inspect
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from dflash_audit.commands import VERBS
-from dflash_audit.commands.train_options import run_option, with_knob_options
-from dflash_audit.formats.setting_names import DeclarationError, convert
-from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
-from foundation.errors import AuditError
-from foundation.inputs import check_finite_flags, check_target_dir, regular_file
 from impl import spec
-from impl.families import TITLES, TRAINED_FAMILIES
-from impl.recipe import KNOBS
-from impl.run_settings import RunSettings, TrainError
-from impl.spec import FAMILY_FIELDS
+from impl.recipe import KNOBS, TRAIN_DEFAULTS, Recipe, choices
+from impl.run_settings import RunSettings
+from impl.settings import base_type, range_text
 
 
-def drafter_settings(options: dict) -> dict:
-    """The trainable drafter settings given on the command line (popped from `options`), by run field, each
-    checked against its declaration: `--target-layer-ids 1,16,31` read as every other source reads the setting,
-    `--layer-types` split at commas."""
-    given = {}
+def run_option(name: str) -> Any:
+    """The option of a run setting (impl/train.py `RunSettings`): its declared default and description as help."""
+    info = RunSettings.model_fields[name]
+    return typer.Option(info.default, help=info.description)
+
+
+def knob_help(name: str) -> str:
+    info = KNOBS[name]
+    allowed = choices(name)
+    limits = f"; must be {range_text(Recipe, name)}" if range_text(Recipe, name) else ""
+    one_of = f"; one of {', '.join(allowed)}" if allowed else ""
+    # Round brackets: typer's rich help reads "[...]" as markup and drops it.
+    return f"{info.description}{one_of}{limits} (default: {TRAIN_DEFAULTS[name]})."
+
+
+def knob_parameters() -> list[inspect.Parameter]:
+    """One keyword parameter per recipe knob, as typer reads a command's options."""
+    parameters = []
+    for name, info in KNOBS.items():
+        kind = str if choices(name) else {float: float, int: int, bool: bool, str: str}.get(info.annotation, int)
+        option = typer.Option(None, *info.json_schema_extra["flags"], help=knob_help(name))
+        parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                            annotation=kind | None))
+    return parameters
+
+
+def setting_help(name: str) -> str:
+    """A drafter setting's help: its description and what `train` uses without it."""
+    given = spec.TRAIN_DEFAULTS[name]
+    default = given if given is not None else spec.extra(name)["train_default_of"]
+    return f"{spec.SETTINGS[name].description} (default: {default})."
+
+
+def setting_parameters() -> list[inspect.Parameter]:
+    """One keyword parameter per drafter setting `train` takes, named as its run field (`draft_layers`); a list
+    setting is given comma-separated (`--target-layer-ids 1,16,31`)."""
+    parameters = []
     for name in spec.TRAIN_SETTINGS:
-        field_name, flag = spec.RUN_FIELDS[name], spec.extra(name)["flags"][0].split("/")[0]
-        value = options.pop(field_name, None)
-        if value is None:
-            continue
-        if name == "target_layer_ids":
-            try:
-                value = convert(name, value, flag)
-            except DeclarationError as exc:
-                raise AuditError(str(exc)) from None
-        elif name == "layer_types":
-            value = [t.strip() for t in value.split(",")] if value else None
-        problem = spec.setting_problem(name, value)
-        if problem:
-            raise AuditError(f"{flag} {problem}")
-        given[field_name] = value
-    return given
+        kind = base_type(spec.SETTINGS[name])
+        option = typer.Option(None, *spec.extra(name)["flags"], help=setting_help(name))
+        parameters.append(inspect.Parameter(spec.RUN_FIELDS[name], inspect.Parameter.KEYWORD_ONLY, default=option,
+                                            annotation=(kind if kind in (int, bool) else str) | None))
+    return parameters
 
 
-def check_out(out: Path, resume: bool, force: bool = False) -> None:
-    """--out is a checkpoint file: never a directory, never someone else's file; an existing one is
-    only this run's own to --resume, or replaced with --force."""
-    from dflash_audit.formats import ours
-
-    if out.is_dir():
-        raise AuditError(f"--out {out}: a directory; --out is the checkpoint file to write (e.g. {out / 'ckpt.pt'})")
-    if out.exists() and out.is_file() and out.suffix != ".pt":
-        raise AuditError(f"--out {out}: an existing file that is not a *.pt checkpoint; refusing to overwrite it")
-    if resume and out.exists() and not out.is_file():
-        raise AuditError(f"--out {out}: not a checkpoint file to --resume from")
-    if not out.is_file() or force:
-        return
-    if not ours.detect(out):
-        raise AuditError(f"--out {out}: an existing file that is not a checkpoint dflash-audit wrote; refusing "
-                         "to overwrite it (choose another path, or pass --force to replace it)")
-    if not resume:
-        raise AuditError(f"--out {out}: a checkpoint already exists there; pass --resume to continue that run, "
-                         "or --force to replace it")
-
-
-def check_train_paths(target: Path, data: Path, eval_data: Path | None, out: Path, json_out: Path | None,
-                      resume: bool, force: bool = False) -> None:
-    """Every path, before the tokenizer, the data or the target are read."""
-    check_target_dir(target)
-    regular_file(data, "file", "--data")
-    if eval_data is not None:
-        regular_file(eval_data, "file", "--eval-data")
-    check_outputs({"--out": out, "--json": json_out}, {"--target": target, "--data": data, "--eval-data": eval_data})
-    check_out(out, resume, force)
-    check_writable("--out", out)
-    if json_out is not None:
-        check_writable("--json", json_out)
-        check_not_foreign("--json", json_out, force)
+def with_knob_options(command: Callable) -> Callable:
+    """`command(..., **knobs)` with an option per recipe knob and per trainable drafter setting in place of
+    `**knobs` (once: a verb may be registered again)."""
+    if hasattr(command, "__signature__"):
+        return command
+    signature = inspect.signature(command, eval_str=True)
+    fixed = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    command.__signature__ = signature.replace(parameters=fixed + setting_parameters() + knob_parameters())
+    return command
 
 
 def train(
@@ -109,79 +109,19 @@ def train(
     json_out: Path = typer.Option(None, "--json", help="Write the run's stats as JSON."),
     family: str = run_option("family"),
     **knobs,  # one option per trainable drafter setting (impl/spec.py) and per recipe knob (impl/recipe.py),
-    # generated from their declarations (train_options.with_knob_options)
+    # generated from their declarations (with_knob_options)
 ) -> None:
-    from transformers.utils import logging as hf_logging
+    from dflash_audit.training import run_train
 
-    from impl.data import DataError
-    from impl.train import train as run_training
-
-    check_train_paths(target, data, eval_data, out, json_out, resume, force)
-    if d2t is not None:
-        regular_file(d2t, "file", "--d2t")
-    drafter = drafter_settings(knobs)  # the trainable spec settings given, by run field; the rest are recipe knobs
-    check_finite_flags(lr=lr, max_seconds=max_seconds,
-                       **{name: value for name, value in knobs.items() if KNOBS[name].annotation is float})
-    check_family_flags(family, {**drafter, **knobs})
-    if dtype not in ("fp32", "bf16"):
-        raise AuditError(f"--dtype must be fp32 or bf16, got {dtype!r}")
-    # The run settings are validated when made; the recipe knobs by the recipe type when the run starts.
-    settings = recipe_settings(recipe, family, {**drafter, **knobs})
-    hf_logging.disable_progress_bar()  # one progress bar: the trainer's
-    try:
-        cfg = RunSettings(
-            target=str(target), out=str(out), data=str(data), eval_data=str(eval_data) if eval_data else None,
-            eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
-            grad_accum=grad_accum, seq_len=seq_len, d2t=str(d2t) if d2t is not None else None, dtype=dtype,
-            eval_every=eval_every, save_every=save_every, resume=resume, seed=seed, max_seconds=max_seconds,
-            family=family, **settings)
-        stats = run_training(cfg)
-    except (DataError, TrainError) as exc:
-        raise AuditError(str(exc)) from exc
+    stats = run_train(target, data, out, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
+                      grad_accum=grad_accum, seq_len=seq_len, recipe=recipe, d2t=d2t, dtype=dtype,
+                      eval_data=eval_data, eval_sequences=eval_sequences, eval_every=eval_every,
+                      save_every=save_every, resume=resume, force=force, seed=seed, max_seconds=max_seconds,
+                      json_out=json_out, family=family, knobs=knobs)
     if stats["rank"] == 0:  # under torchrun only rank 0 reports
-        report_run(stats, json_out)
-
-
-def check_family_flags(family: str, given: dict) -> None:
-    """--family names one of the families; a family's own flag (its drafter's shape, its loss knobs) needs it."""
-    if family not in TRAINED_FAMILIES:
-        raise AuditError(f"--family must be one of {', '.join(TRAINED_FAMILIES)}, got {family!r}")
-    for name, value in given.items():
-        owner = flag_family(name)
-        if value is not None and owner not in (None, family):
-            raise AuditError(f"--{name.replace('_', '-')} is a {TITLES[owner]} setting; add --family {owner}")
-
-
-def flag_family(name: str) -> str | None:
-    """The family a train setting belongs to: a drafter field of one family, or a recipe knob declared for one."""
-    if name in KNOBS:
-        return KNOBS[name].json_schema_extra["family"]
-    return next((family for family, names in FAMILY_FIELDS.items() if name in names), None)
-
-
-def recipe_settings(recipe: str | None, family: str, given: dict) -> dict:
-    """The TrainConfig knobs: `--recipe speculators`'s whole resolution, then every flag given explicitly."""
-    if recipe not in (None, "speculators"):
-        raise AuditError(f"--recipe must be speculators, got {recipe!r}")
-    settings = {}
-    if recipe == "speculators":
-        from reference_adapters.speculators_recipe import train_settings
-
-        settings = train_settings(family)
-    settings.update({name: value for name, value in given.items() if value is not None})
-    return settings
-
-
-def report_run(stats: dict, json_out: Path | None) -> None:
-    """The run's stats as JSON (atomically) and its one summary line."""
-    if json_out is not None:
-        from foundation.atomic import atomic_write_bytes
-
-        text = json.dumps({"schema": "dflash-audit/train/1", **stats}, indent=2)
-        atomic_write_bytes(json_out, lambda tmp: Path(tmp).write_text(text))
-    final = stats["eval"] or stats["final"]
-    typer.echo(f"trained {stats['steps']} steps in {stats['seconds']} s -> {stats['out']}  "
-               f"loss {final['loss']:.4f}  EAL {final['eal']:.2f}")
+        final = stats["eval"] or stats["final"]
+        typer.echo(f"trained {stats['steps']} steps in {stats['seconds']} s -> {stats['out']}  "
+                   f"loss {final['loss']:.4f}  EAL {final['eal']:.2f}")
 
 
 def register(app: typer.Typer) -> None:

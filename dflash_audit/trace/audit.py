@@ -9,7 +9,6 @@ a checkpoint's recipe; block size and mask id are the drafter's own declared one
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from dflash_audit.trace.loss_fit import REFERENCE_REDUCTION, fit_weights, reduct
 from dflash_audit.trace.matcher import Named, TargetCandidates, centered_log_probs, name_rows, tolerance
 from dflash_audit.trace.recording import Recording
 from foundation.errors import AuditError
+from foundation.inputs import read_json_object
 from impl.recipe import Recipe
 
 
@@ -46,12 +46,7 @@ def read_ref(path: Path | None) -> dict[str, Any]:
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
         raise AuditError(f"--ref {path}: no config.json there")
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise AuditError(f"--ref {file}: not readable JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise AuditError(f"--ref {file}: not a JSON object")
+    data = read_json_object(file, "config.json", lambda message: AuditError(f"--ref {message}"))
     nested = data.get("dflash_config") if isinstance(data.get("dflash_config"), dict) else {}
     found = {name: nested.get(name, data.get(name)) for name in ("target_layer_ids", "block_size", "mask_token_id")}
     found = {k: v for k, v in found.items() if v is not None}

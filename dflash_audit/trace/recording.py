@@ -92,11 +92,10 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         raise AuditError(f"{flag} {folder}: no recording there ({MANIFEST} missing)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise AuditError(f"{flag} {folder}: {MANIFEST} is not readable JSON ({exc})") from None
-    if not isinstance(manifest, dict) or not str(manifest.get("schema", "")).startswith("dflash-audit/trace-recording"):
+    from foundation.inputs import read_json_object  # not at import: `trace.step` imports this module, and no torch
+
+    manifest = read_json_object(manifest_path, MANIFEST, lambda message: AuditError(f"{flag} {message}"))
+    if not str(manifest.get("schema", "")).startswith("dflash-audit/trace-recording"):
         raise AuditError(f"{flag} {folder}: {MANIFEST} is not a dflash-audit trace recording")
     if manifest.get("format") != FORMAT:
         raise AuditError(f"{flag} {folder}: a recording of format {manifest.get('format')!r}; this version of "

@@ -1,0 +1,315 @@
+"""What `dflash-audit eval` runs: per-prompt τ and per-round acceptance lengths of one drafter (`run_eval`), or
+the τ table over benchmark prompt sets (`run_table`: τ per set × τ method × decoding × temperature × chat setting).
+
+`run_eval`'s `mode="live"` runs speculative decoding (DFlash or DDTree) against the target; `mode="offline"` replays
+the same walks from a hidden-state cache built once per (target, prompts, settings) under `cache_dir`. Under
+`torchrun` the prompts are sharded across ranks (gloo) and rank 0 gathers, prints and writes the results.
+`run_table` runs when eval is given `--table`, `--tau-method`, `--tau-by`, a `NAME:PATH` prompt set,
+`--max-samples`, or more than one set, method, temperature or budget (`uses_table`); it prints the table, writes
+`--json` and `--html`. Both read the drafter through the one fit check (`audit/drafter_fit.py`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from tabulate import tabulate
+
+from dflash_audit.outputs import check_cache_dir, check_not_foreign, check_outputs, check_writable
+from dflash_audit.progress import progress
+from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
+from dflash_audit.ranks import Ranks
+from dflash_audit.tau.declared import declared_settings, template_findings
+from dflash_audit.tau.grid import Decoding, run_grid
+from dflash_audit.tau.methods import TAU_METHODS
+from dflash_audit.tau.published import resolve_published
+from dflash_audit.tau.table_out import payload, terminal_table, write_html, write_json
+from foundation.atomic import atomic_write_bytes
+from foundation.benchmarks.sets import BenchmarkPrompt, PromptSet, parse_prompts_flag, read_prompt_set, select
+from foundation.cache_dir import cache_root
+from foundation.chat_template import ChatTemplate, thinking_settings
+from foundation.errors import AuditError
+from foundation.inputs import check_generation_flags
+from foundation.placement import CPU_FLOAT32, Placement, resolve_placement
+from foundation.target import stop_token_ids
+from foundation.target_vocab import TargetVocabulary, mask_token_problems
+
+METHODS = ("dflash", "ddtree")
+MODES = ("live", "offline")
+TAU_BY = ("thinking",)
+
+
+def mask_token_notes(mask_token_id: int, target: TargetVocabulary) -> list[str]:
+    """τ is still measured, but a mask id the target uses for something else is said (PITFALLS #34)."""
+    limits = {"vocabulary": target.config_vocab_size, "embedding": target.embedding_rows}
+    return [f"the drafter's mask token {mask_token_id} is {phrase} (PITFALLS #34; `compare --target` reports it as "
+            "a mask_token_validity divergence)" for _, phrase in mask_token_problems(mask_token_id, limits,
+                                                                                       target.special_ids)]
+
+
+def check_options(method: str, mode: str, budget: int, max_new_tokens: int, temperature: float) -> None:
+    check_generation_flags(max_new_tokens, budget, temperature)
+    if method not in METHODS:
+        raise AuditError(f"--method must be one of {list(METHODS)}, got {method!r}")
+    if mode not in MODES:
+        raise AuditError(f"--mode must be one of {list(MODES)}, got {mode!r}")
+    if temperature > 0 and (method == "ddtree" or mode == "offline"):
+        raise AuditError("--temperature > 0 needs --method dflash --mode live (DDTree and offline replay are greedy)")
+
+
+def check_json_output(json_path: Path | None, inputs: dict[str, Path], force: bool = False) -> None:
+    """--json is no input, replaces no file the tool did not write (unless --force), and is writable,
+    before any model loads."""
+    if json_path is not None:
+        check_outputs({"--json": json_path}, inputs)
+        check_writable("--json", json_path)
+        check_not_foreign("--json", json_path, force)
+
+
+def evaluate_prompts(drafter, target, prompts, method: str, budget: int, max_new_tokens: int, temperature: float,
+                     seed: int, stop_ids: list[int], advance) -> list[dict]:
+    """Live: decode `prompts`, one by one."""
+    from impl.ddtree import ddtree_decode
+    from impl.decoding import dflash_decode
+
+    results = []
+    for prompt_id, ids in prompts:
+        if method == "dflash":
+            run = dflash_decode(drafter, target, ids, max_new_tokens, stop_ids, temperature, seed)
+        else:
+            run = ddtree_decode(drafter, target, ids, max_new_tokens, stop_ids, budget)
+        results.append({"id": prompt_id, "tau": run.tau, "rounds": run.acceptance_lengths})
+        advance(len(run.new_tokens))
+    return results
+
+
+def replay_prompts(drafter, target, target_dir: Path, prompts, method: str, budget: int, max_new_tokens: int,
+                   stop_ids: list[int], cache_dir: Path | None, ranks: Ranks, bar) -> list[dict]:
+    """Offline: every prompt's rounds replayed from the hidden-state cache (the runner compare's τ uses too)."""
+    from dflash_audit.offline_tau import replay_offline
+    from impl.acceptance import mean_acceptance
+
+    run = replay_offline({"drafter": drafter}, target, target_dir, prompts, max_new_tokens, stop_ids,
+                         [(method, budget if method == "ddtree" else None)], cache_root(cache_dir) / "offline", ranks,
+                         bar)
+    return [{"id": entry.id, "tau": mean_acceptance(rounds), "rounds": rounds}
+            for i, entry in enumerate(run.cache.prompts) for rounds in [run.rounds[method, "drafter", i]]]
+
+
+def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: str = "dflash", budget: int = 32,
+             mode: str = "live", max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0,
+             json_path: Path | None = None, cache_dir: Path | None = None, chat_template="auto",
+             console: Console | None = None, truncate: bool = False, load_options=None,
+             placement: Placement = CPU_FLOAT32, memory: dict | None = None, force: bool = False) -> dict | None:
+    """Evaluate, print the table and write `json_path` (rank 0); returns the JSON payload there.
+
+    `memory`: free memory handed to the memory plan (`free_on_devices`, `free_on_host`) instead of
+    the machine's own, for tests."""
+    # Bad flags and inputs are refused before the modelling code (seconds of transformers imports) is imported.
+    check_options(method, mode, budget, max_new_tokens, temperature)
+    inputs = {"--drafter": drafter_path, "--target": target_dir, "--prompts": prompts_path}
+    check_json_output(json_path, inputs, force)
+    check_cache_dir(cache_dir, inputs)
+    console = console or Console(stderr=True)
+    records = load_prompts(prompts_path)  # bad input fails before any model loads
+    from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
+    from foundation.target import load_target_model, load_tokenizer
+    from impl.body_shapes import build_drafter
+    from impl.ddtree import require_dflash_family
+    from impl.acceptance import acceptance_histogram, mean_acceptance
+    from impl.memory_plan import check_plan, plan_memory
+
+    chat = chat_template if isinstance(chat_template, ChatTemplate) else ChatTemplate.parse(chat_template)
+    tokenizer, config = load_tokenizer(target_dir)
+    chat.check_kwargs(tokenizer)
+    spec, state_dict = read_drafter(drafter_path, target_dir, config, load_options)
+    if method == "ddtree" and spec.family != "dflash":
+        require_dflash_family(build_drafter(spec, state_dict))  # before any prompt is decoded or cached
+    prompts, notes = fit_prompts(tokenize_prompts(tokenizer, records, chat), max_new_tokens,
+                                 config.max_position_embeddings, truncate, str(prompts_path))
+    notes += mask_token_notes(spec.mask_token_id, TargetVocabulary.read(target_dir, tokenizer))
+    # Before any target weight is read: does it all fit?
+    check_plan(plan_memory(config, placement.dtype, [spec], [ids.shape[1] for _, ids in prompts], max_new_tokens),
+               placement, **(memory or {}))
+    target = load_target_model(target_dir, placement)
+    drafter = place_drafter(spec, state_dict, drafter_path, target)
+    for note in notes:
+        console.print(f"note: {note}", soft_wrap=True)
+    stop_ids = stop_token_ids(tokenizer)
+    ranks = Ranks()
+    order = {prompt_id: i for i, (prompt_id, _) in enumerate(prompts)}
+    mine = ranks.shard(prompts)
+    with progress(console, f"eval {method} ({mode})", len(mine), max_new_tokens, enabled=ranks.rank == 0) as bar:
+        if mode == "offline":  # one cache for all prompts, built by rank 0; every rank replays its share
+            results = replay_prompts(drafter, target, target_dir, prompts, method, budget, max_new_tokens, stop_ids,
+                                     cache_dir, ranks, bar)
+        else:
+            results = ranks.gather(evaluate_prompts(drafter, target, mine, method, budget, max_new_tokens,
+                                                    temperature, seed, stop_ids, advance=bar.advance))
+    results = sorted(results, key=lambda r: order[r["id"]])
+    ranks.close()
+    if ranks.rank != 0:
+        return None
+
+    all_rounds = [length for r in results for length in r["rounds"]]
+    longest = drafter.spec.longest_round
+    payload = {"schema": "dflash-audit/eval/1", "method": method, "mode": mode, "budget": budget if method == "ddtree" else None,
+               "max_new_tokens": max_new_tokens, "placement": placement.describe(),
+               "chat_template": chat.describe(tokenizer), "prompts": results,
+               "mean_tau": mean_acceptance([r["tau"] for r in results]),
+               "histogram": acceptance_histogram(all_rounds, longest)}
+    rows = [[r["id"], len(r["rounds"]), sum(r["rounds"]) + 1, f"{r['tau']:.2f}"] for r in results]
+    print(tabulate(rows, headers=["prompt", "rounds", "new tokens", "τ"], tablefmt="github"))
+    print(f"mean τ ({method}, {mode}): {payload['mean_tau']:.3f}   acceptance histogram 0..{longest}: "
+          f"{payload['histogram']}")
+    where = placement.describe()
+    print(f"target and drafter in {where['dtype']} ({where['dtype_source']}) on {where['device']}"
+          + (f", target sharded by --device-map {placement.device_map}" if placement.device_map else ""))
+    if json_path is not None:
+        text = json.dumps(payload, indent=2)
+        atomic_write_bytes(Path(json_path), lambda tmp: Path(tmp).write_text(text))
+    return payload
+
+
+def uses_table(prompts: list[str], methods, budgets, temperatures, tau_methods, tau_by, max_samples, table,
+               html_path) -> bool:
+    """Whether eval runs the τ table (`run_table`) rather than one plain prompts file."""
+    many = any(len(values) > 1 for values in (prompts, methods, budgets, temperatures))
+    named = any(parse_prompts_flag(value)[0] is not None for value in prompts)
+    return bool(table or html_path or tau_methods or tau_by or max_samples is not None or many or named)
+
+
+def plain_prompt_set(path: str | Path, max_samples: int | None = None) -> PromptSet:
+    """A plain prompts file (`{"id", "prompt"}` or `{"turns"}` lines), through the existing reader."""
+    records = load_prompts(path)
+    prompts = [BenchmarkPrompt(r["id"], [r["prompt"]], None) for r in records]
+    chosen = prompts if max_samples is None else select(prompts, max_samples)
+    return PromptSet("prompts", Path(path), chosen, "the 'prompt' field (or first of 'turns') as written",
+                     rows=len(prompts), selection="all rows, file order" if max_samples is None else
+                     f"{len(chosen)} of {len(prompts)} by z-lab's seeded selection (_select_dataset, seed 42)")
+
+
+def prompt_set_from_flag(value: str, max_samples: int | None = None) -> PromptSet:
+    """A `--prompts` value as a prompt set: a benchmark's own file (`NAME:PATH`) or a plain prompts file (`PATH`)."""
+    name, path = parse_prompts_flag(value)
+    return plain_prompt_set(path, max_samples) if name is None else read_prompt_set(name, path, max_samples)
+
+
+def decodings_of(methods: list[str], budgets: list[int]) -> list[Decoding]:
+    out = []
+    for method in dict.fromkeys(methods):
+        if method not in ("dflash", "ddtree"):
+            raise AuditError(f"--method must be one of ['dflash', 'ddtree'], got {method!r}")
+        out += [Decoding("ddtree", b) for b in dict.fromkeys(budgets)] if method == "ddtree" else [Decoding("dflash")]
+    return out
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise AuditError(f"--seeds: expected comma-separated integers, got {text!r}") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise AuditError(f"--seeds: expected one or more non-negative integers, got {text!r}")
+    return list(dict.fromkeys(seeds))
+
+
+def check_table_options(tau_methods, temperatures, budgets, max_new_tokens, tau_by, html_path, json_path, inputs,
+                        force: bool = False):
+    for method in tau_methods:
+        if method not in TAU_METHODS:
+            raise AuditError(f"--tau-method must be one of {list(TAU_METHODS)}, got {method!r}")
+    for temperature in temperatures:
+        check_generation_flags(max_new_tokens, None, temperature)
+    for budget in budgets:
+        check_generation_flags(None, budget)
+    if tau_by is not None and tau_by not in TAU_BY:
+        raise AuditError(f"--tau-by must be one of {list(TAU_BY)}, got {tau_by!r}")
+    outputs = {"--json": json_path, "--html": html_path}
+    check_outputs(outputs, inputs)
+    for flag, path in outputs.items():
+        if path is not None:
+            check_writable(flag, path)
+            check_not_foreign(flag, path, force)  # a user's file is never replaced silently
+
+
+def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: list[str] | None = None,
+              methods: list[str] | None = None, budgets: list[int] | None = None,
+              temperatures: list[float] | None = None, seeds: str = "0", max_new_tokens: int = 256,
+              chat: ChatTemplate | None = None, tau_by: str | None = None, max_samples: int | None = None,
+              json_path: Path | None = None, html_path: Path | None = None, published: str | None = None,
+              trained_kwargs: str | None = None, load_options=None, placement: Placement = CPU_FLOAT32,
+              console: Console | None = None, force: bool = False) -> dict:
+    from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
+    from dflash_audit.formats import LoadOptions, load_any
+    from foundation.target import load_target_model, load_tokenizer
+
+    console = console or Console(stderr=True)
+    tau_methods, methods = tau_methods or ["live"], methods or ["dflash"]
+    budgets, temperatures = budgets or [32], temperatures or [0.0]
+    chat = chat or ChatTemplate.parse("auto")
+    inputs = {"--drafter": drafter_path, "--target": target_dir}
+    check_table_options(tau_methods, temperatures, budgets, max_new_tokens, tau_by, html_path, json_path, inputs,
+                        force)
+    seed_list = parse_seeds(seeds)
+    decodings = decodings_of(methods, budgets)
+    # Bad input before any model; the command line hands them over already read.
+    prompt_sets = [v if isinstance(v, PromptSet) else prompt_set_from_flag(v, max_samples) for v in prompts]
+    published_target = resolve_published(published, target_dir)
+    tokenizer, config = load_tokenizer(target_dir)
+    chat.check_kwargs(tokenizer)
+    if "zlab-benchmark" in tau_methods and chat.template(tokenizer) is None:  # said before any model loads
+        raise AuditError("--tau-method zlab-benchmark renders every prompt through a chat template: the target "
+                         "tokenizer has none (give one with --chat-template FILE)")
+    chats = {"default": chat} if tau_by is None else {f"thinking {k}": v
+                                                      for k, v in thinking_settings(chat, tokenizer).items()}
+    options = load_options or LoadOptions(flag_prefix="")
+    spec, state_dict = read_drafter(drafter_path, target_dir, config, options)
+    declared, where = declared_settings(load_any(drafter_path, target_dir, options).raw.config, trained_kwargs)
+    findings = template_findings(declared, where, {label: c.kwargs for label, c in chats.items()})
+    target = load_target_model(target_dir, placement)
+    drafter = place_drafter(spec, state_dict, drafter_path, target)
+    cells, skipped = run_grid(drafter, target, tokenizer, prompt_sets, tau_methods, decodings, temperatures, chats,
+                              max_new_tokens, seed_list, published_target,
+                              advance=lambda: console.print(".", end=""))
+    console.print()
+    data = payload(cells, [s.describe() for s in prompt_sets],
+                   {"drafter": str(drafter_path), "target": str(target_dir), "max_new_tokens": max_new_tokens,
+                    "published_target": published_target, "placement": placement.describe(),
+                    "trained_chat_template": {"kwargs": declared, "declared_in": where} if declared else None,
+                    "findings": findings}, skipped)
+    for s in data["sets"]:
+        print(f"{s['name']}: {s['count']} of {s['rows']} rows ({s['selection']}); rendering: {s['rendering']}")
+    print(terminal_table(cells))
+    for finding in findings:
+        print(f"divergence  chat_template  {finding['message']}")
+    for note in skipped:
+        print(f"not run: {note}")
+    if json_path is not None:
+        write_json(json_path, data)
+    if html_path is not None:
+        write_html(html_path, data)
+    return data
+
+
+def evaluate(drafter: Path, target: Path, prompts: list[str], methods: list[str], budgets: list[int], mode: str,
+             max_new_tokens: int, temperatures: list[float], seed: int, seeds: str | None, json_path: Path | None,
+             cache_dir: Path | None, chat: ChatTemplate, tau_methods: list[str], tau_by: str | None, table: bool,
+             html_path: Path | None, max_samples: int | None, published: str | None, trained_kwargs: str | None,
+             load_options, device: str, dtype: str, device_map: str | None, truncate: bool, force: bool) -> None:
+    """`eval`'s flags, run: the τ table when they ask for one (`uses_table`), else one prompts file's τ."""
+    if uses_table(prompts, methods, budgets, temperatures, tau_methods, tau_by, max_samples, table, html_path):
+        if mode != "live":
+            raise AuditError("--mode offline replays plain prompts files; the τ table runs its τ methods "
+                             "(--tau-method)")
+        prompt_sets = [prompt_set_from_flag(value, max_samples) for value in prompts]  # before any model
+        run_table(drafter, target, prompt_sets, tau_methods, methods, budgets, temperatures, seeds or str(seed),
+                  max_new_tokens, chat, tau_by, max_samples, json_path, html_path, published, trained_kwargs,
+                  load_options, resolve_placement(device, dtype, device_map, target), force=force)
+        return
+    placement = resolve_placement(device, dtype, device_map, target)
+    run_eval(drafter, target, Path(prompts[0]), methods[0], budgets[0], mode, max_new_tokens, temperatures[0], seed,
+             json_path, cache_dir, chat, truncate=truncate, load_options=load_options, placement=placement,
+             force=force)
