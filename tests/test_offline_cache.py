@@ -8,15 +8,10 @@ import pytest
 import torch
 
 from impl.decoding import greedy_decode
-from impl.extract import HiddenStateExtractor
+from impl.extract import HiddenStateExtractor, output_head
 from impl.offline import cache_bytes_estimate, load_or_build_cache
 from impl.offline.cache import kept_layers, layer_path
 from impl.offline.capture import capture
-from dflash_world.suite_placement import audit_dtype
-
-# Known open defect (not a tolerance): in the bfloat16 pass these fail on a test world trained here, the same at
-# f0f52c5; xfail there until the cause is found, a pass wherever they agree, and float32 stays strict.
-OPEN_IN_BF16 = pytest.mark.xfail(audit_dtype() == torch.bfloat16, strict=False, reason="open: on a test world trained with this CPU's AVX-512 kernels, bfloat16 near-ties part these walks (failing at f0f52c5 too)")
 
 MAX_NEW = 24
 ULPS = 8  # fp32: a state computed in another shape of forward differs by a few ulps of its layer's scale
@@ -31,6 +26,22 @@ def load_in(target_dir, dtype: torch.dtype):
 def within_ulps(a: torch.Tensor, b: torch.Tensor, ulps: int = ULPS) -> bool:
     scale = float(torch.maximum(a.abs().max(), b.abs().max()))
     return float((a - b).abs().max()) <= ulps * torch.finfo(a.dtype).eps * scale
+
+
+def margins_agree(target, a: torch.Tensor, b: torch.Tensor, final_a: torch.Tensor, final_b: torch.Tensor) -> bool:
+    """Two builds' top-2 margins [T], each of the logits of its own final (normed) states [T, H].
+
+    float32: within 1e-5, a few ulps of these logits' scale. Below float32 the logits are rounded to the target's
+    dtype (1/32 at a logit of 4 in bfloat16) and forwards of other shapes round the states apart (within ULPS ulps,
+    above: on the test world one query against the KV cache, a padded batch's masked pad keys or a verified
+    block change the attention's sums); a margin then moves by at most twice the most a logit moves: the head
+    applied to the states' difference (in float32) plus one ulp of the logits (a head run over other rows)."""
+    if final_a.dtype == torch.float32:
+        return torch.allclose(a, b, rtol=0, atol=1e-5)
+    weight = output_head(target).weight.detach().to("cpu", torch.float32)
+    moved = ((final_a.float() - final_b.float()) @ weight.T).abs().amax(-1)
+    rounding = torch.finfo(final_a.dtype).eps * (final_b.float() @ weight.T).abs().amax(-1)  # >= an ulp of any logit
+    return bool(((a - b).abs() <= 2 * (moved + rounding)).all())
 
 
 class ForwardLog:
@@ -59,7 +70,6 @@ def world(trained_pair):
 
 
 @pytest.mark.dynamic
-@OPEN_IN_BF16
 def test_capture_is_the_greedy_continuation_with_one_forward_per_position(world, monkeypatch):
     """Tokens bit-identical to plain greedy decoding; states equal to the former second full
     forward over prompt + continuation within ULPS ulps (not bitwise: a position computed as
@@ -80,11 +90,11 @@ def test_capture_is_the_greedy_continuation_with_one_forward_per_position(world,
             old = full.context[0].view(len(tokens), layers, -1)[:, i]
             assert captured.layers[i].shape == old.shape and within_ulps(captured.layers[i], old), i
         top2 = full.logits[0].float().topk(2, -1).values  # the margin of the logits as they are, in float32
-        assert torch.allclose(captured.margin, top2[:, 0] - top2[:, 1], rtol=0, atol=1e-5)
+        final = full.context[0].view(len(tokens), layers, -1)[:, layers - 1]  # after the final norm
+        assert margins_agree(target, captured.margin, top2[:, 0] - top2[:, 1], captured.layers[layers - 1], final)
 
 
 @pytest.mark.dynamic
-@OPEN_IN_BF16
 def test_a_padded_batch_gives_each_prompt_what_it_gets_alone(world, monkeypatch):
     """fp32: tokens bit-identical; states within ULPS ulps (the padded batch runs its GEMMs over
     more rows and its attention over masked pad keys, which changes fp32 summation order)."""
@@ -99,7 +109,8 @@ def test_a_padded_batch_gives_each_prompt_what_it_gets_alone(world, monkeypatch)
         assert torch.equal(batched.token_ids, alone.token_ids) and batched.prompt_len == alone.prompt_len
         for i in ids:
             assert torch.isfinite(batched.layers[i]).all() and within_ulps(batched.layers[i], alone.layers[i]), i
-        assert torch.allclose(batched.margin, alone.margin, rtol=0, atol=1e-5)
+        last = target.config.num_hidden_layers - 1  # kept: the final (normed) state the margin is read from
+        assert margins_agree(target, batched.margin, alone.margin, batched.layers[last], alone.layers[last])
 
 
 @pytest.mark.dynamic
@@ -158,7 +169,6 @@ def test_cache_bytes_estimate_counts_each_layer_once():
 
 
 @pytest.mark.dynamic
-@OPEN_IN_BF16
 def test_speculative_generation_is_plain_greedy_in_fewer_target_passes(trained_pair, test_world, tmp_path):
     """Greedy verification is lossless: the continuation is bit-identical to plain greedy decoding,
     in fewer target passes with a trained drafter; the states (verified blocks instead of single
@@ -174,7 +184,8 @@ def test_speculative_generation_is_plain_greedy_in_fewer_target_passes(trained_p
         assert torch.equal(fast.token_ids, tokens)
         plain = capture(target, [prompt[0]], ids, 48, stop_ids)[0]
         assert all(within_ulps(fast.layers[i], plain.layers[i]) for i in ids)
-        assert torch.allclose(fast.margin, plain.margin, rtol=0, atol=1e-5)
+        last = target.config.num_hidden_layers - 1  # kept: the final (normed) state the margin is read from
+        assert margins_agree(target, fast.margin, plain.margin, fast.layers[last], plain.layers[last])
         total_new, total_passes = total_new + len(tokens) - prompt.shape[1], total_passes + passes
     assert total_passes < total_new / 1.5  # one pass per token (+1) without the drafter
     named = [(f"p{i}", p) for i, (_, p) in enumerate(prompts[:2])]
