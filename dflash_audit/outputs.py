@@ -165,3 +165,11 @@ def check_cache_dir(cache_dir: Path | None, inputs: dict[str, Path | None]) -> N
         if how in ("is", "is inside"):
             raise AuditError(f"--cache-dir {cache_dir} {how} the input {in_flag} {given}; the cache would write "
                              "files there: choose another cache folder")
+    probe = cache_dir.absolute() / "offline"  # a byte written (and taken back) where the cache will write
+    try:
+        probe_destination(probe)
+    except (OSError, ValueError) as exc:  # foundation.atomic.OutputError, or a folder that cannot be made
+        from dflash_audit.faults import fault_words
+
+        why = fault_words(exc) if isinstance(exc, OSError) else str(exc).removeprefix(f"{probe}: ")
+        raise AuditError(f"--cache-dir {cache_dir}: {why}") from None

@@ -132,8 +132,44 @@ def prepare_destination(path: str | Path) -> Path:
 
 
 def probe_destination(path: str | Path) -> None:
-    """Check, before any work, that `path` can be written; cleans its leftover temp files."""
-    _tidy(prepare_destination(path))
+    """Check, before any work, that `path` can be written, a byte of it too (a full tmpfs still makes empty files
+    and folders); cleans its leftover temp files. Folders it had to make are removed again: the write makes them."""
+    path = Path(path).absolute()
+    made = missing_folders(path.parent)
+    try:
+        folder = prepare_destination(path)
+        fd, tmp = _make_temp(folder, path, tempfile.mkstemp)
+        try:
+            try:
+                os.write(fd, b"\0")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise _fail(path, exc) from None
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+            _tidy(folder)
+    finally:
+        remove_if_empty(made)
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its ancestors that do not exist yet, deepest first."""
+    missing = []
+    for candidate in [folder, *folder.parents]:
+        if candidate.exists() or candidate.is_symlink():
+            break
+        missing.append(candidate)
+    return missing
+
+
+def remove_if_empty(folders: list[Path]) -> None:
+    """rmdir each folder (deepest first) that is still empty: one another process filled stays."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _default_modes(root: Path) -> None:

@@ -14,6 +14,8 @@ from typing import TypeVar
 
 from filelock import FileLock
 
+from foundation.atomic import missing_folders, remove_if_empty
+
 T = TypeVar("T")
 
 
@@ -28,11 +30,20 @@ def build_once(lock_path: Path, built: Callable[[], T | None], build: Callable[[
     """`built()` if it finds the artefact, else `build()`; concurrent processes build it once.
 
     `built` is asked again after the lock is taken: the process that waited finds what the
-    other one built."""
+    other one built. A build that fails (a full disk, an interrupt) takes back the lock file and the
+    folders it made, once empty: what `build` wrote it removes itself."""
     found = built()
     if found is not None:
         return found
+    made = missing_folders(lock_path.parent)
+    had_lock = lock_path.exists()
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(lock_path)):
-        found = built()
-        return found if found is not None else build()
+    try:
+        with FileLock(str(lock_path)):
+            found = built()
+            return found if found is not None else build()
+    except BaseException:
+        if not had_lock:
+            lock_path.unlink(missing_ok=True)
+        remove_if_empty(made)
+        raise

@@ -239,7 +239,8 @@ def unexpected_findings(rows: list[TensorRow], ours: Side, ref: Side) -> list[Fi
 
 
 def ignored_entry_findings(ours: Side, ref: Side) -> list[Finding]:
-    """Training state found beside the weights (optimizer, scheduler, ...): named, not audited."""
+    """Training state found beside the weights (optimizer, scheduler, ...) and settings files too large to read:
+    named, not audited."""
     found = []
     for side_name, side in (("ours", ours), ("ref", ref)):
         ignored = side.foreign.get("ignored_entries") or {}
@@ -250,4 +251,7 @@ def ignored_entry_findings(ours: Side, ref: Side) -> list[Finding]:
             found.append(Finding("weights", "info", f"{side_name}: {used}also in the file, not audited: {listing}.",
                                  ignored if side_name == "ours" else None, ignored if side_name == "ref" else None,
                                  key=f"ignored entries of {side_name}"))
+        for name, why in (side.foreign.get("set_aside") or {}).items():
+            found.append(Finding("weights", "info", f"{side_name}: {name} beside the checkpoint: {why}.",
+                                 key=f"set aside in {side_name}: {name}"))
     return found

@@ -25,7 +25,13 @@ from dflash_audit.formats.key_map import (
 )
 from dflash_audit.formats.loaded import LoadedCheckpoint, LoadOptions, RawRecord
 from dflash_audit.formats.payload import Payload
-from dflash_audit.formats.safe_yaml import describe, read_settings, settings_mapping
+from dflash_audit.formats.safe_yaml import (
+    MAX_SETTINGS_BYTES,
+    describe,
+    read_settings,
+    set_aside_note,
+    settings_mapping,
+)
 from dflash_audit.formats.setting_names import DeclarationError
 from dflash_audit.formats.weight_file import read_weight_file
 from foundation.errors import CheckpointError
@@ -58,6 +64,7 @@ class ForeignRead:
     files: list[str]
     layout: str | None = None  # the framework layout read (layouts.detect), None for plain weight files
     placeholders: list[str] = field(default_factory=list)  # 0-element tensors left out of the audit
+    set_aside: dict[str, str] = field(default_factory=dict)  # settings files beside it too large to read, and why
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -115,13 +122,10 @@ def declaration_files(path: Path) -> list[Path]:
     return found
 
 
-MAX_DECLARATION_BYTES = 1 << 20  # a run's settings are kilobytes
-
-
 def read_declaration_file(path: Path) -> dict[str, Any]:
-    if path.stat().st_size > MAX_DECLARATION_BYTES:  # before reading it
-        raise CheckpointError(f"{path}: {path.stat().st_size} bytes, more than a config's "
-                              f"{MAX_DECLARATION_BYTES >> 20} MiB; refusing to read it")
+    if set_aside_note(path) is not None:  # before reading it (read_foreign sets such a file aside)
+        raise CheckpointError(f"{path}: {path.stat().st_size:,} bytes, more than a settings file's "
+                              f"{MAX_SETTINGS_BYTES >> 20} MiB; refusing to read it")
     kind = "json" if path.suffix == ".json" else path.suffix.lstrip(".")
     return settings_mapping(read_settings(path.read_bytes(), str(path), kind), str(path))
 
@@ -168,12 +172,20 @@ def read_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None
     label = path.name
     sources = [(f"{label}: {entry}" if entry else f"{label}:", data) for entry, data in payload.declarations]
     sources += opened.declarations if opened is not None else []
+    set_aside: dict[str, str] = {}  # settings files too large to read, by label
     for config in declaration_files(path):
         if config.resolve() in {f.resolve() for f in files}:
             continue
+        if (note := set_aside_note(config)) is not None:
+            set_aside[config.name] = note
+            continue
         sources.append((f"{config.name}:", read_declaration_file(config)))
-    sources += [(layouts.nested_config.label_of(config, path), layouts.nested_config.read_run_config(config))
-                for config in layouts.nested_config.run_config_files(path)]
+    for config in layouts.nested_config.run_config_files(path):
+        label = layouts.nested_config.label_of(config, path)
+        if (note := set_aside_note(config)) is not None:
+            set_aside[label.rstrip(":")] = note
+            continue
+        sources.append((label, layouts.nested_config.read_run_config(config)))
     try:
         cli = parse_cli_spec(options.spec, options.flag("spec"))
         inference = infer(shapes_of(tensors), sources, read_target_config(target_dir),
@@ -182,7 +194,7 @@ def read_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None
         raise CheckpointError(str(exc)) from exc
     return ForeignRead(tensors=tensors, payload=payload, mapping=mapping, inference=inference,
                        files=[str(f) for f in files], layout=opened.layout if opened is not None else None,
-                       placeholders=placeholders)
+                       placeholders=placeholders, set_aside=set_aside)
 
 
 def drop_placeholders(path: Path, payload: Payload) -> list[str]:
@@ -223,7 +235,7 @@ def load_foreign(path: Path, options: LoadOptions, target_dir: str | Path | None
                "key_map": {"scheme": read.mapping.scheme, "renamed": read.mapping.renamed,
                            "unmapped": read.mapping.unmapped},
                "unrecognized_keys": inference.unrecognized, "fc_layer_count": inference.fc_layer_count,
-               "layout": read.layout, "placeholders": read.placeholders}
+               "layout": read.layout, "placeholders": read.placeholders, "set_aside": read.set_aside}
     ids = known.get("target_layer_ids")
     return LoadedCheckpoint(spec=spec, state_dict=body, recipe=recipe, path=str(path), format="foreign",
                             raw=RawRecord(layer_ids=ids),

@@ -6,6 +6,12 @@ PyYAML builds an alias as a second reference to one object, so an "alias bomb" (
 (resolving `${...}` references, turning it into settings). The composed node graph is measured first,
 each distinct node once, and refused past the limits; only then is it constructed.
 
+A big run's settings file can be large and real (an args.json listing every data shard), so the size bound is
+generous and the expansion limit grows with the text: a document without aliases has fewer nodes than characters,
+so only aliases can take it past `max(MAX_EXPANDED_NODES, len(text))`. libyaml parses it when installed (ten times
+PyYAML's speed, and its own nesting bound); a settings file past `MAX_SETTINGS_BYTES` is set aside unread
+(`set_aside_note`), its declarations unknown.
+
 `read_settings` is the one reader of the settings files foreign checkpoints carry (args.json, a Hydra run's
 config.yaml, a .nemo archive's model_config.yaml); `describe` is what a library's exception may add to a one-line
 refusal: its first line, never an exception's name.
@@ -15,12 +21,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from foundation.errors import CheckpointError
 from foundation.graph_walk import check_bounded
 
-MAX_BYTES = 1 << 20  # a run config is a few kilobytes
+MAX_SETTINGS_BYTES = 256 << 20  # a settings file is kilobytes, a big run's args.json tens of megabytes
 MAX_DEPTH = 64
 MAX_ALIASES = 1_000
 MAX_EXPANDED_NODES = 100_000
@@ -39,23 +46,32 @@ def load_yaml(text: str) -> Any:
     """`yaml.safe_load(text)` within the limits; YamlLimit past them, yaml.YAMLError for bad syntax."""
     import yaml
 
-    if len(text) > MAX_BYTES:
-        raise YamlLimit(f"{len(text)} characters, more than a run config's {MAX_BYTES >> 20} MiB")
-    loader = yaml.SafeLoader(text)
+    if len(text) > MAX_SETTINGS_BYTES:
+        raise YamlLimit(f"{len(text)} characters, more than a settings file's {MAX_SETTINGS_BYTES >> 20} MiB")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:
         try:
             node = loader.get_single_node()
-        except RecursionError:
-            raise YamlLimit(f"nested deeper than {MAX_DEPTH} levels") from None
+        except RecursionError:  # PyYAML's composer
+            raise YamlLimit(REFUSALS["depth"]) from None
+        except yaml.MarkedYAMLError as exc:  # libyaml's own nesting bound (1,000 levels)
+            if "maximum nesting depth" in str(exc.problem):
+                raise YamlLimit(REFUSALS["depth"]) from None
+            raise
         if node is None:
             return None
-        check_nodes(node)
+        check_nodes(node, expansion_limit(len(text)))
         return loader.construct_document(node)
     finally:
         loader.dispose()
 
 
-def check_nodes(root) -> None:
+def expansion_limit(characters: int) -> int:
+    """How many values a document of `characters` may expand to: past it, aliases or references multiply it."""
+    return max(MAX_EXPANDED_NODES, characters)
+
+
+def check_nodes(root, max_expanded: int = MAX_EXPANDED_NODES) -> None:
     """YamlLimit if the node graph nests too deep, has too many aliases, loops, or expands too far."""
     import yaml
 
@@ -72,7 +88,7 @@ def check_nodes(root) -> None:
             return None
         return [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else list(node.value)
 
-    check_bounded(root, children, MAX_DEPTH, MAX_EXPANDED_NODES, lambda kind: YamlLimit(REFUSALS[kind]),
+    check_bounded(root, children, MAX_DEPTH, max_expanded, lambda kind: YamlLimit(REFUSALS[kind]),
                   on_shared=alias)
 
 
@@ -85,12 +101,21 @@ def describe(exc: BaseException, fallback: str = "truncated or corrupt") -> str:
     return fallback if not line or INTERNAL_NAME.search(line) else line
 
 
-def read_settings(data: bytes, where: str, kind: str, limit: int = MAX_BYTES) -> Any:
+def set_aside_note(path: Path) -> str | None:
+    """Why a settings file beside a checkpoint is not read (past MAX_SETTINGS_BYTES), or None to read it."""
+    size = path.stat().st_size
+    if size <= MAX_SETTINGS_BYTES:
+        return None
+    return (f"{size:,} bytes, past the {MAX_SETTINGS_BYTES >> 20} MiB a settings file is read to: set aside unread, "
+            "what it declares stays unknown")
+
+
+def read_settings(data: bytes, where: str, kind: str, limit: int = MAX_SETTINGS_BYTES) -> Any:
     """A settings file's content (`kind` "json" or "yaml") parsed within the limits; CheckpointError naming
     `where` (the file, or the archive and its member) when it is too large, not UTF-8 or not readable."""
     if len(data) > limit:
-        raise CheckpointError(f"{where}: {len(data)} bytes, more than a run config's {limit >> 20} MiB; refusing "
-                              "to read it")
+        raise CheckpointError(f"{where}: {len(data)} bytes, more than a settings file's {limit >> 20} MiB; "
+                              "refusing to read it")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -225,8 +225,13 @@ def load_or_build_cache(cache_dir: str | Path, target_dir: str | Path, target: n
         if path.is_file():
             extend_cache(path, target, wanted, batch, on_prompt)
             return HiddenStateCache.load(path, wanted)
-        cache = build_cache(key, target, prompts, wanted, max_new_tokens, stop_token_ids, batch, on_prompt, drafter)
-        cache.save(path)
+        try:
+            cache = build_cache(key, target, prompts, wanted, max_new_tokens, stop_token_ids, batch, on_prompt,
+                                drafter)
+            cache.save(path)
+        except BaseException:
+            discard(path)  # a cache cut short (a full disk, an interrupt) is no cache: none of it stays
+            raise
         return cache
 
     return build_once(path.with_suffix(".lock"), found, build)

@@ -2,14 +2,18 @@
 
 `compare --out` / `--json`, `eval --json` and `train --out` / `--json` refuse an existing file the tool did
 not write (its own reports are recognised by their schema tag or page title); `--force` replaces it. A
-`--cache-dir` inside an input is refused: the cache would write files and a lock there."""
+`--cache-dir` inside an input is refused: the cache would write files and a lock there. A full disk (a real tmpfs)
+gets one line before any work, and a cache cut short by one is taken back whole."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import subprocess
 
+import pytest
 import torch
 
 from tests.bad_inputs.cli_run import assert_refused, run, tree_digest
@@ -131,3 +135,39 @@ def test_a_cache_dir_that_is_a_file_is_refused(world, tmp_path, capsys):
         code, _, err = run(eval_argv(world, "--mode", "offline", "--cache-dir", cache), capsys)
         assert_refused(code, err, "--cache-dir", str(cache), "not a directory")
     assert os.path.exists("/dev/null")
+
+
+# -- a full disk: a real tmpfs of 64 KiB, mounted for the test (root only: mount(2) needs it) -------------------
+@contextlib.contextmanager
+def tiny_disk(folder, free_kib: int):
+    """A 64 KiB tmpfs at `folder` with `free_kib` KiB left free by a filler file; unmounted afterwards."""
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a tmpfs cannot be mounted here ({mounted.stderr.decode().strip()}): the full-disk cases need root")
+    try:
+        (folder / "filler").write_bytes(b"\0" * ((64 - free_kib) << 10))
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def entries(folder):
+    return sorted(p.name for p in folder.rglob("*"))
+
+
+def test_a_full_disk_gets_one_line_and_keeps_nothing(world, tmp_path, capsys):
+    eval_argv = ["eval", "--drafter", world / "ours.pt", "--target", world / "target", "--prompts",
+                 world / "prompts.jsonl", "--max-new-tokens", "8"]
+    with tiny_disk(tmp_path / "full", free_kib=0) as disk:
+        for argv, flag in ((eval_argv + ["--json", disk / "new" / "eval.json"], "--json"),
+                           (eval_argv + ["--mode", "offline", "--cache-dir", disk / "cache"], "--cache-dir"),
+                           (static_compare(world, disk / "report"), "--out")):
+            code, out, err = run(argv, capsys)
+            assert_refused(code, err, flag, "No space left on device")
+            assert out == "" and entries(disk) == ["filler"], (argv, entries(disk))
+    # Room for the probe's byte but not for the cache: the cache cut short is taken back, whole.
+    with tiny_disk(tmp_path / "nearly-full", free_kib=8) as disk:
+        code, out, err = run(eval_argv + ["--mode", "offline", "--cache-dir", disk / "cache"], capsys)
+        assert_refused(code, err, "cache", "No space left on device")
+        assert entries(disk) == ["filler"], entries(disk)

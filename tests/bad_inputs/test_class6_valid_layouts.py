@@ -136,3 +136,42 @@ def test_torchs_weights_only_advice_gives_way_to_the_reason(world, tmp_path, cap
     line = assert_refused(code, err, "hooked.pt", "system")
     assert "\x1b" not in line and "Weights only load failed" not in line and "trust" not in line
     assert not CLASS_NAME.search(line)
+
+
+def large_settings(folder: Path, state: dict) -> Path:
+    """A big run's checkpoint folder: a 60 MB args.json listing its data shards and a Hydra-style config.yaml past
+    the old 1 MiB bound with more values than an alias bomb's limit, each declaring settings among what the audit
+    never reads."""
+    folder.mkdir()
+    torch.save({"model": state}, folder / "last.pt")
+    bucket = "s3://team-datasets/" + "/".join(["distillation-mixture-v3"] * 12)
+    shards = [f"{bucket}/train-{i:07d}.jsonl" for i in range(200_000)]
+    (folder / "args.json").write_text(json.dumps({"block_size": 4, "gamma": 7.0, "data_files": shards}))
+    yaml_lines = ["model:", "  mask_token_id: 3", "data:", "  files:"] + [f"  - s{i}" for i in range(130_000)]
+    (folder / "config.yaml").write_text("\n".join(yaml_lines) + "\n")
+    return folder / "last.pt"
+
+
+def test_large_settings_files_are_read_and_one_past_the_bound_is_set_aside(world, tmp_path, capsys):
+    state = torch.load(world / "plain.pt", weights_only=True)["model"]
+    ckpt = large_settings(tmp_path / "run", state)
+    assert (tmp_path / "run" / "args.json").stat().st_size > 60e6
+    assert (tmp_path / "run" / "config.yaml").stat().st_size > 1 << 20
+    loaded = load_any(ckpt)
+    assert (loaded.known_spec["block_size"], loaded.known_spec["mask_token_id"]) == (4, 3)
+    assert loaded.provenance["block_size"].detail.startswith("args.json"), loaded.provenance
+    assert loaded.provenance["mask_token_id"].detail.startswith("config.yaml"), loaded.provenance
+    assert loaded.recipe.gamma == 7.0
+
+    # Past the bound (a sparse file: its size, never its bytes, is what is read), the audit runs without it.
+    (tmp_path / "run" / "config.yaml").unlink()
+    (tmp_path / "run" / "args.json").unlink()
+    with open(tmp_path / "run" / "args.json", "wb") as sparse:
+        sparse.truncate(300 << 20)
+    code, out, err = run(["compare", "--ours", ckpt, "--ref", world / "zref", "--out", tmp_path / "report"], capsys)
+    assert code in (0, 1), err
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    notes = [f["message"] for f in report["findings"] if f["key"] == "set aside in ours: args.json"]
+    assert notes == ["ours: args.json beside the checkpoint: 314,572,800 bytes, past the 256 MiB a settings file is "
+                     "read to: set aside unread, what it declares stays unknown."], notes
+    assert "args.json" not in json.dumps(report["ours"].get("provenance", {})), "an unread file declares nothing"

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dflash_audit.formats.safe_yaml import MAX_BYTES, YamlLimit, load_yaml, read_settings, settings_mapping
+from dflash_audit.formats.safe_yaml import YamlLimit, expansion_limit, load_yaml, read_settings, settings_mapping
 from foundation.errors import CheckpointError
 
 LEVELS_UP = 2
@@ -48,19 +48,19 @@ def label_of(config: Path, path: Path) -> str:
 
 
 def read_run_config(config: Path) -> dict[str, Any]:
-    if config.stat().st_size > MAX_BYTES:
-        raise CheckpointError(f"{config}: {config.stat().st_size} bytes, more than a run config's "
-                              f"{MAX_BYTES >> 20} MiB; refusing to read it")
-    data = read_settings(config.read_bytes(), str(config), "yaml")
+    """The run config's settings (the caller sets aside one too large to read: `safe_yaml.set_aside_note`)."""
+    text = config.read_bytes()
+    data = read_settings(text, str(config), "yaml")
     if config.name == "overrides.yaml":
         return overrides_as_settings(config, data)
     if data is None:
         return {}
     settings_mapping(data, str(config))
-    budget = [MAX_RESOLVED]
+    limit = max(MAX_RESOLVED, expansion_limit(len(text)))
+    budget = [limit]
     resolved = resolve_references(data, data, budget=budget)
     if budget[0] < 0:  # `${...}` references that copy each other: an expansion bomb
-        raise CheckpointError(f"{config}: its ${{...}} references expand past {MAX_RESOLVED:,} values; refusing it")
+        raise CheckpointError(f"{config}: its ${{...}} references expand past {limit:,} values; refusing it")
     return resolved
 
 
