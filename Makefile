@@ -10,6 +10,12 @@ UV     := $(VENV)/bin/uv
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 PIP    := $(UV) pip install --quiet --python $(PY) $(FIND_LINKS)
 STAMP  := $(VENV)/.setup-stamp
+# Bytecode: every module the venvs import is compiled once and cached in .venv/pycache, also where the environment
+# sets PYTHONDONTWRITEBYTECODE=1 (uv, unlike pip, compiles nothing at install). Without it every Python process of
+# setup and of the suites (each test worker, each CLI, torchrun and engine subprocess) compiles torch, transformers
+# and the rest from source again: about 8 s of CPU more for each. Nothing is written beside the sources.
+unexport PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX ?= $(abspath $(VENV))/pycache
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_PIP   := $(UV) pip install --quiet --python $(VLLM_PY) $(FIND_LINKS)
@@ -121,12 +127,15 @@ browser:
 # long tests do not leave a core idle. The conformance report is merged from the workers (conformance/conftest.py).
 # Then the tests marked `dynamic` (each dynamic code path once: target forward, live loops, cache, replay, DDTree,
 # compare --target, eval) run again in bfloat16 (DFLASH_AUDIT_DTYPE; their conformance report goes to its own folder).
+# `make test` ends with its own wall time, counted from make's start (setup, docs and the world's build included).
 TEST_WORKERS ?= auto
+MAKE_START := $(shell date +%s)
 test: setup browser docs
 	OMP_NUM_THREADS=1 $(PY) -m dflash_world.prebuild
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 tests conformance
 	DFLASH_AUDIT_DTYPE=bfloat16 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m dynamic \
 		--report-dir reports/conformance/bfloat16 $(DYNAMIC_TESTS)
+	@echo "make test: $$(( $$(date +%s) - $(MAKE_START) )) s wall (setup, docs, the test world and both passes)"
 
 # The docs site, strictly: a broken link, a missing anchor or a page left out of mkdocs.yml's nav fails it.
 docs: setup

@@ -16,13 +16,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_served_tau import eval_cost, explained  # bench/ is on sys.path: run as a script
+from bench_served_tau import eval_cost, explained, llamacpp_drafter  # bench/ is on sys.path: run as a script
 from results import Row, record
 from tabulate import tabulate
 
 from dflash_audit.audit.live_llamacpp import live_llamacpp
 from dflash_world import cached_test_world
-from dflash_world.drafter import cached_full_drafter
 from foundation.atomic import atomic_write_bytes
 
 QUANTS = ("f32", "f16", "q8_0", "q4_k_m")
@@ -34,26 +33,14 @@ def peak_rss_mb() -> float:
 
 
 def main() -> None:
-    from drafter_files.checkpoint import load_checkpoint
-    from drafter_files.zlab_format import save_zlab_dir
-    from impl.layers import names_final_layer
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("reports") / "bench" / "quant_tau.json")
     args = parser.parse_args()
     world = cached_test_world()
-    trained = load_checkpoint(cached_full_drafter(world))
-    spec, body = trained.spec, trained.state_dict
-    keep = [k for k, i in enumerate(spec.target_layer_ids) if not names_final_layer(i, spec.num_target_layers)]
-    h = spec.hidden_size
-    import torch
-
-    columns = torch.cat([torch.arange(k * h, (k + 1) * h) for k in keep])
     with tempfile.TemporaryDirectory(prefix="quant-tau-") as tmp:
         root = Path(tmp)
-        save_zlab_dir(root / "zlab", spec.replace(target_layer_ids=tuple(spec.target_layer_ids[k] for k in keep)),
-                      {**body, "fc.weight": body["fc.weight"][:, columns].contiguous()})
+        llamacpp_drafter(world, root / "zlab")
         eval_wall, eval_rss = eval_cost(root / "zlab", world.target, world.prompts, args.max_new_tokens)
         sections, walls = {}, {}
         for quant in QUANTS:

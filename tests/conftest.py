@@ -79,6 +79,19 @@ def test_world():
     return world_in_suite_dtype(cached_test_world())
 
 
+@pytest.fixture(scope="session")
+def llamacpp_full_gguf(test_world, tmp_path_factory):
+    """The all-full test drafter (target layers 1, 2, 3) written by `convert --for llamacpp` (ours -> z-lab ->
+    llama.cpp's converter, f32): converted once, for the static and the live llama.cpp tests alike."""
+    from dflash_audit.cli import main
+    from dflash_world.drafter import cached_full_drafter
+
+    out = tmp_path_factory.mktemp("llamacpp-full")
+    assert main(["convert", "--from", str(cached_full_drafter(test_world)), "--to", str(out / "full"),
+                 "--for", "llamacpp", "--target", str(test_world.target)]) == 0
+    return out / "full" / "drafter-f32.gguf"
+
+
 @pytest.fixture(scope="module")
 def trained_pair(test_world):
     """(drafter, target, prompts, stop ids): the test world's target and its cached trained drafter."""

@@ -96,6 +96,7 @@ def non_drafter(path: Path) -> Path:
     return path
 
 
+@pytest.mark.parametrize("verb", ["compare", "serve-check --live"])
 @pytest.mark.parametrize("case, words", [
     ("truncated", "truncated or corrupt GGUF"),
     ("magic", "not a GGUF file"),
@@ -103,7 +104,7 @@ def non_drafter(path: Path) -> Path:
     ("string", "a string of"),
     ("non_drafter", "not a DFlash drafter"),
 ])
-def test_a_bad_gguf_is_one_line_and_exit_2(ggufs, tmp_path, capsys, case, words):
+def test_a_bad_gguf_is_one_line_and_exit_2(ggufs, tmp_path, capsys, case, words, verb):
     root, _, world = ggufs
     good = root / "drafter-f32.gguf"
     bad = tmp_path / "bad.gguf"
@@ -118,9 +119,13 @@ def test_a_bad_gguf_is_one_line_and_exit_2(ggufs, tmp_path, capsys, case, words)
     else:
         non_drafter(bad)
     capsys.readouterr()
-    code = main(["compare", "--ours", str(bad), "--ref", str(root / "zlab"), "--static-only",
-                 "--out", str(tmp_path / "report")])
+    if verb == "compare":
+        code = main(["compare", "--ours", str(bad), "--ref", str(root / "zlab"), "--static-only",
+                     "--out", str(tmp_path / "report")])
+    else:  # refused before any engine starts
+        code = main(["serve-check", "--drafter", str(bad), "--engine", "llamacpp", "--target", str(world.target),
+                     "--live", "--json", str(tmp_path / "serving.json")])
     err = capsys.readouterr().err.strip()
-    assert code == 2
+    assert code == 2 and not (tmp_path / "serving.json").exists()
     assert len(err.splitlines()) == 1 and err.startswith("dflash-audit: error: ") and str(bad) in err, err
     assert words in err, err

@@ -12,6 +12,7 @@ reading layers 1 and 2 (its fc columns for layer 3 dropped: `without_final_layer
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -38,8 +39,12 @@ def planted_copy(source: Path, destination: Path, key: str, values: list[int]) -
 
 
 @pytest.fixture(scope="module")
-def live(test_world, tmp_path_factory):
+def live(test_world, llamacpp_full_gguf, tmp_path_factory):
+    """One live check per drafter, each llama-server run once: the GGUF of the drafter reading layers 1 and 2 served
+    with the three planted runs beside it; q4_k_m and the mixed drafter served from their conversion (the live
+    check's own); the drafter reading the last layer; heldout-7, a near-tie."""
     from dflash_audit.audit.live_llamacpp import live_llamacpp
+    from dflash_audit.cli import main
     from dflash_world.drafter import cached_full_drafter, cached_test_drafter
     from drafter_files.checkpoint import load_checkpoint
     from drafter_files.zlab_format import save_zlab_dir
@@ -50,20 +55,23 @@ def live(test_world, tmp_path_factory):
     prompts.write_text("\n".join(Path(test_world.prompts).read_text().splitlines()[:PROMPTS]) + "\n")
     trained = load_checkpoint(cached_full_drafter(test_world))
     save_zlab_dir(root / "full-1-2", *without_final_layer(trained.spec, trained.state_dict))
-    served = live_llamacpp(root / "full-1-2", test_world.target, prompts, TOKENS, workdir=root / "f32")
-    gguf = Path(served["served_path"])
+    assert main(["convert", "--from", str(root / "full-1-2"), "--to", str(root / "gguf"), "--for", "llamacpp",
+                 "--target", str(test_world.target)]) == 0
+    gguf = root / "gguf" / "drafter-f32.gguf"
     plants = {"n_max": {"n_max": 3},
               "layer_shift": {"gguf": planted_copy(gguf, root / "shift.gguf", "dflash.target_layers", [1, 2])},
               "mask_id": {"gguf": planted_copy(gguf, root / "mask.gguf", "tokenizer.ggml.mask_token_id", [7])}}
-    planted = live_llamacpp(gguf, test_world.target, prompts, TOKENS, plants=plants, workdir=root / "planted")
+    served = live_llamacpp(gguf, test_world.target, prompts, TOKENS, plants=plants, workdir=root / "f32")
     quantized = live_llamacpp(root / "full-1-2", test_world.target, prompts, TOKENS, quant="q4_k_m",
                               workdir=root / "q4")
-    last_layer = live_llamacpp(cached_full_drafter(test_world), test_world.target, prompts, TOKENS,
-                               workdir=root / "last")
+    last_layer = live_llamacpp(llamacpp_full_gguf, test_world.target, prompts, TOKENS, workdir=root / "last")
     mixed = load_checkpoint(cached_test_drafter(test_world))
     save_zlab_dir(root / "mixed-1-2", *without_final_layer(mixed.spec, mixed.state_dict))
     sliding = live_llamacpp(root / "mixed-1-2", test_world.target, prompts, TOKENS, workdir=root / "mixed")
-    return served, planted, quantized, last_layer, sliding
+    near_tie = root / "near-tie.jsonl"  # heldout-7: its third round turns on two logits 1e-4 apart
+    near_tie.write_text(Path(test_world.prompts).read_text().splitlines()[7] + "\n")
+    tie = live_llamacpp(gguf, test_world.target, near_tie, TOKENS, workdir=root / "tie")
+    return served, served, quantized, last_layer, sliding, tie
 
 
 def test_every_served_round_equals_the_audit_and_greedy_output_is_identical(live):
@@ -116,11 +124,57 @@ def test_a_mixed_sliding_full_drafter_runs_with_its_sliding_layer_non_causal_and
     assert all(p["first_diff_round"] is None or p["explained_by"] == ["layer_causal"] for p in section["prompts"])
 
 
-def test_compare_serve_llamacpp_live_runs_both_drafters(live, test_world, tmp_path):
+def test_every_round_is_the_audits_or_an_argmax_near_tie_the_replay_reproduces(live):
+    """Where ggml's and torch's float32 sums break a near-tie the other way, the replay taking the runner-up there
+    gives every later round of the engine's: an info finding naming the argmax site, never unlocalized."""
+    from dflash_audit.audit.live_check import live_findings
+    from dflash_audit.audit.live_llamacpp import TIE_MARGIN
+
+    section = live[5]
+    assert section["ran"] and section["greedy_identical"] is True
+    assert {(f["kind"], f["what"]) for f in section["findings"]} <= {("tie", "argmax_tie")}, section["findings"]
+    for prompt in section["prompts"]:
+        if prompt["first_diff_round"] is not None:
+            assert prompt["explained_by"] == ["argmax_tie"] and prompt["ties"][0]["round"] == prompt["first_diff_round"]
+            assert all(t["margin"] < TIE_MARGIN and t["replay_token"] != t["engine_token"] for t in prompt["ties"])
+    for finding in section["findings"]:
+        assert re.fullmatch(r"llama\.cpp/common/speculative\.cpp:\d+", finding["source"])
+    assert all(f.severity == "info" for f in live_findings(section))
+
+
+def test_a_difference_at_a_slot_far_from_a_tie_stays_unlocalized(live, test_world):
+    """The tie replay flips only a slot whose top two logits are within TIE_MARGIN: a served round that parts
+    from the audit's where the drafter was sure is no tie."""
+    import torch
+
+    from dflash_audit.audit.live_check import load_prompts_for
+    from dflash_audit.audit.live_llamacpp import TIE_MARGIN, TieFlips, prepare, tie_flips
+    from foundation.target import load_target, stop_token_ids
+    from impl.body_shapes import build_drafter
+    from impl.decoding import dflash_decode
+
+    served = prepare(Path(live[0]["served_path"]), Path(test_world.target), Path(live[0]["served_path"]).parent,
+                     None, None)
+    target, tokenizer = load_target(test_world.target)
+    prompt = load_prompts_for(Path(test_world.target), Path(test_world.prompts), tokenizer)[0]
+    model = build_drafter(served.spec, served.state, dtype=target.dtype).eval()
+    record = TieFlips(model, {})
+    rounds = dflash_decode(model, target, torch.tensor([prompt["ids"]]), TOKENS,
+                           stop_token_ids(tokenizer)).acceptance_lengths
+    sure = next(i for i, r in enumerate(rounds) if r > 1 and record.margins[i][0] >= TIE_MARGIN)
+    parted = rounds[:sure] + [1] + rounds[sure + 1:]  # the engine rejecting a first proposal the drafter was sure of
+    assert tie_flips(served, target, prompt, TOKENS, stop_token_ids(tokenizer), parted) is None
+
+
+def test_compare_serve_llamacpp_live_runs_both_drafters(live, test_world, tmp_path, monkeypatch):
     import json
+    import tempfile
 
     from dflash_audit.cli import main
 
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the check's own temporary folders go
     gguf = live[0]["served_path"]
     prompts = tmp_path / "one.jsonl"
     prompts.write_text(Path(test_world.prompts).read_text().splitlines()[0] + "\n")
@@ -133,3 +187,71 @@ def test_compare_serve_llamacpp_live_runs_both_drafters(live, test_world, tmp_pa
     for side in ("ours", "ref"):
         section = serving[side]["llamacpp"]["live"]
         assert section["ran"] and section["greedy_identical"] is True and section["findings"] == []
+    assert list(scratch.iterdir()) == []  # its logs gone with it, its servers stopped
+
+
+@pytest.fixture(scope="module")
+def engine_and_target(test_world):
+    from serving_engines.live.llamacpp_convert import target_gguf
+    from serving_engines.live.llamacpp_env import find_llamacpp
+
+    return find_llamacpp(), target_gguf(Path(test_world.target))[0]
+
+
+def refusal(server) -> str:
+    """The one-line AuditError of a server that fails to start or to answer; it is never left running."""
+    from foundation.errors import AuditError
+
+    with pytest.raises(AuditError) as caught:
+        with server:
+            server.complete([1, 2, 3], 4)
+    assert server.process is not None and server.process.poll() is not None
+    message = str(caught.value)
+    assert len(message.splitlines()) == 1, message
+    return message
+
+
+def test_a_port_in_use_is_the_engines_own_last_message(engine_and_target, tmp_path):
+    import socket
+
+    from serving_engines.live.llamacpp_server import LlamaServer
+
+    engine, target = engine_and_target
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        message = refusal(LlamaServer(engine, target, tmp_path / "port.log", port=busy.getsockname()[1]))
+    assert "exited" in message and "couldn't bind HTTP server socket" in message, message
+
+
+def test_a_server_that_exits_never_listens_or_hangs_is_one_line_and_is_stopped(engine_and_target, tmp_path):
+    import signal
+
+    from serving_engines.live.llamacpp_server import LlamaServer
+
+    engine, target = engine_and_target
+    not_a_model = tmp_path / "not-a-model.gguf"
+    not_a_model.write_bytes(b"GGUF" + bytes(60))
+    message = refusal(LlamaServer(engine, not_a_model, tmp_path / "exits.log"))
+    assert message.startswith("llama-server exited") and "bad GGUF version" in message, message
+    message = refusal(LlamaServer(engine, target, tmp_path / "slow.log", start_timeout_s=0.01))
+    assert "did not listen on 127.0.0.1:" in message, message
+    hung = LlamaServer(engine, target, tmp_path / "hung.log", request_timeout_s=1)
+    with pytest.raises(Exception) as caught, hung:
+        hung.process.send_signal(signal.SIGSTOP)  # alive and listening, never answering
+        hung.complete([1, 2, 3], 4)
+    assert "did not answer within 1 s" in str(caught.value) and hung.process.poll() is not None
+
+
+def test_no_temporary_folder_is_left_behind(test_world, tmp_path, monkeypatch):
+    """Without a workdir the check works in a temporary folder, removed when it ends, also when it fails."""
+    import tempfile
+
+    from dflash_audit.audit.live_llamacpp import live_llamacpp
+    from foundation.errors import AuditError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    not_a_drafter = tmp_path / "missing"
+    with pytest.raises(AuditError):
+        live_llamacpp(not_a_drafter, test_world.target)
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())

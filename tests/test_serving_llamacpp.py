@@ -27,15 +27,8 @@ def test_every_rule_file_is_the_pinned_one_and_every_rule_line_is_in_it():
 
 
 @pytest.fixture(scope="module")
-def full_gguf(test_world, tmp_path_factory):
-    """The all-full drafter written by `convert --for llamacpp` (ours -> z-lab -> llama.cpp's converter)."""
-    from dflash_world.drafter import cached_full_drafter
-
-    out = tmp_path_factory.mktemp("llamacpp")
-    code = main(["convert", "--from", str(cached_full_drafter(test_world)), "--to", str(out / "full"),
-                 "--for", "llamacpp", "--target", str(test_world.target)])
-    assert code == 0
-    return out / "full" / "drafter-f32.gguf", test_world
+def full_gguf(llamacpp_full_gguf, test_world):
+    return llamacpp_full_gguf, test_world
 
 
 def serve_check(tmp_path, drafter, target, *extra) -> tuple[int, dict]:

@@ -13,15 +13,18 @@ first differing round.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from catalogue.findings import Finding
 from foundation.errors import AuditError
+from serving_engines.live.host import merge
 
 # The counterfactual replays, in the order they are tried, and the rule that each one names.
 VARIANTS = (
@@ -112,6 +115,72 @@ def differs(name: str, served: Served, block: int) -> bool:
     return getattr(served.gguf_spec, field) != getattr(served.spec, field)
 
 
+# Two float32 implementations of the same drafter (ggml's CPU kernels, torch's) sum in other orders: their logits part
+# by about 1e-4 here, so two candidates closer than this may come out in either order. A flip is only ever taken
+# where it is this close, and only kept when the replay taking it then gives the engine's rounds.
+TIE_MARGIN = 1e-3
+
+
+class TieFlips:
+    """The drafter's top-two logit margin recorded at every slot of every round (one `compute_logits` per round,
+    for a DFlash drafter without a selector), and chosen slots' top two swapped, as the engine's argmax had them."""
+
+    def __init__(self, model, flips: dict[int, set[int]]):
+        self.flips, self.round, self.margins, self.tops = flips, 0, [], []
+        plain = model.compute_logits
+
+        def compute_logits(hidden, head):
+            logits = plain(hidden, head)
+            top = logits.float().topk(2, dim=-1)
+            self.margins.append((top.values[:, 0] - top.values[:, 1]).tolist())
+            self.tops.append(top.indices.tolist())
+            for slot in self.flips.get(self.round, ()):
+                first, second = top.indices[slot].tolist()
+                logits = logits.clone()
+                kept = logits[slot, first].item()
+                logits[slot, first] = logits[slot, second]
+                logits[slot, second] = kept
+            self.round += 1
+            return logits
+
+        model.compute_logits = compute_logits  # this replay's drafter only: built for it
+
+
+def tie_flips(served: Served, target_model, prompt: dict, max_new_tokens: int, stop_ids, s_rounds: list[int],
+              max_flips: int = 8) -> tuple[list[dict], int | None] | None:
+    """Whether the engine's rounds are the replay's (the GGUF's own weights) with argmax near-ties broken the other
+    way: at each differing round, the first slot where the engine's and the replay's proposals part must be a
+    near-tie (top two within TIE_MARGIN), and the replay taking the runner-up there must give the engine's round.
+    (ties taken, the first round still differing after them or None), or None when the first is no tie."""
+    from impl.body_shapes import build_drafter
+    from impl.decoding import dflash_decode
+
+    spec, state = variant_of("quantization", served, served.spec.block_size)
+    flips: dict[int, set[int]] = {}
+    taken: list[dict] = []
+    for _ in range(max_flips + 1):
+        model = build_drafter(spec, state, dtype=target_model.dtype).eval()
+        if model.candidate_selector is not None or model.reads_whole_block:
+            return None  # its proposals are not each slot's own argmax
+        record = TieFlips(model, flips)
+        rounds = dflash_decode(model, target_model, torch.tensor([prompt["ids"]]), max_new_tokens,
+                               stop_ids).acceptance_lengths
+        first = first_difference(s_rounds, rounds)
+        if first is None:
+            return taken, None
+        index = first - 1
+        slot = min(s_rounds[index:index + 1] + rounds[index:index + 1]) - 1  # the first proposal they judge apart
+        margins = record.margins[index] if index < len(record.margins) else []
+        if slot >= len(margins) or margins[slot] >= TIE_MARGIN or slot in flips.get(index, set()) \
+                or len(taken) == max_flips:
+            return (taken, first) if taken else None
+        flips.setdefault(index, set()).add(slot)
+        replay_top, runner_up = record.tops[index][slot]
+        taken.append({"round": first, "slot": slot + 1, "margin": round(margins[slot], 6), "replay_token": replay_top,
+                      "engine_token": runner_up})
+    return None
+
+
 def abort_source() -> str:
     from serving_engines.llamacpp_engine import RULES, cite
 
@@ -139,20 +208,20 @@ def run_and_assess(engine, target_gguf: Path, served: Served, target_model, prom
 
     gguf_block = served.gguf_spec.block_size
     block = 1 + min(n_max, gguf_block - 1)
-    rows, findings, served_all, audited_all = [], {}, [], []
+    rows, findings, served_all, audited_all = [], [], [], []
     started = time.monotonic()
     try:
         with LlamaServer(engine, target_gguf, workdir / f"{label}.log", served.gguf, n_max, kv_type) as server:
             results = [server.complete(p["ids"], max_new_tokens) for p in prompts]
+        peak = server.peak_rss_mb
     except AuditError as exc:
         if "layer input tensor is null" in str(exc):
-            return {"ran": False, "refused": str(exc), "findings": [{
-                "field": "serving", "kind": "input", "what": "target_layer_capture", "size": None,
-                "message": "llama-server aborts on the first request: the drafter reads the target's last layer, "
-                           "whose output the Qwen3 graph never records (it records each layer's input)",
-                "source": abort_source(),
-                "prompts": [prompts[0]["id"]], "rounds": [1]}], "prompts": [], "greedy_identical": None,
-                "per_position": {"served": [], "audited": []}}
+            capture = Finding.localization(
+                "input", "target_layer_capture", "llama-server aborts on the first request: the drafter reads the "
+                "target's last layer, whose output the Qwen3 graph never records (it records each layer's input)",
+                None, abort_source(), prompts[0]["id"], 1)
+            return {"ran": False, "refused": str(exc), "findings": [f.to_dict() for f in merge([capture])],
+                    "prompts": [], "greedy_identical": None, "per_position": {"served": [], "audited": []}}
         raise
     wall = time.monotonic() - started
     variant_runs: dict[str, list] = {}
@@ -185,29 +254,38 @@ def run_and_assess(engine, target_gguf: Path, served: Served, target_model, prom
                     explained = (name, rule, words)
                     row["variant_rounds_equal"] = replayed == s_rounds
                     break
-            if explained is None:
-                key = ("unlocalized", "rounds")
-                findings.setdefault(key, {"field": "serving", "kind": "unlocalized", "what": "rounds", "size": None,
-                                          "source": source("rounds"), "prompts": [], "rounds": [],
-                                          "message": "no counterfactual replay (dequantized weights, the engine's "
-                                                     "block, its target layers, its mask token) reproduces the "
-                                                     "engine's rounds"})
+            ties = tie_flips(served, target_model, prompt, max_new_tokens, stop_ids, s_rounds) \
+                if explained is None else None
+            if ties is not None:
+                taken, still = ties
+                row["ties"], row["explained_by"] = taken, ["argmax_tie"]
+                findings.append(Finding.localization(
+                    "tie", "argmax_tie", f"the drafter's top two logits at the slot where the engine and the audit "
+                    f"part are within {TIE_MARGIN:g} of each other (an argmax near-tie that float32 kernels summing in "
+                    f"another order break the other way); the audit's replay taking the runner-up there gives the "
+                    f"engine's rounds", taken[0]["margin"], source("argmax_tie"), prompt["id"], first))
+                if still is not None:  # a later round no tie explains is still a difference
+                    findings.append(Finding.localization(
+                        "unlocalized", "rounds", "after the argmax near-ties, no counterfactual replay reproduces the "
+                        "engine's rounds", None, source("rounds"), prompt["id"], still))
+            elif explained is None:
+                findings.append(Finding.localization(
+                    "unlocalized", "rounds", "no counterfactual replay (" + ", ".join(
+                        words for _, _, words in VARIANTS) + ") reproduces the engine's rounds", None,
+                    source("rounds"), prompt["id"], first))
             else:
                 name, rule, words = explained
-                key = ("input", name)
-                findings.setdefault(key, {"field": "serving", "kind": "input", "what": name, "size": None,
-                                          "source": source(rule) if rule else "the GGUF's tensor types "
-                                          f"({', '.join(sorted(set(served.quantized.values())))})",
-                                          "prompts": [], "rounds": [],
-                                          "message": f"the audit's replay with {words} gives the engine's rounds"})
+                types = ", ".join(sorted(set(served.quantized.values())))
+                findings.append(Finding.localization(
+                    "input", name, f"the audit's replay with {words} gives the engine's rounds", None,
+                    source(rule) if rule else f"the GGUF's tensor types ({types})", prompt["id"], first))
                 row["explained_by"] = [name]
-            findings[key]["prompts"].append(prompt["id"])
-            findings[key]["rounds"].append(first)
         rows.append(row)
     k = block - 1
     return {"ran": True, "prompts": rows, "greedy_identical": all(r["greedy_identical"] for r in rows),
             "per_position": {"served": per_position(served_all, k), "audited": per_position(audited_all, k)},
-            "findings": list(findings.values()), "generate_s": round(wall, 2), "block_size": block}
+            "findings": [f.to_dict() for f in merge(findings)], "generate_s": round(wall, 2), "block_size": block,
+            "engine_peak_rss_mb": round(peak) if peak is not None else None}
 
 
 def quantization_finding(served: Served, rows: list[dict], target_model, prompts, max_new_tokens, stop_ids,
@@ -222,12 +300,46 @@ def quantization_finding(served: Served, rows: list[dict], target_model, prompts
     mean = sum(p["cost"] for p in per_prompt) / len(per_prompt)
     confirmed = all(abs(p["dequantized_tau"] - p["served_tau"]) < 1e-9 for p in per_prompt)
     types = ", ".join(sorted(set(served.quantized.values()))) or "none"
-    return {"field": "serving", "kind": "quantization", "what": "quantization", "size": round(mean, 4),
-            "source": f"llama-quantize / the GGUF's tensor types ({types})", "per_prompt": per_prompt,
-            "prompts": [p["id"] for p in per_prompt], "rounds": [0] * len(per_prompt),
-            "message": f"served {quant} ({types}) costs {mean:.4f} τ per prompt on average against the drafter as "
-                       f"trained; the audit's replay with the dequantized GGUF weights "
-                       f"{'gives the served τ on every prompt' if confirmed else 'differs from the served τ on some prompt'}"}
+    message = (f"served {quant} ({types}) costs {mean:.4f} τ per prompt on average against the drafter as trained; "
+               f"the audit's replay with the dequantized GGUF weights "
+               f"{'gives the served τ on every prompt' if confirmed else 'differs from the served τ on some prompt'}")
+    found = Finding.localization("quantization", "quantization", message, round(mean, 4),
+                                 f"llama-quantize / the GGUF's tensor types ({types})", "", 0)
+    # Every prompt's cost, not one place: the τ it costs is the finding's evidence.
+    found = replace(found, severity="info", localized={"kind": "quantization", "per_prompt": per_prompt,
+                                                       "prompts": [p["id"] for p in per_prompt],
+                                                       "rounds": [0] * len(per_prompt)})
+    return found.to_dict()
+
+
+# The target alone's greedy output per (server, target GGUF as written, prompts, length): the same in every run of
+# this process (one slot, one thread, greedy), so that a second check (compare's other drafter, a test's next
+# drafter) does not start the server again for it.
+GREEDY: dict[tuple, list[list[int]]] = {}
+
+
+def greedy_reference(engine, target_file: Path, prompts: list[dict], max_new_tokens: int, log: Path) -> list:
+    from serving_engines.live.llamacpp_server import LlamaServer
+
+    stat = target_file.stat()
+    key = (engine.server, str(target_file.resolve()), stat.st_size, stat.st_mtime_ns, max_new_tokens,
+           tuple(tuple(p["ids"]) for p in prompts))
+    if key not in GREEDY:
+        with LlamaServer(engine, target_file, log) as server:
+            GREEDY[key] = [server.complete(p["ids"], max_new_tokens)["tokens"] for p in prompts]
+    return [list(tokens) for tokens in GREEDY[key]]
+
+
+@contextlib.contextmanager
+def workspace(workdir: Path | None):
+    """The caller's folder (kept), else a temporary one removed however the check ends (its logs, the converted
+    GGUF: the report names what it served, the folder is gone)."""
+    if workdir is not None:
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        yield Path(workdir)
+        return
+    with tempfile.TemporaryDirectory(prefix="dflash-llamacpp-") as scratch:
+        yield Path(scratch)
 
 
 def live_llamacpp(drafter: Path, target: Path, prompts_path: Path | None = None, max_new_tokens: int = 64,
@@ -236,23 +348,27 @@ def live_llamacpp(drafter: Path, target: Path, prompts_path: Path | None = None,
                   workdir: Path | None = None) -> dict:
     """The `serving.llamacpp.live` section. `plants`: label -> {gguf: a GGUF to serve instead, n_max: ...}: each
     planted run is assessed like the served one (section["planted"][label])."""
+    from serving_engines.live.llamacpp_env import find_llamacpp
+
+    engine = find_llamacpp(bin_dir)
+    with workspace(workdir) as folder:
+        return run_live(engine, Path(drafter), Path(target), prompts_path, max_new_tokens, quant, bin_dir, n_max,
+                        kv_type, plants or {}, folder)
+
+
+def run_live(engine, drafter: Path, target: Path, prompts_path, max_new_tokens, quant, bin_dir, n_max, kv_type,
+             plants: dict[str, dict], workdir: Path) -> dict:
     from dflash_audit.audit.live_check import load_prompts_for
     from foundation.target import load_target, stop_token_ids
     from serving_engines.live.llamacpp_convert import target_gguf
-    from serving_engines.live.llamacpp_env import find_llamacpp
-    from serving_engines.live.llamacpp_server import LlamaServer
 
-    engine = find_llamacpp(bin_dir)
-    workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="dflash-llamacpp-"))
-    workdir.mkdir(parents=True, exist_ok=True)
     served = prepare(Path(drafter), Path(target), workdir, quant, bin_dir)
     target_file, _ = target_gguf(Path(target))
     target_model, tokenizer = load_target(target)
     prompts = load_prompts_for(Path(target), prompts_path, tokenizer)
     stop_ids = stop_token_ids(tokenizer)
     started = time.monotonic()
-    with LlamaServer(engine, target_file, workdir / "greedy.log") as server:
-        greedy = [server.complete(p["ids"], max_new_tokens)["tokens"] for p in prompts]
+    greedy = greedy_reference(engine, target_file, prompts, max_new_tokens, workdir / "greedy.log")
     audited = replay(served.spec, served.state, target_model, prompts, max_new_tokens, stop_ids)
     chosen = n_max if n_max is not None else served.spec.block_size - 1
     from serving_engines.llamacpp_engine import command
@@ -266,7 +382,7 @@ def live_llamacpp(drafter: Path, target: Path, prompts_path: Path | None = None,
     if quant is not None and section.get("ran"):
         section["findings"].append(quantization_finding(served, section["prompts"], target_model, prompts,
                                                         max_new_tokens, stop_ids, quant))
-    for label, plant in (plants or {}).items():
+    for label, plant in plants.items():
         planted = Served(Path(plant.get("gguf", served.gguf)), served.spec, served.state, served.gguf_spec,
                          served.gguf_state, served.quantized, [], served.causal)
         if "gguf" in plant:

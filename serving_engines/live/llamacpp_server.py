@@ -1,5 +1,6 @@
 """One `llama-server` process for the live llama.cpp check: on a loopback port the tool picks, bounded in time, always
-stopped (a context manager: terminate, then kill), its log kept. Requests are the audit's token ids, greedy,
+stopped (a context manager: terminate, then kill, also on Ctrl-C; on Linux the kernel kills it if the audit itself
+dies), its log kept while it runs. Requests are the audit's token ids, greedy,
 `cache_prompt` off, one at a time (`-np 1`); with `LLAMA_TRACE=1` the server logs one line per verification step,
 `accepted X/ Y draft tokens` (tools/server/server-context.cpp), which is how each served round is read.
 
@@ -11,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -34,20 +37,43 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def die_with_parent() -> None:
+    """Run in the child before exec: the server gets SIGKILL when the audit's process ends, however it ends."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """A running process's peak resident memory (Linux's VmHWM), None where /proc does not say."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) / 1024 if found else None
+
+
 def last_message(log: Path) -> str:
+    """The engine's own message for why it stopped: an abort's assertion (not the backtrace after it), else its first
+    error line (the cause: "couldn't bind HTTP server socket", not the "exiting due to HTTP server error" after
+    it), else its last line."""
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    # An abort's assertion is the message; the backtrace after it is not.
-    for line in reversed(lines):
-        if "GGML_ASSERT" in line or " E " in f" {line} " or "error" in line.lower():
+    for line in lines:
+        if "GGML_ASSERT" in line:
             return line[:300]
-    return (lines or ["no output"])[-1][:300]
+    errors = [line for line in lines if (" E " in f" {line} " or line.lower().startswith("error"))
+              and "this warning is normal" not in line]  # a drafter's context fitting logs one such, harmless
+    return (errors[0] if errors else lines[-1] if lines else "no output")[:300]
 
 
 class LlamaServer:
     """`with LlamaServer(engine, target_gguf, log, drafter_gguf, n_max) as server: server.complete(ids, n)`."""
 
     def __init__(self, engine: LlamacppEngine, target_gguf: Path, log: Path, drafter_gguf: Path | None = None,
-                 n_max: int | None = None, kv_type: str | None = None, threads: int = 1):
+                 n_max: int | None = None, kv_type: str | None = None, threads: int = 1, port: int | None = None,
+                 start_timeout_s: float = START_TIMEOUT_S, request_timeout_s: float = REQUEST_TIMEOUT_S):
         self.command = [engine.server, "-m", str(target_gguf), "-np", "1", "-c", str(CONTEXT), "-t", str(threads),
                         "--host", "127.0.0.1"]
         if drafter_gguf is not None:
@@ -58,38 +84,51 @@ class LlamaServer:
                 self.command += ["-ctkd", kv_type, "-ctvd", kv_type]
         self.log = log
         self.process: subprocess.Popen | None = None
-        self.port = 0
+        self.port = port
+        self.start_timeout_s, self.request_timeout_s = start_timeout_s, request_timeout_s
         self.read_upto = 0
+        self.peak_rss_mb: float | None = None  # the server's own peak resident memory, read as it is stopped
 
     def __enter__(self) -> LlamaServer:
-        self.port = free_port()
+        try:
+            return self.start()
+        except BaseException:  # a refusal, a timeout, Ctrl-C while it loads: never leave it running
+            self.stop()
+            raise
+
+    def start(self) -> LlamaServer:
+        self.port = self.port or free_port()
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        sink = self.log.open("w")
-        self.process = subprocess.Popen([*self.command, "--port", str(self.port)], stdout=sink, stderr=subprocess.STDOUT,
-                                        env={**os.environ, "LLAMA_TRACE": "1"})
-        sink.close()
-        deadline = time.monotonic() + START_TIMEOUT_S
+        with self.log.open("w") as sink:
+            self.process = subprocess.Popen([*self.command, "--port", str(self.port)], stdout=sink,
+                                            stderr=subprocess.STDOUT, env={**os.environ, "LLAMA_TRACE": "1"},
+                                            preexec_fn=die_with_parent if sys.platform == "linux" else None)
+        deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                self.stop()
                 raise AuditError(f"llama-server exited ({self.process.returncode}) before listening: "
-                                 f"{last_message(self.log)} (log: {self.log})")
+                                 f"{last_message(self.log)}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as reply:
-                    if reply.status == 200:
+                    # Ours, not another server on the port: it is still running once the port answers.
+                    if reply.status == 200 and self.process.poll() is None:
                         return self
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 time.sleep(0.1)
-        self.stop()
-        raise AuditError(f"llama-server did not listen on 127.0.0.1:{self.port} within {START_TIMEOUT_S} s: "
-                         f"{last_message(self.log)} (log: {self.log})")
+        raise AuditError(f"llama-server did not listen on 127.0.0.1:{self.port} within {self.start_timeout_s:g} s: "
+                         f"{last_message(self.log)}")
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def stop(self) -> None:
+    def stop(self, hung: bool = False) -> None:
+        """Terminate it (a hung one is killed at once), then kill it if it is still there after 10 s."""
         if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
+            self.peak_rss_mb = peak_rss_mb(self.process.pid)
+            if hung:
+                self.process.kill()
+            else:
+                self.process.terminate()
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -109,14 +148,15 @@ class LlamaServer:
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as reply:
+            with urllib.request.urlopen(request, timeout=self.request_timeout_s) as reply:
                 result = json.loads(reply.read())
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
             time.sleep(0.5)  # an abort's message reaches the log as the process dies
-            state = (f"exited ({self.process.returncode})" if self.process.poll() is not None
-                     else f"did not answer within {REQUEST_TIMEOUT_S} s ({exc})")
-            self.stop()
-            raise AuditError(f"llama-server {state}: {last_message(self.log)} (log: {self.log})") from None
+            exited = self.process.poll() is not None
+            state = (f"exited ({self.process.returncode})" if exited
+                     else f"did not answer within {self.request_timeout_s:g} s ({exc})")
+            self.stop(hung=not exited)
+            raise AuditError(f"llama-server {state}: {last_message(self.log)}") from None
         timings = result.get("timings", {})
         # The server logs from its own thread: a request's trace lines may land after its reply. They are read
         # until they account for the reply's own totals (draft_n, draft_n_accepted), within a bound.
@@ -128,8 +168,7 @@ class LlamaServer:
                 break
             if time.monotonic() > deadline:
                 raise AuditError(f"llama-server's trace lines account for {totals[0]} drafted / {totals[1]} accepted "
-                                 f"tokens, its reply for {timings.get('draft_n')} / {timings.get('draft_n_accepted')} "
-                                 f"(log: {self.log})")
+                                 f"tokens, its reply for {timings.get('draft_n')} / {timings.get('draft_n_accepted')}")
             time.sleep(0.05)
             text += self.new_log()
         return {"tokens": list(result.get("tokens") or []), "accepted": [a for a, _ in steps],
