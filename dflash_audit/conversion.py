@@ -246,3 +246,22 @@ def convert_for(source: str | Path, destination: str | Path, engine: str, target
     result.notes += [f"{engine}: {note}" for note in report.notes]
     result.notes += [f"{engine} (its own forward, no format changes it): {f.message} ({f.source})" for f in engine_side]
     return result
+
+
+def run_convert(source: Path, destination: Path, fmt: str | None, engine: str | None, quant: str | None,
+                llamacpp_bin: Path | None, target: Path | None, allow_lossy: bool, force: bool,
+                options: LoadOptions) -> ConversionResult:
+    """`convert`'s flags, run: to a format (`--format`), or what an engine serves as trained (`--for`)."""
+    from loguru import logger
+
+    logger.disable("speculators")  # its per-tensor INFO lines would bury the one-line result
+    if (fmt is None) == (engine is None):
+        raise AuditError("give exactly one of --format (ours, zlab, speculators) and --for (vllm, sglang, llamacpp)")
+    if quant is not None and engine != "llamacpp":
+        raise AuditError("--quant applies to --for llamacpp only")
+    if engine == "llamacpp":
+        return convert_for_llamacpp(source, destination, target, quant or "f32", force=force, options=options,
+                                    bin_dir=llamacpp_bin)
+    if engine is not None:
+        return convert_for(source, destination, engine, target=target, force=force, options=options)
+    return convert(source, destination, fmt, target=target, allow_lossy=allow_lossy, force=force, options=options)

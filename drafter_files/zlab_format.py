@@ -2,10 +2,11 @@
 `model.safetensors`.
 
 `zlab_config` writes the config, `spec_from_zlab_config` reads one the way
-`dflash.model.DFlashDraftModel` does, `save_zlab_dir` writes the folder atomically. A DFlash2 folder
-says `architectures: ["DFlash2DraftModel"]` and keeps the convolution and selector sizes in
-`dflash_config`. It lives below the format readers because the adapters, the held codebases and the conformance
-world build z-lab models from our settings; dflash_audit/formats/zlab.py detects and loads such folders.
+`dflash.model.DFlashDraftModel` does, `save_zlab_dir` writes the folder atomically and `read_zlab_dir` reads it
+back (config, spec, weights). A DFlash2 folder says `architectures: ["DFlash2DraftModel"]` and keeps the
+convolution and selector sizes in `dflash_config`. It lives below the format readers because the adapters, the held
+codebases and the conformance world build z-lab models from our settings; dflash_audit/formats/zlab.py adds what the
+audit needs (detection, each field's provenance).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from foundation.errors import CheckpointError, plain_reason
 from impl.families import ZLAB_ARCHITECTURES, config_family
 from impl.layers import build_target_layer_ids
 from impl.rotary_config import rotary_settings
-from foundation.param_names import strip_wrapper_prefixes
+from foundation.param_names import codebook_names, strip_wrapper_prefixes
+from foundation.weights_dir import read_config, read_safetensors_dir
 from impl.spec import DFLASH2_FIELDS, DraftSpec, SpecError
 
 
@@ -75,6 +77,14 @@ def save_zlab_dir(path: str | Path, spec: DraftSpec, state_dict: dict[str, torch
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
 
     atomic_directory(Path(path), fill)
+
+
+def read_zlab_dir(path: Path) -> tuple[dict[str, Any], DraftSpec, dict[str, torch.Tensor]]:
+    """A z-lab folder read back: its config.json as written, the spec it declares and its weights, the codebooks
+    under either spelling z-lab writes."""
+    config = read_config(path)
+    spec = spec_from_zlab_config(config, source=str(path / "config.json"))
+    return config, spec, codebook_names(read_safetensors_dir(path), str(path))
 
 
 def spec_from_zlab_config(config: dict[str, Any], source: str = "config.json",

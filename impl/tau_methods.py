@@ -1,4 +1,4 @@
-"""Our τ methods (`--tau-method`; dflash_audit/tau/methods.py names all four), each another figure for one checkpoint.
+"""Our τ methods (`--tau-method`; dflash_audit/tau/grid.py names all four), each another figure for one checkpoint.
 
 - `live`: our speculative decoding loop against the target (greedy, or rejection sampling at T > 0);
   multi-turn sets answer each turn after the model's own reply to the previous one.

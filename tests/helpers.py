@@ -14,6 +14,10 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from dflash_world.target_training import random_qwen3
 from impl.spec import DraftSpec
 
+# A target state computed in another shape of forward (one query against a KV cache, a row of a padded batch, a
+# verified block or tree) is within this many ulps of its dtype at its layer's scale: sums round apart.
+ULPS = 8
+
 # Training text for the tiny worlds: short, repetitive, tokenizer-friendly.
 TEXTS = [f"def add_{i}(x, y):\n    total = x + y * {i}\n    return total\n" for i in range(24)]
 

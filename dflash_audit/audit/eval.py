@@ -22,8 +22,7 @@ from dflash_audit.progress import progress
 from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
 from dflash_audit.ranks import Ranks
 from dflash_audit.tau.declared import declared_settings, template_findings
-from dflash_audit.tau.grid import Decoding, run_grid
-from dflash_audit.tau.methods import TAU_METHODS
+from dflash_audit.tau.grid import Decoding, check_method_name, run_grid
 from dflash_audit.tau.published import resolve_published
 from dflash_audit.tau.table_out import payload, terminal_table, write_html, write_json
 from foundation.atomic import atomic_write_bytes
@@ -219,8 +218,7 @@ def parse_seeds(text: str) -> list[int]:
 def check_table_options(tau_methods, temperatures, budgets, max_new_tokens, tau_by, html_path, json_path, inputs,
                         force: bool = False):
     for method in tau_methods:
-        if method not in TAU_METHODS:
-            raise AuditError(f"--tau-method must be one of {list(TAU_METHODS)}, got {method!r}")
+        check_method_name(method)
     for temperature in temperatures:
         check_generation_flags(max_new_tokens, None, temperature)
     for budget in budgets:

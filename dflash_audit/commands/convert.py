@@ -9,8 +9,6 @@ from pathlib import Path
 import typer
 
 from dflash_audit.commands import VERBS
-from dflash_audit.conversion import convert, convert_for
-from foundation.errors import AuditError
 
 
 class Format(str, Enum):
@@ -35,26 +33,11 @@ def convert_command(
     spec: list[str] = typer.Option([], "--spec", help="KEY=VALUE spec/recipe field of the source (repeatable)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing drafter of the same format at --to."),
 ) -> int:
-    from loguru import logger
-
-    logger.disable("speculators")  # its per-tensor INFO lines would bury the one-line result
+    from dflash_audit.conversion import run_convert
     from dflash_audit.formats import LoadOptions
 
-    options = LoadOptions(entry, key_map, list(spec), flag_prefix="")
-    if (fmt is None) == (engine is None):
-        raise AuditError("give exactly one of --format (ours, zlab, speculators) and --for (vllm, sglang, llamacpp)")
-    if quant is not None and engine != "llamacpp":
-        raise AuditError("--quant applies to --for llamacpp only")
-    if engine == "llamacpp":
-        from dflash_audit.conversion import convert_for_llamacpp
-
-        result = convert_for_llamacpp(source, destination, target, quant or "f32", force=force, options=options,
-                                      bin_dir=llamacpp_bin)
-    elif engine is not None:
-        result = convert_for(source, destination, engine, target=target, force=force, options=options)
-    else:
-        result = convert(source, destination, fmt.value, target=target, allow_lossy=allow_lossy, force=force,
-                         options=options)
+    result = run_convert(source, destination, fmt.value if fmt is not None else None, engine, quant, llamacpp_bin,
+                         target, allow_lossy, force, LoadOptions(entry, key_map, list(spec), flag_prefix=""))
     typer.echo(f"converted {result.source} ({result.source_format}) -> {result.destination} ({result.format})")
     for note in result.notes:
         typer.echo(f"note: {note}")

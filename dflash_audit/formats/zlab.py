@@ -1,4 +1,5 @@
-"""z-lab's format: a Hugging Face directory, `config.json` with `dflash_config`, `model.safetensors`.
+"""z-lab's format: a Hugging Face directory, `config.json` with `dflash_config`, `model.safetensors`, read and
+written by drafter_files/zlab_format.py; here what the audit adds: detection and each field's provenance.
 
 A DFlash2 directory says `architectures: ["DFlash2DraftModel"]`, keeps the convolution and
 selector sizes in `dflash_config` and stores the selector's codebooks without `.weight`
@@ -16,11 +17,9 @@ from dflash_audit.formats.loaded import (
     declared_provenance,
     rotary_provenance,
 )
-from foundation.weights_dir import read_config, read_safetensors_dir
 from impl.body_shapes import check_body
 from impl.families import is_zlab_architecture
-from foundation.param_names import codebook_names
-from drafter_files.zlab_format import save_zlab_dir, spec_from_zlab_config
+from drafter_files.zlab_format import read_zlab_dir, save_zlab_dir
 
 # A z-lab config without rope_theta runs at transformers' Qwen3Config default (not Qwen3's published 1e6).
 ZLAB_THETA_DEFAULT = "transformers' Qwen3Config default, which z-lab's DFlashDraftModel reads it with"
@@ -32,8 +31,7 @@ def detect(config: dict[str, Any]) -> bool:
 
 
 def load(path: Path) -> LoadedCheckpoint:
-    config = read_config(path)
-    spec = spec_from_zlab_config(config, source=str(path / "config.json"))
+    config, spec, state = read_zlab_dir(path)
     written = (config.get("dflash_config") or {}).get("target_layer_ids", config.get("target_layer_ids"))
     provenance = declared_provenance(spec, "config.json", config_keys(config))
     if "sample_from_anchor" not in (config.get("dflash_config") or {}):
@@ -42,7 +40,6 @@ def load(path: Path) -> LoadedCheckpoint:
     rotary_provenance(provenance, config, "config.json", ZLAB_THETA_DEFAULT)
     if written is None:
         provenance["target_layer_ids"] = Provenance("default", "not in config.json; z-lab's build_target_layer_ids")
-    state = codebook_names(read_safetensors_dir(path), str(path))  # either spelling z-lab writes
     return LoadedCheckpoint(spec=spec, state_dict=state, path=str(path), format="zlab",
                             raw=RawRecord(config=config, layer_ids=written, layer_ids_defaulted=written is None),
                             provenance=provenance)
