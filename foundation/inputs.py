@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -26,6 +27,24 @@ POSITIVE_INT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", 
 MAX_TARGET_DIMENSION = 1 << 24  # no model is wider; sizing a tensor by more only fails in the allocator
 MAX_TARGET_POSITIONS = 1 << 30
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+_ALIASES: dict[str, str] = {}
+
+
+def openable(path: str | Path) -> str:
+    """`path` as libraries that take names as UTF-8 (torch, safetensors, tokenizers) can open it: itself, or for
+    a name that is not UTF-8 (any bytes are a Linux name) a `/proc/self/fd/N` alias of it, held for the run."""
+    name = str(path)
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        pass
+    if name not in _ALIASES:
+        fd = os.open(name, os.O_PATH)  # no read, no blocking on a FIFO: only a handle on the name
+        _ALIASES[name] = f"/proc/self/fd/{fd}"
+    return _ALIASES[name]
 
 
 def regular_file(path: Path, what: str = "file", flag: str | None = None) -> Path:
@@ -99,7 +118,7 @@ def _check_transformers_accepts(directory: Path, config_path: Path) -> None:
     from transformers import AutoConfig
 
     try:
-        AutoConfig.from_pretrained(directory)
+        AutoConfig.from_pretrained(openable(directory))
     except Exception as exc:  # noqa: BLE001 -- strict-dataclass, KeyError, ValueError...: name the field
         text = plain_reason(str(exc), 400)
         field = re.search(r"field '(\w+)'", text) or re.search(r"`(\w+)`", text)

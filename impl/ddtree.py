@@ -112,8 +112,9 @@ def tree_attention_mask(tree: DraftTree, cache_len: int, dtype: torch.dtype, dev
 
 @torch.inference_mode()
 def ddtree_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
-                  stop_token_ids: list[int] | None = None, budget: int = 32) -> DecodeResult:
-    """Greedy tree speculative decoding of one prompt; `acceptance_lengths` as in `dflash_decode`."""
+                  stop_token_ids: list[int] | None = None, budget: int = 32, keep_features: bool = False) -> DecodeResult:
+    """Greedy tree speculative decoding of one prompt; `acceptance_lengths` (and `keep_features`) as in
+    `dflash_decode`."""
     require_dflash_family(drafter)
     stops = StopTokens(stop_token_ids)
     begun = start_decoding(drafter, target, input_ids, max_new_tokens, stops, lambda logits: logits.argmax())
@@ -123,6 +124,7 @@ def ddtree_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     start = prompt_len
     stopped = begun.stopped
     rounds: list[int] = []
+    fed = [new_features]
     while not stopped and start + 1 < max_length:
         _, size = round_size(drafter, start, max_length)
         _, draft_hidden = draft_block(drafter, target, draft_cache, new_features, tokens[start], start, size)
@@ -143,8 +145,9 @@ def ddtree_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
         kept = torch.tensor(path[: len(produced)], device=input_ids.device)  # root + accepted nodes
         session.keep_positions(start, kept)
         new_features = node_features[:, kept]
+        fed += [new_features] if keep_features else []
         start += len(produced)
 
     output_ids = torch.tensor([tokens[:max_length]], device=input_ids.device)
     return DecodeResult(output_ids=output_ids, num_prompt_tokens=prompt_len, acceptance_lengths=rounds,
-                        extra={"budget": budget})
+                        extra={"budget": budget, **({"features": torch.cat(fed, 1)} if keep_features else {})})

@@ -283,8 +283,11 @@ def start_decoding(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.T
 
 @torch.inference_mode()
 def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
-                  stop_token_ids: list[int] | None = None, temperature: float = 0.0, seed: int = 0) -> DecodeResult:
-    """Speculative decoding of one prompt (`input_ids` [1, T]); greedy unless `temperature` > 0."""
+                  stop_token_ids: list[int] | None = None, temperature: float = 0.0, seed: int = 0,
+                  keep_features: bool = False) -> DecodeResult:
+    """Speculative decoding of one prompt (`input_ids` [1, T]); greedy unless `temperature` > 0. With
+    `keep_features`, `extra["features"]` holds the target's context features of every accepted position
+    [1, T - 1, F], as the verification forwards gave them to the drafter (`walks.explain_parting` reads them)."""
     check_sampling(drafter, temperature)
     sampler, stops = Sampler(temperature, seed), StopTokens(stop_token_ids)
     begun = start_decoding(drafter, target, input_ids, max_new_tokens, stops, sampler.pick)
@@ -294,6 +297,7 @@ def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     stopped = begun.stopped
     rounds: list[int] = []
     drafted: list[list[int]] = []  # each round's proposals: the live serving check matches them block by block
+    fed = [new_features]
     while not stopped and start + 1 < max_length:
         _, size = round_size(drafter, start, max_length)
         _, draft_hidden = draft_block(drafter, target, draft_cache, new_features, tokens[start], start, size)
@@ -311,12 +315,13 @@ def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
         rounds.append(len(produced))
         # Accepted = the block's first token plus all produced but the last (the new bonus).
         new_features = block_features[:, : len(produced)]
+        fed += [new_features] if keep_features else []
         start += len(produced)
         session.keep(start)
 
     output_ids = torch.tensor([tokens[:max_length]], device=input_ids.device)
     return DecodeResult(output_ids=output_ids, num_prompt_tokens=prompt_len, acceptance_lengths=rounds,
-                        extra={"proposals": drafted})
+                        extra={"proposals": drafted, **({"features": torch.cat(fed, 1)} if keep_features else {})})
 
 
 @torch.inference_mode()

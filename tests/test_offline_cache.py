@@ -13,8 +13,9 @@ from impl.offline import cache_bytes_estimate, load_or_build_cache
 from impl.offline.cache import kept_layers, layer_path
 from impl.offline.capture import capture
 
+from tests.helpers import ULPS
+
 MAX_NEW = 24
-ULPS = 8  # fp32: a state computed in another shape of forward differs by a few ulps of its layer's scale
 
 
 def load_in(target_dir, dtype: torch.dtype):

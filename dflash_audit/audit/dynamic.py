@@ -51,6 +51,7 @@ from impl.ddtree import DDTREE_NEEDS_DFLASH
 from impl.families import TITLES
 from impl.extract import decoder_layers
 from impl.memory_plan import check_plan, plan_memory
+from impl.offline.walks import replay_exactness
 from impl.vocab_mapping import target_ids
 
 METHODS = {"dflash": "DFlash", "ddtree": "DDTree"}
@@ -264,6 +265,8 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
                          key=f"overflow ({name}, {dtype_name(dtype)})")
                  for name, module in overflow.items()]
     precision = {"device": str(device), "target_dtype": dtype_name(dtype), "drafter_dtype": dtype_name(dtype)}
+    if (exactness := replay_exactness(dtype)) is not None:
+        precision["offline_exactness"] = exactness
     return DynamicAudit(methods, findings, max_new_tokens, prompts_source, not_measured, precision, overflow,
                         proposable_share=proposable_share(sides, cache.prompts))
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from impl.ddtree import build_tree, require_dflash_family
+from foundation.placement import dtype_name
+from impl.ddtree import DraftTree, build_tree, require_dflash_family
 from impl.decoding import round_size, whole_block_proposals
 from impl.extract import output_head
 from impl.model import DFlashDrafter
@@ -199,3 +200,133 @@ def _round_at(prompt_len: int, rounds: list[int], position: int) -> int:
             return i
         start += length
     return len(rounds)
+
+
+# -- why a walk parts from a live one --------------------------------------------------------
+@dataclass
+class Parting:
+    """A replay that parts from a live run, set against the features the live loop's drafter read.
+
+    The cache's forward (one position at a time, in a padded batch) and the live loop's verification forwards
+    (a block or a tree at a time) give the same target states rounded apart: a few ulps of float32, about one
+    of bfloat16. A drafter decision whose margin is within what that moves its scores goes either way."""
+
+    mismatch: Mismatch
+    feature_ulps: float  # the features' largest difference, live vs cache, in ulps of their dtype at each layer's scale
+    replayed: bool  # the replay fed the live loop's own features walks every round as the live loop did
+    margin: float | None  # the parting round's deciding gap of the drafter's scores, from the cache's features
+    moved: float | None  # twice the most the features' difference moves the scores of that decision
+
+    @property
+    def near_tie(self) -> bool:
+        return self.replayed and self.margin is not None and self.margin <= self.moved
+
+    def describe(self) -> str:
+        decided = ("no drafter decision found that parts" if self.margin is None else
+                   f"the drafter's deciding gap {self.margin:.3g}, its scores moved {self.moved:.3g}")
+        replay = "walks as the live loop" if self.replayed else "still parts"
+        return (f"{self.mismatch.describe()}: the live loop's features are {self.feature_ulps:.3g} ulps from the "
+                f"cache's; {decided}; the replay from the live loop's features {replay}")
+
+
+def replay_exactness(dtype: torch.dtype) -> str | None:
+    """What a report says of offline τ measured in `dtype` (None in float32, where the two roundings are a few ulps
+    of float32 apart and the walks agree on every test)."""
+    if dtype == torch.float32:
+        return None
+    return (f"offline τ is the live loop's, round for round, up to drafter near-ties: the cache's forward and the "
+            f"live loop's verification forwards round the target's states apart (by about an ulp of "
+            f"{dtype_name(dtype)}), which can decide a drafter choice whose margin is within that")
+
+
+@torch.inference_mode()
+def explain_parting(drafter: DFlashDrafter, target: nn.Module, cache: HiddenStateCache, entry: CachedPrompt,
+                    method: str, offline: list[int], live: list[int], live_features: torch.Tensor,
+                    live_output_ids: torch.Tensor | None = None, budget: int | None = None) -> Parting | None:
+    """Where and why the replay `offline` parts from the live rounds `live`, given the context features the live
+    loop's drafter read (`live_features` [1, n, F], its `keep_features`): None when they agree."""
+    mismatch = find_mismatch(entry, offline, live, live_output_ids)
+    if mismatch is None:
+        return None
+    ids, n = list(drafter.target_layer_ids), live_features.shape[1]
+    width = live_features.shape[-1] // len(ids)
+    layers = dict(entry.layers)
+    ulps = 0.0
+    for j, layer_id in enumerate(ids):
+        fed = live_features[0, :, j * width:(j + 1) * width].to(entry.layers[layer_id].device)
+        cached = entry.layers[layer_id][:n]
+        scale = float(torch.maximum(fed.abs().max(), cached.abs().max())) * torch.finfo(cached.dtype).eps
+        ulps = max(ulps, float((fed.float() - cached.float()).abs().max()) / scale if scale else 0.0)
+        layers[layer_id] = torch.cat([fed.to(cached.dtype), entry.layers[layer_id][n:]])
+    as_live = CachedPrompt(entry.id, entry.token_ids, entry.prompt_len, layers, entry.margin)
+    replayed = offline_rounds(drafter, target, cache, as_live, method, budget) == list(live)
+    anchor = entry.prompt_len + sum(offline[:mismatch.round])
+    margin = moved = None
+    if mismatch.round < len(offline) and anchor < len(entry.token_ids) - 1:
+        scored = [_round_scores(drafter, target, e, anchor, entry.prompt_len + cache.max_new_tokens, method, budget)
+                  for e in (entry, as_live)]
+        if all(s is not None for s in scored):
+            margin, moved = _deciding_gap(*scored, method, budget)
+    return Parting(mismatch, ulps, replayed, margin, moved)
+
+
+def _round_scores(drafter: DFlashDrafter, target: nn.Module, entry: CachedPrompt, anchor: int, max_length: int,
+                  method: str, budget: int | None):
+    """The scores the round at `anchor` decides by: DDTree the per-depth log-probabilities [D, V], DFlash each
+    greedy choice's scores in order (every slot's logits; DFlash2's selector and DSpark's chain, step by step);
+    None for a drafter whose choices are no single argmax (XPress's Jacobi passes)."""
+    head = output_head(target)
+    count, size = round_size(drafter, anchor, max_length)
+    replay = BlockReplay(drafter, target, [entry])
+    device = replay.device
+    one = torch.tensor([0], device=device)
+    rows = replay.hidden(one, torch.tensor([anchor], device=device), torch.tensor([size], device=device))
+    if method == "ddtree":
+        return torch.log_softmax(drafter.compute_logits(rows, head)[0, :count].float(), dim=-1)
+    decisions = []
+
+    def pick(scores):
+        decisions.append(scores[0].float())
+        return scores.argmax(-1), None
+
+    known = torch.tensor([int(entry.token_ids[anchor])], device=device)
+    if drafter.candidate_selector is not None:
+        drafter.candidate_selector.select(rows, drafter.compute_logits(rows, head), known, pick)
+    elif drafter.reads_whole_block:
+        if drafter.markov_head is None:
+            return None
+        before = torch.tensor([int(entry.token_ids[anchor - 1])], device=device)
+        whole_block_proposals(drafter, head, rows, known, before, pick)
+    else:
+        decisions = list(drafter.compute_logits(rows, head)[0].float())
+    return decisions[:count]
+
+
+def _deciding_gap(cached, live, method: str, budget: int | None) -> tuple[float | None, float | None]:
+    """(the gap of the first decision the two score sets take differently, from the cache's scores; twice the most
+    the scores of that decision moved), or (None, None) when they take every decision alike."""
+    if method == "ddtree":  # the tree keeps the `budget` best paths: the decision is the gap at that border
+        trees = [build_tree(0, scores, budget + 1) for scores in (cached, live)]
+        kept = [{_path(tree, node) for node in range(1, min(len(tree), budget + 1))} for tree in trees]
+        if kept[0] == kept[1] or len(trees[0]) < budget + 2:  # no path left out
+            return None, None
+        scores = [_path_score(cached, _path(trees[0], node)) for node in (budget, budget + 1)]
+        paths = {_path(tree, node) for tree in trees for node in range(1, len(tree))}
+        return scores[0] - scores[1], 2 * max(abs(_path_score(cached, p) - _path_score(live, p)) for p in paths)
+    for a, b in zip(cached, live):
+        if int(a.argmax()) != int(b.argmax()):
+            top2 = a.topk(2).values
+            return float(top2[0] - top2[1]), 2 * float((a - b).abs().max())
+    return None, None
+
+
+def _path(tree: DraftTree, node: int) -> tuple[int, ...]:
+    tokens = []
+    while node > 0:
+        tokens.append(tree.tokens[node])
+        node = tree.parents[node]
+    return tuple(reversed(tokens))
+
+
+def _path_score(logprobs: torch.Tensor, path: tuple[int, ...]) -> float:
+    return float(sum(logprobs[depth, token] for depth, token in enumerate(path)))
