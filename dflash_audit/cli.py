@@ -17,7 +17,7 @@ from typer.core import TyperCommand, TyperGroup
 from dflash_audit.commands import VERBS, module_of
 from dflash_audit.faults import clean, os_fault, unforeseen
 from foundation.atomic import OutputError
-from foundation.errors import AuditError, CheckpointError
+from foundation.errors import NAME_ESCAPES, AuditError, CheckpointError, printable
 from foundation.packages import PACKAGES, installed_version
 from impl.spec import SpecError
 
@@ -126,30 +126,15 @@ def error_message(exc: BaseException) -> str:
     return os_fault(exc) or unforeseen(exc)
 
 
-def printable(text: str) -> str:
-    """`text` with undecodable bytes of a file name (surrogate escapes) shown as \\xNN, not a codec error."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace") \
-            if all(not 0xD800 <= ord(c) <= 0xDC7F for c in text) else text.encode("utf-8", "backslashreplace").decode()
-
-
 def check_arguments(argv: list[str]) -> None:
     """Values no flag can take, refused before a flag reads them: an empty one (`--ours ''` is the current
-    folder to pathlib) and one that is not UTF-8 (a file name in another encoding: reports are UTF-8)."""
+    folder to pathlib). A file name that is not UTF-8 (Linux allows any bytes) is read as it is, and shown escaped
+    (`printable`) wherever the tool writes it."""
     for index, value in enumerate(argv):
         flag, _, inline = value.partition("=") if value.startswith("--") else ("", "", "")
         if value == "" or (flag and _ and inline == ""):
             named = flag or (argv[index - 1] if index and argv[index - 1].startswith("-") else "an argument")
             raise AuditError(f"{named}: an empty value; give a path or value")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            named = argv[index - 1] if index and argv[index - 1].startswith("-") else "an argument"
-            raise AuditError(f"{named} {printable(value)}: not valid UTF-8 (a file name in another encoding); "
-                             "rename it or give it through a UTF-8 named link") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     if debug:
         argv.remove("--debug")
         own = argv[:argv.index("--")] if "--" in argv else argv
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8, printed, shows as \xNN
+        if callable(getattr(stream, "reconfigure", None)):
+            stream.reconfigure(errors=NAME_ESCAPES)
     try:
         check_arguments(own)
         result = app(args=argv, prog_name="dflash-audit", standalone_mode=False)

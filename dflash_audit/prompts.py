@@ -40,6 +40,9 @@ def _prompt_from_record(record, where: str, line_no: int) -> dict[str, str]:
 def load_prompts(path: str | Path) -> list[dict[str, str]]:
     """`[{"id", "prompt"}]`, one per non-empty line; a bad line is a one-line error naming file:line."""
     path = Path(path)
+    if path.suffix.lower() in (".parquet", ".pq"):
+        raise AuditError(f"--prompts {path}: a parquet file; a plain prompts file is JSON lines {{\"id\", \"prompt\"}}: "
+                         "give a benchmark's parquet as NAME:PATH (e.g. gsm8k:PATH)")
     text = read_utf8(path, "prompts file")  # a FIFO or non-UTF-8 file is a one-line error, never a hang
     prompts = [_prompt_from_record(record, where, line_no)
                for line_no, where, record in json_lines(text, path, AuditError)]

@@ -15,6 +15,7 @@ import torch
 
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import CheckpointError
+from foundation.inputs import openable
 from foundation.param_names import strip_wrapper_prefixes
 from foundation.pickle_limits import PickleBomb, check_graph, load_failure_reason
 
@@ -60,7 +61,8 @@ def read_ckpt(path: str | Path) -> CkptFile:
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
         # mmap: the tensors stay pages of the file (read on use), so a 3 GB drafter costs no heap
-        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+        payload = torch.load(openable(path), map_location="cpu", weights_only=True,
+                             mmap=zipfile.is_zipfile(path))
     except Exception as exc:  # corrupt, truncated, or a pickle that is not plain data
         raise CheckpointError(f"{path}: not a readable ckpt.pt ({load_failure_reason(exc)})") from exc
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from foundation.errors import AuditError, plain_reason
-from foundation.inputs import check_target_dir
+from foundation.inputs import check_target_dir, openable
 from foundation.placement import CPU_FLOAT32, Placement
 
 
@@ -27,11 +27,11 @@ def load_tokenizer(target_dir: str | Path, flag: str = "--target"):
     target_dir = Path(target_dir)
     check_target_dir(target_dir, flag)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(target_dir)
+        tokenizer = AutoTokenizer.from_pretrained(openable(target_dir))
     except Exception as exc:  # noqa: BLE001 -- any tokenizer failure is the target's, not the prompt's
         raise AuditError(f"{target_dir}: cannot load the target's tokenizer "
                          f"({plain_reason(str(exc)) or 'no reason given'})") from None
-    return tokenizer, AutoConfig.from_pretrained(target_dir)
+    return tokenizer, AutoConfig.from_pretrained(openable(target_dir))
 
 
 def stop_token_ids(tokenizer) -> list[int]:
@@ -58,7 +58,7 @@ def load_target_model(target_dir: str | Path, placement: Placement = CPU_FLOAT32
     if mismatch is not None:
         raise AuditError(f"{target_dir}: its weights do not fit its config.json ({mismatch})")
     try:
-        model = AutoModelForCausalLM.from_pretrained(Path(target_dir), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(openable(target_dir), **kwargs)
     except Exception as exc:  # noqa: BLE001 -- transformers' text names no tensor: find the one at fault
         mismatch = first_shape_mismatch(Path(target_dir))
         if mismatch is not None:
@@ -79,9 +79,9 @@ def first_shape_mismatch(target_dir: Path) -> str | None:
     try:
         with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(
-                AutoConfig.from_pretrained(target_dir)).state_dict().items()}
+                AutoConfig.from_pretrained(openable(target_dir))).state_dict().items()}
         for file in sorted(target_dir.glob("*.safetensors")):
-            with safe_open(str(file), framework="pt") as handle:
+            with safe_open(openable(file), framework="pt") as handle:
                 for name in handle.keys():
                     stored = tuple(handle.get_slice(name).get_shape())
                     if name in expected and stored != expected[name]:

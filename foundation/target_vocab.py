@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from foundation.inputs import openable
 from foundation.token_ids import is_token_id
 EMBEDDING_SUFFIX = "embed_tokens.weight"
 ROWS_PER_SLICE = 4096  # 4096 rows of an 8192-wide embedding: 128 MiB at a time in float32
@@ -90,7 +91,7 @@ def embedding_tensor(target_dir: str | Path) -> EmbeddingTensor | None:
     from safetensors import safe_open
 
     for file in sorted(Path(target_dir).glob("*.safetensors")):
-        with safe_open(str(file), "pt") as handle:
+        with safe_open(openable(file), "pt") as handle:
             for name in handle.keys():
                 if name.endswith(EMBEDDING_SUFFIX):
                     return EmbeddingTensor(str(file), name, int(handle.get_slice(name).get_shape()[0]))
@@ -129,7 +130,7 @@ def row_norms(embedding: EmbeddingTensor, token_ids: list[int]) -> dict[int, Row
     (ids outside the embedding are left out)."""
     from safetensors import safe_open
 
-    with safe_open(embedding.file, "pt") as handle:
+    with safe_open(openable(embedding.file), "pt") as handle:
         tensor = handle.get_slice(embedding.name)
         norms = torch.cat([tensor[start:start + ROWS_PER_SLICE].float().norm(dim=-1)
                            for start in range(0, embedding.rows, ROWS_PER_SLICE)])

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from foundation.errors import CheckpointError
-from foundation.inputs import read_json_object
+from foundation.inputs import openable, read_json_object
 
 
 def index_shards(index: Path) -> list[Path]:
@@ -74,7 +74,7 @@ def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for name in files:
         try:
-            with safe_open(str(path / name), framework="pt") as handle:
+            with safe_open(openable(path / name), framework="pt") as handle:
                 for key in handle.keys():
                     tensors[key] = handle.get_tensor(key)
         except Exception as exc:

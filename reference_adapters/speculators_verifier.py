@@ -16,6 +16,8 @@ from pathlib import Path
 from safetensors import safe_open
 from speculators.utils.loading import _resolve_key  # the resolver load_model_layers itself uses
 
+from foundation.inputs import openable
+
 # Names DFlashDraftModel.load_verifier_weights asks for; the head may be absent (tied to the embeddings).
 REQUIRED = ("embed_tokens.weight", "model.norm.weight")
 OPTIONAL = ("lm_head.weight",)
@@ -35,7 +37,7 @@ def weight_map(folder: Path) -> tuple[dict[str, str] | None, str]:
     single = folder / "model.safetensors"
     if single.is_file():
         try:
-            with safe_open(str(single), framework="pt") as handle:
+            with safe_open(openable(single), framework="pt") as handle:
                 return dict.fromkeys(handle.keys(), single.name), single.name
         except Exception as exc:  # truncated or not safetensors
             return None, f"{single.name} is unreadable ({str(exc)[:120]})"

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from foundation.inputs import openable
 from foundation.packages import installed_version
 from impl.families import config_family
 from foundation.param_names import codebook_name
@@ -116,7 +117,7 @@ def tensors(path: Path, family: str) -> list[str]:
     parameters (`predecessor_codebook`), so a `.weight` name is ignored."""
     from safetensors import safe_open
 
-    names = [n for f in sorted(path.glob("*.safetensors")) for n in safe_open(str(f), "pt").keys()]
+    names = [n for f in sorted(path.glob("*.safetensors")) for n in safe_open(openable(f), "pt").keys()]
     return sorted(n for n in names if family == "dflash2" and codebook_name(n) != n)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from foundation.packages import installed_version
 from impl.families import config_family
+from foundation.inputs import openable
 from foundation.param_names import codebook_name
 from serving_engines import rules, vllm_family
 from serving_engines.layer_capture import vllm_capture
@@ -116,7 +117,7 @@ def rope(hf) -> dict[str, Any]:
 def tensor_names(path: Path) -> list[str]:
     from safetensors import safe_open
 
-    return [n for f in sorted(path.glob("*.safetensors")) for n in safe_open(str(f), "pt").keys()]
+    return [n for f in sorted(path.glob("*.safetensors")) for n in safe_open(openable(f), "pt").keys()]
 
 
 def tensors(path: Path, family: str) -> tuple[list[str], list[str]]:

@@ -11,6 +11,7 @@ from typing import Any
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.sides import Side
 from foundation.atomic import atomic_write_bytes
+from foundation.errors import escaped
 from foundation.packages import installed_versions
 
 SCHEMA = "dflash-audit/1"
@@ -69,6 +70,6 @@ def _finite(value: Any) -> Any:
 
 def write_report_json(report: AuditReport, path: str | Path) -> dict[str, Any]:
     data = report_dict(report)
-    text = json.dumps(data, indent=2, default=str) + "\n"
+    text = json.dumps(escaped(data), indent=2, default=str) + "\n"  # a name that is not UTF-8: \\xNN
     atomic_write_bytes(Path(path), lambda tmp: Path(tmp).write_text(text))
     return data

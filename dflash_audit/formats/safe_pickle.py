@@ -30,6 +30,7 @@ from typing import Any
 import numpy
 import torch
 
+from foundation.inputs import openable
 from foundation.pickle_limits import PickleBomb, check_graph
 
 try:  # numpy 2 moved its core; pickles name either place
@@ -134,7 +135,7 @@ def safe_load(path: Path) -> Any:
         allowed = _allowed() + [(cls, name) for name, cls in stand_ins.items()]
         try:
             with torch.serialization.safe_globals(allowed):
-                data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+                data = torch.load(openable(path), map_location="cpu", weights_only=True, mmap=mmap)
             try:
                 check_graph(data)  # before any reader walks it
             except PickleBomb as exc:

@@ -18,13 +18,14 @@ from safetensors import safe_open
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
 from foundation.errors import CheckpointError
+from foundation.inputs import openable
 
 
 def read_weight_file(path: Path, entry: str | None, entry_flag: str) -> Payload:
     if path.name.endswith(".safetensors"):
         try:
             tensors: dict[str, torch.Tensor] = {}
-            with safe_open(str(path), framework="pt") as handle:
+            with safe_open(openable(path), framework="pt") as handle:
                 metadata = handle.metadata() or {}
                 for key in handle.keys():
                     tensors[key] = handle.get_tensor(key)

@@ -27,6 +27,7 @@ from torch import nn
 
 from foundation.atomic import atomic_write_bytes
 from foundation.cache_dir import build_once
+from foundation.inputs import openable
 from foundation.placement import target_device
 from impl.extract import decoder_layers
 from impl.layers import layers_outside
@@ -82,7 +83,7 @@ class HiddenStateCache:
     def load(cls, path: str | Path, layer_ids: list[int] | None = None) -> HiddenStateCache:
         """The continuations and the layers `layer_ids` (default: every kept layer)."""
         path = Path(path)
-        with safe_open(str(path), framework="pt") as handle:
+        with safe_open(openable(path), framework="pt") as handle:
             meta = handle.metadata() or {}
             if meta.get("format") != CACHE_FORMAT:
                 raise ValueError(f"{path}: not an offline hidden-state cache ({CACHE_FORMAT})")
@@ -91,7 +92,7 @@ class HiddenStateCache:
                                     margin=handle.get_tensor(f"{i}.margin"))
                        for i, item in enumerate(json.loads(meta["prompts"]))]
         for layer_id in kept_layers(path) if layer_ids is None else layer_ids:
-            with safe_open(str(layer_path(path, layer_id)), framework="pt") as handle:
+            with safe_open(openable(layer_path(path, layer_id)), framework="pt") as handle:
                 for i, prompt in enumerate(prompts):
                     prompt.layers[layer_id] = handle.get_tensor(str(i))
         return cls(key=meta["key"], max_new_tokens=int(meta["max_new_tokens"]),
@@ -103,7 +104,7 @@ def unreadable(path: Path) -> str | None:
     None. safetensors checks each header against the file's length on opening: no tensor is read."""
     for file in [path] + [layer_path(path, i) for i in kept_layers(path)]:
         try:
-            with safe_open(str(file), framework="pt") as handle:
+            with safe_open(openable(file), framework="pt") as handle:
                 if (handle.metadata() or {}).get("format") != CACHE_FORMAT:
                     return f"{file.name} is not a {CACHE_FORMAT} file"
         except Exception as exc:  # noqa: BLE001 -- safetensors' own error type: any failure to open is damage

@@ -99,3 +99,25 @@ def test_our_own_checkpoint_with_a_bomb_inside_is_refused(world, tmp_path, capsy
     torch.save(payload, tmp_path / "bomb.pt")
     code, err = timed(compare_ours(world, tmp_path / "bomb.pt", tmp_path), capsys)
     assert_refused(code, err, "bomb.pt", "reference bomb")
+
+
+def test_a_parquet_decompression_bomb_and_wrong_columns_are_one_line(world, tmp_path, capsys):
+    """A prompt set of 64 rows whose one dictionary value is 32 MiB: a few KiB on disk, 2 GiB decoded; refused by
+    its decoded size, row by row, before it is held. A parquet of other columns, or given as a plain prompts file,
+    is named too."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    question = pa.DictionaryArray.from_arrays(pa.array([0] * 64, pa.int32()), pa.array(["a" * (32 << 20)]))
+    pq.write_table(pa.table({"question": question, "answer": pa.array(["1"] * 64)}), tmp_path / "bomb.parquet",
+                   compression="zstd")
+    pq.write_table(pa.table({"text": ["x", "y"]}), tmp_path / "columns.parquet")
+    assert (tmp_path / "bomb.parquet").stat().st_size < 1 << 20
+    before = tree_digest(tmp_path)
+    evaluate = ["eval", "--drafter", world / "ours.pt", "--target", world / "target", "--max-new-tokens", "4"]
+    for prompts, why in ((f"gsm8k:{tmp_path / 'bomb.parquet'}", "decompression bomb"),
+                         (f"gsm8k:{tmp_path / 'columns.parquet'}", "needs a 'question' field"),
+                         (tmp_path / "columns.parquet", "NAME:PATH")):
+        code, err = timed(evaluate + ["--prompts", prompts], capsys)
+        assert_refused(code, err, str(prompts).split(":")[-1], why)
+    assert tree_digest(tmp_path) == before

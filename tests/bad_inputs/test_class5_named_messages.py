@@ -1,6 +1,6 @@
 """Class 5, messages that name the wrong thing: each refusal names what is actually wrong (a spec that is a
 string, a recipe value of the wrong type and its field, a FIFO or directory where a file is expected, an empty
-argument, a file name that is not UTF-8), not a symptom further on."""
+argument), not a symptom further on; a file name that is not UTF-8 is audited, shown escaped."""
 
 from __future__ import annotations
 
@@ -66,17 +66,27 @@ def test_an_empty_path_is_named_empty(world, tmp_path, capsys, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_file_name_that_is_not_utf8_is_named_not_a_codec_error(world, tmp_path):
-    """Through a real process: the name reaches argv as bytes, as a shell passes it."""
-    name = os.fsencode(tmp_path) + b"/caf\xe9.pt"
-    with open(name, "wb") as handle:
+def test_a_file_name_that_is_not_utf8_is_audited_and_shown_escaped(world, tmp_path):
+    """Through a real process: the names reach argv as bytes, as a shell passes them (Linux allows any bytes in a
+    name). The drafter, the ref folder and the report folder are read and written; every place that shows a name
+    (the terminal, report.json, index.html) shows its undecodable bytes as \\xNN."""
+    import json
+    import shutil
+
+    folder = os.fsencode(tmp_path)
+    with open(folder + b"/caf\xe9.pt", "wb") as handle:
         handle.write((world / "ours.pt").read_bytes())
-    done = subprocess.run([os.fsencode(sys.executable), b"-m", b"dflash_audit.cli", b"compare", b"--ours", name,
-                           b"--ref", os.fsencode(world / "zref"), b"--out", os.fsencode(tmp_path / "r")],
+    shutil.copytree(os.fsencode(world / "zref"), folder + b"/ref-\xff")
+    done = subprocess.run([os.fsencode(sys.executable), b"-m", b"dflash_audit.cli", b"compare", b"--ours",
+                           folder + b"/caf\xe9.pt", b"--ref", folder + b"/ref-\xff", b"--out", folder + b"/r\xfe"],
                           cwd=tmp_path, capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
-    err = done.stderr.decode("utf-8")
-    assert_refused(done.returncode, err, "--ours", "caf\\xe9.pt", "UTF-8")
-    assert "codec" not in err
+    out, err = done.stdout.decode("utf-8"), done.stderr.decode("utf-8")  # both UTF-8: the names escaped
+    assert done.returncode in (0, 1) and "error" not in err, err
+    assert "r\\xfe/index.html" in err, err  # where the report is, on stderr
+    report = json.loads((Path(os.fsdecode(folder + b"/r\xfe")) / "report.json").read_bytes().decode("utf-8"))
+    assert report["ours"]["path"].endswith("caf\\xe9.pt") and report["ref"]["path"].endswith("ref-\\xff"), report
+    html = (Path(os.fsdecode(folder + b"/r\xfe")) / "index.html").read_bytes().decode("utf-8")
+    assert "caf\\xe9.pt" in html and "ref-\\xff" in html
 
 
 def test_a_fifo_safetensors_is_named_not_missing(world, tmp_path):
