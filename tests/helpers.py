@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import subprocess
+import sys
+import warnings
+
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -92,3 +98,26 @@ def load_trained_pair(world, loss: str = "kl_div", family: str = "dflash"):
     drafter = built_in(placement.device, placement.dtype, lambda: build_drafter(ckpt.spec, ckpt.state_dict)).eval()
     prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))
     return drafter, target, prompts, [tokenizer.eos_token_id]
+
+
+def cli_in_process(*args) -> subprocess.CompletedProcess:
+    """`dflash-audit ARGS` run in this process through the console script's own entry (`dflash_audit.cli.main`):
+    its exit status, stdout and stderr as the subprocess would give them, without a new interpreter's imports
+    (seconds a call). For tests of what the tool answers, not of process isolation. The warnings it raises are
+    printed on its stderr under Python's default filters, as the interpreter would (pytest only records them), so
+    a one-line check still counts them."""
+    from dflash_audit.cli import main
+
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            warnings.catch_warnings(record=True) as raised:
+        warnings.resetwarnings()  # the interpreter's default filters, not pytest's
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", category, append=True)
+        warnings.simplefilter("default", append=True)
+        status = main(argv)
+        for warning in raised:
+            print(warnings.formatwarning(warning.message, warning.category, warning.filename, warning.lineno,
+                                         warning.line), end="", file=sys.stderr)
+    return subprocess.CompletedProcess(["dflash-audit", *argv], status, out.getvalue(), err.getvalue())

@@ -4,8 +4,6 @@ template flags. No model: seconds."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from dflash_audit.audit.eval import prompt_set_from_flag
 from foundation.benchmarks.sets import BENCHMARKS, parse_prompts_flag, read_prompt_set
 from foundation.chat_template import ChatTemplate, thinking_settings
 from foundation.errors import AuditError
+from tests.helpers import cli_in_process
 
 FIXTURES = Path(__file__).parent / "fixtures" / "benchmarks"
 FILES = {"gsm8k": "gsm8k.jsonl", "math500": "math500.jsonl", "aime": "aime.jsonl", "humaneval": "humaneval.jsonl",
@@ -132,9 +131,8 @@ def test_bad_benchmark_files_on_the_command_line_exit_2_in_one_line(tmp_path):
     missing_field.write_text('{"problem": "wrong set"}\n')
     for prompts, named in ((f"gsm8k:{bad}", "not a readable parquet file"), (f"gsm8k:{missing_field}", "'question'"),
                            (f"nosuchset:{missing_field}", "unknown benchmark")):
-        run = subprocess.run([sys.executable, "-m", "dflash_audit.cli", "eval", "--drafter", str(tmp_path / "d.pt"),
-                              "--target", str(tmp_path), "--prompts", prompts, "--table"],
-                             capture_output=True, text=True, timeout=120)
+        run = cli_in_process("eval", "--drafter", tmp_path / "d.pt", "--target", tmp_path, "--prompts", prompts,
+                             "--table")
         assert run.returncode == 2, run.stderr
         lines = run.stderr.strip().split("\n")
         assert len(lines) == 1 and lines[0].startswith("dflash-audit: error:") and "Traceback" not in run.stderr

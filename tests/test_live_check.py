@@ -16,7 +16,6 @@ import re
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -182,11 +181,11 @@ def test_live_bad_input_is_one_line(tmp_path, extra, words):
     """No engine starts: a missing --target or an absent --vllm-python is one line, exit 2."""
     from dflash_world import cached_test_world
     from dflash_world.drafter import cached_full_drafter
+    from tests.helpers import cli_in_process
 
     world = cached_test_world()
     args = [a.format(t=tmp_path) if "no-python" in a else a.format(t=world.target) for a in extra]
     drafter = cached_full_drafter(world)
-    done = subprocess.run([sys.executable, "-m", "dflash_audit.cli", "serve-check", "--drafter", str(drafter),
-                           "--engine", "vllm", "--live", *args], capture_output=True, text=True, timeout=300)
+    done = cli_in_process("serve-check", "--drafter", drafter, "--engine", "vllm", "--live", *args)
     assert done.returncode == 2 and words in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

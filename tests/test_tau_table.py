@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from dflash_world.drafter import cached_test_drafter
+from tests.helpers import cli_in_process
 
 FIXTURES = Path(__file__).parent / "fixtures" / "benchmarks"
 TEMPLATE = Path(__file__).parents[1] / "dflash_world" / "chat_template_thinking.jinja"
@@ -21,8 +21,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--dis
 
 
 def eval_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dflash_audit.cli", "eval", *map(str, args)], capture_output=True,
-                          text=True, timeout=900)
+    return cli_in_process("eval", *args)  # what it answers and writes, not a process: in this one
 
 
 @pytest.fixture(scope="module")
@@ -130,12 +129,10 @@ def test_compare_records_the_chat_template(test_world, tmp_path):
     """compare --chat-template FILE --chat-template-kwargs: the τ audit's prompts rendered by it, and it is in the
     report."""
     drafter = cached_test_drafter(test_world)
-    run = subprocess.run([sys.executable, "-m", "dflash_audit.cli", "compare", "--ours", str(drafter), "--ref",
-                          str(drafter), "--target", str(test_world.target), "--prompts", str(test_world.prompts),
-                          "--max-new-tokens", "8", "--budget", "4", "--out", str(tmp_path / "report"),
-                          "--cache-dir", str(tmp_path / "cache"), "--chat-template", str(TEMPLATE),
-                          "--chat-template-kwargs", '{"enable_thinking": false}'],
-                         capture_output=True, text=True, timeout=900)
+    run = cli_in_process("compare", "--ours", drafter, "--ref", drafter, "--target", test_world.target,
+                         "--prompts", test_world.prompts, "--max-new-tokens", 8, "--budget", 4,
+                         "--out", tmp_path / "report", "--cache-dir", tmp_path / "cache", "--chat-template", TEMPLATE,
+                         "--chat-template-kwargs", '{"enable_thinking": false}')
     assert run.returncode in (0, 1), run.stderr[-3000:]
     notes = json.loads((tmp_path / "report" / "report.json").read_text())["notes"]
     recorded = [json.loads(n.split(": ", 1)[1]) for n in notes if n.startswith("chat template: ")]
