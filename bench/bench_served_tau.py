@@ -9,7 +9,7 @@ With `--engine llamacpp` (or `both`, the default) the llama.cpp live check is me
 drafter reading layers 1 and 2 (llama.cpp cannot capture the target's last layer) converted to an f32 GGUF, served by
 llama-server b11434 and held round by round to the replay, its wall time and peak memory (this process plus
 llama-server) beside `eval` of the same drafter on the same prompts (goal: within 2x). Its rows are the bench
-`served_tau_llamacpp`.
+`served_tau[llamacpp]`.
 
     python bench/bench_served_tau.py [--max-new-tokens 64] [--engine vllm|llamacpp|both]
 """
@@ -110,7 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     world = cached_test_world()
     if args.engine == "llamacpp":
-        record("served_tau_llamacpp", "python bench/bench_served_tau.py --engine llamacpp",
+        record("served_tau[llamacpp]", "python bench/bench_served_tau.py --engine llamacpp",
                llamacpp_rows(world, args.max_new_tokens))
         return
     if args.engine == "both":  # its own process: each engine's peak memory its own

@@ -39,8 +39,8 @@ class Finding:
     raw: dict[str, Any] = field(default_factory=dict)  # {"ours": ..., "ref": ...} as stored on disk
     explanation: str = ""  # why it matters, for the HTML report
     source: str = ""  # the engine's or the reference's file:line the finding rests on
-    # A live localization's place: {"kind": input | module | unlocalized, "prompt", "round"} (merged: the lists
-    # "prompts", "rounds" of every round it explains).
+    # A live localization's place: {"kind": input | module | tie | quantization | unlocalized, "prompt", "round"}
+    # (merged: the lists "prompts", "rounds" of every round it explains).
     localized: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

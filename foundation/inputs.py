@@ -27,9 +27,6 @@ POSITIVE_INT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", 
 MAX_TARGET_DIMENSION = 1 << 24  # no model is wider; sizing a tensor by more only fails in the allocator
 MAX_TARGET_POSITIONS = 1 << 30
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
-MAX_NEW_TOKENS = 1 << 20  # beyond any target's context window
-MAX_BUDGET = 1 << 16  # DDTree verifies the whole tree in one target pass
-MAX_TEMPERATURE = 100.0  # already uniform sampling; larger is a typo
 
 
 _ALIASES: dict[str, str] = {}
@@ -148,16 +145,6 @@ def check_target_dir(directory: Path, flag: str = "--target", tokenizer: bool = 
         raise AuditError(f"{flag} {directory}: no tokenizer ({', '.join(TOKENIZER_FILES)}); "
                          "save the target's tokenizer with it")
     return config
-
-
-def check_generation_flags(max_new_tokens: int | None = None, budget: int | None = None,
-                           temperature: float | None = None) -> None:
-    """Finite and in range, before any model loads."""
-    for flag, value, top in (("--max-new-tokens", max_new_tokens, MAX_NEW_TOKENS), ("--budget", budget, MAX_BUDGET)):
-        if value is not None and not 1 <= value <= top:
-            raise AuditError(f"{flag} must be between 1 and {top}, got {value}")
-    if temperature is not None and not (math.isfinite(temperature) and 0 <= temperature <= MAX_TEMPERATURE):
-        raise AuditError(f"--temperature must be a finite number between 0 and {MAX_TEMPERATURE:g}, got {temperature}")
 
 
 def check_finite_flags(**flags: float | None) -> None:

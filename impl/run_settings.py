@@ -1,16 +1,18 @@
 """One `train` run's settings (`RunSettings`): data, schedule and bookkeeping, every drafter setting `train` takes and
-every recipe knob, each a declared pydantic field. Light on purpose: `dflash-audit train` builds its options from
+every recipe knob, each a declared pydantic field; and the decoding flags `eval` and `compare` take
+(`DecodingSettings`). Light on purpose: `dflash-audit train` builds its options from
 these declarations and refuses a bad value before the trainer (torch, the target) is imported."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
 from impl.recipe import KNOBS, LossWeighting
-from impl.settings import Declared
+from foundation.errors import AuditError
+from impl.settings import Declared, base_type, choices, declared_range
 from impl.spec import SETTINGS, MarkovHeadType
 from impl.spec import TRAIN_DEFAULTS as SPEC_TRAIN_DEFAULTS
 
@@ -112,3 +114,45 @@ class RunSettings(Declared):
     @classmethod
     def refused(cls, field_name: str, message: str) -> Exception:
         return TrainError(f"{field_name}: {message}")
+
+
+class DecodingSettings(Declared):
+    """The decoding flags `eval` and `compare` take (None: not given), each validated by pydantic before any model
+    loads; a refusal names the flag and what its declaration allows."""
+
+    SUBJECT = "decoding settings"
+
+    max_new_tokens: int | None = Field(None, ge=1, le=1 << 20, description="Tokens per prompt; the bound is beyond "
+                                       "any target's context window.")
+    budget: int | None = Field(None, ge=1, le=1 << 16, description="DDTree node budget (the whole tree is verified "
+                               "in one target pass).")
+    temperature: float | None = Field(None, ge=0, le=100.0, allow_inf_nan=False,
+                                      description="0: greedy; past 100 sampling is already uniform (a typo).")
+    method: Literal["dflash", "ddtree"] | None = Field(None, description="DFlash or DDTree decoding.")
+    mode: Literal["live", "offline"] | None = Field(None, description="Live decoding, or replay from cached "
+                                                                      "hidden states.")
+
+    @model_validator(mode="after")
+    def sampling_needs_live_dflash(self) -> DecodingSettings:
+        if (self.temperature or 0) > 0 and (self.method == "ddtree" or self.mode == "offline"):
+            raise ValueError("--temperature > 0 needs --method dflash --mode live (DDTree and offline replay are "
+                             "greedy)")
+        return self
+
+    @classmethod
+    def refusal(cls, exc: ValidationError, data: dict[str, Any]) -> Exception:
+        """The first refused flag in the order given, in the words `eval` and `compare` have always used."""
+        order = list(data)
+        first = min(exc.errors(), key=lambda e: order.index(e["loc"][0]) if e["loc"] and e["loc"][0] in order
+                    else len(order))
+        if not first["loc"]:  # the rule between settings
+            return AuditError(str(first["ctx"]["error"]))
+        name = str(first["loc"][0])
+        flag, value, info = f"--{name.replace('_', '-')}", data.get(name), cls.model_fields[name]
+        if choices(info):
+            return AuditError(f"{flag} must be one of {list(choices(info))}, got {value!r}")
+        found = declared_range(cls, name)
+        if base_type(info) is float:
+            return AuditError(f"{flag} must be a finite number between {found['ge']:g} and {found['le']:g}, "
+                              f"got {value}")
+        return AuditError(f"{flag} must be between {found['ge']} and {found['le']}, got {value}")

@@ -34,9 +34,9 @@ def margins_agree(target, a: torch.Tensor, b: torch.Tensor, final_a: torch.Tenso
 
     float32: within 1e-5, a few ulps of these logits' scale. Below float32 the logits are rounded to the target's
     dtype (1/32 at a logit of 4 in bfloat16) and forwards of other shapes round the states apart (within ULPS ulps,
-    above: on the test world one query against the KV cache, a padded batch's masked pad keys or a verified
-    block change the attention's sums); a margin then moves by at most twice the most a logit moves: the head
-    applied to the states' difference (in float32) plus one ulp of the logits (a head run over other rows)."""
+    above: a GEMM over another number of rows may sum in another order; on an AVX-512 CPU first in layer 0's MLP
+    down-projection, oneDNN's bfloat16 kernel); a margin then moves by at most twice the most a logit moves: the
+    head applied to the states' difference (in float32) plus one ulp of the logits (a head run over other rows)."""
     if final_a.dtype == torch.float32:
         return torch.allclose(a, b, rtol=0, atol=1e-5)
     weight = output_head(target).weight.detach().to("cpu", torch.float32)

@@ -190,6 +190,22 @@ def test_recordings_of_another_version_or_truncated_and_foreign_outs_are_refused
     (other / MANIFEST).write_text(json.dumps({**manifest, "format": 99}))
     assert main(["trace", "--from", str(other)]) == 2
     assert "format 99" in capsys.readouterr().err
+    # An edited manifest (the tensor file is hashed, the manifest is not): one line naming the field, never a fault
+    # further on, and never a tensor file outside the folder.
+    step = manifest["steps"][0]
+    edits = {"steps": ({**manifest, "steps": "x"}, "steps"), "none": ({**manifest, "steps": []}, "steps"),
+             "loss": ({**manifest, "steps": [{**step, "loss": "x"}]}, "steps.0.loss"),
+             "entries": ({**manifest, "steps": [{k: v for k, v in step.items() if k != "entries"}]}, "steps.0.entries"),
+             "facts": ({**manifest, "steps": [{**step, "drafter": {**step["drafter"], "facts": {
+                 **step["drafter"]["facts"], "block_size": "x"}}}]}, "steps.0.drafter.facts.block_size"),
+             "ghost": ({**manifest, "steps": [{**step, "entries": {**step["entries"], "ghost": {
+                 "role": "tokens", "shape": [1], "dtype": "int64"}}}]}, "'ghost'"),
+             "outside": ({**manifest, "tensors_file": "/etc/hostname"}, "tensors_file")}
+    for name, (edited, field) in edits.items():
+        (other / MANIFEST).write_text(json.dumps(edited))
+        assert main(["trace", "--from", str(other)]) == 2, name
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and field in lines[0] and "rerun with --debug" not in lines[0], (name, lines)
     data = (out / TENSORS).read_bytes()
     (out / TENSORS).write_bytes(data[: len(data) // 2])
     assert main(["trace", "--from", str(out)]) == 2

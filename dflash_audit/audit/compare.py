@@ -26,10 +26,11 @@ from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from dflash_audit.ranks import Ranks
 from foundation.errors import AuditError
-from foundation.inputs import TOKENIZER_FILES, check_generation_flags, check_target_dir
+from foundation.inputs import TOKENIZER_FILES, check_target_dir
 from foundation.placement import CPU_FLOAT32, Placement
 from foundation.target import load_tokenizer
 from foundation.target_vocab import TargetVocabulary
+from impl.run_settings import DecodingSettings
 
 
 def target_vocabulary(target: Path) -> TargetVocabulary:
@@ -81,7 +82,7 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
 
     `dtypes` (`--dtype a,b`): the τ audit once per dtype, the first one the report's main run."""
     console = console or Console(stderr=True)
-    check_generation_flags(max_new_tokens, budget)
+    DecodingSettings(max_new_tokens=max_new_tokens, budget=budget)
     out = out or default_out_dir(ours, ref)
     check_compare_outputs(out, json_path, {"--ours": ours, "--ref": ref, "--target": target, "--prompts": prompts},
                           force)

@@ -30,13 +30,11 @@ from foundation.benchmarks.sets import BenchmarkPrompt, PromptSet, parse_prompts
 from foundation.cache_dir import cache_root
 from foundation.chat_template import ChatTemplate, thinking_settings
 from foundation.errors import AuditError
-from foundation.inputs import check_generation_flags
 from foundation.placement import CPU_FLOAT32, Placement, resolve_placement
 from foundation.target import stop_token_ids
 from foundation.target_vocab import TargetVocabulary, mask_token_problems
+from impl.run_settings import DecodingSettings
 
-METHODS = ("dflash", "ddtree")
-MODES = ("live", "offline")
 TAU_BY = ("thinking",)
 
 
@@ -46,16 +44,6 @@ def mask_token_notes(mask_token_id: int, target: TargetVocabulary) -> list[str]:
     return [f"the drafter's mask token {mask_token_id} is {phrase} (PITFALLS #34; `compare --target` reports it as "
             "a mask_token_validity divergence)" for _, phrase in mask_token_problems(mask_token_id, limits,
                                                                                        target.special_ids)]
-
-
-def check_options(method: str, mode: str, budget: int, max_new_tokens: int, temperature: float) -> None:
-    check_generation_flags(max_new_tokens, budget, temperature)
-    if method not in METHODS:
-        raise AuditError(f"--method must be one of {list(METHODS)}, got {method!r}")
-    if mode not in MODES:
-        raise AuditError(f"--mode must be one of {list(MODES)}, got {mode!r}")
-    if temperature > 0 and (method == "ddtree" or mode == "offline"):
-        raise AuditError("--temperature > 0 needs --method dflash --mode live (DDTree and offline replay are greedy)")
 
 
 def check_json_output(json_path: Path | None, inputs: dict[str, Path], force: bool = False) -> None:
@@ -107,7 +95,8 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     `memory`: free memory handed to the memory plan (`free_on_devices`, `free_on_host`) instead of
     the machine's own, for tests."""
     # Bad flags and inputs are refused before the modelling code (seconds of transformers imports) is imported.
-    check_options(method, mode, budget, max_new_tokens, temperature)
+    DecodingSettings(max_new_tokens=max_new_tokens, budget=budget, temperature=temperature, method=method,
+                     mode=mode)
     inputs = {"--drafter": drafter_path, "--target": target_dir, "--prompts": prompts_path}
     check_json_output(json_path, inputs, force)
     check_cache_dir(cache_dir, inputs)
@@ -199,8 +188,7 @@ def prompt_set_from_flag(value: str, max_samples: int | None = None) -> PromptSe
 def decodings_of(methods: list[str], budgets: list[int]) -> list[Decoding]:
     out = []
     for method in dict.fromkeys(methods):
-        if method not in ("dflash", "ddtree"):
-            raise AuditError(f"--method must be one of ['dflash', 'ddtree'], got {method!r}")
+        DecodingSettings(method=method)
         out += [Decoding("ddtree", b) for b in dict.fromkeys(budgets)] if method == "ddtree" else [Decoding("dflash")]
     return out
 
@@ -220,9 +208,9 @@ def check_table_options(tau_methods, temperatures, budgets, max_new_tokens, tau_
     for method in tau_methods:
         check_method_name(method)
     for temperature in temperatures:
-        check_generation_flags(max_new_tokens, None, temperature)
+        DecodingSettings(max_new_tokens=max_new_tokens, temperature=temperature)
     for budget in budgets:
-        check_generation_flags(None, budget)
+        DecodingSettings(budget=budget)
     if tau_by is not None and tau_by not in TAU_BY:
         raise AuditError(f"--tau-by must be one of {list(TAU_BY)}, got {tau_by!r}")
     outputs = {"--json": json_path, "--html": html_path}

@@ -100,6 +100,7 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
     if manifest.get("format") != FORMAT:
         raise AuditError(f"{flag} {folder}: a recording of format {manifest.get('format')!r}; this version of "
                          f"dflash-audit reads format {FORMAT} (record it again)")
+    check_manifest(manifest, f"{flag} {folder}: {MANIFEST}")
     tensors_path = folder / str(manifest.get("tensors_file", TENSORS))
     if not tensors_path.is_file():
         raise AuditError(f"{flag} {folder}: {tensors_path.name} missing")
@@ -113,7 +114,57 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
         tensors = load_file(tensors_path)
     except Exception as exc:  # noqa: BLE001 -- any unreadable file is one line
         raise AuditError(f"{flag} {folder}: {tensors_path.name} is not readable ({exc})") from None
+    for index, step in enumerate(manifest["steps"]):
+        missing = [name for name in step["entries"] if f"step{index}/{name}" not in tensors]
+        if missing:
+            raise AuditError(f"{flag} {folder}: {MANIFEST} step {index} names {missing[0]!r}, which "
+                             f"{tensors_path.name} does not hold")
     return Recording(folder, manifest, tensors)
+
+
+def check_manifest(manifest: dict, where: str) -> None:
+    """The manifest holds what the audit reads, of the kinds it reads (the tensor file is hashed, the manifest is
+    not: an edited one is refused here in one line, never a fault further on)."""
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+    class Part(BaseModel):
+        model_config = ConfigDict(extra="allow")
+
+    class Entry(Part):
+        role: str
+        shape: list[int]
+        dtype: str
+
+    class Facts(Part):
+        facts: dict[str, bool | int | list[int] | None]  # what recorder._config_facts writes
+
+    class Target(Facts):
+        path: str
+        dtype: str = "float32"
+
+    class Step(Part):
+        loss: float
+        entries: dict[str, Entry]
+        drafter: Facts
+        target: Target
+
+    class Manifest(Part):
+        tensors_file: str = Field(TENSORS, pattern=r"^[^/\\]+$")  # a name in the folder, nothing outside it
+        steps: list[Step] = Field(min_length=1)
+        context: dict = {}
+
+    try:
+        Manifest.model_validate(manifest)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = [str(part) for part in error["loc"]]
+        union = [e for e in exc.errors() if [str(part) for part in e["loc"]][:len(loc) - 1] == loc[:-1]]
+        if len(union) > 1:  # a union's members each refused it: say the value, not the members' messages
+            loc, what = loc[:-1], f"a value of the wrong kind ({error['input']!r:.40})"
+        else:
+            what = error["msg"].lower()
+        raise AuditError(f"{where}: {'.'.join(loc) or 'the top level'}: {what} (not what a recording of format "
+                         f"{FORMAT} holds; record it again)") from None
 
 
 def foreign_entries(out: Path) -> list[str]:
