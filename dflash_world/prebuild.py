@@ -14,7 +14,8 @@ from multiprocessing import get_context
 import torch
 
 from .world_cache import WorldPaths, cached_test_world
-from .drafter import DRAFTER_FILES, cached_dflash2_drafter, cached_full_drafter, cached_test_drafter
+from .drafter import (DFLASH2_DRAFTER_FILE, DRAFTER_FILES, FULL_DRAFTER_FILE, cached_dflash2_drafter,
+                      cached_full_drafter, cached_test_drafter)
 
 # Each training process runs single-threaded, exactly as the test fixtures do (the root conftest.py): the
 # drafters are the same files whichever process trains them.
@@ -35,7 +36,14 @@ def build_drafter(world: WorldPaths, name: str) -> str:
 def main() -> None:
     _single_threaded()
     world = cached_test_world()
-    names = ["dflash2", *DRAFTER_FILES, "full"]  # the longest training first: it runs beside the two others in turn
+    files = {"dflash2": DFLASH2_DRAFTER_FILE, **DRAFTER_FILES, "full": FULL_DRAFTER_FILE}
+    # The longest training first: it runs beside the two others in turn. A drafter already cached is only named:
+    # no process is started for it (each would import torch for nothing).
+    names = [name for name, file in files.items() if not (world.root / file).is_file()]
+    for name in (name for name in files if name not in names):
+        print(f"test world: {name} drafter at {world.root / files[name]}", flush=True)
+    if not names:
+        return
     workers = max(1, min(len(names), len(os.sched_getaffinity(0))))
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                              initializer=_single_threaded) as pool:

@@ -284,10 +284,12 @@ def start_decoding(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.T
 @torch.inference_mode()
 def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
                   stop_token_ids: list[int] | None = None, temperature: float = 0.0, seed: int = 0,
-                  keep_features: bool = False) -> DecodeResult:
+                  keep_features: bool = False, whole_blocks: bool = False) -> DecodeResult:
     """Speculative decoding of one prompt (`input_ids` [1, T]); greedy unless `temperature` > 0. With
     `keep_features`, `extra["features"]` holds the target's context features of every accepted position
-    [1, T - 1, F], as the verification forwards gave them to the drafter (`walks.explain_parting` reads them)."""
+    [1, T - 1, F], as the verification forwards gave them to the drafter (`walks.explain_parting` reads them).
+    With `whole_blocks`, every round drafts the whole block, its proposals cut to what is left (llama.cpp's way),
+    not z-lab's block shrunk near max_length: a non-causal block's slots see every mask, so the two can part."""
     check_sampling(drafter, temperature)
     sampler, stops = Sampler(temperature, seed), StopTokens(stop_token_ids)
     begun = start_decoding(drafter, target, input_ids, max_new_tokens, stops, sampler.pick)
@@ -300,6 +302,7 @@ def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     fed = [new_features]
     while not stopped and start + 1 < max_length:
         _, size = round_size(drafter, start, max_length)
+        size = drafter.block_size if whole_blocks else size
         _, draft_hidden = draft_block(drafter, target, draft_cache, new_features, tokens[start], start, size)
         proposals, draft_probs = propose(drafter, head, draft_hidden, tokens[start], sampler, tokens[start - 1])
         drafted.append(proposals.tolist())

@@ -81,6 +81,8 @@ RULES = (
          "drafts are argmax (greedy) at any temperature unless --spec-draft-sampling probabilistic"),
     Rule("draft_kv_type", "common/arg.cpp", '{"--spec-draft-type-k", "-ctkd", "--cache-type-k-draft"}, "TYPE",',
          "the draft KV cache type (default f16)"),
+    Rule("final_block", "common/speculative.cpp", "const int32_t n_draft = params.n_max;",
+         "every round drafts 1 + n_max positions; near the budget's end the draft is cut afterwards, never shrunk"),
     Rule("argmax_tie", "common/speculative.cpp", "// greedily read the predicted block at this sequence's noise positions",
          "each draft token is the top candidate of the drafter's logits at its slot (argmax)"),
     Rule("rounds", "tools/server/server-context.cpp", 'SLT_INF(slot, "accepted %2zu/%2zu draft tokens\\n", accepted.size() - 1, n_draft);',

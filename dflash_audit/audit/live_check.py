@@ -26,8 +26,8 @@ from serving_engines.live.host import (
 from serving_engines.live.vllm_env import find_vllm
 
 ENGINE_NAMES = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
-LIVE_SEVERITY = {"quantization": "info", "tie": "info", "input": "divergence", "module": "divergence",
-                 "unlocalized": "divergence"}
+LIVE_SEVERITY = {"quantization": "info", "tie": "info", "convention": "info", "input": "divergence",
+                 "module": "divergence", "unlocalized": "divergence"}
 
 
 def prepare(name: str, path: Path, target: Path, workdir: Path) -> ServedDrafter:

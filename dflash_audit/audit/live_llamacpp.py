@@ -35,7 +35,11 @@ VARIANTS = (
     ("mask_token_id", "mask_token_id", "the GGUF's mask token (tokenizer.ggml.mask_token_id)"),
     ("layer_causal", "layer_causal", "every draft layer non-causal, as the engine runs a GGUF without "
                                      "dflash.attention.causal = true"),
+    ("final_block", "final_block", "the whole block drafted in every round, its proposals cut to what is left, as "
+                                   "the engine drafts near the budget's end (z-lab shrinks the block there)"),
 )
+# A variant that is the engine's own convention, not a defect of how it serves the drafter.
+CONVENTIONS = ("final_block",)
 
 
 @dataclass
@@ -80,12 +84,13 @@ def prepare(drafter: Path, target: Path, workdir: Path, quant: str | None, bin_d
                   bool(written.gguf["metadata"].get("dflash.attention.causal", False)))
 
 
-def replay(spec, state, target_model, prompts, max_new_tokens, stop_ids) -> list:
+def replay(spec, state, target_model, prompts, max_new_tokens, stop_ids, whole_blocks: bool = False) -> list:
     from impl.body_shapes import build_drafter
     from impl.decoding import dflash_decode
 
     model = build_drafter(spec, state, dtype=target_model.dtype).eval()
-    return [dflash_decode(model, target_model, torch.tensor([p["ids"]]), max_new_tokens, stop_ids) for p in prompts]
+    return [dflash_decode(model, target_model, torch.tensor([p["ids"]]), max_new_tokens, stop_ids,
+                          whole_blocks=whole_blocks) for p in prompts]
 
 
 def variant_of(name: str, served: Served, block: int):
@@ -99,6 +104,8 @@ def variant_of(name: str, served: Served, block: int):
         return spec.replace(target_layer_ids=served.gguf_spec.target_layer_ids), state
     if name == "layer_causal":
         return spec.replace(sliding_window_non_causal=True), state
+    if name == "final_block":  # the decode differs (replay's whole_blocks), not the drafter
+        return spec, state
     return spec.replace(mask_token_id=served.gguf_spec.mask_token_id), state
 
 
@@ -111,6 +118,8 @@ def differs(name: str, served: Served, block: int) -> bool:
         return block != served.spec.block_size
     if name == "layer_causal":
         return not served.causal and any(served.spec.block_is_causal(i) for i in range(served.spec.num_hidden_layers))
+    if name == "final_block":
+        return True  # the engine never shrinks its block: only a prompt's last rounds can show it
     field = {"target_layer_ids": "target_layer_ids", "mask_token_id": "mask_token_id"}[name]
     return getattr(served.gguf_spec, field) != getattr(served.spec, field)
 
@@ -163,8 +172,8 @@ def tie_flips(served: Served, target_model, prompt: dict, max_new_tokens: int, s
         if model.candidate_selector is not None or model.reads_whole_block:
             return None  # its proposals are not each slot's own argmax
         record = TieFlips(model, flips)
-        rounds = dflash_decode(model, target_model, torch.tensor([prompt["ids"]]), max_new_tokens,
-                               stop_ids).acceptance_lengths
+        rounds = dflash_decode(model, target_model, torch.tensor([prompt["ids"]]), max_new_tokens, stop_ids,
+                               whole_blocks=True).acceptance_lengths  # drafted as the engine drafts
         first = first_difference(s_rounds, rounds)
         if first is None:
             return taken, None
@@ -246,7 +255,7 @@ def run_and_assess(engine, target_gguf: Path, served: Served, target_model, prom
                     continue
                 if name not in variant_runs:
                     variant_runs[name] = replay(*variant_of(name, served, block), target_model, prompts,
-                                                max_new_tokens, stop_ids)
+                                                max_new_tokens, stop_ids, whole_blocks=name == "final_block")
                 replayed = variant_runs[name][p].acceptance_lengths
                 # It reproduces the engine through the first round the audit and the engine part at (a quantized
                 # kernel's rounding may part them again later: those rounds are downstream, counted in the row).
@@ -277,7 +286,8 @@ def run_and_assess(engine, target_gguf: Path, served: Served, target_model, prom
                 name, rule, words = explained
                 types = ", ".join(sorted(set(served.quantized.values())))
                 findings.append(Finding.localization(
-                    "input", name, f"the audit's replay with {words} gives the engine's rounds", None,
+                    "convention" if name in CONVENTIONS else "input", name,
+                    f"the audit's replay with {words} gives the engine's rounds", None,
                     source(rule) if rule else f"the GGUF's tensor types ({types})", prompt["id"], first))
                 row["explained_by"] = [name]
         rows.append(row)
