@@ -62,15 +62,20 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
     """{drafter name: the `serving.vllm.live` section} for every drafter, one engine process for all.
     `plants`: per drafter, engine variants (serving_engines/live/engine_driver.py PATCHES, `+`-joined) run on
     its first `plant_prompts` prompts, each assessed like the served run (section["planted"][variant])."""
-    from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
-    from foundation.target import load_target, stop_token_ids
-
     env = find_vllm(vllm_python)
     if workdir is None:  # the engine's files go with the run, whatever its end
         with tempfile.TemporaryDirectory(prefix="dflash-live-") as scratch:
-            return live_check(drafters, target, prompts_path, max_new_tokens, env.python, plants, Path(scratch),
-                              plant_prompts)
-    workdir = Path(workdir)
+            return live_sections(env, drafters, target, prompts_path, max_new_tokens, plants, Path(scratch),
+                                 plant_prompts)
+    return live_sections(env, drafters, target, prompts_path, max_new_tokens, plants, Path(workdir), plant_prompts)
+
+
+def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Path | None, max_new_tokens: int,
+                  plants: dict[str, list[str]] | None, workdir: Path, plant_prompts: int) -> dict[str, dict]:
+    """`live_check` in `workdir`, with the vLLM environment found."""
+    from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
+    from foundation.target import load_target, stop_token_ids
+
     workdir.mkdir(parents=True, exist_ok=True)
     target_model, tokenizer = load_target(target)
     prompts = load_prompts_for(target, prompts_path, tokenizer)
