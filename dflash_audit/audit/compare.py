@@ -135,7 +135,8 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
     if json_path is not None:
         write_report_json(report, json_path)
     print(terminal_summary(report))
-    console.print(f"report: {out / 'index.html'}")
+    # A path is printed whole (never wrapped at the terminal's width) and as written (no rich markup read in it).
+    console.print(f"report: {out / 'index.html'}", soft_wrap=True, markup=False, highlight=False)
     return report
 
 
