@@ -4,6 +4,7 @@ module imports another's fixtures)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from dflash_world.suite_placement import world_in_suite_dtype
 from dflash_world.target_training import random_qwen3
 from dflash_world.tokenizer import train_tokenizer
 from impl.model import DFlashDrafter
-from tests.helpers import TEXTS, load_trained_pair, tiny_spec, tiny_target
+from tests.helpers import TEXTS, load_trained_pair, once_per_session, tiny_spec, tiny_target
 
 # `make quick`: a cross-section of the harness's own tests that needs no trained world (seconds each):
 # specs and layers, masks, layering and the catalogue, every format loader, the static audit, the team checkpoint
@@ -66,10 +67,17 @@ def refusal_scan(request, unforeseen_log):
         assert not found, "refusals that are defects:\n" + "\n".join(found)
 
 
+# The live engine runs are the session's longest setups (vLLM's some minutes): they go first, so that the xdist worker
+# that takes them starts them at once while the other works through the rest (work-stealing then evens the two out),
+# never last, with nothing left to overlap them. A stable sort: every worker collects the same order.
+ENGINE_MODULES = ("test_live_check", "test_live_llamacpp")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1] in QUICK_MODULES:
             item.add_marker(pytest.mark.quick)
+    items.sort(key=lambda item: item.module.__name__.rsplit(".", 1)[-1] not in ENGINE_MODULES)
 
 
 @pytest.fixture(scope="session")
@@ -82,14 +90,18 @@ def test_world():
 @pytest.fixture(scope="session")
 def llamacpp_full_gguf(test_world, tmp_path_factory):
     """The all-full test drafter (target layers 1, 2, 3) written by `convert --for llamacpp` (ours -> z-lab ->
-    llama.cpp's converter, f32): converted once, for the static and the live llama.cpp tests alike."""
+    llama.cpp's converter, f32): converted once a session (whichever worker first needs it), for the static and the
+    live llama.cpp tests alike."""
     from dflash_audit.cli import main
     from dflash_world.drafter import cached_full_drafter
 
-    out = tmp_path_factory.mktemp("llamacpp-full")
-    assert main(["convert", "--from", str(cached_full_drafter(test_world)), "--to", str(out / "full"),
-                 "--for", "llamacpp", "--target", str(test_world.target)]) == 0
-    return out / "full" / "drafter-f32.gguf"
+    def convert() -> str:
+        out = tmp_path_factory.mktemp("llamacpp-full")
+        assert main(["convert", "--from", str(cached_full_drafter(test_world)), "--to", str(out / "full"),
+                     "--for", "llamacpp", "--target", str(test_world.target)]) == 0
+        return str(out / "full" / "drafter-f32.gguf")
+
+    return Path(once_per_session(tmp_path_factory, "llamacpp-full-gguf", convert))
 
 
 @pytest.fixture(scope="module")

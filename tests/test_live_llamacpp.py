@@ -43,6 +43,13 @@ def live(test_world, llamacpp_full_gguf, tmp_path_factory):
     """One live check per drafter, each llama-server run once: the GGUF of the drafter reading layers 1 and 2 served
     with the three planted runs beside it; q4_k_m and the mixed drafter served from their conversion (the live
     check's own); the drafter reading the last layer; heldout-7, a near-tie."""
+    from tests.helpers import once_per_session
+
+    return once_per_session(tmp_path_factory, "live-llamacpp",
+                            lambda: serve_all(test_world, Path(llamacpp_full_gguf), tmp_path_factory))
+
+
+def serve_all(test_world, llamacpp_full_gguf: Path, tmp_path_factory):
     from dflash_audit.audit.live_llamacpp import live_llamacpp
     from dflash_audit.cli import main
     from dflash_world.drafter import cached_full_drafter, cached_test_drafter
