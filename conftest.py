@@ -1,10 +1,15 @@
 """Settings shared by both suites (tests/ and conformance/)."""
 
+import os
+
 import torch
 
 # The suites run tiny models, where intra-op threads buy nothing and, on a shared 2-core
-# machine, spin-waiting threads slow every process down by orders of magnitude.
+# machine, spin-waiting threads slow every process down by orders of magnitude: this process,
+# and every process the suites start (xdist workers, CLI and torchrun runs, the vLLM engine,
+# which otherwise takes a thread per core and ran 2-3x slower beside the other worker).
 torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def pytest_configure(config):
