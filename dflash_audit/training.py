@@ -1,45 +1,95 @@
-"""What `dflash-audit train` runs: its paths and flags checked before the tokenizer, the data or the target are read,
-the run settings made (`impl/run_settings.py`, validated by pydantic), our trainer run (`impl/train.py`, also under
-`torchrun --nproc_per_node=N`) and its stats written as JSON."""
+"""What `dflash-audit train` runs: its paths checked before the tokenizer, the data or the target are read, its
+flags validated by pydantic as one model (`TrainSettings`: the run settings of `impl/run_settings.py` as the flags
+give them, each refusal one line naming its flag), our trainer run (`impl/train.py`, also under
+`torchrun --nproc_per_node=N`) and its stats written as JSON. Light on purpose: `commands/train.py` reads its
+options' defaults and help from these declarations at start-up, so torch is imported only to train."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Literal
 
-from dflash_audit.formats.setting_names import DeclarationError, convert
+from pydantic import Field, ValidationError, model_validator
+
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from foundation.errors import AuditError
-from foundation.inputs import check_finite_flags, check_target_dir, regular_file
 from impl import spec
 from impl.families import TITLES, TRAINED_FAMILIES
 from impl.recipe import KNOBS
 from impl.run_settings import RunSettings, TrainError
+from impl.settings import choice_words, choices, first_error
 from impl.spec import FAMILY_FIELDS
 
+# Each drafter setting and recipe knob `train` takes, by run field: its flag (the first spelling). None given is
+# "not given": the family's `train` default, or `--recipe speculators`'s value.
+FLAGS = {**{spec.RUN_FIELDS[name]: spec.extra(name)["flags"][0] for name in spec.TRAIN_SETTINGS},
+         **{name: info.json_schema_extra["flags"][0] for name, info in KNOBS.items()}}
+# The family a family's own setting belongs to, by run field: a drafter field of one family, or a knob declared for one.
+OWNERS = {**{spec.RUN_FIELDS.get(name, name): family for family, names in FAMILY_FIELDS.items() for name in names},
+          **{name: info.json_schema_extra["family"] for name, info in KNOBS.items() if info.json_schema_extra["family"]}}
 
-def drafter_settings(options: dict) -> dict:
-    """The trainable drafter settings given on the command line (popped from `options`), by run field, each
-    checked against its declaration: `--target-layer-ids 1,16,31` read as every other source reads the setting,
-    `--layer-types` split at commas."""
-    given = {}
-    for name in spec.TRAIN_SETTINGS:
-        field_name, flag = spec.RUN_FIELDS[name], spec.extra(name)["flags"][0].split("/")[0]
-        value = options.pop(field_name, None)
-        if value is None:
-            continue
-        if name == "target_layer_ids":
-            try:
-                value = convert(name, value, flag)
-            except DeclarationError as exc:
-                raise AuditError(str(exc)) from None
-        elif name == "layer_types":
-            value = [t.strip() for t in value.split(",")] if value else None
-        problem = spec.setting_problem(name, value)
-        if problem:
-            raise AuditError(f"{flag} {problem}")
-        given[field_name] = value
-    return given
+
+def flag_of(field_name: str) -> str:
+    """The flag that gives a `TrainSettings` field (`--target-layer-ids`, `--confidence-head`, `--batch-size`)."""
+    return FLAGS.get(field_name, "--" + field_name.replace("_", "-")).split("/")[0]
+
+
+class TrainSettings(RunSettings):
+    """`train`'s flags as one run's settings, each validated by pydantic against its declaration in
+    `RunSettings` (kind, choices, bounds, finite), and `--recipe`; a refusal is one line naming the flag. The rule
+    between flags (a family's own setting needs that family) is the model's own."""
+
+    SUBJECT = "train settings"
+
+    recipe: Literal["speculators"] | None = Field(
+        None, description="'speculators': the whole recipe speculators' TrainConfig resolves for --speculator-type "
+        "dflash (loss_fn, per_position_loss_weight, dpace_alpha, gamma, max_anchors, block_size, draft layers), "
+        "read from the installed package; flags given explicitly still win.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def from_flags(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """The flags as given: the ones not given dropped, the list settings read from their comma-separated text
+        (`--target-layer-ids 1,16,31` as every other source reads it), a family's own flag refused without that
+        family, then `--recipe speculators`'s resolution under the flags given."""
+        data = {name: value for name, value in data.items() if value is not None or name not in FLAGS}
+        if isinstance(data.get("target_layer_ids"), str):
+            from dflash_audit.formats.setting_names import convert  # its ValueError names the flag
+
+            data["target_layer_ids"] = tuple(convert("target_layer_ids", data["target_layer_ids"],
+                                                     flag_of("target_layer_ids")))
+        if isinstance(data.get("layer_types"), str):
+            types = tuple(t.strip() for t in data.pop("layer_types").split(","))
+            if any(types):  # `--layer-types ""` is not given
+                data["layer_types"] = types
+        family = data.get("family", cls.model_fields["family"].default)
+        if family not in TRAINED_FAMILIES:
+            return data  # the family's own refusal
+        for name in data:
+            owner = OWNERS.get(name)
+            if owner not in (None, family):
+                raise ValueError(f"{flag_of(name)} is a {TITLES[owner]} setting; add --family {owner}")
+        if data.get("recipe") == "speculators":
+            from reference_adapters.speculators_recipe import train_settings
+
+            data = {**train_settings(family), **data}
+        return data
+
+    @classmethod
+    def refused(cls, field_name: str, message: str) -> Exception:
+        return AuditError(f"{flag_of(field_name)} {message}")
+
+    @classmethod
+    def refusal(cls, exc: ValidationError, data: dict[str, Any]) -> Exception:
+        first = first_error(exc, data)
+        if not first["loc"]:  # the rule between flags, or a list flag's text: worded whole, naming its flag
+            return AuditError(str(first["ctx"]["error"]))
+        name = str(first["loc"][0])
+        if first["type"] == "literal_error" and len(first["loc"]) == 1:
+            allowed = choice_words(choices(cls.model_fields[name]))
+            return AuditError(f"{flag_of(name)} must be {allowed}, got {first['input']!r}")
+        return super().refusal(exc, data)
 
 
 def check_out(out: Path, resume: bool, force: bool = False) -> None:
@@ -66,6 +116,8 @@ def check_out(out: Path, resume: bool, force: bool = False) -> None:
 def check_train_paths(target: Path, data: Path, eval_data: Path | None, out: Path, json_out: Path | None,
                       resume: bool, force: bool = False) -> None:
     """Every path, before the tokenizer, the data or the target are read."""
+    from foundation.inputs import check_target_dir, regular_file
+
     check_target_dir(target)
     regular_file(data, "file", "--data")
     if eval_data is not None:
@@ -78,68 +130,25 @@ def check_train_paths(target: Path, data: Path, eval_data: Path | None, out: Pat
         check_not_foreign("--json", json_out, force)
 
 
-def check_family_flags(family: str, given: dict) -> None:
-    """--family names one of the families; a family's own flag (its drafter's shape, its loss knobs) needs it."""
-    if family not in TRAINED_FAMILIES:
-        raise AuditError(f"--family must be one of {', '.join(TRAINED_FAMILIES)}, got {family!r}")
-    for name, value in given.items():
-        owner = flag_family(name)
-        if value is not None and owner not in (None, family):
-            raise AuditError(f"--{name.replace('_', '-')} is a {TITLES[owner]} setting; add --family {owner}")
-
-
-def flag_family(name: str) -> str | None:
-    """The family a train setting belongs to: a drafter field of one family, or a recipe knob declared for one."""
-    if name in KNOBS:
-        return KNOBS[name].json_schema_extra["family"]
-    return next((family for family, names in FAMILY_FIELDS.items() if name in names), None)
-
-
-def recipe_settings(recipe: str | None, family: str, given: dict) -> dict:
-    """The TrainConfig knobs: `--recipe speculators`'s whole resolution, then every flag given explicitly."""
-    if recipe not in (None, "speculators"):
-        raise AuditError(f"--recipe must be speculators, got {recipe!r}")
-    settings = {}
-    if recipe == "speculators":
-        from reference_adapters.speculators_recipe import train_settings
-
-        settings = train_settings(family)
-    settings.update({name: value for name, value in given.items() if value is not None})
-    return settings
-
-
-def run_train(target: Path, data: Path, out: Path, *, steps: int, lr: float, warmup: int, batch_size: int,
-              grad_accum: int, seq_len: int, recipe: str | None, d2t: Path | None, dtype: str, eval_data: Path | None,
-              eval_sequences: int, eval_every: int, save_every: int, resume: bool, force: bool, seed: int,
-              max_seconds: float | None, json_out: Path | None, family: str, knobs: dict) -> dict:
-    """Train as the flags ask; the run's stats (`rank` 0 has written them to `json_out`). `knobs`: the trainable
-    drafter settings and recipe knobs given, by run field (None: not given)."""
+def run_train(target: Path, data: Path, out: Path, *, d2t: Path | None, eval_data: Path | None,
+              json_out: Path | None, force: bool, **flags: Any) -> dict:
+    """Train as the flags ask; the run's stats (`rank` 0 has written them to `json_out`). `flags`: every other
+    `TrainSettings` field by name, the drafter settings and recipe knobs None when not given."""
     from transformers.utils import logging as hf_logging
 
+    from foundation.inputs import regular_file
     from impl.data import DataError
     from impl.train import train as run_training
 
-    knobs = dict(knobs)
-    check_train_paths(target, data, eval_data, out, json_out, resume, force)
+    check_train_paths(target, data, eval_data, out, json_out, flags.get("resume", False), force)
     if d2t is not None:
         regular_file(d2t, "file", "--d2t")
-    drafter = drafter_settings(knobs)  # the trainable spec settings given, by run field; the rest are recipe knobs
-    check_finite_flags(lr=lr, max_seconds=max_seconds,
-                       **{name: value for name, value in knobs.items() if KNOBS[name].annotation is float})
-    check_family_flags(family, {**drafter, **knobs})
-    if dtype not in ("fp32", "bf16"):
-        raise AuditError(f"--dtype must be fp32 or bf16, got {dtype!r}")
-    # The run settings are validated when made; the recipe knobs by the recipe type when the run starts.
-    settings = recipe_settings(recipe, family, {**drafter, **knobs})
+    settings = TrainSettings(target=str(target), out=str(out), data=str(data),
+                             eval_data=str(eval_data) if eval_data else None,
+                             d2t=str(d2t) if d2t is not None else None, **flags)
     hf_logging.disable_progress_bar()  # one progress bar: the trainer's
     try:
-        cfg = RunSettings(
-            target=str(target), out=str(out), data=str(data), eval_data=str(eval_data) if eval_data else None,
-            eval_sequences=eval_sequences, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
-            grad_accum=grad_accum, seq_len=seq_len, d2t=str(d2t) if d2t is not None else None, dtype=dtype,
-            eval_every=eval_every, save_every=save_every, resume=resume, seed=seed, max_seconds=max_seconds,
-            family=family, **settings)
-        stats = run_training(cfg)
+        stats = run_training(settings)
     except (DataError, TrainError) as exc:
         raise AuditError(str(exc)) from exc
     if stats["rank"] == 0 and json_out is not None:  # under torchrun only rank 0 reports

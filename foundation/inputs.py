@@ -11,7 +11,6 @@ naming the file and the field (or the flag), exit 2.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from pathlib import Path
@@ -145,13 +144,6 @@ def check_target_dir(directory: Path, flag: str = "--target", tokenizer: bool = 
         raise AuditError(f"{flag} {directory}: no tokenizer ({', '.join(TOKENIZER_FILES)}); "
                          "save the target's tokenizer with it")
     return config
-
-
-def check_finite_flags(**flags: float | None) -> None:
-    """`--lr nan` and the like: every given float must be finite."""
-    for name, value in flags.items():
-        if value is not None and not math.isfinite(value):
-            raise AuditError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
 
 
 def check_finite_weights(state_dict: dict[str, torch.Tensor], source: str) -> None:

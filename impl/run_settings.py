@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
 from impl.recipe import KNOBS, LossWeighting
 from foundation.errors import AuditError
-from impl.settings import Declared, base_type, choices, declared_range
+from impl.families import TRAINED_FAMILIES
+from impl.settings import STRICT, Declared, base_type, choices, declared_range, first_error
 from impl.spec import SETTINGS, MarkovHeadType
 from impl.spec import TRAIN_DEFAULTS as SPEC_TRAIN_DEFAULTS
 
@@ -41,6 +42,7 @@ class RunSettings(Declared):
 
     SUBJECT = "run settings"
     INTEGER_WORDS = True
+    model_config = ConfigDict(**STRICT, allow_inf_nan=False)  # a NaN learning rate or an infinite gamma is a typo
 
     target: str
     out: str
@@ -60,7 +62,7 @@ class RunSettings(Declared):
     # A reduced draft vocabulary (`draft_vocab_size` below) is the N most frequent loss-masked tokens of the training
     # data (impl.vocab_mapping), or the map in `d2t` (a .npy of offsets, as speculators writes d2t-N.npy).
     d2t: str | None = None
-    family: str = Field("dflash", description="dflash; dflash2 (convolutions + candidate selector); dspark (Markov "
+    family: Literal[TRAINED_FAMILIES] = Field("dflash", description="dflash; dflash2 (convolutions + candidate selector); dspark (Markov "
                         "and confidence heads); xpress (causal refiner). Each trains with its loss and its defaults as "
                         "speculators' trainer resolves the family.")
     dtype: Literal["fp32", "bf16"] = Field("fp32", description="fp32, or bf16 (autocast, fp32 master weights).")
@@ -142,9 +144,7 @@ class DecodingSettings(Declared):
     @classmethod
     def refusal(cls, exc: ValidationError, data: dict[str, Any]) -> Exception:
         """The first refused flag in the order given, in the words `eval` and `compare` have always used."""
-        order = list(data)
-        first = min(exc.errors(), key=lambda e: order.index(e["loc"][0]) if e["loc"] and e["loc"][0] in order
-                    else len(order))
+        first = first_error(exc, data)
         if not first["loc"]:  # the rule between settings
             return AuditError(str(first["ctx"]["error"]))
         name = str(first["loc"][0])

@@ -48,13 +48,19 @@ class Declared(BaseModel):
             names = sorted(str(e["loc"][0]) for e in errors if e["type"] == kind)
             if names:
                 return cls.refused(cls.SUBJECT, f"{words} fields {names}")
-        order = list(data)
-        first = min(errors, key=lambda e: order.index(e["loc"][0]) if e["loc"] and e["loc"][0] in order else len(order))
+        first = first_error(exc, data)
         cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, SpecError):  # a validator's own refusal, already one line naming its field
             return cause
         name = str(first["loc"][0]) if first["loc"] else cls.SUBJECT
         return cls.refused(name, problem(cls, name, first))
+
+
+def first_error(exc: ValidationError, data: dict[str, Any]) -> ErrorDetails:
+    """The refusal of the first bad value in the order given (a rule between settings, which has no field, last)."""
+    order = list(data)
+    return min(exc.errors(), key=lambda e: order.index(e["loc"][0]) if e["loc"] and e["loc"][0] in order
+               else len(order))
 
 
 def problem(model: type[Declared], name: str, error: ErrorDetails) -> str:
@@ -64,6 +70,8 @@ def problem(model: type[Declared], name: str, error: ErrorDetails) -> str:
         return str(error["ctx"]["error"])
     if kind == "literal_error":
         return f"{value!r} not in {list(choices(info))}"
+    if kind == "finite_number":
+        return f"must be a finite number, got {value}"
     if len(error["loc"]) > 1:  # an item of a list
         item = get_args(base_type(info))[0]
         return f"item {error['loc'][1]} must be {KIND_WORDS.get(item, 'valid')}, got {value!r}"
@@ -131,6 +139,12 @@ def declared_range(model: type[Declared], name: str) -> dict[str, float]:
         if found:
             return found
     return {}
+
+
+def choice_words(allowed: tuple[Any, ...]) -> str:
+    """The choices in words: "speculators", "fp32 or bf16", "one of dflash, dflash2, dspark"."""
+    names = [str(choice) for choice in allowed]
+    return names[0] if len(names) == 1 else " or ".join(names) if len(names) == 2 else "one of " + ", ".join(names)
 
 
 def integer_words(found: dict[str, float]) -> str:

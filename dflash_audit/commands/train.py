@@ -4,8 +4,8 @@
 The options of the recipe knobs and of the drafter settings `train` takes are generated from their declarations
 (impl/recipe.py, impl/spec.py): each flag, its older spellings, its type, and its help with the default `train` uses.
 Adding a knob or a trainable setting there adds its option here. Every such option defaults to None ("not given"):
-`--recipe speculators` fills what is not given, and each setting's declaration (pydantic's, impl/settings.py) judges
-the values when the run starts.
+`--recipe speculators` fills what is not given. The other options' defaults and help are `TrainSettings`'
+(dflash_audit/training.py), and pydantic validates every value there, before the target is read.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import typer
 from dflash_audit.commands import VERBS
 from impl import spec
 from impl.recipe import KNOBS, TRAIN_DEFAULTS, Recipe, choices
-from impl.run_settings import RunSettings
+from dflash_audit.training import TrainSettings, run_train
 from impl.settings import base_type, range_text
 
 
 def run_option(name: str) -> Any:
-    """The option of a run setting (impl/train.py `RunSettings`): its declared default and description as help."""
-    info = RunSettings.model_fields[name]
+    """The option of a train setting (`TrainSettings`): its declared default and description as help."""
+    info = TrainSettings.model_fields[name]
     return typer.Option(info.default, help=info.description)
 
 
@@ -90,10 +90,7 @@ def train(
     batch_size: int = run_option("batch_size"),
     grad_accum: int = run_option("grad_accum"),
     seq_len: int = run_option("seq_len"),
-    recipe: str = typer.Option(None, help="'speculators': the whole recipe speculators' TrainConfig resolves for "
-                                          "--speculator-type dflash (loss_fn, per_position_loss_weight, dpace_alpha, "
-                                          "gamma, max_anchors, block_size, draft layers), read from the installed "
-                                          "package; flags given explicitly still win."),
+    recipe: str = run_option("recipe"),
     d2t: Path = typer.Option(None, "--d2t", help="The draft-to-target map to use instead: a .npy of offsets "
                                                  "(target id = draft id + d2t[draft id]), as speculators writes."),
     dtype: str = run_option("dtype"),
@@ -111,13 +108,11 @@ def train(
     **knobs,  # one option per trainable drafter setting (impl/spec.py) and per recipe knob (impl/recipe.py),
     # generated from their declarations (with_knob_options)
 ) -> None:
-    from dflash_audit.training import run_train
-
-    stats = run_train(target, data, out, steps=steps, lr=lr, warmup=warmup, batch_size=batch_size,
-                      grad_accum=grad_accum, seq_len=seq_len, recipe=recipe, d2t=d2t, dtype=dtype,
-                      eval_data=eval_data, eval_sequences=eval_sequences, eval_every=eval_every,
-                      save_every=save_every, resume=resume, force=force, seed=seed, max_seconds=max_seconds,
-                      json_out=json_out, family=family, knobs=knobs)
+    stats = run_train(target, data, out, d2t=d2t, eval_data=eval_data, json_out=json_out, force=force, steps=steps,
+                      lr=lr, warmup=warmup, batch_size=batch_size, grad_accum=grad_accum, seq_len=seq_len,
+                      recipe=recipe, dtype=dtype, eval_sequences=eval_sequences, eval_every=eval_every,
+                      save_every=save_every, resume=resume, seed=seed, max_seconds=max_seconds, family=family,
+                      **knobs)
     if stats["rank"] == 0:  # under torchrun only rank 0 reports
         final = stats["eval"] or stats["final"]
         typer.echo(f"trained {stats['steps']} steps in {stats['seconds']} s -> {stats['out']}  "

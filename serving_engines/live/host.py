@@ -22,6 +22,7 @@ import torch
 from catalogue.findings import Finding
 from foundation.errors import AuditError
 from serving_engines.live import localize
+from serving_engines.live.engine_process import start_engine, stop_engine
 from serving_engines.live.rounds import match_rounds, per_position, served_drafts, served_rounds
 from serving_engines.live.vllm_env import DRIVER, VllmEnvironment, engine_timeout_s
 
@@ -29,15 +30,6 @@ MAX_MODEL_LEN = 512
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
 
 
-def stop_session(process: subprocess.Popen) -> None:
-    """SIGKILL the process's whole session (it was started with start_new_session), then reap it."""
-    import signal
-
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
 # What runs a drafter vLLM's CPU (V1) runner refuses: one that mixes sliding and full layers, or a DSpark drafter.
 V2_HINT = ("what would run it: a GPU and vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1); the V2 runner "
            "needs Triton, which has no CPU build")
@@ -109,18 +101,18 @@ def run_engine(env: VllmEnvironment, target: Path, prompts: list[dict], drafters
     started = time.monotonic()
     extra = {"VLLM_USE_V2_MODEL_RUNNER": "1"} if env.cuda and any(needs_v2(d.spec) for d in drafters) else {}
     with log.open("w") as sink:
-        # Its own session: a hung engine is killed with every process it started, nothing left running.
-        engine = subprocess.Popen([env.python, str(DRIVER), str(request_file)], stdout=sink, stderr=subprocess.STDOUT,
-                                  env={**os.environ, **ENGINE_ENV, **extra}, start_new_session=True)
+        # Its own session: a hung engine is stopped with every process it started, nothing left running.
+        engine = start_engine([env.python, str(DRIVER), str(request_file)], sink, {**os.environ, **ENGINE_ENV, **extra})
         try:
             returncode = engine.wait(timeout=engine_timeout_s())
-        except BaseException as exc:  # past the timeout, or interrupted: the engine goes with it
-            stop_session(engine)
-            if isinstance(exc, subprocess.TimeoutExpired):
-                raise AuditError(f"the vLLM engine ({env.python}) ran past {exc.timeout:g} s without finishing; "
-                                 "stopped") from None
+        except subprocess.TimeoutExpired as exc:
+            stop_engine(engine, hung=True)
+            raise AuditError(f"the vLLM engine ({env.python}) ran past {exc.timeout:g} s without finishing; "
+                             "stopped") from None
+        except BaseException:  # interrupted: the engine goes with it
+            stop_engine(engine)
             raise
-        stop_session(engine)  # what the engine left behind (a worker process) goes too
+        stop_engine(engine)  # what the engine left behind (a worker process) goes too
     result_file = workdir / "driver.json"
     if returncode != 0 or not result_file.is_file():
         tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] or ["no output"]

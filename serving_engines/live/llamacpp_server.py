@@ -1,6 +1,6 @@
 """One `llama-server` process for the live llama.cpp check: on a loopback port the tool picks, bounded in time, always
-stopped (a context manager: terminate, then kill, also on Ctrl-C; on Linux the kernel kills it if the audit itself
-dies), its log kept while it runs. Requests are the audit's token ids, greedy,
+stopped (a context manager: `engine_process.stop_engine`, also on Ctrl-C; on Linux the kernel kills it if the audit
+itself dies), its log kept while it runs. Requests are the audit's token ids, greedy,
 `cache_prompt` off, one at a time (`-np 1`); with `LLAMA_TRACE=1` the server logs one line per verification step,
 `accepted X/ Y draft tokens` (tools/server/server-context.cpp), which is how each served round is read.
 
@@ -12,16 +12,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from foundation.errors import AuditError
+from serving_engines.live.engine_process import start_engine, stop_engine
 from serving_engines.live.llamacpp_env import LlamacppEngine
 
 ACCEPTED = re.compile(r"accepted\s+(\d+)/\s*(\d+) draft tokens")
@@ -35,14 +34,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def die_with_parent() -> None:
-    """Run in the child before exec: the server gets SIGKILL when the audit's process ends, however it ends."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def peak_rss_mb(pid: int) -> float | None:
@@ -73,9 +64,12 @@ class LlamaServer:
 
     def __init__(self, engine: LlamacppEngine, target_gguf: Path, log: Path, drafter_gguf: Path | None = None,
                  n_max: int | None = None, kv_type: str | None = None, threads: int = 1, port: int | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S, request_timeout_s: float = REQUEST_TIMEOUT_S):
+                 start_timeout_s: float = START_TIMEOUT_S, request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 log_vocabulary: bool = False):
         self.command = [engine.server, "-m", str(target_gguf), "-np", "1", "-c", str(CONTEXT), "-t", str(threads),
                         "--host", "127.0.0.1"]
+        if log_vocabulary:  # the loader's info lines, its end-of-generation set among them, are logged from -lv 4
+            self.command += ["-lv", "4"]
         if drafter_gguf is not None:
             self.command += ["-md", str(drafter_gguf), "--spec-type", "draft-dflash"]
             if n_max is not None:
@@ -100,9 +94,8 @@ class LlamaServer:
         self.port = self.port or free_port()
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("w") as sink:
-            self.process = subprocess.Popen([*self.command, "--port", str(self.port)], stdout=sink,
-                                            stderr=subprocess.STDOUT, env={**os.environ, "LLAMA_TRACE": "1"},
-                                            preexec_fn=die_with_parent if sys.platform == "linux" else None)
+            self.process = start_engine([*self.command, "--port", str(self.port)], sink,
+                                        {**os.environ, "LLAMA_TRACE": "1"})
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -122,18 +115,11 @@ class LlamaServer:
         self.stop()
 
     def stop(self, hung: bool = False) -> None:
-        """Terminate it (a hung one is killed at once), then kill it if it is still there after 10 s."""
-        if self.process is not None and self.process.poll() is None:
-            self.peak_rss_mb = peak_rss_mb(self.process.pid)
-            if hung:
-                self.process.kill()
-            else:
-                self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        """Stop it and its process group (`engine_process.stop_engine`: a hung one is killed at once)."""
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.peak_rss_mb = peak_rss_mb(self.process.pid)
+            stop_engine(self.process, hung=hung)
 
     def new_log(self) -> str:
         text = self.log.read_text(errors="replace")

@@ -5,8 +5,12 @@ inputs, not stand-ins for vLLM: the live check against the real engine is tests/
 
 from __future__ import annotations
 
+import os
+import signal
 import tempfile
 import time
+
+import pytest
 
 from tests.bad_inputs.cli_run import assert_refused, run
 
@@ -52,3 +56,21 @@ def test_a_missing_silent_crashing_or_hung_engine_is_one_line_and_leaves_nothing
         assert_refused(code, err, python.name, why)
         assert list(scratch.iterdir()) == [], (python.name, list(scratch.iterdir()))
     assert gone(int((tmp_path / "child.pid").read_text())), "the hung engine's child is still running"
+
+
+@pytest.mark.parametrize("trap, killed_by", [("", signal.SIGTERM), ("trap '' TERM; ", signal.SIGKILL)])
+def test_stopping_an_engine_stops_its_group_and_kills_what_ignores_sigterm_after_the_wait(tmp_path, trap, killed_by):
+    """`stop_engine`, which both engines' hosts use: SIGTERM to the engine's whole group; one that ignores it (and its
+    child, which inherits that) is killed when the bounded wait is over; the engine is reaped, its child gone."""
+    from serving_engines.live.engine_process import start_engine, stop_engine
+
+    child = tmp_path / "child.pid"
+    with (tmp_path / "engine.log").open("w") as log:
+        engine = start_engine(["/bin/sh", "-c", f"{trap}sleep 600 & echo $! > {child}; wait"], log, os.environ)
+    for _ in range(200):  # the shell has started its child
+        if child.is_file() and child.read_text().strip():
+            break
+        time.sleep(0.025)
+    stop_engine(engine, wait_s=0.5)
+    assert engine.returncode == -killed_by
+    assert gone(int(child.read_text()))
