@@ -464,7 +464,7 @@ def test_the_longest_round_has_one_home():
 
 def stop_id_copies(source: str, path: str = "<module>") -> list[str]:
     """`path:line` of each list built around a tokenizer's `eos_token_id`: the stop ids are
-    foundation/target.py's `stop_token_ids`."""
+    foundation/target_vocab.py's `stop_token_ids`."""
     return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
                    if isinstance(node, ast.List) and any(isinstance(e, ast.Attribute) and e.attr == "eos_token_id"
                                                          for e in node.elts)})
@@ -472,7 +472,7 @@ def stop_id_copies(source: str, path: str = "<module>") -> list[str]:
 
 def test_the_stop_ids_have_one_home():
     sources = {path: source for path, source in repo_sources().items()
-               if path != "foundation/target.py" and not path.startswith(NON_TEST_SOURCES)}
+               if path != "foundation/target_vocab.py" and not path.startswith(NON_TEST_SOURCES)}
     assert [hit for path, source in sources.items() for hit in stop_id_copies(source, path)] == []
     assert stop_id_copies("stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []\n") != []
 
