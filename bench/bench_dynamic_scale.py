@@ -230,11 +230,12 @@ def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_d
     from impl.offline import cache_bytes_estimate, offline_rounds_batch
     from impl.offline.cache import build_cache
     from foundation.target import load_tokenizer
+    from foundation.target_vocab import stop_token_ids
 
     target, drafters = load_models(target_dir, ours_dir, ref_dir, device)
     tokenizer, _ = load_tokenizer(target_dir)
     prompts = tokenize_prompts(tokenizer, load_prompts(prompts_path))
-    stop_ids = [tokenizer.eos_token_id]
+    stop_ids = stop_token_ids(target_dir, tokenizer).ids
     layer_ids = sorted({i for d in drafters.values() for i in d.target_layer_ids})
     ids = [p.reshape(-1) for _, p in prompts]
     width = max(len(p) for p in ids)
@@ -342,6 +343,7 @@ def speculative_rows(args, repeats: int) -> tuple[list[Row], dict]:
     from drafter_files.checkpoint import load_checkpoint
     from impl.offline.speculative import capture_speculative
     from foundation.target import load_target
+    from foundation.target_vocab import stop_token_ids
 
     world = cached_test_world()
     target, tokenizer = load_target(world.target)  # as trained: float32
@@ -349,7 +351,7 @@ def speculative_rows(args, repeats: int) -> tuple[list[Row], dict]:
     checkpoint = load_checkpoint(drafter_path)
     drafter = build_drafter(checkpoint.spec, checkpoint.state_dict).float().eval()
     prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))
-    stop_ids = [tokenizer.eos_token_id]
+    stop_ids = stop_token_ids(world.target, tokenizer).ids
     layer_ids = list(drafter.target_layer_ids)
     new = SPECULATIVE_NEW_TOKENS
 

@@ -24,6 +24,7 @@ from dflash_world import cached_test_world
 from dflash_world.drafter import cached_test_drafter
 from foundation.atomic import atomic_write_bytes
 from foundation.target import load_target
+from foundation.target_vocab import stop_token_ids
 from held.specforge import SpecForgeImplementation
 from drafter_files.checkpoint import load_checkpoint
 from impl.decoding import mean_acceptance
@@ -41,7 +42,7 @@ def main() -> None:
     ckpt = load_checkpoint(cached_test_drafter(world))
     target, tokenizer = load_target(world.target)
     prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))[:args.prompts]
-    stop = [tokenizer.eos_token_id]
+    stop = stop_token_ids(world.target, tokenizer).ids
     variants = {"as trained": ckpt.spec,
                 "every layer full": ckpt.spec.replace(layer_types=("full_attention",) * len(
                     ckpt.spec.layer_types), sliding_window=None)}

@@ -92,7 +92,9 @@ def setup(args: argparse.Namespace, default_drafters=None):
     for path in drafter_paths:
         loaded = load_any(path, target_dir)
         drafters[Path(path).stem] = build_drafter(loaded.spec, loaded.state_dict).float().eval()
-    return Path(target_dir), target, prompts, [tokenizer.eos_token_id], drafters
+    from foundation.target_vocab import stop_token_ids
+
+    return Path(target_dir), target, prompts, stop_token_ids(target_dir, tokenizer).ids, drafters
 
 
 def heldout(n: int) -> list[dict]:

@@ -80,14 +80,16 @@ def trained_pair(request):
     # On the suite's device and in its dtype (`make gpu-check`, `make test`'s bfloat16 pass); each
     # implementation builds its drafter where and in what dtype the target runs.
     target = load_target_model(world.target, audit_placement())
-    return ckpt, target, [tokenizer(p, return_tensors="pt").input_ids for p in prompts], tokenizer
+    from foundation.target_vocab import stop_token_ids
+
+    stops = stop_token_ids(world.target, tokenizer).ids  # z-lab's rule, as eval and compare stop
+    return ckpt, target, [tokenizer(p, return_tensors="pt").input_ids for p in prompts], stops
 
 
 @pytest.mark.compare("generate", references=("zlab",))
 def test_per_round_acceptance_and_tau_p17(conform, pair, trained_pair):
-    ckpt, target, prompts, tokenizer = trained_pair
+    ckpt, target, prompts, stop = trained_pair
     a, b = pair
-    stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None
     taus = {}
     for index, input_ids in enumerate(prompts):
         conform.describe({"prompt": index, "max_new_tokens": MAX_NEW_TOKENS, "block_size": ckpt.spec.block_size})
@@ -122,9 +124,8 @@ def rounds_and_ids(conform, a, b, runs, what: str) -> None:
 @pytest.mark.compare("generate", references=("zlab",))
 def test_sampled_rounds_under_the_same_seed_p17(conform, pair, trained_pair):
     """Rejection sampling draws in z-lab's order: equal seeds give equal tokens and rounds."""
-    ckpt, target, prompts, tokenizer = trained_pair
+    ckpt, target, prompts, stop = trained_pair
     a, b = pair
-    stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None
     for seed, input_ids in enumerate(prompts[:SAMPLED_PROMPTS]):
         conform.describe({"prompt": seed, "temperature": TEMPERATURE, "seed": seed})
         runs = {}

@@ -30,7 +30,7 @@ SETS = {"humaneval": "humaneval.jsonl", "mt-bench": "mt_bench.jsonl"}
 
 @pytest.fixture(scope="module")
 def world_pair():
-    """(drafter, target, tokenizer) of the world, placed as the suite places it."""
+    """(drafter, target, tokenizer, stop ids) of the world, placed as the suite places it."""
     from transformers import AutoTokenizer
 
     from dflash_world import cached_test_world
@@ -40,13 +40,15 @@ def world_pair():
     from drafter_files.checkpoint import load_checkpoint
     from foundation.placement import built_in
     from foundation.target import load_target_model
+    from foundation.target_vocab import stop_token_ids
 
     world = world_in_suite_dtype(cached_test_world())
     placement = audit_placement()
     target = load_target_model(world.target, placement)
     ckpt = load_checkpoint(cached_test_drafter(world))
     drafter = built_in(placement.device, placement.dtype, lambda: build_drafter(ckpt.spec, ckpt.state_dict)).eval()
-    return drafter, target, AutoTokenizer.from_pretrained(str(world.target))
+    tokenizer = AutoTokenizer.from_pretrained(str(world.target))
+    return drafter, target, tokenizer, tuple(stop_token_ids(world.target, tokenizer).ids)
 
 
 def chat(kwargs: str | None = None):
@@ -79,8 +81,8 @@ def rounds_by_id(results: list[dict]) -> dict[str, list[int]]:
 def test_live_equals_zlab_loop_per_prompt_p17(conform, world_pair, temperature, seed):
     from impl.tau_methods import Setting
 
-    drafter, target, tokenizer = world_pair
-    setting = Setting("dflash", 32, MAX_NEW_TOKENS, temperature, seed)
+    drafter, target, tokenizer, stops = world_pair
+    setting = Setting("dflash", 32, MAX_NEW_TOKENS, temperature, seed, stops)
     for name in SETS:
         conform.describe({"set": name, "temperature": temperature, "seed": seed})
         ours = run_method("live", drafter, target, tokenizer, prompt_set(name), chat(), setting)
@@ -124,7 +126,7 @@ def test_teacher_forced_equals_zlab_models_fixed_ground_truth_walk_p17(conform, 
     from impl.tau_methods import Setting
     from reference_adapters.zlab_adapter import ZlabImplementation
 
-    drafter, target, tokenizer = world_pair
+    drafter, target, tokenizer, _ = world_pair
     twin = ZlabImplementation().build_drafter(drafter.spec, drafter.state_dict(), target)
     for name, file in (("humaneval", "humaneval.jsonl"), ("mbpp", "mbpp.jsonl")):
         from foundation.benchmarks.sets import read_prompt_set
@@ -149,7 +151,7 @@ def test_zlab_benchmark_method_equals_zlabs_own_benchmark_run_p17(conform, world
     from reference_adapters.zlab_adapter import ZlabImplementation
     from reference_adapters.zlab_benchmark import run_zlab_benchmark
 
-    drafter, target, tokenizer = world_pair
+    drafter, target, tokenizer, _ = world_pair
     template = chat(None if thinking is None else json.dumps({"enable_thinking": thinking == "on"}))
     twin = ZlabImplementation().build_drafter(drafter.spec, drafter.state_dict(), target)
     for name, dataset in (("humaneval", "humaneval"), ("mt-bench", "mt-bench")):

@@ -34,11 +34,6 @@ def load_tokenizer(target_dir: str | Path, flag: str = "--target"):
     return tokenizer, AutoConfig.from_pretrained(openable(target_dir))
 
 
-def stop_token_ids(tokenizer) -> list[int]:
-    """The ids a decoding loop stops at: the tokenizer's eos, when it has one (eval, compare and the suite alike)."""
-    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-
-
 def load_target_model(target_dir: str | Path, placement: Placement = CPU_FLOAT32):
     """The target model in eval mode, frozen, in the placement's dtype and on its device (or
     sharded by accelerate under `--device-map auto`). Weights go straight to the device: no

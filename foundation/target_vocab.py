@@ -186,6 +186,79 @@ def special_token_ids(path: Path, config: dict[str, Any], generation: dict[str, 
     return found
 
 
+@dataclass(frozen=True)
+class StopIds:
+    """The ids a decoding loop stops at, each with where it was read."""
+
+    ids: list[int]
+    sources: dict[int, str]  # id -> where it was read
+
+    def describe(self) -> str:
+        by_source: dict[str, list[int]] = {}
+        for token_id in self.ids:
+            by_source.setdefault(self.sources[token_id], []).append(token_id)
+        return "; ".join(f"{', '.join(map(str, ids))} ({where})" for where, ids in by_source.items()) or \
+            "none (no eos in the generation config, config.json or the tokenizer)"
+
+    def report(self) -> dict[str, Any]:
+        """The two report keys: `stop_ids` and `stop_id_sources` (id -> where)."""
+        return {"stop_ids": list(self.ids), "stop_id_sources": {str(i): self.sources[i] for i in self.ids}}
+
+    @classmethod
+    def from_report(cls, data: dict[str, Any]) -> StopIds:
+        ids = list(data.get("stop_ids") or [])
+        sources = data.get("stop_id_sources") or {}
+        return cls(ids, {i: sources.get(str(i), "source not recorded") for i in ids})
+
+
+def stop_token_ids(target_dir: str | Path, tokenizer) -> StopIds:
+    """The stop ids of z-lab's loop (dflash 0.1.0 benchmark.py:126 `stop_token_ids`:
+    `model.generation_config.eos_token_id or tokenizer.eos_token_id`, an int or a list), read from the files as
+    transformers 5.x builds the generation config (`GenerationMixin.adjust_generation_fn`): generation_config.json
+    as written, nothing merged into it; when it is absent or not JSON, config.json's eos_token_id, else its
+    decoder's/generator's/text_config's (`GenerationConfig.from_model_config`). An unset or falsy eos (None, [], and 0
+    too under z-lab's `or`) falls back to the loaded `tokenizer`'s eos, the only tokenizer code run. The one reader
+    every verb and live check uses."""
+    path = Path(target_dir)
+    where, value = _generation_eos(path)
+    if value:  # z-lab's `or`, falsy values included
+        ids = list(dict.fromkeys(_ids(value)))
+        return StopIds(ids, {i: where for i in ids})
+    unset = "unset" if value is None else f"{json.dumps(value)}, falsy in z-lab's `or`"
+    fallback = tokenizer.eos_token_id if tokenizer is not None else None
+    if _int_or_none(fallback) is None:
+        return StopIds([], {})
+    declared = special_token_ids(path, {}, {})["eos"].get(fallback, [])
+    said = f" ({', '.join(declared)})" if declared else ""
+    return StopIds([fallback], {fallback: f"the tokenizer's eos_token_id{said}: the generation config's "
+                                          f"eos_token_id ({where}) is {unset}"})
+
+
+def _generation_eos(path: Path) -> tuple[str, Any]:
+    """(where, value) of the eos_token_id transformers puts in `model.generation_config` (None: unset)."""
+    file = path / "generation_config.json"
+    generation, why = None, "no generation_config.json"
+    if file.is_file():
+        try:
+            generation = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            # transformers reads one that is no JSON as absent (an OSError), and so falls back to config.json
+            why = "generation_config.json is not JSON"
+    if isinstance(generation, dict):
+        return "generation_config.json eos_token_id", generation.get("eos_token_id")
+    if generation is not None:
+        why = "generation_config.json is not a JSON object"
+    config = _json_object(path / "config.json")
+    if config.get("eos_token_id") is not None:
+        return f"config.json eos_token_id, {why}", config["eos_token_id"]
+    for name in ("decoder", "generator", "text_config"):
+        inner = config.get(name)
+        if inner:
+            found = inner.get("eos_token_id") if isinstance(inner, dict) else None
+            return f"config.json {name}.eos_token_id, {why}", found
+    return f"config.json, {why}", None
+
+
 def _token_strings(value: Any) -> list[str]:
     """A `<role>_token` entry: a string, an AddedToken dict ({"content": ...}) or a list of them."""
     values = value if isinstance(value, list) else [value]

@@ -10,7 +10,7 @@
   predicts the *dataset's* text, which the target itself may not write.
 - `zlab-benchmark` (reference_adapters/zlab_benchmark.py): z-lab's `dflash.benchmark` procedure run with our loop: its chat rendering
   (`apply_chat_template` with its `--reasoning` switch), ids encoded without special tokens, its stop
-  ids (`stop_token_ids`: the generation config's eos), every MT-Bench turn, τ the mean of the
+  ids (z-lab's `stop_token_ids` on the loaded model), every MT-Bench turn, τ the mean of the
   per-response means. Its reference is z-lab's own `_run_transformers` (reference_adapters/zlab_benchmark.py).
 """
 
@@ -23,7 +23,6 @@ import torch
 from foundation.benchmarks.sets import PromptSet
 from foundation.chat_template import ChatTemplate
 from foundation.errors import AuditError
-from foundation.target import stop_token_ids
 from impl.acceptance import mean_acceptance
 
 
@@ -35,6 +34,9 @@ class Setting:
     max_new_tokens: int = 256
     temperature: float = 0.0
     seed: int = 0
+    # The target's stop ids (foundation.target_vocab.stop_token_ids, z-lab's rule); empty: every turn runs to
+    # max_new_tokens. `live` and `zlab-loop` stop at these; `zlab-benchmark` at z-lab's own reading of the model.
+    stop_ids: tuple[int, ...] = ()
 
 
 def unit(prompt_id: str, turn: int, rounds: list[int], prompt_tokens: int) -> dict:
@@ -65,7 +67,7 @@ def live(drafter, target, tokenizer, prompt_set: PromptSet, template: ChatTempla
     from impl.ddtree import ddtree_decode  # the decoding loops: imported by the run, not by the verb's checks
     from impl.decoding import dflash_decode
 
-    stops = stop_token_ids(tokenizer)
+    stops = list(setting.stop_ids)
 
     def generate(ids):
         if setting.decode == "ddtree":

@@ -17,7 +17,7 @@ Which one a checkpoint without a recipe is held to is `yardstick_for` (the rule 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -130,7 +130,7 @@ def trainer(speculator_type: str = "dflash") -> ReferenceRecipe:
     from speculators.model import SpeculatorModel
     from speculators.train.config.schema import TrainConfig
 
-    from reference_adapters.speculators_classes import config_class
+    from reference_adapters.speculators_adapter import CONFIG_CLASSES
 
     config = TrainConfig(speculator_type=speculator_type)  # every other field at its default
     flat = config.flatten()
@@ -147,7 +147,7 @@ def trainer(speculator_type: str = "dflash") -> ReferenceRecipe:
 
     sample = flat["sample_from_anchor"]
     if sample is None:  # TrainConfig leaves it unset; the model config's default applies
-        config_type = config_class(speculator_type)
+        config_type = CONFIG_CLASSES[speculator_type]
         sample = config_type.model_fields["sample_from_anchor"].default
         sample_source = f"{_file(config_type)}: {config_type.__name__}.sample_from_anchor default " \
                         f"(TrainConfig leaves it unset)"
@@ -198,6 +198,17 @@ def trainer(speculator_type: str = "dflash") -> ReferenceRecipe:
                            sources, architecture, draft_vocab_size=flat["draft_vocab_size"])
 
 
+def with_own_knobs(reference: ReferenceRecipe, family: str) -> ReferenceRecipe:
+    """`reference` with `family`'s own knobs (DFlash2's selector loss weight) as that family's trainer resolves
+    them: no DFlash reference sets them, and only speculators' trainer of that family says their value."""
+    own = [name for name in FAMILY_KNOBS if KNOBS[name].json_schema_extra["family"] == family]
+    if not own:
+        return reference
+    theirs = trainer(family)
+    return replace(reference, recipe=reference.recipe.replace(**{name: getattr(theirs.recipe, name) for name in own}),
+                   sources={**reference.sources, **{name: theirs.sources[name] for name in own}})
+
+
 def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = frozenset(),
                   family: str = "dflash") -> tuple[ReferenceRecipe, str]:
     """The reference recipe a side without a recipe is held to, and why.
@@ -214,7 +225,7 @@ def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = fro
     """
     if family in ("dspark", "xpress"):
         return trainer(family), f"a {family} drafter is held to its own family's trainer recipe"
-    resolved, base = trainer("dflash"), model_level()
+    resolved, base = with_own_knobs(trainer("dflash"), family), with_own_knobs(model_level(), family)
     deciding = [name for name in ("per_position_loss_weight", "loss_fn")
                 if getattr(resolved.recipe, name) != getattr(base.recipe, name)]
     if other is not None:

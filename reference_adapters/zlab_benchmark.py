@@ -30,7 +30,6 @@ from foundation.benchmarks.sets import PromptSet
 from foundation.chat_template import ChatTemplate
 from foundation.errors import AuditError
 from impl.decoding import dflash_decode
-from foundation.target import stop_token_ids as tokenizer_stop_ids
 from impl.tau_methods import Setting, conversations
 from reference_adapters.version_guard import check_reference
 from reference_adapters.zlab_adapter import ZlabImplementation, cpu_timer
@@ -93,7 +92,7 @@ def zlab_loop(drafter, target, tokenizer, prompt_set: PromptSet, template: ChatT
               setting: Setting) -> list[dict]:
     zlab = ZlabImplementation()
     twin = zlab.build_drafter(drafter.spec, drafter.state_dict(), target)
-    stops = tokenizer_stop_ids(tokenizer)
+    stops = list(setting.stop_ids)
 
     def generate(ids):
         run = zlab.generate(twin, target, ids.to(target.device), setting.max_new_tokens, stops, setting.temperature,

@@ -85,6 +85,12 @@ RULES = (
          "every round drafts 1 + n_max positions; near the budget's end the draft is cut afterwards, never shrunk"),
     Rule("argmax_tie", "common/speculative.cpp", "// greedily read the predicted block at this sequence's noise positions",
          "each draft token is the top candidate of the drafter's logits at its slot (argmax)"),
+    Rule("stop_ids", "src/llama-vocab.cpp", "special_eog_ids.insert(t.second);",
+         "the end-of-generation set, built at load from the GGUF: its eos/eot/eom ids, its FIM pad/rep/sep tokens and "
+         "every token whose text is an end of turn's (<|im_end|>, <|endoftext|>, </s>, ...)"),
+    Rule("stop_ids", "tools/server/server-context.cpp", "if (llama_vocab_is_eog(vocab, result.tok)) {",
+         "the server stops at the first token of that set; a request can add stop strings or ban the set (ignore_eos, "
+         "a logit bias), never name other stop ids"),
     Rule("rounds", "tools/server/server-context.cpp", 'SLT_INF(slot, "accepted %2zu/%2zu draft tokens\\n", accepted.size() - 1, n_draft);',
          "one line per verification step with LLAMA_TRACE: accepted X/ Y draft tokens"),
 )
@@ -100,6 +106,7 @@ PINNED = {
     "src/models/dflash.cpp": "b91e39fabcb330156ba0325aad75793514fa4acde956611427f0ea31d46e4483",
     "src/llama-graph.cpp": "a9acd6050aad04e82dee31a13a013656195c83c56e2554a2f07d997e25d8cae4",
     "src/llama-model.cpp": "c29d7f29c3e760f90855755748edc56fcdf62f0628b0c572f06ffb4c377db5f5",
+    "src/llama-vocab.cpp": "18f624c7f5a64f6bd4458248d2cde0ba989cbd46c47b8007be1765e31486c938",
     "tools/server/server-context.cpp": "7309e8b68c686ba1cf8f3b907d9b79587e2b714e58e37b04b259a781d6469930",
 }
 

@@ -91,13 +91,14 @@ def load_trained_pair(world, loss: str = "kl_div", family: str = "dflash"):
     from drafter_files.checkpoint import load_checkpoint
     from foundation.placement import built_in
     from foundation.target import load_target
+    from foundation.target_vocab import stop_token_ids
 
     placement = audit_placement()
     target, tokenizer = load_target(world.target, placement)
     ckpt = load_checkpoint(cached_dflash2_drafter(world) if family == "dflash2" else cached_test_drafter(world, loss))
     drafter = built_in(placement.device, placement.dtype, lambda: build_drafter(ckpt.spec, ckpt.state_dict)).eval()
     prompts = tokenize_prompts(tokenizer, load_prompts(world.prompts))
-    return drafter, target, prompts, [tokenizer.eos_token_id]
+    return drafter, target, prompts, stop_token_ids(world.target, tokenizer).ids
 
 
 def cli_in_process(*args) -> subprocess.CompletedProcess:

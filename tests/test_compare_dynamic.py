@@ -57,6 +57,10 @@ def test_tau_measured_per_prompt_for_both(test_world, tmp_path):
             assert rounds and all(1 <= r <= 8 for r in rounds)
             assert abs(prompt[side] - sum(rounds) / len(rounds)) < 1e-12
     assert set(data["tau"]["methods"]) == {"dflash", "ddtree"}
+    # z-lab's stop ids, with their source: the world's generation config says eos 0, falsy in z-lab's `or`
+    assert data["tau"]["stop_ids"] == [0] and "tokenizer's eos_token_id" in data["tau"]["stop_id_sources"]["0"]
+    assert "stopping at the target's ids 0 (the tokenizer&#39;s eos_token_id" in (
+        tmp_path / "out" / "index.html").read_text()
     assert data["tau"]["precision"]["target_dtype"] == dtype_name(audit_dtype())  # the suite's, via --dtype auto
     # Below float32 the report says offline τ is the live loop's only up to drafter near-ties (docs/gpus.md).
     exactness = data["tau"]["precision"].get("offline_exactness")

@@ -158,6 +158,60 @@ def test_every_round_is_the_audits_or_an_argmax_near_tie_or_the_whole_final_bloc
     assert all(f.severity == "info" for f in live_findings(section))
 
 
+def test_the_replay_stops_at_the_engines_end_of_generation_set_read_from_its_log(live):
+    """llama-server cannot be told stop ids: it stops at the end-of-generation set it builds from the GGUF, which it
+    logs as it loads the target. The replay stops there; the world's set is its eos 0, as z-lab's rule reads it."""
+    for section in live:
+        assert section["engine_stop_ids"]["ids"] == [0] == section["replay_stop_ids"] == section["stop_ids"]
+        assert section["engine_stop_ids"]["tokens"] == {"0": "<|endoftext|>"}
+        assert re.fullmatch(r"llama\.cpp/src/llama-vocab\.cpp:\d+; llama\.cpp/tools/server/server-context\.cpp:\d+",
+                            section["engine_stop_ids"]["source"])
+        assert "generation_config.json" in section["stop_id_sources"]["0"]
+        assert not [f for f in section["findings"] if f["what"] == "stop_ids"]
+
+
+def test_stop_sets_that_part_are_one_convention_finding_on_the_prompts_they_part_on(live, test_world, tmp_path):
+    """The engine's logged set (eos 0) against z-lab's stop ids of the world's target copied with
+    generation_config.json eos [0, k], k a token the target emits on the first prompt: one `stop_ids` convention
+    finding on the prompts whose greedy output holds k, at the served round that emitted it; a k no prompt emits is
+    a note."""
+    import json
+
+    import torch
+
+    from dflash_audit.audit.live_check import live_findings, load_prompts_for
+    from dflash_audit.audit.live_llamacpp import round_of, stop_difference
+    from foundation.target import load_target
+    from foundation.target_vocab import stop_token_ids
+    from impl.decoding import greedy_decode
+
+    section = live[0]
+    eog = {int(i): text for i, text in section["engine_stop_ids"]["tokens"].items()}
+    target, tokenizer = load_target(test_world.target)
+    prompts = load_prompts_for(Path(test_world.target), Path(test_world.prompts), tokenizer)[:PROMPTS]
+    with torch.inference_mode():
+        greedy = [greedy_decode(target, torch.tensor([p["ids"]]), TOKENS, [0])[0, len(p["ids"]):].tolist()
+                  for p in prompts]
+    k = next(t for t in greedy[0][1:] if t != 0)
+    folder = tmp_path / "target"
+    shutil.copytree(test_world.target, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, k]}))
+    stops = stop_token_ids(folder, tokenizer)
+    findings, notes = stop_difference(eog, stops, prompts, greedy, section["prompts"])
+    (finding,) = findings
+    parted = [p["id"] for p, tokens in zip(prompts, greedy) if k in tokens]
+    rounds = {r["id"]: r["served_rounds"] for r in section["prompts"]}
+    assert (finding.kind, finding.key, finding.localized["prompts"]) == ("convention", "stop_ids", parted)
+    assert finding.localized["rounds"] == [round_of(greedy[i].index(k), rounds[p["id"]])
+                                           for i, p in enumerate(prompts) if p["id"] in parted]
+    assert f"the target emits {k}, a stop id of z-lab only" in finding.message and notes == []
+    assert [f.severity for f in live_findings({"findings": [finding.to_dict()]})] == ["info"]
+    unused = next(t for t in range(1, 2048) if not any(t in tokens for tokens in greedy))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, unused]}))
+    findings, (note,) = stop_difference(eog, stop_token_ids(folder, tokenizer), prompts, greedy, section["prompts"])
+    assert findings == [] and note.endswith("no prompt here reaches an id of one set only")
+
+
 def test_a_difference_at_a_slot_far_from_a_tie_stays_unlocalized(live, test_world):
     """The tie replay flips only a slot whose top two logits are within TIE_MARGIN: a served round that parts
     from the audit's where the drafter was sure is no tie."""
@@ -165,7 +219,8 @@ def test_a_difference_at_a_slot_far_from_a_tie_stays_unlocalized(live, test_worl
 
     from dflash_audit.audit.live_check import load_prompts_for
     from dflash_audit.audit.live_llamacpp import TIE_MARGIN, TieFlips, prepare, tie_flips
-    from foundation.target import load_target, stop_token_ids
+    from foundation.target import load_target
+    from foundation.target_vocab import stop_token_ids
     from impl.body_shapes import build_drafter
     from impl.decoding import dflash_decode
 
@@ -176,10 +231,10 @@ def test_a_difference_at_a_slot_far_from_a_tie_stays_unlocalized(live, test_worl
     model = build_drafter(served.spec, served.state, dtype=target.dtype).eval()
     record = TieFlips(model, {})
     rounds = dflash_decode(model, target, torch.tensor([prompt["ids"]]), TOKENS,
-                           stop_token_ids(tokenizer)).acceptance_lengths
+                           stop_token_ids(test_world.target, tokenizer).ids).acceptance_lengths
     sure = next(i for i, r in enumerate(rounds) if r > 1 and record.margins[i][0] >= TIE_MARGIN)
     parted = rounds[:sure] + [1] + rounds[sure + 1:]  # the engine rejecting a first proposal the drafter was sure of
-    assert tie_flips(served, target, prompt, TOKENS, stop_token_ids(tokenizer), parted) is None
+    assert tie_flips(served, target, prompt, TOKENS, stop_token_ids(test_world.target, tokenizer).ids, parted) is None
 
 
 def test_compare_serve_llamacpp_live_runs_both_drafters(live, test_world, tmp_path, monkeypatch):

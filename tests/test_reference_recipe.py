@@ -150,3 +150,27 @@ def test_a_dflash2_setting_that_cannot_build_is_one_line_naming_it(tiny_world, t
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "conv_group_size" in err and "not divisible" in err
     assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.parametrize("family", ["dflash", "dflash2", "dspark", "xpress"])
+def test_every_yardstick_says_where_each_recipe_field_it_is_compared_on_comes_from(family):
+    """A side without a recipe is held to a reference; each field compared for its family needs that reference's
+    source (a DFlash2 drafter's selector loss weight was missing: the comparison ended in a KeyError)."""
+    from catalogue.pitfalls import RECIPE_ENTRIES
+    from dflash_audit.audit.static_recipe import DRAFTER_FIELDS, FAMILY_RECIPE_FIELDS
+
+    compared = [name for name in RECIPE_ENTRIES if name not in DRAFTER_FIELDS
+                and FAMILY_RECIPE_FIELDS.get(name, family) == family]
+    for other in (None, refs.trainer("dflash").recipe, refs.model_level().recipe):
+        reference, _ = refs.yardstick_for(other, family=family)
+        assert [name for name in compared if name not in reference.sources] == [], (family, reference.title)
+
+
+def test_a_dflash2_selector_weight_against_a_folder_without_recipe_is_one_finding(tiny_world, tmp_path):  # noqa: F811
+    ours = train(tiny_world, tmp_path / "d2.pt", "--family", "dflash2", "--selector-loss-alpha", "0.5")
+    ckpt = load_checkpoint(ours)
+    save_zlab_dir(tmp_path / "zlab", ckpt.spec, ckpt.state_dict)  # z-lab format keeps no recipe
+    found, _ = recipe_findings(ours, tmp_path / "zlab")
+    alpha = [f for f in found if f.key == "selector_loss_alpha"]
+    assert len(alpha) == 1 and (alpha[0].ours, alpha[0].ref) == (0.5, refs.trainer("dflash2").recipe.selector_loss_alpha)
+    assert "DFlash2Args.selector_loss_alpha" in alpha[0].message

@@ -45,7 +45,8 @@ from foundation.placement import (
     resolve_dtype,
     target_device,
 )
-from foundation.target import load_target_model, load_tokenizer, stop_token_ids
+from foundation.target import load_target_model, load_tokenizer
+from foundation.target_vocab import StopIds, stop_token_ids
 from impl.body_shapes import build_drafter
 from impl.ddtree import DDTREE_NEEDS_DFLASH
 from impl.families import TITLES
@@ -129,6 +130,7 @@ class DynamicAudit:
     by_dtype: dict[str, dict[str, Any]] = field(default_factory=dict)  # `compare --dtype a,b`: τ per dtype
     # A reduced draft vocabulary on either side: the share of the target's generated tokens each side can propose.
     proposable_share: dict[str, dict[str, Any]] | None = None
+    stops: StopIds = field(default_factory=lambda: StopIds([], {}))  # where the target's passes stop
 
     def summary(self) -> dict[str, Any]:
         """Mean τ per method and side, and what overflowed: one dtype's line of `by_dtype`."""
@@ -139,7 +141,7 @@ class DynamicAudit:
         """`tau` of report.json: the DFlash result in the schema's shape, DDTree as an extra key."""
         main = self.methods["dflash"].to_dict()
         data = {"method": "dflash", "prompts": main["prompts"], "mean": main["mean"],
-                "max_new_tokens": self.max_new_tokens, "prompts_source": self.prompts_source,
+                "max_new_tokens": self.max_new_tokens, **self.stops.report(), "prompts_source": self.prompts_source,
                 "noise": tau_stats.NOISE_METHOD, "not_measured": self.not_measured,
                 "precision": self.precision, "overflow": self.overflow, "by_dtype": self.by_dtype,
                 "draft_vocab_share": self.proposable_share}
@@ -225,7 +227,8 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
         # Passes this rank does not run: another rank's prompts, a drafter that cannot run.
         progress.skip(len(plan) * (len(drafters) * (len(prompts) - mine) + len(not_measured) * len(prompts)))
 
-    run = replay_offline(drafters, target, target_dir, prompts, max_new_tokens, stop_token_ids(tokenizer), plan,
+    stops = stop_token_ids(target_dir, tokenizer)
+    run = replay_offline(drafters, target, target_dir, prompts, max_new_tokens, stops.ids, plan,
                          cache_dir or cache_root() / "offline", ranks, progress,
                          on_prompt=lambda tokens: (built.append(tokens), progress.advance(tokens)),
                          on_cache=skip_unrun,
@@ -268,7 +271,7 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     if (exactness := replay_exactness(dtype)) is not None:
         precision["offline_exactness"] = exactness
     return DynamicAudit(methods, findings, max_new_tokens, prompts_source, not_measured, precision, overflow,
-                        proposable_share=proposable_share(sides, cache.prompts))
+                        proposable_share=proposable_share(sides, cache.prompts), stops=stops)
 
 
 def proposable_share(sides: dict[str, Side], entries) -> dict[str, dict[str, Any]] | None:

@@ -31,8 +31,7 @@ from foundation.cache_dir import cache_root
 from foundation.chat_template import ChatTemplate, thinking_settings
 from foundation.errors import AuditError
 from foundation.placement import CPU_FLOAT32, Placement, resolve_placement
-from foundation.target import stop_token_ids
-from foundation.target_vocab import TargetVocabulary, mask_token_problems
+from foundation.target_vocab import TargetVocabulary, mask_token_problems, stop_token_ids
 from impl.run_settings import DecodingSettings
 
 TAU_BY = ("thinking",)
@@ -125,7 +124,8 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     drafter = place_drafter(spec, state_dict, drafter_path, target)
     for note in notes:
         console.print(f"note: {note}", soft_wrap=True)
-    stop_ids = stop_token_ids(tokenizer)
+    stops = stop_token_ids(target_dir, tokenizer)
+    stop_ids = stops.ids
     ranks = Ranks()
     order = {prompt_id: i for i, (prompt_id, _) in enumerate(prompts)}
     mine = ranks.shard(prompts)
@@ -144,7 +144,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     all_rounds = [length for r in results for length in r["rounds"]]
     longest = drafter.spec.longest_round
     payload = {"schema": "dflash-audit/eval/1", "method": method, "mode": mode, "budget": budget if method == "ddtree" else None,
-               "max_new_tokens": max_new_tokens, "placement": placement.describe(),
+               "max_new_tokens": max_new_tokens, **stops.report(), "placement": placement.describe(),
                "chat_template": chat.describe(tokenizer), "prompts": results,
                "mean_tau": mean_acceptance([r["tau"] for r in results]),
                "histogram": acceptance_histogram(all_rounds, longest)}
@@ -257,13 +257,14 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: 
     findings = template_findings(declared, where, {label: c.kwargs for label, c in chats.items()})
     target = load_target_model(target_dir, placement)
     drafter = place_drafter(spec, state_dict, drafter_path, target)
+    stops = stop_token_ids(target_dir, tokenizer)
     cells, skipped = run_grid(drafter, target, tokenizer, prompt_sets, tau_methods, decodings, temperatures, chats,
-                              max_new_tokens, seed_list, published_target,
+                              max_new_tokens, seed_list, published_target, stops.ids,
                               advance=lambda: console.print(".", end=""))
     console.print()
     data = payload(cells, [s.describe() for s in prompt_sets],
                    {"drafter": str(drafter_path), "target": str(target_dir), "max_new_tokens": max_new_tokens,
-                    "published_target": published_target, "placement": placement.describe(),
+                    **stops.report(), "published_target": published_target, "placement": placement.describe(),
                     "trained_chat_template": {"kwargs": declared, "declared_in": where} if declared else None,
                     "findings": findings}, skipped)
     for s in data["sets"]:

@@ -76,12 +76,14 @@ def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Pa
                   plant_prompts: int | dict[str, int]) -> dict[str, dict]:
     """`live_check` in `workdir`, with the vLLM environment found."""
     from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
-    from foundation.target import load_target, stop_token_ids
+    from foundation.target import load_target
+    from foundation.target_vocab import stop_token_ids
 
     workdir.mkdir(parents=True, exist_ok=True)
     target_model, tokenizer = load_target(target)
     prompts = load_prompts_for(target, prompts_path, tokenizer)
-    stop_ids = stop_token_ids(tokenizer)  # eval's and compare's: the engine stops at these and no others
+    stops = stop_token_ids(target, tokenizer)  # eval's and compare's: the engine is told these and no others
+    stop_ids = stops.ids
     served = [prepare(name, Path(path), target, workdir) for name, path in drafters.items()]
     for d in served:
         d.plants = list((plants or {}).get(d.name, []))
@@ -98,7 +100,7 @@ def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Pa
     for d in served:
         base = {"engine": "vllm", "version": env.version, "python": env.python,
                 "command": engine_command(env, target, d), "served_path": d.served_path, "notes": list(d.notes),
-                "max_new_tokens": max_new_tokens, "stop_ids": stop_ids, "engine_wall_s": round(engine["wall_s"], 1),
+                "max_new_tokens": max_new_tokens, **stops.report(), "engine_wall_s": round(engine["wall_s"], 1),
                 "engine_peak_rss_mb": round(engine.get("peak_rss_mb", 0))}
         run = runs.get(d.name, {})
         if "error" in run:

@@ -14,6 +14,7 @@ first differing round.
 from __future__ import annotations
 
 import contextlib
+import re
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -322,22 +323,75 @@ def quantization_finding(served: Served, rows: list[dict], target_model, prompts
     return found.to_dict()
 
 
-# The target alone's greedy output per (server, target GGUF as written, prompts, length): the same in every run of
-# this process (one slot, one thread, greedy), so that a second check (compare's other drafter, a test's next
-# drafter) does not start the server again for it.
-GREEDY: dict[tuple, list[list[int]]] = {}
+# The target alone's greedy output and end-of-generation set per (server, target GGUF as written, prompts, length):
+# the same in every run of this process (one slot, one thread, greedy), so that a second check (compare's other
+# drafter, a test's next drafter) does not start the server again for it.
+GREEDY: dict[tuple, tuple[list[list[int]], dict[int, str]]] = {}
+# llama-vocab.cpp's `print_info` line for each id of the end-of-generation set, logged as the target loads.
+EOG_LINE = re.compile(r"EOG token\s*=\s*(\d+) '(.*)'$", re.MULTILINE)
 
 
-def greedy_reference(engine, target_file: Path, prompts: list[dict], max_new_tokens: int, log: Path) -> list:
+def engine_stop_ids(log_text: str) -> dict[int, str]:
+    """id -> token text of the end-of-generation set llama-server logged as it loaded the target (empty: none
+    logged). The server stops at these and no others (its requests cannot name stop ids): read from the engine
+    itself, not from a copy of its rule."""
+    return {int(m.group(1)): m.group(2) for m in EOG_LINE.finditer(log_text)}
+
+
+def greedy_reference(engine, target_file: Path, prompts: list[dict], max_new_tokens: int,
+                     log: Path) -> tuple[list[list[int]], dict[int, str]]:
+    """(the target alone's greedy output per prompt, the server's end-of-generation set)."""
     from serving_engines.live.llamacpp_server import LlamaServer
 
     stat = target_file.stat()
     key = (engine.server, str(target_file.resolve()), stat.st_size, stat.st_mtime_ns, max_new_tokens,
            tuple(tuple(p["ids"]) for p in prompts))
     if key not in GREEDY:
-        with LlamaServer(engine, target_file, log) as server:
-            GREEDY[key] = [server.complete(p["ids"], max_new_tokens)["tokens"] for p in prompts]
-    return [list(tokens) for tokens in GREEDY[key]]
+        with LlamaServer(engine, target_file, log, log_vocabulary=True) as server:
+            outputs = [server.complete(p["ids"], max_new_tokens)["tokens"] for p in prompts]
+        GREEDY[key] = outputs, engine_stop_ids(log.read_text(errors="replace"))
+    outputs, eog = GREEDY[key]
+    return [list(tokens) for tokens in outputs], dict(eog)
+
+
+def stop_source() -> str:
+    from serving_engines.llamacpp_engine import RULES, cite
+
+    return "; ".join(cite(rule.path, rule.needle) for rule in RULES if rule.field == "stop_ids")
+
+
+def round_of(position: int, rounds: list[int]) -> int:
+    """The served round that produced output position `position` (0: the prefill's token)."""
+    total = 0
+    for number, size in enumerate(rounds, 1):
+        total += size
+        if total >= position:
+            return number
+    return len(rounds)
+
+
+def stop_difference(eog: dict[int, str], stops, prompts: list[dict], greedy: list[list[int]],
+                    rows: list[dict]) -> tuple[list[Finding], list[str]]:
+    """Where the engine's end-of-generation set and z-lab's stop ids part: one `stop_ids` convention finding over
+    the prompts whose greedy output holds an id of one set only (the served output ends elsewhere than z-lab's
+    loop would end it), else a note that they part on no prompt here; nothing when the sets are equal."""
+    engine_only, zlab_only = set(eog) - set(stops.ids), set(stops.ids) - set(eog)
+    if not engine_only and not zlab_only:
+        return [], []
+    named = ", ".join(f"{i} {text!r}" for i, text in sorted(eog.items()))
+    parts = (f"llama-server stops at its end-of-generation set ({named}: read from the target GGUF at load, a "
+             f"request cannot name other stop ids), z-lab's loop at {stops.describe()}; the audit's replay stops "
+             f"where the engine does")
+    rounds = {r["id"]: r.get("served_rounds", []) for r in rows}
+    found = []
+    for prompt, tokens in zip(prompts, greedy, strict=True):
+        position = next((i for i, t in enumerate(tokens) if t in engine_only or t in zlab_only), None)
+        if position is not None:
+            found.append(Finding.localization(
+                "convention", "stop_ids", f"{parts}: the target emits {tokens[position]}, a stop id of "
+                f"{'the engine only' if tokens[position] in engine_only else 'z-lab only'}", None, stop_source(),
+                prompt["id"], round_of(position, rounds.get(prompt["id"], []))))
+    return (merge(found), []) if found else ([], [f"{parts}; no prompt here reaches an id of one set only"])
 
 
 @contextlib.contextmanager
@@ -369,16 +423,18 @@ def live_llamacpp(drafter: Path, target: Path, prompts_path: Path | None = None,
 def run_live(engine, drafter: Path, target: Path, prompts_path, max_new_tokens, quant, bin_dir, n_max, kv_type,
              plants: dict[str, dict], workdir: Path) -> dict:
     from dflash_audit.audit.live_check import load_prompts_for
-    from foundation.target import load_target, stop_token_ids
+    from foundation.target import load_target
+    from foundation.target_vocab import stop_token_ids
     from serving_engines.live.llamacpp_convert import target_gguf
 
     served = prepare(Path(drafter), Path(target), workdir, quant, bin_dir)
     target_file, _ = target_gguf(Path(target))
     target_model, tokenizer = load_target(target)
     prompts = load_prompts_for(Path(target), prompts_path, tokenizer)
-    stop_ids = stop_token_ids(tokenizer)
+    stops = stop_token_ids(target, tokenizer)  # z-lab's; the engine cannot be told them
     started = time.monotonic()
-    greedy = greedy_reference(engine, target_file, prompts, max_new_tokens, workdir / "greedy.log")
+    greedy, eog = greedy_reference(engine, target_file, prompts, max_new_tokens, workdir / "greedy.log")
+    stop_ids = sorted(eog) if eog else stops.ids  # the replay stops where the engine stops
     audited = replay(served.spec, served.state, target_model, prompts, max_new_tokens, stop_ids)
     chosen = n_max if n_max is not None else served.spec.block_size - 1
     from serving_engines.llamacpp_engine import command
@@ -386,9 +442,19 @@ def run_live(engine, drafter: Path, target: Path, prompts_path, max_new_tokens, 
     section = {"engine": "llamacpp", "version": engine.version, "python": engine.bin_dir,
                "command": command(str(target_file), str(served.gguf), chosen, False, kv_type),
                "served_path": str(served.gguf), "notes": served.notes, "max_new_tokens": max_new_tokens,
-               "stop_ids": stop_ids, "quant": quant, "quantized_tensors": served.quantized}
+               **stops.report(),
+               "engine_stop_ids": {"ids": sorted(eog), "tokens": {str(i): eog[i] for i in sorted(eog)},
+                                   "source": stop_source() if eog else "none in the server's log"},
+               "replay_stop_ids": stop_ids, "quant": quant, "quantized_tensors": served.quantized}
+    if not eog:
+        section["notes"].append("llama-server's log names no end-of-generation token: where it stops is unknown; the "
+                                "audit's replay stops at z-lab's stop ids")
     section.update(run_and_assess(engine, target_file, served, target_model, prompts, max_new_tokens, stop_ids, greedy,
                                   audited, workdir, "served", chosen, kv_type))
+    if section.get("ran") and eog:
+        differ, notes = stop_difference(eog, stops, prompts, greedy, section["prompts"])
+        section["findings"] += [f.to_dict() for f in differ]
+        section["notes"] += notes
     if quant is not None and section.get("ran"):
         section["findings"].append(quantization_finding(served, section["prompts"], target_model, prompts,
                                                         max_new_tokens, stop_ids, quant))

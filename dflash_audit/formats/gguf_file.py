@@ -70,6 +70,12 @@ def detect(path: Path) -> bool:
         return False
 
 
+def shown_name(raw: bytes) -> str:
+    """A key's name as a message shows it: escaped, and cut short (a corrupt length can make it the whole file)."""
+    name = raw.decode("utf-8", "replace")
+    return repr(name[:60]) + (f" ({len(raw)} bytes)" if len(name) > 60 else "")
+
+
 def check_header(path: Path) -> None:
     """Walk the header with every count and length bounded by the file's size, so that a hostile or truncated file
     is one line naming what is wrong, before any reader allocates for it."""
@@ -122,10 +128,10 @@ def check_header(path: Path) -> None:
 
     for index in range(keys):
         end = string(offset, f"key {index}'s name")
-        name = data[offset + 8:end].decode("utf-8", "replace")
-        need(end, 4, f"key {name!r}")
+        name = shown_name(data[offset + 8:end])
+        need(end, 4, f"key {name}")
         (kind,) = struct.unpack_from("<I", data, end)
-        offset = value(end + 4, kind, f"key {name!r}")
+        offset = value(end + 4, kind, f"key {name}")
     for index in range(tensors):
         offset = string(offset, f"tensor {index}'s name")
         need(offset, 4, f"tensor {index}")
@@ -263,7 +269,7 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     keys = metadata(reader)
     arch = keys.get("general.architecture")
     if arch != ARCHITECTURE:
-        raise AuditError(f"{path}: a GGUF of architecture {arch!r}, not a DFlash drafter (llama.cpp writes "
+        raise AuditError(f"{path}: a GGUF of architecture {str(arch)[:60]!r}, not a DFlash drafter (llama.cpp writes "
                          f"drafters as {ARCHITECTURE!r})")
     state: dict[str, torch.Tensor] = {}
     verifier: dict[str, torch.Tensor] = {}

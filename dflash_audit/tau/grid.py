@@ -90,10 +90,10 @@ def cells_plan(prompt_sets, methods, decodings, temperatures, chats: dict[str, C
 
 def run_cell(drafter, target, tokenizer, prompt_set: PromptSet, method: str, decoding: Decoding, temperature: float,
              chat_label: str, chat: ChatTemplate, max_new_tokens: int, seeds: list[int],
-             published_target: str | None) -> dict:
+             published_target: str | None, stop_ids: list[int]) -> dict:
     runs = []
     for seed in (seeds if temperature > 0 else seeds[:1]):
-        setting = Setting(decoding.name, decoding.budget or 32, max_new_tokens, temperature, seed)
+        setting = Setting(decoding.name, decoding.budget or 32, max_new_tokens, temperature, seed, tuple(stop_ids))
         results = run_method(method, drafter, target, tokenizer, prompt_set, chat, setting)
         runs.append({"seed": seed if temperature > 0 else None, "tau": mean_tau(results), "prompts": results})
     taus = [r["tau"] for r in runs]
@@ -107,11 +107,12 @@ def run_cell(drafter, target, tokenizer, prompt_set: PromptSet, method: str, dec
 
 
 def run_grid(drafter, target, tokenizer, prompt_sets, methods, decodings, temperatures, chats, max_new_tokens: int,
-             seeds: list[int], published_target: str | None, advance=lambda: None) -> tuple[list[dict], list[str]]:
+             seeds: list[int], published_target: str | None, stop_ids: list[int],
+             advance=lambda: None) -> tuple[list[dict], list[str]]:
     plan, skipped = cells_plan(prompt_sets, methods, decodings, temperatures, chats)
     cells = []
     for prompt_set, method, decoding, temperature, label, chat in plan:
         cells.append(run_cell(drafter, target, tokenizer, prompt_set, method, decoding, temperature, label, chat,
-                              max_new_tokens, seeds, published_target))
+                              max_new_tokens, seeds, published_target, stop_ids))
         advance()
     return cells, skipped

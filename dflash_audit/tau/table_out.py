@@ -74,13 +74,21 @@ def bar_chart(set_name: str, cells: list[dict]) -> str:
     return "".join(parts)
 
 
+def stop_ids_text(data: dict) -> str:
+    """A report's `stop_ids` with their `stop_id_sources` (written by foundation.target_vocab.StopIds.report)."""
+    from foundation.target_vocab import StopIds
+
+    return StopIds.from_report(data).describe()
+
+
 def html_page(data: dict) -> str:
     esc = html.escape
     out = ["<!doctype html><html><head><meta charset='utf-8'><title>dflash-audit: τ table</title>",
            f"<style>{CSS}</style></head><body><h1>τ table</h1>",
            f"<p>drafter <code>{esc(str(data['drafter']))}</code>, target <code>{esc(str(data['target']))}</code>, "
            f"max new tokens {data['max_new_tokens']}; published figures for: "
-           f"{esc(str(data.get('published_target') or 'none (target not one the figures are for)'))}</p>"]
+           f"{esc(str(data.get('published_target') or 'none (target not one the figures are for)'))}</p>",
+           f"<p>stop ids (live, zlab-loop): {esc(stop_ids_text(data))}</p>"]
     out.append("<h2>Prompt sets</h2><table><tr><th>set</th><th>file</th><th>count</th><th>selection</th>"
                "<th>rendering</th></tr>")
     for s in data["sets"]:

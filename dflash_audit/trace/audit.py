@@ -22,7 +22,8 @@ from catalogue.findings import Finding, divergences, sort_findings
 from dflash_audit.trace.loss_fit import REFERENCE_REDUCTION, fit_weights, reductions, slot_means
 from dflash_audit.trace.matcher import Named, TargetCandidates, centered_log_probs, name_rows, tolerance
 from dflash_audit.trace.recording import Recording
-from foundation.errors import AuditError
+from foundation.config_values import as_int
+from foundation.errors import AuditError, SpecError
 from foundation.inputs import read_json_object
 from impl.recipe import Recipe
 
@@ -52,6 +53,19 @@ def read_ref(path: Path | None) -> dict[str, Any]:
     found = {k: v for k, v in found.items() if v is not None}
     if not found:
         raise AuditError(f"--ref {file}: declares none of target_layer_ids, block_size, mask_token_id")
+    try:  # read strictly: the ids a list of whole numbers, the block and the mask id whole numbers of their range
+        if "target_layer_ids" in found:
+            ids = found["target_layer_ids"]
+            if not isinstance(ids, list) or not ids:
+                raise SpecError("target_layer_ids", f"{ids!r:.60} is not a list of layer ids")
+            found["target_layer_ids"] = [as_int("target_layer_ids", i) for i in ids]
+            if min(found["target_layer_ids"]) < 0:
+                raise SpecError("target_layer_ids", f"{ids!r:.60} holds a negative layer id")
+        for name, least in (("block_size", 1), ("mask_token_id", 0)):
+            if name in found and as_int(name, found[name]) < least:
+                raise SpecError(name, f"{found[name]!r} is below {least}")
+    except SpecError as exc:
+        raise AuditError(f"--ref {file}: {exc}") from None
     return {"file": str(file), **found}
 
 

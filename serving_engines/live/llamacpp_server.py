@@ -64,9 +64,12 @@ class LlamaServer:
 
     def __init__(self, engine: LlamacppEngine, target_gguf: Path, log: Path, drafter_gguf: Path | None = None,
                  n_max: int | None = None, kv_type: str | None = None, threads: int = 1, port: int | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S, request_timeout_s: float = REQUEST_TIMEOUT_S):
+                 start_timeout_s: float = START_TIMEOUT_S, request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 log_vocabulary: bool = False):
         self.command = [engine.server, "-m", str(target_gguf), "-np", "1", "-c", str(CONTEXT), "-t", str(threads),
                         "--host", "127.0.0.1"]
+        if log_vocabulary:  # the loader's info lines, its end-of-generation set among them, are logged from -lv 4
+            self.command += ["-lv", "4"]
         if drafter_gguf is not None:
             self.command += ["-md", str(drafter_gguf), "--spec-type", "draft-dflash"]
             if n_max is not None:
