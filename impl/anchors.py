@@ -1,4 +1,6 @@
-"""Anchor selection for training (speculators' rule)."""
+"""Anchors and their blocks: which positions training drafts from (speculators' rule), the positions of each
+block, and the block a drafter reads at an anchor (the anchor's token, the last one known, in slot 0, the mask
+token in every other slot), which decoding, the offline replay and training all build here."""
 
 from __future__ import annotations
 
@@ -32,3 +34,11 @@ def select_anchors(loss_mask: torch.Tensor, max_anchors: int, block_size: int,
 def block_indices(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
     """Base positions of every block slot: anchor + 0..B-1, flattened to [A*B]."""
     return (anchors.reshape(-1, 1).long() + torch.arange(block_size, device=anchors.device)).reshape(-1)
+
+
+def anchor_blocks(anchor_tokens: torch.Tensor, block_size: int, mask_token_id: int) -> torch.Tensor:
+    """[A, block_size] token ids: row j is `[anchor_tokens[j], mask, ..., mask]`."""
+    blocks = torch.full((anchor_tokens.numel(), block_size), mask_token_id, dtype=torch.long,
+                        device=anchor_tokens.device)
+    blocks[:, 0] = anchor_tokens.reshape(-1)
+    return blocks

@@ -23,7 +23,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from foundation.placement import target_device
-from impl.blocks import anchor_blocks
+from impl.anchors import anchor_blocks
 from impl.dspark import draft_left_to_right
 from impl.extract import context_features, output_head
 from impl.model import DFlashDrafter, DraftCache

@@ -540,6 +540,20 @@ def setting_problem(name: str, value: Any) -> str | None:
     return settings.problem_with(DraftSpec, name, value)
 
 
+def spec_misfit(spec: DraftSpec, hidden_size: int | None, depth: int | None,
+                vocab_size: int | None = None) -> str | None:
+    """Why a drafter of `spec` cannot run against a target of this hidden size, decoder depth and vocabulary
+    (None: not checked), or None: the one fit check `eval`, `compare` and `convert --format speculators` apply
+    (dflash_audit/audit/drafter_fit.py adds a reduced draft vocabulary's map)."""
+    if spec.hidden_size != hidden_size:
+        return f"hidden size {spec.hidden_size} but the target's is {hidden_size}"
+    if spec.num_target_layers != depth:
+        return f"built for a target of {spec.num_target_layers} layers, this one has {depth}"
+    if vocab_size is not None and spec.target_vocab_size != vocab_size:
+        return f"vocabulary of {spec.target_vocab_size} but the target's is {vocab_size}"
+    return None
+
+
 def settings_table() -> str:
     """Every drafter setting, generated for docs/training.md (`python -m impl.spec`)."""
     lines = ["| setting | type | default | range | speculators | z-lab | whose default | `train` |",

@@ -19,7 +19,7 @@ from torch import nn
 
 from impl import anchors as anchor_rules
 from impl import losses
-from impl.blocks import anchor_blocks
+from impl.anchors import anchor_blocks
 from impl.dflash2 import selector_training, teacher_forced_predecessors
 from impl.extract import HiddenStateExtractor, final_norm, output_head
 from impl.family_losses import FamilyTraining, dspark_loss, xpress_loss

@@ -25,7 +25,7 @@ from foundation.errors import CheckpointError
 from foundation.weights_dir import read_config
 from impl.dflash2 import SelectorTraining
 from impl.extract import HiddenStateExtractor, final_norm, output_head
-from impl.families import FAMILIES, config_family
+from impl.families import config_family
 from impl.interface import INTERFACE_VERSION, TrainingOutputs, Unsupported
 from impl.layers import hidden_state_index, speculators_to_zlab
 from foundation.param_names import VERIFIER_OWNED_KEYS, strip_wrapper_prefixes
@@ -33,7 +33,6 @@ from impl.recipe import DEFAULTS, Recipe, train_recipe
 from impl.spec import FAMILY_FIELDS, DraftSpec
 from impl.vocab_mapping import t2d_from_d2t
 from reference_adapters import speculators_family_train as family_train
-from reference_adapters.speculators_classes import config_class, model_class
 from reference_adapters.version_guard import check_reference, refuse_rotary
 
 check_reference("speculators")
@@ -53,12 +52,14 @@ from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig  
 from speculators.models.dflash.attention import create_anchor_block_mask_mod  # noqa: E402
 from speculators.models.dflash.metrics import compute_metrics  # noqa: E402
 from speculators.models.dflash.utils import select_anchors  # noqa: E402
-from speculators.models.dflash2 import DFlash2DraftModel  # noqa: E402
+from speculators.models.dflash2 import DFlash2DraftModel, DFlash2SpeculatorConfig  # noqa: E402
 from speculators.models.dflash2 import core as dflash2_core  # noqa: E402
 from speculators.models.dflash2.metrics import (  # noqa: E402
     compute_selector_loss,
     selector_training_candidates,
 )
+from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig  # noqa: E402
+from speculators.models.xpress import XPressDraftModel, XPressSpeculatorConfig  # noqa: E402
 from speculators.proposals.greedy import GreedyTokenProposalConfig  # noqa: E402
 from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution  # noqa: E402
 
@@ -77,8 +78,12 @@ def verifier_config(verifier_dir: str | Path | None) -> VerifierConfig:
     return VerifierConfig.from_pretrained(str(verifier_dir))
 
 
-MODEL_CLASSES = {family: model_class(family) for family in FAMILIES}
-CONFIG_CLASSES = {family: config_class(family) for family in FAMILIES}
+# speculators' model and config class of each family (`speculators_model_type`): the one table the adapter, the
+# format reader and writer (dflash_audit/formats/speculators.py) and the reference recipe read.
+MODEL_CLASSES = {"dflash": DFlashDraftModel, "dflash2": DFlash2DraftModel, "dspark": DSparkDraftModel,
+                 "xpress": XPressDraftModel}
+CONFIG_CLASSES = {"dflash": DFlashSpeculatorConfig, "dflash2": DFlash2SpeculatorConfig,
+                  "dspark": DSparkSpeculatorConfig, "xpress": XPressSpeculatorConfig}
 
 
 def speculators_config(spec: DraftSpec, verifier_dir: str | Path | None = None,

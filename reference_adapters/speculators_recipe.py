@@ -130,7 +130,7 @@ def trainer(speculator_type: str = "dflash") -> ReferenceRecipe:
     from speculators.model import SpeculatorModel
     from speculators.train.config.schema import TrainConfig
 
-    from reference_adapters.speculators_classes import config_class
+    from reference_adapters.speculators_adapter import CONFIG_CLASSES
 
     config = TrainConfig(speculator_type=speculator_type)  # every other field at its default
     flat = config.flatten()
@@ -147,7 +147,7 @@ def trainer(speculator_type: str = "dflash") -> ReferenceRecipe:
 
     sample = flat["sample_from_anchor"]
     if sample is None:  # TrainConfig leaves it unset; the model config's default applies
-        config_type = config_class(speculator_type)
+        config_type = CONFIG_CLASSES[speculator_type]
         sample = config_type.model_fields["sample_from_anchor"].default
         sample_source = f"{_file(config_type)}: {config_type.__name__}.sample_from_anchor default " \
                         f"(TrainConfig leaves it unset)"

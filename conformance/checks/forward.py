@@ -16,7 +16,7 @@ import torch
 from conformance.comparator import Comparator, tensor_difference
 from conformance.tolerances import for_drafter
 from conformance.world import reference_state_dict, target_for
-from impl.blocks import anchor_blocks
+from impl.anchors import anchor_blocks
 from impl.interface import Unsupported
 from impl.spec import DFLASH2_FIELDS, DraftSpec
 

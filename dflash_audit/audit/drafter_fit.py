@@ -1,4 +1,4 @@
-"""Whether a drafter fits a target: its spec (impl/spec_fit.py) and, for a reduced draft vocabulary, a usable
+"""Whether a drafter fits a target: its spec (impl/spec.py `spec_misfit`) and, for a reduced draft vocabulary, a usable
 draft-to-target map. The one check `eval` (which refuses a drafter that does not fit) and `compare` (which then
 leaves its τ unmeasured) share; and the drafter `eval` and `serve-check --live` run, read and checked against the
 target's config, then placed beside the target."""
@@ -12,7 +12,7 @@ from dflash_audit.audit.static_vocab import mapping_problem
 from foundation.errors import AuditError
 from foundation.inputs import check_finite_weights
 from foundation.placement import built_in, model_dtype, target_device
-from impl.spec_fit import spec_misfit
+from impl.spec import spec_misfit
 
 
 def misfit(side: Side, hidden_size: int, depth: int, vocab_size: int) -> str | None:

@@ -29,8 +29,7 @@ from impl.defaults import BLOCK_SIZE_DEFAULTS
 from impl.families import SPECULATORS_TYPES, ZLAB_ARCHITECTURES, config_family
 from impl.layers import names_final_layer, speculators_to_zlab, zlab_to_speculators
 from foundation.param_names import verifier_owned_keys
-from impl.spec import DFLASH2_FIELDS, FAMILY_FIELDS, SpecError
-from impl.spec_fit import spec_misfit
+from impl.spec import DFLASH2_FIELDS, FAMILY_FIELDS, SpecError, spec_misfit
 from impl.vocab_mapping import mapping_problems, t2d_problems
 from drafter_files.zlab_format import spec_from_zlab_config
 
@@ -40,9 +39,9 @@ def detect(config: dict[str, Any]) -> bool:
 
 def class_default(config: dict[str, Any], name: str) -> Any:
     """A field's default in the config class of the directory's family (speculators' own, never restated)."""
-    from reference_adapters.speculators_classes import config_class
+    from reference_adapters.speculators_adapter import CONFIG_CLASSES
 
-    return config_class(config_family(config)).model_fields[name].default
+    return CONFIG_CLASSES[config_family(config)].model_fields[name].default
 
 
 def non_causal(config: dict[str, Any]) -> bool:

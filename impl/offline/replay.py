@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from foundation.placement import model_device, model_dtype
-from impl.blocks import anchor_blocks
+from impl.anchors import anchor_blocks
 from impl.masks import inference_mask, within_window
 from impl.model import DFlashDrafter, convolved, rms_norm
 from impl.offline.cache import CachedPrompt
