@@ -25,6 +25,7 @@ from dflash_audit.trace.recording import ID_ROLES, Recording
 from foundation.config_values import as_int
 from foundation.errors import AuditError, SpecError
 from foundation.inputs import read_json_object
+from foundation.token_ids import outside_vocabulary
 from impl.recipe import Recipe
 
 
@@ -238,7 +239,7 @@ class StepAudit:
                                                                                           anchors[j] + length))
                    and s + length <= len(row)]
             tokens = self.cands.tokens[0].tolist()
-            wrong_anchor = [j for j, a in enumerate(anchors) if not 0 <= a < len(tokens) or tokens[a] != row[starts[j]]]
+            wrong_anchor = [j for j, a in enumerate(anchors) if a not in range(len(tokens)) or tokens[a] != row[starts[j]]]
             if bad:
                 self.add(Finding("positions", "divergence", f"block {bad[0]}'s positions are {block_pos[starts[bad[0]]:starts[bad[0]] + length]}; "
                                  f"the reference places a block at its anchor's position onward", None, None,
@@ -678,7 +679,7 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
     for index, meta in enumerate(steps):
         tensors = recording.step_tensors(index)
         for name, entry in meta["entries"].items():  # token ids index the target's embedding: in its vocabulary
-            if entry["role"] in ID_ROLES and not (0 <= int(tensors[name].min()) and int(tensors[name].max()) < vocab):
+            if entry["role"] in ID_ROLES and bool(outside_vocabulary(tensors[name], vocab).any()):
                 raise AuditError(f"--from {recording.folder}: step {index}'s {name!r} holds token ids "
                                  f"{int(tensors[name].min())}..{int(tensors[name].max())}, outside the target's "
                                  f"vocabulary of {vocab} (not a recording of this target; record it again)")
