@@ -1,10 +1,21 @@
 """Settings shared by both suites (tests/ and conformance/)."""
 
+import os
+from pathlib import Path
+
 import torch
 
 # The suites run tiny models, where intra-op threads buy nothing and, on a shared 2-core
-# machine, spin-waiting threads slow every process down by orders of magnitude.
+# machine, spin-waiting threads slow every process down by orders of magnitude: this process,
+# and every process the suites start (xdist workers, CLI and torchrun runs, the vLLM engine,
+# which otherwise takes a thread per core and ran 2-3x slower beside the other worker).
 torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = "1"
+# torch's compile cache (what a reference's flex attention or an import of vLLM makes) is a cache, not a temp file:
+# kept in the tool's cache root, never left as `torchinductor_<user>` in the temp dir the session checks empty.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                      str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dflash-audit"
+                          / "torchinductor"))
 
 
 def pytest_configure(config):

@@ -33,6 +33,7 @@ from torch import nn
 
 from held import process_wire as wire
 from impl.interface import Unsupported
+from foundation.cache_dir import cache_root
 from foundation.packages import PINNED, installed_version
 
 VERSION = PINNED["modelopt"]
@@ -65,8 +66,11 @@ class Worker:
         if not ENV_PYTHON.exists():
             raise ImportError(f"held.modelopt runs Model-Optimizer under {ENV_PYTHON} (transformers "
                               f"{ENV_TRANSFORMERS}); it is missing: `make setup` makes it")
+        # Importing Model-Optimizer makes torch inductor's cache folder (`torchinductor_<user>` in the temp dir,
+        # left there): it is a cache, kept in the tool's own cache root unless the caller names another.
+        inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(cache_root() / "modelopt-torchinductor")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TORCHINDUCTOR_CACHE_DIR": inductor}
         self.process = subprocess.Popen([str(ENV_PYTHON), "-m", "held.modelopt_worker"], cwd=REPO, env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.lock = threading.Lock()

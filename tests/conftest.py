@@ -47,6 +47,31 @@ def unforeseen_log(tmp_path_factory):
         os.environ[UNFORESEEN_LOG] = before
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_temp_dir(tmp_path_factory):
+    """One fresh temp folder for this session's process (each xdist worker its own): TMPDIR and `tempfile.tempdir`
+    point at it, so the tool in-process and every subprocess a test starts (a CLI, torchrun, an engine) take their
+    temporary files there. At the session's end it must be empty: whatever ends a run, the tool removes what it
+    made. (pytest's own tmp_path folders are fixed before, outside it.)"""
+    import os
+    import shutil
+    import tempfile
+
+    tmp_path_factory.getbasetemp()  # pinned first: pytest's folders stay where they are, outside the check
+    folder = Path(tempfile.mkdtemp(prefix="dflash-tests-tmp-"))
+    before = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(folder)
+    yield folder
+    if before[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before[0]
+    tempfile.tempdir = before[1]
+    left = sorted(path.name for path in folder.iterdir())
+    shutil.rmtree(folder, ignore_errors=True)
+    assert not left, f"left behind in the session's temp dir (TMPDIR) by the tool or a process it ran: {left}"
+
+
 @pytest.fixture(autouse=True)
 def refusal_scan(request, unforeseen_log):
     """Every refusal the CLI gives in this test, checked by tests/refusal_scan.py after it; and no unforeseen

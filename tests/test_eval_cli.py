@@ -1,12 +1,9 @@
-"""`dflash-audit eval`: table + JSON shape, live and offline agreement, prompts files, errors, torchrun."""
+"""`dflash-audit eval`: table + JSON shape, live and offline agreement, prompts files, errors (under torchrun:
+tests/test_torchrun_cli.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,8 +16,6 @@ from dflash_world.suite_placement import audit_dtype
 from foundation.errors import AuditError
 from foundation.placement import dtype_name
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def eval_inputs(test_world, tmp_path_factory):
@@ -28,12 +23,6 @@ def eval_inputs(test_world, tmp_path_factory):
     lines = Path(test_world.prompts).read_text().splitlines()[:3]
     prompts.write_text("\n".join(lines) + "\n")
     return cached_test_drafter(test_world), test_world.target, prompts
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_cli(args: list[str]) -> int:
@@ -118,20 +107,6 @@ def test_a_raw_unicode_line_separator_inside_a_prompt_is_one_record(tmp_path, ch
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"id": "a", "prompt": f"x = 1{char}y = 2"}, ensure_ascii=False) + "\n", encoding="utf-8")
     assert load_prompts(path) == [{"id": "a", "prompt": f"x = 1{char}y = 2"}]
-
-
-@pytest.mark.slow
-def test_torchrun_shards_prompts_and_gathers(eval_inputs, tmp_path):
-    drafter, target, prompts = eval_inputs
-    single, sharded = tmp_path / "single.json", tmp_path / "sharded.json"
-    common = ["eval", "--drafter", drafter, "--target", target, "--prompts", prompts, "--max-new-tokens", 24]
-    assert run_cli([*common, "--json", single]) == 0
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-                "-m", "dflash_audit", *map(str, common), "--json", str(sharded)]
-    done = subprocess.run(torchrun, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(sharded.read_text()) == json.loads(single.read_text())
 
 
 @pytest.mark.parametrize("args, message", [

@@ -112,11 +112,18 @@ def test_convert_to_ours_and_back_is_exact_and_zlab_is_refused(written, test_wor
     assert not (tmp_path / "zlab").exists()
 
 
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """The offline cache's folder for the τ tests below: the target's hidden states on their prompts are the same
+    whatever the drafter, built by the first test and read by the others."""
+    return tmp_path_factory.mktemp("family-cache")
+
+
 @pytest.mark.dynamic
 @pytest.mark.parametrize("family,overrides", [("dspark", {}), ("dspark", {"markov_head_type": "rnn"}),
                                               ("xpress", {}), ("xpress", {"num_jacobi_passes": 0})])
-def test_tau_per_prompt_equals_speculators_own_model_live_and_offline(test_world, trained_pair, tmp_path, family,
-                                                                       overrides):
+def test_tau_per_prompt_equals_speculators_own_model_live_and_offline(test_world, trained_pair, tmp_path, cache_dir,
+                                                                       family, overrides):
     from reference_adapters.speculators_adapter import load_speculators_model
     from reference_adapters.speculators_family_decode import speculators_rounds
 
@@ -127,7 +134,7 @@ def test_tau_per_prompt_equals_speculators_own_model_live_and_offline(test_world
     loaded = load_any(path, test_world.target)
     ours = build_drafter(loaded.spec, loaded.state_dict).to(next(target.parameters()).dtype).eval()
     reference = load_speculators_model(path, test_world.target).to(next(target.parameters()).dtype)
-    cache = load_or_build_cache(tmp_path / "cache", test_world.target, target, prompts[:PROMPTS], MAX_NEW_TOKENS, stops)
+    cache = load_or_build_cache(cache_dir, test_world.target, target, prompts[:PROMPTS], MAX_NEW_TOKENS, stops)
     taus = []
     for entry, (prompt_id, ids) in zip(cache.prompts, prompts[:PROMPTS]):
         live = dflash_decode(ours, target, ids, MAX_NEW_TOKENS, stops)

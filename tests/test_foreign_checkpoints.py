@@ -24,7 +24,7 @@ from dflash_audit.formats import detect_format, load_any
 from impl.model import DFlashDrafter
 from impl.spec import SPEC_FIELDS
 from drafter_files.zlab_format import save_zlab_dir
-from tests.trainer_layouts import SPEC, TRAINER_GALLERY, drafter, ref_dir  # noqa: F401 (module fixtures)
+from tests.trainer_layouts import SPEC, TRAINER_GALLERY, drafter, fsdp2_copy, fsdp2_dcp, ref_dir  # noqa: F401
 
 # What a team's args declare, under names of their own choosing (z-lab convention ids).
 DECLARED = {"fc_layers": [1, 3, 4], "target_num_layers": 6, "mask_id": 127, "block_size": 8, "vocab_size": 128}
@@ -164,9 +164,9 @@ GALLERY.update(TRAINER_GALLERY)  # the layouts training frameworks save in (test
 
 
 @pytest.mark.parametrize("name", list(GALLERY))
-def test_each_gallery_layout_audits_clean_with_provenance(tmp_path, drafter, ref_dir, name, capsys):
+def test_each_gallery_layout_audits_clean_with_provenance(tmp_path, drafter, ref_dir, name, capsys, request):
     build, flags, ids_from = GALLERY[name]
-    path = build(tmp_path, drafter)
+    path = build(tmp_path, drafter, *([request.getfixturevalue("fsdp2_dcp")] if build is fsdp2_copy else []))
     assert detect_format(path) == "foreign"
     status = main(["compare", "--ours", str(path), "--ref", str(ref_dir), "--static-only", "--out",
                    str(tmp_path / "report"), *flags])

@@ -60,8 +60,9 @@ def live(tmp_path_factory):
                     # speculators' DSpark (its engine refusal costs no prefill) and XPress (no engine start at all).
                     **{family: write_speculators_drafter(root / family, family_spec(base, family), body, world.target)
                        for family in ("dspark", "xpress")}}
+        # The fixed engine held on all 8 prompts; each planted bug on the first 2, which localize it.
         return live_check(drafters, world.target, world.prompts, 64, plants={"zlab": [FIXED, *PLANTED]},
-                          workdir=root / "engine", plant_prompts=8)
+                          workdir=root / "engine", plant_prompts={FIXED: 8, **{bug: 2 for bug in PLANTED}})
 
     return once_per_session(tmp_path_factory, "live-check-vllm", run), world
 
@@ -100,7 +101,7 @@ def test_the_two_vllm_cpu_differences_are_named(live):
 
 def test_fixed_engine_serves_every_round_as_audited(live):
     fixed = live[0]["zlab"]["planted"][FIXED]
-    assert fixed["findings"] == [] and fixed["greedy_identical"]
+    assert len(fixed["prompts"]) == 8 and fixed["findings"] == [] and fixed["greedy_identical"]
     assert all(p["first_diff_round"] is None for p in fixed["prompts"]), fixed["prompts"]
 
 

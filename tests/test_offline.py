@@ -82,10 +82,17 @@ def test_replay_mask_is_the_inference_mask_of_each_block():
             assert not torch.cat([blocks[:, :j], blocks[:, j + 1:]], dim=1).any()  # never another block
 
 
+@pytest.fixture(scope="module")
+def world_cache_dir(tmp_path_factory):
+    """The offline cache's folder for the world's prompts at MAX_NEW_TOKENS in the suite's dtype: the target's
+    states are the same whichever drafter replays them (DFlash, DFlash2), built by the first test, read after."""
+    return tmp_path_factory.mktemp("world-cache")
+
+
 @pytest.mark.dynamic
-def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, tmp_path):  # noqa: F811
+def test_offline_tau_equals_live_tau_per_prompt(trained_pair, test_world, world_cache_dir):  # noqa: F811
     drafter, target, prompts, stop_ids = trained_pair
-    cache = load_or_build_cache(tmp_path, test_world.target, target, prompts, MAX_NEW_TOKENS, stop_ids)
+    cache = load_or_build_cache(world_cache_dir, test_world.target, target, prompts, MAX_NEW_TOKENS, stop_ids)
     # A second drafter reading other target layers replays from the same cache; its rotary is partial, scaled
     # and interleaved, which the replay's rotary (the drafter's own pieces) must follow too. Its random weights are
     # seeded: unseeded, they came from whatever the worker ran before, so its drafts (and with them the shapes of
@@ -140,11 +147,11 @@ def test_bf16_offline_tau_equals_live_tau_per_prompt(bf16_pairs, test_world, tmp
 
 
 @pytest.mark.dynamic
-def test_dflash2_offline_tau_equals_live_tau_per_prompt(dflash2_pair, test_world, tmp_path):
+def test_dflash2_offline_tau_equals_live_tau_per_prompt(dflash2_pair, test_world, world_cache_dir):
     """The selector's greedy path from the cache, round by round as the live loop walks it."""
     drafter, target, prompts, stop_ids = dflash2_pair
     assert drafter.spec.family == "dflash2"
-    cache = load_or_build_cache(tmp_path, test_world.target, target, prompts, MAX_NEW_TOKENS, stop_ids)
+    cache = load_or_build_cache(world_cache_dir, test_world.target, target, prompts, MAX_NEW_TOKENS, stop_ids)
     mismatches, taus = [], []
     for entry, (_, ids) in zip(cache.prompts, prompts):
         live = dflash_decode(drafter, target, ids, MAX_NEW_TOKENS, stop_ids)

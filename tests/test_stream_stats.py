@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,10 +69,13 @@ def test_many_pairs_at_once_equal_one_by_one():
 def test_static_scale_bench_at_tiny_shape(tmp_path):
     """bench_static_scale end to end on the tiny shape: findings exact (none / fc_dims), memory rows recorded."""
     results = tmp_path / "results.json"
+    # A clean environment, but for where bytecode is cached and temp files go (`make test`'s, this session's): its
+    # eight processes then compile nothing again and write nothing beside the venv's sources.
+    kept = {name: os.environ[name] for name in ("PYTHONPYCACHEPREFIX", "TMPDIR") if name in os.environ}
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_static_scale.py"), "--shape", "tiny",
                           "--tmp", str(tmp_path), "--results", str(results),
                           "--repeats", "1"], capture_output=True, text=True,
-                         env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                         env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **kept})
     assert out.returncode == 0, out.stderr[-2000:]
     entry = json.loads(results.read_text())["static_scale[tiny]"]
     assert entry["findings_ok"] and entry["speculators_refusal"]["exit"] == 2

@@ -272,6 +272,7 @@ def test_under_torchrun_rank_zero_records_what_a_single_process_does(target_dir,
     """Two gloo ranks, the drafter in DDP: rank 0 records, and its findings are the single process's."""
     out = tmp_path / "trace"
     assert main(["trace", "--out", str(out), "--", str(TORCHRUN), "--standalone", "--nproc-per-node", "2",
+                 "--log-dir", str(tmp_path / "logs"),  # torchrun's own folders (else a torchelastic_* in the temp dir)
                  str(TRAINER), "--ddp", "--target", str(target_dir), "--gamma", "7"]) == 1
     capsys.readouterr()
     recording = read_recording(out)

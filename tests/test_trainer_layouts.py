@@ -17,9 +17,10 @@ import yaml
 
 from dflash_audit.cli import main
 from dflash_audit.formats import detect_format, load_any
-from tests.trainer_layouts import (  # noqa: F401 (drafter, ref_dir: module fixtures)
+from tests.trainer_layouts import (  # noqa: F401 (drafter, ref_dir, fsdp2_dcp: fixtures)
     SPEC,
     drafter,
+    fsdp2_dcp,
     ref_dir,
     HYDRA_CONFIG,
     accelerate_folder_in_hydra_run,
@@ -255,10 +256,8 @@ def test_hydra_interpolations_are_resolved_or_left_unread(tmp_path, drafter):
     assert loaded.known_spec["block_size"] == 8 and "mask_token_id" not in loaded.known_spec
 
 
-def test_fsdp2_shards_are_joined_into_whole_tensors(tmp_path, drafter):
-    from tests.trainer_layouts import fsdp2_sharded_dcp
-
-    folder = fsdp2_sharded_dcp(tmp_path, drafter)
+def test_fsdp2_shards_are_joined_into_whole_tensors(fsdp2_dcp, drafter):
+    folder = fsdp2_dcp
     assert sorted(p.name for p in folder.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     loaded = load_any(folder)
     assert loaded.spec == SPEC and loaded.foreign["ignored_entries"] == {"optimizer": "optimizer state"}

@@ -53,10 +53,24 @@ CLIENT_ARGS = {"fc_layers": LAYERS, "target_num_layers": TARGET_LAYERS, "mask_id
 SPEC = tiny_spec(layer_types=("full_attention",) * 3, sliding_window=None)
 
 
-@pytest.fixture(scope="module")
-def drafter():
+def seeded_drafter() -> DFlashDrafter:
     torch.manual_seed(0)
     return DFlashDrafter(SPEC)
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    return seeded_drafter()
+
+
+@pytest.fixture(scope="session")
+def fsdp2_dcp(tmp_path_factory) -> Path:
+    """What an FSDP2 job of two ranks writes for the layouts' drafter, written once a session for every test that
+    reads it (two spawned ranks cost seconds each); a test copies it before it changes anything."""
+    from tests.helpers import once_per_session
+
+    return Path(once_per_session(tmp_path_factory, "fsdp2-dcp", lambda: str(
+        fsdp2_sharded_dcp(tmp_path_factory.mktemp("fsdp2-dcp"), seeded_drafter()))))
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +168,13 @@ def fsdp2_sharded_dcp(root: Path, drafter, world: int = 2) -> Path:
     folder = root / "fsdp2"
     mp.spawn(fsdp2_rank, args=(world, port, state(drafter), str(folder)), nprocs=world)
     return folder
+
+
+def fsdp2_copy(root: Path, drafter, built: Path) -> Path:
+    """The session's FSDP2 folder (`fsdp2_dcp`, of the same seeded drafter), copied into `root`."""
+    import shutil
+
+    return Path(shutil.copytree(built, root / built.name))
 
 
 def torchtitan_style_dcp(root: Path, drafter) -> Path:
@@ -361,7 +382,7 @@ def lightning_run_with_hparams_yaml(root: Path, drafter) -> Path:
 TRAINER_GALLERY = {
     "torch.distributed.checkpoint folder in a Hydra run": (
         dcp_folder_in_hydra_run, [], "../../.hydra/config.yaml: model.target_layer_ids"),
-    "FSDP2 sharded over 2 ranks (torch.distributed.checkpoint)": (fsdp2_sharded_dcp, [], "fsdp2: args.fc_layers"),
+    "FSDP2 sharded over 2 ranks (torch.distributed.checkpoint)": (fsdp2_copy, [], "fsdp2: args.fc_layers"),
     "torchtitan-style DCP (model at the top level)": (torchtitan_style_dcp, [], "step-20: job_config.fc_layers"),
     "torch.distributed.checkpoint, --ours-entry ema": (dcp_folder_with_args, ["--ours-entry", "ema"],
                                                        "dcp: args.fc_layers"),

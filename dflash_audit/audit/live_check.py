@@ -58,10 +58,11 @@ def load_prompts_for(target_dir: Path, prompts_path: Path | None, tokenizer) -> 
 
 def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | None = None, max_new_tokens: int = 64,
                vllm_python: Path | None = None, plants: dict[str, list[str]] | None = None,
-               workdir: Path | None = None, plant_prompts: int = 1) -> dict[str, dict]:
+               workdir: Path | None = None, plant_prompts: int | dict[str, int] = 1) -> dict[str, dict]:
     """{drafter name: the `serving.vllm.live` section} for every drafter, one engine process for all.
     `plants`: per drafter, engine variants (serving_engines/live/engine_driver.py PATCHES, `+`-joined) run on
-    its first `plant_prompts` prompts, each assessed like the served run (section["planted"][variant])."""
+    its first `plant_prompts` prompts (one count for every variant, or a count per variant, 1 where unnamed),
+    each assessed like the served run (section["planted"][variant])."""
     env = find_vllm(vllm_python)
     if workdir is None:  # the engine's files go with the run, whatever its end
         with tempfile.TemporaryDirectory(prefix="dflash-live-") as scratch:
@@ -71,7 +72,8 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
 
 
 def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Path | None, max_new_tokens: int,
-                  plants: dict[str, list[str]] | None, workdir: Path, plant_prompts: int) -> dict[str, dict]:
+                  plants: dict[str, list[str]] | None, workdir: Path,
+                  plant_prompts: int | dict[str, int]) -> dict[str, dict]:
     """`live_check` in `workdir`, with the vLLM environment found."""
     from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
     from foundation.target import load_target

@@ -244,6 +244,12 @@ def save_steps(path: Path, per_prompt_steps) -> dict:
     return meta
 
 
+def plant_count(spec, variant: str) -> int:
+    """How many of the first prompts a planted variant runs on: one count for all, or per variant (1 unnamed)."""
+    count = spec.get("plant_prompts", 1)
+    return count.get(variant, 1) if isinstance(count, dict) else count
+
+
 def run_one(spec, request, out: Path) -> dict:
     from vllm import LLM
 
@@ -261,7 +267,7 @@ def run_one(spec, request, out: Path) -> dict:
         runner = runner_of(llm) if spec.get("drafter") else None
         for bug in [None, *spec.get("plants", [])]:
             label = bug or "served"
-            prompts = request["prompts"] if bug is None else request["prompts"][: spec.get("plant_prompts", 1)]
+            prompts = request["prompts"] if bug is None else request["prompts"][: plant_count(spec, bug)]
             capture = None
             if runner is not None:
                 capture = Capture(runner)

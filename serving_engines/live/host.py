@@ -86,7 +86,7 @@ def engine_command(env: VllmEnvironment, target: Path, drafter: ServedDrafter) -
 
 def run_engine(env: VllmEnvironment, target: Path, prompts: list[dict], drafters: list[ServedDrafter],
                max_new_tokens: int, stop_ids: list[int], dtype: str, workdir: Path, capture: bool = True,
-               plant_prompts: int = 1) -> dict:
+               plant_prompts: int | dict[str, int] = 1) -> dict:
     """One engine process: the target alone, then every drafter (and its planted variants). Returns driver.json."""
     runs = [{"name": "greedy"}]
     runs += [{"name": d.name, "drafter": d.served_path, "method": method(d.spec),
@@ -98,8 +98,13 @@ def run_engine(env: VllmEnvironment, target: Path, prompts: list[dict], drafters
     request_file = workdir / "request.json"
     request_file.write_text(json.dumps(request))
     log = workdir / "engine.log"
+    # The engine's temporary files (the file store of each engine start, `vllm_dist_*`, which vLLM never removes)
+    # go in the run's folder, and with it.
+    scratch = workdir / "engine-tmp"
+    scratch.mkdir(exist_ok=True)
     started = time.monotonic()
     extra = {"VLLM_USE_V2_MODEL_RUNNER": "1"} if env.cuda and any(needs_v2(d.spec) for d in drafters) else {}
+    extra["TMPDIR"] = str(scratch)
     with log.open("w") as sink:
         # Its own session: a hung engine is stopped with every process it started, nothing left running.
         engine = start_engine([env.python, str(DRIVER), str(request_file)], sink, {**os.environ, **ENGINE_ENV, **extra})
