@@ -206,6 +206,34 @@ def test_recordings_of_another_version_or_truncated_and_foreign_outs_are_refused
         assert main(["trace", "--from", str(other)]) == 2, name
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and field in lines[0] and "rerun with --debug" not in lines[0], (name, lines)
+    # A tensor file rewritten and its hash updated (a consistent edit): its tensors must still be what the manifest
+    # says and what the audit reads (token ids inside the target's vocabulary); a --ref read strictly.
+    import hashlib
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(out / TENSORS)
+    for name, (value, words) in {"tokens.0": (lambda t: torch.full_like(t, 10**6), "outside the target's vocabulary"),
+                                 "fed.1": (lambda t: t[..., :4].contiguous(), "the manifest recorded")}.items():
+        save_file({**tensors, f"step0/{name}": value(tensors[f"step0/{name}"])}, other / TENSORS,
+                  metadata={"schema": "dflash-audit/trace-recording/1"})
+        data = (other / TENSORS).read_bytes()
+        shape = list(value(tensors[f"step0/{name}"]).shape)
+        entries = {**step["entries"], name: {**step["entries"][name], "shape": shape}} if name == "tokens.0" \
+            else step["entries"]
+        (other / MANIFEST).write_text(json.dumps({**manifest, "tensors_bytes": len(data),
+                                                  "tensors_sha256": hashlib.sha256(data).hexdigest(),
+                                                  "steps": [{**step, "entries": entries}]}))
+        assert main(["trace", "--from", str(other), "--out", str(tmp_path / "report")]) == 2, name
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and name in lines[0] and words in lines[0], (name, lines)
+    for ids in ("1,3", [1, "x"], [-1, 3]):
+        (tmp_path / "ref.json").write_text(json.dumps({"target_layer_ids": ids}))
+        assert main(["trace", "--from", str(out), "--out", str(tmp_path / "report"), "--ref",
+                     str(tmp_path / "ref.json")]) == 2, ids
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "target_layer_ids" in lines[0] and "rerun with --debug" not in lines[0], lines
     data = (out / TENSORS).read_bytes()
     (out / TENSORS).write_bytes(data[: len(data) // 2])
     assert main(["trace", "--from", str(out)]) == 2

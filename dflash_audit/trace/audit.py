@@ -21,10 +21,11 @@ from catalogue.pitfalls import RECIPE_ENTRIES
 from catalogue.findings import Finding, divergences, sort_findings
 from dflash_audit.trace.loss_fit import REFERENCE_REDUCTION, fit_weights, reductions, slot_means
 from dflash_audit.trace.matcher import Named, TargetCandidates, centered_log_probs, name_rows, tolerance
-from dflash_audit.trace.recording import Recording
+from dflash_audit.trace.recording import ID_ROLES, Recording
 from foundation.config_values import as_int
 from foundation.errors import AuditError, SpecError
 from foundation.inputs import read_json_object
+from foundation.token_ids import outside_vocabulary
 from impl.recipe import Recipe
 
 
@@ -143,7 +144,8 @@ class StepAudit:
 
     def account(self, name: str, what: str, distance: float | None = None) -> None:
         e = self.entries[name]
-        self.rows[name] = TensorRow(self.step, name, e["role"], e["shape"], e["device"], what, distance)
+        self.rows[name] = TensorRow(self.step, name, e["role"], e["shape"], str(e.get("device", "?")), what,
+                                     distance)
 
     def of_role(self, role: str) -> list[str]:
         return [n for n, e in self.entries.items() if e["role"] == role]
@@ -222,15 +224,22 @@ class StepAudit:
         positions = self.tensors.get("drafter_kwarg.position_ids")
         if positions is not None:
             self.account("drafter_kwarg.position_ids", "the drafter's position ids (context, then the blocks)")
-            flat = positions.reshape(-1, positions.shape[-1])[0]
+            readable = positions.dim() and positions.numel()
+            flat = positions.reshape(-1, positions.shape[-1])[0] if readable else positions.reshape(-1)
             block_pos = flat[-len(row):].tolist()
+            whole = not (positions.is_floating_point() or positions.dtype == torch.bool)
+            if not readable or not whole or len(block_pos) < len(row):
+                self.account("drafter_kwarg.position_ids", f"position ids of shape {list(positions.shape)} "
+                             f"({positions.dtype}), not whole positions for the {len(row)} block tokens: not read as "
+                             "the blocks' positions")
+                return info
             anchors = [block_pos[s] for s in starts]
             info["anchors"] = anchors
             bad = [j for j, s in enumerate(starts) if block_pos[s:s + length] != list(range(anchors[j],
                                                                                           anchors[j] + length))
                    and s + length <= len(row)]
             tokens = self.cands.tokens[0].tolist()
-            wrong_anchor = [j for j, a in enumerate(anchors) if a >= len(tokens) or tokens[a] != row[starts[j]]]
+            wrong_anchor = [j for j, a in enumerate(anchors) if a not in range(len(tokens)) or tokens[a] != row[starts[j]]]
             if bad:
                 self.add(Finding("positions", "divergence", f"block {bad[0]}'s positions are {block_pos[starts[bad[0]]:starts[bad[0]] + length]}; "
                                  f"the reference places a block at its anchor's position onward", None, None,
@@ -248,6 +257,10 @@ class StepAudit:
                                  pitfall=8, key="late_anchors"), edge="block")
         mask = self.tensors.get("drafter_kwarg.attention_mask")
         if mask is not None and "anchors" in info:
+            if mask.dim() < 2 or mask.numel() == 0 or mask.shape[-1] < mask.shape[-2]:
+                self.account("drafter_kwarg.attention_mask", f"an attention mask of shape {list(mask.shape)}, not "
+                             "[queries, context + queries]: not read as the training mask")
+                return info
             self.account("drafter_kwarg.attention_mask", "the drafter's training mask")
             self.training_mask(mask, info)
         return info
@@ -356,10 +369,16 @@ class StepAudit:
         distributions = [n for n in inputs if self.tensors[n].is_floating_point() and
                          self.tensors[n].dim() and self.tensors[n].shape[-1] == vocab]
         labels = [n for n in inputs if not self.tensors[n].is_floating_point() and self.tensors[n].dtype != torch.bool
-                  and (self.entries[n]["node"].startswith("NllLoss") or self.entries[n]["attr"] == "target")]
+                  and (str(self.entries[n].get("node", "")).startswith("NllLoss")
+                       or self.entries[n].get("attr") == "target")]
         scalars = [n for n in inputs if self.tensors[n].numel() == 1]
         weights = [n for n in inputs if n not in distributions and n not in labels and n not in scalars
                    and self.tensors[n].is_floating_point()]
+        narrow = [n for n in draft_side if self.tensors[n].shape[-1] != vocab]
+        for n in narrow:
+            self.account(n, f"a draft-side tensor of the loss {self.tensors[n].shape[-1]} wide, not the vocabulary's "
+                            f"{vocab}: not read as log-probabilities")
+        draft_side = [n for n in draft_side if n not in narrow]
         for n in draft_side:
             self.account(n, "the draft side of the loss (log-probabilities of the draft logits)")
         if not draft_side:
@@ -377,10 +396,10 @@ class StepAudit:
         factors = [n for n in weights if self.tensors[n].numel() == draft.shape[0]]
         for n in weights:
             if n not in factors:
-                self.account(n, f"a constant of the loss (node {self.entries[n]['node']})")
+                self.account(n, f"a constant of the loss (node {self.entries[n].get('node', '?')})")
         w = self.weights(factors, mapping, draft.shape[0]) if factors else None
         for n in scalars:
-            self.account(n, f"a scalar of the loss's reduction (node {self.entries[n]['node']}, "
+            self.account(n, f"a scalar of the loss's reduction (node {self.entries[n].get('node', '?')}, "
                             f"value {float(self.tensors[n].flatten()[0]):.6g})")
         self.loss_kind(draft, distributions[0] if distributions else None, labels[0] if labels else None,
                        label_source, w, mapping)
@@ -391,6 +410,8 @@ class StepAudit:
             return None
         rows = centered_log_probs(draft)
         table = slots["rows"]
+        if rows.shape[-1] != table.shape[-1]:
+            return None  # the loss's draft side is not of the draft logits' width: no row is a slot's
         index = torch.cdist(rows, table).argmin(1)
         distance = float((rows - table[index]).abs().max())
         if distance > 1e-2:
@@ -654,8 +675,14 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
     rows: list[TensorRow] = []
     seen: set[tuple[str, str]] = set()
     flow: dict[str, Any] = {}
+    vocab = target.config.vocab_size
     for index, meta in enumerate(steps):
         tensors = recording.step_tensors(index)
+        for name, entry in meta["entries"].items():  # token ids index the target's embedding: in its vocabulary
+            if entry["role"] in ID_ROLES and bool(outside_vocabulary(tensors[name], vocab).any()):
+                raise AuditError(f"--from {recording.folder}: step {index}'s {name!r} holds token ids "
+                                 f"{int(tensors[name].min())}..{int(tensors[name].max())}, outside the target's "
+                                 f"vocabulary of {vocab} (not a recording of this target; record it again)")
         tokens = [tensors[n] for n, e in meta["entries"].items() if e["role"] == "tokens"]
         if not tokens:
             raise AuditError(f"--from {recording.folder}: step {index} recorded no token ids")

@@ -119,7 +119,39 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
         if missing:
             raise AuditError(f"{flag} {folder}: {MANIFEST} step {index} names {missing[0]!r}, which "
                              f"{tensors_path.name} does not hold")
+        for name, entry in step["entries"].items():
+            problem = tensor_problem(tensors[f"step{index}/{name}"], entry)
+            if problem:
+                raise AuditError(f"{flag} {folder}: step {index}'s {name!r} {problem} (not the recording the "
+                                 "recorder wrote; record it again)")
+    named = {f"step{index}/{name}" for index, step in enumerate(manifest["steps"]) for name in step["entries"]}
+    unnamed = sorted(set(tensors) - named)
+    if unnamed:  # every tensor read is accounted for: one the manifest does not describe cannot be
+        raise AuditError(f"{flag} {folder}: {tensors_path.name} holds {unnamed[0]!r}, which {MANIFEST} does not name "
+                         "(not the recording the recorder wrote; record it again)")
     return Recording(folder, manifest, tensors)
+
+
+# What the audit reads of each role: token ids index the target's embedding; the drafter's inputs, its logits and
+# the loss's draft side are compared by value with the target's tensors, row by row.
+ID_ROLES = ("tokens", "embedding_ids")
+VALUE_ROLES = ("drafter_input", "draft_logits", "loss_draft_side")
+
+
+def tensor_problem(tensor, entry: dict) -> str | None:
+    """Why a recorded tensor is not what its manifest entry and role say (None: it is)."""
+    kind = str(tensor.dtype).replace("torch.", "")
+    if list(tensor.shape) != list(entry["shape"]) or kind != entry["dtype"]:
+        return (f"is {list(tensor.shape)} {kind} in the tensor file, but the manifest recorded {entry['shape']} "
+                f"{entry['dtype']}")
+    role = entry["role"]
+    if role in ID_ROLES + VALUE_ROLES and (tensor.dim() == 0 or tensor.numel() == 0):
+        return f"({role}) is {'a scalar' if tensor.dim() == 0 else 'empty'}"
+    if role in ID_ROLES and (tensor.is_floating_point() or tensor.is_complex() or kind == "bool"):
+        return f"({role}) holds {kind} values, not token ids"
+    if role in VALUE_ROLES and not tensor.is_floating_point():
+        return f"({role}) holds {kind} values, not activations"
+    return None
 
 
 def check_manifest(manifest: dict, where: str) -> None:
@@ -137,6 +169,10 @@ def check_manifest(manifest: dict, where: str) -> None:
 
     class Facts(Part):
         facts: dict[str, bool | int | list[int] | None]  # what recorder._config_facts writes
+        placement: list[str]  # the devices it ran on (the summary names them)
+
+    class Drafter(Facts):
+        class_: str = Field(alias="class")
 
     class Target(Facts):
         path: str
@@ -145,7 +181,7 @@ def check_manifest(manifest: dict, where: str) -> None:
     class Step(Part):
         loss: float
         entries: dict[str, Entry]
-        drafter: Facts
+        drafter: Drafter
         target: Target
 
     class Manifest(Part):

@@ -127,9 +127,10 @@ REF_VALUES = _mostly_kept(st.sampled_from([ABSENT, None, [], [1], [1, 3, 5, 7, 9
                                            "1,3", 5, 0, -1, 2**63, 1.5, "x", [None], ["a"], True]))
 TRACE = st.one_of(
     st.fixed_dictionaries({"manifest": st.integers(0, 10**6), "value": JSON_VALUES, "delete": st.booleans()}),
-    st.fixed_dictionaries({"tensor": st.integers(0, 10**6), "edit": st.sampled_from(["drop", "shape", "dtype", "nan"]),
+    st.fixed_dictionaries({"tensor": st.integers(0, 10**6), "edit": st.sampled_from(["drop", "shape", "dtype", "nan", "huge", "negative"]),
                            "shape": st.lists(st.integers(0, 4), max_size=3),
-                           "dtype": st.sampled_from(["float16", "int64", "bool", "float64"])}),
+                           "dtype": st.sampled_from(["float16", "int64", "bool", "float64"]),
+                           "entry_too": st.booleans()}),
     st.fixed_dictionaries({"ref": st.fixed_dictionaries({"target_layer_ids": REF_VALUES, "block_size": REF_VALUES,
                                                          "mask_token_id": REF_VALUES}),
                            "nested": st.booleans()}))
@@ -165,7 +166,7 @@ def strategies() -> dict:
     return {
         "serving": SERVING,
         "gguf": GGUF,
-        # "trace": TRACE,  (landing next)
+        "trace": TRACE,
         "recipe": RECIPE,
         "config": st.fixed_dictionaries({"section": st.sampled_from(["", "dflash_config"]), "key": KEYS,
                                          "value": JSON_VALUES, "delete": st.booleans()}),
@@ -462,10 +463,22 @@ def build_trace(mutation: dict, world: Path, work: Path) -> list:
             tensors[name] = torch.zeros(mutation["shape"], dtype=tensors[name].dtype)
         elif mutation["edit"] == "dtype":
             tensors[name] = tensors[name].to(getattr(torch, mutation["dtype"]))
-        else:
+        elif mutation["edit"] == "nan":
             tensors[name] = torch.full_like(tensors[name], float("nan")) if tensors[name].is_floating_point() \
                 else tensors[name]
+        else:  # values far out of range: token ids past the vocabulary, activations past any tolerance
+            big = 2**31 - 1 if not tensors[name].is_floating_point() else 1e30
+            tensors[name] = torch.full_like(tensors[name], -big if mutation["edit"] == "negative" else big) \
+                if tensors[name].dtype != torch.bool else tensors[name]
         save_file(tensors, str(tensors_path), metadata=metadata)
+        step, entry = name.split("/", 1)
+        if mutation["entry_too"] and entry in manifest["steps"][int(step[4:])]["entries"]:
+            # the manifest edited with it: its entry says the new shape and dtype
+            recorded = manifest["steps"][int(step[4:])]["entries"][entry]
+            if name in tensors:
+                recorded.update(shape=list(tensors[name].shape), dtype=str(tensors[name].dtype).replace("torch.", ""))
+            else:
+                del manifest["steps"][int(step[4:])]["entries"][entry]
         manifest["tensors_bytes"] = tensors_path.stat().st_size
         manifest["tensors_sha256"] = hashlib.sha256(tensors_path.read_bytes()).hexdigest()
     else:

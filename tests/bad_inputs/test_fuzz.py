@@ -90,4 +90,4 @@ def test_fuzz_regression(case, request):
 
 def test_every_reader_is_fuzzed():
     assert set(READERS) == {"config", "safetensors", "pickle", "yaml", "declaration", "index", "prompts", "key_map",
-                            "serving", "gguf", "recipe"}
+                            "serving", "gguf", "trace", "recipe"}
