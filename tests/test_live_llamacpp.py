@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from serving_engines.live.llamacpp_env import engine_dir
+from serving_engines.live.llamacpp_env import build_dir
 
-pytestmark = pytest.mark.skipif(not (engine_dir() / "build" / "bin" / "llama-server").is_file()
+pytestmark = pytest.mark.skipif(not (build_dir() / "bin" / "llama-server").is_file()
                                 and not os.environ.get("CI"), reason="run `make setup` to build llama.cpp b11434")
 PROMPTS, TOKENS = 4, 32
 

@@ -34,10 +34,28 @@ SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 TARGETS = ("llama-server", "llama-quantize")
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", f"-DLLAMA_BUILD_NUMBER={BUILD}")
+# Which instructions ggml's CPU kernels are compiled for. ggml's default (GGML_NATIVE) takes the building CPU's own
+# (-march=native): AVX-512 on one machine, AVX2 on another, and float sums that round differently, so the rounds a
+# test pins would move with the CPU. The pinned build names one portable x86-64 set instead, the one the test world's
+# torch kernels are pinned to (AVX2 with FMA and F16C); `native` is kept for `make test-portability`, which holds the
+# live tests to both where both are built.
+VARIANT_FLAGS = {
+    "avx2": ("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_BMI2=ON",
+             "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF"),
+    "native": ("-DGGML_NATIVE=ON",),
+}
+DEFAULT_VARIANT = "avx2"
 
 
 def engine_dir(cache: str | Path | None = None) -> Path:
     return cache_root(cache) / "engines" / f"llama.cpp-b{BUILD}"
+
+
+def build_dir(cache: str | Path | None = None, variant: str = DEFAULT_VARIANT) -> Path:
+    """One build folder per instruction set (`build-avx2`, `build-native`), beside the one source tree."""
+    if variant not in VARIANT_FLAGS:
+        raise AuditError(f"llama.cpp build variant {variant!r}: not one of {', '.join(VARIANT_FLAGS)}")
+    return engine_dir(cache) / f"build-{variant}"
 
 
 def source_tree(cache: str | Path | None = None) -> Path:
@@ -74,9 +92,11 @@ def _version(server: Path) -> tuple[str, int | None]:
     return line, int(number.group(1)) if number else None
 
 
-def find_llamacpp(bin_dir: str | Path | None = None, cache: str | Path | None = None) -> LlamacppEngine:
+def find_llamacpp(bin_dir: str | Path | None = None, cache: str | Path | None = None,
+                  variant: str | None = None) -> LlamacppEngine:
     """The engine in `bin_dir` (`--llamacpp-bin`), else the cached pinned build; a one-line error naming the fix."""
-    chosen = Path(bin_dir) if bin_dir is not None else engine_dir(cache) / "build" / "bin"
+    variant = variant or os.environ.get("DFLASH_AUDIT_LLAMACPP_VARIANT") or DEFAULT_VARIANT
+    chosen = Path(bin_dir) if bin_dir is not None else build_dir(cache, variant) / "bin"
     where = "--llamacpp-bin" if bin_dir is not None else "the llama.cpp engine"
     for name in TARGETS:
         path = chosen / name
@@ -117,32 +137,33 @@ def _unpack(cache: str | Path | None) -> Path:
     return tree
 
 
-def _build(cache: str | Path | None) -> LlamacppEngine:
+def _build(cache: str | Path | None, variant: str) -> LlamacppEngine:
     tree = _unpack(cache)
-    build = engine_dir(cache) / "build"
+    build = build_dir(cache, variant)
     tools = Path(sys.executable).parent  # cmake/ninja pip-installed into the venv when the system lacks them
     env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}"}
     for tool in ("cmake", "ninja"):
         if shutil.which(tool, path=env["PATH"]) is None:
             raise AuditError(f"{tool}: not found; install it (apt-get install {tool}, or pip install {tool})")
-    subprocess.run(["cmake", "-S", str(tree), "-B", str(build), "-G", "Ninja", *CMAKE_FLAGS], check=True, env=env)
+    subprocess.run(["cmake", "-S", str(tree), "-B", str(build), "-G", "Ninja", *CMAKE_FLAGS, *VARIANT_FLAGS[variant]],
+                   check=True, env=env)
     subprocess.run(["ninja", "-C", str(build), "-j2", *TARGETS], check=True, env=env)
-    return find_llamacpp(cache=cache)
+    return find_llamacpp(cache=cache, variant=variant)
 
 
-def ensure_built(cache: str | Path | None = None) -> LlamacppEngine:
-    """The pinned build, made once per machine (under a lock: two setups at once build it once)."""
+def ensure_built(cache: str | Path | None = None, variant: str = DEFAULT_VARIANT) -> LlamacppEngine:
+    """The pinned build of one variant, made once per machine (under a lock: two setups at once build it once)."""
     def built() -> LlamacppEngine | None:
         try:
-            return find_llamacpp(cache=cache)
+            return find_llamacpp(cache=cache, variant=variant)
         except AuditError:
             return None
-    return build_once(engine_dir(cache).with_suffix(".lock"), built, lambda: _build(cache))
+    return build_once(engine_dir(cache).with_suffix(".lock"), built, lambda: _build(cache, variant))
 
 
 if __name__ == "__main__":
     try:
-        engine = ensure_built()
+        engine = ensure_built(variant=sys.argv[1] if len(sys.argv) > 1 else DEFAULT_VARIANT)
     except (AuditError, subprocess.CalledProcessError) as exc:
         sys.exit(f"setup: llama.cpp b{BUILD} build failed: {exc}")
     print(f"setup: llama.cpp {engine.version} in {engine.bin_dir}")
