@@ -131,7 +131,7 @@ browser:
 TEST_WORKERS ?= auto
 MAKE_START := $(shell date +%s)
 test: setup browser docs
-	OMP_NUM_THREADS=1 $(PY) -m dflash_world.prebuild
+	$(DEMO_ENV) OMP_NUM_THREADS=1 $(PY) -m dflash_world.prebuild
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 tests conformance
 	DFLASH_AUDIT_DTYPE=bfloat16 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m dynamic \
 		--report-dir reports/conformance/bfloat16 $(DYNAMIC_TESTS)

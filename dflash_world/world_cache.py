@@ -17,6 +17,9 @@ from .tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 
 # Bump when the builders change what they produce, so stale caches are not reused.
 WORLD_FORMAT = 2
+# The kernels the world is trained under (`make test` runs the prebuild with the demo's pins: torch's, MKL's and
+# oneDNN's AVX2 paths), part of its identity so that a world trained with another CPU's own kernels is never reused.
+WORLD_KERNELS = "avx2"
 DEFAULT_HELDOUT_PROMPTS = 8
 
 
@@ -58,7 +61,8 @@ def build_world(root: str | Path, preset: dict, *, vocab_size: int = DEFAULT_VOC
 
 def world_key(preset: dict, **builder_args) -> str:
     """Hash of everything the world depends on; the stdlib differs per Python build."""
-    identity = {"format": WORLD_FORMAT, "python": sys.version, "preset": preset, **builder_args}
+    identity = {"format": WORLD_FORMAT, "kernels": WORLD_KERNELS, "python": sys.version, "preset": preset,
+                **builder_args}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
