@@ -4,7 +4,8 @@ Every script runs as a subprocess (sound and with all four bugs, 2 steps) and mu
 Then each script is imported and its own pieces are held by value to an independent computation made here: the
 target's layer outputs taken with forward hooks (not `output_hidden_states`), the target's next-token logits as
 lm_head(final_norm(raw output of the last decoder layer)) read at position p - 1 for a slot at position p, the
-drafter's logits block by block in z-lab's inference-style call, and DFlash's decayed loss written out afresh.
+drafter's logits block by block in z-lab's inference-style call (the in-house drafter's weights loaded into
+z-lab's DFlashDraftModel), and DFlash's decayed loss written out afresh.
 """
 
 from __future__ import annotations
@@ -251,10 +252,31 @@ def test_per_anchor_is_sound_and_bugs_by_value(target, target_dir):
 # ------------------------------------------------------------------ own_drafter_targets_inside
 
 
-def own_block_logits(drafter, input_ids, feats, verifier_hidden, anchors):
-    """[R, A, B, V]: the team's drafter run on one anchor at a time (its block mask then has nothing to hide)."""
-    columns = [drafter(input_ids, feats, verifier_hidden, anchors[:, j : j + 1])[1] for j in range(anchors.shape[1])]
-    return torch.stack(columns, dim=1)
+ZLAB_NAMES = {"context_proj": "fc", "context_norm": "hidden_norm", "final_norm": "norm", "blocks": "layers",
+              "attn_norm": "input_layernorm", "attn": "self_attn", "wq": "q_proj", "wk": "k_proj", "wv": "v_proj",
+              "wo": "o_proj", "mlp_norm": "post_attention_layernorm", "gate": "gate_proj", "up": "up_proj",
+              "down": "down_proj"}
+
+
+def as_zlab_drafter(own, target_config, block, mask_id):
+    """z-lab's DFlashDraftModel holding the team's weights (renamed): an independent forward of the same drafter."""
+    import copy
+
+    from dflash.model import DFlashDraftModel
+
+    config = copy.deepcopy(target_config)
+    config.num_target_layers = target_config.num_hidden_layers
+    config.num_hidden_layers = len(own.blocks)
+    config.layer_types = ["full_attention"] * len(own.blocks)
+    n_features = own.context_proj.in_features // target_config.hidden_size
+    config.dflash_config = {"target_layer_ids": list(LAYERS[:n_features]), "block_size": block,
+                            "mask_token_id": mask_id}
+    zlab = DFlashDraftModel(config)
+    weights = {".".join(ZLAB_NAMES.get(part, part) for part in name.split(".")): tensor
+               for name, tensor in own.state_dict().items() if name.split(".")[0] in ZLAB_NAMES}
+    missing, unexpected = zlab.load_state_dict(weights, strict=False)
+    assert not unexpected and all("rotary_emb" in name for name in missing), (missing, unexpected)
+    return zlab.eval()
 
 
 def test_own_drafter_is_sound_and_bugs_by_value(target, target_dir):
@@ -271,8 +293,10 @@ def test_own_drafter_is_sound_and_bugs_by_value(target, target_dir):
         state = drafter.noise_rng.get_state()
         with torch.no_grad():
             loss, logits, targets = drafter(input_ids, feats, verifier_hidden, anchors)
-            blocks = own_block_logits(drafter, input_ids, feats, verifier_hidden, anchors)
-        assert close(logits.view(blocks.shape), blocks)  # all blocks in one forward == each block alone
+            zlab = as_zlab_drafter(drafter, target.config, m.BLOCK, m.MASK_ID)
+            blocks = zlab_block_logits(zlab, target, input_ids, feats, anchors, m.BLOCK, m.MASK_ID)
+        # all blocks in one forward under the team's mask == z-lab's drafter run on each block alone
+        assert close(logits.view(blocks.shape), blocks)
         return drafter, feats, verifier_hidden, state, loss, blocks, targets
 
     def at_slots(logits):
