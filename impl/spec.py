@@ -156,7 +156,7 @@ class DraftSpec(Declared):
     sliding_window: int | None = setting(
         None, "the window of the sliding_attention layers", speculators="transformer_layer_config.sliding_window",
         zlab="sliding_window", default_of=QWEN3, flags=("--sliding-window",),
-        train_default_of="no window (Qwen3's default)")
+        train_default_of="no window (Qwen3's default)", gt=0, le=MAX_DIMENSION)  # a window of 0 sees nothing
     rope_theta: float = setting(
         QWEN3_DEFAULTS["rope_theta"], "the rotary base frequency", gt=0,
         speculators="transformer_layer_config.rope_parameters.rope_theta", zlab="rope_parameters.rope_theta",
