@@ -317,7 +317,7 @@ def test_stop_sets_that_part_are_one_convention_finding_on_the_prompts_they_part
     from dflash_audit.audit.live_llamacpp import round_of, stop_difference
     from foundation.target import load_target
     from foundation.target_vocab import stop_token_ids
-    from impl.decoding import greedy_decode
+    from tests.helpers import greedy_decode
 
     section = live[0]
     eog = {int(i): text for i, text in section["engine_stop_ids"]["tokens"].items()}
