@@ -122,6 +122,12 @@ class TraceReport:
 LOOSE_GRADIENT = 1e-4  # targets read back from the loss's gradient (g / c, then log): a few float32 roundings
 
 
+def micro_batch(name: str) -> str:
+    """The micro-batch a recorded tensor belongs to: its `mb<n>.` prefix (the step's first: none)."""
+    head = name.split(".", 1)[0]
+    return head if head.startswith("mb") and head[2:].isdigit() else ""
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]).float()
 
@@ -147,6 +153,7 @@ class StepAudit:
         self.block_length: int | None = None
         self.draft_rows: torch.Tensor | None = None
         self.draft_slots: list = []
+        self.draft_prefix: list[str] = []  # each draft row's micro-batch
 
     def tol(self, name: str) -> float:
         return tolerance(self.entries[name]["dtype"])
@@ -418,17 +425,24 @@ class StepAudit:
             self.account(name, "the draft logits (the head's output on the drafter's hidden states"
                          + (f", drafter call {call})" if known else "; their block slots unknown)"))
             rows.append(centered_log_probs(flat))
+            self.draft_prefix.extend([micro_batch(name)] * flat.shape[0])
             slots.extend([(call, *s) if s is not None else None for s in block["slots"]] if known
                          else [None] * flat.shape[0])
         self.draft_rows = torch.cat(rows) if rows else None
         self.draft_slots = slots
 
-    def slot_of(self, log_probs: torch.Tensor) -> list:
+    def slot_of(self, log_probs: torch.Tensor, prefix: str | None = None) -> list:
         """Each row's draft slot (call, batch row, block, slot), found by value among the draft logits."""
         if self.draft_rows is None or log_probs.shape[-1] != self.draft_rows.shape[-1]:
             return [None] * log_probs.shape[0]
         rows = centered_log_probs(log_probs)
-        distance = torch.cdist(rows, self.draft_rows)
+        table, slots = self.draft_rows, self.draft_slots
+        if prefix is not None:  # a micro-batch's loss rows are among its own draft rows
+            own = [i for i, p in enumerate(self.draft_prefix) if p == prefix]
+            if own:
+                table, slots = table[own], [slots[i] for i in own]
+        # Exact distances (not the matrix-product shortcut, whose rounding can swap two near-equal slots' rows).
+        distance = torch.cdist(rows, table, compute_mode="donot_use_mm_for_euclid_dist")
         best = distance.min(1).values
         used: set[int] = set()
         found = []
@@ -436,8 +450,8 @@ class StepAudit:
             ties = (distance[r] <= best[r] + 1e-6 + 1e-4 * best[r]).nonzero().flatten().tolist()
             i = next((t for t in ties if t not in used), ties[0])
             used.add(i)
-            near = float((rows[r] - self.draft_rows[i]).abs().max()) <= 1e-2
-            found.append(self.draft_slots[i] if near else None)
+            near = float((rows[r] - table[i]).abs().max()) <= 1e-2
+            found.append(slots[i] if near else None)
         return found
 
     def loss_side(self) -> None:
@@ -467,7 +481,7 @@ class StepAudit:
             g, lq = _rows(self.tensors[g_name]), _rows(self.tensors[lq_name])
             c = -g.sum(-1)
             self.account(g_name, f"the loss's gradient on {lq_name}: each row's weight and target")
-            slots = self.slot_of(lq)
+            slots = self.slot_of(lq, micro_batch(g_name))
             top = float(c.abs().max()) if c.numel() else 0.0
             for r in range(g.shape[0]):
                 if top and abs(float(c[r])) > 1e-7 * top:
@@ -640,7 +654,9 @@ class StepAudit:
             for key, a in block.get("positions", {}).items():
                 anchors[(call, *key)] = a
         seq = self.cands.seq_len
+        batch = tokens.numel() // seq
         options: dict[str, list[int]] = {}
+        tops = {c: logits.argmax(-1) for c, logits in self.cands.logits.items()}
         for shift in (0, 1, -1):
             data, argmax = [], {c: [] for c in self.cands.logits}
             for (slot, _, _, _) in live:
@@ -648,9 +664,10 @@ class StepAudit:
                 if a is None:
                     return None
                 pos = a + slot[3] - 1 + shift
-                data.append(int(tokens[pos + 1]) if pos + 1 in range(seq) else -1)
-                for c, logits in self.cands.logits.items():
-                    argmax[c].append(int(logits[pos].argmax()) if pos in range(seq) else -1)
+                row = min(slot[1], batch - 1) * seq  # the drafter call's batch row: the data's row
+                data.append(int(tokens[row + pos + 1]) if pos + 1 in range(seq) else -1)
+                for c, top in tops.items():
+                    argmax[c].append(int(top[row + pos]) if pos in range(seq) else -1)
             options[f"the data's next tokens{f' (shifted by {shift:+d})' if shift else ''}"] = data
             for c, values in argmax.items():
                 options[f"the argmax of {c.name}{f' (shifted by {shift:+d})' if shift else ''}"] = values
@@ -658,6 +675,11 @@ class StepAudit:
                         key=lambda x: -x[0])
         share, best = scored[0]
         self.flow["labels"] = f"{best} ({share:.0%} of {len(labels)} rows)"
+        if share < 1.0:  # said plainly, never turned into a guessed source or a guessed noise
+            self.add(Finding("unexplained", "warning", f"the hard labels are no candidate's argmax and not the "
+                             f"data's tokens: the nearest, {best}, agrees on {share:.0%} of {len(labels)} rows (a "
+                             "source or noise the labels cannot tell apart)", None, None, key="labels"),
+                     edge="targets")
         return best if share == 1.0 else None
 
     def weights(self, trained: list) -> None:
@@ -839,11 +861,16 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
             raise AuditError(f"--from {recording.folder}: step {index} recorded no token ids")
         extra = {role: [tensors[n] for n, e in meta["entries"].items() if e["role"] == role]
                  for role in ("target_attention_mask", "target_position_ids")}
-        mask = extra["target_attention_mask"][0] if extra["target_attention_mask"] else None
-        positions = extra["target_position_ids"][0] if extra["target_position_ids"] else None
+        width = tokens[0].shape[-1]
+        tokens = [t.reshape(-1, t.shape[-1]) for t in tokens if t.shape[-1] == width]
+        # Every target call of the step (micro-batches) as one batch of rows: a row's place is its flat index.
+        mask = extra["target_attention_mask"][0] if len(extra["target_attention_mask"]) == 1 and \
+            len(tokens) == 1 else None
+        positions = extra["target_position_ids"][0] if len(extra["target_position_ids"]) == 1 and \
+            len(tokens) == 1 else None
         if mask is not None and bool(mask.dim() == 2 and mask.bool().all()):
             mask = None  # no padding: the plain rerun
-        cands = TargetCandidates(target, tokens[0].reshape(-1, tokens[0].shape[-1]), mask, positions)
+        cands = TargetCandidates(target, torch.cat(tokens), mask, positions)
         reference = reference_for(meta["drafter"]["facts"], cands.layers, ref_data)
         audit = StepAudit(meta, tensors, cands, reference, pad_id, index)
         audit.run()

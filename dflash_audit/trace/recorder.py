@@ -245,15 +245,17 @@ class Recorder:
         loss = tensors if isinstance(tensors, torch.Tensor) else None
         if loss is None or loss.numel() != 1 or loss.grad_fn is None or not loss.is_floating_point():
             return
-        if self.pending is not None:
-            if self.optimizers:
-                self.micro_batches += 1  # accumulation: the optimizer's step closes the step
-                return
+        if self.pending is not None and not self.optimizers:
             self._close_step()  # no optimizer: each backward is a step
         graph = walk_graph(loss)
         if not graph["params"]:
             return
         calls, self.calls = self.calls, StepCalls()
+        if self.pending is not None:  # accumulation: another micro-batch of the step the optimizer will close
+            self.micro_batches += 1
+            if self.rank == 0 and self.pending:
+                self._add_micro_batch(loss, graph, calls)
+            return
         self.micro_batches = 1
         if self.rank != 0:
             self.pending = {}
@@ -264,6 +266,23 @@ class Recorder:
             write_error(self.out, str(exc), self.seen + 1)
             self.remove()
             raise TraceStop(3) from None
+
+    def _add_micro_batch(self, loss, graph: dict, calls: StepCalls) -> None:
+        """A later micro-batch of the step, recorded beside the first (its names prefixed `mb<n>.`); the step's loss
+        is the sum of the micro-batches' losses, as their gradients sum."""
+        drafter, drafter_name, target = self.pending["parts"]
+        target_calls = [c for c in calls.models if c.model is target]
+        record = step_record(loss, graph, calls, drafter, drafter_name, target, target_calls, self.seen)
+        prefix = f"mb{self.micro_batches - 1}."
+        for name, t in record["tensors"].items():
+            self.pending["tensors"][prefix + name] = t
+        for name, entry in record["meta"]["entries"].items():
+            entry = dict(entry)
+            for ref in ("of", "consumed_as"):
+                if entry.get(ref):
+                    entry[ref] = prefix + entry[ref]
+            self.pending["meta"]["entries"][prefix + name] = entry
+        self.pending["meta"]["loss"] += record["meta"]["loss"]
 
     def _optimizer_step(self, optimizer, args, kwargs) -> None:
         if self.handles and self.pending is not None and not self.explicit:
@@ -304,7 +323,9 @@ class Recorder:
         graph = graph or walk_graph(loss)
         drafter, drafter_name = self._drafter(graph["params"], calls)
         target_call, target = self._target(calls, drafter)
-        return step_record(loss, graph, calls, drafter, drafter_name, target, target_call, self.seen)
+        record = step_record(loss, graph, calls, drafter, drafter_name, target, target_call, self.seen)
+        record["parts"] = (drafter, drafter_name, target)  # for the step's later micro-batches; not written
+        return record
 
     def _drafter(self, params: list[torch.Tensor], calls: StepCalls) -> tuple[nn.Module, str]:
         """The drafter: the smallest module owning every trainable parameter the loss reaches (their common

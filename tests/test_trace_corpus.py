@@ -1,0 +1,98 @@
+"""`dflash-audit trace` on trainers it was not built beside: every trainer in tests/trainer_corpus/ (written by others
+from a short description of a team's setup, each in its own shape: blocks in one call or one call per anchor, an own
+drafter class, targets made inside the drafter, padded batches, packed documents, precomputed targets), traced with
+no line added, as a user runs it.
+
+Each trainer takes `--target DIR [--bug NAME ...] [--steps N]`; the seed team's four bugs are `fc_4_of_5`,
+`targets_layer_9`, `gamma_7` and `target_noise_0.5`. The sound version must give exit 0 and no divergence; the four
+bugs together exit 1 and exactly four divergences, each with its numbers. The trainers are listed from the folder, so
+one added later is covered. Each is recorded in this process (`record_script`, the recorder the verb's bootstrap
+installs); one goes through the CLI and a child process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash_audit.cli import main
+from dflash_audit.trace.audit import audit_recording
+from dflash_audit.trace.recording import read_recording
+from dflash_audit.trace.run import record_script
+from dflash_world.target_training import distinct_random_qwen3
+
+CORPUS = Path(__file__).resolve().parent / "trainer_corpus"
+TRAINERS = sorted(p for p in CORPUS.glob("*.py") if not p.name.startswith("_"))
+SEED_BUGS = ["fc_4_of_5", "targets_layer_9", "gamma_7", "target_noise_0.5"]
+EXPECTED = {("fc_dims", "fc_layers"), ("targets", "target_source"), ("recipe", "gamma"), ("noise", "targets")}
+REFERENCE_LAYERS = [1, 3, 5, 7, 9]  # what every corpus trainer is meant to feed fc (z-lab's rule for 12 and 5)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus-target")
+    distinct_random_qwen3(12, 64, 512).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus-ref") / "config.json"
+    path.write_text(json.dumps({"target_layer_ids": REFERENCE_LAYERS}))
+    return path
+
+
+def argv(target_dir: Path, bugs: list[str]) -> list[str]:
+    return ["--target", str(target_dir), "--steps", "2", *[arg for bug in bugs for arg in ("--bug", bug)]]
+
+
+def test_the_corpus_holds_six_shapes():
+    assert len(TRAINERS) >= 6, [p.name for p in TRAINERS]
+
+
+def messages(report) -> list[str]:
+    return [f"{f.severity} {f.component}:{f.key}: {f.message}" for f in report.findings] + report.notes
+
+
+@pytest.mark.parametrize("trainer", TRAINERS, ids=lambda p: p.stem)
+def test_the_sound_version_has_no_divergence(trainer, target_dir, ref, tmp_path):
+    record_script(trainer, argv(target_dir, []), tmp_path)
+    report = audit_recording(read_recording(tmp_path), ref=ref)
+    assert report.divergences == [] and report.exit_status == 0, messages(report)
+    assert report.flow["fc_layers"] == REFERENCE_LAYERS, messages(report)
+
+
+@pytest.mark.parametrize("trainer", TRAINERS, ids=lambda p: p.stem)
+def test_the_seed_bugs_are_exactly_four_findings_with_their_numbers(trainer, target_dir, ref, tmp_path):
+    record_script(trainer, argv(target_dir, SEED_BUGS), tmp_path)
+    report = audit_recording(read_recording(tmp_path), ref=ref)
+    check_seed_findings(report)
+
+
+def check_seed_findings(report) -> None:
+    found = {(f.component, f.key): f for f in report.divergences}
+    assert set(found) == EXPECTED and len(report.divergences) == 4, messages(report)
+    assert report.exit_status == 1
+    fc = found[("fc_dims", "fc_layers")]
+    assert (fc.ours, fc.ref) == ([1, 3, 5, 7], REFERENCE_LAYERS)
+    source = found[("targets", "target_source")]
+    assert "layer 9)" in source.ours and "layer 11)" in source.ref, source.message
+    gamma = found[("recipe", "gamma")]
+    assert gamma.ours == pytest.approx(7.0, rel=1e-3) and gamma.ref == 4.0
+    noise = found[("noise", "targets")]
+    assert noise.ours == pytest.approx(0.5, rel=0.05) and noise.ref == 0.0
+
+
+def test_the_verb_traces_a_corpus_trainer_with_no_line(target_dir, ref, tmp_path, capsys):
+    """As a user runs it: the CLI, the trainer in a child process under the bootstrap, no line in the script."""
+    trainer = next((p for p in TRAINERS if p.stem == "zlab_per_anchor"), TRAINERS[0])
+    out = tmp_path / "trace"
+    status = main(["trace", "--steps", "1", "--ref", str(ref), "--out", str(out), "--", sys.executable,
+                   str(trainer), *argv(target_dir, SEED_BUGS)])
+    printed = capsys.readouterr().out
+    assert status == 1, printed
+    assert "4 divergences" in printed
+    check_seed_findings(audit_recording(read_recording(out), ref=ref))
