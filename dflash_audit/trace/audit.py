@@ -390,10 +390,13 @@ class StepAudit:
         self.flow["loss_rows"] = draft.shape[0]
         for n in distributions:
             self.targets(n, mapping, block)
+        factors = [n for n in weights if self.tensors[n].numel() == draft.shape[0]]
+        weighed = torch.ones(draft.shape[0], dtype=torch.bool)  # rows the loss weighs 0 carry no label to read
+        for n in factors:
+            weighed &= self.tensors[n].flatten() != 0
         label_source = None
         for n in labels:
-            label_source = self.labels(n, draft, mapping, block)
-        factors = [n for n in weights if self.tensors[n].numel() == draft.shape[0]]
+            label_source = self.labels(n, draft, mapping, block, weighed)
         for n in weights:
             if n not in factors:
                 self.account(n, f"a constant of the loss (node {self.entries[n].get('node', '?')})")
@@ -504,7 +507,8 @@ class StepAudit:
                              "sample_from_anchor false) takes them at a + k - 1", shift, 0, pitfall=5,
                              key="shift", raw={"rows": dict(shifts)}), edge="targets")
 
-    def labels(self, name: str, draft: torch.Tensor, mapping: dict | None, block: dict | None) -> str | None:
+    def labels(self, name: str, draft: torch.Tensor, mapping: dict | None, block: dict | None,
+               weighed: torch.Tensor) -> str | None:
         labels = self.tensors[name].flatten()
         if mapping is None or block is None or labels.numel() != len(mapping["slots"]):
             self.account(name, "hard labels (their positions unknown: no block mapping)")
@@ -522,7 +526,9 @@ class StepAudit:
                 top = logits.argmax(-1)
                 options[f"the argmax of {c.name}{'' if not shift else f' (shifted by {shift:+d})'}"] = [
                     int(top[e + shift]) if e + shift in range(top.numel()) else -1 for e in expected]
-        truth = labels.tolist()
+        kept = weighed.tolist() if weighed.numel() == labels.numel() and weighed.any() else [True] * labels.numel()
+        truth = [t for t, k in zip(labels.tolist(), kept) if k]
+        options = {option: [v for v, k in zip(values, kept) if k] for option, values in options.items()}
         scored = sorted(((sum(a == b for a, b in zip(truth, v)) / len(truth), k) for k, v in options.items()),
                         reverse=True)
         share, best = scored[0]
