@@ -68,7 +68,6 @@ def test_specforge_training_step_shows_its_documented_divergences(target_dir, tm
     # The numbers: its anchors run into the last block; its labels are the data's next tokens on every trained row.
     late = found[("anchors", "late_anchors")].ours
     assert late and all(a > 48 - 4 for a in late)
-    labels = next(row.what for row in report.tensors if row.what.startswith("hard labels"))
-    assert labels.startswith("hard labels: the data's next tokens (100% of")
+    assert report.flow["labels"].startswith("the data's next tokens (100% of")
     assert report.flow["fc_layers"] == [1, 3, 5, 7, 9]
     assert not [row for row in report.tensors if row.what.startswith("unexplained")]

@@ -6,7 +6,8 @@ its `DFlashDraftModel`, the target's embedding and head loaded apart by its `Tar
 chunks of 128 blocks), driven through its `DFlashTrainStrategy.forward_loss`, then backward and an optimizer step.
 Its trainer takes the target's states from SGLang's capture; here the target runs in this process and SpecForge's
 own `extract_context_feature` picks fc's layers from them, as its `spec_generate` does. The one CPU setting is the
-project's (held/specforge.py): `attention_backend="eager"` for the drafter and the mask builder.
+project's (held/specforge.py): `attention_backend="eager"` for the drafter and the mask builder. No line of the
+trace's: the step is the first backward, closed by the optimizer's step.
 """
 
 import argparse
@@ -20,7 +21,6 @@ from specforge.runtime.contracts import TrainBatch
 from specforge.training.strategies.base import DFlashTrainStrategy
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from dflash_audit import trace
 
 p = argparse.ArgumentParser()
 p.add_argument("--target", required=True)
@@ -55,7 +55,6 @@ for step in range(2):
         "input_ids": ids, "hidden_states": extract_context_feature(states, drafter.target_layer_ids),
         "loss_mask": torch.ones_like(ids, dtype=torch.float32)})
     out = strategy.forward_loss(batch)
-    trace.step(out.loss)
     optim.zero_grad()
     out.loss.backward()
     optim.step()
