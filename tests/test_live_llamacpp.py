@@ -227,7 +227,7 @@ def test_the_drafter_reading_the_last_target_layer_is_a_capture_finding_live(liv
 
 
 def test_every_live_finding_reaches_the_terminal_json_and_html_reports(live, test_world):
-    """Each live section that has findings (q4_k_m's cost, the last layer's capture, each plant's localization),
+    """Each live section that has findings (q4_k_m's cost, the last layer's capture, the mixed drafter's causality),
     attached to serve-check's own static section as `serve-check --live` attaches it, is counted and reaches the
     terminal table, the JSON and the HTML page. (The attach once joined Finding records to the serialized list:
     "'Finding' object is not subscriptable" on exactly these runs.)"""
@@ -243,7 +243,7 @@ def test_every_live_finding_reaches_the_terminal_json_and_html_reports(live, tes
     from dflash_audit.audit.serving import section_dict, serving_section
     from dflash_audit.formats import LoadOptions
 
-    runs = {"q4_k_m": live[2], "last layer": live[3], **{f"plant {k}": v for k, v in live[1]["planted"].items()}}
+    runs = {"q4_k_m": live[2], "last layer": live[3], "mixed": live[4]}  # what serve-check --live itself attaches
     runs = {name: run for name, run in runs.items() if live_findings(run)}
     assert {"q4_k_m", "last layer"} <= set(runs)
     drafter = Path(live[0]["served_path"])
