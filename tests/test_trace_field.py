@@ -4,6 +4,8 @@ the trace finds by value are exactly those the project documents for it (held/*_
 by the conformance suite), apart from the entries a training step cannot reach, listed here with why.
 
 SpecForge 0.2.0: `DFlashTrainStrategy.forward_loss` on its `OnlineDFlashModel` (tests/trace_scripts/specforge_step.py).
+speculators 0.9.0: its `Trainer.train_epoch` on offline data its `ArrowDataset` reads
+(tests/trace_scripts/speculators_trainer.py; its CPU settings named there). No driver adds a line of the trace's.
 """
 
 from __future__ import annotations
@@ -69,5 +71,20 @@ def test_specforge_training_step_shows_its_documented_divergences(target_dir, tm
     late = found[("anchors", "late_anchors")].ours
     assert late and all(a > 48 - 4 for a in late)
     assert report.flow["labels"].startswith("the data's next tokens (100% of")
+    assert report.flow["fc_layers"] == [1, 3, 5, 7, 9]
+    assert not [row for row in report.tensors if row.what.startswith("unexplained")]
+
+
+def test_speculators_trainer_step_on_offline_data_has_no_divergence(target_dir, tmp_path):
+    """speculators' own Trainer, as `speculators train --speculator-type dflash` resolves it (CE toward the
+    verifier's argmax, D-PACE weights): no divergence. Its D-PACE weights, which vary per block with the drafter's
+    confidence, are not yet read from the graph: one warning says so, and nothing is guessed from them."""
+    record_script(SCRIPTS / "speculators_trainer.py", ["--target", str(target_dir), "--work", str(tmp_path / "work")],
+                  tmp_path / "trace")
+    recording = read_recording(tmp_path / "trace")
+    assert recording.steps[0]["drafter"]["class"] == "speculators.models.dflash.core:DFlashDraftModel"
+    report = audit_recording(recording)
+    assert report.divergences == [] and report.exit_status == 0, [f.message for f in report.findings]
+    assert [(f.component, f.key, f.pitfall) for f in report.findings] == [("loss_weights", "per_block", 18)]
     assert report.flow["fc_layers"] == [1, 3, 5, 7, 9]
     assert not [row for row in report.tensors if row.what.startswith("unexplained")]
