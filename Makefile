@@ -59,7 +59,7 @@ SGLANG_DEPS :=
 # runs in this venv and needs sentencepiece besides torch and transformers.
 GGUF_DEPS := "gguf==0.19.0" "sentencepiece==0.2.1"
 
-.PHONY: setup test docs demo quick clean browser bench gpu-check fuzz llamacpp
+.PHONY: setup test docs demo quick clean browser bench gpu-check fuzz llamacpp test-portability
 # The two environments are built side by side (one make job each; uv is installed first, once); then the llama.cpp
 # engine, once per machine.
 setup:
@@ -136,6 +136,32 @@ test: setup browser docs
 	DFLASH_AUDIT_DTYPE=bfloat16 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m dynamic \
 		--report-dir reports/conformance/bfloat16 $(DYNAMIC_TESTS)
 	@echo "make test: $$(( $$(date +%s) - $(MAKE_START) )) s wall (setup, docs, the test world and both passes)"
+
+# The tests whose results depend on the CPU's kernels (the live engines, llama.cpp's and vLLM's, held to torch's
+# replay; the dynamic path; the world's digest), run once under each kernel set this machine can emulate: torch's own
+# (ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA) and MKL's (MKL_CBWR) capped together at each level, then
+# against llama.cpp built for this CPU (`python -m serving_engines.live.llamacpp_env native`) where that build exists.
+# Every variant must pass: which rounds part may move between them, what the tests assert may not. The test world is
+# the same pinned one throughout (dflash_world/kernel_pins.py). Not part of `make test`.
+PORTABILITY_TESTS = tests/test_live_llamacpp.py tests/test_live_check.py tests/test_world_pins.py $(DYNAMIC_TESTS)
+# ATEN_CPU_CAPABILITY:ONEDNN_MAX_CPU_ISA:MKL_CBWR, the narrowest first; a level the CPU lacks runs its widest below.
+KERNEL_VARIANTS := default:SSE41:COMPATIBLE avx2:AVX2:AVX2 avx512:AVX512_CORE:AVX512
+PORTABILITY_PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
+test-portability: setup
+	$(DEMO_ENV) OMP_NUM_THREADS=1 $(PY) -m dflash_world.prebuild
+	@set -e; for variant in $(KERNEL_VARIANTS); do \
+		aten=$${variant%%:*}; rest=$${variant#*:}; onednn=$${rest%%:*}; mkl=$${rest#*:}; \
+		echo "test-portability: ATEN_CPU_CAPABILITY=$$aten ONEDNN_MAX_CPU_ISA=$$onednn MKL_CBWR=$$mkl"; \
+		ATEN_CPU_CAPABILITY=$$aten ONEDNN_MAX_CPU_ISA=$$onednn MKL_CBWR=$$mkl $(PORTABILITY_PYTEST) \
+			--report-dir reports/conformance/portability-$$aten $(PORTABILITY_TESTS); \
+	done
+	@if PYTHONPATH=. $(PY) -c "import sys; from serving_engines.live.llamacpp_env import build_dir; \
+			sys.exit(0 if (build_dir(variant='native') / 'bin' / 'llama-server').is_file() else 1)"; then \
+		echo "test-portability: llama.cpp built for this CPU (build-native)"; \
+		DFLASH_AUDIT_LLAMACPP_VARIANT=native $(PORTABILITY_PYTEST) tests/test_live_llamacpp.py; \
+	else \
+		echo "test-portability: no llama.cpp build-native here (python -m serving_engines.live.llamacpp_env native builds it): the portable build only"; \
+	fi
 
 # The docs site, strictly: a broken link, a missing anchor or a page left out of mkdocs.yml's nav fails it.
 docs: setup

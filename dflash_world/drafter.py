@@ -17,8 +17,9 @@ from pathlib import Path
 from foundation.cache_dir import build_once
 from impl.recipe import DEFAULTS
 
-from .world_cache import WorldPaths
 from .corpus import stdlib_corpus
+from .kernel_pins import run_pinned
+from .world_cache import WorldPaths
 
 # Two draft layers (one sliding, window below the sequence length, one full) reading three target layers.
 # A fixed step count, never a time budget: the same drafter (and τ) on every machine.
@@ -39,42 +40,48 @@ FULL_DRAFTER = dict(TEST_DRAFTER, layer_types=["full_attention", "full_attention
 FULL_DRAFTER_FILE = "test-drafter-full.pt"
 
 
-def cached_test_drafter(world: WorldPaths, loss: str = "kl_div") -> Path:
-    """`<world>/test-drafter.pt` (or `test-drafter-ce.pt`), trained by `impl.train` on first use."""
+# Every test drafter by name: its file in the world's folder and its training run.
+DRAFTERS = {"kl_div": (DRAFTER_FILES["kl_div"], dict(TEST_DRAFTER, loss_fn="kl_div")),
+            "ce": (DRAFTER_FILES["ce"], dict(TEST_DRAFTER, loss_fn="ce")),
+            "dflash2": (DFLASH2_DRAFTER_FILE, DFLASH2_DRAFTER),
+            "full": (FULL_DRAFTER_FILE, dict(FULL_DRAFTER, loss_fn="kl_div"))}
+
+
+def train_named_drafter(world: WorldPaths, name: str) -> Path:
+    """Train the drafter `name` into the world's folder, in this process (`pinned_build`'s job: the caller holds
+    the build lock and the kernel pins)."""
     from impl.train import train_drafter
 
-    if loss not in DRAFTER_FILES:
-        raise ValueError(f"loss_fn must be one of {sorted(DRAFTER_FILES)}, not {loss!r}")
-    path = world.root / DRAFTER_FILES[loss]
+    file, settings = DRAFTERS[name]
+    path = world.root / file
+    train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **settings)
+    return path
+
+
+def cached_drafter(world: WorldPaths, name: str) -> Path:
+    """`<world>/<file of name>`, trained on first use under the kernel pins (a child process: kernel_pins.py),
+    whatever this process's own kernels."""
+    path = world.root / DRAFTERS[name][0]
 
     def train() -> Path:
-        train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **TEST_DRAFTER, loss_fn=loss)
+        run_pinned({"what": "drafter", "root": str(world.root), "name": name})
         return path
 
     return build_once(world.root / f".{path.stem}.lock", lambda: path if path.is_file() else None, train)
+
+
+def cached_test_drafter(world: WorldPaths, loss: str = "kl_div") -> Path:
+    """`<world>/test-drafter.pt` (or `test-drafter-ce.pt`)."""
+    if loss not in DRAFTER_FILES:
+        raise ValueError(f"loss_fn must be one of {sorted(DRAFTER_FILES)}, not {loss!r}")
+    return cached_drafter(world, loss)
 
 
 def cached_dflash2_drafter(world: WorldPaths) -> Path:
-    """`<world>/test-drafter-dflash2.pt`: the DFlash2 test drafter, trained by `impl.train` on first use."""
-    from impl.train import train_drafter
-
-    path = world.root / DFLASH2_DRAFTER_FILE
-
-    def train() -> Path:
-        train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **DFLASH2_DRAFTER)
-        return path
-
-    return build_once(world.root / f".{path.stem}.lock", lambda: path if path.is_file() else None, train)
+    """`<world>/test-drafter-dflash2.pt`: the DFlash2 test drafter."""
+    return cached_drafter(world, "dflash2")
 
 
 def cached_full_drafter(world: WorldPaths) -> Path:
     """`<world>/test-drafter-full.pt`: the all-full-attention test drafter (vLLM's CPU runner serves it)."""
-    from impl.train import train_drafter
-
-    path = world.root / FULL_DRAFTER_FILE
-
-    def train() -> Path:
-        train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **FULL_DRAFTER, loss_fn="kl_div")
-        return path
-
-    return build_once(world.root / f".{path.stem}.lock", lambda: path if path.is_file() else None, train)
+    return cached_drafter(world, "full")

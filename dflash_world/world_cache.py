@@ -11,14 +11,16 @@ from pathlib import Path
 from foundation.cache_dir import build_once, cache_root
 
 from .corpus import DEFAULT_MAX_BYTES, stdlib_corpus
+from .kernel_pins import run_pinned
 from .world_prompts import heldout_prompts, write_prompts_jsonl
 from .target_training import TEST_TARGET, build_target
 from .tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 
 # Bump when the builders change what they produce, so stale caches are not reused.
 WORLD_FORMAT = 2
-# The kernels the world is trained under (`make test` runs the prebuild with the demo's pins: torch's, MKL's and
-# oneDNN's AVX2 paths), part of its identity so that a world trained with another CPU's own kernels is never reused.
+# The kernels the world is trained under (kernel_pins.py: torch's, MKL's and oneDNN's AVX2 paths, one thread, in a
+# process started with them), part of its identity so that a world trained with another CPU's own kernels is never
+# reused.
 WORLD_KERNELS = "avx2"
 DEFAULT_HELDOUT_PROMPTS = 8
 
@@ -73,6 +75,10 @@ def cached_test_world(root: str | Path | None = None) -> WorldPaths:
                     "n_prompts": DEFAULT_HELDOUT_PROMPTS}
     root = Path(root) if root is not None else cache_root() / "test-world"
     paths = WorldPaths.under(root / world_key(TEST_TARGET, **builder_args))
-    # Concurrent test processes wait for one builder instead of each training a target.
-    return build_once(root / f"{paths.root.name}.lock", lambda: paths if paths.complete() else None,
-                      lambda: build_world(paths.root, TEST_TARGET, progress=False, **builder_args))
+    # Concurrent test processes wait for one builder instead of each training a target; it trains under the kernel
+    # pins in a child process (kernel_pins.py), whatever this process's own kernels.
+    def build() -> WorldPaths:
+        run_pinned({"what": "world", "root": str(paths.root), "preset": TEST_TARGET, "builder_args": builder_args})
+        return paths
+
+    return build_once(root / f"{paths.root.name}.lock", lambda: paths if paths.complete() else None, build)

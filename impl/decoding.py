@@ -325,22 +325,3 @@ def dflash_decode(drafter: DFlashDrafter, target: nn.Module, input_ids: torch.Te
     output_ids = torch.tensor([tokens[:max_length]], device=input_ids.device)
     return DecodeResult(output_ids=output_ids, num_prompt_tokens=prompt_len, acceptance_lengths=rounds,
                         extra={"proposals": drafted, **({"features": torch.cat(fed, 1)} if keep_features else {})})
-
-
-@torch.inference_mode()
-def greedy_decode(target: nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
-                  stop_token_ids: list[int] | None = None) -> torch.Tensor:
-    """Plain greedy decoding, one token per target forward: the reference for losslessness."""
-    stops = StopTokens(stop_token_ids)
-    cache = make_target_cache(target)
-    input_ids = input_ids.to(target_device(target))
-    tokens = input_ids[0].tolist()
-    step_ids = input_ids
-    for _ in range(max_new_tokens):
-        logits = target(step_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-        token = int(logits[0, -1].argmax())
-        tokens.append(token)
-        if token in stops.ids:
-            break
-        step_ids = torch.tensor([[token]], device=input_ids.device)
-    return torch.tensor([tokens], device=input_ids.device)

@@ -232,12 +232,6 @@ def choices(name: str) -> tuple[Any, ...]:
     return settings.choices(KNOBS[name])
 
 
-def knob_problem(name: str, value: Any) -> str | None:
-    """What is wrong with `value` for the knob `name` on its own, by its declaration (choices, bounds, the loss
-    spec), or None."""
-    return settings.problem_with(Recipe, name, value) if name in KNOBS else None
-
-
 def train_recipe(family: str = "dflash") -> Recipe:
     """The recipe `dflash-audit train` records when no recipe flag is given: speculators' trainer resolution
     (dflash: CE + D-PACE), where `Recipe()` is the model-level one (KL + fixed decay)."""

@@ -17,7 +17,7 @@ Each field carries its type, its default, its bounds and its description, and in
   option, what `train` uses without it, whose that is, and the run field it fills (when not the setting's name).
 
 Derived from these declarations, never written again: each setting's own range check (pydantic's) and its message
-(impl/settings.py; `setting_problem` for one value), the family tables (`FAMILY_FIELDS`), the config keys the readers
+(impl/settings.py, `problem_with` for one value), the family tables (`FAMILY_FIELDS`), the config keys the readers
 recognize (dflash_audit/formats/setting_names.py), the `train` options of the spec settings and their help
 (dflash_audit/commands/train.py), `RunSettings`' spec fields (impl/run_settings.py), and the spec table of
 docs/training.md (`python -m impl.spec`; tests/test_spec_settings.py keeps the page equal to it). The rules between
@@ -156,7 +156,7 @@ class DraftSpec(Declared):
     sliding_window: int | None = setting(
         None, "the window of the sliding_attention layers", speculators="transformer_layer_config.sliding_window",
         zlab="sliding_window", default_of=QWEN3, flags=("--sliding-window",),
-        train_default_of="no window (Qwen3's default)")
+        train_default_of="no window (Qwen3's default)", gt=0, le=MAX_DIMENSION)  # a window of 0 sees nothing
     rope_theta: float = setting(
         QWEN3_DEFAULTS["rope_theta"], "the rotary base frequency", gt=0,
         speculators="transformer_layer_config.rope_parameters.rope_theta", zlab="rope_parameters.rope_theta",
@@ -533,11 +533,6 @@ SPEC_NAMES = {name: (name, *extra(name)["names"]) for name in SPEC_FIELDS if ext
 TRAIN_SETTINGS = tuple(name for name in SPEC_FIELDS if extra(name)["flags"])
 RUN_FIELDS = {name: extra(name)["train_field"] or name for name in TRAIN_SETTINGS}
 TRAIN_DEFAULTS = {name: extra(name)["train_default"] for name in TRAIN_SETTINGS}
-
-
-def setting_problem(name: str, value: Any) -> str | None:
-    """What is wrong with `value` for the setting `name` on its own, by its declaration (kind, choices, bounds)."""
-    return settings.problem_with(DraftSpec, name, value)
 
 
 def spec_misfit(spec: DraftSpec, hidden_size: int | None, depth: int | None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serving_engines.source_exec import cite, file_sha256, installed_file
+from serving_engines.source_exec import cite, installed_file
 
 
 @dataclass(frozen=True)
@@ -207,10 +207,6 @@ def source(engine: str, field_name: str, family: str | None = None) -> str:
     for rule in (own or shared)[:1]:
         return cite(rule_module(rule.module), rule.needle)
     return ""
-
-
-def installed_sha256(module: str) -> str:
-    return file_sha256(installed_file(rule_module(module)))
 
 
 def markdown() -> str:

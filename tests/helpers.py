@@ -144,3 +144,40 @@ def once_per_session(tmp_path_factory, name: str, build):
             part.write_text(json.dumps(build()))
             part.replace(done)
     return json.loads(done.read_text())
+
+
+def setting_problem(name: str, value) -> str | None:
+    """What is wrong with `value` for the drafter setting `name` on its own, by its declaration alone."""
+    from impl import settings
+    from impl.spec import DraftSpec
+
+    return settings.problem_with(DraftSpec, name, value)
+
+
+def knob_problem(name: str, value) -> str | None:
+    """What is wrong with `value` for the recipe knob `name` on its own, by its declaration alone, or None."""
+    from impl import settings
+    from impl.recipe import KNOBS, Recipe
+
+    return settings.problem_with(Recipe, name, value) if name in KNOBS else None
+
+
+@torch.inference_mode()
+def greedy_decode(target, input_ids: torch.Tensor, max_new_tokens: int,
+                  stop_token_ids: list[int] | None = None) -> torch.Tensor:
+    """Plain greedy decoding, one token per target forward: the reference the tests hold speculation's output to."""
+    from impl.decoding import StopTokens, make_target_cache, target_device
+
+    stops = StopTokens(stop_token_ids)
+    cache = make_target_cache(target)
+    input_ids = input_ids.to(target_device(target))
+    tokens = input_ids[0].tolist()
+    step_ids = input_ids
+    for _ in range(max_new_tokens):
+        logits = target(step_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        token = int(logits[0, -1].argmax())
+        tokens.append(token)
+        if token in stops.ids:
+            break
+        step_ids = torch.tensor([[token]], device=input_ids.device)
+    return torch.tensor([tokens], device=input_ids.device)

@@ -4,6 +4,7 @@ Their parity with ours, operation by operation, lives in `conformance/`."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from unittest import mock
 
@@ -15,8 +16,16 @@ import reference_adapters.zlab_adapter as zlab_adapter
 from foundation.errors import AuditError
 from impl.interface import DFlashImplementation, Unsupported, supports
 from impl.model import DFlashDrafter
-from reference_adapters import IMPLEMENTATIONS, get_implementation, version_guard
+from reference_adapters import IMPLEMENTATIONS, version_guard
 from tests.helpers import tiny_spec, tiny_target
+
+
+def get_implementation(name: str, **kwargs):
+    """A fresh implementation object (`ours`, `speculators` or `zlab`)."""
+    if name not in IMPLEMENTATIONS:
+        raise AuditError(f"unknown implementation {name!r}; expected one of {sorted(IMPLEMENTATIONS)}")
+    module_name, class_name = IMPLEMENTATIONS[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)(**kwargs)
 
 
 @pytest.fixture(autouse=True, scope="module")

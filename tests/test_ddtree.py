@@ -13,7 +13,8 @@ from dflash_world.suite_placement import placed_drafter, placed_target
 from foundation.placement import built_for
 from impl.body_shapes import build_drafter
 from impl.ddtree import build_tree, ddtree_decode, tree_attention_mask
-from impl.decoding import dflash_decode, greedy_decode, mean_acceptance
+from impl.decoding import dflash_decode, mean_acceptance
+from tests.helpers import greedy_decode
 from impl.model import DFlashDrafter
 from tests.helpers import load_trained_pair, tiny_spec, tiny_target
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from dflash_world.suite_placement import placed_drafter, placed_target
-from impl.decoding import acceptance_histogram, dflash_decode, greedy_decode
+from impl.decoding import acceptance_histogram, dflash_decode
+from tests.helpers import greedy_decode
 from impl.model import DFlashDrafter
 from tests.helpers import tiny_spec, tiny_target
 

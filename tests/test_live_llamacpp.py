@@ -17,10 +17,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
-from serving_engines.live.llamacpp_env import build_dir
+from serving_engines.live.llamacpp_env import DEFAULT_VARIANT, build_dir
 
-pytestmark = pytest.mark.skipif(not (build_dir() / "bin" / "llama-server").is_file()
+# The build `find_llamacpp` serves with: the portable one, or the one `make test-portability` names.
+VARIANT = os.environ.get("DFLASH_AUDIT_LLAMACPP_VARIANT") or DEFAULT_VARIANT
+pytestmark = pytest.mark.skipif(not (build_dir(variant=VARIANT) / "bin" / "llama-server").is_file()
                                 and not os.environ.get("CI"), reason="run `make setup` to build llama.cpp b11434")
 PROMPTS, TOKENS = 4, 32
 
@@ -38,11 +41,97 @@ def planted_copy(source: Path, destination: Path, key: str, values: list[int]) -
     return destination
 
 
+def negated_tensor_copy(source: Path, destination: Path, name: str) -> Path:
+    """A copy of a GGUF with one tensor negated in place (the drafter's weights changed, its metadata not)."""
+    from gguf import GGUFReader
+
+    shutil.copyfile(source, destination)
+    reader = GGUFReader(str(destination), "r+")
+    (tensor,) = [t for t in reader.tensors if t.name == name]
+    tensor.data[...] = -tensor.data
+    reader.data.flush()
+    return destination
+
+
+def final_block_plant(gguf: Path, test_world, budgets=range(TOKENS, 2 * TOKENS)) -> dict:
+    """A parting at the last block, planted: the first budget (from TOKENS up) at which a held-out prompt's rounds
+    part between z-lab's replay (its last block shrunk to what is left) and llama.cpp's way (the whole block drafted,
+    its proposals cut), first at round r, where no proposal judged in rounds 1..r of the whole-block replay and no
+    greedy token of the target up to there is within TIE_MARGIN of its runner-up. No kernel's float sums can then
+    part the engine from that replay before r, so the engine must part from the audit exactly at r, and the
+    final_block replay must be what names it. Found on this machine's kernels, whatever prompt it is."""
+    from dflash_audit.audit.live_check import load_prompts_for
+    from dflash_audit.audit.live_llamacpp import TIE_MARGIN, TieFlips, first_difference, prepare
+    from foundation.target import load_target
+    from foundation.target_vocab import stop_token_ids
+    from impl.body_shapes import build_drafter
+    from impl.decoding import dflash_decode
+
+    served = prepare(gguf, Path(test_world.target), gguf.parent, None, None)
+    target, tokenizer = load_target(test_world.target)
+    prompts = load_prompts_for(Path(test_world.target), Path(test_world.prompts), tokenizer)
+    stops = stop_token_ids(test_world.target, tokenizer).ids
+    with torch.inference_mode():
+        for budget in budgets:
+            for prompt in prompts:
+                ids = torch.tensor([prompt["ids"]])
+                model = build_drafter(served.spec, served.state, dtype=target.dtype).eval()
+                zlab = dflash_decode(model, target, ids, budget, stops).acceptance_lengths
+                model = build_drafter(served.spec, served.state, dtype=target.dtype).eval()
+                record = TieFlips(model, {})  # records every slot's top-two margin
+                whole = dflash_decode(model, target, ids, budget, stops, whole_blocks=True)
+                parted = first_difference(whole.acceptance_lengths, zlab)
+                if parted is None:
+                    continue
+                judged = [m for margins, a in zip(record.margins[:parted], whole.acceptance_lengths)
+                          for m in margins[:a]]
+                made = 1 + sum(whole.acceptance_lengths[:parted])  # the prefill's token and rounds 1..r
+                tokens = whole.new_tokens[:made]
+                logits = target(torch.tensor([prompt["ids"] + tokens])).logits[0, len(prompt["ids"]) - 1:].float()
+                top = logits[:len(tokens)].topk(2, dim=-1).values
+                if min(judged) >= TIE_MARGIN and (top[:, 0] - top[:, 1]).min().item() >= TIE_MARGIN:
+                    return {"id": prompt["id"], "budget": budget, "round": parted, "zlab_rounds": zlab,
+                            "whole_rounds": whole.acceptance_lengths}
+    raise AssertionError(f"no held-out prompt parts at its last block, clear of near-ties, at budgets {budgets}")
+
+
+def assert_tie_proven(prompt: dict) -> None:
+    """An argmax_tie row: the first tie at the first differing round, each a near-tie the replay broke the other
+    way (the engine's token its runner-up)."""
+    from dflash_audit.audit.live_llamacpp import TIE_MARGIN
+
+    ties = prompt["ties"]
+    assert ties and ties[0]["round"] == prompt["first_diff_round"], prompt
+    assert all(t["margin"] < TIE_MARGIN and t["replay_token"] != t["engine_token"] for t in ties), prompt
+
+
+def assert_every_round_equal_or_explained(section: dict, named: set[str]) -> None:
+    """What holds on any machine: greedy output identical; every prompt's rounds the audit's, or its first
+    difference explained by one of `named` (the counterfactual replay reproducing the engine through it; a quantized
+    drafter's last block by its weights and the whole block together) or an argmax near-tie the replay proves; no
+    difference left unlocalized."""
+    assert section["ran"] and section["greedy_identical"] is True
+    assert [f for f in section["findings"] if f["kind"] == "unlocalized"] == [], section["findings"]
+    for prompt in section["prompts"]:
+        assert prompt["greedy_identical"] is True, prompt
+        if prompt["first_diff_round"] is None:
+            assert prompt["served_rounds"] == prompt["audited_rounds"] and "explained_by" not in prompt, prompt
+            continue
+        both = [["quantization", "final_block"]] if {"quantization", "final_block"} <= named else []
+        assert prompt.get("explained_by") in [[name] for name in named] + both + [["argmax_tie"]], prompt
+        if prompt["explained_by"] == ["argmax_tie"]:
+            assert_tie_proven(prompt)
+    explained = {p["id"] for p in section["prompts"] if p["first_diff_round"] is not None}
+    assert {i for f in section["findings"] if f["kind"] != "quantization" and f["what"] != "stop_ids"
+            for i in f["prompts"]} <= explained
+
+
 @pytest.fixture(scope="module")
 def live(test_world, llamacpp_full_gguf, tmp_path_factory):
     """One live check per drafter, each llama-server run once: the GGUF of the drafter reading layers 1 and 2 served
-    with the three planted runs beside it; q4_k_m and the mixed drafter served from their conversion (the live
-    check's own); the drafter reading the last layer; heldout-7, a near-tie."""
+    with the four planted runs beside it; q4_k_m and the mixed drafter served from their conversion (the live
+    check's own); the drafter reading the last layer; every held-out prompt at a budget planted so that one of them
+    parts at its last block (`final_block_plant`)."""
     from tests.helpers import once_per_session
 
     return once_per_session(tmp_path_factory, "live-llamacpp",
@@ -67,7 +156,8 @@ def serve_all(test_world, llamacpp_full_gguf: Path, tmp_path_factory):
     gguf = root / "gguf" / "drafter-f32.gguf"
     plants = {"n_max": {"n_max": 3},
               "layer_shift": {"gguf": planted_copy(gguf, root / "shift.gguf", "dflash.target_layers", [1, 2])},
-              "mask_id": {"gguf": planted_copy(gguf, root / "mask.gguf", "tokenizer.ggml.mask_token_id", [7])}}
+              "mask_id": {"gguf": planted_copy(gguf, root / "mask.gguf", "tokenizer.ggml.mask_token_id", [7])},
+              "weights": {"gguf": negated_tensor_copy(gguf, root / "weights.gguf", "fc.weight")}}
     served = live_llamacpp(gguf, test_world.target, prompts, TOKENS, plants=plants, workdir=root / "f32")
     quantized = live_llamacpp(root / "full-1-2", test_world.target, prompts, TOKENS, quant="q4_k_m",
                               workdir=root / "q4")
@@ -75,12 +165,9 @@ def serve_all(test_world, llamacpp_full_gguf: Path, tmp_path_factory):
     mixed = load_checkpoint(cached_test_drafter(test_world))
     save_zlab_dir(root / "mixed-1-2", *without_final_layer(mixed.spec, mixed.state_dict))
     sliding = live_llamacpp(root / "mixed-1-2", test_world.target, prompts, TOKENS, workdir=root / "mixed")
-    # heldout-7: its third round turns on two logits 1e-4 apart; heldout-5: at 32 tokens its last block is one z-lab
-    # shrinks (and its non-causal slots then see fewer masks) where llama.cpp drafts it whole
-    near_tie = root / "near-tie.jsonl"
-    lines = Path(test_world.prompts).read_text().splitlines()
-    near_tie.write_text(lines[7] + "\n" + lines[5] + "\n")
-    tie = live_llamacpp(gguf, test_world.target, near_tie, TOKENS, workdir=root / "tie")
+    plant = final_block_plant(gguf, test_world)
+    tie = live_llamacpp(gguf, test_world.target, test_world.prompts, plant["budget"], workdir=root / "tie")
+    tie["plant"] = plant
     return served, served, quantized, last_layer, sliding, tie
 
 
@@ -98,24 +185,38 @@ def test_every_served_round_equals_the_audit_and_greedy_output_is_identical(live
 
 
 @pytest.mark.parametrize("plant, what", [("n_max", "block_length"), ("layer_shift", "target_layer_ids"),
-                                         ("mask_id", "mask_token_id")])
+                                         ("mask_id", "mask_token_id"), ("weights", "quantization")])
 def test_a_planted_engine_side_difference_is_localized(live, plant, what):
+    """Each plant changes the served rounds (on some prompt: a planted difference that changed nothing would prove
+    nothing) and the counterfactual replay with that one thing as the engine has it names it; `weights` (fc.weight
+    negated in the f32 GGUF) is named by the replay with the GGUF's own weights, the one q4_k_m's cost is named by."""
     section = live[1]["planted"][plant]
-    assert section["ran"] and section["greedy_identical"] is True  # speculation never changes greedy output
-    kinds = {(f["kind"], f["what"]) for f in section["findings"]}
-    assert kinds == {("input", what)}, section["findings"]
-    assert all(p["first_diff_round"] is None or p["explained_by"] == [what] for p in section["prompts"])
-    assert any(p["first_diff_round"] is not None for p in section["prompts"])
+    assert_every_round_equal_or_explained(section, {what})  # speculation never changes greedy output
+    assert {(f["kind"], f["what"]) for f in section["findings"]} <= {("input", what), ("tie", "argmax_tie")}
+    assert any(p.get("explained_by") == [what] for p in section["prompts"]), section["prompts"]
 
 
 def test_a_q4_k_m_drafter_costs_tau_and_the_dequantized_replay_localizes_it(live):
+    """q4_k_m's cost is the quantization finding, every prompt's τ in it; each round the engine serves otherwise
+    than the audit is the dequantized weights' (the replay with the GGUF's own weights reproduces it), the budget's
+    last block drafted whole, or a near-tie the replay proves, never unlocalized. Whether q4_k_m parts a round at
+    all is its rounding's accident: that the dequantized replay names a weight difference is proved by the planted
+    one (`weights`, test_a_planted_engine_side_difference_is_localized)."""
     section = live[2]
-    assert section["ran"] and section["greedy_identical"] is True and section["quant"] == "q4_k_m"
+    assert section["quant"] == "q4_k_m"
     assert set(section["quantized_tensors"].values()) <= {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}
+    assert {"Q4_K"} <= set(section["quantized_tensors"].values())
     by_kind = {f["kind"]: f for f in section["findings"]}
-    assert by_kind["quantization"]["what"] == "quantization" and len(by_kind["quantization"]["per_prompt"]) == PROMPTS
-    differing = [p for p in section["prompts"] if p["first_diff_round"] is not None]
-    assert all(p.get("explained_by") == ["quantization"] for p in differing), section["prompts"]
+    cost = by_kind["quantization"]
+    assert cost["what"] == "quantization" and [p["id"] for p in cost["per_prompt"]] == [
+        p["id"] for p in section["prompts"]] and len(cost["per_prompt"]) == PROMPTS
+    for row, prompt in zip(cost["per_prompt"], section["prompts"], strict=True):
+        assert (row["served_tau"], row["audited_tau"]) == (prompt["served_tau"], prompt["audited_tau"])
+        assert row["cost"] == pytest.approx(row["audited_tau"] - row["served_tau"], abs=1e-4)
+    assert {(f["kind"], f["what"]) for f in section["findings"]} <= {
+        ("quantization", "quantization"), ("input", "quantization"), ("tie", "argmax_tie"),
+        ("convention", "final_block")}
+    assert_every_round_equal_or_explained(section, {"quantization", "final_block"})
 
 
 def test_the_drafter_reading_the_last_target_layer_is_a_capture_finding_live(live):
@@ -135,27 +236,60 @@ def test_a_mixed_sliding_full_drafter_runs_with_its_sliding_layer_non_causal_and
 
 
 def test_every_round_is_the_audits_or_an_argmax_near_tie_or_the_whole_final_block(live):
-    """Where ggml's and torch's float32 sums break a near-tie the other way, the replay taking the runner-up there
-    gives every later round of the engine's; where the budget's end shrinks z-lab's block, the replay drafting it
-    whole as llama.cpp does gives the engine's last rounds: info findings naming the engine's line, never
-    unlocalized."""
+    """Every held-out prompt served at a budget planted so that one of them parts at its last block
+    (`final_block_plant`): the planted prompt parts exactly at the planted round, named by the replay drafting the
+    whole block as llama.cpp does; every other difference is a near-tie (ggml's and torch's float32 sums breaking
+    it the other way, the replay taking the runner-up gives every later round of the engine's) or the final block
+    too: info findings naming the engine's line, never unlocalized."""
     from dflash_audit.audit.live_check import live_findings
-    from dflash_audit.audit.live_llamacpp import TIE_MARGIN
 
     section = live[5]
-    assert section["ran"] and section["greedy_identical"] is True
+    plant = section["plant"]
+    assert section["max_new_tokens"] == plant["budget"] and len(section["prompts"]) == 8
+    assert_every_round_equal_or_explained(section, {"final_block"})
     assert {(f["kind"], f["what"]) for f in section["findings"]} <= {("tie", "argmax_tie"),
                                                                      ("convention", "final_block")}
-    by_id = {p["id"]: p for p in section["prompts"]}
-    assert by_id["heldout-5"]["explained_by"] == ["final_block"], by_id["heldout-5"]
-    assert by_id["heldout-5"]["first_diff_round"] == by_id["heldout-5"]["rounds"] - 1  # the budget's end
-    for prompt in section["prompts"]:
-        if prompt["first_diff_round"] is not None and prompt["id"] == "heldout-7":
-            assert prompt["explained_by"] == ["argmax_tie"] and prompt["ties"][0]["round"] == prompt["first_diff_round"]
-            assert all(t["margin"] < TIE_MARGIN and t["replay_token"] != t["engine_token"] for t in prompt["ties"])
+    planted = next(p for p in section["prompts"] if p["id"] == plant["id"])
+    assert planted["audited_rounds"] == plant["zlab_rounds"], (planted, plant)  # the plant is the audit's replay
+    assert planted["served_rounds"][:plant["round"]] == plant["whole_rounds"][:plant["round"]], (planted, plant)
+    assert planted["first_diff_round"] == plant["round"] and planted["explained_by"] == ["final_block"], planted
+    (finding,) = [f for f in section["findings"] if f["what"] == "final_block"]
+    assert plant["id"] in finding["prompts"]
     for finding in section["findings"]:
         assert re.fullmatch(r"llama\.cpp/common/speculative\.cpp:\d+", finding["source"])
     assert all(f.severity == "info" for f in live_findings(section))
+
+
+def test_a_planted_near_tie_is_proved_by_the_replay_taking_the_runner_up(live, test_world):
+    """The tie replay's proof, on a tie planted: the served drafter with its logits scaled by 1e-4 (every margin a
+    near-tie, every argmax the same) and an engine that takes the runner-up at the first proposal of the first round
+    the drafter's first proposal is accepted in; `tie_flips` finds that one flip, at that round and slot, and the
+    replay taking it gives every round of the planted engine's."""
+    from dflash_audit.audit.live_check import load_prompts_for
+    from dflash_audit.audit.live_llamacpp import TIE_MARGIN, TieFlips, prepare, tie_flips
+    from foundation.target import load_target
+    from foundation.target_vocab import stop_token_ids
+    from impl.body_shapes import build_drafter
+    from impl.decoding import dflash_decode
+
+    gguf = Path(live[0]["served_path"])
+    served = prepare(gguf, Path(test_world.target), gguf.parent, None, None)
+    served.spec = served.spec.replace(output_multiplier=served.spec.output_multiplier * 1e-4)
+    target, tokenizer = load_target(test_world.target)
+    stops = stop_token_ids(test_world.target, tokenizer).ids
+    prompt = load_prompts_for(Path(test_world.target), Path(test_world.prompts), tokenizer)[0]
+    model = build_drafter(served.spec, served.gguf_state, dtype=target.dtype).eval()
+    plain = dflash_decode(model, target, torch.tensor([prompt["ids"]]), TOKENS, stops, whole_blocks=True)
+    index = next(i for i, r in enumerate(plain.acceptance_lengths) if r > 1)
+    model = build_drafter(served.spec, served.gguf_state, dtype=target.dtype).eval()
+    record = TieFlips(model, {index: {0}})
+    engine = dflash_decode(model, target, torch.tensor([prompt["ids"]]), TOKENS, stops, whole_blocks=True)
+    assert engine.acceptance_lengths[index] == 1 and engine.new_tokens == plain.new_tokens  # greedy output kept
+    assert record.margins[index][0] < TIE_MARGIN
+    taken, still = tie_flips(served, target, prompt, TOKENS, stops, engine.acceptance_lengths)
+    assert still is None and [(t["round"], t["slot"]) for t in taken] == [(index + 1, 1)], taken
+    assert taken[0]["margin"] < TIE_MARGIN and taken[0]["engine_token"] != taken[0]["replay_token"]
+    assert taken[0]["replay_token"] == plain.new_tokens[1 + sum(plain.acceptance_lengths[:index])]  # the accepted one
 
 
 def test_the_replay_stops_at_the_engines_end_of_generation_set_read_from_its_log(live):
@@ -183,7 +317,7 @@ def test_stop_sets_that_part_are_one_convention_finding_on_the_prompts_they_part
     from dflash_audit.audit.live_llamacpp import round_of, stop_difference
     from foundation.target import load_target
     from foundation.target_vocab import stop_token_ids
-    from impl.decoding import greedy_decode
+    from tests.helpers import greedy_decode
 
     section = live[0]
     eog = {int(i): text for i, text in section["engine_stop_ids"]["tokens"].items()}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impl.decoding import greedy_decode
+from tests.helpers import greedy_decode
 from impl.extract import HiddenStateExtractor, output_head
 from impl.offline import cache_bytes_estimate, load_or_build_cache
 from impl.offline.cache import kept_layers, layer_path

@@ -10,10 +10,10 @@ import typer
 
 from dflash_audit.cli import load_verb
 from dflash_audit.formats.setting_names import ALIASES, BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, convert
-from impl.recipe import (DEFAULTS, KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe, flag_table, knob_problem,
-                         train_defaults, train_recipe)
+from impl.recipe import DEFAULTS, KNOBS, RECIPE_FIELDS, TRAIN_DEFAULTS, Recipe, flag_table, train_defaults, train_recipe
 from impl.spec import SpecError
 from impl.run_settings import RunSettings
+from tests.helpers import knob_problem
 from impl.train import knob_recipe
 
 REPO = Path(__file__).resolve().parents[1]

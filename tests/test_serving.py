@@ -19,8 +19,12 @@ from dflash_audit.serving_readme import (
 )
 from impl.model import DFlashDrafter
 from serving_engines import TargetFacts, resolve
-from serving_engines.rules import PINNED, RULES, installed_sha256, markdown, rule_module
-from serving_engines.source_exec import installed_file, line_of
+from serving_engines.rules import PINNED, RULES, markdown, rule_module
+from serving_engines.source_exec import file_sha256, installed_file, line_of
+
+
+def installed_sha256(module: str) -> str:
+    return file_sha256(installed_file(rule_module(module)))
 
 ENGINES = ["vllm", "sglang"]
 

@@ -95,3 +95,53 @@ def test_a_missing_or_non_executable_llamacpp_bin_is_one_line_and_exit_2(full_gg
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--llamacpp-bin" in err, err
     assert ("does not exist" if case == "missing" else "is not executable") in err
+
+
+# -- the target GGUF cache -------------------------------------------------------------------------------------------
+def test_the_target_cache_is_keyed_by_content_not_by_path(tmp_path, monkeypatch):
+    """The same target in two folders shares one entry; a changed byte is another entry, also in a file past the
+    whole-file bound, which is read as its samples (the bound lowered here to reach that path)."""
+    from serving_engines.live import llamacpp_convert as convert
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in (first, second):
+        folder.mkdir()
+        (folder / "config.json").write_text('{"hidden_size": 64}')
+        (folder / "model.safetensors").write_bytes(bytes(range(256)) * 4096)  # 1 MiB
+    assert convert.target_key(first) == convert.target_key(second)
+    assert convert.target_gguf_path(first) == convert.target_gguf_path(second)
+    (second / "config.json").write_text('{"hidden_size": 65}')
+    assert convert.target_key(first) != convert.target_key(second)
+
+    monkeypatch.setattr(convert, "WHOLE_FILE_BYTES", 1000)
+    monkeypatch.setattr(convert, "SAMPLE_BYTES", 4096)
+    (second / "config.json").write_text('{"hidden_size": 64}')
+    assert convert.target_key(first) == convert.target_key(second)
+    weights = bytearray((second / "model.safetensors").read_bytes())
+    weights[len(weights) // 2] ^= 1  # inside the middle sample: 256 samples of 4 KiB tile 1 MiB
+    (second / "model.safetensors").write_bytes(bytes(weights))
+    assert convert.target_key(first) != convert.target_key(second)
+
+
+def test_only_the_most_recently_used_target_entries_are_kept(tmp_path):
+    """Entries past the kept count go, oldest first; the one in use, a folder holding a user's file, and one whose
+    lock another process holds are kept."""
+    from filelock import FileLock
+
+    from serving_engines.live.llamacpp_convert import KEPT_TARGETS, TARGET_FILE, prune_targets
+
+    targets = tmp_path / "targets"
+    entries = []
+    for age in range(8):  # entry 0 the oldest
+        entry = targets / f"key{age}"
+        entry.mkdir(parents=True)
+        (entry / TARGET_FILE).write_bytes(b"GGUF")
+        os.utime(entry / TARGET_FILE, (1000 + age, 1000 + age))
+        entries.append(entry)
+    (entries[0] / "notes.txt").write_text("the user's")
+    in_use = entries[1]
+    with FileLock(str(entries[2] / "target-f32.lock")):
+        removed = prune_targets(targets, in_use)
+    assert sorted(removed) == entries[3:8 - (KEPT_TARGETS - 1)]
+    kept = sorted(p for p in targets.iterdir())
+    assert kept == [entries[0], entries[1], entries[2], *entries[8 - (KEPT_TARGETS - 1):]]

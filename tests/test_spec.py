@@ -132,7 +132,8 @@ def test_docs_settings_table_is_the_generated_one():
 
 def test_each_setting_is_checked_by_its_declaration():
     """A setting's own range, from its Field alone: a planted bound is checked, with the declared words."""
-    from impl.spec import SETTINGS, setting_problem
+    from impl.spec import SETTINGS
+    from tests.helpers import setting_problem
 
     assert setting_problem("block_size", 0) == "must be a positive integer, got 0"
     assert setting_problem("block_size", 1 << 25) == f"{1 << 25} is past any real model's (at most {1 << 24:,})"
@@ -149,8 +150,8 @@ def test_each_setting_is_checked_by_its_declaration():
 def test_every_refused_value_is_one_line_naming_its_setting(value):
     """pydantic judges every value; what it refuses reaches the user as one SpecError line naming the setting, in the
     tool's words (never pydantic's own "Input should be ..."), for every setting of the spec and of the recipe."""
-    from impl.recipe import KNOBS, knob_problem
-    from impl.spec import setting_problem
+    from impl.recipe import KNOBS
+    from tests.helpers import knob_problem, setting_problem
 
     base = tiny_spec().to_dict()
     for name, own, build in [*((n, setting_problem(n, value), lambda n: DraftSpec(**{**base, n: value})) for n in base),

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_audit.audit.stream_stats import clamp_cosine, is_finite, pair_stats, pair_stats_all
+from dflash_audit.audit.stream_stats import clamp_cosine, is_finite, pair_stats, stats_all
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +63,7 @@ def test_nan_and_inf_are_found_on_the_side_that_holds_them():
 def test_many_pairs_at_once_equal_one_by_one():
     gen = torch.Generator().manual_seed(2)
     pairs = {f"t{i}": (torch.randn(50, generator=gen), torch.randn(50, generator=gen)) for i in range(5)}
-    assert pair_stats_all(pairs, workers=2) == {k: pair_stats(*ab) for k, ab in pairs.items()}
+    assert stats_all(pairs, {}, workers=2)[0] == {k: pair_stats(*ab) for k, ab in pairs.items()}
 
 
 def test_static_scale_bench_at_tiny_shape(tmp_path):

@@ -207,6 +207,7 @@ def test_cli_trains_and_writes_json(tiny_world, tmp_path):
     (["--lr", "inf"], "--lr must be a finite number, got inf"),
     (["--markov-rank", "4"], "--markov-rank is a DSpark setting; add --family dspark"),
     (["--seq-len", "4"], "seq_len 4 leaves no room"),
+    (["--sliding-window", "0"], "--sliding-window must be a positive integer, got 0"),  # no layer slides here: a window of 0 is meaningless all the same
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(tiny_world, tmp_path, capsys, args, message):
     (tiny_world / "bad.jsonl").write_text('{"text": 5}\n')

@@ -266,7 +266,15 @@ def run_and_assess(engine, target_gguf: Path, served: Served, target_model, prom
                     break
             ties = tie_flips(served, target_model, prompt, max_new_tokens, stop_ids, s_rounds) \
                 if explained is None else None
-            if ties is not None:
+            if ties is not None and not ties[0]:
+                # No flip needed: the GGUF's own weights drafting whole blocks as the engine does give its rounds,
+                # where neither alone did (a quantized drafter's last block): both named, at the round they part.
+                name, rule, words = next(v for v in VARIANTS if v[0] == "final_block")
+                row["explained_by"] = ["quantization"] * differs("quantization", served, block) + [name]
+                findings.append(Finding.localization(
+                    "convention", name, f"the audit's replay with the GGUF's own (dequantized) weights and {words} "
+                    f"gives the engine's rounds (neither alone does)", None, source(rule), prompt["id"], first))
+            elif ties is not None:
                 taken, still = ties
                 row["ties"], row["explained_by"] = taken, ["argmax_tie"]
                 findings.append(Finding.localization(

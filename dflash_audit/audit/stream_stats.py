@@ -82,12 +82,6 @@ def pair_stats(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK) -> PairStat
     return PairStats(diff, clamp_cosine(dot, norm_a, norm_b, identical=diff == 0.0), finite_a, finite_b, relative)
 
 
-def pair_stats_all(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]],
-                   workers: int | None = None) -> dict[str, PairStats]:
-    """`pair_stats` of many pairs (see `stats_all`)."""
-    return stats_all(pairs, {}, workers)[0]
-
-
 def stats_all(pairs: dict[Any, tuple[torch.Tensor, torch.Tensor]], singles: dict[Any, torch.Tensor],
               workers: int | None = None) -> tuple[dict[Any, PairStats], dict[Any, bool]]:
     """`pair_stats` of many pairs and `is_finite` of single tensors (those with no same-shape partner), two at a

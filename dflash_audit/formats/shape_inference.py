@@ -110,10 +110,11 @@ def shape_facts(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[Any, str]
     if q_norm:
         head_dim = q_norm[0]
         facts["head_dim"] = (head_dim, f"layers.0.self_attn.q_norm.weight shape {list(q_norm)}")
-        if q_proj and q_proj[0] % head_dim == 0:
+        # A zero-sized q_norm shows head_dim 0 (the spec refuses it); nothing is divided by it.
+        if head_dim and q_proj and q_proj[0] % head_dim == 0:
             facts["num_attention_heads"] = (q_proj[0] // head_dim,
                                             f"layers.0.self_attn.q_proj.weight rows {q_proj[0]} / head_dim {head_dim}")
-        if k_proj and k_proj[0] % head_dim == 0:
+        if head_dim and k_proj and k_proj[0] % head_dim == 0:
             facts["num_key_value_heads"] = (k_proj[0] // head_dim,
                                             f"layers.0.self_attn.k_proj.weight rows {k_proj[0]} / head_dim {head_dim}")
     if gate:
@@ -157,7 +158,9 @@ def dflash2_facts(shapes: dict[str, tuple[int, ...]], hidden: int | None) -> dic
     if base and len(base) == 3:
         taps = base[1]
         facts["conv_kernel_size"] = (taps, f"{DFLASH2_MARKERS[0]} shape {list(base)}")
-        if projection and hidden and projection[0] % (2 * taps) == 0 and hidden % (projection[0] // (2 * taps)) == 0:
+        # Zero taps or a zero-row projection show no group size (nothing is divided by zero).
+        if (taps and projection and projection[0] and hidden and projection[0] % (2 * taps) == 0
+                and hidden % (projection[0] // (2 * taps)) == 0):
             groups = projection[0] // (2 * taps)
             facts["conv_group_size"] = (hidden // groups, f"hidden {hidden} / ({projection[0]} kernel_projection rows"
                                                           f" / 2 sides / {taps} taps)")

@@ -4,7 +4,8 @@ llamacpp_converter_shim.py, which settles only a plain byte-level pre-tokenizer'
 - A drafter: `convert_hf_to_gguf.py ZLAB_DIR --target-model-dir TARGET --outtype f32|f16|bf16|q8_0`; q4_k_m is
   `llama-quantize` of the f32 file (the converter has no k-quants). A tensor whose rows the k-quant blocks cannot
   tile is given another type by llama-quantize itself: the file's own per-tensor types are what the audit reads.
-- The target: converted once at f32 and kept in the engine's cache, keyed by the target folder's files.
+- The target: converted once at f32 and kept in the engine's cache, keyed by the target folder's content; the
+  few most recently used are kept.
 """
 
 from __future__ import annotations
@@ -88,20 +89,71 @@ def drafter_gguf(zlab_dir: Path, target_dir: Path, out_file: Path, quant: str, e
     return notes + [f"quantized by llama-quantize {QUANTIZER_TYPES[quant]} from the converter's f32 file"]
 
 
+# The target cache's key is the folder's content, not its path: a target copied to a temporary folder per run finds
+# its one entry. A file up to WHOLE_FILE_BYTES is hashed whole; a larger one (a weights shard) by its size and
+# SAMPLES evenly spaced reads of SAMPLE_BYTES, the first holding its header (the safetensors tensor table): at most
+# 16 MiB read per file, about 0.1 s for a 16 GB target, where hashing it whole would read all 16 GB. Trained weights
+# that differ differ nearly everywhere, so the samples see them.
+WHOLE_FILE_BYTES = 64 << 20
+SAMPLES, SAMPLE_BYTES = 256, 64 << 10
+KEPT_TARGETS = 4  # the target GGUFs kept, the most recently used; older ones are removed when another is used
+TARGET_FILE = "target-f32.gguf"
+
+
+def _file_digest(path: Path, digest) -> None:
+    size = path.stat().st_size
+    digest.update(f"{path.name}:{size}:".encode())
+    with open(path, "rb") as handle:
+        if size <= WHOLE_FILE_BYTES:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+            return
+        for index in range(SAMPLES):
+            handle.seek(index * (size - SAMPLE_BYTES) // (SAMPLES - 1))
+            digest.update(handle.read(SAMPLE_BYTES))
+
+
 def target_key(target_dir: Path) -> str:
-    """The target folder's files (names, sizes, modification times): a changed target is converted again."""
-    digest = hashlib.sha256(str(target_dir.resolve()).encode())
+    """The target folder's files by content (names, sizes, bytes; large files sampled): the same target in
+    another folder shares the entry, a changed one is converted again."""
+    digest = hashlib.sha256(b"target-files/2\n")
     for path in sorted(p for p in target_dir.iterdir() if p.is_file()):
-        stat = path.stat()
-        digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        _file_digest(path, digest)
     return digest.hexdigest()[:16]
+
+
+def prune_targets(targets: Path, in_use: Path, keep: int = KEPT_TARGETS) -> list[Path]:
+    """Remove the least recently used target entries beyond `keep` (`in_use` is always kept): only folders holding
+    nothing but what `target_gguf` writes, and only when no other process holds their lock. Returns those removed."""
+    from filelock import FileLock, Timeout
+
+    ours = {TARGET_FILE, Path(TARGET_FILE).with_suffix(".lock").name}
+
+    def last_used(entry: Path) -> float:
+        gguf = entry / TARGET_FILE
+        return gguf.stat().st_mtime if gguf.is_file() else entry.stat().st_mtime
+
+    entries = [e for e in targets.iterdir() if e.is_dir() and not e.is_symlink() and e != in_use
+               and {p.name for p in e.iterdir()} <= ours and (e / TARGET_FILE).is_file()]
+    removed = []
+    for entry in sorted(entries, key=last_used, reverse=True)[max(keep - 1, 0):]:
+        lock = entry / Path(TARGET_FILE).with_suffix(".lock").name
+        try:
+            with FileLock(str(lock), timeout=0):
+                (entry / TARGET_FILE).unlink(missing_ok=True)
+        except Timeout:
+            continue  # another process is converting or reading it: leave it
+        lock.unlink(missing_ok=True)
+        entry.rmdir()
+        removed.append(entry)
+    return removed
 
 
 def target_gguf_path(target_dir: Path, cache: str | Path | None = None) -> Path:
     """Where the target's f32 GGUF is kept (a GGUF the user gave is itself)."""
     if target_dir.is_file():
         return target_dir
-    return engine_dir(cache) / "targets" / target_key(target_dir) / "target-f32.gguf"
+    return engine_dir(cache) / "targets" / target_key(target_dir) / TARGET_FILE
 
 
 def target_gguf(target_dir: Path, cache: str | Path | None = None) -> tuple[Path, list[str]]:
@@ -116,4 +168,6 @@ def target_gguf(target_dir: Path, cache: str | Path | None = None) -> tuple[Path
         return out
 
     path = build_once(out.with_suffix(".lock"), lambda: out if out.is_file() else None, convert)
+    os.utime(path)  # its last use: what prune_targets keeps by
+    prune_targets(path.parent.parent, path.parent)
     return path, notes

@@ -207,3 +207,29 @@ def test_an_unforeseen_fault_in_a_subprocess_is_recorded_for_the_test_that_ran_i
         log.seek(start)
         (line,) = log.read().splitlines()
     assert line.endswith("unexpected failure: planted; rerun with --debug")
+
+
+ZERO_SIZED = {  # the tensors planted, and the one finding each must give
+    "head_dim 0": ({"layers.0.self_attn.q_norm.weight": (0,)},
+                   "its config implies layers.0.self_attn.q_norm.weight of shape [16], the tensor is [0]"),
+    "a convolution of zero taps": ({"layers.0.attention_conv.base_kernel": (4, 0, 2),
+                                    "layers.0.attention_conv.kernel_projection.weight": (8, 64)},
+                                   "of the DFlash2 (grouped causal convolutions, candidate selector) family"),
+}
+
+
+@pytest.mark.parametrize("case", list(ZERO_SIZED))
+def test_a_zero_sized_tensor_is_one_finding_not_a_fault(world, tmp_path, capsys, case):
+    """A zero-sized q_norm (head_dim 0) or a convolution of zero taps: shape inference reads the zero and divides
+    by nothing (it divided by zero before, the catch-all), so the audit says what the tensors contradict."""
+    planted, message = ZERO_SIZED[case]
+    folder = tmp_path / "zero"
+    shutil.copytree(world / "zref", folder)
+    tensors = safetensors.torch.load_file(folder / "model.safetensors")
+    tensors.update({name: torch.zeros(shape) for name, shape in planted.items()})
+    safetensors.torch.save_file(tensors, folder / "model.safetensors")
+    code, out, err = run(static(world, folder, tmp_path), capsys)
+    assert code == 1, err
+    findings = json.loads((tmp_path / "report" / "report.json").read_text())["findings"]
+    diverging = [f["message"] for f in findings if f["severity"] == "divergence"]
+    assert len(diverging) == 1 and message in diverging[0], diverging
