@@ -3,7 +3,7 @@
 Each step draws three token sequences of different lengths, right-pads them into one batch with an attention mask,
 and runs the frozen target once with output_hidden_states. Every sequence gets N_BLOCKS anchors (never on padding,
 never in its last BLOCK positions); the blocks are laid out [batch, n_blocks, BLOCK] and flattened for the drafter
-(`BlockDrafter`: feature_fuser + feature_norm + own attention blocks, target's embedding and head borrowed frozen).
+(`DraftNet`: feature_fuser + feature_norm + own attention blocks, target's embedding and head borrowed frozen).
 Loss: KL(target || drafter) per slot, slot 0 unweighted, exp(-(k-1)/gamma) after; mean of per-sequence averages.
 """
 
@@ -77,7 +77,7 @@ class DraftLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class BlockDrafter(nn.Module):
+class DraftNet(nn.Module):
     def __init__(self, target: Qwen3ForCausalLM, n_feature_layers: int) -> None:
         super().__init__()
         config = target.config
@@ -187,7 +187,7 @@ def train(target_dir: str, bugs: set[str], steps: int) -> list[float]:
     target.requires_grad_(False)
     vocab = target.config.vocab_size
     mask_id = vocab - 1
-    drafter = BlockDrafter(target, n_feature_layers=4 if "fc_4_of_5" in bugs else 5)
+    drafter = DraftNet(target, n_feature_layers=4 if "fc_4_of_5" in bugs else 5)
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=LR)
     gamma = 7.0 if "gamma_7" in bugs else 4.0
     data_gen = torch.Generator().manual_seed(1)
