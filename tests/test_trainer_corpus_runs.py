@@ -5,7 +5,8 @@ Then each script is imported and its own pieces are held by value to an independ
 target's layer outputs taken with forward hooks (not `output_hidden_states`), the target's next-token logits as
 lm_head(final_norm(raw output of the last decoder layer)) read at position p - 1 for a slot at position p, the
 drafter's logits block by block in z-lab's inference-style call (the in-house drafter's weights loaded into
-z-lab's DFlashDraftModel), and DFlash's decayed loss written out afresh.
+z-lab's DFlashDraftModel), and DFlash's decayed loss written out afresh. padded_batch, packed_documents and
+precomputed_targets are held so on one real training step each, recorded through their own functions.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,8 @@ import torch.nn.functional as F
 from dflash_world.target_training import distinct_random_qwen3
 
 CORPUS = Path(__file__).resolve().parent / "trainer_corpus"
-SCRIPTS = ("zlab_blocks_one_call", "zlab_per_anchor", "own_drafter_targets_inside")
+SCRIPTS = ("zlab_blocks_one_call", "zlab_per_anchor", "own_drafter_targets_inside",
+           "padded_batch", "packed_documents", "precomputed_targets")
 BUGS = ("fc_4_of_5", "targets_layer_9", "gamma_7", "target_noise_0.5")
 LAYERS = (1, 3, 5, 7, 9)
 HIDDEN, VOCAB, TARGET_LAYERS = 64, 512, 12
@@ -260,20 +263,25 @@ ZLAB_NAMES = {"context_proj": "fc", "context_norm": "hidden_norm", "final_norm":
 
 def as_zlab_drafter(own, target_config, block, mask_id):
     """z-lab's DFlashDraftModel holding the team's weights (renamed): an independent forward of the same drafter."""
+    weights = {".".join(ZLAB_NAMES.get(part, part) for part in name.split(".")): tensor
+               for name, tensor in own.state_dict().items() if name.split(".")[0] in ZLAB_NAMES}
+    n_features = own.context_proj.in_features // target_config.hidden_size
+    return zlab_drafter_holding(weights, target_config, len(own.blocks), n_features, block, mask_id)
+
+
+def zlab_drafter_holding(weights, target_config, n_layers, n_features, block, mask_id):
+    """z-lab's DFlashDraftModel for this target with the given weights (z-lab's names) and nothing else missing."""
     import copy
 
     from dflash.model import DFlashDraftModel
 
     config = copy.deepcopy(target_config)
     config.num_target_layers = target_config.num_hidden_layers
-    config.num_hidden_layers = len(own.blocks)
-    config.layer_types = ["full_attention"] * len(own.blocks)
-    n_features = own.context_proj.in_features // target_config.hidden_size
+    config.num_hidden_layers = n_layers
+    config.layer_types = ["full_attention"] * n_layers
     config.dflash_config = {"target_layer_ids": list(LAYERS[:n_features]), "block_size": block,
                             "mask_token_id": mask_id}
     zlab = DFlashDraftModel(config)
-    weights = {".".join(ZLAB_NAMES.get(part, part) for part in name.split(".")): tensor
-               for name, tensor in own.state_dict().items() if name.split(".")[0] in ZLAB_NAMES}
     missing, unexpected = zlab.load_state_dict(weights, strict=False)
     assert not unexpected and all("rotary_emb" in name for name in missing), (missing, unexpected)
     return zlab.eval()
@@ -326,3 +334,236 @@ def test_own_drafter_is_sound_and_bugs_by_value(target, target_dir):
     *_, loss7, blocks7, _ = step({"gamma_7"})
     assert close(loss7, dflash_loss(blocks7, last, anchors, 7.0, "kl"))
     assert not close(loss7, dflash_loss(blocks7, last, anchors, 4.0, "kl"))
+
+
+# ------------------------------------------------------------------ padded_batch, packed_documents, precomputed_targets
+# These three are held to the reference on one real training step each (`main()` in-process, `--steps 1`): their own
+# functions are wrapped to record what the step used (the drafter's inputs, its weights then, its logits, the training
+# targets, the loss), and every recorded value is recomputed here from the target and z-lab's drafter.
+
+# The exact bugs together, the noise alone (so that its check compares with the clean targets).
+RECORDED_RUNS = {"sound": (), "exact_bugs": ("fc_4_of_5", "targets_layer_9", "gamma_7"),
+                 "noise": ("target_noise_0.5",)}
+
+
+@dataclass
+class RecordedStep:
+    """One training step of a script as it really ran, with the rows the expectations are computed over."""
+    fc_in_features: int
+    fed_features: torch.Tensor  # [R, T, n*H] what fc was given
+    raw: dict  # decoder layer -> [R, T, H], its raw output over the same rows and positions, computed here
+    real: torch.Tensor  # [R, T] positions holding real tokens (not padding)
+    draft: torch.Tensor  # [S, V] the drafter's logits per block slot
+    zlab_draft: torch.Tensor  # [S, V] z-lab's drafter with the same weights, each block drafted alone
+    teacher: torch.Tensor  # [S, V] the training target per block slot
+    slot: torch.Tensor  # [S] index k in the block
+    row: torch.Tensor  # [S] the row of `raw` the slot's block lies in
+    source: torch.Tensor  # [S] position a+k-1 the slot's target should come from (slot 0: unused)
+    valid: torch.Tensor  # [S] slot may carry loss
+    loss: float
+
+
+def record_calls(monkeypatch, owner, attr, log: list, weights_of_self=False):
+    """Wrap owner.attr; each call appends (args, output), plus a copy of the module's weights at that moment."""
+    original = getattr(owner, attr)
+
+    def wrapper(*args, **kwargs):
+        assert not kwargs
+        weights = {k: v.detach().clone() for k, v in args[0].state_dict().items()} if weights_of_self else None
+        out = original(*args)
+        log.append((args, out, weights) if weights_of_self else (args, out))
+        return out
+
+    monkeypatch.setattr(owner, attr, wrapper)
+
+
+def run_one_step(module, monkeypatch, target_dir, bugs) -> None:
+    argv = [module.__file__, "--target", str(target_dir), "--steps", "1"]
+    monkeypatch.setattr(sys, "argv", argv + [arg for bug in bugs for arg in ("--bug", bug)])
+    module.main()
+
+
+def renamed(weights: dict, renames: dict, dropped: tuple) -> dict:
+    """A state dict in z-lab's names: prefixes renamed, the target's borrowed tensors dropped."""
+    out = {}
+    for name, tensor in weights.items():
+        if name.startswith(dropped):
+            continue
+        for old, new in renames.items():
+            if name.startswith(old):
+                name = new + name[len(old):]
+                break
+        out[name] = tensor
+    return out
+
+
+def block_slots(positions):
+    """Slot index, row and target source position (a+k-1) of every slot of [R, n, B] block positions."""
+    rows, n, block = positions.shape
+    slot = torch.arange(block).expand(rows, n, block).flatten()
+    row = torch.arange(rows)[:, None, None].expand(rows, n, block).flatten()
+    return slot, row, (positions - 1).clamp(min=0).flatten()
+
+
+def recorded_padded_batch(module, monkeypatch, target_dir, target, bugs) -> list[RecordedStep]:
+    ran_target, drafted, losses = [], [], []
+    record_calls(monkeypatch, module, "run_target", ran_target)
+    record_calls(monkeypatch, module.DraftNet, "forward", drafted, weights_of_self=True)
+    record_calls(monkeypatch, module, "block_kl_loss", losses)
+    run_one_step(module, monkeypatch, target_dir, bugs)
+    (_, input_ids, attention_mask, *_), _ = ran_target[0]
+    (drafter, block_ids, _, features, _, _), draft_logits, weights = drafted[0]
+    (_, target_logits, positions, _, _), loss = losses[0]
+    rows, width = input_ids.shape
+    lengths = attention_mask.sum(1)
+    raw = {i: torch.zeros(rows, width, HIDDEN) for i in range(TARGET_LAYERS)}
+    for r in range(rows):  # each sequence alone, unpadded
+        for i, out in layer_outputs(target, input_ids[r : r + 1, : lengths[r]]).items():
+            raw[i][r, : lengths[r]] = out[0]
+    anchors = positions[:, :, 0]
+    assert ((anchors >= 0) & (anchors < lengths[:, None] - positions.shape[2])).all()  # real tokens, not the last B
+    zlab = zlab_drafter_holding(renamed(weights, {"feature_fuser.": "fc.", "feature_norm.": "hidden_norm."},
+                                        ("embed.", "head.", "rope.")),
+                                target.config, len(drafter.layers), drafter.n_feature_layers, positions.shape[2],
+                                int(block_ids[0, 1]))
+    with torch.no_grad():
+        zlab_draft = torch.cat([zlab_block_logits(zlab, target, input_ids[r : r + 1], features[r : r + 1],
+                                                  anchors[r : r + 1], positions.shape[2], int(block_ids[0, 1]))
+                                for r in range(rows)])
+    slot, row, source = block_slots(positions)
+    return [RecordedStep(
+        fc_in_features=drafter.feature_fuser.in_features, fed_features=features, raw=raw,
+        real=attention_mask.bool(), draft=draft_logits.detach().flatten(0, 1), zlab_draft=zlab_draft.flatten(0, 2),
+        teacher=target_logits[row, source], slot=slot, row=row, source=source,
+        valid=attention_mask[row, positions.flatten()].bool(), loss=loss.item())]
+
+
+def recorded_packed_documents(module, monkeypatch, target_dir, target, bugs) -> list[RecordedStep]:
+    drafted, teachers, losses = [], [], []
+    record_calls(monkeypatch, module.PackedDrafter, "forward", drafted, weights_of_self=True)
+    record_calls(monkeypatch, module.TeacherBlockLoss, "teacher_logits", teachers)
+    record_calls(monkeypatch, module.TeacherBlockLoss, "forward", losses)
+    run_one_step(module, monkeypatch, target_dir, bugs)
+    (drafter, input_ids, _, document_ids, features, anchors), draft_logits, weights = drafted[0]
+    (teacher, loss) = teachers[0][1], losses[0][1]
+    docs, block = document_ids[0], teacher.shape[1]
+    starts = {int(d): int((docs == d).nonzero()[0]) for d in docs.unique()}
+    per_doc = [layer_outputs(target, input_ids[:, docs == d]) for d in docs.unique()]  # each document alone
+    raw = {i: torch.cat([outputs[i] for outputs in per_doc], dim=1) for i in range(TARGET_LAYERS)}
+    ends = anchors + block
+    assert (ends < docs.numel()).all() and (docs[ends] == docs[anchors]).all()  # not in a document's last B tokens
+    dflash = drafter.dflash
+    zlab = zlab_drafter_holding(
+        renamed(weights, {"dflash.": ""}, ("dflash.embed_tokens.", "dflash.lm_head.", "dflash.verifier_",
+                                          "dflash.rotary_emb.")),
+        target.config, len(dflash.layers), dflash.fc.in_features // HIDDEN, block, dflash.mask_token_id)
+    zlab_draft = torch.zeros(len(anchors), block, VOCAB)
+    with torch.no_grad():  # each block drafted alone within its own document, positions from the document's start
+        for d, start in starts.items():
+            here = docs[anchors] == d
+            if not here.any():
+                continue
+            zlab_draft[here] = zlab_block_logits(zlab, target, input_ids[:, docs == d], features[:, docs == d],
+                                                 (anchors[here] - start)[None], block, dflash.mask_token_id)[0]
+    slot, row, source = block_slots(anchors[None, :, None] + torch.arange(block))
+    return [RecordedStep(
+        fc_in_features=dflash.fc.in_features, fed_features=features, raw=raw,
+        real=torch.ones(1, docs.numel(), dtype=torch.bool), draft=draft_logits.detach()[0],
+        zlab_draft=zlab_draft.flatten(0, 1), teacher=teacher.flatten(0, 1), slot=slot, row=row, source=source,
+        valid=torch.ones_like(slot, dtype=torch.bool), loss=loss.item())]
+
+
+def recorded_precomputed_targets(module, monkeypatch, target_dir, target, bugs) -> list[RecordedStep]:
+    from accelerate.state import AcceleratorState, GradientState
+
+    batches, drafted, losses = [], [], []
+    record_calls(monkeypatch, module.TeacherFile, "next_micro_batch", batches)
+    record_calls(monkeypatch, module.Drafter, "forward", drafted, weights_of_self=True)
+    record_calls(monkeypatch, module, "distill_loss", losses)
+
+    def reset_accelerate():  # the process-wide state an Accelerator sets up: none before the run, none left after
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+    reset_accelerate()
+    try:
+        run_one_step(module, monkeypatch, target_dir, bugs)
+    finally:
+        reset_accelerate()
+    assert len(losses) == 2  # two micro-batches make the one optimizer step
+    steps = []
+    for (_, (input_ids, _, _)), ((drafter, tokens, _, features, _), draft_logits, weights), loss_call in zip(
+            batches, drafted, losses):
+        (_, teacher_logits, positions, _), loss = loss_call
+        rows, _, block = positions.shape
+        per_row = [layer_outputs(target, input_ids[r : r + 1]) for r in range(rows)]
+        raw = {i: torch.cat([outputs[i] for outputs in per_row]) for i in range(TARGET_LAYERS)}
+        anchors = positions[:, :, 0]
+        assert ((anchors >= 0) & (anchors < input_ids.shape[1] - block)).all()
+        renames = {"fuse.": "fc.", "fuse_norm.": "hidden_norm.", "out_norm.": "norm.",
+                   "block.attn_norm.": "layers.0.input_layernorm.", "block.mlp_norm.": "layers.0.post_attention_layernorm.",
+                   **{f"block.{ours}.": f"layers.0.self_attn.{theirs}." for ours, theirs in
+                      (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj"), ("q_norm", "q_norm"),
+                       ("k_norm", "k_norm"))},
+                   **{f"block.{ours}.": f"layers.0.mlp.{ours}_proj." for ours in ("gate", "up", "down")}}
+        zlab = zlab_drafter_holding(renamed(weights, renames, ("embed.", "head.")), target.config, 1,
+                                    drafter.fuse.in_features // HIDDEN, block, int(tokens[0, 1]))
+        with torch.no_grad():
+            zlab_draft = zlab_block_logits(zlab, target, input_ids, features, anchors, block, int(tokens[0, 1]))
+        slot, row, source = block_slots(positions)
+        steps.append(RecordedStep(
+            fc_in_features=drafter.fuse.in_features, fed_features=features, raw=raw,
+            real=torch.ones(input_ids.shape, dtype=torch.bool), draft=draft_logits.detach().flatten(0, 1),
+            zlab_draft=zlab_draft.flatten(0, 2), teacher=teacher_logits[row, source], slot=slot, row=row,
+            source=source, valid=torch.ones_like(slot, dtype=torch.bool), loss=loss.item()))
+    return steps
+
+
+RECORDERS = {"padded_batch": recorded_padded_batch, "packed_documents": recorded_packed_documents,
+             "precomputed_targets": recorded_precomputed_targets}
+
+
+def dflash_loss_by_slot(draft, teacher, slot, row, valid, gamma: float) -> float:
+    """DFlash's loss over slots that each carry their own target (noise drawn per slot, padding): KL(teacher ||
+    draft), weight 0 at slot 0 and exp(-(k-1)/gamma) after, per row sum(w*mask*kl) / (sum(mask) + 1e-5), then
+    the mean over rows."""
+    log_p, log_q = teacher.double().log_softmax(-1), draft.double().log_softmax(-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    weight = torch.where(slot == 0, 0.0, torch.exp(-(slot.double() - 1) / gamma))
+    mask = (valid & (slot > 0)).double()
+    per_row = [(weight * mask * kl)[row == r].sum() / (mask[row == r].sum() + 1e-5) for r in row.unique()]
+    return torch.stack(per_row).mean().item()
+
+
+@pytest.mark.parametrize("run", list(RECORDED_RUNS))
+@pytest.mark.parametrize("name", list(RECORDERS))
+def test_recorded_step_is_the_reference_but_for_the_named_bugs(name, run, target_dir, target, monkeypatch):
+    bugs = set(RECORDED_RUNS[run])
+    for step in RECORDERS[name](load_script(name), monkeypatch, target_dir, target, bugs):
+        # fc: the first four feature layers under fc_4_of_5, all five otherwise, each the output of decoder layer id
+        fed = LAYERS[:4] if "fc_4_of_5" in bugs else LAYERS
+        assert step.fc_in_features == len(fed) * HIDDEN
+        expected = torch.cat([step.raw[i] for i in fed], dim=-1)
+        assert close(step.fed_features[step.real], expected[step.real])
+
+        # the drafter: every block as z-lab's drafter with the same weights drafts it alone (mask, positions, RoPE)
+        assert close(step.draft, step.zlab_draft)
+
+        # targets: the head over decoder layer 9 or the last layer, at position a+k-1, plus noise of std 0.5 or none
+        scored = step.valid & (step.slot > 0)
+        teacher_layer = 9 if "targets_layer_9" in bugs else TARGET_LAYERS - 1
+        clean = next_token_logits(target, step.raw[teacher_layer][step.row, step.source])[scored]
+        if "target_noise_0.5" in bugs:
+            offset = step.teacher[scored] - clean
+            assert abs(offset.mean().item()) < 0.02 and abs(offset.std().item() - 0.5) < 0.02
+        else:
+            assert close(step.teacher[scored], clean)
+        if "targets_layer_9" in bugs:  # and not the last layer's
+            from_last = next_token_logits(target, step.raw[TARGET_LAYERS - 1][step.row, step.source])
+            assert not close(step.teacher[scored], from_last[scored])
+
+        # loss: the decayed KL with the gamma the bug names, and not the other one
+        gamma, other = (7.0, 4.0) if "gamma_7" in bugs else (4.0, 7.0)
+        args = (step.draft, step.teacher, step.slot, step.row, step.valid)
+        assert step.loss == pytest.approx(dflash_loss_by_slot(*args, gamma), rel=1e-5)
+        assert step.loss != pytest.approx(dflash_loss_by_slot(*args, other), rel=1e-3)

@@ -474,6 +474,16 @@ def drafter_interior(graph: dict, draft_logits: list[torch.Tensor], vocab: int |
     return seen
 
 
+def is_target_head_copy(module: nn.Module, target: nn.Module) -> bool:
+    """A frozen linear equal by value to the target's output head: the target's head, wherever it was loaded."""
+    head = target.get_output_embeddings()
+    weight = getattr(module, "weight", None)
+    return (isinstance(weight, torch.Tensor) and not weight.requires_grad and head is not None
+            and weight.shape == head.weight.shape and weight.dtype == head.weight.dtype
+            and weight.device == head.weight.device
+            and bool(torch.equal(weight.detach(), head.weight.detach())))
+
+
 def _placement(module: nn.Module) -> list[str]:
     return sorted({str(p.device) for p in module.parameters()} | {str(b.device) for b in module.buffers()})
 
@@ -546,6 +556,8 @@ def step_record(loss, graph, calls: StepCalls, drafter: nn.Module, drafter_name:
              consumed_as=fed_names.get(out_key))
     vocab = getattr(target.config, "vocab_size", None)
     for i, (module, out, call) in enumerate(calls.heads):
+        if id(module) not in owned and is_target_head_copy(module, target):
+            target_modules.add(id(module))  # the target's head loaded apart (SpecForge's TargetEmbeddingsAndHead)
         if out.shape[-1] == vocab and (id(module) in owned or id(module) in target_modules):
             keep(f"draft_logits.{i}", out, "draft_logits",
                  module="target.lm_head" if id(module) in target_modules else owned[id(module)], call=call)
