@@ -862,7 +862,10 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
         extra = {role: [tensors[n] for n, e in meta["entries"].items() if e["role"] == role]
                  for role in ("target_attention_mask", "target_position_ids")}
         width = tokens[0].shape[-1]
-        tokens = [t.reshape(-1, t.shape[-1]) for t in tokens if t.shape[-1] == width]
+        if all(t.shape[-1] == width for t in tokens):
+            tokens = [t.reshape(-1, t.shape[-1]) for t in tokens]
+        else:  # documents of different lengths, each run alone: read as one packed row, in the order they ran
+            tokens = [torch.cat([t.reshape(-1) for t in tokens])]
         # Every target call of the step (micro-batches) as one batch of rows: a row's place is its flat index.
         mask = extra["target_attention_mask"][0] if len(extra["target_attention_mask"]) == 1 and \
             len(tokens) == 1 else None
@@ -870,7 +873,10 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
             len(tokens) == 1 else None
         if mask is not None and bool(mask.dim() == 2 and mask.bool().all()):
             mask = None  # no padding: the plain rerun
-        cands = TargetCandidates(target, torch.cat(tokens), mask, positions)
+        documents = [t.reshape(-1) for n, e in meta["entries"].items() if e["role"] == "tokens"
+                     for t in [tensors[n]]] if len({tensors[n].shape[-1] for n, e in meta["entries"].items()
+                                                     if e["role"] == "tokens"}) > 1 else None
+        cands = TargetCandidates(target, documents or torch.cat(tokens), mask, positions)
         reference = reference_for(meta["drafter"]["facts"], cands.layers, ref_data)
         audit = StepAudit(meta, tensors, cands, reference, pad_id, index)
         audit.run()

@@ -108,7 +108,10 @@ class TargetCandidates:
 
     def __init__(self, target, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None):
-        if attention_mask is None and position_ids is None:
+        if isinstance(tokens, list):  # documents run one by one (packed by the trainer): one row, end to end
+            states = [TargetReplay(target, row.tolist()) for row in tokens]
+            tokens = torch.cat(tokens)[None]
+        elif attention_mask is None and position_ids is None:
             states = [TargetReplay(target, row.tolist()) for row in tokens]
         else:  # padding or packed documents: the target rerun on the batch as the trainer ran it
             states = [BatchReplay(target, tokens, attention_mask, position_ids, b) for b in range(tokens.shape[0])]

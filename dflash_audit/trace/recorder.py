@@ -77,6 +77,13 @@ def is_target_like(module: nn.Module) -> bool:
     return head is not None and decoder is not None and hasattr(decoder, "layers")
 
 
+def is_decoder_like(module: nn.Module) -> bool:
+    """A Hugging Face decoder stack run on its own (`target.model(ids)`, the head applied elsewhere or not at all):
+    the target's forward too, whose folder its config names."""
+    return getattr(module, "config", None) is not None and isinstance(getattr(module, "layers", None), nn.ModuleList) \
+        and isinstance(getattr(module, "embed_tokens", None), nn.Embedding) and hasattr(module, "norm")
+
+
 def _tensors(value, prefix: str = ""):
     if isinstance(value, torch.Tensor):
         yield prefix, value
@@ -161,7 +168,8 @@ class Recorder:
         """(a target-like model, an embedding, has trainable weights of its own, any trainable weight below it)."""
         kind = self.kinds.get(id(module))
         if kind is None:
-            kind = (is_target_like(module), isinstance(module, nn.Embedding),
+            kind = (is_target_like(module) or (is_decoder_like(module) and not any(
+                        p.requires_grad for p in module.parameters())), isinstance(module, nn.Embedding),
                     any(p.requires_grad for p in module.parameters(recurse=False)),
                     any(p.requires_grad for p in module.parameters()))
             self.kinds[id(module)] = kind
@@ -190,6 +198,8 @@ class Recorder:
         if target_like:
             if self.stack and self.stack[-1] is module:
                 self.stack.pop()
+            if self.stack:  # the decoder inside its causal LM's own forward: the LM's call is the target's
+                return
             ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
             calls.models.append(ModelCall(module, ids, kwargs.get("attention_mask"), kwargs.get("position_ids")))
             return
@@ -376,7 +386,7 @@ class Recorder:
         return drafter, f"{type(drafter).__module__}:{type(drafter).__qualname__}"
 
     def _target(self, calls: StepCalls, drafter: nn.Module) -> tuple[list[ModelCall], nn.Module]:
-        drafter_params = {id(p) for p in drafter.parameters()}
+        drafter_params = {id(p) for p in drafter.parameters() if p.requires_grad}  # a borrowed frozen head is the target's
         models: dict[int, nn.Module] = {}
         for call in calls.models:
             m = call.model
