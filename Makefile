@@ -141,7 +141,8 @@ test: setup browser docs
 # replay; the dynamic path; the world's digest), run once under each kernel set this machine can emulate: torch's own
 # (ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA) and MKL's (MKL_CBWR) capped together at each level, then
 # against llama.cpp built for this CPU (`python -m serving_engines.live.llamacpp_env native`) where that build exists.
-# Every variant must pass: which rounds part may move between them, what the tests assert may not. The test world is
+# Every variant must pass: which rounds part may move between them, what the tests assert may not (each variant's
+# engine runs are kept in reports/portability/<variant>/: live-llamacpp.json, live-check-vllm.json). The test world is
 # the same pinned one throughout (dflash_world/kernel_pins.py). Not part of `make test`.
 PORTABILITY_TESTS = tests/test_live_llamacpp.py tests/test_live_check.py tests/test_world_pins.py $(DYNAMIC_TESTS)
 # ATEN_CPU_CAPABILITY:ONEDNN_MAX_CPU_ISA:MKL_CBWR, the narrowest first; a level the CPU lacks runs its widest below.
@@ -153,12 +154,14 @@ test-portability: setup
 		aten=$${variant%%:*}; rest=$${variant#*:}; onednn=$${rest%%:*}; mkl=$${rest#*:}; \
 		echo "test-portability: ATEN_CPU_CAPABILITY=$$aten ONEDNN_MAX_CPU_ISA=$$onednn MKL_CBWR=$$mkl"; \
 		ATEN_CPU_CAPABILITY=$$aten ONEDNN_MAX_CPU_ISA=$$onednn MKL_CBWR=$$mkl $(PORTABILITY_PYTEST) \
-			--report-dir reports/conformance/portability-$$aten $(PORTABILITY_TESTS); \
+			--basetemp reports/portability/$$aten --report-dir reports/conformance/portability-$$aten \
+			$(PORTABILITY_TESTS); \
 	done
 	@if PYTHONPATH=. $(PY) -c "import sys; from serving_engines.live.llamacpp_env import build_dir; \
 			sys.exit(0 if (build_dir(variant='native') / 'bin' / 'llama-server').is_file() else 1)"; then \
 		echo "test-portability: llama.cpp built for this CPU (build-native)"; \
-		DFLASH_AUDIT_LLAMACPP_VARIANT=native $(PORTABILITY_PYTEST) tests/test_live_llamacpp.py; \
+		DFLASH_AUDIT_LLAMACPP_VARIANT=native $(PORTABILITY_PYTEST) --basetemp reports/portability/native-llamacpp \
+			tests/test_live_llamacpp.py; \
 	else \
 		echo "test-portability: no llama.cpp build-native here (python -m serving_engines.live.llamacpp_env native builds it): the portable build only"; \
 	fi
