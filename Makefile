@@ -150,6 +150,7 @@ KERNEL_VARIANTS := default:SSE41:COMPATIBLE avx2:AVX2:AVX2 avx512:AVX512_CORE:AV
 PORTABILITY_PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
 test-portability: setup
 	$(DEMO_ENV) OMP_NUM_THREADS=1 $(PY) -m dflash_world.prebuild
+	mkdir -p reports/portability
 	@set -e; for variant in $(KERNEL_VARIANTS); do \
 		aten=$${variant%%:*}; rest=$${variant#*:}; onednn=$${rest%%:*}; mkl=$${rest#*:}; \
 		echo "test-portability: ATEN_CPU_CAPABILITY=$$aten ONEDNN_MAX_CPU_ISA=$$onednn MKL_CBWR=$$mkl"; \
