@@ -143,7 +143,7 @@ test: setup browser docs
 # against llama.cpp built for this CPU (`python -m serving_engines.live.llamacpp_env native`) where that build exists.
 # Every variant must pass: which rounds part may move between them, what the tests assert may not (each variant's
 # engine runs are kept in reports/portability/<variant>/: live-llamacpp.json, live-check-vllm.json). The test world is
-# the same pinned one throughout (dflash_world/kernel_pins.py). Not part of `make test`.
+# the same pinned one throughout (dflash_world/kernel_pins.py). Not part of `make test`: about 10 min on 2 cores.
 PORTABILITY_TESTS = tests/test_live_llamacpp.py tests/test_live_check.py tests/test_world_pins.py $(DYNAMIC_TESTS)
 # ATEN_CPU_CAPABILITY:ONEDNN_MAX_CPU_ISA:MKL_CBWR, the narrowest first; a level the CPU lacks runs its widest below.
 KERNEL_VARIANTS := default:SSE41:COMPATIBLE avx2:AVX2:AVX2 avx512:AVX512_CORE:AVX512
@@ -207,6 +207,8 @@ bench: setup
 	$(BENCH_ENV) $(PY) bench/bench_slot_layout.py
 	$(BENCH_ENV) $(PY) bench/bench_specforge_tau.py
 	$(BENCH_ENV) $(PY) bench/bench_served_tau.py
+	PYTHONPATH=. $(PY) -m serving_engines.live.llamacpp_env native  # once per machine: the build the portable one is timed against
+	$(BENCH_ENV) $(PY) bench/bench_llamacpp_build.py
 	$(BENCH_ENV) $(PY) bench/bench_trace.py --steps 4
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape tiny
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b
