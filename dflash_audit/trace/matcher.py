@@ -74,11 +74,44 @@ def centered_log_probs(x: torch.Tensor) -> torch.Tensor:
     return x - x.mean(-1, keepdim=True)
 
 
+class BatchReplay:
+    """One row of the target's hidden states on a batch run with the trainer's own attention mask / position ids."""
+
+    _cache: dict = {}
+
+    def __init__(self, target, tokens, attention_mask, position_ids, row: int):
+        key = (id(target), id(tokens))
+        if key not in BatchReplay._cache:
+            captured = {}
+            handle = target.model.norm.register_forward_pre_hook(lambda m, args: captured.update(pre=args[0]))
+            device = next(target.parameters()).device
+            extra = {}
+            if attention_mask is not None:
+                extra["attention_mask"] = attention_mask.to(device)
+            if position_ids is not None:
+                extra["position_ids"] = position_ids.to(device)
+            try:
+                with torch.inference_mode():
+                    out = target(tokens.to(device), output_hidden_states=True, **extra)
+            finally:
+                handle.remove()
+            BatchReplay._cache.clear()
+            BatchReplay._cache[key] = ([h.float() for h in out.hidden_states], captured["pre"].float())
+        hidden, pre = BatchReplay._cache[key]
+        self.hidden = [h[row] for h in hidden]
+        self.pre_norm = pre[row]
+        self.layers = len(self.hidden) - 1
+
+
 class TargetCandidates:
     """Every candidate the target computes from the recorded token ids ([batch, seq]), rows flattened."""
 
-    def __init__(self, target, tokens: torch.Tensor):
-        states = [TargetReplay(target, row.tolist()) for row in tokens]
+    def __init__(self, target, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 position_ids: torch.Tensor | None = None):
+        if attention_mask is None and position_ids is None:
+            states = [TargetReplay(target, row.tolist()) for row in tokens]
+        else:  # padding or packed documents: the target rerun on the batch as the trainer ran it
+            states = [BatchReplay(target, tokens, attention_mask, position_ids, b) for b in range(tokens.shape[0])]
         self.layers = states[0].layers
         self.seq_len = tokens.shape[1]
         self.tokens = tokens

@@ -1,6 +1,11 @@
 """The recorder inside the traced script: what flowed through one training step, kept by reference while the step
 runs and written at `trace.step(loss)` as one safetensors file plus a JSON manifest (dflash_audit/trace/recording.py).
 
+The step needs no line in the script: it is the first `backward()` of a scalar that reaches a trainable parameter
+(the backward is wrapped, so the graph is walked before it is freed), bounded by the optimizer's next `step()` (the
+backwards between are the step's micro-batches); with no optimizer, each such backward is a step. `trace.step(loss)`
+stays as the explicit form (then the backwards are left alone).
+
 One global forward hook (every module call, with its keyword arguments) keeps, by reference only:
 - every call of a Hugging Face model that has an output head (a target candidate) and its input ids;
 - every embedding call (its ids and output) and the models enclosing it;
@@ -44,16 +49,20 @@ class ModelCall:
     model: nn.Module
     input_ids: torch.Tensor | None
     attention_mask: torch.Tensor | None
+    position_ids: torch.Tensor | None = None
 
 
 @dataclass
 class StepCalls:
+    """What the step's module calls carried. `call` tags: the number of the outermost call of a module holding
+    trainable weights (the drafter's calls: one per block, per anchor or per micro-batch), so that each tensor is
+    read with the others of its own call."""
     models: list[ModelCall] = field(default_factory=list)
-    embeds: list[tuple[nn.Module, torch.Tensor, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
-    fed: list[tuple[nn.Module, torch.Tensor]] = field(default_factory=list)
-    heads: list[tuple[nn.Module, torch.Tensor]] = field(default_factory=list)
-    kwargs: list[tuple[nn.Module, str, torch.Tensor]] = field(default_factory=list)
-
+    embeds: list[tuple[nn.Module, torch.Tensor, tuple[int, ...], tuple[int, ...], tuple]] = field(default_factory=list)
+    fed: list[tuple[nn.Module, torch.Tensor, int]] = field(default_factory=list)
+    heads: list[tuple[nn.Module, torch.Tensor, int]] = field(default_factory=list)
+    kwargs: list[tuple[nn.Module, str, torch.Tensor, int]] = field(default_factory=list)
+    roots: dict[int, nn.Module] = field(default_factory=dict)  # modules called from no other module
 
 def is_target_like(module: nn.Module) -> bool:
     """A Hugging Face model with an output head and a stack of decoder layers (a causal LM)."""
@@ -93,22 +102,58 @@ class Recorder:
         self.calls = StepCalls()
         self.recorded: list[dict] = []
         self.stack: list[nn.Module] = []
+        self.depth: list[nn.Module] = []  # every module call in progress, outermost first
+        self.trainable_depth = 0  # calls in progress of modules holding trainable weights
+        self.call_no = 0  # outermost calls of such modules so far
         self.kinds: dict[int, tuple[bool, bool, bool, bool]] = {}
         self.handles = []
+        self.explicit = False  # the script calls trace.step(loss): the backwards are its own business
+        self.pending: dict | None = None  # the step captured at its first backward, kept until the optimizer steps
+        self.micro_batches = 0
+        self.optimizers = 0  # optimizers made since install: with none, each backward is a step
+        self.saved_backward = None
+        self.saved_optimizer_init = None
 
     # -- hooks ---------------------------------------------------------------------------------------------------
     def install(self) -> Recorder:
         from torch.nn.modules import module as module_api
 
+        from torch.optim import Optimizer
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
         self.handles = [module_api.register_module_forward_pre_hook(self._enter),
-                        module_api.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True)]
+                        module_api.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True),
+                        register_optimizer_step_pre_hook(self._optimizer_step)]
+        self.saved_backward = torch.autograd.backward
+        backward, recorder = self.saved_backward, self
+
+        def traced_backward(tensors, *args, **kwargs):
+            if recorder.handles and not recorder.explicit:
+                recorder._backward(tensors)
+            return backward(tensors, *args, **kwargs)
+
+        torch.autograd.backward = traced_backward  # Tensor.backward calls it too (accelerate's, DeepSpeed's)
+        self.saved_optimizer_init = Optimizer.__init__
+        init = self.saved_optimizer_init
+
+        def counted_init(optimizer, *args, **kwargs):
+            init(optimizer, *args, **kwargs)
+            recorder.optimizers += 1
+
+        Optimizer.__init__ = counted_init
         INSTALLED[:] = [self]
         return self
 
     def remove(self) -> None:
+        from torch.optim import Optimizer
+
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        if self.saved_backward is not None:
+            torch.autograd.backward = self.saved_backward
+            Optimizer.__init__ = self.saved_optimizer_init
+            self.saved_backward = None
         if INSTALLED and INSTALLED[0] is self:
             INSTALLED.clear()
 
@@ -123,57 +168,123 @@ class Recorder:
         return kind
 
     def _enter(self, module, args):
-        if self._kind(module)[0]:
+        kind = self._kind(module)
+        if not self.depth:
+            self.calls.roots.setdefault(id(module), module)
+        self.depth.append(module)
+        if kind[3]:
+            if not self.trainable_depth:
+                self.call_no += 1
+            self.trainable_depth += 1
+        if kind[0]:
             self.stack.append(module)
 
     def _leave(self, module, args, kwargs, output):
         target_like, embedding, own_trainable, trainable = self._kind(module)
+        if self.depth and self.depth[-1] is module:
+            self.depth.pop()
+        if trainable:
+            self.trainable_depth = max(0, self.trainable_depth - 1)
         calls = self.calls
+        call = self.call_no
         if target_like:
             if self.stack and self.stack[-1] is module:
                 self.stack.pop()
             ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
-            calls.models.append(ModelCall(module, ids, kwargs.get("attention_mask")))
+            calls.models.append(ModelCall(module, ids, kwargs.get("attention_mask"), kwargs.get("position_ids")))
             return
         if embedding and args and isinstance(output, torch.Tensor):
-            calls.embeds.append((module, args[0], tuple(output.shape), tuple(id(m) for m in self.stack)))
+            calls.embeds.append((module, args[0], tuple(output.shape), tuple(id(m) for m in self.stack),
+                                 _key(output)))
         if not torch.is_grad_enabled():
             return  # a forward outside training (the target under no_grad): nothing of the drafter's
         if own_trainable:
             for _, t in (*_tensors(args), *_tensors(list(kwargs.values()))):
                 if t.is_floating_point() and not t.requires_grad:
-                    calls.fed.append((module, t))
+                    calls.fed.append((module, t, call))
         if trainable and not own_trainable:  # a container of trainable modules: its own keyword inputs
             for name, value in kwargs.items():
                 for suffix, t in _tensors(value):
                     if not t.is_floating_point() or t.dtype == torch.bool:
-                        calls.kwargs.append((module, name + suffix, t))
+                        calls.kwargs.append((module, name + suffix, t, call))
         if isinstance(module, nn.Linear) and isinstance(output, torch.Tensor) and output.requires_grad \
                 and module.out_features > module.in_features:
-            calls.heads.append((module, output))
+            calls.heads.append((module, output, call))
 
     # -- the step ------------------------------------------------------------------------------------------------
     def step(self, loss) -> None:
+        """The explicit form: `trace.step(loss)` before backward."""
+        self.explicit = True
         self.seen += 1
         calls, self.calls = self.calls, StepCalls()
         if self.rank == 0:
-            try:
-                if self.late:
-                    raise TraceRefused("the tool's hooks were not installed before the script ran (was Python "
-                                       "started with -S or -I?): the step's forward was not seen")
-                self.recorded.append(self._capture(loss, calls))
-                if self.seen >= self.steps > 0:
-                    write_recording(self.out, self.recorded, self._context())
-            except TraceRefused as exc:
-                write_error(self.out, str(exc), self.seen)
-                self.remove()
-                raise TraceStop(3) from None
+            self._guarded(lambda: self.recorded.append(self._capture(loss, calls)))
+        self._after_step()
+
+    def _guarded(self, record) -> None:
+        try:
+            if self.late:
+                raise TraceRefused("the tool's hooks were not installed before the script ran (was Python "
+                                   "started with -S or -I?): the step's forward was not seen")
+            record()
+            if self.seen >= self.steps > 0:
+                write_recording(self.out, self.recorded, self._context())
+        except TraceRefused as exc:
+            write_error(self.out, str(exc), self.seen)
+            self.remove()
+            raise TraceStop(3) from None
+
+    def _after_step(self) -> None:
         if self.steps > 0 and self.seen >= self.steps:
             self.remove()
             raise TraceStop(0)
 
+    def _backward(self, tensors) -> None:
+        """No line in the script: a backward of a scalar reaching a trainable parameter opens the step (the first
+        of the step's micro-batches is recorded, its graph walked before backward frees it)."""
+        loss = tensors if isinstance(tensors, torch.Tensor) else None
+        if loss is None or loss.numel() != 1 or loss.grad_fn is None or not loss.is_floating_point():
+            return
+        if self.pending is not None:
+            if self.optimizers:
+                self.micro_batches += 1  # accumulation: the optimizer's step closes the step
+                return
+            self._close_step()  # no optimizer: each backward is a step
+        graph = walk_graph(loss)
+        if not graph["params"]:
+            return
+        calls, self.calls = self.calls, StepCalls()
+        self.micro_batches = 1
+        if self.rank != 0:
+            self.pending = {}
+            return
+        try:
+            self.pending = self._capture(loss, calls, graph)
+        except TraceRefused as exc:
+            write_error(self.out, str(exc), self.seen + 1)
+            self.remove()
+            raise TraceStop(3) from None
+
+    def _optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self.handles and self.pending is not None and not self.explicit:
+            self._close_step()
+            self._after_step()
+
+    def _close_step(self) -> None:
+        pending, self.pending = self.pending, None
+        self.calls = StepCalls()
+        self.seen += 1
+        if self.rank == 0:
+            pending["meta"].update(step=self.seen, micro_batches=self.micro_batches)
+            self._guarded(lambda: self.recorded.append(pending))
+
     def finish(self) -> None:
-        """`--steps 0`: the script ran to its end; write what was recorded."""
+        """The script ran to its end (`--steps 0`, or fewer steps than asked): write what was recorded."""
+        if self.pending is not None and self.handles:
+            try:
+                self._close_step()
+            except TraceStop:
+                pass
         if self.rank == 0 and self.recorded and not (self.out / MANIFEST).exists():
             write_recording(self.out, self.recorded, self._context())
 
@@ -183,51 +294,61 @@ class Recorder:
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         return {"rank": self.rank, "world_size": world, "argv": sys.argv, "steps_requested": self.steps}
 
-    def _capture(self, loss, calls: StepCalls) -> dict:
+    def _capture(self, loss, calls: StepCalls, graph: dict | None = None) -> dict:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise TraceRefused(f"trace.step(loss): takes the step's scalar loss tensor, got "
                                f"{type(loss).__name__}{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
         if loss.grad_fn is None:
             raise TraceRefused("trace.step(loss): the loss does not depend on any trainable parameter (it has no "
                                "autograd graph; call step before backward, outside torch.no_grad)")
-        graph = walk_graph(loss)
+        graph = graph or walk_graph(loss)
         drafter, drafter_name = self._drafter(graph["params"], calls)
         target_call, target = self._target(calls, drafter)
         return step_record(loss, graph, calls, drafter, drafter_name, target, target_call, self.seen)
 
     def _drafter(self, params: list[torch.Tensor], calls: StepCalls) -> tuple[nn.Module, str]:
+        """The drafter: the smallest module owning every trainable parameter the loss reaches (their common
+        ancestor among the modules the step called), unwrapped from DDP/FSDP/accelerate/compile, never a leaf.
+        The frozen modules inside it (a copied final norm, the target's head) are not what makes it the drafter."""
         wanted = {id(p) for p in params}
         if not wanted:
             raise TraceRefused("the loss does not depend on any trainable parameter")
         seen: dict[int, nn.Module] = {}
-        for m in [c.model for c in calls.models] + [m for m, _ in calls.fed] + [m for m, _ in calls.heads] + \
-                [m for m, _, _ in calls.kwargs]:
-            seen[id(m)] = m
+        for root in calls.roots.values():
+            for m in root.modules():
+                seen.setdefault(id(m), m)
+        for m in [c.model for c in calls.models] + [e[0] for e in calls.fed] + [e[0] for e in calls.heads] + \
+                [e[0] for e in calls.kwargs]:
+            seen.setdefault(id(m), m)
         candidates = []
         for m in seen.values():
             own = {id(p) for p in m.parameters() if p.requires_grad}
             covered = len(own & wanted)
             if covered:
-                candidates.append((covered, -len(own), m))
+                candidates.append((covered, -len(own), -sum(1 for _ in m.modules()), m))
         if self.drafter_class:
             module_name, _, class_name = self.drafter_class.partition(":")
             cls = getattr(sys.modules.get(module_name), class_name, None)
             if cls is None:
                 raise TraceRefused(f"--drafter-class {self.drafter_class}: no class {class_name} in a loaded "
                                    f"module {module_name}")
-            candidates = [c for c in candidates if isinstance(c[2], cls)]
+            candidates = [c for c in candidates if isinstance(unwrap(c[3]), cls)]
             if not candidates:
                 raise TraceRefused(f"--drafter-class {self.drafter_class}: no module of that class owns a parameter "
                                    "the loss depends on")
         if not candidates:
             raise TraceRefused("the loss depends on trainable parameters of no module that ran forward in this step")
         best = max(c[0] for c in candidates)
-        top = [c for c in candidates if c[0] == best]
-        top.sort(key=lambda c: c[1], reverse=True)  # the smallest module holding them all
-        drafter = unwrap(top[0][2])
-        others = [unwrap(c[2]) for c in candidates if c[0] < best and not _contains(drafter, c[2])
-                  and not _contains(c[2], drafter)]
-        if others and not self.drafter_class:
+        top = sorted((c for c in candidates if c[0] == best), key=lambda c: (c[1], c[2]), reverse=True)
+        drafter = unwrap(top[0][3])
+        if not any(True for _ in drafter.children()):  # a leaf owns them all: the module that calls it is the drafter
+            parents = [c[3] for c in top if _contains(c[3], drafter) and any(True for _ in c[3].children())]
+            if parents:
+                drafter = unwrap(parents[0])
+        others = [unwrap(c[3]) for c in candidates if c[0] < best and not _contains(drafter, c[3])
+                  and not _contains(c[3], drafter) and c[3] is not drafter]
+        others = [m for m in others if not any(_contains(o, m) for o in others)]
+        if others and not self.drafter_class and best < len(wanted):
             names = sorted({type(m).__name__ for m in [drafter, *others]})
             raise TraceRefused(f"the loss depends on trainable parameters of {len(others) + 1} separate modules "
                                f"({', '.join(names)}): name the drafter with --drafter-class MODULE:CLASS")
@@ -259,11 +380,14 @@ class Recorder:
 
 
 def unwrap(module: nn.Module) -> nn.Module:
-    """A drafter inside DistributedDataParallel / accelerate's wrappers: the model itself."""
-    while hasattr(module, "module") and isinstance(module.module, nn.Module) and \
-            type(module).__name__ in ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"):
-        module = module.module
-    return module
+    """A drafter inside DistributedDataParallel / FSDP / accelerate's wrappers or torch.compile: the model itself."""
+    while True:
+        inner = getattr(module, "_orig_mod", None) if type(module).__name__ == "OptimizedModule" else \
+            getattr(module, "module", None) if type(module).__name__ in (
+                "DistributedDataParallel", "DataParallel", "FullyShardedDataParallel") else None
+        if not isinstance(inner, nn.Module):
+            return module
+        module = inner
 
 
 def _contains(outer: nn.Module, inner: nn.Module) -> bool:
@@ -329,6 +453,16 @@ def drafter_interior(graph: dict, draft_logits: list[torch.Tensor], vocab: int |
     return seen
 
 
+def is_target_head_copy(module: nn.Module, target: nn.Module) -> bool:
+    """A frozen linear equal by value to the target's output head: the target's head, wherever it was loaded."""
+    head = target.get_output_embeddings()
+    weight = getattr(module, "weight", None)
+    return (isinstance(weight, torch.Tensor) and not weight.requires_grad and head is not None
+            and weight.shape == head.weight.shape and weight.dtype == head.weight.dtype
+            and weight.device == head.weight.device
+            and bool(torch.equal(weight.detach(), head.weight.detach())))
+
+
 def _placement(module: nn.Module) -> list[str]:
     return sorted({str(p.device) for p in module.parameters()} | {str(b.device) for b in module.buffers()})
 
@@ -379,36 +513,58 @@ def step_record(loss, graph, calls: StepCalls, drafter: nn.Module, drafter_name:
         keep(f"tokens.{i}", call.input_ids, "tokens")
         if call.attention_mask is not None:
             keep(f"attention_mask.{i}", call.attention_mask, "target_attention_mask")
-    for module, t in calls.fed:
+        if isinstance(call.position_ids, torch.Tensor):
+            keep(f"target_positions.{i}", call.position_ids, "target_position_ids")
+    fed_names: dict[tuple, str] = {}
+    for module, t, call in calls.fed:
         if id(module) in owned and _key(t) not in skip:
-            keep(f"fed.{len(kept)}", t, "drafter_input", module=owned[id(module)] or "(the drafter)",
-                 module_class=type(module).__name__)
-    drafter_calls = {id(drafter)} | {id(m) for m, _, _ in calls.kwargs if unwrap(m) is drafter}
-    for module, name, t in calls.kwargs:
+            fed_names[_key(t)] = keep(f"fed.{len(kept)}", t, "drafter_input", module=owned[id(module)] or
+                                      "(the drafter)", module_class=type(module).__name__, call=call)
+    drafter_calls = {id(drafter)} | {id(m) for m, _, _, _ in calls.kwargs if unwrap(m) is drafter}
+    kwarg_calls = sorted({call for module, _, _, call in calls.kwargs if id(module) in drafter_calls})
+    for module, name, t, call in calls.kwargs:
         if id(module) in drafter_calls:
-            keep(f"drafter_kwarg.{name}", t, "drafter_kwarg", kwarg=name)
+            tag = f"{kwarg_calls.index(call)}." if len(kwarg_calls) > 1 else ""
+            keep(f"drafter_kwarg.{tag}{name}", t, "drafter_kwarg", kwarg=name, call=call)
     inside_target = {id(target)}
-    for i, (module, ids, out, enclosing) in enumerate(calls.embeds):
+    for i, (module, ids, out, enclosing, out_key) in enumerate(calls.embeds):
         if inside_target & set(enclosing):
             continue
         keep(f"embed_ids.{i}", ids, "embedding_ids", module="target" if id(module) in target_modules else
-             owned.get(id(module), type(module).__name__), output_shape=list(out))
+             owned.get(id(module), type(module).__name__), output_shape=list(out),
+             consumed_as=fed_names.get(out_key))
     vocab = getattr(target.config, "vocab_size", None)
-    for i, (module, out) in enumerate(calls.heads):
+    for i, (module, out, call) in enumerate(calls.heads):
+        if id(module) not in owned and is_target_head_copy(module, target):
+            target_modules.add(id(module))  # the target's head loaded apart (SpecForge's TargetEmbeddingsAndHead)
         if out.shape[-1] == vocab and (id(module) in owned or id(module) in target_modules):
             keep(f"draft_logits.{i}", out, "draft_logits",
-                 module="target.lm_head" if id(module) in target_modules else owned[id(module)])
-    interior = drafter_interior(graph, [out for _, out in calls.heads if out.shape[-1] == vocab], vocab)
+                 module="target.lm_head" if id(module) in target_modules else owned[id(module)], call=call)
+    interior = drafter_interior(graph, [out for _, out, _ in calls.heads if out.shape[-1] == vocab], vocab)
+    log_probs: dict[str, torch.Tensor] = {}
     for node_index, attr, t in graph["saved"]:
         if node_index in interior or _key(t) in skip:
             continue
         node = graph["nodes"][node_index]["name"]
         if t.requires_grad:
             if vocab is not None and t.dim() and t.shape[-1] == vocab:
-                keep(f"loss_draft.{node_index}.{attr}", t, "loss_draft_side", node=node, node_index=node_index,
-                     attr=attr)
+                name = keep(f"loss_draft.{node_index}.{attr}", t, "loss_draft_side", node=node,
+                            node_index=node_index, attr=attr)
+                if node.startswith("LogSoftmax") and attr == "result":
+                    log_probs[name] = t
             continue
         keep(f"loss_input.{node_index}.{attr}", t, "loss_input", node=node, node_index=node_index, attr=attr)
+    # The loss's gradient on the draft log-probabilities: for KL or cross-entropy toward any target p, row r's is
+    # -c_r * p_r, so it gives each row's weight in the loss (c_r, reduction included) and the distribution it is
+    # trained toward, whatever code computed them (the real backward still runs afterwards: retain_graph).
+    if log_probs:
+        try:
+            grads = torch.autograd.grad(loss, list(log_probs.values()), retain_graph=True, allow_unused=True)
+        except RuntimeError:
+            grads = ()
+        for (name, t), g in zip(log_probs.items(), grads):
+            if g is not None:
+                keep(f"loss_grad.{name}", g, "loss_gradient", of=name)
     meta["graph"] = [{"index": i, "name": n["name"], "next": [c for c in n["next"] if c not in interior]}
                      for i, n in enumerate(graph["nodes"]) if i not in interior]
     meta["graph_nodes"] = len(graph["nodes"])
@@ -434,9 +590,8 @@ def install_from_env(late: bool = False) -> Recorder:
     recorder = Recorder(Path(os.environ[ENV_OUT]), steps=int(options.get("steps", 1)),
                         target=options.get("target"), drafter_class=options.get("drafter_class"), late=late)
     recorder.install()
-    if int(options.get("steps", 1)) == 0:
-        import atexit
+    import atexit
 
-        atexit.register(recorder.finish)
+    atexit.register(recorder.finish)  # a step still open when the script ends (no optimizer, --steps 0) is written
     return recorder
 

@@ -135,7 +135,7 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
 # What the audit reads of each role: token ids index the target's embedding; the drafter's inputs, its logits and
 # the loss's draft side are compared by value with the target's tensors, row by row.
 ID_ROLES = ("tokens", "embedding_ids")
-VALUE_ROLES = ("drafter_input", "draft_logits", "loss_draft_side")
+VALUE_ROLES = ("drafter_input", "draft_logits", "loss_draft_side", "loss_gradient")
 
 
 def tensor_problem(tensor, entry: dict) -> str | None:

@@ -63,8 +63,8 @@ def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str) -> 
         tail = stderr_tail[-1] if stderr_tail else "(nothing on stderr)"
         raise AuditError(f"{what}: exited with status {status} before a step was recorded; its last stderr line: "
                          f"{tail[:300]}")
-    raise AuditError(f"{what}: finished without calling trace.step(loss): add `from dflash_audit import trace` and "
-                     "`trace.step(loss)` once the step's loss exists")
+    raise AuditError(f"{what}: finished without a training step: no backward() of a loss reaching a trainable "
+                     "parameter, and without calling trace.step(loss)")
 
 
 def record_script(script: Path, argv: list[str], out: Path, steps: int = 1, target: Path | None = None,
