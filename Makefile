@@ -141,24 +141,28 @@ test: setup browser docs
 # replay; the dynamic path; the world's digest), run once under each kernel set this machine can emulate: torch's own
 # (ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA) and MKL's (MKL_CBWR) capped together at each level, then
 # against llama.cpp built for this CPU (`python -m serving_engines.live.llamacpp_env native`) where that build exists.
-# Every variant must pass: which rounds part may move between them, what the tests assert may not. The test world is
-# the same pinned one throughout (dflash_world/kernel_pins.py). Not part of `make test`.
+# Every variant must pass: which rounds part may move between them, what the tests assert may not (each variant's
+# engine runs are kept in reports/portability/<variant>/: live-llamacpp.json, live-check-vllm.json). The test world is
+# the same pinned one throughout (dflash_world/kernel_pins.py). Not part of `make test`: about 10 min on 2 cores.
 PORTABILITY_TESTS = tests/test_live_llamacpp.py tests/test_live_check.py tests/test_world_pins.py $(DYNAMIC_TESTS)
 # ATEN_CPU_CAPABILITY:ONEDNN_MAX_CPU_ISA:MKL_CBWR, the narrowest first; a level the CPU lacks runs its widest below.
 KERNEL_VARIANTS := default:SSE41:COMPATIBLE avx2:AVX2:AVX2 avx512:AVX512_CORE:AVX512
 PORTABILITY_PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
 test-portability: setup
 	$(DEMO_ENV) OMP_NUM_THREADS=1 $(PY) -m dflash_world.prebuild
+	mkdir -p reports/portability
 	@set -e; for variant in $(KERNEL_VARIANTS); do \
 		aten=$${variant%%:*}; rest=$${variant#*:}; onednn=$${rest%%:*}; mkl=$${rest#*:}; \
 		echo "test-portability: ATEN_CPU_CAPABILITY=$$aten ONEDNN_MAX_CPU_ISA=$$onednn MKL_CBWR=$$mkl"; \
 		ATEN_CPU_CAPABILITY=$$aten ONEDNN_MAX_CPU_ISA=$$onednn MKL_CBWR=$$mkl $(PORTABILITY_PYTEST) \
-			--report-dir reports/conformance/portability-$$aten $(PORTABILITY_TESTS); \
+			--basetemp reports/portability/$$aten --report-dir reports/conformance/portability-$$aten \
+			$(PORTABILITY_TESTS); \
 	done
 	@if PYTHONPATH=. $(PY) -c "import sys; from serving_engines.live.llamacpp_env import build_dir; \
 			sys.exit(0 if (build_dir(variant='native') / 'bin' / 'llama-server').is_file() else 1)"; then \
 		echo "test-portability: llama.cpp built for this CPU (build-native)"; \
-		DFLASH_AUDIT_LLAMACPP_VARIANT=native $(PORTABILITY_PYTEST) tests/test_live_llamacpp.py; \
+		DFLASH_AUDIT_LLAMACPP_VARIANT=native $(PORTABILITY_PYTEST) --basetemp reports/portability/native-llamacpp \
+			tests/test_live_llamacpp.py; \
 	else \
 		echo "test-portability: no llama.cpp build-native here (python -m serving_engines.live.llamacpp_env native builds it): the portable build only"; \
 	fi
@@ -203,6 +207,8 @@ bench: setup
 	$(BENCH_ENV) $(PY) bench/bench_slot_layout.py
 	$(BENCH_ENV) $(PY) bench/bench_specforge_tau.py
 	$(BENCH_ENV) $(PY) bench/bench_served_tau.py
+	PYTHONPATH=. $(PY) -m serving_engines.live.llamacpp_env native  # once per machine: the build the portable one is timed against
+	$(BENCH_ENV) $(PY) bench/bench_llamacpp_build.py
 	$(BENCH_ENV) $(PY) bench/bench_trace.py --steps 4
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape tiny
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b

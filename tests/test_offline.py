@@ -131,10 +131,11 @@ def bf16_pairs(trained_pair, dflash2_pair, test_world):
 
 def test_bf16_offline_tau_equals_live_tau_per_prompt(bf16_pairs, test_world, tmp_path):
     """In bfloat16, every round of the replay is the live loop's, DFlash, DFlash2 and DDTree, up to drafter
-    near-ties the rounding of the target's states decides (`unexplained`). On a test world trained on an AVX-512
-    CPU, the DDTree walk of heldout-6 parts in round 4 (live 3, replay 2, the same output): the cache's states of
-    that prompt, left-padded in a batch of eight, are rounded apart from the live loop's from position 22 on (about
-    an ulp), and the 24-node tree's last place goes to another path (gap 0.003 of log-probability, moved 0.05).
+    near-ties the rounding of the target's states decides (`unexplained`). Which prompt parts, if any, is the
+    kernels' accident: on a test world once trained with an AVX-512 CPU's own kernels, one prompt's DDTree walk parted
+    in round 4 (live 3, replay 2, the same output): the cache's states of that prompt, left-padded in a batch of
+    eight, were rounded apart from the live loop's from position 22 on (about an ulp), and the 24-node tree's last
+    place went to another path (gap 0.003 of log-probability, moved 0.05).
     (With SDPA attention three of these prompts walk differently: see `Placement.attn_implementation`.)"""
     (drafter, drafter2), target, prompts, stop_ids = bf16_pairs
     cache = load_or_build_cache(tmp_path, test_world.target, target, prompts, MAX_NEW_TOKENS, stop_ids)

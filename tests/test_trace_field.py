@@ -5,11 +5,16 @@ by the conformance suite), apart from the entries a training step cannot reach, 
 
 SpecForge 0.2.0: `DFlashTrainStrategy.forward_loss` on its `OnlineDFlashModel` (tests/trace_scripts/specforge_step.py).
 speculators 0.9.0: its `Trainer.train_epoch` on offline data its `ArrowDataset` reads
-(tests/trace_scripts/speculators_trainer.py; its CPU settings named there). No driver adds a line of the trace's.
+(tests/trace_scripts/speculators_trainer.py; its CPU settings named there). Model-Optimizer 0.47.0: its converted
+`HFDFlashModel`'s training forward, in its own environment (tests/trace_scripts/modelopt_step.py): recorded with its
+drafter found inside the target; its documented divergences are not yet found by value (the audit does not read its
+D-PACE weights or its soft-target cross-entropy's reduction), so nothing about them is asserted here.
+No driver adds a line of the trace's.
 """
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from pathlib import Path
 
@@ -87,4 +92,26 @@ def test_speculators_trainer_step_on_offline_data_has_no_divergence(target_dir, 
     assert report.divergences == [] and report.exit_status == 0, [f.message for f in report.findings]
     assert [(f.component, f.key, f.pitfall) for f in report.findings] == [("loss_weights", "per_block", 18)]
     assert report.flow["fc_layers"] == [1, 3, 5, 7, 9]
+    assert not [row for row in report.tensors if row.what.startswith("unexplained")]
+
+
+MODELOPT_PYTHON = Path(sys.prefix) / "modelopt-env" / "bin" / "python"
+
+
+def test_modelopt_step_is_recorded_with_its_drafter_inside_the_target(target_dir, tmp_path, capsys):
+    """`convert` builds the drafter inside the target: the trace names its DFlashModule the drafter and the rest of
+    the converted model the target, and reads the step by value (fc's layers, the target's own logits as teacher)."""
+    from dflash_audit.cli import main
+
+    out = tmp_path / "trace"
+    main(["trace", "--out", str(out), "--", str(MODELOPT_PYTHON), str(SCRIPTS / "modelopt_step.py"),
+          "--target", str(target_dir)])
+    capsys.readouterr()
+    recording = read_recording(out)
+    step = recording.steps[0]
+    assert step["drafter"]["class"] == "modelopt.torch.speculative.plugins.modeling_dflash:DFlashModule"
+    assert step["target"]["path"] == str(target_dir)
+    report = audit_recording(recording)
+    assert report.flow["fc_layers"] == [1, 3, 5, 7, 9] and report.flow["target_shift"] == 0
+    assert report.flow["targets"] == "head(final_norm(raw output of layer 11)) = the target's own logits"
     assert not [row for row in report.tensors if row.what.startswith("unexplained")]

@@ -1,6 +1,7 @@
 """The trainer corpus (tests/trainer_corpus/): each team's script runs, and each planted bug is what its name says.
 
-Every script runs as a subprocess (sound and with all four bugs, 2 steps) and must exit 0 printing finite losses.
+Every script runs as its own `__main__` (sound and with all four bugs, 2 steps) and must exit 0 printing finite
+losses.
 Then each script is imported and its own pieces are held by value to an independent computation made here: the
 target's layer outputs taken with forward hooks (not `output_hidden_states`), the target's next-token logits as
 lm_head(final_norm(raw output of the last decoder layer)) read at position p - 1 for a slot at position p, the
@@ -13,9 +14,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import re
-import subprocess
+import runpy
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,20 +139,22 @@ def close(a, b):
 # ------------------------------------------------------------------ every script runs
 
 
-def test_each_script_runs_sound_and_with_all_bugs(target_dir):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    runs = {}
-    for name in SCRIPTS:
-        for bugs in ((), BUGS):
-            cmd = [sys.executable, str(CORPUS / f"{name}.py"), "--target", str(target_dir), "--steps", "2"]
-            cmd += [arg for bug in bugs for arg in ("--bug", bug)]
-            runs[name, bugs] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    for (name, bugs), proc in runs.items():
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, f"{name} {bugs}: exit {proc.returncode}\n{err[-2000:]}"
-        losses = [float(value) for value in LOSS_LINE.findall(out)]
-        assert len(losses) == 2, f"{name} {bugs}: expected a loss per step in\n{out}"
-        assert all(math.isfinite(loss) for loss in losses), f"{name} {bugs}: {losses}"
+@pytest.mark.parametrize("bugs", [(), BUGS], ids=["sound", "seed-bugs"])
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_each_script_runs_sound_and_with_all_bugs(name, bugs, target_dir, monkeypatch, capsys):
+    """Each script run as its own `__main__` with its command line, in this process: a child process would add
+    only the interpreter's start-up (about 7 s of imports each; tests/test_trace_corpus.py runs one as a child)."""
+    argv = [str(CORPUS / f"{name}.py"), "--target", str(target_dir), "--steps", "2",
+            *[arg for bug in bugs for arg in ("--bug", bug)]]
+    monkeypatch.setattr(sys, "argv", argv)
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exc:
+        assert exc.code in (None, 0), f"{name} {bugs}: exit {exc.code}"
+    out = capsys.readouterr().out
+    losses = [float(value) for value in LOSS_LINE.findall(out)]
+    assert len(losses) == 2, f"{name} {bugs}: expected a loss per step in\n{out}"
+    assert all(math.isfinite(loss) for loss in losses), f"{name} {bugs}: {losses}"
 
 
 # ------------------------------------------------------------------ zlab_blocks_one_call

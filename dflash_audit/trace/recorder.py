@@ -390,7 +390,13 @@ class Recorder:
         models: dict[int, nn.Module] = {}
         for call in calls.models:
             m = call.model
-            if m is drafter or _contains(m, drafter) or _contains(drafter, m) or call.input_ids is None:
+            if m is drafter or _contains(drafter, m) or call.input_ids is None:
+                continue
+            if _contains(m, drafter):
+                # The drafter built inside the target (Model-Optimizer's `convert`): the target is the rest of it,
+                # when nothing of that rest trains.
+                if not any(p.requires_grad and id(p) not in drafter_params for p in m.parameters()):
+                    models[id(m)] = m
                 continue
             if any(id(p) in drafter_params for p in m.parameters()):
                 continue
@@ -538,7 +544,7 @@ def step_record(loss, graph, calls: StepCalls, drafter: nn.Module, drafter_name:
         return name
 
     owned = {id(m): n for n, m in drafter.named_modules()}
-    target_modules = {id(m) for m in target.modules()}
+    target_modules = {id(m) for m in target.modules()} - set(owned)  # a drafter inside the target is not the target
     skip = {_key(p) for m in (drafter, target) for p in (*m.parameters(), *m.buffers())}
     for i, call in enumerate(target_calls):
         keep(f"tokens.{i}", call.input_ids, "tokens")
@@ -559,8 +565,8 @@ def step_record(loss, graph, calls: StepCalls, drafter: nn.Module, drafter_name:
             keep(f"drafter_kwarg.{tag}{name}", t, "drafter_kwarg", kwarg=name, call=call)
     inside_target = {id(target)}
     for i, (module, ids, out, enclosing, out_key) in enumerate(calls.embeds):
-        if inside_target & set(enclosing):
-            continue
+        if inside_target & set(enclosing) and out_key not in fed_names:
+            continue  # the target's own embedding; one inside its call that the drafter consumed is the block's
         keep(f"embed_ids.{i}", ids, "embedding_ids", module="target" if id(module) in target_modules else
              owned.get(id(module), type(module).__name__), output_shape=list(out),
              consumed_as=fed_names.get(out_key))

@@ -7,7 +7,8 @@ section read by its `DFlashConfig`: block 8, 512 anchors, logit distillation, D-
 (`dflash_module`) inside it. The step is what its Hugging Face `Trainer` runs: the converted model's training
 `forward(input_ids, attention_mask, labels)` (the target's forward, anchors, masks, drafter, `_compute_loss`), then
 backward and an optimizer step. Settings for a CPU run, as the project's held/modelopt_ops.py makes them: the mask
-token named (its auto-detection reads a tokenizer), the drafter's attention "eager", no torch.compile.
+token named (its auto-detection reads a tokenizer), the drafter's attention "eager", no torch.compile. No line of
+the trace's: the step is the first backward, closed by the optimizer's step.
 """
 
 import argparse
@@ -20,7 +21,6 @@ from modelopt.torch.speculative.config import DFlashConfig
 from pathlib import Path
 from transformers import AutoModelForCausalLM
 
-from dflash_audit import trace
 
 p = argparse.ArgumentParser()
 p.add_argument("--target", required=True)
@@ -39,7 +39,6 @@ optim = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr
 for step in range(2):
     ids = torch.randint(1, vocab - 1, (1, args.seq_len))
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids.clone())
-    trace.step(out.loss)
     optim.zero_grad()
     out.loss.backward()
     optim.step()
