@@ -441,13 +441,15 @@ class StepAudit:
             own = [i for i, p in enumerate(self.draft_prefix) if p == prefix]
             if own:
                 table, slots = table[own], [slots[i] for i in own]
-        # Exact distances (not the matrix-product shortcut, whose rounding can swap two near-equal slots' rows).
-        distance = torch.cdist(rows, table, compute_mode="donot_use_mm_for_euclid_dist")
-        best = distance.min(1).values
+        # The nearest few by the matrix-product shortcut, then their exact distances (the shortcut's rounding can
+        # swap two near-equal slots' rows).
+        near_few = torch.cdist(rows, table).topk(min(4, table.shape[0]), largest=False).indices
+        exact = (rows[:, None, :] - table[near_few]).norm(dim=-1)
+        best = exact.min(1).values
         used: set[int] = set()
         found = []
         for r in range(rows.shape[0]):  # equal draft rows (a drafter blind to position): the next one, in order
-            ties = (distance[r] <= best[r] + 1e-6 + 1e-4 * best[r]).nonzero().flatten().tolist()
+            ties = near_few[r][exact[r] <= best[r] + 1e-6 + 1e-4 * best[r]].tolist()
             i = next((t for t in ties if t not in used), ties[0])
             used.add(i)
             near = float((rows[r] - table[i]).abs().max()) <= 1e-2
