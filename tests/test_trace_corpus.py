@@ -106,3 +106,14 @@ def test_the_verb_traces_a_corpus_trainer_with_no_line(target_dir, ref, tmp_path
     assert status == 1, printed
     assert "4 divergences" in printed
     check_seed_findings(audit_recording(read_recording(out), ref=ref))
+
+
+def test_without_a_reference_an_own_drafters_layers_stay_unknown(target_dir, tmp_path):
+    """A drafter of a team's own class declares no depth: with no --ref, fc's layers are read but not held to a
+    guessed reference; the report says so, and no divergence is invented."""
+    trainer = next((p for p in TRAINERS if p.stem == "padded_batch"), None)
+    assert trainer is not None, [p.name for p in LISTED]
+    record_script(trainer, argv(target_dir, ["fc_4_of_5"]), tmp_path)
+    report = audit_recording(read_recording(tmp_path))
+    assert report.flow["fc_layers"] == [1, 3, 5, 7] and report.divergences == [], messages(report)
+    assert any("not checked" in note and "--ref" in note for note in report.notes), report.notes

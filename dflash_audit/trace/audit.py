@@ -82,7 +82,7 @@ def reference_for(drafter_facts: dict, target_layers: int, ref: dict) -> Referen
         source = (f"for {target_layers} target layers and {draft_layers} draft layers, z-lab's "
                   f"build_target_layer_ids (dflash {installed_version('dflash')})")
     else:
-        ids, source = [], "unknown (the drafter's depth was not recorded)"
+        ids, source = [], "unknown: the drafter declares no depth and no --ref was given"
     block = ref.get("block_size", drafter_facts.get("block_size"))
     block_source = f"--ref {ref['file']}" if "block_size" in ref else "the drafter's config"
     mask = ref.get("mask_token_id", drafter_facts.get("mask_token_id"))
@@ -390,7 +390,11 @@ class StepAudit:
         said = f" (the drafter's config declares {declared})" if declared is not None and declared != layers else ""
         read = ", ".join(str(x) for x in layers)
         want = ", ".join(str(x) for x in ref)
-        if not ref or layers == ref:
+        if not ref:
+            self.note(f"fc reads target layers {read}; the reference's layer ids are {self.ref.layer_source}: not "
+                      "checked (give --ref a config declaring target_layer_ids)")
+            return
+        if layers == ref:
             return
         if len(layers) != len(ref):
             missing = [x for x in ref if x not in layers]
@@ -485,9 +489,11 @@ class StepAudit:
             self.account(g_name, f"the loss's gradient on {lq_name}: each row's weight and target")
             slots = self.slot_of(lq, micro_batch(g_name))
             top = float(c.abs().max()) if c.numel() else 0.0
-            for r in range(g.shape[0]):
-                if top and abs(float(c[r])) > 1e-7 * top:
-                    trained.append((slots[r], float(c[r]), g[r] / -c[r], lq[r]))
+            live_rows = (c.abs() > 1e-7 * top) if top else torch.zeros_like(c, dtype=torch.bool)
+            targets = g / -torch.where(live_rows, c, torch.ones_like(c))[:, None]
+            for r, (weight, on) in enumerate(zip(c.tolist(), live_rows.tolist())):
+                if on:
+                    trained.append((slots[r], weight, targets[r], lq[r]))
                 elif slots[r] is not None:
                     trained.append((slots[r], 0.0, None, lq[r]))
         self.flow["loss"] = f"{float(self.meta['loss']):.6g}"
@@ -529,15 +535,14 @@ class StepAudit:
             if (named.equal or named.noisy) and named.positions is not None:
                 for n, part in zip(distributions, torch.split(named.positions, [r.shape[0] for r in rows])):
                     tables.append((n, centered_log_probs(_rows(self.tensors[n])).softmax(-1), part))
-        positions = []
-        for _, _, p, _ in live:
-            found = None
-            for n, probs, pos in tables:
-                i = int((probs - p).abs().sum(-1).argmin())
-                if float((probs[i] - p).abs().sum()) <= 1e-3:
-                    found = int(pos[i])
-                    break
-            positions.append(found)
+        positions: list[int | None] = [None] * len(live)
+        if tables and live:
+            wanted = torch.stack([p for _, _, p, _ in live])
+            for n, probs, pos in tables:  # each row's recorded twin: the same distribution (L1 within 1e-3)
+                distance, index = torch.cdist(wanted, probs, p=1).min(1)
+                for r, (d, i) in enumerate(zip(distance.tolist(), index.tolist())):
+                    if positions[r] is None and d <= 1e-3:
+                        positions[r] = int(pos[i])
         if tables and all(x is not None for x in positions):
             return positions
         # No recorded tensor holds them (made in code the recorder cannot see): the gradient's own rows, named.
@@ -721,8 +726,11 @@ class StepAudit:
         """The loss recomputed from its rows (each row's weight and target, read from the gradient): KL or
         cross-entropy, against the recorded value."""
         recorded = float(self.meta["loss"])
-        kl = sum(c * float((p * (p.clamp_min(1e-30).log() - lq)).sum()) for _, c, p, lq in live)
-        ce = sum(c * float(-(p * lq).sum()) for _, c, p, lq in live)
+        c = torch.tensor([row[1] for row in live], dtype=torch.float64)
+        p = torch.stack([row[2] for row in live]).double() if live else torch.zeros(0, 1, dtype=torch.float64)
+        lq = torch.stack([row[3] for row in live]).double() if live else torch.zeros(0, 1, dtype=torch.float64)
+        kl = float((c * (p * (p.clamp_min(1e-30).log() - lq)).sum(-1)).sum())
+        ce = float((c * -(p * lq).sum(-1)).sum())
         close = [kind for kind, value in (("kl_div", kl), ("ce", ce))
                  if abs(value - recorded) <= 1e-4 * max(1.0, abs(recorded))]
         kind = None

@@ -521,8 +521,8 @@ def _config_facts(module: nn.Module) -> dict:
         if name not in facts and isinstance(value, (int, list, tuple)):
             facts[name] = list(value) if isinstance(value, (list, tuple)) else value
     layers = getattr(module, "layers", None)
-    if isinstance(layers, nn.ModuleList) and "num_hidden_layers" not in facts:
-        facts["num_hidden_layers"] = len(layers)
+    if isinstance(layers, nn.ModuleList) and "num_hidden_layers" not in facts and config is not None:
+        facts["num_hidden_layers"] = len(layers)  # a team's own class without a config: its depth decides nothing
     return facts
 
 

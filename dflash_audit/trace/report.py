@@ -30,6 +30,7 @@ def terminal_summary(report: TraceReport, width: int = 70) -> str:
     lines.append(f"target {facts['target']['path']} on {', '.join(facts['target']['placement'])}; drafter "
                  f"{facts['drafter']['class']} on {', '.join(facts['drafter']['placement'])}; "
                  f"{facts['steps']} step{'s' if facts['steps'] != 1 else ''} recorded in {facts['recording']}")
+    lines.extend(f"note: {note}" for note in report.notes)  # what could not be known, said plainly
     count = len(report.divergences)
     lines.append(f"{count} divergence{'s' if count != 1 else ''}")
     return "\n".join(lines)
