@@ -687,6 +687,11 @@ class StepAudit:
                              f"data's tokens: the nearest, {best}, agrees on {share:.0%} of {len(labels)} rows (a "
                              "source or noise the labels cannot tell apart)", None, None, key="labels"),
                      edge="targets")
+        if share == 1.0:
+            source = next((c for c in self.cands.logits if best == f"the argmax of {c.name}"), None)
+            if source is not None and source != self.cands.reference_logits:
+                named = Named(source, 0.0, True)
+                self.target_findings(named, "the hard labels, the argmax of the targets")
         return best if share == 1.0 else None
 
     def weights(self, trained: list) -> None:
