@@ -28,8 +28,6 @@ CORPUS = Path(__file__).resolve().parent / "trainer_corpus"
 LISTED = sorted(p for p in CORPUS.glob("*.py") if not p.name.startswith("_"))
 # Trainers the trace does not yet hold to the contract, each with why (reported, never counted as passing):
 OPEN = {
-    "own_drafter_targets_inside": "its sound version uses mask id 0, the target's pad id (catalogue #34): the trace "
-                                  "reports mask_token_validity on it, sound or not",
     "zlab_per_anchor": "greedy labels (the argmax of noisy layer-9 logits): the source layer and the noise's std are "
                        "not identifiable from hard labels to the asked precision; its sound version trains CE with "
                        "fixed decay, which the project's reference rule holds to D-PACE (per_position_loss_weight)",

@@ -23,7 +23,7 @@ SUPPORTED_BUGS = {"fc_4_of_5", "targets_layer_9", "gamma_7", "target_noise_0.5"}
 
 FEATURE_LAYERS = (1, 3, 5, 7, 9)
 BLOCK = 8
-MASK_ID = 0
+MASK_ID = 1  # a reserved id of its own: id 0 is the target's pad token
 N_BLOCKS = 2
 ROWS, SEQ = 2, 112
 ANCHORS = 6
@@ -225,7 +225,7 @@ def main(argv=None):
     gen = torch.Generator().manual_seed(0)
     V = verifier.config.vocab_size
     for step in range(args.steps):
-        ids = torch.randint(1, V, (ROWS, SEQ), generator=gen)  # id 0 is our mask token
+        ids = torch.randint(2, V, (ROWS, SEQ), generator=gen)  # ids 0 (pad) and 1 (our mask token) kept out
         anchors = torch.stack([torch.randperm(SEQ - BLOCK, generator=gen)[:ANCHORS].sort().values
                                for _ in range(ROWS)])
         feats, verifier_hidden = tap_inputs(verifier, taps, ids, n_features, teacher_layer)
