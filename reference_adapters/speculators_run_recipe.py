@@ -162,3 +162,16 @@ def run_reference(family: str = "dflash") -> RunReference:
         clip_max_norm=float(clip_call.args[1].value), clip_norm_type=float(norm_type),
         backwards_per_step=len(backwards), autocast_dtype=config.data.hidden_states_dtype, master_dtype="float32",
         sources=sources)
+
+
+def train_run_settings(family: str = "dflash") -> dict[str, Any]:
+    """The resolved run as `impl.run_settings.RunSettings` fields (`train --recipe speculators`): its optimizers, their
+    settings, the linear schedule with speculators' warmup rule (warmup None: steps // 100) and its clipping."""
+    ref = run_reference(family)
+    if ref.warmup_steps is not None or ref.warmup_ratio is not None or ref.warmup_divisor != 100:
+        raise ValueError(f"speculators' {family} run warms up otherwise than steps // 100; our trainer does not")
+    return {"optimizer": ref.optimizer, "lr_schedule": ref.schedule, "lr": ref.adamw["lr"],
+            "weight_decay": ref.adamw["weight_decay"], "adam_betas": tuple(ref.adamw["betas"]),
+            "muon_lr": ref.muon["lr"], "muon_momentum": ref.muon["momentum"],
+            "muon_weight_decay": ref.muon["weight_decay"], "muon_adjust_lr_fn": ref.muon["adjust_lr_fn"],
+            "warmup": None, "grad_clip": ref.clip_max_norm}
