@@ -18,7 +18,9 @@ COMPONENTS = ("fc_dims", "target_layers", "layer_types", "window_direction", "bl
               "targets", "target_alignment", "noise", "loss_weights", "loss", "positions", "training_mask",
               "anchors", "unexplained",
               # `eval`: a drafter evaluated with other chat-template settings than it declares (dflash_audit/tau/declared.py)
-              "chat_template")
+              "chat_template",
+              # `data-check`: an offline hidden-state dataset (dflash_audit/data_check/check.py)
+              "hidden_state_data")
 SEVERITIES = ("divergence", "warning", "info")
 # An audit finding's words in report.json (docs/reports.md), in order.
 AUDIT_WORDS = ("component", "severity", "message", "ours", "ref", "pitfall", "key", "raw", "explanation")
