@@ -213,3 +213,23 @@ def test_hostile_and_corrupt_records_are_one_line_and_exit_2(world, tmp_path, ca
     assert main(["data-check", str(corrupt), "--target", str(target), "--records", "0", *out]) == 2
     err = capsys.readouterr().err
     assert "--layer-ids '2,x'" in err and "--records must be" in err
+
+
+def test_speculators_layout_reads_its_table_and_holds_the_files_to_it(world, tmp_path):
+    """speculators' output folder: the `datasets` table (input_ids, loss_mask per row) with hidden_states/ inside;
+    a file whose token ids are not its row's is the sample speculators' loader drops."""
+    from datasets import Dataset
+
+    target, model, tokenizer = world
+    folder = tmp_path / "speculators"
+    write_vllm(folder / "hidden_states", model, tokenizer, count=3)
+    rows = sequences(tokenizer, 3)
+    table = {"input_ids": [ids if i != 2 else ids[::-1] for i, ids in enumerate(rows)],
+             "loss_mask": [[0] * 8 + [1] * (len(ids) - 8) for ids in rows], "seq_len": [len(ids) for ids in rows]}
+    Dataset.from_dict(table).save_to_disk(str(tmp_path / "table"))
+    for entry in (tmp_path / "table").iterdir():
+        entry.rename(folder / entry.name)
+    status, report = check(folder, target, "--layer-ids", ",".join(map(str, CLAIM)))
+    assert status == 1 and keys(report) == {"token_ids_mismatch": ["hs_2.safetensors"]}, report["findings"]
+    assert report["facts"]["layout"] == "speculators"
+    assert report["records"][0]["loss_mask"]["supervised"] == len(rows[0]) - 8
