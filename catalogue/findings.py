@@ -16,7 +16,9 @@ COMPONENTS = ("fc_dims", "target_layers", "layer_types", "window_direction", "bl
               "mask_token_validity", "vocab_sizes", "slot_layout", "rotary", "draft_vocab", "quantization",
               # `trace`: what one recorded training step computed (dflash_audit/trace/audit.py)
               "targets", "target_alignment", "noise", "loss_weights", "loss", "positions", "training_mask",
-              "anchors", "unexplained")
+              "anchors", "unexplained",
+              # `trace` of an evaluation: a team's evaluator held round by round to z-lab's loop (trace/evaluation.py)
+              "evaluation")
 SEVERITIES = ("divergence", "warning", "info")
 # An audit finding's words in report.json (docs/reports.md), in order.
 AUDIT_WORDS = ("component", "severity", "message", "ours", "ref", "pitfall", "key", "raw", "explanation")
