@@ -45,6 +45,7 @@ class EvaluationReport:
     facts: dict
     notes: list[str] = field(default_factory=list)
     positions: list[dict] = field(default_factory=list)
+    along_context: dict = field(default_factory=dict)
 
     @property
     def divergences(self) -> list[Finding]:
@@ -60,6 +61,7 @@ class EvaluationReport:
 
         return _finite({"schema": SCHEMA, "findings": [f.to_dict() for f in self.findings], "tau": self.tau,
                         "prompts": self.prompts, "positions": self.positions, "facts": self.facts,
+                        "along_context": {k: v for k, v in self.along_context.items() if not k.endswith("table")},
                         "notes": self.notes, "versions": installed_versions(), "exit_status": self.exit_status})
 
     def summary(self, width: int = 76) -> str:
@@ -77,6 +79,8 @@ class EvaluationReport:
             lines.append(tabulate([[p["position"], f"{p['theirs']:.3f}", f"{p['zlab']:.3f}",
                                     f"[{p['low']:+.3f}, {p['high']:+.3f}]"] for p in self.positions],
                                   headers=["draft", "accepted (theirs)", "(z-lab)", "gap 95%"], tablefmt="simple"))
+        if self.along_context:
+            lines.append("τ along the context, the evaluator's rounds:\n" + self.along_context["table"])
         lines.extend(f"note: {note}" for note in self.notes)
         lines.append(f"{len(self.divergences)} divergence{'s' if len(self.divergences) != 1 else ''}")
         return "\n".join(lines)
@@ -127,6 +131,7 @@ def audit_evaluation_folder(folder: Path, report_dir: Path, flag: str, target_di
     report = audit_evaluation(recording, flag, target_dir, drafter_dir, temperature)
     data = report.to_dict()
     text = json.dumps(data, indent=2, default=str) + "\n"
+    Path(report_dir).mkdir(parents=True, exist_ok=True)
     for path in [report_dir / "report.json"] + ([json_path] if json_path is not None else []):
         atomic_write_bytes(Path(path), lambda tmp: Path(tmp).write_text(text))
     write_html(report, report_dir / "index.html")
@@ -192,7 +197,7 @@ def _assess(recording, runs: list[PromptRun], ref: Reference, states_of, tempera
             drafter_path: Path, target_path: Path, entry: dict) -> EvaluationReport:
     causes: list[Cause] = []
     prompts: list[dict] = []
-    zlab_rounds, zlab_unstopped, their_rounds = [], [], []
+    zlab_rounds, zlab_unstopped, their_rounds, all_replays = [], [], [], []
     seeds = 1 if temperature == 0 else 8
     fixed_text = False
     # At T > 0 a prompt's last round is not observed (no verification follows it, and its acceptance was sampled):
@@ -212,15 +217,20 @@ def _assess(recording, runs: list[PromptRun], ref: Reference, states_of, tempera
         if replays[0].stopped and temperature == 0:
             unstopped = zlab_replay(ref.twin, ref.target, run.prompt, max_new, None)
         zlab_unstopped.append(unstopped.lengths)
+        all_replays.append(replays[0])
+    # The comparison is the one core's for every source of rounds (dflash_audit/rounds/): this evaluator is one.
+    assessment = _core_assessment(recording, runs, all_replays, ref) if temperature == 0 else None
+    for p, run in enumerate(runs):
+        replay = all_replays[p]
         states = states_of(run.sequence())
-        parting = _first_parting(run, replays[0]) if temperature == 0 else None
+        parting = assessment.rows[p]["first_diff_round"] if assessment is not None else None
         found = _round_causes(ref, states, run, parting, temperature)
         causes.extend(found)
         if any(r.kept and r.read_from == "next" and r.kept[-1] != r.target_argmax[min(r.produced - 1,
                len(r.target_argmax) - 1)] for r in run.rounds) and temperature == 0:
             fixed_text = True
-        prompts.append({"prompt": run.index, "prompt_tokens": len(run.prompt), "rounds": lengths,
-                        "zlab_rounds": replays[0].lengths, "tau": mean(lengths), "zlab_tau": mean(replays[0].lengths),
+        prompts.append({"prompt": run.index, "prompt_tokens": len(run.prompt), "rounds": run.lengths,
+                        "zlab_rounds": replay.lengths, "tau": mean(run.lengths), "zlab_tau": mean(replay.lengths),
                         "first_parting_round": parting, "batch_row": run.row, "batch": run.batch,
                         "causes": [c.key for c in found]})
     identity = identify(recording.manifest.get("tau"), [run.lengths for run in runs] if temperature else their_rounds,
@@ -258,11 +268,12 @@ def _assess(recording, runs: list[PromptRun], ref: Reference, states_of, tempera
            "low": identity.gap.low, "high": identity.gap.high, "beyond_noise": identity.gap.beyond_noise,
            "candidates": identity.candidates, "sentence": identity.sentence(),
            "method": identity.gap.method}
+    along = _along_context(runs, all_replays, ref, drafter_path)
     facts = {"recording": str(recording.folder), "drafter": {"class": entry["class"], "folder": str(drafter_path),
              "layer_ids": ref.layer_ids, "block_size": ref.block_size, "mask_token_id": ref.mask_id,
              "windows": ref.windows}, "target": {"folder": str(target_path), "stop_ids": ref.stop_ids},
              "temperature": temperature, "prompts": len(runs), "reference": "dflash 0.1.0 dflash_generate"}
-    return EvaluationReport(sort_findings(findings), prompts, tau, facts, notes, positions)
+    return EvaluationReport(sort_findings(findings), prompts, tau, facts, notes, positions, along)
 
 
 def _signed(identity) -> str:
@@ -271,17 +282,35 @@ def _signed(identity) -> str:
             f"{gap.n} prompts")
 
 
-def _first_parting(run: PromptRun, replay) -> int | None:
-    """1-based: the first round whose length or drafted block is not z-lab's (a shortened last block of z-lab's is
-    held on its common part)."""
-    for i, rnd in enumerate(run.rounds):
-        if i >= len(replay.rounds):
-            return i + 1
-        theirs, zlab = rnd.block[1:], replay.rounds[i].block[1:]
-        common = min(len(theirs), len(zlab))
-        if rnd.produced != replay.rounds[i].produced or theirs[:common] != zlab[:common]:
-            return i + 1
-    return None if len(run.rounds) == len(replay.rounds) else len(run.rounds) + 1
+def _core_assessment(recording, runs: list[PromptRun], replays, ref: Reference):
+    """The evaluator as a source of rounds (its prompts, rounds and drafted blocks) held by the one assessment to
+    z-lab's loop replayed (`dflash_generate`'s rounds and blocks as a `DecodeResult` each)."""
+    from dflash_audit.rounds import PromptRounds, RoundSource, assess
+    from impl.decoding import DecodeResult
+
+    script = next((a for a in recording.manifest.get("context", {}).get("argv", []) if a.endswith(".py")), "eval.py")
+    source = RoundSource(Path(script).name, ref.block_size - 1, [
+        PromptRounds(str(run.index), run.prompt, run.lengths, [r.block[1:] for r in run.rounds],
+                     run.sequence()[len(run.prompt):]) for run in runs])
+    audited = [DecodeResult(torch.tensor([replay.output]), len(run.prompt), replay.lengths,
+                            {"proposals": [r.block[1:] for r in replay.rounds]}) for run, replay in zip(runs, replays)]
+    return assess(source, audited)
+
+
+def _along_context(runs: list[PromptRun], replays, ref: Reference, drafter_path: Path) -> dict:
+    """τ along the context (dflash_audit/tau/along_context.py), the evaluator's and z-lab's, the target's own greedy
+    agreement beside them, the drafter's window, trained length (unknown: a z-lab folder records none) and rotary."""
+    from dflash_audit.tau.along_context import PromptRounds, context_marks, greedy_agreement, tau_along_context
+    from drafter_files.zlab_format import read_zlab_dir
+
+    marks = context_marks(read_zlab_dir(drafter_path)[1])
+    theirs = tau_along_context([PromptRounds(id=str(run.index), prompt_len=len(run.prompt), rounds=run.lengths,
+                                             target_agreement=greedy_agreement(ref.target,
+                                                                               torch.tensor([run.sequence()])))
+                                for run in runs], marks)
+    zlab = tau_along_context([PromptRounds(id=str(run.index), prompt_len=len(run.prompt), rounds=replay.lengths)
+                              for run, replay in zip(runs, replays)], marks)
+    return {"theirs": theirs.to_dict(), "zlab": zlab.to_dict(), "table": theirs.table(), "zlab_table": zlab.table()}
 
 
 def _round_causes(ref: Reference, states: TargetStates, run: PromptRun, parting: int | None,
