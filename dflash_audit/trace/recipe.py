@@ -113,10 +113,16 @@ class RecipeAudit(StepState):
                              key="reduction"), edge="loss")
 
     def recipe_findings(self, kind: str | None, label_source: str | None) -> None:
-        """The recipe found (loss kind, weighting, gamma) against speculators' reference recipe for it."""
+        """The recipe found (loss kind, weighting, gamma) against speculators' reference recipe for it.
+
+        A trace sees the trainer's own choice of the two knobs that pick a recipe (the loss kind and the weighting).
+        Each choice that speculators' TrainConfig accepts for dflash (`trainer_setting`) is a setting, not a
+        divergence: CE with fixed decay is as valid as KL with fixed decay or CE with D-PACE. What is held is what
+        the choice leaves fixed: gamma under fixed decay; a weighting that is no setting (uniform) against the
+        reference's."""
         from reference_adapters.speculators_recipe import yardstick_for
 
-        fit = getattr(self, "fitted", None)
+        fit = self.fitted
         found: dict[str, Any] = {}
         unknown = set()
         from_data = label_source is not None and label_source.startswith("the data")
@@ -136,19 +142,14 @@ class RecipeAudit(StepState):
         reference, why = yardstick_for(recipe, unknown)
         ref = reference.recipe
         self.flow["reference"] = reference.title
-        if from_data:
-            self.add(Finding("recipe", "divergence", f"loss_fn: cross-entropy toward the data's next tokens; "
-                             f"{reference.title} distils the target ({ref.loss_fn}: "
-                             f"{'its argmax' if ref.loss_fn == 'ce' else 'its logits'}) — the drafter learns the "
-                             "data, not what the target would accept", "ce (data labels)", ref.loss_fn,
-                             pitfall=RECIPE_ENTRIES["loss_fn"][0], key="loss_fn"), edge="loss")
-        elif "loss_fn" in found and found["loss_fn"] != ref.loss_fn:
-            pitfall, severity, consequence = RECIPE_ENTRIES["loss_fn"]
-            self.add(Finding("recipe", severity, f"loss_fn: {found['loss_fn']} vs {ref.loss_fn} in {reference.title} "
-                             f"({why}) — {consequence}", found["loss_fn"], ref.loss_fn, pitfall=pitfall,
-                             key="loss_fn"), edge="loss")
+        if from_data:  # the targets' source, not the loss kind: the data's tokens instead of the target's
+            self.add(Finding("targets", "divergence", "the targets are the data's next tokens (hard labels "
+                             "gathered from the input ids): the reference distils the target (its logits, or their "
+                             "argmax under cross-entropy) — the drafter learns the data, not what the target would "
+                             "accept", "the data's next tokens", "the target's own logits (or their argmax)",
+                             pitfall=3, key="target_source"), edge="targets")
         weighting = found.get("per_position_loss_weight")
-        if weighting and weighting != ref.per_position_loss_weight:
+        if weighting and not trainer_setting(found.get("loss_fn", ref.loss_fn), weighting):
             pitfall, severity, consequence = RECIPE_ENTRIES["per_position_loss_weight"]
             self.add(Finding("recipe", severity, f"per_position_loss_weight: the weights are {fit['text']}; "
                              f"{reference.title} uses {ref.per_position_loss_weight} — {consequence}", weighting,
@@ -160,3 +161,21 @@ class RecipeAudit(StepState):
                              f"{fit['error']:.1g}: gamma {found['gamma']:.4g} vs {ref.gamma:g} in {reference.title} — "
                              f"{consequence}", round(found["gamma"], 4), ref.gamma, pitfall=pitfall, key="gamma"),
                      edge="loss")
+        chosen = (found.get("loss_fn"), weighting)
+        if None not in chosen and trainer_setting(*chosen) and chosen != (ref.loss_fn, ref.per_position_loss_weight):
+            self.note(f"the loss is {chosen[0]} with {chosen[1]} weights, where {reference.title} ({why}) has "
+                      f"{ref.loss_fn} with {ref.per_position_loss_weight}: a setting speculators' TrainConfig accepts "
+                      "for dflash (--loss-fn, --per-position-loss-weight), so the choice is not held as a divergence"
+                      + ("; its gamma is held" if chosen[1] == "fixed-exp-decay" else ""))
+
+
+def trainer_setting(loss_fn: str, weighting: str) -> bool:
+    """Whether speculators' TrainConfig accepts this loss kind and weighting for dflash: the weighting one of its
+    `DFlashArgs.per_position_loss_weight` choices, and D-PACE only with CE (`TrainConfig._validate_dpace`)."""
+    from typing import get_args
+
+    from speculators.train.config.schema import DFlashArgs
+
+    choices = {a for arg in get_args(DFlashArgs.model_fields["per_position_loss_weight"].annotation)
+               for a in (get_args(arg) or (arg,)) if isinstance(a, str)}
+    return weighting in choices and (weighting != "dpace" or loss_fn == "ce")
