@@ -210,6 +210,7 @@ bench: setup
 	PYTHONPATH=. $(PY) -m serving_engines.live.llamacpp_env native  # once per machine: the build the portable one is timed against
 	$(BENCH_ENV) $(PY) bench/bench_llamacpp_build.py
 	$(BENCH_ENV) $(PY) bench/bench_trace.py --steps 4
+	$(BENCH_ENV) $(PY) bench/bench_long_context.py
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape tiny
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b
 	@# On a GPU (16 GB of bf16 target): $(PY) bench/bench_dynamic_scale.py --shape qwen3-8b --device cuda
