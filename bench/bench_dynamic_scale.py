@@ -316,7 +316,8 @@ def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_d
         Row(f"{shape} prompts x drafters ({', '.join(live_names)}) whose live and offline (compare's report) "
             "rounds part beyond a near-tie", differing, 0, "<=", unit="",
             detail=f"{len(partings)} parting(s), {len(partings) - len(unexplained)} of them drafter near-ties within "
-                   f"the {dtype_name(model_dtype(target))} rounding (explain_parting, the tests' rule); τ ours {[round(t, 3) for t in tau['ours']]}, ref {[round(t, 3) for t in tau['ref']]} "
+                   f"the {dtype_name(model_dtype(target))} rounding (explain_parting, the tests' rule); "
+                   f"τ ours {[round(t, 3) for t in tau['ours']]}, ref {[round(t, 3) for t in tau['ref']]} "
                    f"(random weights: drafts rarely match); live continuations "
                    f"{'equal' if live_tokens_same else 'differ from'} the cached ones"),
     ]
