@@ -196,10 +196,16 @@ def test_hostile_and_corrupt_records_are_one_line_and_exit_2(world, tmp_path, ca
     target, model, tokenizer = world
     hostile = tmp_path / "hostile"
     hostile.mkdir()
-    (hostile / "x.ckpt").write_bytes(pickle.dumps({"input_ids": Payload()}))
-    assert main(["data-check", str(hostile), "--target", str(target), "--out", str(tmp_path / "r1")]) == 2
-    line = capsys.readouterr().err.strip()
-    assert "\n" not in line and "weights_only=True" in line and "x.ckpt" in line
+    for name, write in (("x.ckpt", lambda p: p.write_bytes(pickle.dumps({"input_ids": Payload()}))),
+                        ("y.ckpt", lambda p: torch.save({"input_ids": Payload()}, p))):
+        (hostile / name).unlink(missing_ok=True)
+        for other in hostile.iterdir():
+            other.unlink()
+        write(hostile / name)
+        assert main(["data-check", str(hostile), "--target", str(target), "--out", str(tmp_path / "r1")]) == 2
+        line = capsys.readouterr().err.strip()
+        assert "\n" not in line and "weights_only=True" in line and name in line, line
+    assert "posix.system" in line  # torch's own refusal of the payload's global, named
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "hs_0.safetensors").write_bytes(b"\xff" * 16)
