@@ -32,12 +32,15 @@ def register(app: typer.Typer) -> None:
                                                                     "when its module does not name one"),
         temperature: float | None = typer.Option(None, "--temperature", help="an evaluation's sampling temperature, "
                                                                               "when it samples (default: greedy)"),
+        parity: int = typer.Option(0, "--parity", help="run speculators' reference optimizer step beside the first K "
+                                                       "recorded steps, from their recorded weights and gradients, and "
+                                                       "name the first step and phase where they part (K < --steps)"),
     ) -> int:
         from dflash_audit.trace.report import terminal_summary
         from dflash_audit.trace.run import run_trace
 
         report = run_trace(list(ctx.args), out, from_dir, steps, target, ref, json_path, drafter_class, evaluation,
-                           drafter, temperature)
+                           drafter, temperature, parity)
         if hasattr(report, "summary"):  # an evaluation's report (dflash_audit/trace/evaluation.py)
             typer.echo(report.summary())
             return report.exit_status
