@@ -1,4 +1,4 @@
-"""Localize a served round that differs: what the engine fed the drafter, and what the drafter computed.
+"""Localize a parting round by value: what the source fed the drafter (`DrafterFeed`), and what the drafter computed.
 
 Inputs, held to training: each declared target layer's captured hidden state against the target's own
 `hidden_states[id + 1]` (transformers, as z-lab and our trainer read it) on the same tokens; the block's tokens
@@ -12,34 +12,24 @@ is not the engine's is named, with its size. A difference neither explains is re
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from catalogue.findings import Finding
+from dflash_audit.rounds.source import DrafterFeed, Localized, PromptRounds
+from dflash_audit.rounds.ties import TIE_MARGIN
 from impl.extract import output_head
 from impl.layers import final_layer, hidden_state_index
 from impl.masks import inference_mask
 from impl.model import rms_norm
 
-localized = Finding.localization  # each finding below: (kind, what, message, size, engine file:line, prompt, round)
+localized = Finding.localization  # each finding below: (kind, what, message, size, source file:line, prompt, round)
+# What a source cites, per kind of input or module: where it makes it (its file:line), from `cite(kind)`.
+CITED = ("captured_layer", "aux_layer_ids", "mask_token", "block_length", "positions", "fc", "layers", "causal",
+         "context_keys", "context_k_norm", "norm", "drafts")
 SAME = 1e-3  # max |a - b| / max |b|: two float32 kernels computing the same tensor stay far below it
-
-# Where, in the engine, each kind of input or module is made (needle looked up in the installed file).
-SITES = {
-    "captured_layer": ("model_executor/models/interfaces.py", "value = hidden_states + residual if residual"),
-    "aux_layer_ids": ("v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "def get_eagle3_aux_layers_from_config"),
-    "mask_token": ("v1/spec_decode/llm_base_proposer.py", 'self.parallel_drafting_token_id = dflash_config["mask'),
-    "block_length": ("v1/spec_decode/dflash.py", "num_query_per_req = 1 + self.num_speculative_tokens"),
-    "positions": ("v1/spec_decode/dflash.py", "out_query_positions_ptr=self.positions"),
-    "fc": ("model_executor/models/qwen3_dflash.py", "result = self.model.fc(hidden_states)"),
-    "layers": ("model_executor/models/qwen3_dflash.py", "hidden_states, residual = layer("),
-    "causal": ("model_executor/models/qwen3_dflash.py", "def _dflash_layer_causal"),
-    "context_keys": ("model_executor/models/qwen3_dflash.py", "all_k_normed = self._normalize_context_k(all_k)"),
-    "context_k_norm": ("model_executor/models/qwen3_dflash.py", "self._k_norm_weights,"),
-    "norm": ("model_executor/models/qwen3_dflash.py", "hidden_states, _ = self.norm(hidden_states, residual)"),
-    "drafts": ("v1/spec_decode/llm_base_proposer.py", "draft_token_ids, draft_probs = self._sample_draft_tokens("),
-}
-
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
@@ -72,30 +62,7 @@ class TargetReplay:
         return found
 
 
-class StepInputs:
-    """The drafter's inputs at one engine step, assembled from the captured steps up to it."""
-
-    def __init__(self, steps: list[dict], tensors: dict[str, torch.Tensor], index: int):
-        rows: dict[int, torch.Tensor] = {}
-        for step in steps[: index + 1]:
-            aux = tensors[step["tensors"]["aux"]]
-            keep = len(step["context_tokens"]) - sum(step["rejected"] or [0])
-            for row, position in enumerate(step["context_positions"][:keep]):
-                rows[position] = aux[row]
-        step = steps[index]
-        self.step = step
-        self.block_tokens = list(step["block_tokens"])
-        self.block_positions = list(step["block_positions"])
-        start = self.block_positions[0]
-        self.context_positions = [p for p in sorted(rows) if p < start]
-        self.features = torch.stack([rows[p] for p in self.context_positions])  # [c, F]
-        self.start = start
-        keep = len(step["context_tokens"]) - sum(step["rejected"] or [0])
-        self.step_positions = step["context_positions"][:keep]
-        self.modules = {name: tensors[key] for name, key in step["tensors"].items() if name not in ("aux",)}
-
-
-def input_findings(inputs: StepInputs, states: TargetReplay, spec, tokens: list[int], cite, prompt: str,
+def input_findings(inputs: DrafterFeed, states: TargetReplay, spec, tokens: list[int], cite, prompt: str,
                    round_no: int) -> list[Finding]:
     findings = []
     hidden = spec.hidden_size
@@ -138,7 +105,7 @@ def input_findings(inputs: StepInputs, states: TargetReplay, spec, tokens: list[
     return findings
 
 
-def replay(drafter, target, inputs: StepInputs, causal: bool | None = None) -> dict[str, torch.Tensor]:
+def replay(drafter, target, inputs: DrafterFeed, causal: bool | None = None) -> dict[str, torch.Tensor]:
     """The trained drafter's module outputs on the engine's own inputs (context features, block, positions);
     `causal` forces every layer's attention within the block causal (True) or bidirectional (False)."""
     outputs, handles = {}, []
@@ -172,7 +139,7 @@ def replay(drafter, target, inputs: StepInputs, causal: bool | None = None) -> d
     return outputs
 
 
-def context_key_finding(drafter, inputs: StepInputs, i: int, cite, prompt: str, round_no: int) -> Finding | None:
+def context_key_finding(drafter, inputs: DrafterFeed, i: int, cite, prompt: str, round_no: int) -> Finding | None:
     """Draft layer i's context keys (the engine projects and norms them for all layers at once, apart from the
     layer's forward): before their k_norm, then after; keys normed with another layer's weight are named."""
     engine_in, engine_out = inputs.modules.get("context_k_in"), inputs.modules.get("context_k")
@@ -200,7 +167,7 @@ def context_key_finding(drafter, inputs: StepInputs, i: int, cite, prompt: str, 
                      cite("context_k_norm"), prompt, round_no)
 
 
-def causality_finding(drafter, target, inputs: StepInputs, i: int, engine: torch.Tensor, size: float, cite,
+def causality_finding(drafter, target, inputs: DrafterFeed, i: int, engine: torch.Tensor, size: float, cite,
                       prompt: str, round_no: int) -> Finding | None:
     """Draft layer i's output equals the trained drafter's run with the other block causality: named."""
     flipped = not drafter.spec.block_is_causal(i)
@@ -214,7 +181,7 @@ def causality_finding(drafter, target, inputs: StepInputs, i: int, engine: torch
                      prompt, round_no)
 
 
-def module_findings(drafter, target, inputs: StepInputs, cite, prompt: str, round_no: int) -> list[Finding]:
+def module_findings(drafter, target, inputs: DrafterFeed, cite, prompt: str, round_no: int) -> list[Finding]:
     """In data-flow order (fc; each layer's context keys, then its output; the final norm): every difference
     whose cause is named, until one that is not (reported, then stop: what follows it is downstream)."""
     ours = replay(drafter, target, inputs)
@@ -255,11 +222,50 @@ def module_findings(drafter, target, inputs: StepInputs, cite, prompt: str, roun
     if found:
         return found
     drafts = ours["logits"].argmax(-1).tolist()
-    engine_drafts = inputs.step.get("drafts", [[]])[0]
+    engine_drafts = inputs.drafts
     if drafts != engine_drafts[: len(drafts)]:
-        top2 = ours["logits"].float().topk(2, dim=-1).values
-        margin = float((top2[:, 0] - top2[:, 1]).min())
+        top2 = ours["logits"].float().topk(2, dim=-1)
+        gaps = top2.values[:, 0] - top2.values[:, 1]
+        slot = next((j for j, (a, b) in enumerate(zip(drafts, engine_drafts)) if a != b), None)
+        if slot is not None and float(gaps[slot]) < TIE_MARGIN and engine_drafts[slot] == int(top2.indices[slot, 1]):
+            # The near-tie rule (`ties.py`), by value: the source's argmax took the runner-up of a near-tie.
+            return [localized("tie", "argmax_tie", f"same inputs and module outputs (within {SAME:g}); at draft slot "
+                              f"{slot + 1} the drafter's top two logits are {float(gaps[slot]):.3g} apart (within "
+                              f"{TIE_MARGIN:g}) and the source drafted the runner-up: an argmax near-tie broken the "
+                              f"other way", float(gaps[slot]), cite("drafts"), prompt, round_no)]
+        margin = float(gaps.min())
         return [localized("unlocalized", "drafts", f"same inputs and module outputs (within {SAME:g}), different "
                                                   f"drafts {engine_drafts} vs {drafts}; smallest top-2 logit margin "
                                                   f"{margin:.3g}", margin, cite("drafts"), prompt, round_no)]
     return []
+
+
+class FedLocalizer:
+    """A source's parting round localized by value, on what the source fed its drafter there (`PromptRounds.feed`):
+    its inputs held to training (`input_findings`), then the drafter as the audit has it replayed on those very
+    inputs, module by module, against what the source captured (`module_findings`). `cite(kind)`: where, in the
+    source, each kind (`CITED`) is made; `who`: the source as the findings name it ("the evaluator"). A round the source fed as trained, computed as trained, and still parted is
+    `unlocalized`, never guessed."""
+
+    def __init__(self, drafter, target, cite: Callable[[str], str], who: str = "the engine"):
+        self.drafter, self.target, self.cite, self.who = drafter, target, cite, who
+
+    def __call__(self, index: int, prompt: PromptRounds, audited, round_no: int) -> Localized:
+        spec = self.drafter.spec
+        feed = prompt.feed(round_no) if prompt.feed is not None else None
+        if feed is None:
+            return Localized([localized("unlocalized", "capture", "what the drafter was fed at this round was not "
+                                        "captured", None, "", prompt.id, round_no)], {"explained_by": ["capture"]})
+        tokens = list(prompt.prompt_ids) + list(prompt.output or [])
+        states = TargetReplay(self.target, tokens)
+        found = input_findings(feed, states, spec, tokens, self.cite, prompt.id, round_no)
+        if len(feed.block_tokens) == spec.block_size:  # replayed on the source's own inputs, whatever they are
+            found += module_findings(self.drafter, self.target, feed, self.cite, prompt.id, round_no)
+        if not found:
+            found = [localized("unlocalized", "round", "the drafter was fed the trained inputs and its modules "
+                               "computed what the trained drafter computes on them, yet the round differs from the "
+                               "audit's (the target's verification, or the audit's own earlier rounds)", None, "",
+                               prompt.id, round_no)]
+        if self.who != "the engine":  # the findings' words name the source that ran the drafter
+            found = [replace(f, message=f.message.replace("the engine", self.who)) for f in found]
+        return Localized(found, {"explained_by": [f.key for f in found]})
