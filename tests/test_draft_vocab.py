@@ -283,8 +283,8 @@ def test_train_with_a_reduced_vocabulary_and_with_a_d2t_file(tiny_world, tmp_pat
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--draft-vocab-size", "0"], "--draft-vocab-size must be a positive"),
-    (["--draft-vocab-size", "100000"], "--draft-vocab-size must be in 1.."),
+    (["--draft-vocab-size", "0"], "--draft-vocab-size: must be a positive"),
+    (["--draft-vocab-size", "100000"], "--draft-vocab-size 100000: larger than the target's vocabulary of"),
     (["--d2t", "{tmp}/missing.npy"], "--d2t"),
     (["--d2t", "{tmp}/bad.npy"], "--d2t"),
     (["--d2t", "{tmp}/outside.npy"], "outside the target vocabulary"),

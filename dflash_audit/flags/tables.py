@@ -30,7 +30,7 @@ def cell(text: str) -> str:
 def flag_table(verb: str) -> str:
     """The verb's flags as a Markdown table: flag, default, meaning (with its choices and range)."""
     model = flags_model(verb)
-    lines = [f"#### `{verb}`", "", "| flag | default | meaning |", "|---|---|---|"]
+    lines = [f"### `{verb}`", "", "| flag | default | meaning |", "|---|---|---|"]
     for name, info in model.model_fields.items():
         extra = info.json_schema_extra or {}
         if extra.get("hidden"):
