@@ -205,10 +205,10 @@ def run_table(flags: EvalFlags, console: Console | None = None) -> dict:
     json_path, html_path = flags.json_path, flags.html_path
     chat = ChatTemplate.parse(flags.chat_template, flags.chat_template_kwargs)
     check_table_outputs(flags)
-    placement = resolve_placement(flags.device, flags.dtype, flags.device_map, target_dir)
     decodings = decodings_of(flags.method, flags.budget)
     # Bad input before any model.
     prompt_sets = [prompt_set_from_flag(value, flags.max_samples) for value in flags.prompts]
+    placement = resolve_placement(flags.device, flags.dtype, flags.device_map, target_dir)
     published_target = resolve_published(flags.published, target_dir)
     tokenizer, config = load_tokenizer(target_dir)
     chat.check_kwargs(tokenizer)
