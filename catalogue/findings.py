@@ -16,7 +16,11 @@ COMPONENTS = ("fc_dims", "target_layers", "layer_types", "window_direction", "bl
               "mask_token_validity", "vocab_sizes", "slot_layout", "rotary", "draft_vocab", "quantization",
               # `trace`: what one recorded training step computed (dflash_audit/trace/audit.py)
               "targets", "target_alignment", "noise", "loss_weights", "loss", "positions", "training_mask",
-              "anchors", "unexplained")
+              "anchors", "unexplained",
+              # `eval`: a drafter evaluated with other chat-template settings than it declares (dflash_audit/tau/declared.py)
+              "chat_template",
+              # `data-check`: an offline hidden-state dataset (dflash_audit/data_check/check.py)
+              "hidden_state_data")
 SEVERITIES = ("divergence", "warning", "info")
 # An audit finding's words in report.json (docs/reports.md), in order.
 AUDIT_WORDS = ("component", "severity", "message", "ours", "ref", "pitfall", "key", "raw", "explanation")
@@ -96,7 +100,10 @@ class Finding:
             return {"field": data["key"], "severity": data["severity"], "trained": data["ours"],
                     "served": data["ref"], "source": data["source"], "message": data["message"],
                     "component": data["component"], "pitfall": data["pitfall"]}
-        return {name: data[name] for name in AUDIT_WORDS}
+        words = {name: data[name] for name in AUDIT_WORDS}
+        if self.component == "chat_template":  # its key is the chat setting evaluated, `chat` in eval's table
+            words["chat"] = data["key"]
+        return words
 
 
 def divergences(findings: list[Finding]) -> list[Finding]:
@@ -106,3 +113,15 @@ def divergences(findings: list[Finding]) -> list[Finding]:
 def sort_findings(findings: list[Finding]) -> list[Finding]:
     """Divergences first, then warnings, then info; stable within a severity."""
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
+
+
+def serialized(value: Any) -> Any:
+    """`value` as a report writes it: every `Finding` inside it (in dicts and lists, however deep) by its one
+    serialization (`Finding.to_dict`), everything else as it is. Findings stay records until this is called."""
+    if isinstance(value, Finding):
+        return value.to_dict()
+    if isinstance(value, dict):
+        return {key: serialized(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [serialized(item) for item in value]
+    return value

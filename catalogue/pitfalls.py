@@ -29,7 +29,7 @@ class Pitfall:
         return "audit" if self.component in AUDIT_COMPONENTS else "conformance"
 
 
-AUDIT_COMPONENTS = {"architecture", "weights", "format", "serving"}
+AUDIT_COMPONENTS = {"architecture", "weights", "format", "serving", "hidden_state_data"}
 
 
 CATALOGUE = (
@@ -183,6 +183,18 @@ CATALOGUE = (
             "`xpress_head.*` names and `xpress_num_passes`, not speculators' `refiner_head.*` and `num_jacobi_passes`.",
             "the consistency rounds fed the true tokens; the mixer not masked to its lower triangle; one pass too "
             "few or too many at inference"),
+    Pitfall(39, 'hidden_state_data', 'hidden_state_data (offline hidden-state datasets)',
+            "A drafter trained offline reads each layer from a file: vLLM's `extract_hidden_states` (safetensors "
+            "`hidden_states` [T, L, H] and `token_ids` [T]; its ids count the embeddings as 0, the output after "
+            "decoder layer i - 1 as i, the last layer before the final norm as N: `_maybe_add_hidden_state`, "
+            "vllm 0.32.0 model_executor/models/interfaces.py:1601), speculators' `hs_<i>.safetensors` (the same; its "
+            "loader feeds fc every layer but the last and takes the last as `verifier_last_hidden_states`, "
+            "train/data.py:324-333) and SpecForge's pickled records (`input_ids`, `loss_mask`, `hidden_states` "
+            "[T, L*H], z-lab ids through SGLang's capture). Each stored layer must be the target's state that "
+            "the ids claim, for every token id, and `loss_mask` must supervise assistant tokens only.",
+            "all-zero states (hybrid targets: vLLM #46301, speculators #279); the last layer stripped (speculators "
+            "#705); a capture one layer off (Atlas #394); `hidden_states` shorter than `token_ids` under prefix "
+            "caching (vLLM #44485); the final norm applied before storing"),
 )
 PITFALLS = {p.number: p for p in CATALOGUE}
 

@@ -149,6 +149,9 @@ LOCATIONS = (
                  '`xpress.RefinerHead.block_bias`, `xpress.jacobi_resolve`, `decoding.whole_block_proposals`',
                  '— (no XPress)', '`models.xpress.model_definitions.XPressRefinerHead`, `XPressDraftModel.forward`',
                  '`conformance/test_xpress_refiner.py`'),
+    RuleLocation((39,), 'hidden-state datasets name their layers',
+                 '— (trains online)', '—', '`train.data.ArrowDataset` (`hidden_states[:, :-1]`, `[:, -1]`)',
+                 '`tests/test_data_check.py`'),
 )
 
 
@@ -186,6 +189,7 @@ AUDITED_BY = {
     36: ("audit.static_target.vocab_size_findings",),
     37: ("audit.static_spec.family_findings", "audit.static_recipe.recipe_findings"),
     38: ("audit.static_spec.family_findings", "audit.static_recipe.recipe_findings"),
+    39: ("data_check.check.issue_finding",),
 }
 
 

@@ -36,7 +36,7 @@ BUGS = {
     "gamma 7": (["--gamma", "7"], ("recipe", "gamma")),
     "noise 0.5 on the targets": (["--target-noise", "0.5"], ("noise", "targets")),
     "noise on the targets, not the inputs": (["--noise-to-targets", "0.1"], ("noise", "targets")),
-    "CE on the data's next tokens": (["--ce-from-data"], ("recipe", "loss_fn")),
+    "CE on the data's next tokens": (["--ce-from-data"], ("targets", "target_source")),
     "mask token is the pad id": (["--mask-is-pad"], ("mask_token_validity", "mask_is_pad")),
     "block one slot short": (["--block-short"], ("block_size", "block_length")),
 }

@@ -27,10 +27,14 @@ from dflash_world.target_training import distinct_random_qwen3
 CORPUS = Path(__file__).resolve().parent / "trainer_corpus"
 LISTED = sorted(p for p in CORPUS.glob("*.py") if not p.name.startswith("_"))
 # Trainers the trace does not yet hold to the contract, each with why (reported, never counted as passing):
-OPEN = {
-    "zlab_per_anchor": "greedy labels (the argmax of noisy layer-9 logits): the source layer and the noise's std are "
-                       "not identifiable from hard labels to the asked precision; its sound version trains CE with "
-                       "fixed decay, which the project's reference rule holds to D-PACE (per_position_loss_weight)",
+OPEN: dict[str, str] = {}
+# Seed findings a trainer's recording cannot identify, each with why; the report must say "not checked" for them.
+UNIDENTIFIABLE = {
+    # Greedy labels: argmax(layer-9 logits + noise 0.5). On this target layer 9's and layer 11's argmax differ on ~1%
+    # of positions while the noise flips ~22% of the labels: the four-bug recording's labels are the noise-only
+    # recording's, byte for byte, so no reading of the recording can name layer 9. Without noise it is named
+    # (test_hard_labels_without_noise_name_their_layer). The noise's std is fitted to the labels, with its interval.
+    "zlab_per_anchor": {("targets", "target_source"): "the targets' source is not checked"},
 }
 TRAINERS = [p for p in LISTED if p.stem not in OPEN]
 SEED_BUGS = ["fc_4_of_5", "targets_layer_9", "gamma_7", "target_noise_0.5"]
@@ -77,21 +81,38 @@ def test_the_sound_version_has_no_divergence(trainer, target_dir, ref, tmp_path)
 def test_the_seed_bugs_are_exactly_four_findings_with_their_numbers(trainer, target_dir, ref, tmp_path):
     record_script(trainer, argv(target_dir, SEED_BUGS), tmp_path)
     report = audit_recording(read_recording(tmp_path), ref=ref)
-    check_seed_findings(report)
+    check_seed_findings(report, UNIDENTIFIABLE.get(trainer.stem, {}))
 
 
-def check_seed_findings(report) -> None:
+def test_hard_labels_without_noise_name_their_layer(target_dir, ref, tmp_path):
+    """Greedy labels from layer 9, no noise: every label is layer 9's argmax, and the source is named."""
+    trainer = CORPUS / "zlab_per_anchor.py"
+    record_script(trainer, ["--target", str(target_dir), "--steps", "1", "--bug", "targets_layer_9"], tmp_path)
+    report = audit_recording(read_recording(tmp_path), ref=ref)
     found = {(f.component, f.key): f for f in report.divergences}
-    assert set(found) == EXPECTED and len(report.divergences) == 4, messages(report)
-    assert report.exit_status == 1
+    assert set(found) == {("targets", "target_source")}, messages(report)
+    assert "layer 9)" in found[("targets", "target_source")].ours
+
+
+def check_seed_findings(report, unidentifiable: dict | None = None) -> None:
+    unidentifiable = unidentifiable or {}
+    found = {(f.component, f.key): f for f in report.divergences}
+    assert set(found) == EXPECTED - set(unidentifiable), messages(report)
+    assert len(report.divergences) == 4 - len(unidentifiable) and report.exit_status == 1
+    for said in unidentifiable.values():  # said plainly, never guessed
+        assert any(said in note for note in report.notes), messages(report)
     fc = found[("fc_dims", "fc_layers")]
     assert (fc.ours, fc.ref) == ([1, 3, 5, 7], REFERENCE_LAYERS)
-    source = found[("targets", "target_source")]
-    assert "layer 9)" in source.ours and "layer 11)" in source.ref, source.message
+    source = found.get(("targets", "target_source"))
+    assert source is None or ("layer 9)" in source.ours and "layer 11)" in source.ref), source.message
     gamma = found[("recipe", "gamma")]
     assert gamma.ours == pytest.approx(7.0, rel=1e-3) and gamma.ref == 4.0
     noise = found[("noise", "targets")]
-    assert noise.ours == pytest.approx(0.5, rel=0.05) and noise.ref == 0.0
+    if "interval" in noise.raw:  # hard labels: the std fitted to which logit won, held to its 95% interval
+        low, high = noise.raw["interval"]
+        assert low <= 0.5 <= high and high / low <= 2 and noise.ours == pytest.approx(0.5, rel=0.25), noise.message
+    else:
+        assert noise.ours == pytest.approx(0.5, rel=0.05) and noise.ref == 0.0
 
 
 def test_the_verb_traces_a_corpus_trainer_with_no_line(target_dir, ref, tmp_path, capsys):

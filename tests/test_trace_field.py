@@ -37,12 +37,12 @@ SPECFORGE_OUT_OF_REACH = {
     ("training_mask", 9): "not in what its step records: it takes no document ids, so a packed row reads as one "
                           "document, and the drafter it trains here has no sliding layers",
 }
-# Each trace finding (component, key) and the documented entry it is, with what its message must say. The trace
-# catalogues CE toward the data's tokens as a recipe loss_fn finding (#7); the conformance suite files the same root
-# cause (hard labels gathered from input_ids instead of the target's logits) as targets #3.
+# Each trace finding (component, key) and the documented entry it is, with what its message must say. CE toward the
+# data's tokens is one root cause, where the targets come from (hard labels gathered from input_ids instead of the
+# target's logits): targets #3 for the conformance suite and the trace alike. Its loss kind, CE, is speculators' own.
 SPECFORGE_FOUND = {
     ("anchors", "late_anchors"): (("anchors", 8), "leave no room for a whole block"),
-    ("recipe", "loss_fn"): (("targets", 3), "cross-entropy toward the data's next tokens"),
+    ("targets", "target_source"): (("targets", 3), "the targets are the data's next tokens"),
     ("recipe", "per_position_loss_weight"): (("loss_weights", 6), "the weights are uniform"),
 }
 

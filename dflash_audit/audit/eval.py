@@ -232,12 +232,12 @@ def run_table(flags: EvalFlags, console: Console | None = None) -> dict:
                    {"drafter": str(drafter_path), "target": str(target_dir), "max_new_tokens": max_new_tokens,
                     **stops.report(), "published_target": published_target, "placement": placement.describe(),
                     "trained_chat_template": {"kwargs": declared, "declared_in": where} if declared else None,
-                    "findings": findings}, skipped)
+                    "findings": [f.to_dict() for f in findings]}, skipped)
     for s in data["sets"]:
         print(f"{s['name']}: {s['count']} of {s['rows']} rows ({s['selection']}); rendering: {s['rendering']}")
     print(terminal_table(cells))
     for finding in findings:
-        print(f"divergence  chat_template  {finding['message']}")
+        print(f"{finding.severity}  {finding.component}  {finding.message}")
     for note in skipped:
         print(f"not run: {note}")
     if json_path is not None:

@@ -8,6 +8,7 @@ the top or inside `dflash_config` / `speculators_config`; or given with `--train
 
 from __future__ import annotations
 
+from catalogue.findings import Finding
 from foundation.chat_template import parse_kwargs
 
 SECTIONS = ("dflash_config", "speculators_config")
@@ -38,8 +39,8 @@ def declared_settings(raw_config: dict | None, flag_json: str | None = None) -> 
     return None, ""
 
 
-def template_findings(declared: dict | None, where: str, evaluated: dict[str, dict]) -> list[dict]:
-    """One finding per chat setting evaluated with other values than the declared ones."""
+def template_findings(declared: dict | None, where: str, evaluated: dict[str, dict]) -> list[Finding]:
+    """One finding per chat setting evaluated with other values than the declared ones (its key: the setting)."""
     if declared is None:
         return []
     findings = []
@@ -47,8 +48,10 @@ def template_findings(declared: dict | None, where: str, evaluated: dict[str, di
         differ = {k: (v, kwargs.get(k)) for k, v in declared.items() if kwargs.get(k) != v}
         if differ:
             text = ", ".join(f"{k}: trained {a!r}, evaluated {b!r}" for k, (a, b) in differ.items())
-            findings.append({"component": "chat_template", "severity": "divergence", "chat": label,
-                             "message": f"the drafter declares its training chat-template settings ({where}) and "
-                                        f"this evaluation ({label}) uses others: {text}; τ measured here is not the "
-                                        "τ it was trained for (z-lab/dflash #133)"})
+            findings.append(Finding("chat_template", "divergence",
+                                    f"the drafter declares its training chat-template settings ({where}) and this "
+                                    f"evaluation ({label}) uses others: {text}; τ measured here is not the τ it was "
+                                    "trained for (z-lab/dflash #133)",
+                                    {k: a for k, (a, _) in differ.items()}, {k: b for k, (_, b) in differ.items()},
+                                    key=label))
     return findings

@@ -1,0 +1,81 @@
+"""Where each block's anchor sits in the data, derived from the rows' names (never assumed from a layout), then the
+slot-to-target shift, the late anchors and the context each block saw, held to the reference."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from catalogue.findings import Finding
+from dflash_audit.trace.step_state import StepState
+
+
+class AlignmentAudit(StepState):
+    def anchors(self, live: list, positions: list) -> dict | None:
+        """Where each block's anchor sits in the data, by value: its position ids' anchor where the data holds the
+        anchor's token there (for every block), else the one offset from the targets' positions under which every
+        block's anchor token is the data's token there. Neither: unknown (said, never guessed)."""
+        seq = self.cands.seq_len
+        tokens = self.cands.tokens.reshape(-1).tolist()
+        rows_of: dict[tuple, list[tuple[int, int]]] = {}
+        batch = self.cands.tokens.reshape(-1, seq).shape[0]
+        for (slot, _, _, _), pos in zip(live, positions):
+            if slot is not None:
+                call, b, j, k = slot
+                rows_of.setdefault((call, b, j), []).append((k, pos))
+        if not rows_of:
+            return None
+        token_of = {key: self.blocks[key[0]]["anchor_tokens"].get(key[1:]) for key in rows_of}
+        row_of = {key: Counter(p // seq if p is not None else min(key[1], batch - 1) for _, p in rows).most_common(
+            1)[0][0] for key, rows in rows_of.items()}
+        given = {key: self.blocks[key[0]].get("positions", {}).get(key[1:]) for key in rows_of}
+        if all(a is not None and a in range(seq) and tokens[row_of[key] * seq + a] == token_of[key]
+               for key, a in given.items()):
+            self.flow["anchors_from"] = "the drafter's position ids (the data's token at each)"
+            return {key: row_of[key] * seq + a for key, a in given.items()}
+        from_anchor = bool(self.drafter_facts.get("sample_from_anchor", False))
+        if any(p is None for rows in rows_of.values() for _, p in rows):
+            self.note("the anchors could not be told from the data (the targets' positions are unknown and the "
+                      "position ids do not place every anchor token on the data's token)")
+            return None
+        for shift in (0, 1, -1, 2, -2):
+            found = {}
+            for key, rows in rows_of.items():
+                starts = {p - k + (0 if from_anchor else 1) - shift for k, p in rows}
+                a = starts.pop() if len(starts) == 1 else None
+                if a is None or a // seq != row_of[key] or tokens[a] != token_of[key]:
+                    break
+                found[key] = a
+            else:
+                self.flow["anchors_from"] = "the targets' positions and the data's tokens"
+                return found
+        self.note("the anchors could not be told from the data (no offset of the targets' positions puts every "
+                  "block's anchor token on the data's token): the targets' alignment is not checked")
+        return None
+
+    def alignment(self, live: list, positions: list, anchors: dict) -> None:
+        from_anchor = bool(self.drafter_facts.get("sample_from_anchor", False))
+        shifts = Counter()
+        for (slot, _, _, _), pos in zip(live, positions):
+            if slot is None or pos is None or slot[:3] not in anchors:
+                continue
+            shifts[pos - (anchors[slot[:3]] + slot[3] - (0 if from_anchor else 1))] += 1
+        seq, length = self.cands.seq_len, self.block_length
+        late = sorted({a % seq for a in anchors.values() if a % seq + length > seq})
+        if late:
+            self.add(Finding("anchors", "divergence", f"anchors {late} leave no room for a whole block in {seq} "
+                             f"tokens (the reference excludes the last {length} positions)", late, None, pitfall=8,
+                             key="late_anchors"), edge="block")
+        for call, block in self.blocks.items():
+            if "mask" in block:
+                known = {key[1:]: a % seq for key, a in anchors.items() if key[0] == call}
+                self.training_mask(self.tensors[block["mask"]], block, known, call)
+        if not shifts:
+            return
+        shift, count = shifts.most_common(1)[0]
+        self.flow["target_shift"] = shift
+        if shift != 0 and count >= sum(shifts.values()) / 2:
+            self.add(Finding("target_alignment", "divergence",
+                             f"the targets are shifted by {shift:+d}: slot k of the block at anchor a is trained "
+                             f"toward the target's logits at position a + k{f'{shift - 1:+d}' if shift != 1 else ''}; "
+                             "the reference (DFlash, sample_from_anchor false) takes them at a + k - 1", shift, 0,
+                             pitfall=5, key="shift", raw={"rows": dict(shifts)}), edge="targets")

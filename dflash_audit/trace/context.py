@@ -1,0 +1,72 @@
+"""fc's inputs: the context features the drafter consumed, named chunk by chunk as the target's layers (plus a
+residual: augmentation noise on the drafter's inputs, which the reference allows), and the layers held to the
+reference's layer ids."""
+
+from __future__ import annotations
+
+from catalogue.findings import Finding
+from dflash_audit.trace.matcher import Named, name_rows
+from dflash_audit.trace.step_state import StepState, as_rows
+
+
+class ContextAudit(StepState):
+    def context_features(self) -> None:
+        hidden = self.hidden_size
+        for name in self.of_role("drafter_input"):
+            if name in self.rows:
+                continue
+            t = self.tensors[name]
+            if t.shape[-1] % hidden:
+                continue
+            rows = as_rows(t)
+            chunks = [name_rows(rows[:, k * hidden:(k + 1) * hidden], self.cands.hidden, self.tol(name))
+                      for k in range(t.shape[-1] // hidden)]
+            if not all(c.equal or c.noisy for c in chunks):
+                worst = max(chunks, key=lambda c: c.distance)
+                self.account(name, worst.describe(), worst.distance)
+                continue
+            module = self.entries[name].get("module", "?")
+            layers = [c.candidate.layer for c in chunks]
+            what = ", ".join(c.candidate.name for c in chunks)
+            self.account(name, f"the context features fc reads ({module}): {what}",
+                         max(c.distance for c in chunks))
+            self.flow["fc_layers"] = layers
+            self.flow["fc_module"] = module
+            self.fc_finding(layers, chunks)
+            noisy = [c for c in chunks if c.noisy]
+            if noisy:
+                c = max(noisy, key=lambda c: c.relative_noise)
+                self.add(Finding("noise", "info", f"the drafter's context features carry noise: {c.describe()} "
+                                 "— augmentation of the drafter's inputs, which the reference allows (targets stay "
+                                 "clean)", round(c.residual_std, 4), "noise on inputs only", pitfall=15,
+                                 key="inputs", raw={"relative": c.relative_noise}))
+
+    def fc_finding(self, layers: list[int | None], chunks: list[Named]) -> None:
+        ref = self.ref.layer_ids
+        declared = self.drafter_facts.get("target_layer_ids")
+        said = f" (the drafter's config declares {declared})" if declared is not None and declared != layers else ""
+        read = ", ".join(str(x) for x in layers)
+        want = ", ".join(str(x) for x in ref)
+        if not ref:
+            self.note(f"fc reads target layers {read}; the reference's layer ids are {self.ref.layer_source}: not "
+                      "checked (give --ref a config declaring target_layer_ids)")
+            return
+        if layers == ref:
+            return
+        if len(layers) != len(ref):
+            missing = [x for x in ref if x not in layers]
+            self.add(Finding("fc_dims", "divergence",
+                             f"fc reads hidden_states of target layers {read} ({len(layers)} layers); {self.ref.layer_source} "
+                             f"reads {want}{said}: fc is fed {len(layers)} of {len(ref)}"
+                             + (f", without layer {', '.join(map(str, missing))}" if missing else ""),
+                             layers, ref, pitfall=4, key="fc_layers"), edge="fc")
+        elif all(a is not None and a - b == layers[0] - ref[0] for a, b in zip(layers, ref)) and \
+                abs(layers[0] - ref[0]) == 1:
+            self.add(Finding("target_layers", "divergence", f"fc reads hidden_states of target layers {read}, each "
+                             f"one {'above' if layers[0] > ref[0] else 'below'} {want} ({self.ref.layer_source}): "
+                             "the layer id read as hs[id] instead of hs[id + 1] or the reverse", layers, ref,
+                             pitfall=2, key="fc_layers"), edge="fc")
+        else:
+            self.add(Finding("target_layers", "divergence", f"fc reads hidden_states of target layers {read}; "
+                             f"{self.ref.layer_source} reads {want}{said}", layers, ref, pitfall=1,
+                             key="fc_layers"), edge="fc")

@@ -1,0 +1,181 @@
+"""The loss's recipe from its rows: the weights per slot (fitted: uniform, exp(-(k-1)/gamma); a weight on the anchor
+slot), the reduction's divisor, the loss kind recomputed (KL or cross-entropy against the recorded value), then held
+to speculators' reference recipe chosen by `yardstick_for` from what the trainer was found to do."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import torch
+
+from catalogue.findings import Finding
+from catalogue.pitfalls import RECIPE_ENTRIES
+from dflash_audit.trace.loss_fit import REFERENCE_REDUCTION, fit_weights
+from dflash_audit.trace.step_state import StepState
+from impl.recipe import Recipe
+
+
+class RecipeAudit(StepState):
+    def weights(self, trained: list) -> None:
+        """Each slot's weight, relative to its block's first trained slot (the reduction's divisor cancels)."""
+        blocks: dict[tuple, dict[int, float]] = {}
+        for slot, c, _, _ in trained:
+            if slot is not None:
+                blocks.setdefault(slot[:3], {})[slot[3]] = c
+        ratios: dict[int, list[float]] = {}
+        anchor_weight = 0.0
+        for per in blocks.values():
+            first = min((k for k, c in per.items() if k >= 1 and c > 0), default=None)
+            if first is None:
+                continue
+            for k, c in per.items():
+                if k == 0:
+                    anchor_weight = max(anchor_weight, c / per[first])
+                elif c > 0:
+                    ratios.setdefault(k - first + 1, []).append(c / per[first])
+        if not ratios:
+            return
+        means = {k: sum(v) / len(v) for k, v in sorted(ratios.items())}
+        spread = max(max(v) - min(v) for v in ratios.values())
+        fit = fit_weights(means)
+        self.flow["weights"] = fit["text"]
+        if spread > 1e-4:
+            self.add(Finding("loss_weights", "warning", f"the loss weights vary between blocks at the same slot (by "
+                             f"{spread:.3g}): a per-block weighting (D-PACE?) or a mask, not fitted", None, None,
+                             pitfall=18, key="per_block"))
+        if anchor_weight > 0:
+            self.add(Finding("loss_weights", "divergence", f"the anchor slot (slot 0) is trained with weight "
+                             f"{anchor_weight:.3g} (relative to slot 1); the reference gives it 0 (it is the input, "
+                             "not a prediction)", anchor_weight, 0.0, pitfall=6, key="anchor_slot"), edge="loss")
+        self.fitted = fit
+
+    def loss_kind(self, live: list, trained: list, hard: bool, label_source: str | None) -> None:
+        """The loss recomputed from its rows (each row's weight and target, read from the gradient): KL or
+        cross-entropy, against the recorded value."""
+        recorded = float(self.meta["loss"])
+        c = torch.tensor([row[1] for row in live], dtype=torch.float64)
+        p = torch.stack([row[2] for row in live]).double() if live else torch.zeros(0, 1, dtype=torch.float64)
+        lq = torch.stack([row[3] for row in live]).double() if live else torch.zeros(0, 1, dtype=torch.float64)
+        kl = float((c * (p * (p.clamp_min(1e-30).log() - lq)).sum(-1)).sum())
+        ce = float((c * -(p * lq).sum(-1)).sum())
+        close = [kind for kind, value in (("kl_div", kl), ("ce", ce))
+                 if abs(value - recorded) <= 1e-4 * max(1.0, abs(recorded))]
+        kind = None
+        if hard:  # toward a candidate's argmax: speculators' "ce"; toward the data's tokens: no speculators setting
+            kind = "ce" if close and label_source and "argmax" in label_source else None
+        elif close:
+            kind = close[0] if len(close) == 1 else "kl_div"
+        if not close:
+            best = min(abs(kl - recorded), abs(ce - recorded)) / max(1e-12, abs(recorded))
+            self.findings.append(Finding("loss", "warning", f"the recorded loss {recorded:.6g} is not reproduced as "
+                                         f"the weighted sum of its rows' KL or cross-entropy (relative difference "
+                                         f"{best:.2g})", recorded, None, pitfall=7, key="unrecognized"))
+        else:
+            self.flow["loss_kind"] = close[0] if not hard else "ce toward hard labels"
+            self.reduction(live, trained)
+        self.recipe_findings(kind, label_source)
+
+    def reduction(self, live: list, trained: list) -> None:
+        """The reference reduces as sum(w * mask * loss) / (sum(mask) + 1e-5) per sequence, then the mean: a slot-1
+        row of a sequence weighs 1 / (n_sequences * (rows of the sequence + 1e-5))."""
+        fit = getattr(self, "fitted", None)
+        if not fit or fit.get("kind") not in ("uniform", "fixed-exp-decay"):
+            return
+        per_seq: dict[object, list] = {}
+        for slot, c, _, _ in live:
+            if slot is not None:
+                per_seq.setdefault((slot[0], slot[1]), []).append((slot[3], c))
+        if not per_seq:
+            return
+        block_rows = {}
+        for call, block in self.blocks.items():
+            for s in block["slots"]:
+                if s is not None:
+                    block_rows[(call, s[0])] = block_rows.get((call, s[0]), 0) + 1
+        n = len(per_seq)
+        every = Counter((slot[0], slot[1]) for slot, _, _, _ in trained if slot is not None)
+        bad = []
+        for key, rows in per_seq.items():
+            firsts = [c for k, c in rows if k == 1]
+            if not firsts:
+                continue
+            unit = 1 / (sum(firsts) / len(firsts))
+            counts = {len(rows), every.get(key, -1), block_rows.get(key, -1)}
+            if not any(abs(unit - n * (m + 1e-5)) <= 1e-3 * unit for m in counts):
+                bad.append((key, unit, len(rows)))
+        if bad and len(bad) == len(per_seq):
+            key, unit, rows = bad[0]
+            self.add(Finding("loss_weights", "divergence", f"the loss is reduced with a slot-1 row weighing 1/{unit:.4g} "
+                             f"({rows} trained rows in its drafter call's row); the reference reduces as "
+                             f"{REFERENCE_REDUCTION}", f"1/{unit:.4g}", REFERENCE_REDUCTION, pitfall=6,
+                             key="reduction"), edge="loss")
+
+    def recipe_findings(self, kind: str | None, label_source: str | None) -> None:
+        """The recipe found (loss kind, weighting, gamma) against speculators' reference recipe for it.
+
+        A trace sees the trainer's own choice of the two knobs that pick a recipe (the loss kind and the weighting).
+        Each choice that speculators' TrainConfig accepts for dflash (`trainer_setting`) is a setting, not a
+        divergence: CE with fixed decay is as valid as KL with fixed decay or CE with D-PACE. What is held is what
+        the choice leaves fixed: gamma under fixed decay; a weighting that is no setting (uniform) against the
+        reference's."""
+        from reference_adapters.speculators_recipe import yardstick_for
+
+        fit = self.fitted
+        found: dict[str, Any] = {}
+        unknown = set()
+        from_data = label_source is not None and label_source.startswith("the data")
+        if kind == "kl_div":
+            found["loss_fn"] = "kl_div"
+        elif kind == "ce" or (kind and label_source and "argmax" in label_source):
+            found["loss_fn"] = "ce"
+        else:
+            unknown.add("loss_fn")  # CE toward the data's tokens is no speculators setting: it decides nothing
+        if fit and fit["kind"] == "fixed-exp-decay":
+            found["per_position_loss_weight"], found["gamma"] = "fixed-exp-decay", fit["gamma"]
+        elif fit and fit["kind"] == "uniform":
+            found["per_position_loss_weight"] = "uniform"
+        else:
+            unknown.add("per_position_loss_weight")
+        recipe = Recipe(**{k: v for k, v in found.items() if (k, v) != ("per_position_loss_weight", "uniform")})
+        reference, why = yardstick_for(recipe, unknown)
+        ref = reference.recipe
+        self.flow["reference"] = reference.title
+        if from_data:  # the targets' source, not the loss kind: the data's tokens instead of the target's
+            self.add(Finding("targets", "divergence", "the targets are the data's next tokens (hard labels "
+                             "gathered from the input ids): the reference distils the target (its logits, or their "
+                             "argmax under cross-entropy) — the drafter learns the data, not what the target would "
+                             "accept", "the data's next tokens", "the target's own logits (or their argmax)",
+                             pitfall=3, key="target_source"), edge="targets")
+        weighting = found.get("per_position_loss_weight")
+        if weighting and not trainer_setting(found.get("loss_fn", ref.loss_fn), weighting):
+            pitfall, severity, consequence = RECIPE_ENTRIES["per_position_loss_weight"]
+            self.add(Finding("recipe", severity, f"per_position_loss_weight: the weights are {fit['text']}; "
+                             f"{reference.title} uses {ref.per_position_loss_weight} — {consequence}", weighting,
+                             ref.per_position_loss_weight, pitfall=pitfall, key="per_position_loss_weight"),
+                     edge="loss")
+        elif weighting == "fixed-exp-decay" and not math.isclose(found["gamma"], ref.gamma, rel_tol=1e-3):
+            pitfall, severity, consequence = RECIPE_ENTRIES["gamma"]
+            self.add(Finding("recipe", severity, f"gamma: the weights fit exp(-(k-1)/{found['gamma']:.4g}) to "
+                             f"{fit['error']:.1g}: gamma {found['gamma']:.4g} vs {ref.gamma:g} in {reference.title} — "
+                             f"{consequence}", round(found["gamma"], 4), ref.gamma, pitfall=pitfall, key="gamma"),
+                     edge="loss")
+        chosen = (found.get("loss_fn"), weighting)
+        if None not in chosen and trainer_setting(*chosen) and chosen != (ref.loss_fn, ref.per_position_loss_weight):
+            self.note(f"the loss is {chosen[0]} with {chosen[1]} weights, where {reference.title} ({why}) has "
+                      f"{ref.loss_fn} with {ref.per_position_loss_weight}: a setting speculators' TrainConfig accepts "
+                      "for dflash (--loss-fn, --per-position-loss-weight), so the choice is not held as a divergence"
+                      + ("; its gamma is held" if chosen[1] == "fixed-exp-decay" else ""))
+
+
+def trainer_setting(loss_fn: str, weighting: str) -> bool:
+    """Whether speculators' TrainConfig accepts this loss kind and weighting for dflash: the weighting one of its
+    `DFlashArgs.per_position_loss_weight` choices, and D-PACE only with CE (`TrainConfig._validate_dpace`)."""
+    from typing import get_args
+
+    from speculators.train.config.schema import DFlashArgs
+
+    choices = {a for arg in get_args(DFlashArgs.model_fields["per_position_loss_weight"].annotation)
+               for a in (get_args(arg) or (arg,)) if isinstance(a, str)}
+    return weighting in choices and (weighting != "dpace" or loss_fn == "ce")

@@ -1,0 +1,90 @@
+"""What every part of one step's audit shares: the step's recorded tensors and their manifest entries, the target's
+candidates, the reference, and what the audit has said so far (each tensor's row in the report, the findings, the
+notes, the data flow). The parts (blocks.py, context.py, draft_rows.py, targets.py, alignment.py, recipe.py) each
+add their methods to `StepAudit` (audit.py) on top of this state.
+
+State a part writes for the parts after it: `blocks` (per drafter call: its block token ids, each token's
+(batch row, block, slot), the anchor tokens, the block positions, the training mask's name), `mask_id` and
+`block_length` (blocks.py); `draft_rows`, `draft_slots`, `draft_prefix` (draft_rows.py); `fitted` (recipe.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from catalogue.findings import Finding
+from dflash_audit.trace.matcher import TargetCandidates, tolerance
+from dflash_audit.trace.reference import Reference
+
+LOOSE_GRADIENT = 1e-4  # targets read back from the loss's gradient (g / c, then log): a few float32 roundings
+
+
+def micro_batch(name: str) -> str:
+    """The micro-batch a recorded tensor belongs to: its `mb<n>.` prefix (the step's first: none)."""
+    head = name.split(".", 1)[0]
+    return head if head.startswith("mb") and head[2:].isdigit() else ""
+
+
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1]).float()
+
+
+@dataclass
+class TensorRow:
+    step: int
+    name: str
+    role: str
+    shape: list[int]
+    device: str
+    what: str
+    distance: float | None = None
+
+
+class StepState:
+    """One recorded step against the target's candidates: the shared state and the bookkeeping every part uses."""
+
+    def __init__(self, meta: dict, tensors: dict[str, torch.Tensor], cands: TargetCandidates, ref: Reference,
+                 pad_id: int | None, step_index: int):
+        self.meta, self.tensors, self.cands, self.ref = meta, tensors, cands, ref
+        self.entries = meta["entries"]
+        self.pad_id = pad_id
+        self.step = step_index
+        self.findings: list[Finding] = []
+        self.rows: dict[str, TensorRow] = {}
+        self.hidden_size = next(iter(cands.hidden.values())).shape[-1]
+        self.vocab = next(iter(cands.logits.values())).shape[-1]
+        self.flow: dict[str, Any] = {"fc_layers": [], "divergent": set()}
+        self.drafter_facts = meta["drafter"]["facts"]
+        self.notes: list[str] = []
+        self.blocks: dict[int, dict] = {}  # drafter call -> its block tokens, slots, positions, mask
+        self.mask_id: int | None = None
+        self.block_length: int | None = None
+        self.draft_rows: torch.Tensor | None = None
+        self.draft_slots: list = []
+        self.draft_prefix: list[str] = []  # each draft row's micro-batch
+
+    def tol(self, name: str) -> float:
+        return tolerance(self.entries[name]["dtype"])
+
+    def account(self, name: str, what: str, distance: float | None = None) -> None:
+        e = self.entries[name]
+        self.rows[name] = TensorRow(self.step, name, e["role"], e["shape"], str(e.get("device", "?")), what,
+                                     distance)
+
+    def of_role(self, role: str) -> list[str]:
+        return [n for n, e in self.entries.items() if e["role"] == role]
+
+    def add(self, finding: Finding, edge: str | None = None) -> None:
+        if any((f.component, f.key) == (finding.component, finding.key) for f in self.findings):
+            return  # one root cause is one finding, however many calls or tensors show it
+        self.findings.append(finding)
+        if edge and finding.severity == "divergence":
+            self.flow["divergent"].add(edge)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+        self.fitted: dict[str, Any] | None = None  # the weights per slot, fitted (recipe.py)

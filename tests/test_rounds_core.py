@@ -1,0 +1,130 @@
+"""The rounds core (`dflash_audit/rounds/`) with no engine: a source of rounds built from a recorded decoding loop is
+held to the audit's replay of z-lab's loop, and its first parting round localized by value on what its drafter was
+fed. The sources are the test world's all-full drafter run by `impl.decoding.dflash_decode`, as an evaluator would
+record it: once sound, once with the context features taken one target layer lower (the evaluator fault "positions
+shifted" of a layer list read off by one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+PROMPTS, TOKENS = 3, 32
+
+
+@pytest.fixture(scope="module")
+def world(test_world):
+    from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
+    from dflash_audit.rounds.replay import load_prompts_for, zlab_replay
+    from dflash_world.drafter import cached_full_drafter
+    from foundation.target import load_target
+    from foundation.target_vocab import stop_token_ids
+
+    target, tokenizer = load_target(test_world.target)
+    path = Path(cached_full_drafter(test_world))
+    drafter = place_drafter(*read_drafter(path, Path(test_world.target), target.config), path, target)
+    prompts = load_prompts_for(Path(test_world.target), Path(test_world.prompts), tokenizer)[:PROMPTS]
+    stops = stop_token_ids(test_world.target, tokenizer).ids
+    with torch.inference_mode():
+        audited = zlab_replay(drafter, target, prompts, TOKENS, stops)
+    return drafter, target, prompts, stops, audited
+
+
+def recorded(drafter, target, prompts, stops, layer_ids: list[int]):
+    """An evaluator's record: per prompt the accepted count and the block of each round, its output, and what its
+    drafter read as context features (its target layers `layer_ids`: hidden_states[id + 1] of each)."""
+    from dflash_audit.rounds import DrafterFeed, PromptRounds
+    from dflash_audit.rounds.replay import built, zlab_replay
+    from impl.layers import hidden_state_index
+
+    spec = drafter.spec.replace(target_layer_ids=layer_ids)
+    model = built(spec, drafter.state_dict(), target)
+    with torch.inference_mode():
+        runs = zlab_replay(model, target, prompts, TOKENS, stops)
+    records = []
+    for prompt, run in zip(prompts, runs, strict=True):
+        tokens = prompt["ids"] + run.new_tokens
+        with torch.inference_mode():
+            hidden = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+        features = torch.cat([hidden[hidden_state_index(i)][0].float() for i in layer_ids], dim=-1)
+        starts = [len(prompt["ids"]) + sum(run.acceptance_lengths[:r]) for r in range(len(run.acceptance_lengths))]
+
+        def feed(round_no: int, starts=starts, tokens=tokens, features=features, blocks=run.extra["proposals"]):
+            start = starts[round_no - 1]
+            size = spec.block_size
+            return DrafterFeed([tokens[start]] + [spec.mask_token_id] * (size - 1), list(range(start, start + size)),
+                               list(range(start)), features[:start], drafts=blocks[round_no - 1])
+
+        records.append(PromptRounds.from_accepted(prompt["id"], prompt["ids"],
+                                                  [length - 1 for length in run.acceptance_lengths], run.new_tokens,
+                                                  run.extra["proposals"], feed=feed))
+    return records
+
+
+def evaluator(world, layer_ids):
+    from dflash_audit.rounds import RoundSource
+    from dflash_audit.rounds.by_value import FedLocalizer
+
+    drafter, target, prompts, stops, _ = world
+    return RoundSource("eval.py", drafter.spec.block_size - 1, recorded(drafter, target, prompts, stops, layer_ids),
+                       FedLocalizer(drafter, target, lambda kind: f"eval.py ({kind})"))
+
+
+def test_a_sound_evaluator_is_z_labs_loop_round_for_round(world):
+    from dflash_audit.rounds import assess
+
+    drafter, *_, audited = world
+    assessed = assess(evaluator(world, list(drafter.spec.target_layer_ids)), audited)
+    assert assessed.findings == [] and assessed.greedy_identical is None
+    for row, run in zip(assessed.rows, audited, strict=True):
+        assert row["first_diff_round"] is None and row["served_rounds"] == run.acceptance_lengths, row
+        assert row["blocks_equal"] == row["rounds"] - row["rounds_apart"] and row["served_tau"] == row["audited_tau"]
+    assert assessed.per_position["served"] == assessed.per_position["audited"]
+    assert len(assessed.per_position["served"]) == drafter.spec.block_size - 1
+
+
+def test_an_evaluator_reading_each_layer_one_lower_is_localized_at_its_first_parting_round(world):
+    """The evaluator's rounds part from z-lab's; at each prompt's first parting round what its drafter was fed names
+    the fault by value: every declared layer is the output of the layer below (one finding per layer, merged over
+    the prompts), cited at the evaluator's own site."""
+    from dflash_audit.rounds import assess
+
+    drafter, *_, audited = world
+    ids = list(drafter.spec.target_layer_ids)
+    assessed = assess(evaluator(world, [i - 1 for i in ids]), audited)
+    parted = [row for row in assessed.rows if row["first_diff_round"] is not None]
+    assert parted, "reading the layers one lower changed no round"
+    assert {f.key for f in assessed.findings} == {f"target_layer:{i}" for i in ids}, assessed.findings
+    for finding in assessed.findings:
+        assert finding.kind == "input" and "shifted by -1" in finding.message
+        assert finding.source == "eval.py (captured_layer)"
+        assert finding.localized["prompts"] == [row["id"] for row in parted]
+        assert finding.localized["rounds"] == [row["first_diff_round"] for row in parted]
+    assert all(row["explained_by"] == [f"target_layer:{i}" for i in ids] for row in parted)
+
+
+def test_rounds_from_accepted_counts_stop_where_the_output_does():
+    from dflash_audit.rounds import PromptRounds
+
+    # 1 (prefill) + 3 + 1 + 2 tokens: the last verification's 3 accepted cut to the 2 the budget left.
+    cut = PromptRounds.from_accepted("p", [5], [2, 0, 3], output=list(range(7)))
+    assert cut.rounds == [3, 1, 2] and cut.tau == 2.0
+    # A last verification that drafted nothing: the output's last token is one more round.
+    assert PromptRounds.from_accepted("p", [5], [1], output=list(range(4))).rounds == [2, 1]
+    assert PromptRounds.from_accepted("p", [5], [1, 4]).rounds == [2, 5]
+
+
+def test_findings_are_records_until_written():
+    from catalogue.findings import Finding, serialized
+    from dflash_audit.tau.declared import template_findings
+
+    (chat,) = template_findings({"enable_thinking": False}, "config.json", {"thinking on": {"enable_thinking": True},
+                                                                           "thinking off": {"enable_thinking": False}})
+    assert isinstance(chat, Finding) and (chat.ours, chat.ref) == ({"enable_thinking": False},
+                                                                   {"enable_thinking": True})
+    local = Finding.localization("input", "mask_token_id", "m", None, "s", "p1", 2)
+    written = serialized({"findings": [local], "planted": {"x": {"findings": [chat]}}, "n": 1})
+    assert written == {"findings": [local.to_dict()], "planted": {"x": {"findings": [chat.to_dict()]}}, "n": 1}
+    assert written["planted"]["x"]["findings"][0]["chat"] == "thinking on"
