@@ -1,6 +1,6 @@
 """A finding: one root cause, in the report's vocabulary (docs/reports.md), whoever finds it: the static audit and the
 recipe's (`dflash_audit/audit/`), the τ audit, serving (`serving_engines/verdict.py`), the live check's localization
-(`serving_engines/live/localize.py`). One typed record, and its one serialization (`Finding.to_dict`), which
+(`dflash_audit/rounds/`). One typed record, and its one serialization (`Finding.to_dict`), which
 report.json, serving.json and the HTML pages (rendered from those dicts) all read.
 """
 

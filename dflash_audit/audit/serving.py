@@ -128,18 +128,19 @@ def run_serve_check(flags: ServeCheckFlags) -> int:
     if target is not None and not (target / "config.json").is_file():
         raise AuditError(f"{target}: not a Hugging Face model directory (no config.json) to use as the target")
     engine_options = {k: v for k, v in (("n_max", flags.n_max), ("kv_type", flags.kv_type)) if v is not None}
-    section = section_dict(serving_section(drafter, engines, target, LoadOptions(spec=list(flags.spec),
-                                                                                 flag_prefix=""), **engine_options))
+    reports = serving_section(drafter, engines, target, LoadOptions(spec=list(flags.spec), flag_prefix=""),
+                              **engine_options)
     if flags.live and "vllm" in engines:
         from dflash_audit.audit.live_check import attach_live, live_check
 
-        attach_live(section, live_check({"drafter": drafter}, target, flags.prompts, flags.max_new_tokens,
+        attach_live(reports, live_check({"drafter": drafter}, target, flags.prompts, flags.max_new_tokens,
                                         flags.vllm_python)["drafter"])
     if flags.live and "llamacpp" in engines:
         from dflash_audit.audit.live_llamacpp import attach_llamacpp_live, live_llamacpp
 
-        attach_llamacpp_live(section, live_llamacpp(drafter, target, flags.prompts, flags.max_new_tokens, flags.quant,
+        attach_llamacpp_live(reports, live_llamacpp(drafter, target, flags.prompts, flags.max_new_tokens, flags.quant,
                                                     flags.llamacpp_bin, **engine_options))
+    section = section_dict(reports)  # the records, live ones included, written once
     count = divergence_count(section)
     data = {"schema": SCHEMA, "drafter": str(drafter), "target": str(target) if target else None,
             "serving": section, "exit_status": 1 if count else 0}
