@@ -3,6 +3,7 @@ a target; the report written (`index.html`, `report.json`) and its summary print
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -77,8 +78,19 @@ def check_compare_outputs(out: Path, json_path: Path | None, inputs: dict[str, P
 
 def run_compare(flags: CompareFlags, console: Console | None = None) -> AuditReport:
     """Load, audit, write `out/index.html` + `out/report.json` (+ `--json`), print the summary; `flags` are
-    `compare`'s, validated (dflash_audit/commands/compare.py). `--dtype a,b`: the τ audit once per dtype, the first
-    one the report's main run."""
+    `compare`'s, validated (dflash_audit/flags/compare.py). `--dtype a,b`: the τ audit once per dtype, the first
+    one the report's main run; `--hidden-states vllm`: the offline cache made by vLLM."""
+    engine = contextlib.nullcontext()  # the transformers pass; a static compare imports no torch
+    if flags.hidden_states == "vllm":
+        from dflash_audit.offline_tau import hidden_states_from
+        from dflash_audit.vllm_states import cache_builder
+
+        engine = hidden_states_from(cache_builder(flags.target, flags.vllm_python, flags.tensor_parallel_size))
+    with engine:
+        return audit_and_report(flags, console)
+
+
+def audit_and_report(flags: CompareFlags, console: Console | None = None) -> AuditReport:
     console = console or Console(stderr=True)
     ours, ref, target, prompts, serve = flags.ours, flags.ref, flags.target, flags.prompts, flags.serve
     inputs = {"--ours": ours, "--ref": ref, "--target": target, "--prompts": prompts}

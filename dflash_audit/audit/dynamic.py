@@ -270,6 +270,8 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
     precision = {"device": str(device), "target_dtype": dtype_name(dtype), "drafter_dtype": dtype_name(dtype)}
     if (exactness := replay_exactness(dtype)) is not None:
         precision["offline_exactness"] = exactness
+    if run.engine is not None:  # `--hidden-states vllm`: the cache's states came from that engine
+        precision["hidden_states"] = run.engine
     return DynamicAudit(methods, findings, max_new_tokens, prompts_source, not_measured, precision, overflow,
                         proposable_share=proposable_share(sides, cache.prompts), stops=stops)
 

@@ -24,6 +24,10 @@ def terminal_summary(report: AuditReport, width: int = 60) -> str:
             lines.append(f"target in {where['target_dtype']}, drafters in {where['drafter_dtype']}, on {where['device']}"
                          + (f" (target sharded: --device-map {where['device_map']})" if where.get("device_map") else ""))
             lines += [where["offline_exactness"]] if where.get("offline_exactness") else []
+            if where.get("hidden_states"):
+                engine = where["hidden_states"]
+                lines.append(f"target states made by {engine['engine']} {engine.get('vllm_version', '')} "
+                             f"({engine.get('path', '')}); its records in {engine.get('records')}")
         for name, row in report.dynamic.by_dtype.items():
             means = row["means"]["dflash"]
             text = "  ".join(f"{side} {means[side]:.3f}" if means[side] is not None else f"{side} not measured"

@@ -58,12 +58,21 @@ class CompareFlags(VerbFlags):
     chat_template_kwargs: ChatKwargs = flag({}, cli=str | None,
                                             help='JSON for apply_chat_template, e.g. {"enable_thinking": false}')
     force: bool = force_flag()
+    hidden_states: Literal["transformers", "vllm"] = flag(
+        "transformers", help="what makes the offline cache of the target's states: transformers, or vllm (its "
+        "extract_hidden_states; --vllm-python names the Python)")
+    tensor_parallel_size: int = flag(1, ge=1, help="--hidden-states vllm: vLLM's tensor parallelism (GPUs)")
 
     @model_validator(mode="after")
     def live_needs_an_engine_and_a_target(self) -> CompareFlags:
         if self.live and (not self.serve or not {"vllm", "llamacpp"} & set(self.serve) or self.target is None):
             raise ValueError("--live runs both drafters in vLLM or llama.cpp on the target: give --serve vllm (or "
                              "llamacpp) and --target")
+        if self.hidden_states == "transformers" and self.tensor_parallel_size != 1:
+            raise ValueError("--tensor-parallel-size applies to --hidden-states vllm (transformers runs one process: "
+                             "--device-map auto shards a large target)")
+        if self.hidden_states == "vllm" and self.target is None:
+            raise ValueError("--hidden-states vllm makes the target's states: give --target")
         return self
 
     def load_options(self, side: str):
