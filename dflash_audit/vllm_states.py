@@ -18,11 +18,9 @@ from foundation.placement import dtype_name
 from impl.offline.cache import CachedPrompt, HiddenStateCache, target_dtype
 
 
-
 def depths_for(layer_ids: list[int], layers: int) -> list[int]:
     """vLLM depths for the cache's z-lab layer ids: each id's output, and the last layer (before its norm) always."""
     return sorted({i + 1 for i in layer_ids if i != layers - 1} | {layers})
-
 
 class VllmCacheBuilder:
     """Builds an offline cache through vLLM (`impl.offline.load_or_build_cache(builder=...)`)."""
@@ -59,7 +57,6 @@ class VllmCacheBuilder:
             entries.append(CachedPrompt(record.id, record.token_ids, record.prompt_len, states, record.margin))
         return HiddenStateCache(key=key, max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids),
                                 prompts=entries)
-
 
 def cache_builder(target: Path, vllm_python: Path | None, tensor_parallel_size: int) -> VllmCacheBuilder:
     """The vLLM builder of `compare --hidden-states vllm` (its flags validated by `CompareFlags`)."""
