@@ -20,7 +20,9 @@ COMPONENTS = ("fc_dims", "target_layers", "layer_types", "window_direction", "bl
               # `eval`: a drafter evaluated with other chat-template settings than it declares (dflash_audit/tau/declared.py)
               "chat_template",
               # `data-check`: an offline hidden-state dataset (dflash_audit/data_check/check.py)
-              "hidden_state_data")
+              "hidden_state_data",
+              # `trace` of an evaluation: a team's evaluator held round by round to z-lab's loop (trace/evaluation.py)
+              "evaluation")
 SEVERITIES = ("divergence", "warning", "info")
 # An audit finding's words in report.json (docs/reports.md), in order.
 AUDIT_WORDS = ("component", "severity", "message", "ours", "ref", "pitfall", "key", "raw", "explanation")

@@ -31,8 +31,11 @@ def test_every_option_of_a_verb_is_a_field_of_its_model(verb):
     command = load_verb(verb)
     options = {p.name: p.opts for p in command.params if p.param_type_name == "option" and p.name != "help"}
     model = flags_model(verb)
+    extra = {name: info.json_schema_extra or {} for name, info in model.model_fields.items()}
     expected = {name: info for name, info in model.model_fields.items()
-                if not (info.json_schema_extra or {}).get("arguments")}
+                if not (extra[name].get("arguments") or extra[name].get("argument"))}
+    arguments = [p.name for p in command.params if p.param_type_name == "argument"]
+    assert arguments == [name for name in model.model_fields if extra[name].get("argument")]
     assert set(options) == set(expected)
     for name, info in expected.items():
         assert flag_of(info, name) in options[name]
@@ -72,7 +75,7 @@ def required_args(verb: str, name: str) -> list[str]:
         family = ["--family", OWNERS[name]] if name in OWNERS else []
         return ["--target", "t", "--data", "d", "--out", "o.pt", *family]
     return [part for name, info in model.model_fields.items() if info.is_required()
-            for part in (flag_of(info, name), "x")]
+            for part in (("x",) if (info.json_schema_extra or {}).get("argument") else (flag_of(info, name), "x"))]
 
 
 def test_the_cases_cover_every_verb():

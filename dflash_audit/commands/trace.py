@@ -1,4 +1,4 @@
-"""`dflash-audit trace -- COMMAND`: record a team's own training step and audit what flowed through it. Its flags
+"""`dflash-audit trace -- COMMAND`: record a team's own training step, or its own evaluation, and audit it. Its flags
 are `TraceFlags`, handed to `run_trace` whole."""
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ def trace(flags: TraceFlags) -> int:
     from dflash_audit.trace.run import run_trace
 
     report = run_trace(flags)
+    if hasattr(report, "summary"):  # an evaluation's report (dflash_audit/trace/evaluation.py)
+        typer.echo(report.summary())
+        return report.exit_status
     typer.echo(terminal_summary(report))
     return report.exit_status
 

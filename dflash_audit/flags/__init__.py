@@ -45,11 +45,12 @@ class VerbFlags(Declared):
 
 
 def flag(default: Any, *spellings: str, help: str, hidden: bool = False, cli: Any = None, arguments: bool = False,
-         **bounds: Any) -> Any:
+         argument: bool = False, **bounds: Any) -> Any:
     """A flag's declaration: its default, its spellings (default `--field-name`), its help and its bounds. `cli`:
     the kind typer reads when it is not the field's own (a comma list parsed by the model's validator);
-    `arguments`: the words after `--` (trace's command), not an option."""
-    extra = {"flags": list(spellings), "hidden": hidden, "arguments": arguments}
+    `argument`: a positional argument, named by its one spelling (`DIR`); `arguments`: the words after `--` (trace's
+    command)."""
+    extra = {"flags": list(spellings), "hidden": hidden, "arguments": arguments, "argument": argument}
     if cli is not None:
         extra["cli"] = cli
     return Field(default, description=help, json_schema_extra=extra, **bounds)
@@ -102,8 +103,11 @@ def parameters(model: type[VerbFlags]) -> list[inspect.Parameter]:
         if "cli" in extra and default is not None and not isinstance(default, str):
             default = None  # read from text the model parses (`--chat-template-kwargs`): not given is None
         spellings = extra.get("flags") or [f"--{name.replace('_', '-')}"]
-        option = typer.Option(default, *spellings, help=flag_help(model, name), hidden=extra.get("hidden", False),
-                              show_default=default not in (None, [], ...))
+        if extra.get("argument"):  # a positional argument (data-check's DIR)
+            option = typer.Argument(default, metavar=spellings[0], help=flag_help(model, name))
+        else:
+            option = typer.Option(default, *spellings, help=flag_help(model, name), hidden=extra.get("hidden", False),
+                                  show_default=default not in (None, [], ...))
         out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                      annotation=cli_kind(info)))
     return out

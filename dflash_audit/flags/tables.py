@@ -15,6 +15,7 @@ FLAG_MODELS = {
     "demo": "dflash_audit.flags.demo:DemoFlags",
     "serve-check": "dflash_audit.flags.serve_check:ServeCheckFlags",
     "trace": "dflash_audit.flags.trace:TraceFlags",
+    "data-check": "dflash_audit.flags.data_check:DataCheckFlags",
 }
 
 
@@ -37,6 +38,9 @@ def flag_table(verb: str) -> str:
             continue
         if extra.get("arguments"):
             lines.append(f"| `-- COMMAND...` | | {cell(flag_help(model, name))} |")
+            continue
+        if extra.get("argument"):
+            lines.append(f"| `{extra['flags'][0]}` (argument) | required | {cell(flag_help(model, name))} |")
             continue
         spellings = ", ".join(f"`{s}`" for s in extra.get("flags") or [f"--{name.replace('_', '-')}"])
         default = "required" if info.is_required() else info.get_default(call_default_factory=True)

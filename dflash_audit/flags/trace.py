@@ -30,6 +30,12 @@ class TraceFlags(VerbFlags):
     drafter_class: Annotated[str, AfterValidator(module_and_class)] | None = flag(
         None, help="MODULE:CLASS of the drafter, when the loss trains several modules")
     from_dir: Path | None = flag(None, "--from", help="re-audit this recording (no command)")
+    evaluation: bool = flag(False, "--eval", help="the command is an evaluation (a run with no backward is one "
+                                                  "anyway): its backwards are ignored")
+    drafter: Path | None = flag(None, help="an evaluation's drafter folder (z-lab format), when its module does not "
+                                           "name one")
+    temperature: float | None = flag(None, ge=0, le=100.0, help="an evaluation's sampling temperature, when it "
+                                                                "samples (default: greedy)")
     command: list[str] = flag([], arguments=True, help="your own training command, after `--`")
 
     @model_validator(mode="after")

@@ -23,21 +23,22 @@ if TYPE_CHECKING:
     from dflash_audit.flags.trace import TraceFlags
 
 
-def trace_env(out: Path, steps: int, target: Path | None, drafter_class: str | None, env=None) -> dict:
+def trace_env(out: Path, steps: int, target: Path | None, drafter_class: str | None, env=None,
+              evaluation: bool = False) -> dict:
     env = dict(os.environ if env is None else env)
     env[ENV_OUT] = str(Path(out).resolve())
     env[ENV_OPTIONS] = json.dumps({"steps": steps, "target": str(target) if target else None,
-                                          "drafter_class": drafter_class})
+                                   "drafter_class": drafter_class, "evaluation": evaluation})
     env["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP), str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 
 def run_command(command: list[str], out: Path, steps: int = 1, target: Path | None = None,
-                drafter_class: str | None = None) -> None:
+                drafter_class: str | None = None, evaluation: bool = False) -> None:
     """Run COMMAND under the recorder; raise AuditError (one line) unless it left a recording in `out`."""
     if not command:
         raise AuditError("give the training command after --, e.g. dflash-audit trace -- python train.py")
-    env = trace_env(out, steps, target, drafter_class)
+    env = trace_env(out, steps, target, drafter_class, evaluation=evaluation)
     last: deque[str] = deque(maxlen=20)
     try:
         process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
@@ -58,26 +59,29 @@ def run_command(command: list[str], out: Path, steps: int = 1, target: Path | No
 
 
 def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str) -> None:
+    from dflash_audit.trace.eval_record import has_evaluation
+
     refused = read_error(out)
     if refused is not None:
         raise AuditError(f"{what}: {refused}")
-    if (Path(out) / MANIFEST).is_file() and status == 0:
+    if ((Path(out) / MANIFEST).is_file() or has_evaluation(out)) and status == 0:
         return
     if status != 0:
         tail = stderr_tail[-1] if stderr_tail else "(nothing on stderr)"
         raise AuditError(f"{what}: exited with status {status} before a step was recorded; its last stderr line: "
                          f"{tail[:300]}")
-    raise AuditError(f"{what}: finished without a training step: no backward() of a loss reaching a trainable "
-                     "parameter, and without calling trace.step(loss)")
+    raise AuditError(f"{what}: finished without a training step (no backward() of a loss reaching a trainable "
+                     "parameter, and without calling trace.step(loss)) and without an evaluation (no module fed the "
+                     "target's features ran after the target)")
 
 
 def record_script(script: Path, argv: list[str], out: Path, steps: int = 1, target: Path | None = None,
-                  drafter_class: str | None = None) -> None:
+                  drafter_class: str | None = None, evaluation: bool = False) -> None:
     """Run a Python training script in this process under the recorder (the same hooks as the bootstrap)."""
     from dflash_audit.trace.recorder import Recorder, TraceStop
 
     recorder = Recorder(Path(out), steps=steps, target=str(target) if target else None,
-                        drafter_class=drafter_class).install()
+                        drafter_class=drafter_class, evaluation=evaluation).install()
     saved_argv, saved_env = sys.argv, os.environ.get(ENV_OUT)
     sys.argv = [str(script), *argv]
     os.environ[ENV_OUT] = str(Path(out).resolve())  # as in the verb's child: `trace.step` hands the loss over
@@ -115,15 +119,17 @@ def check_out(out: Path) -> None:
 
 def clear_recording(out: Path) -> None:
     """The tool's own earlier recording in --out, removed before a new one is made (never a user's file)."""
+    from dflash_audit.trace.eval_record import OWN_FILES as EVALUATION_FILES
     from dflash_audit.trace.recording import ERROR, MANIFEST, TENSORS
 
-    for name in (MANIFEST, ERROR, TENSORS):
+    for name in (MANIFEST, ERROR, TENSORS, *EVALUATION_FILES):
         (out / name).unlink(missing_ok=True)
 
 
 def run_trace(flags: TraceFlags):
     """Record the command's first steps into --out (or read --from), audit the recording, write report.json and
-    index.html beside it (and --json), as `trace`'s validated flags ask; the TraceReport."""
+    index.html beside it (and --json), as `trace`'s validated flags ask; the TraceReport (an evaluation's report for
+    an evaluation, `--eval`)."""
     from dflash_audit.outputs import check_not_foreign, check_writable
     from dflash_audit.trace.audit import audit_recording
     from dflash_audit.trace.recording import read_recording
@@ -131,6 +137,7 @@ def run_trace(flags: TraceFlags):
 
     command, out, from_dir, steps, target = flags.command, flags.out, flags.from_dir, flags.steps, flags.target
     ref, json_path, drafter_class = flags.ref, flags.json_path, flags.drafter_class
+    evaluation, drafter, temperature = flags.evaluation, flags.drafter, flags.temperature
     if target is not None and not (Path(target) / "config.json").is_file():
         raise AuditError(f"--target {target}: no Hugging Face model folder there (config.json missing)")
     if ref is not None and not Path(ref).exists():
@@ -141,13 +148,20 @@ def run_trace(flags: TraceFlags):
         folder = Path(out or "reports/trace")
         check_out(folder)
         clear_recording(folder)
-        run_command(command, folder, steps, target, drafter_class)
+        run_command(command, folder, steps, target, drafter_class, evaluation)
     report_dir = Path(out) if out is not None else folder
     if report_dir != folder:
         check_out(report_dir)
     if json_path is not None:
         check_writable("--json", json_path)
         check_not_foreign("--json", json_path, False)
+    from dflash_audit.trace.eval_record import has_evaluation
+
+    if has_evaluation(folder) and not (folder / "manifest.json").is_file():
+        from dflash_audit.trace.evaluation import audit_evaluation_folder
+
+        return audit_evaluation_folder(folder, report_dir, "--from" if from_dir is not None else "--out", target,
+                                       drafter, temperature, json_path)
     report = audit_recording(read_recording(folder, "--from" if from_dir is not None else "--out"), target, ref)
     write_report_json(report, report_dir / "report.json")
     write_report_html(report, report_dir / "index.html")
