@@ -12,11 +12,11 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dflash_world.target_training import random_qwen3
+from impl.offline.walks import ROUNDING_ULPS
 from impl.spec import DraftSpec
 
-# A target state computed in another shape of forward (one query against a KV cache, a row of a padded batch, a
-# verified block or tree) is within this many ulps of its dtype at its layer's scale: sums round apart.
-ULPS = 8
+# A target state computed in another shape of forward is within this many ulps of its dtype (impl/offline/walks.py).
+ULPS = ROUNDING_ULPS
 
 # Training text for the tiny worlds: short, repetitive, tokenizer-friendly.
 TEXTS = [f"def add_{i}(x, y):\n    total = x + y * {i}\n    return total\n" for i in range(24)]
