@@ -59,7 +59,7 @@ SGLANG_DEPS :=
 # runs in this venv and needs sentencepiece besides torch and transformers.
 GGUF_DEPS := "gguf==0.19.0" "sentencepiece==0.2.1"
 
-.PHONY: setup test docs demo quick clean browser bench gpu-check fuzz llamacpp test-portability
+.PHONY: setup test docs demo quick clean browser bench gpu-check fuzz llamacpp test-portability pipeline
 # The two environments are built side by side (one make job each; uv is installed first, once); then the llama.cpp
 # engine, once per machine.
 setup:
@@ -190,6 +190,14 @@ DEMO_ENV := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2,STRICT ONEDNN_MAX_CPU_ISA=AVX
 demo: setup
 	$(DEMO_ENV) $(VENV)/bin/dflash-audit demo
 
+# The reference pipeline end to end on the test world, larger than `make test` runs it
+# (tests/test_reference_pipeline.py): vLLM's hidden states in speculators' layout, speculators' own Trainer, then
+# data-check, trace, compare against the z-lab conversion and serve-check --live; reports/pipeline/pipeline.json.
+pipeline: setup
+	$(DEMO_ENV) OMP_NUM_THREADS=1 $(PY) -m dflash_world.prebuild
+	OMP_NUM_THREADS=1 PYTHONPATH=. $(PY) examples/reference_pipeline.py --out reports/pipeline --prompts 8 \
+		--max-new-tokens 64 --steps 20
+
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) site reports/demo reports/demo-dflash2 reports/conformance
 
@@ -210,6 +218,8 @@ bench: setup
 	PYTHONPATH=. $(PY) -m serving_engines.live.llamacpp_env native  # once per machine: the build the portable one is timed against
 	$(BENCH_ENV) $(PY) bench/bench_llamacpp_build.py
 	$(BENCH_ENV) $(PY) bench/bench_trace.py --steps 4
+	$(BENCH_ENV) $(PY) bench/bench_long_context.py
+	$(BENCH_ENV) $(PY) bench/bench_hidden_states_vllm.py --max-new-tokens 64
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape tiny
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b
 	@# On a GPU (16 GB of bf16 target): $(PY) bench/bench_dynamic_scale.py --shape qwen3-8b --device cuda
@@ -218,7 +228,8 @@ bench: setup
 # The dynamic path on CUDA: the same tests with the models on the GPU (DFLASH_AUDIT_DEVICE=cuda;
 # the CLI's --device auto picks CUDA by itself), in float32 and then the dynamic ones in bfloat16, then the
 # dynamic bench; with VLLM_PYTHON (a Python whose vLLM runs on CUDA), the live serving check on CUDA, the V2 runner
-# serving the mixed sliding/full drafter. Without a GPU: one line, exit 0.
+# serving the mixed sliding/full drafter, and `--hidden-states vllm` through vLLM's own connector (its GPU path, which
+# a CPU cannot run: bench/bench_hidden_states_vllm.py). Without a GPU: one line, exit 0.
 DYNAMIC_TESTS := tests/test_device_consistency.py tests/test_offline.py tests/test_offline_cache.py tests/test_decoding.py \
 	tests/test_ddtree.py tests/test_compare_dynamic.py tests/test_eval_cli.py tests/test_placement.py \
 	conformance/test_live_decoding.py conformance/test_mask_token_validity.py
@@ -228,7 +239,8 @@ gpu-check: setup
 		DFLASH_AUDIT_DEVICE=cuda DFLASH_AUDIT_DTYPE=bfloat16 $(PY) -m pytest -q -m dynamic \
 			--report-dir reports/conformance/cuda-bfloat16 $(DYNAMIC_TESTS) && \
 		if [ -f bench/bench_dynamic_scale.py ]; then $(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b; fi && \
-		if [ -n "$(VLLM_PYTHON)" ]; then $(BENCH_ENV) $(PY) bench/bench_served_tau.py --vllm-python $(VLLM_PYTHON); \
+		if [ -n "$(VLLM_PYTHON)" ]; then $(BENCH_ENV) $(PY) bench/bench_served_tau.py --vllm-python $(VLLM_PYTHON) && \
+			$(BENCH_ENV) $(PY) bench/bench_hidden_states_vllm.py --max-new-tokens 64 --vllm-python $(VLLM_PYTHON); \
 		else echo "gpu-check: live serving check not run: name a CUDA vLLM with VLLM_PYTHON=/path/to/python"; fi; \
 	else \
 		echo "gpu-check: not run: torch sees no CUDA device here (torch.cuda.is_available() is False)"; \

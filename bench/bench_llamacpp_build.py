@@ -31,7 +31,7 @@ from bench_served_tau import llamacpp_drafter  # bench/ is on sys.path: run as a
 from results import Row, record
 from tabulate import tabulate
 
-from dflash_audit.audit.live_check import load_prompts_for
+from dflash_audit.rounds.replay import load_prompts_for
 from dflash_audit.cli import main as cli
 from dflash_world import cached_test_world
 from dflash_world.target_training import random_qwen3

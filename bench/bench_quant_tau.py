@@ -57,7 +57,7 @@ def main() -> None:
         total, equal, covered = explained(section)
         types = sorted(set(section["quantized_tensors"].values())) or ["F32"]
         summary[quant] = {"rounds": total, "equal": equal, "explained": covered, "types": types,
-                          "findings": sorted({f["what"] for f in section["findings"]}),
+                          "findings": sorted({f.key for f in section["findings"]}),
                           "greedy_identical": section["greedy_identical"],
                           "served_tau": [p["served_tau"] for p in section["prompts"]],
                           "audited_tau": [p["audited_tau"] for p in section["prompts"]]}

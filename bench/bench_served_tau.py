@@ -88,7 +88,7 @@ def llamacpp_rows(world, max_new_tokens: int) -> list[Row]:
     audit_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     server_rss = section.get("engine_peak_rss_mb") or 0
     total, equal, covered = explained(section)
-    findings = sorted({f["what"] for f in section["findings"]}) or ["none"]
+    findings = sorted({f.key for f in section["findings"]}) or ["none"]
     return [
         Row(f"llama.cpp b11434 serving the all-full test drafter (f32 GGUF): rounds equal to the audit's or "
             f"explained by a named finding", covered / total, 1.0, ">=", unit="",
@@ -134,7 +134,7 @@ def main() -> None:
     for name, section in views.items():
         total, equal, covered = explained(section)
         summary[name] = {"rounds": total, "equal": equal, "explained": covered,
-                         "findings": sorted({f["what"] for f in section["findings"]}),
+                         "findings": sorted({f.key for f in section["findings"]}),
                          "prompts": section["prompts"], "greedy_identical": section["greedy_identical"]}
         for p in section["prompts"]:
             table.append([name, p["id"], f"{p['served_tau']:.3f}", f"{p['audited_tau']:.3f}",

@@ -1,6 +1,6 @@
 """A finding: one root cause, in the report's vocabulary (docs/reports.md), whoever finds it: the static audit and the
 recipe's (`dflash_audit/audit/`), the τ audit, serving (`serving_engines/verdict.py`), the live check's localization
-(`serving_engines/live/localize.py`). One typed record, and its one serialization (`Finding.to_dict`), which
+(`dflash_audit/rounds/`). One typed record, and its one serialization (`Finding.to_dict`), which
 report.json, serving.json and the HTML pages (rendered from those dicts) all read.
 """
 
@@ -20,7 +20,9 @@ COMPONENTS = ("fc_dims", "target_layers", "layer_types", "window_direction", "bl
               # `eval`: a drafter evaluated with other chat-template settings than it declares (dflash_audit/tau/declared.py)
               "chat_template",
               # `data-check`: an offline hidden-state dataset (dflash_audit/data_check/check.py)
-              "hidden_state_data")
+              "hidden_state_data",
+              # `trace` of an evaluation: a team's evaluator held round by round to z-lab's loop (trace/evaluation.py)
+              "evaluation")
 SEVERITIES = ("divergence", "warning", "info")
 # An audit finding's words in report.json (docs/reports.md), in order.
 AUDIT_WORDS = ("component", "severity", "message", "ours", "ref", "pitfall", "key", "raw", "explanation")

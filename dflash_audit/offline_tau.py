@@ -8,9 +8,11 @@ the prompts, and every rank gets all replays back.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -19,11 +21,27 @@ from dflash_audit.ranks import Ranks
 from impl import offline
 
 
+# The engine that makes the cache when not the transformers pass (`--hidden-states vllm`: dflash_audit/vllm_states.py),
+# set for one command's run by `hidden_states_from`: every offline replay of that run reads its cache from it.
+CACHE_BUILDER: ContextVar[Any] = ContextVar("cache_builder", default=None)
+
+
+@contextmanager
+def hidden_states_from(builder):
+    """Offline caches made by `builder` (None: the transformers pass) for the runs inside."""
+    token = CACHE_BUILDER.set(builder)
+    try:
+        yield builder
+    finally:
+        CACHE_BUILDER.reset(token)
+
+
 @dataclass
 class OfflineRun:
     cache: offline.HiddenStateCache
     rounds: dict[tuple[str, str, int], list[int]]  # (method, drafter name, prompt index) -> acceptance lengths
     gathered: list[dict]  # every rank's `also_gather` records
+    engine: dict | None = None  # what made the cache when not the transformers pass (its facts)
 
 
 def replay_offline(drafters: dict[str, torch.nn.Module], target, target_dir: str | Path,
@@ -39,8 +57,10 @@ def replay_offline(drafters: dict[str, torch.nn.Module], target, target_dir: str
     ranks = ranks or Ranks.single()
     progress = progress or NoProgress()
     layer_ids = sorted({i for drafter in drafters.values() for i in drafter.target_layer_ids})
+    builder = CACHE_BUILDER.get()
     cache = ranks.rank_zero_first(lambda: offline.load_or_build_cache(
-        cache_dir, target_dir, target, prompts, max_new_tokens, stop_ids, layer_ids=layer_ids, on_prompt=on_prompt))
+        cache_dir, target_dir, target, prompts, max_new_tokens, stop_ids, layer_ids=layer_ids, on_prompt=on_prompt,
+        builder=builder))
     if on_cache is not None:
         on_cache(cache)
     mine = ranks.shard(list(range(len(cache.prompts))))
@@ -54,4 +74,5 @@ def replay_offline(drafters: dict[str, torch.nn.Module], target, target_dir: str
                 progress.advance(len(cache.prompts[i].token_ids) - cache.prompts[i].prompt_len)
     gathered = ranks.gather(local + also_gather())
     rounds = {(r["method"], r["side"], r["index"]): r["rounds"] for r in gathered if "rounds" in r}
-    return OfflineRun(cache, rounds, [r for r in gathered if "rounds" not in r])
+    engine = {"engine": builder.name, **builder.facts} if builder is not None else None
+    return OfflineRun(cache, rounds, [r for r in gathered if "rounds" not in r], engine)

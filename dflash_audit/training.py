@@ -25,6 +25,9 @@ from impl.spec import FAMILY_FIELDS
 # "not given": the family's `train` default, or `--recipe speculators`'s value.
 FLAGS = {**{spec.RUN_FIELDS[name]: spec.extra(name)["flags"][0] for name in spec.TRAIN_SETTINGS},
          **{name: info.json_schema_extra["flags"][0] for name, info in KNOBS.items()}}
+# The run's settings `--recipe speculators` also sets (its optimizers and schedule): like the knobs, not given is None.
+RUN_RECIPE_FIELDS = ("optimizer", "lr_schedule", "lr", "weight_decay", "adam_betas", "muon_lr", "muon_momentum",
+                     "muon_weight_decay", "muon_adjust_lr_fn", "warmup", "grad_clip")
 # The family a family's own setting belongs to, by run field: a drafter field of one family, or a knob declared for one.
 OWNERS = {**{spec.RUN_FIELDS.get(name, name): family for family, names in FAMILY_FIELDS.items() for name in names},
           **{name: info.json_schema_extra["family"] for name, info in KNOBS.items() if info.json_schema_extra["family"]}}
@@ -44,8 +47,9 @@ class TrainSettings(RunSettings):
 
     recipe: Literal["speculators"] | None = Field(
         None, description="'speculators': the whole recipe speculators' TrainConfig resolves for --speculator-type "
-        "dflash (loss_fn, per_position_loss_weight, dpace_alpha, gamma, max_anchors, block_size, draft layers), "
-        "read from the installed package; flags given explicitly still win.")
+        "dflash (loss_fn, per_position_loss_weight, dpace_alpha, gamma, max_anchors, block_size, draft layers) and "
+        "its run (Muon on the 2-D weights + AdamW, lr 1e-3, linear schedule warming up over 1% of the steps, clip "
+        "1.0), read from the installed package; flags given explicitly still win.")
 
     @model_validator(mode="before")
     @classmethod
@@ -53,7 +57,8 @@ class TrainSettings(RunSettings):
         """The flags as given: the ones not given dropped, the list settings read from their comma-separated text
         (`--target-layer-ids 1,16,31` as every other source reads it), a family's own flag refused without that
         family, then `--recipe speculators`'s resolution under the flags given."""
-        data = {name: value for name, value in data.items() if value is not None or name not in FLAGS}
+        data = {name: value for name, value in data.items()
+                if value is not None or (name not in FLAGS and name not in RUN_RECIPE_FIELDS)}
         if isinstance(data.get("target_layer_ids"), str):
             from dflash_audit.formats.setting_names import convert  # its ValueError names the flag
 
@@ -72,8 +77,9 @@ class TrainSettings(RunSettings):
                 raise ValueError(f"{flag_of(name)} is a {TITLES[owner]} setting; add --family {owner}")
         if data.get("recipe") == "speculators":
             from reference_adapters.speculators_recipe import train_settings
+            from reference_adapters.speculators_run_recipe import train_run_settings
 
-            data = {**train_settings(family), **data}
+            data = {**train_settings(family), **train_run_settings(family), **data}
         return data
 
     @classmethod

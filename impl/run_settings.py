@@ -52,10 +52,23 @@ class RunSettings(Declared):
     eval_sequences: int = Field(2, ge=0, description="Rows held out when no --eval-data is given.")
     steps: int = Field(1000, gt=0, description="Optimizer steps.")
     # > 0: torch's own "Invalid learning rate" would name no setting
-    lr: float = Field(6e-4, gt=0, description="Peak learning rate.")
-    warmup: int = Field(50, ge=0, description="Linear warmup steps before the cosine decay.")
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
+    lr: float = Field(6e-4, gt=0, description="Peak learning rate (AdamW's; Muon's too unless --muon-lr).")
+    warmup: int | None = Field(50, ge=0, description="Linear warmup steps before the decay (none given with "
+                               "--recipe speculators: steps // 100, speculators' rule).")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW's weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="The gradient's norm is clipped to this.")
+    # The optimizers and schedule (`--recipe speculators`: Muon + AdamW, linear; speculators_run_recipe.py).
+    optimizer: Literal["adamw", "muon"] = Field("adamw", description="adamw: AdamW on every parameter; muon: Muon on "
+                                                "the 2-D weight matrices and AdamW on the rest, as speculators trains.")
+    lr_schedule: Literal["cosine", "linear"] = Field("cosine", description="cosine: warmup (k + 1)/warmup, then "
+                                                     "cosine decay to 0.1 of the peak; linear: warmup k/warmup, then "
+                                                     "linear decay to 0 (transformers' get_linear_schedule_with_warmup).")
+    adam_betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW's betas.")
+    muon_lr: float | None = Field(None, gt=0, description="Muon's lr (default: --lr).")
+    muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon's momentum.")
+    muon_weight_decay: float = Field(0.1, ge=0, description="Muon's weight decay.")
+    muon_adjust_lr_fn: Literal["original", "match_rms_adamw"] = Field(
+        "match_rms_adamw", description="Muon's lr adjustment to the matrix shape.")
     batch_size: int = Field(4, gt=0, description="Packed rows per micro-batch, across all ranks.")
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
     seq_len: int = Field(1024, gt=0, description="Packed row length.")

@@ -5,10 +5,10 @@ self-test plants serving bugs through it too."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from catalogue.findings import Finding
+from catalogue.findings import Finding, serialized
 from foundation.target_vocab import mask_token_problems
 from impl.spec import DraftSpec
 from serving_engines.layer_capture import trained_capture
@@ -51,10 +51,17 @@ class EngineReport:
     sources: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     step: str | None = None  # what had to be done first for the engine to read the drafter (a step, not a defect)
+    # `--live`: the drafter run in the engine, its findings `Finding` records (dflash_audit/audit/live_report.py)
+    live: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        """The one serialization of the engine's section, its findings and the live section's written here."""
+        data = asdict(replace(self, findings=[], live=None))
         data["findings"] = [f.to_dict() for f in self.findings]
+        if self.live is None:
+            del data["live"]
+        else:
+            data["live"] = serialized(self.live)
         return data
 
 

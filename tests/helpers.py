@@ -12,11 +12,11 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dflash_world.target_training import random_qwen3
+from impl.offline.walks import ROUNDING_ULPS
 from impl.spec import DraftSpec
 
-# A target state computed in another shape of forward (one query against a KV cache, a row of a padded batch, a
-# verified block or tree) is within this many ulps of its dtype at its layer's scale: sums round apart.
-ULPS = 8
+# A target state computed in another shape of forward is within this many ulps of its dtype (impl/offline/walks.py).
+ULPS = ROUNDING_ULPS
 
 # Training text for the tiny worlds: short, repetitive, tokenizer-friendly.
 TEXTS = [f"def add_{i}(x, y):\n    total = x + y * {i}\n    return total\n" for i in range(24)]
@@ -181,3 +181,20 @@ def greedy_decode(target, input_ids: torch.Tensor, max_new_tokens: int,
             break
         step_ids = torch.tensor([[token]], device=input_ids.device)
     return torch.tensor([tokens], device=input_ids.device)
+
+
+def live_records(section: dict) -> dict:
+    """A live section read back from the session's JSON (`once_per_session`) with its localization findings records
+    again, as the live check hands them to the report (`serve-check --live` attaches records): each rebuilt from
+    `Finding.to_dict`'s words, planted runs too."""
+    from catalogue.findings import Finding
+
+    def record(words: dict) -> Finding:
+        place = {k: v for k, v in words.items() if k not in ("field", "kind", "what", "message", "size", "source")}
+        return Finding("serving", "divergence", words["message"], None, words["size"], key=words["what"],
+                       source=words["source"], localized={"kind": words["kind"], **place})
+
+    rebuilt = {**section, "findings": [record(f) for f in section.get("findings", [])]}
+    if "planted" in section:
+        rebuilt["planted"] = {label: live_records(planted) for label, planted in section["planted"].items()}
+    return rebuilt

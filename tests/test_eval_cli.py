@@ -57,6 +57,14 @@ def test_eval_live_and_offline_agree_and_write_the_json_shape(eval_inputs, tmp_p
         assert payload["mean_tau"] == pytest.approx(sum(p["tau"] for p in payload["prompts"]) / len(ids))
     for method in ("dflash", "ddtree"):
         assert results[method, "live"]["prompts"] == results[method, "offline"]["prompts"]
+    # τ along the context: every round in a position bin, the drafter's marks from its checkpoint and recipe.
+    along = live["along_context"]
+    assert along["schema"] == "dflash-audit/tau-along-context/1" and along["bin_tokens"] == 256
+    assert sum(b["rounds"] for b in along["by_position"]) == sum(len(p["rounds"]) for p in live["prompts"])
+    assert sum(b["tokens"] for b in along["by_position"]) == sum(sum(p["rounds"]) for p in live["prompts"])
+    assert along["marks"]["sliding_window"] == 48 and along["marks"]["trained_length"] == 256
+    assert all(0 <= b["agreement"] <= 1 for b in along["by_position"] if b["agreement"] is not None)
+    assert "τ along the context (256-token bins; sliding window 48" in table
 
 
 def test_bad_prompt_line_is_one_line_error_with_file_and_line(eval_inputs, tmp_path, capsys):

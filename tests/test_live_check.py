@@ -40,6 +40,7 @@ PLANTED = {  # variant -> (what the finding names, words its message holds)
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
+    from catalogue.findings import serialized
     from dflash_audit.audit.live_check import live_check
     from dflash_audit.conversion import convert
     from dflash_world import cached_test_world
@@ -64,7 +65,7 @@ def live(tmp_path_factory):
         return live_check(drafters, world.target, world.prompts, 64, plants={"zlab": [FIXED, *PLANTED]},
                           workdir=root / "engine", plant_prompts={FIXED: 8, **{bug: 2 for bug in PLANTED}})
 
-    return once_per_session(tmp_path_factory, "live-check-vllm", run), world
+    return once_per_session(tmp_path_factory, "live-check-vllm", lambda: serialized(run())), world
 
 
 def whats(section: dict) -> set[str]:
@@ -141,10 +142,12 @@ def test_serve_check_live_report(live, tmp_path, monkeypatch):
     headless Chromium (the engine's result reused: one engine process per test session)."""
     import dflash_audit.audit.live_check as live_module
     from dflash_audit.audit.serving import run_serve_check
+    from tests.helpers import live_records
 
     sections, world = live
     zlab_dir = Path(sections["zlab"]["served_path"])
-    monkeypatch.setattr(live_module, "live_check", lambda drafters, *a, **k: {"drafter": sections["zlab"]})
+    monkeypatch.setattr(live_module, "live_check",
+                        lambda drafters, *a, **k: {"drafter": live_records(sections["zlab"])})
     out = tmp_path / "report"
     status = run_serve_check(zlab_dir, ["vllm"], world.target, json_path=tmp_path / "s.json", out=out, live=True)
     data = json.loads((tmp_path / "s.json").read_text())
@@ -169,11 +172,12 @@ def test_compare_live_findings_set_its_exit_status(live, tmp_path, monkeypatch):
     counts them (the engine's result reused; both sides identical, so no audit divergence)."""
     import dflash_audit.audit.live_check as live_module
     from dflash_audit.audit.compare import run_compare
+    from tests.helpers import live_records
 
     sections, world = live
     zlab_dir = Path(sections["zlab"]["served_path"])
     monkeypatch.setattr(live_module, "live_check",
-                        lambda drafters, *a, **k: {side: sections["zlab"] for side in drafters})
+                        lambda drafters, *a, **k: {side: live_records(sections["zlab"]) for side in drafters})
     report = run_compare(zlab_dir, zlab_dir, world.target, static_only=True, out=tmp_path / "r", serve=["vllm"],
                          live=True)
     assert report.divergences == [] and report.exit_status == 1

@@ -60,8 +60,10 @@ def final_block_plant(gguf: Path, test_world, budgets=range(TOKENS, 2 * TOKENS))
     greedy token of the target up to there is within TIE_MARGIN of its runner-up. No kernel's float sums can then
     part the engine from that replay before r, so the engine must part from the audit exactly at r, and the
     final_block replay must be what names it. Found on this machine's kernels, whatever prompt it is."""
-    from dflash_audit.audit.live_check import load_prompts_for
-    from dflash_audit.audit.live_llamacpp import TIE_MARGIN, TieFlips, first_difference, prepare
+    from dflash_audit.audit.live_llamacpp import prepare
+    from dflash_audit.rounds.match import first_difference
+    from dflash_audit.rounds.replay import load_prompts_for
+    from dflash_audit.rounds.ties import TIE_MARGIN, TieFlips
     from foundation.target import load_target
     from foundation.target_vocab import stop_token_ids
     from impl.body_shapes import build_drafter
@@ -98,7 +100,7 @@ def final_block_plant(gguf: Path, test_world, budgets=range(TOKENS, 2 * TOKENS))
 def assert_tie_proven(prompt: dict) -> None:
     """An argmax_tie row: the first tie at the first differing round, each a near-tie the replay broke the other
     way (the engine's token its runner-up)."""
-    from dflash_audit.audit.live_llamacpp import TIE_MARGIN
+    from dflash_audit.rounds.ties import TIE_MARGIN
 
     ties = prompt["ties"]
     assert ties and ties[0]["round"] == prompt["first_diff_round"], prompt
@@ -132,14 +134,18 @@ def live(test_world, llamacpp_full_gguf, tmp_path_factory):
     with the four planted runs beside it; q4_k_m and the mixed drafter served from their conversion (the live
     check's own); the drafter reading the last layer; every held-out prompt at a budget planted so that one of them
     parts at its last block (`final_block_plant`)."""
+    from catalogue.findings import serialized
     from tests.helpers import once_per_session
 
     return once_per_session(tmp_path_factory, "live-llamacpp",
-                            lambda: serve_all(test_world, Path(llamacpp_full_gguf), tmp_path_factory))
+                            lambda: serialized(serve_all(test_world, Path(llamacpp_full_gguf), tmp_path_factory)))
 
 
 def serve_all(test_world, llamacpp_full_gguf: Path, tmp_path_factory):
+    import json
+
     from dflash_audit.audit.live_llamacpp import live_llamacpp
+    from dflash_audit.audit.serving import run_serve_check
     from dflash_audit.cli import main
     from dflash_world.drafter import cached_full_drafter, cached_test_drafter
     from drafter_files.checkpoint import load_checkpoint
@@ -159,8 +165,13 @@ def serve_all(test_world, llamacpp_full_gguf: Path, tmp_path_factory):
               "mask_id": {"gguf": planted_copy(gguf, root / "mask.gguf", "tokenizer.ggml.mask_token_id", [7])},
               "weights": {"gguf": negated_tensor_copy(gguf, root / "weights.gguf", "fc.weight")}}
     served = live_llamacpp(gguf, test_world.target, prompts, TOKENS, plants=plants, workdir=root / "f32")
-    quantized = live_llamacpp(root / "full-1-2", test_world.target, prompts, TOKENS, quant="q4_k_m",
-                              workdir=root / "q4")
+    # q4_k_m through `serve-check --live --quant q4_k_m` itself: its section is the one its report wrote.
+    report = root / "q4-report"
+    status = run_serve_check(root / "full-1-2", ["llamacpp"], Path(test_world.target), out=report, live=True,
+                             prompts=prompts, max_new_tokens=TOKENS, quant="q4_k_m")
+    written = json.loads((report / "serving.json").read_text())
+    quantized = written["serving"]["llamacpp"].pop("live")
+    quantized["report"] = {"exit_status": status, "json": written, "page": (report / "index.html").read_text()}
     last_layer = live_llamacpp(llamacpp_full_gguf, test_world.target, prompts, TOKENS, workdir=root / "last")
     mixed = load_checkpoint(cached_test_drafter(test_world))
     save_zlab_dir(root / "mixed-1-2", *without_final_layer(mixed.spec, mixed.state_dict))
@@ -235,23 +246,25 @@ def test_every_live_finding_reaches_the_terminal_json_and_html_reports(live, tes
 
     from markupsafe import escape
 
-    from dflash_audit.audit.live_check import live_findings
     from dflash_audit.audit.live_llamacpp import attach_llamacpp_live
+    from dflash_audit.audit.live_report import live_findings
     from dflash_audit.audit.report import divergence_count
     from dflash_audit.audit.report_html import serving_page_html
     from dflash_audit.audit.report_terminal import terminal_section
     from dflash_audit.audit.serving import section_dict, serving_section
     from dflash_audit.formats import LoadOptions
+    from tests.helpers import live_records
 
     runs = {"q4_k_m": live[2], "last layer": live[3], "mixed": live[4]}  # what serve-check --live itself attaches
+    runs = {name: live_records(run) for name, run in runs.items()}
     runs = {name: run for name, run in runs.items() if live_findings(run)}
     assert {"q4_k_m", "last layer"} <= set(runs)
     drafter = Path(live[0]["served_path"])
     for name, run in runs.items():
-        section = section_dict(serving_section(drafter, ["llamacpp"], Path(test_world.target),
-                                               LoadOptions(flag_prefix="")))
-        static = list(section["llamacpp"]["findings"])
-        attach_llamacpp_live(section, run)
+        reports = serving_section(drafter, ["llamacpp"], Path(test_world.target), LoadOptions(flag_prefix=""))
+        static = [f.to_dict() for f in reports["llamacpp"].findings]
+        attach_llamacpp_live(reports, run)
+        section = section_dict(reports)  # the records written once, as serve-check writes them
         expected = [f.to_dict() for f in live_findings(run)]
         assert section["llamacpp"]["findings"] == static + expected, name
         assert divergence_count(section) == sum(f["severity"] == "divergence" for f in static + expected)
@@ -262,6 +275,25 @@ def test_every_live_finding_reaches_the_terminal_json_and_html_reports(live, tes
             assert " ".join(finding["message"].split()) in terminal, (name, finding["message"])
             assert str(escape(finding["message"])) in page, (name, finding["message"])  # as the page escapes it
             assert finding in data["llamacpp"]["findings"], name
+
+
+def test_a_quantized_live_run_with_findings_writes_its_report(live):
+    """`serve-check --live --quant q4_k_m` (the fixture's own run): its findings stay records until the report writes
+    them once, so a run that has them writes serving.json and index.html; every live finding is in both, the live
+    section's among the engine's serving findings, and the exit status counts their divergences."""
+    from markupsafe import escape
+
+    section = live[2]
+    written, page, status = section["report"]["json"], section["report"]["page"], section["report"]["exit_status"]
+    assert section["findings"] and any(f["kind"] == "quantization" for f in section["findings"])
+    engine = written["serving"]["llamacpp"]
+    live_fields = [f for f in engine["findings"] if f["field"].startswith("live:")]
+    assert sorted(f["field"] for f in live_fields) == sorted(f"live:{f['what']}" for f in section["findings"])
+    for finding in section["findings"]:
+        assert str(escape(finding["message"])) in page, finding["message"]
+    assert status == written["exit_status"] == (1 if any(f["severity"] == "divergence"
+                                                         for f in engine["findings"]) else 0)
+    assert 'class="served"' in page
 
 
 def test_a_mixed_sliding_full_drafter_runs_with_its_sliding_layer_non_causal_and_that_is_localized(live):
@@ -279,7 +311,8 @@ def test_every_round_is_the_audits_or_an_argmax_near_tie_or_the_whole_final_bloc
     whole block as llama.cpp does; every other difference is a near-tie (ggml's and torch's float32 sums breaking
     it the other way, the replay taking the runner-up gives every later round of the engine's) or the final block
     too: info findings naming the engine's line, never unlocalized."""
-    from dflash_audit.audit.live_check import live_findings
+    from dflash_audit.audit.live_report import live_findings
+    from tests.helpers import live_records
 
     section = live[5]
     plant = section["plant"]
@@ -295,7 +328,7 @@ def test_every_round_is_the_audits_or_an_argmax_near_tie_or_the_whole_final_bloc
     assert plant["id"] in finding["prompts"]
     for finding in section["findings"]:
         assert re.fullmatch(r"llama\.cpp/common/speculative\.cpp:\d+", finding["source"])
-    assert all(f.severity == "info" for f in live_findings(section))
+    assert all(f.severity == "info" for f in live_findings(live_records(section)))
 
 
 def test_a_planted_near_tie_is_proved_by_the_replay_taking_the_runner_up(live, test_world):
@@ -303,8 +336,10 @@ def test_a_planted_near_tie_is_proved_by_the_replay_taking_the_runner_up(live, t
     near-tie, every argmax the same) and an engine that takes the runner-up at the first proposal of the first round
     the drafter's first proposal is accepted in; `tie_flips` finds that one flip, at that round and slot, and the
     replay taking it gives every round of the planted engine's."""
-    from dflash_audit.audit.live_check import load_prompts_for
-    from dflash_audit.audit.live_llamacpp import TIE_MARGIN, TieFlips, prepare, tie_flips
+    from dflash_audit.audit.live_llamacpp import prepare
+    from dflash_audit.rounds.llamacpp import tie_flips
+    from dflash_audit.rounds.replay import load_prompts_for
+    from dflash_audit.rounds.ties import TIE_MARGIN, TieFlips
     from foundation.target import load_target
     from foundation.target_vocab import stop_token_ids
     from impl.body_shapes import build_drafter
@@ -351,8 +386,10 @@ def test_stop_sets_that_part_are_one_convention_finding_on_the_prompts_they_part
 
     import torch
 
-    from dflash_audit.audit.live_check import live_findings, load_prompts_for
-    from dflash_audit.audit.live_llamacpp import round_of, stop_difference
+    from dflash_audit.audit.live_llamacpp import stop_difference
+    from dflash_audit.audit.live_report import live_findings
+    from dflash_audit.rounds.match import round_of
+    from dflash_audit.rounds.replay import load_prompts_for
     from foundation.target import load_target
     from foundation.target_vocab import stop_token_ids
     from tests.helpers import greedy_decode
@@ -377,7 +414,7 @@ def test_stop_sets_that_part_are_one_convention_finding_on_the_prompts_they_part
     assert finding.localized["rounds"] == [round_of(greedy[i].index(k), rounds[p["id"]])
                                            for i, p in enumerate(prompts) if p["id"] in parted]
     assert f"the target emits {k}, a stop id of z-lab only" in finding.message and notes == []
-    assert [f.severity for f in live_findings({"findings": [finding.to_dict()]})] == ["info"]
+    assert [f.severity for f in live_findings({"findings": [finding]})] == ["info"]
     unused = next(t for t in range(1, 2048) if not any(t in tokens for tokens in greedy))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, unused]}))
     findings, (note,) = stop_difference(eog, stop_token_ids(folder, tokenizer), prompts, greedy, section["prompts"])
@@ -389,8 +426,10 @@ def test_a_difference_at_a_slot_far_from_a_tie_stays_unlocalized(live, test_worl
     from the audit's where the drafter was sure is no tie."""
     import torch
 
-    from dflash_audit.audit.live_check import load_prompts_for
-    from dflash_audit.audit.live_llamacpp import TIE_MARGIN, TieFlips, prepare, tie_flips
+    from dflash_audit.audit.live_llamacpp import prepare
+    from dflash_audit.rounds.llamacpp import tie_flips
+    from dflash_audit.rounds.replay import load_prompts_for
+    from dflash_audit.rounds.ties import TIE_MARGIN, TieFlips
     from foundation.target import load_target
     from foundation.target_vocab import stop_token_ids
     from impl.body_shapes import build_drafter

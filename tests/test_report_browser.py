@@ -40,7 +40,7 @@ def test_report_renders_in_chromium(test_world, tmp_path):
     console_errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and "ERROR" in line.upper()]
     assert not console_errors, console_errors
     assert 'data-component="fc_dims"' in dom.stdout and 'data-component="recipe"' in dom.stdout
-    for chart in ("tau-chart", "histogram", "position-chart"):
+    for chart in ("tau-chart", "histogram", "position-chart", "along-chart"):
         assert re.search(rf'class="chart {chart}"', dom.stdout), chart
     assert dom.stdout.count("<rect") >= 2 * len(report.dynamic.methods["dflash"].prompts)
 

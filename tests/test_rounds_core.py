@@ -128,3 +128,32 @@ def test_findings_are_records_until_written():
     written = serialized({"findings": [local], "planted": {"x": {"findings": [chat]}}, "n": 1})
     assert written == {"findings": [local.to_dict()], "planted": {"x": {"findings": [chat.to_dict()]}}, "n": 1}
     assert written["planted"]["x"]["findings"][0]["chat"] == "thinking on"
+
+
+@pytest.mark.parametrize("scale, kind", [(1e-4, "tie"), (1.0, "unlocalized")])
+def test_a_source_drafting_the_runner_up_is_a_near_tie_only_where_the_top_two_are_that_close(world, scale, kind):
+    """Fed as trained, every module as trained, one draft the runner-up: an argmax near-tie (info) where the
+    drafter's top two are within TIE_MARGIN there (its logits scaled by 1e-4: every margin a near-tie), else a
+    difference the by-value localization leaves `unlocalized`, with its margin."""
+    from dflash_audit.rounds import DrafterFeed
+    from dflash_audit.rounds.by_value import module_findings, replay
+    from dflash_audit.rounds.replay import built
+    from dflash_audit.rounds.ties import TIE_MARGIN
+    from impl.layers import hidden_state_index
+
+    drafter, target, prompts, _, audited = world
+    spec = drafter.spec.replace(output_multiplier=drafter.spec.output_multiplier * scale)
+    model = built(spec, drafter.state_dict(), target)
+    tokens = prompts[0]["ids"] + audited[0].new_tokens
+    start, size = len(prompts[0]["ids"]), spec.block_size
+    with torch.inference_mode():
+        hidden = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+    features = torch.cat([hidden[hidden_state_index(i)][0, :start].float() for i in spec.target_layer_ids], dim=-1)
+    feed = DrafterFeed([tokens[start]] + [spec.mask_token_id] * (size - 1), list(range(start, start + size)),
+                       list(range(start)), features)
+    runner_up = replay(model, target, feed)["logits"].float().topk(2, dim=-1).indices[:, 1].tolist()
+    feed.drafts = replay(model, target, feed)["logits"].argmax(-1).tolist()
+    feed.drafts[0] = runner_up[0]
+    (finding,) = module_findings(model, target, feed, lambda what: f"eval.py ({what})", prompts[0]["id"], 1)
+    assert finding.kind == kind, finding
+    assert (finding.served < TIE_MARGIN) == (kind == "tie")

@@ -101,18 +101,21 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
         raise AuditError("--live runs both drafters in vLLM or llama.cpp on the target: give --serve vllm (or "
                          "llamacpp) and --target")
     if serve:
-        report.serving = serving_sections(ours, ref, serve, target, ours_options, ref_options)
-    if live and "llamacpp" in serve:
-        from dflash_audit.audit.live_llamacpp import attach_llamacpp_live, live_llamacpp
+        reports = serving_sections(ours, ref, serve, target, ours_options, ref_options)
+        if live and "llamacpp" in serve:
+            from dflash_audit.audit.live_llamacpp import attach_llamacpp_live, live_llamacpp
 
-        for side, path in (("ours", ours), ("ref", ref)):
-            attach_llamacpp_live(report.serving[side], live_llamacpp(Path(path), target, prompts, max_new_tokens))
-    if live and "vllm" in serve:
-        from dflash_audit.audit.live_check import attach_live, live_check
+            for side, path in (("ours", ours), ("ref", ref)):
+                attach_llamacpp_live(reports[side], live_llamacpp(Path(path), target, prompts, max_new_tokens))
+        if live and "vllm" in serve:
+            from dflash_audit.audit.live_check import attach_live, live_check
 
-        served = live_check({"ours": ours, "ref": ref}, target, prompts, max_new_tokens, vllm_python)
-        for side in ("ours", "ref"):
-            attach_live(report.serving[side], served[side])
+            served = live_check({"ours": ours, "ref": ref}, target, prompts, max_new_tokens, vllm_python)
+            for side in ("ours", "ref"):
+                attach_live(reports[side], served[side])
+        from dflash_audit.audit.serving import section_dict
+
+        report.serving = {side: section_dict(section) for side, section in reports.items()}  # written once
     ranks = Ranks.single()
     if target is not None and not static_only:
         # only here: it imports the decoding loops
@@ -142,9 +145,9 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
 
 def serving_sections(ours: Path, ref: Path, engines: list[str], target: Path | None,
                      ours_options: LoadOptions | None, ref_options: LoadOptions | None) -> dict:
-    """`--serve`: will each drafter serve as trained on each engine (the serve-check section, both sides)."""
-    from dflash_audit.audit.serving import section_dict, serving_section
+    """`--serve`: will each drafter serve as trained on each engine (the serve-check section, both sides, as records)."""
+    from dflash_audit.audit.serving import serving_section
 
-    return {side: section_dict(serving_section(path, engines, target, options))
+    return {side: serving_section(path, engines, target, options)
             for side, path, options in (("ours", ours, ours_options or LoadOptions(flag_prefix="--ours")),
                                         ("ref", ref, ref_options or LoadOptions(flag_prefix="--ref")))}

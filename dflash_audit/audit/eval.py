@@ -22,9 +22,11 @@ from dflash_audit.progress import progress
 from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
 from dflash_audit.ranks import Ranks
 from dflash_audit.tau.declared import declared_settings, template_findings
+from dflash_audit.tau.along_context import (AlongContext, PromptRounds, context_marks, greedy_agreement, side_by_side,
+                                            tau_along_context)
 from dflash_audit.tau.grid import Decoding, check_method_name, run_grid
 from dflash_audit.tau.published import resolve_published
-from dflash_audit.tau.table_out import payload, terminal_table, write_html, write_json
+from dflash_audit.tau.table_out import cell_label, payload, terminal_table, write_html, write_json
 from foundation.atomic import atomic_write_bytes
 from foundation.benchmarks.sets import BenchmarkPrompt, PromptSet, parse_prompts_flag, read_prompt_set, select
 from foundation.cache_dir import cache_root
@@ -84,6 +86,14 @@ def replay_prompts(drafter, target, target_dir: Path, prompts, method: str, budg
             for i, entry in enumerate(run.cache.prompts) for rounds in [run.rounds[method, "drafter", i]]]
 
 
+def along_context_of(results: list[dict], prompts, target, marks) -> AlongContext:
+    """τ along the context of eval's per-prompt rounds, the target's greedy agreement on each prompt beside it."""
+    ids = dict(prompts)
+    return tau_along_context([PromptRounds(id=r["id"], prompt_len=ids[r["id"]].shape[1], rounds=r["rounds"],
+                                           target_agreement=greedy_agreement(target, ids[r["id"]]))
+                              for r in results], marks)
+
+
 def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: str = "dflash", budget: int = 32,
              mode: str = "live", max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0,
              json_path: Path | None = None, cache_dir: Path | None = None, chat_template="auto",
@@ -101,7 +111,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     check_cache_dir(cache_dir, inputs)
     console = console or Console(stderr=True)
     records = load_prompts(prompts_path)  # bad input fails before any model loads
-    from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
+    from dflash_audit.audit.drafter_fit import place_drafter, read_loaded_drafter
     from foundation.target import load_target_model, load_tokenizer
     from impl.body_shapes import build_drafter
     from impl.ddtree import require_dflash_family
@@ -111,7 +121,8 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     chat = chat_template if isinstance(chat_template, ChatTemplate) else ChatTemplate.parse(chat_template)
     tokenizer, config = load_tokenizer(target_dir)
     chat.check_kwargs(tokenizer)
-    spec, state_dict = read_drafter(drafter_path, target_dir, config, load_options)
+    loaded, spec = read_loaded_drafter(drafter_path, target_dir, config, load_options)
+    state_dict = loaded.state_dict
     if method == "ddtree" and spec.family != "dflash":
         require_dflash_family(build_drafter(spec, state_dict))  # before any prompt is decoded or cached
     prompts, notes = fit_prompts(tokenize_prompts(tokenizer, records, chat), max_new_tokens,
@@ -140,6 +151,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     ranks.close()
     if ranks.rank != 0:
         return None
+    along = along_context_of(results, prompts, target, context_marks(spec, loaded.recipe, loaded.recipe_unknown))
 
     all_rounds = [length for r in results for length in r["rounds"]]
     longest = drafter.spec.longest_round
@@ -147,11 +159,12 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
                "max_new_tokens": max_new_tokens, **stops.report(), "placement": placement.describe(),
                "chat_template": chat.describe(tokenizer), "prompts": results,
                "mean_tau": mean_acceptance([r["tau"] for r in results]),
-               "histogram": acceptance_histogram(all_rounds, longest)}
+               "histogram": acceptance_histogram(all_rounds, longest), "along_context": along.to_dict()}
     rows = [[r["id"], len(r["rounds"]), sum(r["rounds"]) + 1, f"{r['tau']:.2f}"] for r in results]
     print(tabulate(rows, headers=["prompt", "rounds", "new tokens", "τ"], tablefmt="github"))
     print(f"mean τ ({method}, {mode}): {payload['mean_tau']:.3f}   acceptance histogram 0..{longest}: "
           f"{payload['histogram']}")
+    print(along.table())
     where = placement.describe()
     print(f"target and drafter in {where['dtype']} ({where['dtype_source']}) on {where['device']}"
           + (f", target sharded by --device-map {placement.device_map}" if placement.device_map else ""))
@@ -228,8 +241,8 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: 
               json_path: Path | None = None, html_path: Path | None = None, published: str | None = None,
               trained_kwargs: str | None = None, load_options=None, placement: Placement = CPU_FLOAT32,
               console: Console | None = None, force: bool = False) -> dict:
-    from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
-    from dflash_audit.formats import LoadOptions, load_any
+    from dflash_audit.audit.drafter_fit import place_drafter, read_loaded_drafter
+    from dflash_audit.formats import LoadOptions
     from foundation.target import load_target_model, load_tokenizer
 
     console = console or Console(stderr=True)
@@ -252,8 +265,9 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: 
     chats = {"default": chat} if tau_by is None else {f"thinking {k}": v
                                                       for k, v in thinking_settings(chat, tokenizer).items()}
     options = load_options or LoadOptions(flag_prefix="")
-    spec, state_dict = read_drafter(drafter_path, target_dir, config, options)
-    declared, where = declared_settings(load_any(drafter_path, target_dir, options).raw.config, trained_kwargs)
+    loaded, spec = read_loaded_drafter(drafter_path, target_dir, config, options)
+    state_dict = loaded.state_dict
+    declared, where = declared_settings(loaded.raw.config, trained_kwargs)
     findings = template_findings(declared, where, {label: c.kwargs for label, c in chats.items()})
     target = load_target_model(target_dir, placement)
     drafter = place_drafter(spec, state_dict, drafter_path, target)
@@ -262,6 +276,13 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: 
                               max_new_tokens, seed_list, published_target, stops.ids,
                               advance=lambda: console.print(".", end=""))
     console.print()
+    marks = context_marks(spec, loaded.recipe, loaded.recipe_unknown)
+    alongs = {}
+    for cell in cells:  # every response of every seed, at its prompt's length
+        along = tau_along_context([PromptRounds(id=str(r["id"]), prompt_len=r["prompt_tokens"], rounds=r["rounds"])
+                                   for run in cell["runs"] for r in run["prompts"]], marks)
+        cell["along_context"] = along.to_dict()
+        alongs[f"{cell['set']} {cell_label(cell)}"] = along
     data = payload(cells, [s.describe() for s in prompt_sets],
                    {"drafter": str(drafter_path), "target": str(target_dir), "max_new_tokens": max_new_tokens,
                     **stops.report(), "published_target": published_target, "placement": placement.describe(),
@@ -270,6 +291,7 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: 
     for s in data["sets"]:
         print(f"{s['name']}: {s['count']} of {s['rows']} rows ({s['selection']}); rendering: {s['rendering']}")
     print(terminal_table(cells))
+    print(side_by_side(alongs))
     for finding in findings:
         print(f"{finding.severity}  {finding.component}  {finding.message}")
     for note in skipped:

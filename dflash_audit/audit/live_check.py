@@ -1,9 +1,10 @@
 """`serve-check --live`: each drafter run in a real vLLM engine, every served round held to the audit.
 
 The audit's side: what to serve (the drafter, or its `convert --for vllm` copy), the target and prompts, the drafter
-as trained beside it. The engine is run, and its rounds held to the replay, by `serving_engines/live/host.py`.
-The live section is attached to a serve-check section as `vllm.live`, its findings joined to the engine's own
-(severity divergence: each one changes what the engine serves).
+as trained beside it. The engine is run by `serving_engines/live/host.py`; what it captured is a source of rounds
+(`dflash_audit/rounds/vllm.py`) held to the audit's replay by the rounds core (`dflash_audit/rounds/assess.py`).
+The live section is attached to a serve-check section as `vllm.live` (`live_report.attach`), its findings joined to
+the engine's own.
 """
 
 from __future__ import annotations
@@ -12,22 +13,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from catalogue.findings import Finding
+from dflash_audit.audit.live_report import attach
+from dflash_audit.rounds import assess, zlab_replay
+from dflash_audit.rounds.replay import load_prompts_for
+from dflash_audit.rounds.vllm import vllm_source
 from serving_engines.live.host import (
     V2_HINT,
     ServedDrafter,
-    assess_variant,
-    audited_runs,
     engine_command,
     missing_model_file,
     needs_v2,
     run_engine,
 )
 from serving_engines.live.vllm_env import find_vllm
-
-ENGINE_NAMES = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
-LIVE_SEVERITY = {"quantization": "info", "tie": "info", "convention": "info", "input": "divergence",
-                 "module": "divergence", "unlocalized": "divergence"}
+from serving_engines.verdict import EngineReport
 
 
 def prepare(name: str, path: Path, target: Path, workdir: Path) -> ServedDrafter:
@@ -46,14 +45,6 @@ def prepare(name: str, path: Path, target: Path, workdir: Path) -> ServedDrafter
                      f"`dflash-audit convert --from {path} --to DIR --for vllm --target {target}`")
     spec = require_spec(load_any(path, target_dir=target, options=LoadOptions(flag_prefix="")), "serve-check --live")
     return ServedDrafter(name, str(path), str(served), spec, notes)
-
-
-def load_prompts_for(target_dir: Path, prompts_path: Path | None, tokenizer) -> list[dict]:
-    from dflash_audit.prompts import load_prompts, tokenize_prompt
-    from dflash_world import BUILTIN_PROMPTS
-
-    prompts = BUILTIN_PROMPTS if prompts_path is None else load_prompts(prompts_path)
-    return [{"id": p["id"], "ids": tokenize_prompt(tokenizer, p)[0].tolist()} for p in prompts]
 
 
 def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | None = None, max_new_tokens: int = 64,
@@ -112,12 +103,12 @@ def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Pa
             continue
         model = place_drafter(*read_drafter(Path(d.source), target, target_model.config), Path(d.source),
                               target_model)
-        audited = audited_runs(model, target_model, prompts, max_new_tokens, stop_ids)
+        audited = zlab_replay(model, target_model, prompts, max_new_tokens, stop_ids)
         section = {**base, "ran": True, "load_s": round(run["load_s"], 1)}
         for label, variant in run["variants"].items():
             count = len(variant["outputs"])
-            assessed = assess_variant(d, model, target_model, variant, greedy, prompts[:count], audited[:count], env,
-                                      workdir)
+            source = vllm_source(env, d.spec, model, target_model, variant, prompts[:count], workdir)
+            assessed = {**assess(source, audited[:count], greedy).section(), "generate_s": variant.get("generate_s")}
             if label == "served":
                 section.update(assessed)
             else:
@@ -126,33 +117,6 @@ def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Pa
     return sections
 
 
-
-def live_findings(live: dict[str, Any]) -> list[Finding]:
-    """The live section's findings as the engine's own serving findings (`live:<what>`)."""
-    found = []
-    if live.get("ran") and live.get("greedy_identical") is False:
-        differing = [p["id"] for p in live["prompts"] if p["greedy_identical"] is False]
-        found.append(Finding.serving("live:greedy_output", "divergence", "identical",
-                                     f"{len(differing)} prompt(s) differ", "",
-                                     f"speculation changed {ENGINE_NAMES.get(live.get('engine'), 'vLLM')}'s greedy "
-                                     f"output on prompt(s) {', '.join(differing)}: it must never change it"))
-    for f in live.get("findings", []):
-        rounds = ", ".join(f"{p} round {r}" for p, r in zip(f["prompts"], f["rounds"], strict=True))
-        found.append(Finding.serving(f"live:{f['what']}", LIVE_SEVERITY.get(f["kind"], "divergence"), None, f["size"],
-                                     f["source"], f"{f['kind']}: {f['message']} (first differing round of {rounds})"))
-    if not live.get("ran") and live.get("refused"):
-        found.append(Finding.serving("live:not_run", "warning", None, None, "", live["refused"]))
-    return found
-
-
-def attach_live(section: dict[str, Any], live: dict[str, Any]) -> None:
-    """Put `live` under section["vllm"]["live"]; a checkpoint vLLM could not read but served from its conversion
-    is a step the report names, no longer a `loads` divergence."""
-    engine = section.setdefault("vllm", {"engine": "vllm", "findings": [], "notes": []})
-    engine["live"] = live
-    if live.get("ran") and live.get("notes"):
-        for f in engine.get("findings", []):
-            if f["field"] == "loads" and "convert" in f["message"]:
-                f["severity"] = "info"
-                f["message"] = f"served from its conversion (a step, not a defect): {f['message']}"
-    engine["findings"] = list(engine.get("findings", [])) + [f.to_dict() for f in live_findings(live)]
+def attach_live(section: dict[str, EngineReport], live: dict[str, Any]) -> None:
+    """Put `live` on the section's vLLM report (`live_report.attach`)."""
+    attach(section, "vllm", live)

@@ -131,17 +131,18 @@ def run_serve_check(drafter: Path, engines: list[str], target: Path | None = Non
     quant, bin_dir = engine_options.pop("quant", None), engine_options.pop("bin_dir", None)
     if live and max_new_tokens < 1:
         raise AuditError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-    section = section_dict(serving_section(drafter, engines, target, LoadOptions(spec=list(spec or []),
-                                                                                 flag_prefix=""), **engine_options))
+    reports = serving_section(drafter, engines, target, LoadOptions(spec=list(spec or []), flag_prefix=""),
+                              **engine_options)
     if live and "vllm" in engines:
         from dflash_audit.audit.live_check import attach_live, live_check
 
-        attach_live(section, live_check({"drafter": drafter}, target, prompts, max_new_tokens, vllm_python)["drafter"])
+        attach_live(reports, live_check({"drafter": drafter}, target, prompts, max_new_tokens, vllm_python)["drafter"])
     if live and "llamacpp" in engines:
         from dflash_audit.audit.live_llamacpp import attach_llamacpp_live, live_llamacpp
 
-        attach_llamacpp_live(section, live_llamacpp(drafter, target, prompts, max_new_tokens, quant, bin_dir,
+        attach_llamacpp_live(reports, live_llamacpp(drafter, target, prompts, max_new_tokens, quant, bin_dir,
                                                     **engine_options))
+    section = section_dict(reports)  # the records, live ones included, written once
     count = divergence_count(section)
     data = {"schema": SCHEMA, "drafter": str(drafter), "target": str(target) if target else None,
             "serving": section, "exit_status": 1 if count else 0}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import typer
@@ -63,18 +64,30 @@ def register(app: typer.Typer) -> None:
                                                         help='JSON for apply_chat_template, e.g. {"enable_thinking": false}'),
         force: bool = typer.Option(False, "--force", help="replace report files at --out / --json that the tool "
                                                           "did not write"),
+        hidden_states: str = typer.Option("transformers", "--hidden-states",
+                                          help="what makes the offline cache of the target's states: transformers, "
+                                               "or vllm (its extract_hidden_states; --vllm-python names the Python)"),
+        tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", min=1,
+                                                 help="--hidden-states vllm: vLLM's tensor parallelism (GPUs)"),
     ) -> int:
         check_cache_dir(cache_dir, {"--ours": ours, "--ref": ref, "--target": target, "--prompts": prompts})
         dtypes = parse_dtype_list(dtype)
         chat = ChatTemplate.parse(chat_template, chat_template_kwargs)
         placement = resolve_placement(device, dtypes[0], device_map, target) if target is not None else CPU_FLOAT32
-        report = run_compare(ours, ref, target, prompts, static_only, out, json_path, expect_identical,
-                             max_new_tokens, budget, truncate=truncate,
-                             cache_dir=cache_root(cache_dir) / "offline" if cache_dir is not None else None,
-                             ours_options=LoadOptions(ours_entry, key_map, list(ours_spec), "--ours"),
-                             ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"),
-                             placement=placement, dtypes=[None, *dtypes[1:]],
-                             serve=parse_engines(serve) if serve is not None else None, live=live,
-                             vllm_python=vllm_python, chat=chat, force=force)
+        engine = contextlib.nullcontext()  # the transformers pass; a static compare imports no torch
+        if (hidden_states, tensor_parallel_size) != ("transformers", 1):
+            from dflash_audit.offline_tau import hidden_states_from
+            from dflash_audit.vllm_states import cache_builder
+
+            engine = hidden_states_from(cache_builder(hidden_states, target, vllm_python, tensor_parallel_size))
+        with engine:
+            report = run_compare(ours, ref, target, prompts, static_only, out, json_path, expect_identical,
+                                 max_new_tokens, budget, truncate=truncate,
+                                 cache_dir=cache_root(cache_dir) / "offline" if cache_dir is not None else None,
+                                 ours_options=LoadOptions(ours_entry, key_map, list(ours_spec), "--ours"),
+                                 ref_options=LoadOptions(ref_entry, ref_key_map, list(ref_spec), "--ref"),
+                                 placement=placement, dtypes=[None, *dtypes[1:]],
+                                 serve=parse_engines(serve) if serve is not None else None, live=live,
+                                 vllm_python=vllm_python, chat=chat, force=force)
         return report.exit_status
 

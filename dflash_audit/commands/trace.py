@@ -1,4 +1,4 @@
-"""`dflash-audit trace -- COMMAND`: record a team's own training step and audit what flowed through it."""
+"""`dflash-audit trace -- COMMAND`: record a team's own training step, or its own evaluation, and audit it."""
 
 from __future__ import annotations
 
@@ -26,10 +26,20 @@ def register(app: typer.Typer) -> None:
                                                  help="MODULE:CLASS of the drafter, when the loss trains several "
                                                       "modules"),
         from_dir: Path | None = typer.Option(None, "--from", help="re-audit this recording (no command)"),
+        evaluation: bool = typer.Option(False, "--eval", help="the command is an evaluation (a run with no "
+                                                              "backward is one anyway): its backwards are ignored"),
+        drafter: Path | None = typer.Option(None, "--drafter", help="an evaluation's drafter folder (z-lab format), "
+                                                                    "when its module does not name one"),
+        temperature: float | None = typer.Option(None, "--temperature", help="an evaluation's sampling temperature, "
+                                                                              "when it samples (default: greedy)"),
     ) -> int:
         from dflash_audit.trace.report import terminal_summary
         from dflash_audit.trace.run import run_trace
 
-        report = run_trace(list(ctx.args), out, from_dir, steps, target, ref, json_path, drafter_class)
+        report = run_trace(list(ctx.args), out, from_dir, steps, target, ref, json_path, drafter_class, evaluation,
+                           drafter, temperature)
+        if hasattr(report, "summary"):  # an evaluation's report (dflash_audit/trace/evaluation.py)
+            typer.echo(report.summary())
+            return report.exit_status
         typer.echo(terminal_summary(report))
         return report.exit_status

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash_audit.trace.matcher import Candidate, Named, name_rows, tolerance
-from serving_engines.live.localize import TargetReplay
+from dflash_audit.rounds.by_value import TargetReplay
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,8 @@ def run_data_check(settings: DataCheckSettings):
     turns = Turns.of(tokenizer, template, chat.kwargs) if template is not None else None
     placement = resolve_placement(settings.device, settings.dtype, None, settings.target)
     target = load_target_model(settings.target, placement)
-    setting = Setting(claim, settings.records, declared_dtype(settings.target), tokenizer, turns)
+    setting = Setting(claim, settings.records, declared_dtype(settings.target), placement.describe()["dtype"],
+                      tokenizer, turns)
     report = check_dataset(dataset, target, setting)
     report.facts["placement"] = placement.describe()
     out.mkdir(parents=True, exist_ok=True)

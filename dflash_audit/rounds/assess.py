@@ -61,7 +61,7 @@ def assess(source: RoundSource, audited: list, greedy: list[list[int]] | None = 
         else:  # a source that does not say what it drafted: K in every round, on both sides alike
             served_k += [k] * len(prompt.rounds)
             audited_k += [k] * len(a_rounds)
-        row = {"id": prompt.id, "served_tau": round(prompt.tau, 4), "audited_tau": round(run.tau, 4),
+        row = {"id": prompt.id, "prompt_tokens": len(prompt.prompt_ids), "served_tau": round(prompt.tau, 4), "audited_tau": round(run.tau, 4),
                "rounds": match.rounds, "rounds_equal": match.rounds_equal, "first_diff_round": match.first_diff_round,
                "served_rounds": list(prompt.rounds), "audited_rounds": list(a_rounds)}
         if prompt.blocks is not None:

@@ -13,11 +13,13 @@ is not the engine's is named, with its size. A difference neither explains is re
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from catalogue.findings import Finding
 from dflash_audit.rounds.source import DrafterFeed, Localized, PromptRounds
+from dflash_audit.rounds.ties import TIE_MARGIN
 from impl.extract import output_head
 from impl.layers import final_layer, hidden_state_index
 from impl.masks import inference_mask
@@ -222,8 +224,16 @@ def module_findings(drafter, target, inputs: DrafterFeed, cite, prompt: str, rou
     drafts = ours["logits"].argmax(-1).tolist()
     engine_drafts = inputs.drafts
     if drafts != engine_drafts[: len(drafts)]:
-        top2 = ours["logits"].float().topk(2, dim=-1).values
-        margin = float((top2[:, 0] - top2[:, 1]).min())
+        top2 = ours["logits"].float().topk(2, dim=-1)
+        gaps = top2.values[:, 0] - top2.values[:, 1]
+        slot = next((j for j, (a, b) in enumerate(zip(drafts, engine_drafts)) if a != b), None)
+        if slot is not None and float(gaps[slot]) < TIE_MARGIN and engine_drafts[slot] == int(top2.indices[slot, 1]):
+            # The near-tie rule (`ties.py`), by value: the source's argmax took the runner-up of a near-tie.
+            return [localized("tie", "argmax_tie", f"same inputs and module outputs (within {SAME:g}); at draft slot "
+                              f"{slot + 1} the drafter's top two logits are {float(gaps[slot]):.3g} apart (within "
+                              f"{TIE_MARGIN:g}) and the source drafted the runner-up: an argmax near-tie broken the "
+                              f"other way", float(gaps[slot]), cite("drafts"), prompt, round_no)]
+        margin = float(gaps.min())
         return [localized("unlocalized", "drafts", f"same inputs and module outputs (within {SAME:g}), different "
                                                   f"drafts {engine_drafts} vs {drafts}; smallest top-2 logit margin "
                                                   f"{margin:.3g}", margin, cite("drafts"), prompt, round_no)]
@@ -234,11 +244,11 @@ class FedLocalizer:
     """A source's parting round localized by value, on what the source fed its drafter there (`PromptRounds.feed`):
     its inputs held to training (`input_findings`), then the drafter as the audit has it replayed on those very
     inputs, module by module, against what the source captured (`module_findings`). `cite(kind)`: where, in the
-    source, each kind (`CITED`) is made. A round the source fed as trained, computed as trained, and still parted is
+    source, each kind (`CITED`) is made; `who`: the source as the findings name it ("the evaluator"). A round the source fed as trained, computed as trained, and still parted is
     `unlocalized`, never guessed."""
 
-    def __init__(self, drafter, target, cite: Callable[[str], str]):
-        self.drafter, self.target, self.cite = drafter, target, cite
+    def __init__(self, drafter, target, cite: Callable[[str], str], who: str = "the engine"):
+        self.drafter, self.target, self.cite, self.who = drafter, target, cite, who
 
     def __call__(self, index: int, prompt: PromptRounds, audited, round_no: int) -> Localized:
         spec = self.drafter.spec
@@ -256,4 +266,6 @@ class FedLocalizer:
                                "computed what the trained drafter computes on them, yet the round differs from the "
                                "audit's (the target's verification, or the audit's own earlier rounds)", None, "",
                                prompt.id, round_no)]
+        if self.who != "the engine":  # the findings' words name the source that ran the drafter
+            found = [replace(f, message=f.message.replace("the engine", self.who)) for f in found]
         return Localized(found, {"explained_by": [f.key for f in found]})

@@ -1,4 +1,5 @@
-"""The one line a training script adds: `from dflash_audit import trace` ... `trace.step(loss)`.
+"""The one line a training script adds: `from dflash_audit import trace` ... `trace.step(loss)`; an evaluator's
+optional line: `trace.tau(tau)`, its own τ (a number, or one per prompt).
 
 Run without the tool, `step` does nothing, and importing this module imports no torch (only the standard library
 and the recording's file names). Under `dflash-audit trace -- COMMAND` the environment names the recording folder
@@ -20,3 +21,12 @@ def step(loss) -> None:
     from dflash_audit.trace.recorder import step_hook
 
     step_hook(loss)
+
+
+def tau(value) -> None:
+    """Hand over the evaluator's own τ (a number, or a per-prompt list); a no-op without the tool."""
+    if not os.environ.get(ENV_OUT):
+        return
+    from dflash_audit.trace.recorder import tau_hook
+
+    tau_hook(value)

@@ -2,7 +2,7 @@
 trainer may have read (each `hidden_states[i]`, the last layer before the final norm, the final norm of each layer's
 raw output, the head's logits from each of those), and each recorded tensor is named by the candidate it equals.
 
-The hidden states come from the live check's `TargetReplay` (serving_engines/live/localize.py), and "equal" is its
+The hidden states come from the live check's `TargetReplay` (dflash_audit/rounds/by_value.py), and "equal" is its
 `relative` difference within `SAME` (float32 kernel noise; `LOOSE` for a recording in half precision). A tensor
 near a candidate but not equal to it is the candidate plus a residual: its size is reported; past `NOISE_LIMIT` of
 the candidate's own spread no candidate explains it, and it stays unexplained with the nearest distance.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from impl.extract import output_head
-from serving_engines.live.localize import SAME, TargetReplay, relative
+from dflash_audit.rounds.by_value import SAME, TargetReplay, relative
 
 LOOSE = 3e-2  # bfloat16/float16 recordings: one rounding of a half-precision kernel
 NOISE_LIMIT = 0.5  # a residual this large against the clean tensor's std is no longer "candidate + noise"

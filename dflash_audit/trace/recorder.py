@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dflash_audit.trace.eval_record import EvaluationCapture
 from dflash_audit.trace.recording import ENV_OPTIONS, ENV_OUT, MANIFEST, write_error, write_recording
 
 INSTALLED: list[Recorder] = []  # the recorder of this process (the bootstrap's, or a test's record_script)
@@ -98,7 +99,7 @@ def _key(t: torch.Tensor) -> tuple:
 
 class Recorder:
     def __init__(self, out: Path, steps: int = 1, target: str | None = None, drafter_class: str | None = None,
-                 late: bool = False):
+                 late: bool = False, evaluation: bool = False):
         self.out = Path(out)
         self.steps = steps
         self.target_dir = target
@@ -120,6 +121,11 @@ class Recorder:
         self.optimizers = 0  # optimizers made since install: with none, each backward is a step
         self.saved_backward = None
         self.saved_optimizer_init = None
+        self.run = None  # the RunRecorder (run_record.py)
+        # An evaluation's calls (dflash_audit/trace/eval_record.py), captured until a training step shows the run is
+        # a trainer's (its validation loop is not an evaluation); `evaluation`: --eval, backwards left alone.
+        self.eval_only = evaluation
+        self.evaluation = EvaluationCapture() if self.rank == 0 else None
 
     # -- hooks ---------------------------------------------------------------------------------------------------
     def install(self) -> Recorder:
@@ -135,7 +141,7 @@ class Recorder:
         backward, recorder = self.saved_backward, self
 
         def traced_backward(tensors, *args, **kwargs):
-            if recorder.handles and not recorder.explicit:
+            if recorder.handles and not recorder.explicit and not recorder.eval_only:
                 recorder._backward(tensors)
             return backward(tensors, *args, **kwargs)
 
@@ -148,12 +154,17 @@ class Recorder:
             recorder.optimizers += 1
 
         Optimizer.__init__ = counted_init
+        from dflash_audit.trace.run_record import RunRecorder
+
+        self.run = RunRecorder(self).install()  # what the run does across steps (optimizers, lr, clipping, ...)
         INSTALLED[:] = [self]
         return self
 
     def remove(self) -> None:
         from torch.optim import Optimizer
 
+        if self.run is not None:
+            self.run.remove()  # its wrappers sit over the recorder's: taken off first
         for handle in self.handles:
             handle.remove()
         self.handles = []
@@ -191,6 +202,8 @@ class Recorder:
         target_like, embedding, own_trainable, trainable = self._kind(module)
         if self.depth and self.depth[-1] is module:
             self.depth.pop()
+        if self.evaluation is not None:
+            self.evaluation.call(module, args, kwargs, output, target_like, self.depth, self._is_target_like)
         if trainable:
             self.trainable_depth = max(0, self.trainable_depth - 1)
         calls = self.calls
@@ -221,10 +234,16 @@ class Recorder:
                 and module.out_features > module.in_features:
             calls.heads.append((module, output, call))
 
+    def _is_target_like(self, module: nn.Module) -> bool:
+        return self._kind(module)[0]
+
     # -- the step ------------------------------------------------------------------------------------------------
     def step(self, loss) -> None:
         """The explicit form: `trace.step(loss)` before backward."""
+        if self.eval_only:
+            return
         self.explicit = True
+        self.evaluation = None
         self.seen += 1
         calls, self.calls = self.calls, StepCalls()
         if self.rank == 0:
@@ -260,6 +279,7 @@ class Recorder:
         graph = walk_graph(loss)
         if not graph["params"]:
             return
+        self.evaluation = None  # a training step: what ran before it (a validation loop) is no evaluation
         calls, self.calls = self.calls, StepCalls()
         if self.pending is not None:  # accumulation: another micro-batch of the step the optimizer will close
             self.micro_batches += 1
@@ -295,6 +315,8 @@ class Recorder:
         self.pending["meta"]["loss"] += record["meta"]["loss"]
 
     def _optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self.handles and self.run is not None:
+            self.run.optimizer_step(optimizer)
         if self.handles and self.pending is not None and not self.explicit:
             self._close_step()
             self._after_step()
@@ -316,12 +338,15 @@ class Recorder:
                 pass
         if self.rank == 0 and self.recorded and not (self.out / MANIFEST).exists():
             write_recording(self.out, self.recorded, self._context())
+        elif self.rank == 0 and not self.recorded and self.evaluation is not None and self.evaluation.useful():
+            self.evaluation.write(self.out, self._context())
 
     def _context(self) -> dict:
         import torch.distributed as dist
 
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        return {"rank": self.rank, "world_size": world, "argv": sys.argv, "steps_requested": self.steps}
+        return {"rank": self.rank, "world_size": world, "argv": sys.argv, "steps_requested": self.steps,
+                "run": self.run.facts() if self.run is not None else None}
 
     def _capture(self, loss, calls: StepCalls, graph: dict | None = None) -> dict:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -625,10 +650,21 @@ def step_hook(loss) -> None:
 def install_from_env(late: bool = False) -> Recorder:
     options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
     recorder = Recorder(Path(os.environ[ENV_OUT]), steps=int(options.get("steps", 1)),
-                        target=options.get("target"), drafter_class=options.get("drafter_class"), late=late)
+                        target=options.get("target"), drafter_class=options.get("drafter_class"), late=late,
+                        evaluation=bool(options.get("evaluation")))
     recorder.install()
     import atexit
 
     atexit.register(recorder.finish)  # a step still open when the script ends (no optimizer, --steps 0) is written
     return recorder
 
+
+
+def tau_hook(tau) -> None:
+    """`trace.tau` under the tool: the evaluator's own τ, kept with its evaluation."""
+    from dflash_audit.trace.eval_record import tau_value
+
+    if not INSTALLED:
+        install_from_env(late=True)
+    if INSTALLED[0].evaluation is not None:
+        INSTALLED[0].evaluation.tau = tau_value(tau)

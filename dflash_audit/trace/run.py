@@ -19,21 +19,22 @@ BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def trace_env(out: Path, steps: int, target: Path | None, drafter_class: str | None, env=None) -> dict:
+def trace_env(out: Path, steps: int, target: Path | None, drafter_class: str | None, env=None,
+              evaluation: bool = False) -> dict:
     env = dict(os.environ if env is None else env)
     env[ENV_OUT] = str(Path(out).resolve())
     env[ENV_OPTIONS] = json.dumps({"steps": steps, "target": str(target) if target else None,
-                                          "drafter_class": drafter_class})
+                                   "drafter_class": drafter_class, "evaluation": evaluation})
     env["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP), str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 
 def run_command(command: list[str], out: Path, steps: int = 1, target: Path | None = None,
-                drafter_class: str | None = None) -> None:
+                drafter_class: str | None = None, evaluation: bool = False) -> None:
     """Run COMMAND under the recorder; raise AuditError (one line) unless it left a recording in `out`."""
     if not command:
         raise AuditError("give the training command after --, e.g. dflash-audit trace -- python train.py")
-    env = trace_env(out, steps, target, drafter_class)
+    env = trace_env(out, steps, target, drafter_class, evaluation=evaluation)
     last: deque[str] = deque(maxlen=20)
     try:
         process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
@@ -54,26 +55,29 @@ def run_command(command: list[str], out: Path, steps: int = 1, target: Path | No
 
 
 def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str) -> None:
+    from dflash_audit.trace.eval_record import has_evaluation
+
     refused = read_error(out)
     if refused is not None:
         raise AuditError(f"{what}: {refused}")
-    if (Path(out) / MANIFEST).is_file() and status == 0:
+    if ((Path(out) / MANIFEST).is_file() or has_evaluation(out)) and status == 0:
         return
     if status != 0:
         tail = stderr_tail[-1] if stderr_tail else "(nothing on stderr)"
         raise AuditError(f"{what}: exited with status {status} before a step was recorded; its last stderr line: "
                          f"{tail[:300]}")
-    raise AuditError(f"{what}: finished without a training step: no backward() of a loss reaching a trainable "
-                     "parameter, and without calling trace.step(loss)")
+    raise AuditError(f"{what}: finished without a training step (no backward() of a loss reaching a trainable "
+                     "parameter, and without calling trace.step(loss)) and without an evaluation (no module fed the "
+                     "target's features ran after the target)")
 
 
 def record_script(script: Path, argv: list[str], out: Path, steps: int = 1, target: Path | None = None,
-                  drafter_class: str | None = None) -> None:
+                  drafter_class: str | None = None, evaluation: bool = False) -> None:
     """Run a Python training script in this process under the recorder (the same hooks as the bootstrap)."""
     from dflash_audit.trace.recorder import Recorder, TraceStop
 
     recorder = Recorder(Path(out), steps=steps, target=str(target) if target else None,
-                        drafter_class=drafter_class).install()
+                        drafter_class=drafter_class, evaluation=evaluation).install()
     saved_argv, saved_env = sys.argv, os.environ.get(ENV_OUT)
     sys.argv = [str(script), *argv]
     os.environ[ENV_OUT] = str(Path(out).resolve())  # as in the verb's child: `trace.step` hands the loss over
@@ -111,15 +115,17 @@ def check_out(out: Path) -> None:
 
 def clear_recording(out: Path) -> None:
     """The tool's own earlier recording in --out, removed before a new one is made (never a user's file)."""
+    from dflash_audit.trace.eval_record import OWN_FILES as EVALUATION_FILES
     from dflash_audit.trace.recording import ERROR, MANIFEST, TENSORS
 
-    for name in (MANIFEST, ERROR, TENSORS):
+    for name in (MANIFEST, ERROR, TENSORS, *EVALUATION_FILES):
         (out / name).unlink(missing_ok=True)
 
 
 def run_trace(command: list[str], out: Path | None = None, from_dir: Path | None = None, steps: int = 1,
               target: Path | None = None, ref: Path | None = None, json_path: Path | None = None,
-              drafter_class: str | None = None):
+              drafter_class: str | None = None, evaluation: bool = False, drafter: Path | None = None,
+              temperature: float | None = None):
     """Record COMMAND's first steps into --out (or read --from), audit the recording, write report.json and
     index.html beside it (and --json); the TraceReport."""
     from dflash_audit.outputs import check_not_foreign, check_writable
@@ -143,13 +149,20 @@ def run_trace(command: list[str], out: Path | None = None, from_dir: Path | None
         folder = Path(out or "reports/trace")
         check_out(folder)
         clear_recording(folder)
-        run_command(command, folder, steps, target, drafter_class)
+        run_command(command, folder, steps, target, drafter_class, evaluation)
     report_dir = Path(out) if out is not None else folder
     if report_dir != folder:
         check_out(report_dir)
     if json_path is not None:
         check_writable("--json", json_path)
         check_not_foreign("--json", json_path, False)
+    from dflash_audit.trace.eval_record import has_evaluation
+
+    if has_evaluation(folder) and not (folder / "manifest.json").is_file():
+        from dflash_audit.trace.evaluation import audit_evaluation_folder
+
+        return audit_evaluation_folder(folder, report_dir, "--from" if from_dir is not None else "--out", target,
+                                       drafter, temperature, json_path)
     report = audit_recording(read_recording(folder, "--from" if from_dir is not None else "--out"), target, ref)
     write_report_json(report, report_dir / "report.json")
     write_report_html(report, report_dir / "index.html")

@@ -116,6 +116,7 @@ def discard(path: Path) -> None:
     """Remove a damaged cache entry (the tool's own files, under its cache folder) before rebuilding it."""
     path.unlink(missing_ok=True)
     shutil.rmtree(path.with_suffix(".layers"), ignore_errors=True)
+    shutil.rmtree(path.with_suffix(".records"), ignore_errors=True)  # another engine's own records (`builder`)
 
 
 def layer_path(path: Path, layer_id: int) -> Path:
@@ -199,18 +200,23 @@ def extend_cache(path: Path, target: nn.Module, layer_ids: list[int], batch: int
 def load_or_build_cache(cache_dir: str | Path, target_dir: str | Path, target: nn.Module,
                         prompts: list[tuple[str, torch.Tensor]], max_new_tokens: int,
                         stop_token_ids: list[int], layer_ids=None, on_prompt=None,
-                        batch: int = DEFAULT_BATCH, drafter=None, notify=None) -> HiddenStateCache:
+                        batch: int = DEFAULT_BATCH, drafter=None, notify=None, builder=None) -> HiddenStateCache:
     """The cache for (target, prompts, settings) holding at least `layer_ids` (default: every
     layer): read from `cache_dir`, extended there with the layers it lacks, or built once
-    (by speculative decoding with `drafter` when one is given: the same greedy continuation)."""
+    (by speculative decoding with `drafter` when one is given: the same greedy continuation).
+
+    `builder` (another engine's pass, e.g. vLLM's: `builder.name` joins the key, so its cache is its own) builds the
+    whole cache instead (`builder(key=, folder=, target=, prompts=, layer_ids=, max_new_tokens=, stop_token_ids=)`, its
+    own records kept in `folder`); one short of layers is built again with them all."""
     notify = notify or (lambda line: print(line, file=sys.stderr))
     num_layers = len(decoder_layers(target))
     wanted = sorted(set(range(num_layers) if layer_ids is None else layer_ids))
     outside = layers_outside(wanted, num_layers)
     if outside:
         raise ValueError(f"layer ids {outside}")
+    device_type = target_device(target).type if builder is None else f"{builder.name}:{target_device(target).type}"
     key = cache_key(target_dir, [ids.reshape(-1).tolist() for _, ids in prompts], max_new_tokens, stop_token_ids,
-                    target_dtype(target), target_device(target).type)
+                    target_dtype(target), device_type)
     path = Path(cache_dir) / f"{key}.safetensors"
 
     def found() -> HiddenStateCache | None:
@@ -223,10 +229,18 @@ def load_or_build_cache(cache_dir: str | Path, target_dir: str | Path, target: n
         if damage is not None:
             notify(f"the offline cache {path} is damaged ({damage}); rebuilding it")
             discard(path)
-        if path.is_file():
+        if path.is_file() and builder is None:
             extend_cache(path, target, wanted, batch, on_prompt)
             return HiddenStateCache.load(path, wanted)
+        if builder is not None:
+            wanted_all = sorted(set(wanted) | set(kept_layers(path) if path.is_file() else []))
+            discard(path)
         try:
+            if builder is not None:
+                cache = builder(key=key, folder=path.with_suffix(".records"), target=target, prompts=prompts,
+                                layer_ids=wanted_all, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids)
+                cache.save(path)
+                return cache
             cache = build_cache(key, target, prompts, wanted, max_new_tokens, stop_token_ids, batch, on_prompt,
                                 drafter)
             cache.save(path)

@@ -1,7 +1,6 @@
 """The host side of a live run (`serve-check --live`): one vLLM engine process started on the request
-(`engine_driver.py` is its engine side), then each drafter's served rounds held to the audit's replay of it as trained
-(`impl.decoding.dflash_decode`, the same prompts and stop ids), matched one by one; the first differing round of every
-prompt localized (`localize.py`).
+(`engine_driver.py` is its engine side), its captured steps written to driver.json. What they say is read as a source
+of rounds and held to the audit's replay by the rounds core (`dflash_audit/rounds/vllm.py`, `dflash_audit/rounds/`).
 
 One engine process serves the target alone (the greedy reference) and then each drafter, as `serve-check` prints its
 command (K = the trained block size - 1), greedy, on the audit's prompts, in the target's dtype.
@@ -13,17 +12,12 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from catalogue.findings import Finding
 from foundation.errors import AuditError
-from serving_engines.live import localize
 from serving_engines.live.engine_process import start_engine, stop_engine
-from serving_engines.live.rounds import match_rounds, per_position, served_drafts, served_rounds
 from serving_engines.live.vllm_env import DRIVER, VllmEnvironment, engine_timeout_s
 
 MAX_MODEL_LEN = 512
@@ -129,87 +123,3 @@ def run_engine(env: VllmEnvironment, target: Path, prompts: list[dict], drafters
         raise AuditError(f"the vLLM engine ({env.python}) wrote an unreadable driver.json ({exc})") from None
     result["wall_s"] = time.monotonic() - started
     return result
-
-
-def load_tensors(workdir: Path, name: str | None) -> dict[str, torch.Tensor]:
-    if not name:
-        return {}
-    from safetensors.torch import load_file
-
-    return load_file(str(workdir / name))
-
-
-def assess_variant(drafter: ServedDrafter, model, target, variant: dict, greedy: list[list[int]],
-                   prompts: list[dict], audited: list, env: VllmEnvironment, workdir: Path) -> dict:
-    """Served rounds against the audit's, per prompt; the first differing round of each localized."""
-    k = drafter.spec.block_size - 1
-    tensors = load_tensors(workdir, variant.get("tensors"))
-
-    def cite(kind: str) -> str:
-        return env.cite(*localize.SITES[kind])
-
-    rows, findings, served_all, served_k, audited_all, audited_k = [], [], [], [], [], []
-    for p, prompt in enumerate(prompts):
-        steps, output = variant["steps"][p], variant["outputs"][p]
-        run = audited[p]
-        s_rounds = served_rounds(steps, len(output))
-        s_blocks = served_drafts(steps, len(s_rounds))
-        a_rounds, a_blocks = run.acceptance_lengths, run.extra["proposals"]
-        match = match_rounds(s_rounds, s_blocks, a_rounds, a_blocks, k)
-        served_all += s_rounds
-        served_k += [len(b) for b in s_blocks]
-        audited_all += a_rounds
-        audited_k += [len(b) for b in a_blocks]
-        row = {"id": prompt["id"], "served_tau": round(sum(s_rounds) / len(s_rounds), 4) if s_rounds else 0.0,
-               "audited_tau": round(run.tau, 4), "rounds": match.rounds, "rounds_equal": match.rounds_equal,
-               "blocks_equal": match.blocks_equal, "first_diff_round": match.first_diff_round,
-               "last_block_apart": match.last_block_apart, "rounds_apart": match.apart,
-               "greedy_identical": output == greedy[p] if p < len(greedy) else None}
-        if match.first_diff_round is not None and tensors:
-            local = localize_round(drafter, model, target, steps, tensors, prompt, output, match.first_diff_round,
-                                   cite)
-            row["explained_by"] = [f.key for f in local]
-            findings += local
-        rows.append(row)
-    return {"prompts": rows, "per_position": {"served": per_position(served_all, served_k),
-                                              "audited": per_position(audited_all, audited_k)},
-            "findings": [f.to_dict() for f in merge(findings)],
-            "greedy_identical": all(r["greedy_identical"] for r in rows),
-            "generate_s": variant.get("generate_s")}
-
-
-def localize_round(drafter, model, target, steps, tensors, prompt, output, round_no, cite) -> list[Finding]:
-    tokens = list(prompt["ids"]) + list(output)
-    index = round_no - 1  # the step that drafted the block round `round_no` verified
-    if index >= len(steps) or "block_tokens" not in steps[index]:
-        return [Finding.localization("unlocalized", "capture", "the engine's step for this round was not captured",
-                                     None, "", prompt["id"], round_no)]
-    inputs = localize.StepInputs(steps, tensors, index)
-    states = localize.TargetReplay(target, tokens)
-    found = localize.input_findings(inputs, states, drafter.spec, tokens, cite, prompt["id"], round_no)
-    if len(inputs.block_tokens) == drafter.spec.block_size:  # replayed on the engine's own inputs, whatever they are
-        found += localize.module_findings(model, target, inputs, cite, prompt["id"], round_no)
-    if not found:
-        found = [Finding.localization("unlocalized", "round", "the engine fed the drafter the trained inputs and its "
-                                      "modules computed what the trained drafter computes on them, yet the round "
-                                      "differs from the audit's (the target's verification, or the audit's own "
-                                      "earlier rounds)", None, "", prompt["id"], round_no)]
-    return found
-
-
-def merge(findings: list[Finding]) -> list[Finding]:
-    """One finding per (kind, what): the prompts and rounds it explains listed."""
-    merged: dict[tuple, Finding] = {}
-    for f in findings:
-        key = (f.kind, f.key)
-        if key not in merged:
-            merged[key] = replace(f, localized={**f.localized, "prompts": [], "rounds": []})
-        merged[key].localized["prompts"].append(f.localized["prompt"])
-        merged[key].localized["rounds"].append(f.localized["round"])
-    return list(merged.values())
-
-
-def audited_runs(model, target, prompts, max_new_tokens: int, stop_ids: list[int]):
-    from impl.decoding import dflash_decode
-
-    return [dflash_decode(model, target, torch.tensor([p["ids"]]), max_new_tokens, stop_ids) for p in prompts]

@@ -2,7 +2,8 @@
 stopped (a context manager: `engine_process.stop_engine`, also on Ctrl-C; on Linux the kernel kills it if the audit
 itself dies), its log kept while it runs. Requests are the audit's token ids, greedy,
 `cache_prompt` off, one at a time (`-np 1`); with `LLAMA_TRACE=1` the server logs one line per verification step,
-`accepted X/ Y draft tokens` (tools/server/server-context.cpp), which is how each served round is read.
+`accepted X/ Y draft tokens` (tools/server/server-context.cpp), which is how each served round is read
+(`dflash_audit/rounds/llamacpp.py`).
 
 A server that exits, never listens or hangs is one line naming the engine's own last message (AuditError).
 """
@@ -160,17 +161,3 @@ class LlamaServer:
         return {"tokens": list(result.get("tokens") or []), "accepted": [a for a, _ in steps],
                 "drafted": [d for _, d in steps], "timings": timings}
 
-
-def served_rounds(accepted: list[int], output_length: int) -> list[int]:
-    """Tokens added per verification step (accepted + the target's own), the audit's way: the first token is the
-    prefill's; a last step that drafted nothing (the server's budget spent) adds what the output holds beyond."""
-    left = output_length - 1
-    rounds = []
-    for count in accepted:
-        if left <= 0:
-            break
-        rounds.append(min(count + 1, left))
-        left -= rounds[-1]
-    if left > 0:
-        rounds.append(left)
-    return rounds

@@ -1,0 +1,49 @@
+"""A live section in the serving report (`serving.<engine>.live`), whichever engine ran it: its localization findings
+(`Finding` records, from `dflash_audit/rounds/`) turned into the engine's own serving findings (`live:<what>`) and
+joined to its static check's, on the engine's `EngineReport` record. Nothing is serialized here: the report writes
+the records once (`EngineReport.to_dict`, `catalogue.findings.serialized`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from catalogue.findings import Finding
+from serving_engines.verdict import EngineReport
+
+ENGINE_NAMES = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
+# A localization's severity as a serving finding, by its kind: only what changes what the engine serves diverges.
+LIVE_SEVERITY = {"quantization": "info", "tie": "info", "convention": "info", "input": "divergence",
+                 "module": "divergence", "unlocalized": "divergence"}
+
+
+def live_findings(live: dict[str, Any]) -> list[Finding]:
+    """The live section's findings as the engine's own serving findings (`live:<what>`)."""
+    found = []
+    if live.get("ran") and live.get("greedy_identical") is False:
+        differing = [p["id"] for p in live["prompts"] if p["greedy_identical"] is False]
+        found.append(Finding.serving("live:greedy_output", "divergence", "identical",
+                                     f"{len(differing)} prompt(s) differ", "",
+                                     f"speculation changed {ENGINE_NAMES.get(live.get('engine'), 'vLLM')}'s greedy "
+                                     f"output on prompt(s) {', '.join(differing)}: it must never change it"))
+    for f in live.get("findings", []):
+        place = f.localized
+        rounds = ", ".join(f"{p} round {r}" for p, r in zip(place["prompts"], place["rounds"], strict=True))
+        found.append(Finding.serving(f"live:{f.key}", LIVE_SEVERITY.get(f.kind, "divergence"), None, f.served,
+                                     f.source, f"{f.kind}: {f.message} (first differing round of {rounds})"))
+    if not live.get("ran") and live.get("refused"):
+        found.append(Finding.serving("live:not_run", "warning", None, None, "", live["refused"]))
+    return found
+
+
+def attach(section: dict[str, EngineReport], engine: str, live: dict[str, Any]) -> None:
+    """Put `live` on the engine's report, its findings joined to the static check's. A checkpoint the engine could
+    not read but served from its conversion is a step the report names, no longer a `loads` divergence."""
+    report = section[engine]
+    report.live = live
+    if live.get("ran") and live.get("notes"):
+        for f in report.findings:
+            if f.key == "loads" and "convert" in f.message:
+                f.severity = "info"
+                f.message = f"served from its conversion (a step, not a defect): {f.message}"
+    report.findings = list(report.findings) + live_findings(live)

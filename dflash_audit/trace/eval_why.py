@@ -1,0 +1,194 @@
+"""Why an evaluator's round is not z-lab's: each of its rounds held to z-lab's loop, input by input, by value.
+
+On the evaluator's own sequence (what it generated, so the check holds at any temperature), each round's drafter
+call is held to what `dflash_generate` feeds at that anchor:
+- the context features: row by row and layer by layer, `hidden_states[id + 1]` of the target at the positions the
+  rows stand for; a row that is another tensor is named by the one it equals (another layer, a layer after the final
+  norm, the last layer before it, shifted positions);
+- the block: the anchor (the last known token) and the mask id in every other slot, `B` long;
+- the positions: the fed rows' positions, then `start..start + B - 1`;
+- the acceptance rule: the drafts the target's choice accepts, in order, and its bonus token.
+At the first round that parts from z-lab's (greedy), with all inputs z-lab's, the drafter's output is held to z-lab's
+drafter run on the same inputs; one that equals it with the sliding window taken off is named (the window ignored).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dflash_audit.trace.eval_replay import (TargetStates, drafter_logits, drafter_output, relative_rows,
+                                            window_off)
+from dflash_audit.trace.eval_rounds import SAME, PromptRun, Round
+
+TIE = 1e-3  # the drafter's top-2 logit margin under which another float32 kernel may pick the runner-up
+
+# What each cause is, for the finding's pitfall link (docs/pitfalls.md).
+PITFALLS = {"context_features": 1, "window": 11, "block": 14, "positions": 12, "acceptance": 17, "drafter": 13,
+            "drafts": 13, "stop_ids": 17, "tie": None, "unlocalized": None}
+
+
+@dataclass
+class Cause:
+    key: str
+    message: str
+    prompt: int
+    round: int  # 1-based
+    size: float | None = None
+    severity: str = "divergence"
+    prompts: list[int] = field(default_factory=list)
+
+
+class Reference:
+    """What z-lab's loop is for this drafter: its layer ids, block size, mask id, its twin and the target."""
+
+    def __init__(self, twin, target, stop_ids: list[int]):
+        self.twin, self.target, self.stop_ids = twin, target, stop_ids
+        self.layer_ids = [int(i) for i in twin.target_layer_ids]
+        self.block_size = int(twin.block_size)
+        self.mask_id = int(twin.mask_token_id)
+        self.hidden = int(twin.config.hidden_size)
+        self.windows = [layer.self_attn.sliding_window for layer in twin.layers]
+
+
+def feature_cause(ref: Reference, states: TargetStates, rnd: Round, run: PromptRun, number: int) -> Cause | None:
+    features = rnd.draft.features if rnd.draft is not None else None
+    if features is None:
+        return None
+    rows = features.shape[0]
+    positions = list(range(rnd.start - rows, rnd.start))
+    if rows > rnd.start or not positions:
+        return Cause("context_features", f"the drafter is fed {rows} context rows at an anchor at position "
+                     f"{rnd.start}: more than the {rnd.start} positions before it", run.index, number)
+    width = ref.hidden
+    if features.shape[1] != width * len(ref.layer_ids):
+        fed = features.shape[1] // width if features.shape[1] % width == 0 else None
+        names = [states.name_rows(features[:, j * width:(j + 1) * width], positions)[0] or "a tensor of no target "
+                 "layer" for j in range(fed or 0)]
+        return Cause("context_features", f"the drafter is fed {fed if fed else features.shape[1]} "
+                     f"{'layers' if fed else 'features'} ({'; '.join(names)}); z-lab's feeds the {len(ref.layer_ids)} "
+                     f"layers {ref.layer_ids} (hidden_states[id + 1])", run.index, number)
+    parts = []
+    size = 0.0
+    for j, layer in enumerate(ref.layer_ids):
+        fed = features[:, j * width:(j + 1) * width].float()
+        expected = states.feature(layer)[positions]
+        gap = relative_rows(fed, expected)
+        if gap <= SAME:
+            continue
+        size = max(size, gap)
+        name, shift = states.name_rows(fed, positions)
+        what = (f"{name}{f' at positions shifted by {shift:+d}' if shift else ''}" if name else
+                f"no tensor of the target's forward (relative difference {gap:.3g} from z-lab's)")
+        last = layer == states.layers - 1
+        parts.append(f"feature {j} (target layer {layer}) is {what}; z-lab feeds hidden_states[{layer + 1}] (the "
+                     f"output of layer {layer}{', after the final norm' if last else ', before the final norm'})")
+    if not parts:
+        return None
+    return Cause("context_features", "; ".join(parts), run.index, number, size)
+
+
+def block_cause(ref: Reference, rnd: Round, run: PromptRun, number: int, max_length: int | None,
+                near_end: bool) -> Cause | None:
+    """`max_length`: the loop's end (greedy: known from the rounds), else None; `near_end`: this block and every
+    later one are short of B, as z-lab's `min(B, max_length - start)` makes them at the end."""
+    block = rnd.draft.block if rnd.draft is not None else None
+    if block is None:
+        return None
+    sequence = run.sequence()
+    anchor = sequence[rnd.start] if rnd.start < len(sequence) else None
+    problems = []
+    if block[0] != anchor:
+        problems.append(f"the block starts with token {block[0]}, not the anchor (the last known token {anchor})")
+    wrong = sorted({t for t in block[1:] if t != ref.mask_id})
+    if wrong:
+        problems.append(f"its masked slots hold token {wrong[0]}, not z-lab's mask id {ref.mask_id}")
+    shortened = min(ref.block_size, max_length - rnd.start) if max_length is not None else None
+    if len(block) != ref.block_size and not (near_end and (shortened is None or len(block) == shortened)):
+        problems.append(f"it is {len(block)} tokens long; z-lab drafts blocks of {ref.block_size}")
+    if not problems:
+        return None
+    return Cause("block", "; ".join(problems), run.index, number)
+
+
+def position_cause(ref: Reference, rnd: Round, run: PromptRun, number: int) -> Cause | None:
+    draft = rnd.draft
+    if draft is None or draft.positions is None or draft.block is None:
+        return None
+    rows = draft.features.shape[0] if draft.features is not None else 0
+    given = [p - run.offset for p in draft.positions]
+    expected = list(range(rnd.start - rows, rnd.start + len(draft.block)))
+    if len(given) == len(draft.block):  # positions of the block only
+        expected = expected[rows:]
+    if given == expected:
+        return None
+    shift = {g - e for g, e in zip(given, expected)} if len(given) == len(expected) else set()
+    if len(shift) == 1:
+        k = shift.pop()
+        what = f"shifted by {k:+d}: the block's anchor at {rnd.start + k}, not {rnd.start}"
+    else:
+        what = f"{given[:3]}...{given[-2:]}, not {expected[:3]}...{expected[-2:]}"
+    return Cause("positions", f"the drafter's position ids are {what} (z-lab: the context rows' positions, then "
+                 f"start..start + B - 1)", run.index, number)
+
+
+def acceptance_cause(rnd: Round, run: PromptRun, number: int) -> Cause | None:
+    if rnd.read_from != "next" or rnd.produced is None:
+        return None
+    accepted = rnd.accepted_by_rule
+    expected = rnd.block[1: accepted + 1] + [rnd.target_argmax[accepted]]
+    if rnd.kept == expected:
+        return None
+    if len(rnd.kept) != len(expected):
+        what = f"keeps {len(rnd.kept)} tokens ({len(rnd.kept) - 1} drafts and a last token)"
+    else:
+        what = "keeps the drafts' count of the rule, but not its tokens"
+    return Cause("acceptance", f"the round {what}; the target's greedy choice accepts {accepted} draft"
+                 f"{'s' if accepted != 1 else ''} and adds its own next token ({len(expected)} tokens, z-lab's "
+                 f"acceptance rule)", run.index, number)
+
+
+def output_cause(ref: Reference, states: TargetStates, rnd: Round, run: PromptRun, number: int) -> Cause | None:
+    """The drafter's output held to z-lab's drafter on z-lab's inputs at this anchor; the sliding window named."""
+    draft = rnd.draft
+    if draft is None or draft.output is None or draft.block is None:
+        return None
+    import torch
+
+    features = torch.cat([states.feature(layer)[: rnd.start] for layer in ref.layer_ids], dim=-1)
+    positions = list(range(0, rnd.start + len(draft.block)))
+    theirs = draft.output.float()
+    ours = drafter_output(ref.twin, ref.target, features, draft.block, positions)
+    rows = min(theirs.shape[0], ours.shape[0])
+    if rows == 0 or theirs.shape[-1] != ours.shape[-1]:
+        return None
+    gap = relative_rows(theirs[-rows:], ours[-rows:])
+    if gap <= SAME:
+        return None
+    windowed = [i for i, w in enumerate(ref.windows) if w is not None]
+    if windowed:
+        with window_off(ref.twin):
+            unwindowed = drafter_output(ref.twin, ref.target, features, draft.block, positions)
+        if relative_rows(theirs[-rows:], unwindowed[-rows:]) <= SAME:
+            window = ref.windows[windowed[0]]
+            return Cause("window", f"the drafter attends to all {rnd.start} context positions in its sliding layer"
+                         f"{'s' if len(windowed) > 1 else ''} {windowed}: the window of {window} is not applied (z-lab "
+                         f"applies it; the anchor is at position {rnd.start}, past it)", run.index, number, gap)
+    return Cause("drafter", f"on z-lab's inputs the drafter computes another output than z-lab's drafter (relative "
+                 f"difference {gap:.3g}); neither the window nor an input explains it", run.index, number, gap)
+
+
+def drafts_cause(ref: Reference, rnd: Round, run: PromptRun, number: int) -> Cause | None:
+    draft = rnd.draft
+    if draft is None or draft.output is None or not draft.drafts:
+        return None
+    logits = drafter_logits(ref.twin, ref.target, draft.output[-len(draft.drafts):])
+    ours = logits.argmax(-1).tolist()
+    if ours == draft.drafts:
+        return None
+    top = logits.topk(2, dim=-1).values
+    margin = float((top[:, 0] - top[:, 1]).min())
+    if margin <= TIE * float(top[:, 0].abs().max()):
+        return Cause("tie", f"the drafts part at an argmax near-tie (top-2 logit margin {margin:.3g}): float32 "
+                     "kernels summing in another order pick either", run.index, number, margin, "info")
+    return Cause("drafts", f"the drafter's output is z-lab's, its drafts are not the head's argmax on it "
+                 f"({draft.drafts} vs {ours})", run.index, number)
