@@ -121,6 +121,7 @@ class Recorder:
         self.optimizers = 0  # optimizers made since install: with none, each backward is a step
         self.saved_backward = None
         self.saved_optimizer_init = None
+        self.run = None  # the RunRecorder (run_record.py)
         # An evaluation's calls (dflash_audit/trace/eval_record.py), captured until a training step shows the run is
         # a trainer's (its validation loop is not an evaluation); `evaluation`: --eval, backwards left alone.
         self.eval_only = evaluation
@@ -153,12 +154,17 @@ class Recorder:
             recorder.optimizers += 1
 
         Optimizer.__init__ = counted_init
+        from dflash_audit.trace.run_record import RunRecorder
+
+        self.run = RunRecorder(self).install()  # what the run does across steps (optimizers, lr, clipping, ...)
         INSTALLED[:] = [self]
         return self
 
     def remove(self) -> None:
         from torch.optim import Optimizer
 
+        if self.run is not None:
+            self.run.remove()  # its wrappers sit over the recorder's: taken off first
         for handle in self.handles:
             handle.remove()
         self.handles = []
@@ -309,6 +315,8 @@ class Recorder:
         self.pending["meta"]["loss"] += record["meta"]["loss"]
 
     def _optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self.handles and self.run is not None:
+            self.run.optimizer_step(optimizer)
         if self.handles and self.pending is not None and not self.explicit:
             self._close_step()
             self._after_step()
@@ -337,7 +345,8 @@ class Recorder:
         import torch.distributed as dist
 
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        return {"rank": self.rank, "world_size": world, "argv": sys.argv, "steps_requested": self.steps}
+        return {"rank": self.rank, "world_size": world, "argv": sys.argv, "steps_requested": self.steps,
+                "run": self.run.facts() if self.run is not None else None}
 
     def _capture(self, loss, calls: StepCalls, graph: dict | None = None) -> dict:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:

@@ -11,12 +11,16 @@ import sys
 import threading
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dflash_audit.trace.recording import ENV_OPTIONS, ENV_OUT, MANIFEST, read_error
 from foundation.errors import AuditError
 
 BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
 REPO = Path(__file__).resolve().parents[2]
+
+if TYPE_CHECKING:
+    from dflash_audit.flags.trace import TraceFlags
 
 
 def trace_env(out: Path, steps: int, target: Path | None, drafter_class: str | None, env=None,
@@ -122,28 +126,23 @@ def clear_recording(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-def run_trace(command: list[str], out: Path | None = None, from_dir: Path | None = None, steps: int = 1,
-              target: Path | None = None, ref: Path | None = None, json_path: Path | None = None,
-              drafter_class: str | None = None, evaluation: bool = False, drafter: Path | None = None,
-              temperature: float | None = None):
-    """Record COMMAND's first steps into --out (or read --from), audit the recording, write report.json and
-    index.html beside it (and --json); the TraceReport."""
+def run_trace(flags: TraceFlags):
+    """Record the command's first steps into --out (or read --from), audit the recording, write report.json and
+    index.html beside it (and --json), as `trace`'s validated flags ask; the TraceReport (an evaluation's report for
+    an evaluation, `--eval`)."""
     from dflash_audit.outputs import check_not_foreign, check_writable
     from dflash_audit.trace.audit import audit_recording
     from dflash_audit.trace.recording import read_recording
     from dflash_audit.trace.report import write_report_html, write_report_json
 
-    if steps < 0:
-        raise AuditError(f"--steps {steps}: give 0 (let the script finish) or a number of steps to record")
-    if drafter_class is not None and ":" not in drafter_class:
-        raise AuditError(f"--drafter-class {drafter_class}: give MODULE:CLASS, e.g. dflash.model:DFlashDraftModel")
+    command, out, from_dir, steps, target = flags.command, flags.out, flags.from_dir, flags.steps, flags.target
+    ref, json_path, drafter_class = flags.ref, flags.json_path, flags.drafter_class
+    evaluation, drafter, temperature = flags.evaluation, flags.drafter, flags.temperature
     if target is not None and not (Path(target) / "config.json").is_file():
         raise AuditError(f"--target {target}: no Hugging Face model folder there (config.json missing)")
     if ref is not None and not Path(ref).exists():
         raise AuditError(f"--ref {ref}: no such file or folder")
     if from_dir is not None:
-        if command:
-            raise AuditError("--from re-audits a recording: give it without a command")
         folder = Path(from_dir)
     else:
         folder = Path(out or "reports/trace")
