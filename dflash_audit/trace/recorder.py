@@ -427,6 +427,10 @@ class Recorder:
             if any(id(p) in drafter_params for p in m.parameters()):
                 continue
             models[id(m)] = m
+        if self.target_dir and not models:
+            offline = self._offline_target(calls, drafter)  # a trainer on offline states: the target never ran
+            if offline is not None:
+                return offline
         if self.target_dir:
             wanted = os.path.realpath(self.target_dir)
             models = {k: m for k, m in models.items() if os.path.realpath(model_path(m)) == wanted}
@@ -440,6 +444,25 @@ class Recorder:
                                "folder with --target")
         target = next(iter(models.values()))
         return [c for c in calls.models if c.model is target], target
+
+    def _offline_target(self, calls: StepCalls, drafter: nn.Module) -> tuple[list[ModelCall], nn.Module] | None:
+        """A trainer reading the target's states from a dataset (vLLM's, speculators', SpecForge's) runs no target:
+        with --target, the target is loaded from its folder (never run here; the audit recomputes it) and the step's
+        token ids are the drafter's own `input_ids` argument. None when the drafter took no such argument."""
+        drafter_calls = {id(drafter)} | {id(m) for m, _, _, _ in calls.kwargs if unwrap(m) is drafter}
+        ids = [t for module, name, t, _ in calls.kwargs if id(module) in drafter_calls and name == "input_ids"
+               and not t.is_floating_point()]
+        # A drafter class with a head and decoder layers (speculators' DFlashDraftModel) is seen as a model call.
+        ids += [c.input_ids for c in calls.models if unwrap(c.model) is drafter and isinstance(c.input_ids, torch.Tensor)
+                and not c.input_ids.is_floating_point()]
+        if not ids:
+            return None
+        if getattr(self, "offline_target", None) is None:
+            from transformers import AutoModelForCausalLM
+
+            self.offline_target = AutoModelForCausalLM.from_pretrained(self.target_dir, dtype=torch.float32)
+            self.offline_target.eval().requires_grad_(False)
+        return [ModelCall(self.offline_target, t, None) for t in ids], self.offline_target
 
 
 def unwrap(module: nn.Module) -> nn.Module:
