@@ -99,9 +99,10 @@ def _key(t: torch.Tensor) -> tuple:
 
 class Recorder:
     def __init__(self, out: Path, steps: int = 1, target: str | None = None, drafter_class: str | None = None,
-                 late: bool = False, evaluation: bool = False):
+                 late: bool = False, evaluation: bool = False, parity: int = 0):
         self.out = Path(out)
         self.steps = steps
+        self.parity = parity  # trace --parity K: keep the first K steps' weights and gradients (run_record.py)
         self.target_dir = target
         self.drafter_class = drafter_class
         self.late = late  # installed at the first step(): that step's forward was not seen
@@ -156,7 +157,7 @@ class Recorder:
         Optimizer.__init__ = counted_init
         from dflash_audit.trace.run_record import RunRecorder
 
-        self.run = RunRecorder(self).install()  # what the run does across steps (optimizers, lr, clipping, ...)
+        self.run = RunRecorder(self, self.parity).install()  # what the run does across steps (optimizers, lr, clipping, ...)
         INSTALLED[:] = [self]
         return self
 
@@ -346,7 +347,7 @@ class Recorder:
 
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         return {"rank": self.rank, "world_size": world, "argv": sys.argv, "steps_requested": self.steps,
-                "run": self.run.facts() if self.run is not None else None}
+                "run": self.run.facts(self.out if self.rank == 0 else None) if self.run is not None else None}
 
     def _capture(self, loss, calls: StepCalls, graph: dict | None = None) -> dict:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -688,7 +689,7 @@ def install_from_env(late: bool = False) -> Recorder:
     options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
     recorder = Recorder(Path(os.environ[ENV_OUT]), steps=int(options.get("steps", 1)),
                         target=options.get("target"), drafter_class=options.get("drafter_class"), late=late,
-                        evaluation=bool(options.get("evaluation")))
+                        evaluation=bool(options.get("evaluation")), parity=int(options.get("parity") or 0))
     recorder.install()
     import atexit
 
