@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from foundation.errors import AuditError
@@ -18,7 +18,6 @@ from impl import spec
 from impl.families import TITLES, TRAINED_FAMILIES
 from impl.recipe import KNOBS
 from impl.run_settings import RunSettings, TrainError
-from impl.settings import choice_words, choices, first_error
 from impl.spec import FAMILY_FIELDS
 
 # Each drafter setting and recipe knob `train` takes, by run field: its flag (the first spelling). None given is
@@ -83,19 +82,12 @@ class TrainSettings(RunSettings):
         return data
 
     @classmethod
-    def refused(cls, field_name: str, message: str) -> Exception:
-        return AuditError(f"{flag_of(field_name)} {message}")
+    def name_of(cls, field_name: str) -> str:
+        return flag_of(field_name)
 
     @classmethod
-    def refusal(cls, exc: ValidationError, data: dict[str, Any]) -> Exception:
-        first = first_error(exc, data)
-        if not first["loc"]:  # the rule between flags, or a list flag's text: worded whole, naming its flag
-            return AuditError(str(first["ctx"]["error"]))
-        name = str(first["loc"][0])
-        if first["type"] == "literal_error" and len(first["loc"]) == 1:
-            allowed = choice_words(choices(cls.model_fields[name]))
-            return AuditError(f"{flag_of(name)} must be {allowed}, got {first['input']!r}")
-        return super().refusal(exc, data)
+    def refused(cls, name: str | None, message: str) -> Exception:
+        return AuditError(message if name is None else f"{name}: {message}")
 
 
 def check_out(out: Path, resume: bool, force: bool = False) -> None:
@@ -146,12 +138,13 @@ def run_train(target: Path, data: Path, out: Path, *, d2t: Path | None, eval_dat
     from impl.data import DataError
     from impl.train import train as run_training
 
-    check_train_paths(target, data, eval_data, out, json_out, flags.get("resume", False), force)
-    if d2t is not None:
-        regular_file(d2t, "file", "--d2t")
+    # Every flag judged by its declaration first, then the paths, before the tokenizer, data or target are read.
     settings = TrainSettings(target=str(target), out=str(out), data=str(data),
                              eval_data=str(eval_data) if eval_data else None,
                              d2t=str(d2t) if d2t is not None else None, **flags)
+    check_train_paths(target, data, eval_data, out, json_out, settings.resume, force)
+    if d2t is not None:
+        regular_file(d2t, "file", "--d2t")
     hf_logging.disable_progress_bar()  # one progress bar: the trainer's
     try:
         stats = run_training(settings)

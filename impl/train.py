@@ -109,9 +109,9 @@ def vocab_mapping(cfg: RunSettings, data: PackedData, target_vocab_size: int) ->
         return d2t
     if cfg.draft_vocab_size is None or cfg.draft_vocab_size == target_vocab_size:
         return None
-    if cfg.draft_vocab_size > target_vocab_size:  # its lower bound is its declaration's (RunSettings)
-        raise TrainError(f"--draft-vocab-size must be in 1..{target_vocab_size} (the target's vocabulary), "
-                         f"got {cfg.draft_vocab_size}")
+    if cfg.draft_vocab_size > target_vocab_size:  # its lower bound is its declaration's; this one the target's
+        raise TrainError(f"--draft-vocab-size {cfg.draft_vocab_size}: larger than the target's vocabulary of "
+                         f"{target_vocab_size} tokens")
     freq = count_token_frequencies(zip(data.input_ids, data.loss_mask))
     return mapping_from_frequencies(freq, cfg.draft_vocab_size, target_vocab_size)
 

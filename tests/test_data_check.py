@@ -218,7 +218,7 @@ def test_hostile_and_corrupt_records_are_one_line_and_exit_2(world, tmp_path, ca
     assert main(["data-check", str(corrupt), "--target", str(target), "--layer-ids", "2,x", *out]) == 2
     assert main(["data-check", str(corrupt), "--target", str(target), "--records", "0", *out]) == 2
     err = capsys.readouterr().err
-    assert "--layer-ids '2,x'" in err and "--records must be" in err
+    assert "--layer-ids: '2,x'" in err and "--records: must be" in err
 
 
 def test_speculators_layout_reads_its_table_and_holds_the_files_to_it(world, tmp_path):

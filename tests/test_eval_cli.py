@@ -10,7 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from dflash_audit.cli import main
-from dflash_audit.prompts import load_prompts, tokenize_prompt, uses_chat_template
+from dflash_audit.prompts import load_prompts, tokenize_prompt
+from foundation.chat_template import ChatTemplate
 from dflash_world.drafter import cached_test_drafter
 from dflash_world.suite_placement import audit_dtype
 from foundation.errors import AuditError
@@ -98,16 +99,16 @@ def test_prompt_formats_and_chat_template(test_world, tmp_path):
         load_prompts(path)
 
     tokenizer = AutoTokenizer.from_pretrained(test_world.target)
-    plain = tokenize_prompt(tokenizer, "def f():", "off")
+    plain = tokenize_prompt(tokenizer, "def f():", ChatTemplate.parse("off"))
     assert plain[0].tolist() == tokenizer("def f():")["input_ids"]
     tokenizer.chat_template = "{% for m in messages %}<user>{{ m['content'] }}</user>{% endfor %}<bot>"
-    assert uses_chat_template(tokenizer, "auto") and not uses_chat_template(tokenizer, "off")
-    templated = tokenize_prompt(tokenizer, "def f():", "auto")
+    assert ChatTemplate.parse("auto").template(tokenizer) and ChatTemplate.parse("off").template(tokenizer) is None
+    templated = tokenize_prompt(tokenizer, "def f():")
     expected = tokenizer("<user>def f():</user><bot>", add_special_tokens=False)["input_ids"]
     assert templated[0].tolist() == expected
     tokenizer.chat_template = None
     with pytest.raises(AuditError, match="no chat template"):
-        uses_chat_template(tokenizer, "on")
+        tokenize_prompt(tokenizer, "def f():", ChatTemplate.parse("on"))
 
 
 @pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85"])
