@@ -283,6 +283,9 @@ def test_under_torchrun_rank_zero_records_what_a_single_process_does(target_dir,
     capsys.readouterr()
     recording = read_recording(out)
     assert recording.manifest["context"]["world_size"] == 2 and recording.manifest["context"]["rank"] == 0
+    # Each rank's step digest is gathered to rank 0 (the run's shard check): the trainer feeds each rank its own batch.
+    digests = recording.manifest["context"]["run"]["steps"][0]["ranks_embedded"]
+    assert len(digests) == 2 and digests[0] != digests[1] and None not in digests
     assert findings_of(audit_recording(recording)) == findings_of(traced["gamma 7"])
 
 

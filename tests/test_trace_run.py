@@ -173,3 +173,19 @@ def test_our_muon_split_is_speculators_split(tiny_world):
     theirs, their_rest = split_named_params_for_muon(drafter)
     assert {id(p) for p in ours} == {id(p) for _, p in theirs} and {id(p) for p in rest} == {id(p) for _, p in their_rest}
     assert ours and rest
+
+
+@pytest.mark.parametrize("change, parted", [("sound", None), ("AdamW on everything", (2, "update")),
+                                             ("no clipping", (1, "gradient")),
+                                             ("gradients zeroed before the step", (1, "gradient"))])
+def test_step_parity_localizes_where_the_run_parts_from_speculators_step(target_dir, tmp_path, change, parted):
+    """`--parity 4`: speculators' own optimizers (build_optimizers, resolved) step beside the recorded run from its
+    weights and gradients; AdamW's first update is step 2 (step 1 runs at lr 0, warmup)."""
+    argv = [] if change == "sound" else CHANGES[change][0]
+    record_script(TRAINER, ["--target", str(target_dir), *argv], tmp_path, steps=STEPS, parity=STEPS - 1)
+    run = audit_run(read_recording(tmp_path).manifest, tmp_path)
+    found_parity = run.facts["parity"]
+    assert found_parity["compared"] == STEPS - 1
+    where = found_parity["parted"]
+    assert (None if where is None else (where["step"], where["phase"])) == parted, where
+    assert [f.key for f in run.findings] == ([] if change == "sound" else [CHANGES[change][1][1]])

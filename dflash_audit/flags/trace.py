@@ -36,10 +36,16 @@ class TraceFlags(VerbFlags):
                                            "name one")
     temperature: float | None = flag(None, ge=0, le=100.0, help="an evaluation's sampling temperature, when it "
                                                                 "samples (default: greedy)")
+    parity: int = flag(0, ge=0, help="run speculators' own optimizer step beside the first K recorded steps, from "
+                                     "their weights and gradients, and name the first step and phase where they "
+                                     "part (K < --steps)")
     command: list[str] = flag([], arguments=True, help="your own training command, after `--`")
 
     @model_validator(mode="after")
     def a_command_or_a_recording(self) -> TraceFlags:
         if self.from_dir is not None and self.command:
             raise ValueError("--from re-audits a recording: give it without a command")
+        if self.parity and self.steps and self.parity >= self.steps:
+            raise ValueError(f"--parity {self.parity}: give fewer steps than --steps {self.steps} (each compared step "
+                             "needs the weights of the step after it)")
         return self

@@ -24,21 +24,21 @@ if TYPE_CHECKING:
 
 
 def trace_env(out: Path, steps: int, target: Path | None, drafter_class: str | None, env=None,
-              evaluation: bool = False) -> dict:
+              evaluation: bool = False, parity: int = 0) -> dict:
     env = dict(os.environ if env is None else env)
     env[ENV_OUT] = str(Path(out).resolve())
     env[ENV_OPTIONS] = json.dumps({"steps": steps, "target": str(target) if target else None,
-                                   "drafter_class": drafter_class, "evaluation": evaluation})
+                                   "drafter_class": drafter_class, "evaluation": evaluation, "parity": parity})
     env["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP), str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 
 def run_command(command: list[str], out: Path, steps: int = 1, target: Path | None = None,
-                drafter_class: str | None = None, evaluation: bool = False) -> None:
+                drafter_class: str | None = None, evaluation: bool = False, parity: int = 0) -> None:
     """Run COMMAND under the recorder; raise AuditError (one line) unless it left a recording in `out`."""
     if not command:
         raise AuditError("give the training command after --, e.g. dflash-audit trace -- python train.py")
-    env = trace_env(out, steps, target, drafter_class, evaluation=evaluation)
+    env = trace_env(out, steps, target, drafter_class, evaluation=evaluation, parity=parity)
     last: deque[str] = deque(maxlen=20)
     try:
         process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
@@ -76,12 +76,12 @@ def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str) -> 
 
 
 def record_script(script: Path, argv: list[str], out: Path, steps: int = 1, target: Path | None = None,
-                  drafter_class: str | None = None, evaluation: bool = False) -> None:
+                  drafter_class: str | None = None, evaluation: bool = False, parity: int = 0) -> None:
     """Run a Python training script in this process under the recorder (the same hooks as the bootstrap)."""
     from dflash_audit.trace.recorder import Recorder, TraceStop
 
     recorder = Recorder(Path(out), steps=steps, target=str(target) if target else None,
-                        drafter_class=drafter_class, evaluation=evaluation).install()
+                        drafter_class=drafter_class, evaluation=evaluation, parity=parity).install()
     saved_argv, saved_env = sys.argv, os.environ.get(ENV_OUT)
     sys.argv = [str(script), *argv]
     os.environ[ENV_OUT] = str(Path(out).resolve())  # as in the verb's child: `trace.step` hands the loss over
@@ -120,9 +120,9 @@ def check_out(out: Path) -> None:
 def clear_recording(out: Path) -> None:
     """The tool's own earlier recording in --out, removed before a new one is made (never a user's file)."""
     from dflash_audit.trace.eval_record import OWN_FILES as EVALUATION_FILES
-    from dflash_audit.trace.recording import ERROR, MANIFEST, TENSORS
+    from dflash_audit.trace.recording import ERROR, MANIFEST, PARITY, TENSORS
 
-    for name in (MANIFEST, ERROR, TENSORS, *EVALUATION_FILES):
+    for name in (MANIFEST, ERROR, TENSORS, PARITY, *EVALUATION_FILES):
         (out / name).unlink(missing_ok=True)
 
 
@@ -137,7 +137,7 @@ def run_trace(flags: TraceFlags):
 
     command, out, from_dir, steps, target = flags.command, flags.out, flags.from_dir, flags.steps, flags.target
     ref, json_path, drafter_class = flags.ref, flags.json_path, flags.drafter_class
-    evaluation, drafter, temperature = flags.evaluation, flags.drafter, flags.temperature
+    evaluation, drafter, temperature, parity = flags.evaluation, flags.drafter, flags.temperature, flags.parity
     if target is not None and not (Path(target) / "config.json").is_file():
         raise AuditError(f"--target {target}: no Hugging Face model folder there (config.json missing)")
     if ref is not None and not Path(ref).exists():
@@ -148,7 +148,7 @@ def run_trace(flags: TraceFlags):
         folder = Path(out or "reports/trace")
         check_out(folder)
         clear_recording(folder)
-        run_command(command, folder, steps, target, drafter_class, evaluation)
+        run_command(command, folder, steps, target, drafter_class, evaluation, parity)
     report_dir = Path(out) if out is not None else folder
     if report_dir != folder:
         check_out(report_dir)

@@ -16,10 +16,11 @@ from typing import Any
 from catalogue.findings import Finding
 from dflash_audit.trace.lr_fit import fit_schedule, schedule_text
 
-# The run's findings, by (component, key): the catalogue has no entry for the run yet (their `source` is the
-# speculators file and line they rest on).
+RUN_ENTRY = 40  # the catalogue's training_run entry
+# The run's findings, by (component, key); their `source` is the speculators file and line they rest on.
 RUN_KEYS = {("recipe", k) for k in ("optimizer", "optimizer_settings", "lr", "lr_schedule", "lr_warmup", "grad_clip",
-                                    "accumulation", "precision", "resume", "shard", "untrained_params")} | \
+                                    "accumulation", "precision", "resume", "shard", "untrained_params",
+                                    "step_parity")} | \
     {("loss", k) for k in ("zero_gradients", "no_update", "not_moving", "not_finite")}
 FAMILIES = (("DFlash2", "dflash2"), ("DSpark", "dspark"), ("XPress", "xpress"))
 
@@ -35,8 +36,12 @@ class RunAudit:
         assert (component, key) in RUN_KEYS, (component, key)
         if any((f.component, f.key) == (component, key) for f in self.findings):
             return
-        self.findings.append(Finding(component, severity, message, ours, ref, pitfall=None, key=key,
-                                     source=source))
+        self.findings.append(run_finding(component, key, message, ours, ref, source, severity))
+
+
+def run_finding(component: str, key: str, message: str, ours, ref, source: str, severity: str) -> Finding:
+    """One finding of the run, under the catalogue's training_run entry."""
+    return Finding(component, severity, message, ours, ref, pitfall=RUN_ENTRY, key=key, source=source)
 
 
 def family_of(drafter_class: str) -> str:
@@ -53,7 +58,7 @@ def _close(a: float, b: float, rel: float = 1e-6) -> bool:
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
 
 
-def audit_run(manifest: dict) -> RunAudit:
+def audit_run(manifest: dict, folder=None) -> RunAudit:
     from reference_adapters.speculators_run_recipe import run_reference
 
     result = RunAudit()
@@ -78,7 +83,34 @@ def audit_run(manifest: dict) -> RunAudit:
     resume(result, steps, ref)
     shards(result, steps)
     loss(result, steps, lr_zero)
+    if folder is not None and run.get("parity"):
+        parity(result, folder, run, ref)
     return result
+
+
+def parity(result: RunAudit, folder, run: dict, ref) -> None:
+    """speculators' reference step beside the recorded steps (parity.py): where they part is a fact of the findings
+    above; parting with no finding to explain it is its own warning."""
+    from dflash_audit.trace.parity import step_parity
+
+    found = step_parity(folder, run, ref, result.facts.get("schedule"))
+    result.facts["parity"] = found
+    parted = found.get("parted")
+    if not parted:
+        if found.get("compared"):
+            result.notes.append(f"step parity: the first {found['compared']} steps match speculators' reference step "
+                                f"(gradient within {found['tolerance']['gradient']:g}, AdamW update within "
+                                f"{found['tolerance']['adamw_update']:g}, Muon update within "
+                                f"{found['tolerance']['muon_update']:g} of its size)")
+        return
+    text = (f"step parity: the run parts from speculators' reference step at step {parted['step']}, in the "
+            f"{parted['phase']} ({parted['parameter']}: {parted['what']})")
+    if result.findings:
+        result.notes.append(text)
+    else:
+        result.add("recipe", "step_parity", text + "; no finding above explains it", parted["phase"], "parity",
+                   "speculators/train/optimizers.py: build_optimizers; speculators/train/trainer.py:551",
+                   severity="warning")
 
 
 def per_step(steps: list[dict]) -> list[dict]:

@@ -56,8 +56,11 @@ def _dtype(t: torch.Tensor) -> str:
 class RunRecorder:
     """Installed by the step recorder (`Recorder.install`); `optimizer_step` is called from its optimizer hook."""
 
-    def __init__(self, recorder):
+    def __init__(self, recorder, parity: int = 0):
         self.recorder = recorder
+        self.parity = parity  # steps whose weights and gradients are kept for the step parity (parity.py)
+        self.parity_steps: list[dict] = []
+        self.raw_grads: dict = {}
         self.optimizers: list[weakref.ref] = []
         self.schedulers: list[weakref.ref] = []
         self.loaded: Counter = Counter()  # which kinds of state were loaded (optimizer, scheduler)
@@ -172,6 +175,9 @@ class RunRecorder:
         self.backwards += 1
         self.losses.append(float(loss.detach().float()))
         self.norm_after_backward = self._grad_norm(params)
+        if self.parity and len(self.parity_steps) < self.parity:  # the gradient before any clipping
+            self.raw_grads = {name: p.grad.detach().to("cpu", copy=True) for name, p in self._trained()
+                              if p.grad is not None}
 
     def _params(self) -> list[torch.Tensor]:
         seen, params = set(), []
@@ -229,6 +235,13 @@ class RunRecorder:
                                            if self.embedded else None),
         }
         self.steps.append(step)
+        if self.parity and len(self.parity_steps) <= self.parity:  # the weights this step starts from, its gradients
+            trained = self._trained()
+            self.parity_steps.append({
+                "param": {name: p.detach().to("cpu", copy=True) for name, p in trained},
+                "grad": {name: p.grad.detach().to("cpu", copy=True) for name, p in trained if p.grad is not None},
+                "raw": self.raw_grads})
+            self.raw_grads = {}
         self.backwards, self.losses, self.clip_calls, self.embedded = 0, [], [], []
         self.autocast = set()
         self.norm_after_backward = None
@@ -241,6 +254,10 @@ class RunRecorder:
         if self.recorder.recorded:
             return self.recorder.recorded[-1].get("parts", (None,))[0]
         return None
+
+    def _trained(self) -> list[tuple[str, torch.Tensor]]:
+        drafter = self._drafter()
+        return [(n, p) for n, p in drafter.named_parameters() if p.requires_grad] if drafter is not None else []
 
     def _names(self) -> dict[int, str]:
         """Each trained parameter's name in the drafter, where the step recorder found it."""
@@ -292,5 +309,19 @@ class RunRecorder:
         dist.all_gather_object(gathered, digest)
         return gathered
 
-    def facts(self) -> dict:
-        return {"structure": self.structure, "steps": self.steps}
+    def facts(self, out=None) -> dict:
+        facts = {"structure": self.structure, "steps": self.steps}
+        if self.parity_steps and out is not None:
+            from pathlib import Path
+
+            from safetensors.torch import save_file
+
+            from dflash_audit.trace.recording import PARITY
+            from foundation.atomic import atomic_write_bytes
+
+            tensors = {f"step{k}/{kind}/{name}": t.contiguous() for k, step in enumerate(self.parity_steps)
+                       for kind, named in step.items() for name, t in named.items()}
+            atomic_write_bytes(Path(out) / PARITY, lambda tmp: save_file(tensors, tmp,
+                                                                         metadata={"schema": "dflash-audit/trace-parity/1"}))
+            facts["parity"] = {"file": PARITY, "steps": len(self.parity_steps)}
+        return facts
