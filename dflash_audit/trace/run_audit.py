@@ -16,8 +16,8 @@ from typing import Any
 from catalogue.findings import Finding
 from dflash_audit.trace.lr_fit import fit_schedule, schedule_text
 
-# The run's findings, by (component, key): the catalogue has no entry for the run yet (their `source` is the
-# speculators file and line they rest on).
+RUN_ENTRY = 40  # the catalogue's training_run entry
+# The run's findings, by (component, key); their `source` is the speculators file and line they rest on.
 RUN_KEYS = {("recipe", k) for k in ("optimizer", "optimizer_settings", "lr", "lr_schedule", "lr_warmup", "grad_clip",
                                     "accumulation", "precision", "resume", "shard", "untrained_params",
                                     "step_parity")} | \
@@ -36,8 +36,12 @@ class RunAudit:
         assert (component, key) in RUN_KEYS, (component, key)
         if any((f.component, f.key) == (component, key) for f in self.findings):
             return
-        self.findings.append(Finding(component, severity, message, ours, ref, pitfall=None, key=key,
-                                     source=source))
+        self.findings.append(run_finding(component, key, message, ours, ref, source, severity))
+
+
+def run_finding(component: str, key: str, message: str, ours, ref, source: str, severity: str) -> Finding:
+    """One finding of the run, under the catalogue's training_run entry."""
+    return Finding(component, severity, message, ours, ref, pitfall=RUN_ENTRY, key=key, source=source)
 
 
 def family_of(drafter_class: str) -> str:
