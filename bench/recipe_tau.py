@@ -33,7 +33,7 @@ def main(out: Path) -> None:
     for drafter in (cached_test_drafter(world), after):
         print(f"== {drafter}")
         cli(["eval", "--drafter", str(drafter), "--target", str(world.target), "--prompts",
-             str(world.root / "prompts.jsonl"), "--max-new-tokens", "96"])
+             str(world.prompts), "--max-new-tokens", "96"])
 
 
 if __name__ == "__main__":
