@@ -452,9 +452,11 @@ class Recorder:
         drafter_calls = {id(drafter)} | {id(m) for m, _, _, _ in calls.kwargs if unwrap(m) is drafter}
         ids = [t for module, name, t, _ in calls.kwargs if id(module) in drafter_calls and name == "input_ids"
                and not t.is_floating_point()]
-        # A drafter class with a head and decoder layers (speculators' DFlashDraftModel) is seen as a model call.
-        ids += [c.input_ids for c in calls.models if unwrap(c.model) is drafter and isinstance(c.input_ids, torch.Tensor)
-                and not c.input_ids.is_floating_point()]
+        # A drafter class with a head and decoder layers (speculators' DFlashDraftModel) is seen as a model call; its
+        # packed row split into the documents its position ids restart at (each was one target forward when written).
+        for c in calls.models:
+            if unwrap(c.model) is drafter and isinstance(c.input_ids, torch.Tensor) and not c.input_ids.is_floating_point():
+                ids += packed_documents(c.input_ids, c.position_ids)
         if not ids:
             return None
         if getattr(self, "offline_target", None) is None:
@@ -463,6 +465,18 @@ class Recorder:
             self.offline_target = AutoModelForCausalLM.from_pretrained(self.target_dir, dtype=torch.float32)
             self.offline_target.eval().requires_grad_(False)
         return [ModelCall(self.offline_target, t, None) for t in ids], self.offline_target
+
+
+def packed_documents(ids: torch.Tensor, positions) -> list[torch.Tensor]:
+    """A packed row of token ids as its documents ([1, T] each): a document starts where the position ids restart at
+    0; a one-token run is the row's padding (zeros at position 0), not a document. One row without positions: itself."""
+    if not isinstance(positions, torch.Tensor) or positions.numel() != ids.numel() or ids.dim() != 2 \
+            or ids.shape[0] != 1:
+        return [ids]
+    flat, pos = ids.reshape(-1), positions.reshape(-1)
+    starts = (pos == 0).nonzero().flatten().tolist()
+    ends = starts[1:] + [flat.numel()]
+    return [flat[a:b][None] for a, b in zip(starts, ends) if b - a > 1] or [ids]
 
 
 def unwrap(module: nn.Module) -> nn.Module:
