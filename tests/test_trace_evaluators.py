@@ -71,7 +71,7 @@ def test_the_sound_evaluator_is_zlabs_loop_round_for_round(traced):
 FAULTS = {  # fault: (component, key, the τ method their number is, whether rounds part from z-lab's)
     "window_ignored": ("evaluation", "window", ZLAB, True),
     "feature_after_norm": ("evaluation", "context_features", ZLAB, True),
-    "positions_shifted": ("evaluation", "positions", ZLAB, False),
+    "positions_shifted": ("evaluation", "positions", ZLAB, True),
     "no_bonus": ("tau", "tau_method", "the mean of per-prompt means without the bonus token", False),
     "pooled": ("tau", "tau_method", "pooled rounds (all rounds of all prompts together), the bonus counted", False),
 }
@@ -92,8 +92,8 @@ def test_each_evaluator_fault_is_named_exactly(traced, fault):
         assert "window of 48 is not applied" in report.findings[0].message
     if fault == "feature_after_norm":
         assert "after the final norm" in report.findings[0].message
-    if fault == "positions_shifted":
-        assert "shifted by +1" in report.findings[0].message
+    if fault == "positions_shifted":  # seen in the drafter's position ids from round 1, before any round parts
+        assert "block shifted by +1" in report.findings[0].message
     if fault == "no_bonus":
         assert report.tau["gap"] == pytest.approx(-1.0) and report.tau["beyond_noise"]
 
@@ -103,6 +103,15 @@ def test_a_batched_left_padded_evaluator_is_read_row_by_row(traced):
     assert report.findings == []
     assert {p["batch"] for p in report.prompts} == {3}
     assert [p["rounds"] for p in report.prompts] == [p["rounds"] for p in traced().prompts]
+
+
+def test_an_evaluator_calling_zlabs_cached_loop_is_zlabs_and_hands_tau_per_prompt(traced):
+    report = traced("--loop", "zlab", "--tau-per-prompt")
+    assert report.findings == []
+    assert [p["rounds"] for p in report.prompts] == [p["zlab_rounds"] for p in report.prompts]
+    assert report.tau["given"] == [p["tau"] for p in report.prompts] and report.tau["is"] == [ZLAB]
+    windowless = traced("--loop", "zlab", "--fault", "window_ignored")  # z-lab's class, its window taken off
+    assert [(f.component, f.key) for f in windowless.findings] == [("evaluation", "window")]
 
 
 def test_a_sampling_evaluator_is_held_per_draft_position(traced, test_world, drafter_dir, tmp_path):

@@ -188,7 +188,7 @@ class EvaluationCapture:
         for name, t in inputs:
             event["inputs"][name] = self._keep(f"in.{name}", t)
         if vocab_wide:  # a drafter whose forward ends in the head: its logits, as a head call's
-            top = out.detach().float().topk(2, dim=-1)
+            top = (out[None] if out.dim() == 2 else out).detach().float().topk(2, dim=-1)
             event["argmax"] = self._keep("argmax", top.indices[..., 0])
             event["margin"] = self._keep("margin", top.values[..., 0] - top.values[..., 1])
         elif isinstance(out, torch.Tensor) and out.is_floating_point():
@@ -196,6 +196,8 @@ class EvaluationCapture:
         self.events.append(event)
 
     def _head_call(self, out) -> None:
+        if out.dim() == 2:  # rows without a batch dimension (a team's drafter one prompt at a time)
+            out = out[None]
         top = out.detach().float().topk(2, dim=-1)
         self.events.append({"kind": "head", "module": -1, "argmax": self._keep("argmax", top.indices[..., 0]),
                             "margin": self._keep("margin", top.values[..., 0] - top.values[..., 1])})
