@@ -15,7 +15,9 @@ drafters at the matching shape (the z-lab Qwen3-8B-DFlash-b16 recipe). Then:
   replay      the offline DFlash replay of one drafter / the drafter forward passes and LM-head
               reads the live loop spends on the same rounds
   τ           per prompt and drafter, the live loop's rounds == the offline rounds in `compare`'s
-              report (== this process's replay, for the timed drafter)
+              report (== this process's replay, for the timed drafter); below float32 a parting that
+              `explain_parting` judges a drafter near-tie within the dtype's rounding is not counted (the
+              tests' rule, `impl.offline.walks.unexplained_partings`)
   speculative (tiny shape) the cache's continuation by speculative decoding with the test world's
               trained DFlash2 drafter / transformers `generate`, one prompt at a time both, goal below 1x;
               and the target forward passes each makes (a count, whatever the machine's speed)
@@ -229,6 +231,8 @@ def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_d
     from impl.decoding import dflash_decode
     from impl.offline import cache_bytes_estimate, offline_rounds_batch
     from impl.offline.cache import build_cache
+    from impl.offline.walks import explain_parting, unexplained_partings
+    from foundation.placement import dtype_name, model_dtype
     from foundation.target import load_tokenizer
     from foundation.target_vocab import stop_token_ids
 
@@ -274,23 +278,31 @@ def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_d
     offline = {side: [p[f"{side}_rounds"] for p in report["tau"]["methods"]["dflash"]["prompts"]]
                for side in ("ours", "ref")}
     replayed, replay_s = timed(lambda: offline_rounds_batch(drafters[timed_name], target, cache, cache.prompts))
-    live, drafter_s, live_tokens_same = {}, 0.0, True
+    live, drafter_s, live_tokens_same, partings = {}, 0.0, True, []
     # At a real shape a CPU spends ~1.5 s a live round: the live loop runs for the timed drafter there.
     live_names = list(drafters) if args.shape == "tiny" or device.startswith("cuda") else [timed_name]
     for name in live_names:
         drafter = drafters[name]
         timer = Timer(drafter, ("forward", "compute_logits"))
         live[name] = []
-        for entry, (_, prompt) in zip(cache.prompts, prompts):
-            result = dflash_decode(drafter, target, prompt.to(device), args.max_new_tokens, stop_ids)
+        for i, (entry, (_, prompt)) in enumerate(zip(cache.prompts, prompts)):
+            result = dflash_decode(drafter, target, prompt.to(device), args.max_new_tokens, stop_ids,
+                                   keep_features=True)
             live[name].append(result.acceptance_lengths)
             live_tokens_same &= torch.equal(result.output_ids.reshape(-1).cpu(), entry.token_ids)
+            # Below float32 a parting is judged as the tests judge it: a drafter near-tie within the dtype's
+            # rounding of the target's states is explained, anything else counts.
+            parting = explain_parting(drafter, target, cache, entry, "dflash", offline[name][i],
+                                      result.acceptance_lengths, result.extra["features"], result.output_ids)
+            if parting is not None:
+                partings.append(parting)
         if name == timed_name:
             drafter_s = timer.seconds
         print(f"live {name}: τ {[round(sum(r) / len(r), 3) for r in live[name]]}", flush=True)
     tau = {name: [sum(r) / len(r) for r in rounds] for name, rounds in offline.items()}
-    differing = sum(live[name][i] != offline[name][i] for name in live_names for i in range(len(prompts)))
-    differing += sum(replayed[i] != offline[timed_name][i] for i in range(len(prompts)))
+    unexplained = unexplained_partings(partings, model_dtype(target))
+    differing = len(unexplained)
+    differing += sum(replayed[i] != offline[timed_name][i] for i in range(len(prompts)))  # one process: exact
     shape = args.shape
     rows = [
         Row(f"{shape} cache build / transformers generate of the same tokens", min(build_s) / min(floor_s),
@@ -302,8 +314,10 @@ def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_d
         Row(f"{shape} offline replay / drafter-only forwards", replay_s / drafter_s, GOALS["replay"], "<=",
             detail=f"{timed_name}, DFlash; the floor is its forward + LM-head time in the live loop"),
         Row(f"{shape} prompts x drafters ({', '.join(live_names)}) whose live and offline (compare's report) "
-            "rounds differ", differing, 0, "<=", unit="",
-            detail=f"τ ours {[round(t, 3) for t in tau['ours']]}, ref {[round(t, 3) for t in tau['ref']]} "
+            "rounds part beyond a near-tie", differing, 0, "<=", unit="",
+            detail=f"{len(partings)} parting(s), {len(partings) - len(unexplained)} of them drafter near-ties within "
+                   f"the {dtype_name(model_dtype(target))} rounding (explain_parting, the tests' rule); "
+                   f"τ ours {[round(t, 3) for t in tau['ours']]}, ref {[round(t, 3) for t in tau['ref']]} "
                    f"(random weights: drafts rarely match); live continuations "
                    f"{'equal' if live_tokens_same else 'differ from'} the cached ones"),
     ]
@@ -311,7 +325,8 @@ def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_d
                          "drafter_forwards_live": drafter_s},
              "cache": {"on_disk": on_disk, "needed": needed, "layer_ids": layer_ids, "positions": total_tokens},
              "tau": {"offline": tau, "live": {n: [sum(r) / len(r) for r in rs] for n, rs in live.items()}},
-             "tokens_same_as_generate": same_tokens, "live_tokens_same_as_cache": live_tokens_same}
+             "tokens_same_as_generate": same_tokens, "live_tokens_same_as_cache": live_tokens_same,
+             "partings": [p.describe() for p in partings], "unexplained_partings": unexplained}
     return rows, extra
 
 

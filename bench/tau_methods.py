@@ -21,9 +21,9 @@ FILES = {"mt-bench": "mt_bench.jsonl"}
 
 def main() -> None:
     from dflash_audit.audit.eval import run_table
+    from dflash_audit.flags.eval import EvalFlags
     from dflash_world import cached_test_world
     from dflash_world.drafter import cached_test_drafter
-    from foundation.chat_template import ChatTemplate
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -31,10 +31,12 @@ def main() -> None:
     args = parser.parse_args()
     world = cached_test_world()
     prompts = [f"{name}:{FIXTURES / FILES.get(name, name + '.jsonl')}" for name in SETS]
-    template = ChatTemplate.parse(str(REPO / "dflash_world" / "chat_template_thinking.jinja"))
-    data = run_table(cached_test_drafter(world), world.target, prompts,
-                     ["live", "zlab-loop", "teacher-forced", "zlab-benchmark"], ["dflash"], [32], [0.0, 0.8],
-                     "0,1,2", args.max_new_tokens, template, "thinking", html_path=args.html)
+    template = str(REPO / "dflash_world" / "chat_template_thinking.jinja")
+    data = run_table(EvalFlags(drafter=cached_test_drafter(world), target=world.target, prompts=prompts,
+                               tau_method=["live", "zlab-loop", "teacher-forced", "zlab-benchmark"],
+                               temperature=[0.0, 0.8], seeds="0,1,2", max_new_tokens=args.max_new_tokens,
+                               chat_template=template, tau_by="thinking", html_path=args.html,
+                               device="cpu", dtype="float32"))  # as the figures were measured
     print("\nτ of each method over live greedy τ, per set (thinking off):")
     for name in SETS:
         cells = {(c["method"], c["temperature"]): c["tau"] for c in data["cells"]

@@ -195,6 +195,18 @@ CATALOGUE = (
             "all-zero states (hybrid targets: vLLM #46301, speculators #279); the last layer stripped (speculators "
             "#705); a capture one layer off (Atlas #394); `hidden_states` shorter than `token_ids` under prefix "
             "caching (vLLM #44485); the final norm applied before storing"),
+    Pitfall(40, 'training_run', 'training_run (optimizer, lr schedule, clipping across steps)',
+            "speculators 0.9.0's trainer resolves DFlash training to Muon on the 2-D weight matrices (lr 1e-3, "
+            "momentum 0.95, weight decay 0.1, `match_rms_adamw`; `OptimizerArgs`, train/config/schema.py:339-364) "
+            "plus AdamW on the rest (lr 1e-3, weight decay 0.01, torch's betas (0.9, 0.999)), split by "
+            "`split_named_params_for_muon` (train/optimizers.py:59); a linear schedule warming up over total // 100 "
+            "steps (train/trainer.py:206) then decaying to 0 (transformers' `get_linear_schedule_with_warmup`); "
+            "`clip_grad_norm_(model.parameters(), 1.0)` (train/trainer.py:551); one backward per optimizer step; "
+            "float32 master weights, bfloat16 autocast (`hidden_states_dtype`). A resume restores both the "
+            "optimizer's and the schedulers' state.",
+            "AdamW on every parameter (speculators PR #746 moved the default to Muon); a learning rate 10x; no warmup "
+            "over a long run, or cosine decay; no clipping; gradients zeroed between backward and step (the loss "
+            "does not move); a resume that restores the scheduler but not the optimizer"),
 )
 PITFALLS = {p.number: p for p in CATALOGUE}
 

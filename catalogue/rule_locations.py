@@ -152,6 +152,10 @@ LOCATIONS = (
     RuleLocation((39,), 'hidden-state datasets name their layers',
                  '— (trains online)', '—', '`train.data.ArrowDataset` (`hidden_states[:, :-1]`, `[:, -1]`)',
                  '`tests/test_data_check.py`'),
+    RuleLocation((40,), 'the run: optimizers, lr schedule, clipping',
+                 '`train.make_optimizers`, `train.muon_split`, `train.linear_factor`',
+                 '— (no training)', '`train.optimizers.build_optimizers`, `train.trainer.Trainer.train_epoch`',
+                 '`tests/test_trace_run.py`'),
 )
 
 
@@ -190,6 +194,7 @@ AUDITED_BY = {
     37: ("audit.static_spec.family_findings", "audit.static_recipe.recipe_findings"),
     38: ("audit.static_spec.family_findings", "audit.static_recipe.recipe_findings"),
     39: ("data_check.check.issue_finding",),
+    40: ("trace.run_audit.run_finding",),
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dflash_audit.formats import FORMATS, MODULES, LoadedCheckpoint, LoadOptions, load_any, require_spec
 from dflash_audit.outputs import check_outputs, check_replaceable, check_writable
@@ -20,6 +21,9 @@ from impl.defaults import ZLAB_EXTRAS
 from impl.families import TITLES, ZLAB_ARCHITECTURES
 from impl.layers import names_final_layer
 from foundation.packages import PINNED
+
+if TYPE_CHECKING:
+    from dflash_audit.flags.convert import ConvertFlags
 
 
 @dataclass
@@ -166,12 +170,10 @@ def convert_for_llamacpp(source: str | Path, destination: str | Path, target: st
     import tempfile
 
     from serving_engines import TargetFacts
-    from serving_engines.live.llamacpp_convert import QUANT_TYPES, QUANTIZER_TYPES, drafter_gguf, target_gguf
+    from serving_engines.live.llamacpp_convert import QUANTIZER_TYPES, drafter_gguf, target_gguf
     from serving_engines.live.llamacpp_env import find_llamacpp
     from serving_engines.verdict import engine_report
 
-    if quant not in QUANT_TYPES:
-        raise AuditError(f"--quant: {quant!r} is not one of {', '.join(QUANT_TYPES)}")
     if target is None:
         raise AuditError("--for llamacpp: give --target (llama.cpp's converter takes the tokenizer, and the "
                          "drafter's embeddings and head, from the target)")
@@ -248,20 +250,16 @@ def convert_for(source: str | Path, destination: str | Path, engine: str, target
     return result
 
 
-def run_convert(source: Path, destination: Path, fmt: str | None, engine: str | None, quant: str | None,
-                llamacpp_bin: Path | None, target: Path | None, allow_lossy: bool, force: bool,
-                options: LoadOptions) -> ConversionResult:
-    """`convert`'s flags, run: to a format (`--format`), or what an engine serves as trained (`--for`)."""
+def run_convert(flags: ConvertFlags) -> ConversionResult:
+    """`convert`'s validated flags, run: to a format (`--format`), or what an engine serves as trained (`--for`)."""
     from loguru import logger
 
     logger.disable("speculators")  # its per-tensor INFO lines would bury the one-line result
-    if (fmt is None) == (engine is None):
-        raise AuditError("give exactly one of --format (ours, zlab, speculators) and --for (vllm, sglang, llamacpp)")
-    if quant is not None and engine != "llamacpp":
-        raise AuditError("--quant applies to --for llamacpp only")
-    if engine == "llamacpp":
-        return convert_for_llamacpp(source, destination, target, quant or "f32", force=force, options=options,
-                                    bin_dir=llamacpp_bin)
-    if engine is not None:
-        return convert_for(source, destination, engine, target=target, force=force, options=options)
-    return convert(source, destination, fmt, target=target, allow_lossy=allow_lossy, force=force, options=options)
+    source, destination, target, options = flags.source, flags.destination, flags.target, flags.load_options
+    if flags.engine == "llamacpp":
+        return convert_for_llamacpp(source, destination, target, flags.quant or "f32", force=flags.force,
+                                    options=options, bin_dir=flags.llamacpp_bin)
+    if flags.engine is not None:
+        return convert_for(source, destination, flags.engine, target=target, force=flags.force, options=options)
+    return convert(source, destination, flags.fmt, target=target, allow_lossy=flags.allow_lossy, force=flags.force,
+                   options=options)

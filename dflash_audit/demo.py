@@ -30,9 +30,9 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.outputs import check_outputs
@@ -47,6 +47,9 @@ from impl.layers import build_target_layer_ids
 from impl.settings import Declared
 from drafter_files.zlab_format import save_zlab_dir
 from serving_engines import ENGINES
+
+if TYPE_CHECKING:
+    from dflash_audit.flags.demo import DemoFlags
 
 
 class DemoConfig(Declared):
@@ -82,17 +85,6 @@ class DemoConfig(Declared):
                                                                  selector_rank=32, selector_top_k=8),
                                     description="The DFlash2 act's convolution and selector sizes.")
     sliding_window: int = Field(64, gt=0, description="The DFlash2 act's sliding window, below seq_len.")
-
-    @classmethod
-    def refused(cls, field_name: str, message: str) -> Exception:
-        return AuditError(f"{field_name}: {message}")
-
-    @classmethod
-    def refusal(cls, exc: ValidationError, data: dict[str, Any]) -> Exception:
-        """The family is `demo --family`'s: its refusal names the flag."""
-        if any(error["loc"] == ("family",) for error in exc.errors()):
-            return AuditError(f"--family must be one of {list(FAMILIES)}, got {data['family']!r}")
-        return super().refusal(exc, data)
 
 
 def default_cache_dir(root: str | Path | None = None, family: str = "dflash") -> Path:
@@ -214,29 +206,30 @@ def timed(step, what: str) -> None:
               "(same steps and result as anywhere, only slower)", file=sys.stderr)
 
 
-def run_demo(cache: Path | None = None, rebuild: bool = False, out: Path | None = None, cache_dir=None,
-             config: DemoConfig | None = None, device: str = "auto", dtype: str = "auto",
-             trace_trainer: bool = False) -> AuditReport:
-    """`device`/`dtype`: the τ audit's `--device`/`--dtype` (a comma list of dtypes as `compare` takes);
-    `trace_trainer` (the verb's default): first trace examples/own_trainer.py with the seed's four bugs."""
+def run_demo(flags: DemoFlags, config: DemoConfig | None = None, trace_trainer: bool = False) -> AuditReport:
+    """`demo` as its validated flags ask (dflash_audit/commands/demo.py): the world of `config` (the demo's own
+    for `--family` by default) built once, its drafters compared with `--device`/`--dtype` (a comma list of dtypes
+    as `compare` takes); `trace_trainer` (the verb's default): first trace examples/own_trainer.py with the seed's
+    four bugs."""
     from dflash_audit.audit.compare import run_compare
-    from foundation.placement import parse_dtype_list, resolve_placement
+    from dflash_audit.flags.compare import CompareFlags
+    from foundation.placement import resolve_placement
 
-    config = config or DemoConfig()
+    config = config or DemoConfig(family=flags.family)
     family_settings(config)  # an unknown family fails before anything is built
-    out = Path(out or default_out_dir(config.family))
-    cache = Path(cache or default_cache_dir(cache_dir, config.family))
+    out = Path(flags.out or default_out_dir(config.family))
+    cache = Path(flags.world_dir or flags.old_world_dir or default_cache_dir(flags.cache_dir, config.family))
     check_outputs({"--out": Path(out)}, {"--world-dir": cache})
-    dtypes = parse_dtype_list(dtype)
-    resolve_placement(device, "float32" if dtypes[0] == "auto" else dtypes[0])  # bad flags fail before the build
-    paths = build_demo(cache, config, rebuild)
+    first = flags.dtype[0]
+    resolve_placement(flags.device, "float32" if first == "auto" else first)  # bad flags fail before the build
+    paths = build_demo(cache, config, flags.rebuild)
     if trace_trainer and config.family == "dflash":
         trace_own_trainer(paths["target"], out / "trace")
-    return run_compare(paths["ours"], paths["ref"], target=paths["target"], prompts=paths["prompts"], out=out,
-                       max_new_tokens=config.max_new_tokens, budget=config.budget, cache_dir=paths["offline"],
-                       placement=resolve_placement(device, dtypes[0], None, paths["target"]),
-                       dtypes=[None, *dtypes[1:]],
-                       serve=list(ENGINES))  # will each drafter serve as trained on vLLM and SGLang?
+    # Will each drafter serve as trained on vLLM and SGLang? (`--serve`); the τ cache at <world>/offline.
+    return run_compare(CompareFlags(ours=paths["ours"], ref=paths["ref"], target=paths["target"],
+                                    prompts=paths["prompts"], out=out, max_new_tokens=config.max_new_tokens,
+                                    budget=config.budget, cache_dir=cache, device=flags.device, dtype=flags.dtype,
+                                    serve=list(ENGINES)))
 
 
 # The seed team's four bugs planted in examples/own_trainer.py (a trainer of its own, no project code), scaled to the
@@ -248,6 +241,7 @@ OWN_TRAINER = Path(__file__).resolve().parents[1] / "examples" / "own_trainer.py
 
 def trace_own_trainer(target: Path, out: Path) -> None:
     """Act zero: the team's own trainer, traced for one step (`dflash-audit trace -- python own_trainer.py ...`)."""
+    from dflash_audit.flags.trace import TraceFlags
     from dflash_audit.trace.report import terminal_summary
     from dflash_audit.trace.run import run_trace
 
@@ -256,7 +250,7 @@ def trace_own_trainer(target: Path, out: Path) -> None:
         return
     command = [sys.executable, str(OWN_TRAINER), "--target", str(target), *SEED_BUGS]
     print("dflash-audit trace -- python examples/own_trainer.py --target <demo target> " + " ".join(SEED_BUGS))
-    print(terminal_summary(run_trace(command, out)))
+    print(terminal_summary(run_trace(TraceFlags(command=command, out=out))))
     print(f"report: {out / 'index.html'}")
 
 

@@ -1,9 +1,8 @@
 """Prompts files (JSON lines) and how a prompt becomes token ids.
 
 A line is `{"id": ..., "prompt": "..."}` or z-lab's `{"turns": [...]}` (first turn used;
-the id defaults to the line number). Tokenization uses the target tokenizer's chat
-template when it has one (`auto`), or always/never (`on`/`off`), so every drafter and
-every reference loop sees the same ids.
+the id defaults to the line number). Tokenization renders through the one chat template setting
+(`foundation.chat_template.ChatTemplate`), so every drafter and every reference loop sees the same ids.
 """
 
 from __future__ import annotations
@@ -12,11 +11,10 @@ from pathlib import Path
 
 import torch
 
+from foundation.chat_template import ChatTemplate
 from foundation.errors import AuditError
 from foundation.inputs import read_utf8
 from foundation.jsonl import check_text, json_lines
-
-CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 
 
 def _prompt_from_record(record, where: str, line_no: int) -> dict[str, str]:
@@ -55,36 +53,17 @@ def load_prompts(path: str | Path) -> list[dict[str, str]]:
     return prompts
 
 
-def uses_chat_template(tokenizer, mode: str = "auto") -> bool:
-    if mode not in CHAT_TEMPLATE_MODES:
-        raise AuditError(f"--chat-template must be one of {list(CHAT_TEMPLATE_MODES)}, got {mode!r}")
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if mode == "on" and not has_template:
-        raise AuditError("--chat-template on: the target tokenizer has no chat template")
-    return has_template if mode == "auto" else mode == "on"
-
-
-def tokenize_prompt(tokenizer, prompt: dict[str, str] | str, mode="auto") -> torch.Tensor:
-    """Token ids [1, T] of one prompt (a `{"id", "prompt"}` record or its text); `mode` is a chat-template
-    mode or a `foundation.chat_template.ChatTemplate` (`--chat-template FILE`, `--chat-template-kwargs`)."""
+def tokenize_prompt(tokenizer, prompt: dict[str, str] | str, chat: ChatTemplate | None = None) -> torch.Tensor:
+    """Token ids [1, T] of one prompt (a `{"id", "prompt"}` record or its text), rendered by `chat` (`--chat-template`,
+    `--chat-template-kwargs`; default auto: the tokenizer's own template when it has one)."""
     text = prompt["prompt"] if isinstance(prompt, dict) else prompt
-    if not isinstance(mode, str):
-        return mode.ids(tokenizer, [{"role": "user", "content": text}])
-    if uses_chat_template(tokenizer, mode):
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                 add_generation_prompt=True)
-        # The template already holds any BOS; adding special tokens again would double it.
-        ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    else:
-        ids = tokenizer(text)["input_ids"]
-    if not ids:
-        raise AuditError(f"prompt {text[:40]!r} tokenizes to nothing")
-    return torch.tensor([ids], dtype=torch.long)
+    return (chat or ChatTemplate("auto")).ids(tokenizer, [{"role": "user", "content": text}])
 
 
-def tokenize_prompts(tokenizer, prompts: list[dict[str, str]], mode="auto") -> list[tuple[str, torch.Tensor]]:
+def tokenize_prompts(tokenizer, prompts: list[dict[str, str]],
+                     chat: ChatTemplate | None = None) -> list[tuple[str, torch.Tensor]]:
     """`[(id, ids [1, T])]` for every prompt."""
-    return [(p["id"], tokenize_prompt(tokenizer, p, mode)) for p in prompts]
+    return [(p["id"], tokenize_prompt(tokenizer, p, chat)) for p in prompts]
 
 
 def fit_prompts(prompts: list[tuple[str, torch.Tensor]], max_new_tokens: int, max_positions: int,

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from foundation.errors import AuditError
@@ -18,13 +18,15 @@ from impl import spec
 from impl.families import TITLES, TRAINED_FAMILIES
 from impl.recipe import KNOBS
 from impl.run_settings import RunSettings, TrainError
-from impl.settings import choice_words, choices, first_error
 from impl.spec import FAMILY_FIELDS
 
 # Each drafter setting and recipe knob `train` takes, by run field: its flag (the first spelling). None given is
 # "not given": the family's `train` default, or `--recipe speculators`'s value.
 FLAGS = {**{spec.RUN_FIELDS[name]: spec.extra(name)["flags"][0] for name in spec.TRAIN_SETTINGS},
          **{name: info.json_schema_extra["flags"][0] for name, info in KNOBS.items()}}
+# The run's settings `--recipe speculators` also sets (its optimizers and schedule): like the knobs, not given is None.
+RUN_RECIPE_FIELDS = ("optimizer", "lr_schedule", "lr", "weight_decay", "adam_betas", "muon_lr", "muon_momentum",
+                     "muon_weight_decay", "muon_adjust_lr_fn", "warmup", "grad_clip")
 # The family a family's own setting belongs to, by run field: a drafter field of one family, or a knob declared for one.
 OWNERS = {**{spec.RUN_FIELDS.get(name, name): family for family, names in FAMILY_FIELDS.items() for name in names},
           **{name: info.json_schema_extra["family"] for name, info in KNOBS.items() if info.json_schema_extra["family"]}}
@@ -44,8 +46,9 @@ class TrainSettings(RunSettings):
 
     recipe: Literal["speculators"] | None = Field(
         None, description="'speculators': the whole recipe speculators' TrainConfig resolves for --speculator-type "
-        "dflash (loss_fn, per_position_loss_weight, dpace_alpha, gamma, max_anchors, block_size, draft layers), "
-        "read from the installed package; flags given explicitly still win.")
+        "dflash (loss_fn, per_position_loss_weight, dpace_alpha, gamma, max_anchors, block_size, draft layers) and "
+        "its run (Muon on the 2-D weights + AdamW, lr 1e-3, linear schedule warming up over 1% of the steps, clip "
+        "1.0), read from the installed package; flags given explicitly still win.")
 
     @model_validator(mode="before")
     @classmethod
@@ -53,7 +56,8 @@ class TrainSettings(RunSettings):
         """The flags as given: the ones not given dropped, the list settings read from their comma-separated text
         (`--target-layer-ids 1,16,31` as every other source reads it), a family's own flag refused without that
         family, then `--recipe speculators`'s resolution under the flags given."""
-        data = {name: value for name, value in data.items() if value is not None or name not in FLAGS}
+        data = {name: value for name, value in data.items()
+                if value is not None or (name not in FLAGS and name not in RUN_RECIPE_FIELDS)}
         if isinstance(data.get("target_layer_ids"), str):
             from dflash_audit.formats.setting_names import convert  # its ValueError names the flag
 
@@ -72,24 +76,18 @@ class TrainSettings(RunSettings):
                 raise ValueError(f"{flag_of(name)} is a {TITLES[owner]} setting; add --family {owner}")
         if data.get("recipe") == "speculators":
             from reference_adapters.speculators_recipe import train_settings
+            from reference_adapters.speculators_run_recipe import train_run_settings
 
-            data = {**train_settings(family), **data}
+            data = {**train_settings(family), **train_run_settings(family), **data}
         return data
 
     @classmethod
-    def refused(cls, field_name: str, message: str) -> Exception:
-        return AuditError(f"{flag_of(field_name)} {message}")
+    def name_of(cls, field_name: str) -> str:
+        return flag_of(field_name)
 
     @classmethod
-    def refusal(cls, exc: ValidationError, data: dict[str, Any]) -> Exception:
-        first = first_error(exc, data)
-        if not first["loc"]:  # the rule between flags, or a list flag's text: worded whole, naming its flag
-            return AuditError(str(first["ctx"]["error"]))
-        name = str(first["loc"][0])
-        if first["type"] == "literal_error" and len(first["loc"]) == 1:
-            allowed = choice_words(choices(cls.model_fields[name]))
-            return AuditError(f"{flag_of(name)} must be {allowed}, got {first['input']!r}")
-        return super().refusal(exc, data)
+    def refused(cls, name: str | None, message: str) -> Exception:
+        return AuditError(message if name is None else f"{name}: {message}")
 
 
 def check_out(out: Path, resume: bool, force: bool = False) -> None:
@@ -140,12 +138,13 @@ def run_train(target: Path, data: Path, out: Path, *, d2t: Path | None, eval_dat
     from impl.data import DataError
     from impl.train import train as run_training
 
-    check_train_paths(target, data, eval_data, out, json_out, flags.get("resume", False), force)
-    if d2t is not None:
-        regular_file(d2t, "file", "--d2t")
+    # Every flag judged by its declaration first, then the paths, before the tokenizer, data or target are read.
     settings = TrainSettings(target=str(target), out=str(out), data=str(data),
                              eval_data=str(eval_data) if eval_data else None,
                              d2t=str(d2t) if d2t is not None else None, **flags)
+    check_train_paths(target, data, eval_data, out, json_out, settings.resume, force)
+    if d2t is not None:
+        regular_file(d2t, "file", "--d2t")
     hf_logging.disable_progress_bar()  # one progress bar: the trainer's
     try:
         stats = run_training(settings)

@@ -17,13 +17,10 @@ import torch
 from foundation.placement import dtype_name
 from impl.offline.cache import CachedPrompt, HiddenStateCache, target_dtype
 
-HIDDEN_STATES = ("transformers", "vllm")
-
 
 def depths_for(layer_ids: list[int], layers: int) -> list[int]:
     """vLLM depths for the cache's z-lab layer ids: each id's output, and the last layer (before its norm) always."""
     return sorted({i + 1 for i in layer_ids if i != layers - 1} | {layers})
-
 
 class VllmCacheBuilder:
     """Builds an offline cache through vLLM (`impl.offline.load_or_build_cache(builder=...)`)."""
@@ -61,19 +58,6 @@ class VllmCacheBuilder:
         return HiddenStateCache(key=key, max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids),
                                 prompts=entries)
 
-
-def cache_builder(hidden_states: str, target: Path | None, vllm_python: Path | None,
-                  tensor_parallel_size: int) -> VllmCacheBuilder | None:
-    """`--hidden-states` and `--tensor-parallel-size` checked: the vLLM builder, or None for the transformers pass."""
-    from foundation.errors import AuditError
-
-    if hidden_states not in HIDDEN_STATES:
-        raise AuditError(f"--hidden-states must be transformers or vllm, got {hidden_states!r}")
-    if hidden_states == "transformers":
-        if tensor_parallel_size != 1:
-            raise AuditError("--tensor-parallel-size applies to --hidden-states vllm (transformers runs one process: "
-                             "--device-map auto shards a large target)")
-        return None
-    if target is None:
-        raise AuditError("--hidden-states vllm makes the target's states: give --target")
+def cache_builder(target: Path, vllm_python: Path | None, tensor_parallel_size: int) -> VllmCacheBuilder:
+    """The vLLM builder of `compare --hidden-states vllm` (its flags validated by `CompareFlags`)."""
     return VllmCacheBuilder(target, vllm_python, tensor_parallel_size)

@@ -19,6 +19,7 @@ from impl.recipe import DEFAULTS
 
 from .corpus import stdlib_corpus
 from .kernel_pins import run_pinned
+from .long_context import cached_long_target, long_target_dir
 from .world_cache import WorldPaths
 
 # Two draft layers (one sliding, window below the sequence length, one full) reading three target layers.
@@ -40,11 +41,21 @@ FULL_DRAFTER = dict(TEST_DRAFTER, layer_types=["full_attention", "full_attention
 FULL_DRAFTER_FILE = "test-drafter-full.pt"
 
 
+# The long-context pair, trained against the long target (long_context.py) on its 256-token rows as the others: the
+# mixed sliding/full drafter (llama.cpp serves it; the offline audit runs it) and its all-sliding twin (vLLM's CPU
+# runner refuses a mix). Past 256 positions both run beyond the length they were trained on, as the marks say.
+LONG_DRAFTER = dict(TEST_DRAFTER, loss_fn="kl_div")
+SLIDING_DRAFTER = dict(LONG_DRAFTER, layer_types=["sliding_attention", "sliding_attention"])
+
 # Every test drafter by name: its file in the world's folder and its training run.
 DRAFTERS = {"kl_div": (DRAFTER_FILES["kl_div"], dict(TEST_DRAFTER, loss_fn="kl_div")),
             "ce": (DRAFTER_FILES["ce"], dict(TEST_DRAFTER, loss_fn="ce")),
             "dflash2": (DFLASH2_DRAFTER_FILE, DFLASH2_DRAFTER),
-            "full": (FULL_DRAFTER_FILE, dict(FULL_DRAFTER, loss_fn="kl_div"))}
+            "full": (FULL_DRAFTER_FILE, dict(FULL_DRAFTER, loss_fn="kl_div")),
+            "long": ("test-drafter-long.pt", LONG_DRAFTER),
+            "long-sliding": ("test-drafter-long-sliding.pt", SLIDING_DRAFTER)}
+# The drafters trained against the long target; every other one against the test target.
+LONG_TARGET_DRAFTERS = frozenset({"long", "long-sliding"})
 
 
 def train_named_drafter(world: WorldPaths, name: str) -> Path:
@@ -54,7 +65,8 @@ def train_named_drafter(world: WorldPaths, name: str) -> Path:
 
     file, settings = DRAFTERS[name]
     path = world.root / file
-    train_drafter(world.target, stdlib_corpus("train", max_bytes=1_000_000), path, **settings)
+    target = long_target_dir(world) if name in LONG_TARGET_DRAFTERS else world.target
+    train_drafter(target, stdlib_corpus("train", max_bytes=1_000_000), path, **settings)
     return path
 
 
@@ -64,6 +76,8 @@ def cached_drafter(world: WorldPaths, name: str) -> Path:
     path = world.root / DRAFTERS[name][0]
 
     def train() -> Path:
+        if name in LONG_TARGET_DRAFTERS:
+            cached_long_target(world)
         run_pinned({"what": "drafter", "root": str(world.root), "name": name})
         return path
 
@@ -85,3 +99,9 @@ def cached_dflash2_drafter(world: WorldPaths) -> Path:
 def cached_full_drafter(world: WorldPaths) -> Path:
     """`<world>/test-drafter-full.pt`: the all-full-attention test drafter (vLLM's CPU runner serves it)."""
     return cached_drafter(world, "full")
+
+
+def cached_long_drafter(world: WorldPaths, sliding_only: bool = False) -> Path:
+    """`<world>/test-drafter-long.pt` (sliding + full) or `test-drafter-long-sliding.pt`, both against the long
+    target."""
+    return cached_drafter(world, "long-sliding" if sliding_only else "long")

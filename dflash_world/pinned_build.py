@@ -1,6 +1,6 @@
 """`python -m dflash_world.pinned_build JOB`: the child process `kernel_pins.run_pinned` starts, with the kernel pins
 in its environment from the start, to build one artefact of a world (JOB, JSON: `{"what": "world", "root", "preset",
-"builder_args"}` or `{"what": "drafter", "root", "name"}`). The caller holds the artefact's build lock; this process
+"builder_args"}`, `{"what": "drafter", "root", "name"}` or `{"what": "long-target", "root"}`). The caller holds the artefact's build lock; this process
 only builds.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .drafter import train_named_drafter
+from .long_context import train_long_target
 from .kernel_pins import KERNEL_PINS
 from .world_cache import WorldPaths, build_world
 
@@ -38,6 +39,8 @@ def main(argv: list[str]) -> None:
     root = Path(job["root"])
     if job["what"] == "world":
         build_world(root, job["preset"], progress=False, **job["builder_args"])
+    elif job["what"] == "long-target":
+        train_long_target(WorldPaths.under(root))
     elif job["what"] == "drafter":
         train_named_drafter(WorldPaths.under(root), job["name"])
     else:

@@ -1,4 +1,4 @@
-"""A digest of a test world's weights: its target and the four prebuilt drafters, each tensor by name, dtype, shape
+"""A digest of a test world's weights: its targets (the test target and the long one) and the prebuilt drafters, each tensor by name, dtype, shape
 and bytes (not the files' bytes: a container's layout is not the weights). Trained under the kernel pins
 (kernel_pins.py), they are the same bits on every x86-64 machine with AVX2; tests/test_world_pins.py holds the cached
 world to the digest recorded in tests/fixtures/world_digest.json.
@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from drafter_files.checkpoint import load_checkpoint
 
 from .drafter import DRAFTERS, cached_drafter
+from .long_context import cached_long_target
 from .world_cache import WorldPaths, cached_test_world
 
 
@@ -40,7 +41,8 @@ def target_tensors(target: Path) -> dict[str, torch.Tensor]:
 
 def world_digest(world: WorldPaths) -> dict[str, str]:
     """{"target": ..., each drafter's name: ...}; the drafters are trained (pinned) where missing."""
-    found = {"target": tensors_digest(target_tensors(world.target))}
+    found = {"target": tensors_digest(target_tensors(world.target)),
+             "target-long": tensors_digest(target_tensors(cached_long_target(world)))}
     for name in DRAFTERS:
         found[name] = tensors_digest(load_checkpoint(cached_drafter(world, name)).state_dict)
     return found

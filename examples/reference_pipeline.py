@@ -114,9 +114,8 @@ def main() -> int:
     drafter = out / "drafter"
     stage("train (speculators' Trainer)", [*train, "--save", str(drafter)],
           lambda: subprocess.run([*train, "--save", str(drafter)], cwd=REPO).returncode)
-    # The run traced, no line added. Not yet handled: the trace finds the target by its forward in the step, and a
-    # trainer on offline states never runs it (dflash_audit/trace/recorder.py: "no model loaded from it ran forward
-    # in the step"); the stage's exit and refusal are recorded as they come.
+    # The run traced, no line added: the trainer never runs the target (it reads the states from the data), so the
+    # trace takes the target from --target and the step's token ids from the drafter's own input_ids.
     trace = ["trace", "--steps", "1", "--target", str(world.target), "--out", str(out / "trace"), "--",
              *train, "--save", str(out / "drafter-traced")]
     stage("trace", trace, lambda: cli(trace))

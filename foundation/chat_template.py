@@ -27,7 +27,7 @@ class ChatTemplate:
     text: str | None = None  # the FILE's template
 
     @classmethod
-    def parse(cls, value: str = "auto", kwargs_json: str | None = None) -> ChatTemplate:
+    def parse(cls, value: str = "auto", kwargs_json: str | dict | None = None) -> ChatTemplate:
         kwargs = parse_kwargs(kwargs_json)
         modes = {"auto": "auto", "none": "none", "off": "none", "on": "required"}
         if value in modes:
@@ -104,19 +104,30 @@ class ChatTemplate:
                 "sha256": hashlib.sha256(template.encode()).hexdigest()[:16] if template else None}
 
 
-def parse_kwargs(kwargs_json: str | None) -> dict:
+def kwargs_from_json(kwargs_json: str | None) -> dict:
+    """The kwargs JSON as its object; ValueError (naming no flag: the flag's declaration names it) otherwise."""
     if kwargs_json is None or not kwargs_json.strip():
         return {}
     try:
         kwargs = json.loads(kwargs_json)
-    except json.JSONDecodeError as exc:
-        raise AuditError(f"--chat-template-kwargs: invalid JSON ({exc.msg})") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"invalid JSON ({getattr(exc, 'msg', 'nested too deep')})") from None
     if not isinstance(kwargs, dict):
-        raise AuditError("--chat-template-kwargs: expected a JSON object, e.g. '{\"enable_thinking\": false}'")
+        raise ValueError("expected a JSON object, e.g. '{\"enable_thinking\": false}'")
     reserved = {"messages", "tokenize", "add_generation_prompt", "chat_template", "conversation"} & set(kwargs)
     if reserved:
-        raise AuditError(f"--chat-template-kwargs: {sorted(reserved)} are set by the tool, not by kwargs")
+        raise ValueError(f"{sorted(reserved)} are set by the tool, not by kwargs")
     return kwargs
+
+
+def parse_kwargs(kwargs_json: str | dict | None) -> dict:
+    """`--chat-template-kwargs` as given to code, not to the CLI (whose flags model reads it)."""
+    if isinstance(kwargs_json, dict):
+        return dict(kwargs_json)
+    try:
+        return kwargs_from_json(kwargs_json)
+    except ValueError as exc:
+        raise AuditError(f"--chat-template-kwargs: {exc}") from None
 
 
 def check_jinja(text: str, where: str) -> None:

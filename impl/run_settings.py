@@ -1,19 +1,17 @@
 """One `train` run's settings (`RunSettings`): data, schedule and bookkeeping, every drafter setting `train` takes and
-every recipe knob, each a declared pydantic field; and the decoding flags `eval` and `compare` take
-(`DecodingSettings`). Light on purpose: `dflash-audit train` builds its options from
+every recipe knob, each a declared pydantic field. Light on purpose: `dflash-audit train` builds its options from
 these declarations and refuses a bad value before the trainer (torch, the target) is imported."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, ConfigDict, Field
 from pydantic.fields import FieldInfo
 
 from impl.recipe import KNOBS, LossWeighting
-from foundation.errors import AuditError
 from impl.families import TRAINED_FAMILIES
-from impl.settings import STRICT, Declared, base_type, choices, declared_range, first_error
+from impl.settings import STRICT, Declared
 from impl.spec import SETTINGS, MarkovHeadType
 from impl.spec import TRAIN_DEFAULTS as SPEC_TRAIN_DEFAULTS
 
@@ -29,9 +27,18 @@ def spec_setting(name: str) -> Any:
 
 
 def recipe_knob(name: str) -> Any:
-    """A recipe knob as a run field, None when not given (the run family's `train` default, `train_defaults`); its
-    value is judged by the recipe's own declaration when the run starts (`knob_recipe`)."""
-    return Field(None, description=KNOBS[name].description)
+    """A recipe knob as a run field: its declaration in impl/recipe.py (kind, bounds, description), None when not
+    given (the run family's `train` default, `train_defaults`). A rule between knobs is the recipe's own, judged when
+    the run starts (`knob_recipe`)."""
+    merged = FieldInfo.merge_field_infos(KNOBS[name], default=None, json_schema_extra=None)
+    # The knob's own validators (a loss spec's spelling) judge a given value; None is "not given".
+    merged.metadata = [AfterValidator(given_only(m.func)) if isinstance(m, AfterValidator) else m
+                       for m in merged.metadata]
+    return merged
+
+
+def given_only(check: Any) -> Any:
+    return lambda value: value if value is None else check(value)
 
 
 class RunSettings(Declared):
@@ -52,10 +59,23 @@ class RunSettings(Declared):
     eval_sequences: int = Field(2, ge=0, description="Rows held out when no --eval-data is given.")
     steps: int = Field(1000, gt=0, description="Optimizer steps.")
     # > 0: torch's own "Invalid learning rate" would name no setting
-    lr: float = Field(6e-4, gt=0, description="Peak learning rate.")
-    warmup: int = Field(50, ge=0, description="Linear warmup steps before the cosine decay.")
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
+    lr: float = Field(6e-4, gt=0, description="Peak learning rate (AdamW's; Muon's too unless --muon-lr).")
+    warmup: int | None = Field(50, ge=0, description="Linear warmup steps before the decay (none given with "
+                               "--recipe speculators: steps // 100, speculators' rule).")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW's weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="The gradient's norm is clipped to this.")
+    # The optimizers and schedule (`--recipe speculators`: Muon + AdamW, linear; speculators_run_recipe.py).
+    optimizer: Literal["adamw", "muon"] = Field("adamw", description="adamw: AdamW on every parameter; muon: Muon on "
+                                                "the 2-D weight matrices and AdamW on the rest, as speculators trains.")
+    lr_schedule: Literal["cosine", "linear"] = Field("cosine", description="cosine: warmup (k + 1)/warmup, then "
+                                                     "cosine decay to 0.1 of the peak; linear: warmup k/warmup, then "
+                                                     "linear decay to 0 (transformers' get_linear_schedule_with_warmup).")
+    adam_betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW's betas.")
+    muon_lr: float | None = Field(None, gt=0, description="Muon's lr (default: --lr).")
+    muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon's momentum.")
+    muon_weight_decay: float = Field(0.1, ge=0, description="Muon's weight decay.")
+    muon_adjust_lr_fn: Literal["original", "match_rms_adamw"] = Field(
+        "match_rms_adamw", description="Muon's lr adjustment to the matrix shape.")
     batch_size: int = Field(4, gt=0, description="Packed rows per micro-batch, across all ranks.")
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
     seq_len: int = Field(1024, gt=0, description="Packed row length.")
@@ -114,45 +134,5 @@ class RunSettings(Declared):
     ce_from_data: bool | None = recipe_knob("ce_from_data")
 
     @classmethod
-    def refused(cls, field_name: str, message: str) -> Exception:
-        return TrainError(f"{field_name}: {message}")
-
-
-class DecodingSettings(Declared):
-    """The decoding flags `eval` and `compare` take (None: not given), each validated by pydantic before any model
-    loads; a refusal names the flag and what its declaration allows."""
-
-    SUBJECT = "decoding settings"
-
-    max_new_tokens: int | None = Field(None, ge=1, le=1 << 20, description="Tokens per prompt; the bound is beyond "
-                                       "any target's context window.")
-    budget: int | None = Field(None, ge=1, le=1 << 16, description="DDTree node budget (the whole tree is verified "
-                               "in one target pass).")
-    temperature: float | None = Field(None, ge=0, le=100.0, allow_inf_nan=False,
-                                      description="0: greedy; past 100 sampling is already uniform (a typo).")
-    method: Literal["dflash", "ddtree"] | None = Field(None, description="DFlash or DDTree decoding.")
-    mode: Literal["live", "offline"] | None = Field(None, description="Live decoding, or replay from cached "
-                                                                      "hidden states.")
-
-    @model_validator(mode="after")
-    def sampling_needs_live_dflash(self) -> DecodingSettings:
-        if (self.temperature or 0) > 0 and (self.method == "ddtree" or self.mode == "offline"):
-            raise ValueError("--temperature > 0 needs --method dflash --mode live (DDTree and offline replay are "
-                             "greedy)")
-        return self
-
-    @classmethod
-    def refusal(cls, exc: ValidationError, data: dict[str, Any]) -> Exception:
-        """The first refused flag in the order given, in the words `eval` and `compare` have always used."""
-        first = first_error(exc, data)
-        if not first["loc"]:  # the rule between settings
-            return AuditError(str(first["ctx"]["error"]))
-        name = str(first["loc"][0])
-        flag, value, info = f"--{name.replace('_', '-')}", data.get(name), cls.model_fields[name]
-        if choices(info):
-            return AuditError(f"{flag} must be one of {list(choices(info))}, got {value!r}")
-        found = declared_range(cls, name)
-        if base_type(info) is float:
-            return AuditError(f"{flag} must be a finite number between {found['ge']:g} and {found['le']:g}, "
-                              f"got {value}")
-        return AuditError(f"{flag} must be between {found['ge']} and {found['le']}, got {value}")
+    def refused(cls, name: str | None, message: str) -> Exception:
+        return TrainError(f"{name or cls.SUBJECT}: {message}")

@@ -36,24 +36,35 @@ class Declared(BaseModel):
             raise type(self).refusal(exc, data) from None
 
     @classmethod
-    def refused(cls, field_name: str, message: str) -> Exception:
-        return SpecError(field_name, message)
+    def name_of(cls, field_name: str) -> str:
+        """What a refusal calls the setting `field_name`: its own name here, the flag that gives it for a verb's
+        flags (dflash_audit/verb_flags.py)."""
+        return field_name
+
+    @classmethod
+    def refused(cls, name: str | None, message: str) -> Exception:
+        """The error a refusal raises: `name` is the setting's (`name_of`), None for a rule between settings, whose
+        message is whole."""
+        return SpecError(name or cls.SUBJECT, message)
 
     @classmethod
     def refusal(cls, exc: ValidationError, data: dict[str, Any]) -> Exception:
-        """The one error to raise for pydantic's refusal: unknown fields first, then missing ones, then the first
-        bad value in the order given."""
+        """The one wording of pydantic's refusal of any declared settings (a drafter's spec, its recipe, a run's
+        settings, a verb's flags): unknown fields first, then missing ones, then the first bad value in the order
+        given, named as the user gave it (`name_of`)."""
         errors = exc.errors()
         for kind, words in (("extra_forbidden", "unknown"), ("missing", "missing")):
-            names = sorted(str(e["loc"][0]) for e in errors if e["type"] == kind)
+            names = sorted(cls.name_of(str(e["loc"][0])) for e in errors if e["type"] == kind)
             if names:
                 return cls.refused(cls.SUBJECT, f"{words} fields {names}")
         first = first_error(exc, data)
         cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, SpecError):  # a validator's own refusal, already one line naming its field
             return cause
-        name = str(first["loc"][0]) if first["loc"] else cls.SUBJECT
-        return cls.refused(name, problem(cls, name, first))
+        if not first["loc"] or first["loc"][0] not in cls.model_fields:  # a rule between settings: its own words
+            return cls.refused(None, str(cause) if cause is not None else first["msg"])
+        name = str(first["loc"][0])
+        return cls.refused(cls.name_of(name), problem(cls, name, first))
 
 
 def first_error(exc: ValidationError, data: dict[str, Any]) -> ErrorDetails:
@@ -69,11 +80,18 @@ def problem(model: type[Declared], name: str, error: ErrorDetails) -> str:
     if kind in ("value_error", "assertion_error"):
         return str(error["ctx"]["error"])
     if kind == "literal_error":
-        return f"{value!r} not in {list(choices(info))}"
+        return f"must be {choice_words(choices(info))}, got {value!r}"
+    if kind == "too_short":
+        return "is empty"
     if kind == "finite_number":
         return f"must be a finite number, got {value}"
+    if len(error["loc"]) > 1 and kind in BOUND_ERRORS:  # an item of a list, out of the items' range
+        return f"must be {range_words(declared_range(model, name))}, got {value}"
     if len(error["loc"]) > 1:  # an item of a list
-        item = get_args(base_type(info))[0]
+        whole = base_type(info)
+        whole = get_args(whole)[0] if get_origin(whole) is Annotated else whole
+        item = get_args(whole)[0]
+        item = get_args(item)[0] if get_origin(item) is Annotated else item
         return f"item {error['loc'][1]} must be {KIND_WORDS.get(item, 'valid')}, got {value!r}"
     if kind in BOUND_ERRORS:
         found = declared_range(model, name)
@@ -112,8 +130,12 @@ KIND_WORDS = {float: "a number", bool: "true or false", str: "a name", int: "an 
 
 
 def choices(info: FieldInfo) -> tuple[Any, ...]:
-    """The values a Literal setting takes (None aside); () for any other."""
+    """The values a Literal setting (or a list of them) takes (None aside); () for any other."""
     annotation = base_type(info)
+    annotation = get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation
+    if get_origin(annotation) in (list, tuple) and get_args(annotation):
+        annotation = get_args(annotation)[0]
+    annotation = get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation
     return get_args(annotation) if get_origin(annotation) is Literal else ()
 
 
@@ -135,6 +157,7 @@ def declared_range(model: type[Declared], name: str) -> dict[str, float]:
     """{"gt": 0, "le": 1, ...}: the setting's bounds, as pydantic's JSON schema of its Field states them."""
     schema = _adapter(model, name).json_schema()
     for option in schema.get("anyOf", [schema]):
+        option = option.get("items", option)  # a list's items' range
         found = {SCHEMA_BOUNDS[key]: value for key, value in option.items() if key in SCHEMA_BOUNDS}
         if found:
             return found
@@ -159,8 +182,14 @@ def range_words(found: dict[str, float]) -> str:
         return "positive"
     if found == {"ge": 0}:
         return "non-negative"
-    low = f"({found['gt']:g}" if "gt" in found else f"[{found['ge']:g}" if "ge" in found else "(-inf"
-    high = f"{found['lt']:g})" if "lt" in found else f"{found['le']:g}]" if "le" in found else "inf)"
+    if len(found) == 1:  # one bound: said as it is ("at least 1", "at most 16")
+        (kind, bound), = found.items()
+        return {"gt": "greater than", "ge": "at least", "lt": "less than", "le": "at most"}[kind] + f" {bound:g}"
+    def number(value: float) -> str:  # an integer bound as written (65536, never 6.5536e+04)
+        return str(value) if isinstance(value, int) else f"{value:g}"
+
+    low = f"({number(found['gt'])}" if "gt" in found else f"[{number(found['ge'])}" if "ge" in found else "(-inf"
+    high = f"{number(found['lt'])})" if "lt" in found else f"{number(found['le'])}]" if "le" in found else "inf)"
     return f"in {low}, {high}" if found else ""
 
 

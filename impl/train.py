@@ -1,6 +1,8 @@
 """Our online DFlash trainer: the target runs in-process (no grad) and feeds the drafter.
 
-AdamW, linear warmup then cosine decay, gradient clipping, gradient accumulation, fp32 or
+AdamW, linear warmup then cosine decay (or, `--recipe speculators`, speculators' run: Muon on the 2-D weight
+matrices and AdamW on the rest, linear warmup over 1% of the steps then linear decay to 0), gradient clipping,
+gradient accumulation, fp32 or
 bf16 (autocast: fp32 master weights and optimizer state, bf16 matmuls), periodic
 evaluation on held-out rows, atomic `ckpt.pt` checkpoints that resume the same run.
 
@@ -107,9 +109,9 @@ def vocab_mapping(cfg: RunSettings, data: PackedData, target_vocab_size: int) ->
         return d2t
     if cfg.draft_vocab_size is None or cfg.draft_vocab_size == target_vocab_size:
         return None
-    if cfg.draft_vocab_size > target_vocab_size:  # its lower bound is its declaration's (RunSettings)
-        raise TrainError(f"--draft-vocab-size must be in 1..{target_vocab_size} (the target's vocabulary), "
-                         f"got {cfg.draft_vocab_size}")
+    if cfg.draft_vocab_size > target_vocab_size:  # its lower bound is its declaration's; this one the target's
+        raise TrainError(f"--draft-vocab-size {cfg.draft_vocab_size}: larger than the target's vocabulary of "
+                         f"{target_vocab_size} tokens")
     freq = count_token_frequencies(zip(data.input_ids, data.loss_mask))
     return mapping_from_frequencies(freq, cfg.draft_vocab_size, target_vocab_size)
 
@@ -147,6 +149,10 @@ def make_recipe(cfg: RunSettings, num_target_layers: int, digest: str) -> Recipe
     source = None if recipe.verifier_source_layer == final_layer(num_target_layers) else recipe.verifier_source_layer
     schedule = {k: getattr(cfg, k) for k in ("steps", "lr", "warmup", "weight_decay", "grad_clip", "batch_size",
                                              "grad_accum", "seq_len", "dtype", "seed")}
+    if cfg.optimizer != "adamw" or cfg.lr_schedule != "cosine":  # an AdamW-cosine run's record is as it always was
+        schedule.update({k: getattr(cfg, k) for k in ("optimizer", "lr_schedule", "muon_lr", "muon_momentum",
+                                                      "muon_weight_decay", "muon_adjust_lr_fn")},
+                        adam_betas=list(cfg.adam_betas))
     return recipe.replace(verifier_source_layer=source, data_hash=digest, extra={**schedule, **cfg.extra})
 
 
@@ -194,6 +200,80 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def linear_factor(step: int, warmup: int, total: int) -> float:
+    """Warmup from 0 (step / warmup), then linear decay to 0 at `total`: the schedule speculators' trainer runs
+    (transformers' get_linear_schedule_with_warmup; conformance holds the two equal)."""
+    if step < warmup:
+        return step / max(1, warmup)
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+def warmup_steps(cfg: RunSettings, total: int) -> int:
+    """--warmup, or none given: speculators' rule, 1% of the total (total // 100)."""
+    return cfg.warmup if cfg.warmup is not None else total // 100
+
+
+def muon_split(drafter: torch.nn.Module, vocab_size: int) -> tuple[list, list]:
+    """(Muon's parameters, AdamW's): Muon takes the trainable 2-D weight matrices of linear layers, except a
+    vocabulary-wide one (a head: as wide as the vocabulary, which no drafter layer is) and vectors ([1, N]); AdamW the
+    rest (norms, biases, embeddings, heads), as speculators' split_named_params_for_muon does by name
+    (tests/test_trace_run.py holds the two equal on our drafter)."""
+    matrices, rest = [], []
+    for module in drafter.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            matrix = isinstance(module, torch.nn.Linear) and name == "weight" and p.dim() == 2 and \
+                min(p.shape) > 1 and vocab_size not in p.shape
+            (matrices if matrix else rest).append(p)
+    return matrices, rest
+
+
+class Stepped:
+    """The run's optimizers (or their schedulers) stepped together; one is saved as itself (the checkpoints of
+    the AdamW runs keep their format), several as a list."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+
+    def step(self) -> None:
+        for part in self.parts:
+            part.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return self.parts[0].state_dict() if len(self.parts) == 1 else {"parts": [p.state_dict() for p in self.parts]}
+
+    def load_state_dict(self, state: dict) -> None:
+        states = state["parts"] if len(self.parts) > 1 and "parts" in state else [state]
+        if len(states) != len(self.parts):
+            raise TrainError(f"cannot resume: the checkpoint holds {len(states)} optimizer states, this run has "
+                             f"{len(self.parts)}")
+        for part, part_state in zip(self.parts, states):
+            part.load_state_dict(part_state)
+
+
+def make_optimizers(cfg: RunSettings, drafter: torch.nn.Module, vocab_size: int, schedule: dict) -> tuple:
+    """(optimizers, schedulers): AdamW on everything, or Muon + AdamW; each with the run's schedule."""
+    if cfg.optimizer == "muon":
+        matrices, rest = muon_split(drafter, vocab_size)
+        parts = [torch.optim.Muon(matrices, lr=cfg.muon_lr or cfg.lr, momentum=cfg.muon_momentum,
+                                  weight_decay=cfg.muon_weight_decay, adjust_lr_fn=cfg.muon_adjust_lr_fn)] \
+            if matrices else []
+        if rest:
+            parts.append(torch.optim.AdamW(rest, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.adam_betas))
+    else:
+        parts = [torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                   betas=cfg.adam_betas)]
+    factor = linear_factor if cfg.lr_schedule == "linear" else lr_factor
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(
+        o, lambda step: factor(step, warmup_steps(cfg, schedule["total"]), schedule["total"])) for o in parts]
+    return Stepped(parts), Stepped(schedulers)
 
 
 # -- distributed ---------------------------------------------------------------------------
@@ -287,8 +367,8 @@ class Run:
     eval_data: PackedData | None
     target: torch.nn.Module
     drafter: DFlashDrafter
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
+    optimizer: Stepped  # AdamW, or Muon + AdamW
+    scheduler: Stepped  # one LambdaLR per optimizer
     schedule: dict  # {"total": steps}; a time budget may shrink it
     device: torch.device
 
@@ -312,10 +392,8 @@ def set_up(cfg: RunSettings, device: torch.device) -> Run:
     drafter = DFlashDrafter(spec).to(device)
     if d2t is not None:  # its head: the target head's rows of the mapped ids, frozen (speculators)
         drafter.set_vocab_mapping(d2t.to(device), output_head(target))
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     schedule = {"total": cfg.steps}
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, cfg.warmup, schedule["total"]))
+    optimizer, scheduler = make_optimizers(cfg, drafter, target_config.vocab_size, schedule)
     return Run(spec, recipe, train_data, eval_data, target, drafter, optimizer, scheduler, schedule, device)
 
 

@@ -12,11 +12,11 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dflash_world.target_training import random_qwen3
+from impl.offline.walks import ROUNDING_ULPS
 from impl.spec import DraftSpec
 
-# A target state computed in another shape of forward (one query against a KV cache, a row of a padded batch, a
-# verified block or tree) is within this many ulps of its dtype at its layer's scale: sums round apart.
-ULPS = 8
+# A target state computed in another shape of forward is within this many ulps of its dtype (impl/offline/walks.py).
+ULPS = ROUNDING_ULPS
 
 # Training text for the tiny worlds: short, repetitive, tokenizer-friendly.
 TEXTS = [f"def add_{i}(x, y):\n    total = x + y * {i}\n    return total\n" for i in range(24)]
@@ -66,18 +66,17 @@ def world_drafter(world, layer_ids, seed):
 def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budget: int, recipe=None):
     """Save `ours` as ckpt.pt (with `recipe`) and `ref` as a z-lab dir, then `compare` them on the world."""
     from dflash_audit.audit.compare import run_compare
+    from dflash_audit.flags.compare import CompareFlags
     from dflash_world.suite_placement import audit_device
     from drafter_files.checkpoint import save_checkpoint
-    from foundation.placement import resolve_placement
     from drafter_files.zlab_format import save_zlab_dir
 
     save_checkpoint(tmp_path / "ours.pt", ours, recipe=recipe)
     save_zlab_dir(tmp_path / "ref", ref.spec, ref.state_dict())
     # As `compare --device <the suite's> --dtype auto` places it: the world's target in its declared dtype.
-    placement = resolve_placement(str(audit_device()), "auto", target_dir=world.target)
-    return run_compare(tmp_path / "ours.pt", tmp_path / "ref", target=world.target, prompts=world.prompts, out=out,
-                       max_new_tokens=max_new_tokens, budget=budget, cache_dir=tmp_path / "offline",
-                       placement=placement)
+    return run_compare(CompareFlags(ours=tmp_path / "ours.pt", ref=tmp_path / "ref", target=world.target,
+                                    prompts=world.prompts, out=out, max_new_tokens=max_new_tokens, budget=budget,
+                                    cache_dir=tmp_path / "cache", device=str(audit_device())))
 
 
 def load_trained_pair(world, loss: str = "kl_div", family: str = "dflash"):

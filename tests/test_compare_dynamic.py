@@ -68,6 +68,14 @@ def test_tau_measured_per_prompt_for_both(test_world, tmp_path):
     assert exactness is None or ("near-ties" in exactness and dtype_name(audit_dtype()) in exactness)
     ddtree = report.dynamic.methods["ddtree"]
     assert ddtree.budget == 8 and all(p.ours_rounds for p in ddtree.prompts)
+    # τ along the context, per method and side, beside the target's greedy agreement; a curve in the HTML.
+    for method, result in data["tau"]["methods"].items():
+        for side in ("ours", "ref"):
+            along = result["along_context"][side]
+            assert sum(b["rounds"] for b in along["by_position"]) == sum(len(p[f"{side}_rounds"])
+                                                                         for p in result["prompts"])
+            assert any(b["agreement"] is not None for b in along["by_position"])
+    assert 'class="chart along-chart"' in (tmp_path / "out" / "index.html").read_text()
     assert any(f.component == "tau" for f in report.findings)
 
 

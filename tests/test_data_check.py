@@ -196,10 +196,16 @@ def test_hostile_and_corrupt_records_are_one_line_and_exit_2(world, tmp_path, ca
     target, model, tokenizer = world
     hostile = tmp_path / "hostile"
     hostile.mkdir()
-    (hostile / "x.ckpt").write_bytes(pickle.dumps({"input_ids": Payload()}))
-    assert main(["data-check", str(hostile), "--target", str(target), "--out", str(tmp_path / "r1")]) == 2
-    line = capsys.readouterr().err.strip()
-    assert "\n" not in line and "weights_only=True" in line and "x.ckpt" in line
+    for name, write in (("x.ckpt", lambda p: p.write_bytes(pickle.dumps({"input_ids": Payload()}))),
+                        ("y.ckpt", lambda p: torch.save({"input_ids": Payload()}, p))):
+        (hostile / name).unlink(missing_ok=True)
+        for other in hostile.iterdir():
+            other.unlink()
+        write(hostile / name)
+        assert main(["data-check", str(hostile), "--target", str(target), "--out", str(tmp_path / "r1")]) == 2
+        line = capsys.readouterr().err.strip()
+        assert "\n" not in line and "weights_only=True" in line and name in line, line
+    assert "posix.system" in line  # torch's own refusal of the payload's global, named
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "hs_0.safetensors").write_bytes(b"\xff" * 16)
@@ -212,4 +218,24 @@ def test_hostile_and_corrupt_records_are_one_line_and_exit_2(world, tmp_path, ca
     assert main(["data-check", str(corrupt), "--target", str(target), "--layer-ids", "2,x", *out]) == 2
     assert main(["data-check", str(corrupt), "--target", str(target), "--records", "0", *out]) == 2
     err = capsys.readouterr().err
-    assert "--layer-ids '2,x'" in err and "--records must be" in err
+    assert "--layer-ids: '2,x'" in err and "--records: must be" in err
+
+
+def test_speculators_layout_reads_its_table_and_holds_the_files_to_it(world, tmp_path):
+    """speculators' output folder: the `datasets` table (input_ids, loss_mask per row) with hidden_states/ inside;
+    a file whose token ids are not its row's is the sample speculators' loader drops."""
+    from datasets import Dataset
+
+    target, model, tokenizer = world
+    folder = tmp_path / "speculators"
+    write_vllm(folder / "hidden_states", model, tokenizer, count=3)
+    rows = sequences(tokenizer, 3)
+    table = {"input_ids": [ids if i != 2 else ids[::-1] for i, ids in enumerate(rows)],
+             "loss_mask": [[0] * 8 + [1] * (len(ids) - 8) for ids in rows], "seq_len": [len(ids) for ids in rows]}
+    Dataset.from_dict(table).save_to_disk(str(tmp_path / "table"))
+    for entry in (tmp_path / "table").iterdir():
+        entry.rename(folder / entry.name)
+    status, report = check(folder, target, "--layer-ids", ",".join(map(str, CLAIM)))
+    assert status == 1 and keys(report) == {"token_ids_mismatch": ["hs_2.safetensors"]}, report["findings"]
+    assert report["facts"]["layout"] == "speculators"
+    assert report["records"][0]["loss_mask"]["supervised"] == len(rows[0]) - 8

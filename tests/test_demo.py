@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash_audit.flags.demo import DemoFlags
 from dflash_audit.demo import KEY_FILE, DemoConfig, demo_key, prepare_cache, run_demo
 from dflash_world import TEST_TARGET
 from foundation.errors import AuditError
@@ -33,7 +34,7 @@ def reduced_demo_cache(test_world, cache, **overrides) -> DemoConfig:
 def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path):
     cache = tmp_path / "demo"
     config = reduced_demo_cache(test_world, cache)
-    report = run_demo(cache, out=tmp_path / "report", config=config)
+    report = run_demo(DemoFlags(world_dir=cache, out=tmp_path / "report"), config=config)
 
     data = json.loads((tmp_path / "report" / "report.json").read_text())
     divergent = sorted((f["component"], f["key"]) for f in data["findings"]
@@ -53,7 +54,7 @@ def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path
 
     # A second run reuses every cached artefact: nothing is retrained.
     stamps = {p: p.stat().st_mtime_ns for p in (cache / "ours.pt", cache / "ref" / "model.safetensors")}
-    run_demo(cache, out=tmp_path / "report", config=config)
+    run_demo(DemoFlags(world_dir=cache, out=tmp_path / "report"), config=config)
     assert all(p.stat().st_mtime_ns == stamp for p, stamp in stamps.items())
 
 
@@ -62,7 +63,7 @@ def test_reduced_dflash2_demo_names_the_planted_divergences_and_its_own(test_wor
     """The second act: the same three bugs on a DFlash2 pair, plus sliding blocks trained causal."""
     cache = tmp_path / "demo-dflash2"
     config = reduced_demo_cache(test_world, cache, draft_layers=2, family="dflash2", sliding_window=32)
-    run_demo(cache, out=tmp_path / "report", config=config)
+    run_demo(DemoFlags(world_dir=cache, out=tmp_path / "report"), config=config)
 
     data = json.loads((tmp_path / "report" / "report.json").read_text())
     divergent = sorted((f["component"], f["key"]) for f in data["findings"]
@@ -73,8 +74,8 @@ def test_reduced_dflash2_demo_names_the_planted_divergences_and_its_own(test_wor
 
 
 def test_an_unknown_demo_family_is_refused_before_anything_is_built(tmp_path):
-    with pytest.raises(AuditError, match="--family must be one of"):
-        run_demo(tmp_path / "cache", out=tmp_path / "report", config=DemoConfig(family="dflash3"))
+    with pytest.raises(AuditError, match="^--family: must be dflash or dflash2, got 'dflash3'$"):
+        run_demo(DemoFlags(world_dir=tmp_path / "cache", out=tmp_path / "report", family="dflash3"))
     assert not (tmp_path / "cache").exists()
 
 

@@ -179,12 +179,14 @@ def test_a_dflash2_spec_with_half_its_fields_is_refused_by_name():
 def test_compare_a_trained_dflash2_drafter_with_its_zlab_twin_on_the_world(tmp_path, test_world):
     """Dynamic compare on DFlash2: τ per prompt through the selector, equal for the identical pair; DDTree n/a."""
     from dflash_audit.audit.compare import run_compare
+    from dflash_audit.flags.compare import CompareFlags
     from dflash_world.drafter import cached_dflash2_drafter
 
     ckpt = cached_dflash2_drafter(test_world)
     convert(ckpt, tmp_path / "zlab", "zlab")
-    report = run_compare(ckpt, tmp_path / "zlab", target=test_world.target, prompts=test_world.prompts,
-                         out=tmp_path / "out", max_new_tokens=32, budget=8, cache_dir=tmp_path / "offline")
+    report = run_compare(CompareFlags(ours=ckpt, ref=tmp_path / "zlab", target=test_world.target,
+                                      prompts=test_world.prompts, out=tmp_path / "out", max_new_tokens=32, budget=8,
+                                      cache_dir=tmp_path / "cache"))
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert set(data["tau"]["methods"]) == {"dflash"}
     assert all(p["ours_rounds"] == p["ref_rounds"] for p in data["tau"]["prompts"])

@@ -161,11 +161,13 @@ def written(test_world, tmp_path_factory):
 def test_speculators_written_reduced_drafter_and_its_zlab_twin_have_no_finding_and_equal_tau(test_world, written,
                                                                                                  tmp_path):
     from dflash_audit.audit.compare import run_compare
+    from dflash_audit.flags.compare import CompareFlags
 
     root, d2t = written
     assert set(load_file(root / "spec" / "model.safetensors")) >= {"d2t", "t2d", "lm_head.weight"}
-    report = run_compare(root / "spec", root / "zlab", target=test_world.target, prompts=test_world.prompts,
-                         out=tmp_path / "out", max_new_tokens=24, budget=8, cache_dir=root / "offline")
+    report = run_compare(CompareFlags(ours=root / "spec", ref=root / "zlab", target=test_world.target,
+                                      prompts=test_world.prompts, out=tmp_path / "out", max_new_tokens=24, budget=8,
+                                      cache_dir=root))
     assert [(f.component, f.key) for f in report.findings if f.severity != "info"] == []
     assert not [f for f in report.findings if f.component == "draft_vocab"]
     data = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -177,6 +179,7 @@ def test_speculators_written_reduced_drafter_and_its_zlab_twin_have_no_finding_a
 
 def test_twin_with_another_mapping_is_one_draft_vocab_finding_naming_the_ids(written, test_world, tmp_path):
     from dflash_audit.audit.compare import run_compare
+    from dflash_audit.flags.compare import CompareFlags
 
     root, d2t = written
     tensors = load_file(root / "zlab" / "model.safetensors")
@@ -193,8 +196,9 @@ def test_twin_with_another_mapping_is_one_draft_vocab_finding_naming_the_ids(wri
     assert "3 target id(s)" in finding.message and finding.ours == {"only_ours": 3}
     assert next(r for r in result.tensor_rows if r.key == "d2t").explained_by == "draft_vocab"
     # compare with τ: still that one finding, now with the share of the target's tokens each side can propose
-    report = run_compare(root / "spec", tmp_path / "twin", target=test_world.target, prompts=test_world.prompts,
-                         out=tmp_path / "out", max_new_tokens=24, budget=8, cache_dir=root / "offline")
+    report = run_compare(CompareFlags(ours=root / "spec", ref=tmp_path / "twin", target=test_world.target,
+                                      prompts=test_world.prompts, out=tmp_path / "out", max_new_tokens=24, budget=8,
+                                      cache_dir=root))
     vocab = [f for f in report.findings if f.component == "draft_vocab"]
     assert [(f.key, f.severity) for f in vocab] == [("mapping", "divergence")]
     assert set(vocab[0].raw["proposable_share"]) == {"ours", "ref"} and "generated tokens" in vocab[0].message
@@ -223,10 +227,11 @@ def test_reduced_drafter_with_its_mapping_stripped_is_one_divergence(written, te
     assert "reduced head of 512 tokens has no usable draft-to-target map (no d2t mapping)" in err
     if strip_config:  # compare with τ: still the one divergence; the stripped side is not run as something else
         from dflash_audit.audit.compare import run_compare
+        from dflash_audit.flags.compare import CompareFlags
 
-        report = run_compare(tmp_path / "stripped", root / "zlab", target=test_world.target,
-                             prompts=test_world.prompts, out=tmp_path / "out", max_new_tokens=24, budget=8,
-                             cache_dir=root / "offline")
+        report = run_compare(CompareFlags(ours=tmp_path / "stripped", ref=root / "zlab", target=test_world.target,
+                                          prompts=test_world.prompts, out=tmp_path / "out", max_new_tokens=24,
+                                          budget=8, cache_dir=root))
         assert [(f.component, f.key) for f in report.divergences] == [("draft_vocab", "mapping of ours")]
         assert any(f.key == "not measured (ours)" and "draft-to-target map" in f.message for f in report.findings)
         assert report.dynamic.not_measured["ours"] in err
@@ -278,8 +283,8 @@ def test_train_with_a_reduced_vocabulary_and_with_a_d2t_file(tiny_world, tmp_pat
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--draft-vocab-size", "0"], "--draft-vocab-size must be a positive"),
-    (["--draft-vocab-size", "100000"], "--draft-vocab-size must be in 1.."),
+    (["--draft-vocab-size", "0"], "--draft-vocab-size: must be a positive"),
+    (["--draft-vocab-size", "100000"], "--draft-vocab-size 100000: larger than the target's vocabulary of"),
     (["--d2t", "{tmp}/missing.npy"], "--d2t"),
     (["--d2t", "{tmp}/bad.npy"], "--d2t"),
     (["--d2t", "{tmp}/outside.npy"], "outside the target vocabulary"),

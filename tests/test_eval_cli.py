@@ -10,7 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from dflash_audit.cli import main
-from dflash_audit.prompts import load_prompts, tokenize_prompt, uses_chat_template
+from dflash_audit.prompts import load_prompts, tokenize_prompt
+from foundation.chat_template import ChatTemplate
 from dflash_world.drafter import cached_test_drafter
 from dflash_world.suite_placement import audit_dtype
 from foundation.errors import AuditError
@@ -57,6 +58,14 @@ def test_eval_live_and_offline_agree_and_write_the_json_shape(eval_inputs, tmp_p
         assert payload["mean_tau"] == pytest.approx(sum(p["tau"] for p in payload["prompts"]) / len(ids))
     for method in ("dflash", "ddtree"):
         assert results[method, "live"]["prompts"] == results[method, "offline"]["prompts"]
+    # τ along the context: every round in a position bin, the drafter's marks from its checkpoint and recipe.
+    along = live["along_context"]
+    assert along["schema"] == "dflash-audit/tau-along-context/1" and along["bin_tokens"] == 256
+    assert sum(b["rounds"] for b in along["by_position"]) == sum(len(p["rounds"]) for p in live["prompts"])
+    assert sum(b["tokens"] for b in along["by_position"]) == sum(sum(p["rounds"]) for p in live["prompts"])
+    assert along["marks"]["sliding_window"] == 48 and along["marks"]["trained_length"] == 256
+    assert all(0 <= b["agreement"] <= 1 for b in along["by_position"] if b["agreement"] is not None)
+    assert "τ along the context (256-token bins; sliding window 48" in table
 
 
 def test_bad_prompt_line_is_one_line_error_with_file_and_line(eval_inputs, tmp_path, capsys):
@@ -90,16 +99,16 @@ def test_prompt_formats_and_chat_template(test_world, tmp_path):
         load_prompts(path)
 
     tokenizer = AutoTokenizer.from_pretrained(test_world.target)
-    plain = tokenize_prompt(tokenizer, "def f():", "off")
+    plain = tokenize_prompt(tokenizer, "def f():", ChatTemplate.parse("off"))
     assert plain[0].tolist() == tokenizer("def f():")["input_ids"]
     tokenizer.chat_template = "{% for m in messages %}<user>{{ m['content'] }}</user>{% endfor %}<bot>"
-    assert uses_chat_template(tokenizer, "auto") and not uses_chat_template(tokenizer, "off")
-    templated = tokenize_prompt(tokenizer, "def f():", "auto")
+    assert ChatTemplate.parse("auto").template(tokenizer) and ChatTemplate.parse("off").template(tokenizer) is None
+    templated = tokenize_prompt(tokenizer, "def f():")
     expected = tokenizer("<user>def f():</user><bot>", add_special_tokens=False)["input_ids"]
     assert templated[0].tolist() == expected
     tokenizer.chat_template = None
     with pytest.raises(AuditError, match="no chat template"):
-        uses_chat_template(tokenizer, "on")
+        tokenize_prompt(tokenizer, "def f():", ChatTemplate.parse("on"))
 
 
 @pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85"])

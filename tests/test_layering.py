@@ -9,7 +9,8 @@ back edge fails here, in CI. Inside the packages no two modules import each othe
 
 `dflash_audit` is itself layered by its sub-packages and modules (`SUBLAYERS`): the entry point, then the verbs
 (`commands/`: parse flags, call one function, print), the demo and the generated pages, `trace` (a training step recorded and audited), the audit, conversion, τ and training,
-the rounds core (every source of rounds held to the replay), the output checks, the formats, and the shared helpers; none imports one above or beside it, so the audit never
+the rounds core (every source of rounds held to the replay), each verb's flags declared as one model (`flags/`, which
+the verbs, the audit, tests and benchmarks build), the output checks, the formats, and the shared helpers; none imports one above or beside it, so the audit never
 imports a verb. Nothing but the CLI imports a verb, tests and benchmarks included: they call what the verb runs.
 """
 
@@ -34,7 +35,7 @@ LAYERS = (("foundation", "catalogue"), ("impl",), ("drafter_files",), ("dflash_w
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 # Inside a package, highest first: each group is a sub-package or a module of it (`dflash_audit.<group>`).
 SUBLAYERS = {"dflash_audit": (("__main__",), ("cli",), ("commands",), ("demo", "serving_readme", "families_readme"),
-                              ("data_check",), ("trace",), ("audit",), ("conversion", "offline_tau", "tau", "training", "vllm_states"), ("rounds",), ("outputs",), ("formats",),
+                              ("data_check",), ("trace",), ("audit",), ("conversion", "offline_tau", "tau", "training", "vllm_states"), ("rounds",), ("flags",), ("outputs",), ("formats",),
                               ("faults", "progress", "prompts", "ranks"))}
 SUBRANK = {package: {name: -rank for rank, names in enumerate(groups) for name in names}
            for package, groups in SUBLAYERS.items()}

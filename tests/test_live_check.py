@@ -142,6 +142,7 @@ def test_serve_check_live_report(live, tmp_path, monkeypatch):
     headless Chromium (the engine's result reused: one engine process per test session)."""
     import dflash_audit.audit.live_check as live_module
     from dflash_audit.audit.serving import run_serve_check
+    from dflash_audit.flags.serve_check import ServeCheckFlags
     from tests.helpers import live_records
 
     sections, world = live
@@ -149,7 +150,8 @@ def test_serve_check_live_report(live, tmp_path, monkeypatch):
     monkeypatch.setattr(live_module, "live_check",
                         lambda drafters, *a, **k: {"drafter": live_records(sections["zlab"])})
     out = tmp_path / "report"
-    status = run_serve_check(zlab_dir, ["vllm"], world.target, json_path=tmp_path / "s.json", out=out, live=True)
+    status = run_serve_check(ServeCheckFlags(drafter=zlab_dir, engine=["vllm"], target=world.target,
+                                             json_path=tmp_path / "s.json", out=out, live=True))
     data = json.loads((tmp_path / "s.json").read_text())
     served = data["serving"]["vllm"]["live"]
     assert {"engine", "version", "python", "command", "greedy_identical", "prompts", "per_position",
@@ -172,14 +174,15 @@ def test_compare_live_findings_set_its_exit_status(live, tmp_path, monkeypatch):
     counts them (the engine's result reused; both sides identical, so no audit divergence)."""
     import dflash_audit.audit.live_check as live_module
     from dflash_audit.audit.compare import run_compare
+    from dflash_audit.flags.compare import CompareFlags
     from tests.helpers import live_records
 
     sections, world = live
     zlab_dir = Path(sections["zlab"]["served_path"])
     monkeypatch.setattr(live_module, "live_check",
                         lambda drafters, *a, **k: {side: live_records(sections["zlab"]) for side in drafters})
-    report = run_compare(zlab_dir, zlab_dir, world.target, static_only=True, out=tmp_path / "r", serve=["vllm"],
-                         live=True)
+    report = run_compare(CompareFlags(ours=zlab_dir, ref=zlab_dir, target=world.target, static_only=True,
+                                      out=tmp_path / "r", serve=["vllm"], live=True))
     assert report.divergences == [] and report.exit_status == 1
     live_fields = {f["field"] for f in report.serving["ours"]["vllm"]["findings"] if f["severity"] == "divergence"}
     assert "live:target_layer:3" in live_fields

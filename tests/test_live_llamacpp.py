@@ -146,6 +146,7 @@ def serve_all(test_world, llamacpp_full_gguf: Path, tmp_path_factory):
 
     from dflash_audit.audit.live_llamacpp import live_llamacpp
     from dflash_audit.audit.serving import run_serve_check
+    from dflash_audit.flags.serve_check import ServeCheckFlags
     from dflash_audit.cli import main
     from dflash_world.drafter import cached_full_drafter, cached_test_drafter
     from drafter_files.checkpoint import load_checkpoint
@@ -167,8 +168,9 @@ def serve_all(test_world, llamacpp_full_gguf: Path, tmp_path_factory):
     served = live_llamacpp(gguf, test_world.target, prompts, TOKENS, plants=plants, workdir=root / "f32")
     # q4_k_m through `serve-check --live --quant q4_k_m` itself: its section is the one its report wrote.
     report = root / "q4-report"
-    status = run_serve_check(root / "full-1-2", ["llamacpp"], Path(test_world.target), out=report, live=True,
-                             prompts=prompts, max_new_tokens=TOKENS, quant="q4_k_m")
+    status = run_serve_check(ServeCheckFlags(drafter=root / "full-1-2", engine=["llamacpp"], target=test_world.target,
+                                             out=report, live=True, prompts=prompts, max_new_tokens=TOKENS,
+                                             quant="q4_k_m"))
     written = json.loads((report / "serving.json").read_text())
     quantized = written["serving"]["llamacpp"].pop("live")
     quantized["report"] = {"exit_status": status, "json": written, "page": (report / "index.html").read_text()}

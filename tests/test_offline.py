@@ -19,7 +19,7 @@ from impl.offline import (
     load_or_build_cache,
     offline_rounds,
 )
-from impl.offline.walks import Parting, explain_parting
+from impl.offline.walks import Parting, explain_parting, unexplained_partings
 from foundation.placement import target_device
 from impl.offline.cache import target_dtype
 from tests.helpers import ULPS, tiny_spec
@@ -59,13 +59,9 @@ def replay_against_live(models, target, cache, prompts, stop_ids,
 
 
 def unexplained(partings: list[Parting], dtype: torch.dtype) -> list[str]:
-    """The partings the rounding of the target's states does not account for. float32: every one (the walks
-    agree). Below it, each parting must be a drafter near-tie: fed the live loop's own features the replay walks
-    every round as the live loop did, those features are within the dtype's rounding (ULPS) of the cache's, and
-    the deciding gap of the parting round is within what that difference moves the drafter's scores."""
-    if dtype == torch.float32:
-        return [p.mismatch.describe() for p in partings]
-    return [p.describe() for p in partings if not (p.near_tie and p.feature_ulps <= ULPS)]
+    """The partings the rounding of the target's states does not account for: the product's one rule
+    (`impl.offline.walks.unexplained_partings`), which the benches judge by too."""
+    return unexplained_partings(partings, dtype)
 
 
 def test_replay_mask_is_the_inference_mask_of_each_block():

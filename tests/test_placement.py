@@ -14,11 +14,13 @@ from transformers import AutoConfig
 
 from dflash_audit.cli import main
 from dflash_audit.audit.eval import run_eval
+from dflash_audit.flags.compare import CompareFlags
+from dflash_audit.flags.eval import EvalFlags
 from dflash_audit.progress import PlainProgress, TokenCount
 from dflash_world.drafter import cached_test_drafter
 from dflash_world.suite_placement import audit_dtype
 from foundation.errors import AuditError
-from foundation.placement import CPU_FLOAT32, Placement, parse_dtype_list, resolve_placement
+from foundation.placement import CPU_FLOAT32, Placement, resolve_placement
 from foundation.target import load_target_model
 from drafter_files.checkpoint import load_checkpoint
 from impl.memory_plan import GB, check_plan, plan_memory, target_bytes
@@ -35,7 +37,7 @@ def test_auto_is_cuda_when_there_is_one_and_the_targets_own_dtype(test_world):
     # Under torchrun each rank takes GPU LOCAL_RANK.
     assert resolve_placement(env=TORCHRUN_RANK_1, cuda_count=2).device == torch.device("cuda", 1)
     assert resolve_placement("cuda:1", "bfloat16", cuda_count=2).dtype == torch.bfloat16
-    assert parse_dtype_list("bfloat16, float32") == ["bfloat16", "float32"]
+    assert CompareFlags(ours="a", ref="b", dtype="bfloat16, float32").dtype == ["bfloat16", "float32"]
 
 
 def test_the_dtype_a_config_declares_or_does_not(test_world, tmp_path):
@@ -58,15 +60,23 @@ def test_the_dtype_a_config_declares_or_does_not(test_world, tmp_path):
 
 @pytest.mark.parametrize("kwargs, env, message", [
     (dict(device="cuda"), {}, "no CUDA device is available here"),
-    (dict(device="tpu"), {}, "--device must be auto, cpu, cuda or cuda:N"),
-    (dict(dtype="fp8"), {}, "--dtype must be auto or one of bfloat16, float16, float32"),
-    (dict(device_map="balanced"), {}, "--device-map must be auto"),
     (dict(device_map="auto"), TORCHRUN_RANK_1, "use one or the other"),
     (dict(device="cuda:0"), TORCHRUN_RANK_1, "every rank would use the same GPU"),
 ])
 def test_bad_placement_flags_are_one_line_errors(kwargs, env, message):
     with pytest.raises(AuditError, match=message):
         resolve_placement(env=env, cuda_count=0 if kwargs.get("device") == "cuda" else 2, **kwargs)
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--device", "tpu", "--device: must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    ("--dtype", "fp8", "--dtype: must be one of auto, bfloat16, float16, float32, got 'fp8'"),
+    ("--dtype", "bfloat16,bfloat16", "--dtype: names bfloat16 twice"),
+    ("--device-map", "balanced", "--device-map: must be auto, got 'balanced'"),
+])
+def test_bad_placement_flags_are_refused_by_their_declaration(capsys, flag, value, message):
+    assert main(["compare", "--ours", "a", "--ref", "b", flag, value]) == 2
+    assert capsys.readouterr().err.strip() == f"dflash-audit: error: {message}"
 
 
 def test_cuda_without_a_gpu_exits_2_with_one_line(test_world, capsys):
@@ -116,7 +126,8 @@ def test_eval_refuses_before_the_target_loads(test_world, tmp_path, monkeypatch)
 
     monkeypatch.setattr("foundation.target.load_target_model", no_target)
     with pytest.raises(AuditError, match="memory plan does not fit.*the host has 0.00 GB available"):
-        run_eval(cached_test_drafter(test_world), test_world.target, test_world.prompts, max_new_tokens=8,
+        run_eval(EvalFlags(drafter=cached_test_drafter(test_world), target=test_world.target,
+                           prompts=[str(test_world.prompts)], max_new_tokens=8, device="cpu"),
                  memory={"free_on_host": 1000, "cuda_count": 0})
 
 

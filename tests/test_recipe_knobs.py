@@ -94,7 +94,7 @@ def test_the_format_vocabulary_reads_every_knob_by_its_declared_names_and_type()
     ("selector_loss_alpha", -1, "selector_loss_alpha: must be non-negative, got -1"),
     ("loss_fn", "mse", "loss_fn: 'mse' is not one of ['kl_div', 'ce', 'tv'] nor a JSON dict of them to weights"),
     ("loss_fn", '{"ce": 0.1, "mse": 0.9}', """loss_fn: '{"ce": 0.1, "mse": 0.9}': 'mse' not in ['kl_div', 'ce', 'tv']"""),
-    ("per_position_loss_weight", "uniform", "per_position_loss_weight: 'uniform' not in ['fixed-exp-decay', 'dpace']"),
+    ("per_position_loss_weight", "uniform", "per_position_loss_weight: must be fixed-exp-decay or dpace, got 'uniform'"),
 ])
 def test_each_range_check_and_its_message_come_from_the_declaration(name, value, message):
     with pytest.raises(SpecError) as caught:

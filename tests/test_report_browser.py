@@ -40,7 +40,7 @@ def test_report_renders_in_chromium(test_world, tmp_path):
     console_errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and "ERROR" in line.upper()]
     assert not console_errors, console_errors
     assert 'data-component="fc_dims"' in dom.stdout and 'data-component="recipe"' in dom.stdout
-    for chart in ("tau-chart", "histogram", "position-chart"):
+    for chart in ("tau-chart", "histogram", "position-chart", "along-chart"):
         assert re.search(rf'class="chart {chart}"', dom.stdout), chart
     assert dom.stdout.count("<rect") >= 2 * len(report.dynamic.methods["dflash"].prompts)
 
@@ -54,13 +54,14 @@ def test_serving_section_renders_for_both_drafters(tmp_path, spec, drafter):
     """`compare --serve` (what the demo runs): the serving section of each drafter, each engine, in Chromium.
     Static only (no target): seconds."""
     from dflash_audit.audit.compare import run_compare
+    from dflash_audit.flags.compare import CompareFlags
     from drafter_files.checkpoint import save_checkpoint
     from drafter_files.zlab_format import save_zlab_dir
 
     save_checkpoint(tmp_path / "ours.pt", drafter)
     save_zlab_dir(tmp_path / "ref", spec, drafter.state_dict())
     out = tmp_path / "report"
-    run_compare(tmp_path / "ours.pt", tmp_path / "ref", out=out, serve=["vllm", "sglang"])
+    run_compare(CompareFlags(ours=tmp_path / "ours.pt", ref=tmp_path / "ref", out=out, serve=["vllm", "sglang"]))
     dom = chromium("--dump-dom", (out / "index.html").resolve().as_uri(), user_data_dir=tmp_path / "profile")
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert 'data-script-errors="0"' in dom.stdout

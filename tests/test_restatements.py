@@ -669,7 +669,10 @@ def test_eval_and_compare_ask_the_one_fit_check_and_run_the_one_offline_runner()
     import impl.spec
 
     assert dynamic.misfit is drafter_fit.misfit  # and eval reads its drafter through drafter_fit's misfit:
-    assert "from dflash_audit.audit.drafter_fit import place_drafter, read_drafter" in inspect.getsource(eval_command)
+    # (read_loaded_drafter: read_drafter's one check, the drafter as loaded returned with its recipe)
+    assert "from dflash_audit.audit.drafter_fit import place_drafter, read_loaded_drafter" in \
+        inspect.getsource(eval_command)
+    assert "read_loaded_drafter(path, target_dir, config, options)" in inspect.getsource(drafter_fit.read_drafter)
     assert drafter_fit.spec_misfit is speculators.spec_misfit is impl.spec.spec_misfit
     assert dynamic.replay_offline is offline_tau.replay_offline
     # eval imports the runner when it runs (its bad-input refusals come before any modelling import)

@@ -138,7 +138,7 @@ def test_each_setting_is_checked_by_its_declaration():
     assert setting_problem("block_size", 0) == "must be a positive integer, got 0"
     assert setting_problem("block_size", 1 << 25) == f"{1 << 25} is past any real model's (at most {1 << 24:,})"
     assert setting_problem("partial_rotary_factor", 1.5) == "must be in (0, 1], got 1.5"
-    assert setting_problem("markov_head_type", "lstm") == "'lstm' not in ['vanilla', 'gated', 'rnn']"
+    assert setting_problem("markov_head_type", "lstm") == "must be one of vanilla, gated, rnn, got 'lstm'"
     assert setting_problem("xpress_rank", 0) == "must be an integer >= 1, got 0"
     assert setting_problem("conv_kernel_size", None) is None and setting_problem("hidden_size", None) is not None
     with pytest.raises(SpecError, match="^rms_norm_eps: must be positive, got -1.0$"):

@@ -127,6 +127,7 @@ def test_eval_stops_at_the_second_eos_where_zlabs_own_loop_stops(test_world, tmp
     from dflash.benchmark import stop_token_ids as zlab_stop_token_ids
 
     from dflash_audit.audit.eval import run_eval
+    from dflash_audit.flags.eval import EvalFlags
     from dflash_audit.prompts import load_prompts, tokenize_prompts
     from dflash_world.drafter import cached_test_drafter
     from drafter_files.checkpoint import load_checkpoint
@@ -160,7 +161,8 @@ def test_eval_stops_at_the_second_eos_where_zlabs_own_loop_stops(test_world, tmp
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps(record) + "\n")
-    payload = run_eval(drafter_path, folder, prompts, max_new_tokens=MAX_NEW_TOKENS, json_path=tmp_path / "eval.json")
+    payload = run_eval(EvalFlags(drafter=drafter_path, target=folder, prompts=[str(prompts)],
+                                 max_new_tokens=MAX_NEW_TOKENS, json_path=tmp_path / "eval.json"))
     (result,) = payload["prompts"]
     assert result["rounds"] == rounds and sum(rounds) + 1 == len(output)
     assert result["tau"] == pytest.approx(sum(rounds) / len(rounds))

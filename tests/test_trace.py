@@ -20,6 +20,7 @@ from dflash_audit.cli import main
 from dflash_audit.trace.audit import audit_recording
 from dflash_audit.trace.recording import MANIFEST, TENSORS, read_recording
 from dflash_audit.trace.run import record_script
+from dflash_audit.trace.run_audit import RUN_KEYS
 from dflash_world.target_training import distinct_random_qwen3
 from foundation.errors import AuditError
 
@@ -255,7 +256,12 @@ def test_steps_zero_lets_the_script_finish_and_every_step_is_audited(target_dir,
     record_script(TRAINER, ["--target", str(target_dir), "--gamma", "7", "--steps", "2"], tmp_path, steps=0)
     recording = read_recording(tmp_path)
     assert len(recording.steps) == 2
-    assert findings_of(audit_recording(recording)) == findings_of(traced["gamma 7"])
+    report = audit_recording(recording)
+    # The steps' findings are the one step's; the run across the two adds what this trainer's run is (AdamW on
+    # every parameter, a constant lr, no clipping), held to speculators' TrainConfig-resolved run (test_trace_run.py).
+    run = [(f.component, f.key) for f in report.findings if (f.component, f.key) in RUN_KEYS]
+    assert [f for f in findings_of(report) if f[:2] not in run] == findings_of(traced["gamma 7"])
+    assert sorted(run) == [("recipe", "grad_clip"), ("recipe", "lr_schedule"), ("recipe", "optimizer")], run
 
 
 def test_a_drafter_prepared_by_accelerate_is_found_inside_its_wrapper(target_dir, tmp_path, traced):
@@ -277,6 +283,9 @@ def test_under_torchrun_rank_zero_records_what_a_single_process_does(target_dir,
     capsys.readouterr()
     recording = read_recording(out)
     assert recording.manifest["context"]["world_size"] == 2 and recording.manifest["context"]["rank"] == 0
+    # Each rank's step digest is gathered to rank 0 (the run's shard check): the trainer feeds each rank its own batch.
+    digests = recording.manifest["context"]["run"]["steps"][0]["ranks_embedded"]
+    assert len(digests) == 2 and digests[0] != digests[1] and None not in digests
     assert findings_of(audit_recording(recording)) == findings_of(traced["gamma 7"])
 
 

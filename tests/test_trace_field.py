@@ -6,9 +6,8 @@ by the conformance suite), apart from the entries a training step cannot reach, 
 SpecForge 0.2.0: `DFlashTrainStrategy.forward_loss` on its `OnlineDFlashModel` (tests/trace_scripts/specforge_step.py).
 speculators 0.9.0: its `Trainer.train_epoch` on offline data its `ArrowDataset` reads
 (tests/trace_scripts/speculators_trainer.py; its CPU settings named there). Model-Optimizer 0.47.0: its converted
-`HFDFlashModel`'s training forward, in its own environment (tests/trace_scripts/modelopt_step.py): recorded with its
-drafter found inside the target; its documented divergences are not yet found by value (the audit does not read its
-D-PACE weights or its soft-target cross-entropy's reduction), so nothing about them is asserted here.
+`HFDFlashModel`'s training forward, in its own environment (tests/trace_scripts/modelopt_step.py): its drafter found
+inside the target, its D-PACE weights refitted by value and its soft-target cross-entropy's divisor read.
 No driver adds a line of the trace's.
 """
 
@@ -90,7 +89,8 @@ def test_speculators_trainer_step_on_offline_data_has_no_divergence(target_dir, 
     assert recording.steps[0]["drafter"]["class"] == "speculators.models.dflash.core:DFlashDraftModel"
     report = audit_recording(recording)
     assert report.divergences == [] and report.exit_status == 0, [f.message for f in report.findings]
-    assert [(f.component, f.key, f.pitfall) for f in report.findings] == [("loss_weights", "per_block", 18)]
+    assert [(f.component, f.key, f.pitfall) for f in report.findings] == [], [f.message for f in report.findings]
+    assert report.flow["weights"].startswith("D-PACE (alpha 0.5, confidences on the targets' argmax")
     assert report.flow["fc_layers"] == [1, 3, 5, 7, 9]
     assert not [row for row in report.tensors if row.what.startswith("unexplained")]
 
@@ -98,9 +98,32 @@ def test_speculators_trainer_step_on_offline_data_has_no_divergence(target_dir, 
 MODELOPT_PYTHON = Path(sys.prefix) / "modelopt-env" / "bin" / "python"
 
 
-def test_modelopt_step_is_recorded_with_its_drafter_inside_the_target(target_dir, tmp_path, capsys):
+# Model-Optimizer's documented entries its default training step does not reach, and why.
+MODELOPT_OUT_OF_REACH = {
+    ("target_alignment", 5): "a weight-0 slot: only the anchor slot of an anchor at position 0 is misaligned, and an "
+                             "untrained slot's teacher never reaches the loss's gradient",
+    ("loss_weights", 6): "not its default objective: the sum(w) divisor under fixed decay (dflash_loss_objective "
+                         "decay); under its default D-PACE the same divisor is #18's, found",
+    ("anchors", 8): "one anchor fewer than its eligible positions is, in one step, a max_anchors setting by value: "
+                    "not separable from the recording",
+    ("training_mask", 9): "its step here holds one document a row and no padding: no boundary to attend across",
+    ("inference_mask", 10): "inference-only: its generation mask",
+    ("layer_types", 11): "the drafter its shipped recipe builds has no sliding layers",
+    ("window_direction", 25): "the drafter its shipped recipe builds has no sliding window",
+}
+# Each trace finding (component, key) and the documented entry it is, with what its message must say.
+MODELOPT_FOUND = {
+    ("recipe", "loss_fn"): (("loss", 7), "distils the target's whole distribution"),
+    ("loss_weights", "reduction"): (("loss_weights", 18), "divided by the sum of its weights"),
+    ("loss_weights", "dpace_confidence"): (("loss_weights", 18), "the data's tokens"),
+}
+
+
+def test_modelopt_step_shows_its_documented_divergences(target_dir, tmp_path, capsys):
     """`convert` builds the drafter inside the target: the trace names its DFlashModule the drafter and the rest of
-    the converted model the target, and reads the step by value (fc's layers, the target's own logits as teacher)."""
+    the converted model the target, reads the step by value (fc's layers, the target's own logits as teacher, its
+    D-PACE weights refitted with speculators' own function, the loss's divisor) and finds exactly its documented
+    training divergences."""
     from dflash_audit.cli import main
 
     out = tmp_path / "trace"
@@ -114,4 +137,13 @@ def test_modelopt_step_is_recorded_with_its_drafter_inside_the_target(target_dir
     report = audit_recording(recording)
     assert report.flow["fc_layers"] == [1, 3, 5, 7, 9] and report.flow["target_shift"] == 0
     assert report.flow["targets"] == "head(final_norm(raw output of layer 11)) = the target's own logits"
+    assert report.flow["weights"].startswith("D-PACE (alpha 0.5, confidences on the data's tokens")
     assert not [row for row in report.tensors if row.what.startswith("unexplained")]
+    found = {(f.component, f.key): f for f in report.findings}
+    assert all(f.severity == "divergence" for f in report.findings), [f.message for f in report.findings]
+    assert set(found) == set(MODELOPT_FOUND), [f.message for f in report.findings]
+    for key, (entry, words) in MODELOPT_FOUND.items():
+        assert words in found[key].message and found[key].pitfall == entry[1], (key, found[key].message)
+    reached = {entry for entry, _ in MODELOPT_FOUND.values()}
+    assert reached | set(MODELOPT_OUT_OF_REACH) == documented("modelopt")
+    assert not reached & set(MODELOPT_OUT_OF_REACH)

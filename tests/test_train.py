@@ -195,19 +195,19 @@ def test_cli_trains_and_writes_json(tiny_world, tmp_path):
     (["--fc-layers", "0,x"], "--target-layer-ids: '0,x' is not a list of integer layer ids"),
     (["--fc-layers", "0,9"], "target_layer_ids: [9] outside"),
     (["--target-source-layer", "7"], "verifier_source_layer: 7 outside"),
-    (["--loss", "mse"], "loss_fn: 'mse' is not one of ['kl_div', 'ce', 'tv'] nor a JSON dict of them to weights"),
-    (["--loss-weighting", "uniform"], "--per-position-loss-weight must be fixed-exp-decay or dpace, got 'uniform'"),
+    (["--loss", "mse"], "--loss-fn: 'mse' is not one of ['kl_div', 'ce', 'tv'] nor a JSON dict of them to weights"),
+    (["--loss-weighting", "uniform"], "--per-position-loss-weight: must be fixed-exp-decay or dpace, got 'uniform'"),
     (["--loss", "kl_div", "--loss-weighting", "dpace"], "per_position_loss_weight: dpace needs loss_fn ce"),
-    (["--dpace-alpha", "1.5"], "dpace_alpha: must be in (0, 1]"),
-    (["--dtype", "fp16"], "--dtype must be fp32 or bf16, got 'fp16'"),
-    (["--family", "nope"], "--family must be one of dflash, dflash2, dspark, xpress, got 'nope'"),
-    (["--recipe", "zlab"], "--recipe must be speculators, got 'zlab'"),
-    (["--steps", "0"], "--steps must be a positive integer, got 0"),
-    (["--warmup", "-3"], "--warmup must be an integer >= 0, got -3"),
-    (["--lr", "inf"], "--lr must be a finite number, got inf"),
+    (["--dpace-alpha", "1.5"], "--dpace-alpha: must be in (0, 1], got 1.5"),
+    (["--dtype", "fp16"], "--dtype: must be fp32 or bf16, got 'fp16'"),
+    (["--family", "nope"], "--family: must be one of dflash, dflash2, dspark, xpress, got 'nope'"),
+    (["--recipe", "zlab"], "--recipe: must be speculators, got 'zlab'"),
+    (["--steps", "0"], "--steps: must be a positive integer, got 0"),
+    (["--warmup", "-3"], "--warmup: must be an integer >= 0, got -3"),
+    (["--lr", "inf"], "--lr: must be a finite number, got inf"),
     (["--markov-rank", "4"], "--markov-rank is a DSpark setting; add --family dspark"),
     (["--seq-len", "4"], "seq_len 4 leaves no room"),
-    (["--sliding-window", "0"], "--sliding-window must be a positive integer, got 0"),  # no layer slides here: a window of 0 is meaningless all the same
+    (["--sliding-window", "0"], "--sliding-window: must be a positive integer, got 0"),  # no layer slides here: a window of 0 is meaningless all the same
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(tiny_world, tmp_path, capsys, args, message):
     (tiny_world / "bad.jsonl").write_text('{"text": 5}\n')

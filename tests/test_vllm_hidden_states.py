@@ -73,5 +73,5 @@ def test_hidden_states_flags_are_checked(test_world, tmp_path, capsys):
     assert main([*base, "--tensor-parallel-size", "2"]) == 2
     assert main([*base, "--hidden-states", "vllm"]) == 2
     err = capsys.readouterr().err
-    assert "--hidden-states must be transformers or vllm" in err
+    assert "--hidden-states: must be transformers or vllm" in err
     assert "--tensor-parallel-size applies to --hidden-states vllm" in err and "give --target" in err

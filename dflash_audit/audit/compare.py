@@ -3,9 +3,11 @@ a target; the report written (`index.html`, `report.json`) and its summary print
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import (
@@ -25,12 +27,16 @@ from dflash_audit.audit.static import static_audit
 from dflash_audit.formats import LoadOptions
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from dflash_audit.ranks import Ranks
-from foundation.errors import AuditError
 from foundation.inputs import TOKENIZER_FILES, check_target_dir
-from foundation.placement import CPU_FLOAT32, Placement
 from foundation.target import load_tokenizer
 from foundation.target_vocab import TargetVocabulary
-from impl.run_settings import DecodingSettings
+from dflash_audit.outputs import check_cache_dir
+from foundation.cache_dir import cache_root
+from foundation.chat_template import ChatTemplate
+from foundation.placement import CPU_FLOAT32, resolve_placement
+
+if TYPE_CHECKING:
+    from dflash_audit.flags.compare import CompareFlags
 
 
 def target_vocabulary(target: Path) -> TargetVocabulary:
@@ -70,36 +76,45 @@ def check_compare_outputs(out: Path, json_path: Path | None, inputs: dict[str, P
         check_not_foreign("--json", json_path, force)
 
 
-def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path | None = None,
-                static_only: bool = False, out: Path | None = None, json_path: Path | None = None,
-                expect_identical: bool = False, max_new_tokens: int = 64, budget: int = 32,
-                cache_dir: Path | None = None, console: Console | None = None, truncate: bool = False,
-                ours_options: LoadOptions | None = None, ref_options: LoadOptions | None = None,
-                placement: Placement = CPU_FLOAT32, dtypes: list[str] | None = None,
-                serve: list[str] | None = None, live: bool = False,
-                vllm_python: Path | None = None, chat=None, force: bool = False) -> AuditReport:
-    """Load, audit, write `out/index.html` + `out/report.json` (+ `json_path`), print the summary.
+def run_compare(flags: CompareFlags, console: Console | None = None) -> AuditReport:
+    """Load, audit, write `out/index.html` + `out/report.json` (+ `--json`), print the summary; `flags` are
+    `compare`'s, validated (dflash_audit/flags/compare.py). `--dtype a,b`: the τ audit once per dtype, the first
+    one the report's main run; `--hidden-states vllm`: the offline cache made by vLLM."""
+    engine = contextlib.nullcontext()  # the transformers pass; a static compare imports no torch
+    if flags.hidden_states == "vllm":
+        from dflash_audit.offline_tau import hidden_states_from
+        from dflash_audit.vllm_states import cache_builder
 
-    `dtypes` (`--dtype a,b`): the τ audit once per dtype, the first one the report's main run."""
+        engine = hidden_states_from(cache_builder(flags.target, flags.vllm_python, flags.tensor_parallel_size))
+    with engine:
+        return audit_and_report(flags, console)
+
+
+def audit_and_report(flags: CompareFlags, console: Console | None = None) -> AuditReport:
     console = console or Console(stderr=True)
-    DecodingSettings(max_new_tokens=max_new_tokens, budget=budget)
-    out = out or default_out_dir(ours, ref)
-    check_compare_outputs(out, json_path, {"--ours": ours, "--ref": ref, "--target": target, "--prompts": prompts},
-                          force)
-    ours_side = load_side(ours, target, ours_options or LoadOptions(flag_prefix="--ours"))
-    ref_side = load_side(ref, target, ref_options or LoadOptions(flag_prefix="--ref"))
-    if target is not None and not static_only:
+    ours, ref, target, prompts, serve = flags.ours, flags.ref, flags.target, flags.prompts, flags.serve
+    inputs = {"--ours": ours, "--ref": ref, "--target": target, "--prompts": prompts}
+    check_cache_dir(flags.cache_dir, inputs)
+    out = flags.out or default_out_dir(ours, ref)
+    json_path = flags.json_path
+    check_compare_outputs(out, json_path, inputs, flags.force)
+    chat = ChatTemplate.parse(flags.chat_template, flags.chat_template_kwargs)
+    dtypes = flags.dtype  # the first one the placement's
+    placement = resolve_placement(flags.device, dtypes[0], flags.device_map, target) if target is not None \
+        else CPU_FLOAT32
+    ours_options, ref_options = flags.load_options("ours"), flags.load_options("ref")
+    ours_side = load_side(ours, target, ours_options)
+    ref_side = load_side(ref, target, ref_options)
+    if target is not None and not flags.static_only:
         for side in (ours_side, ref_side):  # the τ audit runs both drafters: every field must be known
             side.require_spec("the τ audit (add --static-only for the static audit alone)")
     with progress_bar(console) as bar:
         total = len(set(ours_side.state_dict) | set(ref_side.state_dict))
         task = bar.add_task("static audit: tensors", total=total)
-        static = static_audit(ours_side, ref_side, expect_identical, advance=lambda: bar.advance(task),
+        static = static_audit(ours_side, ref_side, flags.expect_identical, advance=lambda: bar.advance(task),
                               target=target_vocabulary(target) if target is not None else None)
     report = AuditReport(ours_side, ref_side, static)
-    if live and (not serve or not {"vllm", "llamacpp"} & set(serve) or target is None):
-        raise AuditError("--live runs both drafters in vLLM or llama.cpp on the target: give --serve vllm (or "
-                         "llamacpp) and --target")
+    live, max_new_tokens = flags.live, flags.max_new_tokens
     if serve:
         reports = serving_sections(ours, ref, serve, target, ours_options, ref_options)
         if live and "llamacpp" in serve:
@@ -110,20 +125,22 @@ def run_compare(ours: Path, ref: Path, target: Path | None = None, prompts: Path
         if live and "vllm" in serve:
             from dflash_audit.audit.live_check import attach_live, live_check
 
-            served = live_check({"ours": ours, "ref": ref}, target, prompts, max_new_tokens, vllm_python)
+            served = live_check({"ours": ours, "ref": ref}, target, prompts, max_new_tokens, flags.vllm_python)
             for side in ("ours", "ref"):
                 attach_live(reports[side], served[side])
         from dflash_audit.audit.serving import section_dict
 
         report.serving = {side: section_dict(section) for side, section in reports.items()}  # written once
     ranks = Ranks.single()
-    if target is not None and not static_only:
+    if target is not None and not flags.static_only:
         # only here: it imports the decoding loops
         from dflash_audit.audit.dynamic import attach_proposable_share, dynamic_audits
 
         ranks = Ranks()  # under torchrun: prompts sharded, one cache, every rank on its own GPU
-        report.dynamic = dynamic_audits(ours_side, ref_side, target, prompts, max_new_tokens, budget, cache_dir,
-                                        console, truncate, placement, dtypes or [None], report.notes, ranks, chat)
+        cache_dir = cache_root(flags.cache_dir) / "offline" if flags.cache_dir is not None else None
+        report.dynamic = dynamic_audits(ours_side, ref_side, target, prompts, max_new_tokens, flags.budget, cache_dir,
+                                        console, flags.truncate, placement, [None, *dtypes[1:]], report.notes, ranks,
+                                        chat)
         ranks.close()
         attach_proposable_share(static.findings, report.dynamic.proposable_share)
     elif target is None:

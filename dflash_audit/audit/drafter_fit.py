@@ -29,6 +29,12 @@ def misfit(side: Side, hidden_size: int, depth: int, vocab_size: int) -> str | N
 
 def read_drafter(path: Path, target_dir: Path, config, options=None):
     """The drafter's checked (spec, state dict), against the target's config: no target weights needed."""
+    loaded, spec = read_loaded_drafter(path, target_dir, config, options)
+    return spec, loaded.state_dict
+
+
+def read_loaded_drafter(path: Path, target_dir: Path, config, options=None):
+    """`read_drafter`'s checks, returning the drafter as loaded (its recipe too) and its spec."""
     from dflash_audit.formats import LoadOptions, load_any, require_spec
 
     loaded = load_any(path, target_dir, options or LoadOptions(flag_prefix=""))
@@ -37,7 +43,7 @@ def read_drafter(path: Path, target_dir: Path, config, options=None):
     why = misfit(side_of(loaded, path), config.hidden_size, config.num_hidden_layers, config.vocab_size)
     if why is not None:
         raise AuditError(f"{path}: the drafter cannot run against {target_dir}: {why}")
-    return spec, loaded.state_dict
+    return loaded, spec
 
 
 def place_drafter(spec, state_dict, path: Path, target):

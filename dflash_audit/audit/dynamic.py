@@ -31,6 +31,7 @@ from dflash_audit.audit.drafter_fit import misfit
 from dflash_audit.audit.static_vocab import usable_d2t
 from dflash_audit.offline_tau import replay_offline
 from dflash_audit.progress import NoProgress, progress
+from dflash_audit.tau.along_context import PromptRounds, context_marks, greedy_agreement, tau_along_context
 from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
 from dflash_audit.ranks import Ranks
 from dflash_world import BUILTIN_PROMPTS
@@ -76,6 +77,7 @@ class MethodResult:
     longest: dict[str, int]  # per side, the longest round: speculative tokens + 1 (B, or B + 1 sampling from the anchor)
     prompts: list[PromptTau] = field(default_factory=list)
     measured: bool = True  # both drafters ran
+    along: dict[str, Any] = field(default_factory=dict)  # side -> τ along the context (tau/along_context.py)
 
     @property
     def label(self) -> str:
@@ -115,6 +117,7 @@ class MethodResult:
                                     if self.measured else None),
             "largest_gaps": [p.id for p in self.largest_gaps()],
             "interval": vars(interval) | {"beyond_noise": interval.beyond_noise} if interval else None,
+            "along_context": {side: along.to_dict() for side, along in self.along.items()},
         }
 
 
@@ -240,6 +243,10 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
         overflow.setdefault(record["overflow"], record["module"])
     methods = {}
     dflash2 = dflash2_sides(sides)
+    # τ along the context: each side's rounds by position, beside the target's own greedy agreement on the prompts.
+    agreement = [greedy_agreement(target, entry.token_ids[: entry.prompt_len][None]) for entry in cache.prompts]
+    marks = {name: context_marks(side.spec, side.recipe, side.recipe_unknown) for name, side in sides.items()
+             if side.spec is not None}
     for method, method_budget in plan:
         result = MethodResult(method, method_budget, {n: s.spec.longest_round for n, s in sides.items()},
                               measured=not not_measured)
@@ -250,6 +257,11 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
                 entry.id, tau_stats.tau(o) if "ours" in rounds else None,
                 tau_stats.tau(r) if "ref" in rounds else None, o, r,
                 tau_stats.first_divergent_round(o, r) if len(rounds) == 2 else None))
+        result.along = {name: tau_along_context([PromptRounds(id=entry.id, prompt_len=entry.prompt_len,
+                                                              rounds=replays[method, name, i],
+                                                              target_agreement=agreement[i])
+                                                 for i, entry in enumerate(cache.prompts)], marks.get(name))
+                        for name in drafters}
         methods[method] = result
     findings = [Finding("tau", "warning", f"τ of {name} was not measured: {why}. Its static findings stand.",
                         why if name == "ours" else None, why if name == "ref" else None, pitfall=17,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from tabulate import tabulate
@@ -22,19 +23,21 @@ from dflash_audit.progress import progress
 from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
 from dflash_audit.ranks import Ranks
 from dflash_audit.tau.declared import declared_settings, template_findings
-from dflash_audit.tau.grid import Decoding, check_method_name, run_grid
+from dflash_audit.tau.along_context import (AlongContext, PromptRounds, context_marks, greedy_agreement, side_by_side,
+                                            tau_along_context)
+from dflash_audit.tau.grid import Decoding, run_grid
 from dflash_audit.tau.published import resolve_published
-from dflash_audit.tau.table_out import payload, terminal_table, write_html, write_json
+from dflash_audit.tau.table_out import cell_label, payload, terminal_table, write_html, write_json
 from foundation.atomic import atomic_write_bytes
 from foundation.benchmarks.sets import BenchmarkPrompt, PromptSet, parse_prompts_flag, read_prompt_set, select
 from foundation.cache_dir import cache_root
 from foundation.chat_template import ChatTemplate, thinking_settings
 from foundation.errors import AuditError
-from foundation.placement import CPU_FLOAT32, Placement, resolve_placement
+from foundation.placement import resolve_placement
 from foundation.target_vocab import TargetVocabulary, mask_token_problems, stop_token_ids
-from impl.run_settings import DecodingSettings
 
-TAU_BY = ("thinking",)
+if TYPE_CHECKING:
+    from dflash_audit.flags.eval import EvalFlags
 
 
 def mask_token_notes(mask_token_id: int, target: TargetVocabulary) -> list[str]:
@@ -84,38 +87,45 @@ def replay_prompts(drafter, target, target_dir: Path, prompts, method: str, budg
             for i, entry in enumerate(run.cache.prompts) for rounds in [run.rounds[method, "drafter", i]]]
 
 
-def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: str = "dflash", budget: int = 32,
-             mode: str = "live", max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0,
-             json_path: Path | None = None, cache_dir: Path | None = None, chat_template="auto",
-             console: Console | None = None, truncate: bool = False, load_options=None,
-             placement: Placement = CPU_FLOAT32, memory: dict | None = None, force: bool = False) -> dict | None:
-    """Evaluate, print the table and write `json_path` (rank 0); returns the JSON payload there.
+def along_context_of(results: list[dict], prompts, target, marks) -> AlongContext:
+    """τ along the context of eval's per-prompt rounds, the target's greedy agreement on each prompt beside it."""
+    ids = dict(prompts)
+    return tau_along_context([PromptRounds(id=r["id"], prompt_len=ids[r["id"]].shape[1], rounds=r["rounds"],
+                                           target_agreement=greedy_agreement(target, ids[r["id"]]))
+                              for r in results], marks)
+
+
+def run_eval(flags: EvalFlags, console: Console | None = None, memory: dict | None = None) -> dict | None:
+    """One prompts file's τ as `eval`'s validated flags ask: evaluate, print the table and write `--json` (rank
+    0); returns the JSON payload there.
 
     `memory`: free memory handed to the memory plan (`free_on_devices`, `free_on_host`) instead of
     the machine's own, for tests."""
-    # Bad flags and inputs are refused before the modelling code (seconds of transformers imports) is imported.
-    DecodingSettings(max_new_tokens=max_new_tokens, budget=budget, temperature=temperature, method=method,
-                     mode=mode)
+    drafter_path, target_dir, prompts_path = flags.drafter, flags.target, Path(flags.prompts[0])
+    method, budget, mode, max_new_tokens = flags.method[0], flags.budget[0], flags.mode, flags.max_new_tokens
+    temperature, seed, json_path, cache_dir = flags.temperature[0], flags.seed, flags.json_path, flags.cache_dir
     inputs = {"--drafter": drafter_path, "--target": target_dir, "--prompts": prompts_path}
-    check_json_output(json_path, inputs, force)
+    check_json_output(json_path, inputs, flags.force)
     check_cache_dir(cache_dir, inputs)
+    placement = resolve_placement(flags.device, flags.dtype, flags.device_map, target_dir)
     console = console or Console(stderr=True)
     records = load_prompts(prompts_path)  # bad input fails before any model loads
-    from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
+    from dflash_audit.audit.drafter_fit import place_drafter, read_loaded_drafter
     from foundation.target import load_target_model, load_tokenizer
     from impl.body_shapes import build_drafter
     from impl.ddtree import require_dflash_family
     from impl.acceptance import acceptance_histogram, mean_acceptance
     from impl.memory_plan import check_plan, plan_memory
 
-    chat = chat_template if isinstance(chat_template, ChatTemplate) else ChatTemplate.parse(chat_template)
+    chat = ChatTemplate.parse(flags.chat_template, flags.chat_template_kwargs)
     tokenizer, config = load_tokenizer(target_dir)
     chat.check_kwargs(tokenizer)
-    spec, state_dict = read_drafter(drafter_path, target_dir, config, load_options)
+    loaded, spec = read_loaded_drafter(drafter_path, target_dir, config, flags.load_options)
+    state_dict = loaded.state_dict
     if method == "ddtree" and spec.family != "dflash":
         require_dflash_family(build_drafter(spec, state_dict))  # before any prompt is decoded or cached
     prompts, notes = fit_prompts(tokenize_prompts(tokenizer, records, chat), max_new_tokens,
-                                 config.max_position_embeddings, truncate, str(prompts_path))
+                                 config.max_position_embeddings, flags.truncate, str(prompts_path))
     notes += mask_token_notes(spec.mask_token_id, TargetVocabulary.read(target_dir, tokenizer))
     # Before any target weight is read: does it all fit?
     check_plan(plan_memory(config, placement.dtype, [spec], [ids.shape[1] for _, ids in prompts], max_new_tokens),
@@ -140,6 +150,7 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
     ranks.close()
     if ranks.rank != 0:
         return None
+    along = along_context_of(results, prompts, target, context_marks(spec, loaded.recipe, loaded.recipe_unknown))
 
     all_rounds = [length for r in results for length in r["rounds"]]
     longest = drafter.spec.longest_round
@@ -147,11 +158,12 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
                "max_new_tokens": max_new_tokens, **stops.report(), "placement": placement.describe(),
                "chat_template": chat.describe(tokenizer), "prompts": results,
                "mean_tau": mean_acceptance([r["tau"] for r in results]),
-               "histogram": acceptance_histogram(all_rounds, longest)}
+               "histogram": acceptance_histogram(all_rounds, longest), "along_context": along.to_dict()}
     rows = [[r["id"], len(r["rounds"]), sum(r["rounds"]) + 1, f"{r['tau']:.2f}"] for r in results]
     print(tabulate(rows, headers=["prompt", "rounds", "new tokens", "τ"], tablefmt="github"))
     print(f"mean τ ({method}, {mode}): {payload['mean_tau']:.3f}   acceptance histogram 0..{longest}: "
           f"{payload['histogram']}")
+    print(along.table())
     where = placement.describe()
     print(f"target and drafter in {where['dtype']} ({where['dtype_source']}) on {where['device']}"
           + (f", target sharded by --device-map {placement.device_map}" if placement.device_map else ""))
@@ -159,14 +171,6 @@ def run_eval(drafter_path: Path, target_dir: Path, prompts_path: Path, method: s
         text = json.dumps(payload, indent=2)
         atomic_write_bytes(Path(json_path), lambda tmp: Path(tmp).write_text(text))
     return payload
-
-
-def uses_table(prompts: list[str], methods, budgets, temperatures, tau_methods, tau_by, max_samples, table,
-               html_path) -> bool:
-    """Whether eval runs the τ table (`run_table`) rather than one plain prompts file."""
-    many = any(len(values) > 1 for values in (prompts, methods, budgets, temperatures))
-    named = any(parse_prompts_flag(value)[0] is not None for value in prompts)
-    return bool(table or html_path or tau_methods or tau_by or max_samples is not None or many or named)
 
 
 def plain_prompt_set(path: str | Path, max_samples: int | None = None) -> PromptSet:
@@ -188,62 +192,36 @@ def prompt_set_from_flag(value: str, max_samples: int | None = None) -> PromptSe
 def decodings_of(methods: list[str], budgets: list[int]) -> list[Decoding]:
     out = []
     for method in dict.fromkeys(methods):
-        DecodingSettings(method=method)
         out += [Decoding("ddtree", b) for b in dict.fromkeys(budgets)] if method == "ddtree" else [Decoding("dflash")]
     return out
 
 
-def parse_seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise AuditError(f"--seeds: expected comma-separated integers, got {text!r}") from None
-    if not seeds or any(s < 0 for s in seeds):
-        raise AuditError(f"--seeds: expected one or more non-negative integers, got {text!r}")
-    return list(dict.fromkeys(seeds))
-
-
-def check_table_options(tau_methods, temperatures, budgets, max_new_tokens, tau_by, html_path, json_path, inputs,
-                        force: bool = False):
-    for method in tau_methods:
-        check_method_name(method)
-    for temperature in temperatures:
-        DecodingSettings(max_new_tokens=max_new_tokens, temperature=temperature)
-    for budget in budgets:
-        DecodingSettings(budget=budget)
-    if tau_by is not None and tau_by not in TAU_BY:
-        raise AuditError(f"--tau-by must be one of {list(TAU_BY)}, got {tau_by!r}")
-    outputs = {"--json": json_path, "--html": html_path}
-    check_outputs(outputs, inputs)
+def check_table_outputs(flags: EvalFlags) -> None:
+    outputs = {"--json": flags.json_path, "--html": flags.html_path}
+    check_outputs(outputs, {"--drafter": flags.drafter, "--target": flags.target})
     for flag, path in outputs.items():
         if path is not None:
             check_writable(flag, path)
-            check_not_foreign(flag, path, force)  # a user's file is never replaced silently
+            check_not_foreign(flag, path, flags.force)  # a user's file is never replaced silently
 
 
-def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: list[str] | None = None,
-              methods: list[str] | None = None, budgets: list[int] | None = None,
-              temperatures: list[float] | None = None, seeds: str = "0", max_new_tokens: int = 256,
-              chat: ChatTemplate | None = None, tau_by: str | None = None, max_samples: int | None = None,
-              json_path: Path | None = None, html_path: Path | None = None, published: str | None = None,
-              trained_kwargs: str | None = None, load_options=None, placement: Placement = CPU_FLOAT32,
-              console: Console | None = None, force: bool = False) -> dict:
-    from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
-    from dflash_audit.formats import LoadOptions, load_any
+def run_table(flags: EvalFlags, console: Console | None = None) -> dict:
+    """The τ table as `eval`'s validated flags ask: every set × τ method × decoding × temperature × chat setting,
+    printed, written to `--json` and `--html`."""
+    from dflash_audit.audit.drafter_fit import place_drafter, read_loaded_drafter
     from foundation.target import load_target_model, load_tokenizer
 
     console = console or Console(stderr=True)
-    tau_methods, methods = tau_methods or ["live"], methods or ["dflash"]
-    budgets, temperatures = budgets or [32], temperatures or [0.0]
-    chat = chat or ChatTemplate.parse("auto")
-    inputs = {"--drafter": drafter_path, "--target": target_dir}
-    check_table_options(tau_methods, temperatures, budgets, max_new_tokens, tau_by, html_path, json_path, inputs,
-                        force)
-    seed_list = parse_seeds(seeds)
-    decodings = decodings_of(methods, budgets)
-    # Bad input before any model; the command line hands them over already read.
-    prompt_sets = [v if isinstance(v, PromptSet) else prompt_set_from_flag(v, max_samples) for v in prompts]
-    published_target = resolve_published(published, target_dir)
+    drafter_path, target_dir, max_new_tokens = flags.drafter, flags.target, flags.max_new_tokens
+    tau_methods, temperatures, tau_by = flags.tau_method or ["live"], flags.temperature, flags.tau_by
+    json_path, html_path = flags.json_path, flags.html_path
+    chat = ChatTemplate.parse(flags.chat_template, flags.chat_template_kwargs)
+    check_table_outputs(flags)
+    decodings = decodings_of(flags.method, flags.budget)
+    # Bad input before any model.
+    prompt_sets = [prompt_set_from_flag(value, flags.max_samples) for value in flags.prompts]
+    placement = resolve_placement(flags.device, flags.dtype, flags.device_map, target_dir)
+    published_target = resolve_published(flags.published, target_dir)
     tokenizer, config = load_tokenizer(target_dir)
     chat.check_kwargs(tokenizer)
     if "zlab-benchmark" in tau_methods and chat.template(tokenizer) is None:  # said before any model loads
@@ -251,17 +229,24 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: 
                          "tokenizer has none (give one with --chat-template FILE)")
     chats = {"default": chat} if tau_by is None else {f"thinking {k}": v
                                                       for k, v in thinking_settings(chat, tokenizer).items()}
-    options = load_options or LoadOptions(flag_prefix="")
-    spec, state_dict = read_drafter(drafter_path, target_dir, config, options)
-    declared, where = declared_settings(load_any(drafter_path, target_dir, options).raw.config, trained_kwargs)
+    loaded, spec = read_loaded_drafter(drafter_path, target_dir, config, flags.load_options)
+    state_dict = loaded.state_dict
+    declared, where = declared_settings(loaded.raw.config, flags.trained_kwargs)
     findings = template_findings(declared, where, {label: c.kwargs for label, c in chats.items()})
     target = load_target_model(target_dir, placement)
     drafter = place_drafter(spec, state_dict, drafter_path, target)
     stops = stop_token_ids(target_dir, tokenizer)
     cells, skipped = run_grid(drafter, target, tokenizer, prompt_sets, tau_methods, decodings, temperatures, chats,
-                              max_new_tokens, seed_list, published_target, stops.ids,
+                              max_new_tokens, flags.seed_list, published_target, stops.ids,
                               advance=lambda: console.print(".", end=""))
     console.print()
+    marks = context_marks(spec, loaded.recipe, loaded.recipe_unknown)
+    alongs = {}
+    for cell in cells:  # every response of every seed, at its prompt's length
+        along = tau_along_context([PromptRounds(id=str(r["id"]), prompt_len=r["prompt_tokens"], rounds=r["rounds"])
+                                   for run in cell["runs"] for r in run["prompts"]], marks)
+        cell["along_context"] = along.to_dict()
+        alongs[f"{cell['set']} {cell_label(cell)}"] = along
     data = payload(cells, [s.describe() for s in prompt_sets],
                    {"drafter": str(drafter_path), "target": str(target_dir), "max_new_tokens": max_new_tokens,
                     **stops.report(), "published_target": published_target, "placement": placement.describe(),
@@ -270,6 +255,7 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: 
     for s in data["sets"]:
         print(f"{s['name']}: {s['count']} of {s['rows']} rows ({s['selection']}); rendering: {s['rendering']}")
     print(terminal_table(cells))
+    print(side_by_side(alongs))
     for finding in findings:
         print(f"{finding.severity}  {finding.component}  {finding.message}")
     for note in skipped:
@@ -281,22 +267,10 @@ def run_table(drafter_path: Path, target_dir: Path, prompts: list, tau_methods: 
     return data
 
 
-def evaluate(drafter: Path, target: Path, prompts: list[str], methods: list[str], budgets: list[int], mode: str,
-             max_new_tokens: int, temperatures: list[float], seed: int, seeds: str | None, json_path: Path | None,
-             cache_dir: Path | None, chat: ChatTemplate, tau_methods: list[str], tau_by: str | None, table: bool,
-             html_path: Path | None, max_samples: int | None, published: str | None, trained_kwargs: str | None,
-             load_options, device: str, dtype: str, device_map: str | None, truncate: bool, force: bool) -> None:
-    """`eval`'s flags, run: the τ table when they ask for one (`uses_table`), else one prompts file's τ."""
-    if uses_table(prompts, methods, budgets, temperatures, tau_methods, tau_by, max_samples, table, html_path):
-        if mode != "live":
-            raise AuditError("--mode offline replays plain prompts files; the τ table runs its τ methods "
-                             "(--tau-method)")
-        prompt_sets = [prompt_set_from_flag(value, max_samples) for value in prompts]  # before any model
-        run_table(drafter, target, prompt_sets, tau_methods, methods, budgets, temperatures, seeds or str(seed),
-                  max_new_tokens, chat, tau_by, max_samples, json_path, html_path, published, trained_kwargs,
-                  load_options, resolve_placement(device, dtype, device_map, target), force=force)
-        return
-    placement = resolve_placement(device, dtype, device_map, target)
-    run_eval(drafter, target, Path(prompts[0]), methods[0], budgets[0], mode, max_new_tokens, temperatures[0], seed,
-             json_path, cache_dir, chat, truncate=truncate, load_options=load_options, placement=placement,
-             force=force)
+def evaluate(flags: EvalFlags) -> None:
+    """`eval` as its validated flags ask: the τ table when they ask for one (`uses_table`), else one prompts file's
+    τ."""
+    if flags.uses_table:
+        run_table(flags)
+    else:
+        run_eval(flags)

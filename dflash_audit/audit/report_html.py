@@ -19,7 +19,7 @@ from dflash_audit.audit.report_json import report_dict
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import printable
 
-COLORS = {"ours": "#d9534f", "ref": "#2b7bb9", "served": "#7a4bb9", "audited": "#3a9a5b"}
+COLORS = {"ours": "#d9534f", "ref": "#2b7bb9", "served": "#7a4bb9", "audited": "#3a9a5b", "target": "#8a94a6"}
 
 
 @dataclass
@@ -65,6 +65,87 @@ def grouped_bars(title: str, kind: str, categories: list[str], series: dict[str,
     return Chart(title, width, height, bars, labels, top, y_label, kind)
 
 
+@dataclass
+class Line:
+    name: str
+    color: str
+    points: str  # "x,y x,y ..." for an SVG polyline
+    dots: list[tuple[float, float, str]]  # x, y, title
+    dashed: bool = False
+
+
+@dataclass
+class LineChart:
+    """τ along the context: one line per source (ours, ref, served...), the target's agreement dashed on the right
+    scale (0 to 100%), a vertical mark at the drafter's window, trained length and rotary end."""
+    title: str
+    width: int
+    height: int
+    lines: list[Line]
+    marks: list[tuple[float, str]]  # x, label
+    x_labels: list[tuple[float, str]]
+    y_max: float
+    y_label: str
+    kind: str
+
+
+def along_chart(title: str, series: dict[str, Any], kind: str = "along-chart", width: int = 900,
+                height: int = 280) -> LineChart | None:
+    """A line chart of τ by position bin of each source in `series` (name -> AlongContext or its dict); None when
+    no source has a round."""
+    pad_left, pad_right, pad_bottom, pad_top = 48, 48, 48, 16
+    plot_w, plot_h = width - pad_left - pad_right, height - pad_bottom - pad_top
+    data = {name: along if isinstance(along, dict) else along.to_dict() for name, along in series.items()}
+    bins = [b for along in data.values() for b in along["by_position"]]
+    taus = [b["tau"] for b in bins if b["tau"] is not None]
+    if not taus:
+        return None
+    end = max(b["end"] for b in bins)
+    top = max(taus + [1.0])
+
+    def x_of(position: float) -> float:
+        return pad_left + plot_w * position / end
+
+    def y_of(value: float, scale: float) -> float:
+        return pad_top + plot_h * (1 - value / scale)
+
+    lines = []
+    for name, along in data.items():
+        points = [(x_of((b["start"] + b["end"]) / 2), y_of(b["tau"], top), f"{name} {b['start']}-{b['end']}: τ "
+                   f"{b['tau']:.3f} over {b['rounds']} rounds") for b in along["by_position"] if b["tau"] is not None]
+        lines.append(Line(name, COLORS.get(name, "#444"), " ".join(f"{x:.1f},{y:.1f}" for x, y, _ in points),
+                          points))
+    agreement = next(([b for b in along["by_position"] if b["agreement"] is not None] for along in data.values()
+                      if any(b["agreement"] is not None for b in along["by_position"])), [])
+    if agreement:
+        points = [(x_of((b["start"] + b["end"]) / 2), y_of(b["agreement"], 1.0),
+                   f"target's greedy agreement {b['start']}-{b['end']}: {b['agreement']:.0%}") for b in agreement]
+        lines.append(Line("target agrees (right scale, 0-100%)", COLORS["target"],
+                          " ".join(f"{x:.1f},{y:.1f}" for x, y, _ in points), points, dashed=True))
+    first = next(iter(data.values()))
+    marks = []
+    for name, along in data.items():
+        for at, label in (along_marks(along["marks"]) if along["marks"] else []):
+            if at <= end and (x_of(at), label) not in marks:
+                marks.append((x_of(at), label if len(data) == 1 else f"{label} ({name})"))
+    step = max(1, len(range(0, end + 1, first["bin_tokens"])) // 12)
+    x_labels = [(x_of(p), str(p)) for p in range(0, end + 1, first["bin_tokens"] * step)]
+    return LineChart(title, width, height, lines, marks, x_labels, top, "τ (tokens per round)", kind)
+
+
+def along_marks(marks: dict[str, Any]) -> list[tuple[int, str]]:
+    from dflash_audit.tau.along_context import ContextMarks
+
+    return ContextMarks(**marks).lines()
+
+
+def along_charts(report: AuditReport) -> list[LineChart]:
+    if report.dynamic is None:
+        return []
+    return [chart for result in report.dynamic.methods.values() if result.along
+            if (chart := along_chart(f"τ along the context — {result.label}", result.along))]
+
+
 def tau_charts(report: AuditReport) -> list[Chart]:
     if report.dynamic is None:
         return []
@@ -93,6 +174,7 @@ def environment() -> Environment:
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["compact"] = lambda value: json.dumps(value, default=str) if not isinstance(value, str) else value
     env.globals["served_chart"] = served_chart
+    env.globals["along_chart"] = along_chart  # served.html.j2: `along_chart(title, {"audited": ..., "served": ...})`
     return env
 
 
@@ -111,6 +193,7 @@ def render_html(report: AuditReport) -> str:
     tensor_groups = [(group, list(items)) for group, items in groupby(rows, key=lambda r: r.group)]
     return environment().get_template("report.html.j2").render(
         report=report, data=data, findings=report.findings, charts=tau_charts(report), colors=COLORS,
+        along_charts=along_charts(report),
         tensor_groups=tensor_groups, dynamic=report.dynamic, serving=serving_by_drafter(report))
 
 

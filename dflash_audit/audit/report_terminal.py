@@ -8,6 +8,7 @@ from typing import Any
 from tabulate import tabulate
 
 from dflash_audit.audit.report import AuditReport
+from dflash_audit.tau.along_context import side_by_side
 
 
 def terminal_summary(report: AuditReport, width: int = 60) -> str:
@@ -19,6 +20,9 @@ def terminal_summary(report: AuditReport, width: int = 60) -> str:
         for method in report.dynamic.methods.values():
             lines.append(f"{method.label}: mean τ ours {method.mean['ours']:.3f}  ref {method.mean['ref']:.3f}"
                          if method.measured else f"{method.label}: τ not measured")
+        dflash = report.dynamic.methods["dflash"]
+        if dflash.along:
+            lines.append(f"{dflash.label}: " + side_by_side(dflash.along))
         where = report.dynamic.precision
         if where:
             lines.append(f"target in {where['target_dtype']}, drafters in {where['drafter_dtype']}, on {where['device']}"

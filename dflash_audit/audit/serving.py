@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_audit.audit.report import divergence_count
 from dflash_audit.audit.report_html import serving_page_html
@@ -22,6 +22,9 @@ from foundation.errors import AuditError
 __all__ = ["EngineReport", "Finding", "divergence_count", "run_serve_check", "section_dict", "serving_section",
            "terminal_section"]
 SCHEMA = "dflash-audit-serving/1"
+
+if TYPE_CHECKING:
+    from dflash_audit.flags.serve_check import ServeCheckFlags
 
 
 def trained_of(loaded: LoadedCheckpoint) -> tuple[dict[str, Any], dict[str, str]]:
@@ -112,36 +115,31 @@ def write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
-def run_serve_check(drafter: Path, engines: list[str], target: Path | None = None, spec: list[str] | None = None,
-                    json_path: Path | None = None, out: Path | None = None, live: bool = False,
-                    prompts: Path | None = None, max_new_tokens: int = 64, vllm_python: Path | None = None,
-                    force: bool = False, **engine_options) -> int:
+def run_serve_check(flags: ServeCheckFlags) -> int:
+    """`serve-check` as its validated flags ask (dflash_audit/commands/serve_check.py); its exit status."""
+    drafter, engines, target, json_path, out = flags.drafter, flags.engine, flags.target, flags.json_path, flags.out
     check_outputs({"--json": json_path, "--out": out}, {"--drafter": drafter, "--target": target})
     if json_path is not None:
         check_writable("--json", json_path)
-        check_not_foreign("--json", json_path, force)
+        check_not_foreign("--json", json_path, flags.force)
     if out is not None:
         check_writable("--out", out, "dir")
-        check_not_foreign("--out", out, force, ("serving.json", "index.html"))
+        check_not_foreign("--out", out, flags.force, ("serving.json", "index.html"))
     if target is not None and not (target / "config.json").is_file():
         raise AuditError(f"{target}: not a Hugging Face model directory (no config.json) to use as the target")
-    if live and (target is None or not {"vllm", "llamacpp"} & set(engines)):
-        raise AuditError("--live runs the drafter in vLLM or llama.cpp on the target: give --target and keep vllm "
-                         "or llamacpp in --engine")
-    quant, bin_dir = engine_options.pop("quant", None), engine_options.pop("bin_dir", None)
-    if live and max_new_tokens < 1:
-        raise AuditError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-    reports = serving_section(drafter, engines, target, LoadOptions(spec=list(spec or []), flag_prefix=""),
+    engine_options = {k: v for k, v in (("n_max", flags.n_max), ("kv_type", flags.kv_type)) if v is not None}
+    reports = serving_section(drafter, engines, target, LoadOptions(spec=list(flags.spec), flag_prefix=""),
                               **engine_options)
-    if live and "vllm" in engines:
+    if flags.live and "vllm" in engines:
         from dflash_audit.audit.live_check import attach_live, live_check
 
-        attach_live(reports, live_check({"drafter": drafter}, target, prompts, max_new_tokens, vllm_python)["drafter"])
-    if live and "llamacpp" in engines:
+        attach_live(reports, live_check({"drafter": drafter}, target, flags.prompts, flags.max_new_tokens,
+                                        flags.vllm_python)["drafter"])
+    if flags.live and "llamacpp" in engines:
         from dflash_audit.audit.live_llamacpp import attach_llamacpp_live, live_llamacpp
 
-        attach_llamacpp_live(reports, live_llamacpp(drafter, target, prompts, max_new_tokens, quant, bin_dir,
-                                                    **engine_options))
+        attach_llamacpp_live(reports, live_llamacpp(drafter, target, flags.prompts, flags.max_new_tokens, flags.quant,
+                                                    flags.llamacpp_bin, **engine_options))
     section = section_dict(reports)  # the records, live ones included, written once
     count = divergence_count(section)
     data = {"schema": SCHEMA, "drafter": str(drafter), "target": str(target) if target else None,

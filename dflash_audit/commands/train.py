@@ -30,6 +30,13 @@ def run_option(name: str) -> Any:
     return typer.Option(info.default, help=info.description)
 
 
+def run_recipe_option(name: str, *flags: str) -> Any:
+    """An option `--recipe speculators` also sets: None when not given (then the recipe's value, or the default)."""
+    info = TrainSettings.model_fields[name]
+    default = info.default if info.default is not None else "steps // 100 with --recipe speculators"
+    return typer.Option(None, *flags, help=f"{info.description} (default: {default}).")
+
+
 def knob_help(name: str) -> str:
     info = KNOBS[name]
     allowed = choices(name)
@@ -85,8 +92,10 @@ def train(
     data: Path = typer.Option(..., help="JSON lines: {'text'}, {'input_ids'[, 'loss_mask']} or {'messages'}."),
     out: Path = typer.Option(..., help="Checkpoint to write (ckpt.pt)."),
     steps: int = run_option("steps"),
-    lr: float = run_option("lr"),
-    warmup: int = run_option("warmup"),
+    lr: float = run_recipe_option("lr"),
+    warmup: int = run_recipe_option("warmup"),
+    optimizer: str = run_recipe_option("optimizer"),
+    lr_schedule: str = run_recipe_option("lr_schedule"),
     batch_size: int = run_option("batch_size"),
     grad_accum: int = run_option("grad_accum"),
     seq_len: int = run_option("seq_len"),
@@ -109,7 +118,8 @@ def train(
     # generated from their declarations (with_knob_options)
 ) -> None:
     stats = run_train(target, data, out, d2t=d2t, eval_data=eval_data, json_out=json_out, force=force, steps=steps,
-                      lr=lr, warmup=warmup, batch_size=batch_size, grad_accum=grad_accum, seq_len=seq_len,
+                      lr=lr, warmup=warmup, optimizer=optimizer, lr_schedule=lr_schedule, batch_size=batch_size,
+                      grad_accum=grad_accum, seq_len=seq_len,
                       recipe=recipe, dtype=dtype, eval_sequences=eval_sequences, eval_every=eval_every,
                       save_every=save_every, resume=resume, seed=seed, max_seconds=max_seconds, family=family,
                       **knobs)

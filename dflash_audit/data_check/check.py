@@ -76,6 +76,7 @@ class Setting:
     claim: Claim
     records: int
     target_dtype: str | None  # the dtype the target declares (None: it declares none)
+    compute_dtype: str = "float32"  # the dtype the target is recomputed in (`--dtype`)
     tokenizer: Any = None
     turns: Any = None  # loss_mask.Turns, or why the turns cannot be told, or None (no template)
 
@@ -84,12 +85,12 @@ def named_state(state: State | None, layers: int) -> str:
     return describe_depth(state.depth, layers, state.normed) if state is not None else "no state of the target"
 
 
-def alignment(record: Record, bank: StateBank, slot: int) -> int:
+def alignment(record: Record, bank: StateBank, slot: int, precision: str) -> int:
     """Where a record shorter than its token ids sits: the offset at which its rows equal the target's (a prefix
     first, then a suffix as prefix caching leaves it), else 0."""
     rows = record.layers[slot].shape[0]
     for offset in dict.fromkeys((0, bank.tokens - rows)):
-        if bank.name(record.layers[slot], record.dtype, offset)[1] is not None:
+        if bank.name(record.layers[slot], precision, offset)[1] is not None:
             return offset
     return 0
 
@@ -118,13 +119,15 @@ def check_record(record: Record, target, setting: Setting, issues: Issues) -> di
         issues.add("token_ids_mismatch", name, "divergence", "the record's token ids are not its row's input_ids in "
                    "the preprocessed dataset, so speculators' loader drops the sample (train/data.py:314-322)")
     bank = StateBank(target, ids.tolist())
+    # "Equal" within the rounding of the coarser of the stored and the recomputed precision (trace/matcher.py).
+    precision = record.dtype if setting.compute_dtype in ("float32", "float64") else setting.compute_dtype
     offset = 0
     if rows != tokens:
         issues.add("short_record" if rows < tokens else "long_record", name, "divergence",
                    f"hidden_states holds {rows} rows for {tokens} token ids", rows, tokens)
         if rows < tokens:
             live = next((j for j, t in enumerate(record.layers) if t.abs().sum() > 0), None)
-            offset = alignment(record, bank, live) if live is not None else 0
+            offset = alignment(record, bank, live, precision) if live is not None else 0
             row["offset"] = offset
     states: list[State | None | str] = []
     for j, tensor in enumerate(record.layers):
@@ -140,8 +143,7 @@ def check_record(record: Record, target, setting: Setting, issues: Issues) -> di
             states.append("zeros")
             row["slots"].append("all zeros")
             continue
-        named, state = bank.name(tensor, record.dtype, offset) if tensor.shape[0] <= tokens - offset else \
-            bank.name(tensor[: tokens - offset], record.dtype, offset)
+        named, state = bank.name(tensor[: tokens - offset], precision, offset)
         if zero_rows:
             issues.add("zero_states", name, "divergence", f"slot {j} holds {zero_rows} all-zero rows among "
                        f"{tensor.shape[0]}", "zeros")

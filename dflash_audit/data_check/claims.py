@@ -70,16 +70,3 @@ def claim_from_drafter(layout: str, zlab_ids: list[int], layers: int, drafter: s
 
 def unknown_claim(layout: str) -> Claim:
     return Claim(layout, None, "nothing (no --layer-ids or --drafter)")
-
-
-def parse_layer_ids(text: str) -> list[int]:
-    """Comma-separated ids; a ValueError in words (the settings model names the flag)."""
-    try:
-        ids = [int(part) for part in text.replace(" ", "").split(",") if part != ""]
-    except ValueError:
-        raise ValueError(f"{text!r}: expected comma-separated integers, e.g. 2,7,12") from None
-    if not ids:
-        raise ValueError("give at least one layer id")
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{text}: an id given twice")
-    return ids

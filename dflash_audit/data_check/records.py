@@ -21,6 +21,8 @@ from __future__ import annotations
 import gzip
 import io
 import re
+import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,15 +179,9 @@ def load_pickle(path: Path):
     from foundation.pickle_limits import PickleBomb, check_graph, load_failure_reason
 
     try:
-        if path.name.endswith(".gz"):
-            with gzip.open(openable(path), "rb") as handle:
-                data = handle.read(MAX_GZ_BYTES + 1)
-            if len(data) > MAX_GZ_BYTES:
-                raise refuse(path, f"decompresses past {MAX_GZ_BYTES >> 30} GiB; no record of one sequence is "
-                                   "that large (a gzip bomb?)")
-            loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        else:
-            loaded = torch.load(openable(path), map_location="cpu", weights_only=True, mmap=True)
+        with warnings.catch_warnings():  # torch's warning about a pickle's protocol: the refusal below says it all
+            warnings.simplefilter("ignore")
+            loaded = torch_load(path)
         check_graph(loaded)
     except AuditError:
         raise
@@ -195,6 +191,19 @@ def load_pickle(path: Path):
         raise refuse(path, f"cannot be read with torch.load(weights_only=True): {load_failure_reason(exc)}; "
                            "refusing it (nothing in it was run)") from None
     return loaded
+
+
+def torch_load(path: Path):
+    """`torch.load(weights_only=True)` of a record: paged in where it is torch's zip format, a legacy pickle read
+    whole, a gzipped one decompressed in memory up to MAX_GZ_BYTES."""
+    if path.name.endswith(".gz"):
+        with gzip.open(openable(path), "rb") as handle:
+            data = handle.read(MAX_GZ_BYTES + 1)
+        if len(data) > MAX_GZ_BYTES:
+            raise refuse(path, f"decompresses past {MAX_GZ_BYTES >> 30} GiB; no record of one sequence is that large "
+                               "(a gzip bomb?)")
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    return torch.load(openable(path), map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(openable(path)))
 
 
 def read_specforge(path: Path) -> Record:

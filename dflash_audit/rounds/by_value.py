@@ -162,8 +162,7 @@ def context_key_finding(drafter, inputs: DrafterFeed, i: int, cite, prompt: str,
                  and relative(engine_out[i], rms_norm(o.self_attn.k_norm, keys)) <= SAME]
     why = f"normed with draft layer {other[0]}'s k_norm weight, not its own" if other else "not the trained ones"
     return localized("module", f"layers.{i}.self_attn.k_norm", f"same inputs, different output: the engine's context "
-                     f"keys of draft layer {i} are {why} (relative difference {size:.3g}); the engine norms every "
-                     f"layer's context keys in one rms_norm call over the stacked k_norm weights", size,
+                     f"keys of draft layer {i} are {why} (relative difference {size:.3g})", size,
                      cite("context_k_norm"), prompt, round_no)
 
 

@@ -11,6 +11,7 @@ audit cuts its rounds).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -82,6 +83,10 @@ def load_tensors(workdir: Path, name: str | None) -> dict[str, torch.Tensor]:
     return load_file(str(workdir / name))
 
 
+# How vLLM computes what a by-value finding names, where the finding's own words cannot know it.
+HOW = {"k_norm": "vLLM norms every layer's context keys in one rms_norm call over the stacked k_norm weights"}
+
+
 class StepsLocalizer:
     """By value (`FedLocalizer`) where the engine's tensors were captured; nothing to say where they were not."""
 
@@ -89,7 +94,12 @@ class StepsLocalizer:
         self.localizer = localizer
 
     def __call__(self, index: int, prompt: PromptRounds, audited, round_no: int) -> Localized:
-        return Localized() if self.localizer is None else self.localizer(index, prompt, audited, round_no)
+        if self.localizer is None:
+            return Localized()
+        found = self.localizer(index, prompt, audited, round_no)
+        found.findings = [replace(f, message=f"{f.message}; {HOW[f.key.rsplit('.', 1)[-1]]}")
+                          if f.key.rsplit(".", 1)[-1] in HOW else f for f in found.findings]
+        return found
 
 
 def vllm_source(env, spec, model, target, variant: dict, prompts: list[dict], workdir: Path) -> RoundSource:

@@ -254,3 +254,27 @@ def greedy_agreement(target, input_ids) -> list[bool]:
         device = head.weight.device  # a sharded target's head may sit on another device
         predicted = torch.cat([head(chunk.to(device)).argmax(-1).to(ids.device) for chunk in hidden.split(512)])
         return (predicted == ids[0, 1:]).tolist()
+
+
+def side_by_side(series: dict[str, AlongContext]) -> str:
+    """Several sources' τ by position in one table (compare's ours and ref; a live check's audited and served):
+    one column of τ per source, the target's agreement from the first source that measured it, and the marks
+    each bin is past (the first source's)."""
+    if not series:
+        return ""
+    first = next(iter(series.values()))
+    starts = sorted({b.start for along in series.values() for b in along.by_position})
+    found = {name: {b.start: b for b in along.by_position} for name, along in series.items()}
+    rows = []
+    for start in starts:
+        row = [f"{start}-{start + first.bin_tokens}"]
+        row += [f"{b.tau:.2f} ({b.rounds})" if (b := found[name].get(start)) and b.tau is not None else ""
+                for name in series]
+        agreement = next((b.agreement for name in series if (b := found[name].get(start)) and b.agreement is not None),
+                         None)
+        past = next((b.past for name in series if (b := found[name].get(start))), [])
+        rows.append(row + ["" if agreement is None else f"{agreement:.0%}", ", ".join(past)])
+    marks = "; ".join(f"{name}: {along.marks_text()}" for name, along in series.items())
+    return (f"τ along the context ({first.bin_tokens}-token bins by round position, τ (rounds); {marks})\n"
+            + tabulate(rows, headers=["position", *(f"τ {name}" for name in series), "target agrees", "past"],
+                       tablefmt="github"))

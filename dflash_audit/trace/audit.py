@@ -144,4 +144,10 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
             facts = {"target": target_meta, "drafter": meta["drafter"], "reference": reference.__dict__,
                      "loss": meta["loss"], "steps": len(steps), "context": recording.manifest.get("context", {}),
                      "recording": str(recording.folder)}
+    from dflash_audit.trace.run_audit import audit_run
+
+    run = audit_run(recording.manifest, recording.folder)  # the run across steps (trace --steps N)
+    findings.extend(run.findings)
+    notes.extend(run.notes)
+    facts["run"] = run.facts
     return TraceReport(sort_findings(findings), rows, facts, flow, notes)

@@ -112,6 +112,7 @@ class DraftRowsAudit(StepState):
             self.account(n, "hard labels (the targets are read from the loss's gradient)")
         label_source = self.label_source(live, positions) if hard else None
         anchors = self.anchors(live, positions or [None] * len(live))
+        self.anchor_at = anchors or {}
         if anchors is not None:
             self.alignment(live, positions or [None] * len(live), anchors)
         self.weights(trained)

@@ -141,11 +141,13 @@ class EvaluationCapture:
 
     def _target_call(self, module, args, kwargs, output) -> None:
         if self.target is None:
+            config = module.config
+            hidden, vocab = getattr(config, "hidden_size", None), getattr(config, "vocab_size", None)
+            if not isinstance(hidden, int) or not isinstance(vocab, int):
+                return  # no causal LM's config (speculators' DFlashDraftModel has a head and layers): not a target
             self.target = module
             self.target_parts = {id(m) for m in module.modules()}
-            config = module.config
-            self.hidden_size = int(getattr(config, "hidden_size"))
-            self.vocab = int(getattr(config, "vocab_size"))
+            self.hidden_size, self.vocab = hidden, vocab
         ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
         logits = _first_tensor(output)
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or logits is None or logits.shape[-1] != self.vocab:

@@ -42,14 +42,58 @@ class RecipeAudit(StepState):
         fit = fit_weights(means)
         self.flow["weights"] = fit["text"]
         if spread > 1e-4:
-            self.add(Finding("loss_weights", "warning", f"the loss weights vary between blocks at the same slot (by "
-                             f"{spread:.3g}): a per-block weighting (D-PACE?) or a mask, not fitted", None, None,
-                             pitfall=18, key="per_block"))
+            dpace = self.dpace(trained)
+            if dpace is not None:
+                fit = {"kind": "dpace", "alpha": dpace.alpha, "source": dpace.source, "weights": dpace.weights,
+                       "error": dpace.error, "text": f"D-PACE (alpha {dpace.alpha:.3g}, confidences on "
+                                                     f"{dpace.source}; fit to {dpace.error:.1g})"}
+                self.flow["weights"] = fit["text"]
+            else:
+                self.add(Finding("loss_weights", "warning", f"the loss weights vary between blocks at the same slot "
+                                 f"(by {spread:.3g}) and are no D-PACE weighting of the drafter's confidences: a "
+                                 "per-block weighting or a mask, not fitted", None, None, pitfall=18,
+                                 key="per_block"))
         if anchor_weight > 0:
             self.add(Finding("loss_weights", "divergence", f"the anchor slot (slot 0) is trained with weight "
                              f"{anchor_weight:.3g} (relative to slot 1); the reference gives it 0 (it is the input, "
                              "not a prediction)", anchor_weight, 0.0, pitfall=6, key="anchor_slot"), edge="loss")
         self.fitted = fit
+
+    def dpace(self, trained: list):
+        """The weights as speculators' D-PACE of the drafter's confidences (dpace_fit.py), the confidences taken on
+        the targets' argmax (speculators' CE target) or on the data's token at each slot: the first that fits."""
+        from dflash_audit.trace.dpace_fit import fit_dpace
+
+        tokens = self.cands.tokens.reshape(-1)
+        seq = self.cands.seq_len
+        blocks: dict[tuple, list] = {}
+        for index, (slot, c, p, lq) in enumerate(trained):
+            if slot is not None and slot[3] >= 1 and c > 0 and p is not None:
+                blocks.setdefault(slot[:3], []).append((slot[3], index, c, p, lq))
+        sources = {"the targets' argmax": lambda key, k, p: int(p.argmax())}
+        if self.anchor_at:
+            def data_token(key, k, p):
+                a = self.anchor_at.get(key)
+                return int(tokens[a + k]) if a is not None and a % seq + k < seq else None
+
+            sources["the data's tokens"] = data_token
+        for source, label in sources.items():
+            rows = []
+            for key, per in blocks.items():
+                if sorted(x[0] for x in per) != list(range(1, len(per) + 1)):
+                    continue  # a block whose rows are not its slots 1.. in full (a row tied to another block's)
+                block = []
+                for k, index, c, p, lq in sorted(per, key=lambda x: x[0]):
+                    y = label(key, k, p)
+                    if y is None:
+                        break
+                    block.append((index, c, -float(lq[y])))
+                else:
+                    rows.append(block)
+            fit = fit_dpace(rows, source) if rows else None
+            if fit is not None:
+                return fit
+        return None
 
     def loss_kind(self, live: list, trained: list, hard: bool, label_source: str | None) -> None:
         """The loss recomputed from its rows (each row's weight and target, read from the gradient): KL or
@@ -65,8 +109,8 @@ class RecipeAudit(StepState):
         kind = None
         if hard:  # toward a candidate's argmax: speculators' "ce"; toward the data's tokens: no speculators setting
             kind = "ce" if close and label_source and "argmax" in label_source else None
-        elif close:
-            kind = close[0] if len(close) == 1 else "kl_div"
+        elif close:  # soft targets: KL, or the soft-target cross-entropy (KL's gradient, its value KL + entropy)
+            kind = "kl_div" if "kl_div" in close else "soft_ce"
         if not close:
             best = min(abs(kl - recorded), abs(ce - recorded)) / max(1e-12, abs(recorded))
             self.findings.append(Finding("loss", "warning", f"the recorded loss {recorded:.6g} is not reproduced as "
@@ -81,6 +125,9 @@ class RecipeAudit(StepState):
         """The reference reduces as sum(w * mask * loss) / (sum(mask) + 1e-5) per sequence, then the mean: a slot-1
         row of a sequence weighs 1 / (n_sequences * (rows of the sequence + 1e-5))."""
         fit = getattr(self, "fitted", None)
+        if fit and fit.get("kind") == "dpace":
+            self.dpace_reduction(trained, fit)
+            return
         if not fit or fit.get("kind") not in ("uniform", "fixed-exp-decay"):
             return
         per_seq: dict[object, list] = {}
@@ -112,6 +159,29 @@ class RecipeAudit(StepState):
                              f"{REFERENCE_REDUCTION}", f"1/{unit:.4g}", REFERENCE_REDUCTION, pitfall=6,
                              key="reduction"), edge="loss")
 
+    def dpace_reduction(self, trained: list, fit: dict) -> None:
+        """Under D-PACE each row's divisor is its D-PACE weight over its weight in the loss: speculators' is
+        n_sequences * (trained rows of the sequence + 1e-5); one divisor for every row that equals the sum of the
+        weights is the loss divided by the sum of its weights."""
+        weights = fit["weights"]
+        divisors = {i: weights[i] / trained[i][1] for i in weights}
+        per_seq = Counter(slot[:2] for slot, c, _, _ in trained if slot is not None and slot[3] >= 1 and c > 0)
+        n = len(per_seq)
+        expected = {i: n * (per_seq[trained[i][0][:2]] + 1e-5) for i in weights}
+        if all(abs(d - expected[i]) <= 1e-3 * d for i, d in divisors.items()):
+            return
+        total = sum(weights.values())
+        spread = max(divisors.values()) - min(divisors.values())
+        if spread <= 1e-3 * max(divisors.values()) and abs(next(iter(divisors.values())) - total) <= 1e-3 * total:
+            self.add(Finding("loss_weights", "divergence", f"the D-PACE loss is divided by the sum of its weights "
+                             f"({total:.4g}, over the step's {len(weights)} trained rows); speculators reduces as "
+                             f"{REFERENCE_REDUCTION} (the trained rows, not their weights)", "sum(w)",
+                             REFERENCE_REDUCTION, pitfall=18, key="reduction"), edge="loss")
+        else:
+            self.add(Finding("loss_weights", "warning", f"the D-PACE loss's divisor is not reproduced (from "
+                             f"{min(divisors.values()):.4g} to {max(divisors.values()):.4g} over its rows)", None,
+                             REFERENCE_REDUCTION, pitfall=18, key="reduction"))
+
     def recipe_findings(self, kind: str | None, label_source: str | None) -> None:
         """The recipe found (loss kind, weighting, gamma) against speculators' reference recipe for it.
 
@@ -126,7 +196,7 @@ class RecipeAudit(StepState):
         found: dict[str, Any] = {}
         unknown = set()
         from_data = label_source is not None and label_source.startswith("the data")
-        if kind == "kl_div":
+        if kind in ("kl_div", "soft_ce"):  # the soft-target cross-entropy distils the whole distribution, as KL
             found["loss_fn"] = "kl_div"
         elif kind == "ce" or (kind and label_source and "argmax" in label_source):
             found["loss_fn"] = "ce"
@@ -136,6 +206,8 @@ class RecipeAudit(StepState):
             found["per_position_loss_weight"], found["gamma"] = "fixed-exp-decay", fit["gamma"]
         elif fit and fit["kind"] == "uniform":
             found["per_position_loss_weight"] = "uniform"
+        elif fit and fit["kind"] == "dpace":
+            found["per_position_loss_weight"], found["dpace_alpha"] = "dpace", fit["alpha"]
         else:
             unknown.add("per_position_loss_weight")
         recipe = Recipe(**{k: v for k, v in found.items() if (k, v) != ("per_position_loss_weight", "uniform")})
@@ -149,7 +221,20 @@ class RecipeAudit(StepState):
                              "accept", "the data's next tokens", "the target's own logits (or their argmax)",
                              pitfall=3, key="target_source"), edge="targets")
         weighting = found.get("per_position_loss_weight")
-        if weighting and not trainer_setting(found.get("loss_fn", ref.loss_fn), weighting):
+        said = " (a soft-target cross-entropy: KL's gradient, its value KL plus the target's entropy)" \
+            if kind == "soft_ce" else ""
+        if weighting == "dpace" and "loss_fn" in found and not trainer_setting(found["loss_fn"], weighting):
+            pitfall, severity, consequence = RECIPE_ENTRIES["loss_fn"]
+            self.add(Finding("recipe", severity, f"loss_fn: the loss distils the target's whole distribution{said} "
+                             f"under D-PACE weights; speculators' TrainConfig takes D-PACE only with {ref.loss_fn} "
+                             f"toward the target's argmax ({reference.title}) — {consequence}", found["loss_fn"],
+                             ref.loss_fn, pitfall=pitfall, key="loss_fn"), edge="loss")
+        elif said:
+            self.note("the loss's value is a soft-target cross-entropy, KL plus the target's entropy: its gradient "
+                      "is KL's, so it is held as KL")
+        if weighting == "dpace":
+            self.dpace_findings(fit, ref, reference.title)
+        elif weighting and not trainer_setting(found.get("loss_fn", ref.loss_fn), weighting):
             pitfall, severity, consequence = RECIPE_ENTRIES["per_position_loss_weight"]
             self.add(Finding("recipe", severity, f"per_position_loss_weight: the weights are {fit['text']}; "
                              f"{reference.title} uses {ref.per_position_loss_weight} — {consequence}", weighting,
@@ -167,6 +252,21 @@ class RecipeAudit(StepState):
                       f"{ref.loss_fn} with {ref.per_position_loss_weight}: a setting speculators' TrainConfig accepts "
                       "for dflash (--loss-fn, --per-position-loss-weight), so the choice is not held as a divergence"
                       + ("; its gamma is held" if chosen[1] == "fixed-exp-decay" else ""))
+
+    def dpace_findings(self, fit: dict, ref, title: str) -> None:
+        """D-PACE read by value: its smoothing alpha, and the labels its confidences are taken on (speculators':
+        the CE target, the targets' argmax)."""
+        if abs(fit["alpha"] - ref.dpace_alpha) > 1e-2:
+            pitfall, severity, consequence = RECIPE_ENTRIES["dpace_alpha"]
+            self.add(Finding("recipe", severity, f"dpace_alpha: the D-PACE weights fit alpha {fit['alpha']:.3g} vs "
+                             f"{ref.dpace_alpha:g} in {title} — {consequence}", round(fit["alpha"], 3),
+                             ref.dpace_alpha, pitfall=pitfall, key="dpace_alpha"), edge="loss")
+        if fit["source"] != "the targets' argmax":
+            self.add(Finding("loss_weights", "divergence", f"the D-PACE confidences are the drafter's probabilities "
+                             f"of {fit['source']}, not of the targets' argmax (speculators' D-PACE takes them on its "
+                             "CE target): later slots are weighted by how well the drafter predicts the data, not the "
+                             "target", fit["source"], "the targets' argmax", pitfall=18, key="dpace_confidence"),
+                     edge="loss")
 
 
 def trainer_setting(loss_fn: str, weighting: str) -> bool:

@@ -99,9 +99,10 @@ def _key(t: torch.Tensor) -> tuple:
 
 class Recorder:
     def __init__(self, out: Path, steps: int = 1, target: str | None = None, drafter_class: str | None = None,
-                 late: bool = False, evaluation: bool = False):
+                 late: bool = False, evaluation: bool = False, parity: int = 0):
         self.out = Path(out)
         self.steps = steps
+        self.parity = parity  # trace --parity K: keep the first K steps' weights and gradients (run_record.py)
         self.target_dir = target
         self.drafter_class = drafter_class
         self.late = late  # installed at the first step(): that step's forward was not seen
@@ -121,6 +122,7 @@ class Recorder:
         self.optimizers = 0  # optimizers made since install: with none, each backward is a step
         self.saved_backward = None
         self.saved_optimizer_init = None
+        self.run = None  # the RunRecorder (run_record.py)
         # An evaluation's calls (dflash_audit/trace/eval_record.py), captured until a training step shows the run is
         # a trainer's (its validation loop is not an evaluation); `evaluation`: --eval, backwards left alone.
         self.eval_only = evaluation
@@ -153,12 +155,17 @@ class Recorder:
             recorder.optimizers += 1
 
         Optimizer.__init__ = counted_init
+        from dflash_audit.trace.run_record import RunRecorder
+
+        self.run = RunRecorder(self, self.parity).install()  # what the run does across steps (optimizers, lr, clipping, ...)
         INSTALLED[:] = [self]
         return self
 
     def remove(self) -> None:
         from torch.optim import Optimizer
 
+        if self.run is not None:
+            self.run.remove()  # its wrappers sit over the recorder's: taken off first
         for handle in self.handles:
             handle.remove()
         self.handles = []
@@ -309,6 +316,8 @@ class Recorder:
         self.pending["meta"]["loss"] += record["meta"]["loss"]
 
     def _optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self.handles and self.run is not None:
+            self.run.optimizer_step(optimizer)
         if self.handles and self.pending is not None and not self.explicit:
             self._close_step()
             self._after_step()
@@ -337,7 +346,8 @@ class Recorder:
         import torch.distributed as dist
 
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        return {"rank": self.rank, "world_size": world, "argv": sys.argv, "steps_requested": self.steps}
+        return {"rank": self.rank, "world_size": world, "argv": sys.argv, "steps_requested": self.steps,
+                "run": self.run.facts(self.out if self.rank == 0 else None) if self.run is not None else None}
 
     def _capture(self, loss, calls: StepCalls, graph: dict | None = None) -> dict:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -417,6 +427,10 @@ class Recorder:
             if any(id(p) in drafter_params for p in m.parameters()):
                 continue
             models[id(m)] = m
+        if self.target_dir and not models:
+            offline = self._offline_target(calls, drafter)  # a trainer on offline states: the target never ran
+            if offline is not None:
+                return offline
         if self.target_dir:
             wanted = os.path.realpath(self.target_dir)
             models = {k: m for k, m in models.items() if os.path.realpath(model_path(m)) == wanted}
@@ -430,6 +444,25 @@ class Recorder:
                                "folder with --target")
         target = next(iter(models.values()))
         return [c for c in calls.models if c.model is target], target
+
+    def _offline_target(self, calls: StepCalls, drafter: nn.Module) -> tuple[list[ModelCall], nn.Module] | None:
+        """A trainer reading the target's states from a dataset (vLLM's, speculators', SpecForge's) runs no target:
+        with --target, the target is loaded from its folder (never run here; the audit recomputes it) and the step's
+        token ids are the drafter's own `input_ids` argument. None when the drafter took no such argument."""
+        drafter_calls = {id(drafter)} | {id(m) for m, _, _, _ in calls.kwargs if unwrap(m) is drafter}
+        ids = [t for module, name, t, _ in calls.kwargs if id(module) in drafter_calls and name == "input_ids"
+               and not t.is_floating_point()]
+        # A drafter class with a head and decoder layers (speculators' DFlashDraftModel) is seen as a model call.
+        ids += [c.input_ids for c in calls.models if unwrap(c.model) is drafter and isinstance(c.input_ids, torch.Tensor)
+                and not c.input_ids.is_floating_point()]
+        if not ids:
+            return None
+        if getattr(self, "offline_target", None) is None:
+            from transformers import AutoModelForCausalLM
+
+            self.offline_target = AutoModelForCausalLM.from_pretrained(self.target_dir, dtype=torch.float32)
+            self.offline_target.eval().requires_grad_(False)
+        return [ModelCall(self.offline_target, t, None) for t in ids], self.offline_target
 
 
 def unwrap(module: nn.Module) -> nn.Module:
@@ -642,7 +675,7 @@ def install_from_env(late: bool = False) -> Recorder:
     options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
     recorder = Recorder(Path(os.environ[ENV_OUT]), steps=int(options.get("steps", 1)),
                         target=options.get("target"), drafter_class=options.get("drafter_class"), late=late,
-                        evaluation=bool(options.get("evaluation")))
+                        evaluation=bool(options.get("evaluation")), parity=int(options.get("parity") or 0))
     recorder.install()
     import atexit
 

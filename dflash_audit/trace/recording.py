@@ -22,9 +22,10 @@ SCHEMA = f"dflash-audit/trace-recording/{FORMAT}"
 MANIFEST = "manifest.json"
 TENSORS = "recording.safetensors"
 ERROR = "trace-error.json"
+PARITY = "parity.safetensors"  # trace --parity K: the weights and gradients of the first steps (run_record.py)
 ERROR_SCHEMA = "dflash-audit/trace-error/1"
 # What the tool writes in --out: anything else there is the user's, and the folder is refused.
-OWN_FILES = (MANIFEST, TENSORS, ERROR, "report.json", "index.html", "evaluation.json", "evaluation.safetensors")
+OWN_FILES = (MANIFEST, TENSORS, ERROR, PARITY, "report.json", "index.html", "evaluation.json", "evaluation.safetensors")
 
 
 def _sha256(path: Path) -> str:
@@ -214,7 +215,7 @@ def foreign_entries(out: Path) -> list[str]:
     for entry in sorted(out.iterdir()):
         if entry.name not in OWN_FILES or not entry.is_file():
             foreign.append(entry.name)
-        elif entry.name in (TENSORS, "evaluation.safetensors"):
+        elif entry.name in (TENSORS, PARITY, "evaluation.safetensors"):
             if not str(_schema_of_safetensors(entry)).startswith("dflash-audit/trace-"):
                 foreign.append(entry.name)
         elif not written_by_us(entry):

@@ -11,6 +11,7 @@ import sys
 import threading
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dflash_audit.trace.recording import ENV_OPTIONS, ENV_OUT, MANIFEST, read_error
 from foundation.errors import AuditError
@@ -18,23 +19,26 @@ from foundation.errors import AuditError
 BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
 REPO = Path(__file__).resolve().parents[2]
 
+if TYPE_CHECKING:
+    from dflash_audit.flags.trace import TraceFlags
+
 
 def trace_env(out: Path, steps: int, target: Path | None, drafter_class: str | None, env=None,
-              evaluation: bool = False) -> dict:
+              evaluation: bool = False, parity: int = 0) -> dict:
     env = dict(os.environ if env is None else env)
     env[ENV_OUT] = str(Path(out).resolve())
     env[ENV_OPTIONS] = json.dumps({"steps": steps, "target": str(target) if target else None,
-                                   "drafter_class": drafter_class, "evaluation": evaluation})
+                                   "drafter_class": drafter_class, "evaluation": evaluation, "parity": parity})
     env["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP), str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 
 def run_command(command: list[str], out: Path, steps: int = 1, target: Path | None = None,
-                drafter_class: str | None = None, evaluation: bool = False) -> None:
+                drafter_class: str | None = None, evaluation: bool = False, parity: int = 0) -> None:
     """Run COMMAND under the recorder; raise AuditError (one line) unless it left a recording in `out`."""
     if not command:
         raise AuditError("give the training command after --, e.g. dflash-audit trace -- python train.py")
-    env = trace_env(out, steps, target, drafter_class, evaluation=evaluation)
+    env = trace_env(out, steps, target, drafter_class, evaluation=evaluation, parity=parity)
     last: deque[str] = deque(maxlen=20)
     try:
         process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
@@ -72,12 +76,12 @@ def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str) -> 
 
 
 def record_script(script: Path, argv: list[str], out: Path, steps: int = 1, target: Path | None = None,
-                  drafter_class: str | None = None, evaluation: bool = False) -> None:
+                  drafter_class: str | None = None, evaluation: bool = False, parity: int = 0) -> None:
     """Run a Python training script in this process under the recorder (the same hooks as the bootstrap)."""
     from dflash_audit.trace.recorder import Recorder, TraceStop
 
     recorder = Recorder(Path(out), steps=steps, target=str(target) if target else None,
-                        drafter_class=drafter_class, evaluation=evaluation).install()
+                        drafter_class=drafter_class, evaluation=evaluation, parity=parity).install()
     saved_argv, saved_env = sys.argv, os.environ.get(ENV_OUT)
     sys.argv = [str(script), *argv]
     os.environ[ENV_OUT] = str(Path(out).resolve())  # as in the verb's child: `trace.step` hands the loss over
@@ -116,40 +120,35 @@ def check_out(out: Path) -> None:
 def clear_recording(out: Path) -> None:
     """The tool's own earlier recording in --out, removed before a new one is made (never a user's file)."""
     from dflash_audit.trace.eval_record import OWN_FILES as EVALUATION_FILES
-    from dflash_audit.trace.recording import ERROR, MANIFEST, TENSORS
+    from dflash_audit.trace.recording import ERROR, MANIFEST, PARITY, TENSORS
 
-    for name in (MANIFEST, ERROR, TENSORS, *EVALUATION_FILES):
+    for name in (MANIFEST, ERROR, TENSORS, PARITY, *EVALUATION_FILES):
         (out / name).unlink(missing_ok=True)
 
 
-def run_trace(command: list[str], out: Path | None = None, from_dir: Path | None = None, steps: int = 1,
-              target: Path | None = None, ref: Path | None = None, json_path: Path | None = None,
-              drafter_class: str | None = None, evaluation: bool = False, drafter: Path | None = None,
-              temperature: float | None = None):
-    """Record COMMAND's first steps into --out (or read --from), audit the recording, write report.json and
-    index.html beside it (and --json); the TraceReport."""
+def run_trace(flags: TraceFlags):
+    """Record the command's first steps into --out (or read --from), audit the recording, write report.json and
+    index.html beside it (and --json), as `trace`'s validated flags ask; the TraceReport (an evaluation's report for
+    an evaluation, `--eval`)."""
     from dflash_audit.outputs import check_not_foreign, check_writable
     from dflash_audit.trace.audit import audit_recording
     from dflash_audit.trace.recording import read_recording
     from dflash_audit.trace.report import write_report_html, write_report_json
 
-    if steps < 0:
-        raise AuditError(f"--steps {steps}: give 0 (let the script finish) or a number of steps to record")
-    if drafter_class is not None and ":" not in drafter_class:
-        raise AuditError(f"--drafter-class {drafter_class}: give MODULE:CLASS, e.g. dflash.model:DFlashDraftModel")
+    command, out, from_dir, steps, target = flags.command, flags.out, flags.from_dir, flags.steps, flags.target
+    ref, json_path, drafter_class = flags.ref, flags.json_path, flags.drafter_class
+    evaluation, drafter, temperature, parity = flags.evaluation, flags.drafter, flags.temperature, flags.parity
     if target is not None and not (Path(target) / "config.json").is_file():
         raise AuditError(f"--target {target}: no Hugging Face model folder there (config.json missing)")
     if ref is not None and not Path(ref).exists():
         raise AuditError(f"--ref {ref}: no such file or folder")
     if from_dir is not None:
-        if command:
-            raise AuditError("--from re-audits a recording: give it without a command")
         folder = Path(from_dir)
     else:
         folder = Path(out or "reports/trace")
         check_out(folder)
         clear_recording(folder)
-        run_command(command, folder, steps, target, drafter_class, evaluation)
+        run_command(command, folder, steps, target, drafter_class, evaluation, parity)
     report_dir = Path(out) if out is not None else folder
     if report_dir != folder:
         check_out(report_dir)

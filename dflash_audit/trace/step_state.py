@@ -5,7 +5,7 @@ add their methods to `StepAudit` (audit.py) on top of this state.
 
 State a part writes for the parts after it: `blocks` (per drafter call: its block token ids, each token's
 (batch row, block, slot), the anchor tokens, the block positions, the training mask's name), `mask_id` and
-`block_length` (blocks.py); `draft_rows`, `draft_slots`, `draft_prefix` (draft_rows.py); `fitted` (recipe.py).
+`block_length` (blocks.py); `draft_rows`, `draft_slots`, `draft_prefix` (draft_rows.py); `anchor_at` (alignment.py); `fitted` (recipe.py).
 """
 
 from __future__ import annotations
@@ -88,3 +88,4 @@ class StepState:
         if text not in self.notes:
             self.notes.append(text)
         self.fitted: dict[str, Any] | None = None  # the weights per slot, fitted (recipe.py)
+        self.anchor_at: dict = {}  # (call, batch row, block) -> its anchor's flat place in the data (alignment.py)

@@ -209,9 +209,7 @@ def read_prompt_set(name: str, path: str | Path, max_samples: int | None = None)
     _unique_ids(prompts, path)
     chosen = prompts
     selection = "all rows, file order"
-    if max_samples is not None:
-        if max_samples < 1:
-            raise AuditError(f"--max-samples must be at least 1, got {max_samples}")
+    if max_samples is not None:  # at least 1, as `eval --max-samples` declares
         chosen = select(prompts, max_samples)
         selection = f"{len(chosen)} of {len(prompts)} by z-lab's seeded selection (_select_dataset, seed 42)"
     return PromptSet(benchmark_name(name), path, chosen, benchmark.rendering, rows=len(rows), selection=selection)

@@ -44,8 +44,13 @@ class BlockReplay:
     step while every prompt drafts one block.
     """
 
-    def __init__(self, drafter: DFlashDrafter, target: nn.Module, entries: list[CachedPrompt]):
+    def __init__(self, drafter: DFlashDrafter, target: nn.Module, entries: list[CachedPrompt],
+                 block_positions=None):
+        """`block_positions(anchors [A]) -> [A, S]`: the rotary positions of each block's slots where a replay
+        asks for other ones than the anchor's onwards (the long-context audit's variants); the context keeps its
+        own positions."""
         self.drafter, self.target = drafter, target
+        self.block_positions = block_positions
         self.tokens = [entry.token_ids.tolist() for entry in entries]
         self.bank_row = {p: p for p in range(len(entries))}  # prompt -> row of the banks
         dtype, device = model_dtype(drafter), model_device(drafter)
@@ -86,7 +91,8 @@ class BlockReplay:
         block = anchor_blocks(torch.tensor([self.tokens[p][a] for p, a in zip(prompts.tolist(), anchors.tolist())],
                                            device=device), block_len, drafter.mask_token_id)
         slot_positions = anchors[:, None] + torch.arange(block_len, device=device)[None]  # [A, S]
-        cos, sin = self.cos[slot_positions], self.sin[slot_positions]  # [A, S, d]
+        rotary = slot_positions if self.block_positions is None else self.block_positions(anchors)
+        cos, sin = self.cos[rotary], self.sin[rotary]  # [A, S, d]
         bank_rows = [self.bank_row[p] for p in prompts.tolist()]
         one_per_bank = bank_rows == list(range(len(self.bank_row)))  # block j writes bank row j
         index = torch.tensor(bank_rows, device=device)

@@ -75,9 +75,8 @@ def quantize(engine: LlamacppEngine, source: Path, out_file: Path, quant: str) -
 
 def drafter_gguf(zlab_dir: Path, target_dir: Path, out_file: Path, quant: str, engine: LlamacppEngine | None,
                  cache: str | Path | None = None) -> list[str]:
-    """A z-lab drafter folder as a GGUF of type `quant`, by llama.cpp's converter (and quantizer)."""
-    if quant not in QUANT_TYPES:
-        raise AuditError(f"--quant: {quant!r} is not one of {', '.join(QUANT_TYPES)}")
+    """A z-lab drafter folder as a GGUF of type `quant` (one of `QUANT_TYPES`, as the `--quant` flags declare it), by
+    llama.cpp's converter (and quantizer)."""
     if quant in CONVERTER_TYPES:
         return run_converter(zlab_dir, out_file, quant, target_dir, cache)
     if engine is None:

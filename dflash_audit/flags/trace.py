@@ -1,0 +1,51 @@
+"""`trace`'s flags, declared once (`TraceFlags`): its options, `--help` and docs table are generated from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, model_validator
+
+from dflash_audit.flags import VerbFlags, flag
+
+
+def module_and_class(value: str) -> str:
+    module, colon, name = value.partition(":")
+    if not (module and colon and name):
+        raise ValueError(f"give MODULE:CLASS, e.g. dflash.model:DFlashDraftModel, got {value!r}")
+    return value
+
+
+class TraceFlags(VerbFlags):
+    """`trace`'s flags, and the command after `--`."""
+
+    target: Path | None = flag(None, help="the target's HF folder, when the script loads more than one model "
+                                          "(default: the one it ran)")
+    steps: int = flag(1, ge=0, help="training steps to record, then end the script (0: let it finish)")
+    ref: Path | None = flag(None, help="a config.json declaring the reference's target_layer_ids / block_size / "
+                                       "mask_token_id")
+    out: Path | None = flag(None, help="recording and report folder (default reports/trace)")
+    json_path: Path | None = flag(None, "--json", help="also write report.json here")
+    drafter_class: Annotated[str, AfterValidator(module_and_class)] | None = flag(
+        None, help="MODULE:CLASS of the drafter, when the loss trains several modules")
+    from_dir: Path | None = flag(None, "--from", help="re-audit this recording (no command)")
+    evaluation: bool = flag(False, "--eval", help="the command is an evaluation (a run with no backward is one "
+                                                  "anyway): its backwards are ignored")
+    drafter: Path | None = flag(None, help="an evaluation's drafter folder (z-lab format), when its module does not "
+                                           "name one")
+    temperature: float | None = flag(None, ge=0, le=100.0, help="an evaluation's sampling temperature, when it "
+                                                                "samples (default: greedy)")
+    parity: int = flag(0, ge=0, help="run speculators' own optimizer step beside the first K recorded steps, from "
+                                     "their weights and gradients, and name the first step and phase where they "
+                                     "part (K < --steps)")
+    command: list[str] = flag([], arguments=True, help="your own training command, after `--`")
+
+    @model_validator(mode="after")
+    def a_command_or_a_recording(self) -> TraceFlags:
+        if self.from_dir is not None and self.command:
+            raise ValueError("--from re-audits a recording: give it without a command")
+        if self.parity and self.steps and self.parity >= self.steps:
+            raise ValueError(f"--parity {self.parity}: give fewer steps than --steps {self.steps} (each compared step "
+                             "needs the weights of the step after it)")
+        return self

@@ -1,0 +1,327 @@
+"""What the run does across steps, recorded beside the step recorder (recorder.py), read from the objects themselves:
+no line in the script, no name of the script's.
+
+- the optimizers: every `torch.optim.Optimizer` made after the recorder was installed (its `__init__` is counted by
+  the recorder) and every one torch's global optimizer step hooks report; their classes, their parameter groups
+  (every setting: lr, betas, momentum, eps, weight decay, ...) and which of the drafter's parameters each holds;
+- the learning rate of every group at every optimizer step (read at the step's first optimizer `step()`, before it
+  applies: the lr this step uses), and the schedulers made (their class, their state, transformers' declared warmup
+  and total when their lambdas say so);
+- the gradient norm after the step's last backward and at its optimizer step (the clipping between them, whoever did
+  it), and each `clip_grad_norm_` call with its max norm;
+- the backwards per optimizer step, the loss each backward was given, whether the parameters moved since the previous
+  step, the dtypes of the parameters, their gradients and the optimizer state, and the autocast the drafter ran under;
+- resume: the optimizer's state step and the schedulers' last epoch at the first step, and which states were loaded;
+- under torchrun, a digest of the token ids each rank embedded at each step (gathered to rank 0), so that ranks fed
+  the same batch are seen.
+The whole of it is small JSON, written in the manifest's context (`run`); the audit is run_audit.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import weakref
+from collections import Counter
+
+import torch
+from torch import nn
+
+# Group settings recorded as they are (JSON-able scalars and tuples); the parameters themselves are named apart.
+SKIP_GROUP_KEYS = ("params", "param_names")
+
+
+def _plain(value):
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float)) for v in value):
+        return list(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value)
+    return None
+
+
+def _class_name(obj) -> str:
+    return f"{type(obj).__module__}:{type(obj).__qualname__}"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return _dtype_name(t.dtype)
+
+
+class RunRecorder:
+    """Installed by the step recorder (`Recorder.install`); `optimizer_step` is called from its optimizer hook."""
+
+    def __init__(self, recorder, parity: int = 0):
+        self.recorder = recorder
+        self.parity = parity  # steps whose weights and gradients are kept for the step parity (parity.py)
+        self.parity_steps: list[dict] = []
+        self.raw_grads: dict = {}
+        self.optimizers: list[weakref.ref] = []
+        self.schedulers: list[weakref.ref] = []
+        self.loaded: Counter = Counter()  # which kinds of state were loaded (optimizer, scheduler)
+        self.clip_calls: list[dict] = []
+        self.steps: list[dict] = []
+        self.structure: dict | None = None
+        self.backwards = 0
+        self.losses: list[float] = []
+        self.norm_after_backward: float | None = None
+        self.embedded: list[str] = []  # digests of the token ids embedded since the step began
+        self.autocast: set[tuple] = set()
+        self.previous_sums: dict[int, tuple[float, float]] = {}
+        self.in_step = False  # the step's first optimizer step() was seen; the next backward opens another
+        self.saved: dict = {}
+        self.handles = []
+
+    # -- installing ----------------------------------------------------------------------------------------------
+    def install(self) -> RunRecorder:
+        from torch.nn.modules import module as module_api
+        from torch.optim import Optimizer
+        from torch.optim.lr_scheduler import LRScheduler
+
+        run = self
+        self.handles = [module_api.register_module_forward_pre_hook(self._forward)]
+        backward = torch.autograd.backward
+        clip = torch.nn.utils.clip_grad_norm_
+        init, load = Optimizer.__init__, Optimizer.load_state_dict
+        scheduler_init, scheduler_load = LRScheduler.__init__, LRScheduler.load_state_dict
+        self.saved = {"backward": backward, "clip": clip, "init": init, "load": load,
+                      "scheduler_init": scheduler_init, "scheduler_load": scheduler_load}
+
+        def run_backward(tensors, *args, **kwargs):
+            result = backward(tensors, *args, **kwargs)
+            if run.handles:
+                run._after_backward(tensors)
+            return result
+
+        @functools.wraps(clip)
+        def run_clip(parameters, max_norm, norm_type=2.0, *args, **kwargs):
+            total = clip(parameters, max_norm, norm_type, *args, **kwargs)
+            if run.handles:
+                run.clip_calls.append({"max_norm": float(max_norm), "norm_type": float(norm_type),
+                                       "total_norm": float(total)})
+            return total
+
+        def counted_init(optimizer, *args, **kwargs):
+            init(optimizer, *args, **kwargs)
+            run._know_optimizer(optimizer)
+
+        def loaded_optimizer(optimizer, *args, **kwargs):
+            run.loaded["optimizer"] += 1
+            return load(optimizer, *args, **kwargs)
+
+        def counted_scheduler(scheduler, *args, **kwargs):
+            scheduler_init(scheduler, *args, **kwargs)
+            run.schedulers.append(weakref.ref(scheduler))
+
+        def loaded_scheduler(scheduler, *args, **kwargs):
+            run.loaded["scheduler"] += 1
+            return scheduler_load(scheduler, *args, **kwargs)
+
+        torch.autograd.backward = run_backward
+        torch.nn.utils.clip_grad_norm_ = run_clip
+        torch.nn.utils.clip_grad.clip_grad_norm_ = run_clip
+        Optimizer.__init__, Optimizer.load_state_dict = counted_init, loaded_optimizer
+        LRScheduler.__init__, LRScheduler.load_state_dict = counted_scheduler, loaded_scheduler
+        return self
+
+    def remove(self) -> None:
+        from torch.optim import Optimizer
+        from torch.optim.lr_scheduler import LRScheduler
+
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        if self.saved:
+            saved, self.saved = self.saved, {}
+            torch.autograd.backward = saved["backward"]
+            torch.nn.utils.clip_grad_norm_ = saved["clip"]
+            torch.nn.utils.clip_grad.clip_grad_norm_ = saved["clip"]
+            Optimizer.__init__, Optimizer.load_state_dict = saved["init"], saved["load"]
+            LRScheduler.__init__, LRScheduler.load_state_dict = saved["scheduler_init"], saved["scheduler_load"]
+
+    def _know_optimizer(self, optimizer) -> None:
+        if not any(ref() is optimizer for ref in self.optimizers):
+            self.optimizers.append(weakref.ref(optimizer))
+
+    def live_optimizers(self) -> list:
+        return [o for o in (ref() for ref in self.optimizers) if o is not None and o.param_groups]
+
+    # -- what flows through a step -------------------------------------------------------------------------------
+    def _forward(self, module, args) -> None:
+        if isinstance(module, nn.Embedding) and args and isinstance(args[0], torch.Tensor):
+            ids = args[0].detach()
+            self.embedded.append(hashlib.sha1(ids.to("cpu").contiguous().numpy().tobytes()).hexdigest()[:16])
+        elif self.recorder.trainable_depth == 1 and self.recorder._kind(module)[3]:
+            # The outermost call of a module holding trainable weights (the step recorder's hook ran first): the
+            # autocast the drafter's forward runs under.
+            device = next((p.device.type for p in module.parameters()), "cpu")
+            enabled = torch.is_autocast_enabled(device)
+            self.autocast.add((device, enabled, _dtype_name(torch.get_autocast_dtype(device)) if enabled else None))
+
+    def _after_backward(self, tensors) -> None:
+        loss = tensors if isinstance(tensors, torch.Tensor) else None
+        if loss is None or loss.numel() != 1 or not loss.is_floating_point():
+            return
+        if loss.grad_fn is None:
+            return
+        params = self._params()
+        if self.in_step:  # the previous step's optimizer has stepped: this backward opens a new step
+            self.in_step = False
+        self.backwards += 1
+        self.losses.append(float(loss.detach().float()))
+        self.norm_after_backward = self._grad_norm(params)
+        if self.parity and len(self.parity_steps) < self.parity:  # the gradient before any clipping
+            self.raw_grads = {name: p.grad.detach().to("cpu", copy=True) for name, p in self._trained()
+                              if p.grad is not None}
+
+    def _params(self) -> list[torch.Tensor]:
+        seen, params = set(), []
+        for optimizer in self.live_optimizers():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        params.append(p)
+        return params
+
+    @staticmethod
+    def _grad_norm(params) -> float | None:
+        grads = [p.grad.detach().float().norm() for p in params if p.grad is not None]
+        return float(torch.stack(grads).norm()) if grads else None
+
+    # -- the optimizer step: one step's facts ---------------------------------------------------------------------
+    def optimizer_step(self, optimizer) -> None:
+        """Called from the recorder's global optimizer step pre-hook, before it closes the step."""
+        self._know_optimizer(optimizer)
+        if self.in_step or (not self.backwards and not self.losses):
+            return  # the step's second optimizer (Muon, then AdamW), or a step with no backward seen
+        self.in_step = True
+        params = self._params()
+        names = self._names()
+        if self.structure is None:
+            self.structure = self._structure(names)
+        sums = {id(p): (float(p.detach().double().sum()), float(p.detach().double().square().sum())) for p in params}
+        moved = None
+        if self.previous_sums:
+            moved = sum(1 for key, value in sums.items() if key in self.previous_sums and
+                        self.previous_sums[key] != value)
+        self.previous_sums = sums
+        grads = [p.grad for p in params if p.grad is not None]
+        step = {
+            "backwards": self.backwards, "loss": sum(self.losses) if self.losses else None,
+            "losses": list(self.losses),
+            "grad_norm_after_backward": self.norm_after_backward, "grad_norm_at_step": self._grad_norm(params),
+            "clip_calls": list(self.clip_calls),
+            "zero_gradients": bool(grads) and all(not bool(g.detach().any()) for g in grads),
+            "params_with_grad": len(grads), "params": len(params),
+            "params_moved": moved,
+            "lrs": [[_plain(group.get("lr")) for group in o.param_groups] for o in self.live_optimizers()],
+            "initial_lrs": [[_plain(group.get("initial_lr")) for group in o.param_groups]
+                            for o in self.live_optimizers()],
+            "dtypes": {"params": sorted({_dtype(p) for p in params}), "grads": sorted({_dtype(g) for g in grads}),
+                       "optimizer_state": sorted({_dtype(v) for o in self.live_optimizers() for s in o.state.values()
+                                                  for v in s.values() if isinstance(v, torch.Tensor) and v.dim()})},
+            "autocast": sorted([list(a) for a in self.autocast], key=str),
+            "schedulers": [self._scheduler_facts(s) for s in (ref() for ref in self.schedulers) if s is not None],
+            "optimizer_state_steps": [self._state_step(o) for o in self.live_optimizers()],
+            "optimizer_states": [len(o.state) for o in self.live_optimizers()],
+            "loaded": dict(self.loaded),
+            "ranks_embedded": self._gather(hashlib.sha1("".join(self.embedded).encode()).hexdigest()[:16]
+                                           if self.embedded else None),
+        }
+        self.steps.append(step)
+        if self.parity and len(self.parity_steps) <= self.parity:  # the weights this step starts from, its gradients
+            trained = self._trained()
+            self.parity_steps.append({
+                "param": {name: p.detach().to("cpu", copy=True) for name, p in trained},
+                "grad": {name: p.grad.detach().to("cpu", copy=True) for name, p in trained if p.grad is not None},
+                "raw": self.raw_grads})
+            self.raw_grads = {}
+        self.backwards, self.losses, self.clip_calls, self.embedded = 0, [], [], []
+        self.autocast = set()
+        self.norm_after_backward = None
+
+    def _drafter(self) -> nn.Module | None:
+        """The drafter the step recorder found (rank 0 only)."""
+        pending = self.recorder.pending
+        if isinstance(pending, dict) and pending.get("parts"):
+            return pending["parts"][0]
+        if self.recorder.recorded:
+            return self.recorder.recorded[-1].get("parts", (None,))[0]
+        return None
+
+    def _trained(self) -> list[tuple[str, torch.Tensor]]:
+        drafter = self._drafter()
+        return [(n, p) for n, p in drafter.named_parameters() if p.requires_grad] if drafter is not None else []
+
+    def _names(self) -> dict[int, str]:
+        """Each trained parameter's name in the drafter, where the step recorder found it."""
+        drafter = self._drafter()
+        return {id(p): name for name, p in drafter.named_parameters()} if drafter is not None else {}
+
+    def _structure(self, names: dict[int, str]) -> dict:
+        optimizers = []
+        placed = set()
+        for o in self.live_optimizers():
+            groups = []
+            for group in o.param_groups:
+                settings = {k: _plain(v) for k, v in group.items() if k not in SKIP_GROUP_KEYS}
+                params = [{"name": names.get(id(p), "(outside the drafter)"), "shape": list(p.shape)}
+                          for p in group["params"]]
+                placed.update(id(p) for p in group["params"])
+                groups.append({"settings": {k: v for k, v in settings.items() if v is not None}, "params": params})
+            optimizers.append({"class": _class_name(o), "groups": groups})
+        drafter = self._drafter()
+        trainable = [(n, p) for n, p in drafter.named_parameters() if p.requires_grad] if drafter is not None else []
+        return {"optimizers": optimizers, "drafter_trainable": len(trainable),
+                "not_in_any_optimizer": [n for n, p in trainable if id(p) not in placed]}
+
+    @staticmethod
+    def _scheduler_facts(scheduler) -> dict:
+        facts = {"class": _class_name(scheduler), "last_epoch": int(getattr(scheduler, "last_epoch", -1)),
+                 "optimizer": _class_name(getattr(scheduler, "optimizer", None))}
+        declared = []
+        for fn in getattr(scheduler, "lr_lambdas", []) or []:
+            if isinstance(fn, functools.partial):  # transformers' schedules: the lambda's own keywords
+                declared.append({"function": getattr(fn.func, "__qualname__", str(fn.func)),
+                                 **{k: _plain(v) for k, v in fn.keywords.items()}})
+        if declared:
+            facts["declared"] = declared
+        return facts
+
+    @staticmethod
+    def _state_step(optimizer) -> int:
+        steps = [_plain(s.get("step")) for s in optimizer.state.values() if isinstance(s, dict) and "step" in s]
+        return int(max(steps)) if steps else 0
+
+    def _gather(self, digest: str | None) -> list | None:
+        """Every rank's digest of what it embedded this step (torchrun): gathered to every rank."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return None
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, digest)
+        return gathered
+
+    def facts(self, out=None) -> dict:
+        facts = {"structure": self.structure, "steps": self.steps}
+        if self.parity_steps and out is not None:
+            from pathlib import Path
+
+            from safetensors.torch import save_file
+
+            from dflash_audit.trace.recording import PARITY
+            from foundation.atomic import atomic_write_bytes
+
+            tensors = {f"step{k}/{kind}/{name}": t.contiguous() for k, step in enumerate(self.parity_steps)
+                       for kind, named in step.items() for name, t in named.items()}
+            atomic_write_bytes(Path(out) / PARITY, lambda tmp: save_file(tensors, tmp,
+                                                                         metadata={"schema": "dflash-audit/trace-parity/1"}))
+            facts["parity"] = {"file": PARITY, "steps": len(self.parity_steps)}
+        return facts

@@ -1,0 +1,191 @@
+"""`trace --steps N`: the run across steps, held to speculators' TrainConfig-resolved run.
+
+tests/trace_scripts/run_trainer.py is a team's own multi-step trainer (speculators' DFlashDraftModel, its run written
+by hand as speculators' trainer runs it: Muon + AdamW, linear warmup over 1% of the total, clip 1.0). Each flag changes
+one thing of the run, and each change must be exactly its own finding; the sound run none. Recorded in this process
+(`record_script`, the recorder the verb's bootstrap installs), 5 steps of a schedule over 200 (warmup 2).
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash_audit.trace.audit import audit_recording
+from dflash_audit.trace.lr_fit import fit_schedule
+from dflash_audit.trace.recording import read_recording
+from dflash_audit.trace.run import record_script
+from dflash_audit.trace.run_audit import audit_run
+from dflash_world.target_training import distinct_random_qwen3
+
+TRAINER = Path(__file__).resolve().parent / "trace_scripts" / "run_trainer.py"
+STEPS = 5
+# Each change of the run, and the one finding (component, key, severity) it must give.
+CHANGES = {
+    "AdamW on everything": (["--optimizer", "adamw"], ("recipe", "optimizer", "divergence")),
+    "lr 10x": (["--lr", "1e-2"], ("recipe", "lr", "divergence")),
+    "no warmup": (["--warmup-ratio", "0"], ("recipe", "lr_warmup", "divergence")),
+    "cosine decay": (["--schedule", "cosine"], ("recipe", "lr_schedule", "divergence")),
+    "no clipping": (["--clip", "0"], ("recipe", "grad_clip", "divergence")),
+    "clip at 0.5": (["--clip", "0.5"], ("recipe", "grad_clip", "divergence")),
+    "gradients zeroed before the step": (["--zero-before-step"], ("loss", "zero_gradients", "divergence")),
+    "AdamW betas (0.9, 0.95)": (["--betas", "0.9", "0.95"], ("recipe", "optimizer_settings", "divergence")),
+    "two micro-batches": (["--accum", "2"], ("recipe", "accumulation", "warning")),
+    "bfloat16 master weights": (["--param-dtype", "bfloat16"], ("recipe", "precision", "divergence")),
+}
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("run-target")
+    distinct_random_qwen3(12, 64, 512).save_pretrained(path)
+    return path
+
+
+def record(target_dir: Path, out: Path, argv: list[str], steps: int = STEPS):
+    record_script(TRAINER, ["--target", str(target_dir), *argv], out, steps=steps)
+    return read_recording(out)
+
+
+@pytest.fixture(scope="module")
+def audited(target_dir, tmp_path_factory):
+    runs = {}
+    for name, argv in {"sound": [], **{k: v[0] for k, v in CHANGES.items()}}.items():
+        runs[name] = audit_run(record(target_dir, tmp_path_factory.mktemp("run"), argv).manifest)
+    return runs
+
+
+def found(run):
+    return [(f.component, f.key, f.severity) for f in run.findings]
+
+
+def test_the_sound_run_has_no_finding(audited):
+    run = audited["sound"]
+    assert found(run) == [], [f.message for f in run.findings]
+    assert run.facts["schedule"]["warmup"] == 2 and run.facts["schedule"]["shape"] == "linear"
+    assert run.facts["schedule"]["total"] == 200
+    assert [row["step"] for row in run.facts["per_step"]] == list(range(1, STEPS + 1))
+    assert {o["class"].rsplit(":", 1)[-1] for o in run.facts["optimizers"]} == {"Muon", "AdamW"}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_each_change_of_the_run_is_exactly_its_own_finding(audited, change):
+    run = audited[change]
+    assert found(run) == [CHANGES[change][1]], [f.message for f in run.findings]
+    assert run.findings[0].source  # the file and line of speculators the finding rests on
+
+
+def test_the_numbers_are_the_planted_ones(audited):
+    lr = audited["lr 10x"].findings[0]
+    assert (lr.ours, lr.ref) == (pytest.approx(1e-2), pytest.approx(1e-3))
+    warmup = audited["no warmup"].findings[0]
+    assert (warmup.ours, warmup.ref) == (0, 2) and "200" in warmup.message
+    clip = audited["clip at 0.5"].findings[0]
+    assert (clip.ours, clip.ref) == (0.5, 1.0) and "trainer.py:551" in clip.source
+    optimizer = audited["AdamW on everything"].findings[0]
+    assert "Muon" in optimizer.message and "AdamW on 36" in optimizer.ours
+
+
+def test_the_full_trace_of_the_sound_run_is_clean(target_dir, tmp_path):
+    report = audit_recording(record(target_dir, tmp_path, []))
+    assert report.findings == [], [f.message for f in report.findings]
+    assert report.facts["run"]["steps"] == STEPS
+
+
+def test_one_step_is_not_a_run(target_dir, tmp_path):
+    run = audit_run(record(target_dir, tmp_path, ["--optimizer", "adamw"], steps=1).manifest)
+    assert run.findings == [] and any("--steps N" in note for note in run.notes), run.notes
+
+
+def test_a_resume_that_drops_the_optimizer_state_is_found(target_dir, tmp_path, monkeypatch):
+    ckpt = tmp_path / "ckpt.pt"
+    monkeypatch.setattr(sys, "argv", [str(TRAINER), "--target", str(target_dir), "--run", "3", "--save", str(ckpt)])
+    runpy.run_path(str(TRAINER), run_name="__main__")
+    sound = audit_run(record(target_dir, tmp_path / "all", ["--resume", str(ckpt)], steps=3).manifest)
+    assert found(sound) == [], [f.message for f in sound.findings]
+    assert sound.facts["resume"]["scheduler_last_epoch"] == [3, 3]
+    fresh = audit_run(record(target_dir, tmp_path / "fresh", ["--resume", str(ckpt), "--resume-parts",
+                                                              "model,scheduler"], steps=3).manifest)
+    assert found(fresh) == [("recipe", "resume", "divergence")], [f.message for f in fresh.findings]
+
+
+def test_the_schedule_fit_knows_transformers_and_our_own_schedules():
+    from transformers.optimization import _get_cosine_schedule_with_warmup_lr_lambda as cosine
+    from transformers.optimization import _get_linear_schedule_with_warmup_lr_lambda as linear
+
+    from impl.train import lr_factor
+
+    fit = fit_schedule([linear(k, num_warmup_steps=3, num_training_steps=300) for k in range(7)])
+    assert (fit["warmup"], fit["shape"], fit["total"]) == (3, "linear", 300)
+    fit = fit_schedule([cosine(k, num_warmup_steps=0, num_training_steps=50, num_cycles=0.5) for k in range(4)])
+    assert (fit["warmup"], fit["shape"], fit["total"]) == (0, "cosine", 50)
+    fit = fit_schedule([lr_factor(k, 2, 40) for k in range(6)])
+    assert (fit["warmup"], fit["shape"], fit["total"]) == (2, "cosine", 40) and fit["floor"] == pytest.approx(0.1)
+    short = fit_schedule([linear(k, num_warmup_steps=10, num_training_steps=1000) for k in range(4)])
+    assert short["warmup"] == 10 and short["shape"] is None and short["total"] is None and short["unknown"]
+    one = fit_schedule([1.0, 0.99])
+    assert one["shape"] is None and "a line and a cosine" in one["unknown"][0]
+
+
+def test_the_reference_run_is_read_from_the_installed_speculators():
+    from reference_adapters.speculators_run_recipe import run_reference
+
+    ref = run_reference("dflash")
+    assert ref.optimizer == "muon" and ref.schedule == "linear" and ref.clip_max_norm == 1.0
+    assert ref.muon["lr"] == 1e-3 and ref.muon["momentum"] == 0.95 and ref.muon["weight_decay"] == 0.1
+    assert ref.muon["adjust_lr_fn"] == "match_rms_adamw" and ref.adamw["weight_decay"] == 0.01
+    assert ref.adamw["betas"] == (0.9, 0.999) and ref.warmup_for(5) == 0 and ref.warmup_for(200) == 2
+    assert ref.sources["clip"] == "speculators/train/trainer.py:551"
+    assert ref.sources["optimizer"].startswith("speculators/train/config/schema.py:")
+
+
+def test_our_trainer_on_speculators_recipe_traces_clean(tiny_world, tmp_path):
+    """`dflash-audit train --recipe speculators` runs speculators' run (Muon + AdamW, linear, clip 1.0): its trace
+    holds no run finding; our default run (AdamW betas (0.9, 0.95), lr 6e-4, cosine) is found as exactly that."""
+    main_py = Path(__file__).resolve().parents[1] / "dflash_audit" / "__main__.py"
+    base = ["train", "--target", str(tiny_world / "target"), "--data", str(tiny_world / "data.jsonl"), "--steps",
+            "200", "--seq-len", "64", "--batch-size", "2", "--max-anchors", "4", "--draft-layers", "2",
+            "--target-layer-ids", "1,2"]
+    runs = {}
+    for name, extra in (("recipe", ["--recipe", "speculators"]), ("default", [])):
+        record_script(main_py, [*base, "--out", str(tmp_path / f"{name}.pt"), *extra], tmp_path / name, steps=STEPS)
+        runs[name] = audit_run(read_recording(tmp_path / name).manifest)
+    assert found(runs["recipe"]) == [], [f.message for f in runs["recipe"].findings]
+    assert runs["recipe"].facts["schedule"]["total"] == 200 and runs["recipe"].facts["schedule"]["warmup"] == 2
+    assert sorted(found(runs["default"])) == [("recipe", "lr", "divergence"), ("recipe", "optimizer", "divergence"),
+                                              ("recipe", "optimizer_settings", "divergence")]
+
+
+def test_our_muon_split_is_speculators_split(tiny_world):
+    """Which parameters Muon takes: ours (by module: linear weights that are matrices, no vocabulary output) against
+    speculators' split_named_params_for_muon (by name and shape) on our drafter."""
+    from speculators.train.optimizers import split_named_params_for_muon
+
+    from impl.model import DFlashDrafter
+    from impl.train import muon_split
+    from tests.helpers import tiny_spec
+
+    drafter = DFlashDrafter(tiny_spec(target_vocab_size=160, mask_token_id=159))  # a vocabulary no layer is as wide as
+    ours, rest = muon_split(drafter, 160)
+    theirs, their_rest = split_named_params_for_muon(drafter)
+    assert {id(p) for p in ours} == {id(p) for _, p in theirs} and {id(p) for p in rest} == {id(p) for _, p in their_rest}
+    assert ours and rest
+
+
+@pytest.mark.parametrize("change, parted", [("sound", None), ("AdamW on everything", (2, "update")),
+                                             ("no clipping", (1, "gradient")),
+                                             ("gradients zeroed before the step", (1, "gradient"))])
+def test_step_parity_localizes_where_the_run_parts_from_speculators_step(target_dir, tmp_path, change, parted):
+    """`--parity 4`: speculators' own optimizers (build_optimizers, resolved) step beside the recorded run from its
+    weights and gradients; AdamW's first update is step 2 (step 1 runs at lr 0, warmup)."""
+    argv = [] if change == "sound" else CHANGES[change][0]
+    record_script(TRAINER, ["--target", str(target_dir), *argv], tmp_path, steps=STEPS, parity=STEPS - 1)
+    run = audit_run(read_recording(tmp_path).manifest, tmp_path)
+    found_parity = run.facts["parity"]
+    assert found_parity["compared"] == STEPS - 1
+    where = found_parity["parted"]
+    assert (None if where is None else (where["step"], where["phase"])) == parted, where
+    assert [f.key for f in run.findings] == ([] if change == "sound" else [CHANGES[change][1][1]])
