@@ -261,7 +261,11 @@ def _assess(recording, runs: list[PromptRun], ref: Reference, states_of, tempera
                         "zlab_rounds": replay.lengths, "tau": mean(run.lengths), "zlab_tau": mean(replay.lengths),
                         "first_parting_round": parting, "batch_row": run.row, "batch": run.batch,
                         "causes": [c.key for c in found]})
-    identity = identify(recording.manifest.get("tau"), [run.lengths for run in runs] if temperature else their_rounds,
+    given, printed = recording.manifest.get("tau"), recording.manifest.get("printed_tau")
+    if given is None and printed is not None:  # no trace.tau: the figure the script printed last
+        given = printed["value"]
+        notes.append(f"the evaluator's τ read from what it printed: {printed['line']!r}")
+    identity = identify(given, [run.lengths for run in runs] if temperature else their_rounds,
                         zlab_rounds, zlab_unstopped if temperature == 0 and any(
                             a != b for a, b in zip(zlab_unstopped, zlab_rounds)) else None,
                         fixed_text, ref.block_size if temperature > 0 else None)
