@@ -13,6 +13,7 @@ VERBS = {
     "demo": "Build (once) the demo world and compare its buggy drafter with the reference; report in reports/demo/.",
     "serve-check": "Will it serve as trained? Hold the drafter against vLLM and SGLang through their own code.",
     "trace": "Run your own training script for a step (-- COMMAND) and audit what flowed through it, by value.",
+    "doctor": "What this installation can run: packages, engines (llama.cpp, vLLM, SGLang), what each verb lacks.",
     "data-check": "Name every stored layer of an offline hidden-state dataset (vLLM, speculators, SpecForge) by value.",
 }
 

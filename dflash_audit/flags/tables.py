@@ -16,6 +16,7 @@ FLAG_MODELS = {
     "serve-check": "dflash_audit.flags.serve_check:ServeCheckFlags",
     "trace": "dflash_audit.flags.trace:TraceFlags",
     "data-check": "dflash_audit.flags.data_check:DataCheckFlags",
+    "doctor": "dflash_audit.flags.doctor:DoctorFlags",
 }
 
 
