@@ -31,7 +31,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples" / "speculators_offline_train.py"
-AUX = [1, 2, 3]  # speculators' ids (z-lab 0, 1, 2) of the 4-layer test world; the last layer appended for targets
+# speculators' id of the layer fc reads on the 4-layer test world: z-lab's build_target_layer_ids(4, 1) = [2], id + 1
+# (a one-layer drafter); the last layer (4, before the final norm) appended for the targets.
+AUX = [3]
 
 
 def write_speculators_data(records, folder: Path) -> None:

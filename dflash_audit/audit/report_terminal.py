@@ -30,8 +30,9 @@ def terminal_summary(report: AuditReport, width: int = 60) -> str:
             lines += [where["offline_exactness"]] if where.get("offline_exactness") else []
             if where.get("hidden_states"):
                 engine = where["hidden_states"]
-                lines.append(f"target states made by {engine['engine']} {engine.get('vllm_version', '')} "
-                             f"({engine.get('path', '')}); its records in {engine.get('records')}")
+                made = (f" {engine['vllm_version']} ({engine['path']}); its records in {engine['records']}"
+                        if "records" in engine else " (read from its cache)")
+                lines.append(f"target states made by {engine['engine']}{made}")
         for name, row in report.dynamic.by_dtype.items():
             means = row["means"]["dflash"]
             text = "  ".join(f"{side} {means[side]:.3f}" if means[side] is not None else f"{side} not measured"

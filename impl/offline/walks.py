@@ -18,6 +18,9 @@ from impl.offline.replay import BlockReplay
 
 DEFAULT_PROMPT_GROUP = 64  # prompts walked in lockstep; bounds the padded context K/V
 DEFAULT_BATCH_BLOCKS = 8  # blocks per drafter pass while few prompts are left
+# Look-ahead blocks x context positions one pass may attend to: a full layer's block attends to the whole context, so
+# past a few thousand positions the look-ahead blocks a round does not reach cost more than the passes they save.
+LOOKAHEAD_CONTEXT = 4096
 DFLASH_EARLY_SLOTS = 2  # slots the LM head always reads; later ones only while all earlier match
 
 
@@ -96,7 +99,8 @@ def replay_walks(drafter: DFlashDrafter, target: nn.Module, entries: list[Cached
     `play_rounds(rows, counts, tokens, starts, lasts)` says how far each prompt advances (`counts`: the
     tokens each block proposes).
     While fewer than `batch_blocks` prompts are left, the spare rows draft the blocks at
-    the next anchors too, so one step can play several rounds of a prompt.
+    the next anchors too, so one step can play several rounds of a prompt (fewer on a long context
+    for a drafter with a full layer: LOOKAHEAD_CONTEXT).
     """
     replay = BlockReplay(drafter, target, entries, block_positions)
     tokens = [entry.token_ids.tolist() for entry in entries]
@@ -105,9 +109,12 @@ def replay_walks(drafter: DFlashDrafter, target: nn.Module, entries: list[Cached
     # Near max_length the live loop shrinks the block (`round_size`): the same here.
     ends = [entry.prompt_len + max_new_tokens for entry in entries]
     rounds: list[list[int]] = [[] for _ in entries]
+    full_layer = any(drafter.spec.window_of(i) is None for i in range(drafter.spec.num_hidden_layers))
     while active := [p for p in range(len(entries)) if starts[p] < lasts[p]]:
         replay.keep(active)
         ahead = max(1, batch_blocks // len(active))
+        if full_layer:  # its blocks attend to the whole context: few look-ahead blocks on a long one
+            ahead = max(1, min(ahead, LOOKAHEAD_CONTEXT // max(len(tokens[p]) for p in active)))
         blocks = [(p, a) for p in active for a in range(starts[p], min(starts[p] + ahead, lasts[p]))]
         counts, sizes = zip(*(round_size(drafter, a, ends[p]) for p, a in blocks))
         device = replay.device
