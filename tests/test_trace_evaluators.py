@@ -227,5 +227,5 @@ def test_the_verb_traces_the_command_and_rereads_its_recording(test_world, draft
     assert main(["trace", "--out", str(out), "--", *command]) == 1
     said = capsys.readouterr().out
     assert "tau:tau_method" in said and "without the bonus token" in said
-    assert (out / "report.json").is_file() and (out / "index.html").is_file()
+    assert (out / "report.json").is_file() and "τ along the context" in (out / "index.html").read_text()
     assert main(["trace", "--from", str(out), "--out", str(tmp_path / "again")]) == 1
