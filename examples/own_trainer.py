@@ -58,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mask-is-pad", action="store_true", help="bug: the mask token is the pad id")
     p.add_argument("--block-short", action="store_true", help="bug: each block one slot short of the drafter's size")
     p.add_argument("--ddp", action="store_true", help="torchrun: gloo process group, the drafter in DDP")
+    p.add_argument("--fsdp2", action="store_true", help="torchrun: gloo process group, the drafter's layers and the "
+                   "drafter sharded by fully_shard (FSDP2 DTensors, as speculators shards it)")
     p.add_argument("--accelerate", action="store_true", help="accelerate launch: the drafter prepared by Accelerator")
     return p.parse_args(argv)
 
@@ -89,7 +91,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     rank, accelerator = 0, None
-    if args.ddp:
+    if args.ddp or args.fsdp2:
         torch.distributed.init_process_group("gloo")
         rank = torch.distributed.get_rank()
     if args.accelerate:
@@ -106,6 +108,12 @@ def main(argv=None) -> None:
     fc_ids = layer_ids[:-1] if args.fc_drop_last else layer_ids
     drafter_device = torch.device(args.drafter_device or args.device)
     drafter = DFlashDraftModel(draft_config(config, args, fc_ids, mask_id)).to(drafter_device)
+    if args.fsdp2:  # sharded before the optimizer is made: it holds the sharded parameters
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in drafter.layers:
+            fully_shard(layer)
+        fully_shard(drafter)
     optim = torch.optim.AdamW(drafter.parameters(), lr=args.lr)
     model = drafter
     if args.ddp:

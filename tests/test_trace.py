@@ -289,6 +289,23 @@ def test_under_torchrun_rank_zero_records_what_a_single_process_does(target_dir,
     assert findings_of(audit_recording(recording)) == findings_of(traced["gamma 7"])
 
 
+@pytest.mark.slow
+def test_fsdp2_sharded_drafter_under_torchrun_gives_the_single_process_findings(target_dir, tmp_path, traced,
+                                                                                 capsys):
+    """Two gloo ranks, the drafter's layers and the drafter sharded by `fully_shard` (FSDP2 DTensors, as speculators
+    shards it): the loss's leaves are the gathered copies, mapped back to the sharded parameters, the drafter keeps
+    its own class's name; rank 0 records, and its findings are the single process's."""
+    out = tmp_path / "trace"
+    assert main(["trace", "--out", str(out), "--", str(TORCHRUN), "--standalone", "--nproc-per-node", "2",
+                 "--log-dir", str(tmp_path / "logs"), str(TRAINER), "--fsdp2", "--target", str(target_dir),
+                 "--gamma", "7"]) == 1
+    capsys.readouterr()
+    recording = read_recording(out)
+    assert recording.manifest["context"]["world_size"] == 2 and recording.manifest["context"]["rank"] == 0
+    assert recording.steps[0]["drafter"]["class"] == "dflash.model:DFlashDraftModel"
+    assert findings_of(audit_recording(recording)) == findings_of(traced["gamma 7"])
+
+
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 
 

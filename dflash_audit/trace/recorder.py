@@ -94,6 +94,7 @@ def _tensors(value, prefix: str = ""):
 
 
 def _key(t: torch.Tensor) -> tuple:
+    t = local_value(t)  # a sharded parameter (FSDP2 DTensor): its local shard's storage
     return (t.device, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
@@ -377,6 +378,8 @@ class Recorder:
         for m in [c.model for c in calls.models] + [e[0] for e in calls.fed] + [e[0] for e in calls.heads] + \
                 [e[0] for e in calls.kwargs]:
             seen.setdefault(id(m), m)
+        sharded = fsdp2_sharded_ids(seen.values())  # FSDP2: the graph's leaves are the gathered copies
+        wanted = {sharded.get(i, i) for i in wanted}
         candidates = []
         for m in seen.values():
             own = {id(p) for p in m.parameters() if p.requires_grad}
@@ -409,7 +412,8 @@ class Recorder:
             names = sorted({type(m).__name__ for m in [drafter, *others]})
             raise TraceRefused(f"the loss depends on trainable parameters of {len(others) + 1} separate modules "
                                f"({', '.join(names)}): name the drafter with --drafter-class MODULE:CLASS")
-        return drafter, f"{type(drafter).__module__}:{type(drafter).__qualname__}"
+        cls = own_class(drafter)
+        return drafter, f"{cls.__module__}:{cls.__qualname__}"
 
     def _target(self, calls: StepCalls, drafter: nn.Module) -> tuple[list[ModelCall], nn.Module]:
         drafter_params = {id(p) for p in drafter.parameters() if p.requires_grad}  # a borrowed frozen head is the target's
@@ -490,6 +494,39 @@ def unwrap(module: nn.Module) -> nn.Module:
         module = inner
 
 
+def fsdp2_sharded_ids(modules) -> dict[int, int]:
+    """FSDP2 (`fully_shard`): a module's registered parameters are sharded DTensors, and its forward runs on
+    gathered copies, which are the autograd graph's leaves. Each gathered copy's id -> its sharded parameter's id
+    (read from the module's FSDP state, a private structure of torch 2.x: empty if it is not there)."""
+    aliases: dict[int, int] = {}
+    for module in modules:
+        state = getattr(module, "_get_fsdp_state", None)
+        try:
+            group = state()._fsdp_param_group if state is not None else None
+            for param in group.fsdp_params if group is not None else ():
+                gathered = getattr(param, "_unsharded_param", None)
+                if gathered is not None:
+                    aliases[id(gathered)] = id(param.sharded_param)
+        except (AttributeError, RuntimeError):
+            continue
+    return aliases
+
+
+def own_class(module: nn.Module) -> type:
+    """The module's own class: FSDP2 swaps it for a subclass `FSDP<Name>(FSDPModule, <Name>)`."""
+    cls = type(module)
+    bases = cls.__bases__
+    if len(bases) == 2 and bases[0].__name__ == "FSDPModule" and cls.__name__ == f"FSDP{bases[1].__name__}":
+        return bases[1]
+    return cls
+
+
+def local_value(t: torch.Tensor) -> torch.Tensor:
+    """A parameter's values held by this process: a sharded DTensor's local shard, else the tensor."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
 def _contains(outer: nn.Module, inner: nn.Module) -> bool:
     return outer is not inner and any(m is inner for m in outer.modules())
 
@@ -557,10 +594,16 @@ def is_target_head_copy(module: nn.Module, target: nn.Module) -> bool:
     """A frozen linear equal by value to the target's output head: the target's head, wherever it was loaded."""
     head = target.get_output_embeddings()
     weight = getattr(module, "weight", None)
-    return (isinstance(weight, torch.Tensor) and not weight.requires_grad and head is not None
-            and weight.shape == head.weight.shape and weight.dtype == head.weight.dtype
-            and weight.device == head.weight.device
-            and bool(torch.equal(weight.detach(), head.weight.detach())))
+    if not (isinstance(weight, torch.Tensor) and not weight.requires_grad and head is not None
+            and weight.shape == head.weight.shape and weight.dtype == head.weight.dtype):
+        return False
+    mine, theirs = local_value(weight.detach()), head.weight.detach()
+    if callable(getattr(weight, "to_local", None)):  # sharded: this rank's shard against the head's rows there
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        shape, offset = compute_local_shape_and_global_offset(weight.shape, weight.device_mesh, weight.placements)
+        theirs = local_value(theirs)[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+    return mine.device == theirs.device and mine.shape == theirs.shape and bool(torch.equal(mine, theirs))
 
 
 def _placement(module: nn.Module) -> list[str]:
