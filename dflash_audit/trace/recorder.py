@@ -136,8 +136,10 @@ class Recorder:
         from torch.optim import Optimizer
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-        self.handles = [module_api.register_module_forward_pre_hook(self._enter),
-                        module_api.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True),
+        # Run eagerly under torch.compile (dynamo would trace the hooks' own bookkeeping into the graph).
+        enter, leave = torch._dynamo.disable(self._enter), torch._dynamo.disable(self._leave)
+        self.handles = [module_api.register_module_forward_pre_hook(enter),
+                        module_api.register_module_forward_hook(leave, with_kwargs=True, always_call=True),
                         register_optimizer_step_pre_hook(self._optimizer_step)]
         self.saved_backward = torch.autograd.backward
         backward, recorder = self.saved_backward, self
@@ -200,7 +202,9 @@ class Recorder:
         if kind[0]:
             self.stack.append(module)
 
-    def _leave(self, module, args, kwargs, output):
+    def _leave(self, module, args, *rest):
+        # (kwargs, output) as registered with_kwargs; torch.compile's dynamo calls a global hook without the kwargs
+        kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
         target_like, embedding, own_trainable, trainable = self._kind(module)
         if self.depth and self.depth[-1] is module:
             self.depth.pop()
