@@ -3,11 +3,12 @@
 It uses no dflash-audit code but the optional `trace.tau(tau)`: only torch, transformers and z-lab's `dflash.model`.
 Its loop keeps no cache: each round it runs the target on the whole sequence, feeds the drafter every context row
 (`hidden_states[id + 1]` of z-lab's layers) and the block `[last token, mask x (B - 1)]` at positions
-`0..start + B - 1`, verifies the drafts greedily and adds the target's next token. `--batch N` runs the target on N
-prompts at once, left-padded (the drafter one row at a time). Each `--fault` plants one evaluator bug:
+`0..start + B - 1`, verifies the drafts greedily (rejection sampling at `--temperature T`) and adds the target's next
+token. `--batch N` runs the target on N prompts at once, left-padded (the drafter one row at a time); `--loop zlab`
+decodes with z-lab's own cached `dflash_generate` instead. Each `--fault` plants one evaluator bug:
 window_ignored (the drafter's sliding window taken off), no_bonus (τ without the bonus token), pooled (τ over all
 rounds together), feature_after_norm (every feature after the target's final norm), positions_shifted (the
-drafter's positions one later).
+block's positions one later than its context's).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else drafts and verification sampled "
                                                                     "(rejection sampling)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--loop", choices=("own", "zlab"), default="own",
+                   help="own: this script's uncached loop; zlab: z-lab's dflash_generate (cached), prompt by prompt")
+    p.add_argument("--tau-per-prompt", action="store_true", help="hand over one τ per prompt")
     p.add_argument("--fault", choices=FAULTS, default=None)
     return p.parse_args(argv)
 
@@ -80,8 +84,9 @@ class Evaluation:
         """The drafts, and their sampling distributions (None when greedy)."""
         start = len(sequence) - 1
         block = torch.tensor([[sequence[-1]] + [self.drafter.mask_token_id] * (size - 1)])
-        shift = 1 if self.args.fault == "positions_shifted" else 0
-        positions = torch.arange(shift, start + size + shift)[None]
+        positions = torch.arange(start + size)[None]
+        if self.args.fault == "positions_shifted":
+            positions[:, start:] += 1  # the block one position later than its context
         noise = self.target.get_input_embeddings()(block)
         hidden = self.drafter(position_ids=positions, noise_embedding=noise, target_hidden=context[None, :start])
         logits = self.target.lm_head(hidden[:, 1:])[0]
@@ -145,6 +150,24 @@ class Evaluation:
         return all_rounds
 
 
+def _run_zlab(self, prompts: list[list[int]]) -> list[list[int]]:
+    """z-lab's own loop (its KV caches), called as a team calls it."""
+    import time
+
+    import dflash.model as zlab
+
+    zlab._cuda_time = time.perf_counter  # its timer synchronizes CUDA; a plain clock on a CPU
+    rounds = []
+    for prompt in prompts:
+        stats = zlab.dflash_generate(self.drafter, self.target, torch.tensor([prompt]), self.args.max_new_tokens,
+                                     self.stops, temperature=self.args.temperature, return_stats=True)
+        rounds.append([int(n) for n in stats.acceptance_lengths])
+    return rounds
+
+
+Evaluation.run_zlab = torch.inference_mode()(_run_zlab)
+
+
 def tau_of(rounds: list[list[int]], fault: str | None):
     if fault == "pooled":
         flat = [n for r in rounds for n in r]
@@ -161,9 +184,11 @@ def main(argv=None) -> None:
     with open(args.prompts) as handle:
         texts = [json.loads(line)["prompt"] for line in handle if line.strip()][: args.limit]
     prompts = [evaluation.tokenizer(text)["input_ids"] for text in texts]
-    rounds = evaluation.run(prompts)
+    rounds = evaluation.run(prompts) if args.loop == "own" else evaluation.run_zlab(prompts)
     tau = tau_of(rounds, args.fault)
-    print(f"tau {tau:.4f} over {len(rounds)} prompts")
+    if args.tau_per_prompt:
+        tau = [tau_of([r], args.fault) for r in rounds]
+    print(f"tau {tau} over {len(rounds)} prompts")
     if trace is not None:
         trace.tau(tau)
 

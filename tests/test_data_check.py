@@ -12,6 +12,7 @@ import gzip
 import io
 import json
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -239,3 +240,57 @@ def test_speculators_layout_reads_its_table_and_holds_the_files_to_it(world, tmp
     assert status == 1 and keys(report) == {"token_ids_mismatch": ["hs_2.safetensors"]}, report["findings"]
     assert report["facts"]["layout"] == "speculators"
     assert report["records"][0]["loss_mask"]["supervised"] == len(rows[0]) - 8
+
+
+CORPUS_WRITER = Path(__file__).resolve().parent / "hidden_state_corpus" / "speculators_hs_writer.py"
+# The independent writer's faults (tests/hidden_state_corpus/), each with the one finding it must give and the records.
+CORPUS_FAULTS = {None: {}, "zero_states": {"zero_states": "all"}, "layer_off_by_one": {"layer_off_by_one": "all"},
+                 "last_layer_stripped": {"last_layer_stripped": "all"}, "short_record": {"short_record": [1]},
+                 "after_norm": {"after_final_norm": "all"}}
+
+
+@pytest.mark.parametrize("fault", list(CORPUS_FAULTS), ids=lambda f: f or "sound")
+def test_exact_on_the_independent_writer(world, tmp_path, fault):
+    """A dataset written by tests/hidden_state_corpus/speculators_hs_writer.py (another hand, its own capture by
+    forward hooks), sound or with one fault: data-check gives exactly the fault's one finding, on exactly its records."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("speculators_hs_writer", CORPUS_WRITER)
+    writer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(writer)
+    target, _, _ = world
+    folder = tmp_path / "corpus"
+    writer.main(["--target", str(target), "--out", str(folder), "--records", "4", "--layer-ids",
+                 ",".join(map(str, CLAIM)), *(["--fault", fault] if fault else [])])
+    status, report = check(folder, target, "--layer-ids", ",".join(map(str, CLAIM)))
+    every = [f"hs_{i}.safetensors" for i in range(4)]
+    expected = {key: every if records == "all" else [f"hs_{i}.safetensors" for i in records]
+                for key, records in CORPUS_FAULTS[fault].items()}
+    assert keys(report) == expected, report["findings"]
+    assert status == (1 if fault else 0)
+
+
+SPECFORGE_WRITER = CORPUS_WRITER.with_name("specforge_ckpt_writer.py")
+
+
+@pytest.mark.parametrize("fault", list(CORPUS_FAULTS), ids=lambda f: f or "sound")
+def test_exact_on_the_independent_specforge_writer(world, tmp_path, fault):
+    """SpecForge's layout by tests/hidden_state_corpus/specforge_ckpt_writer.py (float16 records of z-lab ids 1, 3):
+    the fault's one finding on its records, beside the warning that float16 is not the float32 target's dtype."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("specforge_ckpt_writer", SPECFORGE_WRITER)
+    writer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(writer)
+    target, _, _ = world
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "config.json").write_text(json.dumps({"dflash_config": {"target_layer_ids": [1, 3]}}))
+    folder = tmp_path / "corpus"
+    writer.main(["--target", str(target), "--out", str(folder), "--records", "4", "--draft-config",
+                 str(tmp_path / "draft" / "config.json"), *(["--fault", fault] if fault else [])])
+    status, report = check(folder, target, "--layer-ids", "1,3")
+    every = [f"data_{i}.ckpt" for i in range(4)]
+    expected = {key: every if records == "all" else [f"data_{i}.ckpt" for i in records]
+                for key, records in CORPUS_FAULTS[fault].items()}
+    assert keys(report) == {**expected, "dtype": every}, report["findings"]
+    assert status == (1 if fault else 0)

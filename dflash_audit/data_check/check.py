@@ -138,8 +138,6 @@ def check_record(record: Record, target, setting: Setting, issues: Issues) -> di
             continue
         zero_rows = int((tensor == 0).all(dim=-1).sum())
         if zero_rows == tensor.shape[0]:
-            issues.add("zero_states", name, "divergence", f"slot {j} holds all zeros, no state of the target "
-                       "(what hybrid targets' capture has left: vLLM #46301, speculators #279)", "zeros")
             states.append("zeros")
             row["slots"].append("all zeros")
             continue
@@ -149,6 +147,11 @@ def check_record(record: Record, target, setting: Setting, issues: Issues) -> di
                        f"{tensor.shape[0]}", "zeros")
         states.append(state)
         row["slots"].append(named.describe())
+    zero_slots = [j for j, state in enumerate(states) if state == "zeros"]
+    if zero_slots:
+        issues.add("zero_states", name, "divergence", f"slot{'s' if len(zero_slots) > 1 else ''} {zero_slots} of "
+                   f"{len(states)} hold all zeros, no state of the target (what hybrid targets' capture has left: "
+                   "vLLM #46301, speculators #279)", "zeros")
     compare_claim(name, states, bank.layers, setting.claim, issues)
     if record.loss_mask is not None:
         row["loss_mask"] = mask_findings(name, record, setting, issues)
@@ -186,9 +189,10 @@ def compare_claim(name: str, states: list, layers: int, claim: Claim, issues: Is
     normed = [(j, s, d) for j, s, d in wrong if s == State(d, True)]
     if normed:
         slots = [j for j, _, _ in normed]
-        issues.add("after_final_norm", name, "divergence", f"slot{'s' if len(slots) > 1 else ''} {slots} hold "
-                   f"{', '.join(describe_depth(d, layers) for _, _, d in normed)} after the final norm; "
-                   f"{claim.source} claims the raw state (the trainer normalizes it again: a double norm)",
+        issues.add("after_final_norm", name, "divergence", f"slot{'s' if len(slots) > 1 else ''} {slots} "
+                   f"hold{'' if len(slots) > 1 else 's'} "
+                   f"{', '.join(describe_depth(d, layers, True) for _, _, d in normed)}; {claim.source} claims the "
+                   "state before it (a trainer that applies the final norm itself applies it twice)",
                    "after the final norm", "before")
     shifted = [(j, s, d) for j, s, d in wrong if (j, s, d) not in normed]
     shifts = {s.depth - d for _, s, d in shifted if not s.normed}

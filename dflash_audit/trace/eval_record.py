@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -190,7 +191,7 @@ class EvaluationCapture:
         for name, t in inputs:
             event["inputs"][name] = self._keep(f"in.{name}", t)
         if vocab_wide:  # a drafter whose forward ends in the head: its logits, as a head call's
-            top = out.detach().float().topk(2, dim=-1)
+            top = (out[None] if out.dim() == 2 else out).detach().float().topk(2, dim=-1)
             event["argmax"] = self._keep("argmax", top.indices[..., 0])
             event["margin"] = self._keep("margin", top.values[..., 0] - top.values[..., 1])
         elif isinstance(out, torch.Tensor) and out.is_floating_point():
@@ -198,6 +199,8 @@ class EvaluationCapture:
         self.events.append(event)
 
     def _head_call(self, out) -> None:
+        if out.dim() == 2:  # rows without a batch dimension (a team's drafter one prompt at a time)
+            out = out[None]
         top = out.detach().float().topk(2, dim=-1)
         self.events.append({"kind": "head", "module": -1, "argmax": self._keep("argmax", top.indices[..., 0]),
                             "margin": self._keep("margin", top.values[..., 0] - top.values[..., 1])})
@@ -290,3 +293,32 @@ def read_evaluation(folder: Path, flag: str = "--from") -> EvaluationRecording:
                                      "(record it again)")
                 named.add(value)
     return EvaluationRecording(folder, manifest, tensors)
+
+
+PRINTED = re.compile(r"(?i)(tau|τ|accept)")
+NUMBER = re.compile(r"[-+]?\d+\.\d+|[-+]?\d+")
+
+
+def printed_tau(lines: list[str]) -> dict | None:
+    """The τ an evaluator printed: the first decimal number after 'tau', 'τ' or 'accept' on the last line naming
+    one (None: no such line)."""
+    for line in reversed(lines):
+        match = PRINTED.search(line)
+        if match is None:
+            continue
+        numbers = [m for m in NUMBER.finditer(line[match.end():]) if "." in m.group()]
+        if numbers:
+            return {"value": float(numbers[0].group()), "line": line[:200]}
+    return None
+
+
+def note_printed_tau(out: Path, lines: list[str]) -> None:
+    """Kept in the recording's manifest (rewritten atomically; the tensor file and its hash unchanged)."""
+    found = printed_tau(lines)
+    if found is None:
+        return
+    path = Path(out) / MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest["printed_tau"] = found
+    text = json.dumps(manifest, indent=1, default=str) + "\n"
+    atomic_write_bytes(path, lambda tmp: Path(tmp).write_text(text))

@@ -175,7 +175,10 @@ def rebuild(recording, target, stop_ids: list[int], feature_check) -> Rebuilt:
                                          offset=row_positions[0] if row_positions else 0))
                 continue
             draft = drafted[row]
-            n = len(draft.block) - 1 if draft.block else len(draft.drafts) if draft.drafts else None
+            expected = (run.pending.start + run.pending.accepted_by_rule + 1 if run.pending is not None
+                        else len(run.sequence()) - 1)
+            n = len(draft.block) - 1 if draft.block else _verified_drafts(row_ids, row_positions, run.offset,
+                                                                         draft.drafts, expected)
             if n is None:
                 notes.append(f"call {index}: a verification whose drafted block is not known; left out")
                 continue
@@ -201,6 +204,21 @@ def rebuild(recording, target, stop_ids: list[int], feature_check) -> Rebuilt:
     for run in streams:
         _close(run, run.pending, stop_ids)
     return Rebuilt([r for r in streams if r.rounds], drafter_module, notes)
+
+
+def _verified_drafts(row_ids: list[int], row_positions: list[int], offset: int, drafts: list[int],
+                     expected_start: int) -> int | None:
+    """How many of the drafts the verification ran (a shortened block runs a prefix of them): a prefix the call ends
+    with; where several do (repetitive text), the one whose anchor sits where the greedy rule puts it, else the
+    longest. None: drafts not known."""
+    if not drafts:
+        return None
+    fits = [k for k in range(min(len(drafts), len(row_ids) - 1), 0, -1) if row_ids[-k:] == drafts[:k]]
+    for k in fits:
+        anchor = len(row_ids) - k - 1 if row_positions[0] - offset == 0 else row_positions[-k - 1] - offset
+        if anchor == expected_start:
+            return k
+    return fits[0] if fits else len(drafts)
 
 
 def _stream_of(streams: list[PromptRun], row_ids: list[int], row_positions: list[int],
@@ -261,7 +279,8 @@ def _draft_rows(recording, event: dict, index: int, lookup: EmbeddingLookup, hid
     """The drafter call's inputs per batch row."""
     tensor = recording.tensor
     inputs = {name: tensor(key) for name, key in event["inputs"].items()}
-    floats = {n: t for n, t in inputs.items() if t.is_floating_point()}
+    # A module fed one row set without a batch dimension ([rows, F]: a team's own fc call) is a batch of one.
+    floats = {n: (t[None] if t.dim() == 2 else t) for n, t in inputs.items() if t.is_floating_point()}
     ints = {n: t for n, t in inputs.items() if _int(t)}
     width = lookup.weight.shape[1]
     block_name, rows = None, {}
@@ -284,12 +303,18 @@ def _draft_rows(recording, event: dict, index: int, lookup: EmbeddingLookup, hid
         features = floats[feature_name][min(row, floats[feature_name].shape[0] - 1)] if feature_name else None
         if features is not None and mask is not None:
             features = features[mask[row].bool()]
+        elif features is not None:  # left padding by zero rows (a batch padded by hand)
+            real = features.abs().amax(-1) > 0
+            first = int(real.float().argmax()) if bool(real.any()) else features.shape[0]
+            features = features[first:]
         block, scale = lookup.ids(floats[block_name][row]) if block_name else (None, None)
         positions = None
         if position_name is not None:
             p = ints[position_name]
             positions = p[min(row, p.shape[0] - 1)].reshape(-1).tolist()
-        out = tensor(event["output"])[row] if "output" in event else None
+        out = tensor(event["output"]) if "output" in event else None
+        out = (out[None] if out is not None and out.dim() == 2 else out)
+        out = out[row] if out is not None and block_name else None  # the drafter's output on a block it was fed
         call = DraftCall(index, features, block, scale, positions, out)
         if "argmax" in event:
             call.drafts = tensor(event["argmax"])[row].reshape(-1).tolist()
@@ -316,6 +341,10 @@ def _drafter_module(recording, feature_check) -> int | None:
         tried.add(event["module"])
         for key in event["inputs"].values():
             t = recording.tensor(key)
-            if t.is_floating_point() and t.dim() == 3 and feature_check(t[0], last_ids):
+            if not t.is_floating_point() or t.dim() not in (2, 3):
+                continue
+            rows = t[0] if t.dim() == 3 else t
+            rows = rows[rows.abs().amax(-1) > 0]  # left padding by zero rows
+            if rows.shape[0] and feature_check(rows, last_ids):
                 return event["module"]
     return None

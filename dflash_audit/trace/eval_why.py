@@ -124,7 +124,13 @@ def position_cause(ref: Reference, rnd: Round, run: PromptRun, number: int) -> C
     shift = {g - e for g, e in zip(given, expected)} if len(given) == len(expected) else set()
     if len(shift) == 1:
         k = shift.pop()
-        what = f"shifted by {k:+d}: the block's anchor at {rnd.start + k}, not {rnd.start}"
+        return Cause("positions", f"the drafter's position ids are all shifted by {k:+d} (context and block alike): "
+                     "rotary attention sees only their differences, so nothing the drafter computes changes",
+                     run.index, number, severity="info")
+    block_shift = {g - e for g, e in zip(given[-len(draft.block):], expected[-len(draft.block):])}
+    if len(block_shift) == 1 and given[:-len(draft.block)] == expected[:-len(draft.block)]:
+        k = block_shift.pop()
+        what = f"z-lab's with the block shifted by {k:+d}: the block's anchor at {rnd.start + k}, not {rnd.start}"
     else:
         what = f"{given[:3]}...{given[-2:]}, not {expected[:3]}...{expected[-2:]}"
     return Cause("positions", f"the drafter's position ids are {what} (z-lab: the context rows' positions, then "
@@ -192,3 +198,57 @@ def drafts_cause(ref: Reference, rnd: Round, run: PromptRun, number: int) -> Cau
                      "kernels summing in another order pick either", run.index, number, margin, "info")
     return Cause("drafts", f"the drafter's output is z-lab's, its drafts are not the head's argmax on it "
                  f"({draft.drafts} vs {ours})", run.index, number)
+
+
+def counterfactual_cause(ref: Reference, states: TargetStates, rnd: Round, run: PromptRun,
+                         number: int) -> Cause | None:
+    """At a parting round whose drafter inputs the recording does not show (a drafter driven module by module, its
+    positions and masks inside it): z-lab's drafter is run on z-lab's inputs with one change at a time (its sliding
+    window off; the block's positions shifted; one layer's feature replaced by another tensor of the target), and
+    the change whose drafts are the evaluator's is named (one root cause, by value)."""
+    import torch
+
+    theirs = rnd.block[1:]
+    if not theirs or rnd.start >= len(run.sequence()):
+        return None
+    n, start = len(theirs), rnd.start
+    block = [run.sequence()[start]] + [ref.mask_id] * n
+    width = ref.hidden
+    base = torch.cat([states.feature(layer)[:start] for layer in ref.layer_ids], dim=-1)
+
+    def drafts(features=base, shift: int = 0, window: bool = True) -> list[int]:
+        positions = list(range(start)) + [start + shift + k for k in range(n + 1)]
+        if window:
+            hidden = drafter_output(ref.twin, ref.target, features, block, positions)
+        else:
+            with window_off(ref.twin):
+                hidden = drafter_output(ref.twin, ref.target, features, block, positions)
+        return drafter_logits(ref.twin, ref.target, hidden[1:]).argmax(-1).tolist()
+
+    if drafts() == theirs:
+        return None
+    windowed = [i for i, w in enumerate(ref.windows) if w is not None]
+    variants = []
+    if windowed and start > min(ref.windows[i] for i in windowed) - 1:
+        variants.append(("window", lambda: drafts(window=False),
+                         f"the drafts are z-lab's drafter's with the window of {ref.windows[windowed[0]]} of its "
+                         f"sliding layer{'s' if len(windowed) > 1 else ''} {windowed} taken off: the evaluator does not "
+                         f"apply it (the anchor is at position {start}, past it)"))
+    for shift in (1, -1):
+        variants.append(("positions", lambda shift=shift: drafts(shift=shift),
+                         f"the drafts are z-lab's drafter's with the block's positions shifted by {shift:+d} (the "
+                         f"anchor at {start + shift}, not {start}; the context rows where z-lab puts them)"))
+    for j, layer in enumerate(ref.layer_ids):
+        for name, tensor in states.named().items():
+            if relative_rows(tensor[:start], states.feature(layer)[:start]) <= SAME:
+                continue
+            fed = base.clone()
+            fed[:, j * width:(j + 1) * width] = tensor[:start]
+            variants.append(("context_features", lambda fed=fed: drafts(features=fed),
+                             f"the drafts are z-lab's drafter's fed {name} as feature {j} (target layer {layer}); "
+                             f"z-lab feeds hidden_states[{layer + 1}]"))
+    for key, run_variant, message in variants:
+        if run_variant() == theirs:
+            return Cause(key, message + " (the drafter's inputs are not recorded: named by a counterfactual replay)",
+                         run.index, number)
+    return None

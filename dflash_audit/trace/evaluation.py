@@ -28,8 +28,9 @@ from dflash_audit.trace.eval_record import read_evaluation
 from dflash_audit.trace.eval_replay import TargetStates, zlab_replay
 from dflash_audit.trace.eval_rounds import SAME, PromptRun, rebuild, relative
 from dflash_audit.trace.eval_tau import identify, mean, position_gaps, per_position
-from dflash_audit.trace.eval_why import (PITFALLS, Cause, Reference, acceptance_cause, block_cause, drafts_cause,
-                                         feature_cause, output_cause, position_cause)
+from dflash_audit.trace.eval_why import (PITFALLS, Cause, Reference, acceptance_cause, block_cause,
+                                         counterfactual_cause, drafts_cause, feature_cause, output_cause,
+                                         position_cause)
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
 
@@ -102,25 +103,52 @@ def _load(recording, target_dir: Path | None, drafter_dir: Path | None, flag: st
     return target, tokenizer, target_path, placement, load_zlab_model
 
 
-def _drafter_dir(recording, module: int, drafter_dir: Path | None, flag: str) -> tuple[Path, dict]:
+def _drafter_dir(recording, module: int, drafter_dir: Path | None, target_path: Path, flag: str) -> tuple[Path, dict]:
+    """The drafter's z-lab folder: --drafter, else the one the module was loaded from (its `name_or_path`), else the
+    folder named on the evaluator's command line whose weights hold the module's, by value (a team's own class
+    loading z-lab's files itself)."""
     entry = recording.manifest["modules"][module]
-    path = Path(drafter_dir) if drafter_dir else Path(entry["path"]) if entry["path"] else None
-    if path is None or not (path / "config.json").is_file():
-        raise AuditError(f"{flag} {recording.folder}: the drafter ({entry['class']}) names no folder it was loaded "
-                         "from: give its z-lab folder with --drafter DIR")
-    return path, entry
+    if drafter_dir:
+        return Path(drafter_dir), entry
+    if entry["path"] and (Path(entry["path"]) / "config.json").is_file():
+        return Path(entry["path"]), entry
+    wanted = {_key(v) for v in entry["fingerprints"].values()}
+    for arg in recording.manifest.get("context", {}).get("argv", []):
+        folder = Path(str(arg))
+        if folder.is_dir() and (folder / "config.json").is_file() and folder.resolve() != target_path.resolve() \
+                and wanted & _folder_keys(folder):
+            return folder, entry
+    raise AuditError(f"{flag} {recording.folder}: the drafter ({entry['class']}) names no folder it was loaded from, "
+                     "and no folder on the evaluator's command line holds its weights: give it with --drafter DIR")
 
 
-def _weights_check(twin, entry: dict) -> list[str]:
-    """The evaluated module's weights against the folder's, by value (shape, sum, sum of squares)."""
-    theirs = {tuple([tuple(v[0]), round(v[1], 3), round(v[2], 3)]) for v in entry["fingerprints"].values()}
+def _key(fingerprint: list) -> tuple:
+    return (tuple(fingerprint[0]), round(fingerprint[1], 3), round(fingerprint[2], 3))
+
+
+def _folder_keys(folder: Path) -> set[tuple]:
+    from safetensors import safe_open
+
+    keys = set()
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as handle:
+            for name in handle.keys():
+                t = handle.get_tensor(name)
+                if t.is_floating_point():
+                    f = t.double()
+                    keys.add((tuple(t.shape), round(float(f.sum()), 3), round(float((f * f).sum()), 3)))
+    return keys
+
+
+def _weights_check(twin, recording) -> list[str]:
+    """The folder's tensors not found by value (shape, sum, sum of squares) among the evaluated drafter's modules'."""
+    theirs = {_key(v) for m in recording.manifest["modules"] for v in m["fingerprints"].values()}
     missing = []
     for name, tensor in twin.state_dict().items():
         if not tensor.is_floating_point():
             continue
         f = tensor.detach().double()
-        key = (tuple(tensor.shape), round(float(f.sum()), 3), round(float((f * f).sum()), 3))
-        if key not in theirs:
+        if (tuple(tensor.shape), round(float(f.sum()), 3), round(float((f * f).sum()), 3)) not in theirs:
             missing.append(name)
     return missing
 
@@ -166,10 +194,10 @@ def audit_evaluation(recording, flag: str = "--from", target_dir: Path | None = 
     if rebuilt.drafter_module is None or not rebuilt.prompts:
         raise AuditError(f"{flag} {recording.folder}: no drafter round was recorded: no module was fed the target's "
                          "features and verified by the target")
-    drafter_path, entry = _drafter_dir(recording, rebuilt.drafter_module, drafter_dir, flag)
+    drafter_path, entry = _drafter_dir(recording, rebuilt.drafter_module, drafter_dir, target_path, flag)
     twin = load_zlab_model(drafter_path).to(placement.device, placement.dtype)
     notes = list(rebuilt.notes)
-    missing = _weights_check(twin, entry)
+    missing = _weights_check(twin, recording)
     if len(missing) == len([t for t in twin.state_dict().values() if t.is_floating_point()]):
         raise AuditError(f"{flag} {recording.folder}: the evaluated drafter ({entry['class']}) holds none of "
                          f"{drafter_path}'s weights: give the folder it was loaded from with --drafter DIR")
@@ -233,7 +261,11 @@ def _assess(recording, runs: list[PromptRun], ref: Reference, states_of, tempera
                         "zlab_rounds": replay.lengths, "tau": mean(run.lengths), "zlab_tau": mean(replay.lengths),
                         "first_parting_round": parting, "batch_row": run.row, "batch": run.batch,
                         "causes": [c.key for c in found]})
-    identity = identify(recording.manifest.get("tau"), [run.lengths for run in runs] if temperature else their_rounds,
+    given, printed = recording.manifest.get("tau"), recording.manifest.get("printed_tau")
+    if given is None and printed is not None:  # no trace.tau: the figure the script printed last
+        given = printed["value"]
+        notes.append(f"the evaluator's τ read from what it printed: {printed['line']!r}")
+    identity = identify(given, [run.lengths for run in runs] if temperature else their_rounds,
                         zlab_rounds, zlab_unstopped if temperature == 0 and any(
                             a != b for a, b in zip(zlab_unstopped, zlab_rounds)) else None,
                         fixed_text, ref.block_size if temperature > 0 else None)
@@ -331,14 +363,17 @@ def _round_causes(ref: Reference, states: TargetStates, run: PromptRun, parting:
         for cause in checks:
             if cause is not None and cause.key not in found:
                 found[cause.key] = cause
-    if parting is not None and not found:
+    if parting is not None and not any(c.severity == "divergence" for c in found.values()):
         if parting > len(run.rounds) or parting > 0 and run.rounds[parting - 1].produced is not None and \
                 _past_stop(run, parting, ref.stop_ids):
             found["stop_ids"] = Cause("stop_ids", f"the evaluator goes on after the target's stop id "
                                       f"({ref.stop_ids}); z-lab's loop stops there", run.index, parting)
         else:
             rnd = run.rounds[parting - 1]
-            cause = output_cause(ref, states, rnd, run, parting) or drafts_cause(ref, rnd, run, parting)
+            cause = output_cause(ref, states, rnd, run, parting)
+            if cause is None or cause.key == "drafter":
+                cause = counterfactual_cause(ref, states, rnd, run, parting) or cause
+            cause = cause or drafts_cause(ref, rnd, run, parting)
             found[(cause.key if cause else "unlocalized")] = cause or Cause(
                 "unlocalized", "the round parts with every input, the drafter's output and its drafts z-lab's",
                 run.index, parting)

@@ -4,6 +4,7 @@ torchrun and accelerate included), or a Python script in this process (`record_s
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import runpy
@@ -41,8 +42,10 @@ def run_command(command: list[str], out: Path, steps: int = 1, target: Path | No
         raise AuditError("give the training command after --, e.g. dflash-audit trace -- python train.py")
     env = trace_env(out, steps, target, drafter_class, evaluation=evaluation, parity=parity)
     last: deque[str] = deque(maxlen=20)
+    printed: deque[str] = deque(maxlen=50)
     try:
-        process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   errors="replace")
     except OSError as exc:
         raise AuditError(f"{command[0]}: cannot run it ({exc.strerror or exc})") from None
 
@@ -52,11 +55,29 @@ def run_command(command: list[str], out: Path, steps: int = 1, target: Path | No
             if line.strip():
                 last.append(line.rstrip())
 
+    def forward_out() -> None:  # its stdout too; the last lines kept for the τ an evaluator prints
+        for line in process.stdout:
+            sys.stdout.write(line)
+            if line.strip():
+                printed.append(line.rstrip())
+
     reader = threading.Thread(target=forward, daemon=True)
+    out_reader = threading.Thread(target=forward_out, daemon=True)
     reader.start()
+    out_reader.start()
     status = process.wait()
     reader.join(timeout=5)
+    out_reader.join(timeout=5)
     check_outcome(out, status, list(last), " ".join(command))
+    keep_printed_tau(out, list(printed))
+
+
+def keep_printed_tau(out: Path, lines: list[str]) -> None:
+    """An evaluation's τ as its script printed it (when it hands none over with `trace.tau`), kept beside it."""
+    from dflash_audit.trace.eval_record import has_evaluation, note_printed_tau
+
+    if has_evaluation(out):
+        note_printed_tau(out, lines)
 
 
 def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str) -> None:
@@ -89,8 +110,10 @@ def record_script(script: Path, argv: list[str], out: Path, steps: int = 1, targ
     sys.argv = [str(script), *argv]
     os.environ[ENV_OUT] = str(Path(out).resolve())  # as in the verb's child: `trace.step` hands the loss over
     status = 0
+    printed = _Tee(sys.stdout)
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        with contextlib.redirect_stdout(printed):
+            runpy.run_path(str(script), run_name="__main__")
         recorder.finish()
     except TraceStop as stop:
         status = int(stop.code or 0)
@@ -104,6 +127,24 @@ def record_script(script: Path, argv: list[str], out: Path, steps: int = 1, targ
             os.environ[ENV_OUT] = saved_env
         recorder.remove()
     check_outcome(out, status if status != 3 else 0, [], str(script))
+    keep_printed_tau(out, printed.lines[-50:])
+
+
+class _Tee(io.TextIOBase):
+    """The script's stdout still reaches this process's; its lines are kept."""
+
+    def __init__(self, stream):
+        self.stream, self.lines, self.partial = stream, [], ""
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        self.partial += text
+        *done, self.partial = self.partial.split("\n")
+        self.lines.extend(line.rstrip() for line in done if line.strip())
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def check_out(out: Path) -> None:

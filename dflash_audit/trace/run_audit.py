@@ -82,7 +82,7 @@ def audit_run(manifest: dict, folder=None) -> RunAudit:
     precision(result, steps, ref)
     resume(result, steps, ref)
     shards(result, steps)
-    loss(result, steps, lr_zero)
+    loss(result, steps, lr_zero, structure.get("not_in_any_optimizer") or [])
     if folder is not None and run.get("parity"):
         parity(result, folder, run, ref)
     return result
@@ -188,7 +188,7 @@ def optimizers(result: RunAudit, structure: dict, steps: list[dict], ref) -> boo
                    differ[0][2], f"{ref.sources['adamw_defaults']}; {ref.sources['muon_defaults']}; "
                                  f"{ref.sources['muon_momentum']}")
     missing = structure.get("not_in_any_optimizer") or []
-    if missing:
+    if missing and not all(s["params_with_grad"] == 0 for s in steps):  # else one cause: loss.zero_gradients
         result.add("recipe", "untrained_params", f"{len(missing)} trainable parameters of the drafter are in no "
                    f"optimizer (e.g. {missing[0]}): they get gradients but never change", len(missing), 0,
                    ref.sources["build_optimizers"], severity="warning")
@@ -380,15 +380,17 @@ def shards(result: RunAudit, steps: list[dict]) -> None:
         result.facts["shards"] = "each rank was fed its own batch at every step"
 
 
-def loss(result: RunAudit, steps: list[dict], lr_zero: bool) -> None:
+def loss(result: RunAudit, steps: list[dict], lr_zero: bool, missing: list[str]) -> None:
     losses = [s["loss"] for s in steps if s["loss"] is not None]
     if all(s["zero_gradients"] or s["params_with_grad"] == 0 for s in steps):
         none = all(s["params_with_grad"] == 0 for s in steps)
-        result.add("loss", "zero_gradients", "the loss does not train the drafter: " + (
-            "no parameter the optimizer steps gets a gradient (the optimizer holds other tensors than the ones the "
-            "loss reaches)" if none else "every gradient is zero when the optimizer steps (zeroed between backward "
-            "and step?)") + f"; losses {', '.join(f'{v:.6g}' for v in losses)}", 0.0, "a nonzero gradient",
-            "speculators/train/trainer.py: Trainer.train_epoch (zero_grad, backward, clip, step)")
+        placed = f"; the drafter's {len(missing)} trainable parameters, e.g. {missing[0]}, are in no optimizer" \
+            if missing else ""
+        why = f"no parameter the optimizer steps gets a gradient (it holds other tensors than the loss reaches{placed})" \
+            if none else "every gradient is zero when the optimizer steps (zeroed between backward and step?)"
+        result.add("loss", "zero_gradients", f"the loss does not train the drafter: {why}; losses "
+                   f"{', '.join(f'{v:.6g}' for v in losses)}", 0.0, "a nonzero gradient",
+                   "speculators/train/trainer.py: Trainer.train_epoch (zero_grad, backward, clip, step)")
         return
     moved = [s["params_moved"] for s in steps[1:] if s["params_moved"] is not None]
     if moved and all(m == 0 for m in moved) and not lr_zero:
