@@ -277,13 +277,15 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 def test_under_torchrun_rank_zero_records_what_a_single_process_does(target_dir, tmp_path, traced, capsys):
     """Two gloo ranks, the drafter in DDP: rank 0 records, and its findings are the single process's."""
     out = tmp_path / "trace"
-    assert main(["trace", "--out", str(out), "--", str(TORCHRUN), "--standalone", "--nproc-per-node", "2",
+    assert main(["trace", "--steps", "2", "--out", str(out), "--", str(TORCHRUN), "--standalone", "--nproc-per-node",
+                 "2",
                  "--log-dir", str(tmp_path / "logs"),  # torchrun's own folders (else a torchelastic_* in the temp dir)
                  str(TRAINER), "--ddp", "--target", str(target_dir), "--gamma", "7"]) == 1
     capsys.readouterr()
     recording = read_recording(out)
     assert recording.manifest["context"]["world_size"] == 2 and recording.manifest["context"]["rank"] == 0
     # Each rank's step digest is gathered to rank 0 (the run's shard check): the trainer feeds each rank its own batch.
+    # (Two steps recorded: the script's trace.step(loss) ends the last one before its optimizer steps.)
     digests = recording.manifest["context"]["run"]["steps"][0]["ranks_embedded"]
     assert len(digests) == 2 and digests[0] != digests[1] and None not in digests
     assert findings_of(audit_recording(recording)) == findings_of(traced["gamma 7"])

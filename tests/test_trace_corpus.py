@@ -28,8 +28,6 @@ CORPUS = Path(__file__).resolve().parent / "trainer_corpus"
 LISTED = sorted(p for p in CORPUS.glob("*.py") if not p.name.startswith("_"))
 # Trainers the trace does not yet hold to the contract, each with why (reported, never counted as passing):
 OPEN: dict[str, str] = {
-    "blocks_by_index_hook_loss": "the audit of its recording crashes: AttributeError: 'StepAudit' object has no "
-                                 "attribute 'fitted' (sound and seed-bug versions alike)",
     "tiled_blocks_compiled": "the recorded step crashes inside torch.compile: dynamo's side_effects.py asserts on "
                              "the recorder's global module hooks (Recorder._leave() missing 'output'); the script "
                              "runs untraced",

@@ -680,6 +680,11 @@ def step_record(loss, graph, calls: StepCalls, drafter: nn.Module, drafter_name:
     for i, (module, out, call) in enumerate(calls.heads):
         if id(module) not in owned and is_target_head_copy(module, target):
             target_modules.add(id(module))  # the target's head loaded apart (SpecForge's TargetEmbeddingsAndHead)
+        # A frozen head outside the drafter whose output carries the drafter's gradient: the causal LM's head where the
+        # target recorded is its decoder stack run on its own (its head is no module of that stack).
+        borrowed = id(module) not in owned and not any(p.requires_grad for p in module.parameters())
+        if borrowed and id(module) not in target_modules and is_decoder_like(target):
+            target_modules.add(id(module))
         if out.shape[-1] == vocab and (id(module) in owned or id(module) in target_modules):
             keep(f"draft_logits.{i}", out, "draft_logits",
                  module="target.lm_head" if id(module) in target_modules else owned[id(module)], call=call)

@@ -65,6 +65,8 @@ class StepState:
         self.draft_rows: torch.Tensor | None = None
         self.draft_slots: list = []
         self.draft_prefix: list[str] = []  # each draft row's micro-batch
+        self.fitted: dict[str, Any] | None = None  # the weights per slot, fitted (recipe.py)
+        self.anchor_at: dict = {}  # (call, batch row, block) -> its anchor's flat place in the data (alignment.py)
 
     def tol(self, name: str) -> float:
         return tolerance(self.entries[name]["dtype"])
@@ -87,5 +89,3 @@ class StepState:
     def note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
-        self.fitted: dict[str, Any] | None = None  # the weights per slot, fitted (recipe.py)
-        self.anchor_at: dict = {}  # (call, batch row, block) -> its anchor's flat place in the data (alignment.py)
