@@ -51,8 +51,9 @@ def flag(default: Any, *spellings: str, help: str, hidden: bool = False, cli: An
     `argument`: a positional argument, named by its one spelling (`DIR`); `arguments`: the words after `--` (trace's
     command)."""
     extra = {"flags": list(spellings), "hidden": hidden, "arguments": arguments, "argument": argument}
-    if cli is not None:
+    if cli is not None:  # its default is text too (`"auto"`, `"vllm,sglang"`): read as a given value is
         extra["cli"] = cli
+        bounds.setdefault("validate_default", True)
     return Field(default, description=help, json_schema_extra=extra, **bounds)
 
 

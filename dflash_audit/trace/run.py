@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_audit.trace.recording import ENV_OPTIONS, ENV_OUT, MANIFEST, read_error
-from foundation.errors import AuditError
+from foundation.errors import CLASS_NAME, AuditError
 
 BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +89,9 @@ def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str) -> 
     if ((Path(out) / MANIFEST).is_file() or has_evaluation(out)) and status == 0:
         return
     if status != 0:
-        tail = stderr_tail[-1] if stderr_tail else "(nothing on stderr)"
+        # The script's own words, without the exception's class name (`RuntimeError: CUDA out of memory` is said
+        # as what went wrong: the tool's one line never shows a class name).
+        tail = CLASS_NAME.sub("", stderr_tail[-1]).strip() if stderr_tail else "(nothing on stderr)"
         raise AuditError(f"{what}: exited with status {status} before a step was recorded; its last stderr line: "
                          f"{tail[:300]}")
     raise AuditError(f"{what}: finished without a training step (no backward() of a loss reaching a trainable "
@@ -189,8 +191,16 @@ def run_trace(flags: TraceFlags):
     else:
         folder = Path(out or "reports/trace")
         check_out(folder)
+        created = not folder.exists()
         clear_recording(folder)
-        run_command(command, folder, steps, target, drafter_class, evaluation, parity)
+        try:
+            run_command(command, folder, steps, target, drafter_class, evaluation, parity)
+        except AuditError:  # a command that failed leaves nothing behind: its partial recording, the folder made
+            clear_recording(folder)
+            if created:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            raise
     report_dir = Path(out) if out is not None else folder
     if report_dir != folder:
         check_out(report_dir)
