@@ -16,11 +16,12 @@ import torch
 
 from foundation.placement import dtype_name
 from impl.offline.cache import CachedPrompt, HiddenStateCache, target_dtype
+from impl.layers import hidden_state_index, names_final_layer
 
 
 def depths_for(layer_ids: list[int], layers: int) -> list[int]:
     """vLLM depths for the cache's z-lab layer ids: each id's output, and the last layer (before its norm) always."""
-    return sorted({i + 1 for i in layer_ids if i != layers - 1} | {layers})
+    return sorted({hidden_state_index(i) for i in layer_ids if not names_final_layer(i, layers)} | {layers})
 
 class VllmCacheBuilder:
     """Builds an offline cache through vLLM (`impl.offline.load_or_build_cache(builder=...)`)."""
@@ -52,7 +53,7 @@ class VllmCacheBuilder:
         for record in records:
             states = {}
             for layer_id in layer_ids:
-                state = record.normed if layer_id == layers - 1 else record.hidden[:, depths.index(layer_id + 1)]
+                state = record.normed if names_final_layer(layer_id, layers) else record.hidden[:, depths.index(hidden_state_index(layer_id))]
                 states[layer_id] = state.to(dtype).contiguous()
             entries.append(CachedPrompt(record.id, record.token_ids, record.prompt_len, states, record.margin))
         return HiddenStateCache(key=key, max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids),

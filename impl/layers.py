@@ -7,7 +7,7 @@ converter drops the id that would name the final layer (the final layer's output
 captured separately as `verifier_last_hidden_states`).
 
 This module is the only place the shift is written; every other module calls
-`hidden_state_index`, `names_final_layer`, `zlab_to_speculators` or `speculators_to_zlab`; the final layer
+`hidden_state_index`, `layer_at_index`, `names_final_layer`, `zlab_to_speculators` or `speculators_to_zlab`; the final layer
 and the layer range are written here too (`final_layer`, `layers_outside`)
 (tests/test_restatements.py fails on a copy).
 """
@@ -50,6 +50,12 @@ def hidden_state_index(layer_id: int) -> int:
     """Where z-lab id `layer_id` sits in a Hugging Face `output_hidden_states` tuple, whose
     entry 0 is the embedding output. speculators' aux id for the same layer is this index."""
     return layer_id + 1
+
+
+def layer_at_index(index: int) -> int:
+    """The z-lab id whose output sits at `hidden_states[index]` (the inverse of `hidden_state_index`); -1 names the
+    embedding output, index 0."""
+    return index - 1
 
 
 def names_final_layer(layer_id: int, num_target_layers: int) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from foundation.errors import AuditError
+from impl.layers import hidden_state_index, layer_at_index
 
 CONVENTIONS = {
     "vllm": "vLLM's (id i: the output after decoder layer i - 1; 0 the embeddings; N the last layer before the final "
@@ -31,11 +32,11 @@ CONVENTIONS = {
 
 
 def depth_of(layout: str, layer_id: int) -> int:
-    return layer_id + 1 if layout == "specforge" else layer_id
+    return hidden_state_index(layer_id) if layout == "specforge" else layer_id
 
 
 def id_of(layout: str, depth: int) -> int:
-    return depth - 1 if layout == "specforge" else depth
+    return layer_at_index(depth) if layout == "specforge" else depth
 
 
 @dataclass
@@ -60,7 +61,7 @@ def claim_from_ids(layout: str, ids: list[int], layers: int) -> Claim:
 def claim_from_drafter(layout: str, zlab_ids: list[int], layers: int, drafter: str) -> Claim:
     """The slots a drafter's trainer reads: speculators' loader expects its fc layers then the last layer; SpecForge's
     DFlash records hold the fc layers only."""
-    fc = [z + 1 for z in zlab_ids]
+    fc = [hidden_state_index(z) for z in zlab_ids]
     depths = fc if layout == "specforge" or fc[-1] == layers else [*fc, layers]
     what = ("its fc layers" if layout == "specforge" else
             "its fc layers, then the last layer before the final norm (speculators' loader, train/data.py:325-331)")

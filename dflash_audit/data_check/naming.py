@@ -11,6 +11,7 @@ import torch
 
 from dflash_audit.trace.matcher import Candidate, Named, name_rows, tolerance
 from dflash_audit.rounds.by_value import TargetReplay
+from impl.layers import layer_at_index
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class State:
 def describe_depth(depth: int, layers: int, normed: bool = False) -> str:
     if depth == 0:
         return "the embeddings"
-    what = f"the output of decoder layer {depth - 1}"
+    what = f"the output of decoder layer {layer_at_index(depth)}"
     if depth == layers:
         what += " (the last)"
     return what + (" after the final norm" if normed else (" before the final norm" if depth == layers else ""))
@@ -51,7 +52,7 @@ class StateBank:
 
     def add(self, state: State, tensor: torch.Tensor) -> None:
         candidate = Candidate(describe_depth(state.depth, self.layers, state.normed), state.depth,
-                              state.depth - 1 if state.depth else None, state.normed, "hidden")
+                              layer_at_index(state.depth) if state.depth else None, state.normed, "hidden")
         self.bank[candidate] = tensor.float().cpu()
         self.places[candidate] = state
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash_audit.trace.eval_rounds import SAME
+from impl.layers import final_layer, hidden_state_index, names_final_layer
 
 
 @dataclass
@@ -81,7 +82,7 @@ class TargetStates:
 
     def feature(self, layer_id: int) -> torch.Tensor:
         """z-lab's feature of target layer `layer_id`: hidden_states[layer_id + 1] (`extract_context_feature`)."""
-        return self.hidden[layer_id + 1]
+        return self.hidden[hidden_state_index(layer_id)]
 
     def _normed(self, t: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
@@ -92,12 +93,13 @@ class TargetStates:
         if self._named is None:
             named = {"the token embeddings (hidden_states[0])": self.hidden[0]}
             for layer in range(self.layers):
-                last = layer == self.layers - 1
-                named[f"the output of layer {layer} (hidden_states[{layer + 1}]"
-                      f"{', after the final norm' if last else ''})"] = self.hidden[layer + 1]
+                last = names_final_layer(layer, self.layers)
+                index = hidden_state_index(layer)
+                named[f"the output of layer {layer} (hidden_states[{index}]"
+                      f"{', after the final norm' if last else ''})"] = self.hidden[index]
                 if not last:
-                    named[f"the output of layer {layer} after the final norm"] = self._normed(self.hidden[layer + 1])
-            named[f"the output of layer {self.layers - 1} before the final norm"] = self.pre_norm
+                    named[f"the output of layer {layer} after the final norm"] = self._normed(self.hidden[index])
+            named[f"the output of layer {final_layer(self.layers)} before the final norm"] = self.pre_norm
             named[f"the output of layer {self.layers - 1} with the final norm applied twice"] = \
                 self._normed(self.hidden[-1])
             self._named = named

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from dflash_audit.trace.eval_replay import (TargetStates, drafter_logits, drafter_output, relative_rows,
                                             window_off)
 from dflash_audit.trace.eval_rounds import SAME, PromptRun, Round
+from impl.anchors import anchor_blocks
+from impl.layers import hidden_state_index, names_final_layer
 
 TIE = 1e-3  # the drafter's top-2 logit margin under which another float32 kernel may pick the runner-up
 
@@ -79,8 +81,8 @@ def feature_cause(ref: Reference, states: TargetStates, rnd: Round, run: PromptR
         name, shift = states.name_rows(fed, positions)
         what = (f"{name}{f' at positions shifted by {shift:+d}' if shift else ''}" if name else
                 f"no tensor of the target's forward (relative difference {gap:.3g} from z-lab's)")
-        last = layer == states.layers - 1
-        parts.append(f"feature {j} (target layer {layer}) is {what}; z-lab feeds hidden_states[{layer + 1}] (the "
+        last = names_final_layer(layer, states.layers)
+        parts.append(f"feature {j} (target layer {layer}) is {what}; z-lab feeds hidden_states[{hidden_state_index(layer)}] (the "
                      f"output of layer {layer}{', after the final norm' if last else ', before the final norm'})")
     if not parts:
         return None
@@ -212,7 +214,7 @@ def counterfactual_cause(ref: Reference, states: TargetStates, rnd: Round, run: 
     if not theirs or rnd.start >= len(run.sequence()):
         return None
     n, start = len(theirs), rnd.start
-    block = [run.sequence()[start]] + [ref.mask_id] * n
+    block = anchor_blocks(torch.tensor([run.sequence()[start]]), n + 1, ref.mask_id)[0].tolist()
     width = ref.hidden
     base = torch.cat([states.feature(layer)[:start] for layer in ref.layer_ids], dim=-1)
 
@@ -246,7 +248,7 @@ def counterfactual_cause(ref: Reference, states: TargetStates, rnd: Round, run: 
             fed[:, j * width:(j + 1) * width] = tensor[:start]
             variants.append(("context_features", lambda fed=fed: drafts(features=fed),
                              f"the drafts are z-lab's drafter's fed {name} as feature {j} (target layer {layer}); "
-                             f"z-lab feeds hidden_states[{layer + 1}]"))
+                             f"z-lab feeds hidden_states[{hidden_state_index(layer)}]"))
     for key, run_variant, message in variants:
         if run_variant() == theirs:
             return Cause(key, message + " (the drafter's inputs are not recorded: named by a counterfactual replay)",

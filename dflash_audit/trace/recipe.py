@@ -15,6 +15,7 @@ from catalogue.pitfalls import RECIPE_ENTRIES
 from dflash_audit.trace.loss_fit import REFERENCE_REDUCTION, fit_weights
 from dflash_audit.trace.step_state import StepState
 from impl.recipe import Recipe
+from impl.spec import SpecError
 
 
 class RecipeAudit(StepState):
@@ -196,10 +197,9 @@ class RecipeAudit(StepState):
         found: dict[str, Any] = {}
         unknown = set()
         from_data = label_source is not None and label_source.startswith("the data")
-        if kind in ("kl_div", "soft_ce"):  # the soft-target cross-entropy distils the whole distribution, as KL
-            found["loss_fn"] = "kl_div"
-        elif kind == "ce" or (kind and label_source and "argmax" in label_source):
-            found["loss_fn"] = "ce"
+        loss_fn = loss_fn_found(kind, label_source)
+        if loss_fn:
+            found["loss_fn"] = loss_fn
         else:
             unknown.add("loss_fn")  # CE toward the data's tokens is no speculators setting: it decides nothing
         if fit and fit["kind"] == "fixed-exp-decay":
@@ -269,6 +269,16 @@ class RecipeAudit(StepState):
                      edge="loss")
 
 
+def loss_fn_found(kind: str | None, label_source: str | None) -> str | None:
+    """The speculators loss kind a recorded loss is: the soft-target cross-entropy distils the whole distribution, as
+    KL; cross-entropy toward the target's argmax is CE; None where it is neither (CE toward the data's tokens)."""
+    if kind in ("kl_div", "soft_ce"):
+        return "kl_div"
+    if kind == "ce" or (kind and label_source and "argmax" in label_source):
+        return "ce"
+    return None
+
+
 def trainer_setting(loss_fn: str, weighting: str) -> bool:
     """Whether speculators' TrainConfig accepts this loss kind and weighting for dflash: the weighting one of its
     `DFlashArgs.per_position_loss_weight` choices, and D-PACE only with CE (`TrainConfig._validate_dpace`)."""
@@ -278,4 +288,10 @@ def trainer_setting(loss_fn: str, weighting: str) -> bool:
 
     choices = {a for arg in get_args(DFlashArgs.model_fields["per_position_loss_weight"].annotation)
                for a in (get_args(arg) or (arg,)) if isinstance(a, str)}
-    return weighting in choices and (weighting != "dpace" or loss_fn == "ce")
+    if weighting not in choices:
+        return False
+    try:  # the one home of "D-PACE needs CE": the recipe type's own rule
+        Recipe(loss_fn=loss_fn, per_position_loss_weight=weighting).check_trainable()
+    except SpecError:
+        return False
+    return True
