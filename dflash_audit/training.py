@@ -1,93 +1,16 @@
-"""What `dflash-audit train` runs: its paths checked before the tokenizer, the data or the target are read, its
-flags validated by pydantic as one model (`TrainSettings`: the run settings of `impl/run_settings.py` as the flags
-give them, each refusal one line naming its flag), our trainer run (`impl/train.py`, also under
-`torchrun --nproc_per_node=N`) and its stats written as JSON. Light on purpose: `commands/train.py` reads its
-options' defaults and help from these declarations at start-up, so torch is imported only to train."""
+"""What `dflash-audit train` runs: its flags validated by pydantic as one model (`TrainFlags`,
+dflash_audit/flags/train.py), its paths checked before the tokenizer, the data or the target are read, our trainer run
+(`impl/train.py`, also under `torchrun --nproc_per_node=N`) on the run settings the flags give, and its stats written
+as JSON."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
 
-from pydantic import Field, model_validator
-
+from dflash_audit.flags.train import TrainFlags, flag_refusal
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
-from foundation.errors import AuditError
-from impl import spec
-from impl.families import TITLES, TRAINED_FAMILIES
-from impl.recipe import KNOBS
-from impl.run_settings import RunSettings, TrainError
-from impl.spec import FAMILY_FIELDS
-
-# Each drafter setting and recipe knob `train` takes, by run field: its flag (the first spelling). None given is
-# "not given": the family's `train` default, or `--recipe speculators`'s value.
-FLAGS = {**{spec.RUN_FIELDS[name]: spec.extra(name)["flags"][0] for name in spec.TRAIN_SETTINGS},
-         **{name: info.json_schema_extra["flags"][0] for name, info in KNOBS.items()}}
-# The run's settings `--recipe speculators` also sets (its optimizers and schedule): like the knobs, not given is None.
-RUN_RECIPE_FIELDS = ("optimizer", "lr_schedule", "lr", "weight_decay", "adam_betas", "muon_lr", "muon_momentum",
-                     "muon_weight_decay", "muon_adjust_lr_fn", "warmup", "grad_clip")
-# The family a family's own setting belongs to, by run field: a drafter field of one family, or a knob declared for one.
-OWNERS = {**{spec.RUN_FIELDS.get(name, name): family for family, names in FAMILY_FIELDS.items() for name in names},
-          **{name: info.json_schema_extra["family"] for name, info in KNOBS.items() if info.json_schema_extra["family"]}}
-
-
-def flag_of(field_name: str) -> str:
-    """The flag that gives a `TrainSettings` field (`--target-layer-ids`, `--confidence-head`, `--batch-size`)."""
-    return FLAGS.get(field_name, "--" + field_name.replace("_", "-")).split("/")[0]
-
-
-class TrainSettings(RunSettings):
-    """`train`'s flags as one run's settings, each validated by pydantic against its declaration in
-    `RunSettings` (kind, choices, bounds, finite), and `--recipe`; a refusal is one line naming the flag. The rule
-    between flags (a family's own setting needs that family) is the model's own."""
-
-    SUBJECT = "train settings"
-
-    recipe: Literal["speculators"] | None = Field(
-        None, description="'speculators': the whole recipe speculators' TrainConfig resolves for --speculator-type "
-        "dflash (loss_fn, per_position_loss_weight, dpace_alpha, gamma, max_anchors, block_size, draft layers) and "
-        "its run (Muon on the 2-D weights + AdamW, lr 1e-3, linear schedule warming up over 1% of the steps, clip "
-        "1.0), read from the installed package; flags given explicitly still win.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def from_flags(cls, data: dict[str, Any]) -> dict[str, Any]:
-        """The flags as given: the ones not given dropped, the list settings read from their comma-separated text
-        (`--target-layer-ids 1,16,31` as every other source reads it), a family's own flag refused without that
-        family, then `--recipe speculators`'s resolution under the flags given."""
-        data = {name: value for name, value in data.items()
-                if value is not None or (name not in FLAGS and name not in RUN_RECIPE_FIELDS)}
-        if isinstance(data.get("target_layer_ids"), str):
-            from dflash_audit.formats.setting_names import convert  # its ValueError names the flag
-
-            data["target_layer_ids"] = tuple(convert("target_layer_ids", data["target_layer_ids"],
-                                                     flag_of("target_layer_ids")))
-        if isinstance(data.get("layer_types"), str):
-            types = tuple(t.strip() for t in data.pop("layer_types").split(","))
-            if any(types):  # `--layer-types ""` is not given
-                data["layer_types"] = types
-        family = data.get("family", cls.model_fields["family"].default)
-        if family not in TRAINED_FAMILIES:
-            return data  # the family's own refusal
-        for name in data:
-            owner = OWNERS.get(name)
-            if owner not in (None, family):
-                raise ValueError(f"{flag_of(name)} is a {TITLES[owner]} setting; add --family {owner}")
-        if data.get("recipe") == "speculators":
-            from reference_adapters.speculators_recipe import train_settings
-            from reference_adapters.speculators_run_recipe import train_run_settings
-
-            data = {**train_settings(family), **train_run_settings(family), **data}
-        return data
-
-    @classmethod
-    def name_of(cls, field_name: str) -> str:
-        return flag_of(field_name)
-
-    @classmethod
-    def refused(cls, name: str | None, message: str) -> Exception:
-        return AuditError(message if name is None else f"{name}: {message}")
+from foundation.errors import AuditError, SpecError
 
 
 def check_out(out: Path, resume: bool, force: bool = False) -> None:
@@ -128,31 +51,34 @@ def check_train_paths(target: Path, data: Path, eval_data: Path | None, out: Pat
         check_not_foreign("--json", json_out, force)
 
 
-def run_train(target: Path, data: Path, out: Path, *, d2t: Path | None, eval_data: Path | None,
-              json_out: Path | None, force: bool, **flags: Any) -> dict:
-    """Train as the flags ask; the run's stats (`rank` 0 has written them to `json_out`). `flags`: every other
-    `TrainSettings` field by name, the drafter settings and recipe knobs None when not given."""
+def run_train(flags: TrainFlags) -> dict:
+    """Train as the flags ask; the run's stats (`rank` 0 has written them to `--json`)."""
     from transformers.utils import logging as hf_logging
 
     from foundation.inputs import regular_file
     from impl.data import DataError
+    from impl.run_settings import TrainError
     from impl.train import train as run_training
 
-    # Every flag judged by its declaration first, then the paths, before the tokenizer, data or target are read.
-    settings = TrainSettings(target=str(target), out=str(out), data=str(data),
-                             eval_data=str(eval_data) if eval_data else None,
-                             d2t=str(d2t) if d2t is not None else None, **flags)
-    check_train_paths(target, data, eval_data, out, json_out, settings.resume, force)
-    if d2t is not None:
-        regular_file(d2t, "file", "--d2t")
+    # Every flag was judged by its declaration; the recipe resolved, then the paths checked, before the tokenizer,
+    # the data or the target are read.
+    try:
+        settings = flags.run_settings()
+    except SpecError as exc:
+        raise flag_refusal(exc) from None
+    check_train_paths(flags.target, flags.data, flags.eval_data, flags.out, flags.json_out, flags.resume, flags.force)
+    if flags.d2t is not None:
+        regular_file(flags.d2t, "file", "--d2t")
     hf_logging.disable_progress_bar()  # one progress bar: the trainer's
     try:
         stats = run_training(settings)
+    except SpecError as exc:  # a run setting refused against the target or the recipe
+        raise flag_refusal(exc) from None
     except (DataError, TrainError) as exc:
         raise AuditError(str(exc)) from exc
-    if stats["rank"] == 0 and json_out is not None:  # under torchrun only rank 0 reports
+    if stats["rank"] == 0 and flags.json_out is not None:  # under torchrun only rank 0 reports
         from foundation.atomic import atomic_write_bytes
 
         text = json.dumps({"schema": "dflash-audit/train/1", **stats}, indent=2)
-        atomic_write_bytes(json_out, lambda tmp: Path(tmp).write_text(text))
+        atomic_write_bytes(flags.json_out, lambda tmp: Path(tmp).write_text(text))
     return stats

@@ -6,18 +6,27 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 from impl.recipe import KNOBS, LossWeighting
-from impl.families import TRAINED_FAMILIES
+from impl.families import TITLES, TRAINED_FAMILIES
 from impl.settings import STRICT, Declared
-from impl.spec import SETTINGS, MarkovHeadType
+from impl.spec import SETTINGS, MarkovHeadType, SpecError
 from impl.spec import TRAIN_DEFAULTS as SPEC_TRAIN_DEFAULTS
 
 
 class TrainError(ValueError):
     """A training run that cannot start as asked; one line."""
+
+
+class SettingRefused(TrainError, SpecError):
+    """A run setting refused against the target or the recipe: a `TrainError` naming its setting (`field`), which
+    `train` words under the setting's flag."""
+
+    @classmethod
+    def of(cls, exc: SpecError) -> SettingRefused:
+        return cls(exc.field, str(exc).removeprefix(f"{exc.field}: "))
 
 
 def spec_setting(name: str) -> Any:
@@ -132,6 +141,18 @@ class RunSettings(Declared):
     base_anchor_weight: float | None = recipe_knob("base_anchor_weight")
     base_anchor_full_weight: bool | None = recipe_knob("base_anchor_full_weight")
     ce_from_data: bool | None = recipe_knob("ce_from_data")
+
+    @model_validator(mode="after")
+    def _rules(self) -> RunSettings:
+        """The rules between the run's settings, each naming the setting it refuses."""
+        if self.seq_len <= self.block_size:
+            raise SpecError("seq_len", f"{self.seq_len} leaves no room for a block of {self.block_size}")
+        if self.draft_vocab_size is not None and self.family != "dflash":
+            raise SpecError("draft_vocab_size", f"a reduced draft vocabulary needs --family dflash: "
+                            f"{TITLES.get(self.family, self.family)} drafts over the full target vocabulary here "
+                            "(speculators' DFlash2DraftModel refuses a reduced one; our DSpark and XPress drafters "
+                            "have the full vocabulary only)")
+        return self
 
     @classmethod
     def refused(cls, name: str | None, message: str) -> Exception:

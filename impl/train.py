@@ -31,11 +31,10 @@ from foundation.ckpt_file import read_ckpt, write_ckpt
 from foundation.errors import CheckpointError
 from impl.data import PackedData, load_packed, pack_records
 from impl.extract import output_head
-from impl.families import TITLES
 from impl.layers import build_target_layer_ids, final_layer
 from impl.model import DFlashDrafter
 from impl.recipe import RECIPE_FIELDS, Recipe, train_defaults
-from impl.run_settings import RunSettings, TrainError
+from impl.run_settings import RunSettings, SettingRefused, TrainError
 from impl.spec import FAMILY_FIELDS, DraftSpec, SpecError
 from impl.train_step import training_step
 from impl.vocab_mapping import MappingError, check_mapping, count_token_frequencies, mapping_from_frequencies
@@ -139,7 +138,7 @@ def knob_recipe(cfg: RunSettings, num_target_layers: int | None = None) -> Recip
         recipe = Recipe(**{name: defaults[name] if value is None else value for name, value in given.items()})
         recipe.check_trainable(num_target_layers)
     except SpecError as exc:
-        raise TrainError(str(exc)) from None
+        raise SettingRefused.of(exc) from None
     return recipe
 
 
@@ -347,15 +346,9 @@ def train(cfg: RunSettings) -> dict:
 def check_run(cfg: RunSettings, world: int) -> None:
     """Every setting that needs no file: before the tokenizer, the data or the (possibly large) target is read."""
     # Each setting's own kind and range is its declaration's, checked when the run settings were made.
-    if cfg.draft_vocab_size is not None and cfg.family != "dflash":
-        raise TrainError(f"a reduced draft vocabulary needs --family dflash: {TITLES.get(cfg.family, cfg.family)} "
-                         "drafts over the full target vocabulary here (speculators' DFlash2DraftModel refuses a "
-                         "reduced one; our DSpark and XPress drafters have the full vocabulary only)")
     if cfg.batch_size % world:
         raise TrainError(f"batch size {cfg.batch_size} does not split across {world} ranks")
     knob_recipe(cfg)
-    if cfg.seq_len <= cfg.block_size:
-        raise TrainError(f"seq_len {cfg.seq_len} leaves no room for a block of {cfg.block_size}")
 
 
 @dataclass
@@ -378,14 +371,14 @@ def set_up(cfg: RunSettings, device: torch.device) -> Run:
     tokenizer, target_config = load_tokenizer(cfg.target)
     longest = getattr(target_config, "max_position_embeddings", None)
     if isinstance(longest, int) and cfg.seq_len > longest:  # a huge row would only fail in the allocator
-        raise TrainError(f"seq_len {cfg.seq_len} is longer than the target's context window "
-                         f"(max_position_embeddings {longest} in {cfg.target}/config.json)")
+        raise SettingRefused("seq_len", f"{cfg.seq_len} is longer than the target's context window "
+                             f"(max_position_embeddings {longest} in {cfg.target}/config.json)")
     train_data, eval_data = load_data(cfg, tokenizer, target_config.vocab_size)
     d2t = vocab_mapping(cfg, train_data, target_config.vocab_size)
     try:
         spec = draft_spec(target_config, tokenizer, cfg, None if d2t is None else d2t.numel())
     except SpecError as exc:
-        raise TrainError(str(exc)) from None
+        raise SettingRefused.of(exc) from None
     recipe = make_recipe(cfg, spec.num_target_layers, train_data.data_hash)
     target = load_target_model(cfg.target).to(device)
     torch.manual_seed(cfg.seed)

@@ -1,126 +1,123 @@
-"""The long-context faults (dflash_audit/audit/context_faults.py), each planted in an evaluator of its own and caught
-as exactly one finding: the window ignored, the drafter's context capped at N, the block's positions rebased past
-the trained length, a nested rope_theta read as a default. The planted evaluators are the live decoding loop with one
-thing changed (the model it builds, its masks, its positions), not the audit's replay the finding comes from; the
-sound one gives no finding.
+"""The long-context faults (dflash_audit/audit/context_faults.py), each planted in a team's evaluator written apart
+from this code (tests/evaluator_corpus/runtime_context_buffer.py) and caught by `dflash-audit trace` as exactly one
+finding with its numbers, at its first parting round, with its τ cost: the drafter's context capped at N, the block's
+positions rebased past a length, a nested rope_theta read as a default. The window ignored is the corpus's
+`window_ignored` (tests/test_trace_evaluators.py). The sound evaluator equals z-lab's rounds and τ.
 
-The world's mixed drafter (window 48, trained on 256-token rows) on two held-out prompts and one of about 300 tokens,
-so that blocks run past the window and past the trained length."""
+The test world's mixed drafter (window 48) on one held-out prompt and one of about 300 tokens, so that blocks run
+past the window and past 256 (the length the drafter was trained on, which its z-lab folder does not record: the
+evaluator is told it)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
-import torch
 
-from dflash_audit.audit.context_faults import context_fault_finding
-from dflash_audit.tau.along_context import ContextMarks, context_marks
-from dflash_world.long_context import long_prompts
-from drafter_files.checkpoint import load_checkpoint
-from dflash_world.drafter import cached_test_drafter
-from impl.body_shapes import build_drafter
-from impl.decoding import dflash_decode
-from impl.offline.cache import build_cache
+from dflash_audit.audit.context_faults import DrafterShape, context_faults, rebased_length
+from dflash_audit.trace.eval_record import read_evaluation
+from dflash_audit.trace.evaluation import audit_evaluation
+from dflash_audit.trace.run import record_script
+from foundation.jsonl import split_json_lines
+from tests.helpers import once_per_session
 
-MAX_NEW_TOKENS = 40
+CORPUS = Path(__file__).resolve().parent / "evaluator_corpus"
+# Two shapes: a runtime whose drafter inputs (rows, position ids) are recorded, so the faults are named by value on
+# its output; a fused drafter step whose positions, masks and rotary are inside it, named by counterfactual replays.
+EVALUATORS = ("runtime_context_buffer.py", "fused_drafter_step.py")
+ZLAB = "z-lab's: the mean of per-prompt means, the bonus token counted"
+TRAINED = 256
 CAP = 64
 
 
 @pytest.fixture(scope="module")
-def long_setup(trained_pair, test_world):
-    drafter, target, prompts, stop_ids = trained_pair
-    if next(drafter.parameters()).dtype != torch.float32:
-        pytest.skip("the planted faults are named by rounds equal to the replay's, which float32 alone guarantees")
+def drafter_dir(test_world, tmp_path_factory):
+    from dflash_world.drafter import cached_test_drafter
+    from drafter_files.checkpoint import load_checkpoint
+    from drafter_files.zlab_format import save_zlab_dir
+
+    def write() -> str:
+        path = tmp_path_factory.mktemp("zlab-drafter") / "drafter"
+        checkpoint = load_checkpoint(cached_test_drafter(test_world))
+        save_zlab_dir(path, checkpoint.spec, checkpoint.state_dict)
+        return str(path)
+
+    return Path(once_per_session(tmp_path_factory, "evaluator-zlab-drafter", write))
+
+
+@pytest.fixture(scope="module")
+def traced(test_world, drafter_dir, tmp_path_factory):
+    """A corpus evaluator recorded and audited once per fault: {(file, fault): report}."""
+    from dflash_world.long_context import long_prompts
     from foundation.target import load_tokenizer
 
     tokenizer, _ = load_tokenizer(test_world.target)
-    longer = [(p["id"], tokenizer(p["prompt"], return_tensors="pt").input_ids) for p in long_prompts(tokenizer, (300,))]
-    chosen = prompts[:2] + longer
-    cache = build_cache("faults", target, chosen, drafter.target_layer_ids, MAX_NEW_TOKENS, stop_ids)
-    ckpt = load_checkpoint(cached_test_drafter(test_world))
-    marks = context_marks(ckpt.spec, ckpt.recipe)
-    assert marks.trained_length == 256 and marks.sliding_window == 48
-    assert max(entry.prompt_len for entry in cache.prompts) + MAX_NEW_TOKENS > 256  # past the trained length
-    return drafter, target, chosen, stop_ids, cache, marks
+    prompts = tmp_path_factory.mktemp("long-prompts") / "prompts.jsonl"
+    held_out = json.loads(split_json_lines(Path(test_world.prompts).read_text())[0])
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in [held_out, *long_prompts(tokenizer, (300,))]))
+    done = {}
+
+    def run(file: str, fault: str | None = None):
+        if (file, fault) not in done:
+            out = tmp_path_factory.mktemp("context-evaluation")
+            record_script(CORPUS / file, ["--drafter", str(drafter_dir), "--target", str(test_world.target), "--prompts",
+                                      str(prompts), "--max-new-tokens", "32", "--trained-length", str(TRAINED),
+                                      "--context-cap", str(CAP), *(["--fault", fault] if fault else [])], out)
+            done[file, fault] = audit_evaluation(read_evaluation(out))
+        return done[file, fault]
+
+    return run
 
 
-def evaluate(drafter, target, prompts, stop_ids) -> dict[str, list[int]]:
-    return {prompt_id: dflash_decode(drafter, target, ids, MAX_NEW_TOKENS, stop_ids).acceptance_lengths
-            for prompt_id, ids in prompts}
+@pytest.mark.parametrize("file", EVALUATORS)
+def test_each_sound_evaluator_is_zlabs_rounds_and_tau(traced, file):
+    report = traced(file)
+    assert report.findings == [] and report.exit_status == 0, report.summary()
+    assert [p["rounds"] for p in report.prompts] == [p["zlab_rounds"] for p in report.prompts], report.summary()
+    assert report.tau["is"] == [ZLAB]
+    assert max(p["prompt_tokens"] for p in report.prompts) > TRAINED  # the long prompt runs past the trained length
 
 
-def rebuilt(drafter, **changes):
-    """An evaluator that builds the drafter from its own reading of the config."""
-    return build_drafter(drafter.spec.replace(**changes), drafter.state_dict()).eval()
+@pytest.mark.parametrize("file", EVALUATORS)
+@pytest.mark.parametrize("fault,key,numbers", [
+    ("context_capped", "context_cap", {"cap": CAP}),
+    ("positions_rebased", "positions_rebased", {"rebased_to": TRAINED}),
+    ("rope_theta_default", "rope_theta", {"rope_theta_used": 1e6, "rope_theta_declared": 10000.0}),
+])
+def test_each_long_context_fault_is_one_finding_with_its_numbers(traced, file, fault, key, numbers):
+    report = traced(file, fault)
+    assert [(f.component, f.key) for f in report.findings] == [("evaluation", key)], report.summary()
+    finding = report.findings[0]
+    assert {k: finding.raw[k] for k in numbers} == numbers
+    first = min((p for p in report.prompts if p["first_parting_round"]), key=lambda p: p["prompt"])
+    assert (finding.raw["prompt"], finding.raw["parting_round"]) == (first["prompt"], first["first_parting_round"])
+    assert finding.raw["round"] <= finding.raw["parting_round"]  # where it shows first: at or before the parting
+    assert "τ cost:" in finding.message and report.tau["is"] == [ZLAB]
+    assert report.tau["their_rounds"] != report.tau["zlab"]
+    assert ("counterfactual" in finding.message) == (file == "fused_drafter_step.py")
+    if fault == "positions_rebased":  # only the long prompt parts
+        assert finding.raw["offset"] == TRAINED - (finding.raw["anchor"] + 8) < 0
+        assert [bool(p["first_parting_round"]) for p in report.prompts] == [False, True]
+        if file == "runtime_context_buffer.py":
+            assert "read by value from its position ids" in finding.message
 
 
-class CappedContext(torch.nn.Module):
-    """An engine that keeps at most `cap` positions of the drafter's context: its masks hide every key further back."""
-
-    def __init__(self, drafter, cap: int):
-        super().__init__()
-        self.inner, self.cap = drafter, cap
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self.inner, name)
-
-    def forward(self, noise, context, positions, masks=None, cache=None):
-        cached = len(cache) if cache is not None else 0
-        keys, block = cached + context.shape[1], noise.shape[1]
-        q_pos = (keys + torch.arange(block))[:, None]
-        near = q_pos - torch.arange(keys + block)[None] < self.cap
-        own = self.inner.inference_masks(keys, block)
-        masks = [near if m is None else m & near for m in own]
-        return self.inner(noise, context, positions, masks=masks, cache=cache)
+def test_a_rebase_is_read_from_the_shifts_alone():
+    # Blocks of 8 at anchors 240, 250, 260: a rebase to 256 moves the last two by -2 and -12.
+    assert rebased_length([240, 250, 260], [8, 8, 8], [0, -2, -12]) == 256
+    assert rebased_length([240, 250, 260], [8, 8, 8], [-1, -1, -1]) is None  # a constant shift is no rebase
+    assert rebased_length([240, 250], [8, 8], [0, 0]) is None
 
 
-class RebasedBlock(CappedContext):
-    """An engine that pulls the block's positions back past the trained length (the context keeps its own)."""
-
-    def __init__(self, drafter, trained_length: int):
-        super().__init__(drafter, cap=0)
-        self.trained_length = trained_length
-
-    def forward(self, noise, context, positions, masks=None, cache=None):
-        block = noise.shape[1]
-        anchor = int(positions[0, -block])
-        shift = max(0, anchor + self.inner.block_size - self.trained_length)
-        positions = torch.cat([positions[:, :-block], positions[:, -block:] - shift], dim=1)
-        return self.inner(noise, context, positions, masks=masks, cache=cache)
-
-
-def test_the_sound_evaluator_has_no_long_context_finding(long_setup):
-    drafter, target, prompts, stop_ids, cache, marks = long_setup
-    assert context_fault_finding(drafter, target, cache, evaluate(drafter, target, prompts, stop_ids), "eval.py",
-                                 marks) is None
-
-
-@pytest.mark.parametrize("fault", ["sliding window ignored", f"context capped at {CAP}",
-                                   "block positions rebased past the trained length", "rope_theta read as a default"])
-def test_each_planted_fault_is_one_finding_naming_it(long_setup, fault):
-    drafter, target, prompts, stop_ids, cache, marks = long_setup
-    planted = {
-        "sliding window ignored": lambda: rebuilt(drafter, layer_types=("full_attention", "full_attention"),
-                                                  sliding_window=None),
-        f"context capped at {CAP}": lambda: CappedContext(drafter, CAP),
-        "block positions rebased past the trained length": lambda: RebasedBlock(drafter, marks.trained_length),
-        # The config nests rope_theta in rope_parameters; this evaluator reads a top-level one and falls back to
-        # vLLM's default.
-        "rope_theta read as a default": lambda: rebuilt(drafter, rope_theta=1_000_000.0),
-    }[fault]()
-    rounds = evaluate(planted, target, prompts, stop_ids)
-    finding = context_fault_finding(drafter, target, cache, rounds, "eval.py", marks)
-    assert finding is not None and finding.key == fault and finding.severity == "divergence", finding
-    assert finding.message.startswith("eval.py ") and "first part at round" in finding.message
-    if fault == "block positions rebased past the trained length":
-        assert finding.raw["position"] + drafter.block_size > marks.trained_length
-        assert "past the sliding window 48, trained length 256" in finding.message
-
-
-def test_without_a_recorded_trained_length_no_position_variant_is_guessed(long_setup):
-    drafter, target, prompts, stop_ids, cache, marks = long_setup
-    unknown = ContextMarks(**{**marks.model_dump(), "trained_length": None})
-    rounds = evaluate(RebasedBlock(drafter, marks.trained_length), target, prompts, stop_ids)
-    assert context_fault_finding(drafter, target, cache, rounds, "eval.py", unknown) is None
+def test_a_fault_is_tried_only_where_it_changes_something():
+    shape = DrafterShape((48, None), 8, 10000.0, ((4096, "max_position_embeddings"),))
+    early = context_faults(shape, 12, 8)  # before the window and below every cap tried: a theta, a rebase to 16
+    assert [(f.key, f.numbers.get("rebased_to")) for f in early] == [("rope_theta", None), ("positions_rebased", 16)]
+    late = context_faults(shape, 300, 8, fed_rows=100)
+    assert {f.key for f in late} == {"window", "rope_theta", "context_cap", "positions_rebased"}
+    assert [f.numbers["cap"] for f in late if f.key == "context_cap"][0] == 100  # the rows fed tried first
+    all_sliding = DrafterShape((48, 48), 8, 1e6)
+    assert all(f.numbers["cap"] < 48 for f in context_faults(all_sliding, 300, 8) if f.key == "context_cap")
+    assert not [f for f in context_faults(all_sliding, 300, 8) if f.key == "rope_theta" and
+                f.numbers["rope_theta_used"] == 1e6]

@@ -40,7 +40,10 @@ def test_train_has_one_option_per_knob_with_its_help_and_default():
         assert option.default is None  # "not given": --recipe speculators fills it
         spelled = [flag for decl in info.json_schema_extra["flags"] for flag in decl.split("/")]
         assert set(spelled) <= set(option.opts) | set(option.secondary_opts), name
-        assert f"(default: {TRAIN_DEFAULTS[name]})" in option.help and info.description in option.help, name
+        assert info.description in option.help, name
+        # the default train uses, said unless the description says it (`(default: the final one)`)
+        assert TRAIN_DEFAULTS[name] is None and "(default: " in info.description or \
+            f"(default: {TRAIN_DEFAULTS[name]})" in option.help, name
 
 
 def test_run_settings_have_each_knob_at_its_familys_train_default():
@@ -121,3 +124,23 @@ def test_loss_fn_takes_speculators_weighted_combinations_in_one_spelling():
     assert convert("loss_fn", {"tv": 0.9, "ce": 0.1}, "args.loss_fn") == '{"tv": 0.9, "ce": 0.1}'
     assert convert("loss_fn", "TV", "args.loss_fn") == "tv"
     assert knob_problem("loss_fn", '{"ce": true}') == """'{"ce": true}': the weight of ce must be a finite number"""
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("gamma", True, "a finite number"), ("gamma", "inf", "a finite number"), ("gamma", 10 ** 400, "a finite number"),
+    ("block_size", 7.5, "an integer"), ("block_size", True, "an integer"), ("block_size", "²", "an integer"),
+    ("sample_from_anchor", 1, "true or false"), ("target_layer_ids", [], "a list of integer layer ids"),
+    ("layer_types", ["x"], "a list of ['full_attention', 'sliding_attention']"),
+    ("rope_scaling", "[" * 100_000, "a JSON object of transformers' rope parameters"),
+])
+def test_a_declared_value_is_read_by_its_pydantic_type_and_refused_in_one_short_line(field, value, words):
+    """A config's value is read by the field's declared type (setting_names.READERS): no looser (1 is no boolean,
+    a number past a float's range no gamma), the refusal one line of bounded length naming where it was read."""
+    from dflash_audit.formats.setting_names import DeclarationError
+
+    with pytest.raises(DeclarationError) as caught:
+        convert(field, value, "args.json: x")
+    message = str(caught.value)
+    assert message.startswith("args.json: x: ") and message.endswith(f" is not {words}") and len(message) < 300
+    assert convert("block_size", " 7 ", "w") == 7 and convert("sample_from_anchor", "TRUE", "w") is True
+    assert convert("layer_types", ("full_attention",), "w") == ["full_attention"]

@@ -102,7 +102,7 @@ def test_dpace_with_kl_is_refused(tiny_world, tmp_path, capsys):  # noqa: F811
     args = ["train", "--target", str(tiny_world / "target"), "--data", str(tiny_world / "data.jsonl"),
             "--out", str(tmp_path / "x.pt"), *RUN, "--loss", "kl_div", "--loss-weighting", "dpace"]
     assert main(args) == 2
-    assert "per_position_loss_weight: dpace needs loss_fn ce" in capsys.readouterr().err
+    assert "--per-position-loss-weight: dpace needs loss_fn ce" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("family", ["dflash2", "dspark", "xpress"])

@@ -193,11 +193,11 @@ def test_cli_trains_and_writes_json(tiny_world, tmp_path):
     (["--data", "{root}/missing.jsonl"], "no such file"),
     (["--data", "{root}/bad.jsonl"], "bad.jsonl:1: 'text' must be a string"),
     (["--fc-layers", "0,x"], "--target-layer-ids: '0,x' is not a list of integer layer ids"),
-    (["--fc-layers", "0,9"], "target_layer_ids: [9] outside"),
-    (["--target-source-layer", "7"], "verifier_source_layer: 7 outside"),
+    (["--fc-layers", "0,9"], "--target-layer-ids: [9] outside"),
+    (["--target-source-layer", "7"], "--verifier-source-layer: 7 outside"),
     (["--loss", "mse"], "--loss-fn: 'mse' is not one of ['kl_div', 'ce', 'tv'] nor a JSON dict of them to weights"),
     (["--loss-weighting", "uniform"], "--per-position-loss-weight: must be fixed-exp-decay or dpace, got 'uniform'"),
-    (["--loss", "kl_div", "--loss-weighting", "dpace"], "per_position_loss_weight: dpace needs loss_fn ce"),
+    (["--loss", "kl_div", "--loss-weighting", "dpace"], "--per-position-loss-weight: dpace needs loss_fn ce"),
     (["--dpace-alpha", "1.5"], "--dpace-alpha: must be in (0, 1], got 1.5"),
     (["--dtype", "fp16"], "--dtype: must be fp32 or bf16, got 'fp16'"),
     (["--family", "nope"], "--family: must be one of dflash, dflash2, dspark, xpress, got 'nope'"),
@@ -206,8 +206,15 @@ def test_cli_trains_and_writes_json(tiny_world, tmp_path):
     (["--warmup", "-3"], "--warmup: must be an integer >= 0, got -3"),
     (["--lr", "inf"], "--lr: must be a finite number, got inf"),
     (["--markov-rank", "4"], "--markov-rank is a DSpark setting; add --family dspark"),
-    (["--seq-len", "4"], "seq_len 4 leaves no room"),
-    (["--sliding-window", "0"], "--sliding-window: must be a positive integer, got 0"),  # no layer slides here: a window of 0 is meaningless all the same
+    (["--seq-len", "4"], "--seq-len: 4 leaves no room for a block of 4"),
+    (["--seq-len", "100000"], "--seq-len: 100000 is longer than the target's context window"),
+    (["--draft-vocab-size", "8", "--family", "dflash2"], "--draft-vocab-size: a reduced draft vocabulary needs --family "
+                                                          "dflash"),
+    (["--layer-types", "bogus"], "--layer-types: must be full_attention or sliding_attention, got 'bogus'"),
+    # A window of 0 is refused by its declaration, whether or not a layer slides.
+    (["--sliding-window", "0"], "--sliding-window: must be a positive integer, got 0"),
+    (["--layer-types", "sliding_attention", "--sliding-window", "0"], "--sliding-window: must be a positive integer, "
+                                                                      "got 0"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(tiny_world, tmp_path, capsys, args, message):
     (tiny_world / "bad.jsonl").write_text('{"text": 5}\n')

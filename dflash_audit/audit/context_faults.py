@@ -1,161 +1,148 @@
-"""The long-context faults, named by value: which one a source of rounds (an evaluator, an engine) carries.
+"""The long-context faults: what a source of rounds (a team's evaluator) may do to the drafter along the context, each
+as one change to z-lab's drafter run at one round, so that the round where the source first parts names it by value.
 
-A source whose rounds part from the audit's replay of z-lab's loop only past some position may run the drafter
-otherwise along the context. Each fault below is replayed as a variant of the audit's own replay (the same cache,
-the same drafter weights); a variant whose rounds equal the source's on every prompt names the fault, as one finding:
+A fault is a `ContextFault`: a change to what the drafter reads at a round anchored at `start` (its context rows,
+the block's positions) or to the drafter itself (its sliding windows, its rotary base). The evaluator trace
+(dflash_audit/trace/eval_why.py) runs z-lab's drafter on z-lab's inputs with each change, one at a time, at the
+first parting round, and names the one whose output (or, where only the drafts were recorded, whose drafts and
+their logit margins) is the source's:
 - the sliding window ignored: the sliding layers run as full ones (the seed evaluator's "short context" assumption,
   z-lab #126, speculators #523);
-- the drafter's context capped at N tokens: every layer sees at most N positions back (a runtime's drafter context
-  limit, Luce-Org/lucebox #740); N is searched where the rounds first part;
-- the block's positions rebased past the trained length: its rotary positions pulled back so that the block ends at
-  the trained length, while the context keeps its absolute positions (buun-llama-cpp #32) — or, from a reference
-  that rebases, a source that does not;
-- rope_theta read as a default (transformers' and SGLang's 10000, vLLM's 1e6) instead of the config's nested
-  `rope_parameters.rope_theta` (how each engine reads the field statically is pitfall #30, `serve-check`).
-Nothing is guessed: a source no variant reproduces gets no finding here (the rounds core names where it parts).
+- the drafter's context capped at N tokens: it reads only the last N context rows (a runtime's drafter context limit,
+  Luce-Org/lucebox #740). N is searched among the rows the source fed where it fed fewer than the context, the
+  declared lengths and the powers of two below the anchor: a cap of another N is not found, and the round is then
+  left as the drafter's;
+- the block's positions rebased past a length L: pulled back so that the block ends at L, while the context keeps
+  its absolute positions (buun-llama-cpp #32). z-lab's loop never rebases (the reference is absolute); L is read by
+  value where the source's position ids were recorded (`rebased_length`), else searched like N;
+- a nested `rope_theta` read as a default (transformers' and SGLang's 10000, vLLM's 1e6) instead of the config's
+  `rope_parameters.rope_theta` (how each engine reads the field statically is pitfall #30, `serve-check`). Where the
+  declared theta is that default, the misreading changes nothing and nothing can name it.
+Nothing is guessed: a round no change reproduces keeps its other causes.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-import torch
-
-from catalogue.findings import Finding
-from dflash_audit.tau.along_context import ContextMarks
-from impl.body_shapes import build_drafter
 from impl.defaults import QWEN3_DEFAULTS
-from impl.offline.cache import CachedPrompt, HiddenStateCache
-from impl.offline.walks import offline_rounds_batch
 
 # The defaults a reader falls back to for a rope_theta it does not find (pitfall #30).
-THETA_DEFAULTS = {QWEN3_DEFAULTS["rope_theta"]: "transformers' and SGLang's default", 1_000_000.0: "vLLM's default"}
-# Context caps tried when the first parting position gives no tighter bound: powers of two, the usual limits.
-CAP_CANDIDATES = tuple(2 ** k for k in range(4, 18))
+THETA_DEFAULTS = {float(QWEN3_DEFAULTS["rope_theta"]): "transformers' and SGLang's default",
+                  1_000_000.0: "vLLM's default"}
+# Context lengths tried for a cap or a rebase where nothing recorded gives them: powers of two, the usual limits.
+LENGTH_CANDIDATES = tuple(2 ** k for k in range(4, 18))
 
 
-@dataclass
-class Variant:
-    """One long-context fault, replayable: a drafter built otherwise and/or the block's positions moved."""
+@dataclass(frozen=True)
+class DrafterShape:
+    """What the faults need to know of the drafter as declared (z-lab's folder): each layer's window, its block,
+    its rotary base (None: not plain rotary, no theta change is tried), and the lengths its files or recipe
+    declare (the trained length, the rotary tables' end), for the searches."""
 
-    component: str
+    windows: tuple[int | None, ...]
+    block_size: int
+    rope_theta: float | None
+    declared_lengths: tuple[tuple[int, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class ContextFault:
+    """One long-context fault at one round: what changes, and the finding's words and numbers."""
+
     key: str
-    pitfall: int
-    says: str  # what the source does, as the finding words it
-    drafter: torch.nn.Module
-    block_positions: Callable[[torch.Tensor], torch.Tensor] | None = None
+    says: str  # what the source does, as the finding words it (after "the evaluator ")
+    numbers: dict = field(default_factory=dict)
+    keep_rows: int | None = None  # the context cut to its last N rows (their positions kept)
+    block_shift: int = 0  # added to every block position
+    windows_off: bool = False  # every sliding layer run as a full one
+    rope_theta: float | None = None  # the drafter's rotary base replaced
 
 
-def respecced(drafter, **changes) -> torch.nn.Module:
-    """The drafter's weights under a changed spec, where it already sits."""
-    weight = next(drafter.parameters())
-    model = build_drafter(drafter.spec.replace(**changes), drafter.state_dict())
-    return model.to(weight.device, weight.dtype).eval()
+PITFALLS = {"window": 11, "context_cap": 11, "positions_rebased": 12, "rope_theta": 30}
 
 
-def rebased_block(block_size: int, trained_length: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Slot positions of each block pulled back so the block ends at the trained length, past it."""
-    def positions(anchors: torch.Tensor) -> torch.Tensor:
-        slots = anchors[:, None] + torch.arange(block_size, device=anchors.device)[None]
-        return slots - (anchors + block_size - trained_length).clamp(min=0)[:, None]
-    return positions
+def window_ignored(shape: DrafterShape, start: int) -> ContextFault | None:
+    """The sliding layers run as full ones: only visible once the anchor is past the narrowest window."""
+    windowed = [i for i, w in enumerate(shape.windows) if w is not None]
+    if not windowed or start <= min(shape.windows[i] for i in windowed) - 1:
+        return None
+    window = shape.windows[windowed[0]]
+    return ContextFault("window", f"runs the drafter's sliding layer{'s' if len(windowed) > 1 else ''} {windowed} "
+                        f"over all {start} context positions: the window of {window} is not applied (z-lab applies "
+                        f"it; the anchor is at position {start}, past it)",
+                        {"window": window, "layers": windowed, "anchor": start}, windows_off=True)
 
 
-def variants(drafter, marks: ContextMarks, parting_positions: Sequence[int]) -> list[Variant]:
-    """The faults that can apply to this drafter, each built once; a cap's N within what the first partings allow
-    (a cap of N changes nothing before a block reaches N context positions)."""
-    spec = drafter.spec
+def context_caps(shape: DrafterShape, start: int, fed_rows: int | None) -> list[ContextFault]:
+    """The drafter's context cut to its last N rows, for each N that changes something at an anchor at `start` (N
+    below it, and below every layer's window if all slide)."""
+    tried = ([fed_rows] if fed_rows is not None else []) + [n for n, _ in shape.declared_lengths] + \
+        list(LENGTH_CANDIDATES)
+    windows = [w for w in shape.windows]
+    widest = None if any(w is None for w in windows) else max(windows)
+    caps = []
+    for n in dict.fromkeys(tried):
+        if 0 < n < start and (widest is None or n < widest):
+            caps.append(ContextFault("context_cap", f"caps the drafter's context at {n} tokens: at an anchor at "
+                                     f"position {start} it reads the last {n} of its {start} context positions "
+                                     "(z-lab's reads them all)", {"cap": n, "anchor": start}, keep_rows=n))
+    return caps
+
+
+def rebased(shape: DrafterShape, start: int, block: int, length: int, how: str) -> ContextFault | None:
+    """The block's positions pulled back so the block ends at `length` (its context kept absolute)."""
+    offset = length - (start + block)
+    if offset >= 0:
+        return None
+    declared = [what for n, what in shape.declared_lengths if n == length]
+    return ContextFault("positions_rebased", f"rebases the block's rotary positions past {length} tokens"
+                        f"{f' ({declared[0]})' if declared else ''}, {how}: at an anchor at position {start} the "
+                        f"block sits at {start + offset}..{start + offset + block - 1} (offset {offset:+d}) while its "
+                        f"context keeps absolute positions; z-lab's loop keeps the block at {start}..{start + block - 1}",
+                        {"rebased_to": length, "offset": offset, "anchor": start}, block_shift=offset)
+
+
+def rebases(shape: DrafterShape, start: int, block: int) -> list[ContextFault]:
+    """Every length whose rebase moves the block at `start`: the declared ones first, then the powers of two."""
     found = []
-    if marks.sliding_window is not None:
-        found.append(Variant("layer_types", "sliding window ignored", 11,
-                             f"runs the sliding layers as full attention: the window of {marks.sliding_window} is "
-                             "ignored past it", respecced(drafter, layer_types=tuple(["full_attention"] *
-                                                                                       spec.num_hidden_layers),
-                                                          sliding_window=None)))
-    if parting_positions:
-        reach = max(parting_positions) + drafter.block_size
-        for cap in [n for n in CAP_CANDIDATES if n < reach]:
-            if marks.sliding_window is not None and cap >= marks.sliding_window and \
-                    all(t == "sliding_attention" for t in spec.layer_types):
-                continue  # an all-sliding drafter never sees past its window: a wider cap changes nothing
-            found.append(Variant("layer_types", f"context capped at {cap}", 11,
-                                 f"caps the drafter's context at {cap} tokens: every layer sees at most {cap} "
-                                 "positions back", capped(drafter, cap)))
-    if marks.trained_length is not None:
-        found.append(Variant("positions", "block positions rebased past the trained length", 12,
-                             f"rebases the block's rotary positions past the trained length {marks.trained_length} "
-                             "(the block ends at it) while the context keeps absolute positions", drafter,
-                             rebased_block(drafter.block_size, marks.trained_length)))
-    for theta, whose in THETA_DEFAULTS.items():
-        if marks.rope_theta is not None and theta != marks.rope_theta:
-            found.append(Variant("rotary", "rope_theta read as a default", 30,
-                                 f"reads rope_theta as {theta:g} ({whose}) instead of the config's "
-                                 f"{marks.rope_theta:g} (nested in rope_parameters)", respecced(drafter,
-                                                                                               rope_theta=theta)))
+    for length in dict.fromkeys([n for n, _ in shape.declared_lengths] + list(LENGTH_CANDIDATES)):
+        fault = rebased(shape, start, block, length, "a length the drafter's files declare" if length in
+                        dict(shape.declared_lengths) else "a power of two searched")
+        if fault is not None:
+            found.append(fault)
     return found
 
 
-def capped(drafter, cap: int) -> torch.nn.Module:
-    """The drafter (its very weights) with every layer seeing at most `cap` positions back: a full layer windowed at
-    the cap, a sliding one at the narrower of its window and the cap."""
-    model = copy.copy(drafter)
-    spec = drafter.spec
-
-    def layer_masks(make):
-        cache, masks = {}, []
-        for i in range(spec.num_hidden_layers):
-            window = spec.window_of(i)
-            key = (cap if window is None else min(window, cap), spec.block_is_causal(i))
-            masks.append(cache[key] if key in cache else cache.setdefault(key, make(*key)))
-        return masks
-
-    model.layer_masks = layer_masks
-    return model
-
-
-def first_partings(source: dict[str, list[int]], reference: dict[str, list[int]],
-                   entries: Sequence[CachedPrompt]) -> list[tuple[str, int, int]]:
-    """(prompt, round, anchor position) of the first round that parts on each prompt whose rounds part."""
-    out = []
-    for entry in entries:
-        a, b = source[entry.id], reference[entry.id]
-        position = entry.prompt_len
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                out.append((entry.id, i, position))
-                break
-            position += x
-        else:
-            if len(a) != len(b):
-                out.append((entry.id, min(len(a), len(b)), position))
-    return out
-
-
-@torch.inference_mode()
-def context_fault_finding(drafter, target, cache: HiddenStateCache, source: dict[str, list[int]], who: str,
-                          marks: ContextMarks) -> Finding | None:
-    """The one long-context fault whose replay gives `who`'s rounds (`source`: prompt id -> rounds) on every prompt
-    of `cache`, as a finding; None when the source walks as the audit's replay, or no variant reproduces it."""
-    entries = cache.prompts
-    reference = dict(zip([e.id for e in entries], offline_rounds_batch(drafter, target, cache, entries)))
-    partings = first_partings(source, reference, entries)
-    if not partings:
+def rebased_length(starts: Sequence[int], blocks: Sequence[int], shifts: Sequence[int]) -> int | None:
+    """The length L a source rebases to, read from its recorded block shifts (one per round, `starts` the anchors,
+    `blocks` the block lengths): every round's shift is min(0, L - (start + block)), some below 0; None: not a
+    rebase (no shift, a constant shift, or shifts no one L explains)."""
+    lengths = {s + b + k for s, b, k in zip(starts, blocks, shifts) if k < 0}
+    if len(lengths) != 1:
         return None
-    tried = []
-    for variant in variants(drafter, marks, [position for _, _, position in partings]):
-        rounds = offline_rounds_batch(variant.drafter, target, cache, entries, block_positions=variant.block_positions)
-        tried.append(variant.key)
-        if all(rounds[i] == source[e.id] for i, e in enumerate(entries)):
-            prompt, round_no, position = min(partings, key=lambda p: p[2])
-            past = [label for at, label in marks.lines() if position >= at]
-            return Finding(
-                variant.component, "divergence",
-                f"{who} {variant.says}: its rounds are the audit's replay with that fault on all {len(entries)} "
-                f"prompts; they first part at round {round_no} of {prompt}, anchored at position {position}"
-                + (f" (past the {', '.join(past)})" if past else "") + ".",
-                None, variant.key, pitfall=variant.pitfall, key=variant.key,
-                raw={"prompt": prompt, "round": round_no, "position": position, "tried": tried},
-                localized={"kind": "input", "prompt": prompt, "round": round_no})
+    length = lengths.pop()
+    if all(k == min(0, length - (s + b)) for s, b, k in zip(starts, blocks, shifts)):
+        return length
     return None
+
+
+def theta_defaults(shape: DrafterShape) -> list[ContextFault]:
+    """The rotary base read as a default instead of the declared (nested) one."""
+    if shape.rope_theta is None:
+        return []
+    return [ContextFault("rope_theta", f"runs the drafter's rotary embedding at rope_theta {theta:g} ({whose}) "
+                         f"instead of the config's {shape.rope_theta:g} (nested in rope_parameters): a nested "
+                         "rope_theta read as the default", {"rope_theta_used": theta,
+                                                             "rope_theta_declared": shape.rope_theta},
+                         rope_theta=theta)
+            for theta, whose in THETA_DEFAULTS.items() if theta != shape.rope_theta]
+
+
+def context_faults(shape: DrafterShape, start: int, block: int, fed_rows: int | None = None) -> list[ContextFault]:
+    """Every long-context fault that changes what the drafter computes at an anchor at `start` (block `block`
+    long), in the order they are tried: the window, the rotary base, the caps, the rebases."""
+    window = window_ignored(shape, start)
+    return ([window] if window else []) + theta_defaults(shape) + context_caps(shape, start, fed_rows) + \
+        rebases(shape, start, block)

@@ -17,6 +17,7 @@ FLAG_MODELS = {
     "trace": "dflash_audit.flags.trace:TraceFlags",
     "data-check": "dflash_audit.flags.data_check:DataCheckFlags",
     "doctor": "dflash_audit.flags.doctor:DoctorFlags",
+    "train": "dflash_audit.flags.train:TrainFlags",
 }
 
 
@@ -45,7 +46,9 @@ def flag_table(verb: str) -> str:
             continue
         spellings = ", ".join(f"`{s}`" for s in extra.get("flags") or [f"--{name.replace('_', '-')}"])
         default = "required" if info.is_required() else info.get_default(call_default_factory=True)
-        default = "" if default in (None, [], False) else f"`{default}`" if default != "required" else default
+        # 0 is a default to show (`--eval-every 0`), None, False and an empty list none
+        default = "" if default is None or default is False or default == [] else \
+            f"`{default}`" if default != "required" else default
         lines.append(f"| {spellings} | {cell(str(default))} | {cell(flag_help(model, name))} |")
     return "\n".join(lines)
 

@@ -12,12 +12,14 @@ not recognized is kept verbatim for the report.
 from __future__ import annotations
 
 import json
-import math
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import AllowInfNan, BeforeValidator, Field, Strict, TypeAdapter, ValidationError
 
 from impl.layers import speculators_to_zlab
-from impl.recipe import KNOBS, LOSS_KINDS, LOSS_WEIGHTINGS, canonical_loss_fn, choices
+from impl.recipe import KNOBS, LOSS_KINDS, LOSS_WEIGHTINGS, LossWeighting, canonical_loss_fn, choices
 from impl.settings import base_type
 from impl.spec import LAYER_TYPES, ROPE_STYLES, SETTINGS, SPEC_NAMES
 
@@ -34,7 +36,75 @@ SPECULATORS_IDS = "aux_hidden_state_layer_ids"
 # Names common enough to mean something else (`loss` may be a loss value, `dim` any size):
 # a value of the wrong type under one of them is listed as unrecognized, not refused.
 GENERIC_ALIASES = {"loss", "loss_type", "dim", "mask_token", "layer_ids", "num_layers", "n_layers"}
+LOSS_SPELLINGS = {"ce": "ce", "cross_entropy": "ce", "crossentropy": "ce", "xent": "ce", "kl": "kl_div",
+                  "kl_div": "kl_div", "kld": "kl_div", "forward_kl": "kl_div", "kl_divergence": "kl_div",
+                  "tv": "tv", "total_variation": "tv"}
 
+# -- what each setting's declared value is read as: pydantic types, one per field ----------------------------------
+# Values come from JSON configs, training args and `KEY=VALUE` text, so each type also reads its text form ("7",
+# "true", "1,16,31", a JSON object), and nothing looser: `1` is no boolean, 7.5 no layer count, inf no gamma.
+def _integer_text(value: Any) -> Any:
+    if isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]+\s*", value):
+        return int(value)
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _number_text(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _bool_text(value: Any) -> Any:
+    return value.lower() == "true" if isinstance(value, str) and value.lower() in ("true", "false") else value
+
+
+def _items_text(value: Any) -> Any:
+    return value.replace(",", " ").split() if isinstance(value, str) else value
+
+
+def _weighting_spelling(value: Any) -> Any:
+    return str(value).strip().lower().replace("_", "-")
+
+
+def _loss_spelling(value: Any) -> str:
+    spelled = LOSS_SPELLINGS.get(str(value).strip().lower().replace("-", "_"))
+    # else speculators' weighted combination, e.g. '{"ce": 0.1, "tv": 0.9}' (XPress's); its ValueError refuses it
+    return spelled or canonical_loss_fn(json.dumps(value) if isinstance(value, dict) else str(value))
+
+
+def _json_text(value: Any) -> Any:
+    try:
+        return json.loads(value) if isinstance(value, str) else value
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+    except json.JSONDecodeError:
+        return value
+
+
+Integer = Annotated[int, BeforeValidator(_integer_text), Strict()]
+Number = Annotated[float, BeforeValidator(_number_text), Strict(), AllowInfNan(False)]
+Boolean = Annotated[bool, BeforeValidator(_bool_text), Strict()]
+LayerIds = Annotated[list[Integer], BeforeValidator(_items_text), Field(min_length=1)]
+# Each setting read by name with a type of its own, and the words a refusal says it is not.
+SPECIAL = {
+    "target_layer_ids": (LayerIds, "a list of integer layer ids"),
+    "layer_types": (list[Literal[LAYER_TYPES]], f"a list of {list(LAYER_TYPES)}"),
+    "per_position_loss_weight": (Annotated[LossWeighting, BeforeValidator(_weighting_spelling)],
+                                 f"a per_position_loss_weight ({list(LOSS_WEIGHTINGS)})"),
+    "loss_fn": (Annotated[str, BeforeValidator(_loss_spelling)],
+                f"a loss this tool knows ({sorted(LOSS_KINDS)}, or a JSON dict of them to weights)"),
+    "hidden_act": (Annotated[str, Strict()], "an activation name"),
+    "rope_style": (Literal[ROPE_STYLES], f"a rotary style ({list(ROPE_STYLES)})"),
+    # on the command line: JSON, e.g. {"rope_type": "linear", "factor": 2.0}, or none
+    "rope_scaling": (Annotated[dict[str, Any] | None, BeforeValidator(_json_text)],
+                     "a JSON object of transformers' rope parameters"),
+    "sliding_window": (Integer | None, "an integer"),
+    "final_logit_softcapping": (Number | None, "a finite number"),
+}
 # The value types, from the declarations (impl/spec.py, impl/recipe.py) of the settings read by name.
 RECIPE_TYPES = {name: info.annotation for name, info in KNOBS.items() if not choices(name)}
 SPEC_TYPES = {name: base_type(SETTINGS[name]) for name in SPEC_NAMES}
@@ -42,9 +112,9 @@ INT_FIELDS = ({n for n, t in SPEC_TYPES.items() if t is int}
               | {n for n, t in RECIPE_TYPES.items() if t in (int, int | None)})
 FLOAT_FIELDS = {n for n, t in SPEC_TYPES.items() if t is float} | {n for n, t in RECIPE_TYPES.items() if t is float}
 BOOL_FIELDS = {n for n, t in SPEC_TYPES.items() if t is bool} | {n for n, t in RECIPE_TYPES.items() if t is bool}
-LOSS_SPELLINGS = {"ce": "ce", "cross_entropy": "ce", "crossentropy": "ce", "xent": "ce", "kl": "kl_div",
-                  "kl_div": "kl_div", "kld": "kl_div", "forward_kl": "kl_div", "kl_divergence": "kl_div",
-                  "tv": "tv", "total_variation": "tv"}
+READ_AS = {**{n: (Integer, "an integer") for n in INT_FIELDS}, **{n: (Number, "a finite number") for n in FLOAT_FIELDS},
+           **{n: (Boolean, "true or false") for n in BOOL_FIELDS}, **SPECIAL}
+READERS = {name: (TypeAdapter(kind), words) for name, (kind, words) in READ_AS.items()}
 
 
 class DeclarationError(ValueError):
@@ -83,88 +153,20 @@ def recognize(path: str) -> str | None:
 
 
 def convert(field: str, value: Any, where: str, speculators_ids: bool = False) -> Any:
-    """The declared value as the field's type; DeclarationError naming `where` otherwise."""
-    def fail(expected: str) -> DeclarationError:
-        return DeclarationError(f"{where}: {value!r} is not {expected}")
-
-    if field == "target_layer_ids":
-        items = value.replace(",", " ").split() if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)) or not items:
-            raise fail("a list of layer ids")
-        ids = [as_int(item, fail, "a list of integer layer ids") for item in items]
-        if not speculators_ids:
-            return ids
+    """The declared value as the field's type (pydantic reads it by `READERS`); DeclarationError naming `where`
+    otherwise. Speculators' layer ids (hidden-state index, id + 1) are given in z-lab's convention."""
+    reader, words = READERS[field]
+    try:
+        read = reader.validate_python(value)
+    except ValidationError:
+        shown = repr(value) if len(repr(value)) <= 120 else repr(value)[:117] + "..."  # a hostile value stays one line
+        raise DeclarationError(f"{where}: {shown} is not {words}") from None
+    if field == "target_layer_ids" and speculators_ids:
         try:
-            return speculators_to_zlab(ids)
+            return speculators_to_zlab(read)
         except ValueError as exc:
             raise DeclarationError(f"{where}: {exc}") from exc
-    if field == "layer_types":
-        if not isinstance(value, (list, tuple)) or any(v not in LAYER_TYPES for v in value):
-            raise fail(f"a list of {list(LAYER_TYPES)}")
-        return list(value)
-    if field == "per_position_loss_weight":
-        spelled = str(value).strip().lower().replace("_", "-")
-        if spelled not in LOSS_WEIGHTINGS:
-            raise fail(f"a per_position_loss_weight ({list(LOSS_WEIGHTINGS)})")
-        return spelled
-    if field == "loss_fn":
-        spelled = LOSS_SPELLINGS.get(str(value).strip().lower().replace("-", "_"))
-        if spelled is not None:
-            return spelled
-        try:  # speculators' weighted combination, e.g. '{"ce": 0.1, "tv": 0.9}' (XPress's)
-            return canonical_loss_fn(json.dumps(value) if isinstance(value, dict) else str(value))
-        except ValueError:
-            raise fail(f"a loss this tool knows ({sorted(LOSS_KINDS)}, or a JSON dict of them to weights)") from None
-    if field == "hidden_act":
-        if not isinstance(value, str):
-            raise fail("an activation name")
-        return value
-    if field == "rope_style":
-        if value not in ROPE_STYLES:
-            raise fail(f"a rotary style ({list(ROPE_STYLES)})")
-        return value
-    if field == "rope_scaling":  # on the command line: JSON, e.g. {"rope_type": "linear", "factor": 2.0}, or none
-        try:
-            parsed = json.loads(value) if isinstance(value, str) else value
-        except (json.JSONDecodeError, RecursionError):
-            raise fail("a JSON object of transformers' rope parameters") from None
-        if parsed is not None and not isinstance(parsed, dict):
-            raise fail("a JSON object of transformers' rope parameters")
-        return parsed
-    if field in BOOL_FIELDS:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        raise fail("true or false")
-    if field in INT_FIELDS:
-        return None if value is None and field == "sliding_window" else as_int(value, fail, "an integer")
-    if field in FLOAT_FIELDS:
-        if value is None and field == "final_logit_softcapping":
-            return None
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise fail("a number") from None
-        if isinstance(value, bool) or not math.isfinite(number):
-            raise fail("a finite number")
-        return number
-    raise fail("a known setting")  # pragma: no cover - every field is typed above
-
-
-def as_int(value: Any, fail, expected: str) -> int:
-    if isinstance(value, bool):
-        raise fail(expected)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        try:
-            return int(value.strip())
-        except ValueError:  # digits int() does not read (superscripts)
-            raise fail(expected) from None
-    raise fail(expected)
+    return read
 
 
 def read_declarations(sources: list[tuple[str, dict[str, Any]]]):

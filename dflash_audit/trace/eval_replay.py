@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash_audit.audit.context_faults import ContextFault, DrafterShape
 from dflash_audit.trace.eval_rounds import SAME
 from impl.layers import final_layer, hidden_state_index, names_final_layer
 
@@ -124,17 +125,55 @@ def relative_rows(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a - b).abs().amax(-1) / scale).max())
 
 
+def plain_inv_freq(head_dims: int, theta: float) -> torch.Tensor:
+    """The rotary frequencies of plain (unscaled) RoPE at base `theta` over `head_dims` rotated dimensions."""
+    return 1.0 / (theta ** (torch.arange(0, head_dims, 2, dtype=torch.float64) / head_dims))
+
+
+def drafter_shape(twin, declared_lengths: tuple[tuple[int, str], ...] = ()) -> DrafterShape:
+    """What the long-context faults need of z-lab's drafter: its windows, block, and its rotary base where its
+    rotary embedding is plain RoPE at the config's (nested) rope_theta (else None: no theta change is tried)."""
+    rotary = twin.rotary_emb
+    parameters = getattr(twin.config, "rope_parameters", None) or {}
+    theta = parameters.get("rope_theta", getattr(twin.config, "rope_theta", None))
+    inv = rotary.inv_freq.detach().double().cpu()
+    plain = theta is not None and parameters.get("rope_type", "default") == "default" and torch.allclose(
+        inv, plain_inv_freq(2 * inv.shape[0], float(theta)), rtol=1e-5)
+    return DrafterShape(tuple(layer.self_attn.sliding_window for layer in twin.layers), int(twin.block_size),
+                        float(theta) if plain else None, declared_lengths)
+
+
 @contextmanager
-def window_off(twin):
-    """z-lab's drafter with every sliding layer's window taken off (what an evaluator ignoring it computes)."""
+def changed(twin, fault: ContextFault | None):
+    """z-lab's drafter with a long-context fault's change to the drafter itself: every sliding layer's window
+    taken off, or its rotary base replaced (what an evaluator so faulted computes)."""
     saved = [(layer.self_attn, layer.self_attn.sliding_window) for layer in twin.layers]
+    rotary = twin.rotary_emb
+    inv_freq = rotary.inv_freq
     try:
-        for attn, _ in saved:
-            attn.sliding_window = None
+        if fault is not None and fault.windows_off:
+            for attn, _ in saved:
+                attn.sliding_window = None
+        if fault is not None and fault.rope_theta is not None:
+            rotary.inv_freq = plain_inv_freq(2 * inv_freq.shape[0], fault.rope_theta).to(inv_freq.device,
+                                                                                        inv_freq.dtype)
         yield
     finally:
         for attn, window in saved:
             attn.sliding_window = window
+        rotary.inv_freq = inv_freq
+
+
+def faulted_output(twin, target, features: torch.Tensor, block: list[int], start: int,
+                   fault: ContextFault | None = None) -> torch.Tensor:
+    """z-lab's drafter at an anchor at `start` on z-lab's inputs (`features`: the `start` context rows), with a
+    long-context fault's changes: the context cut to its last rows, the block's positions moved, the drafter
+    changed."""
+    keep = start if fault is None or fault.keep_rows is None else min(start, fault.keep_rows)
+    shift = 0 if fault is None else fault.block_shift
+    positions = list(range(start - keep, start)) + [start + shift + k for k in range(len(block))]
+    with changed(twin, fault):
+        return drafter_output(twin, target, features[start - keep: start], block, positions)
 
 
 def drafter_output(twin, target, features: torch.Tensor, block: list[int], positions: list[int]) -> torch.Tensor:

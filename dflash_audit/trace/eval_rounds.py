@@ -203,7 +203,27 @@ def rebuild(recording, target, stop_ids: list[int], feature_check) -> Rebuilt:
         hidden_call = event if event.get("hidden_states") else hidden_call
     for run in streams:
         _close(run, run.pending, stop_ids)
+    _cut_at_budget(streams)
     return Rebuilt([r for r in streams if r.rounds], drafter_module, notes)
+
+
+def _cut_at_budget(streams: list[PromptRun]) -> None:
+    """A last round that drafted a whole block cannot show that the loop's end cut it (z-lab's `min(accepted + 1,
+    max_length - start - 1)`); a prompt whose last block was shortened shows where the end is (max_length - the
+    prompt: the new-token budget every prompt shares), and cuts the others' last rounds there."""
+    full = max((len(r.block) for run in streams for r in run.rounds), default=0)
+    budgets = {run.rounds[-1].start + len(run.rounds[-1].block) - len(run.prompt) for run in streams
+               if run.rounds and len(run.rounds[-1].block) < full}
+    if len(budgets) != 1:
+        return
+    budget = budgets.pop()
+    for run in streams:
+        last = run.rounds[-1] if run.rounds else None
+        if last is None or last.read_from != "rule":
+            continue
+        room = len(run.prompt) + budget - last.start - 1
+        if 0 < room < last.produced:
+            last.produced, last.kept = room, last.kept[:room]
 
 
 def _verified_drafts(row_ids: list[int], row_positions: list[int], offset: int, drafts: list[int],

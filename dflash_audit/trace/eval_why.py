@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dflash_audit.trace.eval_replay import (TargetStates, drafter_logits, drafter_output, relative_rows,
-                                            window_off)
+from dflash_audit.audit.context_faults import PITFALLS as CONTEXT_PITFALLS
+from dflash_audit.audit.context_faults import ContextFault, context_faults, rebased, rebased_length
+from dflash_audit.trace.eval_replay import (TargetStates, drafter_logits, drafter_shape, faulted_output,
+                                            relative_rows)
 from dflash_audit.trace.eval_rounds import SAME, PromptRun, Round
 from impl.anchors import anchor_blocks
 from impl.layers import hidden_state_index, names_final_layer
@@ -25,8 +27,8 @@ from impl.layers import hidden_state_index, names_final_layer
 TIE = 1e-3  # the drafter's top-2 logit margin under which another float32 kernel may pick the runner-up
 
 # What each cause is, for the finding's pitfall link (docs/pitfalls.md).
-PITFALLS = {"context_features": 1, "window": 11, "block": 14, "positions": 12, "acceptance": 17, "drafter": 13,
-            "drafts": 13, "stop_ids": 17, "tie": None, "unlocalized": None}
+PITFALLS = {"context_features": 1, "block": 14, "positions": 12, "acceptance": 17, "drafter": 13, "drafts": 13,
+            "stop_ids": 17, "tie": None, "unlocalized": None, **CONTEXT_PITFALLS}
 
 
 @dataclass
@@ -38,18 +40,25 @@ class Cause:
     size: float | None = None
     severity: str = "divergence"
     prompts: list[int] = field(default_factory=list)
+    numbers: dict = field(default_factory=dict)  # a long-context fault's own figures (its cap, offset, theta)
+
+    @classmethod
+    def of_fault(cls, fault: ContextFault, prompt: int, number: int, size: float | None = None,
+                 how: str = "") -> Cause:
+        return cls(fault.key, f"the evaluator {fault.says}{how}", prompt, number, size, numbers=dict(fault.numbers))
 
 
 class Reference:
     """What z-lab's loop is for this drafter: its layer ids, block size, mask id, its twin and the target."""
 
-    def __init__(self, twin, target, stop_ids: list[int]):
+    def __init__(self, twin, target, stop_ids: list[int], declared_lengths: tuple[tuple[int, str], ...] = ()):
         self.twin, self.target, self.stop_ids = twin, target, stop_ids
         self.layer_ids = [int(i) for i in twin.target_layer_ids]
         self.block_size = int(twin.block_size)
         self.mask_id = int(twin.mask_token_id)
         self.hidden = int(twin.config.hidden_size)
         self.windows = [layer.self_attn.sliding_window for layer in twin.layers]
+        self.shape = drafter_shape(twin, declared_lengths)  # what the long-context faults change
 
 
 def feature_cause(ref: Reference, states: TargetStates, rnd: Round, run: PromptRun, number: int) -> Cause | None:
@@ -112,7 +121,9 @@ def block_cause(ref: Reference, rnd: Round, run: PromptRun, number: int, max_len
     return Cause("block", "; ".join(problems), run.index, number)
 
 
-def position_cause(ref: Reference, rnd: Round, run: PromptRun, number: int) -> Cause | None:
+def _fed_positions(rnd: Round, run: PromptRun) -> tuple[list[int], list[int]] | None:
+    """(given, expected) position ids of a round's drafter call: the fed rows' positions then the block's (or the
+    block's alone, when only those were fed), against z-lab's; None: not recorded."""
     draft = rnd.draft
     if draft is None or draft.positions is None or draft.block is None:
         return None
@@ -121,6 +132,27 @@ def position_cause(ref: Reference, rnd: Round, run: PromptRun, number: int) -> C
     expected = list(range(rnd.start - rows, rnd.start + len(draft.block)))
     if len(given) == len(draft.block):  # positions of the block only
         expected = expected[rows:]
+    return given, expected
+
+
+def _block_shift(rnd: Round, run: PromptRun) -> int | None:
+    """How far the round's block positions sit from z-lab's, its context rows where z-lab puts them (0: as z-lab's;
+    None: not recorded, or not one shift of the block alone)."""
+    fed = _fed_positions(rnd, run)
+    if fed is None:
+        return None
+    given, expected = fed
+    n = len(rnd.draft.block)
+    shifts = {g - e for g, e in zip(given[-n:], expected[-n:])} if len(given) == len(expected) else set()
+    return shifts.pop() if len(shifts) == 1 and given[:-n] == expected[:-n] else None
+
+
+def position_cause(ref: Reference, rnd: Round, run: PromptRun, number: int) -> Cause | None:
+    fed = _fed_positions(rnd, run)
+    if fed is None:
+        return None
+    given, expected = fed
+    draft = rnd.draft
     if given == expected:
         return None
     shift = {g - e for g, e in zip(given, expected)} if len(given) == len(expected) else set()
@@ -129,9 +161,17 @@ def position_cause(ref: Reference, rnd: Round, run: PromptRun, number: int) -> C
         return Cause("positions", f"the drafter's position ids are all shifted by {k:+d} (context and block alike): "
                      "rotary attention sees only their differences, so nothing the drafter computes changes",
                      run.index, number, severity="info")
-    block_shift = {g - e for g, e in zip(given[-len(draft.block):], expected[-len(draft.block):])}
-    if len(block_shift) == 1 and given[:-len(draft.block)] == expected[:-len(draft.block)]:
-        k = block_shift.pop()
+    k = _block_shift(rnd, run)
+    if k is not None:
+        # A block pulled back by more the further the anchor is, so that it always ends at one length: rebased.
+        recorded = [(r.start, len(r.draft.block), _block_shift(r, run)) for r in run.rounds
+                    if r.draft is not None and r.draft.block is not None]
+        recorded = [(s, b, shift) for s, b, shift in recorded if shift is not None]
+        length = rebased_length(*zip(*recorded)) if recorded else None
+        fault = rebased(ref.shape, rnd.start, len(draft.block), length, "read by value from its position ids "
+                        "at every round") if length is not None else None
+        if fault is not None:
+            return Cause.of_fault(fault, run.index, number)
         what = f"z-lab's with the block shifted by {k:+d}: the block's anchor at {rnd.start + k}, not {rnd.start}"
     else:
         what = f"{given[:3]}...{given[-2:]}, not {expected[:3]}...{expected[-2:]}"
@@ -155,34 +195,37 @@ def acceptance_cause(rnd: Round, run: PromptRun, number: int) -> Cause | None:
                  f"acceptance rule)", run.index, number)
 
 
+def _zlab_features(ref: Reference, states: TargetStates, start: int):
+    import torch
+
+    return torch.cat([states.feature(layer)[:start] for layer in ref.layer_ids], dim=-1)
+
+
 def output_cause(ref: Reference, states: TargetStates, rnd: Round, run: PromptRun, number: int) -> Cause | None:
-    """The drafter's output held to z-lab's drafter on z-lab's inputs at this anchor; the sliding window named."""
+    """The drafter's output held to z-lab's drafter on z-lab's inputs at this anchor; a long-context fault named
+    (dflash_audit/audit/context_faults.py) where z-lab's drafter with that one change computes the evaluator's
+    output."""
     draft = rnd.draft
     if draft is None or draft.output is None or draft.block is None:
         return None
-    import torch
-
-    features = torch.cat([states.feature(layer)[: rnd.start] for layer in ref.layer_ids], dim=-1)
-    positions = list(range(0, rnd.start + len(draft.block)))
+    features = _zlab_features(ref, states, rnd.start)
     theirs = draft.output.float()
-    ours = drafter_output(ref.twin, ref.target, features, draft.block, positions)
+    ours = faulted_output(ref.twin, ref.target, features, draft.block, rnd.start)
     rows = min(theirs.shape[0], ours.shape[0])
     if rows == 0 or theirs.shape[-1] != ours.shape[-1]:
         return None
     gap = relative_rows(theirs[-rows:], ours[-rows:])
     if gap <= SAME:
         return None
-    windowed = [i for i, w in enumerate(ref.windows) if w is not None]
-    if windowed:
-        with window_off(ref.twin):
-            unwindowed = drafter_output(ref.twin, ref.target, features, draft.block, positions)
-        if relative_rows(theirs[-rows:], unwindowed[-rows:]) <= SAME:
-            window = ref.windows[windowed[0]]
-            return Cause("window", f"the drafter attends to all {rnd.start} context positions in its sliding layer"
-                         f"{'s' if len(windowed) > 1 else ''} {windowed}: the window of {window} is not applied (z-lab "
-                         f"applies it; the anchor is at position {rnd.start}, past it)", run.index, number, gap)
+    fed = draft.features.shape[0] if draft.features is not None else None
+    for fault in context_faults(ref.shape, rnd.start, len(draft.block), fed if fed and fed < rnd.start else None):
+        changed = faulted_output(ref.twin, ref.target, features, draft.block, rnd.start, fault)
+        if relative_rows(theirs[-rows:], changed[-rows:]) <= SAME:
+            return Cause.of_fault(fault, run.index, number, gap, " (the drafter's output at this round is z-lab's "
+                                  "drafter's with that one change, by value)")
     return Cause("drafter", f"on z-lab's inputs the drafter computes another output than z-lab's drafter (relative "
-                 f"difference {gap:.3g}); neither the window nor an input explains it", run.index, number, gap)
+                 f"difference {gap:.3g}); neither an input nor a long-context fault (the window, a context cap, "
+                 "rebased positions, a default rope_theta) explains it", run.index, number, gap)
 
 
 def drafts_cause(ref: Reference, rnd: Round, run: PromptRun, number: int) -> Cause | None:
@@ -205,9 +248,11 @@ def drafts_cause(ref: Reference, rnd: Round, run: PromptRun, number: int) -> Cau
 def counterfactual_cause(ref: Reference, states: TargetStates, rnd: Round, run: PromptRun,
                          number: int) -> Cause | None:
     """At a parting round whose drafter inputs the recording does not show (a drafter driven module by module, its
-    positions and masks inside it): z-lab's drafter is run on z-lab's inputs with one change at a time (its sliding
-    window off; the block's positions shifted; one layer's feature replaced by another tensor of the target), and
-    the change whose drafts are the evaluator's is named (one root cause, by value)."""
+    positions and masks inside it): z-lab's drafter is run on z-lab's inputs with one change at a time (each
+    long-context fault of dflash_audit/audit/context_faults.py: its sliding window off, its context capped, its
+    block rebased, a default rope_theta; the block's positions shifted by one; one layer's feature replaced by
+    another tensor of the target), and the change whose drafts are the evaluator's, with their top-2 logit margins
+    where the recording holds them, is named (one root cause, by value)."""
     import torch
 
     theirs = rnd.block[1:]
@@ -216,41 +261,40 @@ def counterfactual_cause(ref: Reference, states: TargetStates, rnd: Round, run: 
     n, start = len(theirs), rnd.start
     block = anchor_blocks(torch.tensor([run.sequence()[start]]), n + 1, ref.mask_id)[0].tolist()
     width = ref.hidden
-    base = torch.cat([states.feature(layer)[:start] for layer in ref.layer_ids], dim=-1)
+    base = _zlab_features(ref, states, start)
+    margins = rnd.draft.margins if rnd.draft is not None and rnd.draft.drafts == theirs else None
 
-    def drafts(features=base, shift: int = 0, window: bool = True) -> list[int]:
-        positions = list(range(start)) + [start + shift + k for k in range(n + 1)]
-        if window:
-            hidden = drafter_output(ref.twin, ref.target, features, block, positions)
-        else:
-            with window_off(ref.twin):
-                hidden = drafter_output(ref.twin, ref.target, features, block, positions)
-        return drafter_logits(ref.twin, ref.target, hidden[1:]).argmax(-1).tolist()
+    def same(features=base, fault: ContextFault | None = None) -> bool:
+        hidden = faulted_output(ref.twin, ref.target, features, block, start, fault)
+        logits = drafter_logits(ref.twin, ref.target, hidden[1:])
+        if logits.argmax(-1).tolist() != theirs:
+            return False
+        if not margins or len(margins) != n:
+            return True
+        top = logits.topk(2, dim=-1).values
+        tolerance = SAME * float(top[:, 0].abs().max())
+        return all(abs(float(a - b) - m) <= tolerance for (a, b), m in zip(top.tolist(), margins))
 
-    if drafts() == theirs:
+    if same():
         return None
-    windowed = [i for i, w in enumerate(ref.windows) if w is not None]
-    variants = []
-    if windowed and start > min(ref.windows[i] for i in windowed) - 1:
-        variants.append(("window", lambda: drafts(window=False),
-                         f"the drafts are z-lab's drafter's with the window of {ref.windows[windowed[0]]} of its "
-                         f"sliding layer{'s' if len(windowed) > 1 else ''} {windowed} taken off: the evaluator does not "
-                         f"apply it (the anchor is at position {start}, past it)"))
+    how = " (the drafter's inputs are not recorded: named by a counterfactual replay)"
+    fed = rnd.draft.features.shape[0] if rnd.draft is not None and rnd.draft.features is not None else None
+    for fault in context_faults(ref.shape, start, n + 1, fed if fed and fed < start else None):
+        if same(fault=fault):
+            return Cause.of_fault(fault, run.index, number, how=how)
     for shift in (1, -1):
-        variants.append(("positions", lambda shift=shift: drafts(shift=shift),
-                         f"the drafts are z-lab's drafter's with the block's positions shifted by {shift:+d} (the "
-                         f"anchor at {start + shift}, not {start}; the context rows where z-lab puts them)"))
+        if same(fault=ContextFault("positions", "", block_shift=shift)):
+            return Cause("positions", f"the drafts are z-lab's drafter's with the block's positions shifted by "
+                         f"{shift:+d} (the anchor at {start + shift}, not {start}; the context rows where z-lab puts "
+                         f"them){how}", run.index, number)
     for j, layer in enumerate(ref.layer_ids):
         for name, tensor in states.named().items():
             if relative_rows(tensor[:start], states.feature(layer)[:start]) <= SAME:
                 continue
             fed = base.clone()
             fed[:, j * width:(j + 1) * width] = tensor[:start]
-            variants.append(("context_features", lambda fed=fed: drafts(features=fed),
-                             f"the drafts are z-lab's drafter's fed {name} as feature {j} (target layer {layer}); "
-                             f"z-lab feeds hidden_states[{hidden_state_index(layer)}]"))
-    for key, run_variant, message in variants:
-        if run_variant() == theirs:
-            return Cause(key, message + " (the drafter's inputs are not recorded: named by a counterfactual replay)",
-                         run.index, number)
+            if same(features=fed):
+                return Cause("context_features", f"the drafts are z-lab's drafter's fed {name} as feature {j} (target "
+                             f"layer {layer}); z-lab feeds hidden_states[{hidden_state_index(layer)}]{how}",
+                             run.index, number)
     return None

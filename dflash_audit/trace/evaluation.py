@@ -27,7 +27,7 @@ from catalogue.findings import Finding, divergences, sort_findings
 from dflash_audit.trace.eval_record import read_evaluation
 from dflash_audit.trace.eval_replay import TargetStates, zlab_replay
 from dflash_audit.trace.eval_rounds import SAME, PromptRun, rebuild, relative
-from dflash_audit.trace.eval_tau import identify, mean, position_gaps, per_position
+from dflash_audit.trace.eval_tau import identify, mean, mean_of_means, paired_statistic, position_gaps, per_position
 from dflash_audit.trace.eval_why import (PITFALLS, Cause, Reference, acceptance_cause, block_cause,
                                          counterfactual_cause, drafts_cause, feature_cause, output_cause,
                                          position_cause)
@@ -187,8 +187,10 @@ def audit_evaluation(recording, flag: str = "--from", target_dir: Path | None = 
         rows = min(t.shape[0], len(prompt))
         if t.shape[-1] % width or rows == 0:
             return False
-        return any(states.name_rows(t[:rows, j * width:(j + 1) * width], list(range(rows)))[0] is not None
-                   for j in range(t.shape[-1] // width))
+        # The rows from the prompt's start, else its last rows (a drafter context capped at fewer rows than it).
+        aligned = [(t[:rows], list(range(rows))), (t[-rows:], list(range(len(prompt) - rows, len(prompt))))]
+        return any(states.name_rows(fed[:, j * width:(j + 1) * width], positions)[0] is not None
+                   for fed, positions in aligned for j in range(t.shape[-1] // width))
 
     rebuilt = rebuild(recording, target, stop_ids, holds_features)
     if rebuilt.drafter_module is None or not rebuilt.prompts:
@@ -209,7 +211,9 @@ def audit_evaluation(recording, flag: str = "--from", target_dir: Path | None = 
         raise AuditError(f"{flag} {recording.folder}: the evaluator samples (its drafts are not its drafter's argmax): "
                          "give its temperature with --temperature T")
     temperature = float(temperature or 0.0)
-    ref = Reference(twin, target, stop_ids)
+    length = getattr(twin.config, "max_position_embeddings", None)
+    ref = Reference(twin, target, stop_ids, ((int(length), "the drafter's max_position_embeddings"),)
+                    if isinstance(length, int) else ())
     return _assess(recording, rebuilt.prompts, ref, states_of, temperature, notes, drafter_path, target_path, entry)
 
 
@@ -269,7 +273,8 @@ def _assess(recording, runs: list[PromptRun], ref: Reference, states_of, tempera
                         zlab_rounds, zlab_unstopped if temperature == 0 and any(
                             a != b for a, b in zip(zlab_unstopped, zlab_rounds)) else None,
                         fixed_text, ref.block_size if temperature > 0 else None)
-    findings = _findings(causes)
+    findings = _findings(causes, _tau_cost(their_rounds, zlab_rounds) if temperature == 0 else None,
+                         {p["prompt"]: p["first_parting_round"] for p in prompts})
     if identity.given is not None and not identity.named:
         findings.append(Finding("tau", "divergence", f"the evaluator's τ {identity.value:.4g} is no τ method on its "
                                 f"own rounds (nearest: {identity.nearest}); z-lab's τ is {identity.zlab:.4g}",
@@ -385,19 +390,43 @@ def _past_stop(run: PromptRun, parting: int, stop_ids: list[int]) -> bool:
     return any(t in stop_ids for t in before)
 
 
-def _findings(causes: list[Cause]) -> list[Finding]:
-    """One finding per root cause, its prompts and first rounds listed."""
+def _tau_cost(their: list[list[int]], zlab: list[list[int]]) -> str:
+    """What the evaluator's rounds cost in τ against z-lab's loop: z-lab's method on both, the paired interval."""
+    gap = paired_statistic(len(their), lambda idx: mean_of_means([their[i] for i in idx]) -
+                           mean_of_means([zlab[i] for i in idx]))
+    return (f"τ cost: its rounds give {mean_of_means(their):.4g} by z-lab's method against z-lab's loop "
+            f"{mean_of_means(zlab):.4g}, {gap.mean:+.4g} (95% paired bootstrap interval [{gap.low:+.4g}, "
+            f"{gap.high:+.4g}] over {gap.n} prompt{'s' if gap.n != 1 else ''})")
+
+
+def _findings(causes: list[Cause], tau_cost: str | None = None,
+              partings: dict[int, int | None] | None = None) -> list[Finding]:
+    """One finding per root cause, its prompts and first rounds listed (an input cause may show rounds before the
+    prompt's rounds first part: that round is said too); the τ cost said where one cause alone parts the rounds (it
+    is then that cause's)."""
+    partings = partings or {}
+
+    def at(c: Cause) -> str:
+        parting = partings.get(c.prompt)
+        return f"prompt {c.prompt} round {c.round}" + (f" (its rounds part at round {parting})"
+                                                       if parting and parting != c.round else "")
+
     by_key: dict[str, list[Cause]] = {}
     for cause in causes:
         by_key.setdefault(cause.key, []).append(cause)
     findings = []
     for key, group in by_key.items():
         first = min(group, key=lambda c: (c.prompt, c.round))
-        where = ", ".join(f"prompt {c.prompt} round {c.round}" for c in sorted(group, key=lambda c: c.prompt)[:6])
+        where = ", ".join(at(c) for c in sorted(group, key=lambda c: c.prompt)[:6])
         more = f" (and {len(group) - 6} more prompts)" if len(group) > 6 else ""
         findings.append(Finding("evaluation", first.severity, f"{first.message} [first at {where}{more}]",
                                 first.size, None, PITFALLS.get(key), key,
-                                localized={}, explanation=f"first parting: prompt {first.prompt}, round {first.round}"))
+                                raw={**first.numbers, "prompt": first.prompt, "round": first.round,
+                                     "parting_round": partings.get(first.prompt)}, localized={},
+                                explanation=f"first parting: prompt {first.prompt}, round {first.round}"))
+    divergent = [f for f in findings if f.severity == "divergence"]
+    if tau_cost is not None and len(divergent) == 1:
+        divergent[0].message += f"; {tau_cost}"
     return findings
 
 
