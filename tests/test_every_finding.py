@@ -12,125 +12,19 @@ HTML page (its message as the page escapes it). A kind of the code that no case 
 
 from __future__ import annotations
 
-import html
 import json
-import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
-from markupsafe import escape
 
 from catalogue.findings import COMPONENTS, Finding
 from tests.finding_kinds import Kind, finding_kinds, kind_of, recording_origins, uncovered
+from tests.report_checks import (CapturedOut, Run, captured, cli, missing_from_reports, section_findings,
+                                 serve_case)
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "tests" / "fixtures" / "benchmarks"
-GRID_EDGES = re.compile(r"^[┌├└╞]")
-
-
-@dataclass
-class Run:
-    """One CLI run of a case: what it printed, the reports it wrote, and the findings of the report object."""
-    case: str
-    status: int
-    terminal: str
-    data: Any
-    page: str
-    findings: list[Finding] = field(default_factory=list)
-    served: list[tuple[str, Finding]] = field(default_factory=list)  # (engine, finding) of a serving section
-
-
-def squeezed(text: str) -> str:
-    return "".join(text.split())
-
-
-def table_cells(terminal: str) -> list[str]:
-    """Each cell of every grid table the terminal shows, its wrapped lines joined (tabulate's simple_grid), and
-    every plain line."""
-    cells, row = [], None
-    for line in terminal.splitlines():
-        if "│" not in line or GRID_EDGES.match(line):
-            if row:
-                cells += ["".join(column) for column in row]
-            row = None
-            if "│" not in line:
-                cells.append(line)
-            continue
-        parts = line.split("│")[1:-1]
-        if row is None or len(row) != len(parts):
-            if row:
-                cells += ["".join(column) for column in row]
-            row = [[] for _ in parts]
-        for column, part in zip(row, parts, strict=True):
-            column.append(part)
-    if row:
-        cells += ["".join(column) for column in row]
-    return [squeezed(cell) for cell in cells]
-
-
-def json_records(data: Any) -> list[dict]:
-    """Every dict anywhere in a report's JSON."""
-    found = []
-    if isinstance(data, dict):
-        found.append(data)
-        for value in data.values():
-            found += json_records(value)
-    elif isinstance(data, list):
-        for value in data:
-            found += json_records(value)
-    return found
-
-
-def as_written(finding: Finding) -> dict:
-    """The finding's one serialization as a JSON reader reads it back."""
-    from dflash_audit.audit.report_json import _finite
-
-    return json.loads(json.dumps(_finite(finding.to_dict()), default=str))
-
-
-def missing_from_reports(finding: Finding, run: Run) -> list[str]:
-    """Where the finding is not: `terminal`, `json` (its serialization, severity/component/key included) and
-    `html` (its message escaped as the page escapes it)."""
-    missing = []
-    message = squeezed(finding.message)
-    if not any(message in cell for cell in table_cells(run.terminal)):
-        missing.append("terminal")
-    written = as_written(finding)
-    if not any(all(record.get(k) == v for k, v in written.items()) for record in json_records(run.data)):
-        missing.append("json")
-    page = squeezed(run.page)
-    if squeezed(str(escape(finding.message))) not in page and squeezed(html.escape(finding.message)) not in page:
-        missing.append("html")  # (markupsafe, the templates' escaping, writes ' as &#39;; html.escape as &#x27;)
-    return missing
-
-
-# -- the cases: each a verb on real inputs ------------------------------------------------------------------------
-
-
-def cli(argv: list, capsys) -> tuple[int, str]:
-    from dflash_audit.cli import main
-
-    status = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    assert status in (0, 1), (argv, captured.err[-2000:])
-    return status, captured.out
-
-
-def captured(monkeypatch, module, name: str) -> list:
-    """`module.name` wrapped so that what it returns is kept (the report object the verb built)."""
-    kept = []
-    original = getattr(module, name)
-
-    def keep(*args, **kwargs):
-        result = original(*args, **kwargs)
-        kept.append(result)
-        return result
-
-    monkeypatch.setattr(module, name, keep)
-    return kept
 
 
 def compare_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> Run:
@@ -148,25 +42,6 @@ def compare_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> 
     served = [pair for section in sections for pair in section_findings(section)]
     return Run(case, status, terminal, data, (out / "index.html").read_text(),
                list(report.findings) + [f for _, f in served], served)
-
-
-def section_findings(section: dict) -> list[tuple[str, Finding]]:
-    """A serving section's records by engine: each engine's findings, and its live section's localizations."""
-    return [(engine, f) for engine, report in section.items()
-            for f in [*report.findings, *(report.live or {}).get("findings", [])]]
-
-
-def serve_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> Run:
-    import dflash_audit.audit.serving as serving
-
-    out = tmp_path / case
-    sections = captured(monkeypatch, serving, "serving_section")
-    status, terminal = cli(["serve-check", *argv, "--out", out], capsys)
-    assert status in (0, 1), (case, terminal)
-    (section,) = sections
-    served = section_findings(section)
-    return Run(case, status, terminal, json.loads((out / "serving.json").read_text()),
-               (out / "index.html").read_text(), [f for _, f in served], served)
 
 
 def eval_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> Run:
@@ -308,26 +183,6 @@ def runs(world, tmp_path_factory) -> list[Run]:
             with pytest.MonkeyPatch.context() as patches:
                 made.append(run_case(case, argv, root, capsys, patches))
     return made
-
-
-class CapturedOut:
-    """What the CLI prints, read back (capsys is function-scoped; the cases run once per module)."""
-
-    def __init__(self, monkeypatch):
-        import io
-        import sys
-
-        self.out, self.err = io.StringIO(), io.StringIO()
-        monkeypatch.setattr(sys, "stdout", self.out)
-        monkeypatch.setattr(sys, "stderr", self.err)
-
-    def readouterr(self):
-        texts = []
-        for buffer in (self.out, self.err):
-            texts.append(buffer.getvalue())
-            buffer.seek(0)
-            buffer.truncate()
-        return type("Captured", (), {"out": texts[0], "err": texts[1]})()
 
 
 def reached(runs: list[Run]) -> dict[Kind, list[Finding]]:
