@@ -175,3 +175,28 @@ def train_run_settings(family: str = "dflash") -> dict[str, Any]:
             "muon_lr": ref.muon["lr"], "muon_momentum": ref.muon["momentum"],
             "muon_weight_decay": ref.muon["weight_decay"], "muon_adjust_lr_fn": ref.muon["adjust_lr_fn"],
             "warmup": None, "grad_clip": ref.clip_max_norm}
+
+
+def reference_loss_kwargs(model_class, family: str, loss_fn: str, implementation: str, max_anchors: int) -> dict:
+    """The loss keywords speculators' trainer passes its model's forward (`get_trainer_kwargs`, as train/cli.py calls
+    it) for a `speculators train --speculator-type <family> --loss-fn <loss_fn>` run, every other flag at its
+    default and resolved (`TrainConfig._resolve_derived_defaults`): D-PACE weighting for DFlash under CE, which it
+    refuses under any other loss (`_validate_dpace`), so a KL run is the fixed exponential decay. `max_anchors` is the
+    batch's (a shape of the data, not of the loss); `implementation` the team's kernel (eager or fused)."""
+    from speculators.train.config import schema
+
+    weight = None
+    for _ in range(2):
+        try:
+            config = schema.TrainConfig(speculator_type=family, loss={"loss_fn": loss_fn,
+                                                                      "loss_implementation": implementation},
+                                        dflash={"per_position_loss_weight": weight} if weight else {})
+            break
+        except ValueError:  # D-PACE needs CE: speculators' user of another loss sets the fixed decay
+            weight = "fixed-exp-decay"
+    flat = {"loss_fn": config.loss.loss_fn, "loss_implementation": config.loss.loss_implementation,
+            "dflash_decay_gamma": config.dflash.dflash_decay_gamma, "max_anchors": max_anchors,
+            "per_position_loss_weight": config.dflash.per_position_loss_weight,
+            "dpace_alpha": config.dflash.dpace_alpha}
+    train_kwargs, _ = model_class.get_trainer_kwargs(**flat)
+    return train_kwargs

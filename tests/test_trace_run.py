@@ -175,17 +175,43 @@ def test_our_muon_split_is_speculators_split(tiny_world):
     assert ours and rest
 
 
+# The team's forward and loss planted apart from the run's recipe: speculators' own model and loss find them.
+PARITY_ONLY = {"GELU in the drafter's layers": ["--act", "gelu"], "loss decay gamma 7": ["--gamma", "7"]}
+
+
 @pytest.mark.parametrize("change, parted", [("sound", None), ("AdamW on everything", (2, "update")),
                                              ("no clipping", (1, "gradient")),
-                                             ("gradients zeroed before the step", (1, "gradient"))])
+                                             ("gradients zeroed before the step", (1, "gradient")),
+                                             ("GELU in the drafter's layers", (1, "forward")),
+                                             ("loss decay gamma 7", (1, "loss"))])
 def test_step_parity_localizes_where_the_run_parts_from_speculators_step(target_dir, tmp_path, change, parted):
-    """`--parity 4`: speculators' own optimizers (build_optimizers, resolved) step beside the recorded run from its
-    weights and gradients; AdamW's first update is step 2 (step 1 runs at lr 0, warmup)."""
-    argv = [] if change == "sound" else CHANGES[change][0]
+    """`--parity 4`: speculators' own DFlashDraftModel, its loss as its trainer resolves it and its optimizers
+    (build_optimizers, resolved) run beside the recorded run from its weights, batches and anchors' random state;
+    AdamW's first update is step 2 (step 1 runs at lr 0, warmup). A forward or loss parted with no recipe finding
+    to explain it is the one step_parity warning."""
+    argv = [] if change == "sound" else PARITY_ONLY.get(change) or CHANGES[change][0]
     record_script(TRAINER, ["--target", str(target_dir), *argv], tmp_path, steps=STEPS, parity=STEPS - 1)
     run = audit_run(read_recording(tmp_path).manifest, tmp_path)
     found_parity = run.facts["parity"]
     assert found_parity["compared"] == STEPS - 1
+    assert found_parity["forward"] == "speculators' DFlashDraftModel run beside the team's on its batches"
+    assert found_parity["tolerance"]["loss"] == 1e-5 and found_parity["tolerance"]["muon_update"] == 2e-2
     where = found_parity["parted"]
     assert (None if where is None else (where["step"], where["phase"])) == parted, where
-    assert [f.key for f in run.findings] == ([] if change == "sound" else [CHANGES[change][1][1]])
+    keys = [] if change == "sound" else ["step_parity"] if change in PARITY_ONLY else [CHANGES[change][1][1]]
+    assert [f.key for f in run.findings] == keys, [f.message for f in run.findings]
+    if change in PARITY_ONLY:
+        assert run.findings[0].severity == "warning" and parted[1] in run.findings[0].message
+
+
+def test_step_parity_says_when_the_drafter_is_not_speculators_model(tmp_path):
+    """The run corpus's plain loop trains z-lab's DFlashDraftModel: there is no speculators forward to run beside it,
+    and the parity says so rather than comparing (its gradient and update are still compared)."""
+    target = tmp_path / "target"
+    distinct_random_qwen3(12, 64, 512).save_pretrained(target)
+    trainer = Path(__file__).resolve().parent / "run_corpus" / "run_plain_loop.py"
+    record_script(trainer, ["--target", str(target), "--steps", "3"], tmp_path / "run", steps=3, parity=2)
+    run = audit_run(read_recording(tmp_path / "run").manifest, tmp_path / "run")
+    found_parity = run.facts["parity"]
+    assert found_parity["forward"].startswith("not run beside the team's: the drafter (dflash.model:DFlashDraftModel)")
+    assert found_parity["compared"] == 2 and found_parity["parted"] is None and run.findings == []

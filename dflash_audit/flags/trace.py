@@ -36,9 +36,9 @@ class TraceFlags(VerbFlags):
                                            "name one")
     temperature: float | None = flag(None, ge=0, le=100.0, help="an evaluation's sampling temperature, when it "
                                                                 "samples (default: greedy)")
-    parity: int = flag(0, ge=0, help="run speculators' own optimizer step beside the first K recorded steps, from "
-                                     "their weights and gradients, and name the first step and phase where they "
-                                     "part (K < --steps)")
+    parity: int = flag(0, ge=0, help="run speculators' own training step (its model, its loss, its optimizers) "
+                                     "beside the first K recorded steps, from their weights and batches, and name "
+                                     "the first step and phase where they part (K < --steps)")
     command: list[str] = flag([], arguments=True, help="your own training command, after `--`")
 
     @model_validator(mode="after")

@@ -27,6 +27,8 @@ from collections import Counter
 import torch
 from torch import nn
 
+from dflash_audit.trace.parity_capture import BatchCapture
+
 # Group settings recorded as they are (JSON-able scalars and tuples); the parameters themselves are named apart.
 SKIP_GROUP_KEYS = ("params", "param_names")
 
@@ -60,6 +62,8 @@ class RunRecorder:
         self.recorder = recorder
         self.parity = parity  # steps whose weights and gradients are kept for the step parity (parity.py)
         self.parity_steps: list[dict] = []
+        self.parity_batches: list[dict | None] = []
+        self.batches = BatchCapture()  # each parity step's batch, when the drafter is speculators' model
         self.raw_grads: dict = {}
         self.optimizers: list[weakref.ref] = []
         self.schedulers: list[weakref.ref] = []
@@ -85,6 +89,9 @@ class RunRecorder:
 
         run = self
         self.handles = [module_api.register_module_forward_pre_hook(self._forward)]
+        if self.parity:
+            self.handles.append(module_api.register_module_forward_hook(self._forward_end, with_kwargs=True,
+                                                                        always_call=True))
         backward = torch.autograd.backward
         clip = torch.nn.utils.clip_grad_norm_
         init, load = Optimizer.__init__, Optimizer.load_state_dict
@@ -162,6 +169,13 @@ class RunRecorder:
             device = next((p.device.type for p in module.parameters()), "cpu")
             enabled = torch.is_autocast_enabled(device)
             self.autocast.add((device, enabled, _dtype_name(torch.get_autocast_dtype(device)) if enabled else None))
+            if self.parity and len(self.parity_steps) <= self.parity:
+                self.batches.enter(module)
+
+    def _forward_end(self, module, args, *rest) -> None:
+        if self.batches.call is not None:
+            kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
+            self.batches.leave(module, args, kwargs, output)
 
     def _after_backward(self, tensors) -> None:
         loss = tensors if isinstance(tensors, torch.Tensor) else None
@@ -241,6 +255,7 @@ class RunRecorder:
                 "param": {name: p.detach().to("cpu", copy=True) for name, p in trained},
                 "grad": {name: p.grad.detach().to("cpu", copy=True) for name, p in trained if p.grad is not None},
                 "raw": self.raw_grads})
+            self.parity_batches.append(self.batches.take())
             self.raw_grads = {}
         self.backwards, self.losses, self.clip_calls, self.embedded = 0, [], [], []
         self.autocast = set()
@@ -321,7 +336,24 @@ class RunRecorder:
 
             tensors = {f"step{k}/{kind}/{name}": t.contiguous() for k, step in enumerate(self.parity_steps)
                        for kind, named in step.items() for name, t in named.items()}
+            batches = []  # each step's batch as speculators' model took it (parity_capture.py)
+            for k, batch in enumerate(self.parity_batches):
+                if batch is None:
+                    batches.append(None)
+                    continue
+                tensors.update({f"step{k}/batch/{name}": t.contiguous() for name, t in batch["tensors"].items()})
+                tensors[f"step{k}/rng/cpu"] = batch["rng"]
+                if batch["device_rng"] is not None:
+                    tensors[f"step{k}/rng/device"] = batch["device_rng"]
+                if batch["logits"] is not None:
+                    tensors[f"step{k}/out/logits"] = batch["logits"].contiguous()
+                batches.append({"settings": batch["settings"], "loss": batch["loss"], "device": batch["device"]})
+            model = self.batches.model
+            if model is not None:
+                tensors.update({f"model/untrained/{name}": t.contiguous() for name, t in model["untrained"].items()})
             atomic_write_bytes(Path(out) / PARITY, lambda tmp: save_file(tensors, tmp,
                                                                          metadata={"schema": "dflash-audit/trace-parity/1"}))
-            facts["parity"] = {"file": PARITY, "steps": len(self.parity_steps)}
+            facts["parity"] = {"file": PARITY, "steps": len(self.parity_steps), "batches": batches,
+                               "model": {k: v for k, v in model.items() if k != "untrained"} if model else None,
+                               "other_drafter": self.batches.other}
         return facts

@@ -2,7 +2,8 @@
 trainer runs it (no dflash-audit line, no speculators trainer code): Muon on the 2-D weight matrices (lr 1e-3,
 momentum 0.95, weight decay 0.1, match_rms_adamw) and AdamW on the rest (lr 1e-3, weight decay 0.01), a linear
 schedule warming up over 1% of the total, gradient clipping at 1.0, one backward per step, float32 master weights.
-Each flag below changes one thing of the run; `--save`/`--resume` write and read a checkpoint.
+Each flag below changes one thing of the run (`--act gelu`: its layers'
+forward, `--gamma 7`: its loss); `--save`/`--resume` write and read a checkpoint.
 """
 
 import argparse
@@ -29,6 +30,8 @@ p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
 p.add_argument("--accum", type=int, default=1)
 p.add_argument("--zero-before-step", action="store_true", help="zero the gradients between backward and step")
 p.add_argument("--param-dtype", default="float32")
+p.add_argument("--act", default="silu", choices=["silu", "gelu"], help="the drafter layers' MLP activation")
+p.add_argument("--gamma", type=float, default=4.0, help="the loss's decay gamma passed to the drafter")
 p.add_argument("--save", default=None, help="write model, optimizer and scheduler states here at the end")
 p.add_argument("--resume", default=None, help="read a --save checkpoint")
 p.add_argument("--resume-parts", default="model,optimizer,scheduler")
@@ -49,6 +52,9 @@ config = DFlashSpeculatorConfig(
                                          verifier=VerifierConfig.from_pretrained(args.target)))
 drafter = DFlashDraftModel(config)
 drafter.load_verifier_weights()
+if args.act == "gelu":  # the team's port of the layers: another activation, the same weights
+    for block in drafter.layers:
+        block.mlp.act_fn = torch.nn.GELU()
 drafter.to(getattr(torch, args.param_dtype))
 trained = [(n, q) for n, q in drafter.named_parameters() if q.requires_grad]
 if args.optimizer == "muon":
@@ -98,7 +104,7 @@ for step in range(start, args.run if args.run is not None else args.total):
             hs = target(input_ids=ids, output_hidden_states=True).hidden_states
         dtype = getattr(torch, args.param_dtype)
         _, loss, _ = drafter(torch.cat([hs[i] for i in aux], -1).to(dtype), ids, torch.ones_like(ids),
-                             raw["last"].to(dtype), torch.zeros_like(ids), max_anchors=4, loss_config=loss_config)
+                             raw["last"].to(dtype), torch.zeros_like(ids), max_anchors=4, loss_config=loss_config, gamma=args.gamma)
         (loss / args.accum).backward()
     if args.clip:
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), args.clip)
