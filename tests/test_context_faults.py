@@ -22,7 +22,10 @@ from dflash_audit.trace.run import record_script
 from foundation.jsonl import split_json_lines
 from tests.helpers import once_per_session
 
-EVALUATOR = Path(__file__).resolve().parent / "evaluator_corpus" / "runtime_context_buffer.py"
+CORPUS = Path(__file__).resolve().parent / "evaluator_corpus"
+# Two shapes: a runtime whose drafter inputs (rows, position ids) are recorded, so the faults are named by value on
+# its output; a fused drafter step whose positions, masks and rotary are inside it, named by counterfactual replays.
+EVALUATORS = ("runtime_context_buffer.py", "fused_drafter_step.py")
 ZLAB = "z-lab's: the mean of per-prompt means, the bonus token counted"
 TRAINED = 256
 CAP = 64
@@ -45,7 +48,7 @@ def drafter_dir(test_world, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def traced(test_world, drafter_dir, tmp_path_factory):
-    """The runtime evaluator recorded and audited once per fault: {fault: report}."""
+    """A corpus evaluator recorded and audited once per fault: {(file, fault): report}."""
     from dflash_world.long_context import long_prompts
     from foundation.target import load_tokenizer
 
@@ -55,33 +58,35 @@ def traced(test_world, drafter_dir, tmp_path_factory):
     prompts.write_text("".join(json.dumps(p) + "\n" for p in [held_out, *long_prompts(tokenizer, (300,))]))
     done = {}
 
-    def run(fault: str | None = None):
-        if fault not in done:
-            out = tmp_path_factory.mktemp("runtime-evaluation")
-            record_script(EVALUATOR, ["--drafter", str(drafter_dir), "--target", str(test_world.target), "--prompts",
+    def run(file: str, fault: str | None = None):
+        if (file, fault) not in done:
+            out = tmp_path_factory.mktemp("context-evaluation")
+            record_script(CORPUS / file, ["--drafter", str(drafter_dir), "--target", str(test_world.target), "--prompts",
                                       str(prompts), "--max-new-tokens", "32", "--trained-length", str(TRAINED),
                                       "--context-cap", str(CAP), *(["--fault", fault] if fault else [])], out)
-            done[fault] = audit_evaluation(read_evaluation(out))
-        return done[fault]
+            done[file, fault] = audit_evaluation(read_evaluation(out))
+        return done[file, fault]
 
     return run
 
 
-def test_the_sound_runtime_evaluator_is_zlabs_rounds_and_tau(traced):
-    report = traced()
+@pytest.mark.parametrize("file", EVALUATORS)
+def test_each_sound_evaluator_is_zlabs_rounds_and_tau(traced, file):
+    report = traced(file)
     assert report.findings == [] and report.exit_status == 0, report.summary()
-    assert [p["rounds"] for p in report.prompts] == [p["zlab_rounds"] for p in report.prompts]
+    assert [p["rounds"] for p in report.prompts] == [p["zlab_rounds"] for p in report.prompts], report.summary()
     assert report.tau["is"] == [ZLAB]
     assert max(p["prompt_tokens"] for p in report.prompts) > TRAINED  # the long prompt runs past the trained length
 
 
+@pytest.mark.parametrize("file", EVALUATORS)
 @pytest.mark.parametrize("fault,key,numbers", [
     ("context_capped", "context_cap", {"cap": CAP}),
     ("positions_rebased", "positions_rebased", {"rebased_to": TRAINED}),
     ("rope_theta_default", "rope_theta", {"rope_theta_used": 1e6, "rope_theta_declared": 10000.0}),
 ])
-def test_each_long_context_fault_is_one_finding_with_its_numbers(traced, fault, key, numbers):
-    report = traced(fault)
+def test_each_long_context_fault_is_one_finding_with_its_numbers(traced, file, fault, key, numbers):
+    report = traced(file, fault)
     assert [(f.component, f.key) for f in report.findings] == [("evaluation", key)], report.summary()
     finding = report.findings[0]
     assert {k: finding.raw[k] for k in numbers} == numbers
@@ -90,10 +95,12 @@ def test_each_long_context_fault_is_one_finding_with_its_numbers(traced, fault, 
     assert finding.raw["round"] <= finding.raw["parting_round"]  # where it shows first: at or before the parting
     assert "τ cost:" in finding.message and report.tau["is"] == [ZLAB]
     assert report.tau["their_rounds"] != report.tau["zlab"]
-    if fault == "positions_rebased":  # read by value from the recorded position ids; only the long prompt parts
-        assert "read by value from its position ids" in finding.message
+    assert ("counterfactual" in finding.message) == (file == "fused_drafter_step.py")
+    if fault == "positions_rebased":  # only the long prompt parts
         assert finding.raw["offset"] == TRAINED - (finding.raw["anchor"] + 8) < 0
         assert [bool(p["first_parting_round"]) for p in report.prompts] == [False, True]
+        if file == "runtime_context_buffer.py":
+            assert "read by value from its position ids" in finding.message
 
 
 def test_a_rebase_is_read_from_the_shifts_alone():

@@ -18,7 +18,7 @@ import pytest
 
 from dflash_audit.cli import main
 from dflash_audit.trace.audit import audit_recording
-from dflash_audit.trace.recording import MANIFEST, TENSORS, read_recording
+from dflash_audit.trace.recording import COMPILE_DISABLED, MANIFEST, TENSORS, read_recording
 from dflash_audit.trace.run import record_script
 from dflash_audit.trace.run_audit import RUN_KEYS
 from dflash_world.target_training import distinct_random_qwen3
@@ -170,6 +170,29 @@ def test_bad_scripts_are_one_line(target_dir, tmp_path):
         record_script(two, [], tmp_path / "c")
     record_script(two, [], tmp_path / "d", target=second)  # --target settles it
     assert read_recording(tmp_path / "d").steps[0]["target"]["path"] == str(second)
+
+
+def test_a_compiled_step_runs_eagerly_while_recorded_and_the_report_says_so(target_dir, tmp_path):
+    """torch.compile on the drafter (fullgraph) and on the whole step (backward and optimizer step inside): the
+    recorder runs both eagerly, so every module hook fires; the step is recorded and the report notes it."""
+    compiled = script(tmp_path, f"t = AutoModelForCausalLM.from_pretrained({str(target_dir)!r}).requires_grad_(False)\n"
+                                "w = torch.nn.Linear(512, 512)\n"
+                                "draft = torch.compile(w, fullgraph=True, backend='aot_eager')\n"
+                                "optim = torch.optim.SGD(w.parameters(), lr=0.1)\n"
+                                "@torch.compile(backend='aot_eager')\n"
+                                "def step(ids):\n"
+                                "    loss = draft(t(ids).logits).logsumexp(-1).mean()\n"
+                                "    loss.backward()\n"
+                                "    optim.step()\n"
+                                "step(torch.tensor([[1, 2, 3]]))\n")
+    record_script(compiled, [], tmp_path / "rec")
+    recording = read_recording(tmp_path / "rec")
+    fed = [e for e in recording.steps[0]["entries"].values() if e["role"] == "drafter_input"]
+    assert [e["shape"] for e in fed] == [[1, 3, 512]], recording.steps[0]["entries"]  # the drafter's hook fired
+    assert COMPILE_DISABLED in audit_recording(recording).notes
+    import torch
+
+    assert torch._dynamo.eval_frame._stance.stance == "default"  # the process's compiler as it was
 
 
 def test_a_script_failing_before_step_one_shows_its_status_and_last_line(tmp_path, capsys):

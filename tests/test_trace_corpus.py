@@ -20,19 +20,14 @@ import pytest
 
 from dflash_audit.cli import main
 from dflash_audit.trace.audit import audit_recording
-from dflash_audit.trace.recording import read_recording
+from dflash_audit.trace.recording import COMPILE_DISABLED, read_recording
 from dflash_audit.trace.run import record_script
 from dflash_world.target_training import distinct_random_qwen3
 
 CORPUS = Path(__file__).resolve().parent / "trainer_corpus"
 LISTED = sorted(p for p in CORPUS.glob("*.py") if not p.name.startswith("_"))
 # Trainers the trace does not yet hold to the contract, each with why (reported, never counted as passing):
-OPEN: dict[str, str] = {
-    "tiled_blocks_compiled": "recorded under torch.compile since the recorder's hooks run eagerly (sound: exit 0, no "
-                             "divergence), but its four bugs give three findings: inside the compiled drafter no "
-                             "per-module hook fires, so its draft logits and block tokens are not recorded, the loss "
-                             "rows' slots are unknown and gamma is not read",
-}
+OPEN: dict[str, str] = {}
 # Seed findings a trainer's recording cannot identify, each with why; the report must say "not checked" for them.
 UNIDENTIFIABLE = {
     # Greedy labels: argmax(layer-9 logits + noise 0.5). On this target layer 9's and layer 11's argmax differ on ~1%
@@ -80,6 +75,8 @@ def test_the_sound_version_has_no_divergence(trainer, target_dir, ref, tmp_path)
     report = audit_recording(read_recording(tmp_path), ref=ref)
     assert report.divergences == [] and report.exit_status == 0, messages(report)
     assert report.flow["fc_layers"] == REFERENCE_LAYERS, messages(report)
+    # A compiled trainer ran eagerly while recorded, and the report says so; no other trainer's report does.
+    assert (COMPILE_DISABLED in report.notes) == ("torch.compile(" in trainer.read_text()), report.notes
 
 
 @pytest.mark.parametrize("trainer", TRAINERS, ids=lambda p: p.stem)

@@ -183,6 +183,16 @@ def test_a_sampling_evaluator_is_held_per_draft_position(traced, test_world, dra
         audit_evaluation(read_evaluation(out))
 
 
+def test_a_sampling_evaluator_ignoring_the_window_parts_in_distribution(traced):
+    """At T > 0 no round is the first to part: the window ignored shows as acceptance per draft position below
+    z-lab's loop at the same temperature (sampled with seeds 0..7), beyond the 95% interval of the gap, one finding."""
+    report = traced("--temperature", "1", "--fault", "window_ignored", temperature=1.0)
+    assert [(f.component, f.key) for f in report.findings] == [("tau", "acceptance_per_position")], report.summary()
+    apart = [p for p in report.positions if p["beyond_noise"]]
+    assert apart and all(p["high"] < 0 and p["theirs"] < p["zlab"] for p in apart)
+    assert all(p["first_parting_round"] is None for p in report.prompts)
+
+
 VALIDATING_TRAINER = """
 import torch
 from dflash.model import DFlashDraftModel

@@ -60,8 +60,10 @@ def match_rounds(rounds: list[int], blocks: list[list[int]] | None, audited: lis
     shrunk block on, rounds are counted apart, not as differences. Where it does not, only a replay drafting whole
     blocks can tell (the llama.cpp source's `final_block`), so every round is compared."""
     n = max(len(rounds), len(audited))
+    # A source that shrinks its block as z-lab's loop does (an evaluator) is compared through those rounds too.
     shrunk_from = n if blocks is None else next(
-        (i for i, block in enumerate(audited_blocks) if len(block) < speculative_tokens), n)
+        (i for i, block in enumerate(audited_blocks) if len(block) < speculative_tokens
+         and (i >= len(blocks) or len(blocks[i]) != len(block))), n)
     equal, blocks_equal, differing = 0, 0, []
     for i in range(min(n, shrunk_from)):
         if blocks is None:

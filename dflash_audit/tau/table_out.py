@@ -95,6 +95,13 @@ def html_page(data: dict) -> str:
         out.append(f"<tr><td>{esc(s['name'])}</td><td>{esc(s['path'])}</td><td>{s['count']} of {s['rows']}</td>"
                    f"<td>{esc(s['selection'])}</td><td>{esc(s['rendering'])}</td></tr>")
     out.append("</table>")
+    if data.get("findings"):  # e.g. a chat-template setting other than the drafter's declared one (tau/declared.py)
+        out.append("<h2>Findings</h2><table class='findings'><tr><th>severity</th><th>finding</th><th>message</th></tr>")
+        for f in data["findings"]:
+            finding = f["component"] + (f":{f['key']}" if f.get("key") else "")
+            out.append(f"<tr class='{esc(f['severity'])}'><td>{esc(f['severity'])}</td><td>{esc(finding)}</td>"
+                       f"<td>{esc(f['message'])}</td></tr>")
+        out.append("</table>")
     for name in dict.fromkeys(c["set"] for c in data["cells"]):
         cells = [c for c in data["cells"] if c["set"] == name]
         out.append(f"<h2 class='set'>{esc(name)}</h2>")

@@ -26,7 +26,7 @@ from dflash_audit.trace.context import ContextAudit
 from dflash_audit.trace.draft_rows import DraftRowsAudit
 from dflash_audit.trace.matcher import TargetCandidates
 from dflash_audit.trace.recipe import RecipeAudit
-from dflash_audit.trace.recording import ID_ROLES, Recording
+from dflash_audit.trace.recording import ID_ROLES, Recording, compile_notes
 from dflash_audit.trace.reference import Reference, read_ref, reference_for
 from dflash_audit.trace.step_state import TensorRow
 from dflash_audit.trace.targets import TargetAudit
@@ -149,5 +149,6 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
     run = audit_run(recording.manifest, recording.folder, findings)  # the run across steps (trace --steps N)
     findings.extend(run.findings)
     notes.extend(run.notes)
+    notes.extend(compile_notes(recording.manifest))
     facts["run"] = run.facts
     return TraceReport(sort_findings(findings), rows, facts, flow, notes)

@@ -25,8 +25,9 @@ class BlockAudit(StepState):
             consumed = [consumed] if consumed in fed else []
             if not consumed:
                 emb = self.cands.embed(ids)
-                consumed = [n for n, t in fed.items() if t.shape == emb.shape and n not in self.rows and
-                            float((t.float() - emb).abs().max()) <= self.tol(n) * float(emb.abs().max())]
+                consumed = [n for n, t in fed.items() if n not in self.rows and same_rows(t, emb) and
+                            float((t.float().reshape(emb.shape) - emb).abs().max()) <= self.tol(n) *
+                            float(emb.abs().max())]
             if not consumed:
                 self.account(name, "ids embedded outside the target's forward, not consumed by the drafter")
                 continue
@@ -168,3 +169,8 @@ class BlockAudit(StepState):
                                  "tokens; the reference lets a block see only itself", None, None, pitfall=9,
                                  key="cross_block"), edge="block")
                 return
+
+
+def same_rows(fed: torch.Tensor, embedded: torch.Tensor) -> bool:
+    """The same embedding rows in any layout: `[n]` ids embedded, then fed as `[1, n, H]` or `[blocks, B, H]`."""
+    return fed.numel() == embedded.numel() and fed.shape[-1:] == embedded.shape[-1:]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash_audit.audit.context_faults import ContextFault, DrafterShape
+from dflash_audit.rounds.by_value import TargetReplay
 from dflash_audit.trace.eval_rounds import SAME
 from impl.layers import final_layer, hidden_state_index, names_final_layer
 
@@ -65,18 +66,11 @@ class TargetStates:
     """The target's tensors on one token sequence, by name: what a drafter may have been fed as a layer's feature."""
 
     def __init__(self, target, tokens: list[int]):
-        captured = {}
-        decoder = target.get_decoder()
-        handle = decoder.norm.register_forward_pre_hook(lambda m, args: captured.update(pre=args[0]))
-        try:
-            with torch.inference_mode():
-                out = target(torch.tensor([tokens], device=target.device), output_hidden_states=True)
-        finally:
-            handle.remove()
-        self.hidden = [h[0].float().cpu() for h in out.hidden_states]
-        self.layers = len(self.hidden) - 1
-        self.pre_norm = captured["pre"][0].float().cpu()
-        self.norm = decoder.norm
+        replay = TargetReplay(target, tokens)  # the one core's target replay (its hidden states, its pre-norm)
+        self.hidden = [h.cpu() for h in replay.hidden]
+        self.layers = replay.layers
+        self.pre_norm = replay.pre_norm.cpu()
+        self.norm = target.get_decoder().norm
         self.device = target.device
         self.dtype = next(target.parameters()).dtype
         self._named: dict[str, torch.Tensor] | None = None

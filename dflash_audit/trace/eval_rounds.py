@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-SAME = 1e-3  # max |a - b| / max |b|: float32 kernels computing one tensor stay far below it (localize.py's rule)
+from dflash_audit.rounds.by_value import SAME  # noqa: F401 (the one core's threshold: eval_* read it here)
+from dflash_audit.rounds.by_value import relative as by_value_relative
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
+    """The one core's relative difference (dflash_audit/rounds/by_value.py), of tensors in any float dtype."""
+    return by_value_relative(a.float(), b.float())
 
 
 @dataclass

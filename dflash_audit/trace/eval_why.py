@@ -278,7 +278,8 @@ def counterfactual_cause(ref: Reference, states: TargetStates, rnd: Round, run: 
     if same():
         return None
     how = " (the drafter's inputs are not recorded: named by a counterfactual replay)"
-    for fault in context_faults(ref.shape, start, n + 1):
+    fed = rnd.draft.features.shape[0] if rnd.draft is not None and rnd.draft.features is not None else None
+    for fault in context_faults(ref.shape, start, n + 1, fed if fed and fed < start else None):
         if same(fault=fault):
             return Cause.of_fault(fault, run.index, number, how=how)
     for shift in (1, -1):

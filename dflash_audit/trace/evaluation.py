@@ -31,6 +31,7 @@ from dflash_audit.trace.eval_tau import identify, mean, mean_of_means, paired_st
 from dflash_audit.trace.eval_why import (PITFALLS, Cause, Reference, acceptance_cause, block_cause,
                                          counterfactual_cause, drafts_cause, feature_cause, output_cause,
                                          position_cause)
+from dflash_audit.trace.recording import compile_notes
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
 
@@ -198,7 +199,7 @@ def audit_evaluation(recording, flag: str = "--from", target_dir: Path | None = 
                          "features and verified by the target")
     drafter_path, entry = _drafter_dir(recording, rebuilt.drafter_module, drafter_dir, target_path, flag)
     twin = load_zlab_model(drafter_path).to(placement.device, placement.dtype)
-    notes = list(rebuilt.notes)
+    notes = [*rebuilt.notes, *compile_notes(recording.manifest)]
     missing = _weights_check(twin, recording)
     if len(missing) == len([t for t in twin.state_dict().values() if t.is_floating_point()]):
         raise AuditError(f"{flag} {recording.folder}: the evaluated drafter ({entry['class']}) holds none of "

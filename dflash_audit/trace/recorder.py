@@ -19,9 +19,11 @@ Only then is anything copied; the script's own names for its tensors are never n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from torch import nn
 from dflash_audit.trace.eval_record import EvaluationCapture
 from dflash_audit.trace.recording import ENV_OPTIONS, ENV_OUT, MANIFEST, write_error, write_recording
 
+COMPILED_WRAPPER_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 INSTALLED: list[Recorder] = []  # the recorder of this process (the bootstrap's, or a test's record_script)
 
 
@@ -123,6 +126,9 @@ class Recorder:
         self.optimizers = 0  # optimizers made since install: with none, each backward is a step
         self.saved_backward = None
         self.saved_optimizer_init = None
+        self.saved_compile = None  # (the force_eager stance set, dynamo's optimize) until removed
+        self.warning_filter = None
+        self.compiled = False  # the script called torch.compile (it ran eagerly while recording)
         self.run = None  # the RunRecorder (run_record.py)
         # An evaluation's calls (dflash_audit/trace/eval_record.py), captured until a training step shows the run is
         # a trainer's (its validation loop is not an evaluation); `evaluation`: --eval, backwards left alone.
@@ -138,6 +144,7 @@ class Recorder:
 
         # Run eagerly under torch.compile (dynamo would trace the hooks' own bookkeeping into the graph).
         enter, leave = torch._dynamo.disable(self._enter), torch._dynamo.disable(self._leave)
+        self._disable_compile()
         self.handles = [module_api.register_module_forward_pre_hook(enter),
                         module_api.register_module_forward_hook(leave, with_kwargs=True, always_call=True),
                         register_optimizer_step_pre_hook(self._optimizer_step)]
@@ -164,6 +171,28 @@ class Recorder:
         INSTALLED[:] = [self]
         return self
 
+    def _disable_compile(self) -> None:
+        """torch.compile'd code runs eagerly while recording: inside a compiled module no per-module hook fires (its
+        submodules are traced into one graph), so what the drafter consumed and produced would not be seen. Dynamo's
+        own switch, the compiler's "force_eager" stance, set for this process until the recorder is removed: every
+        torch.compile'd module or function (a drafter, a whole step, fullgraph or not, compiled before or after)
+        runs the same operations eagerly, and the script's objects stay what it made (an `OptimizedModule` keeps
+        its `_orig_mod`). `torch._dynamo.optimize` (what torch.compile and Module.compile call) is wrapped only to
+        note that the script compiled something, for the report."""
+        dynamo = torch._dynamo
+        optimize, recorder = dynamo.optimize, self
+
+        def noted_optimize(*args, **kwargs):
+            recorder.compiled = True
+            return optimize(*args, **kwargs)
+
+        self.saved_compile = (torch.compiler.set_stance("force_eager"), optimize)
+        dynamo.optimize = noted_optimize
+        # A compiled module warns on each call that global hooks fire once more for its wrapper: those are the
+        # recorder's own hooks, and the wrapper is unwrapped (`unwrap`); the user is not told about the tool's hooks.
+        warnings.filterwarnings("ignore", message=COMPILED_WRAPPER_WARNING, category=UserWarning)
+        self.warning_filter = warnings.filters[0]
+
     def remove(self) -> None:
         from torch.optim import Optimizer
 
@@ -172,6 +201,12 @@ class Recorder:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        if self.saved_compile is not None:
+            stance, torch._dynamo.optimize = self.saved_compile
+            stance.__exit__(None, None, None)  # the stance the process had before
+            self.saved_compile = None
+            with contextlib.suppress(ValueError):
+                warnings.filters.remove(self.warning_filter)
         if self.saved_backward is not None:
             torch.autograd.backward = self.saved_backward
             Optimizer.__init__ = self.saved_optimizer_init
@@ -352,6 +387,7 @@ class Recorder:
 
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         return {"rank": self.rank, "world_size": world, "argv": sys.argv, "steps_requested": self.steps,
+                "compile_disabled": self.compiled,
                 "run": self.run.facts(self.out if self.rank == 0 else None) if self.run is not None else None}
 
     def _capture(self, loss, calls: StepCalls, graph: dict | None = None) -> dict:

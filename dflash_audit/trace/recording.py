@@ -135,6 +135,16 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
 
 # What the audit reads of each role: token ids index the target's embedding; the drafter's inputs, its logits and
 # the loss's draft side are compared by value with the target's tensors, row by row.
+# The recorder runs the script's torch.compile'd code eagerly (recorder.py, `_disable_compile`): said in the report.
+COMPILE_DISABLED = ("torch.compile was disabled while recording: the step ran eagerly, the same operations (in eager "
+                    "kernels, so a value may differ from the compiled run's by rounding)")
+
+
+def compile_notes(manifest: dict) -> list[str]:
+    """The note for a recording of a script that compiled code (none for one that did not)."""
+    return [COMPILE_DISABLED] if manifest.get("context", {}).get("compile_disabled") else []
+
+
 ID_ROLES = ("tokens", "embedding_ids")
 VALUE_ROLES = ("drafter_input", "draft_logits", "loss_draft_side", "loss_gradient")
 

@@ -1,0 +1,435 @@
+"""Every kind of finding the code can make reaches every report, from the CLI.
+
+The kinds are read off the code (tests/finding_kinds.py: each place that constructs a `Finding`, by producer file and
+component, and each live localization's kind), and the catalogue's components and the engines are named by the code
+too (`COMPONENTS`, `ENGINES`). Each case below runs a verb through `dflash_audit.cli.main` on real inputs (the test
+world's drafters with a setting changed, a hidden-state dataset with a planted fault, ...); the report object the verb
+built is kept, and every finding in it must be in all three of its reports: the terminal (its message, however the
+table wraps it), the JSON (its own serialization, `Finding.to_dict`, with its severity, component and key) and the
+HTML page (its message as the page escapes it). A kind of the code that no case makes reach its reports fails
+`test_every_kind_of_the_code_reaches_every_report` (a planted one shows it: `test_a_kind_added_without_a_case_fails`).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from markupsafe import escape
+
+from catalogue.findings import COMPONENTS, Finding
+from tests.finding_kinds import Kind, finding_kinds, kind_of, recording_origins, uncovered
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO / "tests" / "fixtures" / "benchmarks"
+GRID_EDGES = re.compile(r"^[┌├└╞]")
+
+
+@dataclass
+class Run:
+    """One CLI run of a case: what it printed, the reports it wrote, and the findings of the report object."""
+    case: str
+    status: int
+    terminal: str
+    data: Any
+    page: str
+    findings: list[Finding] = field(default_factory=list)
+    served: list[tuple[str, Finding]] = field(default_factory=list)  # (engine, finding) of a serving section
+
+
+def squeezed(text: str) -> str:
+    return "".join(text.split())
+
+
+def table_cells(terminal: str) -> list[str]:
+    """Each cell of every grid table the terminal shows, its wrapped lines joined (tabulate's simple_grid), and
+    every plain line."""
+    cells, row = [], None
+    for line in terminal.splitlines():
+        if "│" not in line or GRID_EDGES.match(line):
+            if row:
+                cells += ["".join(column) for column in row]
+            row = None
+            if "│" not in line:
+                cells.append(line)
+            continue
+        parts = line.split("│")[1:-1]
+        if row is None or len(row) != len(parts):
+            if row:
+                cells += ["".join(column) for column in row]
+            row = [[] for _ in parts]
+        for column, part in zip(row, parts, strict=True):
+            column.append(part)
+    if row:
+        cells += ["".join(column) for column in row]
+    return [squeezed(cell) for cell in cells]
+
+
+def json_records(data: Any) -> list[dict]:
+    """Every dict anywhere in a report's JSON."""
+    found = []
+    if isinstance(data, dict):
+        found.append(data)
+        for value in data.values():
+            found += json_records(value)
+    elif isinstance(data, list):
+        for value in data:
+            found += json_records(value)
+    return found
+
+
+def as_written(finding: Finding) -> dict:
+    """The finding's one serialization as a JSON reader reads it back."""
+    from dflash_audit.audit.report_json import _finite
+
+    return json.loads(json.dumps(_finite(finding.to_dict()), default=str))
+
+
+def missing_from_reports(finding: Finding, run: Run) -> list[str]:
+    """Where the finding is not: `terminal`, `json` (its serialization, severity/component/key included) and
+    `html` (its message escaped as the page escapes it)."""
+    missing = []
+    message = squeezed(finding.message)
+    if not any(message in cell for cell in table_cells(run.terminal)):
+        missing.append("terminal")
+    written = as_written(finding)
+    if not any(all(record.get(k) == v for k, v in written.items()) for record in json_records(run.data)):
+        missing.append("json")
+    page = squeezed(run.page)
+    if squeezed(str(escape(finding.message))) not in page and squeezed(html.escape(finding.message)) not in page:
+        missing.append("html")  # (markupsafe, the templates' escaping, writes ' as &#39;; html.escape as &#x27;)
+    return missing
+
+
+# -- the cases: each a verb on real inputs ------------------------------------------------------------------------
+
+
+def cli(argv: list, capsys) -> tuple[int, str]:
+    from dflash_audit.cli import main
+
+    status = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    assert status in (0, 1), (argv, captured.err[-2000:])
+    return status, captured.out
+
+
+def captured(monkeypatch, module, name: str) -> list:
+    """`module.name` wrapped so that what it returns is kept (the report object the verb built)."""
+    kept = []
+    original = getattr(module, name)
+
+    def keep(*args, **kwargs):
+        result = original(*args, **kwargs)
+        kept.append(result)
+        return result
+
+    monkeypatch.setattr(module, name, keep)
+    return kept
+
+
+def compare_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> Run:
+    import dflash_audit.audit.compare as compare
+
+    import dflash_audit.audit.serving as serving
+
+    out = tmp_path / case
+    reports = captured(monkeypatch, compare, "run_compare")
+    sections = captured(monkeypatch, serving, "serving_section")  # compare --serve: each drafter's engines
+    status, terminal = cli(["compare", *argv, "--out", out], capsys)
+    assert status in (0, 1), (case, terminal)
+    (report,) = reports
+    data = json.loads((out / "report.json").read_text())
+    served = [pair for section in sections for pair in section_findings(section)]
+    return Run(case, status, terminal, data, (out / "index.html").read_text(),
+               list(report.findings) + [f for _, f in served], served)
+
+
+def section_findings(section: dict) -> list[tuple[str, Finding]]:
+    """A serving section's records by engine: each engine's findings, and its live section's localizations."""
+    return [(engine, f) for engine, report in section.items()
+            for f in [*report.findings, *(report.live or {}).get("findings", [])]]
+
+
+def serve_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> Run:
+    import dflash_audit.audit.serving as serving
+
+    out = tmp_path / case
+    sections = captured(monkeypatch, serving, "serving_section")
+    status, terminal = cli(["serve-check", *argv, "--out", out], capsys)
+    assert status in (0, 1), (case, terminal)
+    (section,) = sections
+    served = section_findings(section)
+    return Run(case, status, terminal, json.loads((out / "serving.json").read_text()),
+               (out / "index.html").read_text(), [f for _, f in served], served)
+
+
+def eval_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> Run:
+    import dflash_audit.audit.eval as evaluation
+
+    made = captured(monkeypatch, evaluation, "template_findings")  # the records the τ table is written with
+    status, terminal = cli(["eval", *argv, "--json", tmp_path / f"{case}.json", "--html", tmp_path / f"{case}.html"],
+                           capsys)
+    assert status == 0, (case, terminal)
+    (findings,) = made
+    return Run(case, status, terminal, json.loads((tmp_path / f"{case}.json").read_text()),
+               (tmp_path / f"{case}.html").read_text(), list(findings))
+
+
+def report_case(verb: str, module, function: str):
+    """A verb whose run function returns its report (trace, data-check): `--out DIR` holds report.json and
+    index.html."""
+
+    def run_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> Run:
+        out = tmp_path / case
+        reports = captured(monkeypatch, module, function)
+        status, terminal = cli([verb, "--out", out, *argv], capsys)
+        assert status in (0, 1), (case, terminal)
+        (report,) = reports
+        return Run(case, status, terminal, json.loads((out / "report.json").read_text()),
+                   (out / "index.html").read_text(), list(report.findings))
+
+    return run_case
+
+
+@pytest.fixture(scope="module")
+def world(test_world):
+    from dflash_world.drafter import cached_full_drafter, cached_test_drafter
+
+    return {"target": test_world.target, "prompts": test_world.prompts, "full": cached_full_drafter(test_world),
+            "mixed": cached_test_drafter(test_world), "test_world": test_world}
+
+
+def spec_flags(side: str, **values) -> list[str]:
+    return [a for name, value in values.items() for a in (f"--{side}-spec", f"{name}={value}")]
+
+
+def static_compare_cases(world) -> dict[str, list]:
+    """compare on the test world's drafters, a setting changed by `--ours-spec` (real checkpoints, read as given)."""
+    full, mixed, target = world["full"], world["mixed"], world["target"]
+    return {
+        "layer types and weights": ["--ours", full, "--ref", mixed, "--static-only"],
+        "many settings": ["--ours", mixed, "--ref", mixed, "--target", target, "--static-only",
+                          *spec_flags("ours", target_layer_ids="1,2", rope_theta=5000, gamma=7,
+                                      sliding_window_non_causal="true", hidden_act="gelu", target_vocab_size=1000,
+                                      draft_vocab_size=100)],
+        "τ and the mask": ["--ours", full, "--ref", full, "--target", target, "--max-new-tokens", 8,
+                           *spec_flags("ours", block_size=4, mask_token_id=3)],
+    }
+
+
+def other_cases(world, root: Path) -> dict[str, tuple]:
+    """(how it runs, its arguments) of each case beyond the static compares."""
+    import dflash_audit.data_check.run as data_check
+    import dflash_audit.trace.run as trace
+    from dflash_world.drafter import cached_dflash2_drafter
+    from dflash_world.target_training import distinct_random_qwen3
+    from dflash_world.tokenizer import train_tokenizer
+    import torch
+
+    from drafter_files.checkpoint import load_checkpoint
+    from drafter_files.zlab_format import save_zlab_dir
+    from tests.family_fixtures import family_spec, without_final_layer, world_backbone, write_speculators_drafter
+    from tests.helpers import TEXTS
+    from tests.test_data_check import CLAIM, FAULTS, LAYERS, write_vllm
+
+    full, mixed, target = world["full"], world["mixed"], world["target"]
+    dflash2 = cached_dflash2_drafter(world["test_world"])
+    distinct_random_qwen3(12, 64, 512).save_pretrained(root / "trace-target")  # z-lab's layer rule needs > 4 layers
+    hs_tokenizer = train_tokenizer(TEXTS, vocab_size=300)  # tests/test_data_check.py's world
+    hs_model = distinct_random_qwen3(LAYERS, 64, len(hs_tokenizer))
+    hs_model.save_pretrained(root / "hs-target")
+    hs_tokenizer.save_pretrained(root / "hs-target")
+    dataset = write_vllm(root / "hs", hs_model, hs_tokenizer, plant=FAULTS["layer_off_by_one"])
+    base, body = without_final_layer(*world_backbone(world["test_world"]))
+    family = {f"{name}{'-8' if rank else ''}": write_speculators_drafter(
+        root / f"{name}{rank}", family_spec(base, name, **({f"{name.replace('dspark', 'markov')}_rank": rank}
+                                                           if rank else {})), body, target)
+        for name in ("dspark", "xpress") for rank in (0, 8)}
+    checkpoint = load_checkpoint(mixed)  # a DFlash drafter holding an XPress refiner's tensor besides its own
+    save_zlab_dir(root / "refiner", checkpoint.spec, {**checkpoint.state_dict,
+                                                      "refiner_head.w1.weight": torch.ones(8, checkpoint.spec.hidden_size)})
+    refiner = root / "refiner"
+    save_zlab_dir(root / "zlab-mixed", checkpoint.spec, checkpoint.state_dict)  # a z-lab folder, as teams download
+    evaluator = [sys.executable, REPO / "examples" / "own_evaluator.py", "--drafter", root / "zlab-mixed", "--target",
+                 target, "--prompts", world["prompts"], "--max-new-tokens", 24, "--limit", 2]
+    trainer = [sys.executable, REPO / "examples" / "own_trainer.py", "--target", root / "trace-target", "--steps", 1]
+    return {
+        "slots and layers": (compare_case, ["--ours", mixed, "--ref", mixed, "--static-only",
+                                            *spec_flags("ours", target_layer_ids="0,1,2", sample_from_anchor="true")]),
+        "DFlash2 against DFlash": (compare_case, ["--ours", dflash2, "--ref", mixed, "--static-only"]),
+        "DFlash2 settings": (compare_case, ["--ours", dflash2, "--ref", dflash2, "--static-only",
+                                            *spec_flags("ours", conv_kernel_size=3, selector_rank=16)]),
+        "DSpark settings": (compare_case, ["--ours", family["dspark-8"], "--ref", family["dspark"], "--static-only"]),
+        "XPress settings": (compare_case, ["--ours", family["xpress-8"], "--ref", family["xpress"], "--static-only"]),
+        "a refiner head in a DFlash drafter": (compare_case, ["--ours", refiner, "--ref", mixed, "--static-only"]),
+        "served by three engines": (serve_case, ["--drafter", mixed, "--engine", "vllm,sglang,llamacpp",
+                                                 "--target", target]),
+        "a chat template other than the trained one": (eval_case, [
+            "--drafter", mixed, "--target", target, "--prompts", f"humaneval:{BENCHMARKS / 'humaneval.jsonl'}",
+            "--chat-template", REPO / "dflash_world" / "chat_template_thinking.jinja", "--tau-by", "thinking",
+            "--trained-chat-template-kwargs", '{"enable_thinking": false}', "--max-new-tokens", 8,
+            "--max-samples", 2]),
+        "a dataset one layer off": (report_case("data-check", data_check, "run_data_check"),
+                                    [dataset, "--target", root / "hs-target", "--layer-ids", ",".join(map(str, CLAIM))]),
+        "a trainer with seven bugs": (report_case("trace", trace, "run_trace"), [
+            "--", *trainer, "--fc-drop-last", "--target-shift", 1, "--gamma", 7, "--mask-is-pad", "--block-short",
+            "--input-noise", 0.05, "--target-noise", 0.5]),
+        "a trainer's targets from layer 9": (report_case("trace", trace, "run_trace"), [
+            "--", *trainer, "--target-layer", 9]),
+        "an evaluator's positions shifted": (report_case("trace", trace, "run_trace"), [
+            "--", *evaluator, "--fault", "positions_shifted"]),
+        "an evaluator's τ without the bonus token": (report_case("trace", trace, "run_trace"), [
+            "--", *evaluator, "--fault", "no_bonus"]),
+        "a run at ten times the learning rate": (report_case("trace", trace, "run_trace"), [
+            "--steps", 4, "--", sys.executable, REPO / "tests" / "run_corpus" / "run_plain_loop.py", "--target",
+            root / "trace-target", "--steps", 4, "--fault", "lr_10x"]),
+        "SpecForge's own training step": (report_case("trace", trace, "run_trace"), [
+            "--", sys.executable, REPO / "tests" / "trace_scripts" / "specforge_step.py", "--target",
+            root / "trace-target"]),
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(world, tmp_path_factory) -> list[Run]:
+    """Every case run once, each finding marked with the producer that made it."""
+    made = []
+    with pytest.MonkeyPatch.context() as monkeypatch, recording_origins():
+        capsys = CapturedOut(monkeypatch)
+        root = tmp_path_factory.mktemp("every-finding")
+        for case, argv in static_compare_cases(world).items():
+            made.append(compare_case(case, argv, root, capsys, monkeypatch))
+        for case, (run_case, argv) in other_cases(world, root).items():
+            with pytest.MonkeyPatch.context() as patches:
+                made.append(run_case(case, argv, root, capsys, patches))
+    return made
+
+
+class CapturedOut:
+    """What the CLI prints, read back (capsys is function-scoped; the cases run once per module)."""
+
+    def __init__(self, monkeypatch):
+        import io
+        import sys
+
+        self.out, self.err = io.StringIO(), io.StringIO()
+        monkeypatch.setattr(sys, "stdout", self.out)
+        monkeypatch.setattr(sys, "stderr", self.err)
+
+    def readouterr(self):
+        texts = []
+        for buffer in (self.out, self.err):
+            texts.append(buffer.getvalue())
+            buffer.seek(0)
+            buffer.truncate()
+        return type("Captured", (), {"out": texts[0], "err": texts[1]})()
+
+
+def reached(runs: list[Run]) -> dict[Kind, list[Finding]]:
+    """Each kind of finding the cases made reach all three reports, and its findings that did."""
+    literal = finding_kinds()
+    found: dict[Kind, list[Finding]] = {}
+    for run in runs:
+        for finding in run.findings:
+            if not missing_from_reports(finding, run):
+                found.setdefault(kind_of(finding, literal), []).append(finding)
+    return found
+
+
+def test_every_finding_of_every_case_is_in_the_terminal_the_json_and_the_html(runs):
+    missing = [(run.case, f.component, f.key, where) for run in runs for f in run.findings
+               for where in [missing_from_reports(f, run)] if where]
+    assert not missing, missing
+    assert all(run.findings for run in runs), [run.case for run in runs if not run.findings]
+
+
+def named(kinds) -> list[str]:
+    return sorted(" ".join(part for part in kind if part) for kind in kinds)
+
+
+# Kinds no case here makes yet, each with why: the list shrinks as cases are added, and it must be exactly what is
+# missing (a kind of the code added without a case fails below; one a case comes to reach must leave the list).
+PENDING = {
+    **{Kind("dflash_audit/audit/live_llamacpp.py", "serving", place): "a live llama.cpp run (tests/bad_inputs/"
+       "test_fuzz.py runs it through serve-check --live)" for place in ("convention", "input", "quantization")},
+    **{Kind("dflash_audit/rounds/llamacpp.py", "serving", place): "a live llama.cpp run localizing a served round"
+       for place in ("convention", "input", "tie", "unlocalized")},
+    **{Kind("dflash_audit/rounds/by_value.py", "serving", place): "a live vLLM run localizing a served round"
+       for place in ("input", "module", "tie", "unlocalized")},
+    Kind("dflash_audit/audit/live_report.py", "serving"): "a live run's findings as the engine's serving findings",
+    Kind("dflash_audit/audit/static_tensors.py", "quantization"): "a quantized GGUF drafter (llama-quantize)",
+    Kind("dflash_audit/trace/audit.py", "unexplained"): "a recorded tensor no candidate explains",
+    Kind("dflash_audit/trace/targets.py", "unexplained"): "targets no candidate of the target explains",
+    Kind("dflash_audit/trace/blocks.py", "mask_token"): "a block's masked slots holding another id",
+    Kind("dflash_audit/trace/blocks.py", "positions"): "a block's positions not running on from its anchor",
+    Kind("dflash_audit/trace/blocks.py", "training_mask"): "a block seeing another block or past its anchor",
+    Kind("dflash_audit/trace/context.py", "target_layers"): "fc fed other target layers than z-lab's rule",
+    Kind("dflash_audit/trace/draft_rows.py", "loss"): "a loss gradient not read on the draft log-probabilities",
+    Kind("dflash_audit/trace/recipe.py", "loss"): "a recorded loss not reproduced",
+    Kind("dflash_audit/trace/recipe.py", "loss_weights"): "loss weights other than the reference's",
+}
+
+
+def test_every_kind_of_the_code_reaches_every_report(runs):
+    missing = named(uncovered(finding_kinds(), set(reached(runs))) - set(PENDING))
+    assert not missing, "\n".join(missing)
+    reached_now = named(set(PENDING) & set(reached(runs)))
+    assert not reached_now, "reached now: take them off PENDING\n" + "\n".join(reached_now)
+
+
+def test_every_catalogue_component_reaches_every_report(runs):
+    components = {finding.component for findings in reached(runs).values() for finding in findings}
+    pending = {kind.component for kind in PENDING} - components
+    assert set(COMPONENTS) - pending <= components, ", ".join(sorted(set(COMPONENTS) - pending - components))
+
+
+def test_every_engine_serving_findings_reach_every_report(runs):
+    """Each engine the serving check holds a drafter to (vLLM, SGLang, llama.cpp) had a serving finding that reached
+    the terminal, serving.json and the page."""
+    from serving_engines.served import ALL_ENGINES
+
+    served = {engine for run in runs for engine, finding in run.served if not missing_from_reports(finding, run)}
+    assert set(ALL_ENGINES) <= served, sorted(set(ALL_ENGINES) - served)
+
+
+def test_a_report_section_that_drops_a_kind_fails(runs, world, tmp_path, monkeypatch, capsys):
+    """A kind rendered nowhere on the page (compare's page planted to leave out `rotary`): the check names it."""
+    import dflash_audit.audit.report_html as report_html
+
+    render = report_html.environment
+
+    def without_rotary():
+        environment = render()
+        template = environment.get_template("report.html.j2")
+        original = template.render
+        template.render = lambda *a, **k: original(*a, **{**k, "findings": [
+            f for f in k["findings"] if f.component != "rotary"]})
+        environment.get_template = lambda name, *a, **k: template if name == "report.html.j2" else \
+            type(environment).get_template(environment, name, *a, **k)
+        return environment
+
+    monkeypatch.setattr(report_html, "environment", without_rotary)
+    argv = static_compare_cases(world)["many settings"]
+    with recording_origins():
+        run = compare_case("rotary dropped", argv, tmp_path, capsys, monkeypatch)
+    rotary = [f for f in run.findings if f.component == "rotary"]
+    assert rotary and all(missing_from_reports(f, run) == ["html"] for f in rotary)
+    assert all(not missing_from_reports(f, run) for f in run.findings if f.component != "rotary")
+
+
+def test_a_kind_added_without_a_case_fails(runs, tmp_path):
+    """A producer planted beside the code (a new module making a `conv` finding, and a new live localization kind)
+    is a kind no case makes: the enumeration names it."""
+    planted = tmp_path / "dflash_audit" / "audit" / "static_planted.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("from catalogue.findings import Finding\n\n\n"
+                       "def planted():\n    return [Finding('conv', 'divergence', 'a planted kind'),\n"
+                       "            Finding.localization('planted', 'x', 'm', None, '', 'p', 1)]\n")
+    kinds = finding_kinds() | finding_kinds([planted], root=tmp_path)
+    assert uncovered(kinds, set(reached(runs))) >= {Kind("dflash_audit/audit/static_planted.py", "conv"),
+                                                    Kind("dflash_audit/audit/static_planted.py", "serving", "planted")}
