@@ -12,10 +12,10 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dflash_world.target_training import random_qwen3
-from impl.offline.walks import ROUNDING_ULPS
+from impl.near_tie import ROUNDING_ULPS
 from impl.spec import DraftSpec
 
-# A target state computed in another shape of forward is within this many ulps of its dtype (impl/offline/walks.py).
+# A target state computed in another shape of forward is within this many ulps of its dtype (impl/near_tie.py).
 ULPS = ROUNDING_ULPS
 
 # Training text for the tiny worlds: short, repetitive, tokenizer-friendly.

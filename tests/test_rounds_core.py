@@ -209,3 +209,60 @@ def test_a_live_prompt_past_the_targets_positions_is_refused_as_eval_refuses_it(
     with pytest.raises(AuditError, match=r"prompt 'long' has \d+ tokens \+ --max-new-tokens 8 = \d+, beyond the "
                                          r"target's max_position_embeddings"):
         load_prompts_for(test_world.target, prompts, tokenizer, 8, config.max_position_embeddings)
+
+
+def test_the_one_near_tie_rule():
+    """impl/near_tie.py, the rule every parting is judged by (the offline walks, the engines, a traced evaluator):
+    float32 ties only between other kernels, within KERNEL_MARGIN; below it, the two sides' inputs within
+    ROUNDING_ULPS and the gap within what their difference moves the scores; unmeasured is no tie."""
+    from impl.near_tie import KERNEL_MARGIN, ROUNDING_ULPS, near_tie, ulps_apart
+    from impl.offline.walks import Mismatch, Parting, unexplained_partings
+
+    assert near_tie(KERNEL_MARGIN / 2, torch.float32) and not near_tie(KERNEL_MARGIN * 2, torch.float32)
+    assert not near_tie(0.0, torch.float32, same_kernels=True)  # our two loops: the same kernels, no tie
+    bf16 = torch.bfloat16
+    assert near_tie(0.05, bf16, moved=0.1, ulps=ROUNDING_ULPS) and not near_tie(0.2, bf16, moved=0.1, ulps=1)
+    assert not near_tie(0.05, bf16, moved=0.1, ulps=ROUNDING_ULPS + 1) and not near_tie(1e-6, bf16)
+    one = torch.tensor([1.0, 2.0])
+    assert ulps_apart(one + torch.tensor([0.0, 2 * torch.finfo(bf16).eps]), one, bf16) == pytest.approx(1.0, rel=0.01)
+    # The offline walks' partings are judged by it: a replay walking as the live loop from its features, within
+    # the rounding and the gap within what it moves, is explained below float32; never in float32.
+    parting = Parting(Mismatch("p", 1, 10, 0.0), 2.0, True, 0.05, 0.1)
+    assert unexplained_partings([parting], bf16) == [] and len(unexplained_partings([parting], torch.float32)) == 1
+    assert len(unexplained_partings([Parting(Mismatch("p", 1, 10, 0.0), 2.0, False, 0.05, 0.1)], bf16)) == 1
+
+
+@pytest.mark.parametrize("ulps, slot_by, kind", [(4, min, "tie"), (4, max, "unlocalized"), (64, min, "unlocalized")])
+def test_below_float32_a_runner_up_draft_is_judged_by_the_one_near_tie_rule(world, ulps, slot_by, kind):
+    """In bfloat16 an engine fed the target's states rounded apart (seeded noise of `ulps` ulps) that drafts the
+    runner-up at the slot of the smallest (largest) top-two gap: a near-tie only where its features are within
+    ROUNDING_ULPS of the trained ones and the gap within what they move the drafter's scores (the offline walks'
+    rule), measured on the trained drafter replayed on both; never the float32 kernel margin."""
+    import copy
+
+    from dflash_audit.rounds import DrafterFeed
+    from dflash_audit.rounds.by_value import TargetReplay, module_findings, replay, trained_features
+    from dflash_audit.rounds.replay import built
+
+    drafter, target, prompts, _, audited = world
+    target = copy.deepcopy(target).to(torch.bfloat16)
+    model = built(drafter.spec, drafter.state_dict(), target)
+    tokens = prompts[0]["ids"] + audited[0].new_tokens
+    start, size = len(prompts[0]["ids"]), drafter.spec.block_size
+    states = TargetReplay(target, tokens)
+    feed = DrafterFeed([tokens[start]] + [drafter.spec.mask_token_id] * (size - 1), list(range(start, start + size)),
+                       list(range(start)), torch.zeros(start, 1))
+    trained = trained_features(states, drafter.spec, feed)
+    noise = torch.rand(trained.shape, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    feed.features = (trained + ulps * torch.finfo(torch.bfloat16).eps * trained.abs() * noise).to(torch.bfloat16)
+    logits = replay(model, target, feed)["logits"].float()
+    top2 = logits.topk(2, dim=-1)
+    gaps = (top2.values[:, 0] - top2.values[:, 1]).tolist()
+    slot = gaps.index(slot_by(gaps))
+    feed.drafts = logits.argmax(-1).tolist()
+    feed.drafts[slot] = int(top2.indices[slot, 1])
+    (finding,) = module_findings(model, target, feed, lambda what: f"engine ({what})", prompts[0]["id"], 1, states)
+    assert finding.kind == kind, finding
+    if kind == "tie":  # judged by what the rounding moves, not by the float32 kernels' margin
+        assert "ulps of bfloat16 from the trained ones, move them" in finding.message, finding.message
+        assert "apart (within 0.001)" not in finding.message

@@ -19,11 +19,11 @@ import torch
 
 from catalogue.findings import Finding
 from dflash_audit.rounds.source import DrafterFeed, Localized, PromptRounds
-from dflash_audit.rounds.ties import TIE_MARGIN
 from impl.extract import output_head
 from impl.layers import final_layer, hidden_state_index
 from impl.masks import inference_mask
 from impl.model import rms_norm
+from impl.near_tie import KERNEL_MARGIN, near_tie, ulps_apart
 
 localized = Finding.localization  # each finding below: (kind, what, message, size, source file:line, prompt, round)
 # What a source cites, per kind of input or module: where it makes it (its file:line), from `cite(kind)`.
@@ -126,7 +126,9 @@ def replay(drafter, target, inputs: DrafterFeed, causal: bool | None = None) -> 
                                 causal) for i in range(len(drafter.layers))]
     try:
         with torch.inference_mode():
-            hidden = drafter(drafter.embed(target, block), inputs.features[None].to(block.device), positions, masks)
+            # The captured features in the drafter's dtype, as the engine's drafter read them.
+            features = inputs.features[None].to(block.device, next(drafter.parameters()).dtype)
+            hidden = drafter(drafter.embed(target, block), features, positions, masks)
             outputs["norm"] = hidden[0]
             logits = drafter.compute_logits(hidden[0, drafter.spec.first_proposing_slot:], output_head(target))
     finally:
@@ -180,9 +182,33 @@ def causality_finding(drafter, target, inputs: DrafterFeed, i: int, engine: torc
                      prompt, round_no)
 
 
-def module_findings(drafter, target, inputs: DrafterFeed, cite, prompt: str, round_no: int) -> list[Finding]:
+def trained_features(states: TargetReplay, spec, inputs: DrafterFeed) -> torch.Tensor:
+    """The context features as trained (each declared layer's hidden_states[id + 1]) at the source's context rows."""
+    positions = torch.tensor(inputs.context_positions)
+    return torch.cat([states.hidden[hidden_state_index(i)][positions] for i in spec.target_layer_ids], dim=-1)
+
+
+def rounding_moved(drafter, target, inputs: DrafterFeed, states: TargetReplay, slot: int,
+                   logits: torch.Tensor) -> tuple[float, float]:
+    """(twice the most the source's features, against the trained ones, move the drafter's scores at draft `slot`;
+    how many ulps of the drafter's dtype they are apart): what the one near-tie rule reads below float32."""
+    spec = drafter.spec
+    trained = trained_features(states, spec, inputs)
+    as_trained = replay(drafter, target, replace(inputs, features=trained.to(inputs.features.dtype), modules={}))
+    moved = 2 * float((logits[slot] - as_trained["logits"].float()[slot]).abs().max())
+    width = spec.hidden_size
+    dtype = next(drafter.parameters()).dtype
+    ulps = max(ulps_apart(inputs.features[:, j * width:(j + 1) * width], trained[:, j * width:(j + 1) * width], dtype)
+               for j in range(len(spec.target_layer_ids)))
+    return moved, ulps
+
+
+def module_findings(drafter, target, inputs: DrafterFeed, cite, prompt: str, round_no: int,
+                    states: TargetReplay | None = None) -> list[Finding]:
     """In data-flow order (fc; each layer's context keys, then its output; the final norm): every difference
-    whose cause is named, until one that is not (reported, then stop: what follows it is downstream)."""
+    whose cause is named, until one that is not (reported, then stop: what follows it is downstream). Drafts that
+    part at the end are judged by the one near-tie rule (`impl/near_tie.py`); below float32 it measures what the
+    source's features move the scores against the trained ones (`states`, the target's own forward)."""
     ours = replay(drafter, target, inputs)
     found: list[Finding] = []
     engine_fc = inputs.modules.get("fc")
@@ -223,15 +249,24 @@ def module_findings(drafter, target, inputs: DrafterFeed, cite, prompt: str, rou
     drafts = ours["logits"].argmax(-1).tolist()
     engine_drafts = inputs.drafts
     if drafts != engine_drafts[: len(drafts)]:
-        top2 = ours["logits"].float().topk(2, dim=-1)
+        logits = ours["logits"].float()
+        top2 = logits.topk(2, dim=-1)
         gaps = top2.values[:, 0] - top2.values[:, 1]
         slot = next((j for j, (a, b) in enumerate(zip(drafts, engine_drafts)) if a != b), None)
-        if slot is not None and float(gaps[slot]) < TIE_MARGIN and engine_drafts[slot] == int(top2.indices[slot, 1]):
-            # The near-tie rule (`ties.py`), by value: the source's argmax took the runner-up of a near-tie.
+        dtype = next(drafter.parameters()).dtype
+        moved = ulps = None
+        if slot is not None and dtype != torch.float32 and states is not None:
+            moved, ulps = rounding_moved(drafter, target, inputs, states, slot, logits)
+        if slot is not None and engine_drafts[slot] == int(top2.indices[slot, 1]) \
+                and near_tie(float(gaps[slot]), dtype, moved, ulps):
+            # The near-tie rule, by value: the source's argmax took the runner-up of a near-tie.
+            within = (f"within {KERNEL_MARGIN:g}" if dtype == torch.float32 else
+                      f"within {moved:.3g}, what the source's features, {ulps:.3g} ulps of {str(dtype)[6:]} from the "
+                      f"trained ones, move them")
             return [localized("tie", "argmax_tie", f"same inputs and module outputs (within {SAME:g}); at draft slot "
-                              f"{slot + 1} the drafter's top two logits are {float(gaps[slot]):.3g} apart (within "
-                              f"{TIE_MARGIN:g}) and the source drafted the runner-up: an argmax near-tie broken the "
-                              f"other way", float(gaps[slot]), cite("drafts"), prompt, round_no)]
+                              f"{slot + 1} the drafter's top two logits are {float(gaps[slot]):.3g} apart ({within}) "
+                              f"and the source drafted the runner-up: an argmax near-tie broken the other way",
+                              float(gaps[slot]), cite("drafts"), prompt, round_no)]
         margin = float(gaps.min())
         return [localized("unlocalized", "drafts", f"same inputs and module outputs (within {SAME:g}), different "
                                                   f"drafts {engine_drafts} vs {drafts}; smallest top-2 logit margin "
@@ -259,7 +294,7 @@ class FedLocalizer:
         states = TargetReplay(self.target, tokens)
         found = input_findings(feed, states, spec, tokens, self.cite, prompt.id, round_no)
         if len(feed.block_tokens) == spec.block_size:  # replayed on the source's own inputs, whatever they are
-            found += module_findings(self.drafter, self.target, feed, self.cite, prompt.id, round_no)
+            found += module_findings(self.drafter, self.target, feed, self.cite, prompt.id, round_no, states)
         if not found:
             found = [localized("unlocalized", "round", "the drafter was fed the trained inputs and its modules "
                                "computed what the trained drafter computes on them, yet the round differs from the "

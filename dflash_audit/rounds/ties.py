@@ -1,16 +1,21 @@
-"""The near-tie rule: a parting round that is the replay's own argmax near-tie broken the other way.
+"""A parting round that is the replay's own argmax near-tie broken the other way, for a source that does not say
+what its drafter was fed (llama.cpp).
 
-Two float32 implementations of one drafter (an engine's kernels, torch's) sum in other orders: their logits part by
-about 1e-4 on the test world, so two candidates closer than `TIE_MARGIN` may come out in either order. A parting is
-only called a tie where the replay's top two are that close at the first proposal the source and the replay judge
-apart, and only kept when the replay taking the runner-up there then gives the source's rounds.
+The one near-tie rule (`impl/near_tie.py`) judges it: two float32 implementations of one drafter (an engine's
+kernels, torch's) sum in other orders, their logits part by about 1e-4 on the test world, so two candidates closer
+than `TIE_MARGIN` may come out in either order. Below float32 the rule needs what the source's inputs move the
+scores, which such a source does not show: no parting is called a tie there. A parting is only called a tie where
+the replay's top two are that close at the first proposal the source and the replay judge apart, and only kept when
+the replay taking the runner-up there then gives the source's rounds.
 """
 
 from __future__ import annotations
 
 import torch
 
-TIE_MARGIN = 1e-3
+from impl.near_tie import KERNEL_MARGIN, near_tie
+
+TIE_MARGIN = KERNEL_MARGIN
 
 
 class TieFlips:
@@ -65,7 +70,8 @@ def flip_near_ties(spec, state: dict[str, torch.Tensor], target, prompt_ids: lis
         index = first - 1
         slot = min(rounds[index:index + 1] + replayed[index:index + 1]) - 1  # the first proposal judged apart
         margins = record.margins[index] if index < len(record.margins) else []
-        if slot >= len(margins) or margins[slot] >= TIE_MARGIN or slot in flips.get(index, set()) \
+        if slot >= len(margins) or not near_tie(margins[slot], next(model.parameters()).dtype) \
+                or slot in flips.get(index, set()) \
                 or len(taken) == max_flips:
             return (taken, first) if taken else None
         flips.setdefault(index, set()).add(slot)

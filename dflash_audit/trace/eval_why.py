@@ -23,8 +23,8 @@ from dflash_audit.trace.eval_replay import (TargetStates, drafter_logits, drafte
 from dflash_audit.trace.eval_rounds import SAME, PromptRun, Round
 from impl.anchors import anchor_blocks
 from impl.layers import hidden_state_index, names_final_layer
+from impl.near_tie import near_tie
 
-TIE = 1e-3  # the drafter's top-2 logit margin under which another float32 kernel may pick the runner-up
 
 # What each cause is, for the finding's pitfall link (docs/pitfalls.md).
 PITFALLS = {"context_features": 1, "block": 14, "positions": 12, "acceptance": 17, "drafter": 13, "drafts": 13,
@@ -237,10 +237,14 @@ def drafts_cause(ref: Reference, rnd: Round, run: PromptRun, number: int) -> Cau
     if ours == draft.drafts:
         return None
     top = logits.topk(2, dim=-1).values
-    margin = float((top[:, 0] - top[:, 1]).min())
-    if margin <= TIE * float(top[:, 0].abs().max()):
-        return Cause("tie", f"the drafts part at an argmax near-tie (top-2 logit margin {margin:.3g}): float32 "
-                     "kernels summing in another order pick either", run.index, number, margin, "info")
+    slot = next(j for j, (a, b) in enumerate(zip(ours, draft.drafts)) if a != b)  # the first draft that parts
+    margin = float(top[slot, 0] - top[slot, 1])
+    # The one near-tie rule (impl/near_tie.py): the head read the evaluator's own output rows (the same inputs,
+    # nothing rounded apart below float32), by the evaluator's kernels, not ours.
+    if near_tie(margin, next(ref.twin.parameters()).dtype, moved=0.0, ulps=0.0):
+        return Cause("tie", f"the drafts part at an argmax near-tie (top-2 logit margin {margin:.3g} at draft "
+                     f"{slot + 1}): float32 kernels summing in another order pick either", run.index, number, margin,
+                     "info")
     return Cause("drafts", f"the drafter's output is z-lab's, its drafts are not the head's argmax on it "
                  f"({draft.drafts} vs {ours})", run.index, number)
 

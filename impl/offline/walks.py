@@ -13,6 +13,7 @@ from impl.ddtree import DraftTree, build_tree, require_dflash_family
 from impl.decoding import round_size, whole_block_proposals
 from impl.extract import output_head
 from impl.model import DFlashDrafter
+from impl.near_tie import near_tie, ulps_apart
 from impl.offline.cache import CachedPrompt, HiddenStateCache
 from impl.offline.replay import BlockReplay
 
@@ -226,9 +227,10 @@ class Parting:
     margin: float | None  # the parting round's deciding gap of the drafter's scores, from the cache's features
     moved: float | None  # twice the most the features' difference moves the scores of that decision
 
-    @property
-    def near_tie(self) -> bool:
-        return self.replayed and self.margin is not None and self.margin <= self.moved
+    def near_tie(self, dtype: torch.dtype) -> bool:
+        """The one near-tie rule (`impl/near_tie.py`) for two computations by the same kernels: fed the live loop's
+        own features the replay walks as it did, and the deciding gap is within what their rounding moves."""
+        return self.replayed and near_tie(self.margin, dtype, self.moved, self.feature_ulps, same_kernels=True)
 
     def describe(self) -> str:
         decided = ("no drafter decision found that parts" if self.margin is None else
@@ -238,20 +240,15 @@ class Parting:
                 f"cache's; {decided}; the replay from the live loop's features {replay}")
 
 
-# A target state computed in another shape of forward (one query against a KV cache, a row of a padded batch, a
-# verified block or tree) is within this many ulps of its dtype at its layer's scale: sums round apart.
-ROUNDING_ULPS = 8
-
-
 def unexplained_partings(partings: list[Parting], dtype: torch.dtype) -> list[str]:
     """The partings of a replay from a live run that the rounding of the target's states does not account for, the
     one rule the tests and the benches judge by. float32: every one (the walks agree). Below it, each parting must be
     a drafter near-tie: fed the live loop's own features the replay walks every round as the live loop did, those
     features are within the dtype's rounding (ROUNDING_ULPS) of the cache's, and the deciding gap of the parting
-    round is within what that difference moves the drafter's scores."""
-    if dtype == torch.float32:
+    round is within what that difference moves the drafter's scores (`impl/near_tie.py`, the one rule)."""
+    if dtype == torch.float32:  # the same kernels: no parting is a tie
         return [p.mismatch.describe() for p in partings]
-    return [p.describe() for p in partings if not (p.near_tie and p.feature_ulps <= ROUNDING_ULPS)]
+    return [p.describe() for p in partings if not p.near_tie(dtype)]
 
 
 def replay_exactness(dtype: torch.dtype) -> str | None:
@@ -280,8 +277,7 @@ def explain_parting(drafter: DFlashDrafter, target: nn.Module, cache: HiddenStat
     for j, layer_id in enumerate(ids):
         fed = live_features[0, :, j * width:(j + 1) * width].to(entry.layers[layer_id].device)
         cached = entry.layers[layer_id][:n]
-        scale = float(torch.maximum(fed.abs().max(), cached.abs().max())) * torch.finfo(cached.dtype).eps
-        ulps = max(ulps, float((fed.float() - cached.float()).abs().max()) / scale if scale else 0.0)
+        ulps = max(ulps, ulps_apart(fed, cached))
         layers[layer_id] = torch.cat([fed.to(cached.dtype), entry.layers[layer_id][n:]])
     as_live = CachedPrompt(entry.id, entry.token_ids, entry.prompt_len, layers, entry.margin)
     replayed = offline_rounds(drafter, target, cache, as_live, method, budget) == list(live)
