@@ -58,14 +58,14 @@ def traced(test_world, drafter_dir, tmp_path_factory):
     prompts.write_text("".join(json.dumps(p) + "\n" for p in [held_out, *long_prompts(tokenizer, (300,))]))
     done = {}
 
-    def run(file: str, fault: str | None = None):
-        if (file, fault) not in done:
+    def run(file: str, fault: str | None = None, cap: int = CAP):
+        if (file, fault, cap) not in done:
             out = tmp_path_factory.mktemp("context-evaluation")
             record_script(CORPUS / file, ["--drafter", str(drafter_dir), "--target", str(test_world.target), "--prompts",
                                       str(prompts), "--max-new-tokens", "32", "--trained-length", str(TRAINED),
-                                      "--context-cap", str(CAP), *(["--fault", fault] if fault else [])], out)
-            done[file, fault] = audit_evaluation(read_evaluation(out))
-        return done[file, fault]
+                                      "--context-cap", str(cap), *(["--fault", fault] if fault else [])], out)
+            done[file, fault, cap] = audit_evaluation(read_evaluation(out))
+        return done[file, fault, cap]
 
     return run
 
@@ -119,5 +119,17 @@ def test_a_fault_is_tried_only_where_it_changes_something():
     assert [f.numbers["cap"] for f in late if f.key == "context_cap"][0] == 100  # the rows fed tried first
     all_sliding = DrafterShape((48, 48), 8, 1e6)
     assert all(f.numbers["cap"] < 48 for f in context_faults(all_sliding, 300, 8) if f.key == "context_cap")
-    assert not [f for f in context_faults(all_sliding, 300, 8) if f.key == "rope_theta" and
-                f.numbers["rope_theta_used"] == 1e6]
+    # A nested theta read as a default equal to the declared one computes exactly what the config says: there is
+    # nothing to see by value, so that default is never offered (here vLLM's 1e6 on a drafter declaring 1e6).
+    assert [f.numbers["rope_theta_used"] for f in context_faults(all_sliding, 300, 8) if f.key == "rope_theta"] == \
+        [10000.0]
+    assert context_faults(DrafterShape((48, 48), 8, None), 300, 8)[0].key == "window"  # a scaled rotary: no theta
+
+
+def test_a_cap_nothing_shows_is_left_unnamed_never_guessed(traced):
+    """A cap of 100 inside a fused drafter step: the recording shows neither the rows it kept (it was fed them all)
+    nor its output, and 100 is no length tried (the rows fed, the declared lengths, the powers of two), so no cap is
+    named: the parting round stays unlocalized, one finding, rather than the nearest cap guessed."""
+    report = traced("fused_drafter_step.py", "context_capped", 100)
+    assert [(f.component, f.key) for f in report.findings] == [("evaluation", "unlocalized")], report.summary()
+    assert "cap" not in report.findings[0].raw

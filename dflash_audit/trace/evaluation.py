@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from catalogue.findings import Finding, divergences, sort_findings
+from dflash_audit.trace.eval_manifest import check_vocabulary
 from dflash_audit.trace.eval_record import read_evaluation
 from dflash_audit.trace.eval_replay import TargetStates, zlab_replay
 from dflash_audit.trace.eval_rounds import SAME, PromptRun, rebuild, relative
@@ -101,6 +102,7 @@ def _load(recording, target_dir: Path | None, drafter_dir: Path | None, flag: st
     dtype = getattr(torch, manifest["target"].get("dtype") or "float32", torch.float32)
     placement = Placement(resolve_device("auto"), dtype, "the evaluated target's")
     target, tokenizer = load_target(target_path, placement)
+    check_vocabulary(manifest, recording.tensors, target.config.vocab_size, f"{flag} {recording.folder}")
     return target, tokenizer, target_path, placement, load_zlab_model
 
 
