@@ -221,13 +221,11 @@ def convert_for_llamacpp(source: str | Path, destination: str | Path, target: st
 def convert_for(source: str | Path, destination: str | Path, engine: str, target: str | Path | None = None,
                 force: bool = False, options: LoadOptions | None = None) -> ConversionResult:
     """Write the drafter so that `engine` serves it as trained, then prove it with the serving check."""
-    from serving_engines import ENGINES, TargetFacts
+    from serving_engines import TargetFacts
     from serving_engines.verdict import engine_report
 
     if engine == "llamacpp":
         return convert_for_llamacpp(source, destination, target, force=force, options=options)
-    if engine not in ENGINES:
-        raise AuditError(f"--for: unknown engine {engine!r}; expected one of {[*ENGINES, 'llamacpp']}")
     options = options or LoadOptions(flag_prefix="")
     loaded = load_any(source, target_dir=target, options=options)
     spec = require_spec(loaded, f"convert --for {engine}")

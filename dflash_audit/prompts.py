@@ -8,31 +8,62 @@ the id defaults to the line number). Tokenization renders through the one chat t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Any
 
 import torch
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from foundation.chat_template import ChatTemplate
 from foundation.errors import AuditError
 from foundation.inputs import read_utf8
 from foundation.jsonl import check_text, json_lines
+from impl.settings import Declared
+from impl.spec import SpecError
+
+
+def _non_empty_text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty string, got {repr(value)[:60]}")
+    return value
+
+
+class PromptRecord(Declared):
+    """One line of a prompts file, as pydantic reads it: `{"id", "prompt"}` or z-lab's `{"turns": [...]}` (its first
+    turn the prompt); any other key (a reference answer, a category) is kept unread. A refusal names the key."""
+
+    SUBJECT = "the record"
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True)
+
+    id: Any = None  # any JSON value, as its text; the line number when absent
+    prompt: Annotated[Any, AfterValidator(_non_empty_text)] | None = None
+    turns: list[Any] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _a_prompt(self) -> PromptRecord:
+        if self.prompt is None and self.turns is None:
+            raise ValueError("needs a 'prompt' or a 'turns' field")
+        if self.prompt is None:
+            try:
+                _non_empty_text(self.turns[0])
+            except ValueError as exc:
+                raise SpecError("turns", f"the first turn {exc}") from None
+        return self
+
+    @property
+    def text(self) -> str:
+        return self.prompt if self.prompt is not None else self.turns[0]
 
 
 def _prompt_from_record(record, where: str, line_no: int) -> dict[str, str]:
     if not isinstance(record, dict):
         raise AuditError(f"{where}: expected a JSON object, found {type(record).__name__}")
-    if "prompt" in record:
-        text = record["prompt"]
-    elif "turns" in record:
-        turns = record["turns"]
-        if not isinstance(turns, list) or not turns:
-            raise AuditError(f"{where}: 'turns' must be a non-empty list")
-        text = turns[0]
-    else:
-        raise AuditError(f"{where}: needs a 'prompt' or a 'turns' field")
-    if not isinstance(text, str) or not text:
-        raise AuditError(f"{where}: the prompt must be a non-empty string")
-    check_text(text, f"{where}: the prompt", AuditError)
-    return {"id": check_text(str(record.get("id", line_no)), f"{where}: the id", AuditError), "prompt": text}
+    try:
+        read = PromptRecord(**{str(key): value for key, value in record.items()})
+    except SpecError as exc:  # Declared.refusal's one line, naming the key
+        raise AuditError(f"{where}: {exc}") from None
+    check_text(read.text, f"{where}: the prompt", AuditError)
+    identity = read.id if read.id is not None else line_no
+    return {"id": check_text(str(identity), f"{where}: the id", AuditError), "prompt": read.text}
 
 
 def load_prompts(path: str | Path) -> list[dict[str, str]]:

@@ -101,7 +101,7 @@ def test_a_refused_value_is_one_line_naming_the_flag_typed(verb, name, value, ca
 
 # -- no hand check of a declared flag outside its model -------------------------------------------------------------
 PRODUCT = ("dflash_audit", "impl", "foundation", "serving_engines", "reference_adapters", "drafter_files")
-WORDS = (" must be", ": must be", ": expected", " must be one of")
+WORDS = (" must be", ": must be", ": expected", " must be one of", ": unknown", " unknown")
 
 
 def declared_flags() -> set[str]:

@@ -14,7 +14,7 @@ from dflash_audit.audit.report_terminal import terminal_section
 from dflash_audit.formats import LoadedCheckpoint, LoadOptions, detect_format, load_any
 from dflash_audit.outputs import check_not_foreign, check_outputs, check_writable
 from catalogue.findings import Finding
-from serving_engines import ALL_ENGINES, ENGINES, TargetFacts
+from serving_engines import ENGINES, TargetFacts
 from serving_engines.verdict import EngineReport, engine_report, trained_values
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
@@ -53,9 +53,6 @@ def servable(engine: str, fmt: str) -> bool:
 def serving_section(drafter: str | Path, engines: list[str], target: str | Path | None = None,
                     options: LoadOptions | None = None, **engine_options) -> dict[str, EngineReport]:
     """{engine: EngineReport} for one drafter. `engine_options`: llama-server's command (n_max, kv_type)."""
-    unknown = sorted(set(engines) - set(ALL_ENGINES))
-    if unknown:
-        raise AuditError(f"unknown engine(s) {unknown}; expected {', '.join(ALL_ENGINES)}")
     drafter = Path(drafter)
     fmt = detect_format(drafter)
     served = [engine for engine in engines if servable(engine, fmt)]
@@ -134,12 +131,13 @@ def run_serve_check(flags: ServeCheckFlags) -> int:
         from dflash_audit.audit.live_check import attach_live, live_check
 
         attach_live(reports, live_check({"drafter": drafter}, target, flags.prompts, flags.max_new_tokens,
-                                        flags.vllm_python)["drafter"])
+                                        flags.vllm_python, bin_tokens=flags.tau_bin_tokens)["drafter"])
     if flags.live and "llamacpp" in engines:
         from dflash_audit.audit.live_llamacpp import attach_llamacpp_live, live_llamacpp
 
         attach_llamacpp_live(reports, live_llamacpp(drafter, target, flags.prompts, flags.max_new_tokens, flags.quant,
-                                                    flags.llamacpp_bin, **engine_options))
+                                                    flags.llamacpp_bin, **engine_options,
+                                                    bin_tokens=flags.tau_bin_tokens))
     section = section_dict(reports)  # the records, live ones included, written once
     count = divergence_count(section)
     data = {"schema": SCHEMA, "drafter": str(drafter), "target": str(target) if target else None,

@@ -97,8 +97,12 @@ def detect_layout(folder: Path) -> Dataset:
         source = inner if inner.is_dir() and any(inner.glob("hs_*.safetensors")) else folder
         if source is inner:
             check_no_special_files(inner, "in the dataset's hidden_states folder")
-        files = sorted((p for p in source.iterdir() if p.is_file() and (
-            p.name.endswith(".safetensors") or p.name.endswith(SPECFORGE_SUFFIXES))), key=file_order)
+        named = [p for p in source.iterdir() if p.name.endswith(".safetensors") or p.name.endswith(SPECFORGE_SUFFIXES)]
+        unreadable = sorted(p for p in named if not p.is_file())
+        if unreadable:  # a record never silently skipped: a folder, a broken link or a link loop under its name
+            raise AuditError(f"{unreadable[0]}: named as a record but not a readable file ("
+                             f"{'a broken link or a link loop' if unreadable[0].is_symlink() else 'a folder'})")
+        files = sorted(named, key=file_order)
     else:
         raise AuditError(f"{folder}: not a regular file or folder")
     pickled = [p for p in files if p.name.endswith(SPECFORGE_SUFFIXES)]
@@ -171,6 +175,8 @@ def read_safetensors(path: Path) -> Record:
         raise refuse(path, f"not a readable safetensors file ({' '.join(str(exc).split())[:200]})") from None
     if hidden.dim() == 2:  # one layer stored flat: [T, H]
         hidden = hidden[:, None]
+    if hidden.shape[1] == 0 or hidden.shape[2] == 0:
+        raise refuse(path, f"hidden_states has shape {list(hidden.shape)}: no layer stored")
     return Record(path.name, check_ids(path, ids), [hidden[:, j] for j in range(hidden.shape[1])],
                   check_float(path, hidden))
 
@@ -254,7 +260,7 @@ def check_float(path: Path, hidden: torch.Tensor) -> str:
 def split_flat(record: Record, hidden_size: int, path_name: str) -> None:
     """A SpecForge record's [T, L*H] as L layers of [T, H] (the target's hidden size decides L)."""
     (flat,) = record.layers
-    if flat.shape[-1] % hidden_size:
+    if flat.shape[-1] == 0 or flat.shape[-1] % hidden_size:
         raise AuditError(f"{path_name}: hidden states {flat.shape[-1]} wide, not a multiple of the target's hidden "
                          f"size {hidden_size} (not this target's states)")
     record.layers = [flat[:, j * hidden_size:(j + 1) * hidden_size] for j in range(flat.shape[-1] // hidden_size)]

@@ -17,29 +17,29 @@ import torch
 from dflash_audit.tau.published import figures_for
 from foundation.benchmarks.sets import PromptSet
 from foundation.chat_template import ChatTemplate
-from foundation.errors import AuditError
 from impl.tau_methods import Setting, mean_tau
 
 
 
 
-def check_method(method: str, setting: Setting) -> None:
-    """Whether `method` (one of `TAU_METHODS`, as `eval --tau-method` declares) can run at `setting` (a z-lab loop
-    has no tree, teacher forcing never samples)."""
+def unrunnable(method: str, setting: Setting) -> str | None:
+    """Why `method` (one of `TAU_METHODS`, as `eval --tau-method` declares) cannot run at `setting` (a z-lab loop
+    has no tree, teacher forcing never samples), or None. Not a check of a flag: the grid leaves such a cell out and
+    says why (`cells_plan`)."""
     if setting.temperature > 0 and method == "teacher-forced":
-        raise AuditError(f"--tau-method {method} is greedy by definition (it never samples); use live or zlab-loop "
-                         "at --temperature > 0")
+        return (f"--tau-method {method} is greedy by definition (it never samples); use live or zlab-loop at "
+                "--temperature > 0")
     if setting.decode == "ddtree" and method in ("zlab-loop", "zlab-benchmark"):
-        raise AuditError(f"--tau-method {method} runs z-lab's dflash_generate, which has no tree (DDTree: live or "
-                         "teacher-forced)")
+        return f"--tau-method {method} runs z-lab's dflash_generate, which has no tree (DDTree: live or teacher-forced)"
     if setting.decode == "ddtree" and setting.temperature > 0:
-        raise AuditError("--temperature > 0 needs --method dflash (DDTree is greedy)")
+        return "--temperature > 0 needs --method dflash (DDTree is greedy)"
+    return None
 
 
 def run_method(method: str, drafter, target, tokenizer, prompt_set: PromptSet, template: ChatTemplate,
                setting: Setting) -> list[dict]:
-    """Per-response results `{"id", "prompt", "turn", "prompt_tokens", "rounds", "tau"}` of `method`."""
-    check_method(method, setting)
+    """Per-response results `{"id", "prompt", "turn", "prompt_tokens", "rounds", "tau"}` of `method`, at a setting it
+    can run (`cells_plan` plans only those)."""
     # The runners (and z-lab's package) are imported when a method runs, not when eval checks its flags.
     from impl.tau_methods import RUNNERS
     from reference_adapters.zlab_benchmark import zlab_benchmark, zlab_loop
@@ -73,10 +73,10 @@ def cells_plan(prompt_sets, methods, decodings, temperatures, chats: dict[str, C
                 for temperature in temperatures:
                     for label, chat in chats.items():
                         setting = Setting(decoding.name, decoding.budget or 32, 0, temperature)
-                        try:
-                            check_method(method, setting)
-                        except Exception as exc:  # noqa: BLE001 -- the reason is the note
-                            skipped.append(f"{prompt_set.name} × {method} × {decoding.label} × T={temperature}: {exc}")
+                        reason = unrunnable(method, setting)
+                        if reason is not None:
+                            skipped.append(f"{prompt_set.name} × {method} × {decoding.label} × T={temperature}: "
+                                           f"{reason}")
                             continue
                         plan.append((prompt_set, method, decoding, temperature, label, chat))
     return plan, list(dict.fromkeys(skipped))

@@ -271,9 +271,14 @@ def read_evaluation(folder: Path, flag: str = "--from") -> EvaluationRecording:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise AuditError(f"{flag} {folder}: {MANIFEST} is not readable ({exc})") from None
+    except RecursionError:
+        raise AuditError(f"{flag} {folder}: {MANIFEST} is nested too deeply to read") from None
     if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
         raise AuditError(f"{flag} {folder}: {MANIFEST} is not a dflash-audit evaluation recording of format {FORMAT} "
                          "(record it again)")
+    from dflash_audit.trace.eval_manifest import check_manifest, check_tensors
+
+    declared = check_manifest(manifest, f"{flag} {folder}: {MANIFEST}")
     tensors_path = folder / TENSORS
     if not tensors_path.is_file():
         raise AuditError(f"{flag} {folder}: {TENSORS} missing")
@@ -284,14 +289,7 @@ def read_evaluation(folder: Path, flag: str = "--from") -> EvaluationRecording:
     from safetensors.torch import load_file
 
     tensors = load_file(tensors_path)
-    named = set()
-    for event in manifest.get("events", []):
-        for value in [*event.values(), *event.get("inputs", {}).values()]:
-            if isinstance(value, str) and value.startswith("e") and "." in value:
-                if value not in tensors:
-                    raise AuditError(f"{flag} {folder}: {MANIFEST} names {value!r}, which {TENSORS} does not hold "
-                                     "(record it again)")
-                named.add(value)
+    check_tensors(declared, tensors, f"{flag} {folder}")
     return EvaluationRecording(folder, manifest, tensors)
 
 
