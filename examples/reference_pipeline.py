@@ -6,7 +6,7 @@
    docs/gpus.md), written in speculators' layout (a `datasets` folder, `hidden_states/hs_<i>.safetensors` in it);
    audited by `data-check`;
 2. training: speculators 0.9.0's own `Trainer` (examples/speculators_offline_train.py) on that data, a few steps;
-   the run audited by `trace` (one step recorded, no line added to the script);
+   the run audited by `trace` (two steps recorded: each step and the run across them, no line added to the script);
 3. the checkpoint (speculators' format) against its z-lab conversion (`convert --format zlab`): `compare
    --expect-identical` with the τ audit;
 4. serving: `serve-check --engine vllm --live`.
@@ -118,8 +118,8 @@ def main() -> int:
           lambda: subprocess.run([*train, "--save", str(drafter)], cwd=REPO).returncode)
     # The run traced, no line added: the trainer never runs the target (it reads the states from the data), so the
     # trace takes the target from --target and the step's token ids from the drafter's own input_ids.
-    trace = ["trace", "--steps", "1", "--target", str(world.target), "--out", str(out / "trace"), "--",
-             *train, "--save", str(out / "drafter-traced")]
+    trace = ["trace", "--steps", str(min(2, args.steps)), "--target", str(world.target), "--out", str(out / "trace"),
+             "--", *train, "--save", str(out / "drafter-traced")]
     stage("trace", trace, lambda: cli(trace))
     convert = ["convert", "--from", str(drafter), "--to", str(out / "drafter-zlab"), "--format", "zlab",
                "--target", str(world.target)]

@@ -5,8 +5,9 @@ data generation writes through vLLM), then saving it with its own `save_pretrain
 Its code runs unmodified: the drafter is its `DFlashDraftModel`, the loaders its `create_train_val_loaders` (the file
 backend, no workers), the step's keyword arguments its `DFlashDraftModel.get_trainer_kwargs` of `TrainConfig`'s
 defaults for `--speculator-type dflash` (as speculators/train/cli.py calls it, `--loss-implementation eager`: its fused
-losses need Triton), and `Trainer.train_epoch` runs every step (autocast, zero_grad, backward, clip at 1.0, its
-optimizers and schedulers). Two settings make it run on a CPU, both its state, none of its code:
+losses need Triton), its optimizers and schedule those the resolved `TrainConfig` gives cli.py's `TrainerConfig`
+(Muon on the 2-D weights + AdamW, `--lr` for both as an unset `muon_lr` resolves, linear), and `Trainer.train_epoch`
+runs every step (autocast, zero_grad, backward, clip at 1.0, its optimizers and schedulers). Two settings make it run on a CPU, both its state, none of its code:
 
 - `Trainer` puts the model and every batch on `local_rank` (speculators/train/trainer.py:348
   `self.model.to(self.local_rank)` and :533 `v.to(self.local_rank, ...)`), which without torchrun is the integer 0,
@@ -66,7 +67,7 @@ drafter.load_verifier_weights()
 rows = len(load_from_disk(args.data))
 if rows < 2:
     raise SystemExit(f"{args.data}: {rows} row(s); its loaders need a train and a validation split (2 rows at least)")
-resolved = {**TrainConfig(speculator_type="dflash").flatten(), "loss_implementation": "eager"}
+resolved = {**TrainConfig(speculator_type="dflash", optimizer={"lr": args.lr}).flatten(), "loss_implementation": "eager"}
 train_kwargs, val_kwargs = DFlashDraftModel.get_trainer_kwargs(**resolved)
 train_loader, val_loader = create_train_val_loaders(
     data_path=args.data, total_seq_len=args.seq_len, hidden_states_dtype=torch.float32,
@@ -75,8 +76,14 @@ train_loader, val_loader = create_train_val_loaders(
     hidden_size=c.hidden_size, num_target_layers=len(aux), num_workers=0, prefetch_factor=None, preprocess=None,
     train_data_ratio=(rows - 0.5) / rows, seed=0)  # the last row its validation split, the rest trained on
 distributed._local_rank = "cpu"
-trainer = Trainer(drafter, TrainerConfig(lr=args.lr, num_epochs=max(1, args.steps), save_path=str(Path(args.save)
-                                                                                                  / "checkpoints"),
+# The run's optimizers and schedule as speculators/train/cli.py passes them to its TrainerConfig, from the resolved
+# TrainConfig (Muon + AdamW, linear): TrainerConfig's own defaults are another run (AdamW alone, muon_lr 0.02).
+run = {name: resolved[name] for name in ("lr", "optimizer", "weight_decay", "muon_lr", "muon_momentum",
+                                         "muon_weight_decay", "muon_ns_steps", "muon_adjust_lr_fn", "scheduler_type",
+                                         "scheduler_warmup_steps", "scheduler_warmup_ratio", "scheduler_total_steps",
+                                         "scheduler_num_cosine_cycles")}
+trainer = Trainer(drafter, TrainerConfig(**run, num_epochs=max(1, args.steps), save_path=str(Path(args.save)
+                                                                                             / "checkpoints"),
                                          train_call_kwargs=train_kwargs, val_call_kwargs=val_kwargs,
                                          hidden_states_dtype=torch.float32, log_freq=args.steps + 1,
                                          max_steps=args.steps + 1), train_loader, val_loader)

@@ -3,6 +3,10 @@ its inputs, or prints results, does not import the decoding loops)."""
 
 from __future__ import annotations
 
+# τ along the context's bin width by default, in tokens (speculators' acceptance_report.py DEFAULT_POSITION_BIN_SIZE);
+# `--tau-bin-tokens` sets it on every τ report (dflash_audit/tau/along_context.py).
+POSITION_BIN_TOKENS = 256
+
 
 def mean_acceptance(lengths: list[int]) -> float:
     """Per-prompt τ: the mean acceptance length over rounds (0 when no round ran)."""

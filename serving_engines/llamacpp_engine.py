@@ -156,14 +156,15 @@ def source(field_name: str) -> str:
     return ""
 
 
-def command(target_gguf: str, drafter_gguf: str, n_max: int | None, dspark: bool, kv_type: str | None) -> str:
+def command(target_gguf: str, drafter_gguf: str, n_max: int | None, dspark: bool, kv_type: str | None,
+            context: int | None = None) -> str:
     parts = ["llama-server", "-m", target_gguf, "-md", drafter_gguf, "--spec-type",
              "draft-dspark" if dspark else "draft-dflash"]
     if n_max is not None:
         parts += ["--spec-draft-n-max", str(n_max)]
     if kv_type is not None:
         parts += ["-ctkd", kv_type, "-ctvd", kv_type]
-    parts += ["-np", "1"]
+    parts += ["-np", "1"] + (["-c", str(context)] if context is not None else [])
     return " ".join(shlex.quote(p) for p in parts)
 
 

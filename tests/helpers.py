@@ -63,8 +63,9 @@ def world_drafter(world, layer_ids, seed):
         mask_token_id=mask_token_id(AutoTokenizer.from_pretrained(world.target)), block_size=8))
 
 
-def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budget: int, recipe=None):
-    """Save `ours` as ckpt.pt (with `recipe`) and `ref` as a z-lab dir, then `compare` them on the world."""
+def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budget: int, recipe=None, **flags):
+    """Save `ours` as ckpt.pt (with `recipe`) and `ref` as a z-lab dir, then `compare` them on the world (`flags`:
+    more of compare's flags)."""
     from dflash_audit.audit.compare import run_compare
     from dflash_audit.flags.compare import CompareFlags
     from dflash_world.suite_placement import audit_device
@@ -76,7 +77,7 @@ def compare_on_world(world, tmp_path, ours, ref, out, max_new_tokens: int, budge
     # As `compare --device <the suite's> --dtype auto` places it: the world's target in its declared dtype.
     return run_compare(CompareFlags(ours=tmp_path / "ours.pt", ref=tmp_path / "ref", target=world.target,
                                     prompts=world.prompts, out=out, max_new_tokens=max_new_tokens, budget=budget,
-                                    cache_dir=tmp_path / "cache", device=str(audit_device())))
+                                    cache_dir=tmp_path / "cache", device=str(audit_device()), **flags))
 
 
 def load_trained_pair(world, loss: str = "kl_div", family: str = "dflash"):

@@ -46,7 +46,8 @@ def test_statistics():
 @pytest.mark.dynamic
 def test_tau_measured_per_prompt_for_both(test_world, tmp_path):
     ours, ref = world_drafter(test_world, (1,), 0), world_drafter(test_world, (1, 2), 1)
-    report = compare_on_world(test_world, tmp_path, ours, ref, out=tmp_path / "out", max_new_tokens=16, budget=8)
+    report = compare_on_world(test_world, tmp_path, ours, ref, out=tmp_path / "out", max_new_tokens=16, budget=8,
+                              tau_bin_tokens=32)
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     n_prompts = sum(1 for line in test_world.prompts.read_text().splitlines() if line.strip())
     assert len(data["tau"]["prompts"]) == n_prompts
@@ -75,6 +76,9 @@ def test_tau_measured_per_prompt_for_both(test_world, tmp_path):
             assert sum(b["rounds"] for b in along["by_position"]) == sum(len(p[f"{side}_rounds"])
                                                                          for p in result["prompts"])
             assert any(b["agreement"] is not None for b in along["by_position"])
+            # --tau-bin-tokens 32: every bin that wide, from 0
+            assert along["bin_tokens"] == 32 and all(b["start"] % 32 == 0 and b["end"] == b["start"] + 32
+                                                     for b in along["by_position"] + along["by_prompt_length"])
     assert 'class="chart along-chart"' in (tmp_path / "out" / "index.html").read_text()
     assert any(f.component == "tau" for f in report.findings)
 

@@ -39,7 +39,7 @@ def test_eval_live_and_offline_agree_and_write_the_json_shape(eval_inputs, tmp_p
             out = tmp_path / f"{method}-{mode}.json"
             code = run_cli(["eval", "--drafter", drafter, "--target", target, "--prompts", prompts, "--method", method,
                             "--budget", 16, "--mode", mode, "--max-new-tokens", 48, "--json", out,
-                            "--cache-dir", tmp_path / "cache"])
+                            "--cache-dir", tmp_path / "cache", *(["--tau-bin-tokens", 64] if mode == "offline" else [])])
             assert code == 0
             results[method, mode] = json.loads(out.read_text())
     table = capsys.readouterr().out
@@ -66,6 +66,10 @@ def test_eval_live_and_offline_agree_and_write_the_json_shape(eval_inputs, tmp_p
     assert along["marks"]["sliding_window"] == 48 and along["marks"]["trained_length"] == 256
     assert all(0 <= b["agreement"] <= 1 for b in along["by_position"] if b["agreement"] is not None)
     assert "τ along the context (256-token bins; sliding window 48" in table
+    narrow = results["dflash", "offline"]["along_context"]  # --tau-bin-tokens 64: the same rounds, 64-token bins
+    assert narrow["bin_tokens"] == 64 and all(b["end"] - b["start"] == 64 for b in narrow["by_position"])
+    assert sum(b["rounds"] for b in narrow["by_position"]) == sum(b["rounds"] for b in along["by_position"])
+    assert "τ along the context (64-token bins" in table
 
 
 def test_bad_prompt_line_is_one_line_error_with_file_and_line(eval_inputs, tmp_path, capsys):

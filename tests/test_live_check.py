@@ -155,7 +155,8 @@ def test_serve_check_live_report(live, tmp_path, monkeypatch):
     data = json.loads((tmp_path / "s.json").read_text())
     served = data["serving"]["vllm"]["live"]
     assert {"engine", "version", "python", "command", "greedy_identical", "prompts", "per_position",
-            "findings"} <= set(served)
+            "findings", "along_context", "max_model_len"} <= set(served)
+    assert served["along_context"]["served"]["by_position"] and served["along_context"]["audited"]["by_position"]
     assert {"id", "served_tau", "audited_tau", "rounds_equal", "first_diff_round"} <= set(served["prompts"][0])
     assert status == 1 and any(f["field"] == "live:target_layer:3" for f in data["serving"]["vllm"]["findings"])
     if shutil.which(CHROMIUM) is None:
@@ -165,6 +166,7 @@ def test_serve_check_live_report(live, tmp_path, monkeypatch):
                          capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert 'class="served"' in dom.stdout and 'class="chart served-position-chart"' in dom.stdout
+    assert 'class="chart along-chart served-along-chart"' in dom.stdout  # τ along the context: audited, served
     assert dom.stdout.count("<tr") >= 1 + 8 and dom.stdout.count("<rect") >= 2 * 7
     assert 'class="greedy-identical">yes<' in dom.stdout
 

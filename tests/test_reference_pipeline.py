@@ -1,7 +1,8 @@
 """The reference pipeline at a small size (examples/reference_pipeline.py; `make pipeline` runs it larger): hidden
 states from vLLM in speculators' layout, speculators' own Trainer on them, and each stage's audit clean: data-check,
 trace (a trainer that never runs the target: the target from --target, the token ids the drafter's own), compare
-against the z-lab conversion, serve-check --live."""
+against the z-lab conversion, serve-check --live. Then, on the same generated data and trainer, a planted fault at each
+audited stage of the data and the run is exactly one finding there."""
 
 from __future__ import annotations
 
@@ -36,7 +37,51 @@ def test_the_reference_pipeline_runs_and_every_stage_is_clean(test_world, tmp_pa
     traced = json.loads((out / "trace" / "report.json").read_text())
     assert traced["exit_status"] == 0 and traced["facts"]["drafter"]["class"].startswith("speculators.")
     assert [f for f in traced["findings"] if f["severity"] == "divergence"] == []
+    assert traced["facts"]["run"]["steps"] == 2  # the run across its steps audited too: Muon + AdamW, clean
+    assert {o["class"].rsplit(":", 1)[-1] for o in traced["facts"]["run"]["optimizers"]} == {"Muon", "AdamW"}
     compared = json.loads((out / "compare" / "report.json").read_text())
     assert compared["exit_status"] == 0 and compared["tau"] is not None
     served = json.loads((out / "serve-check" / "serving.json").read_text())
     assert served["exit_status"] == 0
+    planted_data_fault_is_one_finding(test_world, out, tmp_path)
+    planted_run_fault_is_one_finding(test_world, out, tmp_path, traced)
+
+
+def planted_data_fault_is_one_finding(world, out: Path, tmp_path: Path) -> None:
+    """vLLM's prefix-caching bug (vllm#44485) planted in the pipeline's own data: record 1's hidden states shorter
+    than its token ids is one data-check finding, for that record only."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from dflash_audit.cli import main
+
+    data = tmp_path / "data-short"
+    shutil.copytree(out / "data", data)
+    record = data / "hidden_states" / "hs_1.safetensors"
+    tensors = load_file(record)
+    save_file({**tensors, "hidden_states": tensors["hidden_states"][:-8].contiguous()}, record)
+    command = json.loads((out / "pipeline.json").read_text())["stages"][1]["command"].split()
+    ids = command[command.index("--layer-ids") + 1]
+    assert main(["data-check", str(data), "--target", str(world.target), "--layer-ids", ids, "--out",
+                 str(tmp_path / "data-check-short")]) == 1
+    findings = json.loads((tmp_path / "data-check-short" / "report.json").read_text())["findings"]
+    assert [f["key"] for f in findings] == ["short_record"], findings
+    assert "hs_1.safetensors" in json.dumps(findings[0]) and "hs_0.safetensors" not in json.dumps(findings[0])
+
+
+def planted_run_fault_is_one_finding(world, out: Path, tmp_path: Path, sound: dict) -> None:
+    """speculators' own Trainer, unmodified, run at lr 1e-2 (10x its resolved 1e-3) and traced as the pipeline traces
+    it (2 steps): the one finding beside the sound trace's is the lr, with no line added to the script."""
+    from dflash_audit.cli import main
+
+    command = json.loads((out / "pipeline.json").read_text())["stages"][3]["command"].split()
+    train = command[command.index("--") + 1:command.index("--save")]
+    report = tmp_path / "trace-lr"
+    main(["trace", "--steps", "2", "--target", str(world.target), "--out", str(report), "--", *train, "--lr", "1e-2",
+          "--save", str(tmp_path / "drafter-lr")])
+    traced = json.loads((report / "report.json").read_text())
+    before = {(f["component"], f["key"]) for f in sound["findings"]}
+    new = [(f["component"], f["key"], f["severity"]) for f in traced["findings"]
+           if (f["component"], f["key"]) not in before]
+    assert new == [("recipe", "lr", "divergence")], traced["findings"]

@@ -157,3 +157,55 @@ def test_a_source_drafting_the_runner_up_is_a_near_tie_only_where_the_top_two_ar
     (finding,) = module_findings(model, target, feed, lambda what: f"eval.py ({what})", prompts[0]["id"], 1)
     assert finding.kind == kind, finding
     assert (finding.served < TIE_MARGIN) == (kind == "tie")
+
+
+def test_a_live_section_reports_tau_along_the_context_beside_the_replay():
+    """A live section's rows (the one assessment's) binned on both sides by each round's anchor (the prompt's length
+    + the tokens of the earlier rounds, the bonus counted), in the bins asked for, the target's agreement beside the
+    replay's side: the same for every engine (`live_report.along_context`)."""
+    from dflash_audit.audit.live_report import along_context
+    from dflash_audit.rounds import PromptRounds, RoundSource, assess
+    from dflash_audit.tau.along_context import ContextMarks
+    from impl.decoding import DecodeResult
+
+    prompt = [7] * 300
+    source = RoundSource("engine", 3, [PromptRounds("p", prompt, [4, 4, 1, 2])])
+    replay = DecodeResult(torch.zeros(1, 312, dtype=torch.long), 300, [4, 4, 3], {"proposals": [[1] * 3] * 3})
+    marks = ContextMarks(sliding_window=48, layer_types=["sliding_attention"])
+    along = along_context(assess(source, [replay]).rows, marks, 8, {"p": [True] * 150 + [False] * 149})
+    assert list(along) == ["audited", "served"]
+    served, audited = along["served"], along["audited"]
+    assert served["bin_tokens"] == audited["bin_tokens"] == 8
+    # served rounds anchored at 300, 304, 308, 309: bins 296 (one round of 4), 304 (4 + 1 + 2 tokens over 3 rounds)
+    assert [(b["start"], b["rounds"], b["tokens"]) for b in served["by_position"]] == [(296, 1, 4), (304, 3, 7)]
+    assert [(b["start"], b["rounds"], b["tokens"]) for b in audited["by_position"] if b["rounds"]] == [(296, 1, 4),
+                                                                                                      (304, 2, 7)]
+    assert all(b["agreement"] is None for b in served["by_position"])
+    agreed = {b["start"]: b["agreement"] for b in audited["by_position"]}
+    assert agreed[0] == 1.0 and agreed[152] == 0.0  # positions 1..150 agreed, 151.. not
+    assert served["by_position"][0]["past"] == ["sliding window 48"] and served["marks"]["sliding_window"] == 48
+
+
+def test_an_engines_context_is_what_the_prompts_need():
+    """The engine's context (vLLM's max_model_len, llama-server's -c): the longest prompt, its new tokens and room
+    for one whole block (and the two tokens llama.cpp keeps), within the target's positions."""
+    from serving_engines.live.host import context_length
+
+    prompts = [{"id": "a", "ids": [1] * 1000}, {"id": "b", "ids": [1] * 4000}]
+    assert context_length(prompts, 32, 8, 8192) == 4000 + 32 + 8 + 2
+    assert context_length(prompts, 32, 8, 4036) == 4036  # the room is what the target's positions leave
+    assert context_length(prompts, 32) == 4032
+
+
+def test_a_live_prompt_past_the_targets_positions_is_refused_as_eval_refuses_it(test_world, tmp_path):
+    from dflash_audit.rounds.replay import load_prompts_for
+    from foundation.errors import AuditError
+    from foundation.target import load_tokenizer
+
+    tokenizer, config = load_tokenizer(test_world.target)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "long", "prompt": "' + "word " * 4000 + '"}\n')
+    assert len(load_prompts_for(test_world.target, prompts, tokenizer)[0]["ids"]) > config.max_position_embeddings - 8
+    with pytest.raises(AuditError, match=r"prompt 'long' has \d+ tokens \+ --max-new-tokens 8 = \d+, beyond the "
+                                         r"target's max_position_embeddings"):
+        load_prompts_for(test_world.target, prompts, tokenizer, 8, config.max_position_embeddings)

@@ -5,6 +5,7 @@ and the first round that parts. The test world's drafter (a sliding layer of win
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -238,4 +239,7 @@ def test_the_verb_traces_the_command_and_rereads_its_recording(test_world, draft
     said = capsys.readouterr().out
     assert "tau:tau_method" in said and "without the bonus token" in said
     assert (out / "report.json").is_file() and "τ along the context" in (out / "index.html").read_text()
-    assert main(["trace", "--from", str(out), "--out", str(tmp_path / "again")]) == 1
+    assert main(["trace", "--from", str(out), "--out", str(tmp_path / "again"), "--tau-bin-tokens", "16"]) == 1
+    along = json.loads((tmp_path / "again" / "report.json").read_text())["along_context"]
+    assert along["theirs"]["bin_tokens"] == along["zlab"]["bin_tokens"] == 16  # --tau-bin-tokens reaches its τ
+    assert all(b["end"] - b["start"] == 16 for b in along["theirs"]["by_position"])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash_audit.cli import main
 from dflash_audit.trace.audit import audit_recording
 from dflash_audit.trace.lr_fit import fit_schedule
 from dflash_audit.trace.recording import read_recording
@@ -35,6 +36,7 @@ CHANGES = {
     "AdamW betas (0.9, 0.95)": (["--betas", "0.9", "0.95"], ("recipe", "optimizer_settings", "divergence")),
     "two micro-batches": (["--accum", "2"], ("recipe", "accumulation", "warning")),
     "bfloat16 master weights": (["--param-dtype", "bfloat16"], ("recipe", "precision", "divergence")),
+    "first weights reloaded every step": (["--reload-each-step"], ("loss", "no_update", "divergence")),
 }
 
 
@@ -110,6 +112,32 @@ def test_a_resume_that_drops_the_optimizer_state_is_found(target_dir, tmp_path, 
     fresh = audit_run(record(target_dir, tmp_path / "fresh", ["--resume", str(ckpt), "--resume-parts",
                                                               "model,scheduler"], steps=3).manifest)
     assert found(fresh) == [("recipe", "resume", "divergence")], [f.message for f in fresh.findings]
+    assert "optimizer's state is fresh" in fresh.findings[0].message and fresh.findings[0].ours == 0
+    # The scheduler's step dropped: the optimizer's moments carried over (at step 3), the lr back to its warmup.
+    restarted = audit_run(record(target_dir, tmp_path / "restarted", ["--resume", str(ckpt), "--resume-parts",
+                                                                      "model,optimizer"], steps=3).manifest)
+    assert found(restarted) == [("recipe", "resume", "divergence")], [f.message for f in restarted.findings]
+    assert "the scheduler starts over at step 0" in restarted.findings[0].message
+    assert (restarted.findings[0].ours, restarted.findings[0].ref) == (0, 3)
+
+
+@pytest.mark.slow
+def test_two_ranks_fed_the_same_shard_is_one_finding(target_dir, tmp_path, capsys):
+    """Under torchrun (2 gloo ranks, the gradients averaged by hand), each rank's digest of what it embedded is
+    gathered to rank 0: a trainer that feeds every rank rank 0's shard is exactly the shard finding. (Each rank its
+    own shard, the sound case, is test_trace.py's torchrun test: the digests differ.)"""
+    out = tmp_path / "trace"
+    main(["trace", "--steps", "3", "--out", str(out), "--", str(Path(sys.executable).with_name("torchrun")),
+          "--standalone", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"), str(TRAINER), "--ddp",
+          "--same-shard", "--target", str(target_dir)])
+    capsys.readouterr()
+    recording = read_recording(out)
+    assert recording.manifest["context"]["world_size"] == 2
+    digests = recording.manifest["context"]["run"]["steps"][0]["ranks_embedded"]
+    assert len(digests) == 2 and digests[0] == digests[1] and None not in digests
+    run = audit_run(recording.manifest)
+    assert found(run) == [("recipe", "shard", "divergence")], [f.message for f in run.findings]
+    assert "ranks 0 and 1 were fed the same batch at step 1" in run.findings[0].message
 
 
 def test_the_schedule_fit_knows_transformers_and_our_own_schedules():
@@ -215,3 +243,21 @@ def test_step_parity_says_when_the_drafter_is_not_speculators_model(tmp_path):
     found_parity = run.facts["parity"]
     assert found_parity["forward"].startswith("not run beside the team's: the drafter (dflash.model:DFlashDraftModel)")
     assert found_parity["compared"] == 2 and found_parity["parted"] is None and run.findings == []
+
+
+@pytest.mark.parametrize("change", list(PARITY_ONLY))
+def test_the_full_trace_says_a_parted_forward_or_loss_once(target_dir, tmp_path, change):
+    """In the whole trace, a forward parted from speculators' (GELU: nothing the step audit names) is the one
+    step_parity warning; a loss parted where the step audit already names the cause (its decay gamma fitted at 7) is
+    that finding alone, the parity a note."""
+    record_script(TRAINER, ["--target", str(target_dir), *PARITY_ONLY[change]], tmp_path, steps=3, parity=2)
+    report = audit_recording(read_recording(tmp_path))
+    divergences = [(f.component, f.key) for f in report.findings if f.severity == "divergence"]
+    parity_findings = [f for f in report.findings if f.key == "step_parity"]
+    if change == "GELU in the drafter's layers":
+        assert divergences == [] and [f.ours for f in parity_findings] == ["forward"], \
+            [f.message for f in report.findings]
+    else:
+        assert parity_findings == [] and len(divergences) == 1, [f.message for f in report.findings]
+        assert "7" in next(f.message for f in report.findings if f.severity == "divergence")
+        assert any(n.startswith("step parity: the run parts") and "in the loss" in n for n in report.notes)

@@ -121,11 +121,13 @@ def audit_and_report(flags: CompareFlags, console: Console | None = None) -> Aud
             from dflash_audit.audit.live_llamacpp import attach_llamacpp_live, live_llamacpp
 
             for side, path in (("ours", ours), ("ref", ref)):
-                attach_llamacpp_live(reports[side], live_llamacpp(Path(path), target, prompts, max_new_tokens))
+                attach_llamacpp_live(reports[side], live_llamacpp(Path(path), target, prompts, max_new_tokens,
+                                                                  bin_tokens=flags.tau_bin_tokens))
         if live and "vllm" in serve:
             from dflash_audit.audit.live_check import attach_live, live_check
 
-            served = live_check({"ours": ours, "ref": ref}, target, prompts, max_new_tokens, flags.vllm_python)
+            served = live_check({"ours": ours, "ref": ref}, target, prompts, max_new_tokens, flags.vllm_python,
+                                bin_tokens=flags.tau_bin_tokens)
             for side in ("ours", "ref"):
                 attach_live(reports[side], served[side])
         from dflash_audit.audit.serving import section_dict
@@ -140,7 +142,7 @@ def audit_and_report(flags: CompareFlags, console: Console | None = None) -> Aud
         cache_dir = cache_root(flags.cache_dir) / "offline" if flags.cache_dir is not None else None
         report.dynamic = dynamic_audits(ours_side, ref_side, target, prompts, max_new_tokens, flags.budget, cache_dir,
                                         console, flags.truncate, placement, [None, *dtypes[1:]], report.notes, ranks,
-                                        chat)
+                                        chat, flags.tau_bin_tokens)
         ranks.close()
         attach_proposable_share(static.findings, report.dynamic.proposable_share)
     elif target is None:

@@ -31,7 +31,13 @@ from dflash_audit.audit.drafter_fit import misfit
 from dflash_audit.audit.static_vocab import usable_d2t
 from dflash_audit.offline_tau import replay_offline
 from dflash_audit.progress import NoProgress, progress
-from dflash_audit.tau.along_context import PromptRounds, context_marks, greedy_agreement, tau_along_context
+from dflash_audit.tau.along_context import (
+    DEFAULT_BIN_TOKENS,
+    PromptRounds,
+    context_marks,
+    greedy_agreement,
+    tau_along_context,
+)
 from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
 from dflash_audit.ranks import Ranks
 from dflash_world import BUILTIN_PROMPTS
@@ -204,13 +210,13 @@ def why_not_runnable(side: Side, target) -> str | None:
 def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokenizer,
                   prompts: list[tuple[str, torch.Tensor]], prompts_source: str, max_new_tokens: int = 64,
                   budget: int = 32, cache_dir: str | Path | None = None, progress=None,
-                  ranks: Ranks | None = None) -> DynamicAudit:
+                  ranks: Ranks | None = None, bin_tokens: int = DEFAULT_BIN_TOKENS) -> DynamicAudit:
     """τ of both drafters on `prompts` ([(id, input_ids [1, T])]), replayed offline on one hidden-state cache.
 
     `progress` (dflash_audit.progress) counts the tokens of every pass over a prompt: the target's cache
     build (nothing when the cache is found), then each drafter's replay per method (`progress_passes`).
     Under torchrun (`ranks`) rank 0 builds the cache (the others then read it), each rank replays its
-    share of the prompts, and every rank gets all results back.
+    share of the prompts, and every rank gets all results back. `bin_tokens`: τ along the context's bin width.
     """
     ranks = ranks or Ranks.single()
     progress = progress or NoProgress()
@@ -260,7 +266,8 @@ def dynamic_audit(ours: Side, ref: Side, target_dir: str | Path, target, tokeniz
         result.along = {name: tau_along_context([PromptRounds(id=entry.id, prompt_len=entry.prompt_len,
                                                               rounds=replays[method, name, i],
                                                               target_agreement=agreement[i])
-                                                 for i, entry in enumerate(cache.prompts)], marks.get(name))
+                                                 for i, entry in enumerate(cache.prompts)], marks.get(name),
+                                                bin_tokens)
                         for name in drafters}
         methods[method] = result
     findings = [Finding("tau", "warning", f"τ of {name} was not measured: {why}. Its static findings stand.",
@@ -393,7 +400,8 @@ def load_prompt_ids(prompts_file: Path | None, tokenizer, chat=None) -> tuple[li
 
 def dynamic_audits(ours_side, ref_side, target: Path, prompts: Path | None, max_new_tokens: int, budget: int,
                    cache_dir: Path | None, console: Console, truncate: bool, placement: Placement,
-                   dtypes: list[str | None], notes: list[str], ranks: Ranks, chat=None):
+                   dtypes: list[str | None], notes: list[str], ranks: Ranks, chat=None,
+                   bin_tokens: int = DEFAULT_BIN_TOKENS):
     """The τ audit in each dtype (None: the placement's own), after a memory plan that fits; the first
     dtype's audit carries every dtype's summary and the findings of a drop between them."""
     tokenizer, config = load_tokenizer(target)
@@ -414,7 +422,8 @@ def dynamic_audits(ours_side, ref_side, target: Path, prompts: Path | None, max_
         with progress(console, f"dynamic audit ({run.describe()['dtype']})", len(prompt_list), max_new_tokens,
                       progress_passes(ours_side, ref_side, budget), enabled=ranks.rank == 0) as bar:
             audit = dynamic_audit(ours_side, ref_side, target, target_model, tokenizer, prompt_list, source,
-                                  max_new_tokens, budget, cache_dir, progress=bar, ranks=ranks)
+                                  max_new_tokens, budget, cache_dir, progress=bar, ranks=ranks,
+                                  bin_tokens=bin_tokens)
         audit.precision.update({k: v for k, v in run.describe().items() if k not in ("dtype", "device")})
         audits[audit.precision["target_dtype"]] = audit
         del target_model  # one target in memory at a time

@@ -87,12 +87,13 @@ def replay_prompts(drafter, target, target_dir: Path, prompts, method: str, budg
             for i, entry in enumerate(run.cache.prompts) for rounds in [run.rounds[method, "drafter", i]]]
 
 
-def along_context_of(results: list[dict], prompts, target, marks) -> AlongContext:
-    """τ along the context of eval's per-prompt rounds, the target's greedy agreement on each prompt beside it."""
+def along_context_of(results: list[dict], prompts, target, marks, bin_tokens: int) -> AlongContext:
+    """τ along the context of eval's per-prompt rounds in `bin_tokens`-wide bins, the target's greedy agreement on
+    each prompt beside it."""
     ids = dict(prompts)
     return tau_along_context([PromptRounds(id=r["id"], prompt_len=ids[r["id"]].shape[1], rounds=r["rounds"],
                                            target_agreement=greedy_agreement(target, ids[r["id"]]))
-                              for r in results], marks)
+                              for r in results], marks, bin_tokens)
 
 
 def run_eval(flags: EvalFlags, console: Console | None = None, memory: dict | None = None) -> dict | None:
@@ -150,7 +151,8 @@ def run_eval(flags: EvalFlags, console: Console | None = None, memory: dict | No
     ranks.close()
     if ranks.rank != 0:
         return None
-    along = along_context_of(results, prompts, target, context_marks(spec, loaded.recipe, loaded.recipe_unknown))
+    along = along_context_of(results, prompts, target, context_marks(spec, loaded.recipe, loaded.recipe_unknown),
+                             flags.tau_bin_tokens)
 
     all_rounds = [length for r in results for length in r["rounds"]]
     longest = drafter.spec.longest_round
@@ -249,7 +251,7 @@ def run_table(flags: EvalFlags, console: Console | None = None) -> dict:
     alongs = {}
     for cell in cells:  # every response of every seed, at its prompt's length
         along = tau_along_context([PromptRounds(id=str(r["id"]), prompt_len=r["prompt_tokens"], rounds=r["rounds"])
-                                   for run in cell["runs"] for r in run["prompts"]], marks)
+                                   for run in cell["runs"] for r in run["prompts"]], marks, flags.tau_bin_tokens)
         cell["along_context"] = along.to_dict()
         alongs[f"{cell['set']} {cell_label(cell)}"] = along
     data = payload(cells, [s.describe() for s in prompt_sets],

@@ -13,13 +13,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dflash_audit.audit.live_report import attach
+from dflash_audit.audit.live_report import along_context, attach
 from dflash_audit.rounds import assess, zlab_replay
 from dflash_audit.rounds.replay import load_prompts_for
 from dflash_audit.rounds.vllm import vllm_source
+from dflash_audit.tau.along_context import DEFAULT_BIN_TOKENS, context_marks, greedy_agreement
 from serving_engines.live.host import (
     V2_HINT,
     ServedDrafter,
+    context_length,
     engine_command,
     missing_model_file,
     needs_v2,
@@ -43,28 +45,32 @@ def prepare(name: str, path: Path, target: Path, workdir: Path) -> ServedDrafter
         convert_for(path, served, "vllm", target=target)
         notes.append(f"{path} is a {fmt} checkpoint vLLM cannot read: served from its conversion "
                      f"`dflash-audit convert --from {path} --to DIR --for vllm --target {target}`")
-    spec = require_spec(load_any(path, target_dir=target, options=LoadOptions(flag_prefix="")), "serve-check --live")
-    return ServedDrafter(name, str(path), str(served), spec, notes)
+    loaded = load_any(path, target_dir=target, options=LoadOptions(flag_prefix=""))
+    spec = require_spec(loaded, "serve-check --live")
+    return ServedDrafter(name, str(path), str(served), spec, notes,
+                         marks=context_marks(spec, loaded.recipe, loaded.recipe_unknown))
 
 
 def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | None = None, max_new_tokens: int = 64,
                vllm_python: Path | None = None, plants: dict[str, list[str]] | None = None,
-               workdir: Path | None = None, plant_prompts: int | dict[str, int] = 1) -> dict[str, dict]:
+               workdir: Path | None = None, plant_prompts: int | dict[str, int] = 1,
+               bin_tokens: int = DEFAULT_BIN_TOKENS) -> dict[str, dict]:
     """{drafter name: the `serving.vllm.live` section} for every drafter, one engine process for all.
     `plants`: per drafter, engine variants (serving_engines/live/engine_driver.py PATCHES, `+`-joined) run on
     its first `plant_prompts` prompts (one count for every variant, or a count per variant, 1 where unnamed),
-    each assessed like the served run (section["planted"][variant])."""
+    each assessed like the served run (section["planted"][variant]). `bin_tokens`: τ along the context's bins."""
     env = find_vllm(vllm_python)
     if workdir is None:  # the engine's files go with the run, whatever its end
         with tempfile.TemporaryDirectory(prefix="dflash-live-") as scratch:
             return live_sections(env, drafters, target, prompts_path, max_new_tokens, plants, Path(scratch),
-                                 plant_prompts)
-    return live_sections(env, drafters, target, prompts_path, max_new_tokens, plants, Path(workdir), plant_prompts)
+                                 plant_prompts, bin_tokens)
+    return live_sections(env, drafters, target, prompts_path, max_new_tokens, plants, Path(workdir), plant_prompts,
+                         bin_tokens)
 
 
 def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Path | None, max_new_tokens: int,
                   plants: dict[str, list[str]] | None, workdir: Path,
-                  plant_prompts: int | dict[str, int]) -> dict[str, dict]:
+                  plant_prompts: int | dict[str, int], bin_tokens: int = DEFAULT_BIN_TOKENS) -> dict[str, dict]:
     """`live_check` in `workdir`, with the vLLM environment found."""
     from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
     from foundation.target import load_target
@@ -72,7 +78,8 @@ def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Pa
 
     workdir.mkdir(parents=True, exist_ok=True)
     target_model, tokenizer = load_target(target)
-    prompts = load_prompts_for(target, prompts_path, tokenizer)
+    max_positions = target_model.config.max_position_embeddings
+    prompts = load_prompts_for(target, prompts_path, tokenizer, max_new_tokens, max_positions)
     stops = stop_token_ids(target, tokenizer)  # eval's and compare's: the engine is told these and no others
     stop_ids = stops.ids
     served = [prepare(name, Path(path), target, workdir) for name, path in drafters.items()]
@@ -81,16 +88,21 @@ def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Pa
     dtype = str(target_model.dtype).removeprefix("torch.")
     missing = {d.name: reason for d in served if (reason := missing_model_file(env, d.spec))}
     runnable = [d for d in served if d.name not in missing]
+    # What the prompts need, long ones past a drafter's window (one engine serves every drafter).
+    max_model_len = context_length(prompts, max_new_tokens, max(d.spec.block_size for d in served), max_positions)
     # No engine starts when no drafter can run in it (each start costs the target's load).
     engine = run_engine(env, target, prompts, runnable, max_new_tokens, stop_ids, dtype, workdir,
-                        plant_prompts=plant_prompts) if runnable else {"runs": [], "wall_s": 0.0}
+                        plant_prompts=plant_prompts, max_model_len=max_model_len) if runnable \
+        else {"runs": [], "wall_s": 0.0}
     runs = {run["name"]: run for run in engine["runs"]}
     runs.update({name: {"error": reason, "not_started": True} for name, reason in missing.items()})
     greedy = runs["greedy"]["variants"]["served"]["outputs"] if "variants" in runs.get("greedy", {}) else []
+    agreement = target_agreement(target_model, prompts) if runnable else {}
     sections = {}
     for d in served:
         base = {"engine": "vllm", "version": env.version, "python": env.python,
-                "command": engine_command(env, target, d), "served_path": d.served_path, "notes": list(d.notes),
+                "command": engine_command(env, target, d, max_model_len), "max_model_len": max_model_len,
+                "served_path": d.served_path, "notes": list(d.notes),
                 "max_new_tokens": max_new_tokens, **stops.report(), "engine_wall_s": round(engine["wall_s"], 1),
                 "engine_peak_rss_mb": round(engine.get("peak_rss_mb", 0))}
         run = runs.get(d.name, {})
@@ -99,7 +111,7 @@ def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Pa
             why = run["error"] if run.get("not_started") else f"vLLM {env.version} refuses it: {run['error']}"
             sections[d.name] = {**base, "ran": False, "refused": f"{why}{hint}",
                                 "greedy_identical": None, "prompts": [], "per_position": {"served": [], "audited": []},
-                                "findings": []}
+                                "findings": [], "along_context": {}}
             continue
         model = place_drafter(*read_drafter(Path(d.source), target, target_model.config), Path(d.source),
                               target_model)
@@ -108,13 +120,22 @@ def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Pa
         for label, variant in run["variants"].items():
             count = len(variant["outputs"])
             source = vllm_source(env, d.spec, model, target_model, variant, prompts[:count], workdir)
-            assessed = {**assess(source, audited[:count], greedy).section(), "generate_s": variant.get("generate_s")}
+            assessed = assess(source, audited[:count], greedy).section()
+            assessed.update(along_context=along_context(assessed["prompts"], d.marks, bin_tokens, agreement),
+                            generate_s=variant.get("generate_s"))
             if label == "served":
                 section.update(assessed)
             else:
                 section.setdefault("planted", {})[label] = assessed
         sections[d.name] = section
     return sections
+
+
+def target_agreement(target_model, prompts: list[dict]) -> dict[str, list[bool]]:
+    """prompt id -> the target's own greedy agreement along its text (`tau.along_context.greedy_agreement`)."""
+    import torch
+
+    return {p["id"]: greedy_agreement(target_model, torch.tensor([p["ids"]])) for p in prompts}
 
 
 def attach_live(section: dict[str, EngineReport], live: dict[str, Any]) -> None:

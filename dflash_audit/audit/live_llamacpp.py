@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from catalogue.findings import Finding
-from dflash_audit.audit.live_report import attach
+from dflash_audit.audit.live_report import along_context, attach
 from dflash_audit.rounds import assess, merge
 from dflash_audit.rounds.llamacpp import CounterfactualLocalizer, Served, llamacpp_source, replay, variant_of
 from dflash_audit.rounds.match import round_of
 from dflash_audit.rounds.replay import load_prompts_for
+from dflash_audit.tau.along_context import DEFAULT_BIN_TOKENS, context_marks
 from foundation.errors import AuditError
+from serving_engines.live.host import context_length
+from serving_engines.live.llamacpp_server import CONTEXT
 from serving_engines.verdict import EngineReport
 
 
@@ -54,7 +57,8 @@ def prepare(drafter: Path, target: Path, workdir: Path, quant: str | None, bin_d
     from dflash_audit.formats.gguf_file import quantized_tensors
 
     return Served(gguf, spec, trained.state_dict, written.spec, written.state_dict, quantized_tensors(written), notes,
-                  bool(written.gguf["metadata"].get("dflash.attention.causal", False)))
+                  bool(written.gguf["metadata"].get("dflash.attention.causal", False)),
+                  context_marks(spec, trained.recipe, trained.recipe_unknown))
 
 
 def abort_source() -> str:
@@ -66,14 +70,17 @@ def abort_source() -> str:
 
 def run_and_assess(engine, target_gguf: Path, served: Served, target_model, prompts, max_new_tokens, stop_ids,
                    greedy: list[list[int]], audited: list, workdir: Path, label: str, n_max: int,
-                   kv_type: str | None = None) -> dict:
-    """One llama-server with the drafter; its rounds held to the audit's, each differing prompt localized."""
+                   kv_type: str | None = None, bin_tokens: int = DEFAULT_BIN_TOKENS,
+                   agreement: dict[str, list[bool]] | None = None, context: int = CONTEXT) -> dict:
+    """One llama-server with the drafter; its rounds held to the audit's, each differing prompt localized, τ along
+    the context of both in `bin_tokens`-wide bins (the target's greedy `agreement` beside the audited side)."""
     from serving_engines.live.llamacpp_server import LlamaServer
 
     block = 1 + min(n_max, served.gguf_spec.block_size - 1)
     started = time.monotonic()
     try:
-        with LlamaServer(engine, target_gguf, workdir / f"{label}.log", served.gguf, n_max, kv_type) as server:
+        with LlamaServer(engine, target_gguf, workdir / f"{label}.log", served.gguf, n_max, kv_type,
+                         context=context) as server:
             results = [server.complete(p["ids"], max_new_tokens) for p in prompts]
         peak = server.peak_rss_mb
     except AuditError as exc:
@@ -83,12 +90,13 @@ def run_and_assess(engine, target_gguf: Path, served: Served, target_model, prom
                 "target's last layer, whose output the Qwen3 graph never records (it records each layer's input)",
                 None, abort_source(), prompts[0]["id"], 1)
             return {"ran": False, "refused": str(exc), "findings": merge([capture]), "prompts": [],
-                    "greedy_identical": None, "per_position": {"served": [], "audited": []}}
+                    "greedy_identical": None, "per_position": {"served": [], "audited": []}, "along_context": {}}
         raise
     wall = time.monotonic() - started
     localizer = CounterfactualLocalizer(served, block, target_model, prompts, max_new_tokens, stop_ids)
     assessed = assess(llamacpp_source(engine.version, results, prompts, localizer, block), audited, greedy)
-    return {"ran": True, **assessed.section(), "generate_s": round(wall, 2), "block_size": block,
+    return {"ran": True, **assessed.section(),
+            "along_context": along_context(assessed.rows, served.marks, bin_tokens, agreement), "generate_s": round(wall, 2), "block_size": block,
             "engine_peak_rss_mb": round(peak) if peak is not None else None}
 
 
@@ -131,15 +139,16 @@ def engine_stop_ids(log_text: str) -> dict[int, str]:
 
 
 def greedy_reference(engine, target_file: Path, prompts: list[dict], max_new_tokens: int,
-                     log: Path) -> tuple[list[list[int]], dict[int, str]]:
-    """(the target alone's greedy output per prompt, the server's end-of-generation set)."""
+                     log: Path, context: int = CONTEXT) -> tuple[list[list[int]], dict[int, str]]:
+    """(the target alone's greedy output per prompt, the server's end-of-generation set), with a `context`-token
+    slot."""
     from serving_engines.live.llamacpp_server import LlamaServer
 
     stat = target_file.stat()
     key = (engine.server, str(target_file.resolve()), stat.st_size, stat.st_mtime_ns, max_new_tokens,
            tuple(tuple(p["ids"]) for p in prompts))
     if key not in GREEDY:
-        with LlamaServer(engine, target_file, log, log_vocabulary=True) as server:
+        with LlamaServer(engine, target_file, log, log_vocabulary=True, context=context) as server:
             outputs = [server.complete(p["ids"], max_new_tokens)["tokens"] for p in prompts]
         GREEDY[key] = outputs, engine_stop_ids(log.read_text(errors="replace"))
     outputs, eog = GREEDY[key]
@@ -191,19 +200,21 @@ def workspace(workdir: Path | None):
 def live_llamacpp(drafter: Path, target: Path, prompts_path: Path | None = None, max_new_tokens: int = 64,
                   quant: str | None = None, bin_dir: Path | None = None, n_max: int | None = None,
                   kv_type: str | None = None, plants: dict[str, dict] | None = None,
-                  workdir: Path | None = None) -> dict:
+                  workdir: Path | None = None, bin_tokens: int = DEFAULT_BIN_TOKENS) -> dict:
     """The `serving.llamacpp.live` section. `plants`: label -> {gguf: a GGUF to serve instead, n_max: ...}: each
-    planted run is assessed like the served one (section["planted"][label])."""
+    planted run is assessed like the served one (section["planted"][label]). `bin_tokens`: τ along the context's
+    bins."""
     from serving_engines.live.llamacpp_env import find_llamacpp
 
     engine = find_llamacpp(bin_dir)
     with workspace(workdir) as folder:
         return run_live(engine, Path(drafter), Path(target), prompts_path, max_new_tokens, quant, bin_dir, n_max,
-                        kv_type, plants or {}, folder)
+                        kv_type, plants or {}, folder, bin_tokens)
 
 
 def run_live(engine, drafter: Path, target: Path, prompts_path, max_new_tokens, quant, bin_dir, n_max, kv_type,
-             plants: dict[str, dict], workdir: Path) -> dict:
+             plants: dict[str, dict], workdir: Path, bin_tokens: int = DEFAULT_BIN_TOKENS) -> dict:
+    from dflash_audit.audit.live_check import target_agreement
     from foundation.target import load_target
     from foundation.target_vocab import stop_token_ids
     from serving_engines.live.llamacpp_convert import target_gguf
@@ -211,17 +222,22 @@ def run_live(engine, drafter: Path, target: Path, prompts_path, max_new_tokens, 
     served = prepare(Path(drafter), Path(target), workdir, quant, bin_dir)
     target_file, _ = target_gguf(Path(target))
     target_model, tokenizer = load_target(target)
-    prompts = load_prompts_for(Path(target), prompts_path, tokenizer)
+    max_positions = target_model.config.max_position_embeddings
+    prompts = load_prompts_for(Path(target), prompts_path, tokenizer, max_new_tokens, max_positions)
+    # llama-server's context: what the prompts need, long ones past the drafter's window.
+    context = context_length(prompts, max_new_tokens, served.gguf_spec.block_size, max_positions)
     stops = stop_token_ids(target, tokenizer)  # z-lab's; the engine cannot be told them
     started = time.monotonic()
-    greedy, eog = greedy_reference(engine, target_file, prompts, max_new_tokens, workdir / "greedy.log")
+    greedy, eog = greedy_reference(engine, target_file, prompts, max_new_tokens, workdir / "greedy.log", context)
     stop_ids = sorted(eog) if eog else stops.ids  # the replay stops where the engine stops
     audited = replay(served.spec, served.state, target_model, prompts, max_new_tokens, stop_ids)
+    agreement = target_agreement(target_model, prompts)
     chosen = n_max if n_max is not None else served.spec.block_size - 1
     from serving_engines.llamacpp_engine import command
 
     section = {"engine": "llamacpp", "version": engine.version, "python": engine.bin_dir,
-               "command": command(str(target_file), str(served.gguf), chosen, False, kv_type),
+               "command": command(str(target_file), str(served.gguf), chosen, False, kv_type, context),
+               "context": context,
                "served_path": str(served.gguf), "notes": served.notes, "max_new_tokens": max_new_tokens,
                **stops.report(),
                "engine_stop_ids": {"ids": sorted(eog), "tokens": {str(i): eog[i] for i in sorted(eog)},
@@ -231,7 +247,7 @@ def run_live(engine, drafter: Path, target: Path, prompts_path, max_new_tokens, 
         section["notes"].append("llama-server's log names no end-of-generation token: where it stops is unknown; the "
                                 "audit's replay stops at z-lab's stop ids")
     section.update(run_and_assess(engine, target_file, served, target_model, prompts, max_new_tokens, stop_ids, greedy,
-                                  audited, workdir, "served", chosen, kv_type))
+                                  audited, workdir, "served", chosen, kv_type, bin_tokens, agreement, context))
     if section.get("ran") and eog:
         differ, notes = stop_difference(eog, stops, prompts, greedy, section["prompts"])
         section["findings"] += differ
@@ -241,7 +257,7 @@ def run_live(engine, drafter: Path, target: Path, prompts_path, max_new_tokens, 
                                                         max_new_tokens, stop_ids, quant))
     for label, plant in plants.items():
         planted = Served(Path(plant.get("gguf", served.gguf)), served.spec, served.state, served.gguf_spec,
-                         served.gguf_state, served.quantized, [], served.causal)
+                         served.gguf_state, served.quantized, [], served.causal, served.marks)
         if "gguf" in plant:
             from dflash_audit.formats import LoadOptions, load_any
 
@@ -250,7 +266,8 @@ def run_live(engine, drafter: Path, target: Path, prompts_path, max_new_tokens, 
         count = plant.get("prompts", len(prompts))
         section.setdefault("planted", {})[label] = run_and_assess(
             engine, target_file, planted, target_model, prompts[:count], max_new_tokens, stop_ids, greedy[:count],
-            audited[:count], workdir, label, plant.get("n_max", chosen))
+            audited[:count], workdir, label, plant.get("n_max", chosen), bin_tokens=bin_tokens, agreement=agreement,
+            context=context)
     section["engine_wall_s"] = round(time.monotonic() - started, 1)
     return section
 

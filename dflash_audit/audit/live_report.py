@@ -9,12 +9,29 @@ from __future__ import annotations
 from typing import Any
 
 from catalogue.findings import Finding
+from dflash_audit.tau.along_context import DEFAULT_BIN_TOKENS, ContextMarks, tau_along_context
+from dflash_audit.tau.along_context import PromptRounds as AlongRounds
 from serving_engines.verdict import EngineReport
 
 ENGINE_NAMES = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
 # A localization's severity as a serving finding, by its kind: only what changes what the engine serves diverges.
 LIVE_SEVERITY = {"quantization": "info", "tie": "info", "convention": "info", "input": "divergence",
                  "module": "divergence", "unlocalized": "divergence"}
+
+
+def along_context(rows: list[dict[str, Any]], marks: ContextMarks | None = None,
+                  bin_tokens: int = DEFAULT_BIN_TOKENS,
+                  agreement: dict[str, list[bool]] | None = None) -> dict[str, dict[str, Any]]:
+    """τ along the context of a live section's rows (`rounds.assess`'s), whichever engine ran them: the audit's
+    replay (`audited`, the target's own greedy agreement on each prompt beside it where given) and the engine's rounds
+    (`served`), each round at its anchor (the row's `prompt_tokens` + the tokens of its earlier rounds), in
+    `bin_tokens`-wide bins, the drafter's `marks` on both."""
+    agreement = agreement or {}
+    return {side: tau_along_context([AlongRounds(id=row["id"], prompt_len=row["prompt_tokens"],
+                                                 rounds=row[f"{side}_rounds"],
+                                                 target_agreement=agreement.get(row["id"]) if side == "audited"
+                                                 else None) for row in rows], marks, bin_tokens).to_dict()
+            for side in ("audited", "served")}
 
 
 def live_findings(live: dict[str, Any]) -> list[Finding]:

@@ -123,11 +123,13 @@ def along_chart(title: str, series: dict[str, Any], kind: str = "along-chart", w
         lines.append(Line("target agrees (right scale, 0-100%)", COLORS["target"],
                           " ".join(f"{x:.1f},{y:.1f}" for x, y, _ in points), points, dashed=True))
     first = next(iter(data.values()))
-    marks = []
+    sources: dict[tuple[int, str], list[str]] = {}  # each mark once, the sources it is a mark of named when not all
     for name, along in data.items():
         for at, label in (along_marks(along["marks"]) if along["marks"] else []):
-            if at <= end and (x_of(at), label) not in marks:
-                marks.append((x_of(at), label if len(data) == 1 else f"{label} ({name})"))
+            if at <= end:
+                sources.setdefault((at, label), []).append(name)
+    marks = [(x_of(at), label if len(names) == len(data) else f"{label} ({', '.join(names)})")
+             for (at, label), names in sources.items()]
     step = max(1, len(range(0, end + 1, first["bin_tokens"])) // 12)
     x_labels = [(x_of(p), str(p)) for p in range(0, end + 1, first["bin_tokens"] * step)]
     return LineChart(title, width, height, lines, marks, x_labels, top, "τ (tokens per round)", kind)
@@ -137,6 +139,12 @@ def along_marks(marks: dict[str, Any]) -> list[tuple[int, str]]:
     from dflash_audit.tau.along_context import ContextMarks
 
     return ContextMarks(**marks).lines()
+
+
+def along_marks_text(marks: dict[str, Any]) -> str:
+    from dflash_audit.tau.along_context import ContextMarks
+
+    return ContextMarks(**marks).describe()
 
 
 def along_charts(report: AuditReport) -> list[LineChart]:
@@ -175,6 +183,7 @@ def environment() -> Environment:
     env.filters["compact"] = lambda value: json.dumps(value, default=str) if not isinstance(value, str) else value
     env.globals["served_chart"] = served_chart
     env.globals["along_chart"] = along_chart  # served.html.j2: `along_chart(title, {"audited": ..., "served": ...})`
+    env.globals["along_marks_text"] = along_marks_text
     return env
 
 

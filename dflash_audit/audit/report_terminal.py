@@ -8,7 +8,7 @@ from typing import Any
 from tabulate import tabulate
 
 from dflash_audit.audit.report import AuditReport
-from dflash_audit.tau.along_context import side_by_side
+from dflash_audit.tau.along_context import AlongContext, side_by_side
 
 
 def terminal_summary(report: AuditReport, width: int = 60) -> str:
@@ -81,5 +81,9 @@ def live_table(live: dict[str, Any]) -> str:
              "yes" if p["greedy_identical"] else "NO"] for p in live["prompts"]]
     head = f"  live: {'llama.cpp' if live.get('engine') == 'llamacpp' else 'vLLM'} {live['version']} ({live['python']}), greedy output identical: " \
            f"{'yes' if live['greedy_identical'] else 'NO'}"
-    return head + "\n" + tabulate(rows, headers=["prompt", "served τ", "audited τ", "rounds equal", "first diff",
+    text = head + "\n" + tabulate(rows, headers=["prompt", "served τ", "audited τ", "rounds equal", "first diff",
                                                  "explained by", "greedy same"], tablefmt="simple")
+    if live.get("along_context"):  # the audit's replay and the engine's rounds, by the position of each round
+        text += "\n" + side_by_side({side: AlongContext.model_validate(along)
+                                     for side, along in live["along_context"].items()})
+    return text

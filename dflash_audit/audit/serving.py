@@ -131,12 +131,13 @@ def run_serve_check(flags: ServeCheckFlags) -> int:
         from dflash_audit.audit.live_check import attach_live, live_check
 
         attach_live(reports, live_check({"drafter": drafter}, target, flags.prompts, flags.max_new_tokens,
-                                        flags.vllm_python)["drafter"])
+                                        flags.vllm_python, bin_tokens=flags.tau_bin_tokens)["drafter"])
     if flags.live and "llamacpp" in engines:
         from dflash_audit.audit.live_llamacpp import attach_llamacpp_live, live_llamacpp
 
         attach_llamacpp_live(reports, live_llamacpp(drafter, target, flags.prompts, flags.max_new_tokens, flags.quant,
-                                                    flags.llamacpp_bin, **engine_options))
+                                                    flags.llamacpp_bin, **engine_options,
+                                                    bin_tokens=flags.tau_bin_tokens))
     section = section_dict(reports)  # the records, live ones included, written once
     count = divergence_count(section)
     data = {"schema": SCHEMA, "drafter": str(drafter), "target": str(target) if target else None,

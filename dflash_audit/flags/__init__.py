@@ -189,5 +189,14 @@ def budget_flag(default: Any = 32) -> Any:
                 le=1 << 16)
 
 
+def tau_bin_flag() -> Any:
+    """`--tau-bin-tokens`: the width of τ along the context's bins, on every τ report."""
+    from impl.acceptance import POSITION_BIN_TOKENS
+
+    return flag(POSITION_BIN_TOKENS, help="τ along the context: width in tokens of its position and prompt-length bins "
+                                         "(a round counts the tokens it adds, the bonus token included, at its "
+                                         "anchor's position, as speculators' acceptance_report.py)", ge=1, le=1 << 20)
+
+
 def force_flag(what: str = "report files at --out / --json") -> Any:
     return flag(False, help=f"replace {what} that the tool did not write")

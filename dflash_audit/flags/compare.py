@@ -21,6 +21,7 @@ from dflash_audit.flags import (
     flag,
     force_flag,
     max_new_tokens_flag,
+    tau_bin_flag,
 )
 
 
@@ -37,6 +38,7 @@ class CompareFlags(VerbFlags):
     expect_identical: bool = flag(False, help="any weight difference is a divergence")
     max_new_tokens: int = max_new_tokens_flag(64)
     budget: int = budget_flag(32)
+    tau_bin_tokens: int = tau_bin_flag()
     ours_entry: str | None = flag(None, help="entry of a training dict holding our state dict")
     ref_entry: str | None = flag(None, help="same, for --ref")
     key_map: Path | None = flag(None, "--key-map", "--ours-key-map",

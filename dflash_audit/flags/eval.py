@@ -21,6 +21,7 @@ from dflash_audit.flags import (
     first_of_each,
     force_flag,
     max_new_tokens_flag,
+    tau_bin_flag,
 )
 
 # The four τ methods by name (`--tau-method`): ours (impl/tau_methods.py: `live`, `teacher-forced`) and z-lab's
@@ -60,6 +61,7 @@ class EvalFlags(VerbFlags):
     tau_method: list[Literal[TAU_METHODS]] = flag([], help="live | zlab-loop | teacher-forced | zlab-benchmark "
                                                            "(repeatable)")
     tau_by: Literal["thinking"] | None = flag(None, help="thinking: τ with thinking on and off")
+    tau_bin_tokens: int = tau_bin_flag()
     table: bool = flag(False, help="τ per set x method x temperature (terminal, --json, --html)")
     html_path: Path | None = flag(None, "--html", help="write the τ table as HTML here")
     max_samples: int | None = flag(None, ge=1, help="prompts per set, chosen by z-lab's seeded selection")

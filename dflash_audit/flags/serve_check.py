@@ -8,8 +8,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from serving_engines.live.llamacpp_convert import QUANT_TYPES
-from dflash_audit.flags import Engines, VerbFlags, flag, force_flag, max_new_tokens_flag
-
+from dflash_audit.flags import Engines, VerbFlags, flag, force_flag, max_new_tokens_flag, tau_bin_flag
 
 
 class ServeCheckFlags(VerbFlags):
@@ -25,6 +24,7 @@ class ServeCheckFlags(VerbFlags):
     live: bool = flag(False, help="also run it in a real engine (vllm, llamacpp), round by round")
     prompts: Path | None = flag(None, help="--live: prompts JSONL (default: built-in)")
     max_new_tokens: int = max_new_tokens_flag(64, "--live: tokens per prompt.")
+    tau_bin_tokens: int = tau_bin_flag()
     vllm_python: Path | None = flag(None, help="--live: a Python with vLLM (default .venv-vllm/bin/python)")
     force: bool = force_flag("report files")
     n_max: int | None = flag(None, "--spec-draft-n-max", ge=1,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, model_validator
 
-from dflash_audit.flags import VerbFlags, flag
+from dflash_audit.flags import VerbFlags, flag, tau_bin_flag
 
 
 def module_and_class(value: str) -> str:
@@ -36,6 +36,7 @@ class TraceFlags(VerbFlags):
                                            "name one")
     temperature: float | None = flag(None, ge=0, le=100.0, help="an evaluation's sampling temperature, when it "
                                                                 "samples (default: greedy)")
+    tau_bin_tokens: int = tau_bin_flag()
     parity: int = flag(0, ge=0, help="run speculators' own training step (its model, its loss, its optimizers) "
                                      "beside the first K recorded steps, from their weights and batches, and name "
                                      "the first step and phase where they part (K < --steps)")

@@ -52,6 +52,7 @@ class Served:
     quantized: dict[str, str]
     notes: list[str]
     causal: bool = False  # the GGUF's dflash.attention.causal (absent: false, as llama.cpp reads it)
+    marks: Any = None  # the drafter's window, trained length, rotary (`tau.along_context.ContextMarks`), as trained
 
 
 def variant_of(name: str, served: Served, block: int):

@@ -27,11 +27,17 @@ def zlab_replay(drafter, target, prompts: list[PromptRounds] | list[dict], max_n
                           whole_blocks=whole_blocks) for i in ids]
 
 
-def load_prompts_for(target_dir, prompts_path, tokenizer) -> list[dict]:
+def load_prompts_for(target_dir, prompts_path, tokenizer, max_new_tokens: int | None = None,
+                     max_positions: int | None = None) -> list[dict]:
     """The prompts every source and the replay run ({"id", "ids"}): a prompts file's, else the test world's
-    built-in ones, tokenized as `eval` tokenizes them."""
-    from dflash_audit.prompts import load_prompts, tokenize_prompt
+    built-in ones, tokenized as `eval` tokenizes them. With `max_new_tokens` and the target's `max_positions`, a
+    prompt whose length and new tokens go past them is refused as `eval` refuses it (`prompts.fit_prompts`)."""
+    from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompt
     from dflash_world import BUILTIN_PROMPTS
 
     prompts = BUILTIN_PROMPTS if prompts_path is None else load_prompts(prompts_path)
-    return [{"id": p["id"], "ids": tokenize_prompt(tokenizer, p)[0].tolist()} for p in prompts]
+    tokenized = [(p["id"], tokenize_prompt(tokenizer, p)) for p in prompts]
+    if max_new_tokens is not None and max_positions is not None:
+        tokenized, _ = fit_prompts(tokenized, max_new_tokens, max_positions, False,
+                                   str(prompts_path or "the built-in prompts"))
+    return [{"id": prompt_id, "ids": ids[0].tolist()} for prompt_id, ids in tokenized]

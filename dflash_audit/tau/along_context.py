@@ -36,8 +36,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from tabulate import tabulate
 
+from impl.acceptance import POSITION_BIN_TOKENS
+
 SCHEMA = "dflash-audit/tau-along-context/1"
-DEFAULT_BIN_TOKENS = 256  # speculators' DEFAULT_POSITION_BIN_SIZE
+DEFAULT_BIN_TOKENS = POSITION_BIN_TOKENS  # speculators' DEFAULT_POSITION_BIN_SIZE
 # The recipe fields that record the row length a drafter was trained on (ours: `extra.seq_len`, `train`'s schedule).
 TRAINED_LENGTH_NAMES = ("seq_len", "max_seq_len", "max_seq_length", "total_seq_len", "max_length")
 UNKNOWN = "unknown"

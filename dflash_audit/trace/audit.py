@@ -146,7 +146,7 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
                      "recording": str(recording.folder)}
     from dflash_audit.trace.run_audit import audit_run
 
-    run = audit_run(recording.manifest, recording.folder)  # the run across steps (trace --steps N)
+    run = audit_run(recording.manifest, recording.folder, findings)  # the run across steps (trace --steps N)
     findings.extend(run.findings)
     notes.extend(run.notes)
     notes.extend(compile_notes(recording.manifest))

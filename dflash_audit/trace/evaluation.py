@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from catalogue.findings import Finding, divergences, sort_findings
+from dflash_audit.tau.along_context import DEFAULT_BIN_TOKENS
 from dflash_audit.trace.eval_manifest import check_vocabulary
 from dflash_audit.trace.eval_record import read_evaluation
 from dflash_audit.trace.eval_replay import TargetStates, zlab_replay
@@ -157,9 +158,10 @@ def _weights_check(twin, recording) -> list[str]:
 
 
 def audit_evaluation_folder(folder: Path, report_dir: Path, flag: str, target_dir: Path | None,
-                            drafter_dir: Path | None, temperature: float | None, json_path: Path | None):
+                            drafter_dir: Path | None, temperature: float | None, json_path: Path | None,
+                            bin_tokens: int = DEFAULT_BIN_TOKENS):
     recording = read_evaluation(folder, flag)
-    report = audit_evaluation(recording, flag, target_dir, drafter_dir, temperature)
+    report = audit_evaluation(recording, flag, target_dir, drafter_dir, temperature, bin_tokens)
     data = report.to_dict()
     text = json.dumps(data, indent=2, default=str) + "\n"
     Path(report_dir).mkdir(parents=True, exist_ok=True)
@@ -170,7 +172,8 @@ def audit_evaluation_folder(folder: Path, report_dir: Path, flag: str, target_di
 
 
 def audit_evaluation(recording, flag: str = "--from", target_dir: Path | None = None,
-                     drafter_dir: Path | None = None, temperature: float | None = None) -> EvaluationReport:
+                     drafter_dir: Path | None = None, temperature: float | None = None,
+                     bin_tokens: int = DEFAULT_BIN_TOKENS) -> EvaluationReport:
     from foundation.target_vocab import stop_token_ids
 
     target, tokenizer, target_path, placement, load_zlab_model = _load(recording, target_dir, drafter_dir, flag)
@@ -217,7 +220,8 @@ def audit_evaluation(recording, flag: str = "--from", target_dir: Path | None = 
     length = getattr(twin.config, "max_position_embeddings", None)
     ref = Reference(twin, target, stop_ids, ((int(length), "the drafter's max_position_embeddings"),)
                     if isinstance(length, int) else ())
-    return _assess(recording, rebuilt.prompts, ref, states_of, temperature, notes, drafter_path, target_path, entry)
+    return _assess(recording, rebuilt.prompts, ref, states_of, temperature, notes, drafter_path, target_path, entry,
+                   bin_tokens)
 
 
 def _sampled(runs: list[PromptRun]) -> bool:
@@ -229,7 +233,7 @@ def _sampled(runs: list[PromptRun]) -> bool:
 
 
 def _assess(recording, runs: list[PromptRun], ref: Reference, states_of, temperature: float, notes: list[str],
-            drafter_path: Path, target_path: Path, entry: dict) -> EvaluationReport:
+            drafter_path: Path, target_path: Path, entry: dict, bin_tokens: int) -> EvaluationReport:
     causes: list[Cause] = []
     prompts: list[dict] = []
     zlab_rounds, zlab_unstopped, their_rounds, all_replays = [], [], [], []
@@ -308,7 +312,7 @@ def _assess(recording, runs: list[PromptRun], ref: Reference, states_of, tempera
            "low": identity.gap.low, "high": identity.gap.high, "beyond_noise": identity.gap.beyond_noise,
            "candidates": identity.candidates, "sentence": identity.sentence(),
            "method": identity.gap.method}
-    along = _along_context(runs, all_replays, ref, drafter_path)
+    along = _along_context(runs, all_replays, ref, drafter_path, bin_tokens)
     facts = {"recording": str(recording.folder), "drafter": {"class": entry["class"], "folder": str(drafter_path),
              "layer_ids": ref.layer_ids, "block_size": ref.block_size, "mask_token_id": ref.mask_id,
              "windows": ref.windows}, "target": {"folder": str(target_path), "stop_ids": ref.stop_ids},
@@ -337,7 +341,7 @@ def _core_assessment(recording, runs: list[PromptRun], replays, ref: Reference):
     return assess(source, audited)
 
 
-def _along_context(runs: list[PromptRun], replays, ref: Reference, drafter_path: Path) -> dict:
+def _along_context(runs: list[PromptRun], replays, ref: Reference, drafter_path: Path, bin_tokens: int) -> dict:
     """τ along the context (dflash_audit/tau/along_context.py), the evaluator's and z-lab's, the target's own greedy
     agreement beside them, the drafter's window, trained length (unknown: a z-lab folder records none) and rotary."""
     from dflash_audit.tau.along_context import PromptRounds, context_marks, greedy_agreement, tau_along_context
@@ -347,9 +351,9 @@ def _along_context(runs: list[PromptRun], replays, ref: Reference, drafter_path:
     theirs = tau_along_context([PromptRounds(id=str(run.index), prompt_len=len(run.prompt), rounds=run.lengths,
                                              target_agreement=greedy_agreement(ref.target,
                                                                                torch.tensor([run.sequence()])))
-                                for run in runs], marks)
+                                for run in runs], marks, bin_tokens)
     zlab = tau_along_context([PromptRounds(id=str(run.index), prompt_len=len(run.prompt), rounds=replay.lengths)
-                              for run, replay in zip(runs, replays)], marks)
+                              for run, replay in zip(runs, replays)], marks, bin_tokens)
     return {"theirs": theirs.to_dict(), "zlab": zlab.to_dict(), "table": theirs.table(), "zlab_table": zlab.table()}
 
 

@@ -98,19 +98,28 @@ class ReferenceModel:
         anchors = settings.get("max_anchors", inspect.signature(self.cls.forward).parameters["max_anchors"].default)
         return reference_loss_kwargs(self.cls, self.family, kind, implementation, int(anchors)), kind
 
-    def run(self, params: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], settings: dict, rng: torch.Tensor,
+    def run(self, params: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], settings: dict,
+            rngs: dict[str, torch.Tensor], device: str,
             loss_keywords: dict) -> tuple[torch.Tensor | None, float, dict[str, torch.Tensor]]:
+        """On the device type the team's call ran on, from its random state (the anchors its call drew there)."""
         state = {**self.untrained, **params}
         self.model.load_state_dict(state, strict=True)
+        self.model.to(device)
         self.model.zero_grad(set_to_none=True)
         self.logits.clear()
         others = {k: v for k, v in settings.items() if k not in LOSS_KEYWORDS and not isinstance(v, dict)}
-        with torch.random.fork_rng(devices=[]):
-            torch.set_rng_state(rng)  # the anchors the team's call drew
-            _, loss, _ = self.model(**batch, **others, **loss_keywords)
+        placed = {name: t.to(device) for name, t in batch.items()}
+        with torch.random.fork_rng(devices=[torch.device(device)] if "device" in rngs else [],
+                                   device_type=torch.device(device).type):
+            torch.set_rng_state(rngs["cpu"])
+            if "device" in rngs:
+                torch.get_device_module(device).set_rng_state(rngs["device"], torch.device(device))
+            _, loss, _ = self.model(**placed, **others, **loss_keywords)
         loss.backward()
-        grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
-        return (self.logits[0] if self.logits else None), float(loss.detach()), grads
+        grads = {n: p.grad.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()
+                 if p.grad is not None}
+        logits = self.logits[0].to("cpu") if self.logits else None
+        return logits, float(loss.detach()), grads
 
 
 def _forward_and_loss(result: dict, k: int, reference: ReferenceModel, step: dict, batch: dict, backwards: int) -> bool:
@@ -119,8 +128,8 @@ def _forward_and_loss(result: dict, k: int, reference: ReferenceModel, step: dic
     if keywords is None:
         result["forward"] = f"not run beside the team's: {kind} are not one loss speculators trains with"
         return False
-    logits, loss, grads = reference.run(step["param"], step["batch"], batch["settings"], step["rng"]["cpu"],
-                                        keywords)
+    logits, loss, grads = reference.run(step["param"], step["batch"], batch["settings"], step["rng"],
+                                        batch.get("device") or "cpu", keywords)
     team_logits = step["out"].get("logits")
     if team_logits is not None and logits is not None:
         if team_logits.shape != logits.shape:
@@ -217,13 +226,19 @@ def step_parity(folder: Path, run_facts: dict, ref, schedule: dict | None) -> di
         now, after = steps[k], steps[k + 1]
         batch = batches[k] if k < len(batches) else None
         if reference is not None and batch is not None and now["batch"]:
-            if batch.get("device") != "cpu":
-                result["forward"] = f"not run beside the team's: its anchors were drawn on the {batch['device']} " \
-                                    "generator, which this replay on the CPU does not draw from"
+            device = str(batch.get("device") or "cpu")
+            if not (device == "cpu" or torch.get_device_module(device).is_available()):
+                result["forward"] = f"not run beside the team's: its anchors were drawn on a {device} device's " \
+                                    "generator, and no such device is here to replay it"
                 reference = None
-            elif _forward_and_loss(result, k, reference, now, batch,
-                                   int((run_facts.get("steps") or [{}] * (k + 1))[k].get("backwards") or 0)):
-                return result
+            else:
+                backwards = int((run_facts.get("steps") or [{}] * (k + 1))[k].get("backwards") or 0)
+                try:
+                    if _forward_and_loss(result, k, reference, now, batch, backwards):
+                        return result
+                except RuntimeError as exc:  # the recorded weights do not load into speculators' class
+                    result["forward"] = f"not run beside the team's: {str(exc).splitlines()[0][:160]}"
+                    reference = None
         with torch.no_grad():
             for name, p in named.items():
                 p.copy_(now["param"][name])

@@ -225,7 +225,7 @@ def run_trace(flags: TraceFlags):
         from dflash_audit.trace.evaluation import audit_evaluation_folder
 
         return audit_evaluation_folder(folder, report_dir, "--from" if from_dir is not None else "--out", target,
-                                       drafter, temperature, json_path)
+                                       drafter, temperature, json_path, flags.tau_bin_tokens)
     report = audit_recording(read_recording(folder, "--from" if from_dir is not None else "--out"), target, ref)
     write_report_json(report, report_dir / "report.json")
     write_report_html(report, report_dir / "index.html")

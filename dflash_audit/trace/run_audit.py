@@ -58,7 +58,9 @@ def _close(a: float, b: float, rel: float = 1e-6) -> bool:
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
 
 
-def audit_run(manifest: dict, folder=None) -> RunAudit:
+def audit_run(manifest: dict, folder=None, step_findings: list[Finding] | None = None) -> RunAudit:
+    """The run across the recorded steps; `step_findings`: the step audit's (audit.py), which explain a step parity
+    parted in the forward or the loss."""
     from reference_adapters.speculators_run_recipe import run_reference
 
     result = RunAudit()
@@ -84,13 +86,14 @@ def audit_run(manifest: dict, folder=None) -> RunAudit:
     shards(result, steps)
     loss(result, steps, lr_zero, structure.get("not_in_any_optimizer") or [])
     if folder is not None and run.get("parity"):
-        parity(result, folder, run, ref)
+        parity(result, folder, run, ref, [f for f in step_findings or [] if f.severity == "divergence"])
     return result
 
 
-def parity(result: RunAudit, folder, run: dict, ref) -> None:
+def parity(result: RunAudit, folder, run: dict, ref, step_divergences: list[Finding]) -> None:
     """speculators' reference step beside the recorded steps (parity.py): where they part is a fact of the findings
-    above; parting with no finding to explain it is its own warning."""
+    above (a forward or a loss parted: of the step audit's divergences too); parting with no finding to explain it is
+    its own warning."""
     from dflash_audit.trace.parity import step_parity
 
     found = step_parity(folder, run, ref, result.facts.get("schedule"))
@@ -98,14 +101,19 @@ def parity(result: RunAudit, folder, run: dict, ref) -> None:
     parted = found.get("parted")
     if not parted:
         if found.get("compared"):
+            tolerance = found["tolerance"]
+            ran = str(found.get("forward", ""))
+            forward = f"draft logits and loss within {tolerance['loss']:g}, " if ran.startswith("speculators'") else ""
             result.notes.append(f"step parity: the first {found['compared']} steps match speculators' reference step "
-                                f"(gradient within {found['tolerance']['gradient']:g}, AdamW update within "
-                                f"{found['tolerance']['adamw_update']:g}, Muon update within "
-                                f"{found['tolerance']['muon_update']:g} of its size)")
+                                f"({forward}gradient within {tolerance['gradient']:g}, AdamW update within "
+                                f"{tolerance['adamw_update']:g}, Muon update within {tolerance['muon_update']:g} of "
+                                "its size)")
+            if ran and not ran.startswith("speculators'"):
+                result.notes.append(f"step parity: the forward and the loss {ran}")
         return
     text = (f"step parity: the run parts from speculators' reference step at step {parted['step']}, in the "
             f"{parted['phase']} ({parted['parameter']}: {parted['what']})")
-    if result.findings:
+    if result.findings or (parted["phase"] in ("forward", "loss") and step_divergences):
         result.notes.append(text)
     else:
         result.add("recipe", "step_parity", text + "; no finding above explains it", parted["phase"], "parity",

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from foundation.errors import AuditError
 from serving_engines.live.engine_process import start_engine, stop_engine
-from serving_engines.live.host import ENGINE_ENV, MAX_MODEL_LEN
+from serving_engines.live.host import ENGINE_ENV, context_length
 from serving_engines.live.vllm_env import VllmEnvironment, engine_timeout_s
 
 DRIVER = Path(__file__).with_name("hidden_states_driver.py")
@@ -46,8 +46,9 @@ def extract_hidden_states(env: VllmEnvironment, target: Path, prompts: list[dict
     """One engine process; `prompts` [{"id", "ids"}]. The connector writes the files on a GPU; on a CPU the driver
     takes the same tensor at the proposer (its docstring says why). Returns the records and driver.json."""
     out.mkdir(parents=True, exist_ok=True)
-    request = {"target": str(target), "dtype": dtype, "max_model_len": MAX_MODEL_LEN, "prompts": prompts,
-               "depths": depths, "max_new_tokens": max_new_tokens, "stop_ids": stop_ids, "out": str(out),
+    # Its proposer drafts one token a step (vLLM's extract_hidden_states method): room for that block of one.
+    request = {"target": str(target), "dtype": dtype, "max_model_len": context_length(prompts, max_new_tokens, 1),
+               "prompts": prompts, "depths": depths, "max_new_tokens": max_new_tokens, "stop_ids": stop_ids, "out": str(out),
                "connector": env.cuda, "tensor_parallel_size": tensor_parallel_size}
     request_file = out / "request.json"
     request_file.write_text(json.dumps(request))

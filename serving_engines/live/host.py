@@ -3,7 +3,8 @@
 of rounds and held to the audit's replay by the rounds core (`dflash_audit/rounds/vllm.py`, `dflash_audit/rounds/`).
 
 One engine process serves the target alone (the greedy reference) and then each drafter, as `serve-check` prints its
-command (K = the trained block size - 1), greedy, on the audit's prompts, in the target's dtype.
+command (K = the trained block size - 1), greedy, on the audit's prompts, in the target's dtype, its max model length
+what the prompts need (`context_length`): long prompts run past a drafter's sliding window.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from foundation.errors import AuditError
 from serving_engines.live.engine_process import start_engine, stop_engine
 from serving_engines.live.vllm_env import DRIVER, VllmEnvironment, engine_timeout_s
 
-MAX_MODEL_LEN = 512
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
 
 
@@ -44,6 +44,18 @@ class ServedDrafter:
     spec: Any
     notes: list[str] = field(default_factory=list)
     plants: list[str] = field(default_factory=list)
+    marks: Any = None  # its window, trained length and rotary (`tau.along_context.ContextMarks`), for τ along the context
+
+
+def context_length(prompts: list[dict], max_new_tokens: int, block_size: int = 0,
+                   max_positions: int | None = None) -> int:
+    """An engine's context (vLLM's max_model_len, llama-server's -c) for `prompts` ({"id", "ids"}): the longest
+    prompt and its new tokens, and room for one more whole block and the two tokens llama.cpp keeps free (an engine
+    caps a round's drafts at what its context has left: llama.cpp's server-context.cpp `n_ctx - n_tokens - 2`, so a
+    context cut at the last new token would shrink the final rounds), bounded by the target's `max_positions`."""
+    needed = max((len(p["ids"]) for p in prompts), default=0) + max_new_tokens
+    room = block_size + 2 if block_size else 0
+    return needed + room if max_positions is None else min(needed + room, max(needed, max_positions))
 
 
 def mixed_layers(spec) -> bool:
@@ -70,23 +82,26 @@ def missing_model_file(env: VllmEnvironment, spec) -> str | None:
     return f"vLLM {env.version} has no {TITLES[spec.family]} model: no vllm/{relative} in {env.python}'s vLLM"
 
 
-def engine_command(env: VllmEnvironment, target: Path, drafter: ServedDrafter) -> str:
+def engine_command(env: VllmEnvironment, target: Path, drafter: ServedDrafter, max_model_len: int) -> str:
     config = {"method": method(drafter.spec), "model": drafter.served_path,
               "num_speculative_tokens": drafter.spec.speculative_tokens}
     return (f"{env.python} -c 'from vllm import LLM; LLM({str(target)!r}, speculative_config="
-            f"{json.dumps(config)}, dtype=\"float32\", enforce_eager=True, max_model_len={MAX_MODEL_LEN})'  "
+            f"{json.dumps(config)}, dtype=\"float32\", enforce_eager=True, max_model_len={max_model_len})'  "
             f"# {' '.join(f'{k}={v}' for k, v in ENGINE_ENV.items())}; greedy, one prompt at a time")
 
 
 def run_engine(env: VllmEnvironment, target: Path, prompts: list[dict], drafters: list[ServedDrafter],
                max_new_tokens: int, stop_ids: list[int], dtype: str, workdir: Path, capture: bool = True,
-               plant_prompts: int | dict[str, int] = 1) -> dict:
-    """One engine process: the target alone, then every drafter (and its planted variants). Returns driver.json."""
+               plant_prompts: int | dict[str, int] = 1, max_model_len: int | None = None) -> dict:
+    """One engine process: the target alone, then every drafter (and its planted variants), its max model length
+    `max_model_len` (default: `context_length` of the prompts). Returns driver.json."""
+    if max_model_len is None:
+        max_model_len = context_length(prompts, max_new_tokens, max((d.spec.block_size for d in drafters), default=0))
     runs = [{"name": "greedy"}]
     runs += [{"name": d.name, "drafter": d.served_path, "method": method(d.spec),
               "num_speculative_tokens": d.spec.speculative_tokens,
               "plants": d.plants, "plant_prompts": plant_prompts, "capture": capture} for d in drafters]
-    request = {"target": str(target), "dtype": dtype, "max_model_len": MAX_MODEL_LEN,
+    request = {"target": str(target), "dtype": dtype, "max_model_len": max_model_len,
                "max_new_tokens": max_new_tokens, "stop_ids": stop_ids, "out": str(workdir), "prompts": prompts,
                "runs": runs}
     request_file = workdir / "request.json"

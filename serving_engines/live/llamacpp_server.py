@@ -27,7 +27,7 @@ from serving_engines.live.llamacpp_env import LlamacppEngine
 ACCEPTED = re.compile(r"accepted\s+(\d+)/\s*(\d+) draft tokens")
 START_TIMEOUT_S = 120
 REQUEST_TIMEOUT_S = 300
-CONTEXT = 2048
+CONTEXT = 2048  # the context when the caller names none (the live check names what its prompts need)
 LOG_WAIT_S = 10
 
 
@@ -66,8 +66,9 @@ class LlamaServer:
     def __init__(self, engine: LlamacppEngine, target_gguf: Path, log: Path, drafter_gguf: Path | None = None,
                  n_max: int | None = None, kv_type: str | None = None, threads: int = 1, port: int | None = None,
                  start_timeout_s: float = START_TIMEOUT_S, request_timeout_s: float = REQUEST_TIMEOUT_S,
-                 log_vocabulary: bool = False):
-        self.command = [engine.server, "-m", str(target_gguf), "-np", "1", "-c", str(CONTEXT), "-t", str(threads),
+                 log_vocabulary: bool = False, context: int = CONTEXT):
+        # -c is the one slot's context; the drafter's context is made with the same size (common_speculative).
+        self.command = [engine.server, "-m", str(target_gguf), "-np", "1", "-c", str(context), "-t", str(threads),
                         "--host", "127.0.0.1"]
         if log_vocabulary:  # the loader's info lines, its end-of-generation set among them, are logged from -lv 4
             self.command += ["-lv", "4"]

@@ -91,3 +91,48 @@ def test_fuzz_regression(case, request):
 def test_every_reader_is_fuzzed():
     assert set(READERS) == {"config", "safetensors", "pickle", "yaml", "declaration", "index", "prompts", "key_map",
                             "serving", "gguf", "trace", "recipe"}
+
+
+# The live paths' findings, each through `serve-check --live` to its report (a real llama-server, b11434): the
+# drafter reading the target's last layer (llama.cpp aborts: the capture finding), a quantized run (`--quant q8_0`: its
+# cost) and an engine-side difference planted by a flag (`--spec-draft-n-max 3`: the engine drafts blocks of 3, which
+# the live check localizes to the block length). None may reach
+# the catch-all ("unexpected failure"), and every finding of the section reaches the terminal, serving.json and the page.
+LIVE_CASES = {"reads the last layer": ("full", [], "live:target_layer_capture"),
+              "quantized q8_0": ("full-1-2", ["--quant", "q8_0"], "live:quantization"),
+              "a planted engine difference": ("full-1-2", ["--spec-draft-n-max", "3"], "live:block_length")}
+
+
+@pytest.fixture(scope="module")
+def live_inputs(test_world, tmp_path_factory) -> dict:
+    from dflash_world.drafter import cached_full_drafter
+    from drafter_files.checkpoint import load_checkpoint
+    from drafter_files.zlab_format import save_zlab_dir
+    from serving_engines.live.llamacpp_env import DEFAULT_VARIANT, build_dir
+    from tests.family_fixtures import without_final_layer
+
+    if not (build_dir(variant=DEFAULT_VARIANT) / "bin" / "llama-server").is_file() and not os.environ.get("CI"):
+        pytest.skip("run `make setup` to build llama.cpp b11434")
+    root = tmp_path_factory.mktemp("live-fuzz")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text(Path(test_world.prompts).read_text().splitlines()[0] + "\n")
+    full = cached_full_drafter(test_world)
+    trained = load_checkpoint(full)
+    save_zlab_dir(root / "full-1-2", *without_final_layer(trained.spec, trained.state_dict))  # what llama.cpp can feed
+    return {"full": full, "full-1-2": root / "full-1-2", "prompts": prompts, "target": test_world.target}
+
+
+@pytest.mark.parametrize("case", sorted(LIVE_CASES))
+def test_a_live_finding_reaches_its_report_not_the_catch_all(case, live_inputs, tmp_path, capsys, monkeypatch):
+    from tests.report_checks import missing_from_reports, serve_case
+
+    drafter, extra, field = LIVE_CASES[case]
+    run = serve_case("live", ["--drafter", live_inputs[drafter], "--engine", "llamacpp", "--target",
+                              live_inputs["target"], "--live", "--prompts", live_inputs["prompts"],
+                              "--max-new-tokens", 16, *extra], tmp_path, capsys, monkeypatch)
+    live = run.data["serving"]["llamacpp"]["live"]
+    fields = {f["field"] for f in run.data["serving"]["llamacpp"]["findings"]}
+    assert field in fields, fields  # the live finding, localized, among the engine's serving findings
+    assert live["ran"] or live["findings"], live  # a refused run still says why, as findings
+    missing = [(f.key, where) for f in run.findings for where in [missing_from_reports(f, run)] if where]
+    assert not missing, missing

@@ -3,7 +3,7 @@ trainer runs it (no dflash-audit line, no speculators trainer code): Muon on the
 momentum 0.95, weight decay 0.1, match_rms_adamw) and AdamW on the rest (lr 1e-3, weight decay 0.01), a linear
 schedule warming up over 1% of the total, gradient clipping at 1.0, one backward per step, float32 master weights.
 Each flag below changes one thing of the run (`--act gelu`: its layers'
-forward, `--gamma 7`: its loss); `--save`/`--resume` write and read a checkpoint.
+forward, `--gamma 7`: its loss; under torchrun `--ddp` gives each rank its own shard, `--same-shard` rank 0's); `--save`/`--resume` write and read a checkpoint.
 """
 
 import argparse
@@ -35,8 +35,17 @@ p.add_argument("--gamma", type=float, default=4.0, help="the loss's decay gamma 
 p.add_argument("--save", default=None, help="write model, optimizer and scheduler states here at the end")
 p.add_argument("--resume", default=None, help="read a --save checkpoint")
 p.add_argument("--resume-parts", default="model,optimizer,scheduler")
+p.add_argument("--ddp", action="store_true", help="torchrun: a gloo process group, each rank its own shard of the "
+                                                  "batches, the gradients averaged over the ranks")
+p.add_argument("--same-shard", action="store_true", help="every rank fed rank 0's shard")
+p.add_argument("--reload-each-step", action="store_true", help="the resume's weight load inside the loop: the "
+                                                              "drafter's first weights loaded again at every step")
 args = p.parse_args()
 torch.manual_seed(0)
+rank, world = 0, 1
+if args.ddp:
+    torch.distributed.init_process_group("gloo")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
 target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval().requires_grad_(False)
 c = target.config
 layer = Qwen3Config(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
@@ -95,17 +104,26 @@ raw = {}
 target.model.norm.register_forward_pre_hook(lambda m, a: raw.update(last=a[0]))
 data = torch.Generator().manual_seed(1 + start)
 loss_config = resolve_loss_config("kl_div", "eager")
+first_weights = {k: v.clone() for k, v in drafter.state_dict().items()}
 for step in range(start, args.run if args.run is not None else args.total):
+    if args.reload_each_step:
+        drafter.load_state_dict(first_weights)
     for o in optimizers:
         o.zero_grad()
     for _ in range(args.accum):
-        ids = torch.randint(1, c.vocab_size - 1, (1, args.seq_len), generator=data)
+        shards = [torch.randint(1, c.vocab_size - 1, (1, args.seq_len), generator=data) for _ in range(world)]
+        ids = shards[0 if args.same_shard else rank]  # the global batch: one shard per rank
         with torch.no_grad():
             hs = target(input_ids=ids, output_hidden_states=True).hidden_states
         dtype = getattr(torch, args.param_dtype)
         _, loss, _ = drafter(torch.cat([hs[i] for i in aux], -1).to(dtype), ids, torch.ones_like(ids),
                              raw["last"].to(dtype), torch.zeros_like(ids), max_anchors=4, loss_config=loss_config, gamma=args.gamma)
         (loss / args.accum).backward()
+    if world > 1:
+        for q in drafter.parameters():
+            if q.grad is not None:
+                torch.distributed.all_reduce(q.grad)
+                q.grad /= world
     if args.clip:
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), args.clip)
     if args.zero_before_step:
@@ -115,6 +133,8 @@ for step in range(start, args.run if args.run is not None else args.total):
         o.step()
     for sched in schedulers:
         sched.step()
+if args.ddp:
+    torch.distributed.destroy_process_group()
 if args.save:
     torch.save({"model": drafter.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
                 "schedulers": [s.state_dict() for s in schedulers], "step": step + 1}, args.save)
