@@ -98,9 +98,11 @@ def tokenize_prompts(tokenizer, prompts: list[dict[str, str]],
 
 
 def fit_prompts(prompts: list[tuple[str, torch.Tensor]], max_new_tokens: int, max_positions: int,
-                truncate: bool = False, source: str = "prompts") -> tuple[list[tuple[str, torch.Tensor]], list[str]]:
+                truncate: bool = False, source: str = "prompts",
+                truncatable: bool = True) -> tuple[list[tuple[str, torch.Tensor]], list[str]]:
     """Prompts whose length + `max_new_tokens` fits the target's `max_position_embeddings`, and notes
-    on those cut to fit: `truncate` keeps a too-long prompt's last tokens, otherwise it is an error."""
+    on those cut to fit: `truncate` keeps a too-long prompt's last tokens, otherwise it is an error (which offers
+    `--truncate` where the verb takes it: `truncatable`)."""
     room = max_positions - max_new_tokens
     if room < 1:
         raise AuditError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt: the target has "
@@ -112,7 +114,8 @@ def fit_prompts(prompts: list[tuple[str, torch.Tensor]], max_new_tokens: int, ma
             if not truncate:
                 raise AuditError(f"{source}: prompt {prompt_id!r} has {length} tokens + --max-new-tokens "
                                  f"{max_new_tokens} = {length + max_new_tokens}, beyond the target's "
-                                 f"max_position_embeddings {max_positions} (--truncate keeps its last {room} tokens)")
+                                 f"max_position_embeddings {max_positions}"
+                                 + (f" (--truncate keeps its last {room} tokens)" if truncatable else ""))
             ids = ids[:, -room:]
             notes.append(f"prompt {prompt_id!r} truncated to its last {room} of {length} tokens "
                          f"(max_position_embeddings {max_positions} - --max-new-tokens {max_new_tokens})")

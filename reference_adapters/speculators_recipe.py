@@ -42,6 +42,9 @@ class ReferenceRecipe:
     architecture: dict = field(default_factory=dict)
     # The reduced draft vocabulary it resolves: an int, or None for the verifier's whole vocabulary (no mapping).
     draft_vocab_size: int | None = None
+    # (loss_fn, per_position_loss_weight) this reference resolves itself, where `yardstick_for` took the other
+    # side's own choice of the two in their place (a setting speculators' TrainConfig accepts); None otherwise.
+    replaced_setting: tuple[str, str] | None = None
 
     @property
     def title(self) -> str:
@@ -221,10 +224,31 @@ def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = fro
     weighting or CE loss: such a recipe follows speculators' trainer, so its trainer is the
     yardstick. Otherwise (KL with fixed decay, or no recipe at all) the model-level defaults,
     which every DFlash trainer shares. Fields of the other side that are `unknown` (never
-    declared) decide nothing.
+    declared) decide nothing. Then the other side's own loss kind and weighting, where it declares
+    both and speculators' TrainConfig accepts them (`own_setting`), are taken in the reference's
+    place (`replaced_setting` keeps the reference's own): a setting is no divergence; what it leaves
+    fixed (gamma under fixed decay, alpha under D-PACE) is still held.
     """
     if family in ("dspark", "xpress"):
         return trainer(family), f"a {family} drafter is held to its own family's trainer recipe"
+    reference, why = _dflash_yardstick(other, unknown, family)
+    setting = own_setting(other, unknown)
+    ref = reference.recipe
+    if setting is None or setting == (ref.loss_fn, ref.per_position_loss_weight):
+        return reference, why
+    loss_fn, weighting = setting
+    said = f"{_file(_dflash_args())}: DFlashArgs.per_position_loss_weight, TrainConfig._validate_dpace"
+    taken = replace(reference, recipe=ref.replace(loss_fn=loss_fn, per_position_loss_weight=weighting),
+                    sources={**reference.sources, "loss_fn": f"the other side's own setting ({said})",
+                             "per_position_loss_weight": f"the other side's own setting ({said})"},
+                    replaced_setting=(ref.loss_fn, ref.per_position_loss_weight))
+    return taken, (f"{why}; its {loss_fn} with {weighting} weights is a setting speculators' TrainConfig accepts for "
+                   f"dflash (--loss-fn, --per-position-loss-weight), held as it is, not to "
+                   f"{ref.loss_fn} with {ref.per_position_loss_weight}")
+
+
+def _dflash_yardstick(other: Recipe | None, unknown, family: str) -> tuple[ReferenceRecipe, str]:
+    """Which of the two DFlash references, before the other side's own setting is taken (`yardstick_for`)."""
     resolved, base = with_own_knobs(trainer("dflash"), family), with_own_knobs(model_level(), family)
     deciding = [name for name in ("per_position_loss_weight", "loss_fn")
                 if getattr(resolved.recipe, name) != getattr(base.recipe, name)]
@@ -238,6 +262,41 @@ def yardstick_for(other: Recipe | None, unknown: frozenset[str] | set[str] = fro
             return base, (f"the other side declares neither {' nor '.join(deciding)}; the model-level defaults "
                           "are the ones every DFlash trainer shares")
     return base, "the other side's recipe follows the model-level defaults (KL, fixed decay)"
+
+
+def _dflash_args():
+    from speculators.train.config.schema import DFlashArgs
+
+    return DFlashArgs
+
+
+def trainer_setting(loss_fn: str, weighting: str) -> bool:
+    """Whether speculators' TrainConfig accepts this loss kind and weighting for dflash: the weighting one of its
+    `DFlashArgs.per_position_loss_weight` choices, and D-PACE only with CE (`TrainConfig._validate_dpace`, whose
+    rule is the recipe type's `check_trainable`). The one rule `compare`'s yardstick and the trace both read."""
+    from typing import get_args
+
+    from impl.spec import SpecError
+
+    choices = {a for arg in get_args(_dflash_args().model_fields["per_position_loss_weight"].annotation)
+               for a in (get_args(arg) or (arg,)) if isinstance(a, str)}
+    if weighting not in choices:
+        return False
+    try:  # the one home of "D-PACE needs CE": the recipe type's own rule
+        Recipe(loss_fn=loss_fn, per_position_loss_weight=weighting).check_trainable()
+    except SpecError:
+        return False
+    return True
+
+
+def own_setting(other: Recipe | None, unknown: frozenset[str] | set[str] = frozenset()) -> tuple[str, str] | None:
+    """The other side's (loss_fn, per_position_loss_weight) where it declares both and they are a setting
+    speculators' TrainConfig accepts for dflash (`trainer_setting`): a choice, held as it is, never a divergence
+    (CE with fixed decay is as valid as KL with fixed decay or CE with D-PACE). None otherwise."""
+    if other is None or {"loss_fn", "per_position_loss_weight"} & set(unknown):
+        return None
+    setting = (other.loss_fn, other.per_position_loss_weight)
+    return setting if trainer_setting(*setting) else None
 
 
 def reference_table() -> list[dict[str, str]]:

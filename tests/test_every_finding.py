@@ -170,6 +170,9 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
             "llama.cpp quantized, drafting blocks of 3": (serve_case, [
                 "--drafter", root / "full-1-2", "--engine", "llamacpp", "--target", target, *live, "--quant", "q8_0",
                 "--spec-draft-n-max", 3])} if LLAMA_SERVER else {}),
+        **({"a q8_0 GGUF against its source": (compare_case, [
+            "--ours", quantized_gguf(root / "full-1-2", target, root / "q8_0"), "--ref", root / "full-1-2",
+            "--target", target, "--static-only"])} if LLAMA_SERVER else {}),
         "a dataset one layer off": (report_case("data-check", data_check, "run_data_check"),
                                     [dataset, "--target", root / "hs-target", "--layer-ids", ",".join(map(str, CLAIM))]),
         "a trainer with seven bugs": (report_case("trace", trace, "run_trace"), [
@@ -190,6 +193,65 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
     }
 
 
+def quantized_gguf(drafter: Path, target: Path, out: Path) -> Path:
+    """The drafter as llama.cpp serves it quantized: `convert --for llamacpp --quant q8_0` (llama.cpp's converter
+    and llama-quantize)."""
+    from dflash_audit.cli import main
+
+    assert main(["convert", "--from", str(drafter), "--to", str(out), "--for", "llamacpp", "--quant", "q8_0",
+                 "--target", str(target)]) == 0
+    return out / "drafter-q8_0.gguf"
+
+
+def planted_recording(source: Path, destination: Path, edit) -> Path:
+    """A copy of a trace recording with `edit(step)` applied to its first step (`meta`: its manifest entry,
+    `tensors`), written by the recorder's own writer (its manifest's sizes and digest those of the planted tensors)."""
+    from dflash_audit.trace.recording import read_recording, write_recording
+
+    recording = read_recording(source)
+    steps = [{"meta": step, "tensors": {name: recording.tensors[f"step{index}/{name}"].clone()
+                                        for name in step["entries"]}}
+             for index, step in enumerate(recording.manifest["steps"])]
+    edit(steps[0])
+    write_recording(destination, steps, recording.manifest["context"])
+    return destination
+
+
+def shifted_position(step: dict) -> None:
+    """The last block's middle slot placed 5 positions on (the recorded position ids: context, then the blocks)."""
+    step["tensors"]["drafter_kwarg.position_ids"][..., -2] += 5
+
+
+def block_sees_another(step: dict) -> None:
+    """The first block query sees the last block's last token (the recorded [queries, context + queries] mask)."""
+    mask = step["tensors"]["drafter_kwarg.attention_mask"]
+    queries = mask.shape[-2]
+    mask[..., 0, mask.shape[-1] - 1] = True
+    assert queries > 4  # (more than one block in the call)
+
+
+def loss_misread(step: dict) -> None:
+    """The step's recorded loss half again as large as what its tensors compute."""
+    step["meta"]["loss"] = float(step["meta"]["loss"]) * 1.5
+
+
+def recording_cases(root: Path) -> dict[str, tuple]:
+    """Cases on a recording another case made (`trace --from`): planted by value, or held to another --ref."""
+    import dflash_audit.trace.run as trace
+
+    recorded = root / "a trainer's targets from layer 9"  # z-lab's rule: fc reads layers 1, 3, 5, 7, 9
+    (root / "ref.json").write_text(json.dumps({"target_layer_ids": [2, 4, 6, 8, 10], "mask_token_id": 7}))
+    audit = report_case("trace", trace, "run_trace")
+    return {
+        "a recording's block positions planted": (audit, [
+            "--from", planted_recording(recorded, root / "positions", shifted_position)]),
+        "a recording's block mask planted": (audit, [
+            "--from", planted_recording(recorded, root / "mask", block_sees_another)]),
+        "a recording's loss planted": (audit, ["--from", planted_recording(recorded, root / "loss", loss_misread)]),
+        "a recording held to other layers and mask id": (audit, ["--from", recorded, "--ref", root / "ref.json"]),
+    }
+
+
 @pytest.fixture(scope="module")
 def runs(world, tmp_path_factory) -> list[Run]:
     """Every case run once, each finding marked with the producer that made it."""
@@ -199,9 +261,10 @@ def runs(world, tmp_path_factory) -> list[Run]:
         root = tmp_path_factory.mktemp("every-finding")
         for case, argv in static_compare_cases(world).items():
             made.append(compare_case(case, argv, root, capsys, monkeypatch))
-        for case, (run_case, argv) in other_cases(world, root).items():
-            with pytest.MonkeyPatch.context() as patches:
-                made.append(run_case(case, argv, root, capsys, patches))
+        for cases in (lambda: other_cases(world, root), lambda: recording_cases(root)):
+            for case, (run_case, argv) in cases().items():
+                with pytest.MonkeyPatch.context() as patches:
+                    made.append(run_case(case, argv, root, capsys, patches))
     return made
 
 
@@ -240,15 +303,10 @@ PENDING = {
     **{Kind("dflash_audit/rounds/by_value.py", "serving", place): "a live vLLM run localizing a served round"
        for place in ("input", "module", "tie", "unlocalized")},
     **({} if LLAMA_SERVER else {Kind("dflash_audit/audit/live_report.py", "serving"): "no llama-server built"}),
-    Kind("dflash_audit/audit/static_tensors.py", "quantization"): "a quantized GGUF drafter (llama-quantize)",
+    **({} if LLAMA_SERVER else {Kind("dflash_audit/audit/static_tensors.py", "quantization"): "no llama.cpp"}),
     Kind("dflash_audit/trace/audit.py", "unexplained"): "a recorded tensor no candidate explains",
     Kind("dflash_audit/trace/targets.py", "unexplained"): "targets no candidate of the target explains",
-    Kind("dflash_audit/trace/blocks.py", "mask_token"): "a block's masked slots holding another id",
-    Kind("dflash_audit/trace/blocks.py", "positions"): "a block's positions not running on from its anchor",
-    Kind("dflash_audit/trace/blocks.py", "training_mask"): "a block seeing another block or past its anchor",
-    Kind("dflash_audit/trace/context.py", "target_layers"): "fc fed other target layers than z-lab's rule",
     Kind("dflash_audit/trace/draft_rows.py", "loss"): "a loss gradient not read on the draft log-probabilities",
-    Kind("dflash_audit/trace/recipe.py", "loss"): "a recorded loss not reproduced",
     Kind("dflash_audit/trace/recipe.py", "loss_weights"): "loss weights other than the reference's",
 }
 

@@ -174,3 +174,88 @@ def test_a_dflash2_selector_weight_against_a_folder_without_recipe_is_one_findin
     alpha = [f for f in found if f.key == "selector_loss_alpha"]
     assert len(alpha) == 1 and (alpha[0].ours, alpha[0].ref) == (0.5, refs.trainer("dflash2").recipe.selector_loss_alpha)
     assert "DFlash2Args.selector_loss_alpha" in alpha[0].message
+
+
+# -- compare's yardstick and the trace read one rule: a setting speculators' TrainConfig accepts is no divergence --
+SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             num_hidden_layers=2, target_vocab_size=512, target_layer_ids=(1, 3, 5, 7, 9), num_target_layers=12,
+             mask_token_id=511, block_size=16)
+
+
+@pytest.mark.parametrize("loss_fn", ["kl_div", "ce"])
+@pytest.mark.parametrize("weighting", ["fixed-exp-decay", "dpace"])
+def test_a_side_without_recipe_takes_the_other_sides_setting_as_the_trace_does(loss_fn, weighting):
+    """A declared loss kind and weighting against a side without a recipe: no divergence in either exactly when
+    speculators' TrainConfig accepts the pair (`trainer_setting`, which the trace's recipe audit reads too)."""
+    from dflash_audit.audit.sides import Side
+    from dflash_audit.audit.static_recipe import recipe_findings as static_recipe_findings
+    from impl.recipe import RECIPE_FIELDS, Recipe
+    from impl.spec import DraftSpec
+
+    spec = DraftSpec(**SMALL)
+    declared = {"loss_fn": loss_fn, "per_position_loss_weight": weighting}
+    ours = Side("ckpt.pt", "foreign", None, {}, Recipe(**declared), list(spec.target_layer_ids), "zlab",
+                recipe_unknown=[name for name in RECIPE_FIELDS if name not in declared])
+    ref = Side("zlab", "zlab", spec, {}, None, list(spec.target_layer_ids), "zlab")
+    found, recipes = static_recipe_findings(ours, ref)
+    held = {f.key for f in found if f.severity == "divergence"} & set(declared)
+    accepted = refs.trainer_setting(loss_fn, weighting)
+    assert accepted == ((loss_fn, weighting) != ("kl_div", "dpace"))  # speculators' _validate_dpace
+    assert (held == set()) == accepted, (found, recipes["ref"]["source"])
+
+
+def foreign_checkpoint(path: Path, **declared) -> Path:
+    """A team's training checkpoint: the drafter's weights and the run's argparse Namespace, as torch.save keeps it."""
+    import argparse
+
+    import torch
+
+    from impl.model import DFlashDrafter
+    from impl.spec import DraftSpec
+
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(DraftSpec(**SMALL))
+    args = argparse.Namespace(target_layers=list(SMALL["target_layer_ids"]), block_size=SMALL["block_size"],
+                              num_draft_layers=SMALL["num_hidden_layers"], mask_token_id=SMALL["mask_token_id"],
+                              **declared)
+    torch.save({"model_state_dict": drafter.state_dict(), "args": args}, path)
+    return path
+
+
+def test_compare_holds_ce_with_fixed_decay_as_a_setting_and_only_its_gamma(tmp_path, capsys):
+    import json
+
+    import torch
+
+    from impl.model import DFlashDrafter
+    from impl.spec import DraftSpec
+
+    torch.manual_seed(1)
+    save_zlab_dir(tmp_path / "zlab", DraftSpec(**SMALL), DFlashDrafter(DraftSpec(**SMALL)).state_dict())
+
+    def recipe_divergences(name: str, **declared) -> list:
+        ckpt = foreign_checkpoint(tmp_path / f"{name}.pt", **declared)
+        out = tmp_path / name
+        status = main(["compare", "--ours", str(ckpt), "--ref", str(tmp_path / "zlab"), "--static-only",
+                       "--out", str(out)])
+        assert status in (0, 1), capsys.readouterr().err
+        report = json.loads((out / "report.json").read_text())
+        return [(f["key"], f["ours"], f["ref"]) for f in report["findings"]
+                if f["component"] == "recipe" and f["severity"] == "divergence"]
+
+    resolved_gamma = refs.trainer("dflash").recipe.gamma
+    assert recipe_divergences("ce-fixed", loss_fn="ce", per_position_loss_weight="fixed-exp-decay",
+                              gamma=resolved_gamma) == []
+    assert recipe_divergences("ce-fixed-7", loss_fn="ce", per_position_loss_weight="fixed-exp-decay",
+                              gamma=7.0) == [("gamma", 7.0, resolved_gamma)]
+    # KL under D-PACE is no setting (speculators refuses it): still held to the TrainConfig-resolved loss.
+    assert recipe_divergences("kl-dpace", loss_fn="kl_div", per_position_loss_weight="dpace") == \
+        [("loss_fn", "kl_div", refs.trainer("dflash").recipe.loss_fn)]
+    # A uniform weighting is none of speculators' (DFlashArgs.per_position_loss_weight: fixed-exp-decay, dpace) and
+    # the recipe type holds only those: compare says so in one line, exit 2.
+    ckpt = foreign_checkpoint(tmp_path / "ce-uniform.pt", loss_fn="ce", per_position_loss_weight="uniform")
+    capsys.readouterr()
+    assert main(["compare", "--ours", str(ckpt), "--ref", str(tmp_path / "zlab"), "--static-only",
+                 "--out", str(tmp_path / "uniform")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'uniform' is not a per_position_loss_weight" in err, err

@@ -36,6 +36,7 @@ CHANGES = {
     "AdamW betas (0.9, 0.95)": (["--betas", "0.9", "0.95"], ("recipe", "optimizer_settings", "divergence")),
     "two micro-batches": (["--accum", "2"], ("recipe", "accumulation", "warning")),
     "bfloat16 master weights": (["--param-dtype", "bfloat16"], ("recipe", "precision", "divergence")),
+    "first weights reloaded every step": (["--reload-each-step"], ("loss", "no_update", "divergence")),
 }
 
 

@@ -99,6 +99,38 @@ def test_a_refused_value_is_one_line_naming_the_flag_typed(verb, name, value, ca
     assert list(tmp_path.iterdir()) == []  # nothing written, nothing left behind
 
 
+def numeric_flags() -> list[tuple[str, str]]:
+    """(verb, field) of every flag typer reads as a number (an integer or a float, or a list of them)."""
+    from typing import get_args
+
+    from dflash_audit.flags import cli_kind
+
+    found = []
+    for verb, model in MODELS.items():
+        for name, info in model.model_fields.items():
+            extra = info.json_schema_extra or {}
+            if extra.get("arguments") or extra.get("argument"):
+                continue
+            kind = cli_kind(info)
+            if kind in (int, float) or set(get_args(kind)) & {int, float} or any(
+                    set(get_args(arg)) & {int, float} for arg in get_args(kind)):
+                found.append((verb, name))
+    return found
+
+
+@pytest.mark.parametrize("verb, name", numeric_flags())
+def test_text_given_to_a_number_flag_is_one_line_naming_the_flag(verb, name, capsys, tmp_path, monkeypatch):
+    """Every number flag of every verb (typer reads the text): `abc` is one line naming the flag typed, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    model = MODELS[verb]
+    typed = model.name_of(name)
+    code = main([verb, *required_args(verb, name), typed, "abc"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0, err
+    assert err.startswith("dflash-audit: error: ") and typed in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- no hand check of a declared flag outside its model -------------------------------------------------------------
 PRODUCT = ("dflash_audit", "impl", "foundation", "serving_engines", "reference_adapters", "drafter_files")
 WORDS = (" must be", ": must be", ": expected", " must be one of", ": unknown", " unknown")

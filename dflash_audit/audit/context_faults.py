@@ -80,8 +80,7 @@ def context_caps(shape: DrafterShape, start: int, fed_rows: int | None) -> list[
     below it, and below every layer's window if all slide)."""
     tried = ([fed_rows] if fed_rows is not None else []) + [n for n, _ in shape.declared_lengths] + \
         list(LENGTH_CANDIDATES)
-    windows = [w for w in shape.windows]
-    widest = None if any(w is None for w in windows) else max(windows)
+    widest = None if any(w is None for w in shape.windows) else max(shape.windows)
     caps = []
     for n in dict.fromkeys(tried):
         if 0 < n < start and (widest is None or n < widest):

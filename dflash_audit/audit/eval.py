@@ -20,7 +20,7 @@ from tabulate import tabulate
 
 from dflash_audit.outputs import check_cache_dir, check_not_foreign, check_outputs, check_writable
 from dflash_audit.progress import progress
-from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompts
+from dflash_audit.prompts import fit_prompts, load_prompts, tokenize_prompt, tokenize_prompts
 from dflash_audit.ranks import Ranks
 from dflash_audit.tau.declared import declared_settings, template_findings
 from dflash_audit.tau.along_context import (AlongContext, PromptRounds, context_marks, greedy_agreement, side_by_side,
@@ -231,6 +231,11 @@ def run_table(flags: EvalFlags, console: Console | None = None) -> dict:
                          "tokenizer has none (give one with --chat-template FILE)")
     chats = {"default": chat} if tau_by is None else {f"thinking {k}": v
                                                       for k, v in thinking_settings(chat, tokenizer).items()}
+    for prompt_set in prompt_sets:  # a first turn past the target's context, refused before any model loads
+        for setting in chats.values():
+            fit_prompts([(p.id, tokenize_prompt(tokenizer, p.prompt, setting)) for p in prompt_set.prompts],
+                        max_new_tokens, config.max_position_embeddings, source=str(prompt_set.path),
+                        truncatable=False)
     loaded, spec = read_loaded_drafter(drafter_path, target_dir, config, flags.load_options)
     state_dict = loaded.state_dict
     declared, where = declared_settings(loaded.raw.config, flags.trained_kwargs)

@@ -110,6 +110,10 @@ def check_record(record: Record, target, setting: Setting, issues: Issues) -> di
     if int(ids.max()) >= vocab:
         raise AuditError(f"{record.name}: token id {int(ids.max())} is outside the target's vocabulary of {vocab} "
                          "(not a record of this target)")
+    longest = getattr(target.config, "max_position_embeddings", None)
+    if isinstance(longest, int) and ids.numel() > longest:  # past it the target's states are not the writer's
+        raise AuditError(f"{record.name}: {ids.numel()} tokens, past the target's max_position_embeddings {longest} "
+                         "(no writer of this target's states stores a sequence it cannot hold)")
     name, tokens, rows = record.name, int(ids.numel()), int(record.layers[0].shape[0])
     row = {"record": name, "tokens": tokens, "rows": rows, "dtype": record.dtype, "slots": []}
     if setting.target_dtype is not None and record.dtype != setting.target_dtype:

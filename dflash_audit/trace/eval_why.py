@@ -51,8 +51,10 @@ class Cause:
 class Reference:
     """What z-lab's loop is for this drafter: its layer ids, block size, mask id, its twin and the target."""
 
-    def __init__(self, twin, target, stop_ids: list[int], declared_lengths: tuple[tuple[int, str], ...] = ()):
+    def __init__(self, twin, target, stop_ids: list[int], declared_lengths: tuple[tuple[int, str], ...] = (),
+                 tolerance: float = SAME):
         self.twin, self.target, self.stop_ids = twin, target, stop_ids
+        self.tolerance = tolerance  # relative noise of the evaluation's dtype (the matcher's `tolerance`)
         self.layer_ids = [int(i) for i in twin.target_layer_ids]
         self.block_size = int(twin.block_size)
         self.mask_id = int(twin.mask_token_id)
@@ -267,20 +269,54 @@ def counterfactual_cause(ref: Reference, states: TargetStates, rnd: Round, run: 
     width = ref.hidden
     base = _zlab_features(ref, states, start)
     margins = rnd.draft.margins if rnd.draft is not None and rnd.draft.drafts == theirs else None
+    margins = margins if margins and len(margins) == n else None
 
-    def same(features=base, fault: ContextFault | None = None) -> bool:
+    def match(features=base, fault: ContextFault | None = None) -> str | None:
+        """"margins": the evaluator's drafts and their top-2 margins within the evaluation's dtype noise (or no
+        margins recorded); "drafts": its drafts alone; None: other drafts."""
         hidden = faulted_output(ref.twin, ref.target, features, block, start, fault)
         logits = drafter_logits(ref.twin, ref.target, hidden[1:])
         if logits.argmax(-1).tolist() != theirs:
-            return False
-        if not margins or len(margins) != n:
-            return True
+            return None
+        if margins is None:
+            return "margins"  # nothing more recorded to hold them to
         top = logits.topk(2, dim=-1).values
-        tolerance = SAME * float(top[:, 0].abs().max())
-        return all(abs(float(a - b) - m) <= tolerance for (a, b), m in zip(top.tolist(), margins))
+        tolerance = ref.tolerance * float(top[:, 0].abs().max())
+        same = all(abs(float(a - b) - m) <= tolerance for (a, b), m in zip(top.tolist(), margins))
+        return "margins" if same else "drafts"
 
-    if same():
+    if match() is not None:
         return None
+    how = " (the drafter's inputs are not recorded: named by a counterfactual replay)"
+
+    def variants():
+        """(the cause, its replay) in the order tried."""
+        fed = rnd.draft.features.shape[0] if rnd.draft is not None and rnd.draft.features is not None else None
+        for fault in context_faults(ref.shape, start, n + 1, fed if fed and fed < start else None):
+            yield (lambda fault=fault, how=how: Cause.of_fault(fault, run.index, number, how=how)), \
+                (lambda fault=fault: match(fault=fault))
+        for shift in (1, -1):
+            yield (lambda shift=shift, how=how: Cause(
+                "positions", f"the drafts are z-lab's drafter's with the block's positions shifted by {shift:+d} (the "
+                f"anchor at {start + shift}, not {start}; the context rows where z-lab puts them){how}", run.index,
+                number)), (lambda shift=shift: match(fault=ContextFault("positions", "", block_shift=shift)))
+        for j, layer in enumerate(ref.layer_ids):
+            for name, tensor in states.named().items():
+                if relative_rows(tensor[:start], states.feature(layer)[:start]) <= SAME:
+                    continue
+                fed_features = base.clone()
+                fed_features[:, j * width:(j + 1) * width] = tensor[:start]
+                yield (lambda name=name, j=j, layer=layer, how=how: Cause(
+                    "context_features", f"the drafts are z-lab's drafter's fed {name} as feature {j} (target layer "
+                    f"{layer}); z-lab feeds hidden_states[{hidden_state_index(layer)}]{how}", run.index, number)), \
+                    (lambda fed_features=fed_features: match(features=fed_features))
+
+    # With the margins recorded, only the change that gives them too is named (the drafts alone may be given by
+    # several changes, a cap of 64 and one of 100 alike): an unknown stays unknown.
+    for cause, replay in variants():
+        if replay() == "margins":
+            return cause()
+    return None
     how = " (the drafter's inputs are not recorded: named by a counterfactual replay)"
     fed = rnd.draft.features.shape[0] if rnd.draft is not None and rnd.draft.features is not None else None
     for fault in context_faults(ref.shape, start, n + 1, fed if fed and fed < start else None):

@@ -33,6 +33,7 @@ from dflash_audit.trace.eval_tau import identify, mean, mean_of_means, paired_st
 from dflash_audit.trace.eval_why import (PITFALLS, Cause, Reference, acceptance_cause, block_cause,
                                          counterfactual_cause, drafts_cause, feature_cause, output_cause,
                                          position_cause)
+from dflash_audit.trace.matcher import tolerance
 from dflash_audit.trace.recording import compile_notes
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
@@ -219,7 +220,7 @@ def audit_evaluation(recording, flag: str = "--from", target_dir: Path | None = 
     temperature = float(temperature or 0.0)
     length = getattr(twin.config, "max_position_embeddings", None)
     ref = Reference(twin, target, stop_ids, ((int(length), "the drafter's max_position_embeddings"),)
-                    if isinstance(length, int) else ())
+                    if isinstance(length, int) else (), tolerance(recording.manifest["target"].get("dtype") or ""))
     return _assess(recording, rebuilt.prompts, ref, states_of, temperature, notes, drafter_path, target_path, entry,
                    bin_tokens)
 

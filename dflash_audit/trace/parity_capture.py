@@ -33,6 +33,16 @@ def speculators_class(module: nn.Module) -> type | None:
     return None
 
 
+def unwrapped(module: nn.Module) -> nn.Module:
+    """The model inside a wrapper that forwards its call as it is (DDP's and accelerate's `.module`, a compiled
+    module's `_orig_mod`)."""
+    for attribute in ("module", "_orig_mod"):
+        inner = getattr(module, attribute, None)
+        if isinstance(inner, nn.Module):
+            return unwrapped(inner)
+    return module
+
+
 def _plain(value):
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
@@ -55,15 +65,16 @@ class BatchCapture:
     def enter(self, module: nn.Module) -> None:
         if self.call is not None or self.batch is not None:
             return
-        cls = speculators_class(module)
+        inner = unwrapped(module)
+        cls = speculators_class(inner)
         if cls is None:
-            self.other = f"{type(module).__module__}:{type(module).__qualname__}"
+            self.other = f"{type(inner).__module__}:{type(inner).__qualname__}"
             return
-        device = next((p.device for p in module.parameters()), torch.device("cpu"))
-        call = {"module": module, "class": cls, "device": device.type, "rng": torch.get_rng_state()}
+        device = next((p.device for p in inner.parameters()), torch.device("cpu"))
+        call = {"module": module, "inner": inner, "class": cls, "device": device.type, "rng": torch.get_rng_state()}
         if device.type != "cpu":
             call["device_rng"] = torch.get_device_module(device).get_rng_state(device)
-        head = getattr(module, "lm_head", None)
+        head = getattr(inner, "lm_head", None)
         if isinstance(head, nn.Module):
             def keep_logits(_module, _args, out) -> None:  # returns None: the output is left as it is
                 if "logits" not in call and isinstance(out, torch.Tensor):
@@ -79,6 +90,7 @@ class BatchCapture:
         self.call = None
         if "head" in call:
             call["head"].remove()
+        module = call["inner"]
         try:
             bound = inspect.signature(module.forward).bind(*args, **kwargs)
         except TypeError:

@@ -15,7 +15,6 @@ from catalogue.pitfalls import RECIPE_ENTRIES
 from dflash_audit.trace.loss_fit import REFERENCE_REDUCTION, fit_weights
 from dflash_audit.trace.step_state import StepState
 from impl.recipe import Recipe
-from impl.spec import SpecError
 
 
 class RecipeAudit(StepState):
@@ -191,7 +190,7 @@ class RecipeAudit(StepState):
         divergence: CE with fixed decay is as valid as KL with fixed decay or CE with D-PACE. What is held is what
         the choice leaves fixed: gamma under fixed decay; a weighting that is no setting (uniform) against the
         reference's."""
-        from reference_adapters.speculators_recipe import yardstick_for
+        from reference_adapters.speculators_recipe import trainer_setting, yardstick_for
 
         fit = self.fitted
         found: dict[str, Any] = {}
@@ -206,12 +205,13 @@ class RecipeAudit(StepState):
             found["per_position_loss_weight"], found["gamma"] = "fixed-exp-decay", fit["gamma"]
         elif fit and fit["kind"] == "uniform":
             found["per_position_loss_weight"] = "uniform"
+            unknown.add("per_position_loss_weight")  # no speculators weighting: it picks no reference
         elif fit and fit["kind"] == "dpace":
             found["per_position_loss_weight"], found["dpace_alpha"] = "dpace", fit["alpha"]
         else:
             unknown.add("per_position_loss_weight")
         recipe = Recipe(**{k: v for k, v in found.items() if (k, v) != ("per_position_loss_weight", "uniform")})
-        reference, why = yardstick_for(recipe, unknown)
+        reference, _ = yardstick_for(recipe, unknown)
         ref = reference.recipe
         self.flow["reference"] = reference.title
         if from_data:  # the targets' source, not the loss kind: the data's tokens instead of the target's
@@ -246,12 +246,12 @@ class RecipeAudit(StepState):
                              f"{fit['error']:.1g}: gamma {found['gamma']:.4g} vs {ref.gamma:g} in {reference.title} — "
                              f"{consequence}", round(found["gamma"], 4), ref.gamma, pitfall=pitfall, key="gamma"),
                      edge="loss")
-        chosen = (found.get("loss_fn"), weighting)
-        if None not in chosen and trainer_setting(*chosen) and chosen != (ref.loss_fn, ref.per_position_loss_weight):
-            self.note(f"the loss is {chosen[0]} with {chosen[1]} weights, where {reference.title} ({why}) has "
-                      f"{ref.loss_fn} with {ref.per_position_loss_weight}: a setting speculators' TrainConfig accepts "
-                      "for dflash (--loss-fn, --per-position-loss-weight), so the choice is not held as a divergence"
-                      + ("; its gamma is held" if chosen[1] == "fixed-exp-decay" else ""))
+        if reference.replaced_setting is not None:  # the trainer's own setting, taken by the yardstick
+            own_loss, own_weighting = reference.replaced_setting
+            self.note(f"the loss is {ref.loss_fn} with {ref.per_position_loss_weight} weights, where "
+                      f"{reference.title} has {own_loss} with {own_weighting}: a setting speculators' TrainConfig "
+                      "accepts for dflash (--loss-fn, --per-position-loss-weight), so the choice is not held as a "
+                      "divergence" + ("; its gamma is held" if weighting == "fixed-exp-decay" else ""))
 
     def dpace_findings(self, fit: dict, ref, title: str) -> None:
         """D-PACE read by value: its smoothing alpha, and the labels its confidences are taken on (speculators':
@@ -277,21 +277,3 @@ def loss_fn_found(kind: str | None, label_source: str | None) -> str | None:
     if kind == "ce" or (kind and label_source and "argmax" in label_source):
         return "ce"
     return None
-
-
-def trainer_setting(loss_fn: str, weighting: str) -> bool:
-    """Whether speculators' TrainConfig accepts this loss kind and weighting for dflash: the weighting one of its
-    `DFlashArgs.per_position_loss_weight` choices, and D-PACE only with CE (`TrainConfig._validate_dpace`)."""
-    from typing import get_args
-
-    from speculators.train.config.schema import DFlashArgs
-
-    choices = {a for arg in get_args(DFlashArgs.model_fields["per_position_loss_weight"].annotation)
-               for a in (get_args(arg) or (arg,)) if isinstance(a, str)}
-    if weighting not in choices:
-        return False
-    try:  # the one home of "D-PACE needs CE": the recipe type's own rule
-        Recipe(loss_fn=loss_fn, per_position_loss_weight=weighting).check_trainable()
-    except SpecError:
-        return False
-    return True

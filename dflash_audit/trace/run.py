@@ -80,6 +80,19 @@ def keep_printed_tau(out: Path, lines: list[str]) -> None:
         note_printed_tau(out, lines)
 
 
+def ended(status: int) -> str:
+    """How a command ended, in words: a negative status is the signal that killed it (subprocess' convention)."""
+    if status >= 0:
+        return f"exited with status {status}"
+    import signal
+
+    try:
+        name = signal.Signals(-status).name
+    except ValueError:
+        return f"was killed by signal {-status}"
+    return f"was killed by signal {-status} ({name})"
+
+
 def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str) -> None:
     from dflash_audit.trace.eval_record import has_evaluation
 
@@ -92,8 +105,7 @@ def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str) -> 
         # The script's own words, without the exception's class name (`RuntimeError: CUDA out of memory` is said
         # as what went wrong: the tool's one line never shows a class name).
         tail = CLASS_NAME.sub("", stderr_tail[-1]).strip() if stderr_tail else "(nothing on stderr)"
-        raise AuditError(f"{what}: exited with status {status} before a step was recorded; its last stderr line: "
-                         f"{tail[:300]}")
+        raise AuditError(f"{what}: {ended(status)} before a step was recorded; its last stderr line: {tail[:300]}")
     raise AuditError(f"{what}: finished without a training step (no backward() of a loss reaching a trainable "
                      "parameter, and without calling trace.step(loss)) and without an evaluation (no module fed the "
                      "target's features ran after the target)")

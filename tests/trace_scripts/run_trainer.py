@@ -38,6 +38,8 @@ p.add_argument("--resume-parts", default="model,optimizer,scheduler")
 p.add_argument("--ddp", action="store_true", help="torchrun: a gloo process group, each rank its own shard of the "
                                                   "batches, the gradients averaged over the ranks")
 p.add_argument("--same-shard", action="store_true", help="every rank fed rank 0's shard")
+p.add_argument("--reload-each-step", action="store_true", help="the resume's weight load inside the loop: the "
+                                                              "drafter's first weights loaded again at every step")
 args = p.parse_args()
 torch.manual_seed(0)
 rank, world = 0, 1
@@ -102,7 +104,10 @@ raw = {}
 target.model.norm.register_forward_pre_hook(lambda m, a: raw.update(last=a[0]))
 data = torch.Generator().manual_seed(1 + start)
 loss_config = resolve_loss_config("kl_div", "eager")
+first_weights = {k: v.clone() for k, v in drafter.state_dict().items()}
 for step in range(start, args.run if args.run is not None else args.total):
+    if args.reload_each_step:
+        drafter.load_state_dict(first_weights)
     for o in optimizers:
         o.zero_grad()
     for _ in range(args.accum):
