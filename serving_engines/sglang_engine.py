@@ -102,9 +102,13 @@ def mask_token(draft, target: TargetFacts) -> int | None:
     return _mask_resolver()(worker, mask_token=draft.mask_token, mask_token_id=draft.mask_token_id)
 
 
-def rope(hf) -> dict[str, Any]:
+def rope(hf, declared: dict[str, Any] | None = None) -> dict[str, Any]:
+    """SGLang's rotary settings. `declared`: config.json as written. A fresh SGLang process's AutoConfig keeps its
+    top-level `partial_rotary_factor` as an attribute; in this long-lived process another library's earlier use of
+    transformers can leave it only inside rope_parameters, so the file's top-level field is what SGLang's getattr
+    reads."""
     theta, scaling = _rope_config()(hf)
-    partial = float(getattr(hf, "partial_rotary_factor", 1.0))
+    partial = float((declared or {}).get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0)))
     if scaling is not None and "rope_dim" in scaling:
         partial = float(scaling["rope_dim"]) / hf.head_dim
     return {"rope_theta": float(theta), "rope_type": (scaling or {}).get("rope_type", "default"),
@@ -174,7 +178,7 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
         "target_layer_ids": ids, "target_layer_ids_declared": declared,
         "layer_types": types, "layer_windows": windows, "layer_causal": causal,
         "mask_token_id": mask, "block_size": block, "num_speculative_tokens": block,
-        **rope(hf), "rms_norm_eps": float(getattr(hf, "rms_norm_eps", 1e-6)),
+        **rope(hf, json.loads((Path(path) / "config.json").read_text())), "rms_norm_eps": float(getattr(hf, "rms_norm_eps", 1e-6)),
         "hidden_act": getattr(hf, "hidden_act", "silu"), "vocab_size": hf.vocab_size, "draft_vocab_size": hf.vocab_size,
         "sample_from_anchor": False,  # its DFlash config has no slot layout (parse_dflash_draft_config)
         "target_layer_capture": sglang_capture(ids, runtime_layers),
