@@ -8,7 +8,10 @@ PY     := $(VENV)/bin/python
 UV_VERSION := 0.13.9
 UV     := $(VENV)/bin/uv
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
-PIP    := $(UV) pip install --quiet --python $(PY) $(FIND_LINKS)
+# Every install into .venv is held to requirements/main-venv.txt (the versions the suites pass on): pyproject's
+# ranges are for users installing beside their own packages; a fresh clone must build the venv that was tested.
+PINS   := requirements/main-venv.txt
+PIP    := $(UV) pip install --quiet --python $(PY) $(FIND_LINKS) --constraint $(PINS)
 STAMP  := $(VENV)/.setup-stamp
 # Bytecode: every module the venvs import is compiled once and cached in .venv/pycache, also where the environment
 # sets PYTHONDONTWRITEBYTECODE=1 (uv, unlike pip, compiles nothing at install). Without it every Python process of
@@ -59,7 +62,7 @@ SGLANG_DEPS :=
 # runs in this venv and needs sentencepiece besides torch and transformers.
 GGUF_DEPS := "gguf==0.19.0" "sentencepiece==0.2.1"
 
-.PHONY: setup test docs demo quick clean browser bench gpu-check fuzz llamacpp test-portability pipeline
+.PHONY: pins setup test docs demo quick clean browser bench gpu-check fuzz llamacpp test-portability pipeline
 # The two environments are built side by side (one make job each; uv is installed first, once); then the llama.cpp
 # engine, once per machine.
 setup:
@@ -93,7 +96,7 @@ $(UV):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip --disable-pip-version-check -q install uv==$(UV_VERSION)
 
-$(STAMP): pyproject.toml Makefile | $(UV)
+$(STAMP): pyproject.toml Makefile $(PINS) | $(UV)
 	$(PIP) torch==2.13.0
 	$(PIP) -e ".[test]"
 	$(PIP) accelerate==1.15.0
@@ -105,7 +108,7 @@ $(STAMP): pyproject.toml Makefile | $(UV)
 	$(PY) -c "import held.specforge; print('setup: specforge imports OK')"
 	$(PIP) --no-deps $(MODELOPT_DEPS) nvidia-modelopt==0.47.0
 	rm -rf $(MODELOPT_ENV) && $(PY) -m venv --without-pip $(MODELOPT_ENV)
-	$(PIP) --no-deps --target "$$($(MODELOPT_ENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+	$(UV) pip install --quiet $(FIND_LINKS) --no-deps --target "$$($(MODELOPT_ENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
 		$(MODELOPT_ENV_PACKAGES)
 	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
 		"$$($(MODELOPT_ENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/shared-venv.pth"
@@ -116,6 +119,10 @@ $(STAMP): pyproject.toml Makefile | $(UV)
 	$(PIP) $(GGUF_DEPS)
 	$(PY) -c "import serving_engines.vllm_engine, serving_engines.sglang_engine; from serving_engines.rules import check_installed; check_installed(); print('setup: engines import OK')"
 	touch $(STAMP)
+
+# After upgrading a package of .venv on purpose (and the suites passing on it): write its versions back to the pins.
+pins:
+	{ sed -n '/^#/p' $(PINS); $(UV) pip freeze --python $(PY) | grep -v '^-e' | sed 's/+cpu$$//'; } > $(PINS).tmp && mv $(PINS).tmp $(PINS)
 
 # Headless Chromium for tests/test_report_browser.py; installed only when absent.
 browser:

@@ -67,8 +67,12 @@ def make_target_cache(target: nn.Module) -> DynamicCache:
     return cache
 
 
-def crop_target_cache(cache: DynamicCache, length: int) -> None:
-    cache.crop(-(cache.get_seq_length() - length))
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Keep the first `length` positions. Always the count to remove (negative): transformers read a positive
+    `crop` as an absolute length until 5.18 deprecated it, and later releases refuse it."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
 
 
 class Sampler:
@@ -157,7 +161,7 @@ class TargetSession:
         return out.logits[0].to(self.device), context_features(out.hidden_states, self.layer_ids)
 
     def keep(self, length: int) -> None:
-        crop_target_cache(self.cache, length)
+        crop_cache(self.cache, length)
 
     def keep_positions(self, prefix: int, rows: torch.Tensor) -> None:
         """Keep the first `prefix` cache entries plus entries `prefix + rows` (a tree's accepted path)."""
@@ -192,7 +196,7 @@ def draft_block(drafter: DFlashDrafter, target: nn.Module, draft_cache: DraftCac
     # The drafter's new keys are the context features it has not seen yet, then the block.
     positions = torch.arange(start - new_features.shape[1], start + size, device=device)[None]
     hidden = drafter(drafter.embed(target, block), new_features, positions, cache=draft_cache)
-    draft_cache.crop(start)  # keep context only: the block is redrawn next round
+    crop_cache(draft_cache, start)  # keep context only: the block is redrawn next round
     return block, hidden if drafter.reads_whole_block else hidden[:, drafter.spec.first_proposing_slot:]
 
 

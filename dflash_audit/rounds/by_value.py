@@ -198,8 +198,9 @@ def rounding_moved(drafter, target, inputs: DrafterFeed, states: TargetReplay, s
     moved = 2 * float((logits[slot] - as_trained["logits"].float()[slot]).abs().max())
     width = spec.hidden_size
     dtype = next(drafter.parameters()).dtype
-    ulps = max(ulps_apart(inputs.features[:, j * width:(j + 1) * width], trained[:, j * width:(j + 1) * width], dtype)
-               for j in range(len(spec.target_layer_ids)))
+    # One layer's width at a time: each layer's features have their own scale, so their own ulp.
+    ulps = max(ulps_apart(ours, theirs, dtype)
+               for ours, theirs in zip(inputs.features.split(width, dim=-1), trained.split(width, dim=-1)))
     return moved, ulps
 
 

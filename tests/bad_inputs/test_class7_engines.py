@@ -52,7 +52,8 @@ def test_a_missing_silent_crashing_or_hung_engine_is_one_line_and_leaves_nothing
              (crash, "Segmentation fault"), (hang, "ran past 3 s"))
     for python, why in cases:
         code, _, err = run(["serve-check", "--drafter", world / "zref", "--target", world / "target", "--prompts",
-                            world / "prompts.jsonl", "--live", "--vllm-python", python], capsys)
+                            world / "prompts.jsonl", "--live", "--vllm-python", python,
+                            "--max-new-tokens", "8"], capsys)  # the world's target holds 64 positions
         assert_refused(code, err, python.name, why)
         assert list(scratch.iterdir()) == [], (python.name, list(scratch.iterdir()))
     assert gone(int((tmp_path / "child.pid").read_text())), "the hung engine's child is still running"

@@ -149,7 +149,7 @@ def decode(step, target, layer_ids, prompt, max_new, stops):
         fresh = torch.cat([out.hidden_states[i + 1] for i in layer_ids], -1)[:, : len(taken)]
         features = torch.cat([features, fresh], 1)
         at += len(taken)
-        cache.crop(at)
+        cache.crop(at - cache.get_seq_length())  # a negative count: what to drop
         tally[0] += len(taken)
         tally[1] += 1
     return tally

@@ -108,7 +108,7 @@ class Runtime:
             text = text[: anchor + 1] + committed
             buffer.extend(self.features(out)[: len(committed)], anchor)
             anchor += len(committed)
-            cache.crop(anchor)
+            cache.crop(anchor - cache.get_seq_length())  # a negative count: what to drop
             per_round.append(len(committed))
         return per_round
 
