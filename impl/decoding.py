@@ -196,7 +196,7 @@ def draft_block(drafter: DFlashDrafter, target: nn.Module, draft_cache: DraftCac
     # The drafter's new keys are the context features it has not seen yet, then the block.
     positions = torch.arange(start - new_features.shape[1], start + size, device=device)[None]
     hidden = drafter(drafter.embed(target, block), new_features, positions, cache=draft_cache)
-    crop_cache(draft_cache, start)  # keep context only: the block is redrawn next round
+    draft_cache.crop(start)  # keep context only: the block is redrawn next round (our own cache: keeps `start`)
     return block, hidden if drafter.reads_whole_block else hidden[:, drafter.spec.first_proposing_slot:]
 
 
