@@ -20,6 +20,7 @@ from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from foundation.atomic import atomic_directory
 from foundation.cache_dir import build_once
+from foundation.transformers_compat import from_pretrained
 
 from .corpus import stdlib_corpus
 from .kernel_pins import run_pinned
@@ -48,7 +49,7 @@ def train_long_target(world: WorldPaths, progress: bool = False) -> Path:
     settings = LONG_TARGET
     torch.manual_seed(settings["seed"])
     tokenizer = AutoTokenizer.from_pretrained(world.target)
-    model = Qwen3ForCausalLM.from_pretrained(world.target, dtype=torch.float32)
+    model = from_pretrained(Qwen3ForCausalLM, world.target, dtype=torch.float32)
     data = pack_tokens(tokenizer, stdlib_corpus("train"), settings["seq_len"])
     losses = _train(model, data, steps=settings["steps"], batch_size=settings["batch_size"], lr=settings["lr"],
                     seed=settings["seed"], progress=progress)

@@ -51,8 +51,10 @@ def world_in_suite_dtype(world: WorldPaths) -> WorldPaths:
     def build() -> WorldPaths:
         from transformers import AutoModelForCausalLM
 
+        from foundation.transformers_compat import from_pretrained
+
         def fill(tmp):
-            model = AutoModelForCausalLM.from_pretrained(world.target, dtype=dtype)
+            model = from_pretrained(AutoModelForCausalLM, world.target, dtype=dtype)
             model.save_pretrained(tmp)  # config.json now declares the dtype
             for name in TOKENIZER_FILES:
                 if (world.target / name).is_file():

@@ -12,6 +12,7 @@ from pathlib import Path
 from foundation.errors import AuditError, plain_reason
 from foundation.inputs import check_target_dir, openable
 from foundation.placement import CPU_FLOAT32, Placement
+from foundation.transformers_compat import from_pretrained
 
 
 def quiet_transformers() -> None:
@@ -53,7 +54,7 @@ def load_target_model(target_dir: str | Path, placement: Placement = CPU_FLOAT32
     if mismatch is not None:
         raise AuditError(f"{target_dir}: its weights do not fit its config.json ({mismatch})")
     try:
-        model = AutoModelForCausalLM.from_pretrained(openable(target_dir), **kwargs)
+        model = from_pretrained(AutoModelForCausalLM, openable(target_dir), **kwargs)
     except Exception as exc:  # noqa: BLE001 -- transformers' text names no tensor: find the one at fault
         mismatch = first_shape_mismatch(Path(target_dir))
         if mismatch is not None:

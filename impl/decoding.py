@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from foundation.transformers_compat import cache_argument, crop_to
 from foundation.placement import target_device
 from impl.anchors import anchor_blocks
 from impl.dspark import draft_left_to_right
@@ -65,14 +66,6 @@ def make_target_cache(target: nn.Module) -> DynamicCache:
     # Sliding-window targets must keep past states to be cropped back after a rejection.
     cache.activate_past_recording()
     return cache
-
-
-def crop_cache(cache: DynamicCache, length: int) -> None:
-    """Keep the first `length` positions. Always the count to remove (negative): transformers read a positive
-    `crop` as an absolute length until 5.18 deprecated it, and later releases refuse it."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
 
 
 class Sampler:
@@ -156,12 +149,13 @@ class TargetSession:
         """Logits [q, V] and context features [1, q, F] of `token_ids` placed after the cache."""
         if positions is None:
             positions = torch.arange(start, start + token_ids.shape[1], device=token_ids.device)
-        out = self.target(token_ids, position_ids=positions[None], past_key_values=self.cache, use_cache=True,
-                          attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=logits_to_keep)
+        out = self.target(token_ids, position_ids=positions[None], **cache_argument(self.target, self.cache),
+                          use_cache=True, attention_mask=attention_mask, output_hidden_states=True,
+                          logits_to_keep=logits_to_keep)
         return out.logits[0].to(self.device), context_features(out.hidden_states, self.layer_ids)
 
     def keep(self, length: int) -> None:
-        crop_cache(self.cache, length)
+        crop_to(self.cache, length)
 
     def keep_positions(self, prefix: int, rows: torch.Tensor) -> None:
         """Keep the first `prefix` cache entries plus entries `prefix + rows` (a tree's accepted path)."""

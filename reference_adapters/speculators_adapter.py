@@ -22,6 +22,7 @@ from torch import nn
 
 from foundation.atomic import atomic_directory
 from foundation.errors import CheckpointError
+from foundation.transformers_compat import from_pretrained
 from foundation.weights_dir import read_config
 from impl.dflash2 import SelectorTraining
 from impl.extract import HiddenStateExtractor, final_norm, output_head
@@ -162,7 +163,7 @@ def load_speculators_model(path: str | Path, verifier_dir: str | Path | None = N
             config.speculators_config.verifier = verifier_config(verifier_dir)
         elif not _is_local_dir(config.speculators_config.verifier.name_or_path):
             config.speculators_config.verifier = verifier_config(None)  # never reach for the network
-        model = MODEL_CLASSES[family].from_pretrained(str(path), config=config, dtype=torch.float32)
+        model = from_pretrained(MODEL_CLASSES[family], str(path), config=config, dtype=torch.float32)
         if family == "xpress":
             model = rebuilt_with_buffers(model)
     except (OSError, ValueError, KeyError) as exc:

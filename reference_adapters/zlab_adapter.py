@@ -16,6 +16,7 @@ from torch import nn
 
 from foundation.errors import CheckpointError
 from foundation.placement import built_for
+from foundation.transformers_compat import from_pretrained
 from impl.families import config_family
 from impl.interface import INTERFACE_VERSION, GenerationResult, Unsupported
 from foundation.param_names import codebook_module_name, strip_wrapper_prefixes
@@ -70,7 +71,7 @@ def load_zlab_model(path: str | Path) -> zlab.DFlashDraftModel:
 
     try:
         family = config_family(json.loads((Path(path) / "config.json").read_text()))
-        model = model_class(family).from_pretrained(str(path), dtype=torch.float32)
+        model = from_pretrained(model_class(family), str(path), dtype=torch.float32)
     except (OSError, ValueError, KeyError) as exc:
         reason = " ".join(str(exc).split())[:200]
         raise CheckpointError(f"{path}: z-lab's DFlashDraftModel cannot load it ({reason})") from exc

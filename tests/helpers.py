@@ -166,6 +166,7 @@ def knob_problem(name: str, value) -> str | None:
 def greedy_decode(target, input_ids: torch.Tensor, max_new_tokens: int,
                   stop_token_ids: list[int] | None = None) -> torch.Tensor:
     """Plain greedy decoding, one token per target forward: the reference the tests hold speculation's output to."""
+    from foundation.transformers_compat import cache_argument
     from impl.decoding import StopTokens, make_target_cache, target_device
 
     stops = StopTokens(stop_token_ids)
@@ -174,7 +175,7 @@ def greedy_decode(target, input_ids: torch.Tensor, max_new_tokens: int,
     tokens = input_ids[0].tolist()
     step_ids = input_ids
     for _ in range(max_new_tokens):
-        logits = target(step_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        logits = target(step_ids, **cache_argument(target, cache), use_cache=True, logits_to_keep=1).logits
         token = int(logits[0, -1].argmax())
         tokens.append(token)
         if token in stops.ids:

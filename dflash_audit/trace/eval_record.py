@@ -24,6 +24,7 @@ from torch import nn
 
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
+from foundation.transformers_compat import passed_cache
 
 FORMAT = 1
 SCHEMA = f"dflash-audit/trace-evaluation/{FORMAT}"
@@ -178,9 +179,7 @@ class EvaluationCapture:
         cache_position = kwargs.get("cache_position")
         if isinstance(cache_position, torch.Tensor):
             return cache_position.reshape(1, -1).expand(ids.shape[0], -1)
-        cache = kwargs.get("past_key_values")
-        if cache is None:
-            cache = getattr(output, "past_key_values", None)
+        cache = passed_cache(kwargs, output)
         before = 0
         if cache is not None and hasattr(cache, "get_seq_length"):
             before = max(0, int(cache.get_seq_length()) - ids.shape[1])  # the cache now holds this call's ids too

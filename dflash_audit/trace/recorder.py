@@ -506,7 +506,9 @@ class Recorder:
         if getattr(self, "offline_target", None) is None:
             from transformers import AutoModelForCausalLM
 
-            self.offline_target = AutoModelForCausalLM.from_pretrained(self.target_dir, dtype=torch.float32)
+            from foundation.transformers_compat import from_pretrained
+
+            self.offline_target = from_pretrained(AutoModelForCausalLM, self.target_dir, dtype=torch.float32)
             self.offline_target.eval().requires_grad_(False)
         return [ModelCall(self.offline_target, t, None) for t in ids], self.offline_target
 

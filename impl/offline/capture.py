@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from foundation.transformers_compat import cache_argument
 from foundation.placement import target_device
 from impl.decoding import make_target_cache
 from impl.extract import decoder_layers, output_head
@@ -99,7 +100,7 @@ def capture_batch(target: nn.Module, prompts: list[torch.Tensor], layer_ids: lis
         step_ids = input_ids
         while True:
             out = body(input_ids=step_ids, attention_mask=mask if padded else None,
-                       position_ids=positions if padded else None, past_key_values=cache, use_cache=True)
+                       position_ids=positions if padded else None, **cache_argument(body, cache), use_cache=True)
             normed = out.last_hidden_state
             steps.append({i: s.to("cpu") for i, s in taps.take(normed).items()})
             logits = head(normed[:, -1:])[:, -1]  # as the causal LM's logits_to_keep=1
