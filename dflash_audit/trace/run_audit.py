@@ -188,8 +188,11 @@ def optimizers(result: RunAudit, structure: dict, steps: list[dict], ref) -> boo
                     differ.append((f"{name} {setting}", got, list(value) if isinstance(value, tuple) else value))
     if lrs:
         text = "; ".join(f"{where} {got:g} vs {want:g}" for where, got, want in lrs)
-        result.add("recipe", "lr", f"lr (the base the schedule scales): {text} in {ref.title}", lrs[0][1], lrs[0][2],
-                   f"{ref.sources['lr']}, {ref.sources['muon_lr']}")
+        # Every base lr 0: no step changes a weight, so the loss cannot train; that is this one cause, said here.
+        still = ": at lr 0 no optimizer step changes a weight, so the drafter does not train" if all_zero and found \
+            else ""
+        result.add("recipe", "lr", f"lr (the base the schedule scales): {text} in {ref.title}{still}", lrs[0][1],
+                   lrs[0][2], f"{ref.sources['lr']}, {ref.sources['muon_lr']}")
     if differ:
         text = "; ".join(f"{where} {got} vs {want}" for where, got, want in differ)
         result.add("recipe", "optimizer_settings", f"optimizer settings: {text} in {ref.title}", differ[0][1],
@@ -224,6 +227,9 @@ def schedule(result: RunAudit, steps: list[dict], ref) -> None:
     lrs = [s["lrs"][0][0] for s in steps]
     if base is None:
         base = lrs[0] if all(v == lrs[0] for v in lrs) else None
+    if base == 0:
+        result.notes.append("the lr schedule: the base lr is 0, so there is no schedule to fit")
+        return
     if not base:
         result.notes.append("the lr schedule: the base lr is not known (no torch scheduler set initial_lr and the lr "
                             "changes), so its warmup and decay are not fitted")
