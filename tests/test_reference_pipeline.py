@@ -47,8 +47,13 @@ def test_the_reference_pipeline_runs_and_every_stage_is_clean(test_world, tmp_pa
     assert {o["class"].rsplit(":", 1)[-1] for o in traced["facts"]["run"]["optimizers"]} == {"Muon", "AdamW"}
     compared = json.loads((out / "compare" / "report.json").read_text())
     assert compared["exit_status"] == 0 and compared["tau"] is not None
+    # Its only findings are what compare always says: each τ method's result (equal on both sides), and the mask
+    # token (the drafter's mask id 1 is a token of the target's vocabulary, which a decode loop must keep).
+    assert sorted((f["component"], f["key"], f["severity"]) for f in compared["findings"]) == [
+        ("mask_token_validity", "mask token 1", "info"), ("tau", "ddtree", "info"), ("tau", "dflash", "info")]
+    assert all(f["ours"] == f["ref"] for f in compared["findings"])
     served = json.loads((out / "serve-check" / "serving.json").read_text())
-    assert served["exit_status"] == 0
+    assert served["exit_status"] == 0 and served["serving"]["vllm"]["findings"] == []
     planted_data_fault_is_one_finding(test_world, out, tmp_path)
     planted_run_fault_is_one_finding(test_world, out, tmp_path, traced)
 
