@@ -34,6 +34,7 @@ CHANGES = {
     "no clipping": (["--clip", "0"], ("recipe", "grad_clip", "divergence")),
     "clip at 0.5": (["--clip", "0.5"], ("recipe", "grad_clip", "divergence")),
     "gradients zeroed before the step": (["--zero-before-step"], ("loss", "zero_gradients", "divergence")),
+    "a loss mask with nothing in it": (["--empty-loss-mask"], ("loss", "zero_gradients", "divergence")),
     "AdamW betas (0.9, 0.95)": (["--betas", "0.9", "0.95"], ("recipe", "optimizer_settings", "divergence")),
     "two micro-batches": (["--accum", "2"], ("recipe", "accumulation", "warning")),
     "bfloat16 master weights": (["--param-dtype", "bfloat16"], ("recipe", "precision", "divergence")),
@@ -88,6 +89,8 @@ def test_the_numbers_are_the_planted_ones(audited):
     assert (frozen.findings[0].ours, frozen.findings[0].ref) == (0, pytest.approx(1e-3))
     assert "the drafter does not train" in frozen.findings[0].message
     assert "the lr schedule: the base lr is 0, so there is no schedule to fit" in frozen.notes and "schedule" not in frozen.facts
+    assert "zeroed between backward and step" in audited["gradients zeroed before the step"].findings[0].message
+    assert "backward gives every parameter a zero gradient" in audited["a loss mask with nothing in it"].findings[0].message
     warmup = audited["no warmup"].findings[0]
     assert (warmup.ours, warmup.ref) == (0, 2) and "200" in warmup.message
     clip = audited["clip at 0.5"].findings[0]

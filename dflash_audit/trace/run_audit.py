@@ -400,8 +400,16 @@ def loss(result: RunAudit, steps: list[dict], lr_zero: bool, missing: list[str])
         none = all(s["params_with_grad"] == 0 for s in steps)
         placed = f"; the drafter's {len(missing)} trainable parameters, e.g. {missing[0]}, are in no optimizer" \
             if missing else ""
-        why = f"no parameter the optimizer steps gets a gradient (it holds other tensors than the loss reaches{placed})" \
-            if none else "every gradient is zero when the optimizer steps (zeroed between backward and step?)"
+        after = [s["grad_norm_after_backward"] for s in steps]
+        # By value, where the gradient went to zero: already after backward (the loss trains no row), or after it.
+        if none:
+            why = f"no parameter the optimizer steps gets a gradient (it holds other tensors than the loss reaches{placed})"
+        elif all(not a for a in after):
+            why = "backward gives every parameter a zero gradient: no row of the loss trains (an empty loss mask?)"
+        else:
+            top = max(a for a in after if a)
+            why = f"every gradient is zero when the optimizer steps, though backward gave them a norm up to {top:.4g}: " \
+                  "zeroed between backward and step"
         result.add("loss", "zero_gradients", f"the loss does not train the drafter: {why}; losses "
                    f"{', '.join(f'{v:.6g}' for v in losses)}", 0.0, "a nonzero gradient",
                    "speculators/train/trainer.py: Trainer.train_epoch (zero_grad, backward, clip, step)")

@@ -40,6 +40,7 @@ p.add_argument("--resume-parts", default="model,optimizer,scheduler")
 p.add_argument("--ddp", action="store_true", help="torchrun: a gloo process group, each rank its own shard of the "
                                                   "batches, the gradients averaged over the ranks")
 p.add_argument("--same-shard", action="store_true", help="every rank fed rank 0's shard")
+p.add_argument("--empty-loss-mask", action="store_true", help="a loss mask with no position in it (the loss 0)")
 p.add_argument("--detach-loss", action="store_true", help="the loss cut from the drafter, then made to require grad "
                                                          "(backward runs, no weight gets a gradient)")
 p.add_argument("--wrap", default=None, choices=["ddp", "compile"], help="the forward through DDP (one gloo rank) or "
@@ -131,7 +132,8 @@ try:
             with torch.no_grad():
                 hs = target(input_ids=ids, output_hidden_states=True).hidden_states
             dtype = getattr(torch, args.param_dtype)
-            _, loss, _ = forward(torch.cat([hs[i] for i in aux], -1).to(dtype), ids, torch.ones_like(ids),
+            _, loss, _ = forward(torch.cat([hs[i] for i in aux], -1).to(dtype), ids,
+                                 torch.zeros_like(ids) if args.empty_loss_mask else torch.ones_like(ids),
                                  raw["last"].to(dtype), torch.zeros_like(ids), max_anchors=4, loss_config=loss_config, gamma=args.gamma)
             if args.detach_loss:
                 loss = loss.detach().requires_grad_()
