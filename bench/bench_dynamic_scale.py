@@ -225,13 +225,35 @@ def load_models(target_dir: Path, ours_dir: Path, ref_dir: Path, device: str):
 
 
 @torch.inference_mode()
+def live_partings(drafter, target, cache, prompts: list[torch.Tensor], offline: list[list[int]], max_new_tokens: int,
+                  stop_ids: list[int], device: str) -> tuple[list[list[int]], list, bool]:
+    """Each prompt decoded live by `drafter` and held to its offline rounds (compare's report) as the tests hold them:
+    where they part, `explain_parting` sets the parting against the features the live drafter read, for the one
+    near-tie rule (`impl.offline.walks.unexplained_partings`) to judge: below float32 a drafter near-tie within the
+    dtype's rounding of the target's states is explained, anything else counts. Returns (the live rounds per prompt,
+    the partings, whether every live continuation is the cache's)."""
+    from impl.decoding import dflash_decode
+    from impl.offline.walks import explain_parting
+
+    rounds, partings, same = [], [], True
+    for entry, prompt, replayed in zip(cache.prompts, prompts, offline, strict=True):
+        result = dflash_decode(drafter, target, prompt.to(device), max_new_tokens, stop_ids, keep_features=True)
+        rounds.append(result.acceptance_lengths)
+        same &= torch.equal(result.output_ids.reshape(-1).cpu(), entry.token_ids)
+        parting = explain_parting(drafter, target, cache, entry, "dflash", replayed, result.acceptance_lengths,
+                                  result.extra["features"], result.output_ids)
+        if parting is not None:
+            partings.append(parting)
+    return rounds, partings, same
+
+
+@torch.inference_mode()
 def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_dir: Path, ref_dir: Path,
                        prompts_path: Path, cache_dir: Path, report: dict) -> tuple[list[Row], dict]:
     from dflash_audit.prompts import load_prompts, tokenize_prompts
-    from impl.decoding import dflash_decode
     from impl.offline import cache_bytes_estimate, offline_rounds_batch
     from impl.offline.cache import build_cache
-    from impl.offline.walks import explain_parting, unexplained_partings
+    from impl.offline.walks import unexplained_partings
     from foundation.placement import dtype_name, model_dtype
     from foundation.target import load_tokenizer
     from foundation.target_vocab import stop_token_ids
@@ -284,18 +306,10 @@ def measure_in_process(args, device: str, repeats: int, target_dir: Path, ours_d
     for name in live_names:
         drafter = drafters[name]
         timer = Timer(drafter, ("forward", "compute_logits"))
-        live[name] = []
-        for i, (entry, (_, prompt)) in enumerate(zip(cache.prompts, prompts)):
-            result = dflash_decode(drafter, target, prompt.to(device), args.max_new_tokens, stop_ids,
-                                   keep_features=True)
-            live[name].append(result.acceptance_lengths)
-            live_tokens_same &= torch.equal(result.output_ids.reshape(-1).cpu(), entry.token_ids)
-            # Below float32 a parting is judged as the tests judge it: a drafter near-tie within the dtype's
-            # rounding of the target's states is explained, anything else counts.
-            parting = explain_parting(drafter, target, cache, entry, "dflash", offline[name][i],
-                                      result.acceptance_lengths, result.extra["features"], result.output_ids)
-            if parting is not None:
-                partings.append(parting)
+        live[name], found, same = live_partings(drafter, target, cache, [p for _, p in prompts], offline[name],
+                                                args.max_new_tokens, stop_ids, device)
+        partings += found
+        live_tokens_same &= same
         if name == timed_name:
             drafter_s = timer.seconds
         print(f"live {name}: τ {[round(sum(r) / len(r), 3) for r in live[name]]}", flush=True)

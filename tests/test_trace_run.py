@@ -28,11 +28,13 @@ STEPS = 5
 CHANGES = {
     "AdamW on everything": (["--optimizer", "adamw"], ("recipe", "optimizer", "divergence")),
     "lr 10x": (["--lr", "1e-2"], ("recipe", "lr", "divergence")),
+    "lr 0: the loss does not train": (["--lr", "0"], ("recipe", "lr", "divergence")),
     "no warmup": (["--warmup-ratio", "0"], ("recipe", "lr_warmup", "divergence")),
     "cosine decay": (["--schedule", "cosine"], ("recipe", "lr_schedule", "divergence")),
     "no clipping": (["--clip", "0"], ("recipe", "grad_clip", "divergence")),
     "clip at 0.5": (["--clip", "0.5"], ("recipe", "grad_clip", "divergence")),
     "gradients zeroed before the step": (["--zero-before-step"], ("loss", "zero_gradients", "divergence")),
+    "a loss mask with nothing in it": (["--empty-loss-mask"], ("loss", "zero_gradients", "divergence")),
     "AdamW betas (0.9, 0.95)": (["--betas", "0.9", "0.95"], ("recipe", "optimizer_settings", "divergence")),
     "two micro-batches": (["--accum", "2"], ("recipe", "accumulation", "warning")),
     "bfloat16 master weights": (["--param-dtype", "bfloat16"], ("recipe", "precision", "divergence")),
@@ -83,6 +85,12 @@ def test_each_change_of_the_run_is_exactly_its_own_finding(audited, change):
 def test_the_numbers_are_the_planted_ones(audited):
     lr = audited["lr 10x"].findings[0]
     assert (lr.ours, lr.ref) == (pytest.approx(1e-2), pytest.approx(1e-3))
+    frozen = audited["lr 0: the loss does not train"]
+    assert (frozen.findings[0].ours, frozen.findings[0].ref) == (0, pytest.approx(1e-3))
+    assert "the drafter does not train" in frozen.findings[0].message
+    assert "the lr schedule: the base lr is 0, so there is no schedule to fit" in frozen.notes and "schedule" not in frozen.facts
+    assert "zeroed between backward and step" in audited["gradients zeroed before the step"].findings[0].message
+    assert "backward gives every parameter a zero gradient" in audited["a loss mask with nothing in it"].findings[0].message
     warmup = audited["no warmup"].findings[0]
     assert (warmup.ours, warmup.ref) == (0, 2) and "200" in warmup.message
     clip = audited["clip at 0.5"].findings[0]
@@ -95,6 +103,15 @@ def test_the_full_trace_of_the_sound_run_is_clean(target_dir, tmp_path):
     report = audit_recording(record(target_dir, tmp_path, []))
     assert report.findings == [], [f.message for f in report.findings]
     assert report.facts["run"]["steps"] == STEPS
+
+
+def test_a_loss_detached_from_the_drafter_is_refused_naming_it(target_dir, tmp_path):
+    """A loss cut from the drafter and made to require grad: backward runs, no weight gets a gradient. No step of a
+    drafter exists to audit, so the trace refuses in one line that names the cause."""
+    from foundation.errors import AuditError
+
+    with pytest.raises(AuditError, match="the loss reaches no parameter, only tensors made to require grad"):
+        record(target_dir, tmp_path, ["--detach-loss"])
 
 
 def test_one_step_is_not_a_run(target_dir, tmp_path):
@@ -261,3 +278,21 @@ def test_the_full_trace_says_a_parted_forward_or_loss_once(target_dir, tmp_path,
         assert parity_findings == [] and len(divergences) == 1, [f.message for f in report.findings]
         assert "7" in next(f.message for f in report.findings if f.severity == "divergence")
         assert any(n.startswith("step parity: the run parts") and "in the loss" in n for n in report.notes)
+
+
+def test_a_wrapped_drafter_is_read_as_the_plain_one(target_dir, tmp_path):
+    """The same run with the drafter's forward through DDP (one gloo rank, in this process) or torch.compile: the
+    run and its step parity read exactly as the plain run's (the wrapper unwrapped: speculators' forward run beside
+    it on the same batches), each step's loss the plain run's."""
+    runs = {}
+    for wrap in (None, "ddp", "compile"):
+        out = tmp_path / str(wrap)
+        record_script(TRAINER, ["--target", str(target_dir), *(["--wrap", wrap] if wrap else [])], out, steps=3,
+                      parity=2)
+        runs[wrap] = audit_run(read_recording(out).manifest, out)
+    for wrap, run in runs.items():
+        assert found(run) == [], (wrap, [f.message for f in run.findings])
+        parity = run.facts["parity"]
+        assert parity["forward"] == "speculators' DFlashDraftModel run beside the team's on its batches", wrap
+        assert (parity["compared"], parity["parted"]) == (2, None), (wrap, parity)
+        assert [row["loss"] for row in run.facts["per_step"]] == [row["loss"] for row in runs[None].facts["per_step"]]

@@ -67,6 +67,7 @@ class StepAudit(BlockAudit, ContextAudit, DraftRowsAudit, TargetAudit, Alignment
         self.context_features()
         self.draft_table()
         self.loss_side()
+        self.unread_masks()
         for name in self.entries:
             if name not in self.rows:
                 e = self.entries[name]

@@ -132,6 +132,15 @@ class BlockAudit(StepState):
         if mask is not None:
             block["mask"] = mask
 
+    def unread_masks(self) -> None:
+        """A drafter call's attention mask the training-mask check never reached: it needs the blocks' anchors, read
+        from the loss's rows (not there without the loss's gradient, or not told from the data). Named for what it
+        is, not left unexplained: the missing loss rows are the finding (`draft_rows.py`, `alignment.py`)."""
+        for call, block in self.blocks.items():
+            if "mask" in block and block["mask"] not in self.rows:
+                self.account(block["mask"], f"the drafter's attention mask (drafter call {call}): not read as the "
+                                            "training mask, the blocks' anchors unknown")
+
     def training_mask(self, mask: torch.Tensor, block: dict, anchors: dict, call: int) -> None:
         """A call holding the whole sequence as context and a hand-built mask: each block sees the context before
         its anchor, strictly, and no other block."""

@@ -1,12 +1,19 @@
 """fc's inputs: the context features the drafter consumed, named chunk by chunk as the target's layers (plus a
 residual: augmentation noise on the drafter's inputs, which the reference allows), and the layers held to the
-reference's layer ids."""
+reference's layer ids.
+
+A row packed from documents (a trainer on offline states, speculators' loader: documents end to end, then zeros) holds
+rows no target computed: its padding. Only the documents' rows are named (the recorder cut each document from the
+drafter's row where its position ids restart at 0, and kept where it starts); the padding is left out and said, so
+that zeros beside the states are not read as a residual on them."""
 
 from __future__ import annotations
 
 from catalogue.findings import Finding
 from dflash_audit.trace.matcher import Named, name_rows
-from dflash_audit.trace.step_state import StepState, as_rows
+import torch
+
+from dflash_audit.trace.step_state import StepState, as_rows, micro_batch
 
 
 class ContextAudit(StepState):
@@ -18,17 +25,17 @@ class ContextAudit(StepState):
             t = self.tensors[name]
             if t.shape[-1] % hidden:
                 continue
-            rows = as_rows(t)
+            rows, padding = self.context_rows(name)
             chunks = [name_rows(rows[:, k * hidden:(k + 1) * hidden], self.cands.hidden, self.tol(name))
                       for k in range(t.shape[-1] // hidden)]
             if not all(c.equal or c.noisy for c in chunks):
                 worst = max(chunks, key=lambda c: c.distance)
-                self.account(name, worst.describe(), worst.distance)
+                self.account(name, worst.describe() + padding, worst.distance)
                 continue
             module = self.entries[name].get("module", "?")
             layers = [c.candidate.layer for c in chunks]
             what = ", ".join(c.candidate.name for c in chunks)
-            self.account(name, f"the context features fc reads ({module}): {what}",
+            self.account(name, f"the context features fc reads ({module}): {what}{padding}",
                          max(c.distance for c in chunks))
             self.flow["fc_layers"] = layers
             self.flow["fc_module"] = module
@@ -40,6 +47,29 @@ class ContextAudit(StepState):
                                  "— augmentation of the drafter's inputs, which the reference allows (targets stay "
                                  "clean)", round(c.residual_std, 4), "noise on inputs only", pitfall=15,
                                  key="inputs", raw={"relative": c.relative_noise}))
+
+    def context_rows(self, name: str) -> tuple[torch.Tensor, str]:
+        """The fed tensor's rows that hold the target's states, and what was left out, in words: in a packed row, the
+        rows of its documents (each recorded token tensor's `packed_start` and length in a row of `packed_length`);
+        otherwise every row."""
+        t = self.tensors[name]
+        rows = as_rows(t)
+        documents = [n for n in self.of_role("tokens") if micro_batch(n) == micro_batch(name)]
+        spans = [(self.entries[n].get("packed_start"), self.tensors[n].numel(), self.entries[n].get("packed_length"))
+                 for n in documents]
+        if not spans or any(start is None for start, _, _ in spans) or {length for _, _, length in spans} != \
+                {rows.shape[0]}:
+            return rows, ""
+        documents_rows = torch.zeros(rows.shape[0], dtype=torch.bool)
+        for start, size, _ in spans:
+            documents_rows[start:start + size] = True
+        padding = rows[~documents_rows]
+        if not len(padding):
+            return rows, ""
+        top = float(padding.abs().max())
+        return rows[documents_rows], (f"; the packed row's {len(padding)} rows of padding past its "
+                                      f"{len(spans)} documents left out ("
+                                      + ("all zero)" if top == 0 else f"max |x| {top:.3g})"))
 
     def fc_finding(self, layers: list[int | None], chunks: list[Named]) -> None:
         ref = self.ref.layer_ids

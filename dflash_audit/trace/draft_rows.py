@@ -65,8 +65,13 @@ class DraftRowsAudit(StepState):
                          if self.tensors[n].shape[-1] == vocab else
                          f"a draft-side tensor of the loss {self.tensors[n].shape[-1]} wide")
         inputs = self.of_role("loss_input")
+        # A distribution per trained row: vocabulary-wide rows. One row as wide as the vocabulary beside many draft
+        # rows is a per-row constant (weights, a mask) whose length happens to equal the vocabulary's.
+        draft_rows = max((as_rows(self.tensors[n]).shape[0] for n in self.of_role("loss_draft_side")
+                          if self.tensors[n].shape[-1] == vocab), default=1)
         distributions = [n for n in inputs if self.tensors[n].is_floating_point() and
-                         self.tensors[n].dim() and self.tensors[n].shape[-1] == vocab]
+                         self.tensors[n].dim() and self.tensors[n].shape[-1] == vocab and
+                         (as_rows(self.tensors[n]).shape[0] > 1 or draft_rows == 1)]
         labels = [n for n in inputs if not self.tensors[n].is_floating_point() and self.tensors[n].dtype != torch.bool
                   and (str(self.entries[n].get("node", "")).startswith("NllLoss")
                        or self.entries[n].get("attr") == "target")]

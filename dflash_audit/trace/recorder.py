@@ -54,6 +54,7 @@ class ModelCall:
     input_ids: torch.Tensor | None
     attention_mask: torch.Tensor | None
     position_ids: torch.Tensor | None = None
+    packed: tuple[int, int] | None = None  # a document cut from a packed row: (its first position, the row's length)
 
 
 @dataclass
@@ -437,6 +438,9 @@ class Recorder:
                 raise TraceRefused(f"--drafter-class {self.drafter_class}: no module of that class owns a parameter "
                                    "the loss depends on")
         if not candidates:
+            if not any(isinstance(p, nn.Parameter) for p in params):  # leaves made to require grad, no weight
+                raise TraceRefused("the loss reaches no parameter, only tensors made to require grad (a loss detached "
+                                   "from the model, then requires_grad_?): no weight gets a gradient, nothing trains")
             raise TraceRefused("the loss depends on trainable parameters of no module that ran forward in this step")
         best = max(c[0] for c in candidates)
         top = sorted((c for c in candidates if c[0] == best), key=lambda c: (c[1], c[2]), reverse=True)
@@ -460,7 +464,9 @@ class Recorder:
         models: dict[int, nn.Module] = {}
         for call in calls.models:
             m = call.model
-            if m is drafter or _contains(drafter, m) or call.input_ids is None:
+            # The drafter itself, also inside a wrapper that is a model to the eye (a compiled module forwards
+            # `config` and the head to the model it holds), is no target.
+            if unwrap(m) is drafter or _contains(drafter, m) or call.input_ids is None:
                 continue
             if _contains(m, drafter):
                 # The drafter built inside the target (Model-Optimizer's `convert`): the target is the rest of it,
@@ -498,9 +504,12 @@ class Recorder:
                and not t.is_floating_point()]
         # A drafter class with a head and decoder layers (speculators' DFlashDraftModel) is seen as a model call; its
         # packed row split into the documents its position ids restart at (each was one target forward when written).
+        spans: list[tuple[int, int] | None] = [None] * len(ids)
         for c in calls.models:
             if unwrap(c.model) is drafter and isinstance(c.input_ids, torch.Tensor) and not c.input_ids.is_floating_point():
-                ids += packed_documents(c.input_ids, c.position_ids)
+                documents = packed_documents(c.input_ids, c.position_ids)
+                ids += [document for document, _ in documents]
+                spans += [(start, c.input_ids.shape[-1]) if start is not None else None for _, start in documents]
         if not ids:
             return None
         if getattr(self, "offline_target", None) is None:
@@ -510,19 +519,21 @@ class Recorder:
 
             self.offline_target = from_pretrained(AutoModelForCausalLM, self.target_dir, dtype=torch.float32)
             self.offline_target.eval().requires_grad_(False)
-        return [ModelCall(self.offline_target, t, None) for t in ids], self.offline_target
+        return [ModelCall(self.offline_target, t, None, packed=span) for t, span in zip(ids, spans)], \
+            self.offline_target
 
 
-def packed_documents(ids: torch.Tensor, positions) -> list[torch.Tensor]:
-    """A packed row of token ids as its documents ([1, T] each): a document starts where the position ids restart at
-    0; a one-token run is the row's padding (zeros at position 0), not a document. One row without positions: itself."""
+def packed_documents(ids: torch.Tensor, positions) -> list[tuple[torch.Tensor, int | None]]:
+    """A packed row of token ids as its documents ([1, T] each), each with its first position in the row: a document
+    starts where the position ids restart at 0; a one-token run is the row's padding (zeros at position 0), not a
+    document. One row without positions: itself (its start None: no packing known)."""
     if not isinstance(positions, torch.Tensor) or positions.numel() != ids.numel() or ids.dim() != 2 \
             or ids.shape[0] != 1:
-        return [ids]
+        return [(ids, None)]
     flat, pos = ids.reshape(-1), positions.reshape(-1)
     starts = (pos == 0).nonzero().flatten().tolist()
     ends = starts[1:] + [flat.numel()]
-    return [flat[a:b][None] for a, b in zip(starts, ends) if b - a > 1] or [ids]
+    return [(flat[a:b][None], a) for a, b in zip(starts, ends) if b - a > 1] or [(ids, None)]
 
 
 def unwrap(module: nn.Module) -> nn.Module:
@@ -695,7 +706,8 @@ def step_record(loss, graph, calls: StepCalls, drafter: nn.Module, drafter_name:
     target_modules = {id(m) for m in target.modules()} - set(owned)  # a drafter inside the target is not the target
     skip = {_key(p) for m in (drafter, target) for p in (*m.parameters(), *m.buffers())}
     for i, call in enumerate(target_calls):
-        keep(f"tokens.{i}", call.input_ids, "tokens")
+        keep(f"tokens.{i}", call.input_ids, "tokens", **({"packed_start": call.packed[0], "packed_length":
+                                                          call.packed[1]} if call.packed else {}))
         if call.attention_mask is not None:
             keep(f"attention_mask.{i}", call.attention_mask, "target_attention_mask")
         if isinstance(call.position_ids, torch.Tensor):

@@ -188,8 +188,11 @@ def optimizers(result: RunAudit, structure: dict, steps: list[dict], ref) -> boo
                     differ.append((f"{name} {setting}", got, list(value) if isinstance(value, tuple) else value))
     if lrs:
         text = "; ".join(f"{where} {got:g} vs {want:g}" for where, got, want in lrs)
-        result.add("recipe", "lr", f"lr (the base the schedule scales): {text} in {ref.title}", lrs[0][1], lrs[0][2],
-                   f"{ref.sources['lr']}, {ref.sources['muon_lr']}")
+        # Every base lr 0: no step changes a weight, so the loss cannot train; that is this one cause, said here.
+        still = ": at lr 0 no optimizer step changes a weight, so the drafter does not train" if all_zero and found \
+            else ""
+        result.add("recipe", "lr", f"lr (the base the schedule scales): {text} in {ref.title}{still}", lrs[0][1],
+                   lrs[0][2], f"{ref.sources['lr']}, {ref.sources['muon_lr']}")
     if differ:
         text = "; ".join(f"{where} {got} vs {want}" for where, got, want in differ)
         result.add("recipe", "optimizer_settings", f"optimizer settings: {text} in {ref.title}", differ[0][1],
@@ -224,6 +227,9 @@ def schedule(result: RunAudit, steps: list[dict], ref) -> None:
     lrs = [s["lrs"][0][0] for s in steps]
     if base is None:
         base = lrs[0] if all(v == lrs[0] for v in lrs) else None
+    if base == 0:
+        result.notes.append("the lr schedule: the base lr is 0, so there is no schedule to fit")
+        return
     if not base:
         result.notes.append("the lr schedule: the base lr is not known (no torch scheduler set initial_lr and the lr "
                             "changes), so its warmup and decay are not fitted")
@@ -394,8 +400,16 @@ def loss(result: RunAudit, steps: list[dict], lr_zero: bool, missing: list[str])
         none = all(s["params_with_grad"] == 0 for s in steps)
         placed = f"; the drafter's {len(missing)} trainable parameters, e.g. {missing[0]}, are in no optimizer" \
             if missing else ""
-        why = f"no parameter the optimizer steps gets a gradient (it holds other tensors than the loss reaches{placed})" \
-            if none else "every gradient is zero when the optimizer steps (zeroed between backward and step?)"
+        after = [s["grad_norm_after_backward"] for s in steps]
+        # By value, where the gradient went to zero: already after backward (the loss trains no row), or after it.
+        if none:
+            why = f"no parameter the optimizer steps gets a gradient (it holds other tensors than the loss reaches{placed})"
+        elif all(not a for a in after):
+            why = "backward gives every parameter a zero gradient: no row of the loss trains (an empty loss mask?)"
+        else:
+            top = max(a for a in after if a)
+            why = f"every gradient is zero when the optimizer steps, though backward gave them a norm up to {top:.4g}: " \
+                  "zeroed between backward and step"
         result.add("loss", "zero_gradients", f"the loss does not train the drafter: {why}; losses "
                    f"{', '.join(f'{v:.6g}' for v in losses)}", 0.0, "a nonzero gradient",
                    "speculators/train/trainer.py: Trainer.train_epoch (zero_grad, backward, clip, step)")

@@ -190,9 +190,35 @@ def patch_draft_length(runner, undo):  # every block drafted one token short
     override(proposer, "propose", shorter, undo)
 
 
+# The near-tie rule's float32 margin (impl/near_tie.py KERNEL_MARGIN; this process imports nothing of the audit's).
+NEAR_TIE = 1e-3
+
+
+def greedy_patch(runner, undo, choose):
+    """The drafter's greedy draft tokens chosen by `choose(top two values, top two ids)` instead of the argmax
+    (vLLM's `_greedy_sample`: the drafter's logits from its final norm's output, every module before it untouched)."""
+    proposer = runner.drafter
+
+    def sample(hidden_states):
+        top = proposer.model.compute_logits(hidden_states).topk(2, dim=-1)
+        return choose(top.values, top.indices)
+
+    override(proposer, "_greedy_sample", sample, undo)
+
+
+def patch_draft_runner_up(runner, undo):  # every draft the runner-up of the drafter's logits
+    greedy_patch(runner, undo, lambda values, ids: ids[..., 1])
+
+
+def patch_near_tie_runner_up(runner, undo):  # the runner-up drafted where the top two are a near-tie
+    greedy_patch(runner, undo, lambda values, ids: ids[..., 0].where(values[..., 0] - values[..., 1] >= NEAR_TIE,
+                                                                     ids[..., 1]))
+
+
 PATCHES = {"final_norm": patch_final_norm, "k_norm": patch_k_norm, "norm_swap": patch_norm_swap,
            "layer_shift": patch_layer_shift,
-           "last_before_norm": patch_last_before_norm, "mask_id": patch_mask_id, "draft_length": patch_draft_length}
+           "last_before_norm": patch_last_before_norm, "mask_id": patch_mask_id, "draft_length": patch_draft_length,
+           "draft_runner_up": patch_draft_runner_up, "near_tie_runner_up": patch_near_tie_runner_up}
 
 
 @contextmanager

@@ -4,6 +4,8 @@ momentum 0.95, weight decay 0.1, match_rms_adamw) and AdamW on the rest (lr 1e-3
 schedule warming up over 1% of the total, gradient clipping at 1.0, one backward per step, float32 master weights.
 Each flag below changes one thing of the run (`--act gelu`: its layers'
 forward, `--gamma 7`: its loss; under torchrun `--ddp` gives each rank its own shard, `--same-shard` rank 0's); `--save`/`--resume` write and read a checkpoint.
+`--wrap ddp|compile` runs the drafter's forward through DistributedDataParallel (one gloo rank, in this process) or
+torch.compile: the same run, wrapped.
 """
 
 import argparse
@@ -38,6 +40,11 @@ p.add_argument("--resume-parts", default="model,optimizer,scheduler")
 p.add_argument("--ddp", action="store_true", help="torchrun: a gloo process group, each rank its own shard of the "
                                                   "batches, the gradients averaged over the ranks")
 p.add_argument("--same-shard", action="store_true", help="every rank fed rank 0's shard")
+p.add_argument("--empty-loss-mask", action="store_true", help="a loss mask with no position in it (the loss 0)")
+p.add_argument("--detach-loss", action="store_true", help="the loss cut from the drafter, then made to require grad "
+                                                         "(backward runs, no weight gets a gradient)")
+p.add_argument("--wrap", default=None, choices=["ddp", "compile"], help="the forward through DDP (one gloo rank) or "
+                                                                       "torch.compile")
 p.add_argument("--reload-each-step", action="store_true", help="the resume's weight load inside the loop: the "
                                                               "drafter's first weights loaded again at every step")
 args = p.parse_args()
@@ -105,34 +112,49 @@ target.model.norm.register_forward_pre_hook(lambda m, a: raw.update(last=a[0]))
 data = torch.Generator().manual_seed(1 + start)
 loss_config = resolve_loss_config("kl_div", "eager")
 first_weights = {k: v.clone() for k, v in drafter.state_dict().items()}
-for step in range(start, args.run if args.run is not None else args.total):
-    if args.reload_each_step:
-        drafter.load_state_dict(first_weights)
-    for o in optimizers:
-        o.zero_grad()
-    for _ in range(args.accum):
-        shards = [torch.randint(1, c.vocab_size - 1, (1, args.seq_len), generator=data) for _ in range(world)]
-        ids = shards[0 if args.same_shard else rank]  # the global batch: one shard per rank
-        with torch.no_grad():
-            hs = target(input_ids=ids, output_hidden_states=True).hidden_states
-        dtype = getattr(torch, args.param_dtype)
-        _, loss, _ = drafter(torch.cat([hs[i] for i in aux], -1).to(dtype), ids, torch.ones_like(ids),
-                             raw["last"].to(dtype), torch.zeros_like(ids), max_anchors=4, loss_config=loss_config, gamma=args.gamma)
-        (loss / args.accum).backward()
-    if world > 1:
-        for q in drafter.parameters():
-            if q.grad is not None:
-                torch.distributed.all_reduce(q.grad)
-                q.grad /= world
-    if args.clip:
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), args.clip)
-    if args.zero_before_step:
+forward = drafter
+own_group = args.wrap == "ddp" and not torch.distributed.is_initialized()
+if own_group:
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+if args.wrap == "ddp":
+    forward = torch.nn.parallel.DistributedDataParallel(drafter)
+elif args.wrap == "compile":
+    forward = torch.compile(drafter, backend="aot_eager")
+try:
+    for step in range(start, args.run if args.run is not None else args.total):
+        if args.reload_each_step:
+            drafter.load_state_dict(first_weights)
         for o in optimizers:
-            o.zero_grad(set_to_none=False)
-    for o in optimizers:
-        o.step()
-    for sched in schedulers:
-        sched.step()
+            o.zero_grad()
+        for _ in range(args.accum):
+            shards = [torch.randint(1, c.vocab_size - 1, (1, args.seq_len), generator=data) for _ in range(world)]
+            ids = shards[0 if args.same_shard else rank]  # the global batch: one shard per rank
+            with torch.no_grad():
+                hs = target(input_ids=ids, output_hidden_states=True).hidden_states
+            dtype = getattr(torch, args.param_dtype)
+            _, loss, _ = forward(torch.cat([hs[i] for i in aux], -1).to(dtype), ids,
+                                 torch.zeros_like(ids) if args.empty_loss_mask else torch.ones_like(ids),
+                                 raw["last"].to(dtype), torch.zeros_like(ids), max_anchors=4, loss_config=loss_config, gamma=args.gamma)
+            if args.detach_loss:
+                loss = loss.detach().requires_grad_()
+            (loss / args.accum).backward()
+        if world > 1:
+            for q in drafter.parameters():
+                if q.grad is not None:
+                    torch.distributed.all_reduce(q.grad)
+                    q.grad /= world
+        if args.clip:
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), args.clip)
+        if args.zero_before_step:
+            for o in optimizers:
+                o.zero_grad(set_to_none=False)
+        for o in optimizers:
+            o.step()
+        for sched in schedulers:
+            sched.step()
+finally:  # the one-rank group this process made, gone however the loop ends
+    if own_group:
+        torch.distributed.destroy_process_group()
 if args.ddp:
     torch.distributed.destroy_process_group()
 if args.save:
