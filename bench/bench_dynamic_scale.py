@@ -213,9 +213,10 @@ def load_models(target_dir: Path, ours_dir: Path, ref_dir: Path, device: str):
     from transformers import AutoModelForCausalLM
 
     from dflash_audit.formats import load_any
+    from foundation.transformers_compat import from_pretrained
     from impl.body_shapes import build_drafter
 
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16, device_map=device)
+    target = from_pretrained(AutoModelForCausalLM, target_dir, dtype=torch.bfloat16, device_map=device)
     target = target.eval().requires_grad_(False)
     drafters = {}
     for name, folder in (("ours", ours_dir), ("ref", ref_dir)):
