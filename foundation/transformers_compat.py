@@ -6,7 +6,7 @@ never by a version number.
   fails. The audit holds models to the references' torch code, offline, and runs no downloaded code (as it never
   passes `trust_remote_code`), so `from_pretrained` here always loads a model without them; earlier releases default
   to False and take the keyword too.
-- The cache keyword. A model's forward takes its KV cache as `past_key_values` up to 5.24 and as `cache` from 5.25,
+- The cache keyword. A model's forward takes its KV cache as `past_key_values` up to 5.23 and as `cache` from 5.24,
   which still renames the old keyword (with a FutureWarning) until 5.40; its outputs carry the cache under the new
   name only. `cache_argument` reads the name from the model's own forward signature; `passed_cache` finds a cache
   under either name.
