@@ -6,8 +6,9 @@ Then each script is imported and its own pieces are held by value to an independ
 target's layer outputs taken with forward hooks (not `output_hidden_states`), the target's next-token logits as
 lm_head(final_norm(raw output of the last decoder layer)) read at position p - 1 for a slot at position p, the
 drafter's logits block by block in z-lab's inference-style call (the in-house drafter's weights loaded into
-z-lab's DFlashDraftModel), and DFlash's decayed loss written out afresh. padded_batch, packed_documents and
-precomputed_targets are held so on one real training step each, recorded through their own functions.
+z-lab's DFlashDraftModel), and DFlash's decayed loss written out afresh. padded_batch, packed_documents,
+precomputed_targets, own_modulelist_no_config and offline_hidden_states_file are held so on one real training step
+each, recorded through their own functions.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from dflash_world.target_training import distinct_random_qwen3
 
 CORPUS = Path(__file__).resolve().parent / "trainer_corpus"
 SCRIPTS = ("zlab_blocks_one_call", "zlab_per_anchor", "own_drafter_targets_inside",
-           "padded_batch", "packed_documents", "precomputed_targets")
+           "padded_batch", "packed_documents", "precomputed_targets", "own_modulelist_no_config",
+           "offline_hidden_states_file")
 BUGS = ("fc_4_of_5", "targets_layer_9", "gamma_7", "target_noise_0.5")
 LAYERS = (1, 3, 5, 7, 9)
 HIDDEN, VOCAB, TARGET_LAYERS = 64, 512, 12
@@ -338,8 +340,8 @@ def test_own_drafter_is_sound_and_bugs_by_value(target, target_dir):
     assert not close(loss7, dflash_loss(blocks7, last, anchors, 4.0, "kl"))
 
 
-# ------------------------------------------------------------------ padded_batch, packed_documents, precomputed_targets
-# These three are held to the reference on one real training step each (`main()` in-process, `--steps 1`): their own
+# ------------------------------------------------------------------ the trainers held on one recorded step
+# These are held to the reference on one real training step each (`main()` in-process, `--steps 1`): their own
 # functions are wrapped to record what the step used (the drafter's inputs, its weights then, its logits, the training
 # targets, the loss), and every recorded value is recomputed here from the target and z-lab's drafter.
 
@@ -521,8 +523,69 @@ def recorded_precomputed_targets(module, monkeypatch, target_dir, target, bugs) 
     return steps
 
 
+def recorded_own_modulelist_no_config(module, monkeypatch, target_dir, target, bugs) -> list[RecordedStep]:
+    read, drafted, losses = [], [], []
+    record_calls(monkeypatch, module, "read_target", read)
+    record_calls(monkeypatch, module.TapDrafter, "forward", drafted, weights_of_self=True)
+    record_calls(monkeypatch, module, "block_loss", losses)
+    run_one_step(module, monkeypatch, target_dir, bugs)
+    (_, (tapped, teacher_logits)) = read[0]
+    (drafter, *_), hidden, weights = drafted[0]
+    (_, _, input_ids, anchors, _, _, _, mask_id), loss = losses[0]
+    renames = {"tap_proj.": "fc.", "tap_norm.": "hidden_norm.", "out_norm.": "norm."}
+    for i in range(len(drafter.decoder)):
+        renames |= {f"decoder.{i}.pre_attn.": f"layers.{i}.input_layernorm.",
+                    f"decoder.{i}.pre_ffn.": f"layers.{i}.post_attention_layernorm.",
+                    **{f"decoder.{i}.attn.{ours}.": f"layers.{i}.self_attn.{theirs}." for ours, theirs in
+                       (("to_q", "q_proj"), ("to_k", "k_proj"), ("to_v", "v_proj"), ("to_out", "o_proj"),
+                        ("q_norm", "q_norm"), ("k_norm", "k_norm"))},
+                    **{f"decoder.{i}.ffn.w_{ours}.": f"layers.{i}.mlp.{ours}_proj." for ours in ("gate", "up", "down")}}
+    zlab = zlab_drafter_holding(renamed(weights, renames, ()), target.config, len(drafter.decoder),
+                                drafter.tap_proj.in_features // HIDDEN, module.BLOCK, mask_id)
+    with torch.no_grad():
+        zlab_draft = zlab_block_logits(zlab, target, input_ids, tapped, anchors, module.BLOCK, mask_id)
+        draft = target.lm_head(hidden)  # the script's head is the target's own
+    slot, row, source = block_slots(anchors[..., None] + torch.arange(module.BLOCK))
+    return [RecordedStep(
+        fc_in_features=drafter.tap_proj.in_features, fed_features=tapped, raw=layer_outputs(target, input_ids),
+        real=torch.ones(input_ids.shape, dtype=torch.bool), draft=draft.flatten(0, 1),
+        zlab_draft=zlab_draft.flatten(0, 2), teacher=teacher_logits[row, source], slot=slot, row=row, source=source,
+        valid=torch.ones_like(slot, dtype=torch.bool), loss=loss.item())]
+
+
+def recorded_offline_hidden_states_file(module, monkeypatch, target_dir, target, bugs) -> list[RecordedStep]:
+    from dflash.model import DFlashDraftModel
+
+    samples, teachers, logits, losses = [], [], [], []
+    record_calls(monkeypatch, module.HiddenStateFile, "next_sample", samples)
+    record_calls(monkeypatch, module, "teacher_logits", teachers)
+    record_calls(monkeypatch, DFlashDraftModel, "compute_logits", logits, weights_of_self=True)
+    record_calls(monkeypatch, module, "sample_loss", losses)
+    run_one_step(module, monkeypatch, target_dir, bugs)
+    assert len(losses) == module.SAMPLES_PER_STEP  # each sample its own drafter call, one step over them
+    steps = []
+    for (_, (input_ids, features, _)), (_, teacher), ((drafter, *_), draft_logits, weights), loss_call in zip(
+            samples, teachers, logits, losses):
+        (*_, anchors, _), loss = loss_call
+        block, mask_id = drafter.block_size, drafter.mask_token_id
+        zlab = zlab_drafter_holding(weights, target.config, len(drafter.layers), drafter.fc.in_features // HIDDEN,
+                                    block, mask_id)
+        with torch.no_grad():
+            zlab_draft = zlab_block_logits(zlab, target, input_ids[None], features[None], anchors[None], block,
+                                           mask_id)
+        slot, row, source = block_slots(anchors[None, :, None] + torch.arange(block))
+        steps.append(RecordedStep(
+            fc_in_features=drafter.fc.in_features, fed_features=features[None],
+            raw=layer_outputs(target, input_ids[None]), real=torch.ones(1, len(input_ids), dtype=torch.bool),
+            draft=draft_logits.detach(), zlab_draft=zlab_draft.flatten(0, 2), teacher=teacher[source], slot=slot,
+            row=row, source=source, valid=torch.ones_like(slot, dtype=torch.bool), loss=loss.item()))
+    return steps
+
+
 RECORDERS = {"padded_batch": recorded_padded_batch, "packed_documents": recorded_packed_documents,
-             "precomputed_targets": recorded_precomputed_targets}
+             "precomputed_targets": recorded_precomputed_targets,
+             "own_modulelist_no_config": recorded_own_modulelist_no_config,
+             "offline_hidden_states_file": recorded_offline_hidden_states_file}
 
 
 def dflash_loss_by_slot(draft, teacher, slot, row, valid, gamma: float) -> float:
