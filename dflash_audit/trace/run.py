@@ -238,13 +238,15 @@ def check_flags(flags: TraceFlags) -> tuple[Path, Path]:
     its input folders and files, and each output written only where it may be. (The recording folder, the report
     folder.)"""
     from dflash_audit.outputs import check_not_foreign, check_writable
-    from dflash_audit.trace.reference import read_ref
 
     if flags.target is not None and not (Path(flags.target) / "config.json").is_file():
         raise AuditError(f"--target {flags.target}: no Hugging Face model folder there (config.json missing)")
     if flags.ref is not None and not Path(flags.ref).exists():
         raise AuditError(f"--ref {flags.ref}: no such file or folder")
-    read_ref(flags.ref)  # a config.json declaring what it must, read as the audit reads it
+    if flags.ref is not None:  # a config.json declaring what it must, read as the audit reads it
+        from dflash_audit.trace.reference import read_ref
+
+        read_ref(flags.ref)
     if flags.drafter is not None and not (Path(flags.drafter) / "config.json").is_file():
         raise AuditError(f"--drafter {flags.drafter}: no drafter folder there (config.json missing)")
     if flags.from_dir is None and not flags.command:
@@ -263,9 +265,7 @@ def run_trace(flags: TraceFlags):
     """Record the command's first steps into --out (or read --from), audit the recording, write report.json and
     index.html beside it (and --json), as `trace`'s validated flags ask; the TraceReport (an evaluation's report for
     an evaluation, `--eval`)."""
-    from dflash_audit.trace.eval_record import has_evaluation
-
-    folder, report_dir = check_flags(flags)
+    folder, report_dir = check_flags(flags)  # torch is imported once the command has run, not before
     if flags.from_dir is None:
         created = not folder.exists()
         clear_recording(folder)
@@ -280,6 +280,8 @@ def run_trace(flags: TraceFlags):
                 with contextlib.suppress(OSError):
                     folder.rmdir()
             raise
+    from dflash_audit.trace.eval_record import has_evaluation
+
     source = "--from" if flags.from_dir is not None else "--out"
     if has_evaluation(folder) and not (folder / MANIFEST).is_file():
         from dflash_audit.trace.evaluation import NoRounds, audit_evaluation_folder

@@ -70,7 +70,9 @@ def run_in_group(command: list[str], env: dict, what: str, timeout_s: float | No
         for reader in readers:
             reader.start()
         timed_out = _wait(process, received, timeout_s, begun)
-        end_group(process.pid, received[0] if received else signal.SIGTERM)  # what the leader left behind
+        # What the leader left behind (a helper it started in the background, which a shell has ignore SIGINT):
+        # asked to terminate, then killed.
+        end_group(process.pid, signal.SIGTERM)
         for reader in readers:
             reader.join(timeout=5)
     finally:
