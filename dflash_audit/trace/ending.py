@@ -14,6 +14,7 @@ import threading
 import time
 
 THREADS_GRACE_S = 3.0  # the script's own threads, after its main thread has ended, before the process is ended
+WATCHER = "dflash-audit-trace-end"
 
 
 def live_threads(watcher: threading.Thread) -> list[threading.Thread]:
@@ -25,8 +26,8 @@ def live_threads(watcher: threading.Thread) -> list[threading.Thread]:
 def end_after_main_thread(status: int, grace_s: float = THREADS_GRACE_S) -> None:
     """Start the watcher (once per process): when the main thread has ended and threads still hold the process
     `grace_s` later, stdout and stderr are flushed and the process exits with `status`."""
-    if any(t.name == WATCHER for t in threading.enumerate()):
-        return
+    if not threading.main_thread().is_alive() or any(t.name == WATCHER for t in threading.enumerate()):
+        return  # already at Python's exit (the recorder's atexit writing the last step): no thread holds it now
 
     def watch() -> None:
         threading.main_thread().join()
@@ -40,6 +41,3 @@ def end_after_main_thread(status: int, grace_s: float = THREADS_GRACE_S) -> None
             os._exit(status)
 
     threading.Thread(target=watch, name=WATCHER, daemon=True).start()
-
-
-WATCHER = "dflash-audit-trace-end"

@@ -1,32 +1,16 @@
 """What `dflash-audit trace` hands the recorder inside the traced command: its options, validated by the verb as
 `TraceFlags` and carried in the environment as one pydantic model (its JSON), validated again where the recorder
-reads it; and the marks by which the recorder tells the verb how far the command got, files in a folder of the
-verb's own (never in --out, named apart in the environment so that even options that cannot be read can be said):
-`installed.<pid>` (the bootstrap installed the recorder in that process),
-`install-failed.<pid>` (it could not, and why), `stepped.<pid>` (that process began its first training step, or
-its first evaluation round), `exited.<pid>` (it reached Python's normal exit, where the recorder writes what it
-holds). Only the standard library and pydantic at import: the bootstrap reads this before torch."""
+reads it (`RecorderOptions.from_environment`); with them, the folder for the recorder's marks (marks.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dflash_audit.trace.marks import ENV_MARKS
 from dflash_audit.trace.recording import ENV_OPTIONS, ENV_OUT
-
-ENV_MARKS = "DFLASH_AUDIT_TRACE_MARKS"
-
-
-class Mark:
-    """The marks' names."""
-
-    INSTALLED = "installed"
-    INSTALL_FAILED = "install-failed"
-    STEPPED = "stepped"
-    EXITED = "exited"
 
 
 class RecorderOptions(BaseModel):
@@ -63,24 +47,3 @@ class RecorderOptions(BaseModel):
             problem = exc.errors()[0]
             where = ".".join(str(part) for part in problem["loc"]) or "the options"
             raise ValueError(f"{ENV_OPTIONS}: {where}: {problem['msg']}") from None
-
-
-def mark(what: str, text: str = "") -> None:
-    """Leave the mark `what` for this process (a few bytes; nothing when the verb asked for no marks, or its folder
-    is gone)."""
-    folder = os.environ.get(ENV_MARKS)
-    if not folder:
-        return
-    with contextlib.suppress(OSError):
-        (Path(folder) / f"{what}.{os.getpid()}").write_text(text)
-
-
-def marked(folder: Path, what: str) -> dict[int, str]:
-    """The processes that left the mark `what`, with its text."""
-    found = {}
-    for path in Path(folder).glob(f"{what}.*"):
-        pid = path.name[len(what) + 1:]
-        if pid.isdigit():
-            with contextlib.suppress(OSError):
-                found[int(pid)] = path.read_text(errors="replace")
-    return found

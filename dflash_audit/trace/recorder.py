@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from dflash_audit.trace.eval_record import EvaluationCapture
-from dflash_audit.trace.options import Mark, RecorderOptions, mark
+from dflash_audit.trace.marks import Mark, mark
+from dflash_audit.trace.options import RecorderOptions
 from dflash_audit.trace.recording import MANIFEST, write_error, write_recording
 
 COMPILED_WRAPPER_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dflash_audit.trace.options import Mark, RecorderOptions, marked
+from dflash_audit.trace.marks import Mark, marked
+from dflash_audit.trace.options import RecorderOptions
 from dflash_audit.trace.recording import ENV_OUT, MANIFEST, read_error
 from foundation.errors import CLASS_NAME, AuditError
 
@@ -50,7 +51,7 @@ def run_command(command: list[str], options: RecorderOptions, timeout_s: float |
 
 @dataclass(frozen=True)
 class Progress:
-    """How far the traced command's processes got, from the recorder's marks (options.py)."""
+    """How far the traced command's processes got, from the recorder's marks (marks.py)."""
 
     installed: frozenset[int]
     failed: dict[int, str]  # pid -> why the recorder could not be installed there
@@ -65,11 +66,9 @@ class Progress:
 
 def keep_printed_tau(out: Path, lines: list[str]) -> None:
     """An evaluation's τ as its script printed it (when it hands none over with `trace.tau`), kept beside it."""
-    from dflash_audit.trace.eval_record import has_evaluation
+    from dflash_audit.trace.eval_record import has_evaluation, note_printed_tau
 
     if has_evaluation(out):
-        from dflash_audit.trace.eval_record import note_printed_tau
-
         note_printed_tau(out, lines)
 
 
@@ -86,8 +85,14 @@ def ended(status: int) -> str:
     return f"was killed by signal {-status} ({name})"
 
 
-NO_STEP = ("no backward() of a loss reaching a trainable parameter, and without calling trace.step(loss)")
-NO_ROUND = "no module fed the target's features ran after the target, the target verifying its output"
+def no_step_nor_round(what: str, evaluation: bool) -> AuditError:
+    """A command that took no training step and ran no evaluation round; under --eval, most likely a trainer."""
+    rounds = "no module fed the target's features ran after the target, the target verifying its output"
+    if evaluation:
+        return AuditError(f"{what}: ran no evaluation round under --eval ({rounds}); --eval ignores its backwards: "
+                          "a trainer is traced without --eval")
+    return AuditError(f"{what}: finished without a training step (no backward() of a loss reaching a trainable "
+                      f"parameter, and without calling trace.step(loss)) and without an evaluation round ({rounds})")
 
 
 def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str, progress: Progress | None = None,
@@ -123,10 +128,7 @@ def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str, pro
             raise AuditError(f"{what}: its first step began, but its process ended without Python's normal exit "
                              f"(os._exit, or a signal it did not survive) before the recorder wrote the recording, "
                              f"which it writes {asked}at the script's normal exit; nothing was recorded")
-        if options is not None and options.evaluation:
-            raise AuditError(f"{what}: ran no evaluation round under --eval ({NO_ROUND}); --eval ignores its "
-                             "backwards: a trainer is traced without --eval")
-    raise AuditError(f"{what}: finished without a training step ({NO_STEP}) and without an evaluation ({NO_ROUND})")
+    raise no_step_nor_round(what, options is not None and options.evaluation)
 
 
 def bootstrap_skipped(command: list[str]) -> str:
@@ -289,15 +291,10 @@ def run_trace(flags: TraceFlags):
         try:
             return audit_evaluation_folder(folder, report_dir, source, flags.target, flags.drafter,
                                            flags.temperature, flags.json_path, flags.tau_bin_tokens)
-        except NoRounds:
+        except NoRounds:  # for a command just traced: the command's doing, said as such
             if flags.from_dir is not None:
                 raise
-            what = " ".join(flags.command)
-            if flags.evaluation:
-                raise AuditError(f"{what}: ran no evaluation round under --eval ({NO_ROUND}); --eval ignores its "
-                                 "backwards: a trainer is traced without --eval") from None
-            raise AuditError(f"{what}: finished without a training step ({NO_STEP}) and without an evaluation round "
-                             f"({NO_ROUND})") from None
+            raise no_step_nor_round(" ".join(flags.command), flags.evaluation) from None
     from dflash_audit.trace.audit import audit_recording
     from dflash_audit.trace.recording import read_recording
     from dflash_audit.trace.report import write_report_html, write_report_json

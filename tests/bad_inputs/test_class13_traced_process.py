@@ -218,6 +218,20 @@ def test_python_dash_i_is_named_as_the_reason_nothing_was_recorded(tmp_path, cap
     assert left_behind(note) == []
 
 
+def test_a_python_whose_torch_cannot_load_is_named_with_its_reason(tmp_path, capsys, monkeypatch):
+    """The user's PYTHONPATH holds a torch built for another machine: the recorder cannot be installed there."""
+    broken = tmp_path / "site" / "torch"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("libtorch_cpu.so: cannot open shared object file")\n')
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    note = tmp_path / "pids"
+    script = user_script(tmp_path, "train.py", NOTE_PIDS + "print('no torch here')\n")
+    code, _, err = run(["trace", "--out", tmp_path / "trace", "--", sys.executable, script, note], capsys)
+    assert_refused(code, err.strip().splitlines()[-1], "train.py", "recorder could not be installed",
+                   "libtorch_cpu.so: cannot open shared object file")
+    assert left_behind(note) == []
+
+
 def test_a_script_that_takes_no_step_is_one_true_line(tmp_path, capsys):
     note = tmp_path / "pids"
     script = user_script(tmp_path, "prepare.py", NOTE_PIDS + "print('tokenized 3 shards')\n")
@@ -226,10 +240,25 @@ def test_a_script_that_takes_no_step_is_one_true_line(tmp_path, capsys):
     assert left_behind(note) == []
 
 
+FEATURE_TRAINER = """
+import torch
+from transformers import AutoModelForCausalLM
+
+target = AutoModelForCausalLM.from_pretrained({target!r}).requires_grad_(False)
+drafter = torch.nn.Linear(target.config.hidden_size, target.config.hidden_size)
+optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-3)
+for _ in range(2):
+    with torch.no_grad():
+        hidden = target(torch.arange(16)[None], output_hidden_states=True).hidden_states[-1]
+    drafter(hidden).pow(2).mean().backward()
+    optimizer.step()
+"""
+
+
 def test_a_trainer_under_eval_is_told_to_drop_eval(tiny_world, tmp_path, capsys):
+    """Its drafter fed the target's features is recorded as an evaluation, in which no round is found."""
     note = tmp_path / "pids"
-    script = user_script(tmp_path, "train.py", NOTE_PIDS + trainer(tiny_world) + "for _ in range(2):\n"
-                         "    train_step()\n")
+    script = user_script(tmp_path, "train.py", NOTE_PIDS + FEATURE_TRAINER.format(target=str(tiny_world / "target")))
     code, _, err = run(["trace", "--eval", "--out", tmp_path / "trace", "--", sys.executable, script, note],
                        capsys)
     assert_refused(code, err.strip().splitlines()[-1], "train.py", "no evaluation round under --eval",
@@ -237,9 +266,12 @@ def test_a_trainer_under_eval_is_told_to_drop_eval(tiny_world, tmp_path, capsys)
     assert left_behind(note) == []
 
 
-def test_a_drafter_class_that_fits_nothing_names_the_flag(tiny_world, tmp_path, capsys):
+def test_a_drafter_class_that_fits_nothing_names_the_flag(tmp_path, capsys):
     note = tmp_path / "pids"
-    script = user_script(tmp_path, "train.py", NOTE_PIDS + trainer(tiny_world) + "train_step()\n")
+    script = user_script(tmp_path, "train.py", NOTE_PIDS + (
+        "import torch\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))\n"
+        "model(torch.ones(2, 8)).sum().backward()\n"))
     code, _, err = run(["trace", "--drafter-class", "__main__:DraftModel", "--out", tmp_path / "trace", "--",
                         sys.executable, script, note], capsys)
     line = assert_refused(code, err.strip().splitlines()[-1], "has no class DraftModel")

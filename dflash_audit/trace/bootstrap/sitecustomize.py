@@ -14,7 +14,7 @@ def _install() -> None:
 
         install_from_env()
     except Exception as exc:  # noqa: BLE001 -- whatever it is, the verb names it in its one line
-        from dflash_audit.trace.options import Mark, mark
+        from dflash_audit.trace.marks import Mark, mark
 
         mark(Mark.INSTALL_FAILED, " ".join(str(exc).split())[:300])
 
