@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         if proposal:  # a key map for names no known scheme fits: on stdout, ready to save
             print(proposal, end="")
         print(printable(f"{error_prefix()}{error_message(exc)}"), file=sys.stderr)
-        return 2
+        return getattr(exc, "exit_status", 2)  # 2, or 128 + N for a run stopped by signal N (trace)
     return int(result or 0)
 
 

@@ -11,9 +11,13 @@ from dflash_audit.flags import VerbFlags, flag, tau_bin_flag
 
 
 def module_and_class(value: str) -> str:
+    """MODULE:CLASS as the recorder looks it up in the traced script (a dotted module name as the script imports it,
+    a class name in it): anything else could never name a class there."""
     module, colon, name = value.partition(":")
-    if not (module and colon and name):
-        raise ValueError(f"give MODULE:CLASS, e.g. dflash.model:DFlashDraftModel, got {value!r}")
+    if not (module and colon and name and all(part.isidentifier() for part in module.split("."))
+            and name.isidentifier()):
+        raise ValueError(f"give MODULE:CLASS, e.g. dflash.model:DFlashDraftModel (a class of the script itself: "
+                         f"__main__:NAME), got {value!r}")
     return value
 
 
@@ -40,12 +44,17 @@ class TraceFlags(VerbFlags):
     parity: int = flag(0, ge=0, help="run speculators' own training step (its model, its loss, its optimizers) "
                                      "beside the first K recorded steps, from their weights and batches, and name "
                                      "the first step and phase where they part (K < --steps)")
+    timeout: float | None = flag(None, gt=0, help="seconds the command may take to reach its first training step "
+                                                  "(or evaluation round); past them it is stopped with every process "
+                                                  "it started (default: no bound)")
     command: list[str] = flag([], arguments=True, help="your own training command, after `--`")
 
     @model_validator(mode="after")
     def a_command_or_a_recording(self) -> TraceFlags:
         if self.from_dir is not None and self.command:
             raise ValueError("--from re-audits a recording: give it without a command")
+        if self.from_dir is not None and self.timeout is not None:
+            raise ValueError("--timeout bounds a traced command: --from runs none")
         if self.parity and self.steps and self.parity >= self.steps:
             raise ValueError(f"--parity {self.parity}: give fewer steps than --steps {self.steps} (each compared step "
                              "needs the weights of the step after it)")

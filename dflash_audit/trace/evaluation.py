@@ -158,6 +158,10 @@ def _weights_check(twin, recording) -> list[str]:
     return missing
 
 
+class NoRounds(AuditError):
+    """An evaluation recording with no drafter round in it: for a command just traced, the command's doing."""
+
+
 def audit_evaluation_folder(folder: Path, report_dir: Path, flag: str, target_dir: Path | None,
                             drafter_dir: Path | None, temperature: float | None, json_path: Path | None,
                             bin_tokens: int = DEFAULT_BIN_TOKENS):
@@ -201,7 +205,7 @@ def audit_evaluation(recording, flag: str = "--from", target_dir: Path | None = 
 
     rebuilt = rebuild(recording, target, stop_ids, holds_features)
     if rebuilt.drafter_module is None or not rebuilt.prompts:
-        raise AuditError(f"{flag} {recording.folder}: no drafter round was recorded: no module was fed the target's "
+        raise NoRounds(f"{flag} {recording.folder}: no drafter round was recorded: no module was fed the target's "
                          "features and verified by the target")
     drafter_path, entry = _drafter_dir(recording, rebuilt.drafter_module, drafter_dir, target_path, flag)
     twin = load_zlab_model(drafter_path).to(placement.device, placement.dtype)

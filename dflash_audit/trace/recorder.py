@@ -20,7 +20,6 @@ Only then is anything copied; the script's own names for its tensors are never n
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import warnings
@@ -31,7 +30,9 @@ import torch
 from torch import nn
 
 from dflash_audit.trace.eval_record import EvaluationCapture
-from dflash_audit.trace.recording import ENV_OPTIONS, ENV_OUT, MANIFEST, write_error, write_recording
+from dflash_audit.trace.marks import Mark, mark
+from dflash_audit.trace.options import RecorderOptions
+from dflash_audit.trace.recording import MANIFEST, write_error, write_recording
 
 COMPILED_WRAPPER_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 INSTALLED: list[Recorder] = []  # the recorder of this process (the bootstrap's, or a test's record_script)
@@ -45,7 +46,13 @@ class TraceStop(SystemExit):
 
 
 class TraceRefused(Exception):
-    """The step cannot be audited (no drafter parameter in the loss, two targets, ...): one line for the verb."""
+    """The step cannot be audited (no drafter parameter in the loss, two targets, ...): one line for the verb.
+    `flag`: the verb's flag the refusal is about (`--drafter-class`, `--target`), when it is one of the user's flags
+    that does not fit the script rather than the script itself."""
+
+    def __init__(self, message: str, flag: str | None = None):
+        super().__init__(message)
+        self.flag = flag
 
 
 @dataclass
@@ -104,8 +111,12 @@ def _key(t: torch.Tensor) -> tuple:
 
 class Recorder:
     def __init__(self, out: Path, steps: int = 1, target: str | None = None, drafter_class: str | None = None,
-                 late: bool = False, evaluation: bool = False, parity: int = 0):
+                 late: bool = False, evaluation: bool = False, parity: int = 0, own_process: bool = False):
         self.out = Path(out)
+        # The traced command's own process (the bootstrap's recorder): once its steps are recorded, ending the
+        # process is the recorder's to do (ending.py); never in a process that records a script in itself (a test).
+        self.own_process = own_process
+        self.begun = False  # this process began a training step (or an evaluation round): the verb is told
         self.steps = steps
         self.parity = parity  # trace --parity K: keep the first K steps' weights and gradients (run_record.py)
         self.target_dir = target
@@ -135,6 +146,11 @@ class Recorder:
         # a trainer's (its validation loop is not an evaluation); `evaluation`: --eval, backwards left alone.
         self.eval_only = evaluation
         self.evaluation = EvaluationCapture() if self.rank == 0 else None
+
+    @classmethod
+    def from_options(cls, options: RecorderOptions, late: bool = False, own_process: bool = False) -> Recorder:
+        return cls(options.out, steps=options.steps, target=options.target, drafter_class=options.drafter_class,
+                   late=late, evaluation=options.evaluation, parity=options.parity, own_process=own_process)
 
     # -- hooks ---------------------------------------------------------------------------------------------------
     def install(self) -> Recorder:
@@ -246,6 +262,8 @@ class Recorder:
             self.depth.pop()
         if self.evaluation is not None:
             self.evaluation.call(module, args, kwargs, output, target_like, self.depth, self._is_target_like)
+            if not self.begun and self.evaluation.events and self.evaluation.events[-1]["kind"] == "drafter":
+                self._begin()  # an evaluation's first round: the command is under way
         if trainable:
             self.trainable_depth = max(0, self.trainable_depth - 1)
         calls = self.calls
@@ -287,6 +305,7 @@ class Recorder:
         self.explicit = True
         self.evaluation = None
         self.seen += 1
+        self._begin()
         calls, self.calls = self.calls, StepCalls()
         if self.rank == 0:
             self._guarded(lambda: self.recorded.append(self._capture(loss, calls)))
@@ -301,14 +320,28 @@ class Recorder:
             if self.seen >= self.steps > 0:
                 write_recording(self.out, self.recorded, self._context())
         except TraceRefused as exc:
-            write_error(self.out, str(exc), self.seen)
+            write_error(self.out, str(exc), self.seen, exc.flag)
             self.remove()
-            raise TraceStop(3) from None
+            self._stop(3)
 
     def _after_step(self) -> None:
         if self.steps > 0 and self.seen >= self.steps:
             self.remove()
-            raise TraceStop(0)
+            self._stop(0)
+
+    def _stop(self, status: int) -> None:
+        """End the script: TraceStop in this thread, and in the traced command's process, the process's end even
+        when the script's own threads would hold it (ending.py)."""
+        if self.own_process:
+            from dflash_audit.trace.ending import end_after_main_thread
+
+            end_after_main_thread(status)
+        raise TraceStop(status) from None
+
+    def _begin(self) -> None:
+        if not self.begun:
+            self.begun = True
+            mark(Mark.STEPPED)
 
     def _backward(self, tensors) -> None:
         """No line in the script: a backward of a scalar reaching a trainable parameter opens the step (the first
@@ -322,6 +355,7 @@ class Recorder:
         if not graph["params"]:
             return
         self.evaluation = None  # a training step: what ran before it (a validation loop) is no evaluation
+        self._begin()
         calls, self.calls = self.calls, StepCalls()
         if self.pending is not None:  # accumulation: another micro-batch of the step the optimizer will close
             self.micro_batches += 1
@@ -335,9 +369,9 @@ class Recorder:
         try:
             self.pending = self._capture(loss, calls, graph)
         except TraceRefused as exc:
-            write_error(self.out, str(exc), self.seen + 1)
+            write_error(self.out, str(exc), self.seen + 1, exc.flag)
             self.remove()
-            raise TraceStop(3) from None
+            self._stop(3)
 
     def _add_micro_batch(self, loss, graph: dict, calls: StepCalls) -> None:
         """A later micro-batch of the step, recorded beside the first (its names prefixed `mb<n>.`); the step's loss
@@ -373,6 +407,8 @@ class Recorder:
 
     def finish(self) -> None:
         """The script ran to its end (`--steps 0`, or fewer steps than asked): write what was recorded."""
+        if self.own_process:
+            mark(Mark.EXITED)  # Python's normal exit was reached (os._exit never gets here)
         if self.pending is not None and self.handles:
             try:
                 self._close_step()
@@ -430,13 +466,17 @@ class Recorder:
         if self.drafter_class:
             module_name, _, class_name = self.drafter_class.partition(":")
             cls = getattr(sys.modules.get(module_name), class_name, None)
-            if cls is None:
-                raise TraceRefused(f"--drafter-class {self.drafter_class}: no class {class_name} in a loaded "
-                                   f"module {module_name}")
+            if module_name not in sys.modules:
+                raise TraceRefused(f"--drafter-class {self.drafter_class}: the script imported no module "
+                                   f"{module_name} (name the module that defines the class as the script imports it; "
+                                   f"a class of the script itself is __main__:{class_name})", "--drafter-class")
+            if not isinstance(cls, type):
+                raise TraceRefused(f"--drafter-class {self.drafter_class}: module {module_name} has no class "
+                                   f"{class_name}", "--drafter-class")
             candidates = [c for c in candidates if isinstance(unwrap(c[3]), cls)]
             if not candidates:
                 raise TraceRefused(f"--drafter-class {self.drafter_class}: no module of that class owns a parameter "
-                                   "the loss depends on")
+                                   "the loss depends on", "--drafter-class")
         if not candidates:
             if not any(isinstance(p, nn.Parameter) for p in params):  # leaves made to require grad, no weight
                 raise TraceRefused("the loss reaches no parameter, only tensors made to require grad (a loss detached "
@@ -485,7 +525,8 @@ class Recorder:
             wanted = os.path.realpath(self.target_dir)
             models = {k: m for k, m in models.items() if os.path.realpath(model_path(m)) == wanted}
             if not models:
-                raise TraceRefused(f"--target {self.target_dir}: no model loaded from it ran forward in the step")
+                raise TraceRefused(f"--target {self.target_dir}: no model loaded from it ran forward in the step",
+                                   "--target")
         if not models:
             raise TraceRefused("no Hugging Face causal LM ran forward in the step: the target's forward was not seen")
         if len(models) > 1:
@@ -788,16 +829,14 @@ def step_hook(loss) -> None:
 
 
 def install_from_env(late: bool = False) -> Recorder:
-    options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
-    recorder = Recorder(Path(os.environ[ENV_OUT]), steps=int(options.get("steps", 1)),
-                        target=options.get("target"), drafter_class=options.get("drafter_class"), late=late,
-                        evaluation=bool(options.get("evaluation")), parity=int(options.get("parity") or 0))
+    """The recorder of the traced command's process, from the options the verb set (RecorderOptions)."""
+    recorder = Recorder.from_options(RecorderOptions.from_environment(), late=late, own_process=True)
     recorder.install()
     import atexit
 
     atexit.register(recorder.finish)  # a step still open when the script ends (no optimizer, --steps 0) is written
+    mark(Mark.INSTALLED)
     return recorder
-
 
 
 def tau_hook(tau) -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
 
-# Set by the verb for the traced command: the recording folder, and the recorder's options (JSON: steps, target,
-# drafter_class). Only under `dflash-audit trace` is ENV_OUT set.
+# Set by the verb for the traced command: the recording folder, and the recorder's options (the JSON of
+# options.RecorderOptions). Only under `dflash-audit trace` is ENV_OUT set.
 ENV_OUT = "DFLASH_AUDIT_TRACE"
 ENV_OPTIONS = "DFLASH_AUDIT_TRACE_OPTIONS"
 FORMAT = 1
@@ -55,21 +55,30 @@ def write_recording(out: Path, steps: list[dict], context: dict) -> None:
     atomic_write_bytes(out / MANIFEST, lambda tmp: Path(tmp).write_text(text))
 
 
-def write_error(out: Path, message: str, step: int) -> None:
+def write_error(out: Path, message: str, step: int, flag: str | None = None) -> None:
+    """The recorder's refusal; `flag`: the verb's flag it is about, when it is a flag that does not fit the script."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"schema": ERROR_SCHEMA, "error": message, "step": step}) + "\n"
+    text = json.dumps({"schema": ERROR_SCHEMA, "error": message, "step": step, "flag": flag}) + "\n"
     atomic_write_bytes(out / ERROR, lambda tmp: Path(tmp).write_text(text))
 
 
-def read_error(out: Path) -> str | None:
+@dataclass(frozen=True)
+class Refusal:
+    message: str
+    flag: str | None = None  # about this flag of the verb, not about the script
+
+
+def read_error(out: Path) -> Refusal | None:
     path = Path(out) / ERROR
     if not path.is_file():
         return None
     try:
-        return str(json.loads(path.read_text())["error"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"{path}: unreadable"
+        data = json.loads(path.read_text())
+        flag = data.get("flag")
+        return Refusal(str(data["error"]), flag if isinstance(flag, str) else None)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return Refusal(f"{path}: unreadable")
 
 
 @dataclass

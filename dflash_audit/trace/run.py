@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import runpy
-import subprocess
 import sys
-import threading
-from collections import deque
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dflash_audit.trace.recording import ENV_OPTIONS, ENV_OUT, MANIFEST, read_error
+from dflash_audit.trace.marks import Mark, marked
+from dflash_audit.trace.options import RecorderOptions
+from dflash_audit.trace.recording import ENV_OUT, MANIFEST, read_error
 from foundation.errors import CLASS_NAME, AuditError
 
 BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
@@ -25,51 +25,43 @@ if TYPE_CHECKING:
     from dflash_audit.flags.trace import TraceFlags
 
 
-def trace_env(out: Path, steps: int, target: Path | None, drafter_class: str | None, env=None,
-              evaluation: bool = False, parity: int = 0) -> dict:
-    env = dict(os.environ if env is None else env)
-    env[ENV_OUT] = str(Path(out).resolve())
-    env[ENV_OPTIONS] = json.dumps({"steps": steps, "target": str(target) if target else None,
-                                   "drafter_class": drafter_class, "evaluation": evaluation, "parity": parity})
+def trace_env(options: RecorderOptions, marks: Path | None = None, env=None) -> dict:
+    """The traced command's environment: the recorder's options, the folder for its marks, and the bootstrap first
+    on its PYTHONPATH."""
+    env = options.environment(dict(os.environ if env is None else env), marks)
     env["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP), str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 
-def run_command(command: list[str], out: Path, steps: int = 1, target: Path | None = None,
-                drafter_class: str | None = None, evaluation: bool = False, parity: int = 0) -> None:
-    """Run COMMAND under the recorder; raise AuditError (one line) unless it left a recording in `out`."""
+def run_command(command: list[str], options: RecorderOptions, timeout_s: float | None = None) -> None:
+    """Run COMMAND under the recorder, in its own process group (traced_process.py); raise AuditError (one line)
+    unless it left a recording in `options.out`."""
+    from dflash_audit.trace.traced_process import run_in_group
+
     if not command:
         raise AuditError("give the training command after --, e.g. dflash-audit trace -- python train.py")
-    env = trace_env(out, steps, target, drafter_class, evaluation=evaluation, parity=parity)
-    last: deque[str] = deque(maxlen=20)
-    printed: deque[str] = deque(maxlen=50)
-    try:
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   errors="replace")
-    except OSError as exc:
-        raise AuditError(f"{command[0]}: cannot run it ({exc.strerror or exc})") from None
+    what = " ".join(command)
+    with tempfile.TemporaryDirectory(prefix="dflash-audit-trace-") as folder:
+        marks = Path(folder)
+        ended = run_in_group(command, trace_env(options, marks), what, timeout_s,
+                             begun=lambda: bool(marked(marks, Mark.STEPPED)))
+        check_outcome(options.out, ended.status, ended.stderr_tail, what, Progress.read(marks), options, command)
+    keep_printed_tau(options.out, ended.stdout_tail)
 
-    def forward() -> None:  # the script's stderr still reaches the user; its last lines are kept for the error
-        for line in process.stderr:
-            sys.stderr.write(line)
-            if line.strip():
-                last.append(line.rstrip())
 
-    def forward_out() -> None:  # its stdout too; the last lines kept for the τ an evaluator prints
-        for line in process.stdout:
-            sys.stdout.write(line)
-            if line.strip():
-                printed.append(line.rstrip())
+@dataclass(frozen=True)
+class Progress:
+    """How far the traced command's processes got, from the recorder's marks (marks.py)."""
 
-    reader = threading.Thread(target=forward, daemon=True)
-    out_reader = threading.Thread(target=forward_out, daemon=True)
-    reader.start()
-    out_reader.start()
-    status = process.wait()
-    reader.join(timeout=5)
-    out_reader.join(timeout=5)
-    check_outcome(out, status, list(last), " ".join(command))
-    keep_printed_tau(out, list(printed))
+    installed: frozenset[int]
+    failed: dict[int, str]  # pid -> why the recorder could not be installed there
+    stepped: frozenset[int]
+    exited: frozenset[int]
+
+    @classmethod
+    def read(cls, marks: Path) -> Progress:
+        return cls(frozenset(marked(marks, Mark.INSTALLED)), marked(marks, Mark.INSTALL_FAILED),
+                   frozenset(marked(marks, Mark.STEPPED)), frozenset(marked(marks, Mark.EXITED)))
 
 
 def keep_printed_tau(out: Path, lines: list[str]) -> None:
@@ -93,22 +85,83 @@ def ended(status: int) -> str:
     return f"was killed by signal {-status} ({name})"
 
 
-def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str) -> None:
+def no_step_nor_round(what: str, evaluation: bool) -> AuditError:
+    """A command that took no training step and ran no evaluation round; under --eval, most likely a trainer."""
+    rounds = "no module fed the target's features ran after the target, the target verifying its output"
+    if evaluation:
+        return AuditError(f"{what}: ran no evaluation round under --eval ({rounds}); --eval ignores its backwards: "
+                          "a trainer is traced without --eval")
+    return AuditError(f"{what}: finished without a training step (no backward() of a loss reaching a trainable "
+                      f"parameter, and without calling trace.step(loss)) and without an evaluation round ({rounds})")
+
+
+def check_outcome(out: Path, status: int, stderr_tail: list[str], what: str, progress: Progress | None = None,
+                  options: RecorderOptions | None = None, command: list[str] | None = None) -> None:
+    """Nothing to say when the command left a recording and exited 0; else the one line that says what happened,
+    read from the recorder's refusal, the command's status and, for a traced command, the recorder's marks."""
     from dflash_audit.trace.eval_record import has_evaluation
 
     refused = read_error(out)
-    if refused is not None:
-        raise AuditError(f"{what}: {refused}")
+    if refused is not None:  # about a flag of the verb: said as the flag's problem, not the script's
+        raise AuditError(refused.message if refused.flag else f"{what}: {refused.message}")
     if ((Path(out) / MANIFEST).is_file() or has_evaluation(out)) and status == 0:
         return
+    began = progress is not None and bool(progress.stepped)
     if status != 0:
         # The script's own words, without the exception's class name (`RuntimeError: CUDA out of memory` is said
         # as what went wrong: the tool's one line never shows a class name).
         tail = CLASS_NAME.sub("", stderr_tail[-1]).strip() if stderr_tail else "(nothing on stderr)"
-        raise AuditError(f"{what}: {ended(status)} before a step was recorded; its last stderr line: {tail[:300]}")
-    raise AuditError(f"{what}: finished without a training step (no backward() of a loss reaching a trainable "
-                     "parameter, and without calling trace.step(loss)) and without an evaluation (no module fed the "
-                     "target's features ran after the target)")
+        when = "after its first step began, before the trace ended it" if began else "before a step was recorded"
+        raise AuditError(f"{what}: {ended(status)} {when}; its last stderr line: {tail[:300]}")
+    if progress is not None:
+        not_written = progress.stepped - progress.exited
+        if progress.failed and not progress.installed:
+            reason = next(iter(progress.failed.values()))
+            raise AuditError(f"{what}: the recorder could not be installed in its Python ({reason or 'no reason'}); "
+                             "the command ran unrecorded")
+        if not progress.installed:
+            raise AuditError(f"{what}: ran without the recorder: {bootstrap_skipped(command or [])}; nothing was "
+                             "recorded")
+        if not_written:
+            steps = options.steps if options is not None else 1
+            asked = f"when step {steps} ends (--steps {steps}) or " if steps else ""
+            raise AuditError(f"{what}: its first step began, but its process ended without Python's normal exit "
+                             f"(os._exit, or a signal it did not survive) before the recorder wrote the recording, "
+                             f"which it writes {asked}at the script's normal exit; nothing was recorded")
+    raise no_step_nor_round(what, options is not None and options.evaluation)
+
+
+def bootstrap_skipped(command: list[str]) -> str:
+    """Why no process of the command installed the recorder, as far as its words tell."""
+    how = ("the recorder enters each Python process of the command through a sitecustomize on the PYTHONPATH the "
+           "verb sets")
+    for index, word in enumerate(command):
+        if Path(word).name.startswith("python"):
+            skipping = [f"-{letter}" for letter in python_switches(command[index + 1:]) if letter in "IES"]
+            if skipping:
+                return (f"{Path(word).name} was started with {skipping[0]}, and {how}, which -I and -E ignore (-S "
+                        "skips the site hooks)")
+    return f"{how}, and none ran it (a Python started with -I, -E or -S, a command that resets PYTHONPATH, or one " \
+           "that runs no Python)"
+
+
+def python_switches(words: list[str]) -> str:
+    """The one-letter switches given to Python before its script (`-u -I`, `-Iu`): their letters."""
+    letters = ""
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if not word.startswith("-") or word.startswith("--") or word == "-":
+            break
+        for position, letter in enumerate(word[1:], 1):
+            if letter in "cm":  # the program follows
+                return letters
+            if letter in "WX":  # takes a value, attached or the next word
+                index += position == len(word) - 1
+                break
+            letters += letter
+        index += 1
+    return letters
 
 
 def record_script(script: Path, argv: list[str], out: Path, steps: int = 1, target: Path | None = None,
@@ -182,53 +235,73 @@ def clear_recording(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
+def check_flags(flags: TraceFlags) -> tuple[Path, Path]:
+    """Every flag read whole before any work, the traced command above all (on a real model it costs a full load):
+    its input folders and files, and each output written only where it may be. (The recording folder, the report
+    folder.)"""
+    from dflash_audit.outputs import check_not_foreign, check_writable
+
+    if flags.target is not None and not (Path(flags.target) / "config.json").is_file():
+        raise AuditError(f"--target {flags.target}: no Hugging Face model folder there (config.json missing)")
+    if flags.ref is not None and not Path(flags.ref).exists():
+        raise AuditError(f"--ref {flags.ref}: no such file or folder")
+    if flags.ref is not None:  # a config.json declaring what it must, read as the audit reads it
+        from dflash_audit.trace.reference import read_ref
+
+        read_ref(flags.ref)
+    if flags.drafter is not None and not (Path(flags.drafter) / "config.json").is_file():
+        raise AuditError(f"--drafter {flags.drafter}: no drafter folder there (config.json missing)")
+    if flags.from_dir is None and not flags.command:
+        raise AuditError("give the training command after --, e.g. dflash-audit trace -- python train.py")
+    folder = Path(flags.from_dir) if flags.from_dir is not None else Path(flags.out or "reports/trace")
+    report_dir = Path(flags.out) if flags.out is not None else folder
+    if flags.from_dir is None or report_dir != folder:  # a recording re-audited in place: its own folder
+        check_out(report_dir)
+    if flags.json_path is not None:
+        check_writable("--json", flags.json_path)
+        check_not_foreign("--json", flags.json_path, False)
+    return folder, report_dir
+
+
 def run_trace(flags: TraceFlags):
     """Record the command's first steps into --out (or read --from), audit the recording, write report.json and
     index.html beside it (and --json), as `trace`'s validated flags ask; the TraceReport (an evaluation's report for
     an evaluation, `--eval`)."""
-    from dflash_audit.outputs import check_not_foreign, check_writable
-    from dflash_audit.trace.audit import audit_recording
-    from dflash_audit.trace.recording import read_recording
-    from dflash_audit.trace.report import write_report_html, write_report_json
-
-    command, out, from_dir, steps, target = flags.command, flags.out, flags.from_dir, flags.steps, flags.target
-    ref, json_path, drafter_class = flags.ref, flags.json_path, flags.drafter_class
-    evaluation, drafter, temperature, parity = flags.evaluation, flags.drafter, flags.temperature, flags.parity
-    if target is not None and not (Path(target) / "config.json").is_file():
-        raise AuditError(f"--target {target}: no Hugging Face model folder there (config.json missing)")
-    if ref is not None and not Path(ref).exists():
-        raise AuditError(f"--ref {ref}: no such file or folder")
-    if from_dir is not None:
-        folder = Path(from_dir)
-    else:
-        folder = Path(out or "reports/trace")
-        check_out(folder)
+    folder, report_dir = check_flags(flags)  # torch is imported once the command has run, not before
+    if flags.from_dir is None:
         created = not folder.exists()
         clear_recording(folder)
+        options = RecorderOptions(out=folder.resolve(), steps=flags.steps,
+                                  target=str(flags.target) if flags.target else None,
+                                  drafter_class=flags.drafter_class, evaluation=flags.evaluation, parity=flags.parity)
         try:
-            run_command(command, folder, steps, target, drafter_class, evaluation, parity)
+            run_command(flags.command, options, flags.timeout)
         except AuditError:  # a command that failed leaves nothing behind: its partial recording, the folder made
             clear_recording(folder)
             if created:
                 with contextlib.suppress(OSError):
                     folder.rmdir()
             raise
-    report_dir = Path(out) if out is not None else folder
-    if report_dir != folder:
-        check_out(report_dir)
-    if json_path is not None:
-        check_writable("--json", json_path)
-        check_not_foreign("--json", json_path, False)
     from dflash_audit.trace.eval_record import has_evaluation
 
-    if has_evaluation(folder) and not (folder / "manifest.json").is_file():
-        from dflash_audit.trace.evaluation import audit_evaluation_folder
+    source = "--from" if flags.from_dir is not None else "--out"
+    if has_evaluation(folder) and not (folder / MANIFEST).is_file():
+        from dflash_audit.trace.evaluation import NoRounds, audit_evaluation_folder
 
-        return audit_evaluation_folder(folder, report_dir, "--from" if from_dir is not None else "--out", target,
-                                       drafter, temperature, json_path, flags.tau_bin_tokens)
-    report = audit_recording(read_recording(folder, "--from" if from_dir is not None else "--out"), target, ref)
+        try:
+            return audit_evaluation_folder(folder, report_dir, source, flags.target, flags.drafter,
+                                           flags.temperature, flags.json_path, flags.tau_bin_tokens)
+        except NoRounds:  # for a command just traced: the command's doing, said as such
+            if flags.from_dir is not None:
+                raise
+            raise no_step_nor_round(" ".join(flags.command), flags.evaluation) from None
+    from dflash_audit.trace.audit import audit_recording
+    from dflash_audit.trace.recording import read_recording
+    from dflash_audit.trace.report import write_report_html, write_report_json
+
+    report = audit_recording(read_recording(folder, source), flags.target, flags.ref)
     write_report_json(report, report_dir / "report.json")
     write_report_html(report, report_dir / "index.html")
-    if json_path is not None:
-        write_report_json(report, json_path)
+    if flags.json_path is not None:
+        write_report_json(report, flags.json_path)
     return report

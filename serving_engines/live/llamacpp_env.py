@@ -78,11 +78,19 @@ class LlamacppEngine:
         return str(Path(self.bin_dir) / "llama-quantize")
 
 
+VERSION_TIMEOUT_S = 60
+
+
 def _version(server: Path) -> tuple[str, int | None]:
-    try:
-        done = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise AuditError(f"{server}: cannot run it ({exc})") from None
+    from foundation.process_group import run_bounded
+
+    try:  # in its own process group: a hung one is killed with whatever it started; any bytes it prints are read
+        done = run_bounded([str(server), "--version"], VERSION_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise AuditError(f"{server}: `llama-server --version` did not answer within {VERSION_TIMEOUT_S:g} s; "
+                         "stopped it and every process it started") from None
+    except OSError as exc:
+        raise AuditError(f"{server}: cannot run it ({exc.strerror or exc})") from None
     text = (done.stdout + done.stderr).strip()
     line = next((ln for ln in text.splitlines() if ln.startswith("version:")), "")
     if done.returncode != 0 or not line:

