@@ -123,7 +123,7 @@ def check_record(record: Record, target, setting: Setting, issues: Issues) -> di
         issues.add("token_ids_mismatch", name, "divergence", "the record's token ids are not its row's input_ids in "
                    "the preprocessed dataset, so speculators' loader drops the sample (train/data.py:314-322)")
     bank = StateBank(target, ids.tolist())
-    # "Equal" within the rounding of the coarser of the stored and the recomputed precision (trace/matcher.py).
+    # "Equal" within the rounding of the coarser of the stored and the recomputed precision (dflash_audit/target_values.py).
     precision = record.dtype if setting.compute_dtype in ("float32", "float64") else setting.compute_dtype
     offset = 0
     if rows != tokens:

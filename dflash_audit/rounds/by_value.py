@@ -19,6 +19,8 @@ import torch
 
 from catalogue.findings import Finding
 from dflash_audit.rounds.source import DrafterFeed, Localized, PromptRounds
+# "Equal", a relative difference, and the target's replay: the by-value core's.
+from dflash_audit.target_values import SAME, TargetReplay, relative
 from impl.extract import output_head
 from impl.layers import final_layer, hidden_state_index
 from impl.masks import inference_mask
@@ -29,37 +31,6 @@ localized = Finding.localization  # each finding below: (kind, what, message, si
 # What a source cites, per kind of input or module: where it makes it (its file:line), from `cite(kind)`.
 CITED = ("captured_layer", "aux_layer_ids", "mask_token", "block_length", "positions", "fc", "layers", "causal",
          "context_keys", "context_k_norm", "norm", "drafts")
-SAME = 1e-3  # max |a - b| / max |b|: two float32 kernels computing the same tensor stay far below it
-
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
-
-
-class TargetReplay:
-    """The target's hidden states (transformers) on one token sequence, and the last layer before its final norm."""
-
-    def __init__(self, target, token_ids: list[int]):
-        captured = {}
-        handle = target.model.norm.register_forward_pre_hook(lambda m, args: captured.update(pre=args[0]))
-        try:
-            with torch.inference_mode():
-                out = target(torch.tensor([token_ids], device=target.device), output_hidden_states=True)
-        finally:
-            handle.remove()
-        self.hidden = [h[0].float() for h in out.hidden_states]
-        self.pre_norm = captured["pre"][0].float()
-        self.layers = len(self.hidden) - 1
-
-    def candidates(self, layer_id: int) -> dict[str, torch.Tensor]:
-        """What a capture of z-lab layer `layer_id` may be instead of hidden_states[id + 1]."""
-        found = {}
-        for shift in (-1, +1):  # a neighbour's output (the one below may be the embeddings, index 0)
-            other = layer_id + shift
-            if shift < 0 or other < self.layers:
-                found[f"the output of layer {other} (shifted by {shift:+d})"] = self.hidden[hidden_state_index(other)]
-        if layer_id == final_layer(self.layers):
-            found[f"the output of layer {layer_id} before the final norm (training reads it after)"] = self.pre_norm
-        return found
 
 
 def input_findings(inputs: DrafterFeed, states: TargetReplay, spec, tokens: list[int], cite, prompt: str,
@@ -284,6 +255,13 @@ class FedLocalizer:
 
     def __init__(self, drafter, target, cite: Callable[[str], str], who: str = "the engine"):
         self.drafter, self.target, self.cite, self.who = drafter, target, cite, who
+        self._replayed: tuple[tuple[int, ...], TargetReplay] | None = None  # one replay a prompt, not one a round
+
+    def states(self, tokens: list[int]) -> TargetReplay:
+        if self._replayed is None or self._replayed[0] != tuple(tokens):
+            self._replayed = None  # the last prompt's states go first
+            self._replayed = (tuple(tokens), TargetReplay(self.target, tokens))
+        return self._replayed[1]
 
     def __call__(self, index: int, prompt: PromptRounds, audited, round_no: int) -> Localized:
         spec = self.drafter.spec
@@ -292,7 +270,7 @@ class FedLocalizer:
             return Localized([localized("unlocalized", "capture", "what the drafter was fed at this round was not "
                                         "captured", None, "", prompt.id, round_no)], {"explained_by": ["capture"]})
         tokens = list(prompt.prompt_ids) + list(prompt.output or [])
-        states = TargetReplay(self.target, tokens)
+        states = self.states(tokens)
         found = input_findings(feed, states, spec, tokens, self.cite, prompt.id, round_no)
         if len(feed.block_tokens) == spec.block_size:  # replayed on the source's own inputs, whatever they are
             found += module_findings(self.drafter, self.target, feed, self.cite, prompt.id, round_no, states)

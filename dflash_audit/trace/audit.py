@@ -1,4 +1,4 @@
-"""The audit of a trace recording: each recorded tensor named by value (matcher.py), then held to the reference, one
+"""The audit of a trace recording: each recorded tensor named by value (dflash_audit/target_values.py), then held to the reference, one
 finding per root cause, with its numbers and its catalogue entry.
 
 One step's audit is `StepAudit`, assembled from its parts, in the order `run` calls them:
@@ -24,7 +24,7 @@ from dflash_audit.trace.alignment import AlignmentAudit
 from dflash_audit.trace.blocks import BlockAudit
 from dflash_audit.trace.context import ContextAudit
 from dflash_audit.trace.draft_rows import DraftRowsAudit
-from dflash_audit.trace.matcher import TargetCandidates
+from dflash_audit.target_values import TargetCandidates
 from dflash_audit.trace.recipe import RecipeAudit
 from dflash_audit.trace.recording import ID_ROLES, Recording, compile_notes
 from dflash_audit.trace.reference import Reference, read_ref, reference_for
@@ -132,7 +132,10 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
         cands = TargetCandidates(target, documents or torch.cat(tokens), mask, positions)
         reference = reference_for(meta["drafter"]["facts"], cands.layers, ref_data)
         audit = StepAudit(meta, tensors, cands, reference, pad_id, index)
-        audit.run()
+        try:
+            audit.run()
+        finally:
+            cands.close()  # the replay's states (a temporary folder at scale) go before the next step's
         for f in audit.findings:
             if (f.component, f.key) not in seen:
                 seen.add((f.component, f.key))

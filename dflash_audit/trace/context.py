@@ -10,7 +10,7 @@ that zeros beside the states are not read as a residual on them."""
 from __future__ import annotations
 
 from catalogue.findings import Finding
-from dflash_audit.trace.matcher import Named, name_rows
+from dflash_audit.target_values import Named, name_hidden
 import torch
 
 from dflash_audit.trace.step_state import StepState, as_rows, micro_batch
@@ -26,7 +26,7 @@ class ContextAudit(StepState):
             if t.shape[-1] % hidden:
                 continue
             rows, padding = self.context_rows(name)
-            chunks = [name_rows(rows[:, k * hidden:(k + 1) * hidden], self.cands.hidden, self.tol(name))
+            chunks = [name_hidden(rows[:, k * hidden:(k + 1) * hidden], self.cands, self.tol(name))
                       for k in range(t.shape[-1] // hidden)]
             if not all(c.equal or c.noisy for c in chunks):
                 worst = max(chunks, key=lambda c: c.distance)

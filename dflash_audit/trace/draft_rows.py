@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from catalogue.findings import Finding
-from dflash_audit.trace.matcher import centered_log_probs
+from dflash_audit.target_values import CHUNK_ROWS, centered_log_probs
 from dflash_audit.trace.step_state import StepState, as_rows, micro_batch
 
 
@@ -44,9 +44,11 @@ class DraftRowsAudit(StepState):
             if own:
                 table, slots = table[own], [slots[i] for i in own]
         # The nearest few by the matrix-product shortcut, then their exact distances (the shortcut's rounding can
-        # swap two near-equal slots' rows).
-        near_few = torch.cdist(rows, table).topk(min(4, table.shape[0]), largest=False).indices
-        exact = (rows[:, None, :] - table[near_few]).norm(dim=-1)
+        # swap two near-equal slots' rows); in chunks of rows, never [rows, few, vocabulary] at once.
+        near_few = torch.cat([torch.cdist(rows[s:s + CHUNK_ROWS], table).topk(min(4, table.shape[0]), largest=False)
+                              .indices for s in range(0, rows.shape[0], CHUNK_ROWS)])
+        exact = torch.stack([(rows[r] - table[near_few[r]]).norm(dim=-1) for r in range(rows.shape[0])]) \
+            if rows.shape[0] else torch.zeros(0, near_few.shape[1])
         best = exact.min(1).values
         used: set[int] = set()
         found = []

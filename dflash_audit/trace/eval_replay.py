@@ -5,14 +5,14 @@ each named (every hidden state, each after the final norm, the last layer before
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from dflash_audit.audit.context_faults import ContextFault, DrafterShape
-from dflash_audit.rounds.by_value import TargetReplay
-from dflash_audit.trace.eval_rounds import SAME
+from dflash_audit.target_values import SAME, LazyStates, TargetReplay, relative_rows
 from impl.layers import final_layer, hidden_state_index, names_final_layer
 
 
@@ -63,17 +63,20 @@ def zlab_replay(twin, target, prompt: list[int], max_new_tokens: int, stop_ids: 
 
 
 class TargetStates:
-    """The target's tensors on one token sequence, by name: what a drafter may have been fed as a layer's feature."""
+    """The target's tensors on one token sequence, by name: what a drafter may have been fed as a layer's feature.
+    Each is made when asked for, from one replay whose states are read a layer at a time (the by-value core's)."""
 
     def __init__(self, target, tokens: list[int]):
-        replay = TargetReplay(target, tokens)  # the one core's target replay (its hidden states, its pre-norm)
-        self.hidden = [h.cpu() for h in replay.hidden]
-        self.layers = replay.layers
-        self.pre_norm = replay.pre_norm.cpu()
+        self.replay = TargetReplay(target, tokens)
+        # hidden_states[i] when indexed, [t, H] float32 on the CPU, where the evaluator's captures are held
+        self.hidden = LazyStates(self.replay.run, cpu=True)
+        self.layers = self.replay.layers
         self.norm = target.get_decoder().norm
-        self.device = target.device
         self.dtype = next(target.parameters()).dtype
-        self._named: dict[str, torch.Tensor] | None = None
+
+    @property
+    def pre_norm(self) -> torch.Tensor:
+        return self.replay.pre_norm.cpu()
 
     def feature(self, layer_id: int) -> torch.Tensor:
         """z-lab's feature of target layer `layer_id`: hidden_states[layer_id + 1] (`extract_context_feature`)."""
@@ -81,42 +84,33 @@ class TargetStates:
 
     def _normed(self, t: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return self.norm(t.to(self.device, self.dtype)).float().cpu()
+            return self.norm(t.to(self.replay.device, self.dtype)).float().cpu()
 
-    def named(self) -> dict[str, torch.Tensor]:
-        """Every candidate: each hidden state, each after the final norm, the last layer's output before it."""
-        if self._named is None:
-            named = {"the token embeddings (hidden_states[0])": self.hidden[0]}
-            for layer in range(self.layers):
-                last = names_final_layer(layer, self.layers)
-                index = hidden_state_index(layer)
-                named[f"the output of layer {layer} (hidden_states[{index}]"
-                      f"{', after the final norm' if last else ''})"] = self.hidden[index]
-                if not last:
-                    named[f"the output of layer {layer} after the final norm"] = self._normed(self.hidden[index])
-            named[f"the output of layer {final_layer(self.layers)} before the final norm"] = self.pre_norm
-            named[f"the output of layer {self.layers - 1} with the final norm applied twice"] = \
-                self._normed(self.hidden[-1])
-            self._named = named
-        return self._named
+    def named_states(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every candidate, one at a time: each hidden state, each after the final norm, the last layer's output
+        before it, the final norm applied twice."""
+        yield "the token embeddings (hidden_states[0])", self.hidden[0]
+        for layer in range(self.layers):
+            last = names_final_layer(layer, self.layers)
+            index = hidden_state_index(layer)
+            state = self.hidden[index]
+            yield (f"the output of layer {layer} (hidden_states[{index}]"
+                   f"{', after the final norm' if last else ''})"), state
+            if not last:
+                yield f"the output of layer {layer} after the final norm", self._normed(state)
+        yield f"the output of layer {final_layer(self.layers)} before the final norm", self.pre_norm
+        yield f"the output of layer {self.layers - 1} with the final norm applied twice", self._normed(self.hidden[-1])
 
     def name_rows(self, rows: torch.Tensor, positions: list[int]) -> tuple[str | None, int]:
         """The candidate the rows equal at `positions`, or shifted by a constant (its shift); (None, 0): none."""
-        rows = rows.float().cpu()
         for shift in (0, -1, 1, -2, 2):
             at = [p + shift for p in positions]
-            if min(at) < 0 or max(at) >= self.hidden[0].shape[0]:
+            if min(at) < 0 or max(at) >= self.replay.run.positions:
                 continue
-            for name, tensor in self.named().items():
-                if relative_rows(rows, tensor[at]) <= SAME:
+            for name, tensor in self.named_states():
+                if relative_rows(rows.float().cpu(), tensor[at]) <= SAME:
                     return name, shift
         return None, 0
-
-
-def relative_rows(a: torch.Tensor, b: torch.Tensor) -> float:
-    """The largest row-wise relative difference (each row against its own scale)."""
-    scale = b.abs().amax(-1).clamp_min(1e-12)
-    return float(((a - b).abs().amax(-1) / scale).max())
 
 
 def plain_inv_freq(head_dims: int, theta: float) -> torch.Tensor:

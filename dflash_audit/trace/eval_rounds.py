@@ -19,13 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash_audit.rounds.by_value import SAME  # noqa: F401 (the one core's threshold: eval_* read it here)
-from dflash_audit.rounds.by_value import relative as by_value_relative
-
-
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    """The one core's relative difference (dflash_audit/rounds/by_value.py), of tensors in any float dtype."""
-    return by_value_relative(a.float(), b.float())
+from dflash_audit.target_values import SAME, relative  # noqa: F401 (the one core's: eval_* read them here)
 
 
 @dataclass

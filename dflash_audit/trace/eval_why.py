@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from dflash_audit.audit.context_faults import PITFALLS as CONTEXT_PITFALLS
 from dflash_audit.audit.context_faults import ContextFault, context_faults, rebased, rebased_length
-from dflash_audit.trace.eval_replay import (TargetStates, drafter_logits, drafter_shape, faulted_output,
-                                            relative_rows)
+from dflash_audit.target_values import relative_rows
+from dflash_audit.trace.eval_replay import TargetStates, drafter_logits, drafter_shape, faulted_output
 from dflash_audit.trace.eval_rounds import SAME, PromptRun, Round
 from impl.anchors import anchor_blocks
 from impl.layers import hidden_state_index, names_final_layer
@@ -301,7 +301,7 @@ def counterfactual_cause(ref: Reference, states: TargetStates, rnd: Round, run: 
                 f"anchor at {start + shift}, not {start}; the context rows where z-lab puts them){how}", run.index,
                 number)), (lambda shift=shift: match(fault=ContextFault("positions", "", block_shift=shift)))
         for j, layer in enumerate(ref.layer_ids):
-            for name, tensor in states.named().items():
+            for name, tensor in states.named_states():
                 if relative_rows(tensor[:start], states.feature(layer)[:start]) <= SAME:
                     continue
                 fed_features = base.clone()
@@ -328,7 +328,7 @@ def counterfactual_cause(ref: Reference, states: TargetStates, rnd: Round, run: 
                          f"{shift:+d} (the anchor at {start + shift}, not {start}; the context rows where z-lab puts "
                          f"them){how}", run.index, number)
     for j, layer in enumerate(ref.layer_ids):
-        for name, tensor in states.named().items():
+        for name, tensor in states.named_states():
             if relative_rows(tensor[:start], states.feature(layer)[:start]) <= SAME:
                 continue
             fed = base.clone()

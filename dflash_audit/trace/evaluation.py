@@ -33,7 +33,7 @@ from dflash_audit.trace.eval_tau import identify, mean, mean_of_means, paired_st
 from dflash_audit.trace.eval_why import (PITFALLS, Cause, Reference, acceptance_cause, block_cause,
                                          counterfactual_cause, drafts_cause, feature_cause, output_cause,
                                          position_cause)
-from dflash_audit.trace.matcher import tolerance
+from dflash_audit.target_values import tolerance
 from dflash_audit.trace.recording import compile_notes
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from numpy.polynomial.hermite_e import hermegauss
 
-from dflash_audit.trace.matcher import NOISE_LIMIT
+from dflash_audit.target_values import NOISE_LIMIT
 
 NODES = 32  # Gauss-Hermite nodes: the integrand is smooth in t
 CHI2_95 = 3.841  # chi-square, one degree of freedom, 95%

@@ -12,6 +12,7 @@ import torch
 
 from catalogue.findings import Finding
 from catalogue.pitfalls import RECIPE_ENTRIES
+from dflash_audit.target_values import CHUNK_ROWS
 from dflash_audit.trace.loss_fit import REFERENCE_REDUCTION, fit_weights
 from dflash_audit.trace.step_state import StepState
 from impl.recipe import Recipe
@@ -99,11 +100,14 @@ class RecipeAudit(StepState):
         """The loss recomputed from its rows (each row's weight and target, read from the gradient): KL or
         cross-entropy, against the recorded value."""
         recorded = float(self.meta["loss"])
-        c = torch.tensor([row[1] for row in live], dtype=torch.float64)
-        p = torch.stack([row[2] for row in live]).double() if live else torch.zeros(0, 1, dtype=torch.float64)
-        lq = torch.stack([row[3] for row in live]).double() if live else torch.zeros(0, 1, dtype=torch.float64)
-        kl = float((c * (p * (p.clamp_min(1e-30).log() - lq)).sum(-1)).sum())
-        ce = float((c * -(p * lq).sum(-1)).sum())
+        kl = ce = 0.0
+        for start in range(0, len(live), CHUNK_ROWS):  # in chunks of rows: never [rows, vocabulary] in float64
+            part = live[start:start + CHUNK_ROWS]
+            c = torch.tensor([row[1] for row in part], dtype=torch.float64)
+            p = torch.stack([row[2] for row in part]).double()
+            lq = torch.stack([row[3] for row in part]).double()
+            kl += float((c * (p * (p.clamp_min(1e-30).log() - lq)).sum(-1)).sum())
+            ce += float((c * -(p * lq).sum(-1)).sum())
         close = [kind for kind, value in (("kl_div", kl), ("ce", ce))
                  if abs(value - recorded) <= 1e-4 * max(1.0, abs(recorded))]
         kind = None

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from catalogue.findings import Finding
-from dflash_audit.trace.matcher import TargetCandidates, tolerance
+from dflash_audit.target_values import TargetCandidates, tolerance
 from dflash_audit.trace.reference import Reference
 
 LOOSE_GRADIENT = 1e-4  # targets read back from the loss's gradient (g / c, then log): a few float32 roundings
@@ -54,8 +54,8 @@ class StepState:
         self.step = step_index
         self.findings: list[Finding] = []
         self.rows: dict[str, TensorRow] = {}
-        self.hidden_size = next(iter(cands.hidden.values())).shape[-1]
-        self.vocab = next(iter(cands.logits.values())).shape[-1]
+        self.hidden_size = cands.hidden_size
+        self.vocab = cands.vocab
         self.flow: dict[str, Any] = {"fc_layers": [], "divergent": set()}
         self.drafter_facts = meta["drafter"]["facts"]
         self.notes: list[str] = []

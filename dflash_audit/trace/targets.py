@@ -9,7 +9,7 @@ import math
 import torch
 
 from catalogue.findings import Finding
-from dflash_audit.trace.matcher import Named, centered_log_probs, name_rows
+from dflash_audit.target_values import CHUNK_ROWS, Named, centered_log_probs, name_logits, spread_sample
 from dflash_audit.trace.step_state import LOOSE_GRADIENT, StepState, as_rows
 
 RIVALS = 6  # hard labels under noise: the candidates nearest by agreement, each fitted against the nearest
@@ -23,34 +23,43 @@ class TargetAudit(StepState):
             return None
         tables = []
         if distributions:  # named together: one candidate for every target row (noise averages out over them)
-            rows = [centered_log_probs(as_rows(self.tensors[n])) for n in distributions]
-            named = name_rows(torch.cat(rows), self.cands.log_probs(), min(self.tol(n) for n in distributions))
+            sizes = [as_rows(self.tensors[n]).shape[0] for n in distributions]
+            rows = torch.cat([self.tensors[n].reshape(-1, self.tensors[n].shape[-1]) for n in distributions])
+            named = name_logits(rows, self.cands, min(self.tol(n) for n in distributions))
+            del rows
             for n in distributions:
                 self.account(n, f"the targets: {named.describe()}", named.distance)
+            self.sampled(named, "the targets")
             self.target_findings(named, ", ".join(distributions) if len(distributions) < 3 else
                                  f"{distributions[0]} and {len(distributions) - 1} more")
             if (named.equal or named.noisy) and named.positions is not None:
-                for n, part in zip(distributions, torch.split(named.positions, [r.shape[0] for r in rows])):
-                    tables.append((n, centered_log_probs(as_rows(self.tensors[n])).softmax(-1), part))
+                for n, part in zip(distributions, torch.split(named.positions, sizes)):
+                    tables.append((n, part))
         positions: list[int | None] = [None] * len(live)
         if tables and live:
             wanted = torch.stack([p for _, _, p, _ in live])
-            for n, probs, pos in tables:  # each row's recorded twin: the same distribution (L1 within 1e-3)
-                distance, index = torch.cdist(wanted, probs, p=1).min(1)
-                for r, (d, i) in enumerate(zip(distance.tolist(), index.tolist())):
-                    if positions[r] is None and d <= 1e-3:
+            for n, pos in tables:  # each row's recorded twin: the same distribution (L1 within 1e-3)
+                for r, i in twins(wanted, as_rows(self.tensors[n])):
+                    if positions[r] is None:
                         positions[r] = int(pos[i])
         if tables and all(x is not None for x in positions):
             return positions
         # No recorded tensor holds them (made in code the recorder cannot see): the gradient's own rows, named.
         stacked = torch.stack([p.clamp_min(1e-30).log() for _, _, p, _ in live])
-        named = name_rows(centered_log_probs(stacked), self.cands.log_probs(), LOOSE_GRADIENT)
+        named = name_logits(stacked, self.cands, LOOSE_GRADIENT)
+        del stacked
+        self.sampled(named, "the targets read from the loss's gradient")
         self.target_findings(named, "the targets read from the loss's gradient")
         return named.positions.tolist() if named.positions is not None and (named.equal or named.noisy) else None
 
+    def sampled(self, named: Named, what: str) -> None:
+        if named.sampling:
+            self.note(f"{what}: {named.sampling}")
+
     def targets(self, name: str) -> Named | None:
-        rows = centered_log_probs(as_rows(self.tensors[name]))
-        named = name_rows(rows, self.cands.log_probs(), self.tol(name))
+        rows = self.tensors[name].reshape(-1, self.tensors[name].shape[-1])
+        named = name_logits(rows, self.cands, self.tol(name))
+        self.sampled(named, name)
         self.account(name, f"the targets: {named.describe()}", named.distance)
         self.target_findings(named, name)
         return named if named.equal or named.noisy else None
@@ -93,9 +102,9 @@ class TargetAudit(StepState):
         batch = tokens.numel() // seq
         options: dict[str, list[int]] = {}
         places: dict[str, tuple] = {}  # an argmax option: its candidate and the flat position of each row
-        tops = {c: logits.argmax(-1) for c, logits in self.cands.logits.items()}
+        flats: dict[int, list] = {}
         for shift in (0, 1, -1):
-            data, argmax, flat = [], {c: [] for c in self.cands.logits}, []
+            data, flat = [], []
             for (slot, _, _, _) in live:
                 a = anchors.get(slot[:3]) if slot is not None else None
                 if a is None:
@@ -104,19 +113,46 @@ class TargetAudit(StepState):
                 row = min(slot[1], batch - 1) * seq  # the drafter call's batch row: the data's row
                 data.append(int(tokens[row + pos + 1]) if pos + 1 in range(seq) else -1)
                 flat.append(row + pos if pos in range(seq) else None)
-                for c, top in tops.items():
-                    argmax[c].append(int(top[row + pos]) if pos in range(seq) else -1)
             options[f"the data's next tokens{f' (shifted by {shift:+d})' if shift else ''}"] = data
-            for c, values in argmax.items():
+            flats[shift] = flat
+        # Each candidate's argmax only where a label sits: screened on a spread sample of the rows, then the
+        # candidates that could lead on every row (all of them when the sample is every row).
+        candidates = self.cands.logit_candidates()
+        sample = set(spread_sample(len(live)).tolist())
+        tops: dict = {c: {} for c in candidates}
+
+        def argmax_at(c, rows) -> None:
+            missing = sorted({f for flat in flats.values() for r, f in enumerate(flat)
+                              if f is not None and r in rows and f not in tops[c]})
+            if missing:
+                tops[c].update(zip(missing, self.cands.argmax(c, torch.tensor(missing)).tolist()))
+
+        def agreement(c, shift, rows) -> float:
+            flat = flats[shift]
+            return sum(labels[r] == tops[c][flat[r]] for r in rows if flat[r] is not None) / max(len(rows), 1)
+
+        shortlist = candidates
+        if len(sample) < len(live):
+            for c in candidates:
+                argmax_at(c, sample)
+            lead = {c: max(agreement(c, shift, sample) for shift in flats) for c in candidates}
+            ranked = sorted(candidates, key=lambda c: -lead[c])
+            shortlist = [c for c in candidates if c in ranked[:2 * (RIVALS + 1)] or lead[c] >= lead[ranked[0]] - 0.1]
+        every = set(range(len(live)))
+        for c in shortlist:
+            argmax_at(c, every)
+        for shift, flat in flats.items():
+            for c in shortlist:
                 name = f"the argmax of {c.name}{f' (shifted by {shift:+d})' if shift else ''}"
-                options[name], places[name] = values, (c, flat)
+                options[name] = [tops[c][f] if f is not None else -1 for f in flat]
+                places[name] = (c, flat)
         scored = sorted(((sum(a == b for a, b in zip(labels, v)) / len(labels), k) for k, v in options.items()),
                         key=lambda x: -x[0])
         share, best = scored[0]
         self.flow["labels"] = f"{best} ({share:.0%} of {len(labels)} rows)"
         if share < 1.0:
             return self.noisy_labels(labels, scored, places)
-        source = next((c for c in self.cands.logits if best == f"the argmax of {c.name}"), None)
+        source = next((c for c in candidates if best == f"the argmax of {c.name}"), None)
         if source is not None and source != self.cands.reference_logits:
             named = Named(source, 0.0, True)
             self.target_findings(named, "the hard labels, the argmax of the targets")
@@ -139,10 +175,18 @@ class TargetAudit(StepState):
         wanted = torch.tensor(labels)
         flat = places[best][1]
 
+        # The fit reads each candidate's logits on a spread sample of the rows (all of them up to SAMPLE_ROWS).
+        fitted = spread_sample(len(labels))
+        wanted = wanted[fitted]
+        flat = [flat[i] for i in fitted.tolist()]
+
         def rows_of(key):
-            return self.cands.logits[places[key][0]][flat]
+            return self.cands.logits(places[key][0], torch.tensor(flat)).cpu()
 
         same_offset = [k for _, k in scored if k in places and places[k][1] == flat and k != best][:RIVALS]
+        if len(fitted) < len(labels):
+            self.note(f"the noise on the hard labels is fitted on {len(fitted)} of their {len(labels)} rows (spread "
+                      "over the batch and the positions)")
         fits = {best: fit_noise(rows_of(best), wanted)}
         for key in same_offset:
             fits[key] = fit_noise(rows_of(key), wanted, around=fits[best].sigma)
@@ -176,3 +220,18 @@ class TargetAudit(StepState):
                               "rows": fit.rows, "flipped": fit.flipped,
                               "alike": {k: fits[k].log_likelihood for k in alike}}), edge="targets")
         return likeliest
+
+
+def twins(wanted: torch.Tensor, recorded: torch.Tensor) -> list[tuple[int, int]]:
+    """(row of `wanted`, row of `recorded`) for each wanted distribution whose recorded twin is the same distribution
+    (L1 within 1e-3): the nearest recorded row by L2 (a matrix product), then its L1, in chunks of rows."""
+    found = []
+    for start in range(0, wanted.shape[0], CHUNK_ROWS):
+        part = wanted[start:start + CHUNK_ROWS]
+        near = torch.cat([torch.cdist(part, centered_log_probs(recorded[s:s + CHUNK_ROWS]).softmax(-1))
+                          for s in range(0, recorded.shape[0], CHUNK_ROWS)], dim=1).argmin(1)
+        for r, i in enumerate(near.tolist()):
+            twin = centered_log_probs(recorded[i:i + 1]).softmax(-1)[0]
+            if float((part[r] - twin).abs().sum()) <= 1e-3:
+                found.append((start + r, i))
+    return found
