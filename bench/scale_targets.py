@@ -40,6 +40,9 @@ class TargetShape:
 # The published Qwen3 configs' dimensions (Qwen/Qwen3-1.7B, Qwen/Qwen3-8B); "tiny" keeps the CPU test quick.
 TARGETS = {
     "tiny": TargetShape(64, 128, 6, 4, 2, 16, 2048, False),
+    "qwen3-0.6b": TargetShape(1024, 3072, 28, 16, 8, 128, 151936, True),
+    # The same widths at half the depth: what the trace's audit costs per target layer (it must cost nothing).
+    "qwen3-0.6b-14-layers": TargetShape(1024, 3072, 14, 16, 8, 128, 151936, True),
     "qwen3-1.7b": TargetShape(2048, 6144, 28, 16, 8, 128, 151936, True),
     "qwen3-8b": TargetShape(4096, 12288, 36, 32, 8, 128, 151936, False),
 }
@@ -67,12 +70,13 @@ def target_shapes(shape: TargetShape) -> dict[str, tuple[int, ...]]:
             if not (shape.tie_word_embeddings and k == "lm_head.weight")}
 
 
-def write_target(folder: Path, name: str, tokenizer_from: Path) -> Path:
-    """A Qwen3 target at shape `name` with random bf16 weights, sharded safetensors + index."""
+def write_target(folder: Path, name: str, tokenizer_from: Path | None) -> Path:
+    """A Qwen3 target at shape `name` with random bf16 weights, sharded safetensors + index (and the tokenizer of
+    `tokenizer_from`, where a tokenizer is needed)."""
     shape = TARGETS[name]
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(target_config(shape), indent=2, sort_keys=True))
-    for file in TOKENIZER_FILES:
+    for file in TOKENIZER_FILES if tokenizer_from is not None else ():
         shutil.copyfile(tokenizer_from / file, folder / file)
     shapes = sorted(target_shapes(shape).items())
     shards, current, size = [], [], 0

@@ -57,9 +57,10 @@ def relative_rows(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a - b).abs().amax(-1) / scale).max())
 
 
-def spread_sample(rows: int, size: int = SAMPLE_ROWS) -> torch.Tensor:
-    """`size` row indices spread evenly over `rows` (all of them when fewer): over the batch and the positions alike,
-    the same on every run."""
+def spread_sample(rows: int, size: int | None = None) -> torch.Tensor:
+    """`size` (`SAMPLE_ROWS`) row indices spread evenly over `rows` (all of them when fewer): over the batch and the
+    positions alike, the same on every run."""
+    size = SAMPLE_ROWS if size is None else size
     if rows <= size:
         return torch.arange(rows)
     return torch.linspace(0, rows - 1, size).round().long().unique()

@@ -76,6 +76,16 @@ class StepAudit(BlockAudit, ContextAudit, DraftRowsAudit, TargetAudit, Alignment
                                  "the audit can name: no candidate of the target equals it", None, None, key=name))
 
 
+def recorded_device(placement: list[str]) -> torch.device:
+    """The device the target ran on when it ran on one GPU that this machine has too (the audit's replay there, as
+    the trainer's); else the CPU."""
+    if len(placement) == 1 and placement[0].startswith("cuda") and torch.cuda.is_available():
+        device = torch.device(placement[0])
+        if device.index is None or device.index < torch.cuda.device_count():
+            return device
+    return torch.device("cpu")
+
+
 def audit_recording(recording: Recording, target_dir: Path | None = None, ref: Path | None = None,
                     placement=None) -> TraceReport:
     """Every recorded step audited; a finding seen at several steps is reported once (its first step's numbers)."""
@@ -90,10 +100,10 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
                          f"{target_meta['path']!r}; name its folder with --target)")
     ref_data = read_ref(ref)
     if placement is None:  # the target rerun in the dtype it ran in, so "equal" means one kernel's rounding
-        import torch
-
         dtype = getattr(torch, str(target_meta.get("dtype", "float32")), torch.float32)
-        placement = CPU_FLOAT32 if dtype == torch.float32 else Placement(torch.device("cpu"), dtype, "the recording")
+        device = recorded_device(target_meta.get("placement") or [])
+        placement = CPU_FLOAT32 if dtype == torch.float32 and device.type == "cpu" else \
+            Placement(device, dtype, "the recording")
     target = load_target_model(target_path, placement)
     pad_id = target.config.pad_token_id
     findings: list[Finding] = []

@@ -118,8 +118,11 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
     if size != manifest.get("tensors_bytes") or _sha256(tensors_path) != manifest.get("tensors_sha256"):
         raise AuditError(f"{flag} {folder}: {tensors_path.name} is truncated or changed ({size} bytes, the "
                          f"manifest recorded {manifest.get('tensors_bytes')})")
+    from dflash_audit.trace.audit_memory import check_fits
     from safetensors.torch import load_file
 
+    recorded_target = (manifest["steps"][0].get("target") or {}).get("path") if manifest["steps"] else None
+    check_fits(manifest, folder, Path(recorded_target) if recorded_target else None)  # before anything is loaded
     try:
         tensors = load_file(tensors_path)
     except Exception as exc:  # noqa: BLE001 -- any unreadable file is one line
