@@ -273,6 +273,7 @@ bench: setup
 	$(BENCH_ENV) $(PY) bench/bench_ddtree_vs_dflash.py
 	$(BENCH_ENV) $(PY) bench/bench_slot_layout.py
 	$(BENCH_ENV) $(PY) bench/bench_specforge_tau.py
+	$(PY) bench/bench_trace_scale.py --depth
 	$(BENCH_ENV) $(PY) bench/bench_served_tau.py
 	PYTHONPATH=. $(PY) -m serving_engines.live.llamacpp_env native  # once per machine: the build the portable one is timed against
 	$(BENCH_ENV) $(PY) bench/bench_llamacpp_build.py
@@ -298,6 +299,7 @@ gpu-check: setup
 		DFLASH_AUDIT_DEVICE=cuda DFLASH_AUDIT_DTYPE=bfloat16 $(PY) -m pytest -q -m dynamic \
 			--report-dir reports/conformance/cuda-bfloat16 $(DYNAMIC_TESTS) && \
 		if [ -f bench/bench_dynamic_scale.py ]; then $(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape qwen3-1.7b; fi && \
+		timeout 600 $(PY) bench/bench_trace_scale.py --device cuda --cases 0.6b-8x4096 && \
 		if [ -n "$(VLLM_PYTHON)" ]; then $(BENCH_ENV) $(PY) bench/bench_served_tau.py --vllm-python $(VLLM_PYTHON) && \
 			$(BENCH_ENV) $(PY) bench/bench_hidden_states_vllm.py --max-new-tokens 64 --vllm-python $(VLLM_PYTHON); \
 		else echo "gpu-check: live serving check not run: name a CUDA vLLM with VLLM_PYTHON=/path/to/python"; fi; \

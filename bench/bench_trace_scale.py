@@ -14,6 +14,7 @@ Goals:
   0.6B shape against the same widths at 14 layers, the same rows (<= 1.1).
 
     python bench/bench_trace_scale.py [--cases 0.6b-2x256,0.6b-2x1024,0.6b-2x2048,1.7b-2x1024] [--depth]
+        [--device cuda --cases 0.6b-8x4096] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from scale_targets import TARGETS, write_target  # noqa: E402
 
 TRAINER = ROOT / "bench" / "trace_scale_trainer.py"
 CASES = {"0.6b-2x256": ("qwen3-0.6b", 2, 256), "0.6b-2x1024": ("qwen3-0.6b", 2, 1024),
-         "0.6b-2x2048": ("qwen3-0.6b", 2, 2048), "1.7b-2x1024": ("qwen3-1.7b", 2, 1024)}
+         "0.6b-2x2048": ("qwen3-0.6b", 2, 2048), "1.7b-2x1024": ("qwen3-1.7b", 2, 1024),
+         "0.6b-8x4096": ("qwen3-0.6b", 8, 4096)}  # the last: `make gpu-check`, on CUDA
 DEPTH = ("qwen3-0.6b-14-layers", "qwen3-0.6b", 2, 1024)  # the same rows on 14 and on 28 layers
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dflash-audit" / "bench-targets"
 
@@ -60,9 +62,12 @@ def weights_mb(shape: str) -> float:
     return 2 * (per_layer * s.num_hidden_layers + embeddings) / 2**20
 
 
+OPTIONS = {"device": "cpu", "dtype": "bfloat16"}
+
+
 def trainer_args(folder: Path, rows: int, tokens: int) -> list[str]:
     return [str(TRAINER), "--target", str(folder), "--rows", str(rows), "--tokens", str(tokens),
-            "--anchors", str(max(4, tokens // 64))]
+            "--anchors", str(max(4, tokens // 64)), "--device", OPTIONS["device"], "--dtype", OPTIONS["dtype"]]
 
 
 def run_case(name: str, shape: str, rows: int, tokens: int, work: Path) -> tuple[list[Row], dict]:
@@ -99,9 +104,12 @@ def run_case(name: str, shape: str, rows: int, tokens: int, work: Path) -> tuple
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--cases", default="0.6b-2x256,0.6b-2x1024,0.6b-2x2048,1.7b-2x1024")
     parser.add_argument("--depth", action="store_true", help="also the 14- against the 28-layer audit")
+    parser.add_argument("--device", default="cpu", help="the trainer's device (the audit replays the target there)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     args = parser.parse_args()
+    OPTIONS.update(device=args.device, dtype=args.dtype)
     rows: list[Row] = []
     figures: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-trace-scale-") as tmp:

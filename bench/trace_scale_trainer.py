@@ -55,9 +55,11 @@ def block_mask(anchors: torch.Tensor, attention_mask: torch.Tensor) -> torch.Ten
     """[rows, 1, n*B, seq + n*B]: block j sees the row's real tokens before a_j, and its own block."""
     rows, n = anchors.shape
     seq = attention_mask.shape[1]
+    device = anchors.device
     q_anchor = anchors.repeat_interleave(BLOCK, dim=1)
-    context = (torch.arange(seq)[None, None, :] < q_anchor[:, :, None]) & attention_mask.bool()[:, None, :]
-    q_block = torch.arange(n * BLOCK) // BLOCK
+    context = (torch.arange(seq, device=device)[None, None, :] < q_anchor[:, :, None]) & \
+        attention_mask.bool()[:, None, :]
+    q_block = torch.arange(n * BLOCK, device=device) // BLOCK
     own = (q_block[:, None] == q_block[None, :]).expand(rows, -1, -1)
     return torch.cat([context, own], dim=-1)[:, None]
 
@@ -68,19 +70,20 @@ def train_step(drafter, target, ids, attention_mask, anchors, layer_ids) -> torc
         out = target(ids, attention_mask=attention_mask, output_hidden_states=True)
         context = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
         teacher_logits = out.logits
-    slots = anchors[:, :, None] + torch.arange(BLOCK)
-    block_ids = torch.full(slots.shape, drafter.mask_token_id, dtype=torch.long)
+    device = ids.device
+    slots = anchors[:, :, None] + torch.arange(BLOCK, device=device)
+    block_ids = torch.full(slots.shape, drafter.mask_token_id, dtype=torch.long, device=device)
     block_ids[:, :, 0] = ids.gather(1, anchors)
     noise = target.model.embed_tokens(block_ids.flatten(1))
-    positions = torch.cat([torch.arange(seq).expand(rows, -1), slots.flatten(1)], dim=1)
+    positions = torch.cat([torch.arange(seq, device=device).expand(rows, -1), slots.flatten(1)], dim=1)
     hidden = drafter(position_ids=positions, attention_mask=block_mask(anchors, attention_mask),
                      noise_embedding=noise, target_hidden=context)
     logits = drafter.compute_logits(hidden, target.lm_head)
     source = (slots.flatten(1) - 1).clamp(min=0)
     teacher = teacher_logits.gather(1, source[:, :, None].expand(-1, -1, teacher_logits.shape[-1]))
     kl = F.kl_div(F.log_softmax(logits.float(), -1), F.softmax(teacher.float(), -1), reduction="none").sum(-1)
-    k = torch.arange(BLOCK, dtype=torch.float32)
-    weights = torch.where(k == 0, torch.zeros(()), torch.exp(-(k - 1) / GAMMA)).repeat(anchors.shape[1])
+    k = torch.arange(BLOCK, dtype=torch.float32, device=device)
+    weights = torch.where(k == 0, torch.zeros((), device=device), torch.exp(-(k - 1) / GAMMA)).repeat(anchors.shape[1])
     mask = (k != 0).float().repeat(anchors.shape[1]).expand(rows, -1)
     per_row = (weights * mask * kl).sum(1) / (mask.sum(1) + 1e-5)
     return per_row.mean()
@@ -93,23 +96,29 @@ def main(argv=None) -> None:
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--anchors", type=int, default=32)
     p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16).eval().requires_grad_(False)
+    dtype = getattr(torch, args.dtype)
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval()
+    target.requires_grad_(False)
     config = AutoConfig.from_pretrained(args.target)
-    drafter = drafter_for(config, torch.bfloat16).train()
+    drafter = drafter_for(config, dtype).to(args.device).train()
     layer_ids = drafter.target_layer_ids
     optimizer = torch.optim.AdamW([q for q in drafter.parameters() if q.requires_grad], lr=1e-4)
     gen = torch.Generator().manual_seed(0)
     for step in range(args.steps):
-        ids, attention_mask, anchors = batch(args.rows, args.tokens, config.vocab_size, args.anchors, gen)
+        ids, attention_mask, anchors = (t.to(args.device) for t in
+                                        batch(args.rows, args.tokens, config.vocab_size, args.anchors, gen))
         started = time.perf_counter()
         loss = train_step(drafter, target, ids, attention_mask, anchors, layer_ids)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         took = time.perf_counter() - started
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        peak_mb = (torch.cuda.max_memory_allocated() / 2**20 if args.device.startswith("cuda") else
+                   resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         print(f"step {step} loss {loss.item():.4f} step_s {took:.2f} peak_rss_mb {peak_mb:.0f}", flush=True)
 
 

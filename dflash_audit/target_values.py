@@ -498,8 +498,9 @@ def name_logits(rows: torch.Tensor, cands: TargetCandidates, tol: float) -> Name
     sample = spread_sample(rows.shape[0])
     y = centered_log_probs(rows[sample]).to(cands.device)
     scored, found = [], {}
+    projected = project(y, cands)  # y W once: every candidate's search reads it
     for candidate in cands.logit_candidates():
-        pos, err = LogitSearch(cands, candidate).nearest(y)
+        pos, err = LogitSearch(cands, candidate).nearest(y, projected)
         scored.append((err, candidate))
         found[candidate] = pos
     # The search's errors rank the candidates; those near the best are compared exactly, through the head.
@@ -513,8 +514,13 @@ def name_logits(rows: torch.Tensor, cands: TargetCandidates, tol: float) -> Name
     winner = _pick(exact)
     del y
     search = LogitSearch(cands, winner)
-    positions = torch.cat([search.nearest(centered_log_probs(rows[start:start + CHUNK_ROWS]).to(cands.device))[0]
-                           for start in range(0, rows.shape[0], CHUNK_ROWS)])
+    positions = []
+    for start in range(0, rows.shape[0], CHUNK_ROWS):
+        if start == 0 and rows.shape[0] <= len(sample):  # every row was the sample: its search stands
+            positions.append(found[winner])
+            break
+        positions.append(search.nearest(centered_log_probs(rows[start:start + CHUNK_ROWS]).to(cands.device))[0])
+    positions = torch.cat(positions)
     moments = _Moments()
     for start in range(0, rows.shape[0], CHUNK_ROWS):
         part = slice(start, start + CHUNK_ROWS)
@@ -536,8 +542,9 @@ class LogitSearch:
             self.h = cands.head_input(candidate)  # [positions, hidden]
             self.quadratic = ((self.h @ self.gram) * self.h).sum(-1)  # |W_c h|^2 per position
 
-    def nearest(self, y: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """(each row's nearest position, the mean squared error per logit there) for centred rows y [r, vocab]."""
+    def nearest(self, y: torch.Tensor, projected: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+        """(each row's nearest position, the mean squared error per logit there) for centred rows y [r, vocab];
+        `projected`: their `project(y, cands)`, where already made."""
         if self.gram is None:
             best = torch.full((y.shape[0],), float("inf"), device=y.device)
             index = torch.zeros(y.shape[0], dtype=torch.long, device=y.device)
@@ -548,14 +555,21 @@ class LogitSearch:
             return index.cpu(), float(best.mean()) / y.shape[-1]
         if self.bias is not None:  # the centred logits are W_c h + b_c
             y = y - self.bias.to(y.device)
-        u = _project(y, self.cands.head.weight.detach())  # y W: [rows, hidden]; y is centred, so y W_c = y W
+        u = projected if projected is not None else project(y, self.cands)
         d = y.pow(2).sum(-1, keepdim=True) - 2 * u @ self.h.T + self.quadratic[None]
         values, at = d.min(1)
         return at.cpu(), float(values.clamp_min(0).mean()) / y.shape[-1]
 
 
-def _project(y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """y W for rows y [r, vocab] and the head's weight [vocab, hidden], float32, in vocabulary chunks."""
+def project(y: torch.Tensor, cands: TargetCandidates) -> torch.Tensor | None:
+    """(y - b_c) W for centred rows y [r, vocab] and the head's weight W [vocab, hidden], float32, in vocabulary
+    chunks (y is centred, so y W_c = y W); None where the head is no plain linear."""
+    if cands.gram() is None:
+        return None
+    bias = cands.centred_bias()
+    if bias is not None:
+        y = y - bias.to(y.device)
+    weight = cands.head.weight.detach()
     out = torch.zeros(y.shape[0], weight.shape[1], device=y.device)
     for start in range(0, weight.shape[0], 16384):
         out += y[:, start:start + 16384] @ weight[start:start + 16384].float()
