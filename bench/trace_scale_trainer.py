@@ -19,7 +19,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from dflash.model import DFlashDraftModel, build_target_layer_ids
+from dflash.model import DFlashDraftModel, build_target_layer_ids, extract_context_feature
 from transformers import AutoConfig, AutoModelForCausalLM
 
 BLOCK = 16
@@ -68,7 +68,7 @@ def train_step(drafter, target, ids, attention_mask, anchors, layer_ids) -> torc
     rows, seq = ids.shape
     with torch.no_grad():
         out = target(ids, attention_mask=attention_mask, output_hidden_states=True)
-        context = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+        context = extract_context_feature(out.hidden_states, layer_ids)
         teacher_logits = out.logits
     device = ids.device
     slots = anchors[:, :, None] + torch.arange(BLOCK, device=device)

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from impl.extract import output_head
+from impl.layers import final_layer, hidden_state_index
 
 SAME = 1e-3  # max |a - b| / max |b|: two float32 kernels computing the same tensor stay far below it
 LOOSE = 3e-2  # bfloat16/float16 recordings: one rounding of a half-precision kernel
@@ -228,7 +229,7 @@ class LazyStates(Sequence):
             return [self[j] for j in range(*i.indices(len(self)))]
         if i < 0:
             i += len(self)
-        if not 0 <= i < len(self):
+        if i not in range(len(self)):
             raise IndexError(i)
         state = self.run.state(i)
         return state.cpu() if self.cpu else state
@@ -250,8 +251,6 @@ class TargetReplay:
 
     def candidates(self, layer_id: int) -> dict[str, torch.Tensor]:
         """What a capture of z-lab layer `layer_id` may be instead of hidden_states[id + 1]."""
-        from impl.layers import final_layer, hidden_state_index
-
         found = {}
         for shift in (-1, +1):  # a neighbour's output (the one below may be the embeddings, index 0)
             other = layer_id + shift
@@ -308,7 +307,7 @@ class TargetCandidates:
                               True, "logits")
         logits = {reference: Source("pre", True)}  # first: a tie (a final norm of weight 1 applied twice) names it
         for layer in range(n):
-            raw = layer + 1 if layer < n - 1 else "pre"
+            raw = hidden_state_index(layer) if layer < final_layer(n) else "pre"  # the last's raw: before the norm
             if layer < n - 1:
                 logits[Candidate(f"head(final_norm(raw output of layer {layer}))", None, layer, True, "logits")] = \
                     Source(raw, True)

@@ -35,7 +35,7 @@ LAYERS = (("foundation", "catalogue"), ("impl",), ("drafter_files",), ("dflash_w
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 # Inside a package, highest first: each group is a sub-package or a module of it (`dflash_audit.<group>`).
 SUBLAYERS = {"dflash_audit": (("__main__",), ("cli",), ("commands",), ("demo", "serving_readme", "families_readme", "doctor"),
-                              ("data_check",), ("trace",), ("audit",), ("conversion", "offline_tau", "tau", "training", "vllm_states"), ("rounds",), ("flags",), ("outputs",), ("formats",),
+                              ("data_check",), ("trace",), ("audit",), ("conversion", "offline_tau", "tau", "training", "vllm_states"), ("rounds",), ("target_values",), ("flags",), ("outputs",), ("formats",),
                               ("faults", "progress", "prompts", "ranks"))}
 SUBRANK = {package: {name: -rank for rank, names in enumerate(groups) for name in names}
            for package, groups in SUBLAYERS.items()}
