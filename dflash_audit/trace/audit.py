@@ -112,6 +112,8 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
     flow: dict[str, Any] = {}
     notes: list[str] = []
     vocab = target.config.vocab_size
+    unaudited: list[int] = []  # steps with no token ids the target can be rerun on
+    reread: dict[int, list[int]] = {}  # steps that ran no target forward -> the steps whose forwards they are read on
     for index, meta in enumerate(steps):
         tensors = recording.step_tensors(index)
         for name, entry in meta["entries"].items():  # token ids index the target's embedding: in its vocabulary
@@ -120,8 +122,13 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
                                  f"{int(tensors[name].min())}..{int(tensors[name].max())}, outside the target's "
                                  f"vocabulary of {vocab} (not a recording of this target; record it again)")
         tokens = [tensors[n] for n, e in meta["entries"].items() if e["role"] == "tokens"]
-        if not tokens:
+        if not tokens and index == 0:
             raise AuditError(f"--from {recording.folder}: step {index} recorded no token ids")
+        if not tokens:  # nothing to rerun the target on: this step's tensors cannot be named, the run still is
+            unaudited.append(meta.get("step", index + 1))
+            continue
+        if meta.get("target_forwards_of_steps"):  # an offline trainer: the states it reads are earlier forwards'
+            reread[meta.get("step", index + 1)] = meta["target_forwards_of_steps"]
         extra = {role: [tensors[n] for n, e in meta["entries"].items() if e["role"] == role]
                  for role in ("target_attention_mask", "target_position_ids")}
         width = tokens[0].shape[-1]
@@ -158,6 +165,7 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
             facts = {"target": target_meta, "drafter": meta["drafter"], "reference": reference.__dict__,
                      "loss": meta["loss"], "steps": len(steps), "context": recording.manifest.get("context", {}),
                      "recording": str(recording.folder)}
+    notes.extend(step_notes(unaudited, reread))
     from dflash_audit.trace.run_audit import audit_run
 
     run = audit_run(recording.manifest, recording.folder, findings)  # the run across steps (trace --steps N)
@@ -166,3 +174,21 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
     notes.extend(compile_notes(recording.manifest))
     facts["run"] = run.facts
     return TraceReport(sort_findings(findings), rows, facts, flow, notes)
+
+
+def step_notes(unaudited: list[int], reread: dict[int, list[int]]) -> list[str]:
+    """What the report says of steps that ran no target forward of their own."""
+    def steps(numbers) -> str:
+        numbers = sorted(set(numbers))
+        return f"step{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
+
+    notes = []
+    if reread:
+        notes.append(f"{steps(reread)} ran no target forward of {'their' if len(reread) > 1 else 'its'} own (the "
+                     "trainer reads states it stored from the target's earlier forwards): named against the target "
+                     f"rerun on the token ids it ran on in {steps(n for ns in reread.values() for n in ns)}")
+    if unaudited:
+        notes.append(f"{steps(unaudited)} recorded no token ids to rerun the target on: "
+                     f"{'their' if len(unaudited) > 1 else 'its'} context features, targets and loss are not "
+                     "audited (the run across steps is)")
+    return notes

@@ -142,6 +142,10 @@ class Recorder:
         self.warning_filter = None
         self.compiled = False  # the script called torch.compile (it ran eagerly while recording)
         self.run = None  # the RunRecorder (run_record.py)
+        # The target's forwards seen so far, each with the step it ran in, its token ids copied (an offline trainer
+        # runs the target once, before its first step, and reads its states back in the later steps).
+        self.run_target: nn.Module | None = None
+        self.run_target_calls: list[tuple[int, ModelCall]] = []
         # An evaluation's calls (dflash_audit/trace/eval_record.py), captured until a training step shows the run is
         # a trainer's (its validation loop is not an evaluation); `evaluation`: --eval, backwards left alone.
         self.eval_only = evaluation
@@ -378,6 +382,7 @@ class Recorder:
         is the sum of the micro-batches' losses, as their gradients sum."""
         drafter, drafter_name, target = self.pending["parts"]
         target_calls = [c for c in calls.models if c.model is target]
+        self._remember(target, target_calls)
         record = step_record(loss, graph, calls, drafter, drafter_name, target, target_calls, self.seen)
         prefix = f"mb{self.micro_batches - 1}."
         for name, t in record["tensors"].items():
@@ -437,7 +442,11 @@ class Recorder:
         graph = graph or walk_graph(loss)
         drafter, drafter_name = self._drafter(graph["params"], calls)
         target_call, target = self._target(calls, drafter)
+        reused = {id(call) for call in target_call}
+        earlier = sorted({step for step, call in self.run_target_calls if id(call) in reused})
         record = step_record(loss, graph, calls, drafter, drafter_name, target, target_call, self.seen)
+        if earlier:  # no target forward of its own: its tokens are those the target ran on in these steps
+            record["meta"]["target_forwards_of_steps"] = earlier
         record["parts"] = (drafter, drafter_name, target)  # for the step's later micro-batches; not written
         return record
 
@@ -524,9 +533,13 @@ class Recorder:
         if self.target_dir:
             wanted = os.path.realpath(self.target_dir)
             models = {k: m for k, m in models.items() if os.path.realpath(model_path(m)) == wanted}
-            if not models:
-                raise TraceRefused(f"--target {self.target_dir}: no model loaded from it ran forward in the step",
-                                   "--target")
+        if not models and self.run_target is not None:
+            # A later step that ran no target (the trainer reads states it stored from the target's earlier
+            # forwards): the run's target, and every token id it ran on in the earlier steps, to be rerun by value.
+            return [call for _, call in self.run_target_calls], self.run_target
+        if not models and self.target_dir:
+            raise TraceRefused(f"--target {self.target_dir}: no model loaded from it ran forward in the step",
+                               "--target")
         if not models:
             raise TraceRefused("no Hugging Face causal LM ran forward in the step: the target's forward was not seen")
         if len(models) > 1:
@@ -534,7 +547,22 @@ class Recorder:
             raise TraceRefused(f"two or more candidate targets ran forward in the step ({paths}): name the target's "
                                "folder with --target")
         target = next(iter(models.values()))
-        return [c for c in calls.models if c.model is target], target
+        own = [c for c in calls.models if c.model is target]
+        self._remember(target, own)
+        return own, target
+
+    def _remember(self, target: nn.Module, target_calls: list[ModelCall]) -> None:
+        """The target's forwards of this step, kept for a later step that runs none: its token ids (and mask,
+        positions) copied to the CPU, as the script may reuse the tensors it ran the target on."""
+        if self.run_target is not target:
+            self.run_target, self.run_target_calls = target, []
+        step = len(self.recorded) + 1
+
+        def copied(t):
+            return t.detach().to("cpu", copy=True) if isinstance(t, torch.Tensor) else None
+
+        self.run_target_calls += [(step, ModelCall(c.model, copied(c.input_ids), copied(c.attention_mask),
+                                                   copied(c.position_ids), c.packed)) for c in target_calls]
 
     def _offline_target(self, calls: StepCalls, drafter: nn.Module) -> tuple[list[ModelCall], nn.Module] | None:
         """A trainer reading the target's states from a dataset (vLLM's, speculators', SpecForge's) runs no target:
