@@ -145,7 +145,7 @@ class Recorder:
         # The target's forwards seen so far, each with the step it ran in, its token ids copied (an offline trainer
         # runs the target once, before its first step, and reads its states back in the later steps).
         self.run_target: nn.Module | None = None
-        self.run_target_calls: list[tuple[int, ModelCall]] = []
+        self.run_target_calls: list[tuple[int, ModelCall, str]] = []  # (step, the call, the device its ids were on)
         # An evaluation's calls (dflash_audit/trace/eval_record.py), captured until a training step shows the run is
         # a trainer's (its validation loop is not an evaluation); `evaluation`: --eval, backwards left alone.
         self.eval_only = evaluation
@@ -443,10 +443,15 @@ class Recorder:
         drafter, drafter_name = self._drafter(graph["params"], calls)
         target_call, target = self._target(calls, drafter)
         reused = {id(call) for call in target_call}
-        earlier = sorted({step for step, call in self.run_target_calls if id(call) in reused})
+        earlier = [(step, device) for step, call, device in self.run_target_calls if id(call) in reused]
         record = step_record(loss, graph, calls, drafter, drafter_name, target, target_call, self.seen)
         if earlier:  # no target forward of its own: its tokens are those the target ran on in these steps
-            record["meta"]["target_forwards_of_steps"] = earlier
+            record["meta"]["target_forwards_of_steps"] = sorted({step for step, _ in earlier})
+            entries = record["meta"]["entries"]
+            for i, (_, device) in enumerate(earlier):  # where they were when the target ran, not the CPU copy's
+                for name in (f"tokens.{i}", f"attention_mask.{i}", f"target_positions.{i}"):
+                    if name in entries:
+                        entries[name]["device"] = device
         record["parts"] = (drafter, drafter_name, target)  # for the step's later micro-batches; not written
         return record
 
@@ -536,7 +541,7 @@ class Recorder:
         if not models and self.run_target is not None:
             # A later step that ran no target (the trainer reads states it stored from the target's earlier
             # forwards): the run's target, and every token id it ran on in the earlier steps, to be rerun by value.
-            return [call for _, call in self.run_target_calls], self.run_target
+            return [call for _, call, _ in self.run_target_calls], self.run_target
         if not models and self.target_dir:
             raise TraceRefused(f"--target {self.target_dir}: no model loaded from it ran forward in the step",
                                "--target")
@@ -562,7 +567,8 @@ class Recorder:
             return t.detach().to("cpu", copy=True) if isinstance(t, torch.Tensor) else None
 
         self.run_target_calls += [(step, ModelCall(c.model, copied(c.input_ids), copied(c.attention_mask),
-                                                   copied(c.position_ids), c.packed)) for c in target_calls]
+                                                   copied(c.position_ids), c.packed), str(c.input_ids.device))
+                                  for c in target_calls if isinstance(c.input_ids, torch.Tensor)]
 
     def _offline_target(self, calls: StepCalls, drafter: nn.Module) -> tuple[list[ModelCall], nn.Module] | None:
         """A trainer reading the target's states from a dataset (vLLM's, speculators', SpecForge's) runs no target:
