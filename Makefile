@@ -273,7 +273,8 @@ bench: setup
 	$(BENCH_ENV) $(PY) bench/bench_ddtree_vs_dflash.py
 	$(BENCH_ENV) $(PY) bench/bench_slot_layout.py
 	$(BENCH_ENV) $(PY) bench/bench_specforge_tau.py
-	$(PY) bench/bench_trace_scale.py --depth
+	$(PY) bench/bench_trace_scale.py
+	$(PY) bench/bench_trace_scale.py --cases "" --depth
 	$(BENCH_ENV) $(PY) bench/bench_served_tau.py
 	PYTHONPATH=. $(PY) -m serving_engines.live.llamacpp_env native  # once per machine: the build the portable one is timed against
 	$(BENCH_ENV) $(PY) bench/bench_llamacpp_build.py

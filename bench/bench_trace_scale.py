@@ -38,7 +38,7 @@ TRAINER = ROOT / "bench" / "trace_scale_trainer.py"
 CASES = {"0.6b-2x256": ("qwen3-0.6b", 2, 256), "0.6b-2x1024": ("qwen3-0.6b", 2, 1024),
          "0.6b-2x2048": ("qwen3-0.6b", 2, 2048), "1.7b-2x1024": ("qwen3-1.7b", 2, 1024),
          "0.6b-8x4096": ("qwen3-0.6b", 8, 4096)}  # the last: `make gpu-check`, on CUDA
-DEPTH = ("qwen3-0.6b-14-layers", "qwen3-0.6b", 2, 1024)  # the same rows on 14 and on 28 layers
+DEPTH = ("qwen3-0.6b-14-layers", "qwen3-0.6b", 2, 512)  # the same rows on 14 and on 28 layers
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dflash-audit" / "bench-targets"
 
 
@@ -120,14 +120,16 @@ def main() -> None:
             rows += case_rows
         if args.depth:
             shallow, deep, batch, tokens = DEPTH
-            _, low = run_case("0.6b-14-layers-2x1024", shallow, batch, tokens, work)
-            high = figures.get("0.6b-2x1024") or run_case("0.6b-2x1024", deep, batch, tokens, work)[1]
+            _, low = run_case(f"0.6b-14-layers-2x{tokens}", shallow, batch, tokens, work)
+            high = run_case(f"0.6b-2x{tokens}", deep, batch, tokens, work)[1]
             own_low = low["audit_peak_mb"] - weights_mb(shallow)
             own_high = high["audit_peak_mb"] - weights_mb(deep)
             rows.append(Row("trace audit's own memory (peak less the target's weights): 28 layers / 14 layers",
                             own_high / own_low, 1.1, "<=",
                             detail=f"{own_high:.0f} MB at 28 layers, {own_low:.0f} MB at 14 (2 x {tokens} tokens)"))
-    record("trace_scale", "python bench/bench_trace_scale.py " + " ".join(sys.argv[1:]), rows, {"figures": figures})
+    # The depth comparison alone is its own entry ("trace_scale[depth]"), beside the cases' one.
+    name = "trace_scale" if args.cases else "trace_scale[depth]"
+    record(name, "python bench/bench_trace_scale.py " + " ".join(sys.argv[1:]), rows, {"figures": figures})
 
 
 if __name__ == "__main__":
