@@ -28,13 +28,15 @@ from pathlib import Path
 
 import torch
 
+from foundation.decompression import DecompressionBomb, check_zip, read_bounded
 from foundation.errors import AuditError
 from foundation.inputs import check_no_special_files, openable
 
 LAYOUTS = ("vllm", "speculators", "specforge")
 SPECFORGE_SUFFIXES = (".ckpt", ".ckpt.gz")
 HS_FILE = re.compile(r"^hs_(\d+)\.safetensors$")
-# A gzipped SpecForge record is decompressed into memory: past this it is no record of one sequence.
+# A gzipped SpecForge record is decompressed into memory: past this it is no record of one sequence (and below
+# it, foundation.decompression's bound on how far a file may expand holds first).
 MAX_GZ_BYTES = 8 << 30
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -274,15 +276,19 @@ def load_pickle(path: Path):
 
 def torch_load(path: Path):
     """`torch.load(weights_only=True)` of a record: paged in where it is torch's zip format, a legacy pickle read
-    whole, a gzipped one decompressed in memory up to MAX_GZ_BYTES."""
-    if path.name.endswith(".gz"):
-        with gzip.open(openable(path), "rb") as handle:
-            data = handle.read(MAX_GZ_BYTES + 1)
-        if len(data) > MAX_GZ_BYTES:
-            raise refuse(path, f"decompresses past {MAX_GZ_BYTES >> 30} GiB; no record of one sequence is that large "
-                               "(a gzip bomb?)")
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    return torch.load(openable(path), map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(openable(path)))
+    whole, a gzipped one decompressed in memory within foundation.decompression's bound (never past MAX_GZ_BYTES).
+    A compressed file past it is a decompression bomb, refused naming the sizes."""
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(openable(path), "rb") as handle:
+                data = read_bounded(handle, path.stat().st_size, MAX_GZ_BYTES)
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        zipped = zipfile.is_zipfile(openable(path))
+        if zipped:
+            check_zip(openable(path), MAX_GZ_BYTES)
+        return torch.load(openable(path), map_location="cpu", weights_only=True, mmap=zipped)
+    except DecompressionBomb as exc:
+        raise refuse(path, str(exc)) from None
 
 
 def read_specforge(path: Path) -> Record:
