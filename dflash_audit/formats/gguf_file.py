@@ -60,6 +60,7 @@ UNQUANTIZED = ("F32", "F64", "I8", "I16", "I32", "I64")  # stored exactly (F16/B
 # GGUF value types (gguf-py's GGUFValueType) and the byte size of the fixed-size ones.
 FIXED_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 STRING, ARRAY = 8, 9
+MAX_ARRAY_NESTING = 16  # GGUF allows arrays of arrays; no key llama.cpp writes nests past two
 
 
 def detect(path: Path) -> bool:
@@ -106,10 +107,13 @@ def check_header(path: Path) -> None:
         need(offset + 8, length, f"{what} (a string of {length} bytes)")
         return offset + 8 + length
 
-    def value(offset: int, kind: int, what: str) -> int:
+    def value(offset: int, kind: int, what: str, nesting: int = 0) -> int:
         if kind == STRING:
             return string(offset, what)
         if kind == ARRAY:
+            if nesting >= MAX_ARRAY_NESTING:  # the reader recurses per level: refused before it runs out of stack
+                raise AuditError(f"{path}: corrupt GGUF: {what} holds arrays nested deeper than {MAX_ARRAY_NESTING} "
+                                 "levels")
             need(offset, 12, what)
             item, count = struct.unpack_from("<IQ", data, offset)
             offset += 12
@@ -120,7 +124,7 @@ def check_header(path: Path) -> None:
                 raise AuditError(f"{path}: corrupt GGUF: {what} is an array of items of type {item}")
             need(offset, count * 8, f"{what} (an array of {count})")  # every item takes 8 bytes at least
             for _ in range(count):
-                offset = value(offset, item, what)
+                offset = value(offset, item, what, nesting + 1)
             return offset
         if kind not in FIXED_SIZES:
             raise AuditError(f"{path}: corrupt GGUF: {what} has value type {kind}")
