@@ -129,7 +129,7 @@ def written_by_us(path: Path) -> bool:
         return False
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # not JSON, or nested past the stack: not one of ours
         return False
     if not isinstance(data, dict):
         return False

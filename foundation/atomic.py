@@ -17,6 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from foundation.errors import printable
+
 TMP_DIR = ".dflash-audit-tmp"
 TMP_TAG = ".tmp-"  # `<name>.tmp-<writer's pid>-<mkstemp's 8 random chars>`
 
@@ -235,6 +237,13 @@ def atomic_write_bytes(path: str | Path, write) -> None:
         raise
     finally:
         _tidy(folder)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """A report's text written whole (temp file, then rename) as UTF-8, any file name in it that is not UTF-8 (a
+    Linux name may hold any bytes) shown as \\xNN (`printable`): the one way a report reaches the disk."""
+    shown = printable(text)
+    atomic_write_bytes(path, lambda tmp: Path(tmp).write_text(shown, encoding="utf-8"))
 
 
 def atomic_directory(path: str | Path, fill) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from foundation.errors import AuditError
+from foundation.errors import AuditError, plain_reason
 from foundation.inputs import read_utf8
 
 CHAT_TEMPLATE_HELP = "auto | none | FILE (a Jinja chat template); on/off: the older names of auto-required/none"
@@ -83,10 +85,22 @@ class ChatTemplate:
             else:
                 text = messages[0]["content"]
             return tokenizer(text)["input_ids"]
-        rendered = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                                 add_generation_prompt=True, **self.kwargs)
+        with self.rendering():
+            rendered = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                                     add_generation_prompt=True, **self.kwargs)
         # The template holds any BOS; adding special tokens again would double it.
         return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+    def named(self) -> str:
+        """The template as a message names it: the flag and its file, or the tokenizer's own."""
+        if self.mode == "file":
+            return f"--chat-template {self.file}"
+        return f"--chat-template {'on' if self.mode == 'required' else 'auto'} (the target tokenizer's own template)"
+
+    def rendering(self):
+        """Around every call that runs this template (ours, or a reference's code rendering the template `install`
+        put in the tokenizer): `template_failures` naming it."""
+        return template_failures(self.named())
 
     def ids(self, tokenizer, messages: list[dict]):
         """Token ids [1, T] (a torch tensor) of the conversation."""
@@ -102,6 +116,28 @@ class ChatTemplate:
         return {"mode": {"required": "on"}.get(self.mode, self.mode), "file": str(self.file) if self.file else None,
                 "kwargs": self.kwargs, "applied": template is not None,
                 "sha256": hashlib.sha256(template.encode()).hexdigest()[:16] if template else None}
+
+
+@contextmanager
+def template_failures(named: str, error: type[Exception] = AuditError):
+    """The one guard where a chat template renders: whatever the template raises as it runs (its own
+    `raise_exception`, e.g. on role order; the sandbox stopping it: a range past its limit, an unsafe attribute; an
+    undefined name, a type error, a recursion without end) is the template's failure, one line (`error`) naming the
+    template (`named`) and its line."""
+    try:
+        yield
+    except (AuditError, error, MemoryError):  # already one line; out of memory is the CLI's own line
+        raise
+    except Exception as exc:  # noqa: BLE001 -- anything a template runs is the user's template code
+        said = plain_reason(str(exc)) or "no reason given"
+        raise error(f"{named}: the template failed{template_line(exc)} while rendering ({said})") from None
+
+
+def template_line(exc: BaseException) -> str:
+    """` at its line N`, where `exc` was raised (jinja compiles a template to code whose frames carry the template's
+    line numbers under the file name '<template>'), or nothing when no frame is the template's."""
+    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == "<template>"]
+    return f" at its line {lines[-1]}" if lines else ""
 
 
 def kwargs_from_json(kwargs_json: str | None) -> dict:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from foundation.atomic import atomic_write_bytes
+from foundation.decompression import MAX_EXPANDED_BYTES, DecompressionBomb, check_zip
 from foundation.errors import CheckpointError
 from foundation.inputs import openable
 from foundation.param_names import strip_wrapper_prefixes
@@ -60,9 +61,13 @@ def read_ckpt(path: str | Path) -> CkptFile:
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
+        zipped = zipfile.is_zipfile(path)
+        if zipped:
+            check_zip(openable(path), MAX_EXPANDED_BYTES)
         # mmap: the tensors stay pages of the file (read on use), so a 3 GB drafter costs no heap
-        payload = torch.load(openable(path), map_location="cpu", weights_only=True,
-                             mmap=zipfile.is_zipfile(path))
+        payload = torch.load(openable(path), map_location="cpu", weights_only=True, mmap=zipped)
+    except DecompressionBomb as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
     except Exception as exc:  # corrupt, truncated, or a pickle that is not plain data
         raise CheckpointError(f"{path}: not a readable ckpt.pt ({load_failure_reason(exc)})") from exc
     try:

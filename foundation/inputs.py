@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from foundation.errors import AuditError, plain_reason
+from foundation.jsonl import JsonTooDeep, parse_json
 
 # Target config fields that must be positive integers (transformers' own errors name no file,
 # or divide by zero).
@@ -75,14 +76,14 @@ def read_json_object(path: Path, what: str = "JSON file", error: type[Exception]
     except AuditError as exc:
         raise error(str(exc)) from None
     try:
-        value = json.loads(data.decode("utf-8"))
+        value = parse_json(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
         raise error(f"{path}:{line}: not valid JSON: not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
     except json.JSONDecodeError as exc:
         raise error(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-    except RecursionError:
-        raise error(f"{path}: JSON nested too deeply to read") from None
+    except JsonTooDeep as exc:
+        raise error(f"{path}: {exc}") from None
     if not isinstance(value, dict):
         raise error(f"{path}: expected a JSON object, found {type(value).__name__}")
     return value

@@ -33,6 +33,10 @@ REFUSALS = {
 }
 
 
+# Failures that carry no message, in words.
+SILENT_FAILURES = {MemoryError: "out of memory while reading it", EOFError: "it ends before its data does (truncated)"}
+
+
 class PickleBomb(ValueError):
     """An unpickled object graph past the limits; the message says which."""
 
@@ -61,8 +65,11 @@ def _children(node: Any) -> list | None:
 
 
 def load_failure_reason(exc: BaseException) -> str:
-    """torch.load's refusal without its advice and terminal colours: the reason alone."""
+    """torch.load's refusal without its advice and terminal colours: the reason alone (for a failure that gives
+    none, what its kind says)."""
     text = ANSI.sub("", str(exc))
+    if not text.strip():
+        return SILENT_FAILURES.get(type(exc), "no details given")
     for paragraph in re.split(r"\n\s*\n", text):
         line = " ".join(paragraph.split())
         if line and not any(needle in line for needle in BOILERPLATE):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from foundation.chat_template import template_failures
 from foundation.jsonl import check_text, json_lines
 from foundation.token_ids import is_token_id
 
@@ -84,16 +85,18 @@ def _chat_document(messages, tokenizer, where: str) -> Document:
         raise DataError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
     for message in messages:
         check_text(message["content"], f"{where}: 'messages'", DataError)
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
     # Assistant turns as character spans of the rendered text: from the end of the prompt that
     # asks for the turn to the end of the conversation that includes it.
     spans = []
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        start = len(tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)) if i else 0
-        end = len(tokenizer.apply_chat_template(messages[: i + 1], tokenize=False))
-        spans.append((start, end))
+    with template_failures(f"{where}: the target tokenizer's chat template", DataError):
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            start = len(tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)) \
+                if i else 0
+            end = len(tokenizer.apply_chat_template(messages[: i + 1], tokenize=False))
+            spans.append((start, end))
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     mask = [int(any(s <= lo and hi <= e and hi > lo for s, e in spans)) for lo, hi in encoded["offset_mapping"]]
     return Document(list(encoded["input_ids"]), mask)

@@ -123,7 +123,8 @@ def zlab_benchmark(drafter, target, tokenizer, prompt_set: PromptSet, template: 
     stops = zlab_bench.stop_token_ids(target, tokenizer)
 
     def render(messages):
-        text = zlab_bench.apply_chat_template(tokenizer, messages, reasoning)
+        with template.rendering():  # z-lab's code runs the template installed above
+            text = zlab_bench.apply_chat_template(tokenizer, messages, reasoning)
         return torch.tensor([tokenizer.encode(text, add_special_tokens=False)], dtype=torch.long)
 
     def generate(ids):

@@ -16,8 +16,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from dflash_audit.audit.report import AuditReport
 from dflash_audit.audit.report_json import report_dict
-from foundation.atomic import atomic_write_bytes
-from foundation.errors import printable
+from foundation.atomic import atomic_write_text
 
 COLORS = {"ours": "#d9534f", "ref": "#2b7bb9", "served": "#7a4bb9", "audited": "#3a9a5b", "target": "#8a94a6"}
 
@@ -215,9 +214,7 @@ def serving_by_drafter(report: AuditReport) -> dict | None:
 
 
 def write_report_html(report: AuditReport, path: str | Path) -> None:
-    html = render_html(report)
-    html = printable(html)  # a file name that is not UTF-8: \\xNN
-    atomic_write_bytes(Path(path), lambda tmp: Path(tmp).write_text(html, encoding="utf-8"))
+    atomic_write_text(Path(path), render_html(report))  # a file name that is not UTF-8: \xNN
 
 
 def serving_page_html(drafter: str, data: dict[str, Any]) -> str:

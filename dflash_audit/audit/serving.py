@@ -16,7 +16,7 @@ from dflash_audit.outputs import check_not_foreign, check_outputs, check_writabl
 from catalogue.findings import Finding
 from serving_engines import ENGINES, TargetFacts
 from serving_engines.verdict import EngineReport, engine_report, trained_values
-from foundation.atomic import atomic_write_bytes
+from foundation.atomic import atomic_write_text
 from foundation.errors import AuditError
 
 __all__ = ["EngineReport", "Finding", "divergence_count", "run_serve_check", "section_dict", "serving_section",
@@ -109,7 +109,7 @@ def section_dict(section: dict[str, EngineReport]) -> dict[str, Any]:
 
 
 def write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic_write_text(path, text)
 
 
 def run_serve_check(flags: ServeCheckFlags) -> int:

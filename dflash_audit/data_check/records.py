@@ -28,15 +28,34 @@ from pathlib import Path
 
 import torch
 
+from foundation.decompression import DecompressionBomb, check_zip, read_bounded
 from foundation.errors import AuditError
 from foundation.inputs import check_no_special_files, openable
 
 LAYOUTS = ("vllm", "speculators", "specforge")
 SPECFORGE_SUFFIXES = (".ckpt", ".ckpt.gz")
 HS_FILE = re.compile(r"^hs_(\d+)\.safetensors$")
-# A gzipped SpecForge record is decompressed into memory: past this it is no record of one sequence.
+# A gzipped SpecForge record is decompressed into memory: past this it is no record of one sequence (and below
+# it, foundation.decompression's bound on how far a file may expand holds first).
 MAX_GZ_BYTES = 8 << 30
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _integer(kind) -> bool:
+    import pyarrow.types as kinds
+
+    return kinds.is_integer(kind)
+
+
+def _mask_value(kind) -> bool:
+    import pyarrow.types as kinds
+
+    return kinds.is_integer(kind) or kinds.is_boolean(kind) or kinds.is_floating(kind)
+
+
+# speculators' preprocessed table: each column read, what a row of it holds, and the item types that hold it.
+TABLE_COLUMNS = {"input_ids": ("a list of integer token ids", _integer),
+                 "loss_mask": ("a list of 0/1 values", _mask_value)}
 
 
 @dataclass
@@ -77,6 +96,10 @@ class Dataset:
         return record
 
 
+def is_record_name(name: str) -> bool:
+    return name.endswith(".safetensors") or name.endswith(SPECFORGE_SUFFIXES)
+
+
 def file_order(path: Path) -> tuple:
     found = HS_FILE.match(path.name)
     return (0, int(found.group(1)), path.name) if found else (1, 0, path.name)
@@ -88,6 +111,9 @@ def detect_layout(folder: Path) -> Dataset:
     if not folder.exists():
         raise AuditError(f"{folder}: no such file or folder")
     if folder.is_file():
+        if not is_record_name(folder.name):  # one file given: it must be a record, not any file of the dataset
+            raise AuditError(f"{folder}: not a hidden-state record by its name (a *.safetensors from vLLM or "
+                             "speculators, a *.ckpt / *.ckpt.gz from SpecForge); give a record or the dataset folder")
         files = [folder]
         base = folder.parent
     elif folder.is_dir():
@@ -97,7 +123,7 @@ def detect_layout(folder: Path) -> Dataset:
         source = inner if inner.is_dir() and any(inner.glob("hs_*.safetensors")) else folder
         if source is inner:
             check_no_special_files(inner, "in the dataset's hidden_states folder")
-        named = [p for p in source.iterdir() if p.name.endswith(".safetensors") or p.name.endswith(SPECFORGE_SUFFIXES)]
+        named = [p for p in source.iterdir() if is_record_name(p.name)]
         unreadable = sorted(p for p in named if not p.is_file())
         if unreadable:  # a record never silently skipped: a folder, a broken link or a link loop under its name
             raise AuditError(f"{unreadable[0]}: named as a record but not a readable file ("
@@ -134,7 +160,56 @@ def speculators_rows(base: Path):
     missing = {"input_ids", "loss_mask"} - set(getattr(rows, "column_names", []))
     if missing:
         raise AuditError(f"{base}: speculators' preprocessed dataset has no column {sorted(missing)[0]!r}")
+    check_columns(rows, base)
     return rows.with_format("torch")
+
+
+def check_columns(rows, base: Path) -> None:
+    """Each column read holds what speculators' preprocessing writes (a list of integers a row), by the table's own
+    schema, before any row is read: a column of strings, of scalars or of nested lists is one line naming it."""
+    import pyarrow.types as kinds
+
+    for name, (words, fits) in TABLE_COLUMNS.items():
+        column = rows.features.arrow_schema.field(name).type
+        listed = kinds.is_list(column) or kinds.is_large_list(column) or kinds.is_fixed_size_list(column)
+        if not (listed and fits(column.value_type)):
+            raise AuditError(f"{base}: speculators' preprocessed dataset column {name!r} holds {arrow_words(column)} "
+                             f"in each row; expected {words}")
+        row = first_null_row(rows.data.column(name))
+        if row is not None:  # a null (a row, or an item of one) reads back as NaN or nothing: never a token id
+            raise AuditError(f"{base}: speculators' preprocessed dataset column {name!r} holds a null in row {row}; "
+                             f"expected {words}")
+
+
+def first_null_row(column) -> int | None:
+    """The first row of a list column that is null or holds a null, or None."""
+    import pyarrow.compute as compute
+
+    column = column.combine_chunks()
+    nulls = compute.is_null(column)
+    items = compute.is_null(compute.list_flatten(column))
+    if not compute.any(nulls).as_py() and not compute.any(items).as_py():
+        return None
+    parents = compute.list_parent_indices(column).to_numpy()
+    rows = [int(i) for i in compute.indices_nonzero(nulls).to_numpy()]
+    rows += [int(parents[i]) for i in compute.indices_nonzero(items).to_numpy()]
+    return min(rows)
+
+
+def arrow_words(kind, plural: bool = False) -> str:
+    """A table column's type as a message says it ('a string', 'a list of lists of integers')."""
+    import pyarrow.types as kinds
+
+    if kinds.is_list(kind) or kinds.is_large_list(kind) or kinds.is_fixed_size_list(kind):
+        return f"{'lists' if plural else 'a list'} of {arrow_words(kind.value_type, plural=True)}"
+    for test, one, many in ((kinds.is_string, "a string", "strings"), (kinds.is_large_string, "a string", "strings"),
+                            (kinds.is_integer, "an integer", "integers"), (kinds.is_floating, "a float", "floats"),
+                            (kinds.is_boolean, "a true/false value", "true/false values"),
+                            (kinds.is_null, "a null", "nulls"), (kinds.is_binary, "a byte string", "byte strings"),
+                            (kinds.is_struct, "a record", "records")):
+        if test(kind):
+            return many if plural else one
+    return f"{kind} values" if plural else f"a {kind} value"
 
 
 def attach_speculators_row(record: Record, rows, path: Path) -> None:
@@ -144,9 +219,9 @@ def attach_speculators_row(record: Record, rows, path: Path) -> None:
     if index >= len(rows):
         raise AuditError(f"{path}: record {index} has no row in speculators' preprocessed dataset "
                          f"({len(rows)} rows)")
-    row = rows[index]
-    record.loss_mask = torch.as_tensor(row["loss_mask"]).reshape(-1)
-    record.extra["input_ids"] = torch.as_tensor(row["input_ids"]).reshape(-1)
+    row = rows[index]  # its columns' kinds and nulls checked with the table (`check_columns`)
+    record.loss_mask = row["loss_mask"].reshape(-1)
+    record.extra["input_ids"] = row["input_ids"].reshape(-1)
 
 
 def refuse(path: Path, why: str) -> AuditError:
@@ -201,15 +276,19 @@ def load_pickle(path: Path):
 
 def torch_load(path: Path):
     """`torch.load(weights_only=True)` of a record: paged in where it is torch's zip format, a legacy pickle read
-    whole, a gzipped one decompressed in memory up to MAX_GZ_BYTES."""
-    if path.name.endswith(".gz"):
-        with gzip.open(openable(path), "rb") as handle:
-            data = handle.read(MAX_GZ_BYTES + 1)
-        if len(data) > MAX_GZ_BYTES:
-            raise refuse(path, f"decompresses past {MAX_GZ_BYTES >> 30} GiB; no record of one sequence is that large "
-                               "(a gzip bomb?)")
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    return torch.load(openable(path), map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(openable(path)))
+    whole, a gzipped one decompressed in memory within foundation.decompression's bound (never past MAX_GZ_BYTES).
+    A compressed file past it is a decompression bomb, refused naming the sizes."""
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(openable(path), "rb") as handle:
+                data = read_bounded(handle, path.stat().st_size, MAX_GZ_BYTES)
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        zipped = zipfile.is_zipfile(openable(path))
+        if zipped:
+            check_zip(openable(path), MAX_GZ_BYTES)
+        return torch.load(openable(path), map_location="cpu", weights_only=True, mmap=zipped)
+    except DecompressionBomb as exc:
+        raise refuse(path, str(exc)) from None
 
 
 def read_specforge(path: Path) -> Record:

@@ -13,7 +13,7 @@ from tabulate import tabulate
 from dflash_audit.audit.report_html import environment
 from dflash_audit.audit.report_json import _finite
 from dflash_audit.data_check.check import DataCheckReport
-from foundation.atomic import atomic_write_bytes
+from foundation.atomic import atomic_write_text
 from foundation.errors import escaped
 from foundation.packages import installed_versions
 
@@ -47,10 +47,10 @@ def report_dict(report: DataCheckReport) -> dict[str, Any]:
 def write_report_json(report: DataCheckReport, path: Path) -> dict[str, Any]:
     data = report_dict(report)
     text = json.dumps(escaped(data), indent=2, default=str) + "\n"
-    atomic_write_bytes(Path(path), lambda tmp: Path(tmp).write_text(text))
+    atomic_write_text(Path(path), text)
     return data
 
 
 def write_report_html(report: DataCheckReport, path: Path) -> None:
     html = environment().get_template("data_check.html.j2").render(report=report)
-    atomic_write_bytes(Path(path), lambda tmp: Path(tmp).write_text(html, encoding="utf-8"))
+    atomic_write_text(Path(path), html)  # record and folder names that are not UTF-8: \xNN

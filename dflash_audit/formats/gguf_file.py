@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from dflash_audit.formats.shape_inference import Provenance
 from dflash_audit.formats.loaded import LoadedCheckpoint, RawRecord, declared_provenance
 from foundation.errors import AuditError
 from impl.families import ZLAB_ARCHITECTURES, spec_family
-from impl.spec import SPEC_FIELDS, SpecError
+from impl.spec import SPEC_FIELDS
 
 MAGIC = b"GGUF"
 ARCHITECTURE = "dflash"
@@ -59,6 +60,7 @@ UNQUANTIZED = ("F32", "F64", "I8", "I16", "I32", "I64")  # stored exactly (F16/B
 # GGUF value types (gguf-py's GGUFValueType) and the byte size of the fixed-size ones.
 FIXED_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 STRING, ARRAY = 8, 9
+MAX_ARRAY_NESTING = 16  # GGUF allows arrays of arrays; no key llama.cpp writes nests past two
 
 
 def detect(path: Path) -> bool:
@@ -105,10 +107,13 @@ def check_header(path: Path) -> None:
         need(offset + 8, length, f"{what} (a string of {length} bytes)")
         return offset + 8 + length
 
-    def value(offset: int, kind: int, what: str) -> int:
+    def value(offset: int, kind: int, what: str, nesting: int = 0) -> int:
         if kind == STRING:
             return string(offset, what)
         if kind == ARRAY:
+            if nesting >= MAX_ARRAY_NESTING:  # the reader recurses per level: refused before it runs out of stack
+                raise AuditError(f"{path}: corrupt GGUF: {what} holds arrays nested deeper than {MAX_ARRAY_NESTING} "
+                                 "levels")
             need(offset, 12, what)
             item, count = struct.unpack_from("<IQ", data, offset)
             offset += 12
@@ -119,7 +124,7 @@ def check_header(path: Path) -> None:
                 raise AuditError(f"{path}: corrupt GGUF: {what} is an array of items of type {item}")
             need(offset, count * 8, f"{what} (an array of {count})")  # every item takes 8 bytes at least
             for _ in range(count):
-                offset = value(offset, item, what)
+                offset = value(offset, item, what, nesting + 1)
             return offset
         if kind not in FIXED_SIZES:
             raise AuditError(f"{path}: corrupt GGUF: {what} has value type {kind}")
@@ -154,28 +159,134 @@ def read_gguf(path: Path):
     return reader
 
 
-def field_value(reader, key: str) -> Any:
+# GGUF value types (gguf-py's GGUFValueType) by what they hold.
+INTEGERS, FLOATS, BOOL = frozenset({0, 1, 2, 3, 4, 5, 10, 11}), frozenset({6, 12}), 7
+TYPE_WORDS = {**{t: "an integer" for t in INTEGERS}, **{t: "a float" for t in FLOATS}, BOOL: "true/false",
+              STRING: "a string", ARRAY: "an array"}
+ITEM_WORDS = {**{t: "integers" for t in INTEGERS}, **{t: "floats" for t in FLOATS}, BOOL: "true/false values",
+              STRING: "strings", ARRAY: "arrays", None: "items"}
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a key must hold: `types` are the GGUF value types that hold it (an array's: its items' types)."""
+    words: str
+    types: frozenset
+    array: bool = False
+    positive: bool = False
+
+
+TEXT = Kind("a string", frozenset({STRING}))
+COUNT = Kind("a positive integer", INTEGERS, positive=True)
+INTEGER = Kind("an integer", INTEGERS)
+NUMBER = Kind("a number", INTEGERS | FLOATS)
+FLAG = Kind("true or false", frozenset({BOOL}))
+LAYER_IDS = Kind("an array of integers (layer ids)", INTEGERS, array=True)
+PER_LAYER_FLAGS = Kind("an array of true/false (one per layer)", frozenset({BOOL}), array=True)
+STRINGS = Kind("an array of strings", frozenset({STRING}), array=True)
+TABLE = Kind("an array", frozenset(FIXED_SIZES) | {STRING, ARRAY}, array=True)
+# Every key this reader uses, and its kind as llama.cpp's converter writes it (gguf_writer.add_*); `{arch}`: the
+# file's architecture. A key of another kind is refused naming the file and the key, before its value is used.
+KEY_KINDS = {
+    "general.architecture": TEXT, "general.file_type": INTEGER, "general.quantization_version": INTEGER,
+    "{arch}.block_count": COUNT, "{arch}.embedding_length": COUNT, "{arch}.feed_forward_length": COUNT,
+    "{arch}.attention.head_count": COUNT, "{arch}.attention.head_count_kv": COUNT,
+    "{arch}.attention.key_length": COUNT, "{arch}.context_length": COUNT, "{arch}.block_size": COUNT,
+    "{arch}.rope.dimension_count": COUNT, "{arch}.conv_kernel_size": COUNT, "{arch}.conv_group_size": COUNT,
+    "{arch}.selector_rank": COUNT, "{arch}.selector_top_k": COUNT,
+    "{arch}.rope.freq_base": NUMBER, "{arch}.attention.layer_norm_rms_epsilon": NUMBER, "{arch}.logit_scale": NUMBER,
+    "{arch}.final_logit_softcapping": NUMBER, "{arch}.embedding_scale": NUMBER,
+    "{arch}.attention.sliding_window": INTEGER, "{arch}.attention.sliding_window_pattern": PER_LAYER_FLAGS,
+    "{arch}.attention.causal": FLAG, "{arch}.sample_from_anchor": FLAG, "{arch}.has_confidence_head": FLAG,
+    "{arch}.target_layers": LAYER_IDS, "tokenizer.ggml.mask_token_id": INTEGER, "tokenizer.ggml.tokens": STRINGS,
+    "tokenizer.ggml.merges": TABLE, "tokenizer.ggml.token_type": TABLE, "tokenizer.ggml.scores": TABLE,
+}
+TABLES = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+# What a drafter's settings cannot be read without (each becomes a field z-lab's config.json requires).
+REQUIRED = ("{arch}.block_count", "{arch}.embedding_length", "{arch}.feed_forward_length",
+            "{arch}.attention.head_count", "tokenizer.ggml.tokens", "tokenizer.ggml.mask_token_id")
+
+
+def array_item(found) -> int | None:
+    """An array key's item type (None for an empty array: it holds nothing of any type)."""
+    return int(found.types[1]) if len(found.types) > 1 else None
+
+
+def held(found) -> str:
+    """What a key holds, as a refusal says it: its GGUF type and (for a scalar) its value, cut short."""
+    kind = int(found.types[0]) if found.types else -1
+    if kind == ARRAY:
+        item = array_item(found)
+        return f"an array of {len(found.data)} " + ITEM_WORDS.get(item, f"items of value type {item}")
+    try:
+        value = found.contents()
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return TYPE_WORDS.get(kind, f"value type {kind}")
+    return f"{TYPE_WORDS.get(kind, f'value type {kind}')} {repr(value)[:40]}"
+
+
+def checked_value(reader, path: Path, key: str, kind: Kind, read: bool = True) -> Any:
+    """`key`'s value if it holds `kind` (None when absent; not read unless `read`: a token table is thousands of
+    entries); one line naming the file and the key otherwise."""
     found = reader.fields.get(key)
     if found is None:
         return None
-    value = found.contents()
+    main = int(found.types[0]) if found.types else -1
+    item = array_item(found) if main == ARRAY else None
+    if kind.array:
+        fits = main == ARRAY and (item in kind.types or not found.data)
+    else:
+        fits = main in kind.types
+    value = found.contents() if fits and read else None
+    if fits and kind.positive and not value > 0:
+        fits = False
+    if not fits:
+        raise AuditError(f"{path}: GGUF key {key!r} holds {held(found)}; expected {kind.words}")
     if isinstance(value, (float, np.floating)):
         return float(str(np.float32(value)))  # float32 on disk: its shortest decimal (1e-06, not 9.99999997e-07)
     return value
 
 
-def metadata(reader) -> dict[str, Any]:
-    """Every key but the tokenizer's token tables (thousands of entries; their lengths are kept)."""
+def kind_of(key: str, arch: str | None) -> Kind | None:
+    if arch is not None and key.startswith(f"{arch}."):
+        return KEY_KINDS.get("{arch}." + key[len(arch) + 1:])
+    return KEY_KINDS.get(key)
+
+
+def field_value(reader, key: str) -> Any:
+    """A key's value as the file holds it, its kind unchecked: for keys this reader does not interpret."""
+    found = reader.fields.get(key)
+    if found is None:
+        return None
+    value = found.contents()
+    if isinstance(value, (float, np.floating)):
+        return float(str(np.float32(value)))
+    return value
+
+
+def metadata(reader, path: Path) -> dict[str, Any]:
+    """Every key, each this reader uses checked for its kind (`KEY_KINDS`); the tokenizer's tables (thousands of
+    entries) by their lengths."""
+    arch = checked_value(reader, path, "general.architecture", TEXT)
     out = {}
-    for key, found in reader.fields.items():
+    for key in reader.fields:
         if key.startswith("GGUF."):
             continue
-        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
-                   "tokenizer.ggml.scores"):
-            out[key] = f"<{len(found.data)} entries>"
-            continue
-        out[key] = field_value(reader, key)
+        kind = kind_of(key, arch)
+        if key in TABLES:
+            checked_value(reader, path, key, kind, read=False)
+            out[key] = f"<{len(reader.fields[key].data)} entries>"
+        else:
+            out[key] = checked_value(reader, path, key, kind) if kind is not None else field_value(reader, key)
     return out
+
+
+def required_keys(keys: dict[str, Any], path: Path, arch: str) -> None:
+    for template in REQUIRED:
+        key = template.format(arch=arch)
+        if key not in keys:
+            raise AuditError(f"{path}: GGUF key {key!r} is missing (llama.cpp's converter writes it for every "
+                             "DFlash drafter)")
 
 
 def tensor_of(tensor) -> torch.Tensor:
@@ -207,13 +318,17 @@ def target_depth(target_dir: str | Path | None) -> tuple[int | None, str]:
     target = Path(target_dir)
     if target.is_file() and detect(target):
         reader = read_gguf(target)
-        arch = field_value(reader, "general.architecture")
-        return field_value(reader, f"{arch}.block_count"), f"{target} {arch}.block_count"
+        arch = checked_value(reader, target, "general.architecture", TEXT)
+        where = f"{target}: GGUF key '{arch}.block_count'"
+        return checked_value(reader, target, f"{arch}.block_count", COUNT), where
     from foundation.weights_dir import read_config
 
     config = read_config(target)
     config = config.get("text_config", config)
-    return config.get("num_hidden_layers"), f"{target}/config.json num_hidden_layers"
+    depth, where = config.get("num_hidden_layers"), f"{target}/config.json: field 'num_hidden_layers'"
+    if depth is not None and not (type(depth) is int and depth > 0):
+        raise AuditError(f"{where} is {repr(depth)[:40]}; expected a positive integer")
+    return depth, where
 
 
 def zlab_shaped_config(keys: dict[str, Any], tensors: dict[str, torch.Tensor], depth: int | None) -> dict[str, Any]:
@@ -266,11 +381,12 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
     from drafter_files.zlab_format import spec_from_zlab_config
 
     reader = read_gguf(path)
-    keys = metadata(reader)
+    keys = metadata(reader, path)
     arch = keys.get("general.architecture")
     if arch != ARCHITECTURE:
         raise AuditError(f"{path}: a GGUF of architecture {str(arch)[:60]!r}, not a DFlash drafter (llama.cpp writes "
                          f"drafters as {ARCHITECTURE!r})")
+    required_keys(keys, path, arch)
     state: dict[str, torch.Tensor] = {}
     verifier: dict[str, torch.Tensor] = {}
     types: dict[str, str] = {}
@@ -292,16 +408,12 @@ def load(path: Path, target_dir: str | Path | None = None) -> LoadedCheckpoint:
         # DSparkModel writes d2t as absolute target ids (d2t + arange); ours stores the offsets.
         state["d2t"] = state["d2t"] - torch.arange(state["d2t"].numel(), dtype=state["d2t"].dtype)
     depth, depth_where = target_depth(target_dir)
+    if depth is None:  # the one setting a GGUF drafter cannot hold: asked for before any other is judged
+        raise AuditError(f"{path}: a GGUF drafter does not record its target's depth; give the target (--target DIR "
+                         "or the target's GGUF)" if target_dir is None else f"{depth_where} is absent: the GGUF "
+                         "drafter's target depth is read there")
     config = zlab_shaped_config(keys, state, depth)
-    try:
-        spec = spec_from_zlab_config(config, source=str(path), family_fields=dspark_fields(keys, state))
-    except SpecError as exc:
-        if exc.field == "num_target_layers":
-            raise AuditError(f"{path}: a GGUF drafter does not record its target's depth; give the target "
-                             "(--target DIR or the target's GGUF)") from None
-        raise AuditError(f"{path}: {exc}") from None
-    except (KeyError, TypeError) as exc:
-        raise AuditError(f"{path}: a GGUF drafter without {exc} (not a complete llama.cpp DFlash drafter)") from None
+    spec = spec_from_zlab_config(config, source=str(path), family_fields=dspark_fields(keys, state))
     provenance = declared_provenance(spec, f"{path.name} (GGUF metadata)")
     provenance["num_target_layers"] = Provenance("inferred", depth_where)
     written = config["dflash_config"].get("target_layer_ids")

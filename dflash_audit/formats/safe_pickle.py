@@ -30,6 +30,7 @@ from typing import Any
 import numpy
 import torch
 
+from foundation.decompression import MAX_EXPANDED_BYTES, DecompressionBomb, check_zip
 from foundation.inputs import openable
 from foundation.pickle_limits import PickleBomb, check_graph
 
@@ -131,6 +132,11 @@ def safe_load(path: Path) -> Any:
     for name in unsafe_globals(path):
         stand_ins[name] = stand_in(name)
     mmap = zipfile.is_zipfile(path)
+    if mmap:  # torch's reader inflates a compressed entry whole: a zip bomb is refused before it
+        try:
+            check_zip(openable(path), MAX_EXPANDED_BYTES)
+        except DecompressionBomb as exc:
+            raise PickleTooLarge(str(exc)) from None
     while True:
         allowed = _allowed() + [(cls, name) for name, cls in stand_ins.items()]
         try:

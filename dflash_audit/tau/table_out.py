@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from foundation.atomic import atomic_write_bytes
+from foundation.atomic import atomic_write_bytes, atomic_write_text
 
 SCHEMA = "dflash-audit/tau-table-1"
 
@@ -128,4 +128,4 @@ def html_page(data: dict) -> str:
 
 def write_html(path: Path, data: dict) -> None:
     text = html_page(data)
-    atomic_write_bytes(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic_write_text(Path(path), text)

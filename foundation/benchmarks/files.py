@@ -7,7 +7,7 @@ from pathlib import Path
 
 from foundation.errors import AuditError, plain_reason
 from foundation.inputs import read_utf8, regular_file
-from foundation.jsonl import json_lines
+from foundation.jsonl import JsonTooDeep, json_lines, parse_json
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
@@ -57,9 +57,11 @@ def _json_rows(path: Path) -> list:
     stripped = text.lstrip()
     if stripped.startswith("["):  # one JSON list of rows (FastChat's and some exports)
         try:
-            rows = json.loads(text)
+            rows = parse_json(text)
         except json.JSONDecodeError as exc:
             raise AuditError(f"{path}: invalid JSON ({exc.msg})") from exc
+        except JsonTooDeep as exc:
+            raise AuditError(f"{path}: {exc}") from None
         return rows
     return [record for _, _, record in json_lines(text, path, AuditError)]
 

@@ -18,6 +18,7 @@ from typing import Any
 from dflash_audit.formats.payload import EntryError, Payload, split_payload
 from dflash_audit.formats.safe_pickle import UnsafePickle, safe_load
 from dflash_audit.formats.safe_yaml import describe, read_settings, settings_mapping
+from foundation.decompression import DecompressionBomb, check_stated
 from foundation.errors import CheckpointError
 
 WEIGHTS = "model_weights.ckpt"
@@ -43,6 +44,10 @@ def members_of(path: Path, archive: tarfile.TarFile) -> dict[str, tarfile.TarInf
 def copy_member(archive: tarfile.TarFile, member: tarfile.TarInfo, dest: Path, archive_path: Path) -> None:
     if member.size > MAX_WEIGHT_BYTES:
         raise CheckpointError(f"{archive_path}: {member_name(member)} claims {member.size} bytes; refusing it")
+    try:  # a gzipped archive's member past what its size on disk can hold: a bomb, never copied out
+        check_stated(archive_path, member.size, MAX_WEIGHT_BYTES)
+    except DecompressionBomb as exc:
+        raise CheckpointError(f"{archive_path}: {member_name(member)}: {exc}") from None
     source = archive.extractfile(member)
     if source is None:
         raise CheckpointError(f"{archive_path}: {member_name(member)} is not a regular file")
