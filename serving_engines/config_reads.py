@@ -124,6 +124,7 @@ class _Scanner:
 
     def __init__(self, tree: ast.Module, path: str, family: str | None):
         self.tree, self.path, self.file_family = tree, path, family
+        self._binding_cache: dict[int, list] = {}
         self.reads: list[Read] = []
         self.weights: list[WeightPath] = []
         self.holder_functions = self._holder_functions()
@@ -150,15 +151,12 @@ class _Scanner:
         return _reads_container(node, ("dflash_config",), holders,
                                 lambda call: _terminal(call.func) in getattr(self, "holder_functions", set()))
 
-    def _bound(self, scope: ast.AST, kind: str, known: set[str] | None = None,
-               targets_of: set[str] | None = None) -> set[str]:
-        """Names (and `self.x` attributes) bound in `scope` to the dflash_config (`kind` dflash), to rope_parameters
-        (rope), to a parsed record (parsed) or to the target's config (target: anything read from a name that says
-        `target`); `known`: such names bound outside; `targets_of`: names holding the target's config, whose
-        dflash_config or rope is not the drafter's."""
-        names: set[str] = set(known or ())
-        targets_of = targets_of or set()
-        for _ in range(3):  # a name bound from another such name
+    def _bindings(self, scope: ast.AST) -> list[tuple[list[str], ast.AST, str, set[str]]]:
+        """Each binding in `scope`, once: (the names bound, the value, its text, the names it mentions); an
+        `X.update(value)` binds X too."""
+        key = id(scope)
+        if key not in self._binding_cache:
+            found = []
             for node in ast.walk(scope):
                 pairs = []
                 if isinstance(node, ast.Assign):
@@ -167,27 +165,42 @@ class _Scanner:
                     pairs = [(node.target, node.value)]
                 elif isinstance(node, (ast.With, ast.AsyncWith)):
                     pairs = [(item.optional_vars, item.context_expr) for item in node.items if item.optional_vars]
-                elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update"
-                      and node.args and kind == "dflash" and self._is_dflash_expr(node.args[0], names)):
-                    names.add(ast.unparse(node.func.value))  # drafter_config.update(dflash_config)
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update" \
+                        and node.args:
+                    pairs = [(node.func.value, node.args[0])]  # drafter_config.update(dflash_config)
                 for target, value in pairs:
+                    names = [ast.unparse(leaf) for leaf in (target.elts if isinstance(target, ast.Tuple) else [target])]
                     mentioned = {ast.unparse(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))}
-                    if kind != "target" and mentioned & targets_of:
-                        continue
-                    if ast.unparse(value) in names:
-                        hit = True
-                    elif kind == "dflash":
-                        hit = self._is_dflash_expr(value, names)
-                    elif kind == "rope":
-                        hit = _reads_container(value, ("rope_parameters", "rope_scaling"), names)
-                    elif kind == "target":
-                        hit = "target" in ast.unparse(value) or bool(mentioned & names)
-                    else:
-                        hit = isinstance(value, ast.Call) and \
-                            (_terminal(value.func) or "").lstrip("_").startswith("parse_")
-                    if hit:
-                        for leaf in (target.elts if isinstance(target, ast.Tuple) else [target]):
-                            names.add(ast.unparse(leaf))
+                    found.append((names, value, ast.unparse(value), mentioned))
+            self._binding_cache[key] = found
+        return self._binding_cache[key]
+
+    def _bound(self, scope: ast.AST, kind: str, known: set[str] | None = None,
+               targets_of: set[str] | None = None) -> set[str]:
+        """Names (and `self.x` attributes) bound in `scope` to the dflash_config (`kind` dflash), to rope_parameters
+        (rope), to a parsed record (parsed) or to the target's config (target: anything read from a name that says
+        `target`); `known`: such names bound outside; `targets_of`: names holding the target's config, whose
+        dflash_config or rope is not the drafter's."""
+        names: set[str] = set(known or ())
+        targets_of = targets_of or set()
+        bindings = self._bindings(scope)
+        for _ in range(3):  # a name bound from another such name
+            for bound, value, text, mentioned in bindings:
+                if kind != "target" and mentioned & targets_of:
+                    continue
+                if text in names:
+                    hit = True
+                elif kind == "dflash":
+                    hit = self._is_dflash_expr(value, names)
+                elif kind == "rope":
+                    hit = _reads_container(value, ("rope_parameters", "rope_scaling"), names)
+                elif kind == "target":
+                    hit = "target" in text or bool(mentioned & names)
+                else:
+                    hit = isinstance(value, ast.Call) and \
+                        (_terminal(value.func) or "").lstrip("_").startswith("parse_")
+                if hit:
+                    names.update(bound)
         return names
 
     def _receiver(self, node: ast.AST, holders: dict[str, set[str]]) -> str | None:

@@ -191,31 +191,30 @@ def _engine_source(engine: str, place: str) -> str:
 
 # -- the rotary settings: what the reference applies, not what the folder declares ---------------------------------
 
-def rotary_findings(engine: str, view: FolderView, served: dict[str, Any], sources: dict[str, str],
-                    existing: list[Finding]) -> list[Finding]:
-    """The rotary settings the engine runs against what the folder's reference applies (`applied_settings`: z-lab and
-    speculators rotate neox style only, and their default rope rotates every head dim): the field comparisons hold
-    the engine to what the config declares, which the reference does not always apply."""
+ROTARY = {"rope_style": ("is_neox_style", lambda value: value == "neox"),
+          "partial_rotary_factor": ("partial_rotary_factor", float)}
+
+
+def reference_rotary(path: Path, trained: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The trained values with the rotary settings the folder's reference applies in place of those it declares
+    (`impl.rotary_config.applied_settings`, the static audit's #35: z-lab and speculators rotate neox style only, and
+    their default rope rotates every head dim), and why each was replaced."""
     from impl.rotary_config import applied_settings, rotary_settings
 
-    config = view.top if view.format == "zlab" else {**view.top}
-    declared = rotary_settings(config)
-    applied, why = applied_settings(view.format, declared)
-    judged = {f.key for f in existing}
-    found = []
-    for name, field, as_served in (("rope_style", "is_neox_style", lambda v: v == "neox"),
-                                   ("partial_rotary_factor", "partial_rotary_factor", float)):
-        if name not in why or applied.get(name) is None or field not in served or field in judged:
-            continue
-        reference_value = as_served(applied[name])
-        if served[field] == reference_value:
-            continue
-        found.append(Finding.serving(
-            field, "divergence", reference_value, served[field], sources.get(field, ""),
-            f"{ENGINE_NAMES[engine]} runs {field} = {served[field]!r}, as the config declares; {why[name]}: the engine "
-            f"runs another rotary than the reference does on this folder, so greedy drafts change (#35)",
-            pitfall=30))
-    return found
+    view = folder_view(path)
+    if view is None:
+        return trained, {}
+    applied, why = applied_settings(view.format, rotary_settings(view.top))
+    changed, reasons = dict(trained), {}
+    for name, (field, as_served) in ROTARY.items():
+        if name in why and applied.get(name) is not None and field in trained:
+            changed[field], reasons[field] = as_served(applied[name]), why[name]
+    return changed, reasons
+
+
+def rotary_message(engine: str, field: str, served: Any, why: str) -> str:
+    return (f"{ENGINE_NAMES[engine]} runs {field} = {served!r}, as the config declares; {why}: the engine runs another "
+            "rotary than the reference does on this folder, so greedy drafts change (#35)")
 
 
 # -- files ---------------------------------------------------------------------------------------------------------
@@ -258,12 +257,13 @@ def own_tensor_findings(column, view: FolderView, target: str | None) -> list[Fi
     `embed_tokens` names) and keeps them unless they equal the target's."""
     names = folder_tensor_names(view.path)
     built = reference_tensor_names(view.top)
+    reduced = view.top.get("draft_vocab_size") not in (None, view.top.get("vocab_size"))
     found = []
     for pattern, (target_suffix, what) in OWN_TENSORS.items():
         paths = [p for p in column.weights if p.pattern == pattern and p.how in ("in", "not in")]
         own = [n for n in names if pattern in n and n not in built]
-        if not paths or not own:
-            continue
+        if not paths or not own or reduced and pattern == "lm_head":
+            continue  # (a reduced vocabulary's own head is the draft vocabulary's: draft_vocab_size, #32)
         same = equal_to_target(view.path, own[0], target, target_suffix) if target else None
         if same:
             continue

@@ -235,19 +235,16 @@ def command_findings(served: Served, spec: DraftSpec) -> list[Finding]:
     return found
 
 
-def folder_findings(engine: str, path: Path, served: Served, trained: dict[str, Any], target: TargetFacts,
-                    reference: str | None, found: list[Finding]) -> list[Finding]:
+def folder_findings(engine: str, path: Path, served: Served, trained: dict[str, Any],
+                    target: TargetFacts) -> list[Finding]:
     """The folder's keys and files held to what the reference does with them (`key_verdict.py`), where the engine
     loads the drafter from a folder with a config.json."""
-    from serving_engines.key_verdict import file_findings, folder_view, key_findings, rotary_findings
+    from serving_engines.key_verdict import file_findings, folder_view, key_findings
 
     view = folder_view(path) if path.is_dir() else None
     if view is None or not served.loads:
         return []
-    result = key_findings(engine, view, served.values, trained)
-    if reference is not None:
-        result += rotary_findings(engine, view, served.values, served.sources, found)
-    return result + file_findings(engine, view, target.path)
+    return key_findings(engine, view, served.values, trained) + file_findings(engine, view, target.path)
 
 
 def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
@@ -261,6 +258,11 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
     from serving_engines.dispatch import resolve
 
     trained, unknown = trained or trained_values(spec)
+    applied: dict[str, str] = {}  # rotary field -> why the reference applies another value than the folder declares
+    if reference is not None and Path(path).is_dir():
+        from serving_engines.key_verdict import reference_rotary
+
+        trained, applied = reference_rotary(Path(path), trained)
     served = resolve(engine, path, target, spec.block_size, spec.num_target_layers, **options)
     findings: list[Finding] = []
     if served.refused_for:  # a value the engine refuses: one finding, under that field's entry
@@ -299,6 +301,10 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
                                            pitfall=COMPARED.get(name)))
         else:
             finding = compare_field(engine, name, trained_value, served_value, source, refused=not served.loads)
+            if finding is not None and name in applied:
+                from serving_engines.key_verdict import rotary_message
+
+                finding.message = rotary_message(engine, name, served_value, applied[name])
             if finding is not None:
                 findings.append(finding)
     if served.loads:
@@ -307,7 +313,7 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
     if engine == "llamacpp":
         findings += command_findings(served, spec)
     findings += draft_sampling_finding(engine, served) if engine in SAMPLING_SWITCH else []
-    findings += folder_findings(engine, Path(path), served, trained, target, reference, findings)
+    findings += folder_findings(engine, Path(path), served, trained, target)
     return EngineReport(engine, served.version, served.loads, served.error, served.values, trained, findings,
                         served.command, served.sources, served.notes)
 
