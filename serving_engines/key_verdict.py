@@ -9,9 +9,9 @@ Per key present in the folder (its top level and its `dflash_config`; a speculat
   engine's own default): a finding of the effect: greedy drafts change (divergence), only sampled drafts change
   (warning, saying so and by how much), the engine refuses the weights (divergence), not known (warning);
 - read by the reference only, at a value other than its default (what the engine runs instead): the same.
-A key a served field already compares (`KEY_FIELDS`) is that field's; the rotary settings a z-lab or speculators
-folder declares are also held to what its reference applies (`impl.rotary_config.applied_settings`, which the
-static audit's #35 uses too).
+A key a served field already compares (`KEY_FIELDS`) is that field's. For the rotary settings of a z-lab or
+speculators folder, that field comparison holds the engine to what the folder's reference applies rather than to
+what the config declares (`reference_rotary`: `impl.rotary_config.applied_settings`, the static audit's #35 too).
 
 Files: a side file an engine reads that the reference never does (`mask_embedding.pt`), and the folder's own head or
 embedding, which vLLM drafts with where z-lab drafts with the target's (`lm_head.weight`, `embed_tokens.weight`
@@ -44,7 +44,8 @@ REFERENCE_NAMES = {"zlab": REFERENCE, "speculators": "speculators' DFlash model 
 # A key whose value a served field compares with training (verdict.COMPARED): that field judges it.
 KEY_FIELDS = {"is_causal": "layer_causal", "causal": "layer_causal", "layer_types": "layer_types",
               "sliding_window": "layer_windows", "use_sliding_window": "layer_windows", "use_swa": "layer_windows",
-              "swa_window_size": "layer_windows", "mask_token": "mask_token_id", "num_target_layers": "target_layer_ids",
+              "swa_window_size": "layer_windows", "mask_token": "mask_token_id",
+              "num_target_layers": "target_layer_ids",
               "eagle_aux_hidden_state_layer_ids": "target_layer_ids", "rope_theta": "rope_theta",
               "rope_scaling": "rope_type", "rope_parameters": "rope_type", "rope_dim": "partial_rotary_factor",
               "rope_is_neox_style": "is_neox_style", "vocab_size": "vocab_size"}
@@ -85,10 +86,12 @@ def folder_view(path: Path) -> FolderView | None:
     config = json.loads(config_file.read_text())
     family = config_family(config)
     if config.get("speculators_model_type"):
-        top = dict(config.get("transformer_layer_config") or {})
+        layer = config.get("transformer_layer_config")
+        top = dict(layer) if isinstance(layer, dict) else {}
         top.update({k: config[k] for k in ("target_hidden_size",) if config.get(k) is not None})
         return FolderView(Path(path), "speculators", family, top, {})
-    return FolderView(Path(path), "zlab", family, config, dict(config.get("dflash_config") or {}))
+    dflash = config.get("dflash_config")
+    return FolderView(Path(path), "zlab", family, config, dict(dflash) if isinstance(dflash, dict) else {})
 
 
 def honouring(column: str, key: str, scope: str, family: str) -> list[Read]:
@@ -135,12 +138,11 @@ def covered(key: str, served: dict[str, Any], trained: dict[str, Any]) -> bool:
 def key_findings(engine: str, view: FolderView, served: dict[str, Any], trained: dict[str, Any]) -> list[Finding]:
     """Every key of the folder the engine and the reference take differently, as one finding each."""
     found = []
-    engine_column = "vllm" if engine == "vllm" else engine
     for scope, values in view.scopes():
         for key, value in values.items():
             if key in CONTAINERS or covered(key, served, trained):
                 continue
-            engine_reads = honouring(engine_column, key, scope, view.family)
+            engine_reads = honouring(engine, key, scope, view.family)
             reference_reads = honouring(view.reference, key, scope, view.family)
             if bool(engine_reads) == bool(reference_reads):
                 continue  # both take it (the field comparisons judge it) or neither does
@@ -181,12 +183,8 @@ def finding(engine: str, scope: str, key: str, result: Effect, reference_value: 
             source: str, message: str) -> Finding:
     """One key's finding: a divergence where greedy drafts change or the weights are refused, a warning where only
     sampled drafts change or the effect is not known, info where nothing changes."""
-    return Finding.serving(f"config:{named(scope, key)}", result.severity, reference_value, served_value,
-                           _engine_source(engine, source), message, pitfall=31)
-
-
-def _engine_source(engine: str, place: str) -> str:
-    return place
+    return Finding.serving(f"config:{named(scope, key)}", result.severity, reference_value, served_value, source,
+                           message, pitfall=31)
 
 
 # -- the rotary settings: what the reference applies, not what the folder declares ---------------------------------
@@ -226,7 +224,7 @@ OWN_TENSORS = {"lm_head": ("lm_head.weight", "output head"), "embed_tokens": ("e
 
 
 def file_findings(engine: str, view: FolderView, target: str | None) -> list[Finding]:
-    column = config_reads.column("vllm" if engine == "vllm" else engine)
+    column = config_reads.column(engine)
     folder = {p.name for p in view.path.iterdir() if p.is_file()}
     reference = REFERENCE_NAMES[view.format]
     found = []
@@ -236,8 +234,8 @@ def file_findings(engine: str, view: FolderView, target: str | None) -> list[Fin
             severity = "divergence" if path.pattern in SIDE_FILE_EFFECTS else "warning"
             found.append(Finding.serving(
                 f"file:{path.pattern}", severity, "not read", "read", path.place,
-                f"{ENGINE_NAMES[engine]} reads {path.pattern} from the drafter folder ({path.place}); {reference} never "
-                f"reads it (it loads config.json and the safetensors weights only): {words}", pitfall=31))
+                f"{ENGINE_NAMES[engine]} reads {path.pattern} from the drafter folder ({path.place}); {reference} "
+                f"never reads it (it loads config.json and the safetensors weights only): {words}", pitfall=31))
     if engine == "vllm" and view.format == "zlab":
         found += own_tensor_findings(column, view, target)
     return found
@@ -256,6 +254,8 @@ def own_tensor_findings(column, view: FolderView, target: str | None) -> list[Fi
     head and embeds with the target's embedding), vLLM loads them (its load_weights keeps `lm_head` and
     `embed_tokens` names) and keeps them unless they equal the target's."""
     names = folder_tensor_names(view.path)
+    if not any(pattern in name for name in names for pattern in OWN_TENSORS):
+        return []
     built = reference_tensor_names(view.top)
     reduced = view.top.get("draft_vocab_size") not in (None, view.top.get("vocab_size"))
     found = []

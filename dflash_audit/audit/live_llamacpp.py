@@ -115,10 +115,9 @@ def quantization_finding(served: Served, rows: list[dict], target_model, prompts
     parted = [r for r in rows if r["first_diff_round"] is not None]
     where = (f"rounds part from the audit's on {len(parted)} of {len(rows)} prompt(s)" if parted else
              f"no round parts from the audit's on any of the {len(rows)} prompt(s)")
+    replayed = "gives the served τ on every prompt" if confirmed else "differs from the served τ on some prompt"
     message = (f"served {quant} ({types}) costs {mean:.4f} τ per prompt on average against the drafter as trained; "
-               f"the audit's replay with the dequantized GGUF weights "
-               f"{'gives the served τ on every prompt' if confirmed else 'differs from the served τ on some prompt'}; "
-               f"{where}")
+               f"the audit's replay with the dequantized GGUF weights {replayed}; {where}")
     found = Finding.localization("quantization", "quantization", message, round(mean, 4),
                                  f"llama-quantize / the GGUF's tensor types ({types})", "", None)
     # Every prompt's cost is the finding's evidence; its rounds are those where the engine and the audit part, if any.
