@@ -46,7 +46,8 @@ class Finding:
     explanation: str = ""  # why it matters, for the HTML report
     source: str = ""  # the engine's or the reference's file:line the finding rests on
     # A live localization's place: {"kind": input | module | tie | quantization | unlocalized, "prompt", "round"}
-    # (merged: the lists "prompts", "rounds" of every round it explains).
+    # (merged: the lists "prompts", "rounds" of every round it explains), and "at" where its round is not the
+    # first round the engine and the audit part at (what that round is, in words).
     localized: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -63,10 +64,12 @@ class Finding:
 
     @classmethod
     def localization(cls, kind: str, what: str, message: str, size: float | None, source: str, prompt: str,
-                     round_no: int) -> Finding:
-        """What the live check found the engine feeding or computing otherwise at a differing round."""
+                     round_no: int | None, at: str | None = None) -> Finding:
+        """What the live check found the engine feeding or computing otherwise at a prompt's first differing round;
+        `at`: the words that name its rounds where they are others ("emitted in": the round a stop id is emitted
+        in), read before the list of prompts and rounds."""
         return cls("serving", "divergence", message, None, size, key=what, source=source,
-                   localized={"kind": kind, "prompt": prompt, "round": round_no})
+                   localized={"kind": kind, "prompt": prompt, "round": round_no, **({"at": at} if at else {})})
 
     # The serving tables' words for the same fields (docs/serving.md).
     @property

@@ -85,6 +85,15 @@ def _partial_rotary_leaked(config: dict) -> None:
     config["rope_parameters"] = {**config["rope_parameters"], "partial_rotary_factor": 0.5}
 
 
+def _value_scale_from_another_recipe(config: dict) -> None:
+    """A key z-lab's DFlashDraftModel never reads and both engines apply to every draft layer's values."""
+    config["dflash_config"]["attention_value_scale"] = 0.5
+
+
+def _gemma_norm_flag(config: dict) -> None:
+    config["use_gemma_norm"] = True  # SGLang's norms become Gemma's (x (1 + w)); z-lab never reads the key
+
+
 SERVING_BUGS = [
     PlantedServingBug("layer ids written in the speculators convention", 26, "vllm", "target_layer_ids",
                       _edit_config(_ids_in_speculators_convention)),
@@ -102,6 +111,10 @@ SERVING_BUGS = [
     PlantedServingBug("rope defaulted by SGLang (10000)", 30, "sglang", "rope_theta", _edit_config(_rope_dropped)),
     PlantedServingBug("partial rotary leaked from the target", 30, "vllm", "partial_rotary_factor",
                       _edit_config(_partial_rotary_leaked)),
+    PlantedServingBug("attention value scale z-lab never reads", 31, "vllm",
+                      "config:dflash_config.attention_value_scale", _edit_config(_value_scale_from_another_recipe)),
+    PlantedServingBug("Gemma norm flag z-lab never reads (SGLang)", 31, "sglang", "config:use_gemma_norm",
+                      _edit_config(_gemma_norm_flag)),
 ]
 
 

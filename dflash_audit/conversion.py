@@ -137,8 +137,11 @@ FAMILY_UNSERVABLE = {
                           "format of that kind exists (z-lab has none; speculators' has no model_type)",
 }
 # vLLM's DSpark runner samples from the anchor or not (the config's sample_from_anchor); its model builds the vanilla
-# Markov head only (vllm/model_executor/models/qwen3_dspark.py).
-FAMILY_FIELDS = {("dspark", "vllm"): {"sample_from_anchor": ((False, True), ""),
+# Markov head only (vllm/model_executor/models/qwen3_dspark.py). Its DFlash model has no input embedding scale.
+FAMILY_FIELDS = {("dflash", "vllm"): {"input_embedding_scale": (
+                     1.0, "vLLM's DFlash model (qwen3_dflash.py) scales no noise embedding: only its DFlash2 model "
+                          "reads dflash_config.input_embedding_scale")},
+                 ("dspark", "vllm"): {"sample_from_anchor": ((False, True), ""),
                                       "markov_head_type": ("vanilla", "vLLM's Qwen3DSparkModel builds the vanilla "
                                                                       "Markov head only")}}
 # The format each engine reads a family from (z-lab has no DSpark: vLLM translates speculators' own config).

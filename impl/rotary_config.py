@@ -13,6 +13,11 @@ from foundation.errors import SpecError
 from impl.defaults import QWEN3_DEFAULTS, ROTARY_DEFAULTS
 from impl.spec import LAYER_TYPES
 
+# The reference each format is written for (the code that trains or runs a drafter in it).
+FORMAT_REFERENCE = {"zlab": "z-lab's DFlashDraftModel (dflash 0.1.0)", "speculators": "speculators 0.9.0"}
+TRAINER_DROPS_FACTOR = {"speculators": " (and its trainer drops a verifier's factor from the draft config unless the "
+                                       "rope has an mrope_section: train/cli.py)"}
+
 
 def rope_mapping(config: dict[str, Any]) -> dict[str, Any]:
     """The rope dict a config states: `rope_parameters` (transformers 5), else the older `rope_scaling`; {} if none."""
@@ -59,3 +64,25 @@ def declared_rotary(config: dict[str, Any]) -> set[str]:
     if "is_neox_style" in config:
         declared.add("rope_style")
     return declared
+
+
+def applied_settings(fmt: str, declared: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """What the reference of format `fmt` (zlab, speculators) applies of the rotary settings `declared` (ROTARY_FIELDS),
+    and why each differs: the static audit holds a side's declared settings to these (#35), `serve-check` an
+    engine's on a folder of that format."""
+    reference, why = FORMAT_REFERENCE[fmt], {}
+    values = dict(declared)
+    if declared["rope_style"] != "neox":
+        values["rope_style"] = "neox"
+        why["rope_style"] = f"{reference} rotates neox style only (rotate_half)"
+    if declared["partial_rotary_factor"] != 1.0:
+        if declared["rope_scaling"] is None:
+            values["partial_rotary_factor"] = 1.0
+            why["partial_rotary_factor"] = (f"{reference} builds transformers' Qwen3RotaryEmbedding, whose default "
+                                            "rope ignores the factor: every head dim is rotated"
+                                            + TRAINER_DROPS_FACTOR.get(fmt, ""))
+        else:
+            values["partial_rotary_factor"] = None  # no value: the reference cannot run it
+            why["partial_rotary_factor"] = (f"{reference} cannot run it: the scaled rope's cos/sin cover only the "
+                                            "rotated dims and its apply_rotary_pos_emb rotates the whole head")
+    return values, why

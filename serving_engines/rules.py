@@ -63,6 +63,8 @@ RULES = (
     Rule("vllm", "sample_from_anchor", "restated", VLLM_DFLASH_RUNNER, 'if dflash_config.get("sample_from_anchor", False):',
          "dflash_config.sample_from_anchor (speculators: its sample_from_anchor); the DFlash runner refuses true, "
          "only the DSpark runner samples from the anchor"),
+    Rule("vllm", "draft_sampling", "restated", VLLM_SPEC_CONFIG, 'draft_sample_method: DraftSampleMethod = "greedy"',
+         "drafts are the argmax at any temperature unless speculative_config draft_sample_method='probabilistic'"),
     Rule("vllm", "rope_theta", "called", "vllm.transformers_utils.config", "def set_default_rope_theta",
          "rope_parameters, rope_theta defaulting to 1e6 (qwen3_dflash.py)"),
     Rule("vllm", "partial_rotary_factor", "restated", "vllm.model_executor.layers.rotary_embedding",
@@ -187,6 +189,7 @@ PINNED = {
     VLLM_DSPARK_RUNNER: "3c22193d18f0d2f5f5dcd4ec907f52e10710a5b39b084dfa03eef254d3c174eb",
     VLLM_XPRESS_RUNNER: "e805a2a5a254207967b35ff7f2526926503d18246b3d9ac71431091ce2d95019",
     VLLM_CONFIG: "892088ef8dc5c7fa9d50cdf083dd776fd45e8d148d53b4a3279b2e79abeab0ca",
+    VLLM_SPEC_CONFIG: "e1a32e585b677f6c89b0db6848c376733e1860ea5ea328180d638621d379239e",
     "sglang.srt.utils.hf_transformers.config": "c094a72d75c298b6943b0ac30df7f4726eef5378fe0d6ed184780c2290d4493d",
 }
 

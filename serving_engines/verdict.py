@@ -6,6 +6,7 @@ self-test plants serving bugs through it too."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from catalogue.findings import Finding, serialized
@@ -195,9 +196,28 @@ def mask_token_findings(engine: str, mask: int | None, target: TargetFacts, sour
             for kind, phrase in mask_token_problems(mask, limits, special)]
 
 
+# What each engine's argmax drafting is switched by, for the draft_sampling finding.
+SAMPLING_SWITCH = {"llamacpp": ("llama-server", "--spec-draft-sampling probabilistic"),
+                   "vllm": ("vLLM", "speculative_config draft_sample_method='probabilistic'; its default is 'greedy'")}
+
+
+def draft_sampling_finding(engine: str, served: Served) -> list[Finding]:
+    """An engine that drafts the argmax at every temperature, where z-lab's loop samples its drafts at T > 0."""
+    if served.values.get("draft_sampling") != "argmax":
+        return []
+    from serving_engines.source_exec import cite
+
+    name, switch = SAMPLING_SWITCH[engine]
+    zlab = cite("dflash.model", "block_output_ids[:, 1:] = _sample_probs(draft_probs)")
+    return [Finding.serving(
+        "draft_sampling", "info", "sampled at T > 0", "argmax", served.sources.get("draft_sampling", ""),
+        f"{name} drafts the argmax at every temperature (unless {switch}): at T > 0 its acceptance is the sampled "
+        f"target's agreement with the greedy draft, where z-lab's loop samples its drafts ({zlab})")]
+
+
 def command_findings(served: Served, spec: DraftSpec) -> list[Finding]:
     """llama-server's command-line settings that change what is drafted: the draft length left at its default,
-    argmax drafts at T > 0, a draft KV cache that rounds keys and values."""
+    a draft KV cache that rounds keys and values."""
     from serving_engines.llamacpp_engine import DEFAULT_N_MAX, EXACT_KV_TYPES
 
     values, sources, found = served.values, served.sources, []
@@ -206,11 +226,6 @@ def command_findings(served: Served, spec: DraftSpec) -> list[Finding]:
             "spec_draft_n_max", "warning", spec.block_size - 1, DEFAULT_N_MAX, sources.get("spec_draft_n_max", ""),
             f"llama-server drafts {DEFAULT_N_MAX} tokens when --spec-draft-n-max is left out; this drafter was "
             f"trained for blocks of {spec.block_size}: pass --spec-draft-n-max {spec.block_size - 1}", pitfall=29))
-    if values.get("draft_sampling") == "argmax":
-        found.append(Finding.serving(
-            "draft_sampling", "info", None, "argmax", sources.get("draft_sampling", ""),
-            "llama-server drafts the argmax at every temperature (unless --spec-draft-sampling probabilistic): at "
-            "T > 0 its acceptance is the sampled target's agreement with the greedy draft"))
     kind = values.get("draft_kv_type")
     if kind is not None and kind not in EXACT_KV_TYPES:
         found.append(Finding.serving(
@@ -220,14 +235,34 @@ def command_findings(served: Served, spec: DraftSpec) -> list[Finding]:
     return found
 
 
+def folder_findings(engine: str, path: Path, served: Served, trained: dict[str, Any],
+                    target: TargetFacts) -> list[Finding]:
+    """The folder's keys and files held to what the reference does with them (`key_verdict.py`), where the engine
+    loads the drafter from a folder with a config.json."""
+    from serving_engines.key_verdict import file_findings, folder_view, key_findings
+
+    view = folder_view(path) if path.is_dir() else None
+    if view is None or not served.loads:
+        return []
+    return key_findings(engine, view, served.values, trained) + file_findings(engine, view, target.path)
+
+
 def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
-                  trained: tuple[dict[str, Any], dict[str, str]] | None = None, **options) -> EngineReport:
+                  trained: tuple[dict[str, Any], dict[str, str]] | None = None, reference: str | None = None,
+                  **options) -> EngineReport:
     """How `engine` serves the drafter directory `path` that was trained as `spec` (`trained`: the values
-    and unknowns from `trained_values`, when the caller knows more than the spec). `options`: the engine's
-    command (llama.cpp: n_max, kv_type)."""
+    and unknowns from `trained_values`, when the caller knows more than the spec). `reference`: the folder's own
+    format (zlab, speculators) when it is the drafter as given, so that its rotary settings are held to what that
+    reference applies; None for a folder converted from our checkpoint (our trainer applies what it declares).
+    `options`: the engine's command (llama.cpp: n_max, kv_type)."""
     from serving_engines.dispatch import resolve
 
     trained, unknown = trained or trained_values(spec)
+    applied: dict[str, str] = {}  # rotary field -> why the reference applies another value than the folder declares
+    if reference is not None and Path(path).is_dir():
+        from serving_engines.key_verdict import reference_rotary
+
+        trained, applied = reference_rotary(Path(path), trained)
     served = resolve(engine, path, target, spec.block_size, spec.num_target_layers, **options)
     findings: list[Finding] = []
     if served.refused_for:  # a value the engine refuses: one finding, under that field's entry
@@ -266,6 +301,10 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
                                            pitfall=COMPARED.get(name)))
         else:
             finding = compare_field(engine, name, trained_value, served_value, source, refused=not served.loads)
+            if finding is not None and name in applied:
+                from serving_engines.key_verdict import rotary_message
+
+                finding.message = rotary_message(engine, name, served_value, applied[name])
             if finding is not None:
                 findings.append(finding)
     if served.loads:
@@ -273,6 +312,8 @@ def engine_report(engine: str, path: str, spec: DraftSpec, target: TargetFacts,
                                         served.sources.get("mask_token_id", ""))
     if engine == "llamacpp":
         findings += command_findings(served, spec)
+    findings += draft_sampling_finding(engine, served) if engine in SAMPLING_SWITCH else []
+    findings += folder_findings(engine, Path(path), served, trained, target)
     return EngineReport(engine, served.version, served.loads, served.error, served.values, trained, findings,
                         served.command, served.sources, served.notes)
 

@@ -48,6 +48,23 @@ def _default_aux_layers():
         "get_eagle3_default_aux_hidden_state_layers"]
 
 
+@lru_cache(maxsize=1)
+def default_draft_sampling() -> str:
+    """SpeculativeConfig's `draft_sample_method` default, read off the installed config/speculative.py (importing
+    it takes seconds): 'greedy' drafts the argmax, 'probabilistic' samples the draft distribution."""
+    import ast
+
+    from serving_engines.source_exec import installed_file
+
+    tree = ast.parse(installed_file(rules.VLLM_SPEC_CONFIG).read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "SpeculativeConfig":
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and getattr(item.target, "id", None) == "draft_sample_method":
+                    return ast.literal_eval(item.value)
+    raise ValueError("SpeculativeConfig.draft_sample_method not found in the installed vLLM")
+
+
 def hf_config(path: Path, config: dict[str, Any]):
     """The HF config vLLM builds the drafter from (speculators: its own translation)."""
     if config.get("speculators_model_type"):
@@ -190,6 +207,7 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None,
         "draft_vocab_size": getattr(hf, "draft_vocab_size", None) or hf.vocab_size,
         "sample_from_anchor": anchor_sampled,
         "target_layer_capture": vllm_capture(ids, target.num_layers or num_target_layers),
+        "draft_sampling": "argmax" if default_draft_sampling() == "greedy" else "sampled",
     }
     values.update(dspark)
     if family == "dflash2":

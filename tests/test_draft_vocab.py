@@ -319,4 +319,5 @@ def test_vllm_serves_the_map_only_when_d2t_is_shipped(written, test_world, tmp_p
               str(tmp_path / "stripped" / "model.safetensors"))
     stripped = engine_report("vllm", str(tmp_path / "stripped"), spec, facts)
     assert [(f.field, f.severity, f.pitfall) for f in stripped.findings] == [("draft_to_target", "divergence", 32),
-                                                                            ("target_layer_capture", "divergence", 26)]
+                                                                            ("target_layer_capture", "divergence", 26),
+                                                                            ("draft_sampling", "info", None)]

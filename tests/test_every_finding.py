@@ -194,6 +194,7 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
     save_zlab_dir(root / "zlab-mixed", checkpoint.spec, checkpoint.state_dict)  # a z-lab folder, as teams download
     trained = load_checkpoint(full)  # the all-full drafter reading what llama.cpp can feed it (not the last layer)
     save_zlab_dir(root / "full-1-2", *without_final_layer(trained.spec, trained.state_dict))
+    keyed = planted_keys(root / "zlab-mixed", root / "keyed")  # keys and a side file z-lab never reads
     (root / "prompt.jsonl").write_text(Path(world["prompts"]).read_text().splitlines()[0] + "\n")
     live = ["--live", "--prompts", root / "prompt.jsonl", "--max-new-tokens", 16]
     engine = LiveVllm()
@@ -213,6 +214,8 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
         "a refiner head in a DFlash drafter": (compare_case, ["--ours", refiner, "--ref", mixed, "--static-only"]),
         "served by three engines": (serve_case, ["--drafter", mixed, "--engine", "vllm,sglang,llamacpp",
                                                  "--target", target]),
+        "a folder with keys and a file z-lab never reads": (serve_case, ["--drafter", keyed, "--engine",
+                                                                         "vllm,sglang", "--target", target]),
         "a chat template other than the trained one": (eval_case, [
             "--drafter", mixed, "--target", target, "--prompts", f"humaneval:{BENCHMARKS / 'humaneval.jsonl'}",
             "--chat-template", REPO / "dflash_world" / "chat_template_thinking.jinja", "--tau-by", "thinking",
@@ -225,6 +228,8 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
                 "--spec-draft-n-max", 3]),
             "llama.cpp at its last block, a target with two eos ids": (serve_case, [
                 "--drafter", root / "gguf" / "drafter-f32.gguf", "--engine", "llamacpp", *last_block(world, root)]),
+            "llama.cpp serving q8_0, otherwise as trained": (serve_case, [
+                "--drafter", root / "full-1-2", "--engine", "llamacpp", "--target", target, *live, "--quant", "q8_0"]),
             "llama.cpp with a q4_0 draft KV cache": (serve_case, [
                 "--drafter", root / "gguf" / "drafter-f32.gguf", "--engine", "llamacpp", "--target", target, *live,
                 "--draft-kv-type", "q4_0"])}
@@ -257,6 +262,24 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
             "--", sys.executable, REPO / "tests" / "trace_scripts" / "specforge_step.py", "--target",
             root / "trace-target"]),
     }
+
+
+def planted_keys(clean: Path, folder: Path) -> Path:
+    """A copy of a z-lab folder with keys z-lab's DFlashDraftModel never reads and engines do (vLLM's logit_scale,
+    which changes sampled drafts only; dflash_config.attention_value_scale, which changes greedy drafts) and the
+    side file vLLM reads (mask_embedding.pt): serving_engines/key_verdict.py's findings."""
+    import shutil
+
+    import torch
+
+    shutil.copytree(clean, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["logit_scale"] = 2.0
+    config["dflash_config"]["attention_value_scale"] = 0.5
+    (folder / "config.json").write_text(json.dumps(config))
+    torch.save({"mask_token_id": config["dflash_config"]["mask_token_id"],
+                "embedding": torch.linspace(-1, 1, config["hidden_size"])}, folder / "mask_embedding.pt")
+    return folder
 
 
 def near_tie_prompt(world, root: Path) -> Path:
@@ -444,6 +467,49 @@ def test_every_finding_of_every_case_is_in_the_terminal_the_json_and_the_html(ru
                for where in [missing_from_reports(f, run)] if where]
     assert not missing, missing
     assert all(run.findings for run in runs), [run.case for run in runs if not run.findings]
+
+
+def live_sections(data) -> list[dict]:
+    """Every live section a report holds (`serving.<engine>.live`, compare's per drafter too)."""
+    from tests.report_checks import json_records
+
+    return [record for record in json_records(data) if {"ran", "prompts", "findings"} <= set(record)]
+
+
+def test_every_live_finding_is_true_to_its_rounds(runs):
+    """Each live finding's message against its own figures, for every kind that carries rounds: a "first differing
+    round of P round R" is P's first round the engine and the audit part at (its row's first_diff_round, where its
+    served and audited rounds differ); other rounds are named for what they are (`at`); a quantization finding's τ
+    cost is the mean of its prompts' costs, its rounds those that part, and it says when none does."""
+    from dflash_audit.audit.live_report import place_words
+
+    checked = set()
+    for run in runs:
+        serving = {f.message for f in run.findings if f.key.startswith("live:")}
+        for live in live_sections(run.data):
+            rows = {row["id"]: row for row in live["prompts"]}
+            for finding in live["findings"]:
+                words = place_words(finding)
+                assert any(message.endswith(f"{finding['message']}{words}") for message in serving), \
+                    (run.case, finding["message"], words)
+                if "at" not in finding:  # the first differing round of each prompt it names
+                    for prompt, round_no in zip(finding["prompts"], finding["rounds"], strict=True):
+                        row = rows[prompt]
+                        assert round_no is not None and row["first_diff_round"] == round_no, (run.case, finding)
+                        assert row["served_rounds"] != row["audited_rounds"], (run.case, finding)
+                if finding["kind"] == "quantization":
+                    costs = [p["cost"] for p in finding["per_prompt"]]
+                    assert all(abs(p["cost"] - (p["audited_tau"] - p["served_tau"])) < 1e-4 for p in finding["per_prompt"])
+                    assert f"costs {sum(costs) / len(costs):.4f} τ" in finding["message"], (run.case, finding)
+                    parted = [row["id"] for row in live["prompts"] if row["first_diff_round"] is not None]
+                    assert finding["prompts"] == parted, (run.case, finding)
+                    assert ("no round parts" in finding["message"]) == (not parted), (run.case, finding)
+                    assert ("first differing round" in words) == bool(parted), (run.case, finding)
+                checked.add((finding["kind"], "at" in finding))
+    if LLAMA_SERVER:  # the quantization finding where no round parts (q8_0) and where some do (blocks of 3)
+        assert ("quantization", False) in checked
+        assert any(run.case == "llama.cpp serving q8_0, otherwise as trained" and "no round parts" in f.message
+                   for run in runs for f in run.findings), "q8_0 parted a round: the case no longer shows the case"
 
 
 def named(kinds) -> list[str]:

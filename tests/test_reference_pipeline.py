@@ -53,7 +53,9 @@ def test_the_reference_pipeline_runs_and_every_stage_is_clean(test_world, tmp_pa
         ("mask_token_validity", "mask token 1", "info"), ("tau", "ddtree", "info"), ("tau", "dflash", "info")]
     assert all(f["ours"] == f["ref"] for f in compared["findings"])
     served = json.loads((out / "serve-check" / "serving.json").read_text())
-    assert served["exit_status"] == 0 and served["serving"]["vllm"]["findings"] == []
+    # vLLM's only finding: it drafts the argmax at every temperature, where z-lab samples its drafts at T > 0 (info).
+    assert served["exit_status"] == 0 and [(f["field"], f["severity"]) for f in served["serving"]["vllm"]["findings"]] \
+        == [("draft_sampling", "info")]
     planted_data_fault_is_one_finding(test_world, out, tmp_path)
     planted_run_fault_is_one_finding(test_world, out, tmp_path, traced)
 

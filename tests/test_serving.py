@@ -120,7 +120,8 @@ def test_mask_token_equal_to_eos_is_a_divergence(tmp_path, spec, target_dir):
     for engine in ENGINES:
         assert [f["field"] for f in found[engine]["findings"] if f["severity"] == "divergence"] == ["mask_token_id"]
     without_target = section_dict(serving_section(zlab, ["vllm"], None))["vllm"]
-    assert [(f["field"], f["severity"]) for f in without_target["findings"]] == [("mask_token_id", "warning")]
+    assert [(f["field"], f["severity"]) for f in without_target["findings"]] == [("mask_token_id", "warning"),
+                                                                                ("draft_sampling", "info")]
 
 
 def test_unknown_trained_value_is_a_warning_naming_the_flag(tmp_path, spec, target_dir):
@@ -177,11 +178,12 @@ def test_a_checkpoint_file_is_a_convert_step_and_its_conversion_is_judged(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
     assert main(["serve-check", "--drafter", str(tmp_path / "ckpt.pt"), "--target", str(target_dir)]) == 0
     assert "step: not an engine format" in capsys.readouterr().out
-    # A drafter whose conversion diverges is judged as converted: SGLang takes the scale from the target.
+    # A drafter whose conversion diverges is judged as converted: SGLang takes the scale from the target, vLLM's
+    # DFlash model never reads it (only its DFlash2 model does).
     save_checkpoint(tmp_path / "scaled.pt", DFlashDrafter(spec.replace(input_embedding_scale=2.0)))
     scaled = section_dict(serving_section(tmp_path / "scaled.pt", ENGINES, target_dir))
     assert {e: {f["field"] for f in r["findings"] if f["severity"] == "divergence"} for e, r in scaled.items()} == \
-        {"vllm": set(), "sglang": {"input_embedding_scale"}}
+        {"vllm": {"config:dflash_config.input_embedding_scale"}, "sglang": {"input_embedding_scale"}}
 
 
 @pytest.mark.parametrize("writer", ["speculators converter, dflash", "z-lab save_pretrained, dflash2",
@@ -206,9 +208,13 @@ def test_convert_for_names_the_field_no_format_can_carry(tmp_path, spec, drafter
     from drafter_files.zlab_format import save_zlab_dir
 
     save_zlab_dir(tmp_path / "z", spec.replace(input_embedding_scale=2.0), drafter.state_dict())
-    assert main(["convert", "--from", str(tmp_path / "z"), "--to", str(tmp_path / "s"), "--for", "sglang"]) == 2
-    assert "input_embedding_scale" in capsys.readouterr().err and not (tmp_path / "s").exists()
-    assert main(["convert", "--from", str(tmp_path / "z"), "--to", str(tmp_path / "v"), "--for", "vllm"]) == 0
+    for engine in ENGINES:  # SGLang takes the scale from the target; vLLM's DFlash model has none
+        assert main(["convert", "--from", str(tmp_path / "z"), "--to", str(tmp_path / engine), "--for", engine]) == 2
+        assert "input_embedding_scale" in capsys.readouterr().err and not (tmp_path / engine).exists()
+    dflash2 = spec.replace(input_embedding_scale=2.0, conv_kernel_size=3, conv_group_size=8, selector_rank=8,
+                           selector_top_k=5)  # vLLM's DFlash2 model reads the scale
+    save_zlab_dir(tmp_path / "z2", dflash2, DFlashDrafter(dflash2).state_dict())
+    assert main(["convert", "--from", str(tmp_path / "z2"), "--to", str(tmp_path / "v"), "--for", "vllm"]) == 0
 
 
 def test_compare_exits_1_on_serving_divergences_as_serve_check_does(written, tmp_path, capsys):
@@ -257,7 +263,7 @@ def test_ids_an_engine_guesses_are_one_target_layers_finding(undeclared_ids, giv
     guesses = {"vllm": ([1, 5, 8], "vllm/model_executor/models/interfaces.py:"),
                "sglang": ([6], "sglang/srt/speculative/dflash_utils.py:")}
     for engine, (guess, where) in guesses.items():
-        (finding,) = section[engine]["findings"]
+        (finding,) = [f for f in section[engine]["findings"] if f["field"] != "draft_sampling"]  # vLLM's: info
         assert (finding["field"], finding["severity"], finding["served"]) == ("target_layer_ids", "divergence", guess)
         assert finding["source"].startswith(where) and f"{engine} guesses {guess}" in finding["message"]
         assert ("trained on [1, 3, 5, 7, 9]" if given else "fc reads 5") in finding["message"]
@@ -273,7 +279,8 @@ def test_guessed_ids_equal_to_training_are_one_warning(undeclared_ids):
     drafters, target = undeclared_ids
     report = section_dict(serving_section(drafters[(1, 5, 8)], ["vllm"], target,
                                           LoadOptions(spec=["target_layer_ids=1,5,8"], flag_prefix="")))["vllm"]
-    assert [(f["field"], f["severity"]) for f in report["findings"]] == [("target_layer_ids", "warning")]
+    assert [(f["field"], f["severity"]) for f in report["findings"]] == [("target_layer_ids", "warning"),
+                                                                         ("draft_sampling", "info")]
     assert "vllm guesses [1, 5, 8], as training did" in report["findings"][0]["message"]
 
 

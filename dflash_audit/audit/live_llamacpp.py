@@ -88,7 +88,7 @@ def run_and_assess(engine, target_gguf: Path, served: Served, target_model, prom
             capture = Finding.localization(
                 "input", "target_layer_capture", "llama-server aborts on the first request: the drafter reads the "
                 "target's last layer, whose output the Qwen3 graph never records (it records each layer's input)",
-                None, abort_source(), prompts[0]["id"], 1)
+                None, abort_source(), prompts[0]["id"], None, at="on the first request of")
             return {"ran": False, "refused": str(exc), "findings": merge([capture]), "prompts": [],
                     "greedy_identical": None, "per_position": {"served": [], "audited": []}, "along_context": {}}
         raise
@@ -112,15 +112,18 @@ def quantization_finding(served: Served, rows: list[dict], target_model, prompts
     mean = sum(p["cost"] for p in per_prompt) / len(per_prompt)
     confirmed = all(abs(p["dequantized_tau"] - p["served_tau"]) < 1e-9 for p in per_prompt)
     types = ", ".join(sorted(set(served.quantized.values()))) or "none"
+    parted = [r for r in rows if r["first_diff_round"] is not None]
+    where = (f"rounds part from the audit's on {len(parted)} of {len(rows)} prompt(s)" if parted else
+             f"no round parts from the audit's on any of the {len(rows)} prompt(s)")
+    replayed = "gives the served τ on every prompt" if confirmed else "differs from the served τ on some prompt"
     message = (f"served {quant} ({types}) costs {mean:.4f} τ per prompt on average against the drafter as trained; "
-               f"the audit's replay with the dequantized GGUF weights "
-               f"{'gives the served τ on every prompt' if confirmed else 'differs from the served τ on some prompt'}")
+               f"the audit's replay with the dequantized GGUF weights {replayed}; {where}")
     found = Finding.localization("quantization", "quantization", message, round(mean, 4),
-                                 f"llama-quantize / the GGUF's tensor types ({types})", "", 0)
-    # Every prompt's cost, not one place: the τ it costs is the finding's evidence.
+                                 f"llama-quantize / the GGUF's tensor types ({types})", "", None)
+    # Every prompt's cost is the finding's evidence; its rounds are those where the engine and the audit part, if any.
     return replace(found, severity="info", localized={"kind": "quantization", "per_prompt": per_prompt,
-                                                      "prompts": [p["id"] for p in per_prompt],
-                                                      "rounds": [0] * len(per_prompt)})
+                                                      "prompts": [r["id"] for r in parted],
+                                                      "rounds": [r["first_diff_round"] for r in parted]})
 
 
 # The target alone's greedy output and end-of-generation set per (server, target GGUF as written, prompts, length):
@@ -181,7 +184,7 @@ def stop_difference(eog: dict[int, str], stops, prompts: list[dict], greedy: lis
             found.append(Finding.localization(
                 "convention", "stop_ids", f"{parts}: the target emits {tokens[position]}, a stop id of "
                 f"{'the engine only' if tokens[position] in engine_only else 'z-lab only'}", None, stop_source(),
-                prompt["id"], round_of(position, rounds.get(prompt["id"], []))))
+                prompt["id"], round_of(position, rounds.get(prompt["id"], [])), at="emitted in"))
     return (merge(found), []) if found else ([], [f"{parts}; no prompt here reaches an id of one set only"])
 
 

@@ -34,6 +34,18 @@ def along_context(rows: list[dict[str, Any]], marks: ContextMarks | None = None,
             for side in ("audited", "served")}
 
 
+FIRST_DIFFERING = "first differing round of"
+
+
+def place_words(place: dict[str, Any]) -> str:
+    """Where a localization's rounds are, in words true to them: each prompt's first round the engine and the audit
+    part at, unless the finding says its rounds are others (`at`); nothing when it names no round (a finding whose
+    own message says where, or that no round differs)."""
+    pairs = [f"{p} round {r}" if r is not None else str(p)
+             for p, r in zip(place.get("prompts", []), place.get("rounds", []), strict=True)]
+    return f" ({place.get('at', FIRST_DIFFERING)} {', '.join(pairs)})" if pairs else ""
+
+
 def live_findings(live: dict[str, Any]) -> list[Finding]:
     """The live section's findings as the engine's own serving findings (`live:<what>`)."""
     found = []
@@ -44,10 +56,8 @@ def live_findings(live: dict[str, Any]) -> list[Finding]:
                                      f"speculation changed {ENGINE_NAMES.get(live.get('engine'), 'vLLM')}'s greedy "
                                      f"output on prompt(s) {', '.join(differing)}: it must never change it"))
     for f in live.get("findings", []):
-        place = f.localized
-        rounds = ", ".join(f"{p} round {r}" for p, r in zip(place["prompts"], place["rounds"], strict=True))
         found.append(Finding.serving(f"live:{f.key}", LIVE_SEVERITY.get(f.kind, "divergence"), None, f.served,
-                                     f.source, f"{f.kind}: {f.message} (first differing round of {rounds})"))
+                                     f.source, f"{f.kind}: {f.message}{place_words(f.localized)}"))
     if not live.get("ran") and live.get("refused"):
         found.append(Finding.serving("live:not_run", "warning", None, None, "", live["refused"]))
     return found

@@ -69,6 +69,7 @@ def serving_section(drafter: str | Path, engines: list[str], target: str | Path 
     trained = trained_of(loaded)
     for engine in served:
         section[engine] = engine_report(engine, str(drafter), loaded.spec, facts, trained,
+                                        reference=fmt if fmt in ("zlab", "speculators") else None,
                                         **(engine_options if engine == "llamacpp" else {}))
     for engine in converted:
         section[engine] = converted_report(engine, drafter, fmt, loaded, facts, trained, target, options)

@@ -18,12 +18,8 @@ from catalogue.pitfalls import ROTARY_CONSEQUENCES
 from catalogue.findings import Finding
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static_spec import default_aware
+from impl.rotary_config import FORMAT_REFERENCE, applied_settings
 from impl.spec import ROTARY_FIELDS
-
-# The reference each format is written for (the code that trains or runs a drafter in it).
-FORMAT_REFERENCE = {"zlab": "z-lab's DFlashDraftModel (dflash 0.1.0)", "speculators": "speculators 0.9.0"}
-TRAINER_DROPS_FACTOR = {"speculators": " (and its trainer drops a verifier's factor from the draft config unless the "
-                                       "rope has an mrope_section: train/cli.py)"}
 
 
 def describe(name: str, value: Any) -> str:
@@ -39,23 +35,7 @@ def applied(side: Side) -> tuple[dict[str, Any], dict[str, str]]:
     a foreign checkpoint's trainer is unknown (its declared values stand)."""
     if side.format not in FORMAT_REFERENCE or not all(side.is_known(name) for name in ROTARY_FIELDS):
         return {}, {}
-    declared = {name: side.value(name) for name in ROTARY_FIELDS}
-    reference, why = FORMAT_REFERENCE[side.format], {}
-    values = dict(declared)
-    if declared["rope_style"] != "neox":
-        values["rope_style"] = "neox"
-        why["rope_style"] = f"{reference} rotates neox style only (rotate_half)"
-    if declared["partial_rotary_factor"] != 1.0:
-        if declared["rope_scaling"] is None:
-            values["partial_rotary_factor"] = 1.0
-            why["partial_rotary_factor"] = (f"{reference} builds transformers' Qwen3RotaryEmbedding, whose default "
-                                            "rope ignores the factor: every head dim is rotated"
-                                            + TRAINER_DROPS_FACTOR.get(side.format, ""))
-        else:
-            values["partial_rotary_factor"] = None  # no value: the reference cannot run it
-            why["partial_rotary_factor"] = (f"{reference} cannot run it: the scaled rope's cos/sin cover only the "
-                                            "rotated dims and its apply_rotary_pos_emb rotates the whole head")
-    return values, why
+    return applied_settings(side.format, {name: side.value(name) for name in ROTARY_FIELDS})
 
 
 def declared_vs_applied(ours: Side, ref: Side) -> list[Finding]:

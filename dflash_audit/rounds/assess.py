@@ -32,10 +32,10 @@ class Assessment:
 
 
 def merge(findings: list[Finding]) -> list[Finding]:
-    """One finding per (kind, what): the prompts and rounds it explains listed."""
+    """One finding per (kind, what, what its rounds are): the prompts and rounds it explains listed."""
     merged: dict[tuple, Finding] = {}
     for f in findings:
-        key = (f.kind, f.key)
+        key = (f.kind, f.key, f.localized.get("at"))
         if key not in merged:
             merged[key] = replace(f, localized={**f.localized, "prompts": [], "rounds": []})
         merged[key].localized["prompts"].append(f.localized["prompt"])

@@ -149,7 +149,8 @@ class CounterfactualLocalizer:
             if still is not None:  # a later round no tie explains is still a difference
                 found.append(Finding.localization(
                     "unlocalized", "rounds", "after the argmax near-ties, no counterfactual replay reproduces the "
-                    "engine's rounds", None, source("rounds"), prompt.id, still))
+                    "engine's rounds", None, source("rounds"), prompt.id, still,
+                    at="still parting after the near-ties at"))
             return Localized(found, {"ties": taken, "explained_by": ["argmax_tie"]})
         return Localized([Finding.localization(
             "unlocalized", "rounds", "no counterfactual replay (" + ", ".join(words for _, _, words in VARIANTS)
