@@ -1,5 +1,6 @@
-"""Where each block's anchor sits in the data, derived from the rows' names (never assumed from a layout), then the
-slot-to-target shift, the late anchors and the context each block saw, held to the reference."""
+"""Where each block's anchor sits in the data, derived from the rows' names (never assumed from a layout): the drafter's
+position ids, or where its mask cuts a block's context, or the targets' positions, each held to the data's anchor
+token; then the slot-to-target shift, the late anchors and the context each block saw, held to the reference."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from dflash_audit.trace.step_state import StepState
 class AlignmentAudit(StepState):
     def anchors(self, live: list, positions: list) -> dict | None:
         """Where each block's anchor sits in the data, by value: its position ids' anchor where the data holds the
-        anchor's token there (for every block), else the one offset from the targets' positions under which every
-        block's anchor token is the data's token there. Neither: unknown (said, never guessed)."""
+        anchor's token there (for every block), else where the drafter's mask cuts each block's context (one block a
+        batch element), else the one offset from the targets' positions under which every block's anchor token is the
+        data's token there. None of them: unknown (said, never guessed)."""
         seq = self.cands.seq_len
         tokens = self.cands.tokens.reshape(-1).tolist()
         rows_of: dict[tuple, list[tuple[int, int]]] = {}
@@ -25,13 +27,20 @@ class AlignmentAudit(StepState):
         if not rows_of:
             return None
         token_of = {key: self.blocks[key[0]]["anchor_tokens"].get(key[1:]) for key in rows_of}
-        row_of = {key: Counter(p // seq if p is not None else min(key[1], batch - 1) for _, p in rows).most_common(
-            1)[0][0] for key, rows in rows_of.items()}
+        # A batch element's data row: by its targets' positions, else by its context features (an element need not
+        # be a data row: each (row, anchor) pair its own element), else its own index.
+        row_of = {key: Counter(p // seq if p is not None else self.element_rows.get(key[:2], min(key[1], batch - 1))
+                               for _, p in rows).most_common(1)[0][0] for key, rows in rows_of.items()}
         given = {key: self.blocks[key[0]].get("positions", {}).get(key[1:]) for key in rows_of}
         if all(a is not None and a in range(seq) and tokens[row_of[key] * seq + a] == token_of[key]
                for key, a in given.items()):
             self.flow["anchors_from"] = "the drafter's position ids (the data's token at each)"
             return {key: row_of[key] * seq + a for key, a in given.items()}
+        cut = self.anchors_at_cuts(rows_of, token_of, row_of)
+        if cut is not None:
+            self.flow["anchors_from"] = ("the drafter's mask (each block's context cut at its anchor) and the data's "
+                                         "token there")
+            return cut
         from_anchor = bool(self.drafter_facts.get("sample_from_anchor", False))
         if any(p is None for rows in rows_of.values() for _, p in rows):
             self.note("the anchors could not be told from the data (the targets' positions are unknown and the "
@@ -51,6 +60,28 @@ class AlignmentAudit(StepState):
         self.note("the anchors could not be told from the data (no offset of the targets' positions puts every "
                   "block's anchor token on the data's token): the targets' alignment is not checked")
         return None
+
+    def anchors_at_cuts(self, rows_of: dict, token_of: dict, row_of: dict) -> dict | None:
+        """Each (row, anchor) pair its own batch element of the drafter's call, its context cut by the drafter's mask
+        at the anchor: the anchor is where the context it sees ends (it sees positions 0..a-1, the reference's
+        context), in the element's data row (`row_of`, else the one row holding the anchor token there), where the
+        data holds the anchor's token. None unless every block is found so."""
+        seq = self.cands.seq_len
+        tokens = self.cands.tokens.reshape(-1).tolist()
+        per_element = Counter(key[:2] for key in rows_of)
+        found = {}
+        for key in rows_of:
+            seen = self.context_masks.get(key[:2])
+            if seen is None or per_element[key[:2]] != 1 or seen != list(range(len(seen))) or len(seen) >= seq:
+                return None
+            a = len(seen)
+            known = key[:2] in self.element_rows or any(p is not None for _, p in rows_of[key])
+            rows = [row_of[key]] if known else \
+                [r for r in range(len(tokens) // seq) if tokens[r * seq + a] == token_of[key]]
+            if len(rows) != 1 or tokens[rows[0] * seq + a] != token_of[key]:
+                return None
+            found[key] = rows[0] * seq + a
+        return found or None
 
     def alignment(self, live: list, positions: list, anchors: dict) -> None:
         from_anchor = bool(self.drafter_facts.get("sample_from_anchor", False))

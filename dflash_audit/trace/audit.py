@@ -140,7 +140,8 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
                      for t in [tensors[n]]] if len({tensors[n].shape[-1] for n, e in meta["entries"].items()
                                                      if e["role"] == "tokens"}) > 1 else None
         cands = TargetCandidates(target, documents or torch.cat(tokens), mask, positions)
-        reference = reference_for(meta["drafter"]["facts"], cands.layers, ref_data)
+        reference = reference_for(meta["drafter"]["facts"], cands.layers, ref_data,
+                                  meta["drafter"].get("depth_from"))
         audit = StepAudit(meta, tensors, cands, reference, pad_id, index)
         try:
             audit.run()
