@@ -142,7 +142,8 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
         cands = TargetCandidates(target, documents or torch.cat(tokens), mask, positions)
         reference = reference_for(meta["drafter"]["facts"], cands.layers, ref_data,
                                   meta["drafter"].get("depth_from"))
-        audit = StepAudit(meta, tensors, cands, reference, pad_id, index)
+        audit = StepAudit(meta, tensors, cands, reference, pad_id, index,
+                          (recording.manifest.get("context") or {}).get("run"))
         try:
             audit.run()
         finally:

@@ -70,7 +70,8 @@ def reference_for(drafter_facts: dict, target_layers: int, ref: dict, depth_from
         source = (f"for {target_layers} target layers and {draft_layers} draft layers{read}, z-lab's "
                   f"build_target_layer_ids (dflash {installed_version('dflash')})")
     else:
-        ids, source = [], "unknown: the drafter declares no depth and no --ref was given"
+        ids, source = [], ("unknown: the drafter declares no depth, its modules hold no one list of attention blocks "
+                           "to read it from, and no --ref was given")
     block = ref.get("block_size", drafter_facts.get("block_size"))
     block_source = f"--ref {ref['file']}" if "block_size" in ref else "the drafter's config"
     mask = ref.get("mask_token_id", drafter_facts.get("mask_token_id"))

@@ -48,8 +48,9 @@ class StepState:
     """One recorded step against the target's candidates: the shared state and the bookkeeping every part uses."""
 
     def __init__(self, meta: dict, tensors: dict[str, torch.Tensor], cands: TargetCandidates, ref: Reference,
-                 pad_id: int | None, step_index: int):
+                 pad_id: int | None, step_index: int, run: dict | None = None):
         self.meta, self.tensors, self.cands, self.ref = meta, tensors, cands, ref
+        self.run_facts = run or {}  # the run recorded across steps (run_record.py): the optimizers, clipping
         self.entries = meta["entries"]
         self.pad_id = pad_id
         self.step = step_index

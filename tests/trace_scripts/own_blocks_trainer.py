@@ -12,7 +12,8 @@ exp(-(k-1)/4) after an unweighted anchor slot. Shapes, each as a team writes it:
 `--pad`: rows of different lengths right-padded, the target run with their attention mask and the features zeroed
 past each row's end (the drafter's masks hide them). `--reduce weight-sum`: the loss divided by the batch's sum of
 weights (one factor for the step) instead of per row, then the mean (the reference); `--uneven`: rows hold 2, 3, 4
-blocks. `--optimizer sgd`: plain SGD instead of AdamW.
+blocks. `--optimizer sgd`: plain SGD instead of AdamW. `--input-noise STD` (augmentation of the real rows' features)
+and `--target-noise STD` (a bug: noise on the target's logits) add Gaussian noise.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ p.add_argument("--pad", action="store_true")
 p.add_argument("--reduce", default="reference", choices=["reference", "weight-sum"])
 p.add_argument("--uneven", action="store_true")
 p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
+p.add_argument("--input-noise", type=float, default=0.0, help="Gaussian noise of this std on the real rows' features")
+p.add_argument("--target-noise", type=float, default=0.0, help="Gaussian noise of this std on the target's logits")
 p.add_argument("--steps", type=int, default=1)
 args = p.parse_args()
 
@@ -111,7 +114,7 @@ class Drafter(nn.Module):
 drafter = Drafter()
 trained = [q for q in drafter.parameters() if q.requires_grad]
 optimizer = torch.optim.AdamW(trained, lr=1e-3) if args.optimizer == "adamw" else torch.optim.SGD(trained, lr=1e-2)
-data = torch.Generator().manual_seed(1)
+data, noise = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
 lengths = [SEQ, SEQ - 3, SEQ - 5] if args.pad else [SEQ] * ROWS
 per_row = [2, 3, 4] if args.uneven else [3] * ROWS
 weights = torch.exp(-(torch.arange(BLOCK) - 1) / GAMMA) * (torch.arange(BLOCK) > 0)
@@ -123,8 +126,9 @@ for _ in range(args.steps):
         mask[r, :n] = 1
     with torch.no_grad():
         out = target(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-    features = torch.cat([out.hidden_states[i + 1] for i in layer_ids], -1) * mask[..., None]
-    teacher = out.logits
+    features = torch.cat([out.hidden_states[i + 1] for i in layer_ids], -1)
+    features = (features + args.input_noise * torch.randn(features.shape, generator=noise)) * mask[..., None]
+    teacher = out.logits + args.target_noise * torch.randn(out.logits.shape, generator=noise)
     # (row, anchor) pairs: anchors on real tokens with a whole block after them in the row
     pairs = [(r, int(a)) for r, n in enumerate(lengths)
              for a in torch.randperm(n - BLOCK, generator=data)[:per_row[r]].sort().values]
