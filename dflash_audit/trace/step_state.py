@@ -5,7 +5,10 @@ add their methods to `StepAudit` (audit.py) on top of this state.
 
 State a part writes for the parts after it: `blocks` (per drafter call: its block token ids, each token's
 (batch row, block, slot), the anchor tokens, the block positions, the training mask's name), `mask_id` and
-`block_length` (blocks.py); `draft_rows`, `draft_slots`, `draft_prefix` (draft_rows.py); `anchor_at` (alignment.py); `fitted` (recipe.py).
+`block_length` (blocks.py); `context_kept`, `context_masks` (the rows compared, the context each batch element sees)
+and `element_rows` (each batch element's data row) (context.py); `draft_rows`, `draft_slots`, `draft_prefix`
+(draft_rows.py); `label_places` (targets.py); `anchor_at` (alignment.py); `fitted` (recipe.py). Which rows of a
+tensor are evidence at all is `masked_rows`' (row_masks.py).
 """
 
 from __future__ import annotations
