@@ -27,6 +27,7 @@ VARIANTS = {
     "padded, divided by the sum of weights, SGD": ["--pad", "--reduce", "weight-sum", "--optimizer", "sgd"],
     "pairs cut by a key-padding mask": ["--layout", "pairs", "--labels", "hard", "--pad", "--reduce", "weight-sum"],
     "padded, noise on the inputs and the targets": ["--pad", "--input-noise", "0.05", "--target-noise", "0.5"],
+    "pairs with their position ids": ["--layout", "pairs", "--labels", "hard", "--position-ids"],
 }
 
 
@@ -98,6 +99,16 @@ def test_pairs_cut_by_a_key_padding_mask_have_their_anchors_found(reports):
     assert not any("could not be told" in note for note in report.notes), report.notes
     (mask,) = [row for row in report.tensors if row.name.endswith("key_padding_mask")]
     assert "the context rows it hides are left out" in mask.what
+
+
+def test_pairs_with_position_ids_are_read_in_their_data_rows(reports):
+    """Each pair's position ids place its anchor; its data row is the one its context features were named in (not its
+    index in the drafter's batch): hard labels are read at the right places, no noise is invented."""
+    report = reports["pairs with their position ids"]
+    assert report.findings == [] and report.exit_status == 0, said(report)
+    assert report.flow["anchors_from"] == "the drafter's position ids (the data's token at each)"
+    assert report.flow["labels"] == ("the argmax of head(final_norm(raw output of layer 11)) = the target's own logits "
+                                     "(100% of 27 rows)") and report.flow["target_shift"] == 0
 
 
 def test_noise_on_the_rows_the_masks_keep_is_still_found(reports):

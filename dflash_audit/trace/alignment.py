@@ -28,15 +28,30 @@ class AlignmentAudit(StepState):
             return None
         token_of = {key: self.blocks[key[0]]["anchor_tokens"].get(key[1:]) for key in rows_of}
         # A batch element's data row: by its targets' positions, else by its context features (an element need not
-        # be a data row: each (row, anchor) pair its own element), else its own index.
-        row_of = {key: Counter(p // seq if p is not None else self.element_rows.get(key[:2], min(key[1], batch - 1))
-                               for _, p in rows).most_common(1)[0][0] for key, rows in rows_of.items()}
-        given = {key: self.blocks[key[0]].get("positions", {}).get(key[1:]) for key in rows_of}
-        if all(a is not None and a in range(seq) and tokens[row_of[key] * seq + a] == token_of[key]
-               for key, a in given.items()):
+        # be a data row: each (row, anchor) pair its own element); None where neither tells it.
+        row_of = {}
+        for key, rows in rows_of.items():
+            known = [p // seq for _, p in rows if p is not None] or \
+                ([self.element_rows[key[:2]]] if key[:2] in self.element_rows else [])
+            row_of[key] = Counter(known).most_common(1)[0][0] if known else None
+
+        def place(key: tuple, a: int | None) -> int | None:
+            """The flat place of the block's anchor at position a, where the data holds its token: in its data row,
+            else (unknown) its batch row, else the one data row holding the token there."""
+            if a is None or a not in range(seq):
+                return None
+            rows = [row_of[key]] if row_of[key] is not None else \
+                [min(key[1], batch - 1)] + [r for r in range(batch) if r != min(key[1], batch - 1)]
+            holding = [r for r in rows if tokens[r * seq + a] == token_of[key]]
+            if row_of[key] is None and holding and holding[0] != min(key[1], batch - 1) and len(holding) > 1:
+                return None  # not its batch row, and several rows hold the token there: not told
+            return holding[0] * seq + a if holding else None
+
+        given = {key: place(key, self.blocks[key[0]].get("positions", {}).get(key[1:])) for key in rows_of}
+        if all(a is not None for a in given.values()):
             self.flow["anchors_from"] = "the drafter's position ids (the data's token at each)"
-            return {key: row_of[key] * seq + a for key, a in given.items()}
-        cut = self.anchors_at_cuts(rows_of, token_of, row_of)
+            return given
+        cut = self.anchors_at_cuts(rows_of, place)
         if cut is not None:
             self.flow["anchors_from"] = ("the drafter's mask (each block's context cut at its anchor) and the data's "
                                          "token there")
@@ -61,26 +76,19 @@ class AlignmentAudit(StepState):
                   "block's anchor token on the data's token): the targets' alignment is not checked")
         return None
 
-    def anchors_at_cuts(self, rows_of: dict, token_of: dict, row_of: dict) -> dict | None:
+    def anchors_at_cuts(self, rows_of: dict, place) -> dict | None:
         """Each (row, anchor) pair its own batch element of the drafter's call, its context cut by the drafter's mask
         at the anchor: the anchor is where the context it sees ends (it sees positions 0..a-1, the reference's
-        context), in the element's data row (`row_of`, else the one row holding the anchor token there), where the
-        data holds the anchor's token. None unless every block is found so."""
-        seq = self.cands.seq_len
-        tokens = self.cands.tokens.reshape(-1).tolist()
+        context), placed by `place` where the data holds the anchor's token. None unless every block is found so."""
         per_element = Counter(key[:2] for key in rows_of)
         found = {}
         for key in rows_of:
             seen = self.context_masks.get(key[:2])
-            if seen is None or per_element[key[:2]] != 1 or seen != list(range(len(seen))) or len(seen) >= seq:
+            if seen is None or per_element[key[:2]] != 1 or seen != list(range(len(seen))):
                 return None
-            a = len(seen)
-            known = key[:2] in self.element_rows or any(p is not None for _, p in rows_of[key])
-            rows = [row_of[key]] if known else \
-                [r for r in range(len(tokens) // seq) if tokens[r * seq + a] == token_of[key]]
-            if len(rows) != 1 or tokens[rows[0] * seq + a] != token_of[key]:
+            found[key] = place(key, len(seen))
+            if found[key] is None:
                 return None
-            found[key] = rows[0] * seq + a
         return found or None
 
     def alignment(self, live: list, positions: list, anchors: dict) -> None:

@@ -43,7 +43,7 @@ class ContextAudit(StepState):
                          max(c.distance for c in chunks))
             self.flow["fc_layers"] = layers
             self.flow["fc_module"] = module
-            self.data_rows_of(name, chunks[0].positions)
+            self.data_rows_of(name, getattr(chunks[0], "positions", None))
             self.fc_finding(layers, chunks)
             noisy = [c for c in chunks if c.noisy]
             if noisy:
@@ -85,8 +85,10 @@ class ContextAudit(StepState):
         of its compared rows equal), for layouts where an element is not a data row (each (row, anchor) pair its own
         element): `element_rows`."""
         t = self.tensors[name]
-        if positions is None or t.dim() < 3 or name not in self.context_kept:
-            return
+        block = self.blocks.get(self.entries[name].get("call"))
+        if positions is None or t.dim() < 3 or name not in self.context_kept or block is None or \
+                block["ids"].shape[0] != t.shape[:-2].numel():
+            return  # no call whose blocks lie one batch element each beside the features'
         call, width = self.entries[name].get("call"), t.shape[-2]
         seq = self.cands.seq_len
         found: dict[int, Counter] = {}

@@ -8,7 +8,8 @@ exp(-(k-1)/4) after an unweighted anchor slot. Shapes, each as a team writes it:
 - `--layout rows`: one drafter call per batch, every block of a row in one sequence, a hand-built boolean
   `attention_mask` [rows, queries, context + queries] and `position_ids`;
 - `--layout pairs`: each (row, anchor) pair its own batch element: the row's whole context, cut at the anchor by a
-  `key_padding_mask` [pairs, context] (True: a hidden key, torch's convention); positions made inside the drafter.
+  `key_padding_mask` [pairs, context] (True: a hidden key, torch's convention); positions made inside the drafter
+  (`--position-ids`: passed to it).
 `--pad`: rows of different lengths right-padded, the target run with their attention mask and the features zeroed
 past each row's end (the drafter's masks hide them). `--reduce weight-sum`: the loss divided by the batch's sum of
 weights (one factor for the step) instead of per row, then the mean (the reference); `--uneven`: rows hold 2, 3, 4
@@ -32,6 +33,7 @@ p.add_argument("--list-name", default="blocks", help="the attribute holding the 
 p.add_argument("--fc-layers", default="1,5,9", help="z-lab ids of the target layers fc reads")
 p.add_argument("--layout", default="rows", choices=["rows", "pairs"])
 p.add_argument("--labels", default="soft", choices=["soft", "hard"])
+p.add_argument("--position-ids", action="store_true", help="pairs: the positions passed to the drafter")
 p.add_argument("--target-shift", type=int, default=0)
 p.add_argument("--pad", action="store_true")
 p.add_argument("--reduce", default="reference", choices=["reference", "weight-sum"])
@@ -103,7 +105,8 @@ class Drafter(nn.Module):
         e, s, t = features.shape[0], features.shape[1], block_ids.shape[1]
         if key_padding_mask is not None:  # one block per element, its context cut at the anchor
             anchor = (~key_padding_mask).sum(-1, keepdim=True)
-            position_ids = torch.cat([torch.arange(s).expand(e, s), anchor + torch.arange(t)], 1)
+            if position_ids is None:
+                position_ids = torch.cat([torch.arange(s).expand(e, s), anchor + torch.arange(t)], 1)
             attention_mask = torch.cat([(~key_padding_mask)[:, None, :].expand(e, t, s),
                                         torch.ones(e, t, t, dtype=torch.bool)], -1)
         for block in getattr(self, args.list_name):
@@ -138,7 +141,9 @@ for _ in range(args.steps):
         block_ids = torch.full((len(pairs), BLOCK), MASK_ID)
         block_ids[:, 0] = ids[row_of, anchor_of]
         hidden_keys = torch.arange(SEQ)[None, :] >= anchor_of[:, None]
-        logits = drafter(block_ids, features[row_of], key_padding_mask=hidden_keys)  # [P, B, V]
+        given = torch.cat([torch.arange(SEQ).expand(len(pairs), SEQ), anchor_of[:, None] + torch.arange(BLOCK)], 1)
+        logits = drafter(block_ids, features[row_of], key_padding_mask=hidden_keys,
+                         position_ids=given if args.position_ids else None)  # [P, B, V]
         element, block_index = torch.arange(len(pairs)), torch.zeros(len(pairs), dtype=torch.long)
     else:
         most = max(per_row)
