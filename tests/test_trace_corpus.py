@@ -27,16 +27,7 @@ from dflash_world.target_training import distinct_random_qwen3
 CORPUS = Path(__file__).resolve().parent / "trainer_corpus"
 LISTED = sorted(p for p in CORPUS.glob("*.py") if not p.name.startswith("_"))
 # Trainers the trace does not yet hold to the contract, each with why (reported, never counted as passing):
-OPEN: dict[str, str] = {
-    "hf_trainer_grad_accum": (
-        "right-padded rows read as noisy targets: the sound version gets the divergence 'noise:targets: the targets "
-        "carry noise (loss_input.7.self, mb1.loss_input.7.self): they equal head(final_norm(raw output of layer 11)) "
-        "= the target's own logits plus a residual no candidate explains, std 0.0943 (0.03 of the clean logits' "
-        "std)', while every recorded slot's target distribution is the clean target's at a+k-1 to 6e-8 (the same "
-        "trainer with rows of one length traces clean); beside it an info 'noise:inputs' reads std-0.02 "
-        "augmentation on hidden_states[10], whose only difference from an unmasked target run is at padding "
-        "positions no query sees, and a note says the anchors could not be told from the data"),
-}
+OPEN: dict[str, str] = {}
 # Seed findings a trainer's recording cannot identify, each with why; the report must say "not checked" for them.
 UNIDENTIFIABLE = {
     # Greedy labels: argmax(layer-9 logits + noise 0.5). On this target layer 9's and layer 11's argmax differ on ~1%
