@@ -29,16 +29,7 @@ from dflash_world.target_training import distinct_random_qwen3
 CORPUS = Path(__file__).resolve().parent / "trainer_corpus"
 LISTED = sorted(p for p in CORPUS.glob("*.py") if not p.name.startswith("_"))
 # Trainers the trace does not yet hold to the contract, each with why (reported, never counted as passing):
-OPEN: dict[str, str] = {
-    "hf_trainer_grad_accum": (
-        "right-padded rows read as noisy targets: the sound version gets the divergence 'noise:targets: the targets "
-        "carry noise (loss_input.7.self, mb1.loss_input.7.self): they equal head(final_norm(raw output of layer 11)) "
-        "= the target's own logits plus a residual no candidate explains, std 0.0943 (0.03 of the clean logits' "
-        "std)', while every recorded slot's target distribution is the clean target's at a+k-1 to 6e-8 (the same "
-        "trainer with rows of one length traces clean); beside it an info 'noise:inputs' reads std-0.02 "
-        "augmentation on hidden_states[10], whose only difference from an unmasked target run is at padding "
-        "positions no query sees, and a note says the anchors could not be told from the data"),
-}
+OPEN: dict[str, str] = {}
 # Seed findings a trainer's recording cannot identify, each with why; the report must say "not checked" for them.
 UNIDENTIFIABLE = {
     # Greedy labels: argmax(layer-9 logits + noise 0.5). On this target layer 9's and layer 11's argmax differ on ~1%
@@ -167,13 +158,31 @@ def test_the_verb_traces_a_corpus_trainer_with_no_line(target_dir, ref, tmp_path
     check_seed_findings(audit_recording(read_recording(out), ref=ref))
 
 
-def test_without_a_reference_an_own_drafters_layers_stay_unknown(target_dir, tmp_path):
-    """A drafter of a team's own class declares no depth: with no --ref, fc's layers are read but not held to a
-    guessed reference; the report says so, and no divergence is invented."""
-    trainer = next((p for p in TRAINERS if p.stem == "padded_batch"), None)
-    assert trainer is not None, [p.name for p in LISTED]
+def test_without_a_reference_an_own_drafters_depth_is_read_from_its_modules(target_dir, tmp_path):
+    """`padded_batch`'s own `DraftNet` declares no depth, but its modules hold it: `layers`, one nn.ModuleList of two
+    `DraftLayer`, each with an attention. With no --ref, fc's layers are held to z-lab's rule for that depth, as for a
+    declared one (12 target layers and 2 draft layers: ids 1, 9), and the report says where the depth was read."""
+    trainer = CORPUS / "padded_batch.py"
     record_script(trainer, argv(target_dir, ["fc_4_of_5"]), tmp_path)
     report = audit_recording(read_recording(tmp_path))
+    assert report.facts["drafter"]["facts"]["num_hidden_layers"] == 2, report.facts["drafter"]
+    assert report.facts["drafter"]["depth_from"] == ("the drafter's modules: layers, an nn.ModuleList of 2 DraftLayer, "
+                                                     "each with an attention")
+    found = {(f.component, f.key): f for f in report.divergences}
+    assert set(found) == {("fc_dims", "fc_layers")}, messages(report)
+    fc = found[("fc_dims", "fc_layers")]
+    assert (fc.ours, fc.ref) == ([1, 3, 5, 7], [1, 9]), fc.message
+    assert "read from the drafter's modules: layers" in fc.message and "build_target_layer_ids" in fc.message
+
+
+def test_without_a_reference_a_drafter_with_no_list_of_blocks_stays_unknown(target_dir, tmp_path):
+    """`precomputed_targets`' own `Drafter` holds one `block`, no list of blocks, and declares no depth: with no --ref
+    its depth is unknown, so fc's layers are read but not held to a guessed reference; the report says so, and no
+    divergence is invented."""
+    trainer = CORPUS / "precomputed_targets.py"
+    record_script(trainer, argv(target_dir, ["fc_4_of_5"]), tmp_path)
+    report = audit_recording(read_recording(tmp_path))
+    assert "depth_from" not in report.facts["drafter"] and "num_hidden_layers" not in report.facts["drafter"]["facts"]
     assert report.flow["fc_layers"] == [1, 3, 5, 7] and report.divergences == [], messages(report)
     assert any("not checked" in note and "--ref" in note for note in report.notes), report.notes
 

@@ -28,6 +28,7 @@ from dflash_audit.target_values import TargetCandidates
 from dflash_audit.trace.recipe import RecipeAudit
 from dflash_audit.trace.recording import ID_ROLES, Recording, compile_notes
 from dflash_audit.trace.reference import Reference, read_ref, reference_for
+from dflash_audit.trace.replay_inputs import replay_inputs
 from dflash_audit.trace.step_state import TensorRow
 from dflash_audit.trace.targets import TargetAudit
 from foundation.errors import AuditError
@@ -121,34 +122,19 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
                 raise AuditError(f"--from {recording.folder}: step {index}'s {name!r} holds token ids "
                                  f"{int(tensors[name].min())}..{int(tensors[name].max())}, outside the target's "
                                  f"vocabulary of {vocab} (not a recording of this target; record it again)")
-        tokens = [tensors[n] for n, e in meta["entries"].items() if e["role"] == "tokens"]
-        if not tokens and index == 0:
-            raise AuditError(f"--from {recording.folder}: step {index} recorded no token ids")
-        if not tokens:  # nothing to rerun the target on: this step's tensors cannot be named, the run still is
-            unaudited.append(meta.get("step", index + 1))
+        if not any(e["role"] == "tokens" for e in meta["entries"].values()):
+            if index == 0:
+                raise AuditError(f"--from {recording.folder}: step {index} recorded no token ids")
+            unaudited.append(meta.get("step", index + 1))  # nothing to rerun the target on: the run still is
             continue
         if meta.get("target_forwards_of_steps"):  # an offline trainer: the states it reads are earlier forwards'
             reread[meta.get("step", index + 1)] = meta["target_forwards_of_steps"]
-        extra = {role: [tensors[n] for n, e in meta["entries"].items() if e["role"] == role]
-                 for role in ("target_attention_mask", "target_position_ids")}
-        width = tokens[0].shape[-1]
-        if all(t.shape[-1] == width for t in tokens):
-            tokens = [t.reshape(-1, t.shape[-1]) for t in tokens]
-        else:  # documents of different lengths, each run alone: read as one packed row, in the order they ran
-            tokens = [torch.cat([t.reshape(-1) for t in tokens])]
-        # Every target call of the step (micro-batches) as one batch of rows: a row's place is its flat index.
-        mask = extra["target_attention_mask"][0] if len(extra["target_attention_mask"]) == 1 and \
-            len(tokens) == 1 else None
-        positions = extra["target_position_ids"][0] if len(extra["target_position_ids"]) == 1 and \
-            len(tokens) == 1 else None
-        if mask is not None and bool(mask.dim() == 2 and mask.bool().all()):
-            mask = None  # no padding: the plain rerun
-        documents = [t.reshape(-1) for n, e in meta["entries"].items() if e["role"] == "tokens"
-                     for t in [tensors[n]]] if len({tensors[n].shape[-1] for n, e in meta["entries"].items()
-                                                     if e["role"] == "tokens"}) > 1 else None
-        cands = TargetCandidates(target, documents or torch.cat(tokens), mask, positions)
-        reference = reference_for(meta["drafter"]["facts"], cands.layers, ref_data)
-        audit = StepAudit(meta, tensors, cands, reference, pad_id, index)
+        inputs = replay_inputs(meta, tensors, pad_id)  # every target call of the step, as it ran (its masks)
+        cands = TargetCandidates(target, inputs.tokens, inputs.attention_mask, inputs.position_ids)
+        reference = reference_for(meta["drafter"]["facts"], cands.layers, ref_data,
+                                  meta["drafter"].get("depth_from"))
+        audit = StepAudit(meta, tensors, cands, reference, pad_id, index,
+                          (recording.manifest.get("context") or {}).get("run"))
         try:
             audit.run()
         finally:

@@ -117,9 +117,11 @@ class DraftRowsAudit(StepState):
         positions = self.target_positions(live, distributions, hard)
         for n in labels:
             self.account(n, "hard labels (the targets are read from the loss's gradient)")
-        label_source = self.label_source(live, positions) if hard else None
         anchors = self.anchors(live, positions or [None] * len(live))
         self.anchor_at = anchors or {}
+        label_source = self.label_source(live, positions) if hard else None
+        if hard and positions is None:  # hard labels: a candidate's argmax at the places they were found at
+            positions = self.label_places
         if anchors is not None:
             self.alignment(live, positions or [None] * len(live), anchors)
         self.weights(trained)

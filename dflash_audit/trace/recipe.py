@@ -14,6 +14,7 @@ from catalogue.findings import Finding
 from catalogue.pitfalls import RECIPE_ENTRIES
 from dflash_audit.target_values import CHUNK_ROWS
 from dflash_audit.trace.loss_fit import REFERENCE_REDUCTION, fit_weights
+from dflash_audit.trace.reduction import SAME, fit_reduction, optimizer_effect
 from dflash_audit.trace.step_state import StepState
 from impl.recipe import Recipe
 
@@ -126,8 +127,11 @@ class RecipeAudit(StepState):
         self.recipe_findings(kind, label_source)
 
     def reduction(self, live: list, trained: list) -> None:
-        """The reference reduces as sum(w * mask * loss) / (sum(mask) + 1e-5) per sequence, then the mean: a slot-1
-        row of a sequence weighs 1 / (n_sequences * (rows of the sequence + 1e-5))."""
+        """The reduction as two parts (reduction.py): its scale, one factor on every row of the step (said, with what
+        it does under the optimizer recorded), and the relative weight of the sequences' rows, held to the
+        reference's sum(w * mask * loss) / (sum(mask) + 1e-5) per sequence, then the mean: a slot-1 row of a sequence
+        weighs 1 / (n_sequences * (rows of the sequence + 1e-5)). A sequence is a data row (all its blocks, whatever
+        drafter calls or batch elements they were laid out in), where the anchors place it."""
         fit = getattr(self, "fitted", None)
         if fit and fit.get("kind") == "dpace":
             self.dpace_reduction(trained, fit)
@@ -137,31 +141,70 @@ class RecipeAudit(StepState):
         per_seq: dict[object, list] = {}
         for slot, c, _, _ in live:
             if slot is not None:
-                per_seq.setdefault((slot[0], slot[1]), []).append((slot[3], c))
+                per_seq.setdefault(self.sequence_of(slot), []).append((slot[3], c))
         if not per_seq:
             return
-        block_rows = {}
+        block_rows, elements = Counter(), {}
+        for slot, _, _, _ in trained:
+            if slot is not None:
+                elements[slot[:2]] = self.sequence_of(slot)
         for call, block in self.blocks.items():
             for s in block["slots"]:
-                if s is not None:
-                    block_rows[(call, s[0])] = block_rows.get((call, s[0]), 0) + 1
-        n = len(per_seq)
-        every = Counter((slot[0], slot[1]) for slot, _, _, _ in trained if slot is not None)
-        bad = []
+                if s is not None and (call, s[0]) in elements:
+                    block_rows[elements[(call, s[0])]] += 1
+        every = Counter(self.sequence_of(slot) for slot, _, _, _ in trained if slot is not None)
+        units, counts = [], []
         for key, rows in per_seq.items():
             firsts = [c for k, c in rows if k == 1]
             if not firsts:
-                continue
-            unit = 1 / (sum(firsts) / len(firsts))
-            counts = {len(rows), every.get(key, -1), block_rows.get(key, -1)}
-            if not any(abs(unit - n * (m + 1e-5)) <= 1e-3 * unit for m in counts):
-                bad.append((key, unit, len(rows)))
-        if bad and len(bad) == len(per_seq):
-            key, unit, rows = bad[0]
-            self.add(Finding("loss_weights", "divergence", f"the loss is reduced with a slot-1 row weighing 1/{unit:.4g} "
-                             f"({rows} trained rows in its drafter call's row); the reference reduces as "
-                             f"{REFERENCE_REDUCTION}", f"1/{unit:.4g}", REFERENCE_REDUCTION, pitfall=6,
-                             key="reduction"), edge="loss")
+                return  # no slot-1 row to read the sequence's divisor from
+            units.append(1 / (sum(firsts) / len(firsts)))
+            counts.append((len(rows), every.get(key, 0), block_rows.get(key, 0)))
+        found = fit_reduction(units, counts)
+        n = len(units)
+        if found.factor is None:
+            self.weighting_finding(units, counts)
+        elif abs(found.factor - 1) > SAME:
+            unit = units[0] * found.factor
+            steps = (self.run_facts.get("steps") or [{}])
+            clipped = [c["max_norm"] for c in (steps[min(self.step, len(steps) - 1)].get("clip_calls") or [])
+                       if isinstance(c.get("max_norm"), (int, float))]
+            optimizers = [o.get("class", "?") for o in (self.run_facts.get("structure") or {}).get("optimizers") or []]
+            self.add(Finding("loss_weights", "info", f"the loss's scale: every trained row weighs {found.factor:.4g} "
+                             f"times what the reference's reduction gives it (a slot-1 row of the first sequence "
+                             f"1/{units[0]:.4g}, the reference's 1/{unit:.4g}, counting {found.count} over {n} "
+                             "sequence" + ("s" if n != 1 else "") + "): one factor for the step, so the relative "
+                             "weights of rows and positions are the reference's; "
+                             + optimizer_effect(found.factor, optimizers, clipped), round(found.factor, 6), 1.0,
+                             pitfall=6, key="reduction_scale", raw={"factor": found.factor, "optimizers": optimizers}))
+
+    def sequence_of(self, slot: tuple) -> tuple:
+        """The sequence a block's row belongs to: its data row where its anchor was placed (alignment.py) or its batch
+        element's context named (context.py), else its drafter call's batch row."""
+        a = self.anchor_at.get(slot[:3])
+        if a is not None:
+            return ("row", a // self.cands.seq_len)
+        row = self.element_rows.get(slot[:2])
+        return ("row", row) if row is not None else ("element", slot[:2])
+
+    def weighting_finding(self, units: list[float], counts: list[tuple[int, ...]]) -> None:
+        """No one factor relates the rows' weights to the reference's: the reduction weighs the sequences otherwise.
+        Said with two sequences' numbers: the fewest and the most trained rows (else the lightest and heaviest)."""
+        n = len(units)
+        order = sorted(range(n), key=lambda i: (counts[i][0], units[i]))
+        if counts[order[0]][0] == counts[order[-1]][0]:
+            order = sorted(range(n), key=lambda i: units[i])
+        a, b = order[0], order[-1]
+        alike = max(units) - min(units) <= SAME * max(units)
+        how = (" every trained row weighs alike (one divisor for the batch), where the reference weighs each "
+               "sequence's mean alike: a sequence weighs in proportion to its trained rows" if alike else "")
+        ref_a, ref_b = n * (counts[a][0] + 1e-5), n * (counts[b][0] + 1e-5)
+        self.add(Finding("loss_weights", "divergence", f"the loss weighs its sequences unlike the reference: a slot-1 "
+                         f"row weighs 1/{units[a]:.4g} in a sequence of {counts[a][0]} trained rows and "
+                         f"1/{units[b]:.4g} in one of {counts[b][0]}, where the reference's reduction "
+                         f"({REFERENCE_REDUCTION}) gives them 1/{ref_a:.4g} and 1/{ref_b:.4g};{how}",
+                         f"1/{units[a]:.4g}, 1/{units[b]:.4g}", f"1/{ref_a:.4g}, 1/{ref_b:.4g}", pitfall=6,
+                         key="reduction"), edge="loss")
 
     def dpace_reduction(self, trained: list, fit: dict) -> None:
         """Under D-PACE each row's divisor is its D-PACE weight over its weight in the loss: speculators' is

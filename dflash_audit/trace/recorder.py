@@ -754,10 +754,52 @@ def _config_facts(module: nn.Module) -> dict:
         value = getattr(module, name, None)
         if name not in facts and isinstance(value, (int, list, tuple)):
             facts[name] = list(value) if isinstance(value, (list, tuple)) else value
-    layers = getattr(module, "layers", None)
-    if isinstance(layers, nn.ModuleList) and "num_hidden_layers" not in facts and config is not None:
-        facts["num_hidden_layers"] = len(layers)  # a team's own class without a config: its depth decides nothing
     return facts
+
+
+ATTENTION_PROJECTIONS = ({"q_proj", "k_proj", "v_proj"}, {"wq", "wk", "wv"}, {"q", "k", "v"},
+                         {"query", "key", "value"}, {"to_q", "to_k", "to_v"})
+FUSED_PROJECTIONS = {"qkv_proj", "qkv", "wqkv", "c_attn", "to_qkv"}
+
+
+def is_attention(module: nn.Module) -> bool:
+    """An attention module: its class named *Attention*, or children that are query, key and value projections."""
+    if "attention" in type(module).__name__.lower():
+        return True
+    children = {name.lower() for name, child in module.named_children() if isinstance(child, nn.Linear)}
+    return bool(children & FUSED_PROJECTIONS) or any(names <= children for names in ATTENTION_PROJECTIONS)
+
+
+def depth_from_modules(module: nn.Module) -> tuple[int, str] | None:
+    """The drafter's depth where it declares none: its one `nn.ModuleList` of trainable blocks of one class, each
+    holding an attention (the decoder layers, under whatever name the team gave them), and where it was read.
+    None when there is no such list, or several (the depth is then not known)."""
+    lists = []
+    for name, child in module.named_modules():
+        if not isinstance(child, nn.ModuleList) or not len(child) or any(name.startswith(f"{n}.") for n, _ in lists):
+            continue
+        kinds = {own_class(block) for block in child}
+        if len(kinds) == 1 and any(p.requires_grad for p in child.parameters()) and \
+                all(any(is_attention(m) for m in block.modules()) for block in child):
+            lists.append((name, child))
+    if len(lists) != 1:
+        return None
+    name, blocks = lists[0]
+    return len(blocks), (f"the drafter's modules: {name}, an nn.ModuleList of {len(blocks)} "
+                         f"{own_class(blocks[0]).__name__}, each with an attention")
+
+
+def drafter_meta(drafter: nn.Module, drafter_name: str, trainable_in_loss: int) -> dict:
+    """What the recording says of the drafter: its class, placement, declared facts, and its depth read from its
+    modules where its config declares none (`depth_from` says where)."""
+    facts = _config_facts(drafter)
+    meta = {"class": drafter_name, "placement": _placement(drafter), "facts": facts,
+            "trainable_in_loss": trainable_in_loss}
+    if "num_hidden_layers" not in facts:
+        found = depth_from_modules(drafter)
+        if found is not None:
+            facts["num_hidden_layers"], meta["depth_from"] = found
+    return meta
 
 
 def step_record(loss, graph, calls: StepCalls, drafter: nn.Module, drafter_name: str, target: nn.Module,
@@ -845,8 +887,7 @@ def step_record(loss, graph, calls: StepCalls, drafter: nn.Module, drafter_name:
     meta["graph"] = [{"index": i, "name": n["name"], "next": [c for c in n["next"] if c not in interior]}
                      for i, n in enumerate(graph["nodes"]) if i not in interior]
     meta["graph_nodes"] = len(graph["nodes"])
-    meta["drafter"] = {"class": drafter_name, "placement": _placement(drafter), "facts": _config_facts(drafter),
-                       "trainable_in_loss": len(graph["params"])}
+    meta["drafter"] = drafter_meta(drafter, drafter_name, len(graph["params"]))
     meta["target"] = {"path": model_path(target), "class": type(target).__qualname__,
                       "placement": _placement(target), "facts": _config_facts(target),
                       "dtype": str(next(target.parameters()).dtype).replace("torch.", ""),

@@ -251,6 +251,7 @@ def check_manifest(manifest: dict, where: str) -> None:
 
     class Drafter(Facts):
         class_: str = Field(alias="class")
+        depth_from: str | None = None  # where its depth was read, when its config declares none
 
     class Target(Facts):
         path: str

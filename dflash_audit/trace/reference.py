@@ -55,7 +55,9 @@ def read_ref(path: Path | None) -> dict[str, Any]:
     return {"file": str(file), **found}
 
 
-def reference_for(drafter_facts: dict, target_layers: int, ref: dict) -> Reference:
+def reference_for(drafter_facts: dict, target_layers: int, ref: dict, depth_from: str | None = None) -> Reference:
+    """`depth_from`: where the drafter's depth was read when its config declares none (recorder.py's
+    `depth_from_modules`), said in the layer ids' source."""
     from reference_adapters.zlab_adapter import ZlabImplementation
     from foundation.packages import installed_version
 
@@ -64,10 +66,12 @@ def reference_for(drafter_facts: dict, target_layers: int, ref: dict) -> Referen
         ids, source = [int(i) for i in ref["target_layer_ids"]], f"--ref {ref['file']}"
     elif draft_layers:
         ids = ZlabImplementation().default_target_layer_ids(target_layers, int(draft_layers))
-        source = (f"for {target_layers} target layers and {draft_layers} draft layers, z-lab's "
+        read = f" (read from {depth_from})" if depth_from else ""
+        source = (f"for {target_layers} target layers and {draft_layers} draft layers{read}, z-lab's "
                   f"build_target_layer_ids (dflash {installed_version('dflash')})")
     else:
-        ids, source = [], "unknown: the drafter declares no depth and no --ref was given"
+        ids, source = [], ("unknown: the drafter declares no depth, its modules hold no one list of attention blocks "
+                           "to read it from, and no --ref was given")
     block = ref.get("block_size", drafter_facts.get("block_size"))
     block_source = f"--ref {ref['file']}" if "block_size" in ref else "the drafter's config"
     mask = ref.get("mask_token_id", drafter_facts.get("mask_token_id"))

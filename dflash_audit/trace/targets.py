@@ -10,7 +10,7 @@ import torch
 
 from catalogue.findings import Finding
 from dflash_audit.target_values import CHUNK_ROWS, Named, centered_log_probs, name_logits, spread_sample
-from dflash_audit.trace.step_state import LOOSE_GRADIENT, StepState, as_rows
+from dflash_audit.trace.step_state import LOOSE_GRADIENT, StepState
 
 RIVALS = 6  # hard labels under noise: the candidates nearest by agreement, each fitted against the nearest
 
@@ -23,12 +23,14 @@ class TargetAudit(StepState):
             return None
         tables = []
         if distributions:  # named together: one candidate for every target row (noise averages out over them)
-            sizes = [as_rows(self.tensors[n]).shape[0] for n in distributions]
-            rows = torch.cat([self.tensors[n].reshape(-1, self.tensors[n].shape[-1]) for n in distributions])
+            parts = [self.evidence_rows(n) for n in distributions]  # less the rows the masks exclude
+            sizes = [part.shape[0] for part in parts]
+            rows = torch.cat(parts)
+            del parts
             named = name_logits(rows, self.cands, min(self.tol(n) for n in distributions))
             del rows
             for n in distributions:
-                self.account(n, f"the targets: {named.describe()}", named.distance)
+                self.account(n, f"the targets: {named.describe()}{self.left_out(n)}", named.distance)
             self.sampled(named, "the targets")
             self.target_findings(named, ", ".join(distributions) if len(distributions) < 3 else
                                  f"{distributions[0]} and {len(distributions) - 1} more")
@@ -39,7 +41,7 @@ class TargetAudit(StepState):
         if tables and live:
             wanted = torch.stack([p for _, _, p, _ in live])
             for n, pos in tables:  # each row's recorded twin: the same distribution (L1 within 1e-3)
-                for r, i in twins(wanted, as_rows(self.tensors[n])):
+                for r, i in twins(wanted, self.evidence_rows(n).float()):
                     if positions[r] is None:
                         positions[r] = int(pos[i])
         if tables and all(x is not None for x in positions):
@@ -57,10 +59,10 @@ class TargetAudit(StepState):
             self.note(f"{what}: {named.sampling}")
 
     def targets(self, name: str) -> Named | None:
-        rows = self.tensors[name].reshape(-1, self.tensors[name].shape[-1])
+        rows = self.evidence_rows(name)
         named = name_logits(rows, self.cands, self.tol(name))
         self.sampled(named, name)
-        self.account(name, f"the targets: {named.describe()}", named.distance)
+        self.account(name, f"the targets: {named.describe()}{self.left_out(name)}", named.distance)
         self.target_findings(named, name)
         return named if named.equal or named.noisy else None
 
@@ -94,23 +96,25 @@ class TargetAudit(StepState):
         that are a candidate's argmax on most rows, its argmax under noise (label_noise.py)."""
         labels = [int(p.argmax()) for _, _, p, _ in live]
         tokens = self.cands.tokens.reshape(-1)
-        anchors = {}
-        for call, block in self.blocks.items():
-            for key, a in block.get("positions", {}).items():
-                anchors[(call, *key)] = a
         seq = self.cands.seq_len
         batch = tokens.numel() // seq
+        # Each block's (data row, anchor): where the anchors were found (alignment.py), else its position ids' anchor
+        # in the drafter call's batch row.
+        anchors = {key: divmod(flat, seq) for key, flat in self.anchor_at.items()}
+        for call, block in self.blocks.items() if not anchors else ():
+            for key, a in block.get("positions", {}).items():
+                anchors[(call, *key)] = (min(key[0], batch - 1), a)
         options: dict[str, list[int]] = {}
         places: dict[str, tuple] = {}  # an argmax option: its candidate and the flat position of each row
         flats: dict[int, list] = {}
         for shift in (0, 1, -1):
             data, flat = [], []
             for (slot, _, _, _) in live:
-                a = anchors.get(slot[:3]) if slot is not None else None
-                if a is None:
+                found = anchors.get(slot[:3]) if slot is not None else None
+                if found is None:
                     return None
+                row, a = found[0] * seq, found[1]
                 pos = a + slot[3] - 1 + shift
-                row = min(slot[1], batch - 1) * seq  # the drafter call's batch row: the data's row
                 data.append(int(tokens[row + pos + 1]) if pos + 1 in range(seq) else -1)
                 flat.append(row + pos if pos in range(seq) else None)
             options[f"the data's next tokens{f' (shifted by {shift:+d})' if shift else ''}"] = data
@@ -150,6 +154,8 @@ class TargetAudit(StepState):
                         key=lambda x: -x[0])
         share, best = scored[0]
         self.flow["labels"] = f"{best} ({share:.0%} of {len(labels)} rows)"
+        if best in places and None not in places[best][1]:
+            self.label_places = list(places[best][1])
         if share < 1.0:
             return self.noisy_labels(labels, scored, places)
         source = next((c for c in candidates if best == f"the argmax of {c.name}"), None)
