@@ -142,6 +142,7 @@ def reference_tensor_names(config: dict[str, Any]) -> set[str]:
     from dflash.model import DFlash2DraftModel, DFlashDraftModel
     from transformers import Qwen3Config
 
+    from foundation.param_names import codebook_name
     from impl.families import config_family
 
     family = config_family(config)
@@ -149,7 +150,5 @@ def reference_tensor_names(config: dict[str, Any]) -> set[str]:
     with torch.device("meta"):
         model = model_class(Qwen3Config(**{k: v for k, v in config.items() if k != "architectures"}))
     names = set(model.state_dict())
-    for name in list(names):
-        if name.endswith(("predecessor_codebook.weight", "successor_codebook.weight")):
-            names.add(name.removesuffix(".weight"))
+    names |= {codebook_name(name) for name in names}  # a codebook under either of its spellings
     return names
