@@ -54,12 +54,12 @@ def target(shape: str) -> Path:
     return folder
 
 
-def weights_mb(shape: str) -> float:
+def weights_mb(shape: str, dtype: str = "bfloat16") -> float:
     s = TARGETS[shape]
     per_layer = (s.hidden_size * s.head_dim * (s.num_attention_heads * 2 + s.num_key_value_heads * 2)
                  + 3 * s.hidden_size * s.intermediate_size)
     embeddings = s.vocab_size * s.hidden_size * (1 if s.tie_word_embeddings else 2)
-    return 2 * (per_layer * s.num_hidden_layers + embeddings) / 2**20
+    return (2 if dtype == "bfloat16" else 4) * (per_layer * s.num_hidden_layers + embeddings) / 2**20
 
 
 OPTIONS = {"device": "cpu", "dtype": "bfloat16"}
@@ -122,8 +122,9 @@ def main() -> None:
             shallow, deep, batch, tokens = DEPTH
             _, low = run_case(f"0.6b-14-layers-2x{tokens}", shallow, batch, tokens, work)
             high = run_case(f"0.6b-2x{tokens}", deep, batch, tokens, work)[1]
-            own_low = low["audit_peak_mb"] - weights_mb(shallow)
-            own_high = high["audit_peak_mb"] - weights_mb(deep)
+            figures["0.6b-14-layers"], figures["0.6b-28-layers"] = low, high
+            own_low = low["audit_peak_mb"] - weights_mb(shallow, OPTIONS["dtype"])
+            own_high = high["audit_peak_mb"] - weights_mb(deep, OPTIONS["dtype"])
             rows.append(Row("trace audit's own memory (peak less the target's weights): 28 layers / 14 layers",
                             own_high / own_low, 1.1, "<=",
                             detail=f"{own_high:.0f} MB at 28 layers, {own_low:.0f} MB at 14 (2 x {tokens} tokens)"))
