@@ -1,7 +1,7 @@
 """`dflash-audit trace` at a real target's shape: a traced step, and the audit of its recording, against the same
 step untraced, side by side in one run.
 
-The trainer is bench/trace_scale_trainer.py (a team's batched z-lab trainer, right-padded rows, no dflash-audit
+The trainer is tests/trace_scripts/scale_trainer.py (a team's batched z-lab trainer, right-padded rows, no dflash-audit
 code) on random-weight bfloat16 Qwen3 targets written locally (bench/scale_targets.py). For each case:
 - untraced: the trainer alone (its peak anonymous memory, its wall time);
 - traced: `dflash-audit trace --steps 1 -- <the trainer>` (the recorded step, then its audit, in one command);
@@ -34,7 +34,7 @@ from measure import measure  # noqa: E402
 from results import Row, record  # noqa: E402
 from scale_targets import TARGETS, write_target  # noqa: E402
 
-TRAINER = ROOT / "bench" / "trace_scale_trainer.py"
+TRAINER = ROOT / "tests" / "trace_scripts" / "scale_trainer.py"  # a user's trainer: no project code
 CASES = {"0.6b-2x256": ("qwen3-0.6b", 2, 256), "0.6b-2x1024": ("qwen3-0.6b", 2, 1024),
          "0.6b-2x2048": ("qwen3-0.6b", 2, 2048), "1.7b-2x1024": ("qwen3-1.7b", 2, 1024),
          "0.6b-8x4096": ("qwen3-0.6b", 8, 4096)}  # the last: `make gpu-check`, on CUDA

@@ -42,6 +42,14 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
+def version_at(distribution: str, site) -> str | None:
+    """The version of `distribution` installed in another environment, whose site-packages folder is `site` (the
+    vLLM venv's), or None where it is not there once."""
+    found = [d for d in metadata.distributions(path=[str(site)])
+             if str(d.metadata["Name"] or "").lower() == distribution]
+    return found[0].version if len(found) == 1 else None
+
+
 def installed_versions() -> dict[str, str | None]:
     """`{name: version or None when not installed}` for every package of the table, in its order."""
     return {package.name: installed_version(package.distribution) for package in PACKAGES}

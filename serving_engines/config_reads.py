@@ -19,7 +19,6 @@ the installed code and fails when it changed (a new engine release shows up as a
 from __future__ import annotations
 
 import ast
-import importlib.metadata
 import json
 import importlib.util
 import re
@@ -401,14 +400,10 @@ def _cpu_vllm_site() -> Path | None:
 
 
 def _version(distribution: str, site: Path | None = None) -> str:
-    try:
-        if site is None:
-            return importlib.metadata.version(distribution)
-        (dist,) = [d for d in importlib.metadata.distributions(path=[str(site)])
-                   if d.metadata["Name"].lower() == distribution]
-        return dist.version
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        return "not installed"
+    from foundation.packages import installed_version, version_at
+
+    found = installed_version(distribution) if site is None else version_at(distribution, site)
+    return found or "not installed"
 
 
 VLLM_SOURCES = (Source("vllm/model_executor/models/qwen3_dflash.py"),

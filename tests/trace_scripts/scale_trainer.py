@@ -1,4 +1,4 @@
-"""A team's batched DFlash trainer at a real target's shape, for bench_trace_scale.py: what `dflash-audit trace` must
+"""A team's batched DFlash trainer at a real target's shape, for bench/bench_trace_scale.py: what `dflash-audit trace` must
 audit in memory bounded by this step's own. It uses no dflash-audit code (torch, transformers, z-lab's dflash).
 
 z-lab's `DFlashDraftModel` (five draft layers, block 16) on a bfloat16 Qwen3 target; right-padded rows (the second
@@ -7,7 +7,7 @@ every block drafted in one call against the row's context features (a 4-D boolea
 anchor, and the own block); targets the target's own logits one position back, KL with weights exp(-(k-1)/4), none
 on the anchor slot, each row's sum over its count, then the mean. Prints the step's own time and peak memory.
 
-    python bench/trace_scale_trainer.py --target DIR [--rows 2] [--tokens 2048] [--anchors 32] [--steps 1]
+    python tests/trace_scripts/scale_trainer.py --target DIR [--rows 2] [--tokens 2048] [--anchors 32] [--steps 1]
 """
 
 from __future__ import annotations
