@@ -17,7 +17,6 @@ from pathlib import Path
 from foundation.errors import AuditError
 
 BASELINE = 1 << 30  # the interpreter, torch, transformers, the tool itself
-CHUNK_ROWS = 256  # the by-value core's (dflash_audit/target_values.py)
 
 
 def available_bytes() -> int | None:
@@ -61,6 +60,8 @@ def estimate_bytes(manifest: dict, target_dir: Path | None) -> int:
                 widest = max(widest, math.prod(shape) * 4)
     batch = max(1, positions // max(longest, 1))
     replay = 8 * positions * hidden * 4 + 4 * positions * 4 * hidden * 4 + batch * heads * longest * longest * 4
+    from dflash_audit.target_values import CHUNK_ROWS  # the by-value core's rows a chunk
+
     chunks = 8 * CHUNK_ROWS * vocab * 4
     return BASELINE + payload + weights + 4 * widest + replay + chunks
 

@@ -5,6 +5,7 @@ tensor file's size and hash, so a half-written or truncated recording is refused
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -36,7 +37,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _safetensors_dtypes() -> dict:
+@functools.lru_cache(maxsize=1)
+def safetensors_dtypes() -> dict:
+    """torch dtype -> safetensors' name (made at first use: `trace.step` imports this module, and no torch)."""
     import torch
 
     return {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -44,32 +47,16 @@ def _safetensors_dtypes() -> dict:
             torch.bool: "BOOL"}
 
 
-class _Dtypes(dict):
-    """safetensors' dtype names, made at first use (`trace.step` imports this module, and no torch)."""
-
-    def __missing__(self, key):
-        self.update(_safetensors_dtypes())
-        if key not in self:
-            raise KeyError(key)
-        return self[key]
-
-    def __contains__(self, key) -> bool:
-        if not dict.__len__(self):
-            self.update(_safetensors_dtypes())
-        return dict.__contains__(self, key)
-
-
-SAFETENSORS_DTYPES = _Dtypes()
-
-
 def write_safetensors(path, tensors: dict, metadata: dict) -> None:
     """The safetensors format written a tensor at a time, from each tensor's own memory: no second copy of the whole
     recording in bytes, which `safetensors.torch.save_file` makes before it writes."""
+    import torch
+
     header: dict = {"__metadata__": metadata}
     offset = 0
     for name, t in tensors.items():
         size = t.numel() * t.element_size()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+        header[name] = {"dtype": safetensors_dtypes()[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -79,13 +66,7 @@ def write_safetensors(path, tensors: dict, metadata: dict) -> None:
         handle.write(text)
         for t in tensors.values():
             if t.numel():
-                handle.write(memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch_uint8()).numpy()))
-
-
-def torch_uint8():
-    import torch
-
-    return torch.uint8
+                handle.write(memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
 
 
 def write_recording(out: Path, steps: list[dict], context: dict) -> None:
@@ -94,7 +75,7 @@ def write_recording(out: Path, steps: list[dict], context: dict) -> None:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {f"step{i}/{name}": t for i, record in enumerate(steps) for name, t in record["tensors"].items()}
-    if all(t.dtype in SAFETENSORS_DTYPES for t in tensors.values()):
+    if all(t.dtype in safetensors_dtypes() for t in tensors.values()):
         atomic_write_bytes(out / TENSORS, lambda tmp: write_safetensors(tmp, tensors, {"schema": SCHEMA}))
     else:
         atomic_write_bytes(out / TENSORS, lambda tmp: save_file(tensors, tmp, metadata={"schema": SCHEMA}))
