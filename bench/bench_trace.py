@@ -37,8 +37,8 @@ def run(target: Path, steps: int, out: Path | None) -> float:
     """Wall time of the trainer for `steps` steps in this process (traced into `out` when given)."""
     import os
 
-    from dflash_audit.trace.recorder import Recorder
-    from dflash_audit.trace.recording import ENV_OUT
+    from dflash_audit.trace.record.recorder import Recorder
+    from dflash_audit.trace.record.recording import ENV_OUT
 
     sys.argv = [str(TRAINER), "--target", str(target), "--steps", str(steps), *SHAPE, *SEED_BUGS]
     recorder = None
@@ -63,8 +63,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from dflash_audit.trace.audit import audit_recording
-    from dflash_audit.trace.recording import MANIFEST, TENSORS, read_recording
+    from dflash_audit.trace.step.audit import audit_recording
+    from dflash_audit.trace.record.recording import MANIFEST, TENSORS, read_recording
     from dflash_audit.trace.report import terminal_summary
     from dflash_world.target_training import distinct_random_qwen3
 

@@ -194,7 +194,7 @@ AUDITED_BY = {
     37: ("audit.static_spec.family_findings", "audit.static_recipe.recipe_findings"),
     38: ("audit.static_spec.family_findings", "audit.static_recipe.recipe_findings"),
     39: ("data_check.check.issue_finding",),
-    40: ("trace.run_audit.run_finding",),
+    40: ("trace.run.audit.run_finding",),
 }
 
 

@@ -243,7 +243,7 @@ def trace_own_trainer(target: Path, out: Path) -> None:
     """Act zero: the team's own trainer, traced for one step (`dflash-audit trace -- python own_trainer.py ...`)."""
     from dflash_audit.flags.trace import TraceFlags
     from dflash_audit.trace.report import terminal_summary
-    from dflash_audit.trace.run import run_trace
+    from dflash_audit.trace.verb import run_trace
 
     if not OWN_TRAINER.is_file():
         print(f"note: {OWN_TRAINER} is not installed here; the trace act is skipped")

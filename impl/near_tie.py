@@ -4,7 +4,7 @@ Two computations of one drafter's decision part without a defect only where its 
 what separates the computations. Every place that judges a parting by it calls `near_tie`: the offline replay
 against our live loop (`impl/offline/walks.py` `explain_parting` / `unexplained_partings`, the rule the tests and
 the benches judge by), a serving engine against the audit's replay (`dflash_audit/rounds/by_value.py`,
-`dflash_audit/rounds/ties.py`) and a team's evaluator against z-lab's loop (`dflash_audit/trace/eval_why.py`).
+`dflash_audit/rounds/ties.py`) and a team's evaluator against z-lab's loop (`dflash_audit/trace/evaluation/why.py`).
 
 - **float32**: the inputs agree to a few float32 ulps; what parts two computations is their kernels. Our own two
   loops run the same torch kernels, so none of their partings is a tie (the walks agree on every test). Another

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from dflash_audit.audit.context_faults import DrafterShape, context_faults, rebased_length
-from dflash_audit.trace.eval_record import read_evaluation
-from dflash_audit.trace.evaluation import audit_evaluation
-from dflash_audit.trace.run import record_script
+from dflash_audit.trace.evaluation.recorder import read_evaluation
+from dflash_audit.trace.evaluation.audit import audit_evaluation
+from dflash_audit.trace.record.launch import record_script
 from foundation.jsonl import split_json_lines
 from tests.helpers import once_per_session
 

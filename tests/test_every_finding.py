@@ -162,7 +162,7 @@ def static_compare_cases(world) -> dict[str, list]:
 def other_cases(world, root: Path) -> dict[str, tuple]:
     """(how it runs, its arguments) of each case beyond the static compares."""
     import dflash_audit.data_check.run as data_check
-    import dflash_audit.trace.run as trace
+    import dflash_audit.trace.verb as trace
     from dflash_world.drafter import cached_dflash2_drafter
     from dflash_world.target_training import distinct_random_qwen3
     from dflash_world.tokenizer import train_tokenizer
@@ -361,7 +361,7 @@ def quantized_gguf(drafter: Path, target: Path, out: Path) -> Path:
 def planted_recording(source: Path, destination: Path, edit) -> Path:
     """A copy of a trace recording with `edit(step)` applied to its first step (`meta`: its manifest entry,
     `tensors`), written by the recorder's own writer (its manifest's sizes and digest those of the planted tensors)."""
-    from dflash_audit.trace.recording import read_recording, write_recording
+    from dflash_audit.trace.record.recording import read_recording, write_recording
 
     recording = read_recording(source)
     steps = [{"meta": step, "tensors": {name: recording.tensors[f"step{index}/{name}"].clone()
@@ -416,7 +416,7 @@ def weights_and_stray_input(step: dict) -> None:
 
 def recording_cases(root: Path) -> dict[str, tuple]:
     """Cases on a recording another case made (`trace --from`): planted by value, or held to another --ref."""
-    import dflash_audit.trace.run as trace
+    import dflash_audit.trace.verb as trace
 
     recorded = root / "a trainer's targets from layer 9"  # z-lab's rule: fc reads layers 1, 3, 5, 7, 9
     (root / "ref.json").write_text(json.dumps({"target_layer_ids": [2, 4, 6, 8, 10], "mask_token_id": 7}))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_audit.trace.recording import read_recording
-from dflash_audit.trace.run import record_script
-from dflash_audit.trace.run_audit import audit_run
+from dflash_audit.trace.record.recording import read_recording
+from dflash_audit.trace.record.launch import record_script
+from dflash_audit.trace.run.audit import audit_run
 from dflash_world.target_training import distinct_random_qwen3
 
 CORPUS = Path(__file__).resolve().parent / "run_corpus"

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from dflash_audit.cli import main
-from dflash_audit.trace.audit import audit_recording
-from dflash_audit.trace.recording import COMPILE_DISABLED, read_recording, write_recording
-from dflash_audit.trace.run import record_script
-from dflash_audit.trace.run_audit import RUN_KEYS
+from dflash_audit.trace.step.audit import audit_recording
+from dflash_audit.trace.record.recording import COMPILE_DISABLED, read_recording, write_recording
+from dflash_audit.trace.record.launch import record_script
+from dflash_audit.trace.run.audit import RUN_KEYS
 from dflash_world.target_training import distinct_random_qwen3
 
 CORPUS = Path(__file__).resolve().parent / "trainer_corpus"

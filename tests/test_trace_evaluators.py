@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_audit.trace.eval_record import has_evaluation, read_evaluation
-from dflash_audit.trace.evaluation import audit_evaluation
-from dflash_audit.trace.recording import MANIFEST
-from dflash_audit.trace.run import record_script
+from dflash_audit.trace.evaluation.recorder import has_evaluation, read_evaluation
+from dflash_audit.trace.evaluation.audit import audit_evaluation
+from dflash_audit.trace.record.recording import MANIFEST
+from dflash_audit.trace.record.launch import record_script
 from foundation.errors import AuditError
 from tests.helpers import once_per_session
 

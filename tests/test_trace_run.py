@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from dflash_audit.cli import main
-from dflash_audit.trace.audit import audit_recording
-from dflash_audit.trace.lr_fit import fit_schedule
-from dflash_audit.trace.recording import read_recording
-from dflash_audit.trace.run import record_script
-from dflash_audit.trace.run_audit import audit_run
+from dflash_audit.trace.step.audit import audit_recording
+from dflash_audit.trace.run.lr_fit import fit_schedule
+from dflash_audit.trace.record.recording import read_recording
+from dflash_audit.trace.record.launch import record_script
+from dflash_audit.trace.run.audit import audit_run
 from dflash_world.target_training import distinct_random_qwen3
 
 TRAINER = Path(__file__).resolve().parent / "trace_scripts" / "run_trainer.py"

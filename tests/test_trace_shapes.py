@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_audit.trace.audit import audit_recording
-from dflash_audit.trace.recording import read_recording
-from dflash_audit.trace.run import record_script
+from dflash_audit.trace.step.audit import audit_recording
+from dflash_audit.trace.record.recording import read_recording
+from dflash_audit.trace.record.launch import record_script
 from dflash_world.target_training import distinct_random_qwen3
 
 TRAINER = Path(__file__).resolve().parent / "trace_scripts" / "own_blocks_trainer.py"

@@ -3,7 +3,7 @@ as one change to z-lab's drafter run at one round, so that the round where the s
 
 A fault is a `ContextFault`: a change to what the drafter reads at a round anchored at `start` (its context rows,
 the block's positions) or to the drafter itself (its sliding windows, its rotary base). The evaluator trace
-(dflash_audit/trace/eval_why.py) runs z-lab's drafter on z-lab's inputs with each change, one at a time, at the
+(dflash_audit/trace/evaluation/why.py) runs z-lab's drafter on z-lab's inputs with each change, one at a time, at the
 first parting round, and names the one whose output (or, where only the drafts were recorded, whose drafts and
 their logit margins) is the source's:
 - the sliding window ignored: the sliding layers run as full ones (the seed evaluator's "short context" assumption,

@@ -12,10 +12,10 @@ from dflash_audit.flags.trace import TraceFlags
 
 def trace(flags: TraceFlags) -> int:
     from dflash_audit.trace.report import terminal_summary
-    from dflash_audit.trace.run import run_trace
+    from dflash_audit.trace.verb import run_trace
 
     report = run_trace(flags)
-    if hasattr(report, "summary"):  # an evaluation's report (dflash_audit/trace/evaluation.py)
+    if hasattr(report, "summary"):  # an evaluation's report (dflash_audit/trace/evaluation/audit.py)
         typer.echo(report.summary())
         return report.exit_status
     typer.echo(terminal_summary(report))

@@ -37,7 +37,7 @@ def gguf_world(llamacpp_full_gguf, test_world, tmp_path_factory) -> Path:
 def trace_world(tmp_path_factory) -> Path:
     """The trace fuzz reader's input: one step of examples/own_trainer.py recorded (`rec`) on a 12-layer random
     target whose tensors differ by value (tests/test_trace.py's), as `dflash-audit trace` records it."""
-    from dflash_audit.trace.run import record_script
+    from dflash_audit.trace.record.launch import record_script
     from dflash_world.target_training import distinct_random_qwen3
 
     root = tmp_path_factory.mktemp("trace-world")

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash_audit.trace.eval_record import MANIFEST, TENSORS
+from dflash_audit.trace.evaluation.recorder import MANIFEST, TENSORS
 from tests.bad_inputs.cli_run import assert_refused, run, tree_digest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def recording(test_world, tmp_path_factory) -> Path:
     """One prompt of examples/own_evaluator.py recorded (the world's drafter as a z-lab folder)."""
-    from dflash_audit.trace.run import record_script
+    from dflash_audit.trace.record.launch import record_script
     from dflash_world.drafter import cached_test_drafter
     from drafter_files.checkpoint import load_checkpoint
     from drafter_files.zlab_format import save_zlab_dir

@@ -171,7 +171,7 @@ def test_timeout_stops_a_command_that_never_reaches_a_step(tmp_path, capsys):
 
 def test_the_timeout_bounds_only_the_way_to_the_first_step(tmp_path):
     """A command that has begun its steps runs on past the bound (the recorder's mark is what `begun` reads)."""
-    from dflash_audit.trace.traced_process import run_in_group
+    from dflash_audit.trace.record.traced_process import run_in_group
 
     ended = run_in_group(["sh", "-c", "sleep 1; echo done"], dict(os.environ), "sh", 0.2, begun=lambda: True)
     assert ended.status == 0 and ended.stdout_tail == ["done"]

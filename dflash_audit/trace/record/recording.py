@@ -23,7 +23,7 @@ SCHEMA = f"dflash-audit/trace-recording/{FORMAT}"
 MANIFEST = "manifest.json"
 TENSORS = "recording.safetensors"
 ERROR = "trace-error.json"
-PARITY = "parity.safetensors"  # trace --parity K: the weights and gradients of the first steps (run_record.py)
+PARITY = "parity.safetensors"  # trace --parity K: the weights and gradients of the first steps (run/recorder.py)
 ERROR_SCHEMA = "dflash-audit/trace-error/1"
 # What the tool writes in --out: anything else there is the user's, and the folder is refused.
 OWN_FILES = (MANIFEST, TENSORS, ERROR, PARITY, "report.json", "index.html", "evaluation.json", "evaluation.safetensors")
@@ -154,7 +154,7 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
     if size != manifest.get("tensors_bytes") or _sha256(tensors_path) != manifest.get("tensors_sha256"):
         raise AuditError(f"{flag} {folder}: {tensors_path.name} is truncated or changed ({size} bytes, the "
                          f"manifest recorded {manifest.get('tensors_bytes')})")
-    from dflash_audit.trace.audit_memory import check_fits
+    from dflash_audit.trace.record.audit_memory import check_fits
     from safetensors.torch import load_file
 
     recorded_target = (manifest["steps"][0].get("target") or {}).get("path") if manifest["steps"] else None

@@ -5,7 +5,7 @@ as `evaluation.safetensors` + `evaluation.json` (atomically, the manifest last w
 
 A run is an evaluation when it ends with no training step (no `backward()` of a loss reaching a trainable
 parameter, no `trace.step`), or when `--eval` says so. A trainer's validation loop is not one: the first training
-step drops whatever was captured before it (dflash_audit/trace/recorder.py).
+step drops whatever was captured before it (dflash_audit/trace/record/recorder.py).
 
 Only calls from no other module (a root call) are read, each copied to the CPU when it ends, since an evaluator
 reuses and edits its buffers in place between rounds. The target's logits are kept as their top two (argmax and
@@ -275,7 +275,7 @@ def read_evaluation(folder: Path, flag: str = "--from") -> EvaluationRecording:
     if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
         raise AuditError(f"{flag} {folder}: {MANIFEST} is not a dflash-audit evaluation recording of format {FORMAT} "
                          "(record it again)")
-    from dflash_audit.trace.eval_manifest import check_manifest, check_tensors
+    from dflash_audit.trace.evaluation.manifest import check_manifest, check_tensors
 
     declared = check_manifest(manifest, f"{flag} {folder}: {MANIFEST}")
     tensors_path = folder / TENSORS

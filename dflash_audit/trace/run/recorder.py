@@ -14,7 +14,7 @@ no line in the script, no name of the script's.
 - resume: the optimizer's state step and the schedulers' last epoch at the first step, and which states were loaded;
 - under torchrun, a digest of the token ids each rank embedded at each step (gathered to rank 0), so that ranks fed
   the same batch are seen.
-The whole of it is small JSON, written in the manifest's context (`run`); the audit is run_audit.py.
+The whole of it is small JSON, written in the manifest's context (`run`); the audit is run/audit.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections import Counter
 import torch
 from torch import nn
 
-from dflash_audit.trace.parity_capture import BatchCapture
+from dflash_audit.trace.run.parity_capture import BatchCapture
 
 # Group settings recorded as they are (JSON-able scalars and tuples); the parameters themselves are named apart.
 SKIP_GROUP_KEYS = ("params", "param_names")
@@ -60,7 +60,7 @@ class RunRecorder:
 
     def __init__(self, recorder, parity: int = 0):
         self.recorder = recorder
-        self.parity = parity  # steps whose weights and gradients are kept for the step parity (parity.py)
+        self.parity = parity  # steps whose weights and gradients are kept for the step parity (run/parity.py)
         self.parity_steps: list[dict] = []
         self.parity_batches: list[dict | None] = []
         self.batches = BatchCapture()  # each parity step's batch, when the drafter is speculators' model
@@ -331,12 +331,12 @@ class RunRecorder:
 
             from safetensors.torch import save_file
 
-            from dflash_audit.trace.recording import PARITY
+            from dflash_audit.trace.record.recording import PARITY
             from foundation.atomic import atomic_write_bytes
 
             tensors = {f"step{k}/{kind}/{name}": t.contiguous() for k, step in enumerate(self.parity_steps)
                        for kind, named in step.items() for name, t in named.items()}
-            batches = []  # each step's batch as speculators' model took it (parity_capture.py)
+            batches = []  # each step's batch as speculators' model took it (run/parity_capture.py)
             for k, batch in enumerate(self.parity_batches):
                 if batch is None:
                     batches.append(None)

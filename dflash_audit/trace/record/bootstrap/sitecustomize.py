@@ -10,11 +10,11 @@ def _install() -> None:
     """The recorder installed in this process; when it cannot be (this Python lacks torch, the options are not this
     version's), the reason is left for the verb, which says it, and the script runs on unrecorded."""
     try:
-        from dflash_audit.trace.recorder import install_from_env
+        from dflash_audit.trace.record.recorder import install_from_env
 
         install_from_env()
     except Exception as exc:  # noqa: BLE001 -- whatever it is, the verb names it in its one line
-        from dflash_audit.trace.marks import Mark, mark
+        from dflash_audit.trace.record.marks import Mark, mark
 
         mark(Mark.INSTALL_FAILED, " ".join(str(exc).split())[:300])
 

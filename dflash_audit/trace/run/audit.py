@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from catalogue.findings import Finding
-from dflash_audit.trace.lr_fit import fit_schedule, schedule_text
+from dflash_audit.trace.run.lr_fit import fit_schedule, schedule_text
 
 RUN_ENTRY = 40  # the catalogue's training_run entry
 # The run's findings, by (component, key); their `source` is the speculators file and line they rest on.
@@ -91,10 +91,10 @@ def audit_run(manifest: dict, folder=None, step_findings: list[Finding] | None =
 
 
 def parity(result: RunAudit, folder, run: dict, ref, step_divergences: list[Finding]) -> None:
-    """speculators' reference step beside the recorded steps (parity.py): where they part is a fact of the findings
+    """speculators' reference step beside the recorded steps (run/parity.py): where they part is a fact of the findings
     above (a forward or a loss parted: of the step audit's divergences too); parting with no finding to explain it is
     its own warning."""
-    from dflash_audit.trace.parity import step_parity
+    from dflash_audit.trace.run.parity import step_parity
 
     found = step_parity(folder, run, ref, result.facts.get("schedule"))
     result.facts["parity"] = found

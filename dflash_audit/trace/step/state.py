@@ -20,8 +20,8 @@ import torch
 
 from catalogue.findings import Finding
 from dflash_audit.target_values import TargetCandidates, tolerance
-from dflash_audit.trace.reference import Reference
-from dflash_audit.trace.row_masks import context_seen, is_mask_keyword, padding_rows
+from dflash_audit.trace.step.reference import Reference
+from dflash_audit.trace.step.row_masks import context_seen, is_mask_keyword, padding_rows
 
 LOOSE_GRADIENT = 1e-4  # targets read back from the loss's gradient (g / c, then log): a few float32 roundings
 
@@ -53,7 +53,7 @@ class StepState:
     def __init__(self, meta: dict, tensors: dict[str, torch.Tensor], cands: TargetCandidates, ref: Reference,
                  pad_id: int | None, step_index: int, run: dict | None = None):
         self.meta, self.tensors, self.cands, self.ref = meta, tensors, cands, ref
-        self.run_facts = run or {}  # the run recorded across steps (run_record.py): the optimizers, clipping
+        self.run_facts = run or {}  # the run recorded across steps (run/recorder.py): the optimizers, clipping
         self.entries = meta["entries"]
         self.pad_id = pad_id
         self.step = step_index

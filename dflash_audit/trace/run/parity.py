@@ -1,9 +1,9 @@
 """Step parity (`trace --parity K`): speculators' own training step run beside the team's recorded run, K steps.
 
 The recorder kept, for each of the first K + 1 steps, the drafter's trainable weights as the step began, the gradient
-after the step's last backward and the gradient its optimizer stepped (run_record.py), and, when the drafter is one
+after the step's last backward and the gradient its optimizer stepped (run/recorder.py), and, when the drafter is one
 of speculators' model classes, the step's batch as its forward took it, the random state its anchors were drawn
-from, its draft logits and its loss (parity_capture.py). For each step k, from the team's weights of that step:
+from, its draft logits and its loss (run/parity_capture.py). For each step k, from the team's weights of that step:
 - **forward**: speculators' own model class (built from the drafter's config, its untrained weights and the step's
   trained ones) runs the batch from the same random state: its draft logits are the team's;
 - **loss**: its loss, with the loss keywords speculators' trainer passes (`get_trainer_kwargs` on the

@@ -1,5 +1,5 @@
 """The batch of each parity step (`trace --parity K`) as the team's drafter took it, so that speculators' own model and
-loss can be run on it beside the recorded run (parity.py).
+loss can be run on it beside the recorded run (run/parity.py).
 
 Kept only when the drafter is one of speculators' model classes (or a subclass of one): its forward's arguments
 name the batch in speculators' own terms (hidden_states, input_ids, loss_mask, verifier_last_hidden_states,

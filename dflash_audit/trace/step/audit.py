@@ -8,7 +8,7 @@ One step's audit is `StepAudit`, assembled from its parts, in the order `run` ca
 - targets.py: each trained row's target named (which candidate, which position, what residual);
 - alignment.py: the anchors derived from the rows' names, the slot-to-target shift, the context each block saw;
 - recipe.py: the weights per slot, the reduction, the loss kind, against speculators' reference recipe.
-The reference (layer ids, block size, mask id) is reference.py's; the shared state is step_state.py's.
+The reference (layer ids, block size, mask id) is reference.py's; the shared state is step/state.py's.
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from typing import Any
 import torch
 
 from catalogue.findings import Finding, divergences, sort_findings
-from dflash_audit.trace.alignment import AlignmentAudit
-from dflash_audit.trace.blocks import BlockAudit
-from dflash_audit.trace.context import ContextAudit
-from dflash_audit.trace.draft_rows import DraftRowsAudit
+from dflash_audit.trace.step.alignment import AlignmentAudit
+from dflash_audit.trace.step.blocks import BlockAudit
+from dflash_audit.trace.step.context import ContextAudit
+from dflash_audit.trace.step.draft_rows import DraftRowsAudit
 from dflash_audit.target_values import TargetCandidates
-from dflash_audit.trace.recipe import RecipeAudit
-from dflash_audit.trace.recording import ID_ROLES, Recording, compile_notes
-from dflash_audit.trace.reference import Reference, read_ref, reference_for
-from dflash_audit.trace.replay_inputs import replay_inputs
-from dflash_audit.trace.step_state import TensorRow
-from dflash_audit.trace.targets import TargetAudit
+from dflash_audit.trace.step.recipe import RecipeAudit
+from dflash_audit.trace.record.recording import ID_ROLES, Recording, compile_notes
+from dflash_audit.trace.step.reference import Reference, read_ref, reference_for
+from dflash_audit.trace.step.replay_inputs import replay_inputs
+from dflash_audit.trace.step.state import TensorRow
+from dflash_audit.trace.step.targets import TargetAudit
 from foundation.errors import AuditError
 from foundation.token_ids import outside_vocabulary
 
@@ -152,7 +152,7 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
                      "loss": meta["loss"], "steps": len(steps), "context": recording.manifest.get("context", {}),
                      "recording": str(recording.folder)}
     notes.extend(step_notes(unaudited, reread))
-    from dflash_audit.trace.run_audit import audit_run
+    from dflash_audit.trace.run.audit import audit_run
 
     run = audit_run(recording.manifest, recording.folder, findings)  # the run across steps (trace --steps N)
     findings.extend(run.findings)

@@ -1,12 +1,12 @@
 """A team's own evaluator, held to z-lab's loop: `dflash-audit trace -- python eval.py ARGS` with no line added.
 
-The recording (dflash_audit/trace/eval_record.py) is rebuilt into rounds per prompt (eval_rounds.py); z-lab's own
+The recording (dflash_audit/trace/evaluation/recorder.py) is rebuilt into rounds per prompt (evaluation/rounds.py); z-lab's own
 `dflash_generate` is replayed on the same prompts, with the drafter folder the evaluated module was loaded from
 (its weights checked against the module's by value) and the same target, cut at the target's stop ids
-(eval_replay.py). The report says:
+(evaluation/replay.py). The report says:
 - which τ the evaluator's own number (`trace.tau`) is, by value, and its gap to z-lab's τ with the paired bootstrap
-  interval (eval_tau.py);
-- per prompt, the first round that parts from z-lab's and why (eval_why.py): every round's inputs held to z-lab's
+  interval (evaluation/tau.py);
+- per prompt, the first round that parts from z-lab's and why (evaluation/why.py): every round's inputs held to z-lab's
   loop, and at the parting round the drafter's output held to z-lab's drafter; one root cause is one finding, its
   prompts and first rounds listed;
 - at T > 0 (rounds are sampled: no parting round is defined), the acceptance per draft position against z-lab's
@@ -25,16 +25,16 @@ import torch
 
 from catalogue.findings import Finding, divergences, sort_findings
 from dflash_audit.tau.along_context import DEFAULT_BIN_TOKENS
-from dflash_audit.trace.eval_manifest import check_vocabulary
-from dflash_audit.trace.eval_record import read_evaluation
-from dflash_audit.trace.eval_replay import TargetStates, zlab_replay
-from dflash_audit.trace.eval_rounds import SAME, PromptRun, rebuild, relative
-from dflash_audit.trace.eval_tau import identify, mean, mean_of_means, paired_statistic, position_gaps, per_position
-from dflash_audit.trace.eval_why import (PITFALLS, Cause, Reference, acceptance_cause, block_cause,
+from dflash_audit.trace.evaluation.manifest import check_vocabulary
+from dflash_audit.trace.evaluation.recorder import read_evaluation
+from dflash_audit.trace.evaluation.replay import TargetStates, zlab_replay
+from dflash_audit.trace.evaluation.rounds import SAME, PromptRun, rebuild, relative
+from dflash_audit.trace.evaluation.tau import identify, mean, mean_of_means, paired_statistic, position_gaps, per_position
+from dflash_audit.trace.evaluation.why import (PITFALLS, Cause, Reference, acceptance_cause, block_cause,
                                          counterfactual_cause, drafts_cause, feature_cause, output_cause,
                                          position_cause)
 from dflash_audit.target_values import tolerance
-from dflash_audit.trace.recording import compile_notes
+from dflash_audit.trace.record.recording import compile_notes
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
 

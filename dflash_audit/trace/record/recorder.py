@@ -1,5 +1,5 @@
 """The recorder inside the traced script: what flowed through one training step, kept by reference while the step
-runs and written at `trace.step(loss)` as one safetensors file plus a JSON manifest (dflash_audit/trace/recording.py).
+runs and written at `trace.step(loss)` as one safetensors file plus a JSON manifest (dflash_audit/trace/record/recording.py).
 
 The step needs no line in the script: it is the first `backward()` of a scalar that reaches a trainable parameter
 (the backward is wrapped, so the graph is walked before it is freed), bounded by the optimizer's next `step()` (the
@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dflash_audit.trace.eval_record import EvaluationCapture
-from dflash_audit.trace.marks import Mark, mark
-from dflash_audit.trace.options import RecorderOptions
-from dflash_audit.trace.recording import MANIFEST, write_error, write_recording
+from dflash_audit.trace.evaluation.recorder import EvaluationCapture
+from dflash_audit.trace.record.marks import Mark, mark
+from dflash_audit.trace.record.options import RecorderOptions
+from dflash_audit.trace.record.recording import MANIFEST, write_error, write_recording
 
 COMPILED_WRAPPER_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 INSTALLED: list[Recorder] = []  # the recorder of this process (the bootstrap's, or a test's record_script)
@@ -118,7 +118,7 @@ class Recorder:
         self.own_process = own_process
         self.begun = False  # this process began a training step (or an evaluation round): the verb is told
         self.steps = steps
-        self.parity = parity  # trace --parity K: keep the first K steps' weights and gradients (run_record.py)
+        self.parity = parity  # trace --parity K: keep the first K steps' weights and gradients (run/recorder.py)
         self.target_dir = target
         self.drafter_class = drafter_class
         self.late = late  # installed at the first step(): that step's forward was not seen
@@ -141,12 +141,12 @@ class Recorder:
         self.saved_compile = None  # (the force_eager stance set, dynamo's optimize) until removed
         self.warning_filter = None
         self.compiled = False  # the script called torch.compile (it ran eagerly while recording)
-        self.run = None  # the RunRecorder (run_record.py)
+        self.run = None  # the RunRecorder (run/recorder.py)
         # The target's forwards seen so far, each with the step it ran in, its token ids copied (an offline trainer
         # runs the target once, before its first step, and reads its states back in the later steps).
         self.run_target: nn.Module | None = None
         self.run_target_calls: list[tuple[int, ModelCall, str]] = []  # (step, the call, the device its ids were on)
-        # An evaluation's calls (dflash_audit/trace/eval_record.py), captured until a training step shows the run is
+        # An evaluation's calls (dflash_audit/trace/evaluation/recorder.py), captured until a training step shows the run is
         # a trainer's (its validation loop is not an evaluation); `evaluation`: --eval, backwards left alone.
         self.eval_only = evaluation
         self.evaluation = EvaluationCapture() if self.rank == 0 else None
@@ -186,7 +186,7 @@ class Recorder:
             recorder.optimizers += 1
 
         Optimizer.__init__ = counted_init
-        from dflash_audit.trace.run_record import RunRecorder
+        from dflash_audit.trace.run.recorder import RunRecorder
 
         self.run = RunRecorder(self, self.parity).install()  # what the run does across steps (optimizers, lr, clipping, ...)
         INSTALLED[:] = [self]
@@ -337,7 +337,7 @@ class Recorder:
         """End the script: TraceStop in this thread, and in the traced command's process, the process's end even
         when the script's own threads would hold it (ending.py)."""
         if self.own_process:
-            from dflash_audit.trace.ending import end_after_main_thread
+            from dflash_audit.trace.record.ending import end_after_main_thread
 
             end_after_main_thread(status)
         raise TraceStop(status) from None
@@ -916,7 +916,7 @@ def install_from_env(late: bool = False) -> Recorder:
 
 def tau_hook(tau) -> None:
     """`trace.tau` under the tool: the evaluator's own τ, kept with its evaluation."""
-    from dflash_audit.trace.eval_record import tau_value
+    from dflash_audit.trace.evaluation.recorder import tau_value
 
     if not INSTALLED:
         install_from_env(late=True)

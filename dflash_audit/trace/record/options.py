@@ -9,8 +9,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dflash_audit.trace.marks import ENV_MARKS
-from dflash_audit.trace.recording import ENV_OPTIONS, ENV_OUT
+from dflash_audit.trace.record.marks import ENV_MARKS
+from dflash_audit.trace.record.recording import ENV_OPTIONS, ENV_OUT
 
 
 class RecorderOptions(BaseModel):

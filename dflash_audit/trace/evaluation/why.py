@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from dflash_audit.audit.context_faults import PITFALLS as CONTEXT_PITFALLS
 from dflash_audit.audit.context_faults import ContextFault, context_faults, rebased, rebased_length
 from dflash_audit.target_values import relative_rows
-from dflash_audit.trace.eval_replay import TargetStates, drafter_logits, drafter_shape, faulted_output
-from dflash_audit.trace.eval_rounds import SAME, PromptRun, Round
+from dflash_audit.trace.evaluation.replay import TargetStates, drafter_logits, drafter_shape, faulted_output
+from dflash_audit.trace.evaluation.rounds import SAME, PromptRun, Round
 from impl.anchors import anchor_blocks
 from impl.layers import hidden_state_index, names_final_layer
 from impl.near_tie import near_tie
