@@ -63,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from dflash_audit.trace.step.audit import audit_recording
+    from dflash_audit.trace.step_audit.audit import audit_recording
     from dflash_audit.trace.record.recording import MANIFEST, TENSORS, read_recording
     from dflash_audit.trace.report import terminal_summary
     from dflash_world.target_training import distinct_random_qwen3

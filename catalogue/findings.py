@@ -14,7 +14,7 @@ from catalogue.pitfalls import PITFALLS as CATALOGUE
 COMPONENTS = ("fc_dims", "target_layers", "layer_types", "window_direction", "block_size", "mask_token", "serving",
               "architecture", "conv", "selector", "dspark_heads", "xpress_refiner", "weights", "recipe", "tau",
               "mask_token_validity", "vocab_sizes", "slot_layout", "rotary", "draft_vocab", "quantization",
-              # `trace`: what one recorded training step computed (dflash_audit/trace/step/audit.py)
+              # `trace`: what one recorded training step computed (dflash_audit/trace/step_audit/audit.py)
               "targets", "target_alignment", "noise", "loss_weights", "loss", "positions", "training_mask",
               "anchors", "unexplained",
               # `eval`: a drafter evaluated with other chat-template settings than it declares (dflash_audit/tau/declared.py)

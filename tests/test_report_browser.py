@@ -85,7 +85,7 @@ document.body.appendChild(out);
 
 
 def trace_report_with_flow(flow: dict):
-    from dflash_audit.trace.step.audit import TraceReport
+    from dflash_audit.trace.step_audit.audit import TraceReport
 
     facts = {"target": {"path": "/targets/qwen3", "class": "Qwen3ForCausalLM", "placement": ["cpu"]},
              "drafter": {"class": "dflash.model:DFlashDraftModel", "placement": ["cpu"],

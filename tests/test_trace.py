@@ -8,6 +8,7 @@ One run goes through the CLI and a child process, as a user runs it; the bad inp
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dflash_audit.cli import main
-from dflash_audit.trace.step.audit import audit_recording
+from dflash_audit.trace.step_audit.audit import audit_recording
 from dflash_audit.trace.record.recording import COMPILE_DISABLED, MANIFEST, TENSORS, read_recording
 from dflash_audit.trace.record.launch import record_script
 from dflash_audit.trace.run.audit import RUN_KEYS
@@ -341,3 +342,17 @@ def test_under_accelerate_launch_the_findings_are_the_single_process_ones(target
                  str(TRAINER), "--accelerate", "--target", str(target_dir), "--gamma", "7"]) == 1
     capsys.readouterr()
     assert findings_of(audit_recording(read_recording(out))) == findings_of(traced["gamma 7"])
+
+
+def test_the_scripts_line_survives_every_trace_module_imported():
+    """`trace.step(loss)` and `trace.tau(x)` are the lines a script calls: no module of the package may shadow them
+    (a subpackage `trace.step` would, once anything imported it)."""
+    import importlib
+    import pkgutil
+
+    import dflash_audit.trace as trace
+
+    for module in pkgutil.walk_packages(trace.__path__, "dflash_audit.trace."):
+        if not module.name.endswith("sitecustomize"):
+            importlib.import_module(module.name)
+    assert inspect.isfunction(trace.step) and inspect.isfunction(trace.tau)

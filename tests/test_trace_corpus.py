@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from dflash_audit.cli import main
-from dflash_audit.trace.step.audit import audit_recording
+from dflash_audit.trace.step_audit.audit import audit_recording
 from dflash_audit.trace.record.recording import COMPILE_DISABLED, read_recording, write_recording
 from dflash_audit.trace.record.launch import record_script
 from dflash_audit.trace.run.audit import RUN_KEYS

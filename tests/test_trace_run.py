@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dflash_audit.cli import main
-from dflash_audit.trace.step.audit import audit_recording
+from dflash_audit.trace.step_audit.audit import audit_recording
 from dflash_audit.trace.run.lr_fit import fit_schedule
 from dflash_audit.trace.record.recording import read_recording
 from dflash_audit.trace.record.launch import record_script

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_audit.trace.step.audit import audit_recording
+from dflash_audit.trace.step_audit.audit import audit_recording
 from dflash_audit.trace.record.recording import read_recording
 from dflash_audit.trace.record.launch import record_script
 from dflash_world.target_training import distinct_random_qwen3

@@ -14,7 +14,7 @@ from tabulate import tabulate
 
 from dflash_audit.audit.report_html import environment
 from dflash_audit.audit.report_json import _finite
-from dflash_audit.trace.step.audit import TraceReport
+from dflash_audit.trace.step_audit.audit import TraceReport
 from foundation.atomic import atomic_write_bytes
 from foundation.packages import installed_versions
 

@@ -1,5 +1,5 @@
 """The `trace` verb: its flags checked whole before any work, the command run under the recorder
-(record/launch.py), and what it recorded audited: one training step and the run across steps (step/, run/), or an
+(record/launch.py), and what it recorded audited: one training step and the run across steps (step_audit/, run/), or an
 evaluator's rounds (evaluation/); the reports written beside the recording."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def check_flags(flags: TraceFlags) -> tuple[Path, Path]:
     if flags.ref is not None and not Path(flags.ref).exists():
         raise AuditError(f"--ref {flags.ref}: no such file or folder")
     if flags.ref is not None:  # a config.json declaring what it must, read as the audit reads it
-        from dflash_audit.trace.step.reference import read_ref
+        from dflash_audit.trace.step_audit.reference import read_ref
 
         read_ref(flags.ref)
     if flags.drafter is not None and not (Path(flags.drafter) / "config.json").is_file():
@@ -100,7 +100,7 @@ def run_trace(flags: TraceFlags):
             if flags.from_dir is not None:
                 raise
             raise no_step_nor_round(" ".join(flags.command), flags.evaluation) from None
-    from dflash_audit.trace.step.audit import audit_recording
+    from dflash_audit.trace.step_audit.audit import audit_recording
     from dflash_audit.trace.record.recording import read_recording
     from dflash_audit.trace.report import write_report_html, write_report_json
 

@@ -17,7 +17,7 @@ from catalogue.findings import Finding
 from dflash_audit.target_values import Named, name_hidden
 import torch
 
-from dflash_audit.trace.step.state import StepState, as_rows, micro_batch
+from dflash_audit.trace.step_audit.state import StepState, as_rows, micro_batch
 
 
 class ContextAudit(StepState):

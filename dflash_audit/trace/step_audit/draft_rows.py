@@ -10,7 +10,7 @@ import torch
 
 from catalogue.findings import Finding
 from dflash_audit.target_values import CHUNK_ROWS, centered_log_probs
-from dflash_audit.trace.step.state import StepState, as_rows, micro_batch
+from dflash_audit.trace.step_audit.state import StepState, as_rows, micro_batch
 
 
 class DraftRowsAudit(StepState):

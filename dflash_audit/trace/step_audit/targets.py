@@ -10,7 +10,7 @@ import torch
 
 from catalogue.findings import Finding
 from dflash_audit.target_values import CHUNK_ROWS, Named, centered_log_probs, name_logits, spread_sample
-from dflash_audit.trace.step.state import LOOSE_GRADIENT, StepState
+from dflash_audit.trace.step_audit.state import LOOSE_GRADIENT, StepState
 
 RIVALS = 6  # hard labels under noise: the candidates nearest by agreement, each fitted against the nearest
 
@@ -170,7 +170,7 @@ class TargetAudit(StepState):
         noise; the source is named only where one candidate explains the labels clearly better than every other
         (a likelihood ratio past the chi-square 95% point): where noise makes layers alike, it is said to be not
         checked. Labels nearest the data's tokens stay unexplained (said, never guessed)."""
-        from dflash_audit.trace.step.label_noise import CHI2_95, fit_noise
+        from dflash_audit.trace.step_audit.label_noise import CHI2_95, fit_noise
 
         share, best = scored[0]
         if best not in places or None in places[best][1]:

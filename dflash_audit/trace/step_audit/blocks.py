@@ -10,7 +10,7 @@ from collections import Counter
 import torch
 
 from catalogue.findings import Finding
-from dflash_audit.trace.step.state import StepState
+from dflash_audit.trace.step_audit.state import StepState
 
 
 class BlockAudit(StepState):

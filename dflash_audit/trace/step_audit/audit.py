@@ -20,17 +20,17 @@ from typing import Any
 import torch
 
 from catalogue.findings import Finding, divergences, sort_findings
-from dflash_audit.trace.step.alignment import AlignmentAudit
-from dflash_audit.trace.step.blocks import BlockAudit
-from dflash_audit.trace.step.context import ContextAudit
-from dflash_audit.trace.step.draft_rows import DraftRowsAudit
+from dflash_audit.trace.step_audit.alignment import AlignmentAudit
+from dflash_audit.trace.step_audit.blocks import BlockAudit
+from dflash_audit.trace.step_audit.context import ContextAudit
+from dflash_audit.trace.step_audit.draft_rows import DraftRowsAudit
 from dflash_audit.target_values import TargetCandidates
-from dflash_audit.trace.step.recipe import RecipeAudit
+from dflash_audit.trace.step_audit.recipe import RecipeAudit
 from dflash_audit.trace.record.recording import ID_ROLES, Recording, compile_notes
-from dflash_audit.trace.step.reference import Reference, read_ref, reference_for
-from dflash_audit.trace.step.replay_inputs import replay_inputs
-from dflash_audit.trace.step.state import TensorRow
-from dflash_audit.trace.step.targets import TargetAudit
+from dflash_audit.trace.step_audit.reference import Reference, read_ref, reference_for
+from dflash_audit.trace.step_audit.replay_inputs import replay_inputs
+from dflash_audit.trace.step_audit.state import TensorRow
+from dflash_audit.trace.step_audit.targets import TargetAudit
 from foundation.errors import AuditError
 from foundation.token_ids import outside_vocabulary
 

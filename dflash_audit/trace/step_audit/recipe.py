@@ -13,9 +13,9 @@ import torch
 from catalogue.findings import Finding
 from catalogue.pitfalls import RECIPE_ENTRIES
 from dflash_audit.target_values import CHUNK_ROWS
-from dflash_audit.trace.step.loss_fit import REFERENCE_REDUCTION, fit_weights
-from dflash_audit.trace.step.reduction import SAME, fit_reduction, optimizer_effect
-from dflash_audit.trace.step.state import StepState
+from dflash_audit.trace.step_audit.loss_fit import REFERENCE_REDUCTION, fit_weights
+from dflash_audit.trace.step_audit.reduction import SAME, fit_reduction, optimizer_effect
+from dflash_audit.trace.step_audit.state import StepState
 from impl.recipe import Recipe
 
 
@@ -64,7 +64,7 @@ class RecipeAudit(StepState):
     def dpace(self, trained: list):
         """The weights as speculators' D-PACE of the drafter's confidences (dpace_fit.py), the confidences taken on
         the targets' argmax (speculators' CE target) or on the data's token at each slot: the first that fits."""
-        from dflash_audit.trace.step.dpace_fit import fit_dpace
+        from dflash_audit.trace.step_audit.dpace_fit import fit_dpace
 
         tokens = self.cands.tokens.reshape(-1)
         seq = self.cands.seq_len

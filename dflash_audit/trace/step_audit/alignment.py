@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from catalogue.findings import Finding
-from dflash_audit.trace.step.state import StepState
+from dflash_audit.trace.step_audit.state import StepState
 
 
 class AlignmentAudit(StepState):

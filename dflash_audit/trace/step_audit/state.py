@@ -20,8 +20,8 @@ import torch
 
 from catalogue.findings import Finding
 from dflash_audit.target_values import TargetCandidates, tolerance
-from dflash_audit.trace.step.reference import Reference
-from dflash_audit.trace.step.row_masks import context_seen, is_mask_keyword, padding_rows
+from dflash_audit.trace.step_audit.reference import Reference
+from dflash_audit.trace.step_audit.row_masks import context_seen, is_mask_keyword, padding_rows
 
 LOOSE_GRADIENT = 1e-4  # targets read back from the loss's gradient (g / c, then log): a few float32 roundings
 

@@ -1,2 +1,0 @@
-"""The audit of one recorded training step: each recorded tensor named by value against the target's candidates,
-then held to the reference, one finding per root cause (audit.py composes the stages)."""
