@@ -1,14 +1,25 @@
 """The audit of a trace recording: each recorded tensor named by value (dflash_audit/target_values.py), then held to the reference, one
 finding per root cause, with its numbers and its catalogue entry.
 
-One step's audit is `StepAudit`, assembled from its parts, in the order `run` calls them:
-- blocks.py: the block token ids of every drafter call, the mask id, the block length, positions, training mask;
-- context.py: fc's context features named as target layers, held to the reference's layer ids;
-- draft_rows.py: the draft rows, and the loss's rows read from its gradient (each found among the draft rows);
-- targets.py: each trained row's target named (which candidate, which position, what residual);
-- alignment.py: the anchors derived from the rows' names, the slot-to-target shift, the context each block saw;
-- recipe.py: the weights per slot, the reduction, the loss kind, against speculators' reference recipe.
-The reference (layer ids, block size, mask id) is reference.py's; the shared state is step/state.py's.
+One step's audit is `audit_step`: a pipeline of stages, each a function of its own module that reads the step and
+the results of the stages before it, writes to the step's ledger (`StepState`, state.py: the tensors accounted for,
+the findings, the notes, the data flow) and returns its own typed result, in this order:
+- blocks.py `read_blocks -> Blocks`: the block token ids of every drafter call, the mask id, the block length,
+  positions;
+- context.py `name_context -> Context`: fc's context features named as target layers, held to the reference's layer
+  ids;
+- draft_rows.py `read_draft_rows -> DraftRows`: every draft row with the block slot it drafts;
+- loss_rows.py `read_loss_rows -> LossRows`: the loss's rows read from its gradient (each found among the draft
+  rows); without the gradient, `loss_unread`;
+- targets.py `name_targets -> Targets`: each trained row's target named (which candidate, which position, what
+  residual);
+- anchors.py `place_anchors -> Anchors`: where each block's anchor sits in the data;
+- labels.py `name_labels -> Labels`: hard labels' source (the data's tokens, a candidate's argmax, under noise);
+- alignment.py `hold_alignment -> Alignment`: the slot-to-target shift, the late anchors, the training mask;
+- weights.py `read_weights -> Weights`: the weights per slot, fitted;
+- recipe.py `hold_recipe -> LossRecipe`: the reduction, the loss kind, against speculators' reference recipe;
+then blocks.py `unread_masks` (a drafter mask the training-mask check never reached) and whatever is left
+unexplained. The reference (layer ids, block size, mask id) is reference.py's.
 """
 
 from __future__ import annotations
@@ -20,21 +31,26 @@ from typing import Any
 import torch
 
 from catalogue.findings import Finding, divergences, sort_findings
-from dflash_audit.trace.step_audit.alignment import AlignmentAudit
-from dflash_audit.trace.step_audit.blocks import BlockAudit
-from dflash_audit.trace.step_audit.context import ContextAudit
-from dflash_audit.trace.step_audit.draft_rows import DraftRowsAudit
+from dflash_audit.trace.step_audit.alignment import hold_alignment
+from dflash_audit.trace.step_audit.anchors import place_anchors
+from dflash_audit.trace.step_audit.blocks import read_blocks, unread_masks
+from dflash_audit.trace.step_audit.context import name_context
+from dflash_audit.trace.step_audit.draft_rows import read_draft_rows
 from dflash_audit.target_values import TargetCandidates
-from dflash_audit.trace.step_audit.recipe import RecipeAudit
+from dflash_audit.trace.step_audit.labels import name_labels
+from dflash_audit.trace.step_audit.loss_rows import loss_unread, read_loss_rows
+from dflash_audit.trace.step_audit.recipe import hold_recipe
 from dflash_audit.trace.record.recording import ID_ROLES, Recording, compile_notes
 from dflash_audit.trace.step_audit.reference import Reference, read_ref, reference_for
 from dflash_audit.trace.step_audit.replay_inputs import replay_inputs
-from dflash_audit.trace.step_audit.state import TensorRow
-from dflash_audit.trace.step_audit.targets import TargetAudit
+from dflash_audit.trace.step_audit.state import StepState, TensorRow
+from dflash_audit.trace.step_audit.targets import name_targets
+from dflash_audit.trace.step_audit.weights import read_weights
 from foundation.errors import AuditError
 from foundation.token_ids import outside_vocabulary
 
-__all__ = ["Reference", "StepAudit", "TensorRow", "TraceReport", "audit_recording", "read_ref", "reference_for"]
+__all__ = ["Reference", "StepState", "TensorRow", "TraceReport", "audit_recording", "audit_step", "read_ref",
+           "reference_for"]
 
 
 @dataclass
@@ -54,27 +70,49 @@ class TraceReport:
         return 1 if self.divergences else 0
 
 
-class StepAudit(BlockAudit, ContextAudit, DraftRowsAudit, TargetAudit, AlignmentAudit, RecipeAudit):
-    """One recorded step against the target's candidates, every part in turn."""
+def audit_step(meta: dict, tensors: dict[str, torch.Tensor], cands: TargetCandidates, reference: Reference,
+               pad_id: int | None, index: int, run: dict | None = None) -> StepState:
+    """One recorded step against the target's candidates, stage by stage: each reads what the stages before it
+    found and writes to the step's ledger, which is returned (its rows, findings, notes and flow)."""
+    step = StepState(meta, tensors, cands, reference, pad_id, index, run)
+    target_inputs(step)
+    blocks = read_blocks(step)
+    context = name_context(step, blocks)
+    draft = read_draft_rows(step, blocks)
+    loss = read_loss_rows(step, draft)
+    targets = name_targets(step, loss)
+    if loss.trained:  # the rest is read from the loss's rows
+        anchors = place_anchors(step, blocks, context, loss, targets)
+        labels = name_labels(step, blocks, loss, anchors)
+        positions = labels.places if loss.hard else targets.positions  # where each row's target sits
+        hold_alignment(step, blocks, loss, positions, anchors)
+        weights = read_weights(step, loss, anchors)
+        hold_recipe(step, blocks, context, loss, anchors, weights, labels)
+    else:
+        loss_unread(step)
+    unread_masks(step, blocks)
+    unexplained(step)
+    return step
 
-    def run(self) -> None:
-        for name in self.of_role("tokens"):
-            self.account(name, "the target's input ids (the candidates are recomputed from them)")
-        for name in self.of_role("target_attention_mask"):
-            self.account(name, "the target's attention mask (the target is rerun with it)")
-        for name in self.of_role("target_position_ids"):
-            self.account(name, "the target's position ids (the target is rerun with them)")
-        self.block_tokens()
-        self.context_features()
-        self.draft_table()
-        self.loss_side()
-        self.unread_masks()
-        for name in self.entries:
-            if name not in self.rows:
-                e = self.entries[name]
-                self.account(name, "unexplained: no candidate and no role in the loss")
-                self.add(Finding("unexplained", "warning", f"{name} ({e['role']}, shape {e['shape']}) is no tensor "
-                                 "the audit can name: no candidate of the target equals it", None, None, key=name))
+
+def target_inputs(step: StepState) -> None:
+    """The target's own inputs: not compared, rerun (the candidates are recomputed from them)."""
+    for name in step.of_role("tokens"):
+        step.account(name, "the target's input ids (the candidates are recomputed from them)")
+    for name in step.of_role("target_attention_mask"):
+        step.account(name, "the target's attention mask (the target is rerun with it)")
+    for name in step.of_role("target_position_ids"):
+        step.account(name, "the target's position ids (the target is rerun with them)")
+
+
+def unexplained(step: StepState) -> None:
+    """Every recorded tensor no stage named: said, with a warning each."""
+    for name in step.entries:
+        if name not in step.rows:
+            e = step.entries[name]
+            step.account(name, "unexplained: no candidate and no role in the loss")
+            step.add(Finding("unexplained", "warning", f"{name} ({e['role']}, shape {e['shape']}) is no tensor "
+                             "the audit can name: no candidate of the target equals it", None, None, key=name))
 
 
 def recorded_device(placement: list[str]) -> torch.device:
@@ -133,10 +171,9 @@ def audit_recording(recording: Recording, target_dir: Path | None = None, ref: P
         cands = TargetCandidates(target, inputs.tokens, inputs.attention_mask, inputs.position_ids)
         reference = reference_for(meta["drafter"]["facts"], cands.layers, ref_data,
                                   meta["drafter"].get("depth_from"))
-        audit = StepAudit(meta, tensors, cands, reference, pad_id, index,
-                          (recording.manifest.get("context") or {}).get("run"))
         try:
-            audit.run()
+            audit = audit_step(meta, tensors, cands, reference, pad_id, index,
+                               (recording.manifest.get("context") or {}).get("run"))
         finally:
             cands.close()  # the replay's states (a temporary folder at scale) go before the next step's
         for f in audit.findings:
