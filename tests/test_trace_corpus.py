@@ -6,10 +6,11 @@ no line added, as a user runs it.
 Each trainer takes `--target DIR [--bug NAME ...] [--steps N]`; the seed team's four bugs are `fc_4_of_5`,
 `targets_layer_9`, `gamma_7` and `target_noise_0.5`. The sound version must give exit 0 and say nothing untrue: its
 findings, at every severity, exactly the true statements listed for it, and no note making a claim false of a sound
-trainer; the four bugs together exit 1 and exactly four divergences, each with its numbers. The trainers are listed from the folder, so
-one added later is covered. Each is recorded in this process (`record_script`, the recorder the verb's bootstrap
-installs); one goes through the CLI and a child process. The offline trainers (the target run once, before the first
-step) are recorded over two steps: the second runs no target and is read against the first's forwards.
+trainer; the four bugs together exit 1 and exactly four divergences, each with its numbers, and nothing else the sound
+version does not say. The trainers are listed from the folder, so one added later is covered. Each is recorded in
+this process (`record_script`, the recorder the verb's bootstrap installs); one goes through the CLI and a child
+process. The offline trainers (the target run once, before the first step) are recorded over two steps: the second
+runs no target and is read against the first's forwards.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ REFERENCE_LAYERS = [1, 3, 5, 7, 9]  # what every corpus trainer is meant to feed
 # findings against speculators' recipe are the trainer's own, the same with or without the seed bugs, each true of both:
 RUN = {("recipe", "optimizer"),  # torch.optim.AdamW on every parameter: speculators trains Muon on the 2-D matrices
        ("recipe", "lr_schedule"),  # no scheduler, the lr constant: speculators warms up, then decays linearly to 0
-       ("recipe", "grad_clip")}  # no clip_grad_norm_, its norm above 1 (3.5 and 6.4): speculators clips at 1
+       ("recipe", "grad_clip")}  # no clip_grad_norm_, the gradient's norm above 1: speculators clips at 1
 OFFLINE_RUN = {"offline_hidden_states_file": RUN | {("recipe", "optimizer_settings")},  # AdamW(weight_decay=0.0): 0.01
                "precomputed_targets": RUN | {("recipe", "lr")}}  # LR = 2e-3: speculators' 1e-3
 REREAD_NOTE = "step 2 ran no target forward of its own"
@@ -132,7 +133,7 @@ def test_the_sound_version_says_nothing_untrue(trainer, target_dir, ref, tmp_pat
     assert report.exit_status == (1 if trainer.stem in OFFLINE_RUN else 0), messages(report)
     assert trainer.stem in SOUND_FINDINGS, f"{trainer.name}: list its sound report's true findings in SOUND_FINDINGS"
     assert {(f.component, f.key) for f in report.findings} == SOUND_FINDINGS[trainer.stem], messages(report)
-    said = report.notes + [f"{row.name}: {row.what}" for row in report.tensors]  # the notes and the tensors' names
+    said = report.notes + [row.what for row in report.tensors]  # the notes, and what each tensor is named as
     assert not [text for text in said if any(claim in text for claim in FALSE_CLAIMS)], messages(report)
     assert report.flow["fc_layers"] == REFERENCE_LAYERS, messages(report)
     # A compiled trainer ran eagerly while recorded, and the report says so; no other trainer's report does.
