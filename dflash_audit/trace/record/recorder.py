@@ -140,7 +140,7 @@ class Recorder:
         self.saved_optimizer_init = None
         self.saved_compile = None  # (the force_eager stance set, dynamo's optimize) until removed
         self.warning_filter = None
-        self.compiled = False  # the script called torch.compile (it ran eagerly while recording)
+        self.compiled = False  # the script ran torch.compile'd code (eagerly, while recording)
         self.run = None  # the RunRecorder (run/recorder.py)
         # The target's forwards seen so far, each with the step it ran in, its token ids copied (an offline trainer
         # runs the target once, before its first step, and reads its states back in the later steps).
@@ -199,13 +199,21 @@ class Recorder:
         torch.compile'd module or function (a drafter, a whole step, fullgraph or not, compiled before or after)
         runs the same operations eagerly, and the script's objects stay what it made (an `OptimizedModule` keeps
         its `_orig_mod`). `torch._dynamo.optimize` (what torch.compile and Module.compile call) is wrapped only to
-        note that the script compiled something, for the report."""
+        note, for the report, that compiled code ran: each call of what it compiled enters its context's hooks. A
+        compile that never runs (speculators' DFlash module compiles `create_block_mask` on import, and an eager
+        attention never calls it) changed nothing the step did, so it is not said."""
         dynamo = torch._dynamo
         optimize, recorder = dynamo.optimize, self
 
-        def noted_optimize(*args, **kwargs):
+        def ran_compiled():
             recorder.compiled = True
-            return optimize(*args, **kwargs)
+            return lambda: None  # the hook's exit: nothing to undo
+
+        def noted_optimize(*args, **kwargs):
+            context = optimize(*args, **kwargs)
+            if isinstance(getattr(context, "enter_exit_hooks", None), list):  # none where dynamo is disabled
+                context.enter_exit_hooks.append(ran_compiled)
+            return context
 
         self.saved_compile = (torch.compiler.set_stance("force_eager"), optimize)
         dynamo.optimize = noted_optimize
