@@ -22,3 +22,6 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "dynamic: runs the dynamic path (target forward, live loops, offline replay, DDTree, compare "
                    "--target, eval); `make test` runs these a second time with DFLASH_AUDIT_DTYPE=bfloat16")
+    config.addinivalue_line(
+        "markers", "full: a heavy case run by `make test-full` (before a release), not by `make test`: each one's "
+                   "property is also held, faster, by a case `make test` runs (named where the mark is set)")
