@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from catalogue.findings import Finding, divergences, sort_findings
+from catalogue.findings import Finding, FindingsReport, sort_findings
 from dflash_audit.tau.along_context import DEFAULT_BIN_TOKENS
 from dflash_audit.trace.evaluation.manifest import check_vocabulary
 from dflash_audit.trace.evaluation.recorder import read_evaluation
@@ -43,7 +43,7 @@ INPUT_CHECKS = ("context_features", "block", "positions", "acceptance")
 
 
 @dataclass
-class EvaluationReport:
+class EvaluationReport(FindingsReport):
     findings: list[Finding]
     prompts: list[dict]
     tau: dict
@@ -51,14 +51,6 @@ class EvaluationReport:
     notes: list[str] = field(default_factory=list)
     positions: list[dict] = field(default_factory=list)
     along_context: dict = field(default_factory=dict)
-
-    @property
-    def divergences(self) -> list[Finding]:
-        return divergences(self.findings)
-
-    @property
-    def exit_status(self) -> int:
-        return 1 if self.divergences else 0
 
     def to_dict(self) -> dict[str, Any]:
         from dflash_audit.audit.report_json import _finite

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from catalogue.findings import Finding, divergences, sort_findings
+from catalogue.findings import Finding, FindingsReport, sort_findings
 from dflash_audit.trace.step.alignment import AlignmentAudit
 from dflash_audit.trace.step.blocks import BlockAudit
 from dflash_audit.trace.step.context import ContextAudit
@@ -38,20 +38,12 @@ __all__ = ["Reference", "StepAudit", "TensorRow", "TraceReport", "audit_recordin
 
 
 @dataclass
-class TraceReport:
+class TraceReport(FindingsReport):
     findings: list[Finding]
     tensors: list[TensorRow]
     facts: dict[str, Any]
     flow: dict[str, Any]
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def divergences(self) -> list[Finding]:
-        return divergences(self.findings)
-
-    @property
-    def exit_status(self) -> int:
-        return 1 if self.divergences else 0
 
 
 class StepAudit(BlockAudit, ContextAudit, DraftRowsAudit, TargetAudit, AlignmentAudit, RecipeAudit):
