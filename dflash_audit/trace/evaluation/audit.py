@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from catalogue.findings import Finding, FindingsReport, sort_findings
+from dflash_audit.rounds.assess import merge
 from dflash_audit.tau.along_context import DEFAULT_BIN_TOKENS
 from dflash_audit.trace.evaluation.manifest import check_vocabulary
 from dflash_audit.trace.evaluation.recorder import read_evaluation
@@ -374,8 +375,6 @@ def _findings(localized: list[Finding], tau_cost: str | None = None,
     first rounds listed (an input cause may show rounds before the prompt's rounds first part: that round is said
     too); the τ cost said where one cause alone parts the rounds (it is then that cause's). The prompts come in
     order, so each merged finding's own words are its first prompt's."""
-    from dflash_audit.rounds import merge
-
     partings = partings or {}
 
     def at(prompt: int, round_no: int) -> str:

@@ -10,6 +10,8 @@ call is held to what `dflash_generate` feeds at that anchor:
 - the acceptance rule: the drafts the target's choice accepts, in order, and its bonus token.
 At the first round that parts from z-lab's (greedy), with all inputs z-lab's, the drafter's output is held to z-lab's
 drafter run on the same inputs; one that equals it with the sliding window taken off is named (the window ignored).
+Together they are the evaluator's localizer (`EvaluatorLocalizer`), under the rounds core's contract: the evaluator
+is a source of rounds (dflash_audit/rounds/) as an engine is.
 """
 
 from __future__ import annotations
