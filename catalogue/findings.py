@@ -115,6 +115,27 @@ def divergences(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == "divergence"]
 
 
+class FindingsReport:
+    """What every verb's report shares (the audit's, a trace's, an evaluation's, data-check's): its findings, the
+    divergences among them, and its exit status, like diff(1): 0 no divergence, 1 divergences. A report that also
+    counts divergences beside its own findings (`compare --serve`: the serving checks') says how many in
+    `other_divergences`."""
+
+    findings: list[Finding]
+
+    @property
+    def divergences(self) -> list[Finding]:
+        return divergences(self.findings)
+
+    @property
+    def other_divergences(self) -> int:
+        return 0
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.divergences or self.other_divergences else 0
+
+
 def sort_findings(findings: list[Finding]) -> list[Finding]:
     """Divergences first, then warnings, then info; stable within a severity."""
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))

@@ -116,6 +116,22 @@ def test_rounds_from_accepted_counts_stop_where_the_output_does():
     assert PromptRounds.from_accepted("p", [5], [1, 4]).rounds == [2, 5]
 
 
+def test_acceptance_per_position_counts_a_shrunk_last_block_only_where_it_drafted():
+    """The one definition (engines' live sections and an evaluator's T > 0 table alike): position j over the rounds
+    that drafted it; z-lab's last blocks, shrunk to the tokens left, are no rejection past what they drafted."""
+    from dflash_audit.rounds.match import per_position
+    from dflash_audit.trace.evaluation.tau import acceptance, position_gaps
+
+    # Three whole blocks of 3 drafts (adding 4, 1, 3 tokens), then a last block of 1 draft that was accepted (2).
+    assert per_position([4, 1, 3, 2], [3, 3, 3, 1]) == [3 / 4, 2 / 3, 1 / 3]
+    assert per_position([2], [1], positions=3) == [1.0, None, None]  # never drafted: unknown, not 0
+    # The evaluator's table: the same numbers from its prompts' (added, drafted) rounds.
+    rounds = [[(4, 3), (1, 3)], [(3, 3), (2, 1)]]
+    assert acceptance(rounds, 3) == [3 / 4, 2 / 3, 1 / 3]
+    gaps = position_gaps(rounds, rounds, 4)
+    assert [g.mean for g in gaps[:3]] == [0.0, 0.0, 0.0] and gaps[3] is None
+
+
 def test_findings_are_records_until_written():
     from catalogue.findings import Finding, serialized
     from dflash_audit.tau.declared import template_findings

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from catalogue.findings import Finding, divergences, sort_findings
+from catalogue.findings import Finding, FindingsReport, sort_findings
 from dflash_audit.audit.sides import Side
 from dflash_audit.audit.static import StaticAudit
 
 
 @dataclass
-class AuditReport:
+class AuditReport(FindingsReport):
     ours: Side
     ref: Side
     static: StaticAudit
@@ -26,19 +26,15 @@ class AuditReport:
         return sort_findings(self.static.findings + extra)
 
     @property
-    def divergences(self) -> list[Finding]:
-        return divergences(self.findings)
-
-    @property
     def serving_divergences(self) -> int:
         """`--serve` (and `--live`): serving divergences of either drafter on any engine, counted as `serve-check`
         counts them (a drafter an engine will not serve as trained diverges from what was audited)."""
         return sum(divergence_count(section) for section in (self.serving or {}).values())
 
     @property
-    def exit_status(self) -> int:
-        """Like diff(1): 0 no divergence, 1 divergences (the audit's own, or with `--serve` the serving ones)."""
-        return 1 if self.divergences or self.serving_divergences else 0
+    def other_divergences(self) -> int:
+        """The exit status counts the audit's own divergences, and with `--serve` the serving ones."""
+        return self.serving_divergences
 
 
 def divergence_count(section: dict[str, dict[str, Any]]) -> int:

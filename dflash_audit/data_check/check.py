@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from catalogue.findings import Finding, divergences, sort_findings
+from catalogue.findings import Finding, FindingsReport, sort_findings
 from dflash_audit.data_check.claims import Claim, id_of
 from dflash_audit.data_check.loss_mask import check_mask
 from dflash_audit.data_check.naming import State, StateBank, describe_depth
@@ -55,19 +55,11 @@ def issue_finding(key: str, issue: Issue, sampled: int, total: int) -> Finding:
 
 
 @dataclass
-class DataCheckReport:
+class DataCheckReport(FindingsReport):
     findings: list[Finding]
     facts: dict[str, Any]
     records: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def divergences(self) -> list[Finding]:
-        return divergences(self.findings)
-
-    @property
-    def exit_status(self) -> int:
-        return 1 if self.divergences else 0
 
 
 @dataclass

@@ -13,8 +13,9 @@ team's own evaluator recorded by `trace --eval`. It gives, per prompt (`source.P
 
 The source also says how to explain a parting round (`source.Localizer`): by value on what the drafter was fed
 (`by_value.FedLocalizer`, given `cite(kind)` -> the source's file:line for each input or module), by counterfactual
-replays (the llama.cpp source: an engine with no hook), and the near-tie rule (`ties.flip_near_ties`) for float sums
-breaking an argmax near-tie the other way.
+replays (the llama.cpp source: an engine with no hook), by an evaluator's own round-by-round checks (`trace --eval`:
+`dflash_audit/trace/evaluation/why.py`'s `EvaluatorLocalizer`), and the near-tie rule (`ties.flip_near_ties`) for
+float sums breaking an argmax near-tie the other way.
 
 The one assessment (`assess.assess`) takes the source and the audit's replay (`replay.zlab_replay`: z-lab's loop with
 the drafter as the audit has it, the same prompts, the same stop ids) and gives per prompt τ on both sides, the rounds

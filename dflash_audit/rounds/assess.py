@@ -76,5 +76,7 @@ def assess(source: RoundSource, audited: list, greedy: list[list[int]] | None = 
             findings += local.findings
         rows.append(row)
     identical = None if greedy is None else all(r["greedy_identical"] for r in rows)
-    return Assessment(rows, {"served": per_position(served_all, served_k),
-                             "audited": per_position(audited_all, audited_k)}, merge(findings), identical)
+    # Each side's positions up to the most it drafted (each drafted by some round: known), to 4 decimals as reported.
+    rates = {side: [round(rate, 4) for rate in per_position(lengths, drafted)]
+             for side, lengths, drafted in (("served", served_all, served_k), ("audited", audited_all, audited_k))}
+    return Assessment(rows, rates, merge(findings), identical)

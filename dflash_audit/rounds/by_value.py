@@ -250,11 +250,13 @@ class FedLocalizer:
     """A source's parting round localized by value, on what the source fed its drafter there (`PromptRounds.feed`):
     its inputs held to training (`input_findings`), then the drafter as the audit has it replayed on those very
     inputs, module by module, against what the source captured (`module_findings`). `cite(kind)`: where, in the
-    source, each kind (`CITED`) is made; `who`: the source as the findings name it ("the evaluator"). A round the source fed as trained, computed as trained, and still parted is
-    `unlocalized`, never guessed."""
+    source, each kind (`CITED`) is made. A round the source fed as trained, computed as trained, and still parted is
+    `unlocalized`, never guessed. (An evaluator, whose recording holds neither every context row nor its modules'
+    outputs, is localized under the same contract by its own checks: trace/evaluation/why.py's
+    `EvaluatorLocalizer`.)"""
 
-    def __init__(self, drafter, target, cite: Callable[[str], str], who: str = "the engine"):
-        self.drafter, self.target, self.cite, self.who = drafter, target, cite, who
+    def __init__(self, drafter, target, cite: Callable[[str], str]):
+        self.drafter, self.target, self.cite = drafter, target, cite
         self._replayed: tuple[tuple[int, ...], TargetReplay] | None = None  # one replay a prompt, not one a round
 
     def states(self, tokens: list[int]) -> TargetReplay:
@@ -279,6 +281,4 @@ class FedLocalizer:
                                "computed what the trained drafter computes on them, yet the round differs from the "
                                "audit's (the target's verification, or the audit's own earlier rounds)", None, "",
                                prompt.id, round_no)]
-        if self.who != "the engine":  # the findings' words name the source that ran the drafter
-            found = [replace(f, message=f.message.replace("the engine", self.who)) for f in found]
         return Localized(found, {"explained_by": [f.key for f in found]})

@@ -11,14 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-def per_position(rounds: list[int], drafted: list[int]) -> list[float]:
-    """Acceptance rate per draft position: position j is accepted in a round of length L when L - 1 > j,
-    counted over the rounds that drafted at least j + 1 tokens (`drafted`: how many each round drafted)."""
-    longest = max(drafted, default=0)
-    rates = []
-    for j in range(longest):
+def per_position(rounds: list[int], drafted: list[int], positions: int | None = None) -> list[float | None]:
+    """Acceptance rate per draft position, the one definition every source's rounds are reported by: draft position j
+    (0-based) is accepted in a round of length L (the bonus counted) when L - 1 > j, counted over the rounds that
+    drafted at least j + 1 tokens (`drafted`: how many each round drafted). A round that drafted fewer (z-lab's loop
+    shrinks its last blocks to the tokens left) is no rejection at the positions it did not draft. `positions`: how
+    many positions to give (default: the most any round drafted); one that no round drafted is None (unknown)."""
+    positions = max(drafted, default=0) if positions is None else positions
+    rates: list[float | None] = []
+    for j in range(positions):
         eligible = [length for length, n in zip(rounds, drafted, strict=True) if n > j]
-        rates.append(round(sum(length - 1 > j for length in eligible) / len(eligible), 4) if eligible else 0.0)
+        rates.append(sum(length - 1 > j for length in eligible) / len(eligible) if eligible else None)
     return rates
 
 

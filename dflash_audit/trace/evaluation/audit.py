@@ -23,16 +23,15 @@ from typing import Any
 
 import torch
 
-from catalogue.findings import Finding, divergences, sort_findings
+from catalogue.findings import Finding, FindingsReport, sort_findings
+from dflash_audit.rounds.assess import merge
 from dflash_audit.tau.along_context import DEFAULT_BIN_TOKENS
 from dflash_audit.trace.evaluation.manifest import check_vocabulary
 from dflash_audit.trace.evaluation.recorder import read_evaluation
 from dflash_audit.trace.evaluation.replay import TargetStates, zlab_replay
 from dflash_audit.trace.evaluation.rounds import SAME, PromptRun, rebuild, relative
-from dflash_audit.trace.evaluation.tau import identify, mean, mean_of_means, paired_statistic, position_gaps, per_position
-from dflash_audit.trace.evaluation.why import (PITFALLS, Cause, Reference, acceptance_cause, block_cause,
-                                         counterfactual_cause, drafts_cause, feature_cause, output_cause,
-                                         position_cause)
+from dflash_audit.trace.evaluation.tau import acceptance, identify, mean, mean_of_means, paired_statistic, position_gaps
+from dflash_audit.trace.evaluation.why import EvaluatorLocalizer, Reference
 from dflash_audit.target_values import tolerance
 from dflash_audit.trace.record.recording import compile_notes
 from foundation.atomic import atomic_write_bytes
@@ -43,7 +42,7 @@ INPUT_CHECKS = ("context_features", "block", "positions", "acceptance")
 
 
 @dataclass
-class EvaluationReport:
+class EvaluationReport(FindingsReport):
     findings: list[Finding]
     prompts: list[dict]
     tau: dict
@@ -51,14 +50,6 @@ class EvaluationReport:
     notes: list[str] = field(default_factory=list)
     positions: list[dict] = field(default_factory=list)
     along_context: dict = field(default_factory=dict)
-
-    @property
-    def divergences(self) -> list[Finding]:
-        return divergences(self.findings)
-
-    @property
-    def exit_status(self) -> int:
-        return 1 if self.divergences else 0
 
     def to_dict(self) -> dict[str, Any]:
         from dflash_audit.audit.report_json import _finite
@@ -239,9 +230,10 @@ def _sampled(runs: list[PromptRun]) -> bool:
 
 def _assess(recording, runs: list[PromptRun], ref: Reference, states_of, temperature: float, notes: list[str],
             drafter_path: Path, target_path: Path, entry: dict, bin_tokens: int) -> EvaluationReport:
-    causes: list[Cause] = []
+    localized: list[Finding] = []  # each prompt's causes, at their first rounds (the localizer's findings)
     prompts: list[dict] = []
     zlab_rounds, zlab_unstopped, their_rounds, all_replays = [], [], [], []
+    their_drafted, zlab_drafted = [], []  # per prompt, per observed round: (tokens added, tokens drafted)
     seeds = 1 if temperature == 0 else 8
     fixed_text = False
     # At T > 0 a prompt's last round is not observed (no verification follows it, and its acceptance was sampled):
@@ -253,30 +245,34 @@ def _assess(recording, runs: list[PromptRun], ref: Reference, states_of, tempera
     for run in runs:
         lengths = run.lengths
         their_rounds.append(observed(lengths))
+        their_drafted.append(observed([(r.produced, len(r.block) - 1) for r in run.rounds if r.produced is not None]))
         max_new = 1 + sum(lengths)
         replays = [zlab_replay(ref.twin, ref.target, run.prompt, max_new, ref.stop_ids, temperature, seed)
                    for seed in range(seeds)]
         zlab_rounds.append([n for r in replays for n in observed(r.lengths)])
+        zlab_drafted.append([pair for r in replays for pair in observed([(n.produced, len(n.block) - 1)
+                                                                          for n in r.rounds])])
         unstopped = replays[0]
         if replays[0].stopped and temperature == 0:
             unstopped = zlab_replay(ref.twin, ref.target, run.prompt, max_new, None)
         zlab_unstopped.append(unstopped.lengths)
         all_replays.append(replays[0])
-    # The comparison is the one core's for every source of rounds (dflash_audit/rounds/): this evaluator is one.
-    assessment = _core_assessment(recording, runs, all_replays, ref) if temperature == 0 else None
+    # The comparison is the one core's for every source of rounds (dflash_audit/rounds/): this evaluator is one, its
+    # localizer called at each prompt's first parting round; the prompts that never part are held round by round too.
+    localizer = EvaluatorLocalizer(ref, states_of, runs, temperature)
+    assessment = _core_assessment(recording, runs, all_replays, ref, localizer) if temperature == 0 else None
     for p, run in enumerate(runs):
         replay = all_replays[p]
-        states = states_of(run.sequence())
         parting = assessment.rows[p]["first_diff_round"] if assessment is not None else None
-        found = _round_causes(ref, states, run, parting, temperature)
-        causes.extend(found)
+        found = localizer.localized(p, parting)
+        localized.extend(found.findings)
         if any(r.kept and r.read_from == "next" and r.kept[-1] != r.target_argmax[min(r.produced - 1,
                len(r.target_argmax) - 1)] for r in run.rounds) and temperature == 0:
             fixed_text = True
         prompts.append({"prompt": run.index, "prompt_tokens": len(run.prompt), "rounds": run.lengths,
                         "zlab_rounds": replay.lengths, "tau": mean(run.lengths), "zlab_tau": mean(replay.lengths),
                         "first_parting_round": parting, "batch_row": run.row, "batch": run.batch,
-                        "causes": [c.key for c in found]})
+                        "causes": found.row["explained_by"]})
     given, printed = recording.manifest.get("tau"), recording.manifest.get("printed_tau")
     if given is None and printed is not None:  # no trace.tau: the figure the script printed last
         given = printed["value"]
@@ -285,7 +281,7 @@ def _assess(recording, runs: list[PromptRun], ref: Reference, states_of, tempera
                         zlab_rounds, zlab_unstopped if temperature == 0 and any(
                             a != b for a, b in zip(zlab_unstopped, zlab_rounds)) else None,
                         fixed_text, ref.block_size if temperature > 0 else None)
-    findings = _findings(causes, _tau_cost(their_rounds, zlab_rounds) if temperature == 0 else None,
+    findings = _findings(localized, _tau_cost(their_rounds, zlab_rounds) if temperature == 0 else None,
                          {p["prompt"]: p["first_parting_round"] for p in prompts})
     if identity.given is not None and not identity.named:
         findings.append(Finding("tau", "divergence", f"the evaluator's τ {identity.value:.4g} is no τ method on its "
@@ -299,8 +295,10 @@ def _assess(recording, runs: list[PromptRun], ref: Reference, states_of, tempera
     positions = []
     if temperature > 0:
         longest = ref.block_size - 1
-        theirs, zlab = per_position(their_rounds, longest), per_position(zlab_rounds, longest)
-        for k, gap in enumerate(position_gaps(their_rounds, zlab_rounds, longest), start=1):
+        theirs, zlab = acceptance(their_drafted, longest), acceptance(zlab_drafted, longest)
+        for k, gap in enumerate(position_gaps(their_drafted, zlab_drafted, longest), start=1):
+            if gap is None:  # a position one side never drafted: no rate to compare
+                continue
             positions.append({"position": k, "theirs": theirs[k - 1], "zlab": zlab[k - 1], "gap": gap.mean,
                               "low": gap.low, "high": gap.high, "beyond_noise": gap.beyond_noise})
         apart = [p for p in positions if p["beyond_noise"]]
@@ -331,16 +329,16 @@ def _signed(identity) -> str:
             f"{gap.n} prompts")
 
 
-def _core_assessment(recording, runs: list[PromptRun], replays, ref: Reference):
-    """The evaluator as a source of rounds (its prompts, rounds and drafted blocks) held by the one assessment to
-    z-lab's loop replayed (`dflash_generate`'s rounds and blocks as a `DecodeResult` each)."""
+def _core_assessment(recording, runs: list[PromptRun], replays, ref: Reference, localizer: EvaluatorLocalizer):
+    """The evaluator as a source of rounds (its prompts, rounds and drafted blocks, its localizer) held by the one
+    assessment to z-lab's loop replayed (`dflash_generate`'s rounds and blocks as a `DecodeResult` each)."""
     from dflash_audit.rounds import PromptRounds, RoundSource, assess
     from impl.decoding import DecodeResult
 
     script = next((a for a in recording.manifest.get("context", {}).get("argv", []) if a.endswith(".py")), "eval.py")
     source = RoundSource(Path(script).name, ref.block_size - 1, [
         PromptRounds(str(run.index), run.prompt, run.lengths, [r.block[1:] for r in run.rounds],
-                     run.sequence()[len(run.prompt):]) for run in runs])
+                     run.sequence()[len(run.prompt):]) for run in runs], localizer)
     audited = [DecodeResult(torch.tensor([replay.output]), len(run.prompt), replay.lengths,
                             {"proposals": [r.block[1:] for r in replay.rounds]}) for run, replay in zip(runs, replays)]
     return assess(source, audited)
@@ -362,46 +360,6 @@ def _along_context(runs: list[PromptRun], replays, ref: Reference, drafter_path:
     return {"theirs": theirs.to_dict(), "zlab": zlab.to_dict(), "table": theirs.table(), "zlab_table": zlab.table()}
 
 
-def _round_causes(ref: Reference, states: TargetStates, run: PromptRun, parting: int | None,
-                  temperature: float) -> list[Cause]:
-    """Every round's inputs held to z-lab's loop, up to the parting round (all rounds at T > 0); at the parting
-    round, with no input cause, the drafter's output and drafts. A cause is kept at its first round."""
-    found: dict[str, Cause] = {}
-    last = len(run.rounds) if parting is None else min(parting, len(run.rounds))
-    max_length = len(run.prompt) + 1 + sum(run.lengths)  # the evaluator's length (the loop's end, short of a stop)
-    for i, rnd in enumerate(run.rounds[:last]):
-        number = i + 1
-        near_end = all(len(r.block) < ref.block_size for r in run.rounds[i:])  # z-lab's blocks shorten at the end
-        checks = [feature_cause(ref, states, rnd, run, number),
-                  block_cause(ref, rnd, run, number, max_length if temperature == 0 else None, near_end),
-                  position_cause(ref, rnd, run, number)]
-        if temperature == 0:
-            checks.append(acceptance_cause(rnd, run, number))
-        for cause in checks:
-            if cause is not None and cause.key not in found:
-                found[cause.key] = cause
-    if parting is not None and not any(c.severity == "divergence" for c in found.values()):
-        if parting > len(run.rounds) or parting > 0 and run.rounds[parting - 1].produced is not None and \
-                _past_stop(run, parting, ref.stop_ids):
-            found["stop_ids"] = Cause("stop_ids", f"the evaluator goes on after the target's stop id "
-                                      f"({ref.stop_ids}); z-lab's loop stops there", run.index, parting)
-        else:
-            rnd = run.rounds[parting - 1]
-            cause = output_cause(ref, states, rnd, run, parting)
-            if cause is None or cause.key == "drafter":
-                cause = counterfactual_cause(ref, states, rnd, run, parting) or cause
-            cause = cause or drafts_cause(ref, rnd, run, parting)
-            found[(cause.key if cause else "unlocalized")] = cause or Cause(
-                "unlocalized", "the round parts with every input, the drafter's output and its drafts z-lab's",
-                run.index, parting)
-    return list(found.values())
-
-
-def _past_stop(run: PromptRun, parting: int, stop_ids: list[int]) -> bool:
-    before = run.sequence(parting - 1)[len(run.prompt):]
-    return any(t in stop_ids for t in before)
-
-
 def _tau_cost(their: list[list[int]], zlab: list[list[int]]) -> str:
     """What the evaluator's rounds cost in τ against z-lab's loop: z-lab's method on both, the paired interval."""
     gap = paired_statistic(len(their), lambda idx: mean_of_means([their[i] for i in idx]) -
@@ -411,31 +369,30 @@ def _tau_cost(their: list[list[int]], zlab: list[list[int]]) -> str:
             f"{gap.high:+.4g}] over {gap.n} prompt{'s' if gap.n != 1 else ''})")
 
 
-def _findings(causes: list[Cause], tau_cost: str | None = None,
+def _findings(localized: list[Finding], tau_cost: str | None = None,
               partings: dict[int, int | None] | None = None) -> list[Finding]:
-    """One finding per root cause, its prompts and first rounds listed (an input cause may show rounds before the
-    prompt's rounds first part: that round is said too); the τ cost said where one cause alone parts the rounds (it
-    is then that cause's)."""
+    """One finding per root cause (the localizer's findings merged, as the rounds core merges them), its prompts and
+    first rounds listed (an input cause may show rounds before the prompt's rounds first part: that round is said
+    too); the τ cost said where one cause alone parts the rounds (it is then that cause's). The prompts come in
+    order, so each merged finding's own words are its first prompt's."""
     partings = partings or {}
 
-    def at(c: Cause) -> str:
-        parting = partings.get(c.prompt)
-        return f"prompt {c.prompt} round {c.round}" + (f" (its rounds part at round {parting})"
-                                                       if parting and parting != c.round else "")
+    def at(prompt: int, round_no: int) -> str:
+        parting = partings.get(prompt)
+        return f"prompt {prompt} round {round_no}" + (f" (its rounds part at round {parting})"
+                                                      if parting and parting != round_no else "")
 
-    by_key: dict[str, list[Cause]] = {}
-    for cause in causes:
-        by_key.setdefault(cause.key, []).append(cause)
     findings = []
-    for key, group in by_key.items():
-        first = min(group, key=lambda c: (c.prompt, c.round))
-        where = ", ".join(at(c) for c in sorted(group, key=lambda c: c.prompt)[:6])
-        more = f" (and {len(group) - 6} more prompts)" if len(group) > 6 else ""
-        findings.append(Finding("evaluation", first.severity, f"{first.message} [first at {where}{more}]",
-                                first.size, None, PITFALLS.get(key), key,
-                                raw={**first.numbers, "prompt": first.prompt, "round": first.round,
-                                     "parting_round": partings.get(first.prompt)}, localized={},
-                                explanation=f"first parting: prompt {first.prompt}, round {first.round}"))
+    for cause in merge(localized):
+        places = sorted(zip(cause.localized["prompts"], cause.localized["rounds"]))
+        prompt, round_no = places[0]
+        where = ", ".join(at(*place) for place in places[:6])
+        more = f" (and {len(places) - 6} more prompts)" if len(places) > 6 else ""
+        findings.append(Finding("evaluation", cause.severity, f"{cause.message} [first at {where}{more}]",
+                                cause.ours, None, cause.pitfall, cause.key,
+                                raw={**cause.raw, "prompt": prompt, "round": round_no,
+                                     "parting_round": partings.get(prompt)}, localized={},
+                                explanation=f"first parting: prompt {prompt}, round {round_no}"))
     divergent = [f for f in findings if f.severity == "divergence"]
     if tau_cost is not None and len(divergent) == 1:
         divergent[0].message += f"; {tau_cost}"

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dflash_audit.audit.tau_stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, PairedInterval
+from dflash_audit.rounds.match import per_position
 
 MATCH = 5e-3  # a figure printed to two decimals is within half its last digit of the value it rounds
 ZLAB = "z-lab's: the mean of per-prompt means, the bonus token counted"
@@ -130,29 +131,36 @@ def identify(given, their: list[list[int]], zlab: list[list[int]], zlab_unstoppe
     return TauIdentity(given, named, nearest, value, zlab_value, values[found[0].name], gap, values)
 
 
-def per_position(rounds: list[list[int]], positions: int) -> list[float]:
-    """Fraction of rounds whose k-th draft was accepted (k = 1..positions): length > k, the bonus counted."""
-    flat = [n for r in rounds for n in r]
-    return [mean([float(n > k) for n in flat]) for k in range(1, positions + 1)]
+Drafted = list[list[tuple[int, int]]]  # per prompt, per round: (tokens it added, the bonus counted; tokens it drafted)
 
 
-def position_gaps(their: list[list[int]], zlab: list[list[int]], positions: int) -> list[PairedInterval]:
+def acceptance(rounds: Drafted, positions: int) -> list[float | None]:
+    """Acceptance per draft position k = 1..positions over every prompt's rounds, the rounds core's one definition
+    (`rounds.match.per_position`: over the rounds that drafted position k; None where none did)."""
+    flat = [pair for prompt in rounds for pair in prompt]
+    return per_position([n for n, _ in flat], [d for _, d in flat], positions)
+
+
+def position_gaps(their: Drafted, zlab: Drafted, positions: int) -> list[PairedInterval | None]:
     """At T > 0 a first parting round is undefined: per draft position, the evaluator's acceptance rate against
     z-lab's loop on the same prompts. Both are samples: each resample draws every prompt's rounds again, with
     replacement, on each side (a bootstrap stratified by prompt, same resamples, seed and percentiles as the τ
-    findings'), and the 95% interval of the rate difference is read from them."""
+    findings'), and the 95% interval of the rate difference is read from them (from the resamples where both sides
+    drafted the position; None: a position one side never drafted)."""
+    def gaps(a: Drafted, b: Drafted) -> list[float | None]:
+        return [None if x is None or y is None else x - y
+                for x, y in zip(acceptance(a, positions), acceptance(b, positions))]
+
     rng = random.Random(BOOTSTRAP_SEED)
     resampled = []
     for _ in range(BOOTSTRAP_RESAMPLES):
-        resampled.append(([rng.choices(r, k=len(r)) if r else [] for r in their],
-                          [rng.choices(r, k=len(r)) if r else [] for r in zlab]))
-    gaps = []
-    for k in range(1, positions + 1):
-        def difference(a, b, k=k):
-            return mean([float(n > k) for r in a for n in r]) - mean([float(n > k) for r in b for n in r])
-        values = sorted(difference(a, b) for a, b in resampled)
-        gaps.append(PairedInterval(difference(their, zlab), values[int(0.025 * BOOTSTRAP_RESAMPLES)],
-                                   values[int(0.975 * BOOTSTRAP_RESAMPLES) - 1], len(their),
-                                   "bootstrap of rounds within each prompt, both sides (2000 resamples, 95% "
-                                   "percentile interval of the acceptance-rate gap)"))
-    return gaps
+        resampled.append(gaps([rng.choices(r, k=len(r)) if r else [] for r in their],
+                              [rng.choices(r, k=len(r)) if r else [] for r in zlab]))
+    found: list[PairedInterval | None] = []
+    for k, gap in enumerate(gaps(their, zlab)):
+        values = sorted(g[k] for g in resampled if g[k] is not None)
+        found.append(None if gap is None or not values else PairedInterval(
+            gap, values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1], len(their),
+            "bootstrap of rounds within each prompt, both sides (2000 resamples, 95% percentile interval of the "
+            "acceptance-rate gap)"))
+    return found

@@ -10,14 +10,18 @@ call is held to what `dflash_generate` feeds at that anchor:
 - the acceptance rule: the drafts the target's choice accepts, in order, and its bonus token.
 At the first round that parts from z-lab's (greedy), with all inputs z-lab's, the drafter's output is held to z-lab's
 drafter run on the same inputs; one that equals it with the sliding window taken off is named (the window ignored).
+Together they are the evaluator's localizer (`EvaluatorLocalizer`), under the rounds core's contract: the evaluator
+is a source of rounds (dflash_audit/rounds/) as an engine is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from catalogue.findings import Finding
 from dflash_audit.audit.context_faults import PITFALLS as CONTEXT_PITFALLS
 from dflash_audit.audit.context_faults import ContextFault, context_faults, rebased, rebased_length
+from dflash_audit.rounds.source import Localized
 from dflash_audit.target_values import relative_rows
 from dflash_audit.trace.evaluation.replay import TargetStates, drafter_logits, drafter_shape, faulted_output
 from dflash_audit.trace.evaluation.rounds import SAME, PromptRun, Round
@@ -338,3 +342,82 @@ def counterfactual_cause(ref: Reference, states: TargetStates, rnd: Round, run: 
                              f"layer {layer}); z-lab feeds hidden_states[{hidden_state_index(layer)}]{how}",
                              run.index, number)
     return None
+
+
+# The rounds core's words for what a cause is (`Finding.localized["kind"]`): an input the drafter is fed, a rule of
+# the loop around it, a near-tie, no cause found; any other cause is the drafter's own computation ("module").
+KINDS = {"context_features": "input", "block": "input", "positions": "input", "acceptance": "convention",
+         "stop_ids": "convention", "tie": "tie", "unlocalized": "unlocalized"}
+
+
+def cause_finding(cause: Cause) -> Finding:
+    """One prompt's cause, at its first round, as the rounds core's localizers give theirs (`Localized.findings`)."""
+    return Finding("evaluation", cause.severity, cause.message, cause.size, None, PITFALLS.get(cause.key), cause.key,
+                   raw=dict(cause.numbers), localized={"kind": KINDS.get(cause.key, "module"), "prompt": cause.prompt,
+                                                       "round": cause.round})
+
+
+class EvaluatorLocalizer:
+    """The evaluator's localizer, under the rounds core's contract (`rounds.source.Localizer`: prompt `index`, at its
+    first round that parts from z-lab's loop, -> `Localized`), so the evaluator is a source of rounds like an engine:
+    every round's inputs up to the parting round held to z-lab's loop (the context features, the block, the
+    positions and, greedy, the acceptance rule), and at the parting round, with no input cause, the drafter's output,
+    a counterfactual replay, its drafts. An engine's `FedLocalizer` (rounds/by_value.py) needs every context row the
+    drafter attends to and its modules' outputs, which an evaluator's recording does not hold (docs/trace-eval.md).
+
+    Its findings are the evaluator's own (`evaluation`), one per cause at the cause's first round; `row`'s
+    `explained_by` their keys. A prompt whose rounds never part (or any prompt at T > 0, where no round is the first
+    to part) has its inputs held at every round all the same: `localized(index, None)`."""
+
+    def __init__(self, ref: Reference, states_of, runs: list[PromptRun], temperature: float):
+        self.ref, self.states_of, self.runs, self.temperature = ref, states_of, runs, temperature
+        self.found: dict[tuple[int, int | None], Localized] = {}  # the core's call and the report's read it once
+
+    def __call__(self, index: int, prompt, audited, round_no: int) -> Localized:
+        return self.localized(index, round_no)
+
+    def localized(self, index: int, parting: int | None) -> Localized:
+        if (index, parting) not in self.found:
+            causes = self.causes(self.runs[index], parting)
+            self.found[index, parting] = Localized([cause_finding(c) for c in causes],
+                                                   {"explained_by": [c.key for c in causes]})
+        return self.found[index, parting]
+
+    def causes(self, run: PromptRun, parting: int | None) -> list[Cause]:
+        """A cause is kept at its first round."""
+        ref, temperature = self.ref, self.temperature
+        states = self.states_of(run.sequence())
+        found: dict[str, Cause] = {}
+        last = len(run.rounds) if parting is None else min(parting, len(run.rounds))
+        max_length = len(run.prompt) + 1 + sum(run.lengths)  # the evaluator's length (the loop's end, short of a stop)
+        for i, rnd in enumerate(run.rounds[:last]):
+            number = i + 1
+            near_end = all(len(r.block) < ref.block_size for r in run.rounds[i:])  # z-lab's blocks shorten at the end
+            checks = [feature_cause(ref, states, rnd, run, number),
+                      block_cause(ref, rnd, run, number, max_length if temperature == 0 else None, near_end),
+                      position_cause(ref, rnd, run, number)]
+            if temperature == 0:
+                checks.append(acceptance_cause(rnd, run, number))
+            for cause in checks:
+                if cause is not None and cause.key not in found:
+                    found[cause.key] = cause
+        if parting is not None and not any(c.severity == "divergence" for c in found.values()):
+            if parting > len(run.rounds) or parting > 0 and run.rounds[parting - 1].produced is not None and \
+                    _past_stop(run, parting, ref.stop_ids):
+                found["stop_ids"] = Cause("stop_ids", f"the evaluator goes on after the target's stop id "
+                                          f"({ref.stop_ids}); z-lab's loop stops there", run.index, parting)
+            else:
+                rnd = run.rounds[parting - 1]
+                cause = output_cause(ref, states, rnd, run, parting)
+                if cause is None or cause.key == "drafter":
+                    cause = counterfactual_cause(ref, states, rnd, run, parting) or cause
+                cause = cause or drafts_cause(ref, rnd, run, parting)
+                found[(cause.key if cause else "unlocalized")] = cause or Cause(
+                    "unlocalized", "the round parts with every input, the drafter's output and its drafts z-lab's",
+                    run.index, parting)
+        return list(found.values())
+
+
+def _past_stop(run: PromptRun, parting: int, stop_ids: list[int]) -> bool:
+    before = run.sequence(parting - 1)[len(run.prompt):]
+    return any(t in stop_ids for t in before)

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from catalogue.findings import Finding, divergences, sort_findings
+from catalogue.findings import Finding, FindingsReport, sort_findings
 from dflash_audit.trace.step_audit.alignment import hold_alignment
 from dflash_audit.trace.step_audit.anchors import place_anchors
 from dflash_audit.trace.step_audit.blocks import read_blocks, unread_masks
@@ -54,20 +54,12 @@ __all__ = ["Reference", "StepState", "TensorRow", "TraceReport", "audit_recordin
 
 
 @dataclass
-class TraceReport:
+class TraceReport(FindingsReport):
     findings: list[Finding]
     tensors: list[TensorRow]
     facts: dict[str, Any]
     flow: dict[str, Any]
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def divergences(self) -> list[Finding]:
-        return divergences(self.findings)
-
-    @property
-    def exit_status(self) -> int:
-        return 1 if self.divergences else 0
 
 
 def audit_step(meta: dict, tensors: dict[str, torch.Tensor], cands: TargetCandidates, reference: Reference,
