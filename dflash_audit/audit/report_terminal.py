@@ -81,7 +81,9 @@ def prediction_line(prediction: dict[str, Any]) -> str:
         text += (f"the engine's reading of {keys}: predicted τ {prediction['predicted_tau']:.3f} (cost "
                  f"{prediction['predicted_cost']:.3f}), served τ {prediction['served_tau']:.3f}; every round as "
                  f"predicted on {prediction['prompts_as_predicted']}/{prediction['prompts']} prompts "
-                 f"({prediction['rounds_as_predicted']}/{prediction['rounds']} rounds)")
+                 f"({prediction['rounds_as_predicted']}/{prediction['rounds']} rounds"
+                 + (f", {prediction['rounds_apart']} near the budget's end apart" if prediction.get("rounds_apart")
+                    else "") + ")")
     return text + (f"{'; ' if keys else ''}not replayed (no setting of the audit's drafter for it): {left_out}"
                    if left_out else "")
 

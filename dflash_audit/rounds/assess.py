@@ -89,7 +89,7 @@ def assess(source: RoundSource, audited: list, greedy: list[list[int]] | None = 
             predicted_k += [len(b) for b in f_blocks] if prompt.blocks is not None else [k] * len(f_rounds)
             row.update(predicted_tau=round(forecast.tau, 4), predicted_rounds=list(f_rounds),
                        rounds_equal_predicted=predicted.rounds_equal,
-                       first_diff_round_predicted=predicted.first_diff_round)
+                       first_diff_round_predicted=predicted.first_diff_round, rounds_apart_predicted=predicted.apart)
             if parting is not None and (predicted.first_diff_round is None or predicted.first_diff_round > parting):
                 reading = prediction.finding(prompt.id, parting)  # the engine's reading reproduces the parting
                 findings.append(reading)

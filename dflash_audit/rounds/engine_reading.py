@@ -118,7 +118,7 @@ def folder_reading(engine: str, folder: Path, spec, target: Path | None = None, 
     it; a folder converted from our checkpoint is held to what it declares, as our trainer applies it). No reading
     where the folder has no config.json."""
     from serving_engines import TargetFacts
-    from serving_engines.key_verdict import covered, folder_view, key_readings
+    from serving_engines.key_verdict import covered, folder_view, honouring, key_readings
     from serving_engines.verdict import engine_report
 
     view = folder_view(folder) if Path(folder).is_dir() else None
@@ -129,8 +129,10 @@ def folder_reading(engine: str, folder: Path, spec, target: Path | None = None, 
                            reference=view.format if as_given else None)
     if not report.loads:
         return EngineReading(trained, trained)  # the engine refuses the drafter: its own line says so
+    # (the static check reads vLLM 0.33: each field's read cited in `engine`'s own code where its table has one)
     fields = [KeyReading("top", FIELD_KEYS[f.field], f.served, f.served, f.trained,
-                         effect(FIELD_KEYS[f.field], f.served, f.trained, view.top), (), True, f.source)
+                         effect(FIELD_KEYS[f.field], f.served, f.trained, view.top),
+                         tuple(honouring(engine, FIELD_KEYS[f.field], "top", view.family)), True, f.source)
               for f in report.findings if f.field in FIELD_KEYS and f.severity == "divergence"]
     keys = key_readings(engine, view, skip=lambda key: covered(key, report.served, report.trained))
     return engine_reading(trained, fields + keys)
