@@ -24,6 +24,7 @@ import pytest
 
 from serving_engines.live.vllm_env import DEFAULT_PYTHON
 
+# full: the same claims, without an engine, held faster by tests/test_engine_reading.py in `make test`.
 pytestmark = [pytest.mark.full,
               pytest.mark.skipif(not DEFAULT_PYTHON.is_file() and not os.environ.get("CI"),
                                  reason="run `make setup` to build .venv-vllm")]
