@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash_audit.rounds.assess import PARTING_FROM_PREDICTION
 from serving_engines.live.vllm_env import DEFAULT_PYTHON
 
 # full: the same claims, without an engine, held faster by tests/test_engine_reading.py in `make test`.
@@ -96,8 +97,10 @@ def test_as_shipped_what_parts_from_the_prediction_is_localized_against_it(live)
     assert served["prediction"]["predicted_tau"] == served["planted"][FIXED]["prediction"]["predicted_tau"]
     for row in served["prompts"]:
         assert row["first_diff_round_predicted"] is None or row["explained_by"], row
-    whats = {f.key for f in served["findings"]}
+    whats = {f.key: f for f in served["findings"]}
     assert "target_layer:3" in whats and not {f.kind for f in served["findings"]} & {"unlocalized"}, whats
+    # its rounds named as what they are: each prompt's first round parting from the prediction
+    assert whats["target_layer:3"].localized["at"] == PARTING_FROM_PREDICTION
 
 
 def test_a_sampling_only_key_costs_nothing_at_greedy_in_the_engine(live):

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from dflash_audit.rounds.engine_reading import Prediction
 
 
+# The words that name a finding's rounds when it was localized against the prediction (live_report.place_words).
+PARTING_FROM_PREDICTION = "first round parting from the prediction of"
+
+
 @dataclass
 class Assessment:
     rows: list[dict[str, Any]]  # per prompt: τ both sides, rounds compared/equal, the first parting round, ...
@@ -101,6 +105,9 @@ def assess(source: RoundSource, audited: list, greedy: list[list[int]] | None = 
             row.update(local.row)
             if explained:
                 row["explained_by"] = explained
+            if prediction is not None:  # its rounds are those parting from the prediction, which its words say
+                local.findings = [replace(f, localized={**f.localized, "at": PARTING_FROM_PREDICTION})
+                                  if "at" not in f.localized else f for f in local.findings]
             findings += local.findings
         rows.append(row)
     identical = None if greedy is None else all(r["greedy_identical"] for r in rows)
