@@ -17,11 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from dflash_audit.trace.record.hooks import Observer
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
 from foundation.transformers_compat import passed_cache
@@ -75,10 +77,17 @@ def _cpu(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True).contiguous()
 
 
-class EvaluationCapture:
-    """The evaluator's root calls, in order, each as {kind, module, ...} plus its tensors (copied)."""
+class EvaluationCapture(Observer):
+    """The evaluator's root calls, in order, each as {kind, module, ...} plus its tensors (copied). Added to the
+    process's hooks after the step recorder (record/hooks.py), whose reading of each module it shares:
+    `is_target_like(module)`, `enclosing` (the module calls in progress, the ending one taken off), and `began()`,
+    called at a drafter's call (an evaluation's round: the command is under way)."""
 
-    def __init__(self) -> None:
+    def __init__(self, is_target_like: Callable[[nn.Module], bool], enclosing: list[nn.Module],
+                 began: Callable[[], None]) -> None:
+        self.is_target_like = is_target_like
+        self.enclosing = enclosing
+        self.began = began
         self.events: list[dict] = []
         self.tensors: dict[str, torch.Tensor] = {}
         self.modules: dict[int, dict] = {}  # id(module) -> {"index", "class", "path", "facts", "fingerprints"}
@@ -91,6 +100,11 @@ class EvaluationCapture:
         self.apart: dict[int, bool] = {}
 
     # -- the calls ---------------------------------------------------------------------------------------------
+    def forward_leave(self, module, args, kwargs: dict, output) -> None:
+        self.call(module, args, kwargs, output, self.is_target_like(module), self.enclosing, self.is_target_like)
+        if self.events and self.events[-1]["kind"] == "drafter":
+            self.began()
+
     def call(self, module: nn.Module, args, kwargs, output, target_like: bool, enclosing: list[nn.Module],
              is_target_like) -> None:
         """One module call ending. Read: a target's call not inside another target call; the outermost call of a

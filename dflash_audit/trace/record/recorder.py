@@ -19,10 +19,8 @@ Only then is anything copied; the script's own names for its tensors are never n
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,11 +28,11 @@ import torch
 from torch import nn
 
 from dflash_audit.trace.evaluation.recorder import EvaluationCapture
+from dflash_audit.trace.record.hooks import HOOKS, Observer
 from dflash_audit.trace.record.marks import Mark, mark
 from dflash_audit.trace.record.options import RecorderOptions
 from dflash_audit.trace.record.recording import MANIFEST, write_error, write_recording
 
-COMPILED_WRAPPER_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 INSTALLED: list[Recorder] = []  # the recorder of this process (the bootstrap's, or a test's record_script)
 
 
@@ -109,7 +107,7 @@ def _key(t: torch.Tensor) -> tuple:
     return (t.device, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
-class Recorder:
+class Recorder(Observer):
     def __init__(self, out: Path, steps: int = 1, target: str | None = None, drafter_class: str | None = None,
                  late: bool = False, evaluation: bool = False, parity: int = 0, own_process: bool = False):
         self.out = Path(out)
@@ -131,16 +129,12 @@ class Recorder:
         self.trainable_depth = 0  # calls in progress of modules holding trainable weights
         self.call_no = 0  # outermost calls of such modules so far
         self.kinds: dict[int, tuple[bool, bool, bool, bool]] = {}
-        self.handles = []
+        self.installed = False  # its observers are added to the process's hooks (hooks.py)
         self.explicit = False  # the script calls trace.step(loss): the backwards are its own business
         self.pending: dict | None = None  # the step captured at its first backward, kept until the optimizer steps
         self.micro_batches = 0
         self.optimizers = 0  # optimizers made since install: with none, each backward is a step
-        self.saved_backward = None
-        self.saved_optimizer_init = None
-        self.saved_compile = None  # (the force_eager stance set, dynamo's optimize) until removed
-        self.warning_filter = None
-        self.compiled = False  # the script ran torch.compile'd code (eagerly, while recording)
+        self.compiled = False  # the script ran torch.compile'd code (eagerly, while recording: hooks.py)
         self.run = None  # the RunRecorder (run/recorder.py)
         # The target's forwards seen so far, each with the step it ran in, its token ids copied (an offline trainer
         # runs the target once, before its first step, and reads its states back in the later steps).
@@ -149,7 +143,7 @@ class Recorder:
         # An evaluation's calls (dflash_audit/trace/evaluation/recorder.py), captured until a training step shows the run is
         # a trainer's (its validation loop is not an evaluation); `evaluation`: --eval, backwards left alone.
         self.eval_only = evaluation
-        self.evaluation = EvaluationCapture() if self.rank == 0 else None
+        self.evaluation = EvaluationCapture(self._is_target_like, self.depth, self._begin) if self.rank == 0 else None
 
     @classmethod
     def from_options(cls, options: RecorderOptions, late: bool = False, own_process: bool = False) -> Recorder:
@@ -158,90 +152,43 @@ class Recorder:
 
     # -- hooks ---------------------------------------------------------------------------------------------------
     def install(self) -> Recorder:
-        from torch.nn.modules import module as module_api
-
-        from torch.optim import Optimizer
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        # Run eagerly under torch.compile (dynamo would trace the hooks' own bookkeeping into the graph).
-        enter, leave = torch._dynamo.disable(self._enter), torch._dynamo.disable(self._leave)
-        self._disable_compile()
-        self.handles = [module_api.register_module_forward_pre_hook(enter),
-                        module_api.register_module_forward_hook(leave, with_kwargs=True, always_call=True),
-                        register_optimizer_step_pre_hook(self._optimizer_step)]
-        self.saved_backward = torch.autograd.backward
-        backward, recorder = self.saved_backward, self
-
-        def traced_backward(tensors, *args, **kwargs):
-            if recorder.handles and not recorder.explicit and not recorder.eval_only:
-                recorder._backward(tensors)
-            return backward(tensors, *args, **kwargs)
-
-        torch.autograd.backward = traced_backward  # Tensor.backward calls it too (accelerate's, DeepSpeed's)
-        self.saved_optimizer_init = Optimizer.__init__
-        init = self.saved_optimizer_init
-
-        def counted_init(optimizer, *args, **kwargs):
-            init(optimizer, *args, **kwargs)
-            recorder.optimizers += 1
-
-        Optimizer.__init__ = counted_init
+        """The recorder, its evaluation capture and its run recorder added to the process's hooks (hooks.py), in
+        that order: each module call is seen by the recorder first, the run's facts read what it counted."""
+        HOOKS.add(self)
+        self.installed = True
+        if self.evaluation is not None:
+            HOOKS.add(self.evaluation)
         from dflash_audit.trace.run.recorder import RunRecorder
 
         self.run = RunRecorder(self, self.parity).install()  # what the run does across steps (optimizers, lr, clipping, ...)
         INSTALLED[:] = [self]
         return self
 
-    def _disable_compile(self) -> None:
-        """torch.compile'd code runs eagerly while recording: inside a compiled module no per-module hook fires (its
-        submodules are traced into one graph), so what the drafter consumed and produced would not be seen. Dynamo's
-        own switch, the compiler's "force_eager" stance, set for this process until the recorder is removed: every
-        torch.compile'd module or function (a drafter, a whole step, fullgraph or not, compiled before or after)
-        runs the same operations eagerly, and the script's objects stay what it made (an `OptimizedModule` keeps
-        its `_orig_mod`). `torch._dynamo.optimize` (what torch.compile and Module.compile call) is wrapped only to
-        note, for the report, that compiled code ran: each call of what it compiled enters its context's hooks. A
-        compile that never runs (speculators' DFlash module compiles `create_block_mask` on import, and an eager
-        attention never calls it) changed nothing the step did, so it is not said."""
-        dynamo = torch._dynamo
-        optimize, recorder = dynamo.optimize, self
-
-        def ran_compiled():
-            recorder.compiled = True
-            return lambda: None  # the hook's exit: nothing to undo
-
-        def noted_optimize(*args, **kwargs):
-            context = optimize(*args, **kwargs)
-            if isinstance(getattr(context, "enter_exit_hooks", None), list):  # none where dynamo is disabled
-                context.enter_exit_hooks.append(ran_compiled)
-            return context
-
-        self.saved_compile = (torch.compiler.set_stance("force_eager"), optimize)
-        dynamo.optimize = noted_optimize
-        # A compiled module warns on each call that global hooks fire once more for its wrapper: those are the
-        # recorder's own hooks, and the wrapper is unwrapped (`unwrap`); the user is not told about the tool's hooks.
-        warnings.filterwarnings("ignore", message=COMPILED_WRAPPER_WARNING, category=UserWarning)
-        self.warning_filter = warnings.filters[0]
-
     def remove(self) -> None:
-        from torch.optim import Optimizer
-
         if self.run is not None:
-            self.run.remove()  # its wrappers sit over the recorder's: taken off first
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-        if self.saved_compile is not None:
-            stance, torch._dynamo.optimize = self.saved_compile
-            stance.__exit__(None, None, None)  # the stance the process had before
-            self.saved_compile = None
-            with contextlib.suppress(ValueError):
-                warnings.filters.remove(self.warning_filter)
-        if self.saved_backward is not None:
-            torch.autograd.backward = self.saved_backward
-            Optimizer.__init__ = self.saved_optimizer_init
-            self.saved_backward = None
+            self.run.remove()
+        if self.evaluation is not None:
+            HOOKS.discard(self.evaluation)
+        HOOKS.discard(self)  # the last observer of the process: torch's own functions and hooks are back
+        self.installed = False
         if INSTALLED and INSTALLED[0] is self:
             INSTALLED.clear()
+
+    def _drop_evaluation(self) -> None:
+        """A training step: what ran before it (a validation loop) is no evaluation."""
+        if self.evaluation is not None:
+            HOOKS.discard(self.evaluation)
+            self.evaluation = None
+
+    def backward_begins(self, tensors) -> None:
+        if not self.explicit and not self.eval_only:
+            self._backward(tensors)
+
+    def optimizer_made(self, optimizer) -> None:
+        self.optimizers += 1
+
+    def compiled_code_ran(self) -> None:
+        self.compiled = True
 
     def _kind(self, module: nn.Module) -> tuple[bool, bool, bool, bool]:
         """(a target-like model, an embedding, has trainable weights of its own, any trainable weight below it)."""
@@ -254,7 +201,7 @@ class Recorder:
             self.kinds[id(module)] = kind
         return kind
 
-    def _enter(self, module, args):
+    def forward_enter(self, module, args) -> None:
         kind = self._kind(module)
         if not self.depth:
             self.calls.roots.setdefault(id(module), module)
@@ -266,16 +213,10 @@ class Recorder:
         if kind[0]:
             self.stack.append(module)
 
-    def _leave(self, module, args, *rest):
-        # (kwargs, output) as registered with_kwargs; torch.compile's dynamo calls a global hook without the kwargs
-        kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
+    def forward_leave(self, module, args, kwargs: dict, output) -> None:
         target_like, embedding, own_trainable, trainable = self._kind(module)
         if self.depth and self.depth[-1] is module:
-            self.depth.pop()
-        if self.evaluation is not None:
-            self.evaluation.call(module, args, kwargs, output, target_like, self.depth, self._is_target_like)
-            if not self.begun and self.evaluation.events and self.evaluation.events[-1]["kind"] == "drafter":
-                self._begin()  # an evaluation's first round: the command is under way
+            self.depth.pop()  # the evaluation capture, next, reads the calls still enclosing this one
         if trainable:
             self.trainable_depth = max(0, self.trainable_depth - 1)
         calls = self.calls
@@ -315,7 +256,7 @@ class Recorder:
         if self.eval_only:
             return
         self.explicit = True
-        self.evaluation = None
+        self._drop_evaluation()
         self.seen += 1
         self._begin()
         calls, self.calls = self.calls, StepCalls()
@@ -366,7 +307,7 @@ class Recorder:
         graph = walk_graph(loss)
         if not graph["params"]:
             return
-        self.evaluation = None  # a training step: what ran before it (a validation loop) is no evaluation
+        self._drop_evaluation()
         self._begin()
         calls, self.calls = self.calls, StepCalls()
         if self.pending is not None:  # accumulation: another micro-batch of the step the optimizer will close
@@ -403,10 +344,10 @@ class Recorder:
             self.pending["meta"]["entries"][prefix + name] = entry
         self.pending["meta"]["loss"] += record["meta"]["loss"]
 
-    def _optimizer_step(self, optimizer, args, kwargs) -> None:
-        if self.handles and self.run is not None:
-            self.run.optimizer_step(optimizer)
-        if self.handles and self.pending is not None and not self.explicit:
+    def optimizer_step(self, optimizer) -> None:
+        if self.run is not None:  # the run's facts of the step, before the step is closed (and perhaps the script)
+            self.run.step_facts(optimizer)
+        if self.pending is not None and not self.explicit:
             self._close_step()
             self._after_step()
 
@@ -422,7 +363,7 @@ class Recorder:
         """The script ran to its end (`--steps 0`, or fewer steps than asked): write what was recorded."""
         if self.own_process:
             mark(Mark.EXITED)  # Python's normal exit was reached (os._exit never gets here)
-        if self.pending is not None and self.handles:
+        if self.pending is not None and self.installed:
             try:
                 self._close_step()
             except TraceStop:

@@ -22,6 +22,8 @@ import json
 import torch
 from torch import nn
 
+from dflash_audit.trace.record.hooks import Observer
+
 SPECULATORS_MODELS = "speculators.models."
 
 
@@ -53,8 +55,9 @@ def _plain(value):
     return {"unreadable": type(value).__name__}
 
 
-class BatchCapture:
-    """Called from the run recorder's hooks: `enter` as the drafter's outermost call begins, `leave` as it ends."""
+class BatchCapture(Observer):
+    """`enter`, called by the run recorder as the drafter's outermost call begins; `forward_leave`, from the process's
+    hooks (record/hooks.py) as module calls end, the drafter's among them."""
 
     def __init__(self):
         self.call: dict | None = None  # the call in progress
@@ -83,7 +86,7 @@ class BatchCapture:
             call["head"] = head.register_forward_hook(keep_logits)
         self.call = call
 
-    def leave(self, module: nn.Module, args: tuple, kwargs: dict, output) -> None:
+    def forward_leave(self, module: nn.Module, args: tuple, kwargs: dict, output) -> None:
         call = self.call
         if call is None or module is not call["module"]:
             return

@@ -27,6 +27,7 @@ from collections import Counter
 import torch
 from torch import nn
 
+from dflash_audit.trace.record.hooks import HOOKS, Observer
 from dflash_audit.trace.run.parity_capture import BatchCapture
 
 # Group settings recorded as they are (JSON-able scalars and tuples); the parameters themselves are named apart.
@@ -55,8 +56,8 @@ def _dtype(t: torch.Tensor) -> str:
     return _dtype_name(t.dtype)
 
 
-class RunRecorder:
-    """Installed by the step recorder (`Recorder.install`); `optimizer_step` is called from its optimizer hook."""
+class RunRecorder(Observer):
+    """Installed by the step recorder (`Recorder.install`), which calls `step_facts` at each optimizer step."""
 
     def __init__(self, recorder, parity: int = 0):
         self.recorder = recorder
@@ -78,78 +79,34 @@ class RunRecorder:
         self.autocast: set[tuple] = set()
         self.previous_sums: dict[int, tuple[float, float]] = {}
         self.in_step = False  # the step's first optimizer step() was seen; the next backward opens another
-        self.saved: dict = {}
-        self.handles = []
 
     # -- installing ----------------------------------------------------------------------------------------------
     def install(self) -> RunRecorder:
-        from torch.nn.modules import module as module_api
-        from torch.optim import Optimizer
-        from torch.optim.lr_scheduler import LRScheduler
-
-        run = self
-        self.handles = [module_api.register_module_forward_pre_hook(self._forward)]
+        """Added to the process's hooks (record/hooks.py) after the step recorder, with the parity's capture."""
+        HOOKS.add(self)
         if self.parity:
-            self.handles.append(module_api.register_module_forward_hook(self._forward_end, with_kwargs=True,
-                                                                        always_call=True))
-        backward = torch.autograd.backward
-        clip = torch.nn.utils.clip_grad_norm_
-        init, load = Optimizer.__init__, Optimizer.load_state_dict
-        scheduler_init, scheduler_load = LRScheduler.__init__, LRScheduler.load_state_dict
-        self.saved = {"backward": backward, "clip": clip, "init": init, "load": load,
-                      "scheduler_init": scheduler_init, "scheduler_load": scheduler_load}
-
-        def run_backward(tensors, *args, **kwargs):
-            result = backward(tensors, *args, **kwargs)
-            if run.handles:
-                run._after_backward(tensors)
-            return result
-
-        @functools.wraps(clip)
-        def run_clip(parameters, max_norm, norm_type=2.0, *args, **kwargs):
-            total = clip(parameters, max_norm, norm_type, *args, **kwargs)
-            if run.handles:
-                run.clip_calls.append({"max_norm": float(max_norm), "norm_type": float(norm_type),
-                                       "total_norm": float(total)})
-            return total
-
-        def counted_init(optimizer, *args, **kwargs):
-            init(optimizer, *args, **kwargs)
-            run._know_optimizer(optimizer)
-
-        def loaded_optimizer(optimizer, *args, **kwargs):
-            run.loaded["optimizer"] += 1
-            return load(optimizer, *args, **kwargs)
-
-        def counted_scheduler(scheduler, *args, **kwargs):
-            scheduler_init(scheduler, *args, **kwargs)
-            run.schedulers.append(weakref.ref(scheduler))
-
-        def loaded_scheduler(scheduler, *args, **kwargs):
-            run.loaded["scheduler"] += 1
-            return scheduler_load(scheduler, *args, **kwargs)
-
-        torch.autograd.backward = run_backward
-        torch.nn.utils.clip_grad_norm_ = run_clip
-        torch.nn.utils.clip_grad.clip_grad_norm_ = run_clip
-        Optimizer.__init__, Optimizer.load_state_dict = counted_init, loaded_optimizer
-        LRScheduler.__init__, LRScheduler.load_state_dict = counted_scheduler, loaded_scheduler
+            HOOKS.add(self.batches)
         return self
 
     def remove(self) -> None:
-        from torch.optim import Optimizer
-        from torch.optim.lr_scheduler import LRScheduler
+        HOOKS.discard(self.batches)
+        HOOKS.discard(self)
 
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-        if self.saved:
-            saved, self.saved = self.saved, {}
-            torch.autograd.backward = saved["backward"]
-            torch.nn.utils.clip_grad_norm_ = saved["clip"]
-            torch.nn.utils.clip_grad.clip_grad_norm_ = saved["clip"]
-            Optimizer.__init__, Optimizer.load_state_dict = saved["init"], saved["load"]
-            LRScheduler.__init__, LRScheduler.load_state_dict = saved["scheduler_init"], saved["scheduler_load"]
+    def optimizer_made(self, optimizer) -> None:
+        self._know_optimizer(optimizer)
+
+    def optimizer_loading(self, optimizer) -> None:
+        self.loaded["optimizer"] += 1
+
+    def scheduler_made(self, scheduler) -> None:
+        self.schedulers.append(weakref.ref(scheduler))
+
+    def scheduler_loading(self, scheduler) -> None:
+        self.loaded["scheduler"] += 1
+
+    def clipped(self, max_norm, norm_type, total) -> None:
+        self.clip_calls.append({"max_norm": float(max_norm), "norm_type": float(norm_type),
+                                "total_norm": float(total)})
 
     def _know_optimizer(self, optimizer) -> None:
         if not any(ref() is optimizer for ref in self.optimizers):
@@ -159,7 +116,7 @@ class RunRecorder:
         return [o for o in (ref() for ref in self.optimizers) if o is not None and o.param_groups]
 
     # -- what flows through a step -------------------------------------------------------------------------------
-    def _forward(self, module, args) -> None:
+    def forward_enter(self, module, args) -> None:
         if isinstance(module, nn.Embedding) and args and isinstance(args[0], torch.Tensor):
             ids = args[0].detach()
             self.embedded.append(hashlib.sha1(ids.to("cpu").contiguous().numpy().tobytes()).hexdigest()[:16])
@@ -172,12 +129,7 @@ class RunRecorder:
             if self.parity and len(self.parity_steps) <= self.parity:
                 self.batches.enter(module)
 
-    def _forward_end(self, module, args, *rest) -> None:
-        if self.batches.call is not None:
-            kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
-            self.batches.leave(module, args, kwargs, output)
-
-    def _after_backward(self, tensors) -> None:
+    def backward_ended(self, tensors) -> None:
         loss = tensors if isinstance(tensors, torch.Tensor) else None
         if loss is None or loss.numel() != 1 or not loss.is_floating_point():
             return
@@ -209,8 +161,9 @@ class RunRecorder:
         return float(torch.stack(grads).norm()) if grads else None
 
     # -- the optimizer step: one step's facts ---------------------------------------------------------------------
-    def optimizer_step(self, optimizer) -> None:
-        """Called from the recorder's global optimizer step pre-hook, before it closes the step."""
+    def step_facts(self, optimizer) -> None:
+        """The step's facts as its optimizer is about to apply: called by the step recorder (its `optimizer_step`,
+        torch's global optimizer step pre-hook), before it closes the step."""
         self._know_optimizer(optimizer)
         if self.in_step or (not self.backwards and not self.losses):
             return  # the step's second optimizer (Muon, then AdamW), or a step with no backward seen
