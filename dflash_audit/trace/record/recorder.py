@@ -29,6 +29,7 @@ from torch import nn
 
 from dflash_audit.trace.evaluation.recorder import EvaluationCapture
 from dflash_audit.trace.record.hooks import HOOKS, Observer
+from dflash_audit.trace.record.manifest import ManifestRefused
 from dflash_audit.trace.record.marks import Mark, mark
 from dflash_audit.trace.record.options import RecorderOptions
 from dflash_audit.trace.record.recording import MANIFEST, write_error, write_recording
@@ -272,8 +273,8 @@ class Recorder(Observer):
             record()
             if self.seen >= self.steps > 0:
                 write_recording(self.out, self.recorded, self._context())
-        except TraceRefused as exc:
-            write_error(self.out, str(exc), self.seen, exc.flag)
+        except (TraceRefused, ManifestRefused) as exc:
+            write_error(self.out, str(exc), self.seen, getattr(exc, "flag", None))
             self.remove()
             self._stop(3)
 
@@ -369,7 +370,10 @@ class Recorder(Observer):
             except TraceStop:
                 pass
         if self.rank == 0 and self.recorded and not (self.out / MANIFEST).exists():
-            write_recording(self.out, self.recorded, self._context())
+            try:
+                write_recording(self.out, self.recorded, self._context())
+            except ManifestRefused as exc:
+                write_error(self.out, str(exc), self.seen)
         elif self.rank == 0 and not self.recorded and self.evaluation is not None and self.evaluation.useful():
             self.evaluation.write(self.out, self._context())
 

@@ -70,6 +70,8 @@ def write_safetensors(path, tensors: dict, metadata: dict) -> None:
 
 
 def write_recording(out: Path, steps: list[dict], context: dict) -> None:
+    """The steps' tensors, then their manifest built through the model the reader checks (manifest.py);
+    manifest.ManifestRefused (one line) when what the recorder gathered is not a manifest that model takes."""
     from safetensors.torch import save_file
 
     out = Path(out)
@@ -82,12 +84,13 @@ def write_recording(out: Path, steps: list[dict], context: dict) -> None:
     import torch
     import transformers
 
-    manifest = {"schema": SCHEMA, "format": FORMAT, "tensors_file": TENSORS,
-                "tensors_bytes": (out / TENSORS).stat().st_size, "tensors_sha256": _sha256(out / TENSORS),
-                "tensor_payload_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
-                "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-                "context": context, "steps": [record["meta"] for record in steps]}
-    text = json.dumps(manifest, indent=1, default=str) + "\n"
+    from dflash_audit.trace.record.manifest import manifest_text
+
+    text = manifest_text({"schema": SCHEMA, "format": FORMAT, "tensors_file": TENSORS,
+                          "tensors_bytes": (out / TENSORS).stat().st_size, "tensors_sha256": _sha256(out / TENSORS),
+                          "tensor_payload_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+                          "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+                          "context": context, "steps": [record["meta"] for record in steps]})
     atomic_write_bytes(out / MANIFEST, lambda tmp: Path(tmp).write_text(text))
 
 
@@ -146,7 +149,9 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
     if manifest.get("format") != FORMAT:
         raise AuditError(f"{flag} {folder}: a recording of format {manifest.get('format')!r}; this version of "
                          f"dflash-audit reads format {FORMAT} (record it again)")
-    check_manifest(manifest, f"{flag} {folder}: {MANIFEST}")
+    from dflash_audit.trace.record.manifest import check_manifest
+
+    manifest = check_manifest(manifest, f"{flag} {folder}: {MANIFEST}")  # the shared model's, as plain dicts
     tensors_path = folder / str(manifest.get("tensors_file", TENSORS))
     if not tensors_path.is_file():
         raise AuditError(f"{flag} {folder}: {tensors_path.name} missing")
@@ -183,7 +188,7 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
 
 # What the audit reads of each role: token ids index the target's embedding; the drafter's inputs, its logits and
 # the loss's draft side are compared by value with the target's tensors, row by row.
-# The recorder runs the script's torch.compile'd code eagerly (recorder.py, `_disable_compile`): said in the report.
+# The recorder runs the script's torch.compile'd code eagerly (hooks.py, `_install_compile_stance`): said in the report.
 COMPILE_DISABLED = ("torch.compile was disabled while recording: the step ran eagerly, the same operations (in eager "
                     "kernels, so a value may differ from the compiled run's by rounding)")
 
@@ -211,56 +216,6 @@ def tensor_problem(tensor, entry: dict) -> str | None:
     if role in VALUE_ROLES and not tensor.is_floating_point():
         return f"({role}) holds {kind} values, not activations"
     return None
-
-
-def check_manifest(manifest: dict, where: str) -> None:
-    """The manifest holds what the audit reads, of the kinds it reads (the tensor file is hashed, the manifest is
-    not: an edited one is refused here in one line, never a fault further on)."""
-    from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-    class Part(BaseModel):
-        model_config = ConfigDict(extra="allow")
-
-    class Entry(Part):
-        role: str
-        shape: list[int]
-        dtype: str
-
-    class Facts(Part):
-        facts: dict[str, bool | int | list[int] | None]  # what recorder._config_facts writes
-        placement: list[str]  # the devices it ran on (the summary names them)
-
-    class Drafter(Facts):
-        class_: str = Field(alias="class")
-        depth_from: str | None = None  # where its depth was read, when its config declares none
-
-    class Target(Facts):
-        path: str
-        dtype: str = "float32"
-
-    class Step(Part):
-        loss: float
-        entries: dict[str, Entry]
-        drafter: Drafter
-        target: Target
-
-    class Manifest(Part):
-        tensors_file: str = Field(TENSORS, pattern=r"^[^/\\]+$")  # a name in the folder, nothing outside it
-        steps: list[Step] = Field(min_length=1)
-        context: dict = {}
-
-    try:
-        Manifest.model_validate(manifest)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        loc = [str(part) for part in error["loc"]]
-        union = [e for e in exc.errors() if [str(part) for part in e["loc"]][:len(loc) - 1] == loc[:-1]]
-        if len(union) > 1:  # a union's members each refused it: say the value, not the members' messages
-            loc, what = loc[:-1], f"a value of the wrong kind ({error['input']!r:.40})"
-        else:
-            what = error["msg"].lower()
-        raise AuditError(f"{where}: {'.'.join(loc) or 'the top level'}: {what} (not what a recording of format "
-                         f"{FORMAT} holds; record it again)") from None
 
 
 def foreign_entries(out: Path) -> list[str]:
