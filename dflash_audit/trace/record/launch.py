@@ -162,11 +162,13 @@ def python_switches(words: list[str]) -> str:
 
 def record_script(script: Path, argv: list[str], out: Path, steps: int = 1, target: Path | None = None,
                   drafter_class: str | None = None, evaluation: bool = False, parity: int = 0) -> None:
-    """Run a Python training script in this process under the recorder (the same hooks as the bootstrap)."""
+    """Run a Python training script in this process under the recorder (the same hooks, and the same validated
+    options, as the bootstrap's)."""
     from dflash_audit.trace.record.recorder import Recorder, TraceStop
 
-    recorder = Recorder(Path(out), steps=steps, target=str(target) if target else None,
-                        drafter_class=drafter_class, evaluation=evaluation, parity=parity).install()
+    options = RecorderOptions(out=Path(out).resolve(), steps=steps, target=str(target) if target else None,
+                              drafter_class=drafter_class, evaluation=evaluation, parity=parity)
+    recorder = Recorder.from_options(options).install()
     saved_argv, saved_env = sys.argv, os.environ.get(ENV_OUT)
     sys.argv = [str(script), *argv]
     os.environ[ENV_OUT] = str(Path(out).resolve())  # as in the verb's child: `trace.step` hands the loss over
