@@ -71,10 +71,6 @@ class TorchHooks:
         self.observers: list[Observer] = []
         self.undo: list[Callable[[], None]] = []  # each patch's removal, in the order they were put on
 
-    @property
-    def installed(self) -> bool:
-        return bool(self.undo)
-
     def observing(self, observer: Observer) -> bool:
         return any(o is observer for o in self.observers)
 
