@@ -37,6 +37,7 @@ def run(target: Path, steps: int, out: Path | None) -> float:
     """Wall time of the trainer for `steps` steps in this process (traced into `out` when given)."""
     import os
 
+    from dflash_audit.trace.record.options import RecorderOptions
     from dflash_audit.trace.record.recorder import Recorder
     from dflash_audit.trace.record.recording import ENV_OUT
 
@@ -44,7 +45,7 @@ def run(target: Path, steps: int, out: Path | None) -> float:
     recorder = None
     if out is not None:
         os.environ[ENV_OUT] = str(out)
-        recorder = Recorder(out, steps=0).install()
+        recorder = Recorder.from_options(RecorderOptions(out=Path(out).resolve(), steps=0)).install()
     started = time.perf_counter()
     try:
         runpy.run_path(str(TRAINER), run_name="__main__")
