@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from dflash_audit.trace.record.manifest import ManifestRefused, check_manifest, manifest_text
+from dflash_audit.trace.record.manifest import Manifest, ManifestRefused, manifest_text
+from dflash_audit.trace.record.recording import TENSORS, check_manifest
 from foundation.errors import AuditError
 
 
@@ -39,6 +40,7 @@ def test_the_reader_hands_back_what_the_writer_built():
     assert text == json.dumps(manifest, indent=1) + "\n"  # the file as before: same keys, values, order
     read = check_manifest(json.loads(text), "--from rec: manifest.json")
     assert json.dumps(read) == json.dumps(manifest)
+    assert Manifest.model_fields["tensors_file"].default == TENSORS  # the name the reader falls back on
 
 
 @pytest.mark.parametrize("edit, place", [

@@ -1,5 +1,5 @@
 """A trace recording's `manifest.json` as one pydantic model, `Manifest`: the recorder's writer builds it through the
-model (recording.py `write_recording`) and the reader validates what it reads with the same (`read_recording`), then
+model (recording.py `write_recording`) and the reader validates what it reads with the same (`check_manifest`), then
 hands the audit the validated model as plain dicts, with the keys the file has, in its order.
 
 Declared: what the writer writes and the audit reads. The manifest is not hashed (the tensor file is): an edited one
@@ -9,12 +9,11 @@ recorder writes, each tensor entry's role-specific keys (its device, module, cal
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dflash_audit.trace.record.recording import FORMAT, TENSORS
-from foundation.errors import AuditError
 
 
 class _Part(BaseModel):
@@ -64,7 +63,9 @@ class Step(_Part):
 class Manifest(_Part):
     schema_: str | None = Field(None, alias="schema")
     format: int | None = None
-    tensors_file: str = Field(TENSORS, pattern=r"^[^/\\]+$")  # a name in the folder, nothing outside it
+    # A name in the folder, nothing outside it; the writer's is recording.py's TENSORS (this module imports nothing
+    # of recording.py, which imports it).
+    tensors_file: str = Field("recording.safetensors", pattern=r"^[^/\\]+$")
     tensors_bytes: int | None = None
     tensors_sha256: str | None = None
     tensor_payload_bytes: int | None = None  # the tensors' own bytes (audit_memory.py)
@@ -95,8 +96,6 @@ def _plain(manifest: Manifest) -> dict:
 
 def manifest_text(manifest: dict) -> str:
     """What the writer puts in `manifest.json`: `manifest` built through the model; ManifestRefused otherwise."""
-    import json
-
     try:
         built = Manifest.model_validate(manifest)
     except ValidationError as exc:
@@ -105,10 +104,7 @@ def manifest_text(manifest: dict) -> str:
     return json.dumps(_plain(built), indent=1, default=str) + "\n"
 
 
-def check_manifest(manifest: dict, where: str) -> dict:
-    """The manifest the audit reads: validated whole, as plain dicts; AuditError (one line) otherwise."""
-    try:
-        return _plain(Manifest.model_validate(manifest))
-    except ValidationError as exc:
-        raise AuditError(f"{where}: {manifest_problem(exc)} (not what a recording of format {FORMAT} holds; record it "
-                    "again)") from None
+def validated(manifest: dict) -> dict:
+    """The manifest the audit reads: validated whole by the model, as plain dicts (pydantic's ValidationError
+    otherwise: recording.py `check_manifest` says it in one line)."""
+    return _plain(Manifest.model_validate(manifest))

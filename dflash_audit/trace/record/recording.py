@@ -149,8 +149,6 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
     if manifest.get("format") != FORMAT:
         raise AuditError(f"{flag} {folder}: a recording of format {manifest.get('format')!r}; this version of "
                          f"dflash-audit reads format {FORMAT} (record it again)")
-    from dflash_audit.trace.record.manifest import check_manifest
-
     manifest = check_manifest(manifest, f"{flag} {folder}: {MANIFEST}")  # the shared model's, as plain dicts
     tensors_path = folder / str(manifest.get("tensors_file", TENSORS))
     if not tensors_path.is_file():
@@ -216,6 +214,21 @@ def tensor_problem(tensor, entry: dict) -> str | None:
     if role in VALUE_ROLES and not tensor.is_floating_point():
         return f"({role}) holds {kind} values, not activations"
     return None
+
+
+def check_manifest(manifest: dict, where: str) -> dict:
+    """The manifest holds what the audit reads, of the kinds it reads (manifest.py's model, the writer's): the audit
+    gets it as plain dicts. The tensor file is hashed, the manifest is not: an edited one is refused here in one
+    line, never a fault further on."""
+    from pydantic import ValidationError
+
+    from dflash_audit.trace.record.manifest import manifest_problem, validated
+
+    try:
+        return validated(manifest)
+    except ValidationError as exc:
+        raise AuditError(f"{where}: {manifest_problem(exc)} (not what a recording of format {FORMAT} holds; record "
+                         "it again)") from None
 
 
 def foreign_entries(out: Path) -> list[str]:
