@@ -3,7 +3,7 @@ model (recording.py `write_recording`) and the reader validates what it reads wi
 hands the audit the validated model as plain dicts, with the keys the file has, in its order.
 
 Declared: what the writer writes and the audit reads. The manifest is not hashed (the tensor file is): an edited one
-is refused here in one line, never a fault further on. Kept as they are (`extra="allow"`): the rest of what the
+is refused by this model, in one line (recording.py `check_manifest`), never a fault further on. Kept as they are (`extra="allow"`): the rest of what the
 recorder writes, each tensor entry's role-specific keys (its device, module, call, node, ...) and the run's facts in
 `context`, read by the step's and the run's audits."""
 
@@ -13,7 +13,6 @@ import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 
 
 class _Part(BaseModel):
