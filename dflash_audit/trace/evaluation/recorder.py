@@ -14,7 +14,6 @@ margin): the audit needs the target's choice at each verified position, not its 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -24,6 +23,7 @@ import torch
 from torch import nn
 
 from dflash_audit.trace.record.hooks import Observer
+from dflash_audit.trace.record.recording import file_sha256
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
 from foundation.transformers_compat import passed_cache
@@ -230,7 +230,7 @@ class EvaluationCapture(Observer):
         atomic_write_bytes(out / TENSORS, lambda tmp: save_file(self.tensors, tmp, metadata={"schema": SCHEMA}))
         target = self.modules.get(id(self.target), {}) if self.target is not None else {}
         manifest = {"schema": SCHEMA, "format": FORMAT, "tensors_file": TENSORS,
-                    "tensors_bytes": (out / TENSORS).stat().st_size, "tensors_sha256": _sha256(out / TENSORS),
+                    "tensors_bytes": (out / TENSORS).stat().st_size, "tensors_sha256": file_sha256(out / TENSORS),
                     "context": context, "target": {"path": target.get("path", ""),
                                                    "dtype": str(next(self.target.parameters()).dtype)
                                                    .replace("torch.", "") if self.target is not None else ""},
@@ -238,14 +238,6 @@ class EvaluationCapture(Observer):
                     "tau": self.tau, "events": self.events}
         text = json.dumps(manifest, indent=1, default=str) + "\n"
         atomic_write_bytes(out / MANIFEST, lambda tmp: Path(tmp).write_text(text))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def tau_value(tau) -> float | list[float]:
@@ -296,7 +288,7 @@ def read_evaluation(folder: Path, flag: str = "--from") -> EvaluationRecording:
     if not tensors_path.is_file():
         raise AuditError(f"{flag} {folder}: {TENSORS} missing")
     size = tensors_path.stat().st_size
-    if size != manifest.get("tensors_bytes") or _sha256(tensors_path) != manifest.get("tensors_sha256"):
+    if size != manifest.get("tensors_bytes") or file_sha256(tensors_path) != manifest.get("tensors_sha256"):
         raise AuditError(f"{flag} {folder}: {TENSORS} is truncated or changed ({size} bytes, the manifest recorded "
                          f"{manifest.get('tensors_bytes')})")
     from safetensors.torch import load_file

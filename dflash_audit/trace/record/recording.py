@@ -29,7 +29,8 @@ ERROR_SCHEMA = "dflash-audit/trace-error/1"
 OWN_FILES = (MANIFEST, TENSORS, ERROR, PARITY, "report.json", "index.html", "evaluation.json", "evaluation.safetensors")
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read a MiB at a time (a recording's tensors may not fit twice in memory)."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
@@ -87,7 +88,7 @@ def write_recording(out: Path, steps: list[dict], context: dict) -> None:
     from dflash_audit.trace.record.manifest import manifest_text
 
     text = manifest_text({"schema": SCHEMA, "format": FORMAT, "tensors_file": TENSORS,
-                          "tensors_bytes": (out / TENSORS).stat().st_size, "tensors_sha256": _sha256(out / TENSORS),
+                          "tensors_bytes": (out / TENSORS).stat().st_size, "tensors_sha256": file_sha256(out / TENSORS),
                           "tensor_payload_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
                           "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
                           "context": context, "steps": [record["meta"] for record in steps]})
@@ -154,7 +155,7 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
     if not tensors_path.is_file():
         raise AuditError(f"{flag} {folder}: {tensors_path.name} missing")
     size = tensors_path.stat().st_size
-    if size != manifest.get("tensors_bytes") or _sha256(tensors_path) != manifest.get("tensors_sha256"):
+    if size != manifest.get("tensors_bytes") or file_sha256(tensors_path) != manifest.get("tensors_sha256"):
         raise AuditError(f"{flag} {folder}: {tensors_path.name} is truncated or changed ({size} bytes, the "
                          f"manifest recorded {manifest.get('tensors_bytes')})")
     from dflash_audit.trace.record.audit_memory import check_fits
