@@ -15,16 +15,10 @@ import json
 import time
 from pathlib import Path
 
-import torch
-from transformers import AutoTokenizer, Qwen3ForCausalLM
-
-from foundation.atomic import atomic_directory
 from foundation.cache_dir import build_once
-from foundation.transformers_compat import from_pretrained
 
 from .corpus import stdlib_corpus
 from .kernel_pins import run_pinned
-from .target_training import STATS_FILE, _train, pack_tokens
 from .world_cache import WorldPaths
 from .world_prompts import write_prompts_jsonl
 
@@ -44,6 +38,14 @@ def long_target_dir(world: WorldPaths) -> Path:
 def train_long_target(world: WorldPaths, progress: bool = False) -> Path:
     """`<world>/target-long/`: the test target trained on for LONG_TARGET's steps on rows of its full length
     (`pinned_build`'s job: the caller holds the lock and the pins)."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    from foundation.atomic import atomic_directory
+    from foundation.transformers_compat import from_pretrained
+
+    from .target_training import STATS_FILE, _train, pack_tokens
+
     out = long_target_dir(world)
     started = time.monotonic()
     settings = LONG_TARGET
@@ -102,6 +104,8 @@ def cached_long_prompts(world: WorldPaths) -> Path:
     path = world.root / LONG_PROMPTS_FILE
 
     def write() -> Path:
+        from transformers import AutoTokenizer
+
         write_prompts_jsonl(path, long_prompts(AutoTokenizer.from_pretrained(world.target)))
         return path
 

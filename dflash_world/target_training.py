@@ -15,17 +15,7 @@ from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
 from foundation.atomic import atomic_directory
 
-# The embedded demo: about 3 minutes on 2 idle CPU cores (0.29 s a step), final loss 4.3.
-# lr 3e-3 beat 2e-3 and 5e-3; at equal tokens, batch 4 beat batch 8 (steps count most here).
-DEMO_TARGET = dict(
-    hidden_size=256, num_layers=6, heads=4, kv_heads=2, head_dim=64, intermediate_size=768,
-    seq_len=256, steps=600, batch_size=4, lr=3e-3, seed=0,
-)
-# The test-suite's target: about 40 s on 2 idle CPU cores (0.08 s a step), final loss 4.7.
-TEST_TARGET = dict(
-    hidden_size=128, num_layers=4, heads=4, kv_heads=2, head_dim=32, intermediate_size=384,
-    seq_len=256, steps=400, batch_size=4, lr=3e-3, seed=0,
-)
+from .presets import DEMO_TARGET, TEST_TARGET  # noqa: F401 (their home before presets.py; still imported from here)
 
 STATS_FILE = "build_stats.json"
 WARMUP_FRACTION = 0.05

@@ -7,11 +7,12 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from .presets import DEFAULT_VOCAB_SIZE
+
 EOS_TOKEN = "<|endoftext|>"
 # DFlash drafters fill the not-yet-drafted positions of a block with this token.
 MASK_TOKEN = "<|mask|>"
 SPECIAL_TOKENS = (EOS_TOKEN, MASK_TOKEN)  # ids 0 and 1
-DEFAULT_VOCAB_SIZE = 2048
 
 
 def train_tokenizer(

@@ -13,8 +13,7 @@ from foundation.cache_dir import build_once, cache_root
 from .corpus import DEFAULT_MAX_BYTES, stdlib_corpus
 from .kernel_pins import run_pinned
 from .world_prompts import heldout_prompts, write_prompts_jsonl
-from .target_training import TEST_TARGET, build_target
-from .tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
+from .presets import DEFAULT_VOCAB_SIZE, TEST_TARGET
 
 # Bump when the builders change what they produce, so stale caches are not reused.
 WORLD_FORMAT = 2
@@ -50,6 +49,9 @@ def build_world(root: str | Path, preset: dict, *, vocab_size: int = DEFAULT_VOC
     paths = WorldPaths.under(Path(root))
     if paths.complete():
         return paths
+    from .target_training import build_target  # torch and transformers: only when something is to be built
+    from .tokenizer import train_tokenizer
+
     texts = stdlib_corpus("train", max_bytes=max_bytes)
     if not (paths.target / "config.json").is_file():
         tokenizer = train_tokenizer(texts, vocab_size=vocab_size)

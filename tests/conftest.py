@@ -94,17 +94,24 @@ def refusal_scan(request, unforeseen_log):
         assert not found, "refusals that are defects:\n" + "\n".join(found)
 
 
-# The live engine runs are the session's longest setups (vLLM's some minutes): they go first, so that the xdist worker
-# that takes them starts them at once while the other works through the rest (work-stealing then evens the two out),
-# never last, with nothing left to overlap them. A stable sort: every worker collects the same order.
-ENGINE_MODULES = ("test_live_check", "test_live_llamacpp")
+# The session's longest modules (the live engine runs, vLLM's some minutes; the corpus of every finding; the reference
+# pipeline; torchrun's) go first, longest first, so that the xdist worker that takes them starts them at once while
+# the other works through the many short ones (work-stealing takes from the end of a worker's queue, so the two then
+# even out on short tests), never last, with nothing left to overlap them. Each module stays whole (its module-scoped
+# fixtures are built once). A stable sort on names: every worker collects the same order, whatever the machine.
+LONG_MODULES = ("test_every_finding", "test_reference_pipeline", "test_modelopt_golden", "test_live_long",
+                "test_torchrun_cli", "test_vllm_hidden_states", "test_live_check", "test_live_llamacpp")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1] in QUICK_MODULES:
             item.add_marker(pytest.mark.quick)
-    items.sort(key=lambda item: item.module.__name__.rsplit(".", 1)[-1] not in ENGINE_MODULES)
+    def rank(item) -> int:
+        name = item.module.__name__.rsplit(".", 1)[-1]
+        return LONG_MODULES.index(name) if name in LONG_MODULES else len(LONG_MODULES)
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")

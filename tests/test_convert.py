@@ -110,3 +110,17 @@ def test_cli_convert_and_its_errors(tmp_path, ours_pt, target_dir, capsys):
     assert main(["convert", "--from", str(ours_pt), "--to", str(tmp_path / "s3"), "--format", "speculators",
                  "--target", str(small)]) == 2
     assert "built for a target of 6 layers, this one has 4" in capsys.readouterr().err
+
+
+def test_a_target_folder_without_weights_is_refused_for_speculators(tmp_path, ours_pt, target_dir, capsys):
+    """speculators' format records the verifier's weights: a target folder holding its config alone is one line
+    (exit 2) naming what is missing, and nothing is written."""
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text((target_dir / "config.json").read_text())
+    assert main(["convert", "--from", str(ours_pt), "--to", str(tmp_path / "spec"), "--format", "speculators",
+                 "--target", str(config_only)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dflash-audit: error: ")
+    assert "no model.safetensors.index.json and no model.safetensors" in err, err
+    assert not (tmp_path / "spec").exists()

@@ -58,6 +58,10 @@ def test_reduced_demo_names_exactly_the_planted_divergences(test_world, tmp_path
     assert all(p.stat().st_mtime_ns == stamp for p, stamp in stamps.items())
 
 
+# Held faster in `make test`: the demo's path and its three planted bugs by test_reduced_demo_names_exactly_the_planted_divergences,
+# DFlash2's own findings by tests/test_dflash2_formats.py (test_each_dflash2_setting_is_its_own_finding: window_direction;
+# test_compare_a_trained_dflash2_drafter_with_its_zlab_twin_on_the_world: "ddtree not measured").
+@pytest.mark.full
 @pytest.mark.slow
 def test_reduced_dflash2_demo_names_the_planted_divergences_and_its_own(test_world, tmp_path):
     """The second act: the same three bugs on a DFlash2 pair, plus sliding blocks trained causal."""

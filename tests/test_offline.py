@@ -125,6 +125,10 @@ def bf16_pairs(trained_pair, dflash2_pair, test_world):
     return drafters, target, trained_pair[2], trained_pair[3]
 
 
+# `make test`'s bfloat16 pass holds it: test_offline_tau_equals_live_tau_per_prompt (DFlash and DDTree) and
+# test_dflash2_offline_tau_equals_live_tau_per_prompt run there on the bfloat16 target, and
+# tests/test_offline_cache.py::test_the_cache_keeps_the_target_dtype_and_its_size_is_the_states that they are never upcast.
+@pytest.mark.full
 def test_bf16_offline_tau_equals_live_tau_per_prompt(bf16_pairs, test_world, tmp_path):
     """In bfloat16, every round of the replay is the live loop's, DFlash, DFlash2 and DDTree, up to drafter
     near-ties the rounding of the target's states decides (`unexplained`). Which prompt parts, if any, is the

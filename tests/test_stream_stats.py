@@ -66,6 +66,9 @@ def test_many_pairs_at_once_equal_one_by_one():
     assert stats_all(pairs, {}, workers=2)[0] == {k: pair_stats(*ab) for k, ab in pairs.items()}
 
 
+# Faster cases in `make test` hold its findings: tests/test_compare_static.py::test_fc_fed_fewer_layers_is_one_fc_dims_finding
+# and test_convert.py::test_a_target_folder_without_weights_is_refused_for_speculators (the refusal's message).
+@pytest.mark.full
 def test_static_scale_bench_at_tiny_shape(tmp_path):
     """bench_static_scale end to end on the tiny shape: findings exact (none / fc_dims), memory rows recorded."""
     results = tmp_path / "results.json"

@@ -146,11 +146,12 @@ def declared_flags() -> set[str]:
 def hand_checks(source: str, path: str, flags: set[str]) -> list[str]:
     """`path:line` of each message that words a declared flag's own refusal (`"--budget must be ..."`)."""
     found = set()
+    refusals = tuple(f + word for f in flags for word in WORDS)  # one startswith over all of them, per string
     for node in ast.walk(ast.parse(source, path)):
         text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else (
             node.values[0].value if isinstance(node, ast.JoinedStr) and node.values
             and isinstance(node.values[0], ast.Constant) else None)
-        if isinstance(text, str) and any(text.startswith(f + word) for f in flags for word in WORDS):
+        if isinstance(text, str) and text.startswith(refusals):
             found.add(f"{path}:{node.lineno}")
     return sorted(found)
 

@@ -122,6 +122,9 @@ def live_inputs(test_world, tmp_path_factory) -> dict:
     return {"full": full, "full-1-2": root / "full-1-2", "prompts": prompts, "target": test_world.target}
 
 
+# The same three llama-server runs are cases of tests/test_every_finding.py, which `make test` runs (each reaches every
+# report, exit 0 or 1: never the catch-all), and test_live_llamacpp.py names each field (capture, n_max, quantization).
+@pytest.mark.full
 @pytest.mark.parametrize("case", sorted(LIVE_CASES))
 def test_a_live_finding_reaches_its_report_not_the_catch_all(case, live_inputs, tmp_path, capsys, monkeypatch):
     from tests.report_checks import missing_from_reports, serve_case
