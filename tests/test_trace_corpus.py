@@ -59,8 +59,11 @@ REREAD_NOTE = "step 2 ran no target forward of its own"
 SOUND_FINDINGS: dict[str, set[tuple[str, str]]] = {
     "accelerate_bf16_autocast": set(),  # speculators' own run recipe; bf16 autocast compute, float32 targets and loss
     "blocks_by_index_hook_loss": set(),
+    "checkpointed_list_features": set(),
+    "functional_call_ema": set(),
     # Trainer divides each of the 2 micro-batches' mean of per-row averages by 2: the 4 rows' mean, no scale.
     "hf_trainer_grad_accum": set(),
+    "moduledict_left_padded": set(),
     "offline_hidden_states_file": OFFLINE_RUN["offline_hidden_states_file"],
     "own_drafter_targets_inside": set(),
     "own_modulelist_no_config": set(),

@@ -30,7 +30,8 @@ from dflash_world.target_training import distinct_random_qwen3
 CORPUS = Path(__file__).resolve().parent / "trainer_corpus"
 SCRIPTS = ("zlab_blocks_one_call", "zlab_per_anchor", "own_drafter_targets_inside",
            "padded_batch", "packed_documents", "precomputed_targets", "own_modulelist_no_config",
-           "offline_hidden_states_file", "hf_trainer_grad_accum", "accelerate_bf16_autocast")
+           "offline_hidden_states_file", "hf_trainer_grad_accum", "accelerate_bf16_autocast",
+           "moduledict_left_padded", "checkpointed_list_features", "functional_call_ema")
 BUGS = ("fc_4_of_5", "targets_layer_9", "gamma_7", "target_noise_0.5")
 LAYERS = (1, 3, 5, 7, 9)
 HIDDEN, VOCAB, TARGET_LAYERS = 64, 512, 12
