@@ -28,6 +28,9 @@ VARIANTS = {
     "pairs cut by a key-padding mask": ["--layout", "pairs", "--labels", "hard", "--pad", "--reduce", "weight-sum"],
     "padded, noise on the inputs and the targets": ["--pad", "--input-noise", "0.05", "--target-noise", "0.5"],
     "pairs with their position ids": ["--layout", "pairs", "--labels", "hard", "--position-ids"],
+    # The anchor slot's target rows zeros (weight 0: never read by the loss), noise 0.5 on the rows it reads.
+    "unread anchor targets, noise on the targets": ["--zero-anchor-targets", "--target-noise", "0.5"],
+    "functional_call on trained clones of the weights": ["--functional"],
 }
 
 
@@ -119,3 +122,29 @@ def test_noise_on_the_rows_the_masks_keep_is_still_found(reports):
         0.05, rel=0.05)
     assert found[("noise", "targets")].severity == "divergence" and found[("noise", "targets")].ours == \
         pytest.approx(0.5, rel=0.05)
+
+
+def test_target_rows_the_loss_does_not_read_are_no_evidence(reports):
+    """The anchor slot's target rows are zeros, and its weight is 0: the loss reads none of them, so they are left out
+    of the targets' naming and the noise's fit (else the zeros would be a residual of their own), and said."""
+    report = reports["unread anchor targets, noise on the targets"]
+    found = {(f.component, f.key): f for f in report.findings}
+    assert set(found) == {("noise", "targets")}, said(report)
+    assert found[("noise", "targets")].ours == pytest.approx(0.5, rel=0.05), found[("noise", "targets")].message
+    (targets,) = [row for row in report.tensors if row.what.startswith("the targets")]
+    assert "9 rows the loss does not read (their weight 0 in its gradient) left out" in targets.what, targets.what
+    assert "the target's own logits" in targets.what, targets.what
+
+
+def test_weights_bound_by_functional_call_are_the_drafters(reports):
+    """The optimizer trains clones of the drafter's weights, bound in its parameters' places by functional_call for
+    each call: they are the drafter's weights, read as its parameters (nothing else said), each one in the optimizer."""
+    report = reports["functional_call on trained clones of the weights"]
+    assert report.findings == [] and report.exit_status == 0, said(report)
+    assert report.facts["drafter"]["class"] == "__main__:Drafter", report.facts["drafter"]
+    assert report.flow["fc_layers"] == [1, 5, 9] == report.flow["reference_layers"]
+    structure = report.facts["context"]["run"]["structure"]
+    (optimizer,) = structure["optimizers"]
+    names = [p["name"] for group in optimizer["groups"] for p in group["params"]]
+    assert "fc.weight" in names and "(outside the drafter)" not in names, names
+    assert structure["not_in_any_optimizer"] == [] and structure["drafter_trainable"] == len(names)

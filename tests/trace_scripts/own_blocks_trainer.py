@@ -14,7 +14,10 @@ exp(-(k-1)/4) after an unweighted anchor slot. Shapes, each as a team writes it:
 past each row's end (the drafter's masks hide them). `--reduce weight-sum`: the loss divided by the batch's sum of
 weights (one factor for the step) instead of per row, then the mean (the reference); `--uneven`: rows hold 2, 3, 4
 blocks. `--optimizer sgd`: plain SGD instead of AdamW. `--input-noise STD` (augmentation of the real rows' features)
-and `--target-noise STD` (a bug: noise on the target's logits) add Gaussian noise.
+and `--target-noise STD` (a bug: noise on the target's logits) add Gaussian noise. `--zero-anchor-targets`: the anchor
+slot's target rows left zeros (its weight is 0: the loss never reads them). `--functional`: the drafter called through
+`torch.func.functional_call` on clones of its weights, which the optimizer holds and trains (its own parameters never
+change).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
 p.add_argument("--input-noise", type=float, default=0.0, help="Gaussian noise of this std on the real rows' features")
 p.add_argument("--target-noise", type=float, default=0.0, help="Gaussian noise of this std on the target's logits")
 p.add_argument("--steps", type=int, default=1)
+p.add_argument("--zero-anchor-targets", action="store_true", help="the anchor slot's target rows zeros (weight 0)")
+p.add_argument("--functional", action="store_true", help="the drafter run by functional_call on trained clones")
 args = p.parse_args()
 
 BLOCK, SEQ, ROWS, GAMMA = 4, 40, 3, 4.0
@@ -115,7 +120,15 @@ class Drafter(nn.Module):
 
 
 drafter = Drafter()
-trained = [q for q in drafter.parameters() if q.requires_grad]
+if args.functional:  # the trained weights are clones bound in the parameters' places for each call
+    weights = {n: q.detach().clone().requires_grad_(True) for n, q in drafter.named_parameters() if q.requires_grad}
+    trained = list(weights.values())
+
+    def run(*call_args, **call_kwargs):
+        return torch.func.functional_call(drafter, weights, call_args, call_kwargs)
+else:
+    trained = [q for q in drafter.parameters() if q.requires_grad]
+    run = drafter
 optimizer = torch.optim.AdamW(trained, lr=1e-3) if args.optimizer == "adamw" else torch.optim.SGD(trained, lr=1e-2)
 data, noise = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
 lengths = [SEQ, SEQ - 3, SEQ - 5] if args.pad else [SEQ] * ROWS
@@ -142,7 +155,7 @@ for _ in range(args.steps):
         block_ids[:, 0] = ids[row_of, anchor_of]
         hidden_keys = torch.arange(SEQ)[None, :] >= anchor_of[:, None]
         given = torch.cat([torch.arange(SEQ).expand(len(pairs), SEQ), anchor_of[:, None] + torch.arange(BLOCK)], 1)
-        logits = drafter(block_ids, features[row_of], key_padding_mask=hidden_keys,
+        logits = run(block_ids, features[row_of], key_padding_mask=hidden_keys,
                          position_ids=given if args.position_ids else None)  # [P, B, V]
         element, block_index = torch.arange(len(pairs)), torch.zeros(len(pairs), dtype=torch.long)
     else:
@@ -165,10 +178,12 @@ for _ in range(args.steps):
         for r in range(ROWS):  # a row's unused block slots see only themselves
             for j in range(count[r], most):
                 visible[r, j * BLOCK:(j + 1) * BLOCK, SEQ + j * BLOCK:SEQ + (j + 1) * BLOCK] = True
-        logits = drafter(block_ids, features, attention_mask=visible, position_ids=positions)
+        logits = run(block_ids, features, attention_mask=visible, position_ids=positions)
         logits = logits.view(ROWS, most, BLOCK, -1)[torch.tensor(element), torch.tensor(block_index)]
     places = (anchor_of[:, None] + torch.arange(BLOCK) - 1 + args.target_shift).clamp(0, SEQ - 1)
     wanted = teacher[row_of[:, None], places]  # [P, B, V]
+    if args.zero_anchor_targets:
+        wanted[:, 0] = 0.0
     log_q = F.log_softmax(logits, -1)
     if args.labels == "hard":
         per_slot = F.nll_loss(log_q.flatten(0, 1), wanted.argmax(-1).flatten(), reduction="none").view(-1, BLOCK)

@@ -74,6 +74,9 @@ class StepCalls:
     heads: list[tuple[nn.Module, torch.Tensor, int]] = field(default_factory=list)
     kwargs: list[tuple[nn.Module, str, torch.Tensor, int]] = field(default_factory=list)
     roots: dict[int, nn.Module] = field(default_factory=dict)  # modules called from no other module
+    # Tensors bound in a module's parameters' places during its calls (torch.func.functional_call): id -> (module,
+    # the parameter's name, the tensor); the weights such a step trains.
+    stand_ins: dict[int, tuple[nn.Module, str, torch.Tensor]] = field(default_factory=dict)
 
 def is_target_like(module: nn.Module) -> bool:
     """A Hugging Face model with an output head and a stack of decoder layers (a causal LM)."""
@@ -137,6 +140,9 @@ class Recorder(Observer):
         self.optimizers = 0  # optimizers made since install: with none, each backward is a step
         self.compiled = False  # the script ran torch.compile'd code (eagerly, while recording: hooks.py)
         self.run = None  # the RunRecorder (run/recorder.py)
+        # The drafter's parameters the latest step trained through tensors standing in for them (functional_call):
+        # id(parameter) -> the tensor the step bound in its place, which the optimizer updates.
+        self.stand_ins: dict[int, torch.Tensor] = {}
         # The target's forwards seen so far, each with the step it ran in, its token ids copied (an offline trainer
         # runs the target once, before its first step, and reads its states back in the later steps).
         self.run_target: nn.Module | None = None
@@ -204,6 +210,7 @@ class Recorder(Observer):
 
     def forward_enter(self, module, args) -> None:
         kind = self._kind(module)
+        note_stand_ins(self.calls, module)
         if not self.depth:
             self.calls.roots.setdefault(id(module), module)
         self.depth.append(module)
@@ -394,6 +401,7 @@ class Recorder(Observer):
                                "autograd graph; call step before backward, outside torch.no_grad)")
         graph = graph or walk_graph(loss)
         drafter, drafter_name = self._drafter(graph["params"], calls)
+        self.stand_ins = {stood: calls.stand_ins[i][2] for i, stood in stand_in_ids(calls).items()}
         target_call, target = self._target(calls, drafter)
         reused = {id(call) for call in target_call}
         earlier = [(step, device) for step, call, device in self.run_target_calls if id(call) in reused]
@@ -422,11 +430,14 @@ class Recorder(Observer):
         for m in [c.model for c in calls.models] + [e[0] for e in calls.fed] + [e[0] for e in calls.heads] + \
                 [e[0] for e in calls.kwargs]:
             seen.setdefault(id(m), m)
-        sharded = fsdp2_sharded_ids(seen.values())  # FSDP2: the graph's leaves are the gathered copies
-        wanted = {sharded.get(i, i) for i in wanted}
+        # The graph's leaves that stand for a module's parameters: FSDP2's gathered copies, and the tensors a
+        # functional call bound in their places (each read as the parameter it stood in for, trained or not).
+        aliases = {**fsdp2_sharded_ids(seen.values()), **stand_in_ids(calls)}
+        wanted = {aliases.get(i, i) for i in wanted}
+        stood_for = set(stand_in_ids(calls).values())
         candidates = []
         for m in seen.values():
-            own = {id(p) for p in m.parameters() if p.requires_grad}
+            own = {id(p) for p in m.parameters() if p.requires_grad or id(p) in stood_for}
             covered = len(own & wanted)
             if covered:
                 candidates.append((covered, -len(own), -sum(1 for _ in m.modules()), m))
@@ -591,6 +602,42 @@ def fsdp2_sharded_ids(modules) -> dict[int, int]:
         except (AttributeError, RuntimeError):
             continue
     return aliases
+
+
+def note_stand_ins(calls: StepCalls, module: nn.Module) -> None:
+    """The tensors bound in a module's parameters' places as it is called: torch.func.functional_call and
+    torch.nn.utils.stateless put them in its `_parameters` under the parameters' names for the call (the step trains
+    them, not the module's own nn.Parameters)."""
+    for name, t in module._parameters.items():
+        if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter):
+            calls.stand_ins.setdefault(id(t), (module, name, t))
+
+
+def stand_in_ids(calls: StepCalls) -> dict[int, int]:
+    """Each stand-in's id -> the id of the parameter it stood in for (bound again once the call returned)."""
+    ids = {}
+    for i, (module, name, t) in calls.stand_ins.items():
+        param = module._parameters.get(name)
+        if isinstance(param, torch.Tensor) and param is not t:
+            ids[i] = id(param)
+    return ids
+
+
+def drafter_weights(drafter: nn.Module, stand_ins: dict[int, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """The drafter's trained weights by name, as the step trains them: each parameter, or the tensor that stood in
+    for it in the step's calls (`Recorder.stand_ins`); those that require grad."""
+    named = ((name, stand_ins.get(id(p), p)) for name, p in drafter.named_parameters())
+    return [(name, w) for name, w in named if w.requires_grad]
+
+
+def weight_names(drafter: nn.Module, stand_ins: dict[int, torch.Tensor]) -> dict[int, str]:
+    """id -> name of each drafter parameter and of each tensor that stood in for one."""
+    names = {}
+    for name, p in drafter.named_parameters():
+        names[id(p)] = name
+        if id(p) in stand_ins:
+            names[id(stand_ins[id(p)])] = name
+    return names
 
 
 def own_class(module: nn.Module) -> type:
@@ -774,7 +821,8 @@ def step_record(loss, graph, calls: StepCalls, drafter: nn.Module, drafter_name:
 
     owned = {id(m): n for n, m in drafter.named_modules()}
     target_modules = {id(m) for m in target.modules()} - set(owned)  # a drafter inside the target is not the target
-    skip = {_key(p) for m in (drafter, target) for p in (*m.parameters(), *m.buffers())}
+    skip = {_key(p) for m in (drafter, target) for p in (*m.parameters(), *m.buffers())} | \
+        {_key(t) for _, _, t in calls.stand_ins.values()}
     for i, call in enumerate(target_calls):
         keep(f"tokens.{i}", call.input_ids, "tokens", **({"packed_start": call.packed[0], "packed_length":
                                                           call.packed[1]} if call.packed else {}))

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from dflash_audit.trace.record.hooks import HOOKS, Observer
+from dflash_audit.trace.record.recorder import drafter_weights, weight_names
 from dflash_audit.trace.run.parity_capture import BatchCapture
 
 # Group settings recorded as they are (JSON-able scalars and tuples); the parameters themselves are named apart.
@@ -224,13 +225,15 @@ class RunRecorder(Observer):
         return None
 
     def _trained(self) -> list[tuple[str, torch.Tensor]]:
+        """The drafter's trained weights by name: its parameters, or the tensors a functional call trained in
+        their places (record/recorder.py `drafter_weights`)."""
         drafter = self._drafter()
-        return [(n, p) for n, p in drafter.named_parameters() if p.requires_grad] if drafter is not None else []
+        return drafter_weights(drafter, self.recorder.stand_ins) if drafter is not None else []
 
     def _names(self) -> dict[int, str]:
         """Each trained parameter's name in the drafter, where the step recorder found it."""
         drafter = self._drafter()
-        return {id(p): name for name, p in drafter.named_parameters()} if drafter is not None else {}
+        return weight_names(drafter, self.recorder.stand_ins) if drafter is not None else {}
 
     def _structure(self, names: dict[int, str]) -> dict:
         optimizers = []
@@ -244,8 +247,7 @@ class RunRecorder(Observer):
                 placed.update(id(p) for p in group["params"])
                 groups.append({"settings": {k: v for k, v in settings.items() if v is not None}, "params": params})
             optimizers.append({"class": _class_name(o), "groups": groups})
-        drafter = self._drafter()
-        trainable = [(n, p) for n, p in drafter.named_parameters() if p.requires_grad] if drafter is not None else []
+        trainable = self._trained()
         return {"optimizers": optimizers, "drafter_trainable": len(trainable),
                 "not_in_any_optimizer": [n for n, p in trainable if id(p) not in placed]}
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from catalogue.findings import Finding
+from dflash_audit.target_values import CHUNK_ROWS, centered_log_probs
 from dflash_audit.trace.step_audit.draft_rows import DraftRows
 from dflash_audit.trace.step_audit.state import StepState, as_rows, micro_batch
 
@@ -56,6 +57,7 @@ def read_loss_rows(step: StepState, draft: DraftRows) -> LossRows:
                             "weights and the reduction are read from the loss's gradient)")
     # Each trained row: its weight c (reduction included) and its target p, from the loss's gradient.
     trained = []  # (slot, c, p row, log q row)
+    read: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # gradient -> (its live rows, their targets)
     for g_name in step.of_role("loss_gradient"):
         lq_name = step.entries[g_name].get("of")
         if lq_name not in step.tensors:
@@ -67,17 +69,46 @@ def read_loss_rows(step: StepState, draft: DraftRows) -> LossRows:
         top = float(c.abs().max()) if c.numel() else 0.0
         live_rows = (c.abs() > 1e-7 * top) if top else torch.zeros_like(c, dtype=torch.bool)
         targets = g / -torch.where(live_rows, c, torch.ones_like(c))[:, None]
+        read[g_name] = (live_rows, targets)
         for r, (weight, on) in enumerate(zip(c.tolist(), live_rows.tolist())):
             if on:
                 trained.append((slots[r], weight, targets[r], lq[r]))
             elif slots[r] is not None:
                 trained.append((slots[r], 0.0, None, lq[r]))
+    for n in distributions:
+        leave_out_unread(step, n, read)
     step.flow["loss"] = f"{float(step.meta['loss']):.6g}"
     live = [t for t in trained if t[1] > 0]
     if trained:
         step.flow["loss_rows"] = len(live)
     hard = bool(live) and all(float(p.max()) > 1 - 1e-4 for _, _, p, _ in live)
     return LossRows(distributions, labels, trained, live, hard)
+
+
+def leave_out_unread(step: StepState, name: str, read: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """The rows of a recorded target tensor the loss does not read, left out of every by-value reading of it (the
+    targets' naming, the noise's fit; `StepState.leave_out`): a tensor laid out row for row as the draft
+    log-probabilities a gradient is on, whose every row of weight is that row's target by value (so row r of the
+    one is row r of the other), leaves its rows of weight 0 unread (a slot never trained: whatever the tensor holds
+    there, zeros or a real target, nothing the step trains reads it)."""
+    rows = as_rows(step.tensors[name])
+    for g_name, (live, targets) in read.items():
+        if micro_batch(g_name) != micro_batch(name) or live.shape[0] != rows.shape[0] or bool(live.all()) \
+                or not bool(live.any()):
+            continue
+        if same_distributions(rows, targets, live.nonzero().flatten()):
+            step.leave_out(name, ~live, "rows the loss does not read (their weight 0 in its gradient)")
+            return
+
+
+def same_distributions(recorded: torch.Tensor, targets: torch.Tensor, index: torch.Tensor) -> bool:
+    """At each row of `index`, the recorded row (logits, log-probabilities or probabilities) the same distribution
+    as the target row (L1 within 1e-3, as `targets.twins`), in chunks of rows."""
+    for start in range(0, index.shape[0], CHUNK_ROWS):
+        rows = index[start:start + CHUNK_ROWS]
+        if float((centered_log_probs(recorded[rows]).softmax(-1) - targets[rows]).abs().sum(-1).max()) > 1e-3:
+            return False
+    return True
 
 
 def loss_unread(step: StepState) -> None:

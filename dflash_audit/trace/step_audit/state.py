@@ -3,7 +3,8 @@ recorded tensors and their manifest entries, the target's candidates and the ref
 what the audit has said so far: each tensor's row in the report (`account`), the findings (`add`), the notes and the
 data flow. What a stage finds for the stages after it is its own typed result, passed on by `audit_step`, never kept
 here. Which rows of a tensor are evidence under the target's attention mask is `masked_rows`' (row_masks.py); under
-the drafter's own masks, context.py's.
+the drafter's own masks, context.py's; a row the loss does not read (its weight 0 in the loss's gradient) is no
+evidence either: loss_rows.py finds them and `leave_out` keeps them here.
 """
 
 from __future__ import annotations
@@ -59,11 +60,18 @@ class StepState:
         self.flow: dict[str, Any] = {"fc_layers": [], "divergent": set()}
         self.drafter_facts = meta["drafter"]["facts"]
         self.notes: list[str] = []
+        self.unread: dict[str, list[tuple[str, torch.Tensor]]] = {}  # tensor -> (why, its rows no evidence)
+
+    def leave_out(self, name: str, rows: torch.Tensor, why: str) -> None:
+        """Rows of a recorded tensor (a boolean per row, laid out as `as_rows`) that are no evidence for a reason
+        other than the masks (`why`: what they are, in words), left out as the masked rows are."""
+        self.unread.setdefault(name, []).append((why, rows))
 
     def masked_rows(self, name: str) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
         """Which of a recorded tensor's rows (laid out as `as_rows`) the target's attention mask leaves as evidence
-        (over a tensor laid out as its input, row_masks.py), and what it left out (in words, with the rows). The
-        drafter's context features are masked by its own call's masks too: context.py."""
+        (over a tensor laid out as its input, row_masks.py), less those the loss does not read (`leave_out`), and
+        what was left out (in words, with the rows). The drafter's context features are masked by its own call's
+        masks too: context.py."""
         t = self.tensors[name]
         keep = torch.ones(t.reshape(-1, t.shape[-1]).shape[0] if t.dim() else 1, dtype=torch.bool)
         said = []
@@ -72,11 +80,15 @@ class StepState:
             if pad is not None and bool((pad & keep).any()):
                 said.append((f"{int((pad & keep).sum())} rows of padding under the target's attention mask", pad & keep))
                 keep &= ~pad
+        for why, rows in self.unread.get(name, []):  # rows the loss does not read (`leave_out`)
+            if rows.shape == keep.shape and bool((rows & keep).any()):
+                said.append((f"{int((rows & keep).sum())} {why}", rows & keep))
+                keep &= ~rows
         return keep, said
 
     def evidence_rows(self, name: str) -> torch.Tensor:
         """A recorded tensor's rows ([rows, width], its own dtype) less those the target's attention mask excludes
-        (`masked_rows`): a view of them all where it excludes none."""
+        and those the loss does not read (`masked_rows`): a view of them all where none is left out."""
         keep, _ = self.masked_rows(name)
         t = self.tensors[name]
         rows = t.reshape(-1, t.shape[-1])
