@@ -39,6 +39,10 @@ UNIDENTIFIABLE = {
     # recording's, byte for byte, so no reading of the recording can name layer 9. Without noise it is named
     # (test_hard_labels_without_noise_name_their_layer). The noise's std is fitted to the labels, with its interval.
     "zlab_per_anchor": {("targets", "target_source"): "the targets' source is not checked"},
+    # The same: greedy labels, argmax(layer-9 logits + noise 0.5), 54 of them trained. Without noise layer 9's labels
+    # differ from layer 11's at 10 of the 60 recorded places, but the four-bug recording's labels are the noise-only
+    # recording's, byte for byte (the noise decides every label the layers part on), so nothing recorded names layer 9.
+    "functional_call_ema": {("targets", "target_source"): "the targets' source is not checked"},
 }
 TRAINERS = [p for p in LISTED if p.stem not in OPEN]
 SEED_BUGS = ["fc_4_of_5", "targets_layer_9", "gamma_7", "target_noise_0.5"]
