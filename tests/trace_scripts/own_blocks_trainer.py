@@ -121,11 +121,11 @@ class Drafter(nn.Module):
 
 drafter = Drafter()
 if args.functional:  # the trained weights are clones bound in the parameters' places for each call
-    weights = {n: q.detach().clone().requires_grad_(True) for n, q in drafter.named_parameters() if q.requires_grad}
-    trained = list(weights.values())
+    clones = {n: q.detach().clone().requires_grad_(True) for n, q in drafter.named_parameters() if q.requires_grad}
+    trained = list(clones.values())
 
     def run(*call_args, **call_kwargs):
-        return torch.func.functional_call(drafter, weights, call_args, call_kwargs)
+        return torch.func.functional_call(drafter, clones, call_args, call_kwargs)
 else:
     trained = [q for q in drafter.parameters() if q.requires_grad]
     run = drafter
