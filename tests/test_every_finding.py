@@ -58,28 +58,30 @@ VLLM_TOKENS = 16
 
 class LiveVllm:
     """One vLLM engine process for every live vLLM case: the first `serve-check --live` that reaches
-    `live_check` runs it (its served run, and each variant of `VLLM_PLANTS` planted through
-    serving_engines/live/engine_driver.py PATCHES on the same prompts), each run assessed by the rounds core as the
-    live check assesses it. A case names the run its report shows as served: None, the engine as shipped; else a
-    planted variant, its section (rounds, localizations) in place of the served one's."""
+    `live_check` runs it for every drafter of `drafters` (name: folder), with each its variants of `plants`
+    (serving_engines/live/engine_driver.py PATCHES, run on the same prompts), each run assessed by the rounds core as
+    the live check assesses it. A case names its drafter and the run its report shows as served: None, the engine as
+    shipped; else a planted variant, its section (rounds, localizations) in place of the served one's."""
 
-    def __init__(self):
+    def __init__(self, drafters: dict[str, Path], plants: dict[str, list[str]]):
+        self.drafters, self.plants = drafters, plants
         self.sections = None
 
-    def case(self, variant: str | None):
+    def case(self, drafter: str, variant: str | None):
         def run_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> Run:
             import dflash_audit.audit.live_check as live_module
 
             real = live_module.live_check
 
             def live_check(drafters, *args, **kwargs):
+                (path,) = drafters.values()
+                assert Path(path) == Path(self.drafters[drafter]), (case, path)
                 if self.sections is None:
-                    self.sections = real(drafters, *args, plants={name: list(VLLM_PLANTS.values())
-                                                                  for name in drafters}, **kwargs)
-                (section,) = self.sections.values()
+                    self.sections = real(self.drafters, *args, plants=self.plants, **kwargs)
+                section = self.sections[drafter]
                 if variant is not None:
                     section = {**{k: v for k, v in section.items() if k != "planted"},
-                               **section["planted"][VLLM_PLANTS[variant]]}
+                               **section["planted"][variant]}
                 return {name: section for name in drafters}
 
             monkeypatch.setattr(live_module, "live_check", live_check)
@@ -197,7 +199,9 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
     keyed = planted_keys(root / "zlab-mixed", root / "keyed")  # keys and a side file z-lab never reads
     (root / "prompt.jsonl").write_text(Path(world["prompts"]).read_text().splitlines()[0] + "\n")
     live = ["--live", "--prompts", root / "prompt.jsonl", "--max-new-tokens", 16]
-    engine = LiveVllm()
+    neox = gptj_rotary(full, root / "full-zlab", root / "interleaved")  # is_neox_style: false, vLLM reads it
+    engine = LiveVllm({"full": full, "interleaved": neox},
+                      {"full": list(VLLM_PLANTS.values()), "interleaved": [FIXED]})
     served_near_tie = ["--live", "--prompts", near_tie_prompt(world, root), "--max-new-tokens", VLLM_TOKENS] \
         if VLLM else []
     evaluator = [sys.executable, REPO / "examples" / "own_evaluator.py", "--drafter", root / "zlab-mixed", "--target",
@@ -234,11 +238,13 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
                 "--drafter", root / "gguf" / "drafter-f32.gguf", "--engine", "llamacpp", "--target", target, *live,
                 "--draft-kv-type", "q4_0"])}
            if LLAMA_SERVER else {}),
-        **({"vLLM as shipped, serving the last layer": (engine.case(None), [
+        **({"vLLM as shipped, serving the last layer": (engine.case("full", None), [
             "--drafter", full, "--engine", "vllm", "--target", target, *served_near_tie]),
-            **{f"vLLM with its {variant} (planted)": (engine.case(variant), [
+            **{f"vLLM with its {variant} (planted)": (engine.case("full", VLLM_PLANTS[variant]), [
                 "--drafter", full, "--engine", "vllm", "--target", target, *served_near_tie])
-               for variant in VLLM_PLANTS}} if VLLM else {}),
+               for variant in VLLM_PLANTS},
+            "vLLM (its differences fixed) reading is_neox_style: false": (engine.case("interleaved", FIXED), [
+                "--drafter", neox, "--engine", "vllm", "--target", target, *served_near_tie])} if VLLM else {}),
         **({"a q8_0 GGUF against its source": (compare_case, [
             "--ours", quantized_gguf(root / "full-1-2", target, root / "q8_0"), "--ref", root / "full-1-2",
             "--target", target, "--static-only"])} if LLAMA_SERVER else {}),
@@ -251,6 +257,9 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
             "--", *trainer, "--target-layer", 9]),
         "a trainer's targets drowned in noise": (report_case("trace", trace, "run_trace"), [
             "--", *trainer, "--target-noise", 50]),
+        "a trainer's greedy labels under noise": (report_case("trace", trace, "run_trace"), [
+            "--", sys.executable, REPO / "tests" / "trainer_corpus" / "zlab_per_anchor.py", "--target",
+            root / "trace-target", "--steps", 1, "--bug", "target_noise_0.5"]),
         "an evaluator's positions shifted": (report_case("trace", trace, "run_trace"), [
             "--", *evaluator, "--fault", "positions_shifted"]),
         "an evaluator's τ without the bonus token": (report_case("trace", trace, "run_trace"), [
@@ -262,6 +271,20 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
             "--", sys.executable, REPO / "tests" / "trace_scripts" / "specforge_step.py", "--target",
             root / "trace-target"]),
     }
+
+
+def gptj_rotary(drafter: Path, converted: Path, folder: Path) -> Path:
+    """The drafter as a z-lab folder (`convert`) with `is_neox_style: false`: vLLM rotates interleaved pairs where
+    z-lab's loop rotates halves, so greedy drafts change (tests/test_live_keys.py's plant)."""
+    import shutil
+
+    from dflash_audit.conversion import convert
+
+    convert(drafter, converted, "zlab")
+    shutil.copytree(converted, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "is_neox_style": False}))
+    return folder
 
 
 def planted_keys(clean: Path, folder: Path) -> Path:
@@ -396,6 +419,40 @@ def gradient_dropped(step: dict) -> None:
         del step["meta"]["entries"][name], step["tensors"][name]
 
 
+def data_labels_mostly(step: dict) -> None:
+    """Hard labels that are the data's next tokens on most rows and another token on every fifth: each micro-batch's
+    loss gradient (on the draft log-probabilities, -weight times the one-hot label) moved to the planted label, its
+    weights kept; the recorded labels and the loss planted alike (the loss is linear in the log-probabilities)."""
+    import torch
+
+    tensors, entries = step["tensors"], step["meta"]["entries"]
+    tokens, block = tensors["tokens.0"], step["meta"]["drafter"]["facts"]["block_size"]
+    loss = float(step["meta"]["loss"])
+    for name in [n for n, e in entries.items() if e["role"] == "loss_gradient"]:
+        prefix = name[:name.index("loss_grad.")]  # the micro-batch's ("" or "mbN.")
+        gradient, logq = tensors[name], tensors[entries[name]["of"]]
+        # zlab_per_anchor.py's positions: the context up to the anchor, then its block
+        anchor = tensors[f"{prefix}drafter_kwarg.position_ids"].shape[-1] - block
+        labels = tokens[:, anchor:anchor + block].reshape(-1).clone()  # slot k's next token sits at anchor + k
+        labels[::5] = (labels[::5] + 1) % logq.shape[-1]
+        weight = -gradient.sum(-1)
+        rows = torch.arange(len(weight))
+        was = (-gradient / torch.where(weight != 0, weight, torch.ones_like(weight))[:, None]).argmax(-1)
+        loss += float((weight * (logq[rows, was] - logq[rows, labels])).sum())
+        planted = torch.zeros_like(gradient)
+        planted[rows, labels] = -weight
+        tensors[name] = planted
+        tensors[f"{prefix}loss_input.6.target"] = labels
+    step["meta"]["loss"] = loss
+
+
+def loss_scaled(step: dict) -> None:
+    """The loss and its gradient three times the recorded ones: one factor on every row (the reduction's scale)."""
+    for name in [n for n, e in step["meta"]["entries"].items() if e["role"] == "loss_gradient"]:
+        step["tensors"][name] = step["tensors"][name] * 3
+    step["meta"]["loss"] = float(step["meta"]["loss"]) * 3
+
+
 def weights_and_stray_input(step: dict) -> None:
     """The loss's gradient on its rows scaled up along them, 1 to 2 (each row's loss weight by its place, so that a
     slot weighs otherwise in each block), and one more drafter input: a tensor of the drafter's call that is none of
@@ -432,6 +489,10 @@ def recording_cases(root: Path) -> dict[str, tuple]:
         "a recording's loss weights and inputs planted": (audit, [
             "--from", planted_recording(recorded, root / "weights", weights_and_stray_input)]),
         "a recording held to other layers and mask id": (audit, ["--from", recorded, "--ref", root / "ref.json"]),
+        "a recording's loss scaled": (audit, ["--from", planted_recording(recorded, root / "scaled", loss_scaled)]),
+        "a recording's labels mostly the data's tokens": (audit, [
+            "--from", planted_recording(root / "a trainer's greedy labels under noise", root / "data-labels",
+                                        data_labels_mostly)]),
     }
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -383,13 +383,12 @@ def _findings(localized: list[Finding], tau_cost: str | None = None,
                                                       if parting and parting != round_no else "")
 
     findings = []
-    for cause in merge(localized):
+    for cause in merge(localized):  # the localizer's own finding (why.py's `cause_finding`), placed in words
         places = sorted(zip(cause.localized["prompts"], cause.localized["rounds"]))
         prompt, round_no = places[0]
         where = ", ".join(at(*place) for place in places[:6])
         more = f" (and {len(places) - 6} more prompts)" if len(places) > 6 else ""
-        findings.append(Finding("evaluation", cause.severity, f"{cause.message} [first at {where}{more}]",
-                                cause.ours, None, cause.pitfall, cause.key,
+        findings.append(replace(cause, message=f"{cause.message} [first at {where}{more}]",
                                 raw={**cause.raw, "prompt": prompt, "round": round_no,
                                      "parting_round": partings.get(prompt)}, localized={},
                                 explanation=f"first parting: prompt {prompt}, round {round_no}"))
