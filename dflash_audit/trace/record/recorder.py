@@ -623,23 +623,6 @@ def stand_in_ids(calls: StepCalls) -> dict[int, int]:
     return ids
 
 
-def drafter_weights(drafter: nn.Module, stand_ins: dict[int, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-    """The drafter's trained weights by name, as the step trains them: each parameter, or the tensor that stood in
-    for it in the step's calls (`Recorder.stand_ins`); those that require grad."""
-    named = ((name, stand_ins.get(id(p), p)) for name, p in drafter.named_parameters())
-    return [(name, w) for name, w in named if w.requires_grad]
-
-
-def weight_names(drafter: nn.Module, stand_ins: dict[int, torch.Tensor]) -> dict[int, str]:
-    """id -> name of each drafter parameter and of each tensor that stood in for one."""
-    names = {}
-    for name, p in drafter.named_parameters():
-        names[id(p)] = name
-        if id(p) in stand_ins:
-            names[id(stand_ins[id(p)])] = name
-    return names
-
-
 def own_class(module: nn.Module) -> type:
     """The module's own class: FSDP2 swaps it for a subclass `FSDP<Name>(FSDPModule, <Name>)`."""
     cls = type(module)

@@ -28,7 +28,6 @@ import torch
 from torch import nn
 
 from dflash_audit.trace.record.hooks import HOOKS, Observer
-from dflash_audit.trace.record.recorder import drafter_weights, weight_names
 from dflash_audit.trace.run.parity_capture import BatchCapture
 
 # Group settings recorded as they are (JSON-able scalars and tuples); the parameters themselves are named apart.
@@ -226,7 +225,7 @@ class RunRecorder(Observer):
 
     def _trained(self) -> list[tuple[str, torch.Tensor]]:
         """The drafter's trained weights by name: its parameters, or the tensors a functional call trained in
-        their places (record/recorder.py `drafter_weights`)."""
+        their places (`drafter_weights`)."""
         drafter = self._drafter()
         return drafter_weights(drafter, self.recorder.stand_ins) if drafter is not None else []
 
@@ -312,3 +311,20 @@ class RunRecorder(Observer):
                                "model": {k: v for k, v in model.items() if k != "untrained"} if model else None,
                                "other_drafter": self.batches.other}
         return facts
+
+
+def drafter_weights(drafter: nn.Module, stand_ins: dict[int, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """The drafter's trained weights by name, as the step trains them: each parameter, or the tensor that stood in
+    for it in the step's calls (`Recorder.stand_ins`); those that require grad."""
+    named = ((name, stand_ins.get(id(p), p)) for name, p in drafter.named_parameters())
+    return [(name, w) for name, w in named if w.requires_grad]
+
+
+def weight_names(drafter: nn.Module, stand_ins: dict[int, torch.Tensor]) -> dict[int, str]:
+    """id -> name of each drafter parameter and of each tensor that stood in for one."""
+    names = {}
+    for name, p in drafter.named_parameters():
+        names[id(p)] = name
+        if id(p) in stand_ins:
+            names[id(stand_ins[id(p)])] = name
+    return names
