@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from dflash_audit.trace.record.hooks import Observer
-from dflash_audit.trace.record.recording import file_sha256
+from dflash_audit.trace.record.recording import check_tensors_file, file_sha256
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
 from foundation.transformers_compat import passed_cache
@@ -285,12 +285,7 @@ def read_evaluation(folder: Path, flag: str = "--from") -> EvaluationRecording:
 
     declared = check_manifest(manifest, f"{flag} {folder}: {MANIFEST}")
     tensors_path = folder / TENSORS
-    if not tensors_path.is_file():
-        raise AuditError(f"{flag} {folder}: {TENSORS} missing")
-    size = tensors_path.stat().st_size
-    if size != manifest.get("tensors_bytes") or file_sha256(tensors_path) != manifest.get("tensors_sha256"):
-        raise AuditError(f"{flag} {folder}: {TENSORS} is truncated or changed ({size} bytes, the manifest recorded "
-                         f"{manifest.get('tensors_bytes')})")
+    check_tensors_file(folder, tensors_path, manifest, flag)
     from safetensors.torch import load_file
 
     tensors = load_file(tensors_path)

@@ -38,6 +38,17 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def check_tensors_file(folder: Path, tensors_path: Path, manifest: dict, flag: str) -> None:
+    """A recording's tensor file is there, of the size and sha256 its manifest recorded (a truncated or edited file
+    is one line, before anything reads it): the trace's and the evaluation recording's one check."""
+    if not tensors_path.is_file():
+        raise AuditError(f"{flag} {folder}: {tensors_path.name} missing")
+    size = tensors_path.stat().st_size
+    if size != manifest.get("tensors_bytes") or file_sha256(tensors_path) != manifest.get("tensors_sha256"):
+        raise AuditError(f"{flag} {folder}: {tensors_path.name} is truncated or changed ({size} bytes, the "
+                         f"manifest recorded {manifest.get('tensors_bytes')})")
+
+
 @functools.lru_cache(maxsize=1)
 def safetensors_dtypes() -> dict:
     """torch dtype -> safetensors' name (made at first use: `trace.step` imports this module, and no torch)."""
@@ -152,12 +163,7 @@ def read_recording(folder: Path, flag: str = "--from") -> Recording:
                          f"dflash-audit reads format {FORMAT} (record it again)")
     manifest = check_manifest(manifest, f"{flag} {folder}: {MANIFEST}")  # the shared model's, as plain dicts
     tensors_path = folder / str(manifest.get("tensors_file", TENSORS))
-    if not tensors_path.is_file():
-        raise AuditError(f"{flag} {folder}: {tensors_path.name} missing")
-    size = tensors_path.stat().st_size
-    if size != manifest.get("tensors_bytes") or file_sha256(tensors_path) != manifest.get("tensors_sha256"):
-        raise AuditError(f"{flag} {folder}: {tensors_path.name} is truncated or changed ({size} bytes, the "
-                         f"manifest recorded {manifest.get('tensors_bytes')})")
+    check_tensors_file(folder, tensors_path, manifest, flag)
     from dflash_audit.trace.record.audit_memory import check_fits
     from safetensors.torch import load_file
 
