@@ -1,13 +1,20 @@
 """What the tool keeps in its cache root so that no process pays twice for the same answer: the vLLM environment's
-probe (`serving_engines/live/vllm_env.py`: importing vLLM takes a CPU engine 15-25 s) and the engine-reads scan of
-a source file (`serving_engines/config_reads.py`: seconds per engine). Each is kept under what it depends on, and is
-asked again when that changes: never a stale answer."""
+probe (`serving_engines/live/vllm_env.py`: importing vLLM takes a CPU engine 15-25 s), the engine-reads scan of
+a source file (`serving_engines/config_reads.py`: seconds per engine) and a drafter's GGUF by llama.cpp's converter
+(`serving_engines/live/llamacpp_convert.py`: seconds on a tiny drafter, minutes on a real one). Each is kept under
+what it depends on, and is made again when that changes: never a stale answer."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+
+from serving_engines.live.llamacpp_env import source_tree
+
+# Outside CI a checkout without `make setup` has no llama.cpp tree; in CI (which runs `make setup`) it must be there.
+LLAMACPP_TREE = (source_tree() / "convert_hf_to_gguf.py").is_file() or bool(os.environ.get("CI"))
 
 
 @pytest.fixture
@@ -82,3 +89,54 @@ def test_an_engine_file_is_scanned_once_per_text_and_scanner(tmp_path, cache_roo
         patches.setattr(config_reads, "_scanner_digest", lambda: "another scanner")
         assert [r.key for r in config_reads.scan_file(source, "engine/dflash.py")[0]] == ["logit_softcap"]
     assert len(list((cache_root / "config-reads").glob("*.json"))) == 3
+
+
+@pytest.mark.skipif(not LLAMACPP_TREE, reason="run `make setup` to build llama.cpp")
+def test_a_drafter_gguf_is_converted_once_per_content(test_world, tmp_path, monkeypatch):
+    """llama.cpp's converter runs once for a drafter's bytes (whatever folder holds them); a drafter that differs by
+    a byte is converted anew; each copy is the converted file, with the notes its conversion earned."""
+    import shutil
+
+    from dflash_audit.conversion import convert
+    from dflash_world.drafter import cached_full_drafter
+    from serving_engines.live import llamacpp_convert
+    from serving_engines.live.llamacpp_env import engine_dir
+
+    cache = tmp_path / "cache"  # the pinned tree, seen from a cache root of this test's own
+    engine_dir(cache).mkdir(parents=True)
+    (engine_dir(cache) / "llama.cpp").symlink_to(source_tree())
+    runs = []
+    real = llamacpp_convert.run_converter
+    monkeypatch.setattr(llamacpp_convert, "run_converter", lambda *a, **k: runs.append(a[0]) or real(*a, **k))
+    first, moved, changed = tmp_path / "zlab", tmp_path / "elsewhere" / "zlab", tmp_path / "changed"
+    convert(cached_full_drafter(test_world), first, "zlab")
+    shutil.copytree(first, moved)
+    shutil.copytree(first, changed)
+    (changed / "config.json").write_text((changed / "config.json").read_text() + "\n")
+    made = {}
+    for name, folder in (("first", first), ("moved", moved), ("changed", changed)):
+        made[name] = (llamacpp_convert.drafter_gguf(folder, test_world.target, tmp_path / f"{name}.gguf", "f32", None,
+                                                    cache), (tmp_path / f"{name}.gguf").read_bytes())
+    assert runs == [first, changed]
+    assert len(list((engine_dir(cache) / "drafters").iterdir())) == 2
+    assert made["first"] == made["moved"] and made["first"][1][:4] == b"GGUF"
+    assert made["changed"][0] == made["first"][0]  # the same notes (the settled pre-tokenizer)
+    assert not list(tmp_path.glob(".*.partial"))
+
+
+def test_the_kept_drafters_are_pruned_to_the_most_recently_used(tmp_path):
+    from serving_engines.live.llamacpp_convert import DRAFTER_FILE, DRAFTER_NOTES, KEPT_DRAFTERS, prune_kept
+
+    entries = []
+    for age in range(KEPT_DRAFTERS + 3):
+        entry = tmp_path / f"entry-{age}"
+        entry.mkdir()
+        (entry / DRAFTER_FILE).write_bytes(b"GGUF")
+        (entry / DRAFTER_NOTES).write_text("[]")
+        os.utime(entry / DRAFTER_FILE, (1000 - age, 1000 - age))  # entry-0 the most recently used
+        entries.append(entry)
+    (tmp_path / "a user's folder").mkdir()  # not an entry: never touched
+    removed = prune_kept(tmp_path, entries[-1], (DRAFTER_FILE, DRAFTER_NOTES), KEPT_DRAFTERS)
+    assert sorted(removed) == sorted(entries[KEPT_DRAFTERS - 1:-1])
+    assert sorted(p for p in tmp_path.iterdir()) == sorted([*entries[:KEPT_DRAFTERS - 1], entries[-1],
+                                                            tmp_path / "a user's folder"])

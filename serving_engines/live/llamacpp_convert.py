@@ -11,12 +11,16 @@ llamacpp_converter_shim.py, which settles only a plain byte-level pre-tokenizer'
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 
+from foundation.atomic import atomic_write_text
 from foundation.cache_dir import build_once
 from foundation.errors import AuditError
 from serving_engines.live.llamacpp_env import LlamacppEngine, engine_dir, source_tree
@@ -76,16 +80,86 @@ def quantize(engine: LlamacppEngine, source: Path, out_file: Path, quant: str) -
 def drafter_gguf(zlab_dir: Path, target_dir: Path, out_file: Path, quant: str, engine: LlamacppEngine | None,
                  cache: str | Path | None = None) -> list[str]:
     """A z-lab drafter folder as a GGUF of type `quant` (one of `QUANT_TYPES`, as the `--quant` flags declare it), by
-    llama.cpp's converter (and quantizer)."""
+    llama.cpp's converter (and quantizer). Converted once per content and kept in the engine's cache
+    (`drafter_key`); `out_file` is a copy, written through a temporary name."""
+    if quant not in CONVERTER_TYPES and engine is None:
+        raise AuditError(f"--quant {quant}: needs llama-quantize (build the engine with `make setup`)")
+    entry = engine_dir(cache) / "drafters" / drafter_key(zlab_dir, target_dir, quant, engine, cache)
+    kept, kept_notes = entry / DRAFTER_FILE, entry / DRAFTER_NOTES
+
+    def convert() -> Path:
+        entry.mkdir(parents=True, exist_ok=True)
+        notes = _convert_drafter(zlab_dir, target_dir, kept, quant, engine, cache)
+        atomic_write_text(kept_notes, json.dumps(notes))  # the notes last: an entry without them is not whole
+        return kept
+
+    build_once(kept.with_suffix(".lock"), lambda: kept if kept.is_file() and kept_notes.is_file() else None,
+               convert)
+    os.utime(kept)  # its last use, what prune_kept keeps by: the newest entry is never the one another run prunes
+    notes = json.loads(kept_notes.read_text())
+    partial = out_file.with_name(f".{out_file.name}.partial")
+    try:
+        shutil.copyfile(kept, partial)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, out_file)
+    prune_kept(entry.parent, entry, (DRAFTER_FILE, DRAFTER_NOTES), KEPT_DRAFTERS)
+    return notes
+
+
+def _convert_drafter(zlab_dir: Path, target_dir: Path, out_file: Path, quant: str, engine: LlamacppEngine | None,
+                     cache: str | Path | None) -> list[str]:
     if quant in CONVERTER_TYPES:
         return run_converter(zlab_dir, out_file, quant, target_dir, cache)
-    if engine is None:
-        raise AuditError(f"--quant {quant}: needs llama-quantize (build the engine with `make setup`)")
     with tempfile.TemporaryDirectory(dir=out_file.parent, prefix=".f32-") as scratch:
         f32 = Path(scratch) / "drafter-f32.gguf"
         notes = run_converter(zlab_dir, f32, "f32", target_dir, cache)
         quantize(engine, f32, out_file, quant)
     return notes + [f"quantized by llama-quantize {QUANTIZER_TYPES[quant]} from the converter's f32 file"]
+
+
+# A drafter's GGUF is kept under everything it is made from: the drafter folder's bytes, every file whole (a drafter
+# retrained on a few rows differs in a few rows), the target's content as its own cache keys it (the converter takes
+# the tokenizer, embeddings and head from it), the type, the converter (the tree's Python, this module and the
+# shim, and the versions of the libraries it runs on) and, for a k-quant, the quantizer binary.
+DRAFTER_FILE, DRAFTER_NOTES = "drafter.gguf", "notes.json"
+KEPT_DRAFTERS = 8
+CONVERTER_LIBRARIES = ("torch", "numpy", "safetensors", "transformers", "sentencepiece")
+
+
+def drafter_key(zlab_dir: Path, target_dir: Path | None, quant: str, engine: LlamacppEngine | None,
+                cache: str | Path | None = None) -> str:
+    digest = hashlib.sha256(b"drafter-gguf/1\n")
+    for path in sorted(p for p in Path(zlab_dir).rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(zlab_dir).as_posix()}:{path.stat().st_size}:".encode())
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    digest.update(f"target:{target_key(target_dir) if target_dir is not None else None}\nquant:{quant}\n"
+                  f"converter:{_converter_identity(str(source_tree(cache)))}\n".encode())
+    if quant not in CONVERTER_TYPES and engine is not None:
+        binary = Path(engine.quantize).stat()
+        digest.update(f"quantizer:{engine.quantize}:{binary.st_size}:{binary.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:24]
+
+
+@lru_cache(maxsize=4)
+def _converter_identity(tree: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    digest = hashlib.sha256()
+    root = Path(tree)
+    for path in sorted([root / "convert_hf_to_gguf.py", *root.glob("conversion/**/*.py"),
+                        *root.glob("gguf-py/**/*.py"), SHIM, Path(__file__)]):
+        if path.is_file():
+            digest.update(f"{path.name}:".encode() + path.read_bytes())
+    for name in CONVERTER_LIBRARIES:
+        try:
+            digest.update(f"{name}=={version(name)}\n".encode())
+        except PackageNotFoundError:
+            digest.update(f"{name} absent\n".encode())
+    return digest.hexdigest()
 
 
 # The target cache's key is the folder's content, not its path: a target copied to a temporary folder per run finds
@@ -124,22 +198,31 @@ def target_key(target_dir: Path) -> str:
 def prune_targets(targets: Path, in_use: Path, keep: int = KEPT_TARGETS) -> list[Path]:
     """Remove the least recently used target entries beyond `keep` (`in_use` is always kept): only folders holding
     nothing but what `target_gguf` writes, and only when no other process holds their lock. Returns those removed."""
+    return prune_kept(targets, in_use, (TARGET_FILE,), keep)
+
+
+def prune_kept(folder: Path, in_use: Path, files: tuple[str, ...], keep: int) -> list[Path]:
+    """Remove the least recently used entries of `folder` beyond `keep` (`in_use` is always kept): only entries
+    holding nothing but `files` (the first, the GGUF, there), never one whose lock another process holds."""
     from filelock import FileLock, Timeout
 
-    ours = {TARGET_FILE, Path(TARGET_FILE).with_suffix(".lock").name}
+    gguf_name = files[0]
+    lock_name = Path(gguf_name).with_suffix(".lock").name
+    ours = {*files, lock_name}
 
     def last_used(entry: Path) -> float:
-        gguf = entry / TARGET_FILE
+        gguf = entry / gguf_name
         return gguf.stat().st_mtime if gguf.is_file() else entry.stat().st_mtime
 
-    entries = [e for e in targets.iterdir() if e.is_dir() and not e.is_symlink() and e != in_use
-               and {p.name for p in e.iterdir()} <= ours and (e / TARGET_FILE).is_file()]
+    entries = [e for e in folder.iterdir() if e.is_dir() and not e.is_symlink() and e != in_use
+               and {p.name for p in e.iterdir()} <= ours and (e / gguf_name).is_file()]
     removed = []
     for entry in sorted(entries, key=last_used, reverse=True)[max(keep - 1, 0):]:
-        lock = entry / Path(TARGET_FILE).with_suffix(".lock").name
+        lock = entry / lock_name
         try:
             with FileLock(str(lock), timeout=0):
-                (entry / TARGET_FILE).unlink(missing_ok=True)
+                for name in files:
+                    (entry / name).unlink(missing_ok=True)
         except Timeout:
             continue  # another process is converting or reading it: leave it
         lock.unlink(missing_ok=True)
