@@ -1,0 +1,155 @@
+"""Sampled (T > 0) rounds: what a config key that changes only sampled drafts costs, predicted and served.
+
+At T > 0 no two runs share their rounds (the engine's random streams are not the audit's), so the rounds are not held
+one by one as at greedy: the audit's prediction is a mean τ with its interval, and the engine's served τ over its own
+seeded generations is held to it.
+
+The audit's side is z-lab's loop at temperature T (`impl.decoding.dflash_decode`, seeded): each proposal drawn from
+the drafter's softmax(logits / T), kept with probability min(1, p / q), the first rejected one replaced from
+max(0, p - q), the bonus drawn from the target's distribution. That is vLLM's rule with
+`draft_sample_method: probabilistic` (v1/spec_decode/llm_base_proposer.py `compute_probs_and_sample_next_token`: the
+drafts drawn from softmax(draft logits / T); v1/sample/rejection_sampler.py: a draft kept where
+p / q >= u, the recovered token drawn from max(p - q, 0)). Every round drafts the whole block, as the engine does,
+its proposals cut to what is left (`whole_blocks`), where z-lab's loop shrinks the block near the budget's end.
+
+The interval: τ per generation, averaged per prompt over its seeds, the prompts averaged; its standard error from the
+spread across seeds within each prompt (stratified by prompt: every side runs the same prompts), and a 95% normal
+interval (± 1.96 se). The cost of a reading is paired: the drafter as the reference runs it and as the engine reads
+it replayed with the same seeds, the difference per generation. The served τ is inside the prediction where
+|served − predicted| <= 1.96 sqrt(se_predicted² + se_served²): the interval a served mean over that many
+generations falls in if the engine runs the drafter as predicted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from catalogue.findings import Finding
+from dflash_audit.rounds.engine_reading import EngineReading
+
+Z95 = 1.96  # a 95% normal interval
+INTERVAL_METHOD = ("95% normal interval (± 1.96 se) of mean τ over prompts, se from the spread across seeds within "
+                   "each prompt")
+
+
+@dataclass(frozen=True)
+class TauInterval:
+    """Mean τ over prompts (each its seeds' mean), its standard error and 95% interval, over `runs` generations."""
+
+    mean: float
+    se: float
+    runs: int
+    prompts: int
+
+    @property
+    def low(self) -> float:
+        return self.mean - Z95 * self.se
+
+    @property
+    def high(self) -> float:
+        return self.mean + Z95 * self.se
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tau": round(self.mean, 4), "se": round(self.se, 4),
+                "interval": [round(self.low, 4), round(self.high, 4)], "runs": self.runs, "prompts": self.prompts}
+
+
+def stratified(per_prompt: list[list[float]]) -> TauInterval:
+    """The interval of τ values `per_prompt` (each prompt's, one per seed: at least two each)."""
+    if not per_prompt or any(len(values) < 2 for values in per_prompt):
+        raise ValueError("a sampled τ interval needs every prompt run with at least two seeds")
+    means = [sum(values) / len(values) for values in per_prompt]
+    variance = sum(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values)
+                   for values, m in zip(per_prompt, means, strict=True))
+    return TauInterval(sum(means) / len(means), math.sqrt(variance) / len(means),
+                       sum(len(values) for values in per_prompt), len(per_prompt))
+
+
+def by_prompt(values: list[Any], samples: int) -> list[list[Any]]:
+    """A prompt-major flat list (each prompt's `samples` generations in a row) as one list per prompt."""
+    if samples < 1 or len(values) % samples:
+        raise ValueError(f"{len(values)} generations are not whole prompts of {samples}")
+    return [values[i:i + samples] for i in range(0, len(values), samples)]
+
+
+def sampled_replay(drafter, target, prompts: list[dict], max_new_tokens: int, stop_ids: list[int],
+                   temperature: float, seeds: list[int]) -> list[list[float]]:
+    """τ per prompt per seed: z-lab's loop at `temperature`, seeded, whole blocks drafted (the engine's way)."""
+    import torch
+
+    from impl.decoding import dflash_decode
+
+    return [[dflash_decode(drafter, target, torch.tensor([p["ids"]]), max_new_tokens, stop_ids,
+                           temperature=temperature, seed=seed, whole_blocks=True).tau for seed in seeds]
+            for p in prompts]
+
+
+@dataclass
+class SampledPrediction:
+    """The audit's sampled τ: the drafter as the folder's reference runs it (`audited`) and as the engine reads the
+    folder (`predicted`, None where the reading changes nothing), τ per prompt per seed, at `temperature`."""
+
+    reading: EngineReading
+    audited: list[list[float]]
+    predicted: list[list[float]] | None
+    temperature: float
+    seeds: list[int]
+    engine: str = "the engine"
+
+    @property
+    def expected(self) -> list[list[float]]:
+        """What the engine's runs are predicted to give: the reading's replay, else the drafter as trained."""
+        return self.audited if self.predicted is None else self.predicted
+
+    def cost(self) -> TauInterval:
+        """τ the readings cost, paired by prompt and seed (audited − predicted); none without a reading."""
+        return stratified([[a - p for a, p in zip(audited, expected, strict=True)]
+                           for audited, expected in zip(self.audited, self.expected, strict=True)])
+
+    def held(self, served: list[list[float]]) -> dict[str, Any]:
+        """The served τ (per prompt per seed) held to the prediction: both intervals, the predicted cost, and whether
+        the served mean is inside the interval a served mean over as many generations is predicted to fall in."""
+        audited, expected, got = stratified(self.audited), stratified(self.expected), stratified(served)
+        spread = Z95 * math.sqrt(expected.se ** 2 + got.se ** 2)
+        cost = self.cost()
+        return {"temperature": self.temperature, "draft_sample_method": "probabilistic",
+                "replay_seeds": list(self.seeds), "method": INTERVAL_METHOD,
+                "audited_tau": audited.to_dict(), "predicted_tau": expected.to_dict(), "served_tau": got.to_dict(),
+                "predicted_cost": cost.to_dict(), "served_cost": round(audited.mean - got.mean, 4),
+                "served_interval": [round(expected.mean - spread, 4), round(expected.mean + spread, 4)],
+                "served_as_predicted": abs(got.mean - expected.mean) <= spread}
+
+    def findings(self, served: list[list[float]]) -> list[Finding]:
+        """The readings' sampled cost (where there are readings), and a served τ outside the prediction (the engine
+        runs the drafter otherwise than the audit predicts, in a way the sampled rounds cannot localize)."""
+        held = self.held(served)
+        predicted, got, cost = held["predicted_tau"], held["served_tau"], held["predicted_cost"]
+        low, high = held["served_interval"]
+        served_words = (f"vLLM served τ {got['tau']:.3f} [{got['interval'][0]:.3f}, {got['interval'][1]:.3f}] over "
+                        f"{got['runs']} seeded generations, "
+                        + ("inside" if held["served_as_predicted"] else "outside")
+                        + f" the interval predicted for it [{low:.3f}, {high:.3f}]")
+        found = []
+        if self.reading.changes:
+            first, _ = self.reading.applied[0]
+            found.append(Finding("serving", "divergence",
+                                 f"{self.engine} reads the drafter folder's {self.reading.keys()} where the reference "
+                                 f"does not ({'; '.join(r.effect.words for r, _ in self.reading.applied)}): at "
+                                 f"temperature {self.temperature:g}, z-lab's loop replayed with the drafter as the "
+                                 f"engine reads it predicts τ {predicted['tau']:.3f} [{predicted['interval'][0]:.3f}, "
+                                 f"{predicted['interval'][1]:.3f}] where the drafter as trained gives "
+                                 f"{held['audited_tau']['tau']:.3f}: a cost of {cost['tau']:.3f} "
+                                 f"[{cost['interval'][0]:.3f}, {cost['interval'][1]:.3f}]; {served_words}",
+                                 None, cost["tau"],
+                                 key=f"config:{'+'.join(r.name for r, _ in self.reading.applied)}",
+                                 source=first.source, localized={"kind": "reading"}))
+        if not held["served_as_predicted"]:
+            found.append(Finding("serving", "divergence",
+                                 f"at temperature {self.temperature:g} {served_words} (predicted τ "
+                                 f"{predicted['tau']:.3f}): the engine runs the drafter otherwise than the audit "
+                                 "predicts; sampled rounds are not localized round by round",
+                                 None, round(got["tau"] - predicted["tau"], 4), key="sampled_tau",
+                                 localized={"kind": "unlocalized"}))
+        return found
