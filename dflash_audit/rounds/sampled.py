@@ -13,11 +13,13 @@ p / q >= u, the recovered token drawn from max(p - q, 0)). Every round drafts th
 its proposals cut to what is left (`whole_blocks`), where z-lab's loop shrinks the block near the budget's end.
 
 The interval: τ per generation, averaged per prompt over its seeds, the prompts averaged; its standard error from the
-spread across seeds within each prompt (stratified by prompt: every side runs the same prompts), and a 95% normal
-interval (± 1.96 se). The cost of a reading is paired: the drafter as the reference runs it and as the engine reads
-it replayed with the same seeds, the difference per generation. The served τ is inside the prediction where
-|served − predicted| <= 1.96 sqrt(se_predicted² + se_served²): the interval a served mean over that many
-generations falls in if the engine runs the drafter as predicted.
+spread across seeds within each prompt (stratified by prompt: every side runs the same prompts), and a 95% Student t
+interval (± t·se, its degrees of freedom Satterthwaite's over the prompts: a few seeds' spread is itself uncertain,
+and a normal interval would be too narrow). The cost of a reading is paired: the drafter as the reference runs it and
+as the engine reads it replayed with the same seeds, the difference per generation. The served τ is inside the
+prediction where |served − predicted| <= t·sqrt(se_predicted² + se_served²) (Welch's degrees of freedom): the
+interval a served mean over that many generations falls in, 95 times in 100, if the engine runs the drafter as
+predicted.
 """
 
 from __future__ import annotations
@@ -29,30 +31,63 @@ from typing import Any
 from catalogue.findings import Finding
 from dflash_audit.rounds.engine_reading import EngineReading
 
-Z95 = 1.96  # a 95% normal interval
-INTERVAL_METHOD = ("95% normal interval (± 1.96 se) of mean τ over prompts, se from the spread across seeds within "
-                   "each prompt")
+INTERVAL_METHOD = ("95% Student t interval of mean τ over prompts (each prompt's mean over its seeds), the standard "
+                   "error from the spread across seeds within each prompt")
+
+
+def t95(df: float) -> float:
+    """The two-sided 95% quantile of Student's t with `df` degrees of freedom (rounded down to whole ones, which
+    widens the interval): bisection on its distribution's closed form for whole degrees of freedom (Abramowitz and
+    Stegun 26.7.3-4), so no statistics package is needed."""
+    nu = max(1, math.floor(df))
+
+    def inside(t: float) -> float:  # P(|T| < t)
+        theta = math.atan(t / math.sqrt(nu))
+        c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
+        if nu % 2 == 0:  # sin θ (1 + 1/2 cos²θ + 1·3/(2·4) cos⁴θ + ...), nu/2 terms
+            for k in range(1, nu // 2):
+                term *= c2 * (2 * k - 1) / (2 * k)
+                total += term
+            return math.sin(theta) * total
+        if nu == 1:
+            return 2 * theta / math.pi
+        for k in range(1, (nu - 1) // 2):  # 2/π (θ + sin θ cos θ (1 + 2/3 cos²θ + 2·4/(3·5) cos⁴θ + ...))
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+
+    low, high = 1.9, 20.0  # t95 is 12.71 at one degree of freedom, 1.96 at infinity
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if inside(middle) < 0.95 else (low, middle)
+    return (low + high) / 2
 
 
 @dataclass(frozen=True)
 class TauInterval:
-    """Mean τ over prompts (each its seeds' mean), its standard error and 95% interval, over `runs` generations."""
+    """Mean τ over prompts (each its seeds' mean), its standard error, degrees of freedom and 95% interval, over `runs`
+    generations."""
 
     mean: float
     se: float
+    df: float
     runs: int
     prompts: int
 
     @property
+    def half_width(self) -> float:
+        return t95(self.df) * self.se
+
+    @property
     def low(self) -> float:
-        return self.mean - Z95 * self.se
+        return self.mean - self.half_width
 
     @property
     def high(self) -> float:
-        return self.mean + Z95 * self.se
+        return self.mean + self.half_width
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tau": round(self.mean, 4), "se": round(self.se, 4),
+        return {"tau": round(self.mean, 4), "se": round(self.se, 4), "df": round(self.df, 1),
                 "interval": [round(self.low, 4), round(self.high, 4)], "runs": self.runs, "prompts": self.prompts}
 
 
@@ -61,10 +96,24 @@ def stratified(per_prompt: list[list[float]]) -> TauInterval:
     if not per_prompt or any(len(values) < 2 for values in per_prompt):
         raise ValueError("a sampled τ interval needs every prompt run with at least two seeds")
     means = [sum(values) / len(values) for values in per_prompt]
-    variance = sum(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values)
-                   for values, m in zip(per_prompt, means, strict=True))
-    return TauInterval(sum(means) / len(means), math.sqrt(variance) / len(means),
-                       sum(len(values) for values in per_prompt), len(per_prompt))
+    # each prompt's share of the mean's variance: its seeds' variance over their count, over prompts²
+    shares = [sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values) / len(means) ** 2
+              for values, m in zip(per_prompt, means, strict=True)]
+    variance = sum(shares)
+    whole = sum(len(values) - 1 for values in per_prompt)
+    df = variance ** 2 / sum(share ** 2 / (len(values) - 1) for share, values in zip(shares, per_prompt, strict=True)
+                             ) if variance > 0 else whole
+    return TauInterval(sum(means) / len(means), math.sqrt(variance), df, sum(len(values) for values in per_prompt),
+                       len(per_prompt))
+
+
+def welch(a: TauInterval, b: TauInterval) -> float:
+    """Half the width of the 95% interval of a − b (two independent means): Welch's degrees of freedom."""
+    variance = a.se ** 2 + b.se ** 2
+    if variance == 0:
+        return 0.0
+    df = variance ** 2 / ((a.se ** 4 / a.df if a.se else 0) + (b.se ** 4 / b.df if b.se else 0))
+    return t95(df) * math.sqrt(variance)
 
 
 def by_prompt(values: list[Any], samples: int) -> list[list[Any]]:
@@ -112,7 +161,7 @@ class SampledPrediction:
         """The served τ (per prompt per seed) held to the prediction: both intervals, the predicted cost, and whether
         the served mean is inside the interval a served mean over as many generations is predicted to fall in."""
         audited, expected, got = stratified(self.audited), stratified(self.expected), stratified(served)
-        spread = Z95 * math.sqrt(expected.se ** 2 + got.se ** 2)
+        spread = welch(expected, got)
         cost = self.cost()
         return {"temperature": self.temperature, "draft_sample_method": "probabilistic",
                 "replay_seeds": list(self.seeds), "method": INTERVAL_METHOD,
