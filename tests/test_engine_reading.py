@@ -137,6 +137,7 @@ def test_a_sampling_only_key_costs_nothing_at_greedy(world):
 
 # -- at T > 0 (dflash_audit/rounds/sampled.py): the sampled cost, the engine's side in tests/test_live_keys.py ------
 SEEDS, OTHER_SEEDS = [0, 1, 2, 3], [4, 5, 6, 7]
+SAMPLED_TOKENS = 16  # short runs: the test in `make test`
 
 
 def test_the_sampled_interval_is_the_stated_one():
@@ -172,7 +173,7 @@ def test_a_sampling_only_key_costs_sampled_tau_and_an_engine_that_ignores_it_is_
     engine_reads = place_drafter(reading.spec, state, folders["scale"], target)
 
     def replay(drafter, seeds, prompts=prompts):
-        return sampled_replay(drafter, target, prompts, NEW_TOKENS, stops, 1.0, seeds)
+        return sampled_replay(drafter, target, prompts, SAMPLED_TOKENS, stops, 1.0, seeds)
 
     audited, predicted = replay(trained, SEEDS), replay(engine_reads, SEEDS)
     assert replay(engine_reads, SEEDS[-1:], prompts[-1:]) == [predicted[-1][-1:]]  # seeded: the same run again
