@@ -194,3 +194,19 @@ def test_a_sampling_only_key_costs_sampled_tau_and_an_engine_that_ignores_it_is_
     clean = SampledPrediction(folder_reading("vllm-cpu", folders["clean"], spec, target_dir), audited, None, 1.0,
                               SEEDS)
     assert clean.cost().mean == 0 and clean.held(ignored)["served_as_predicted"] and clean.findings(ignored) == []
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--temperature", "1"], "--temperature > 0 applies to vLLM's live run"),
+    (["--live", "--engine", "vllm,llamacpp", "--temperature", "1"], "llama.cpp's live check is greedy only"),
+    (["--live", "--samples", "4"], "--samples applies to --temperature > 0"),
+    (["--live", "--temperature", "1", "--samples", "1"], "--samples: must be in [2, 256]"),
+])
+def test_sampled_flags_that_cannot_apply_are_refused_before_any_work(flags, words, capsys, tmp_path, monkeypatch):
+    from dflash_audit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["serve-check", "--drafter", "d", "--target", "t", *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and err.startswith("dflash-audit: error: ") and words in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -136,7 +136,7 @@ def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Pa
         if sampling.sampled:  # held to the audit's sampled τ, not round by round
             engine_reads = place_drafter(reading.spec, state, Path(d.source), target_model) if reading.changes else None
             sections[d.name] = sampled_section(base, run, reading, column, model, engine_reads, target_model, prompts,
-                                               max_new_tokens, stop_ids, sampling, f"vLLM {env.version}")
+                                               max_new_tokens, stop_ids, sampling, f"vLLM {env.version}", env.cite)
             continue
         audited = zlab_replay(model, target_model, prompts, max_new_tokens, stop_ids)
         predicted, localized_with = None, model

