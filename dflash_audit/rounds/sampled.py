@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from catalogue.findings import Finding
-from dflash_audit.rounds.engine_reading import EngineReading
+from dflash_audit.rounds.engine_reading import EngineReading, reading_finding
 
-SAMPLED_TAU = "sampled_tau"  # the finding of a served τ outside the prediction's interval
 INTERVAL_METHOD = ("95% Student t interval of mean τ over prompts (each prompt's mean over its seeds), the standard "
                    "error from the spread across seeds within each prompt")
 
@@ -172,36 +171,25 @@ class SampledPrediction:
                 "served_interval": [round(expected.mean - spread, 4), round(expected.mean + spread, 4)],
                 "served_as_predicted": abs(got.mean - expected.mean) <= spread if comparable else None}
 
-    def findings(self, served: list[list[float]], comparable: bool = True) -> list[Finding]:
-        """The readings' sampled cost (where there are readings), and a served τ outside the prediction (the engine
-        runs the drafter otherwise than the audit predicts, in a way the sampled rounds cannot localize). Not
-        `comparable`: the served τ is named, and not held to the prediction."""
-        held = self.held(served, comparable)
-        predicted, got, cost = held["predicted_tau"], held["served_tau"], held["predicted_cost"]
-        low, high = held["served_interval"]
+    def verdict(self, held: dict[str, Any]) -> str:
+        """The served τ against the interval predicted for it, in words (`held`: `self.held`'s)."""
+        got, (low, high) = held["served_tau"], held["served_interval"]
         verdict = {True: "inside", False: "outside", None: "not held to"}[held["served_as_predicted"]]
-        served_words = (f"vLLM served τ {got['tau']:.3f} [{got['interval'][0]:.3f}, {got['interval'][1]:.3f}] over "
-                        f"{got['runs']} seeded generations, {verdict} the interval predicted for it "
-                        f"[{low:.3f}, {high:.3f}]")
-        found = []
-        if self.reading.changes:
-            first, _ = self.reading.applied[0]
-            found.append(Finding("serving", "divergence",
-                                 f"{self.engine} reads the drafter folder's {self.reading.keys()} where the reference "
-                                 f"does not ({'; '.join(r.effect.words for r, _ in self.reading.applied)}): at "
-                                 f"temperature {self.temperature:g}, z-lab's loop replayed with the drafter as the "
-                                 f"engine reads it predicts τ {predicted['tau']:.3f} [{predicted['interval'][0]:.3f}, "
-                                 f"{predicted['interval'][1]:.3f}] where the drafter as trained gives "
-                                 f"{held['audited_tau']['tau']:.3f}: a cost of {cost['tau']:.3f} "
-                                 f"[{cost['interval'][0]:.3f}, {cost['interval'][1]:.3f}]; {served_words}",
-                                 None, cost["tau"],
-                                 key=f"config:{'+'.join(r.name for r, _ in self.reading.applied)}",
-                                 source=first.source, localized={"kind": "reading"}))
-        if held["served_as_predicted"] is False:
-            found.append(Finding("serving", "divergence",
-                                 f"at temperature {self.temperature:g} {served_words} (predicted τ "
-                                 f"{predicted['tau']:.3f}): the engine runs the drafter otherwise than the audit "
-                                 "predicts; sampled rounds are not localized round by round",
-                                 None, round(got["tau"] - predicted["tau"], 4), key=SAMPLED_TAU,
-                                 localized={"kind": "unlocalized"}))
-        return found
+        return (f"vLLM served τ {got['tau']:.3f} [{got['interval'][0]:.3f}, "
+                f"{got['interval'][1]:.3f}] over {got['runs']} seeded generations, {verdict} the interval predicted "
+                f"for it [{low:.3f}, {high:.3f}] (predicted τ {held['predicted_tau']['tau']:.3f})")
+
+    def findings(self, served: list[list[float]], comparable: bool = True) -> list[Finding]:
+        """The readings with their sampled cost and the served figure, where the engine reads a key otherwise (a
+        served τ outside the prediction is the section's verdict, `live_report.live_findings`'s finding)."""
+        if not self.reading.changes:
+            return []
+        held = self.held(served, comparable)
+        predicted, cost = held["predicted_tau"], held["predicted_cost"]
+        return [reading_finding(self.reading, self.engine,
+                                f"at temperature {self.temperature:g}, z-lab's loop replayed with the drafter as the "
+                                f"engine reads it predicts τ {predicted['tau']:.3f} [{predicted['interval'][0]:.3f}, "
+                                f"{predicted['interval'][1]:.3f}] where the drafter as trained gives "
+                                f"{held['audited_tau']['tau']:.3f}: a cost of {cost['tau']:.3f} "
+                                f"[{cost['interval'][0]:.3f}, {cost['interval'][1]:.3f}]; {self.verdict(held)}",
+                                cost["tau"])]
