@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from dflash_audit.flags.serve_check import DEFAULT_SAMPLES
 from dflash_audit.rounds.engine_reading import EngineReading, mean
 from dflash_audit.rounds.sampled import SampledPrediction, by_prompt, sampled_replay
