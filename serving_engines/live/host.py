@@ -82,28 +82,35 @@ def missing_model_file(env: VllmEnvironment, spec) -> str | None:
     return f"vLLM {env.version} has no {TITLES[spec.family]} model: no vllm/{relative} in {env.python}'s vLLM"
 
 
-def engine_command(env: VllmEnvironment, target: Path, drafter: ServedDrafter, max_model_len: int) -> str:
+def engine_command(env: VllmEnvironment, target: Path, drafter: ServedDrafter, max_model_len: int,
+                   temperature: float = 0.0, seeds: list[int] | None = None) -> str:
     config = {"method": method(drafter.spec), "model": drafter.served_path,
               "num_speculative_tokens": drafter.spec.speculative_tokens}
+    how = "greedy"
+    if temperature > 0:
+        config["draft_sample_method"] = "probabilistic"
+        how = f"temperature {temperature:g}, seeds {','.join(map(str, seeds or []))} per prompt"
     return (f"{env.python} -c 'from vllm import LLM; LLM({str(target)!r}, speculative_config="
             f"{json.dumps(config)}, dtype=\"float32\", enforce_eager=True, max_model_len={max_model_len})'  "
-            f"# {' '.join(f'{k}={v}' for k, v in ENGINE_ENV.items())}; greedy, one prompt at a time")
+            f"# {' '.join(f'{k}={v}' for k, v in ENGINE_ENV.items())}; {how}, one prompt at a time")
 
 
 def run_engine(env: VllmEnvironment, target: Path, prompts: list[dict], drafters: list[ServedDrafter],
                max_new_tokens: int, stop_ids: list[int], dtype: str, workdir: Path, capture: bool = True,
-               plant_prompts: int | dict[str, int] = 1, max_model_len: int | None = None) -> dict:
+               plant_prompts: int | dict[str, int] = 1, max_model_len: int | None = None,
+               temperature: float = 0.0, seeds: list[int] | None = None) -> dict:
     """One engine process: the target alone, then every drafter (and its planted variants), its max model length
-    `max_model_len` (default: `context_length` of the prompts). Returns driver.json."""
+    `max_model_len` (default: `context_length` of the prompts). Returns driver.json. `temperature` > 0: each prompt
+    generated once per seed of `seeds`, the drafts sampled; no greedy reference run then (nothing to compare it to)."""
     if max_model_len is None:
         max_model_len = context_length(prompts, max_new_tokens, max((d.spec.block_size for d in drafters), default=0))
-    runs = [{"name": "greedy"}]
+    runs = [] if temperature > 0 else [{"name": "greedy"}]
     runs += [{"name": d.name, "drafter": d.served_path, "method": method(d.spec),
               "num_speculative_tokens": d.spec.speculative_tokens,
               "plants": d.plants, "plant_prompts": plant_prompts, "capture": capture} for d in drafters]
     request = {"target": str(target), "dtype": dtype, "max_model_len": max_model_len,
                "max_new_tokens": max_new_tokens, "stop_ids": stop_ids, "out": str(workdir), "prompts": prompts,
-               "runs": runs}
+               "runs": runs, **({"temperature": temperature, "seeds": list(seeds or [])} if temperature > 0 else {})}
     request_file = workdir / "request.json"
     request_file.write_text(json.dumps(request))
     log = workdir / "engine.log"
