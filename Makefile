@@ -110,13 +110,15 @@ $(STAMP): pyproject.toml Makefile $(PINS) | $(UV)
 		$(MODELOPT_ENV_PACKAGES)
 	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
 		"$$($(MODELOPT_ENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/shared-venv.pth"
-	PYTHONPATH=. $(MODELOPT_ENV)/bin/python -c "import transformers, held.modelopt_ops; assert transformers.__version__ == '5.14.1'; print('setup: modelopt imports OK')"
 	$(PIP) --no-deps $(VLLM_DEPS) $(SGLANG_DEPS)
 	$(PIP) --no-deps vllm==0.33.0 sglang==0.5.23
 	$(PIP) $(DOCS_DEPS)
 	$(PIP) $(GGUF_DEPS)
-	# One process imports what each install above is for (torch and transformers are imported once, not per check).
-	$(PY) -c "import speculators.models.dflash, speculators.models.dflash2, speculators.convert.dflash, dflash.model; print('setup: references import OK'); import held.specforge; print('setup: specforge imports OK'); import serving_engines.vllm_engine, serving_engines.sglang_engine; from serving_engines.rules import check_installed; check_installed(); print('setup: engines import OK')"
+	# What each install above is for must import: Model-Optimizer in its environment, and the rest in one process
+	# (torch and transformers imported once, not per check); the two side by side, setup failing if either fails.
+	PYTHONPATH=. $(MODELOPT_ENV)/bin/python -c "import transformers, held.modelopt_ops; assert transformers.__version__ == '5.14.1'; print('setup: modelopt imports OK')" & modelopt=$$!; \
+	$(PY) -c "import speculators.models.dflash, speculators.models.dflash2, speculators.convert.dflash, dflash.model; print('setup: references import OK'); import held.specforge; print('setup: specforge imports OK'); import serving_engines.vllm_engine, serving_engines.sglang_engine; from serving_engines.rules import check_installed; check_installed(); print('setup: engines import OK')"; \
+	status=$$?; wait $$modelopt && test $$status -eq 0
 	touch $(STAMP)
 
 # After upgrading a package of .venv on purpose (and the suites passing on it): write its versions back to the pins.
