@@ -9,6 +9,7 @@ the engine's own.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ def live_check(drafters: dict[str, Path], target: Path, prompts_path: Path | Non
     each assessed like the served run (section["planted"][variant]). `bin_tokens`: τ along the context's bins.
     `temperature` > 0: every prompt served `samples` times (seeds 0..samples-1), the drafts sampled, and the served τ
     held to the audit's sampled prediction (`live_sampled`) instead of round by round."""
-    if not (0 <= temperature < float("inf")) or (temperature > 0 and samples < 2):
+    if not (math.isfinite(temperature) and temperature >= 0) or (temperature > 0 and samples < 2):
         raise AuditError(f"the live check at temperature {temperature:g} needs a finite temperature >= 0 and, above "
                          f"0, at least two seeded samples per prompt (got {samples})")
     env = find_vllm(vllm_python)
