@@ -289,6 +289,7 @@ bench: setup
 	PYTHONPATH=. $(PY) -m serving_engines.live.llamacpp_env native  # once per machine: the build the portable one is timed against
 	$(BENCH_ENV) $(PY) bench/bench_llamacpp_build.py
 	$(BENCH_ENV) $(PY) bench/bench_trace.py --steps 4
+	$(BENCH_ENV) $(PY) bench/bench_kept_answers.py
 	$(BENCH_ENV) $(PY) bench/bench_long_context.py
 	$(BENCH_ENV) $(PY) bench/bench_hidden_states_vllm.py --max-new-tokens 64
 	$(BENCH_ENV) $(PY) bench/bench_dynamic_scale.py --shape tiny
