@@ -7,14 +7,15 @@ The root is `--cache-dir` when a verb is given one, else `$XDG_CACHE_HOME/dflash
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from filelock import FileLock
 
-from foundation.atomic import missing_folders, remove_if_empty
+from foundation.atomic import atomic_write_text, missing_folders, remove_if_empty
 
 T = TypeVar("T")
 
@@ -47,3 +48,21 @@ def build_once(lock_path: Path, built: Callable[[], T | None], build: Callable[[
             lock_path.unlink(missing_ok=True)
         remove_if_empty(made)
         raise
+
+
+def read_kept(path: Path) -> Any | None:
+    """A kept answer (JSON) at `path`, or None where none is kept or it cannot be read: asked anew."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def keep(path: Path, answer: Any) -> None:
+    """Keep `answer` (JSON) at `path`, written whole or not at all. An answer that cannot be written (a read-only or
+    full cache root) costs the next process the question again, nothing more."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(answer))
+    except (OSError, ValueError):
+        pass

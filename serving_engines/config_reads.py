@@ -444,15 +444,17 @@ def scan_file(file: Path, relative: str, family: str | None = None,
     cache root under the file's text, these arguments and this scanner's own source, so any change to either is
     scanned anew."""
     text = file.read_text(encoding="utf-8")
+    from foundation.cache_dir import keep, read_kept
+
     kept = _kept_scan(text, relative, family, only)
     try:
-        found = json.loads(kept.read_text())
+        found = read_kept(kept)
         return [Read(**r) for r in found["reads"]], [WeightPath(**w) for w in found["weights"]]
-    except (OSError, ValueError, TypeError, KeyError):  # not kept yet (or by another version of the scanner)
+    except (TypeError, KeyError):  # not kept yet (or by another version of the scanner)
         pass
     scanner = _Scanner(ast.parse(text, str(file)), relative, family)
     scanner.scan(only)
-    _keep_scan(kept, scanner.reads, scanner.weights)
+    keep(kept, {"reads": [asdict(r) for r in scanner.reads], "weights": [asdict(w) for w in scanner.weights]})
     return scanner.reads, scanner.weights
 
 
@@ -466,17 +468,6 @@ def _kept_scan(text: str, relative: str, family: str | None, only: tuple[str, ..
 
     key = json.dumps([_scanner_digest(), hashlib.sha256(text.encode()).hexdigest(), relative, family, only])
     return cache_root() / "config-reads" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
-
-
-def _keep_scan(path: Path, reads: list[Read], weights: list[WeightPath]) -> None:
-    from foundation.atomic import atomic_write_text
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({"reads": [asdict(r) for r in reads],
-                                            "weights": [asdict(w) for w in weights]}))
-    except (OSError, ValueError):  # a cache that cannot be written costs the next process the scan, nothing more
-        pass
 
 
 def followed_classes(file: Path) -> list[tuple[Path, str]]:

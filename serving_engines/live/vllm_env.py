@@ -17,6 +17,7 @@ import subprocess
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from foundation.cache_dir import cache_root, keep, read_kept
 from foundation.errors import AuditError
 from foundation.jsonl import split_json_lines
 
@@ -76,13 +77,11 @@ def find_vllm(python: str | Path | None = None) -> VllmEnvironment:
         return replace(kept[1], python=str(chosen))  # the same interpreter, as this run names it
     environment = _probe(chosen)
     if kept is not None:
-        _keep(kept[0], environment)
+        keep(kept[0], asdict(environment))
     return environment
 
 
 def _answers() -> Path:
-    from foundation.cache_dir import cache_root
-
     return cache_root() / "vllm-probes"
 
 
@@ -101,19 +100,9 @@ def _kept_answer(python: Path) -> tuple[Path, VllmEnvironment | None] | None:
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     path = _answers() / f"{digest}.json"
     try:
-        return path, VllmEnvironment(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):  # none kept yet (or not one this version wrote): asked again
+        return path, VllmEnvironment(**read_kept(path))
+    except TypeError:  # none kept yet (or not one this version wrote): asked again
         return path, None
-
-
-def _keep(path: Path, environment: VllmEnvironment) -> None:
-    from foundation.atomic import atomic_write_text
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(asdict(environment)))
-    except (OSError, ValueError):  # a cache that cannot be written costs the next run the probe, nothing more
-        pass
 
 
 def _probe(chosen: Path) -> VllmEnvironment:
