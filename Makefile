@@ -41,10 +41,12 @@ SPECFORGE_DEPS := "pydantic>=2"
 # nvidia-ml-py and more; its speculative modules import only pulp and scipy beyond what is here, so it is installed
 # with --no-deps. Its DFlash drafter cannot run on transformers 5.19 (held/modelopt.py: its rotary is built with a
 # `device` keyword 5.19 dropped), so it runs in its own environment, .venv/modelopt-env: transformers 5.14.1 (its
-# [hf] extra asks < 5.15) and the tokenizers that accepts, everything else read from this venv through a .pth file.
-MODELOPT_DEPS := "pulp==3.3.2" "scipy==1.17.1"
+# [hf] extra asks < 5.15), the tokenizers that accepts and scipy, everything else read from this venv through a .pth
+# file. scipy is kept out of this venv: where it is installed, every `from transformers import AutoModelForCausalLM`
+# imports scipy.optimize (its object-detection losses), about half a second in each of the suites' Python processes.
+MODELOPT_DEPS := "pulp==3.3.2"
 MODELOPT_ENV := $(VENV)/modelopt-env
-MODELOPT_ENV_PACKAGES := "transformers==5.14.1" "tokenizers==0.22.2"
+MODELOPT_ENV_PACKAGES := "transformers==5.14.1" "tokenizers==0.22.2" "scipy==1.17.1"
 
 # vllm==0.33.0 and sglang==0.5.23 (the serving engines `serve-check` holds a drafter against, serving_engines/)
 # declare CUDA torch, flashinfer, triton and more; their DFlash config code needs none of it, so both are

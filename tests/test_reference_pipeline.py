@@ -20,6 +20,14 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not DEFAULT_PYTHON.is_file(), reason="no .venv-vllm (make setup builds it)")
 
 
+# Held faster in `make test`, stage by stage: vLLM's extract_hidden_states and data-check reading it by
+# tests/test_vllm_hidden_states.py; the planted short record by tests/test_data_check.py
+# (test_exact_on_the_independent_writer[short_record]); speculators' own Trainer traced across two steps, clean, and at
+# 10x its lr one finding by tests/test_trace_field.py (test_speculators_own_run_across_two_steps_is_clean_and_ten_times_
+# its_lr_is_one_finding); the conversion to z-lab by tests/test_convert.py (test_ours_equals_speculators_own_converter,
+# test_round_trip_through_each_format_is_bit_identical); serve-check --live on a speculators-format drafter by
+# tests/test_live_check.py. What only this case holds is the chain: each stage reading what the one before wrote.
+@pytest.mark.full
 def test_the_reference_pipeline_runs_and_every_stage_is_clean(test_world, tmp_path):
     out = tmp_path / "pipeline"
     done = subprocess.run([sys.executable, str(REPO / "examples" / "reference_pipeline.py"), "--out", str(out),

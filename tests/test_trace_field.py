@@ -95,6 +95,69 @@ def test_speculators_trainer_step_on_offline_data_has_no_divergence(target_dir, 
     assert not [row for row in report.tensors if row.what.startswith("unexplained")]
 
 
+SPECULATORS_TRAIN = REPO / "examples" / "speculators_offline_train.py"
+HS_WRITER = Path(__file__).resolve().parent / "hidden_state_corpus" / "speculators_hs_writer.py"
+
+
+def speculators_data(target: Path, folder: Path, aux: list[int]) -> None:
+    """speculators' data folder for `target`: hidden_states/hs_<i>.safetensors at vLLM ids `aux` + N from the
+    independent writer (tests/hidden_state_corpus/, the states of a transformers pass, which
+    tests/test_vllm_hidden_states.py holds vLLM's capture to), and the `datasets` table of its rows beside them."""
+    import importlib.util
+    import json
+
+    from datasets import Dataset
+    from safetensors import safe_open
+
+    spec = importlib.util.spec_from_file_location("speculators_hs_writer", HS_WRITER)
+    writer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(writer)
+    layers = json.loads((target / "config.json").read_text())["num_hidden_layers"]
+    writer.main(["--target", str(target), "--out", str(folder / "hidden_states"), "--records", "3",
+                 "--layer-ids", ",".join(map(str, [*aux, layers]))])
+    rows = []
+    for i in range(3):
+        with safe_open(str(folder / "hidden_states" / f"hs_{i}.safetensors"), "pt") as record:
+            rows.append(record.get_tensor("token_ids").tolist())
+    table = Dataset.from_dict({"input_ids": rows, "loss_mask": [[0] * 8 + [1] * (len(ids) - 8) for ids in rows],
+                               "seq_len": [len(ids) for ids in rows]})
+    table.set_format("torch")
+    table.save_to_disk(str(folder / "table"))
+    for entry in (folder / "table").iterdir():  # the table and hidden_states/ in one folder, as speculators reads it
+        entry.rename(folder / entry.name)
+    (folder / "table").rmdir()
+
+
+# examples/reference_pipeline.py's training stage (test-full's tests/test_reference_pipeline.py), held here without vLLM.
+def test_speculators_own_run_across_two_steps_is_clean_and_ten_times_its_lr_is_one_finding(test_world, tmp_path):
+    """speculators' own Trainer, unmodified (examples/speculators_offline_train.py), traced across two steps as the
+    reference pipeline traces it, the target from --target and no line added: no finding of any severity, the run
+    its Muon + AdamW; the same run at lr 1e-2 (10x its resolved 1e-3) is one finding more, the lr."""
+    import json
+
+    from dflash_audit.cli import main
+
+    data = tmp_path / "data"
+    speculators_data(Path(test_world.target), data, [3])
+    reports = {}
+    for run, extra in (("sound", []), ("lr", ["--lr", "1e-2"])):
+        out = tmp_path / f"trace-{run}"
+        main(["trace", "--steps", "2", "--target", str(test_world.target), "--out", str(out), "--",
+              sys.executable, str(SPECULATORS_TRAIN), "--target", str(test_world.target), "--data", str(data),
+              "--steps", "2", "--aux-layer-ids", "3", "--save", str(tmp_path / f"drafter-{run}"), *extra])
+        reports[run] = json.loads((out / "report.json").read_text())
+    sound = reports["sound"]
+    assert sound["exit_status"] == 0 and sound["findings"] == [], [f["message"] for f in sound["findings"]]
+    assert sound["facts"]["drafter"]["class"].startswith("speculators.")
+    assert sound["flow"]["fc_layers"] == [2]  # speculators' aux id 3 is z-lab's layer 2
+    assert sound["facts"]["run"]["steps"] == 2
+    assert {o["class"].rsplit(":", 1)[-1] for o in sound["facts"]["run"]["optimizers"]} == {"Muon", "AdamW"}
+    before = {(f["component"], f["key"]) for f in sound["findings"]}
+    new = [(f["component"], f["key"], f["severity"]) for f in reports["lr"]["findings"]
+           if (f["component"], f["key"]) not in before]
+    assert new == [("recipe", "lr", "divergence")], reports["lr"]["findings"]
+
+
 MODELOPT_PYTHON = Path(sys.prefix) / "modelopt-env" / "bin" / "python"
 
 
