@@ -322,14 +322,18 @@ def test_fsdp2_sharded_drafter_under_torchrun_gives_the_single_process_findings(
     shards it): the loss's leaves are the gathered copies, mapped back to the sharded parameters, the drafter keeps
     its own class's name; rank 0 records, and its findings are the single process's."""
     out = tmp_path / "trace"
-    assert main(["trace", "--out", str(out), "--", str(TORCHRUN), "--standalone", "--nproc-per-node", "2",
-                 "--log-dir", str(tmp_path / "logs"), str(TRAINER), "--fsdp2", "--target", str(target_dir),
+    assert main(["trace", "--steps", "2", "--out", str(out), "--", str(TORCHRUN), "--standalone", "--nproc-per-node",
+                 "2", "--log-dir", str(tmp_path / "logs"), str(TRAINER), "--fsdp2", "--target", str(target_dir),
                  "--gamma", "7"]) == 1
     capsys.readouterr()
     recording = read_recording(out)
     assert recording.manifest["context"]["world_size"] == 2 and recording.manifest["context"]["rank"] == 0
     assert recording.steps[0]["drafter"]["class"] == "dflash.model:DFlashDraftModel"
     assert findings_of(audit_recording(recording)) == findings_of(traced["gamma 7"])
+    # The second step was taken (the recorder issued no collective of its own on one rank alone), and each rank's
+    # step digest was gathered: the trainer feeds each rank its own batch.
+    digests = recording.manifest["context"]["run"]["steps"][0]["ranks_embedded"]
+    assert len(digests) == 2 and digests[0] != digests[1] and None not in digests
 
 
 ACCELERATE = Path(sys.executable).with_name("accelerate")
