@@ -336,6 +336,58 @@ def test_fsdp2_sharded_drafter_under_torchrun_gives_the_single_process_findings(
     assert len(digests) == 2 and digests[0] != digests[1] and None not in digests
 
 
+# Run under torchrun by the test below: a model sharded unevenly by `fully_shard` (3 and 1 rows on 2 ranks: rank 1's
+# shard of the second layer is empty), read as the recorders read it.
+SHARDED_READS = """
+import math
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+from dflash_audit.trace.evaluation.recorder import _fingerprint, _weights
+from dflash_audit.trace.record.sharded import nonzero_count, square_sum, whole_sums
+from dflash_audit.trace.run.recorder import RunRecorder
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 1))
+fully_shard(model[0])
+fully_shard(model)
+params = list(model.parameters())
+whole = [p.full_tensor().detach().double() for p in params]
+got = whole_sums(params, (torch.sum, square_sum, nonzero_count))
+for w, (total, squares, nonzero) in zip(whole, got):
+    assert math.isclose(total, float(w.sum()), rel_tol=1e-12), (total, float(w.sum()))
+    assert math.isclose(squares, float(w.square().sum()), rel_tol=1e-12) and nonzero == w.numel()
+loss = model(torch.randn(4, 5)).sum()
+if rank == 0:  # the evaluation capture's read, on rank 0 alone, between the forward and the backward
+    prints = {name: _fingerprint(t) for name, t in _weights(model)}
+    assert prints["1.weight"] == [[1, 3], float(whole[2].sum()), float(whole[2].square().sum())], prints
+    assert prints["0.weight"] == [[3, 5], None, None], prints  # held in shards: its sums unknown on rank 0
+loss.backward()  # had the read resharded the root, rank 0's all-gather would meet rank 1's prefetch of another
+norm = RunRecorder._grad_norm(params)
+true = math.sqrt(sum(float(p.grad.full_tensor().double().square().sum()) for p in params))
+assert math.isclose(norm, true, rel_tol=1e-12), (norm, true)
+print("ok", rank, flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_sharded_parameters_are_read_whole_by_every_rank_alike_and_never_by_one_alone(tmp_path):
+    """FSDP2's DTensors: the run's sums and gradient norm are the whole parameters' (added across the ranks by
+    collectives every rank issues), the evaluation capture's read on rank 0 alone issues none and reshards nothing
+    (the backward after it pairs its all-gathers), and a tensor rank 0 holds a shard of has its sums unknown."""
+    script = tmp_path / "sharded_reads.py"
+    script.write_text(SHARDED_READS)
+    done = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
+                           str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("ok")) == ["ok 0", "ok 1"]
+
+
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 
 
