@@ -19,9 +19,9 @@ import pytest
 
 from dflash_audit.cli import main
 from dflash_audit.trace.step_audit.audit import audit_recording
-from dflash_audit.trace.record.recording import COMPILE_DISABLED, MANIFEST, TENSORS, read_recording
+from dflash_audit.trace.record.recording import COMPILE_DISABLED, MANIFEST, PARITY, TENSORS, read_recording
 from dflash_audit.trace.record.launch import record_script
-from dflash_audit.trace.run.audit import RUN_KEYS
+from dflash_audit.trace.run.audit import RUN_KEYS, RunAudit, parity
 from dflash_world.target_training import distinct_random_qwen3
 from foundation.errors import AuditError
 
@@ -320,9 +320,11 @@ def test_fsdp2_sharded_drafter_under_torchrun_gives_the_single_process_findings(
                                                                                  capsys):
     """Two gloo ranks, the drafter's layers and the drafter sharded by `fully_shard` (FSDP2 DTensors, as speculators
     shards it): the loss's leaves are the gathered copies, mapped back to the sharded parameters, the drafter keeps
-    its own class's name; rank 0 records, and its findings are the single process's."""
+    its own class's name; rank 0 records, and its findings are the single process's. Two steps: nothing the recorders
+    did on one rank alone put the ranks' collectives out of step; the step parity, which would need the whole weights
+    on rank 0, says it is not compared."""
     out = tmp_path / "trace"
-    assert main(["trace", "--steps", "2", "--out", str(out), "--", str(TORCHRUN), "--standalone", "--nproc-per-node",
+    assert main(["trace", "--steps", "2", "--parity", "1", "--out", str(out), "--", str(TORCHRUN), "--standalone", "--nproc-per-node",
                  "2", "--log-dir", str(tmp_path / "logs"), str(TRAINER), "--fsdp2", "--target", str(target_dir),
                  "--gamma", "7"]) == 1
     capsys.readouterr()
@@ -334,6 +336,12 @@ def test_fsdp2_sharded_drafter_under_torchrun_gives_the_single_process_findings(
     # step digest was gathered: the trainer feeds each rank its own batch.
     digests = recording.manifest["context"]["run"]["steps"][0]["ranks_embedded"]
     assert len(digests) == 2 and digests[0] != digests[1] and None not in digests
+    run = recording.manifest["context"]["run"]
+    unavailable = "the drafter's weights are held in shards across ranks (FSDP2"
+    assert run["parity"]["unavailable"].startswith(unavailable) and not (out / PARITY).exists()
+    said = RunAudit()
+    parity(said, out, run, None, [])  # (one optimizer step recorded: the run's audit stops before its parity)
+    assert said.notes == [f"step parity: not compared: {run['parity']['unavailable']}"] and not said.findings
 
 
 # Run under torchrun by the test below: a model sharded unevenly by `fully_shard` (3 and 1 rows on 2 ranks: rank 1's
