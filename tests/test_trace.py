@@ -324,9 +324,9 @@ def test_fsdp2_sharded_drafter_under_torchrun_gives_the_single_process_findings(
     did on one rank alone put the ranks' collectives out of step; the step parity, which would need the whole weights
     on rank 0, says it is not compared."""
     out = tmp_path / "trace"
-    assert main(["trace", "--steps", "2", "--parity", "1", "--out", str(out), "--", str(TORCHRUN), "--standalone", "--nproc-per-node",
-                 "2", "--log-dir", str(tmp_path / "logs"), str(TRAINER), "--fsdp2", "--target", str(target_dir),
-                 "--gamma", "7"]) == 1
+    assert main(["trace", "--steps", "2", "--parity", "1", "--out", str(out), "--", str(TORCHRUN), "--standalone",
+                 "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"), str(TRAINER), "--fsdp2", "--target",
+                 str(target_dir), "--gamma", "7"]) == 1
     capsys.readouterr()
     recording = read_recording(out)
     assert recording.manifest["context"]["world_size"] == 2 and recording.manifest["context"]["rank"] == 0
