@@ -19,9 +19,9 @@ import pytest
 
 from dflash_audit.cli import main
 from dflash_audit.trace.step_audit.audit import audit_recording
-from dflash_audit.trace.record.recording import COMPILE_DISABLED, MANIFEST, TENSORS, read_recording
+from dflash_audit.trace.record.recording import COMPILE_DISABLED, MANIFEST, PARITY, TENSORS, read_recording
 from dflash_audit.trace.record.launch import record_script
-from dflash_audit.trace.run.audit import RUN_KEYS
+from dflash_audit.trace.run.audit import RUN_KEYS, RunAudit, parity
 from dflash_world.target_training import distinct_random_qwen3
 from foundation.errors import AuditError
 
@@ -320,16 +320,80 @@ def test_fsdp2_sharded_drafter_under_torchrun_gives_the_single_process_findings(
                                                                                  capsys):
     """Two gloo ranks, the drafter's layers and the drafter sharded by `fully_shard` (FSDP2 DTensors, as speculators
     shards it): the loss's leaves are the gathered copies, mapped back to the sharded parameters, the drafter keeps
-    its own class's name; rank 0 records, and its findings are the single process's."""
+    its own class's name; rank 0 records, and its findings are the single process's. Two steps: nothing the recorders
+    did on one rank alone put the ranks' collectives out of step; the step parity, which would need the whole weights
+    on rank 0, says it is not compared."""
     out = tmp_path / "trace"
-    assert main(["trace", "--out", str(out), "--", str(TORCHRUN), "--standalone", "--nproc-per-node", "2",
-                 "--log-dir", str(tmp_path / "logs"), str(TRAINER), "--fsdp2", "--target", str(target_dir),
-                 "--gamma", "7"]) == 1
+    assert main(["trace", "--steps", "2", "--parity", "1", "--out", str(out), "--", str(TORCHRUN), "--standalone",
+                 "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"), str(TRAINER), "--fsdp2", "--target",
+                 str(target_dir), "--gamma", "7"]) == 1
     capsys.readouterr()
     recording = read_recording(out)
     assert recording.manifest["context"]["world_size"] == 2 and recording.manifest["context"]["rank"] == 0
     assert recording.steps[0]["drafter"]["class"] == "dflash.model:DFlashDraftModel"
     assert findings_of(audit_recording(recording)) == findings_of(traced["gamma 7"])
+    # The second step was taken (the recorder issued no collective of its own on one rank alone), and each rank's
+    # step digest was gathered: the trainer feeds each rank its own batch.
+    digests = recording.manifest["context"]["run"]["steps"][0]["ranks_embedded"]
+    assert len(digests) == 2 and digests[0] != digests[1] and None not in digests
+    run = recording.manifest["context"]["run"]
+    unavailable = "the drafter's weights are held in shards across ranks (FSDP2"
+    assert run["parity"]["unavailable"].startswith(unavailable) and not (out / PARITY).exists()
+    said = RunAudit()
+    parity(said, out, run, None, [])  # (one optimizer step recorded: the run's audit stops before its parity)
+    assert said.notes == [f"step parity: not compared: {run['parity']['unavailable']}"] and not said.findings
+
+
+# Run under torchrun by the test below: a model sharded unevenly by `fully_shard` (3 and 1 rows on 2 ranks: rank 1's
+# shard of the second layer is empty), read as the recorders read it.
+SHARDED_READS = """
+import math
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+from dflash_audit.trace.evaluation.recorder import _fingerprint, _weights
+from dflash_audit.trace.record.sharded import nonzero_count, square_sum, whole_sums
+from dflash_audit.trace.run.recorder import RunRecorder
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 1))
+fully_shard(model[0])
+fully_shard(model)
+params = list(model.parameters())
+whole = [p.full_tensor().detach().double() for p in params]
+got = whole_sums(params, (torch.sum, square_sum, nonzero_count))
+for w, (total, squares, nonzero) in zip(whole, got):
+    assert math.isclose(total, float(w.sum()), rel_tol=1e-12), (total, float(w.sum()))
+    assert math.isclose(squares, float(w.square().sum()), rel_tol=1e-12) and nonzero == w.numel()
+loss = model(torch.randn(4, 5)).sum()
+if rank == 0:  # the evaluation capture's read, on rank 0 alone, between the forward and the backward
+    prints = {name: _fingerprint(t) for name, t in _weights(model)}
+    assert prints["1.weight"] == [[1, 3], float(whole[2].sum()), float(whole[2].square().sum())], prints
+    assert prints["0.weight"] == [[3, 5], None, None], prints  # held in shards: its sums unknown on rank 0
+loss.backward()  # had the read resharded the root, rank 0's all-gather would meet rank 1's prefetch of another
+norm = RunRecorder._grad_norm(params)
+true = math.sqrt(sum(float(p.grad.full_tensor().double().square().sum()) for p in params))
+assert math.isclose(norm, true, rel_tol=1e-12), (norm, true)
+print("ok", rank, flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_sharded_parameters_are_read_whole_by_every_rank_alike_and_never_by_one_alone(tmp_path):
+    """FSDP2's DTensors: the run's sums and gradient norm are the whole parameters' (added across the ranks by
+    collectives every rank issues), the evaluation capture's read on rank 0 alone issues none and reshards nothing
+    (the backward after it pairs its all-gathers), and a tensor rank 0 holds a shard of has its sums unknown."""
+    script = tmp_path / "sharded_reads.py"
+    script.write_text(SHARDED_READS)
+    done = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
+                           str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("ok")) == ["ok 0", "ok 1"]
 
 
 ACCELERATE = Path(sys.executable).with_name("accelerate")

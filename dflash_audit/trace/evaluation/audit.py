@@ -108,7 +108,7 @@ def _drafter_dir(recording, module: int, drafter_dir: Path | None, target_path: 
         return Path(drafter_dir), entry
     if entry["path"] and (Path(entry["path"]) / "config.json").is_file():
         return Path(entry["path"]), entry
-    wanted = {_key(v) for v in entry["fingerprints"].values()}
+    wanted = {_key(v) for v in entry["fingerprints"].values() if _known(v)}
     for arg in recording.manifest.get("context", {}).get("argv", []):
         folder = Path(str(arg))
         if folder.is_dir() and (folder / "config.json").is_file() and folder.resolve() != target_path.resolve() \
@@ -120,6 +120,11 @@ def _drafter_dir(recording, module: int, drafter_dir: Path | None, target_path: 
 
 def _key(fingerprint: list) -> tuple:
     return (tuple(fingerprint[0]), round(fingerprint[1], 3), round(fingerprint[2], 3))
+
+
+def _known(fingerprint: list) -> bool:
+    """A fingerprint with its sums: one of a tensor held in shards across ranks (FSDP2) has its shape only."""
+    return fingerprint[1] is not None and fingerprint[2] is not None
 
 
 def _folder_keys(folder: Path) -> set[tuple]:
@@ -136,17 +141,20 @@ def _folder_keys(folder: Path) -> set[tuple]:
     return keys
 
 
-def _weights_check(twin, recording) -> list[str]:
-    """The folder's tensors not found by value (shape, sum, sum of squares) among the evaluated drafter's modules'."""
-    theirs = {_key(v) for m in recording.manifest["modules"] for v in m["fingerprints"].values()}
-    missing = []
+def _weights_check(twin, recording) -> tuple[list[str], list[str]]:
+    """The folder's tensors not found by value (shape, sum, sum of squares) among the evaluated drafter's modules',
+    and those that could not be compared: not found, of a shape only tensors held in shards had (their sums unknown)."""
+    fingerprints = [v for m in recording.manifest["modules"] for v in m["fingerprints"].values()]
+    theirs = {_key(v) for v in fingerprints if _known(v)}
+    unread_shapes = {tuple(v[0]) for v in fingerprints if not _known(v)}
+    missing, unread = [], []
     for name, tensor in twin.state_dict().items():
         if not tensor.is_floating_point():
             continue
         f = tensor.detach().double()
         if (tuple(tensor.shape), round(float(f.sum()), 3), round(float((f * f).sum()), 3)) not in theirs:
-            missing.append(name)
-    return missing
+            (unread if tuple(tensor.shape) in unread_shapes else missing).append(name)
+    return missing, unread
 
 
 class NoRounds(AuditError):
@@ -201,13 +209,17 @@ def audit_evaluation(recording, flag: str = "--from", target_dir: Path | None = 
     drafter_path, entry = _drafter_dir(recording, rebuilt.drafter_module, drafter_dir, target_path, flag)
     twin = load_zlab_model(drafter_path).to(placement.device, placement.dtype)
     notes = [*rebuilt.notes, *compile_notes(recording.manifest)]
-    missing = _weights_check(twin, recording)
+    missing, unread = _weights_check(twin, recording)
     if len(missing) == len([t for t in twin.state_dict().values() if t.is_floating_point()]):
         raise AuditError(f"{flag} {recording.folder}: the evaluated drafter ({entry['class']}) holds none of "
                          f"{drafter_path}'s weights: give the folder it was loaded from with --drafter DIR")
     if missing:
         notes.append(f"{len(missing)} of {drafter_path}'s tensors are not found by value in the evaluated drafter "
                      f"(first: {missing[0]}): its weights are not all the folder's")
+    if unread:
+        notes.append(f"{len(unread)} of {drafter_path}'s tensors were not compared with the evaluated drafter's "
+                     f"(first: {unread[0]}): it held them in shards across ranks, and rank 0 records its own shard "
+                     "only")
     sampled = _sampled(rebuilt.prompts)
     if sampled and temperature is None:
         raise AuditError(f"{flag} {recording.folder}: the evaluator samples (its drafts are not its drafter's argmax): "

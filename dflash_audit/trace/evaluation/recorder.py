@@ -24,6 +24,7 @@ from torch import nn
 
 from dflash_audit.trace.record.hooks import Observer
 from dflash_audit.trace.record.recording import check_tensors_file, file_sha256
+from dflash_audit.trace.record.sharded import whole_value
 from foundation.atomic import atomic_write_bytes
 from foundation.errors import AuditError
 from foundation.transformers_compat import passed_cache
@@ -36,9 +37,28 @@ OWN_FILES = (MANIFEST, TENSORS)
 
 
 def _fingerprint(t: torch.Tensor) -> list:
-    """A parameter's identity by value, cheap to compare with a file's tensor: shape, sum, sum of squares."""
-    f = t.detach().double()
+    """A parameter's identity by value, cheap to compare with a file's tensor: shape, sum, sum of squares. A tensor
+    this rank holds a shard of (FSDP2) has its shape only: its sums are unknown here (the rest is on other ranks,
+    and no collective is issued from one rank alone: record/sharded.py)."""
+    whole = whole_value(t)
+    if whole is None:
+        return [list(t.shape), None, None]
+    f = whole.detach().double()
     return [list(t.shape), float(f.sum()), float((f * f).sum())]
+
+
+def _weights(module: nn.Module):
+    """The module's parameters and persistent buffers under the names its `state_dict()` gives them, read without
+    calling it: `state_dict()` runs the module's hooks, and FSDP2's reshard the module (on this rank alone, whose
+    next all-gather then pairs with another rank's different one)."""
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        for name, p in m._parameters.items():
+            if p is not None:
+                yield dot + name, p
+        for name, b in m._buffers.items():
+            if b is not None and name not in m._non_persistent_buffers_set:
+                yield dot + name, b
 
 
 def _config_facts(module: nn.Module) -> dict:
@@ -144,7 +164,7 @@ class EvaluationCapture(Observer):
         if entry is None:
             entry = {"index": len(self.modules), "class": f"{type(module).__module__}:{type(module).__qualname__}",
                      "path": _path(module), "facts": _config_facts(module),
-                     "fingerprints": {n: _fingerprint(p) for n, p in module.state_dict().items()
+                     "fingerprints": {n: _fingerprint(p) for n, p in _weights(module)
                                       if isinstance(p, torch.Tensor) and p.is_floating_point()}}
             self.modules[id(module)] = entry
             self.module_refs[id(module)] = module

@@ -33,6 +33,7 @@ from dflash_audit.trace.record.manifest import ManifestRefused
 from dflash_audit.trace.record.marks import Mark, mark
 from dflash_audit.trace.record.options import RecorderOptions
 from dflash_audit.trace.record.recording import MANIFEST, write_error, write_recording
+from dflash_audit.trace.record.sharded import local_value
 
 INSTALLED: list[Recorder] = []  # the recorder of this process (the bootstrap's, or a test's record_script)
 
@@ -437,7 +438,9 @@ class Recorder(Observer):
         stood_for = set(stand_in_ids(calls).values())
         candidates = []
         for m in seen.values():
-            own = {id(p) for p in m.parameters() if p.requires_grad or id(p) in stood_for}
+            # A module FSDP2 left unsharded after its forward (the root) registers the gathered copies themselves:
+            # read as their sharded parameters, as the graph's leaves are.
+            own = {aliases.get(id(p), id(p)) for p in m.parameters() if p.requires_grad or id(p) in stood_for}
             covered = len(own & wanted)
             if covered:
                 candidates.append((covered, -len(own), -sum(1 for _ in m.modules()), m))
@@ -630,12 +633,6 @@ def own_class(module: nn.Module) -> type:
     if len(bases) == 2 and bases[0].__name__ == "FSDPModule" and cls.__name__ == f"FSDP{bases[1].__name__}":
         return bases[1]
     return cls
-
-
-def local_value(t: torch.Tensor) -> torch.Tensor:
-    """A parameter's values held by this process: a sharded DTensor's local shard, else the tensor."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
 
 
 def _contains(outer: nn.Module, inner: nn.Module) -> bool:

@@ -96,6 +96,9 @@ def parity(result: RunAudit, folder, run: dict, ref, step_divergences: list[Find
     its own warning."""
     from dflash_audit.trace.run.parity import step_parity
 
+    if run["parity"].get("unavailable"):  # the run's tensors could not be kept whole (recorder.py)
+        result.notes.append(f"step parity: not compared: {run['parity']['unavailable']}")
+        return
     found = step_parity(folder, run, ref, result.facts.get("schedule"))
     result.facts["parity"] = found
     parted = found.get("parted")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import weakref
 from collections import Counter
 
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from dflash_audit.trace.record.hooks import HOOKS, Observer
+from dflash_audit.trace.record.sharded import nonzero_count, square_sum, whole_sums, whole_value
 from dflash_audit.trace.run.parity_capture import BatchCapture
 
 # Group settings recorded as they are (JSON-able scalars and tuples); the parameters themselves are named apart.
@@ -63,6 +65,7 @@ class RunRecorder(Observer):
         self.recorder = recorder
         self.parity = parity  # steps whose weights and gradients are kept for the step parity (run/parity.py)
         self.parity_steps: list[dict] = []
+        self.parity_unavailable: str | None = None  # why the parity's tensors could not be kept whole (sharded)
         self.parity_batches: list[dict | None] = []
         self.batches = BatchCapture()  # each parity step's batch, when the drafter is speculators' model
         self.raw_grads: dict = {}
@@ -77,7 +80,7 @@ class RunRecorder(Observer):
         self.norm_after_backward: float | None = None
         self.embedded: list[str] = []  # digests of the token ids embedded since the step began
         self.autocast: set[tuple] = set()
-        self.previous_sums: dict[int, tuple[float, float]] = {}
+        self.previous_sums: dict[int, tuple[float, float] | None] = {}
         self.in_step = False  # the step's first optimizer step() was seen; the next backward opens another
 
     # -- installing ----------------------------------------------------------------------------------------------
@@ -126,7 +129,7 @@ class RunRecorder(Observer):
             device = next((p.device.type for p in module.parameters()), "cpu")
             enabled = torch.is_autocast_enabled(device)
             self.autocast.add((device, enabled, _dtype_name(torch.get_autocast_dtype(device)) if enabled else None))
-            if self.parity and len(self.parity_steps) <= self.parity:
+            if self._keeping_parity() and len(self.parity_steps) <= self.parity:
                 self.batches.enter(module)
 
     def backward_ended(self, tensors) -> None:
@@ -141,9 +144,26 @@ class RunRecorder(Observer):
         self.backwards += 1
         self.losses.append(float(loss.detach().float()))
         self.norm_after_backward = self._grad_norm(params)
-        if self.parity and len(self.parity_steps) < self.parity:  # the gradient before any clipping
-            self.raw_grads = {name: p.grad.detach().to("cpu", copy=True) for name, p in self._trained()
-                              if p.grad is not None}
+        if self._keeping_parity() and len(self.parity_steps) < self.parity:  # the gradient before any clipping
+            self.raw_grads = self._parity_copies({name: p.grad for name, p in self._trained() if p.grad is not None})
+
+    def _keeping_parity(self) -> bool:
+        return bool(self.parity) and self.parity_unavailable is None
+
+    def _parity_copies(self, named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """CPU copies of the step parity's tensors (rank 0 only: the drafter is found there). One held in shards
+        across ranks (FSDP2) cannot be copied whole without a collective of this rank's alone: the parity is then
+        unavailable, and says why, rather than compare a shard as the whole."""
+        copies = {}
+        for name, t in named.items():
+            whole = whole_value(t.detach())
+            if whole is None:
+                self.parity_unavailable = (f"the drafter's weights are held in shards across ranks (FSDP2; {name} "
+                                           "first), and rank 0, which records, holds its own shard only")
+                self.parity_steps, self.parity_batches, self.raw_grads = [], [], {}
+                return {}
+            copies[name] = whole.to("cpu", copy=True)
+        return copies
 
     def _params(self) -> list[torch.Tensor]:
         seen, params = set(), []
@@ -157,8 +177,11 @@ class RunRecorder(Observer):
 
     @staticmethod
     def _grad_norm(params) -> float | None:
-        grads = [p.grad.detach().float().norm() for p in params if p.grad is not None]
-        return float(torch.stack(grads).norm()) if grads else None
+        """The 2-norm of every gradient together; a sharded one's (FSDP2) over the whole parameter (sharded.py)."""
+        squares = whole_sums([p.grad.detach().float() for p in params if p.grad is not None], (square_sum,))
+        if not squares or None in squares:
+            return None
+        return math.sqrt(sum(s[0] for s in squares))
 
     # -- the optimizer step: one step's facts ---------------------------------------------------------------------
     def step_facts(self, optimizer) -> None:
@@ -172,19 +195,23 @@ class RunRecorder(Observer):
         names = self._names()
         if self.structure is None:
             self.structure = self._structure(names)
-        sums = {id(p): (float(p.detach().double().sum()), float(p.detach().double().square().sum())) for p in params}
+        # Each parameter's sum and sum of squares, a sharded one's over the whole parameter: on every rank, the
+        # same collectives in the same order (the optimizer's parameters), none on one rank alone (sharded.py).
+        sums = {id(p): (tuple(s) if s is not None else None)
+                for p, s in zip(params, whole_sums(params, (torch.sum, square_sum)))}
         moved = None
-        if self.previous_sums:
+        if self.previous_sums and None not in sums.values() and None not in self.previous_sums.values():
             moved = sum(1 for key, value in sums.items() if key in self.previous_sums and
                         self.previous_sums[key] != value)
         self.previous_sums = sums
         grads = [p.grad for p in params if p.grad is not None]
+        nonzero = whole_sums(grads, (nonzero_count,))
         step = {
             "backwards": self.backwards, "loss": sum(self.losses) if self.losses else None,
             "losses": list(self.losses),
             "grad_norm_after_backward": self.norm_after_backward, "grad_norm_at_step": self._grad_norm(params),
             "clip_calls": list(self.clip_calls),
-            "zero_gradients": bool(grads) and all(not bool(g.detach().any()) for g in grads),
+            "zero_gradients": bool(grads) and all(n is not None and n[0] == 0 for n in nonzero),
             "params_with_grad": len(grads), "params": len(params),
             "params_moved": moved,
             "lrs": [[_plain(group.get("lr")) for group in o.param_groups] for o in self.live_optimizers()],
@@ -202,13 +229,14 @@ class RunRecorder(Observer):
                                            if self.embedded else None),
         }
         self.steps.append(step)
-        if self.parity and len(self.parity_steps) <= self.parity:  # the weights this step starts from, its gradients
-            trained = self._trained()
-            self.parity_steps.append({
-                "param": {name: p.detach().to("cpu", copy=True) for name, p in trained},
-                "grad": {name: p.grad.detach().to("cpu", copy=True) for name, p in trained if p.grad is not None},
-                "raw": self.raw_grads})
-            self.parity_batches.append(self.batches.take())
+        if self._keeping_parity() and len(self.parity_steps) <= self.parity:
+            trained = self._trained()  # the weights this step starts from, its gradients
+            kept = {"param": self._parity_copies(dict(trained)),
+                    "grad": self._parity_copies({name: p.grad for name, p in trained if p.grad is not None}),
+                    "raw": self.raw_grads}
+            if self._keeping_parity():
+                self.parity_steps.append(kept)
+                self.parity_batches.append(self.batches.take())
             self.raw_grads = {}
         self.backwards, self.losses, self.clip_calls, self.embedded = 0, [], [], []
         self.autocast = set()
@@ -280,7 +308,9 @@ class RunRecorder(Observer):
 
     def facts(self, out=None) -> dict:
         facts = {"structure": self.structure, "steps": self.steps}
-        if self.parity_steps and out is not None:
+        if self.parity_unavailable is not None:
+            facts["parity"] = {"unavailable": self.parity_unavailable}
+        elif self.parity_steps and out is not None:
             from pathlib import Path
 
             from safetensors.torch import save_file
