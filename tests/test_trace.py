@@ -297,6 +297,11 @@ def test_a_drafter_prepared_by_accelerate_is_found_inside_its_wrapper(target_dir
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
+# Held faster in `make test` by test_fsdp2_sharded_drafter_under_torchrun_gives_the_single_process_findings (the same
+# launcher, trainer, bug and two steps: rank 0 records, each rank's digest gathered and its own, the single process's
+# findings; the drafter sharded besides) and tests/test_trace_run.py's test_two_ranks_fed_the_same_shard_is_one_finding
+# (DDP, the same digests gathered).
+@pytest.mark.full
 @pytest.mark.slow
 def test_under_torchrun_rank_zero_records_what_a_single_process_does(target_dir, tmp_path, traced, capsys):
     """Two gloo ranks, the drafter in DDP: rank 0 records, and its findings are the single process's."""

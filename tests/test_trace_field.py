@@ -131,8 +131,9 @@ def speculators_data(target: Path, folder: Path, aux: list[int]) -> None:
 # examples/reference_pipeline.py's training stage (test-full's tests/test_reference_pipeline.py), held here without vLLM.
 def test_speculators_own_run_across_two_steps_is_clean_and_ten_times_its_lr_is_one_finding(test_world, tmp_path):
     """speculators' own Trainer, unmodified (examples/speculators_offline_train.py), traced across two steps as the
-    reference pipeline traces it, the target from --target and no line added: no finding of any severity, the run
-    its Muon + AdamW; the same run at lr 1e-2 (10x its resolved 1e-3) is one finding more, the lr."""
+    reference pipeline traces it (recorded here in this process, the target given as --target gives it, no line
+    added; then `trace --from`): no finding of any severity, the run its Muon + AdamW; the same run at lr 1e-2 (10x
+    its resolved 1e-3) is one finding more, the lr."""
     import json
 
     from dflash_audit.cli import main
@@ -141,11 +142,12 @@ def test_speculators_own_run_across_two_steps_is_clean_and_ten_times_its_lr_is_o
     speculators_data(Path(test_world.target), data, [3])
     reports = {}
     for run, extra in (("sound", []), ("lr", ["--lr", "1e-2"])):
-        out = tmp_path / f"trace-{run}"
-        main(["trace", "--steps", "2", "--target", str(test_world.target), "--out", str(out), "--",
-              sys.executable, str(SPECULATORS_TRAIN), "--target", str(test_world.target), "--data", str(data),
-              "--steps", "2", "--aux-layer-ids", "3", "--save", str(tmp_path / f"drafter-{run}"), *extra])
-        reports[run] = json.loads((out / "report.json").read_text())
+        recorded = tmp_path / f"recording-{run}"  # recorded in this process, then the verb on the recording
+        record_script(SPECULATORS_TRAIN, ["--target", str(test_world.target), "--data", str(data), "--steps", "2",
+                                          "--aux-layer-ids", "3", "--save", str(tmp_path / f"drafter-{run}"), *extra],
+                      recorded, steps=2, target=Path(test_world.target))
+        assert main(["trace", "--from", str(recorded), "--out", str(tmp_path / f"trace-{run}")]) in (0, 1)
+        reports[run] = json.loads((tmp_path / f"trace-{run}" / "report.json").read_text())
     sound = reports["sound"]
     assert sound["exit_status"] == 0 and sound["findings"] == [], [f["message"] for f in sound["findings"]]
     assert sound["facts"]["drafter"]["class"].startswith("speculators.")
