@@ -129,6 +129,11 @@ def test_train_error_under_torchrun_exits_without_hanging(tiny_world, tmp_path):
     assert not out.exists()
 
 
+# Held faster in `make test` by test_offline_eval_under_torchrun_shares_one_cache_with_a_single_process (the eval verb
+# under torchrun: its JSON, every prompt's rounds and τ, equal to one process's) and
+# test_compare_under_torchrun_shards_the_prompts_and_writes_the_same_report (five prompts over the ranks, three and
+# two, their order restored, rank 0 alone reporting). Only the live loop's mode under the launcher is this case's alone.
+@pytest.mark.full
 def test_eval_under_torchrun_shards_and_gathers(test_world, tmp_path):
     # Five prompts: the ranks get three and two, interleaved, so the gather has to restore the order.
     prompts = tmp_path / "five.jsonl"
