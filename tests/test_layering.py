@@ -47,20 +47,22 @@ def parsed(source: str, filename: str) -> ast.Module:
     return ast.parse(source, filename)
 
 
-def imported_packages(source: str, filename: str = "<module>") -> list[tuple[int, str]]:
-    """(line, top-level package) of every absolute import in `source`."""
+@functools.lru_cache(maxsize=None)
+def imported_packages(source: str, filename: str = "<module>") -> tuple[tuple[int, str], ...]:
+    """(line, top-level package) of every absolute import in `source` (once per source text)."""
     found = []
     for node in ast.walk(parsed(source, filename)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.append((node.lineno, node.module.split(".")[0]))
-    return found
+    return tuple(found)
 
 
-def imported_modules(source: str, path: str) -> list[tuple[int, str]]:
+@functools.lru_cache(maxsize=None)
+def imported_modules(source: str, path: str) -> tuple[tuple[int, str], ...]:
     """(line, dotted name) of every import in `source` (function-level too), relative ones resolved against `path`;
-    `from a.b import c` gives `a.b.c`, which is the submodule when c is one."""
+    `from a.b import c` gives `a.b.c`, which is the submodule when c is one (once per source text and path)."""
     parts = path[:-len(".py")].split("/")
     package = parts[:-1]
     found = []
@@ -71,7 +73,7 @@ def imported_modules(source: str, path: str) -> list[tuple[int, str]]:
             base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]) if node.level \
                 else node.module or ""
             found += [(node.lineno, f"{base.strip('.')}.{alias.name}") for alias in node.names]
-    return found
+    return tuple(found)
 
 
 def group_of(package: str, dotted: list[str]) -> str | None:

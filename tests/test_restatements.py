@@ -8,6 +8,7 @@ user holds the very same object.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 from pathlib import Path
@@ -18,6 +19,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("foundation", "catalogue", "impl", "dflash_world", "reference_adapters", "held", "serving_engines", "conformance",
             "dflash_audit", "tests", "bench")
+
+
+@functools.lru_cache(maxsize=None)
+def parsed(source: str, path: str) -> ast.Module:
+    """One parse per source text (each check below reads the whole repository, and only reads the tree)."""
+    return ast.parse(source, path)
 
 
 def repo_sources() -> dict[str, str]:
@@ -40,7 +47,7 @@ def jsonl_splitlines(source: str, path: str = "<module>") -> list[str]:
     """`path:line` of each JSON parse fed by `str.splitlines()`: directly (`json.loads(t.splitlines()[i])`,
     `json_lines(t.splitlines(), ...)`) or through a loop over split lines (also via a name bound to them)."""
     found = []
-    tree = ast.parse(source, path)
+    tree = parsed(source, path)
     for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
         split_names = {target.id for node in ast.walk(scope) if isinstance(node, ast.Assign) and _calls(node.value, "splitlines")
                        for target in node.targets if isinstance(target, ast.Name)}
@@ -124,7 +131,7 @@ def _layer_loops(tree: ast.AST) -> list[tuple[ast.AST, set[str]]]:
 def layer_offset_copies(source: str, path: str = "<module>") -> list[str]:
     """`path:line` of each layer id shifted by one by hand: `hs[i + 1]`, `[i + 1 for i in layer_ids]`,
     `layer_id - 1`, `i + 1 == num_target_layers`..."""
-    tree = ast.parse(source, path)
+    tree = parsed(source, path)
 
     def is_layer_id(node: ast.AST, loop_names: set[str]) -> bool:
         name = _last_name(node)
@@ -179,7 +186,7 @@ def wrapper_prefix_copies(source: str, path: str = "<module>") -> list[str]:
     from foundation.param_names import WRAPPER_PREFIXES
 
     wrappers = {p for p in WRAPPER_PREFIXES if p != "model."}  # "model." also begins the target's own names
-    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(parsed(source, path))
                    if isinstance(node, ast.Constant) and node.value in wrappers})
 
 
@@ -224,7 +231,7 @@ def family_rule_copies(source: str, path: str = "<module>") -> list[str]:
     strings, `speculators_model_type` compared with a family, a `_codebook` suffix test or rename, or a
     `conv_kernel_size is (not) None` family test."""
     found = set()
-    for node in ast.walk(ast.parse(source, path)):
+    for node in ast.walk(parsed(source, path)):
         if isinstance(node, ast.Constant) and node.value in ("DFlashDraftModel", "DFlash2DraftModel"):
             found.add(f"{path}:{node.lineno}")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
@@ -301,7 +308,7 @@ def test_defaults_are_one_table_each_imported_by_every_reader():
 def default_copies(source: str, path: str = "<module>") -> list[str]:
     """`path:line` of each literal Qwen3 default that only a restated table would hold (rope theta 10000.0,
     32768 positions)."""
-    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(parsed(source, path))
                    if isinstance(node, ast.Constant) and ((type(node.value) is float and node.value == 10_000.0)
                                                           or (type(node.value) is int and node.value == 32768))})
 
@@ -329,7 +336,7 @@ def test_atomic_writers_are_imported_from_impl_atomic_only():
     """No module re-exports the atomic writers: each writer imports them from where they live."""
     hits = []
     for path, source in repo_sources().items():
-        for node in ast.walk(ast.parse(source, path)):
+        for node in ast.walk(parsed(source, path)):
             if isinstance(node, ast.ImportFrom) and node.module not in ("foundation.atomic", None) and \
                     {a.name for a in node.names} & {"atomic_write_bytes", "atomic_directory"}:
                 hits.append(f"{path}:{node.lineno}")
@@ -344,7 +351,7 @@ def knob_rule_copies(source: str, path: str = "<module>") -> list[str]:
     """`path:line` of each function that decides "D-PACE needs CE" itself (it compares a setting with both
     "dpace" and "ce"), and of each message in the old knob vocabulary."""
     found = set()
-    for node in ast.walk(ast.parse(source, path)):
+    for node in ast.walk(parsed(source, path)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             compared = {c.value for cmp in ast.walk(node) if isinstance(cmp, ast.Compare)
                         for c in ast.walk(cmp) if isinstance(c, ast.Constant)}
@@ -411,7 +418,7 @@ def test_no_audit_module_keeps_its_own_entry_map():
     for path, source in repo_sources().items():
         if not path.startswith("dflash_audit/"):
             continue
-        for node in ast.parse(source, path).body:
+        for node in parsed(source, path).body:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith(("_FIELDS", "_ENTRIES"))
                                                     for t in node.targets) and isinstance(node.value, ast.Dict):
                 values = node.value.values
@@ -429,7 +436,7 @@ NON_TEST_SOURCES = ("tests/", "bench/", "conformance/test_")
 
 def family_copies(source: str, path: str = "<module>") -> list[str]:
     """`path:line` of each literal ("dflash", "dflash2") table: the families are impl/families.py's FAMILIES."""
-    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(parsed(source, path))
                    if isinstance(node, (ast.Tuple, ast.List, ast.Set))
                    and [getattr(e, "value", None) for e in node.elts] == ["dflash", "dflash2"]})
 
@@ -449,7 +456,7 @@ def longest_round_copies(source: str, path: str = "<module>") -> list[str]:
         return (isinstance(node, ast.Attribute) and node.attr == "speculative_tokens") or \
             (isinstance(node, ast.Call) and is_speculative_tokens(node.func)) or \
             (isinstance(node, ast.Name) and node.id == "speculative_tokens")
-    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(parsed(source, path))
                    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)
                    and is_speculative_tokens(node.left) and isinstance(node.right, ast.Constant)})
 
@@ -465,7 +472,7 @@ def test_the_longest_round_has_one_home():
 def stop_id_copies(source: str, path: str = "<module>") -> list[str]:
     """`path:line` of each list built around a tokenizer's `eos_token_id`: the stop ids are
     foundation/target_vocab.py's `stop_token_ids`."""
-    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(parsed(source, path))
                    if isinstance(node, ast.List) and any(isinstance(e, ast.Attribute) and e.attr == "eos_token_id"
                                                          for e in node.elts)})
 
@@ -482,7 +489,7 @@ def layer_rule_copies(source: str, path: str = "<module>") -> list[str]:
     impl/layers.py's `final_layer`, `layer_range` and `layers_outside` are their one home."""
     counts = ("num_layers", "num_target_layers", "depth")  # a target's; num_hidden_layers is the drafter's too
     hits = set()
-    for node in ast.walk(ast.parse(source, path)):
+    for node in ast.walk(parsed(source, path)):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and isinstance(node.right, ast.Constant) \
                 and node.right.value == 1:
             left = node.left
@@ -524,7 +531,7 @@ def id_range_copies(source: str, path: str = "<module>") -> list[str]:
     """`path:line` of each "an id is one of 0..N-1" written by hand: `0 <= i < n` (or `0 <= i <= n - 1`) and the
     tensor form `(ids < 0) | (ids >= n)`. Token ids are foundation/token_ids.py's, layer ids impl/layers.py's."""
     hits = set()
-    for node in ast.walk(ast.parse(source, path)):
+    for node in ast.walk(parsed(source, path)):
         if isinstance(node, ast.Compare) and len(node.ops) == 2 and isinstance(node.left, ast.Constant) \
                 and node.left.value == 0 and isinstance(node.ops[0], ast.LtE) and (
                     isinstance(node.ops[1], ast.Lt) or (isinstance(node.ops[1], ast.LtE) and _minus_one(node.comparators[1]))):
@@ -570,7 +577,7 @@ def mask_block_copies(source: str, path: str = "<module>") -> list[str]:
         return any(_last_name(n) in ("mask_token_id", "mask_id") for n in ast.walk(node))
 
     hits = set()
-    for node in ast.walk(ast.parse(source, path)):
+    for node in ast.walk(parsed(source, path)):
         if isinstance(node, ast.Call) and _last_name(node.func) in ("full", "new_full", "full_like") and \
                 any(names_mask(arg) for arg in [*node.args, *(k.value for k in node.keywords)]):
             hits.add(f"{path}:{node.lineno}")
@@ -628,7 +635,7 @@ def fit_check_copies(source: str, path: str = "<module>") -> list[str]:
             return "depth"
         return FIT_QUANTITIES.get(_last_name(node) or "")
 
-    return sorted({f"{path}:{node.lineno}" for node in ast.walk(ast.parse(source, path))
+    return sorted({f"{path}:{node.lineno}" for node in ast.walk(parsed(source, path))
                    if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq))
                    and quantity(node.left) is not None and quantity(node.left) == quantity(node.comparators[0])})
 
@@ -688,7 +695,7 @@ def block_default_copies(source: str, path: str = "<module>") -> list[str]:
     from impl.defaults import BLOCK_SIZE_DEFAULTS
 
     hits = set()
-    for node in ast.walk(ast.parse(source, path)):
+    for node in ast.walk(parsed(source, path)):
         if isinstance(node, ast.arguments):
             positional = node.posonlyargs + node.args
             pairs = list(zip([a.arg for a in positional[len(positional) - len(node.defaults):]], node.defaults))
@@ -727,7 +734,7 @@ def spec_bound_copies(source: str, path: str = "<module>") -> list[str]:
                if (found := settings.declared_range(spec.DraftSpec, name))}
     bounded.update({spec.RUN_FIELDS[n]: bounded[n] for n in spec.TRAIN_SETTINGS if n in bounded})
     hits = set()
-    for node in ast.walk(ast.parse(source, path)):
+    for node in ast.walk(parsed(source, path)):
         if not isinstance(node, ast.Compare):
             continue
         operands = [node.left, *node.comparators]
