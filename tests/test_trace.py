@@ -21,7 +21,7 @@ from dflash_audit.cli import main
 from dflash_audit.trace.step_audit.audit import audit_recording
 from dflash_audit.trace.record.recording import COMPILE_DISABLED, MANIFEST, PARITY, TENSORS, read_recording
 from dflash_audit.trace.record.launch import record_script
-from dflash_audit.trace.run.audit import RUN_KEYS, RunAudit, parity
+from dflash_audit.trace.run.audit import RUN_KEYS, RunAudit, audit_run, parity
 from dflash_world.target_training import distinct_random_qwen3
 from foundation.errors import AuditError
 
@@ -299,8 +299,7 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 # Held faster in `make test` by test_fsdp2_sharded_drafter_under_torchrun_gives_the_single_process_findings (the same
 # launcher, trainer, bug and two steps: rank 0 records, each rank's digest gathered and its own, the single process's
-# findings; the drafter sharded besides) and tests/test_trace_run.py's test_two_ranks_fed_the_same_shard_is_one_finding
-# (DDP, the same digests gathered).
+# findings; the drafter sharded besides).
 @pytest.mark.full
 @pytest.mark.slow
 def test_under_torchrun_rank_zero_records_what_a_single_process_does(target_dir, tmp_path, traced, capsys):
@@ -341,6 +340,17 @@ def test_fsdp2_sharded_drafter_under_torchrun_gives_the_single_process_findings(
     # step digest was gathered: the trainer feeds each rank its own batch.
     digests = recording.manifest["context"]["run"]["steps"][0]["ranks_embedded"]
     assert len(digests) == 2 and digests[0] != digests[1] and None not in digests
+    # This run with rank 0's digest on both ranks, as a trainer feeding every rank rank 0's shard records it, is
+    # exactly one more finding, the shard's (end to end under DDP: tests/test_trace_run.py, make test-full).
+    same = json.loads(json.dumps(recording.manifest))
+    for step in same["context"]["run"]["steps"]:
+        step["ranks_embedded"] = [step["ranks_embedded"][0]] * 2
+    sound, fed_alike = audit_run(recording.manifest), audit_run(same)
+    assert "shards" in sound.facts and not any(f.key == "shard" for f in sound.findings)
+    added = [f for f in fed_alike.findings if f.key == "shard"]
+    kinds = lambda run: sorted((f.component, f.key, f.severity) for f in run.findings)  # noqa: E731
+    assert kinds(fed_alike) == sorted(kinds(sound) + [("recipe", "shard", "divergence")])
+    assert len(added) == 1 and "ranks 0 and 1 were fed the same batch at step 1" in added[0].message
     run = recording.manifest["context"]["run"]
     unavailable = "the drafter's weights are held in shards across ranks (FSDP2"
     assert run["parity"]["unavailable"].startswith(unavailable) and not (out / PARITY).exists()

@@ -138,6 +138,9 @@ def test_a_resume_that_drops_the_optimizer_state_is_found(target_dir, tmp_path, 
     assert (restarted.findings[0].ours, restarted.findings[0].ref) == (0, 3)
 
 
+# Held faster in `make test` by tests/test_trace.py's FSDP2 torchrun case: each rank's digest gathered to rank 0 and
+# its own there, and that run with rank 0's digest on both ranks exactly the shard finding, its message this one's.
+@pytest.mark.full
 @pytest.mark.slow
 def test_two_ranks_fed_the_same_shard_is_one_finding(target_dir, tmp_path, capsys):
     """Under torchrun (2 gloo ranks, the gradients averaged by hand), each rank's digest of what it embedded is

@@ -73,6 +73,7 @@ def audit_run(manifest: dict, folder=None, step_findings: list[Finding] | None =
     family = family_of(manifest["steps"][0]["drafter"]["class"])
     ref = run_reference(family)
     result.facts = {"reference": ref.title, "family": family, "steps": len(steps), "per_step": per_step(steps)}
+    shards(result, steps)  # each step's ranks on their own: one step under torchrun says it
     if len(steps) < 2:
         result.notes.append(f"the run: one optimizer step recorded; the optimizers, schedule, clipping and loss across "
                             f"steps are audited from two (trace --steps N, N >= 2), held to {ref.title}")
@@ -83,7 +84,6 @@ def audit_run(manifest: dict, folder=None, step_findings: list[Finding] | None =
     accumulation(result, steps, ref)
     precision(result, steps, ref)
     resume(result, steps, ref)
-    shards(result, steps)
     loss(result, steps, lr_zero, structure.get("not_in_any_optimizer") or [])
     if folder is not None and run.get("parity"):
         parity(result, folder, run, ref, [f for f in step_findings or [] if f.severity == "divergence"])

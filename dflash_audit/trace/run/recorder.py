@@ -58,6 +58,14 @@ def _dtype(t: torch.Tensor) -> str:
     return _dtype_name(t.dtype)
 
 
+def _norm(square_sums: list[list[float] | None]) -> float | None:
+    """The 2-norm of tensors together from each one's whole sum of squares (`whole_sums`); None where one is
+    unknown, or where there are none."""
+    if not square_sums or None in square_sums:
+        return None
+    return math.sqrt(sum(s[0] for s in square_sums))
+
+
 class RunRecorder(Observer):
     """Installed by the step recorder (`Recorder.install`), which calls `step_facts` at each optimizer step."""
 
@@ -178,10 +186,7 @@ class RunRecorder(Observer):
     @staticmethod
     def _grad_norm(params) -> float | None:
         """The 2-norm of every gradient together; a sharded one's (FSDP2) over the whole parameter (sharded.py)."""
-        squares = whole_sums([p.grad.detach().float() for p in params if p.grad is not None], (square_sum,))
-        if not squares or None in squares:
-            return None
-        return math.sqrt(sum(s[0] for s in squares))
+        return _norm(whole_sums([p.grad.detach().float() for p in params if p.grad is not None], (square_sum,)))
 
     # -- the optimizer step: one step's facts ---------------------------------------------------------------------
     def step_facts(self, optimizer) -> None:
@@ -205,13 +210,14 @@ class RunRecorder(Observer):
                         self.previous_sums[key] != value)
         self.previous_sums = sums
         grads = [p.grad for p in params if p.grad is not None]
-        nonzero = whole_sums(grads, (nonzero_count,))
+        # The gradient's norm and its nonzero counts in one call: one all-reduce per mesh, not two, when sharded.
+        grad_sums = whole_sums([g.detach().float() for g in grads], (square_sum, nonzero_count))
         step = {
             "backwards": self.backwards, "loss": sum(self.losses) if self.losses else None,
             "losses": list(self.losses),
-            "grad_norm_after_backward": self.norm_after_backward, "grad_norm_at_step": self._grad_norm(params),
+            "grad_norm_after_backward": self.norm_after_backward, "grad_norm_at_step": _norm([None if r is None else r[:1] for r in grad_sums]),
             "clip_calls": list(self.clip_calls),
-            "zero_gradients": bool(grads) and all(n is not None and n[0] == 0 for n in nonzero),
+            "zero_gradients": bool(grads) and all(r is not None and r[1] == 0 for r in grad_sums),
             "params_with_grad": len(grads), "params": len(params),
             "params_moved": moved,
             "lrs": [[_plain(group.get("lr")) for group in o.param_groups] for o in self.live_optimizers()],
