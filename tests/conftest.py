@@ -4,6 +4,7 @@ module imports another's fixtures)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -95,23 +96,52 @@ def refusal_scan(request, unforeseen_log):
 
 
 # The session's longest modules (the live engine runs, vLLM's some minutes; the corpus of every finding; the reference
-# pipeline; torchrun's) go first, longest first, so that the xdist worker that takes them starts them at once while
-# the other works through the many short ones (work-stealing takes from the end of a worker's queue, so the two then
-# even out on short tests), never last, with nothing left to overlap them. Each module stays whole (its module-scoped
-# fixtures are built once). A stable sort on names: every worker collects the same order, whatever the machine.
+# pipeline; torchrun's; then the traced processes, the reference subprocesses, the installs, the bfloat16 pass's
+# longest), longest first. xdist's work-stealing hands each worker a contiguous share of the collection and a worker
+# out of work steals from the end of another's queue: so each share is ordered long modules first, then short tests.
+# Every worker starts on long ones at once, and what ends a share, or is stolen, is short tests, never a 20 s test
+# begun last with nothing left to overlap it. Each module stays whole (its module-scoped fixtures are built once). The
+# order depends only on the collection and the worker count: every worker collects the same, whatever the machine.
 LONG_MODULES = ("test_every_finding", "test_reference_pipeline", "test_modelopt_golden", "test_live_long",
-                "test_torchrun_cli", "test_vllm_hidden_states", "test_live_check", "test_live_llamacpp")
+                "test_torchrun_cli", "test_vllm_hidden_states", "test_live_check", "test_live_llamacpp",
+                "test_offline", "test_trace_run", "test_trace_evaluators", "test_class13_traced_process",
+                "test_class12_crashing_trainers", "test_trace", "test_family_drafters", "test_trace_field",
+                "test_specforge_golden", "test_install", "test_plug_versions", "test_demo", "test_trace_corpus",
+                "test_class6_valid_layouts", "test_ddtree", "test_gguf", "test_kept_answers")
 
 
-def pytest_collection_modifyitems(config, items):
+def long_modules_first_in_each_share(items: list, workers: int) -> list:
+    """`items` reordered: the long modules dealt in turn (longest first) to `workers` shares, each share its long
+    modules and then short tests up to the size xdist's work-stealing gives it (what is left over after each earlier
+    share, split evenly among the rest)."""
+    def module(item) -> str:
+        return item.module.__name__.rsplit(".", 1)[-1]
+
+    by_module: dict[str, list] = {}
     for item in items:
-        if item.module.__name__.rsplit(".", 1)[-1] in QUICK_MODULES:
-            item.add_marker(pytest.mark.quick)
-    def rank(item) -> int:
-        name = item.module.__name__.rsplit(".", 1)[-1]
-        return LONG_MODULES.index(name) if name in LONG_MODULES else len(LONG_MODULES)
+        if module(item) in LONG_MODULES:
+            by_module.setdefault(module(item), []).append(item)
+    short = [item for item in items if module(item) not in LONG_MODULES]
+    long_groups = [by_module[name] for name in LONG_MODULES if name in by_module]
+    ordered: list = []
+    for share in range(workers):
+        long_items = [item for group in long_groups[share::workers] for item in group]
+        size = (len(items) - len(ordered)) // (workers - share)
+        room = max(0, size - len(long_items))
+        ordered += long_items + short[:room]
+        short = short[room:]
+    return ordered + short
 
-    items.sort(key=rank)
+
+def pytest_itemcollected(item):
+    if item.module.__name__.rsplit(".", 1)[-1] in QUICK_MODULES:  # as collected: `-m quick` selects by it
+        item.add_marker(pytest.mark.quick)
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: the shares are of what runs
+def pytest_collection_modifyitems(config, items):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in each xdist worker
+    items[:] = long_modules_first_in_each_share(items, max(workers, 1))
 
 
 @pytest.fixture(scope="session")
