@@ -83,7 +83,7 @@ class RunReference:
 
     @property
     def title(self) -> str:
-        return f"speculators {installed_version('speculators')} TrainConfig-resolved {self.family} run"
+        return reference_title(self.family)
 
     def group_of(self, name: str, shape: list[int]) -> str:
         """Which of the reference's optimizers trains a parameter of this name and shape (split_named_params_for_muon)."""
@@ -103,6 +103,11 @@ class RunReference:
         if self.warmup_ratio is not None:
             return int(total * self.warmup_ratio)
         return total // (self.warmup_divisor or 1)
+
+
+def reference_title(family: str) -> str:
+    """What the run is held to, named without importing speculators (a one-step trace needs no more of it)."""
+    return f"speculators {installed_version('speculators')} TrainConfig-resolved {family} run"
 
 
 @lru_cache(maxsize=8)

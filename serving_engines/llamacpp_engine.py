@@ -11,7 +11,6 @@ serving_engines/live/llamacpp_convert.py) and reads the GGUF it writes; a specul
 from __future__ import annotations
 
 import shlex
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,29 +256,28 @@ def resolve(path: Path, target: TargetFacts, trained_block_size: int | None, num
     served = Served(ENGINE, f"b{BUILD}", loads=True)
     served.sources = {rule.field: cite(rule.path, rule.needle) for rule in reversed(RULES)}  # first rule wins
     gguf_path = path
-    with tempfile.TemporaryDirectory(prefix="dflash-llamacpp-") as scratch:
-        if path.is_dir():
-            config = path / "config.json"
-            text = config.read_text() if config.is_file() else ""
-            if '"speculators_model_type"' in text:
-                served.loads = False
-                served.error = ("its converter (convert_hf_to_gguf.py) has no DFlashSpeculator: a speculators "
-                                "directory does not convert; convert it through the z-lab format first "
-                                "(`dflash-audit convert --for llamacpp`)")
-                return served
-            if target.path is None:
-                served.loads, served.error = False, "its converter needs the target folder (--target)"
-                return served
-            from serving_engines.live.llamacpp_convert import run_converter
+    if path.is_dir():
+        config = path / "config.json"
+        text = config.read_text() if config.is_file() else ""
+        if '"speculators_model_type"' in text:
+            served.loads = False
+            served.error = ("its converter (convert_hf_to_gguf.py) has no DFlashSpeculator: a speculators "
+                            "directory does not convert; convert it through the z-lab format first "
+                            "(`dflash-audit convert --for llamacpp`)")
+            return served
+        if target.path is None:
+            served.loads, served.error = False, "its converter needs the target folder (--target)"
+            return served
+        from serving_engines.live.llamacpp_convert import kept_drafter_gguf
 
-            gguf_path = Path(scratch) / "drafter.gguf"
-            try:
-                served.notes += run_converter(path, gguf_path, "f32", Path(target.path))
-            except AuditError as exc:
-                served.loads, served.error = False, str(exc)
-                return served
-            served.notes.append("read as llama.cpp's own converter writes it (convert_hf_to_gguf.py, f32)")
-        keys, shapes = read_gguf(gguf_path)
+        try:  # converted once per content, kept in the engine's cache beside the live check's conversions
+            gguf_path, notes = kept_drafter_gguf(path, Path(target.path), "f32", None)
+            served.notes += notes
+        except AuditError as exc:
+            served.loads, served.error = False, str(exc)
+            return served
+        served.notes.append("read as llama.cpp's own converter writes it (convert_hf_to_gguf.py, f32)")
+    keys, shapes = read_gguf(gguf_path)
     block = int(keys.get(f"{keys.get('general.architecture')}.block_size", 16))
     chosen = n_max if n_max is not None else (trained_block_size or block) - 1
     served.values = values_of(keys, shapes, target, num_target_layers, chosen)

@@ -24,13 +24,13 @@ pytestmark = pytest.mark.skipif(not (source_tree() / "convert_hf_to_gguf.py").is
 def ggufs(test_world, tmp_path_factory):
     from dflash_audit.conversion import convert
     from dflash_world.drafter import cached_test_drafter
-    from serving_engines.live.llamacpp_convert import run_converter
+    from serving_engines.live.llamacpp_convert import drafter_gguf
 
     root = tmp_path_factory.mktemp("gguf")
     convert(cached_test_drafter(test_world), root / "zlab", "zlab")
     notes = {}
-    for quant in ("f32", "q8_0"):
-        notes[quant] = run_converter(root / "zlab", root / f"drafter-{quant}.gguf", quant, Path(test_world.target))
+    for quant in ("f32", "q8_0"):  # llama.cpp's converter, its file and notes kept per content (test_kept_answers.py)
+        notes[quant] = drafter_gguf(root / "zlab", Path(test_world.target), root / f"drafter-{quant}.gguf", quant, None)
     return root, notes, test_world
 
 

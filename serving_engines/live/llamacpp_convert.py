@@ -82,6 +82,21 @@ def drafter_gguf(zlab_dir: Path, target_dir: Path, out_file: Path, quant: str, e
     """A z-lab drafter folder as a GGUF of type `quant` (one of `QUANT_TYPES`, as the `--quant` flags declare it), by
     llama.cpp's converter (and quantizer). Converted once per content and kept in the engine's cache
     (`drafter_key`); `out_file` is a copy, written through a temporary name."""
+    kept, notes = kept_drafter_gguf(zlab_dir, target_dir, quant, engine, cache)
+    partial = out_file.with_name(f".{out_file.name}.partial")
+    try:
+        shutil.copyfile(kept, partial)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, out_file)
+    return notes
+
+
+def kept_drafter_gguf(zlab_dir: Path, target_dir: Path, quant: str, engine: LlamacppEngine | None,
+                      cache: str | Path | None = None) -> tuple[Path, list[str]]:
+    """The engine cache's GGUF of the drafter folder at type `quant` (converted now if no run has yet), to be read
+    where it is (the newest entry: no other run prunes it), and the notes its conversion earned."""
     if quant not in CONVERTER_TYPES and engine is None:
         raise AuditError(f"--quant {quant}: needs llama-quantize (build the engine with `make setup`)")
     entry = engine_dir(cache) / "drafters" / drafter_key(zlab_dir, target_dir, quant, engine, cache)
@@ -97,15 +112,8 @@ def drafter_gguf(zlab_dir: Path, target_dir: Path, out_file: Path, quant: str, e
                convert)
     os.utime(kept)  # its last use, what prune_kept keeps by: the newest entry is never the one another run prunes
     notes = json.loads(kept_notes.read_text())
-    partial = out_file.with_name(f".{out_file.name}.partial")
-    try:
-        shutil.copyfile(kept, partial)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, out_file)
     prune_kept(entry.parent, entry, (DRAFTER_FILE, DRAFTER_NOTES), KEPT_DRAFTERS)
-    return notes
+    return kept, notes
 
 
 def _convert_drafter(zlab_dir: Path, target_dir: Path, out_file: Path, quant: str, engine: LlamacppEngine | None,

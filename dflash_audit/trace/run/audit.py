@@ -61,7 +61,7 @@ def _close(a: float, b: float, rel: float = 1e-6) -> bool:
 def audit_run(manifest: dict, folder=None, step_findings: list[Finding] | None = None) -> RunAudit:
     """The run across the recorded steps; `step_findings`: the step audit's (audit.py), which explain a step parity
     parted in the forward or the loss."""
-    from reference_adapters.speculators_run_recipe import run_reference
+    from reference_adapters.speculators_run_recipe import reference_title, run_reference
 
     result = RunAudit()
     run = (manifest.get("context") or {}).get("run") or {}
@@ -71,13 +71,14 @@ def audit_run(manifest: dict, folder=None, step_findings: list[Finding] | None =
         result.notes.append("the run: no optimizer step was seen, so nothing across steps is known")
         return result
     family = family_of(manifest["steps"][0]["drafter"]["class"])
-    ref = run_reference(family)
-    result.facts = {"reference": ref.title, "family": family, "steps": len(steps), "per_step": per_step(steps)}
+    title = reference_title(family)
+    result.facts = {"reference": title, "family": family, "steps": len(steps), "per_step": per_step(steps)}
     shards(result, steps)  # each step's ranks on their own: one step under torchrun says it
     if len(steps) < 2:
         result.notes.append(f"the run: one optimizer step recorded; the optimizers, schedule, clipping and loss across "
-                            f"steps are audited from two (trace --steps N, N >= 2), held to {ref.title}")
+                            f"steps are audited from two (trace --steps N, N >= 2), held to {title}")
         return result
+    ref = run_reference(family)
     lr_zero = optimizers(result, structure, steps, ref)
     schedule(result, steps, ref)
     clipping(result, steps, ref)
