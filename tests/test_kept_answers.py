@@ -140,3 +140,24 @@ def test_the_kept_drafters_are_pruned_to_the_most_recently_used(tmp_path):
     assert sorted(removed) == sorted(entries[KEPT_DRAFTERS - 1:-1])
     assert sorted(p for p in tmp_path.iterdir()) == sorted([*entries[:KEPT_DRAFTERS - 1], entries[-1],
                                                             tmp_path / "a user's folder"])
+
+
+def test_the_kept_drafters_are_pruned_to_a_byte_budget_too(tmp_path):
+    """Within the count, the newest entries are kept while their files and the one in use fit the budget: a few real
+    drafters' GGUFs (gigabytes each) never fill the disk as 32 small ones may."""
+    from serving_engines.live.llamacpp_convert import DRAFTER_FILE, DRAFTER_NOTES, prune_kept
+
+    entries = []
+    for age in range(6):
+        entry = tmp_path / f"entry-{age}"
+        entry.mkdir()
+        (entry / DRAFTER_FILE).write_bytes(b"G" * 100)
+        (entry / DRAFTER_NOTES).write_text("[]")
+        os.utime(entry / DRAFTER_FILE, (1000 - age, 1000 - age))  # entry-0 the most recently used
+        entries.append(entry)
+    in_use = entries[-1]  # the oldest by time, in use now: always kept, and counted in the budget
+    each = 100 + len("[]")
+    removed = prune_kept(tmp_path, in_use, (DRAFTER_FILE, DRAFTER_NOTES), 32, max_bytes=3 * each)
+    assert sorted(removed) == sorted(entries[2:-1])  # the one in use, then entry-0 and entry-1: three entries' bytes
+    assert sorted(tmp_path.iterdir()) == sorted([entries[0], entries[1], in_use])
+    assert sorted(prune_kept(tmp_path, in_use, (DRAFTER_FILE, DRAFTER_NOTES), 32, max_bytes=10)) == entries[:2]

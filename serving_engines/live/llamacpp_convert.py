@@ -112,7 +112,7 @@ def kept_drafter_gguf(zlab_dir: Path, target_dir: Path, quant: str, engine: Llam
                convert)
     os.utime(kept)  # its last use, what prune_kept keeps by: the newest entry is never the one another run prunes
     notes = json.loads(kept_notes.read_text())
-    prune_kept(entry.parent, entry, (DRAFTER_FILE, DRAFTER_NOTES), KEPT_DRAFTERS)
+    prune_kept(entry.parent, entry, (DRAFTER_FILE, DRAFTER_NOTES), KEPT_DRAFTERS, KEPT_DRAFTER_BYTES)
     return kept, notes
 
 
@@ -132,7 +132,10 @@ def _convert_drafter(zlab_dir: Path, target_dir: Path, out_file: Path, quant: st
 # the tokenizer, embeddings and head from it), the type, the converter (the tree's Python, this module and the
 # shim, and the versions of the libraries it runs on) and, for a k-quant, the quantizer binary.
 DRAFTER_FILE, DRAFTER_NOTES = "drafter.gguf", "notes.json"
-KEPT_DRAFTERS = 8
+# The most recently used are kept: up to 32 of them (a suite's or a sweep's distinct drafters, each read again without
+# a new conversion), within 16 GiB of GGUFs (four f32 drafters of a 8B target's size; the newest is always kept).
+KEPT_DRAFTERS = 32
+KEPT_DRAFTER_BYTES = 16 << 30
 CONVERTER_LIBRARIES = ("torch", "numpy", "safetensors", "transformers", "sentencepiece")
 
 
@@ -209,9 +212,11 @@ def prune_targets(targets: Path, in_use: Path, keep: int = KEPT_TARGETS) -> list
     return prune_kept(targets, in_use, (TARGET_FILE,), keep)
 
 
-def prune_kept(folder: Path, in_use: Path, files: tuple[str, ...], keep: int) -> list[Path]:
-    """Remove the least recently used entries of `folder` beyond `keep` (`in_use` is always kept): only entries
-    holding nothing but `files` (the first, the GGUF, there), never one whose lock another process holds."""
+def prune_kept(folder: Path, in_use: Path, files: tuple[str, ...], keep: int,
+               max_bytes: int | None = None) -> list[Path]:
+    """Remove the least recently used entries of `folder` beyond `keep`, or beyond `max_bytes` of their files with
+    `in_use`'s (`in_use` is always kept): only entries holding nothing but `files` (the first, the GGUF, there), never
+    one whose lock another process holds."""
     from filelock import FileLock, Timeout
 
     gguf_name = files[0]
@@ -224,8 +229,19 @@ def prune_kept(folder: Path, in_use: Path, files: tuple[str, ...], keep: int) ->
 
     entries = [e for e in folder.iterdir() if e.is_dir() and not e.is_symlink() and e != in_use
                and {p.name for p in e.iterdir()} <= ours and (e / gguf_name).is_file()]
+    def size(entry: Path) -> int:
+        return sum((entry / name).stat().st_size for name in files if (entry / name).is_file())
+
+    newest_first = sorted(entries, key=last_used, reverse=True)
+    kept_count, total = max(keep - 1, 0), size(in_use) if in_use.is_dir() else 0
+    if max_bytes is not None:
+        for count, entry in enumerate(newest_first[:kept_count]):
+            total += size(entry)
+            if total > max_bytes:
+                kept_count = count
+                break
     removed = []
-    for entry in sorted(entries, key=last_used, reverse=True)[max(keep - 1, 0):]:
+    for entry in newest_first[kept_count:]:
         lock = entry / lock_name
         try:
             with FileLock(str(lock), timeout=0):
