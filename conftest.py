@@ -24,8 +24,8 @@ def pytest_configure(config):
                    "--target, eval); `make test` runs these a second time with DFLASH_AUDIT_DTYPE=bfloat16")
     config.addinivalue_line(
         "markers", "full_in_bfloat16: a dynamic case whose float32 run is `make test`'s and whose bfloat16 run is "
-                   "`make test-full`'s: a faster bfloat16 case of `make test` holds what the dtype changes (named where "
-                   "the mark is set)")
+                   "`make test-full`'s: a faster bfloat16 case of `make test` holds what the dtype changes (named "
+                   "where the mark is set)")
     config.addinivalue_line(
         "markers", "full: a heavy case run by `make test-full` (before a release), not by `make test`: each one's "
                    "property is also held, faster, by a case `make test` runs (named where the mark is set)")

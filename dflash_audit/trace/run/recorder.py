@@ -212,10 +212,11 @@ class RunRecorder(Observer):
         grads = [p.grad for p in params if p.grad is not None]
         # The gradient's norm and its nonzero counts in one call: one all-reduce per mesh, not two, when sharded.
         grad_sums = whole_sums([g.detach().float() for g in grads], (square_sum, nonzero_count))
+        norm_at_step = _norm([None if sums is None else sums[:1] for sums in grad_sums])
         step = {
             "backwards": self.backwards, "loss": sum(self.losses) if self.losses else None,
             "losses": list(self.losses),
-            "grad_norm_after_backward": self.norm_after_backward, "grad_norm_at_step": _norm([None if r is None else r[:1] for r in grad_sums]),
+            "grad_norm_after_backward": self.norm_after_backward, "grad_norm_at_step": norm_at_step,
             "clip_calls": list(self.clip_calls),
             "zero_gradients": bool(grads) and all(r is not None and r[1] == 0 for r in grad_sums),
             "params_with_grad": len(grads), "params": len(params),
