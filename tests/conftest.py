@@ -33,8 +33,6 @@ def pytest_configure(config):
 def unforeseen_log(tmp_path_factory):
     """The file every unforeseen fault of this session appends to, in-process or in a subprocess the suite
     starts (a demo, a CLI run): `dflash_audit/faults.py` reads its name from the environment."""
-    import os
-
     from dflash_audit.faults import UNFORESEEN_LOG
 
     log = tmp_path_factory.mktemp("unforeseen") / "faults.log"
@@ -54,7 +52,6 @@ def session_temp_dir(tmp_path_factory):
     point at it, so the tool in-process and every subprocess a test starts (a CLI, torchrun, an engine) take their
     temporary files there. At the session's end it must be empty: whatever ends a run, the tool removes what it
     made. (pytest's own tmp_path folders are fixed before, outside it.)"""
-    import os
     import shutil
     import tempfile
 
@@ -79,8 +76,6 @@ def session_temp_dir(tmp_path_factory):
 def refusal_scan(request, unforeseen_log):
     """Every refusal the CLI gives in this test, checked by tests/refusal_scan.py after it; and no unforeseen
     fault in any process the test ran (the session's log grows by none)."""
-    import os
-
     from tests.refusal_scan import offences, recorded_refusals
 
     start = unforeseen_log.stat().st_size

@@ -8,7 +8,6 @@ user holds the very same object.
 from __future__ import annotations
 
 import ast
-import functools
 import inspect
 import re
 from pathlib import Path
@@ -16,15 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.test_layering import parsed  # one parse per source text, shared with the layering checks
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("foundation", "catalogue", "impl", "dflash_world", "reference_adapters", "held", "serving_engines", "conformance",
             "dflash_audit", "tests", "bench")
-
-
-@functools.lru_cache(maxsize=None)
-def parsed(source: str, path: str) -> ast.Module:
-    """One parse per source text (each check below reads the whole repository, and only reads the tree)."""
-    return ast.parse(source, path)
 
 
 def repo_sources() -> dict[str, str]:
